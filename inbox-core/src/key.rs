@@ -1,0 +1,397 @@
+use std::borrow::Cow;
+use std::fmt;
+
+use uuid::Uuid;
+
+/// The deduplication key of a message: together with the [`Consumer`](crate::Consumer) it
+/// names one unit of work that must happen once.
+///
+/// A key is built from what the broker or the message carries:
+///
+/// | source | constructor | `ToMessageKey` for |
+/// |---|---|---|
+/// | a UUID message id | [`MessageKey::uuid`], `From<Uuid>` | `Uuid` |
+/// | a string id (AMQP `message-id`, SQS `MessageId`, …) | [`MessageKey::text`] | `str`, `String`, `Cow<str>` |
+/// | an integer sequence number | `From<i64>`, `From<u64>`, … | the integer types |
+/// | Kafka `(topic, partition, offset)` | [`MessageKey::kafka`] | `(S, i32, i64)` with `S: AsRef<str>` |
+/// | CloudEvents `(source, id)` | [`MessageKey::cloud_event`] | `(S1, S2)` with both `AsRef<str>` |
+///
+/// # Stored form
+///
+/// The inbox stores a fixed 128-bit id ([`MessageKey::stored_id`]), which keeps the unique
+/// index narrow (a native `uuid` on PostgreSQL). A UUID key — or a text key that is a UUID
+/// in any form [`Uuid::try_parse`] accepts — is stored as itself; every other key is stored
+/// as a name-based UUID (version 5, SHA-1) of its kind and value under
+/// [`MessageKey::NAMESPACE`], so two different keys never share a row in practice.
+///
+/// # Limits
+///
+/// A key's text (all its parts together) must not be empty and must not exceed
+/// [`MessageKey::MAX_LEN`] bytes. Both are checked when the key is built, before any SQL runs.
+///
+/// ```
+/// use inbox_core::{KeyError, MessageKey};
+///
+/// let id = uuid::Uuid::parse_str("7f1c6b52-4d5e-4c1e-9a56-1b0e4c1d2f3a")?;
+/// assert_eq!(MessageKey::from(id).stored_id(), id);
+/// assert_eq!(MessageKey::text("7f1c6b52-4d5e-4c1e-9a56-1b0e4c1d2f3a")?.stored_id(), id);
+///
+/// let long = "x".repeat(MessageKey::MAX_LEN + 1);
+/// assert!(matches!(MessageKey::text(long), Err(KeyError::TooLong { .. })));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct MessageKey {
+    kind: KeyKind,
+    stored_id: Uuid,
+}
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum KeyKind {
+    Uuid,
+    Text(String),
+    Integer(i128),
+    Kafka {
+        topic: String,
+        partition: i32,
+        offset: i64,
+    },
+    CloudEvent {
+        source: String,
+        id: String,
+    },
+}
+
+impl MessageKey {
+    /// The longest key accepted, in bytes of text (all parts together).
+    pub const MAX_LEN: usize = 1024;
+
+    /// The namespace under which non-UUID keys are turned into their stored id.
+    pub const NAMESPACE: Uuid = Uuid::from_u128(0x6a1f_0e3c_9d7b_4f4e_b1c2_5e8d_2a70_c913);
+
+    /// A key that is a UUID; it is stored as itself.
+    pub fn uuid(id: Uuid) -> Self {
+        Self {
+            kind: KeyKind::Uuid,
+            stored_id: id,
+        }
+    }
+
+    /// A key given as text. Text that is a UUID becomes a [`MessageKey::uuid`] key.
+    ///
+    /// # Errors
+    /// [`KeyError::Empty`] for an empty string, [`KeyError::TooLong`] past [`MessageKey::MAX_LEN`].
+    pub fn text(text: impl Into<String>) -> Result<Self, KeyError> {
+        let text = text.into();
+        check_len(text.len())?;
+        if let Ok(id) = Uuid::try_parse(&text) {
+            return Ok(Self::uuid(id));
+        }
+        let stored_id = derive(b't', &[text.as_bytes()]);
+        Ok(Self {
+            kind: KeyKind::Text(text),
+            stored_id,
+        })
+    }
+
+    /// A key that is an integer (a sequence number, a database id).
+    pub fn integer(value: impl Into<i128>) -> Self {
+        let value = value.into();
+        Self {
+            stored_id: derive(b'i', &[&value.to_be_bytes()]),
+            kind: KeyKind::Integer(value),
+        }
+    }
+
+    /// A Kafka record's position: topic, partition and offset name a record exactly once.
+    ///
+    /// # Errors
+    /// [`KeyError::Empty`] for an empty topic, [`KeyError::TooLong`] past [`MessageKey::MAX_LEN`].
+    pub fn kafka(topic: impl Into<String>, partition: i32, offset: i64) -> Result<Self, KeyError> {
+        let topic = topic.into();
+        if topic.is_empty() {
+            return Err(KeyError::Empty);
+        }
+        check_len(topic.len())?;
+        let stored_id = derive(
+            b'k',
+            &[
+                topic.as_bytes(),
+                &partition.to_be_bytes(),
+                &offset.to_be_bytes(),
+            ],
+        );
+        Ok(Self {
+            kind: KeyKind::Kafka {
+                topic,
+                partition,
+                offset,
+            },
+            stored_id,
+        })
+    }
+
+    /// A CloudEvents event: the specification makes `(source, id)` unique per distinct event.
+    ///
+    /// # Errors
+    /// [`KeyError::Empty`] when either part is empty, [`KeyError::TooLong`] when both together
+    /// exceed [`MessageKey::MAX_LEN`].
+    pub fn cloud_event(source: impl Into<String>, id: impl Into<String>) -> Result<Self, KeyError> {
+        let (source, id) = (source.into(), id.into());
+        if source.is_empty() || id.is_empty() {
+            return Err(KeyError::Empty);
+        }
+        check_len(source.len() + id.len())?;
+        let stored_id = derive(b'c', &[source.as_bytes(), id.as_bytes()]);
+        Ok(Self {
+            kind: KeyKind::CloudEvent { source, id },
+            stored_id,
+        })
+    }
+
+    /// The 128-bit id the inbox row is stored under (see "Stored form" above).
+    pub fn stored_id(&self) -> Uuid {
+        self.stored_id
+    }
+}
+
+fn check_len(len: usize) -> Result<(), KeyError> {
+    match len {
+        0 => Err(KeyError::Empty),
+        len if len > MessageKey::MAX_LEN => Err(KeyError::TooLong {
+            len,
+            max: MessageKey::MAX_LEN,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Name-based id of a non-UUID key. Every part is length-prefixed and the kind is tagged, so
+/// `("a", "bc")` and `("ab", "c")`, or the text `"42"` and the integer `42`, differ.
+fn derive(kind: u8, parts: &[&[u8]]) -> Uuid {
+    let mut name = Vec::with_capacity(1 + parts.iter().map(|p| p.len() + 4).sum::<usize>());
+    name.push(kind);
+    for part in parts {
+        let len = u32::try_from(part.len()).expect("key parts are bounded by MAX_LEN");
+        name.extend_from_slice(&len.to_be_bytes());
+        name.extend_from_slice(part);
+    }
+    Uuid::new_v5(&MessageKey::NAMESPACE, &name)
+}
+
+impl fmt::Display for MessageKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            KeyKind::Uuid => write!(f, "{}", self.stored_id),
+            KeyKind::Text(text) => f.write_str(text),
+            KeyKind::Integer(value) => write!(f, "{value}"),
+            KeyKind::Kafka {
+                topic,
+                partition,
+                offset,
+            } => write!(f, "{topic}/{partition}@{offset}"),
+            KeyKind::CloudEvent { source, id } => write!(f, "{source}#{id}"),
+        }
+    }
+}
+
+impl fmt::Debug for MessageKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "MessageKey({self})")
+    }
+}
+
+impl From<Uuid> for MessageKey {
+    fn from(id: Uuid) -> Self {
+        Self::uuid(id)
+    }
+}
+
+macro_rules! integer_keys {
+    ($($int:ty),*) => {$(
+        impl From<$int> for MessageKey {
+            fn from(value: $int) -> Self {
+                Self::integer(value)
+            }
+        }
+        impl ToMessageKey for $int {
+            fn to_message_key(&self) -> Result<MessageKey, KeyError> {
+                Ok(MessageKey::integer(*self))
+            }
+        }
+    )*};
+}
+integer_keys!(i8, i16, i32, i64, u8, u16, u32, u64);
+
+impl TryFrom<&str> for MessageKey {
+    type Error = KeyError;
+    fn try_from(text: &str) -> Result<Self, KeyError> {
+        Self::text(text)
+    }
+}
+
+impl TryFrom<String> for MessageKey {
+    type Error = KeyError;
+    fn try_from(text: String) -> Result<Self, KeyError> {
+        Self::text(text)
+    }
+}
+
+/// A value that names a message: what `key = …` of `#[idempotent]` accepts.
+///
+/// Implemented for [`Uuid`], text (`str`, `String`, `Cow<str>`), the integer types, Kafka
+/// `(topic, partition, offset)` tuples, CloudEvents `(source, id)` pairs, [`MessageKey`]
+/// itself, and references to any of these. Implement it for your own message id type to use
+/// that type directly as a key.
+pub trait ToMessageKey {
+    /// Builds the key, checking its length.
+    ///
+    /// # Errors
+    /// A [`KeyError`] for an empty or over-long key.
+    fn to_message_key(&self) -> Result<MessageKey, KeyError>;
+}
+
+impl ToMessageKey for MessageKey {
+    fn to_message_key(&self) -> Result<MessageKey, KeyError> {
+        Ok(self.clone())
+    }
+}
+
+impl ToMessageKey for Uuid {
+    fn to_message_key(&self) -> Result<MessageKey, KeyError> {
+        Ok(MessageKey::uuid(*self))
+    }
+}
+
+impl ToMessageKey for str {
+    fn to_message_key(&self) -> Result<MessageKey, KeyError> {
+        MessageKey::text(self)
+    }
+}
+
+impl ToMessageKey for String {
+    fn to_message_key(&self) -> Result<MessageKey, KeyError> {
+        MessageKey::text(self.as_str())
+    }
+}
+
+impl ToMessageKey for Cow<'_, str> {
+    fn to_message_key(&self) -> Result<MessageKey, KeyError> {
+        MessageKey::text(self.as_ref())
+    }
+}
+
+impl<S: AsRef<str>> ToMessageKey for (S, i32, i64) {
+    fn to_message_key(&self) -> Result<MessageKey, KeyError> {
+        MessageKey::kafka(self.0.as_ref(), self.1, self.2)
+    }
+}
+
+impl<S1: AsRef<str>, S2: AsRef<str>> ToMessageKey for (S1, S2) {
+    fn to_message_key(&self) -> Result<MessageKey, KeyError> {
+        MessageKey::cloud_event(self.0.as_ref(), self.1.as_ref())
+    }
+}
+
+impl<K: ToMessageKey + ?Sized> ToMessageKey for &K {
+    fn to_message_key(&self) -> Result<MessageKey, KeyError> {
+        (**self).to_message_key()
+    }
+}
+
+/// Why a message key was refused. Raised when the key is built, before any SQL runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyError {
+    /// The key (or one of its parts) is empty: almost always a message that lost its id.
+    Empty,
+    /// The key is longer than [`MessageKey::MAX_LEN`] bytes: almost always a payload passed
+    /// where its id was meant.
+    TooLong {
+        /// The key's length in bytes.
+        len: usize,
+        /// The limit, [`MessageKey::MAX_LEN`].
+        max: usize,
+    },
+}
+
+impl fmt::Display for KeyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyError::Empty => f.write_str("message key is empty"),
+            KeyError::TooLong { len, max } => {
+                write!(f, "message key is {len} bytes long; the limit is {max} bytes")
+            }
+        }
+    }
+}
+
+impl std::error::Error for KeyError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_and_parts_never_share_a_stored_id() {
+        let ids = [
+            MessageKey::text("42").unwrap().stored_id(),
+            MessageKey::integer(42).stored_id(),
+            MessageKey::cloud_event("a", "bc").unwrap().stored_id(),
+            MessageKey::cloud_event("ab", "c").unwrap().stored_id(),
+            MessageKey::kafka("t", 0, 1).unwrap().stored_id(),
+            MessageKey::kafka("t", 1, 0).unwrap().stored_id(),
+        ];
+        for (i, a) in ids.iter().enumerate() {
+            for b in &ids[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
+    }
+
+    #[test]
+    fn stored_id_is_stable_across_releases() {
+        // The stored id is persisted: changing the derivation would let every message in
+        // existing inboxes be processed a second time.
+        assert_eq!(
+            MessageKey::text("order-1").unwrap().stored_id(),
+            Uuid::parse_str(STORED_ORDER_1).unwrap()
+        );
+    }
+
+    const STORED_ORDER_1: &str = "4c4f1b35-a5fe-56db-9f13-c3e78c6a6818";
+
+    #[test]
+    fn length_limit_counts_every_part() {
+        let half = "x".repeat(MessageKey::MAX_LEN / 2);
+        assert!(MessageKey::cloud_event(half.clone(), half.clone()).is_ok());
+        assert_eq!(
+            MessageKey::cloud_event(half.clone(), format!("{half}y")),
+            Err(KeyError::TooLong {
+                len: MessageKey::MAX_LEN + 1,
+                max: MessageKey::MAX_LEN
+            })
+        );
+        assert_eq!(MessageKey::text(""), Err(KeyError::Empty));
+        assert_eq!(MessageKey::kafka("", 0, 0), Err(KeyError::Empty));
+        assert_eq!(MessageKey::cloud_event("s", ""), Err(KeyError::Empty));
+    }
+
+    #[test]
+    fn uuid_text_is_the_uuid() {
+        let id = Uuid::from_u128(7);
+        assert_eq!(MessageKey::text(id.to_string()).unwrap(), MessageKey::uuid(id));
+        assert_eq!(
+            MessageKey::text(id.simple().to_string()).unwrap(),
+            MessageKey::uuid(id)
+        );
+    }
+
+    #[test]
+    fn conversions_through_references() {
+        let topic = String::from("payments");
+        let key = (&topic, 3, 7_i64).to_message_key().unwrap();
+        assert_eq!(key.to_string(), "payments/3@7");
+        assert_eq!((&&5_u32).to_message_key().unwrap(), MessageKey::integer(5));
+    }
+}

@@ -1,0 +1,37 @@
+//! The vocabulary shared by the `inbox` crates, free of any database driver.
+//!
+//! Users depend on `inbox-diesel`, which re-exports everything here. This crate holds the
+//! pieces that do not depend on how SQL is executed:
+//!
+//! - [`MessageKey`]: the deduplication key of a message, with a length limit checked before
+//!   any SQL runs, and the 128-bit id it is stored under;
+//! - [`Consumer`]: the validated name of the handler that consumes a message;
+//! - [`Outcome`]: what an idempotent handler reports to the message pump;
+//! - [`ErrorClass`] and [`server_message`]: how a database error is read;
+//! - [`RetryPolicy`]: which failures are retried and after how long.
+//!
+//! ```
+//! use inbox_core::{Consumer, MessageKey, Outcome};
+//!
+//! let key = MessageKey::kafka("payments", 3, 1_204)?;
+//! let consumer = Consumer::new("credit")?;
+//! let outcome: Outcome<u32> = Outcome::Duplicate { consumer, key };
+//! assert!(outcome.should_ack());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+#![warn(missing_docs)]
+
+mod class;
+mod consumer;
+mod ident;
+mod key;
+mod outcome;
+mod retry;
+pub mod server_message;
+
+pub use class::{ErrorClass, TransientKind};
+pub use consumer::{Consumer, ConsumerError};
+pub use ident::{IdentifierError, InboxSchema};
+pub use key::{KeyError, MessageKey, ToMessageKey};
+pub use outcome::Outcome;
+pub use retry::{RetryDecision, RetryPolicy};

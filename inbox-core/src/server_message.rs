@@ -1,0 +1,358 @@
+//! Reading database errors: the one place that knows what each server writes.
+//!
+//! A database driver reports an error as a kind (unique violation, serialization failure, …),
+//! sometimes the name of the violated constraint (only PostgreSQL fills it), and a message.
+//! [`ServerError::classify`] turns those into an [`ErrorClass`]. Where the constraint name is
+//! missing, it is read from the message:
+//!
+//! | server | unique-violation message |
+//! |---|---|
+//! | SQLite | `UNIQUE constraint failed: inbox.message_id, inbox.consumer` (columns), or `UNIQUE constraint failed: index 'name'` (expression index) |
+//! | MySQL ≥ 8.0.19 | ``Duplicate entry '…' for key 'inbox.ux_inbox_message_consumer'`` |
+//! | MariaDB, MySQL < 8.0.19 | ``Duplicate entry '…' for key 'ux_inbox_message_consumer'`` |
+//!
+//! The value in a MySQL message is not escaped (it may contain quotes) and may be cut short,
+//! so the key name is read from the end of the message.
+//!
+//! ```
+//! use inbox_core::server_message::{ServerError, ServerErrorKind};
+//! use inbox_core::{ErrorClass, InboxSchema};
+//!
+//! let mariadb = ServerError {
+//!     kind: ServerErrorKind::UniqueViolation,
+//!     constraint: None,
+//!     message: "Duplicate entry 'it's-credit' for key 'ux_inbox_message_consumer'",
+//! };
+//! assert_eq!(mariadb.classify(&InboxSchema::DEFAULT), ErrorClass::InboxDuplicate);
+//!
+//! let business = ServerError {
+//!     kind: ServerErrorKind::UniqueViolation,
+//!     constraint: None,
+//!     message: "UNIQUE constraint failed: accounts.email",
+//! };
+//! assert_eq!(
+//!     business.classify(&InboxSchema::DEFAULT),
+//!     ErrorClass::UniqueViolation { constraint: Some("accounts.email".into()) }
+//! );
+//! ```
+
+use crate::{ErrorClass, InboxSchema, TransientKind};
+
+/// The parts of a database error the classifier reads, as a driver reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerError<'a> {
+    /// The driver's kind of error.
+    pub kind: ServerErrorKind,
+    /// The violated constraint or index, when the driver reports it (PostgreSQL).
+    pub constraint: Option<&'a str>,
+    /// The server's message.
+    pub message: &'a str,
+}
+
+/// The kinds of database error a driver distinguishes (diesel's `DatabaseErrorKind`, minus
+/// the kinds that need no decision).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ServerErrorKind {
+    /// A unique or primary-key violation.
+    UniqueViolation,
+    /// A serialization failure.
+    SerializationFailure,
+    /// The connection was closed or a command could not be sent.
+    ConnectionLost,
+    /// Any other kind; the message decides.
+    Other,
+}
+
+/// A unique violation as SQLite reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SqliteUnique<'a> {
+    /// `UNIQUE constraint failed: t.a, t.b`: the table and the columns of the violated index.
+    Columns {
+        /// The table.
+        table: &'a str,
+        /// The indexed columns, in the order SQLite lists them.
+        columns: Vec<&'a str>,
+    },
+    /// `UNIQUE constraint failed: index 'name'`: an index on expressions, named.
+    Index(&'a str),
+}
+
+/// Reads SQLite's `UNIQUE constraint failed: …` message.
+///
+/// ```
+/// use inbox_core::server_message::{sqlite_unique_violation, SqliteUnique};
+///
+/// assert_eq!(
+///     sqlite_unique_violation("UNIQUE constraint failed: inbox.message_id, inbox.consumer"),
+///     Some(SqliteUnique::Columns { table: "inbox", columns: vec!["message_id", "consumer"] })
+/// );
+/// ```
+pub fn sqlite_unique_violation(message: &str) -> Option<SqliteUnique<'_>> {
+    let rest = message.strip_prefix("UNIQUE constraint failed: ")?;
+    if let Some(index) = rest.strip_prefix("index '") {
+        return index.strip_suffix('\'').map(SqliteUnique::Index);
+    }
+    let mut table = None;
+    let mut columns = Vec::new();
+    for qualified in rest.split(", ") {
+        let (t, column) = qualified.rsplit_once('.')?;
+        if *table.get_or_insert(t) != t {
+            return None;
+        }
+        columns.push(column);
+    }
+    Some(SqliteUnique::Columns {
+        table: table?,
+        columns,
+    })
+}
+
+/// A duplicate-key index as MySQL or MariaDB names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MysqlKey<'a> {
+    /// The table, when the server qualifies the key with it (MySQL ≥ 8.0.19).
+    pub table: Option<&'a str>,
+    /// The index name (`PRIMARY` for the primary key).
+    pub name: &'a str,
+}
+
+/// Reads the key name from MySQL's or MariaDB's `Duplicate entry '…' for key '…'` (error 1062).
+///
+/// ```
+/// use inbox_core::server_message::{mysql_duplicate_key, MysqlKey};
+///
+/// let mysql8 = "Duplicate entry 'a' for key 'inbox.ux_inbox_message_consumer'";
+/// assert_eq!(
+///     mysql_duplicate_key(mysql8),
+///     Some(MysqlKey { table: Some("inbox"), name: "ux_inbox_message_consumer" })
+/// );
+/// ```
+pub fn mysql_duplicate_key(message: &str) -> Option<MysqlKey<'_>> {
+    if !message.starts_with("Duplicate entry '") {
+        return None;
+    }
+    let (_, key) = message.rsplit_once(" for key '")?;
+    let key = key.strip_suffix('\'')?;
+    Some(match key.rsplit_once('.') {
+        Some((table, name)) => MysqlKey {
+            table: Some(table),
+            name,
+        },
+        None => MysqlKey { table: None, name: key },
+    })
+}
+
+impl ServerError<'_> {
+    /// What the error means for an idempotent handler using `schema`.
+    pub fn classify(&self, schema: &InboxSchema) -> ErrorClass {
+        match self.kind {
+            ServerErrorKind::UniqueViolation => self.classify_unique(schema),
+            ServerErrorKind::SerializationFailure => {
+                ErrorClass::Transient(TransientKind::SerializationFailure)
+            }
+            ServerErrorKind::ConnectionLost => ErrorClass::ConnectionLost,
+            ServerErrorKind::Other => classify_message(self.message),
+        }
+    }
+
+    fn classify_unique(&self, schema: &InboxSchema) -> ErrorClass {
+        let violated = |name: &str| {
+            if name == schema.constraint() {
+                ErrorClass::InboxDuplicate
+            } else {
+                ErrorClass::UniqueViolation {
+                    constraint: Some(name.to_owned()),
+                }
+            }
+        };
+        if let Some(name) = self.constraint {
+            return violated(name);
+        }
+        if let Some(key) = mysql_duplicate_key(self.message) {
+            return match key.table {
+                Some(table) if table != schema.table_name() => ErrorClass::UniqueViolation {
+                    constraint: Some(format!("{table}.{}", key.name)),
+                },
+                _ => violated(key.name),
+            };
+        }
+        match sqlite_unique_violation(self.message) {
+            Some(SqliteUnique::Columns { table, columns }) => {
+                if table == schema.table_name() && columns == InboxSchema::KEY_COLUMNS {
+                    ErrorClass::InboxDuplicate
+                } else {
+                    ErrorClass::UniqueViolation {
+                        constraint: Some(format!("{table}.{}", columns.join(", "))),
+                    }
+                }
+            }
+            Some(SqliteUnique::Index(name)) => violated(name),
+            None => ErrorClass::UniqueViolation { constraint: None },
+        }
+    }
+}
+
+/// Errors that drivers report without a kind of their own, recognised by the server's
+/// (English) message. Checked against messages captured from the servers in the tests.
+fn classify_message(message: &str) -> ErrorClass {
+    const TRANSIENT: [(&str, TransientKind); 5] = [
+        // PostgreSQL 40P01 (diesel reports no kind for it).
+        ("deadlock detected", TransientKind::Deadlock),
+        // MySQL / MariaDB 1213.
+        ("Deadlock found when trying to get lock", TransientKind::Deadlock),
+        // MySQL / MariaDB 1205.
+        ("Lock wait timeout exceeded", TransientKind::LockWaitTimeout),
+        // SQLite SQLITE_BUSY, and SQLITE_LOCKED ("database table is locked: t").
+        ("database is locked", TransientKind::Busy),
+        ("table is locked", TransientKind::Busy),
+    ];
+    if let Some((_, kind)) = TRANSIENT.iter().find(|(m, _)| message.contains(m)) {
+        return ErrorClass::Transient(*kind);
+    }
+    // PostgreSQL 25P02: a statement ran after an earlier one failed in the same transaction.
+    if message.starts_with("current transaction is aborted") {
+        return ErrorClass::TransactionAborted;
+    }
+    ErrorClass::Other
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unique(message: &str) -> ErrorClass {
+        ServerError {
+            kind: ServerErrorKind::UniqueViolation,
+            constraint: None,
+            message,
+        }
+        .classify(&InboxSchema::DEFAULT)
+    }
+
+    #[test]
+    fn sqlite_needs_exactly_the_inbox_columns_of_the_inbox_table() {
+        assert_eq!(
+            unique("UNIQUE constraint failed: inbox.message_id, inbox.consumer"),
+            ErrorClass::InboxDuplicate
+        );
+        assert_eq!(
+            unique("UNIQUE constraint failed: inbox.id"),
+            ErrorClass::UniqueViolation {
+                constraint: Some("inbox.id".into())
+            }
+        );
+        assert_eq!(
+            unique("UNIQUE constraint failed: inbox.message_id"),
+            ErrorClass::UniqueViolation {
+                constraint: Some("inbox.message_id".into())
+            }
+        );
+        assert_eq!(
+            unique("UNIQUE constraint failed: inbox_archive.message_id, inbox_archive.consumer"),
+            ErrorClass::UniqueViolation {
+                constraint: Some("inbox_archive.message_id, consumer".into())
+            }
+        );
+        assert_eq!(
+            unique("UNIQUE constraint failed: index 'ux_inbox_message_consumer'"),
+            ErrorClass::InboxDuplicate
+        );
+    }
+
+    #[test]
+    fn mysql_key_names_are_read_from_the_end() {
+        // The value may contain the text of a key clause and quotes of its own.
+        let tricky = "Duplicate entry 'x' for key 'ux_inbox_message_consumer'-credit' \
+                      for key 'accounts.ux_accounts_email'";
+        assert_eq!(
+            unique(tricky),
+            ErrorClass::UniqueViolation {
+                constraint: Some("accounts.ux_accounts_email".into())
+            }
+        );
+        // MySQL 8 qualifies with the table: another table's index of the same name is not ours.
+        assert_eq!(
+            unique("Duplicate entry 'a-b' for key 'archive.ux_inbox_message_consumer'"),
+            ErrorClass::UniqueViolation {
+                constraint: Some("archive.ux_inbox_message_consumer".into())
+            }
+        );
+        assert_eq!(
+            unique("Duplicate entry '42' for key 'PRIMARY'"),
+            ErrorClass::UniqueViolation {
+                constraint: Some("PRIMARY".into())
+            }
+        );
+        assert_eq!(mysql_duplicate_key("Duplicate entry 'a' for key"), None);
+    }
+
+    #[test]
+    fn postgres_constraint_name_wins_over_the_message() {
+        let pg = ServerError {
+            kind: ServerErrorKind::UniqueViolation,
+            constraint: Some("accounts_email_key"),
+            message: "duplicate key value violates unique constraint \"accounts_email_key\"",
+        };
+        assert_eq!(
+            pg.classify(&InboxSchema::DEFAULT),
+            ErrorClass::UniqueViolation {
+                constraint: Some("accounts_email_key".into())
+            }
+        );
+        assert_eq!(unique("no recognisable text"), ErrorClass::UniqueViolation { constraint: None });
+    }
+
+    #[test]
+    fn custom_schema_names_are_matched() {
+        let schema = InboxSchema::new("billing.events_inbox", "ux_events").unwrap();
+        let sqlite = ServerError {
+            kind: ServerErrorKind::UniqueViolation,
+            constraint: None,
+            message: "UNIQUE constraint failed: events_inbox.message_id, events_inbox.consumer",
+        };
+        assert_eq!(sqlite.classify(&schema), ErrorClass::InboxDuplicate);
+        let pg_default_name = ServerError {
+            constraint: Some("ux_inbox_message_consumer"),
+            ..sqlite
+        };
+        assert!(matches!(
+            pg_default_name.classify(&schema),
+            ErrorClass::UniqueViolation { .. }
+        ));
+    }
+
+    #[test]
+    fn messages_without_a_kind() {
+        let other = |message| {
+            ServerError {
+                kind: ServerErrorKind::Other,
+                constraint: None,
+                message,
+            }
+            .classify(&InboxSchema::DEFAULT)
+        };
+        assert_eq!(
+            other("deadlock detected"),
+            ErrorClass::Transient(TransientKind::Deadlock)
+        );
+        assert_eq!(
+            other("Deadlock found when trying to get lock; try restarting transaction"),
+            ErrorClass::Transient(TransientKind::Deadlock)
+        );
+        assert_eq!(
+            other("Lock wait timeout exceeded; try restarting transaction"),
+            ErrorClass::Transient(TransientKind::LockWaitTimeout)
+        );
+        assert_eq!(other("database is locked"), ErrorClass::Transient(TransientKind::Busy));
+        assert_eq!(
+            other("database table is locked: inbox"),
+            ErrorClass::Transient(TransientKind::Busy)
+        );
+        assert_eq!(
+            other("current transaction is aborted, commands ignored until end of transaction block"),
+            ErrorClass::TransactionAborted
+        );
+        assert_eq!(other("syntax error at or near \"SELEC\""), ErrorClass::Other);
+    }
+}
