@@ -26,8 +26,9 @@ use crate::{Consumer, MessageKey};
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[must_use = "an Outcome says whether the message was processed or was a duplicate"]
+// Deliberately exhaustive: a pump that matches every variant is told by the compiler when a
+// new one (one it must not ack) appears.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum Outcome<T> {
     /// The handler ran and its work committed together with the inbox marker.
     Processed(T),
