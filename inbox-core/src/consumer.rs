@@ -32,6 +32,12 @@ impl Consumer {
         Ok(Self(name))
     }
 
+    /// A consumer from a name already validated at compile time by `#[idempotent]`.
+    #[doc(hidden)]
+    pub const fn from_validated(name: &'static str) -> Self {
+        Self(Cow::Borrowed(name))
+    }
+
     /// Checks a name against the rules without building a `Consumer`.
     ///
     /// # Errors

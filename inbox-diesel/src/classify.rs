@@ -1,0 +1,44 @@
+use diesel::result::{DatabaseErrorKind, Error as DieselError};
+use inbox_core::server_message::{ServerError, ServerErrorKind};
+use inbox_core::{ErrorClass, InboxSchema};
+
+/// What a diesel error means for an idempotent handler whose inbox is `schema`.
+///
+/// This is the classification the runtime itself uses: a unique violation is an
+/// [`ErrorClass::InboxDuplicate`] only when it is a violation of the inbox's own unique index
+/// (by constraint name on PostgreSQL, by key name on MySQL/MariaDB, by table and columns on
+/// SQLite); any other unique violation is a business error that keeps its name.
+///
+/// ```
+/// use diesel::result::{DatabaseErrorKind, Error};
+/// use inbox_diesel::{classify, ErrorClass, InboxSchema};
+///
+/// let sqlite = Error::DatabaseError(
+///     DatabaseErrorKind::UniqueViolation,
+///     Box::new(String::from("UNIQUE constraint failed: accounts.email")),
+/// );
+/// assert_eq!(
+///     classify(&sqlite, &InboxSchema::DEFAULT),
+///     ErrorClass::UniqueViolation { constraint: Some("accounts.email".into()) }
+/// );
+/// ```
+pub fn classify(error: &DieselError, schema: &InboxSchema) -> ErrorClass {
+    match error {
+        DieselError::DatabaseError(kind, info) => ServerError {
+            kind: match kind {
+                DatabaseErrorKind::UniqueViolation => ServerErrorKind::UniqueViolation,
+                DatabaseErrorKind::SerializationFailure => ServerErrorKind::SerializationFailure,
+                DatabaseErrorKind::ClosedConnection | DatabaseErrorKind::UnableToSendCommand => {
+                    ServerErrorKind::ConnectionLost
+                }
+                _ => ServerErrorKind::Other,
+            },
+            constraint: info.constraint_name(),
+            message: info.message(),
+        }
+        .classify(schema),
+        // A failed COMMIT whose rollback failed too: the commit error says what happened.
+        DieselError::RollbackErrorOnCommit { commit_error, .. } => classify(commit_error, schema),
+        _ => ErrorClass::Other,
+    }
+}

@@ -1,0 +1,92 @@
+use std::fmt;
+
+use inbox_core::{ErrorClass, KeyError};
+
+/// Why an idempotent handler could not complete, other than its own error.
+///
+/// The error type `E` of an `#[idempotent]` handler must implement `From<inbox_diesel::Error>`;
+/// the runtime returns these through it. Whatever the variant, nothing of the attempt was
+/// committed: no marker and no business change, so a redelivery will process the message.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// The message key was refused before any SQL ran (empty, or longer than
+    /// [`MessageKey::MAX_LEN`](crate::MessageKey::MAX_LEN)).
+    InvalidKey(KeyError),
+    /// The handler returned `Ok`, but an earlier statement of its transaction had failed and
+    /// the handler swallowed that error. PostgreSQL aborts a transaction at its first failed
+    /// statement, and its `COMMIT` then silently rolls back; the runtime detects this and
+    /// reports it instead of [`Outcome::Processed`](crate::Outcome::Processed).
+    TransactionAborted,
+    /// A database error while beginning, claiming, or committing — after `retries` retries
+    /// when it was transient.
+    Database {
+        /// What the error means ([`classify`](crate::classify)).
+        class: ErrorClass,
+        /// How many attempts were made (1 when the error was not retried).
+        attempts: u32,
+        /// The error diesel reported.
+        source: diesel::result::Error,
+    },
+}
+
+impl Error {
+    /// The class of the failure: [`ErrorClass::Other`] for an invalid key.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Error::InvalidKey(_) => ErrorClass::Other,
+            Error::TransactionAborted => ErrorClass::TransactionAborted,
+            Error::Database { class, .. } => class.clone(),
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::InvalidKey(e) => write!(f, "inbox: invalid message key: {e}"),
+            Error::TransactionAborted => f.write_str(
+                "inbox: the handler returned Ok, but a statement in its transaction had failed \
+                 and the transaction was aborted; nothing was committed (a database error was \
+                 swallowed inside the handler)",
+            ),
+            Error::Database {
+                class,
+                attempts: 1,
+                source,
+            } => write!(f, "inbox: {class}: {source}"),
+            Error::Database {
+                class,
+                attempts,
+                source,
+            } => write!(f, "inbox: {class} after {attempts} attempts: {source}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::InvalidKey(e) => Some(e),
+            Error::TransactionAborted => None,
+            Error::Database { source, .. } => Some(source),
+        }
+    }
+}
+
+impl From<KeyError> for Error {
+    fn from(e: KeyError) -> Self {
+        Error::InvalidKey(e)
+    }
+}
+
+/// Lets handlers return `diesel::QueryResult<T>`: a database failure comes back as the
+/// original diesel error; the others as a `QueryBuilderError` carrying this error.
+impl From<Error> for diesel::result::Error {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Database { source, .. } => source,
+            other => diesel::result::Error::QueryBuilderError(Box::new(other)),
+        }
+    }
+}

@@ -1,0 +1,284 @@
+//! Idempotent message handlers on Diesel.
+//!
+//! Brokers deliver at least once: a message can arrive twice, and the second copy can land
+//! on another instance while the first is still being processed. `#[idempotent]` makes a
+//! handler apply each message once by letting the database decide: it writes an inbox marker
+//! — a row keyed by `(message_id, consumer)` under a unique index — in the **same
+//! transaction** as the handler's work, **before** that work, and recognises a duplicate by a
+//! conflict on that index and on no other.
+//!
+//! ```
+//! use diesel::connection::SimpleConnection;
+//! use diesel::prelude::*;
+//! use inbox_diesel::{idempotent, InboxSchema, Outcome, Uuid};
+//!
+//! diesel::table! {
+//!     accounts (id) {
+//!         id -> Integer,
+//!         balance -> BigInt,
+//!     }
+//! }
+//!
+//! struct CreditRequested {
+//!     message_id: Uuid,
+//!     account: i32,
+//!     amount: i64,
+//! }
+//!
+//! #[idempotent(consumer = "credit", key = msg.message_id)]
+//! fn on_credit(conn: &mut SqliteConnection, msg: &CreditRequested) -> QueryResult<i64> {
+//!     diesel::update(accounts::table.find(msg.account))
+//!         .set(accounts::balance.eq(accounts::balance + msg.amount))
+//!         .returning(accounts::balance)
+//!         .get_result(conn)
+//! }
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let mut conn = SqliteConnection::establish(":memory:")?;
+//! conn.batch_execute(&inbox_diesel::schema::sqlite::create_table_sql(&InboxSchema::DEFAULT))?;
+//! conn.batch_execute("CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance BIGINT NOT NULL);
+//!                     INSERT INTO accounts VALUES (1, 0);")?;
+//!
+//! let msg = CreditRequested { message_id: Uuid::from_u128(1), account: 1, amount: 100 };
+//! assert_eq!(on_credit(&mut conn, &msg)?, Outcome::Processed(100));
+//! // The redelivery is recognised; the body does not run again.
+//! assert!(on_credit(&mut conn, &msg)?.is_duplicate());
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # What the database guarantees
+//!
+//! - **Once.** Of any number of concurrent deliveries of one message to one consumer, exactly
+//!   one commits its work. The others wait on the unique index while the first is in flight,
+//!   then see its marker and return [`Outcome::Duplicate`] without running the body; if the
+//!   first rolls back instead, the next one processes the message.
+//! - **All or nothing.** The marker commits with the body's writes or not at all: a body that
+//!   returns `Err` leaves no marker, so the redelivery processes the message.
+//! - **No false duplicates.** Only a conflict on the inbox's own unique index means
+//!   "already processed" ([`classify`]); a business unique violation in the body is returned
+//!   as the error it is.
+//! - **No false successes.** On PostgreSQL, a body that swallows a database error and
+//!   returns `Ok` gets [`Error::TransactionAborted`], never `Processed`: the server had
+//!   already thrown the transaction away.
+//! - **Retries.** Serialization failures, deadlocks and a busy SQLite database are retried in
+//!   a fresh transaction (`retries = n`, default 3) — also when the body returns them, if its
+//!   error type is a diesel error or an error whose `source()` chain holds one.
+//!
+//! # What it does not cover
+//!
+//! - Work outside the transaction: a write on *another* connection, an e-mail, an HTTP call
+//!   commits or happens on its own, whatever the inbox decides.
+//! - Markers removed too early: a redelivery after its marker is deleted is processed again.
+//! - Error messages: deadlocks on PostgreSQL and busy/locked SQLite databases are recognised
+//!   by the server's English message text; a server configured to answer in another
+//!   language (`lc_messages`) turns them into non-retried errors.
+//!
+//! # Backends
+//!
+//! | feature | connection | needs |
+//! |---|---|---|
+//! | `sqlite` (default) | `SqliteConnection` | nothing: SQLite is compiled in |
+//! | `postgres` | `PgConnection` | libpq (Debian: `libpq-dev`) |
+//!
+//! The inbox table must exist: see [`schema`].
+#![warn(missing_docs)]
+
+extern crate self as inbox_diesel;
+
+mod backend;
+mod classify;
+mod error;
+mod run;
+pub mod schema;
+
+/// Makes a diesel handler idempotent: its work commits once per message key and consumer.
+///
+/// ```text
+/// #[idempotent(consumer = "credit", key = msg.message_id)]
+/// fn on_credit(conn: &mut PgConnection, msg: &CreditRequested) -> Result<Receipt, AppError> { … }
+/// // becomes
+/// fn on_credit(conn: &mut PgConnection, msg: &CreditRequested) -> Result<Outcome<Receipt>, AppError>
+/// ```
+///
+/// The body runs inside a transaction that first writes the inbox marker for
+/// `(key, consumer)`; a delivery whose marker already exists returns
+/// [`Outcome::Duplicate`] without running the body. See the [crate documentation](crate) for
+/// the guarantees.
+///
+/// # Options
+///
+/// | option | value | default |
+/// |---|---|---|
+/// | `consumer` | string literal: the handler's name, stored in the marker; non-empty, ≤ 200 bytes, no control characters (checked at compile time) | required |
+/// | `key` | an expression over the parameters whose type implements [`ToMessageKey`] (`Uuid`, text, integers, Kafka `(topic, partition, offset)`, CloudEvents `(source, id)`); borrowed, not moved; an empty or over-long key is an error before any SQL | required |
+/// | `conn` | the name of the connection parameter | the one `&mut …Connection` parameter |
+/// | `retries` | integer: retries of transient failures, each in a fresh transaction | `3` |
+/// | `isolation` | `"read committed"`, `"repeatable read"` or `"serializable"` (PostgreSQL; SQLite is always serializable) | the server's default |
+/// | `table` | string literal: the inbox table, optionally qualified (`"billing.inbox"`) | `"inbox"` |
+/// | `constraint` | string literal: the unique index on `(message_id, consumer)` | `"ux_inbox_message_consumer"` |
+///
+/// # Requirements
+///
+/// - The function is a plain `fn` (not `const`, not `async` yet) returning a `Result`:
+///   `Result<T, E>`, or an alias such as `QueryResult<T>` or `anyhow::Result<T>`. The
+///   function then returns the same `Result` with [`Outcome<T>`] in place of `T`.
+/// - `E: From<inbox_diesel::Error>`, for failures of the inbox itself (an invalid key, a
+///   failed commit, an aborted transaction). `diesel::result::Error` qualifies.
+/// - The connection parameter is `&mut SqliteConnection` or `&mut PgConnection`
+///   ([`InboxConnection`]); pass a pooled connection as `&mut pooled`.
+/// - The body may run more than once when a transient failure is retried, so it must not
+///   consume its parameters; with `retries = 0` it runs at most once.
+/// - Call the handler outside any open transaction on that connection.
+///
+/// ```
+/// use diesel::prelude::*;
+/// use inbox_diesel::{idempotent, Outcome};
+///
+/// #[derive(Debug)]
+/// enum AppError {
+///     Db(diesel::result::Error),
+///     Inbox(inbox_diesel::Error),
+/// }
+/// impl From<diesel::result::Error> for AppError {
+///     fn from(e: diesel::result::Error) -> Self { AppError::Db(e) }
+/// }
+/// impl From<inbox_diesel::Error> for AppError {
+///     fn from(e: inbox_diesel::Error) -> Self { AppError::Inbox(e) }
+/// }
+///
+/// struct Shipment { order: String, partition: i32, offset: i64 }
+///
+/// #[idempotent(consumer = "ship", key = ("orders", msg.partition, msg.offset), retries = 5)]
+/// fn on_shipment(db: &mut SqliteConnection, msg: &Shipment) -> Result<(), AppError> {
+///     diesel::sql_query("UPDATE orders SET shipped = 1 WHERE id = ?")
+///         .bind::<diesel::sql_types::Text, _>(&msg.order)
+///         .execute(db)?;
+///     Ok(())
+/// }
+/// ```
+#[doc(inline)]
+pub use inbox_macros::idempotent;
+
+pub use backend::InboxConnection;
+pub use classify::classify;
+pub use error::Error;
+pub use inbox_core::{
+    Consumer, ConsumerError, ErrorClass, IdentifierError, InboxSchema, KeyError, MessageKey,
+    Outcome, RetryDecision, RetryPolicy, ToMessageKey, TransientKind, server_message,
+};
+pub use uuid::Uuid;
+
+/// The isolation level of a handler's transaction on PostgreSQL (`isolation = "…"`).
+///
+/// The inbox is correct at every level: the unique index, not a snapshot, decides who
+/// processes a message. Choose the level the body's own work needs; at `repeatable read` and
+/// `serializable`, concurrent deliveries of one message end in a serialization failure that
+/// the runtime retries, and the retry then sees the duplicate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Isolation {
+    /// The server's `default_transaction_isolation` (`read committed` unless configured).
+    #[default]
+    ServerDefault,
+    /// `READ COMMITTED`.
+    ReadCommitted,
+    /// `REPEATABLE READ`.
+    RepeatableRead,
+    /// `SERIALIZABLE`.
+    Serializable,
+}
+
+impl Isolation {
+    /// The statement that opens a transaction at this level.
+    pub fn begin_sql(self) -> &'static str {
+        match self {
+            Isolation::ServerDefault => "BEGIN",
+            Isolation::ReadCommitted => "BEGIN ISOLATION LEVEL READ COMMITTED",
+            Isolation::RepeatableRead => "BEGIN ISOLATION LEVEL REPEATABLE READ",
+            Isolation::Serializable => "BEGIN ISOLATION LEVEL SERIALIZABLE",
+        }
+    }
+}
+
+/// What the expansion of `#[idempotent]` names. Not a public API.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::run::run;
+    pub use inbox_core::{Consumer, ErrorClass, InboxSchema, KeyError, MessageKey, RetryPolicy};
+
+    use crate::{Isolation, classify};
+
+    /// A handler's constant settings, written by the macro into a `static`.
+    #[derive(Debug)]
+    pub struct HandlerSpec {
+        pub consumer: Consumer,
+        pub schema: InboxSchema,
+        pub retry: RetryPolicy,
+        pub isolation: Isolation,
+        pub sqlite_busy_timeout_ms: u32,
+    }
+
+    impl HandlerSpec {
+        /// How long a SQLite handler waits for another writer before `SQLITE_BUSY`.
+        pub const SQLITE_BUSY_TIMEOUT_MS: u32 = 5_000;
+    }
+
+    /// `key = <expr>` is evaluated as `message_key(&(<expr>))`: borrowed, so a `String`
+    /// field is not moved out of the message.
+    pub fn message_key<K: inbox_core::ToMessageKey + ?Sized>(
+        key: &K,
+    ) -> Result<MessageKey, KeyError> {
+        key.to_message_key()
+    }
+
+    /// Finds the diesel error in a body's `Err`, whatever the handler's error type, so that a
+    /// transient failure inside the body is retried. Resolved at the expansion site, where
+    /// the error type is concrete, by autoref specialisation: `(&&&Probe(&result))` picks
+    /// the first of these impls that applies.
+    pub struct Probe<'r, R>(pub &'r R);
+
+    /// The body's error is a diesel error.
+    pub trait ProbeDiesel {
+        fn inbox_error_class(&self, schema: &InboxSchema) -> Option<ErrorClass>;
+    }
+
+    impl<T> ProbeDiesel for &&Probe<'_, Result<T, diesel::result::Error>> {
+        fn inbox_error_class(&self, schema: &InboxSchema) -> Option<ErrorClass> {
+            self.0.as_ref().err().map(|e| classify(e, schema))
+        }
+    }
+
+    /// The body's error is a `std::error::Error`: look for a diesel (or inbox) error along
+    /// its `source()` chain.
+    pub trait ProbeSourceChain {
+        fn inbox_error_class(&self, schema: &InboxSchema) -> Option<ErrorClass>;
+    }
+
+    impl<T, E: std::error::Error + 'static> ProbeSourceChain for &Probe<'_, Result<T, E>> {
+        fn inbox_error_class(&self, schema: &InboxSchema) -> Option<ErrorClass> {
+            let mut next: Option<&(dyn std::error::Error + 'static)> =
+                Some(self.0.as_ref().err()?);
+            while let Some(error) = next {
+                if let Some(diesel) = error.downcast_ref::<diesel::result::Error>() {
+                    return Some(classify(diesel, schema));
+                }
+                if let Some(inbox) = error.downcast_ref::<crate::Error>() {
+                    return Some(inbox.class());
+                }
+                next = error.source();
+            }
+            None
+        }
+    }
+
+    /// Any other error type: opaque, never retried.
+    pub trait ProbeOpaque {
+        fn inbox_error_class(&self, schema: &InboxSchema) -> Option<ErrorClass>;
+    }
+
+    impl<R> ProbeOpaque for Probe<'_, R> {
+        fn inbox_error_class(&self, _: &InboxSchema) -> Option<ErrorClass> {
+            None
+        }
+    }
+}

@@ -1,0 +1,127 @@
+//! The inbox table: its SQL for each backend, and its diesel `table!`.
+//!
+//! | column | PostgreSQL | SQLite | why |
+//! |---|---|---|---|
+//! | `id` | `BIGINT GENERATED ALWAYS AS IDENTITY` primary key | `INTEGER PRIMARY KEY` (the rowid) | new rows land at the end of the primary-key index |
+//! | `message_id` | `UUID` | `BLOB` (16 bytes) | [`MessageKey::stored_id`](crate::MessageKey::stored_id): a fixed 16 bytes keeps the unique index narrow (37 bytes as text) and compares as memory, not by collation |
+//! | `consumer` | `TEXT COLLATE "C"` | `TEXT` | byte-wise comparison: the name is an identifier, not prose, so locale-aware collation would only cost time |
+//! | `received_at` | `TIMESTAMPTZ DEFAULT now()` | `TEXT DEFAULT CURRENT_TIMESTAMP` | when the marker was written |
+//! | `processed_at` | `TIMESTAMPTZ` | `TEXT` | when the work committed; written in the same statement in transaction mode |
+//!
+//! and the unique index `ux_inbox_message_consumer` on `(message_id, consumer)`, whose
+//! violation — and no other — means "already processed". `message_id` leads the index: it is
+//! the selective column.
+//!
+//! Apply [`postgres::create_table_sql`] or [`sqlite::create_table_sql`] in a migration; they
+//! take an [`InboxSchema`] for custom table and index names.
+//!
+//! ```
+//! # #[cfg(feature = "sqlite")] {
+//! use diesel::connection::SimpleConnection;
+//! use diesel::prelude::*;
+//! use inbox_diesel::{InboxSchema, schema};
+//!
+//! let mut conn = SqliteConnection::establish(":memory:")?;
+//! conn.batch_execute(&schema::sqlite::create_table_sql(&InboxSchema::DEFAULT))?;
+//! let markers: i64 = schema::sqlite::inbox::table.count().get_result(&mut conn)?;
+//! assert_eq!(markers, 0);
+//! # }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+#[allow(unused_imports)]
+use inbox_core::InboxSchema;
+
+/// The PostgreSQL schema.
+#[cfg(feature = "postgres")]
+pub mod postgres {
+    use inbox_core::InboxSchema;
+
+    diesel::table! {
+        /// The inbox table as the shipped PostgreSQL schema creates it.
+        inbox (id) {
+            /// Row id, in insertion order.
+            id -> Int8,
+            /// The message key's 16-byte stored id.
+            message_id -> Uuid,
+            /// The consumer name.
+            consumer -> Text,
+            /// When the marker was written.
+            received_at -> Timestamptz,
+            /// When the work committed (null while a claim is open).
+            processed_at -> Nullable<Timestamptz>,
+        }
+    }
+
+    /// `CREATE TABLE` and `CREATE UNIQUE INDEX` for `schema` (idempotent: `IF NOT EXISTS`).
+    pub fn create_table_sql(schema: &InboxSchema) -> String {
+        format!(
+            "CREATE TABLE IF NOT EXISTS {table} (\n    \
+                 id           BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,\n    \
+                 message_id   UUID        NOT NULL,\n    \
+                 consumer     TEXT        COLLATE \"C\" NOT NULL,\n    \
+                 received_at  TIMESTAMPTZ NOT NULL DEFAULT now(),\n    \
+                 processed_at TIMESTAMPTZ\n\
+             );\n\
+             CREATE UNIQUE INDEX IF NOT EXISTS {index} ON {table} (message_id, consumer);\n",
+            table = schema.table(),
+            index = schema.constraint(),
+        )
+    }
+
+    /// `DROP TABLE` for `schema` (drops its index too).
+    pub fn drop_table_sql(schema: &InboxSchema) -> String {
+        format!("DROP TABLE IF EXISTS {};\n", schema.table())
+    }
+}
+
+/// The SQLite schema.
+#[cfg(feature = "sqlite")]
+pub mod sqlite {
+    use inbox_core::InboxSchema;
+
+    diesel::table! {
+        /// The inbox table as the shipped SQLite schema creates it.
+        inbox (id) {
+            /// Row id, in insertion order.
+            id -> BigInt,
+            /// The message key's 16-byte stored id.
+            message_id -> Binary,
+            /// The consumer name.
+            consumer -> Text,
+            /// When the marker was written.
+            received_at -> Timestamp,
+            /// When the work committed (null while a claim is open).
+            processed_at -> Nullable<Timestamp>,
+        }
+    }
+
+    /// `CREATE TABLE` and `CREATE UNIQUE INDEX` for `schema` (idempotent: `IF NOT EXISTS`).
+    ///
+    /// A qualified table name (`aux.inbox`) names an attached database; SQLite then wants the
+    /// index qualified, not the indexed table.
+    pub fn create_table_sql(schema: &InboxSchema) -> String {
+        let (index_prefix, table_name) = match schema.table().rsplit_once('.') {
+            Some((database, table)) => (format!("{database}."), table),
+            None => (String::new(), schema.table()),
+        };
+        format!(
+            "CREATE TABLE IF NOT EXISTS {table} (\n    \
+                 id           INTEGER PRIMARY KEY,\n    \
+                 message_id   BLOB    NOT NULL,\n    \
+                 consumer     TEXT    NOT NULL,\n    \
+                 received_at  TEXT    NOT NULL DEFAULT CURRENT_TIMESTAMP,\n    \
+                 processed_at TEXT\n\
+             );\n\
+             CREATE UNIQUE INDEX IF NOT EXISTS {index_prefix}{index} \
+             ON {table_name} (message_id, consumer);\n",
+            table = schema.table(),
+            index = schema.constraint(),
+        )
+    }
+
+    /// `DROP TABLE` for `schema` (drops its index too).
+    pub fn drop_table_sql(schema: &InboxSchema) -> String {
+        format!("DROP TABLE IF EXISTS {};\n", schema.table())
+    }
+}

@@ -1,0 +1,94 @@
+//! Phase 1: the attribute's arguments, as written, each kept with its tokens for spans.
+
+use syn::parse::{Parse, ParseStream};
+use syn::{Expr, Ident, LitInt, LitStr, Token};
+
+/// The correct form, shown in errors about the attribute as a whole.
+pub const USAGE: &str = "#[idempotent(consumer = \"credit\", key = msg.id)]";
+
+/// `#[idempotent(...)]` arguments before any semantic check.
+#[derive(Default)]
+pub struct Args {
+    pub consumer: Option<LitStr>,
+    pub key: Option<Expr>,
+    pub conn: Option<Ident>,
+    pub retries: Option<LitInt>,
+    pub isolation: Option<LitStr>,
+    pub table: Option<LitStr>,
+    pub constraint: Option<LitStr>,
+}
+
+/// Each option with the form of its value, for "unknown option" and "expected …" errors.
+const OPTIONS: [(&str, &str); 7] = [
+    ("consumer", "consumer = \"credit\""),
+    ("key", "key = msg.id"),
+    ("conn", "conn = db"),
+    ("retries", "retries = 3"),
+    ("isolation", "isolation = \"serializable\""),
+    ("table", "table = \"inbox\""),
+    ("constraint", "constraint = \"ux_inbox_message_consumer\""),
+];
+
+impl Parse for Args {
+    fn parse(input: ParseStream) -> syn::Result<Self> {
+        let mut args = Args::default();
+        while !input.is_empty() {
+            let name: Ident = input.parse().map_err(|e| {
+                syn::Error::new(e.span(), format!("expected an option name; the correct form is `{USAGE}`"))
+            })?;
+            let form = form_of(&name).ok_or_else(|| {
+                let known: Vec<_> = OPTIONS.iter().map(|(o, _)| format!("`{o}`")).collect();
+                syn::Error::new(
+                    name.span(),
+                    format!("unknown option `{name}`; the options are {}", known.join(", ")),
+                )
+            })?;
+            input.parse::<Token![=]>().map_err(|e| {
+                syn::Error::new(e.span(), format!("expected `=` after `{name}`: `{form}`"))
+            })?;
+            match name.to_string().as_str() {
+                "consumer" => set_once(&mut args.consumer, &name, value(input, form)?)?,
+                "key" => set_once(&mut args.key, &name, value(input, form)?)?,
+                "conn" => set_once(&mut args.conn, &name, value(input, form)?)?,
+                "retries" => set_once(&mut args.retries, &name, value(input, form)?)?,
+                "isolation" => set_once(&mut args.isolation, &name, value(input, form)?)?,
+                "table" => set_once(&mut args.table, &name, value(input, form)?)?,
+                "constraint" => set_once(&mut args.constraint, &name, value(input, form)?)?,
+                _ => unreachable!("form_of knows every option"),
+            }
+            if input.is_empty() {
+                break;
+            }
+            input.parse::<Token![,]>().map_err(|e| {
+                syn::Error::new(e.span(), format!("expected `,` between options: `{USAGE}`"))
+            })?;
+        }
+        Ok(args)
+    }
+}
+
+fn form_of(name: &Ident) -> Option<&'static str> {
+    OPTIONS
+        .iter()
+        .find(|(option, _)| name == option)
+        .map(|(_, form)| *form)
+}
+
+/// Parses an option's value, saying the correct form when it has the wrong shape.
+fn value<T: Parse>(input: ParseStream, form: &str) -> syn::Result<T> {
+    input
+        .parse()
+        .map_err(|e| syn::Error::new(e.span(), format!("{e}; the correct form is `{form}`")))
+}
+
+/// Stores an option's value; the one place that rejects an option given twice.
+fn set_once<T>(slot: &mut Option<T>, name: &Ident, value: T) -> syn::Result<()> {
+    if slot.is_some() {
+        return Err(syn::Error::new(
+            name.span(),
+            format!("`{name}` is given more than once; give each option once"),
+        ));
+    }
+    *slot = Some(value);
+    Ok(())
+}

@@ -1,0 +1,169 @@
+//! Phase 3: the code. The function keeps its attributes, visibility, name, parameters and
+//! body; only its return type changes (`T` → `Outcome<T>`), and its body moves into a closure
+//! handed to the runtime, which owns the transaction.
+
+use proc_macro2::TokenStream;
+use quote::{quote, quote_spanned};
+use syn::spanned::Spanned;
+use syn::{GenericArgument, ItemFn, PathArguments, ReturnType, Type};
+
+use crate::attr::Args;
+use crate::valid::{self, Handler, Isolation};
+
+/// The whole attribute: parse, validate, expand; on error the function, unchanged, plus the
+/// errors (so that callers of the function still type-check against what the user wrote).
+pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
+    let function: ItemFn = match syn::parse2(item.clone()) {
+        Ok(function) => function,
+        Err(_) => {
+            let error = syn::Error::new(
+                proc_macro2::Span::call_site(),
+                "#[idempotent] applies to a function: `#[idempotent(consumer = \"credit\", \
+                 key = msg.id)] fn on_credit(conn: &mut PgConnection, msg: &Msg) -> Result<…>`",
+            );
+            return with_error(item, error);
+        }
+    };
+    let handler = syn::parse2::<Args>(args).and_then(|args| valid::validate(args, &function));
+    match handler {
+        Ok(handler) => expand(handler, function),
+        Err(error) => with_error(quote!(#function), error),
+    }
+}
+
+fn with_error(item: TokenStream, error: syn::Error) -> TokenStream {
+    let error = error.to_compile_error();
+    quote!(#item #error)
+}
+
+pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
+    let Handler {
+        consumer,
+        key,
+        conn,
+        retries,
+        isolation,
+        table,
+        constraint,
+        ret,
+    } = handler;
+    let ItemFn {
+        attrs,
+        vis,
+        mut sig,
+        block,
+        ..
+    } = function;
+    sig.output = outcome_return_type(&ret);
+
+    let isolation = match isolation {
+        Isolation::ServerDefault => quote!(ServerDefault),
+        Isolation::ReadCommitted => quote!(ReadCommitted),
+        Isolation::RepeatableRead => quote!(RepeatableRead),
+        Isolation::Serializable => quote!(Serializable),
+    };
+    // Spanned at the return type: an error type without `From<inbox_diesel::Error>` is
+    // reported there, where the user can fix it.
+    let run = quote_spanned!(ret.span()=> ::inbox_diesel::__private::run);
+
+    quote! {
+        #(#attrs)*
+        #vis #sig {
+            static __INBOX_SPEC: ::inbox_diesel::__private::HandlerSpec =
+                ::inbox_diesel::__private::HandlerSpec {
+                    consumer: ::inbox_diesel::__private::Consumer::from_validated(#consumer),
+                    schema: ::inbox_diesel::__private::InboxSchema::new_unchecked(#table, #constraint),
+                    retry: ::inbox_diesel::__private::RetryPolicy::new(#retries),
+                    isolation: ::inbox_diesel::Isolation::#isolation,
+                    sqlite_busy_timeout_ms: ::inbox_diesel::__private::HandlerSpec::SQLITE_BUSY_TIMEOUT_MS,
+                };
+            #run(
+                #conn,
+                &__INBOX_SPEC,
+                ::inbox_diesel::__private::message_key(&(#key)),
+                |#conn| -> #ret #block,
+                |__inbox_result: &#ret| {
+                    #[allow(unused_imports)]
+                    use ::inbox_diesel::__private::{ProbeDiesel as _, ProbeOpaque as _, ProbeSourceChain as _};
+                    (&&&::inbox_diesel::__private::Probe(__inbox_result))
+                        .inbox_error_class(&__INBOX_SPEC.schema)
+                },
+            )
+        }
+    }
+}
+
+/// `Result<T, E>` → `Result<::inbox_diesel::Outcome<T>, E>`; an alias keeps its path
+/// (`QueryResult<T>` → `QueryResult<Outcome<T>>`). `valid` checked the shape.
+fn outcome_return_type(ret: &Type) -> ReturnType {
+    let mut ret = ret.clone();
+    if let Type::Path(path) = &mut ret
+        && let Some(last) = path.path.segments.last_mut()
+        && let PathArguments::AngleBracketed(args) = &mut last.arguments
+        && let Some(GenericArgument::Type(value)) = args.args.first_mut()
+    {
+        let wrapped = quote_spanned!(value.span()=> ::inbox_diesel::Outcome<#value>);
+        *value = syn::parse2(wrapped).expect("a path type parses");
+    }
+    syn::parse_quote!(-> #ret)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The expansion as a reviewer reads it.
+    fn pretty(args: TokenStream, item: TokenStream) -> String {
+        let tokens = idempotent(args, item);
+        let file: syn::File = syn::parse2(tokens).expect("the expansion parses as a file");
+        prettyplease::unparse(&file)
+    }
+
+    #[test]
+    fn expands_a_handler() {
+        insta::assert_snapshot!(pretty(
+            quote!(consumer = "credit", key = msg.message_id),
+            quote! {
+                /// Credits an account.
+                pub fn on_credit(conn: &mut PgConnection, msg: &CreditRequested) -> Result<Receipt, AppError> {
+                    diesel::update(accounts::table.find(msg.account_id))
+                        .set(accounts::balance.eq(accounts::balance + msg.amount))
+                        .execute(conn)?;
+                    Ok(Receipt)
+                }
+            }
+        ));
+    }
+
+    #[test]
+    fn expands_every_option_and_an_alias_return_type() {
+        insta::assert_snapshot!(pretty(
+            quote!(
+                consumer = "ship",
+                key = (msg.topic.as_str(), msg.partition, msg.offset),
+                conn = db,
+                retries = 0,
+                isolation = "serializable",
+                table = "billing.inbox",
+                constraint = "ux_billing_inbox",
+            ),
+            quote! {
+                fn on_shipment(&self, db: &mut Db, msg: &Record) -> diesel::QueryResult<()> {
+                    Ok(())
+                }
+            }
+        ));
+    }
+
+    #[test]
+    fn keeps_the_function_after_an_error() {
+        insta::assert_snapshot!(pretty(
+            quote!(key = msg.id),
+            quote! {
+                fn on_credit(conn: &mut PgConnection, msg: &Msg) -> Result<(), E> {
+                    Ok(())
+                }
+            }
+        ));
+    }
+}

@@ -1,0 +1,19 @@
+//! The `#[idempotent]` attribute of `inbox-diesel`, which re-exports it with its documentation.
+//! This crate is an implementation detail: depend on `inbox-diesel`.
+//!
+//! The expansion runs in three phases, one module each: [`attr`] parses the arguments,
+//! [`valid`] checks them and the function against each other, [`expand`] writes the code.
+//! Every error is spanned at the token it is about; on error the function is still emitted
+//! unchanged, so that the rest of the crate keeps type-checking.
+
+use proc_macro::TokenStream;
+
+mod attr;
+mod expand;
+mod valid;
+
+/// See `inbox_diesel::idempotent`.
+#[proc_macro_attribute]
+pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
+    expand::idempotent(args.into(), item.into()).into()
+}

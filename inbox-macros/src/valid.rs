@@ -1,0 +1,328 @@
+//! Phase 2: the arguments checked against their rules and against the function.
+//!
+//! Independent problems are all reported at once (`syn::Error::combine`), each spanned at the
+//! token it is about.
+
+use inbox_core::{Consumer, ConsumerError, InboxSchema, RetryPolicy};
+use proc_macro2::{Span, TokenStream, TokenTree};
+use quote::ToTokens;
+use syn::spanned::Spanned;
+use syn::{
+    Expr, FnArg, GenericArgument, Ident, ItemFn, LitStr, Pat, PathArguments, ReturnType, Type,
+};
+
+use crate::attr::{Args, USAGE};
+
+/// Everything the expansion needs, checked.
+pub struct Handler {
+    pub consumer: String,
+    pub key: Expr,
+    pub conn: Ident,
+    pub retries: u32,
+    pub isolation: Isolation,
+    pub table: String,
+    pub constraint: String,
+    /// The declared return type, `Result<T, E>` or an alias of it.
+    pub ret: Type,
+}
+
+#[derive(Clone, Copy)]
+pub enum Isolation {
+    ServerDefault,
+    ReadCommitted,
+    RepeatableRead,
+    Serializable,
+}
+
+/// Collects independent errors so that one compile shows them all.
+#[derive(Default)]
+struct Errors(Option<syn::Error>);
+
+impl Errors {
+    fn push(&mut self, error: syn::Error) {
+        match &mut self.0 {
+            Some(first) => first.combine(error),
+            None => self.0 = Some(error),
+        }
+    }
+
+    /// Keeps the value, or records the error and keeps nothing.
+    fn take<T>(&mut self, result: syn::Result<T>) -> Option<T> {
+        result.map_err(|e| self.push(e)).ok()
+    }
+}
+
+pub fn validate(args: Args, item: &ItemFn) -> syn::Result<Handler> {
+    let mut errors = Errors::default();
+    let sig = &item.sig;
+
+    if let Some(constness) = &sig.constness {
+        errors.push(syn::Error::new(
+            constness.span(),
+            "#[idempotent] cannot be applied to a `const fn`: the handler runs SQL at run \
+             time; remove `const`",
+        ));
+    }
+    if let Some(asyncness) = &sig.asyncness {
+        errors.push(syn::Error::new(
+            asyncness.span(),
+            "#[idempotent] does not support `async fn` yet; use a sync diesel connection",
+        ));
+    }
+
+    let consumer = match &args.consumer {
+        Some(lit) => errors.take(consumer(lit)),
+        None => {
+            errors.push(missing("consumer"));
+            None
+        }
+    };
+    let key = match args.key {
+        Some(key) => errors.take(key_uses_a_parameter(key, item)),
+        None => {
+            errors.push(missing("key"));
+            None
+        }
+    };
+    let conn = errors.take(connection(args.conn.as_ref(), item));
+    let ret = errors.take(return_type(item));
+    let retries = match &args.retries {
+        Some(lit) => errors.take(lit.base10_parse::<u32>().map_err(|_| {
+            syn::Error::new(
+                lit.span(),
+                "`retries` is a number of retries (0 to 4294967295): `retries = 3`",
+            )
+        })),
+        None => Some(RetryPolicy::DEFAULT_RETRIES),
+    };
+    let isolation = match &args.isolation {
+        Some(lit) => errors.take(isolation(lit)),
+        None => Some(Isolation::ServerDefault),
+    };
+    let table = match &args.table {
+        Some(lit) => errors.take(
+            InboxSchema::validate_table(&lit.value())
+                .map(|()| lit.value())
+                .map_err(|e| {
+                    syn::Error::new(
+                        lit.span(),
+                        format!(
+                            "`table` must be a table name, optionally qualified: {e}; e.g. \
+                             `table = \"inbox\"` or `table = \"billing.inbox\"`"
+                        ),
+                    )
+                }),
+        ),
+        None => Some(InboxSchema::DEFAULT_TABLE.to_owned()),
+    };
+    let constraint = match &args.constraint {
+        Some(lit) => errors.take(
+            InboxSchema::validate_identifier(&lit.value())
+                .map(|()| lit.value())
+                .map_err(|e| {
+                    syn::Error::new(
+                        lit.span(),
+                        format!(
+                            "`constraint` must be the name of the unique index on \
+                             (message_id, consumer): {e}; e.g. \
+                             `constraint = \"ux_inbox_message_consumer\"`"
+                        ),
+                    )
+                }),
+        ),
+        None => Some(InboxSchema::DEFAULT_CONSTRAINT.to_owned()),
+    };
+
+    match (errors.0, consumer, key, conn, ret, retries, isolation, table, constraint) {
+        (None, Some(consumer), Some(key), Some(conn), Some(ret), Some(retries), Some(isolation), Some(table), Some(constraint)) => {
+            Ok(Handler {
+                consumer,
+                key,
+                conn,
+                retries,
+                isolation,
+                table,
+                constraint,
+                ret,
+            })
+        }
+        (Some(error), ..) => Err(error),
+        _ => unreachable!("every missing value recorded an error"),
+    }
+}
+
+fn missing(option: &str) -> syn::Error {
+    syn::Error::new(
+        Span::call_site(),
+        format!("#[idempotent] needs `{option}`; the correct form is `{USAGE}`"),
+    )
+}
+
+fn consumer(lit: &LitStr) -> syn::Result<String> {
+    let name = lit.value();
+    Consumer::validate(&name).map(|()| name).map_err(|e| {
+        let rule = match e {
+            ConsumerError::Empty => "it is empty".to_owned(),
+            ConsumerError::TooLong { len, max } => {
+                format!("it is {len} bytes long and the limit is {max}")
+            }
+            ConsumerError::ControlCharacter { .. } => "it contains a control character".to_owned(),
+            _ => e.to_string(),
+        };
+        syn::Error::new(
+            lit.span(),
+            format!(
+                "`consumer` names the handler in the inbox, and {rule}; use a short, stable, \
+                 printable name: `consumer = \"credit\"`"
+            ),
+        )
+    })
+}
+
+fn isolation(lit: &LitStr) -> syn::Result<Isolation> {
+    match lit.value().to_ascii_lowercase().as_str() {
+        "read committed" => Ok(Isolation::ReadCommitted),
+        "repeatable read" => Ok(Isolation::RepeatableRead),
+        "serializable" => Ok(Isolation::Serializable),
+        _ => Err(syn::Error::new(
+            lit.span(),
+            "`isolation` is one of \"read committed\", \"repeatable read\", \"serializable\": \
+             `isolation = \"serializable\"`",
+        )),
+    }
+}
+
+/// The names the handler's parameters bind (`self` included).
+fn parameter_names(item: &ItemFn) -> Vec<Ident> {
+    let mut names = Vec::new();
+    for input in &item.sig.inputs {
+        match input {
+            FnArg::Receiver(receiver) => names.push(Ident::new("self", receiver.span())),
+            FnArg::Typed(typed) => collect_idents(typed.pat.to_token_stream(), &mut names),
+        }
+    }
+    names
+}
+
+fn collect_idents(tokens: TokenStream, out: &mut Vec<Ident>) {
+    for token in tokens {
+        match token {
+            TokenTree::Ident(ident) => out.push(ident),
+            TokenTree::Group(group) => collect_idents(group.stream(), out),
+            _ => {}
+        }
+    }
+}
+
+/// A key computed from no parameter is the same for every message: every delivery after the
+/// first would be dropped as a duplicate.
+fn key_uses_a_parameter(key: Expr, item: &ItemFn) -> syn::Result<Expr> {
+    let params = parameter_names(item);
+    let mut used = Vec::new();
+    collect_idents(key.to_token_stream(), &mut used);
+    if used.iter().any(|ident| params.contains(ident)) {
+        return Ok(key);
+    }
+    Err(syn::Error::new_spanned(
+        &key,
+        format!(
+            "`key` must be computed from the handler's parameters, e.g. `key = msg.id`; `{}` \
+             uses none of them, so every message would share one key and all but the first \
+             would be dropped as duplicates",
+            key.to_token_stream()
+        ),
+    ))
+}
+
+/// The parameter that carries the transaction: named with `conn = …`, or the one parameter of
+/// type `&mut …Connection`.
+fn connection(named: Option<&Ident>, item: &ItemFn) -> syn::Result<Ident> {
+    let typed = item.sig.inputs.iter().filter_map(|input| match input {
+        FnArg::Typed(typed) => match &*typed.pat {
+            Pat::Ident(pat) if pat.subpat.is_none() => Some((&pat.ident, &*typed.ty)),
+            _ => None,
+        },
+        FnArg::Receiver(_) => None,
+    });
+    if let Some(named) = named {
+        let Some((ident, ty)) = typed.clone().find(|(ident, _)| *ident == named) else {
+            return Err(syn::Error::new(
+                named.span(),
+                format!("`conn = {named}` names no parameter of this function; name the `&mut` connection parameter"),
+            ));
+        };
+        return match ty {
+            Type::Reference(reference) if reference.mutability.is_some() => Ok(ident.clone()),
+            _ => Err(syn::Error::new_spanned(
+                ty,
+                format!("the connection parameter `{named}` must be a `&mut` reference to a connection, e.g. `{named}: &mut PgConnection`"),
+            )),
+        };
+    }
+    let candidates: Vec<&Ident> = typed
+        .filter(|(_, ty)| is_connection_ref(ty))
+        .map(|(ident, _)| ident)
+        .collect();
+    match candidates.as_slice() {
+        [conn] => Ok((*conn).clone()),
+        [] => Err(syn::Error::new(
+            item.sig.paren_token.span.join(),
+            "an #[idempotent] handler needs its connection as a parameter, e.g. \
+             `conn: &mut PgConnection`; if it has another type, name it: `conn = db`",
+        )),
+        [_, second, ..] => Err(syn::Error::new(
+            second.span(),
+            format!(
+                "more than one connection parameter ({}); name the one that carries the \
+                 handler's transaction with `conn = …`",
+                candidates.iter().map(|c| format!("`{c}`")).collect::<Vec<_>>().join(", ")
+            ),
+        )),
+    }
+}
+
+/// `&mut PgConnection`, `&mut SqliteConnection`, `&mut diesel::PgConnection`,
+/// `&mut PooledConnection<…>`, `&mut SyncConnectionWrapper<…>`, …
+fn is_connection_ref(ty: &Type) -> bool {
+    let Type::Reference(reference) = ty else {
+        return false;
+    };
+    if reference.mutability.is_none() {
+        return false;
+    }
+    let Type::Path(path) = &*reference.elem else {
+        return false;
+    };
+    path.path.segments.last().is_some_and(|segment| {
+        let name = segment.ident.to_string();
+        name.ends_with("Connection") || name == "SyncConnectionWrapper"
+    })
+}
+
+/// The declared return type must be a `Result` whose first argument is the body's value.
+fn return_type(item: &ItemFn) -> syn::Result<Type> {
+    let not_a_result = |span: Span| {
+        syn::Error::new(
+            span,
+            "an #[idempotent] handler must return a `Result`, e.g. `-> Result<Receipt, AppError>` \
+             or `-> QueryResult<Receipt>`; it then returns `Result<Outcome<Receipt>, AppError>`",
+        )
+    };
+    let ReturnType::Type(_, ty) = &item.sig.output else {
+        return Err(not_a_result(item.sig.ident.span()));
+    };
+    let Type::Path(path) = &**ty else {
+        return Err(not_a_result(ty.span()));
+    };
+    let Some(last) = path.path.segments.last() else {
+        return Err(not_a_result(ty.span()));
+    };
+    let has_value_type = matches!(
+        &last.arguments,
+        PathArguments::AngleBracketed(args) if matches!(args.args.first(), Some(GenericArgument::Type(_)))
+    );
+    if path.qself.is_some() || !last.ident.to_string().ends_with("Result") || !has_value_type {
+        return Err(not_a_result(ty.span()));
+    }
+    Ok((**ty).clone())
+}
