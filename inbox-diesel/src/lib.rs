@@ -29,8 +29,8 @@
 //! fn on_credit(conn: &mut SqliteConnection, msg: &CreditRequested) -> QueryResult<i64> {
 //!     diesel::update(accounts::table.find(msg.account))
 //!         .set(accounts::balance.eq(accounts::balance + msg.amount))
-//!         .returning(accounts::balance)
-//!         .get_result(conn)
+//!         .execute(conn)?;
+//!     accounts::table.find(msg.account).select(accounts::balance).first(conn)
 //! }
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {

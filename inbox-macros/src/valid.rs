@@ -251,7 +251,7 @@ fn connection(named: Option<&Ident>, item: &ItemFn) -> syn::Result<Ident> {
                 format!("`conn = {named}` names no parameter of this function; name the `&mut` connection parameter"),
             ));
         };
-        return match ty {
+        return match peel(ty) {
             Type::Reference(reference) if reference.mutability.is_some() => Ok(ident.clone()),
             _ => Err(syn::Error::new_spanned(
                 ty,
@@ -284,19 +284,28 @@ fn connection(named: Option<&Ident>, item: &ItemFn) -> syn::Result<Ident> {
 /// `&mut PgConnection`, `&mut SqliteConnection`, `&mut diesel::PgConnection`,
 /// `&mut PooledConnection<…>`, `&mut SyncConnectionWrapper<…>`, …
 fn is_connection_ref(ty: &Type) -> bool {
-    let Type::Reference(reference) = ty else {
+    let Type::Reference(reference) = peel(ty) else {
         return false;
     };
     if reference.mutability.is_none() {
         return false;
     }
-    let Type::Path(path) = &*reference.elem else {
+    let Type::Path(path) = peel(&reference.elem) else {
         return false;
     };
     path.path.segments.last().is_some_and(|segment| {
         let name = segment.ident.to_string();
         name.ends_with("Connection") || name == "SyncConnectionWrapper"
     })
+}
+
+/// A type as written, without the invisible groups of a `macro_rules!` `$t:ty` or parentheses.
+fn peel(ty: &Type) -> &Type {
+    match ty {
+        Type::Group(group) => peel(&group.elem),
+        Type::Paren(paren) => peel(&paren.elem),
+        _ => ty,
+    }
 }
 
 /// The declared return type must be a `Result` whose first argument is the body's value.
@@ -311,7 +320,7 @@ fn return_type(item: &ItemFn) -> syn::Result<Type> {
     let ReturnType::Type(_, ty) = &item.sig.output else {
         return Err(not_a_result(item.sig.ident.span()));
     };
-    let Type::Path(path) = &**ty else {
+    let Type::Path(path) = peel(ty) else {
         return Err(not_a_result(ty.span()));
     };
     let Some(last) = path.path.segments.last() else {
@@ -324,5 +333,5 @@ fn return_type(item: &ItemFn) -> syn::Result<Type> {
     if path.qself.is_some() || !last.ident.to_string().ends_with("Result") || !has_value_type {
         return Err(not_a_result(ty.span()));
     }
-    Ok((**ty).clone())
+    Ok(peel(ty).clone())
 }

@@ -1,0 +1,1 @@
+//! Runnable examples: see `credit.rs`.

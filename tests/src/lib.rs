@@ -1,0 +1,390 @@
+//! Fixtures of the database suites: a fresh database per test, the business schema the
+//! handlers write to, and [`suite!`], the tests every backend must pass, written once and
+//! instantiated per backend with its concrete connection type.
+
+use std::fmt;
+
+pub use inbox_diesel::Uuid;
+
+pub mod sqlite;
+
+#[cfg(feature = "postgres")]
+pub mod postgres;
+
+diesel::table! {
+    accounts (id) {
+        id -> Integer,
+        balance -> BigInt,
+    }
+}
+
+diesel::table! {
+    /// One row per applied credit, deliberately without a unique index: a message applied
+    /// twice shows up as two rows.
+    credits (id) {
+        id -> BigInt,
+        message -> Text,
+        account -> Integer,
+        amount -> BigInt,
+    }
+}
+
+diesel::table! {
+    /// A business table with a unique index of its own (`ux_users_email`).
+    users (id) {
+        id -> Integer,
+        email -> Text,
+    }
+}
+
+/// The message the handlers under test consume.
+#[derive(Debug, Clone)]
+pub struct Credit {
+    pub id: Uuid,
+    pub account: i32,
+    pub amount: i64,
+}
+
+impl Credit {
+    pub fn new(n: u128) -> Self {
+        Self {
+            id: Uuid::from_u128(n),
+            account: 1,
+            amount: 10,
+        }
+    }
+}
+
+/// An application error type as users write them: a diesel variant reachable through
+/// `source()`, the inbox's own errors, and a business rejection.
+#[derive(Debug)]
+pub enum AppError {
+    Db(diesel::result::Error),
+    Inbox(inbox_diesel::Error),
+    Rejected,
+}
+
+impl fmt::Display for AppError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AppError::Db(_) => f.write_str("database error"),
+            AppError::Inbox(_) => f.write_str("inbox error"),
+            AppError::Rejected => f.write_str("rejected"),
+        }
+    }
+}
+
+impl std::error::Error for AppError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            AppError::Db(e) => Some(e),
+            AppError::Inbox(e) => Some(e),
+            AppError::Rejected => None,
+        }
+    }
+}
+
+impl From<diesel::result::Error> for AppError {
+    fn from(e: diesel::result::Error) -> Self {
+        AppError::Db(e)
+    }
+}
+
+impl From<inbox_diesel::Error> for AppError {
+    fn from(e: inbox_diesel::Error) -> Self {
+        AppError::Inbox(e)
+    }
+}
+
+/// Waits for `condition`, polling; panics with `what` after 20 s.
+pub fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !condition() {
+        assert!(std::time::Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// The handlers under test and the tests every backend must pass, for a fixture `$db` whose
+/// `connect()` returns a `$conn`.
+#[macro_export]
+macro_rules! suite {
+    ($db:ty, $conn:ty) => {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::{Arc, Barrier};
+
+        use diesel::prelude::*;
+        use inbox_diesel::{idempotent, ErrorClass, Outcome};
+        use $crate::{accounts, credits, users, AppError, Credit};
+
+        type DbConnection = $conn;
+
+        /// The business change: one credit row and the balance, in two statements.
+        fn apply_credit(conn: &mut DbConnection, msg: &Credit) -> QueryResult<()> {
+            diesel::insert_into(credits::table)
+                .values((
+                    credits::message.eq(msg.id.to_string()),
+                    credits::account.eq(msg.account),
+                    credits::amount.eq(msg.amount),
+                ))
+                .execute(conn)?;
+            diesel::update(accounts::table.find(msg.account))
+                .set(accounts::balance.eq(accounts::balance + msg.amount))
+                .execute(conn)?;
+            Ok(())
+        }
+
+        #[idempotent(consumer = "credit", key = msg.id)]
+        fn credit(conn: &mut DbConnection, msg: &Credit) -> Result<(), AppError> {
+            apply_credit(conn, msg)?;
+            Ok(())
+        }
+
+        /// `credit`, then whatever the test injects, on the same transaction.
+        #[idempotent(consumer = "credit", key = msg.id)]
+        fn credit_then(
+            conn: &mut DbConnection,
+            msg: &Credit,
+            then: &mut dyn FnMut(&mut DbConnection) -> Result<(), AppError>,
+        ) -> Result<(), AppError> {
+            apply_credit(conn, msg)?;
+            then(conn)
+        }
+
+        fn count_credits(conn: &mut DbConnection, msg: &Credit) -> i64 {
+            credits::table
+                .filter(credits::message.eq(msg.id.to_string()))
+                .count()
+                .get_result(conn)
+                .unwrap()
+        }
+
+        fn count_markers(conn: &mut DbConnection) -> i64 {
+            diesel::sql_query("SELECT count(*) AS n FROM inbox")
+                .get_result::<Count>(conn)
+                .unwrap()
+                .n
+        }
+
+        fn balance(conn: &mut DbConnection, account: i32) -> i64 {
+            accounts::table
+                .find(account)
+                .select(accounts::balance)
+                .first(conn)
+                .unwrap()
+        }
+
+        #[derive(QueryableByName)]
+        struct Count {
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            n: i64,
+        }
+
+        /// The concurrent-delivery race: 8 instances on their own connections each receive
+        /// every one of 200 messages, released together by a barrier before each message.
+        /// Exactly one delivery per message may apply it.
+        #[test]
+        fn race_applies_each_message_once() {
+            const INSTANCES: usize = 8;
+            const MESSAGES: u128 = 200;
+            let db = <$db>::new("race_applies_each_message_once");
+            let barrier = Arc::new(Barrier::new(INSTANCES));
+            let processed = Arc::new(AtomicUsize::new(0));
+            let duplicates = Arc::new(AtomicUsize::new(0));
+            std::thread::scope(|scope| {
+                for _ in 0..INSTANCES {
+                    let mut conn = db.connect();
+                    let (barrier, processed, duplicates) =
+                        (barrier.clone(), processed.clone(), duplicates.clone());
+                    scope.spawn(move || {
+                        for n in 0..MESSAGES {
+                            barrier.wait();
+                            match credit(&mut conn, &Credit::new(n)) {
+                                Ok(Outcome::Processed(())) => processed.fetch_add(1, Ordering::Relaxed),
+                                Ok(Outcome::Duplicate { .. }) => duplicates.fetch_add(1, Ordering::Relaxed),
+                                Err(e) => panic!("delivery of message {n} failed: {e:?}"),
+                            };
+                        }
+                    });
+                }
+            });
+            let mut conn = db.connect();
+            for n in 0..MESSAGES {
+                assert_eq!(count_credits(&mut conn, &Credit::new(n)), 1, "message {n}");
+            }
+            let markers_per_message: Vec<(i64, String)> = diesel::sql_query(
+                "SELECT count(*) AS n, consumer FROM inbox GROUP BY message_id, consumer HAVING count(*) <> 1",
+            )
+            .load::<PerMessage>(&mut conn)
+            .unwrap()
+            .into_iter()
+            .map(|row| (row.n, row.consumer))
+            .collect();
+            assert_eq!(markers_per_message, vec![]);
+            assert_eq!(count_markers(&mut conn), MESSAGES as i64);
+            assert_eq!(balance(&mut conn, 1), 10 * MESSAGES as i64);
+            assert_eq!(processed.load(Ordering::Relaxed), MESSAGES as usize);
+            assert_eq!(
+                duplicates.load(Ordering::Relaxed),
+                (INSTANCES - 1) * MESSAGES as usize
+            );
+        }
+
+        #[derive(QueryableByName)]
+        struct PerMessage {
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            n: i64,
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            consumer: String,
+        }
+
+        #[test]
+        fn redelivery_is_a_duplicate_and_the_body_does_not_run() {
+            let db = <$db>::new("redelivery_is_a_duplicate");
+            let mut conn = db.connect();
+            let msg = Credit::new(1);
+            assert_eq!(credit(&mut conn, &msg).unwrap(), Outcome::Processed(()));
+            let mut ran = false;
+            let outcome = credit_then(&mut conn, &msg, &mut |_| {
+                ran = true;
+                Ok(())
+            })
+            .unwrap();
+            assert!(matches!(&outcome, Outcome::Duplicate { consumer, key }
+                if consumer.as_str() == "credit" && key.stored_id() == msg.id));
+            assert!(!ran);
+            assert_eq!(count_credits(&mut conn, &msg), 1);
+            assert_eq!(count_markers(&mut conn), 1);
+        }
+
+        /// A handler error rolls back the marker with the work; the redelivery processes.
+        #[test]
+        fn handler_error_leaves_no_marker_and_redelivery_processes() {
+            let db = <$db>::new("handler_error_leaves_no_marker");
+            let mut conn = db.connect();
+            let msg = Credit::new(1);
+            let failed = credit_then(&mut conn, &msg, &mut |_| Err(AppError::Rejected));
+            assert!(matches!(failed, Err(AppError::Rejected)));
+            assert_eq!(count_markers(&mut conn), 0);
+            assert_eq!(count_credits(&mut conn, &msg), 0);
+            assert_eq!(balance(&mut conn, 1), 0);
+
+            assert_eq!(credit(&mut conn, &msg).unwrap(), Outcome::Processed(()));
+            assert_eq!(count_markers(&mut conn), 1);
+            assert_eq!(balance(&mut conn, 1), 10);
+        }
+
+        /// All or nothing: a write after the marker and after the first business write fails,
+        /// and neither the marker nor the first write survives.
+        #[test]
+        fn failure_after_the_marker_rolls_everything_back() {
+            let db = <$db>::new("failure_after_the_marker");
+            let mut conn = db.connect();
+            let msg = Credit::new(1);
+            let failed = credit_then(&mut conn, &msg, &mut |conn| {
+                diesel::sql_query("INSERT INTO no_such_table VALUES (1)").execute(conn)?;
+                Ok(())
+            });
+            assert!(matches!(failed, Err(AppError::Db(_))), "{failed:?}");
+            assert_eq!(count_markers(&mut conn), 0);
+            assert_eq!(count_credits(&mut conn, &msg), 0);
+            assert_eq!(balance(&mut conn, 1), 0);
+        }
+
+        /// A business unique violation is the business's error, with its index's name — never
+        /// "already processed" — and stays one on redelivery.
+        #[test]
+        fn business_unique_violation_is_an_error_with_its_name() {
+            let db = <$db>::new("business_unique_violation");
+            let mut conn = db.connect();
+            diesel::insert_into(users::table)
+                .values(users::email.eq("a@example.com"))
+                .execute(&mut conn)
+                .unwrap();
+            for attempt in 0..2 {
+                let result = credit_then(&mut conn, &Credit::new(1), &mut |conn| {
+                    diesel::insert_into(users::table)
+                        .values(users::email.eq("a@example.com"))
+                        .execute(conn)?;
+                    Ok(())
+                });
+                let Err(AppError::Db(error)) = result else {
+                    panic!("attempt {attempt}: expected the business violation, got {result:?}");
+                };
+                match inbox_diesel::classify(&error, &inbox_diesel::InboxSchema::DEFAULT) {
+                    ErrorClass::UniqueViolation { constraint: Some(name) } => {
+                        assert!(name.contains("ux_users_email") || name == "users.email", "{name}")
+                    }
+                    other => panic!("expected a named unique violation, got {other:?}"),
+                }
+            }
+            assert_eq!(count_markers(&mut conn), 0);
+            assert_eq!(balance(&mut conn, 1), 0);
+        }
+
+        /// An over-long key is refused before any SQL: no statement reaches the connection.
+        #[test]
+        fn over_long_key_fails_before_any_sql() {
+            #[idempotent(consumer = "credit", key = key)]
+            fn by_text(conn: &mut DbConnection, key: &str) -> QueryResult<()> {
+                let _ = conn;
+                Ok(())
+            }
+            let db = <$db>::new("over_long_key");
+            let mut conn = db.connect();
+            let statements = Arc::new(AtomicUsize::new(0));
+            let counter = statements.clone();
+            conn.set_instrumentation(move |event: diesel::connection::InstrumentationEvent<'_>| {
+                if matches!(event, diesel::connection::InstrumentationEvent::StartQuery { .. }) {
+                    counter.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+            let long = "k".repeat(inbox_diesel::MessageKey::MAX_LEN + 1);
+            let error = by_text(&mut conn, &long).unwrap_err();
+            assert!(error.to_string().contains("message key is 1025 bytes long"), "{error}");
+            assert_eq!(statements.load(Ordering::Relaxed), 0);
+            assert!(by_text(&mut conn, "short").unwrap().is_processed());
+            assert!(statements.load(Ordering::Relaxed) > 0);
+        }
+
+        /// Each consumer keeps its own marker: the same message is processed once per consumer.
+        #[test]
+        fn consumers_are_independent() {
+            #[idempotent(consumer = "audit", key = msg.id)]
+            fn audit(conn: &mut DbConnection, msg: &Credit) -> Result<(), AppError> {
+                let _ = (conn, msg);
+                Ok(())
+            }
+            let db = <$db>::new("consumers_are_independent");
+            let mut conn = db.connect();
+            let msg = Credit::new(1);
+            assert!(credit(&mut conn, &msg).unwrap().is_processed());
+            assert!(audit(&mut conn, &msg).unwrap().is_processed());
+            assert!(audit(&mut conn, &msg).unwrap().is_duplicate());
+            assert_eq!(count_markers(&mut conn), 2);
+        }
+
+        /// A nested `transaction` in the body is a savepoint inside the inbox transaction.
+        #[test]
+        fn nested_transaction_commits_with_the_marker() {
+            let db = <$db>::new("nested_transaction");
+            let mut conn = db.connect();
+            let msg = Credit::new(1);
+            let result = credit_then(&mut conn, &msg, &mut |conn| {
+                let inner: QueryResult<()> = conn.transaction(|c| {
+                    diesel::insert_into(users::table)
+                        .values(users::email.eq("nested@example.com"))
+                        .execute(c)?;
+                    Err(diesel::result::Error::RollbackTransaction)
+                });
+                assert!(inner.is_err());
+                Ok(())
+            });
+            assert_eq!(result.unwrap(), Outcome::Processed(()));
+            let users: i64 = users::table.count().get_result(&mut conn).unwrap();
+            assert_eq!(users, 0, "the savepoint rolled back alone");
+            assert_eq!(count_markers(&mut conn), 1);
+            assert_eq!(balance(&mut conn, 1), 10);
+        }
+    };
+}

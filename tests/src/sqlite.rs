@@ -1,0 +1,39 @@
+//! A fresh SQLite database file per test, in WAL mode, with the inbox and business schema.
+
+use diesel::connection::SimpleConnection;
+use diesel::{Connection, SqliteConnection};
+use inbox_diesel::{InboxSchema, schema};
+
+pub struct SqliteDb {
+    _dir: tempfile::TempDir,
+    url: String,
+}
+
+pub const BUSINESS_SCHEMA: &str = "
+    CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance BIGINT NOT NULL);
+    CREATE TABLE credits (id INTEGER PRIMARY KEY, message TEXT NOT NULL,
+                          account INTEGER NOT NULL, amount BIGINT NOT NULL);
+    CREATE TABLE users (id INTEGER PRIMARY KEY, email TEXT NOT NULL);
+    CREATE UNIQUE INDEX ux_users_email ON users (email);
+    INSERT INTO accounts (id, balance) VALUES (1, 0), (2, 0);
+";
+
+impl SqliteDb {
+    pub fn new(_test: &str) -> Self {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let url = dir.path().join("test.sqlite").display().to_string();
+        let db = Self { _dir: dir, url };
+        let mut conn = db.connect();
+        conn.batch_execute("PRAGMA journal_mode = WAL;").unwrap();
+        conn.batch_execute(&schema::sqlite::create_table_sql(&InboxSchema::DEFAULT))
+            .unwrap();
+        conn.batch_execute(BUSINESS_SCHEMA).unwrap();
+        db
+    }
+
+    pub fn connect(&self) -> SqliteConnection {
+        let mut conn = SqliteConnection::establish(&self.url).expect("open the test database");
+        conn.batch_execute("PRAGMA synchronous = NORMAL;").unwrap();
+        conn
+    }
+}

@@ -1,0 +1,3 @@
+//! The backend suite on SQLite (always runs: SQLite is compiled in).
+
+inbox_tests::suite!(inbox_tests::sqlite::SqliteDb, diesel::SqliteConnection);
