@@ -41,9 +41,12 @@ impl PgDb {
         let url = format!("{base}/{name}");
         let mut admin = PgConnection::establish(&admin_url)
             .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at INBOX_TEST_PG={admin_url}: {e}"));
+        // Two calls: in one string they would form one implicit transaction, which
+        // DROP/CREATE DATABASE refuse.
         admin
-            .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE); CREATE DATABASE {name};"))
+            .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
             .unwrap();
+        admin.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
         let db = Self { admin_url, name, url };
         let mut conn = db.connect();
         conn.batch_execute(&schema::postgres::create_table_sql(&InboxSchema::DEFAULT))

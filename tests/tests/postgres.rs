@@ -2,3 +2,175 @@
 //! lock wait, aborted transactions, serialization failures. Needs `INBOX_TEST_PG`.
 
 inbox_tests::suite!(inbox_tests::postgres::PgDb, diesel::PgConnection);
+
+use std::sync::mpsc;
+
+use inbox_diesel::Error as InboxError;
+use inbox_tests::postgres::PgDb;
+use inbox_tests::wait_until;
+
+/// While A holds an uncommitted marker, B's insert of the same marker waits on the unique
+/// index. Runs A until it holds the marker, starts B, waits until the server shows B waiting
+/// for a lock, then lets A finish with `a_result`. Returns B's outcome.
+fn lock_wait(db: &PgDb, a_result: fn() -> Result<(), AppError>) -> (Result<Outcome<()>, AppError>, Result<Outcome<()>, AppError>) {
+    let msg = Credit::new(1);
+    let (claimed_tx, claimed) = mpsc::channel();
+    let (go_tx, go) = mpsc::channel::<()>();
+    std::thread::scope(|scope| {
+        let mut conn_a = db.connect();
+        let msg_a = msg.clone();
+        let a = scope.spawn(move || {
+            credit_then(&mut conn_a, &msg_a, &mut |_| {
+                claimed_tx.send(()).unwrap();
+                go.recv().unwrap();
+                a_result()
+            })
+        });
+        claimed.recv().unwrap();
+        let mut conn_b = db.connect();
+        let b = scope.spawn(move || credit(&mut conn_b, &msg));
+        let mut observer = db.connect();
+        wait_until("B waits for A's marker", || db.sessions_waiting_for_a_lock(&mut observer) == 1);
+        go_tx.send(()).unwrap();
+        (a.join().unwrap(), b.join().unwrap())
+    })
+}
+
+#[test]
+fn lock_wait_then_commit_makes_the_waiter_a_duplicate() {
+    let db = PgDb::new("lock_wait_commit");
+    let (a, b) = lock_wait(&db, || Ok(()));
+    assert_eq!(a.unwrap(), Outcome::Processed(()));
+    assert!(b.unwrap().is_duplicate());
+    let mut conn = db.connect();
+    assert_eq!(count_markers(&mut conn), 1);
+    assert_eq!(balance(&mut conn, 1), 10);
+}
+
+#[test]
+fn lock_wait_then_rollback_lets_the_waiter_process() {
+    let db = PgDb::new("lock_wait_rollback");
+    let (a, b) = lock_wait(&db, || Err(AppError::Rejected));
+    assert!(matches!(a, Err(AppError::Rejected)));
+    assert_eq!(b.unwrap(), Outcome::Processed(()));
+    let mut conn = db.connect();
+    assert_eq!(count_markers(&mut conn), 1);
+    assert_eq!(count_credits(&mut conn, &Credit::new(1)), 1);
+    assert_eq!(balance(&mut conn, 1), 10);
+}
+
+/// The body catches a failed statement and returns `Ok`: PostgreSQL had already aborted
+/// the transaction and would answer `COMMIT` with a silent rollback. The handler must report
+/// that, and leave neither marker nor credit.
+#[test]
+fn swallowed_error_is_reported_never_processed() {
+    let db = PgDb::new("swallowed_error");
+    let mut conn = db.connect();
+    let msg = Credit::new(1);
+    let result = credit_then(&mut conn, &msg, &mut |conn| {
+        let swallowed = diesel::sql_query("SELECT 1/0").execute(conn);
+        assert!(swallowed.is_err());
+        Ok(())
+    });
+    assert!(matches!(result, Err(AppError::Inbox(InboxError::TransactionAborted))), "{result:?}");
+    assert_eq!(count_markers(&mut conn), 0);
+    assert_eq!(count_credits(&mut conn, &msg), 0);
+    // The connection is usable again, and the redelivery processes.
+    assert_eq!(credit(&mut conn, &msg).unwrap(), Outcome::Processed(()));
+    assert_eq!(balance(&mut conn, 1), 10);
+}
+
+#[idempotent(consumer = "credit", key = msg.id, isolation = "serializable")]
+fn credit_serializable(
+    conn: &mut DbConnection,
+    msg: &Credit,
+    then: &mut dyn FnMut(&mut DbConnection) -> Result<(), AppError>,
+) -> Result<(), AppError> {
+    apply_credit(conn, msg)?;
+    then(conn)
+}
+
+/// Two SERIALIZABLE handlers credit one account: B's update waits for A's row lock and,
+/// when A commits, fails with a serialization failure inside B's body. The runtime finds
+/// the diesel error in B's `AppError` and retries B in a fresh transaction, which succeeds.
+#[test]
+fn serialization_failure_in_the_body_is_retried() {
+    let db = PgDb::new("serialization_failure");
+    let (a_updated_tx, a_updated) = mpsc::channel();
+    let (go_tx, go) = mpsc::channel::<()>();
+    let b_attempts = AtomicUsize::new(0);
+    let (a, b) = std::thread::scope(|scope| {
+        let mut conn_a = db.connect();
+        let a = scope.spawn(move || {
+            credit_serializable(&mut conn_a, &Credit::new(1), &mut |_| {
+                a_updated_tx.send(()).unwrap();
+                go.recv().unwrap();
+                Ok(())
+            })
+        });
+        a_updated.recv().unwrap();
+        let mut conn_b = db.connect();
+        let b_attempts = &b_attempts;
+        let b = scope.spawn(move || {
+            credit_serializable(&mut conn_b, &Credit::new(2), &mut |_| {
+                b_attempts.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            })
+        });
+        let mut observer = db.connect();
+        wait_until("B waits for A's row lock", || db.sessions_waiting_for_a_lock(&mut observer) == 1);
+        go_tx.send(()).unwrap();
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert_eq!(a.unwrap(), Outcome::Processed(()));
+    assert_eq!(b.unwrap(), Outcome::Processed(()));
+    // B's first attempt failed in its UPDATE, before the hook: the hook ran once, in the retry.
+    assert_eq!(b_attempts.load(Ordering::Relaxed), 1);
+    let mut conn = db.connect();
+    assert_eq!(count_markers(&mut conn), 2);
+    assert_eq!(balance(&mut conn, 1), 20);
+}
+
+/// `retries = 0`: the same serialization failure is returned, classified, not retried.
+#[test]
+fn serialization_failure_without_retries_is_returned() {
+    #[idempotent(consumer = "credit", key = msg.id, isolation = "serializable", retries = 0)]
+    fn credit_once(
+        conn: &mut DbConnection,
+        msg: &Credit,
+        then: &mut dyn FnMut(&mut DbConnection) -> Result<(), AppError>,
+    ) -> Result<(), AppError> {
+        apply_credit(conn, msg)?;
+        then(conn)
+    }
+    let db = PgDb::new("serialization_no_retry");
+    let (a_updated_tx, a_updated) = mpsc::channel();
+    let (go_tx, go) = mpsc::channel::<()>();
+    let (a, b) = std::thread::scope(|scope| {
+        let mut conn_a = db.connect();
+        let a = scope.spawn(move || {
+            credit_once(&mut conn_a, &Credit::new(1), &mut |_| {
+                a_updated_tx.send(()).unwrap();
+                go.recv().unwrap();
+                Ok(())
+            })
+        });
+        a_updated.recv().unwrap();
+        let mut conn_b = db.connect();
+        let b = scope.spawn(move || credit_once(&mut conn_b, &Credit::new(2), &mut |_| Ok(())));
+        let mut observer = db.connect();
+        wait_until("B waits for A's row lock", || db.sessions_waiting_for_a_lock(&mut observer) == 1);
+        go_tx.send(()).unwrap();
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert!(a.unwrap().is_processed());
+    let Err(AppError::Db(error)) = b else {
+        panic!("expected B's serialization failure, got {b:?}");
+    };
+    assert_eq!(
+        inbox_diesel::classify(&error, &inbox_diesel::InboxSchema::DEFAULT),
+        ErrorClass::Transient(inbox_diesel::TransientKind::SerializationFailure)
+    );
+    let mut conn = db.connect();
+    assert_eq!(count_markers(&mut conn), 1);
+}
