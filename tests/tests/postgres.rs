@@ -174,3 +174,66 @@ fn serialization_failure_without_retries_is_returned() {
     let mut conn = db.connect();
     assert_eq!(count_markers(&mut conn), 1);
 }
+
+/// `classify` against errors raised by this PostgreSQL server.
+#[test]
+fn classify_real_postgres_errors() {
+    use diesel::connection::SimpleConnection;
+    let db = PgDb::new("classify_real_errors");
+    let mut conn = db.connect();
+    let schema = inbox_diesel::InboxSchema::DEFAULT;
+    let marker = "INSERT INTO inbox (message_id, consumer) VALUES ('00000000-0000-0000-0000-000000000001', 'credit')";
+    conn.batch_execute(marker).unwrap();
+    assert_eq!(
+        inbox_diesel::classify(&conn.batch_execute(marker).unwrap_err(), &schema),
+        ErrorClass::InboxDuplicate
+    );
+    conn.batch_execute("INSERT INTO users (email) VALUES ('a@example.com')").unwrap();
+    let business = conn.batch_execute("INSERT INTO users (email) VALUES ('a@example.com')").unwrap_err();
+    assert_eq!(
+        inbox_diesel::classify(&business, &schema),
+        ErrorClass::UniqueViolation { constraint: Some("ux_users_email".into()) }
+    );
+    let pk = conn.batch_execute("INSERT INTO accounts (id, balance) VALUES (1, 0)").unwrap_err();
+    assert_eq!(
+        inbox_diesel::classify(&pk, &schema),
+        ErrorClass::UniqueViolation { constraint: Some("accounts_pkey".into()) }
+    );
+
+    conn.batch_execute("BEGIN; SELECT 1/0;").unwrap_err();
+    let aborted = conn.batch_execute("SELECT 1").unwrap_err();
+    assert_eq!(inbox_diesel::classify(&aborted, &schema), ErrorClass::TransactionAborted);
+    conn.batch_execute("ROLLBACK").unwrap();
+}
+
+/// A real deadlock: two sessions lock two accounts in opposite orders.
+#[test]
+fn classify_real_postgres_deadlock() {
+    use diesel::connection::SimpleConnection;
+    use std::sync::Barrier;
+    let db = PgDb::new("classify_deadlock");
+    let barrier = Barrier::new(2);
+    let errors: Vec<_> = std::thread::scope(|scope| {
+        let handles: Vec<_> = [(1, 2), (2, 1)]
+            .into_iter()
+            .map(|(first, second)| {
+                let mut conn = db.connect();
+                let barrier = &barrier;
+                scope.spawn(move || {
+                    conn.batch_execute("BEGIN").unwrap();
+                    conn.batch_execute(&format!("UPDATE accounts SET balance = 1 WHERE id = {first}")).unwrap();
+                    barrier.wait();
+                    let result = conn.batch_execute(&format!("UPDATE accounts SET balance = 1 WHERE id = {second}"));
+                    conn.batch_execute("ROLLBACK").unwrap();
+                    result.err()
+                })
+            })
+            .collect();
+        handles.into_iter().filter_map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(errors.len(), 1, "exactly one session is chosen as the deadlock victim");
+    assert_eq!(
+        inbox_diesel::classify(&errors[0], &inbox_diesel::InboxSchema::DEFAULT),
+        ErrorClass::Transient(inbox_diesel::TransientKind::Deadlock)
+    );
+}
