@@ -76,7 +76,10 @@ macro_rules! demo {
     ($conn:ty) => {
         fn apply_credit(conn: &mut $conn, msg: &CreditRequested) -> QueryResult<()> {
             diesel::insert_into(credits::table)
-                .values((credits::message.eq(msg.message_id.to_string()), credits::amount.eq(msg.amount)))
+                .values((
+                    credits::message.eq(msg.message_id.to_string()),
+                    credits::amount.eq(msg.amount),
+                ))
                 .execute(conn)?;
             let updated = diesel::update(accounts::table.find(msg.account))
                 .set(accounts::balance.eq(accounts::balance + msg.amount))
@@ -90,7 +93,11 @@ macro_rules! demo {
 
         /// What most handlers look like first: check, work, then mark. Each statement
         /// commits on its own, and both instances can pass the check before either marks.
-        fn naive_credit(conn: &mut $conn, msg: &CreditRequested, window: &Barrier) -> QueryResult<bool> {
+        fn naive_credit(
+            conn: &mut $conn,
+            msg: &CreditRequested,
+            window: &Barrier,
+        ) -> QueryResult<bool> {
             let seen: i64 = naive_inbox::table
                 .filter(naive_inbox::message_id.eq(msg.message_id.to_string()))
                 .count()
@@ -137,9 +144,11 @@ macro_rules! demo {
         }
 
         fn reset(conn: &mut $conn) {
-            conn.batch_execute("DELETE FROM credits; DELETE FROM naive_inbox; DELETE FROM inbox;
-                                DELETE FROM payments; UPDATE accounts SET balance = 0;")
-                .expect("reset the example tables");
+            conn.batch_execute(
+                "DELETE FROM credits; DELETE FROM naive_inbox; DELETE FROM inbox;
+                                DELETE FROM payments; UPDATE accounts SET balance = 0;",
+            )
+            .expect("reset the example tables");
         }
 
         fn messages() -> Vec<CreditRequested> {
@@ -176,7 +185,10 @@ macro_rules! demo {
                         })
                     })
                     .collect();
-                instances.into_iter().flat_map(|i| i.join().expect("instance panicked")).collect()
+                instances
+                    .into_iter()
+                    .flat_map(|i| i.join().expect("instance panicked"))
+                    .collect()
             })
         }
 
@@ -197,8 +209,14 @@ macro_rules! demo {
 
             reset(&mut conn);
             let results = two_instances(connect, &|c, msg, _| on_credit(c, msg));
-            let processed = results.iter().filter(|r| matches!(r, Ok(Outcome::Processed(())))).count();
-            let duplicates = results.iter().filter(|r| matches!(r, Ok(Outcome::Duplicate { .. }))).count();
+            let processed = results
+                .iter()
+                .filter(|r| matches!(r, Ok(Outcome::Processed(()))))
+                .count();
+            let duplicates = results
+                .iter()
+                .filter(|r| matches!(r, Ok(Outcome::Duplicate { .. })))
+                .count();
             rows.push(Row {
                 scenario: "#[idempotent]",
                 credits_per_message: per_message(count(&mut conn, "credits")),
@@ -209,9 +227,15 @@ macro_rules! demo {
             reset(&mut conn);
             let failing: Vec<_> = messages()
                 .into_iter()
-                .map(|msg| CreditRequested { account: 404, ..msg })
+                .map(|msg| CreditRequested {
+                    account: 404,
+                    ..msg
+                })
                 .collect();
-            let errors = failing.iter().filter(|msg| on_credit(&mut conn, msg).is_err()).count();
+            let errors = failing
+                .iter()
+                .filter(|msg| on_credit(&mut conn, msg).is_err())
+                .count();
             rows.push(Row {
                 scenario: "write after the marker fails",
                 credits_per_message: per_message(count(&mut conn, "credits")),
@@ -220,9 +244,19 @@ macro_rules! demo {
             });
 
             reset(&mut conn);
-            let first = CreditRequested { reference: "ref-dup".into(), ..messages()[0].clone() };
-            let second = CreditRequested { message_id: Uuid::from_u128(999), ..first.clone() };
-            assert!(on_payment(&mut conn, &first).expect("the first payment").is_processed());
+            let first = CreditRequested {
+                reference: "ref-dup".into(),
+                ..messages()[0].clone()
+            };
+            let second = CreditRequested {
+                message_id: Uuid::from_u128(999),
+                ..first.clone()
+            };
+            assert!(
+                on_payment(&mut conn, &first)
+                    .expect("the first payment")
+                    .is_processed()
+            );
             let outcome = match on_payment(&mut conn, &second) {
                 Err(e) => format!("error: {}", classify(&e, &InboxSchema::DEFAULT)),
                 Ok(o) => format!("{o:?} (wrong!)"),
@@ -246,15 +280,20 @@ mod sqlite {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let path = dir.path().join("credit.sqlite").display().to_string();
         let mut conn = SqliteConnection::establish(&path).expect("create the SQLite database");
-        conn.batch_execute("PRAGMA journal_mode = WAL;").expect("WAL mode");
-        conn.batch_execute(&inbox_diesel::schema::sqlite::create_table_sql(&InboxSchema::DEFAULT))
-            .expect("create the inbox");
-        conn.batch_execute(BUSINESS_SCHEMA).expect("create the business tables");
+        conn.batch_execute("PRAGMA journal_mode = WAL;")
+            .expect("WAL mode");
+        conn.batch_execute(&inbox_diesel::schema::sqlite::create_table_sql(
+            &InboxSchema::DEFAULT,
+        ))
+        .expect("create the inbox");
+        conn.batch_execute(BUSINESS_SCHEMA)
+            .expect("create the business tables");
         println!("SQLite database: {path}\n");
         run_demo(&|| {
             let mut conn = SqliteConnection::establish(&path).expect("open the SQLite database");
             // The naive handler's statements wait for each other instead of failing.
-            conn.batch_execute("PRAGMA busy_timeout = 5000;").expect("busy timeout");
+            conn.batch_execute("PRAGMA busy_timeout = 5000;")
+                .expect("busy timeout");
             conn
         })
     }
@@ -267,18 +306,26 @@ mod postgres {
 
     pub fn main(url: &str) -> Vec<Row> {
         let connect = || {
-            let mut conn = PgConnection::establish(url).unwrap_or_else(|e| panic!("connect to {url}: {e}"));
-            conn.batch_execute("SET search_path TO inbox_example").expect("search_path");
+            let mut conn =
+                PgConnection::establish(url).unwrap_or_else(|e| panic!("connect to {url}: {e}"));
+            conn.batch_execute("SET search_path TO inbox_example")
+                .expect("search_path");
             conn
         };
-        let mut conn = PgConnection::establish(url).unwrap_or_else(|e| panic!("connect to {url}: {e}"));
-        conn.batch_execute("DROP SCHEMA IF EXISTS inbox_example CASCADE; CREATE SCHEMA inbox_example;")
-            .expect("create the schema inbox_example");
+        let mut conn =
+            PgConnection::establish(url).unwrap_or_else(|e| panic!("connect to {url}: {e}"));
+        conn.batch_execute(
+            "DROP SCHEMA IF EXISTS inbox_example CASCADE; CREATE SCHEMA inbox_example;",
+        )
+        .expect("create the schema inbox_example");
         drop(conn);
         let mut conn = connect();
-        conn.batch_execute(&inbox_diesel::schema::postgres::create_table_sql(&InboxSchema::DEFAULT))
-            .expect("create the inbox");
-        conn.batch_execute(BUSINESS_SCHEMA).expect("create the business tables");
+        conn.batch_execute(&inbox_diesel::schema::postgres::create_table_sql(
+            &InboxSchema::DEFAULT,
+        ))
+        .expect("create the inbox");
+        conn.batch_execute(BUSINESS_SCHEMA)
+            .expect("create the business tables");
         println!("PostgreSQL: {url} (schema inbox_example)\n");
         run_demo(&connect)
     }
@@ -293,12 +340,16 @@ fn main() {
             }
             #[cfg(not(feature = "postgres"))]
             {
-                eprintln!("DATABASE_URL is a PostgreSQL URL: run with `--features inbox-examples/postgres`");
+                eprintln!(
+                    "DATABASE_URL is a PostgreSQL URL: run with `--features inbox-examples/postgres`"
+                );
                 std::process::exit(2);
             }
         }
         Ok(url) if !url.is_empty() => {
-            eprintln!("DATABASE_URL={url}: this example runs on SQLite (unset) or PostgreSQL (postgres://…)");
+            eprintln!(
+                "DATABASE_URL={url}: this example runs on SQLite (unset) or PostgreSQL (postgres://…)"
+            );
             std::process::exit(2);
         }
         _ => sqlite::main(),
@@ -307,7 +358,10 @@ fn main() {
         "{} messages, each delivered to two instances at the same moment\n",
         MESSAGES
     );
-    println!("{:<30} {:>19} {:>19}  outcome", "handler", "credits per message", "markers per message");
+    println!(
+        "{:<30} {:>19} {:>19}  outcome",
+        "handler", "credits per message", "markers per message"
+    );
     for row in rows {
         println!(
             "{:<30} {:>19.2} {:>19.2}  {}",

@@ -107,7 +107,10 @@ impl fmt::Display for ConsumerError {
         match self {
             ConsumerError::Empty => f.write_str("consumer name is empty"),
             ConsumerError::TooLong { len, max } => {
-                write!(f, "consumer name is {len} bytes long; the limit is {max} bytes")
+                write!(
+                    f,
+                    "consumer name is {len} bytes long; the limit is {max} bytes"
+                )
             }
             ConsumerError::ControlCharacter { at } => {
                 write!(f, "consumer name contains a control character at byte {at}")

@@ -243,6 +243,12 @@ impl TryFrom<String> for MessageKey {
 /// `(topic, partition, offset)` tuples, CloudEvents `(source, id)` pairs, [`MessageKey`]
 /// itself, and references to any of these. Implement it for your own message id type to use
 /// that type directly as a key.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be used as a message key",
+    label = "`key = …` must be a message id",
+    note = "a key is a Uuid, text, an integer, a Kafka (topic, partition, offset) or a \
+            CloudEvents (source, id); implement `inbox_diesel::ToMessageKey` for your own id type"
+)]
 pub trait ToMessageKey {
     /// Builds the key, checking its length.
     ///
@@ -320,7 +326,10 @@ impl fmt::Display for KeyError {
         match self {
             KeyError::Empty => f.write_str("message key is empty"),
             KeyError::TooLong { len, max } => {
-                write!(f, "message key is {len} bytes long; the limit is {max} bytes")
+                write!(
+                    f,
+                    "message key is {len} bytes long; the limit is {max} bytes"
+                )
             }
         }
     }
@@ -380,7 +389,10 @@ mod tests {
     #[test]
     fn uuid_text_is_the_uuid() {
         let id = Uuid::from_u128(7);
-        assert_eq!(MessageKey::text(id.to_string()).unwrap(), MessageKey::uuid(id));
+        assert_eq!(
+            MessageKey::text(id.to_string()).unwrap(),
+            MessageKey::uuid(id)
+        );
         assert_eq!(
             MessageKey::text(id.simple().to_string()).unwrap(),
             MessageKey::uuid(id)

@@ -124,8 +124,14 @@ mod tests {
             assert_eq!(policy.decide(&class, 0, 0.0), RetryDecision::GiveUp);
         }
         let busy = ErrorClass::Transient(TransientKind::Busy);
-        assert!(matches!(policy.decide(&busy, 2, 0.0), RetryDecision::Retry { .. }));
+        assert!(matches!(
+            policy.decide(&busy, 2, 0.0),
+            RetryDecision::Retry { .. }
+        ));
         assert_eq!(policy.decide(&busy, 3, 0.0), RetryDecision::GiveUp);
-        assert_eq!(RetryPolicy::new(0).decide(&busy, 0, 0.0), RetryDecision::GiveUp);
+        assert_eq!(
+            RetryPolicy::new(0).decide(&busy, 0, 0.0),
+            RetryDecision::GiveUp
+        );
     }
 }

@@ -139,7 +139,10 @@ pub fn mysql_duplicate_key(message: &str) -> Option<MysqlKey<'_>> {
             table: Some(table),
             name,
         },
-        None => MysqlKey { table: None, name: key },
+        None => MysqlKey {
+            table: None,
+            name: key,
+        },
     })
 }
 
@@ -200,7 +203,10 @@ fn classify_message(message: &str) -> ErrorClass {
         // PostgreSQL 40P01 (diesel reports no kind for it).
         ("deadlock detected", TransientKind::Deadlock),
         // MySQL / MariaDB 1213.
-        ("Deadlock found when trying to get lock", TransientKind::Deadlock),
+        (
+            "Deadlock found when trying to get lock",
+            TransientKind::Deadlock,
+        ),
         // MySQL / MariaDB 1205.
         ("Lock wait timeout exceeded", TransientKind::LockWaitTimeout),
         // SQLite SQLITE_BUSY, and SQLITE_LOCKED ("database table is locked: t").
@@ -300,7 +306,10 @@ mod tests {
                 constraint: Some("accounts_email_key".into())
             }
         );
-        assert_eq!(unique("no recognisable text"), ErrorClass::UniqueViolation { constraint: None });
+        assert_eq!(
+            unique("no recognisable text"),
+            ErrorClass::UniqueViolation { constraint: None }
+        );
     }
 
     #[test]
@@ -344,15 +353,23 @@ mod tests {
             other("Lock wait timeout exceeded; try restarting transaction"),
             ErrorClass::Transient(TransientKind::LockWaitTimeout)
         );
-        assert_eq!(other("database is locked"), ErrorClass::Transient(TransientKind::Busy));
+        assert_eq!(
+            other("database is locked"),
+            ErrorClass::Transient(TransientKind::Busy)
+        );
         assert_eq!(
             other("database table is locked: inbox"),
             ErrorClass::Transient(TransientKind::Busy)
         );
         assert_eq!(
-            other("current transaction is aborted, commands ignored until end of transaction block"),
+            other(
+                "current transaction is aborted, commands ignored until end of transaction block"
+            ),
             ErrorClass::TransactionAborted
         );
-        assert_eq!(other("syntax error at or near \"SELEC\""), ErrorClass::Other);
+        assert_eq!(
+            other("syntax error at or near \"SELEC\""),
+            ErrorClass::Other
+        );
     }
 }

@@ -95,12 +95,17 @@ where
         (self.bind_id)(&mut out, self.id)?;
         out.push_sql(", ");
         out.push_bind_param::<Text, str>(self.consumer)?;
-        out.push_sql(", CURRENT_TIMESTAMP) ON CONFLICT (message_id, consumer) DO NOTHING RETURNING id");
+        out.push_sql(
+            ", CURRENT_TIMESTAMP) ON CONFLICT (message_id, consumer) DO NOTHING RETURNING id",
+        );
         Ok(())
     }
 }
 
-fn push_table<DB: diesel::backend::Backend>(out: &mut AstPass<'_, '_, DB>, table: &str) -> QueryResult<()> {
+fn push_table<DB: diesel::backend::Backend>(
+    out: &mut AstPass<'_, '_, DB>,
+    table: &str,
+) -> QueryResult<()> {
     let mut parts = table.split('.');
     out.push_identifier(parts.next().unwrap_or_default())?;
     for part in parts {

@@ -223,6 +223,17 @@ pub mod __private {
         pub const SQLITE_BUSY_TIMEOUT_MS: u32 = 5_000;
     }
 
+    /// Checks, at the handler's return type, that its error type can carry the inbox's own
+    /// failures. Does nothing at run time.
+    #[inline(always)]
+    pub fn handler_result<R: HandlerResult>() {}
+
+    /// A handler's declared return type: a `Result` whose error type has
+    /// `From<inbox_diesel::Error>`.
+    pub trait HandlerResult {}
+
+    impl<T, E: From<crate::Error>> HandlerResult for Result<T, E> {}
+
     /// `key = <expr>` is evaluated as `message_key(&(<expr>))`: borrowed, so a `String`
     /// field is not moved out of the message.
     pub fn message_key<K: inbox_core::ToMessageKey + ?Sized>(
@@ -256,8 +267,7 @@ pub mod __private {
 
     impl<T, E: std::error::Error + 'static> ProbeSourceChain for &Probe<'_, Result<T, E>> {
         fn inbox_error_class(&self, schema: &InboxSchema) -> Option<ErrorClass> {
-            let mut next: Option<&(dyn std::error::Error + 'static)> =
-                Some(self.0.as_ref().err()?);
+            let mut next: Option<&(dyn std::error::Error + 'static)> = Some(self.0.as_ref().err()?);
             while let Some(error) = next {
                 if let Some(diesel) = error.downcast_ref::<diesel::result::Error>() {
                     return Some(classify(diesel, schema));

@@ -98,7 +98,11 @@ where
     }
 }
 
-fn give_up<T, E: From<Error>>(failure: Failure<T, E>, class: Option<ErrorClass>, attempts: u32) -> E {
+fn give_up<T, E: From<Error>>(
+    failure: Failure<T, E>,
+    class: Option<ErrorClass>,
+    attempts: u32,
+) -> E {
     match failure {
         Failure::Body(Err(e)) => {
             tracing::debug!(outcome = "failed", "handler returned an error; rolled back");

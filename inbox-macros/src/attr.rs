@@ -34,13 +34,19 @@ impl Parse for Args {
         let mut args = Args::default();
         while !input.is_empty() {
             let name: Ident = input.parse().map_err(|e| {
-                syn::Error::new(e.span(), format!("expected an option name; the correct form is `{USAGE}`"))
+                syn::Error::new(
+                    e.span(),
+                    format!("expected an option name; the correct form is `{USAGE}`"),
+                )
             })?;
             let form = form_of(&name).ok_or_else(|| {
                 let known: Vec<_> = OPTIONS.iter().map(|(o, _)| format!("`{o}`")).collect();
                 syn::Error::new(
                     name.span(),
-                    format!("unknown option `{name}`; the options are {}", known.join(", ")),
+                    format!(
+                        "unknown option `{name}`; the options are {}",
+                        known.join(", ")
+                    ),
                 )
             })?;
             input.parse::<Token![=]>().map_err(|e| {

@@ -62,13 +62,17 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
         Isolation::RepeatableRead => quote!(RepeatableRead),
         Isolation::Serializable => quote!(Serializable),
     };
-    // Spanned at the return type: an error type without `From<inbox_diesel::Error>` is
-    // reported there, where the user can fix it.
-    let run = quote_spanned!(ret.span()=> ::inbox_diesel::__private::run);
+    // Spanned at the user's tokens, so that a type error is reported where it can be fixed:
+    // an error type without `From<inbox_diesel::Error>` at the return type, a key type that
+    // is not a message key at the key.
+    let check_error_type =
+        quote_spanned!(ret.span()=> ::inbox_diesel::__private::handler_result::<#ret>(););
+    let message_key = quote_spanned!(key.span()=> ::inbox_diesel::__private::message_key(&(#key)));
 
     quote! {
         #(#attrs)*
         #vis #sig {
+            #check_error_type
             static __INBOX_SPEC: ::inbox_diesel::__private::HandlerSpec =
                 ::inbox_diesel::__private::HandlerSpec {
                     consumer: ::inbox_diesel::__private::Consumer::from_validated(#consumer),
@@ -77,10 +81,10 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
                     isolation: ::inbox_diesel::Isolation::#isolation,
                     sqlite_busy_timeout_ms: ::inbox_diesel::__private::HandlerSpec::SQLITE_BUSY_TIMEOUT_MS,
                 };
-            #run(
+            ::inbox_diesel::__private::run(
                 #conn,
                 &__INBOX_SPEC,
-                ::inbox_diesel::__private::message_key(&(#key)),
+                #message_key,
                 |#conn| -> #ret #block,
                 |__inbox_result: &#ret| {
                     #[allow(unused_imports)]

@@ -133,19 +133,29 @@ pub fn validate(args: Args, item: &ItemFn) -> syn::Result<Handler> {
         None => Some(InboxSchema::DEFAULT_CONSTRAINT.to_owned()),
     };
 
-    match (errors.0, consumer, key, conn, ret, retries, isolation, table, constraint) {
-        (None, Some(consumer), Some(key), Some(conn), Some(ret), Some(retries), Some(isolation), Some(table), Some(constraint)) => {
-            Ok(Handler {
-                consumer,
-                key,
-                conn,
-                retries,
-                isolation,
-                table,
-                constraint,
-                ret,
-            })
-        }
+    match (
+        errors.0, consumer, key, conn, ret, retries, isolation, table, constraint,
+    ) {
+        (
+            None,
+            Some(consumer),
+            Some(key),
+            Some(conn),
+            Some(ret),
+            Some(retries),
+            Some(isolation),
+            Some(table),
+            Some(constraint),
+        ) => Ok(Handler {
+            consumer,
+            key,
+            conn,
+            retries,
+            isolation,
+            table,
+            constraint,
+            ret,
+        }),
         (Some(error), ..) => Err(error),
         _ => unreachable!("every missing value recorded an error"),
     }
@@ -248,14 +258,18 @@ fn connection(named: Option<&Ident>, item: &ItemFn) -> syn::Result<Ident> {
         let Some((ident, ty)) = typed.clone().find(|(ident, _)| *ident == named) else {
             return Err(syn::Error::new(
                 named.span(),
-                format!("`conn = {named}` names no parameter of this function; name the `&mut` connection parameter"),
+                format!(
+                    "`conn = {named}` names no parameter of this function; name the `&mut` connection parameter"
+                ),
             ));
         };
         return match peel(ty) {
             Type::Reference(reference) if reference.mutability.is_some() => Ok(ident.clone()),
             _ => Err(syn::Error::new_spanned(
                 ty,
-                format!("the connection parameter `{named}` must be a `&mut` reference to a connection, e.g. `{named}: &mut PgConnection`"),
+                format!(
+                    "the connection parameter `{named}` must be a `&mut` reference to a connection, e.g. `{named}: &mut PgConnection`"
+                ),
             )),
         };
     }
@@ -275,7 +289,11 @@ fn connection(named: Option<&Ident>, item: &ItemFn) -> syn::Result<Ident> {
             format!(
                 "more than one connection parameter ({}); name the one that carries the \
                  handler's transaction with `conn = …`",
-                candidates.iter().map(|c| format!("`{c}`")).collect::<Vec<_>>().join(", ")
+                candidates
+                    .iter()
+                    .map(|c| format!("`{c}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         )),
     }

@@ -100,7 +100,10 @@ impl From<inbox_diesel::Error> for AppError {
 pub fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while !condition() {
-        assert!(std::time::Instant::now() < deadline, "timed out waiting until {what}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting until {what}"
+        );
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }

@@ -31,7 +31,11 @@ pub const BUSINESS_SCHEMA: &str = "
 impl PgDb {
     pub fn new(test: &str) -> Self {
         let admin_url = server_url();
-        let name = format!("inbox_{}_{}", test.chars().take(40).collect::<String>(), std::process::id());
+        let name = format!(
+            "inbox_{}_{}",
+            test.chars().take(40).collect::<String>(),
+            std::process::id()
+        );
         let base = admin_url
             .split('?')
             .next()
@@ -39,15 +43,22 @@ impl PgDb {
             .map(|(base, _)| base.to_owned())
             .expect("INBOX_TEST_PG is a postgres:// URL with a database");
         let url = format!("{base}/{name}");
-        let mut admin = PgConnection::establish(&admin_url)
-            .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at INBOX_TEST_PG={admin_url}: {e}"));
+        let mut admin = PgConnection::establish(&admin_url).unwrap_or_else(|e| {
+            panic!("cannot reach PostgreSQL at INBOX_TEST_PG={admin_url}: {e}")
+        });
         // Two calls: in one string they would form one implicit transaction, which
         // DROP/CREATE DATABASE refuse.
         admin
             .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
             .unwrap();
-        admin.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
-        let db = Self { admin_url, name, url };
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .unwrap();
+        let db = Self {
+            admin_url,
+            name,
+            url,
+        };
         let mut conn = db.connect();
         conn.batch_execute(&schema::postgres::create_table_sql(&InboxSchema::DEFAULT))
             .unwrap();
@@ -80,7 +91,10 @@ impl PgDb {
 impl Drop for PgDb {
     fn drop(&mut self) {
         if let Ok(mut admin) = PgConnection::establish(&self.admin_url) {
-            let _ = admin.batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name));
+            let _ = admin.batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            ));
         }
     }
 }

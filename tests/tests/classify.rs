@@ -18,22 +18,45 @@ fn sqlite_inbox_duplicate_and_business_violations() {
     conn.batch_execute(marker).unwrap();
     let schema = InboxSchema::DEFAULT;
 
-    assert_eq!(classify(&sqlite_error(&mut conn, marker), &schema), ErrorClass::InboxDuplicate);
-
-    conn.batch_execute("INSERT INTO users (id, email) VALUES (1, 'a@example.com')").unwrap();
     assert_eq!(
-        classify(&sqlite_error(&mut conn, "INSERT INTO users (id, email) VALUES (2, 'a@example.com')"), &schema),
-        ErrorClass::UniqueViolation { constraint: Some("users.email".into()) }
+        classify(&sqlite_error(&mut conn, marker), &schema),
+        ErrorClass::InboxDuplicate
+    );
+
+    conn.batch_execute("INSERT INTO users (id, email) VALUES (1, 'a@example.com')")
+        .unwrap();
+    assert_eq!(
+        classify(
+            &sqlite_error(
+                &mut conn,
+                "INSERT INTO users (id, email) VALUES (2, 'a@example.com')"
+            ),
+            &schema
+        ),
+        ErrorClass::UniqueViolation {
+            constraint: Some("users.email".into())
+        }
     );
     // A primary key is a unique violation too, and not the inbox's.
     assert_eq!(
-        classify(&sqlite_error(&mut conn, "INSERT INTO users (id, email) VALUES (1, 'b@example.com')"), &schema),
-        ErrorClass::UniqueViolation { constraint: Some("users.id".into()) }
+        classify(
+            &sqlite_error(
+                &mut conn,
+                "INSERT INTO users (id, email) VALUES (1, 'b@example.com')"
+            ),
+            &schema
+        ),
+        ErrorClass::UniqueViolation {
+            constraint: Some("users.id".into())
+        }
     );
-    let inbox_pk = "INSERT INTO inbox (id, message_id, consumer) SELECT id, x'ff', 'other' FROM inbox";
+    let inbox_pk =
+        "INSERT INTO inbox (id, message_id, consumer) SELECT id, x'ff', 'other' FROM inbox";
     assert_eq!(
         classify(&sqlite_error(&mut conn, inbox_pk), &schema),
-        ErrorClass::UniqueViolation { constraint: Some("inbox.id".into()) }
+        ErrorClass::UniqueViolation {
+            constraint: Some("inbox.id".into())
+        }
     );
     // Another table with the inbox's columns is not the inbox.
     conn.batch_execute(
@@ -43,7 +66,10 @@ fn sqlite_inbox_duplicate_and_business_violations() {
     )
     .unwrap();
     assert!(matches!(
-        classify(&sqlite_error(&mut conn, "INSERT INTO archive VALUES (x'01', 'credit')"), &schema),
+        classify(
+            &sqlite_error(&mut conn, "INSERT INTO archive VALUES (x'01', 'credit')"),
+            &schema
+        ),
         ErrorClass::UniqueViolation { .. }
     ));
 }
@@ -68,16 +94,23 @@ fn sqlite_busy_is_transient() {
 fn sqlite_custom_table_names() {
     let mut conn = SqliteConnection::establish(":memory:").unwrap();
     let schema = InboxSchema::new("events_inbox", "ux_events").unwrap();
-    conn.batch_execute(&inbox_diesel::schema::sqlite::create_table_sql(&schema)).unwrap();
+    conn.batch_execute(&inbox_diesel::schema::sqlite::create_table_sql(&schema))
+        .unwrap();
     let marker = "INSERT INTO events_inbox (message_id, consumer) VALUES (x'01', 'c')";
     conn.batch_execute(marker).unwrap();
     let error = sqlite_error(&mut conn, marker);
     assert_eq!(classify(&error, &schema), ErrorClass::InboxDuplicate);
-    assert!(matches!(classify(&error, &InboxSchema::DEFAULT), ErrorClass::UniqueViolation { .. }));
+    assert!(matches!(
+        classify(&error, &InboxSchema::DEFAULT),
+        ErrorClass::UniqueViolation { .. }
+    ));
 }
 
 fn recorded(message: &str) -> Error {
-    Error::DatabaseError(DatabaseErrorKind::UniqueViolation, Box::new(message.to_owned()))
+    Error::DatabaseError(
+        DatabaseErrorKind::UniqueViolation,
+        Box::new(message.to_owned()),
+    )
 }
 
 /// Messages as MySQL 8.0.19+ writes them (error 1062, key qualified with the table).
@@ -85,16 +118,31 @@ fn recorded(message: &str) -> Error {
 fn recorded_mysql8_messages() {
     let schema = InboxSchema::DEFAULT;
     assert_eq!(
-        classify(&recorded("Duplicate entry '\u{1}\u{2}\u{3}-credit' for key 'inbox.ux_inbox_message_consumer'"), &schema),
+        classify(
+            &recorded(
+                "Duplicate entry '\u{1}\u{2}\u{3}-credit' for key 'inbox.ux_inbox_message_consumer'"
+            ),
+            &schema
+        ),
         ErrorClass::InboxDuplicate
     );
     assert_eq!(
-        classify(&recorded("Duplicate entry 'a@example.com' for key 'users.ux_users_email'"), &schema),
-        ErrorClass::UniqueViolation { constraint: Some("users.ux_users_email".into()) }
+        classify(
+            &recorded("Duplicate entry 'a@example.com' for key 'users.ux_users_email'"),
+            &schema
+        ),
+        ErrorClass::UniqueViolation {
+            constraint: Some("users.ux_users_email".into())
+        }
     );
     assert_eq!(
-        classify(&recorded("Duplicate entry '17' for key 'inbox.PRIMARY'"), &schema),
-        ErrorClass::UniqueViolation { constraint: Some("PRIMARY".into()) }
+        classify(
+            &recorded("Duplicate entry '17' for key 'inbox.PRIMARY'"),
+            &schema
+        ),
+        ErrorClass::UniqueViolation {
+            constraint: Some("PRIMARY".into())
+        }
     );
 }
 
@@ -104,22 +152,38 @@ fn recorded_mysql8_messages() {
 fn recorded_mariadb_messages() {
     let schema = InboxSchema::DEFAULT;
     assert_eq!(
-        classify(&recorded("Duplicate entry 'O'Brien's order-credit' for key 'ux_inbox_message_consumer'"), &schema),
+        classify(
+            &recorded(
+                "Duplicate entry 'O'Brien's order-credit' for key 'ux_inbox_message_consumer'"
+            ),
+            &schema
+        ),
         ErrorClass::InboxDuplicate
     );
-    let cut = format!("Duplicate entry '{}...' for key 'ux_users_email'", "x".repeat(61));
+    let cut = format!(
+        "Duplicate entry '{}...' for key 'ux_users_email'",
+        "x".repeat(61)
+    );
     assert_eq!(
         classify(&recorded(&cut), &schema),
-        ErrorClass::UniqueViolation { constraint: Some("ux_users_email".into()) }
+        ErrorClass::UniqueViolation {
+            constraint: Some("ux_users_email".into())
+        }
     );
     let deadlock = Error::DatabaseError(
         DatabaseErrorKind::Unknown,
         Box::new("Deadlock found when trying to get lock; try restarting transaction".to_owned()),
     );
-    assert_eq!(classify(&deadlock, &schema), ErrorClass::Transient(TransientKind::Deadlock));
+    assert_eq!(
+        classify(&deadlock, &schema),
+        ErrorClass::Transient(TransientKind::Deadlock)
+    );
     let timeout = Error::DatabaseError(
         DatabaseErrorKind::Unknown,
         Box::new("Lock wait timeout exceeded; try restarting transaction".to_owned()),
     );
-    assert_eq!(classify(&timeout, &schema), ErrorClass::Transient(TransientKind::LockWaitTimeout));
+    assert_eq!(
+        classify(&timeout, &schema),
+        ErrorClass::Transient(TransientKind::LockWaitTimeout)
+    );
 }

@@ -12,7 +12,10 @@ use inbox_tests::wait_until;
 /// While A holds an uncommitted marker, B's insert of the same marker waits on the unique
 /// index. Runs A until it holds the marker, starts B, waits until the server shows B waiting
 /// for a lock, then lets A finish with `a_result`. Returns B's outcome.
-fn lock_wait(db: &PgDb, a_result: fn() -> Result<(), AppError>) -> (Result<Outcome<()>, AppError>, Result<Outcome<()>, AppError>) {
+fn lock_wait(
+    db: &PgDb,
+    a_result: fn() -> Result<(), AppError>,
+) -> (Result<Outcome<()>, AppError>, Result<Outcome<()>, AppError>) {
     let msg = Credit::new(1);
     let (claimed_tx, claimed) = mpsc::channel();
     let (go_tx, go) = mpsc::channel::<()>();
@@ -30,7 +33,9 @@ fn lock_wait(db: &PgDb, a_result: fn() -> Result<(), AppError>) -> (Result<Outco
         let mut conn_b = db.connect();
         let b = scope.spawn(move || credit(&mut conn_b, &msg));
         let mut observer = db.connect();
-        wait_until("B waits for A's marker", || db.sessions_waiting_for_a_lock(&mut observer) == 1);
+        wait_until("B waits for A's marker", || {
+            db.sessions_waiting_for_a_lock(&mut observer) == 1
+        });
         go_tx.send(()).unwrap();
         (a.join().unwrap(), b.join().unwrap())
     })
@@ -72,7 +77,10 @@ fn swallowed_error_is_reported_never_processed() {
         assert!(swallowed.is_err());
         Ok(())
     });
-    assert!(matches!(result, Err(AppError::Inbox(InboxError::TransactionAborted))), "{result:?}");
+    assert!(
+        matches!(result, Err(AppError::Inbox(InboxError::TransactionAborted))),
+        "{result:?}"
+    );
     assert_eq!(count_markers(&mut conn), 0);
     assert_eq!(count_credits(&mut conn, &msg), 0);
     // The connection is usable again, and the redelivery processes.
@@ -118,7 +126,9 @@ fn serialization_failure_in_the_body_is_retried() {
             })
         });
         let mut observer = db.connect();
-        wait_until("B waits for A's row lock", || db.sessions_waiting_for_a_lock(&mut observer) == 1);
+        wait_until("B waits for A's row lock", || {
+            db.sessions_waiting_for_a_lock(&mut observer) == 1
+        });
         go_tx.send(()).unwrap();
         (a.join().unwrap(), b.join().unwrap())
     });
@@ -159,7 +169,9 @@ fn serialization_failure_without_retries_is_returned() {
         let mut conn_b = db.connect();
         let b = scope.spawn(move || credit_once(&mut conn_b, &Credit::new(2), &mut |_| Ok(())));
         let mut observer = db.connect();
-        wait_until("B waits for A's row lock", || db.sessions_waiting_for_a_lock(&mut observer) == 1);
+        wait_until("B waits for A's row lock", || {
+            db.sessions_waiting_for_a_lock(&mut observer) == 1
+        });
         go_tx.send(()).unwrap();
         (a.join().unwrap(), b.join().unwrap())
     });
@@ -188,21 +200,33 @@ fn classify_real_postgres_errors() {
         inbox_diesel::classify(&conn.batch_execute(marker).unwrap_err(), &schema),
         ErrorClass::InboxDuplicate
     );
-    conn.batch_execute("INSERT INTO users (email) VALUES ('a@example.com')").unwrap();
-    let business = conn.batch_execute("INSERT INTO users (email) VALUES ('a@example.com')").unwrap_err();
+    conn.batch_execute("INSERT INTO users (email) VALUES ('a@example.com')")
+        .unwrap();
+    let business = conn
+        .batch_execute("INSERT INTO users (email) VALUES ('a@example.com')")
+        .unwrap_err();
     assert_eq!(
         inbox_diesel::classify(&business, &schema),
-        ErrorClass::UniqueViolation { constraint: Some("ux_users_email".into()) }
+        ErrorClass::UniqueViolation {
+            constraint: Some("ux_users_email".into())
+        }
     );
-    let pk = conn.batch_execute("INSERT INTO accounts (id, balance) VALUES (1, 0)").unwrap_err();
+    let pk = conn
+        .batch_execute("INSERT INTO accounts (id, balance) VALUES (1, 0)")
+        .unwrap_err();
     assert_eq!(
         inbox_diesel::classify(&pk, &schema),
-        ErrorClass::UniqueViolation { constraint: Some("accounts_pkey".into()) }
+        ErrorClass::UniqueViolation {
+            constraint: Some("accounts_pkey".into())
+        }
     );
 
     conn.batch_execute("BEGIN; SELECT 1/0;").unwrap_err();
     let aborted = conn.batch_execute("SELECT 1").unwrap_err();
-    assert_eq!(inbox_diesel::classify(&aborted, &schema), ErrorClass::TransactionAborted);
+    assert_eq!(
+        inbox_diesel::classify(&aborted, &schema),
+        ErrorClass::TransactionAborted
+    );
     conn.batch_execute("ROLLBACK").unwrap();
 }
 
@@ -221,17 +245,29 @@ fn classify_real_postgres_deadlock() {
                 let barrier = &barrier;
                 scope.spawn(move || {
                     conn.batch_execute("BEGIN").unwrap();
-                    conn.batch_execute(&format!("UPDATE accounts SET balance = 1 WHERE id = {first}")).unwrap();
+                    conn.batch_execute(&format!(
+                        "UPDATE accounts SET balance = 1 WHERE id = {first}"
+                    ))
+                    .unwrap();
                     barrier.wait();
-                    let result = conn.batch_execute(&format!("UPDATE accounts SET balance = 1 WHERE id = {second}"));
+                    let result = conn.batch_execute(&format!(
+                        "UPDATE accounts SET balance = 1 WHERE id = {second}"
+                    ));
                     conn.batch_execute("ROLLBACK").unwrap();
                     result.err()
                 })
             })
             .collect();
-        handles.into_iter().filter_map(|h| h.join().unwrap()).collect()
+        handles
+            .into_iter()
+            .filter_map(|h| h.join().unwrap())
+            .collect()
     });
-    assert_eq!(errors.len(), 1, "exactly one session is chosen as the deadlock victim");
+    assert_eq!(
+        errors.len(),
+        1,
+        "exactly one session is chosen as the deadlock victim"
+    );
     assert_eq!(
         inbox_diesel::classify(&errors[0], &inbox_diesel::InboxSchema::DEFAULT),
         ErrorClass::Transient(inbox_diesel::TransientKind::Deadlock)

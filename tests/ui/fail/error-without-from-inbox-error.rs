@@ -1,0 +1,18 @@
+// The handlers here never run; only the error is under test.
+#![allow(unused_variables, unused_imports)]
+
+use diesel::prelude::*;
+use inbox_diesel::idempotent;
+
+pub struct Msg {
+    pub id: u64,
+}
+
+#[derive(Debug)]
+pub struct AppError;
+
+#[idempotent(consumer = "credit", key = msg.id)]
+fn on_credit(conn: &mut SqliteConnection, msg: &Msg) -> Result<(), AppError> {
+    Ok(())
+}
+fn main() {}

@@ -1,0 +1,17 @@
+// The handlers here never run; only the error is under test.
+#![allow(unused_variables, unused_imports)]
+
+use diesel::prelude::*;
+use inbox_diesel::idempotent;
+
+pub struct Msg {
+    pub id: u64,
+}
+
+const FIXED: u64 = 7;
+
+#[idempotent(consumer = "credit", key = FIXED)]
+fn on_credit(conn: &mut SqliteConnection, msg: &Msg) -> QueryResult<()> {
+    Ok(())
+}
+fn main() {}
