@@ -3,6 +3,7 @@
 
 use diesel::connection::{AnsiTransactionManager, Connection, TransactionManager};
 use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
+use diesel::query_dsl::LoadQuery;
 use diesel::sql_types::{BigInt, Text};
 use diesel::{QueryResult, RunQueryDsl};
 use inbox_core::{InboxSchema, MessageKey};
@@ -102,6 +103,28 @@ where
     }
 }
 
+/// Runs the claim; `Ok(false)` when the marker already existed (no row came back).
+fn claim<C>(
+    conn: &mut C,
+    schema: &InboxSchema,
+    consumer: &str,
+    key: &MessageKey,
+    bind_id: BindId<C::Backend>,
+) -> QueryResult<bool>
+where
+    C: Connection,
+    for<'q> ClaimMarker<'q, BindId<C::Backend>>: LoadQuery<'q, C, i64>,
+{
+    let id = key.stored_id();
+    let claim = ClaimMarker {
+        table: schema.table(),
+        id: &id,
+        consumer,
+        bind_id,
+    };
+    Ok(!claim.load::<i64>(conn)?.is_empty())
+}
+
 fn push_table<DB: diesel::backend::Backend>(
     out: &mut AstPass<'_, '_, DB>,
     table: &str,
@@ -143,14 +166,7 @@ mod sqlite {
             consumer: &str,
             key: &MessageKey,
         ) -> QueryResult<bool> {
-            let id = key.stored_id();
-            let claim = ClaimMarker::<BindId<Sqlite>> {
-                table: schema.table(),
-                id: &id,
-                consumer,
-                bind_id: bind_id,
-            };
-            Ok(!claim.load::<i64>(self)?.is_empty())
+            claim(self, schema, consumer, key, bind_id)
         }
     }
 }
@@ -178,14 +194,7 @@ mod postgres {
             consumer: &str,
             key: &MessageKey,
         ) -> QueryResult<bool> {
-            let id = key.stored_id();
-            let claim = ClaimMarker::<BindId<Pg>> {
-                table: schema.table(),
-                id: &id,
-                consumer,
-                bind_id: bind_id,
-            };
-            Ok(!claim.load::<i64>(self)?.is_empty())
+            claim(self, schema, consumer, key, bind_id)
         }
 
         /// PostgreSQL answers `COMMIT` in an aborted transaction with a silent `ROLLBACK`, so
