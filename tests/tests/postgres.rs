@@ -9,36 +9,52 @@ use inbox_diesel::Error as InboxError;
 use inbox_tests::postgres::PgDb;
 use inbox_tests::wait_until;
 
-/// While A holds an uncommitted marker, B's insert of the same marker waits on the unique
-/// index. Runs A until it holds the marker, starts B, waits until the server shows B waiting
-/// for a lock, then lets A finish with `a_result`. Returns B's outcome.
-fn lock_wait(
+type HandlerResult = Result<Outcome<()>, AppError>;
+
+/// Makes A and B overlap for certain: runs `a` until its body calls `hold`, then starts `b`,
+/// waits until the server shows one session of the test database waiting for a lock (B
+/// blocked behind A), and only then lets A's body go on. Returns both results.
+fn a_holds_b_waits(
     db: &PgDb,
-    a_result: fn() -> Result<(), AppError>,
-) -> (Result<Outcome<()>, AppError>, Result<Outcome<()>, AppError>) {
-    let msg = Credit::new(1);
-    let (claimed_tx, claimed) = mpsc::channel();
+    a: impl FnOnce(&mut DbConnection, &dyn Fn()) -> HandlerResult + Send,
+    b: impl FnOnce(&mut DbConnection) -> HandlerResult + Send,
+) -> (HandlerResult, HandlerResult) {
+    let (holding_tx, holding) = mpsc::channel();
     let (go_tx, go) = mpsc::channel::<()>();
     std::thread::scope(|scope| {
         let mut conn_a = db.connect();
-        let msg_a = msg.clone();
         let a = scope.spawn(move || {
-            credit_then(&mut conn_a, &msg_a, &mut |_| {
-                claimed_tx.send(()).unwrap();
+            a(&mut conn_a, &|| {
+                holding_tx.send(()).unwrap();
                 go.recv().unwrap();
-                a_result()
             })
         });
-        claimed.recv().unwrap();
+        holding.recv().unwrap();
         let mut conn_b = db.connect();
-        let b = scope.spawn(move || credit(&mut conn_b, &msg));
+        let b = scope.spawn(move || b(&mut conn_b));
         let mut observer = db.connect();
-        wait_until("B waits for A's marker", || {
+        wait_until("B waits for a lock A holds", || {
             db.sessions_waiting_for_a_lock(&mut observer) == 1
         });
         go_tx.send(()).unwrap();
         (a.join().unwrap(), b.join().unwrap())
     })
+}
+
+/// While A holds an uncommitted marker, B's insert of the same marker waits on the unique
+/// index; A then finishes with `a_result`.
+fn lock_wait(db: &PgDb, a_result: fn() -> Result<(), AppError>) -> (HandlerResult, HandlerResult) {
+    let msg = Credit::new(1);
+    a_holds_b_waits(
+        db,
+        |conn, hold| {
+            credit_then(conn, &msg, &mut |_| {
+                hold();
+                a_result()
+            })
+        },
+        |conn| credit(conn, &msg),
+    )
 }
 
 #[test]
@@ -104,34 +120,22 @@ fn credit_serializable(
 #[test]
 fn serialization_failure_in_the_body_is_retried() {
     let db = PgDb::new("serialization_failure");
-    let (a_updated_tx, a_updated) = mpsc::channel();
-    let (go_tx, go) = mpsc::channel::<()>();
     let b_attempts = AtomicUsize::new(0);
-    let (a, b) = std::thread::scope(|scope| {
-        let mut conn_a = db.connect();
-        let a = scope.spawn(move || {
-            credit_serializable(&mut conn_a, &Credit::new(1), &mut |_| {
-                a_updated_tx.send(()).unwrap();
-                go.recv().unwrap();
+    let (a, b) = a_holds_b_waits(
+        &db,
+        |conn, hold| {
+            credit_serializable(conn, &Credit::new(1), &mut |_| {
+                hold();
                 Ok(())
             })
-        });
-        a_updated.recv().unwrap();
-        let mut conn_b = db.connect();
-        let b_attempts = &b_attempts;
-        let b = scope.spawn(move || {
-            credit_serializable(&mut conn_b, &Credit::new(2), &mut |_| {
+        },
+        |conn| {
+            credit_serializable(conn, &Credit::new(2), &mut |_| {
                 b_attempts.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             })
-        });
-        let mut observer = db.connect();
-        wait_until("B waits for A's row lock", || {
-            db.sessions_waiting_for_a_lock(&mut observer) == 1
-        });
-        go_tx.send(()).unwrap();
-        (a.join().unwrap(), b.join().unwrap())
-    });
+        },
+    );
     assert_eq!(a.unwrap(), Outcome::Processed(()));
     assert_eq!(b.unwrap(), Outcome::Processed(()));
     // B's first attempt failed in its UPDATE, before the hook: the hook ran once, in the retry.
@@ -154,27 +158,16 @@ fn serialization_failure_without_retries_is_returned() {
         then(conn)
     }
     let db = PgDb::new("serialization_no_retry");
-    let (a_updated_tx, a_updated) = mpsc::channel();
-    let (go_tx, go) = mpsc::channel::<()>();
-    let (a, b) = std::thread::scope(|scope| {
-        let mut conn_a = db.connect();
-        let a = scope.spawn(move || {
-            credit_once(&mut conn_a, &Credit::new(1), &mut |_| {
-                a_updated_tx.send(()).unwrap();
-                go.recv().unwrap();
+    let (a, b) = a_holds_b_waits(
+        &db,
+        |conn, hold| {
+            credit_once(conn, &Credit::new(1), &mut |_| {
+                hold();
                 Ok(())
             })
-        });
-        a_updated.recv().unwrap();
-        let mut conn_b = db.connect();
-        let b = scope.spawn(move || credit_once(&mut conn_b, &Credit::new(2), &mut |_| Ok(())));
-        let mut observer = db.connect();
-        wait_until("B waits for A's row lock", || {
-            db.sessions_waiting_for_a_lock(&mut observer) == 1
-        });
-        go_tx.send(()).unwrap();
-        (a.join().unwrap(), b.join().unwrap())
-    });
+        },
+        |conn| credit_once(conn, &Credit::new(2), &mut |_| Ok(())),
+    );
     assert!(a.unwrap().is_processed());
     let Err(AppError::Db(error)) = b else {
         panic!("expected B's serialization failure, got {b:?}");
