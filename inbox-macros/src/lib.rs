@@ -1,8 +1,8 @@
 //! The `#[idempotent]` attribute of `inbox-diesel`, which re-exports it with its documentation.
 //! This crate is an implementation detail: depend on `inbox-diesel`.
 //!
-//! The expansion runs in three phases, one module each: [`attr`] parses the arguments,
-//! [`valid`] checks them and the function against each other, [`expand`] writes the code.
+//! The expansion runs in three phases, one module each: `attr` parses the arguments,
+//! `valid` checks them and the function against each other, `expand` writes the code.
 //! Every error is spanned at the token it is about; on error the function is still emitted
 //! unchanged, so that the rest of the crate keeps type-checking.
 
