@@ -223,16 +223,21 @@ pub mod __private {
         pub const SQLITE_BUSY_TIMEOUT_MS: u32 = 5_000;
     }
 
-    /// Checks, at the handler's return type, that its error type can carry the inbox's own
-    /// failures. Does nothing at run time.
-    #[inline(always)]
-    pub fn handler_result<R: HandlerResult>() {}
+    /// A handler's declared return type: a `Result` whose error type can carry the inbox's
+    /// own failures. The expansion passes `<R as HandlerResult>::inbox_error`, spanned at the
+    /// return type, so that an error type without `From<inbox_diesel::Error>` is reported
+    /// once, there.
+    pub trait HandlerResult {
+        type Error;
+        fn inbox_error(error: crate::Error) -> Self::Error;
+    }
 
-    /// A handler's declared return type: a `Result` whose error type has
-    /// `From<inbox_diesel::Error>`.
-    pub trait HandlerResult {}
-
-    impl<T, E: From<crate::Error>> HandlerResult for Result<T, E> {}
+    impl<T, E: From<crate::Error>> HandlerResult for Result<T, E> {
+        type Error = E;
+        fn inbox_error(error: crate::Error) -> E {
+            E::from(error)
+        }
+    }
 
     /// `key = <expr>` is evaluated as `message_key(&(<expr>))`: borrowed, so a `String`
     /// field is not moved out of the message.

@@ -43,14 +43,14 @@ pub fn run<C, T, E, B, P>(
     key: Result<MessageKey, KeyError>,
     mut body: B,
     probe: P,
+    inbox_error: fn(Error) -> E,
 ) -> Result<Outcome<T>, E>
 where
     C: InboxConnection,
     B: FnMut(&mut C) -> Result<T, E>,
     P: Fn(&Result<T, E>) -> Option<ErrorClass>,
-    E: From<Error>,
 {
-    let key = key.map_err(|e| E::from(Error::InvalidKey(e)))?;
+    let key = key.map_err(|e| inbox_error(Error::InvalidKey(e)))?;
     let span = tracing::info_span!("inbox", consumer = spec.consumer.as_str());
     let _entered = span.enter();
     tracing::debug!(key = %key, "handling message");
@@ -92,16 +92,17 @@ where
                 thread::sleep(after);
             }
             RetryDecision::GiveUp => {
-                return Err(give_up(failure, class, retries + 1));
+                return Err(give_up(failure, class, retries + 1, inbox_error));
             }
         }
     }
 }
 
-fn give_up<T, E: From<Error>>(
+fn give_up<T, E>(
     failure: Failure<T, E>,
     class: Option<ErrorClass>,
     attempts: u32,
+    inbox_error: fn(Error) -> E,
 ) -> E {
     match failure {
         Failure::Body(Err(e)) => {
@@ -115,12 +116,12 @@ fn give_up<T, E: From<Error>>(
                 "handler returned Ok over an aborted transaction (a swallowed database error); \
                  rolled back"
             );
-            E::from(Error::TransactionAborted)
+            inbox_error(Error::TransactionAborted)
         }
         Failure::Database(source) => {
             let class = class.unwrap_or(ErrorClass::Other);
             tracing::warn!(outcome = "failed", class = %class, attempts, error = %source, "rolled back");
-            E::from(Error::Database {
+            inbox_error(Error::Database {
                 class,
                 attempts,
                 source,

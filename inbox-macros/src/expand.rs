@@ -65,14 +65,14 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
     // Spanned at the user's tokens, so that a type error is reported where it can be fixed:
     // an error type without `From<inbox_diesel::Error>` at the return type, a key type that
     // is not a message key at the key.
-    let check_error_type =
-        quote_spanned!(ret.span()=> ::inbox_diesel::__private::handler_result::<#ret>(););
+    let inbox_error = quote_spanned!(ret.span()=>
+        <#ret as ::inbox_diesel::__private::HandlerResult>::inbox_error
+    );
     let message_key = quote_spanned!(key.span()=> ::inbox_diesel::__private::message_key(&(#key)));
 
     quote! {
         #(#attrs)*
         #vis #sig {
-            #check_error_type
             static __INBOX_SPEC: ::inbox_diesel::__private::HandlerSpec =
                 ::inbox_diesel::__private::HandlerSpec {
                     consumer: ::inbox_diesel::__private::Consumer::from_validated(#consumer),
@@ -92,6 +92,7 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
                     (&&&::inbox_diesel::__private::Probe(__inbox_result))
                         .inbox_error_class(&__INBOX_SPEC.schema)
                 },
+                #inbox_error,
             )
         }
     }
