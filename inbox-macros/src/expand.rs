@@ -8,12 +8,13 @@ use syn::spanned::Spanned;
 use syn::{GenericArgument, ItemFn, PathArguments, ReturnType, Type};
 
 use crate::attr::Args;
+use crate::guard;
 use crate::valid::{self, Handler, Isolation};
 
 /// The whole attribute: parse, validate, expand; on error the function, unchanged, plus the
 /// errors (so that callers of the function still type-check against what the user wrote).
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
-    let function: ItemFn = match syn::parse2(item.clone()) {
+    let mut function: ItemFn = match syn::parse2(item.clone()) {
         Ok(function) => function,
         Err(_) => {
             let error = syn::Error::new(
@@ -25,6 +26,9 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
         }
     };
     let handler = syn::parse2::<Args>(args).and_then(|args| valid::validate(args, &function));
+    // The escape hatch is this macro's own attribute; the compiler must not see it, on error
+    // either.
+    guard::strip_escapes(&mut function);
     match handler {
         Ok(handler) => expand(handler, function),
         Err(error) => with_error(quote!(#function), error),

@@ -2,7 +2,8 @@
 //! This crate is an implementation detail: depend on `inbox-diesel`.
 //!
 //! The expansion runs in three phases, one module each: `attr` parses the arguments,
-//! `valid` checks them and the function against each other, `expand` writes the code.
+//! `valid` checks them and the function against each other (with `guard`, the rule that
+//! every statement runs on the transaction's connection), `expand` writes the code.
 //! Every error is spanned at the token it is about; on error the function is still emitted
 //! unchanged, so that the rest of the crate keeps type-checking.
 
@@ -10,6 +11,7 @@ use proc_macro::TokenStream;
 
 mod attr;
 mod expand;
+mod guard;
 mod valid;
 
 /// See `inbox_diesel::idempotent`.
