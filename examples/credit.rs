@@ -123,6 +123,28 @@ macro_rules! demo {
             apply_credit(conn, msg)
         }
 
+        // A write on any other connection would commit on its own, outside the inbox
+        // transaction. The macro refuses it at compile time:
+        //
+        //     #[idempotent(consumer = "credit", key = msg.message_id)]
+        //     fn on_credit(conn: &mut PgConnection, msg: &CreditRequested) -> Result<(), AppError> {
+        //         diesel::update(accounts::table.find(msg.account))
+        //             .set(accounts::balance.eq(accounts::balance + msg.amount))
+        //             .execute(&mut pool.get()?)?;
+        //         Ok(())
+        //     }
+        //
+        //     error: `.execute(…)` runs this statement on a connection other than `conn`, the
+        //            handler's transaction connection, so it would commit on its own, outside
+        //            the inbox transaction: a redelivered message would be recognised as a
+        //            duplicate and this write would still happen again; run it on the
+        //            handler's connection (`conn`, or `&mut *conn`) so that it commits or rolls
+        //            back with the inbox marker, or, if it must commit on its own, mark the
+        //            statement `#[inbox::outside_transaction("why")]`
+        //       |
+        //       |             .execute(&mut pool.get()?)?;
+        //       |                      ^^^^^^^^^^^^^^^^
+
         #[idempotent(consumer = "payment", key = msg.message_id)]
         fn on_payment(conn: &mut $conn, msg: &CreditRequested) -> QueryResult<()> {
             diesel::insert_into(payments::table)

@@ -118,6 +118,60 @@ pub mod schema;
 /// | `table` | string literal: the inbox table, optionally qualified (`"billing.inbox"`) | `"inbox"` |
 /// | `constraint` | string literal: the unique index on `(message_id, consumer)` | `"ux_inbox_message_consumer"` |
 ///
+/// # Every statement runs in the handler's transaction
+///
+/// Diesel runs a statement at once on the connection it is given. A write on another
+/// connection — a pool checkout, a connection established in the handler — commits on its
+/// own, whatever the inbox decides: the duplicate is recognised and the money moves twice.
+/// So the macro refuses, at compile time, each of these in the body:
+///
+/// 1. a query-running call — `execute`, `load`, `load_iter`, `get_result`, `get_results`,
+///    `first`, or `RunQueryDsl::execute(query, c)` and the like — given anything but the
+///    handler's connection: the parameter itself, a reborrow (`&mut *conn`), a `let` alias of
+///    one, or the parameter of a closure that `transaction`, `immediate_transaction`,
+///    `exclusive_transaction` or `build_transaction().run` call on one hands on;
+/// 2. `batch_execute` on anything but the handler's connection (also as
+///    `SimpleConnection::batch_execute(c, sql)`);
+/// 3. `…::establish(…)`;
+/// 4. a second parameter that is a connection or a pool (`&mut PgConnection`, `&Pool<…>`,
+///    `PooledConnection<…>`, deadpool's `Object<…>`, also inside `Arc`, `Box`, `Option`, …);
+/// 5. another connection — a pool checkout (`pool.get()`, `get_timeout`, `try_get`, …), an
+///    established one, or a name bound to one — passed to any function or closure.
+///
+/// The error points at the connection and says how to fix it. Helper functions given the
+/// handler's connection compile as they are: the rule is about the connection a statement
+/// runs on, not where the code lives.
+///
+/// What a syntactic check cannot see: a helper function's body (a helper that takes a pool
+/// or reaches a global connection itself is not inspected), a connection returned by a method
+/// of your own (`query.execute(ctx.audit_db())` is refused only when `query` is recognisably
+/// a diesel query: `diesel::update(…)`, `sql_query(…)`, `accounts::table…`), and the
+/// arguments a closure that takes a connection is called with, when they are not
+/// recognisably another connection. Keep other
+/// connections out of handlers' reach: pass helpers `conn`, and give handlers no pool.
+///
+/// When a statement must commit on its own — an audit trail that records attempts, rolled
+/// back or not — say so on the statement (or on a block of them):
+///
+/// ```
+/// # use diesel::prelude::*;
+/// # use diesel::connection::SimpleConnection;
+/// # use inbox_diesel::idempotent;
+/// # struct Msg { id: u64 }
+/// # fn audit_db() -> QueryResult<SqliteConnection> { unimplemented!() }
+/// #[idempotent(consumer = "credit", key = msg.id)]
+/// fn on_credit(conn: &mut SqliteConnection, msg: &Msg) -> QueryResult<()> {
+///     #[inbox::outside_transaction("the audit trail must record rolled-back attempts too")]
+///     audit_db()?.batch_execute("INSERT INTO audit (what) VALUES ('credit attempted')")?;
+///     conn.batch_execute("UPDATE accounts SET balance = balance + 10 WHERE id = 1")
+/// }
+/// ```
+///
+/// The attribute needs a reason and is removed by the macro; `grep -rn outside_transaction`
+/// finds every exception. The risk is exactly the one the rule prevents: that statement runs
+/// once per *delivery*, not once per message, and it stays committed when the handler's
+/// transaction rolls back.
+///
 /// # Requirements
 ///
 /// - The function is a plain `fn` (not `const`, not `async` yet) returning a `Result`:

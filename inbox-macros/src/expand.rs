@@ -164,6 +164,36 @@ mod tests {
         ));
     }
 
+    /// The escape hatch is the macro's own attribute: it must not reach the compiler.
+    #[test]
+    fn strips_the_escape_hatch() {
+        insta::assert_snapshot!(pretty(
+            quote!(consumer = "credit", key = msg.id),
+            quote! {
+                fn on_credit(conn: &mut PgConnection, msg: &Msg) -> QueryResult<()> {
+                    #[inbox::outside_transaction("audit rows must survive a rollback")]
+                    diesel::insert_into(audit::table).values(audit::id.eq(msg.id)).execute(&mut *AUDIT.lock().unwrap())?;
+                    conn.transaction(|c| diesel::delete(holds::table).execute(c))?;
+                    Ok(())
+                }
+            }
+        ));
+    }
+
+    /// Errors of the guard, each at its argument, and the function still emitted.
+    #[test]
+    fn refuses_another_connection_and_keeps_the_function() {
+        insta::assert_snapshot!(pretty(
+            quote!(consumer = "credit", key = msg.id),
+            quote! {
+                fn on_credit(conn: &mut PgConnection, msg: &Msg) -> QueryResult<()> {
+                    diesel::update(accounts::table).set(accounts::balance.eq(0)).execute(&mut pool.get()?)?;
+                    Ok(())
+                }
+            }
+        ));
+    }
+
     #[test]
     fn keeps_the_function_after_an_error() {
         insta::assert_snapshot!(pretty(

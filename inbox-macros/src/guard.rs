@@ -22,8 +22,7 @@
 //! A statement marked `#[inbox::outside_transaction("reason")]` is exempt; the attribute is
 //! removed from the expansion.
 
-use proc_macro2::Span;
-use syn::spanned::Spanned;
+use quote::ToTokens;
 use syn::visit::{self, Visit};
 use syn::visit_mut::{self, VisitMut};
 use syn::{
@@ -65,10 +64,6 @@ const QUERY_CONSTRUCTORS: [&str; 8] = [
 /// The escape hatch's path, as written by the user.
 pub const ESCAPE: &str = "inbox::outside_transaction";
 
-const FIX: &str = "run it on the handler's connection (`conn`, or a reborrow `&mut *conn`) so \
-                   that it commits or rolls back with the inbox marker; if it must commit on its \
-                   own, mark the statement `#[inbox::outside_transaction(\"why\")]`";
-
 /// What a name is bound to, as far as the guard can tell.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Binding {
@@ -85,6 +80,7 @@ enum Binding {
 
 pub fn check(function: &ItemFn, conn: &Ident) -> syn::Result<()> {
     let mut guard = Guard {
+        conn: conn.clone(),
         scope: vec![(conn.clone(), Binding::Transaction)],
         exempt: 0,
         error: None,
@@ -94,6 +90,8 @@ pub fn check(function: &ItemFn, conn: &Ident) -> syn::Result<()> {
 }
 
 struct Guard {
+    /// The handler's connection parameter, for the messages.
+    conn: Ident,
     /// The bindings in scope, innermost last; a name's last entry wins.
     scope: Vec<(Ident, Binding)>,
     /// Depth of statements marked with the escape hatch.
@@ -187,26 +185,34 @@ impl Guard {
     ) {
         for arg in args {
             if self.is_other_connection(arg) {
-                self.refuse(
-                    arg.span(),
-                    &format!("what {callee} does with this connection"),
+                let problem = format!(
+                    "{callee} is given a connection other than `{}`, the handler's \
+                     transaction connection: what it runs there is not part of the transaction",
+                    self.conn
                 );
+                self.refuse(arg, &problem);
             }
         }
     }
 
-    fn refuse(&mut self, span: Span, what: &str) {
-        if self.exempt == 0 {
-            self.push_error(syn::Error::new(
-                span,
-                format!(
-                    "{what} runs on a connection other than the handler's transaction \
-                     connection, so it would commit on its own, outside the inbox transaction: \
-                     a redelivered message would be recognised as a duplicate, and this write \
-                     would still happen again; {FIX}"
-                ),
-            ));
+    /// Records an error, unless the statement is marked with the escape hatch. `problem` says
+    /// what runs where; the consequence and the fix are the same for every rule.
+    fn refuse(&mut self, at: &dyn ToTokens, problem: &str) {
+        if self.exempt > 0 {
+            return;
         }
+        let conn = &self.conn;
+        self.push_error(syn::Error::new_spanned(
+            at,
+            format!(
+                "{problem}, so it would commit on its own, outside the inbox transaction: a \
+                 redelivered message would be recognised as a duplicate and this write would \
+                 still happen again; run it on the handler's connection (`{conn}`, or \
+                 `&mut *{conn}`) so that it commits or rolls back with the inbox marker, or, if \
+                 it must commit on its own, mark the statement \
+                 `#[inbox::outside_transaction(\"why\")]`"
+            ),
+        ));
     }
 
     /// Visits a closure, binding its parameters as `binding` while its body is visited.
@@ -286,12 +292,22 @@ impl<'ast> Visit<'ast> for Guard {
                     is_mut_reference(connection) || self.is_other_connection(connection)
                 };
             if refused {
-                self.refuse(connection.span(), &format!("`.{method}(…)`"));
+                let problem = format!(
+                    "`.{method}(…)` runs this statement on a connection other than `{}`, the \
+                     handler's transaction connection",
+                    self.conn
+                );
+                self.refuse(connection, &problem);
             }
         } else if method == "batch_execute" && call.args.len() == 1 {
             // Rule 2: so does SQL sent straight to a connection.
             if !self.is_transaction(&call.receiver) && !self.is_closure_parameter(&call.receiver) {
-                self.refuse(call.receiver.span(), "`.batch_execute(…)`");
+                let problem = format!(
+                    "`.batch_execute(…)` sends this SQL to a connection other than `{}`, the \
+                     handler's transaction connection",
+                    self.conn
+                );
+                self.refuse(&call.receiver, &problem);
             }
         } else {
             self.refuse_connection_arguments(&call.args, &format!("`.{method}(…)`"));
@@ -321,7 +337,11 @@ impl<'ast> Visit<'ast> for Guard {
             let qualifier = segments.iter().rev().nth(1).map(String::as_str);
             if is_establish(call) {
                 // Rule 3: no connection of its own.
-                self.refuse(call.span(), "a connection established in the handler");
+                self.refuse(
+                    call,
+                    "this connection is established inside the handler: a statement run on it is \
+                     not part of the handler's transaction",
+                );
             }
             let connection = match (qualifier, last) {
                 (Some("RunQueryDsl"), method) if QUERY_METHODS.contains(&method) => {
@@ -333,7 +353,13 @@ impl<'ast> Visit<'ast> for Guard {
             match connection {
                 Some(connection) => {
                     if !self.is_transaction(connection) && !self.is_closure_parameter(connection) {
-                        self.refuse(connection.span(), &format!("`{}(…)`", segments.join("::")));
+                        let problem = format!(
+                            "`{}(…)` runs this statement on a connection other than `{}`, the \
+                             handler's transaction connection",
+                            segments.join("::"),
+                            self.conn
+                        );
+                        self.refuse(connection, &problem);
                     }
                 }
                 None => self.refuse_connection_arguments(
@@ -480,8 +506,8 @@ fn is_escape(attr: &Attribute) -> bool {
 /// `#[inbox::outside_transaction("reason")]`: the reason is required and may not be blank.
 fn escape_reason(attr: &Attribute) -> syn::Result<String> {
     let usage = || {
-        syn::Error::new(
-            attr.span(),
+        syn::Error::new_spanned(
+            attr,
             format!(
                 "`#[{ESCAPE}]` needs the reason the statement may commit on its own: \
                  `#[{ESCAPE}(\"audit log must survive a rollback\")]`"

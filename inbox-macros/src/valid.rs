@@ -288,16 +288,13 @@ fn connection(named: Option<&Ident>, item: &ItemFn) -> syn::Result<Ident> {
             "an #[idempotent] handler needs its connection as a parameter, e.g. \
              `conn: &mut PgConnection`; if it has another type, name it: `conn = db`",
         )),
-        [_, second, ..] => Err(syn::Error::new(
+        [first, second, ..] => Err(syn::Error::new(
             second.span(),
             format!(
-                "more than one connection parameter ({}); name the one that carries the \
-                 handler's transaction with `conn = …`",
-                candidates
-                    .iter()
-                    .map(|c| format!("`{c}`"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                "an #[idempotent] handler takes one connection, the one its transaction runs \
+                 on; `{second}` is a second one, and statements run through it would commit on \
+                 their own, outside the inbox transaction: remove it (or, if `{second}` is the \
+                 transaction's connection and `{first}` is not, say so with `conn = {second}`)"
             ),
         )),
     }
@@ -386,28 +383,28 @@ fn peel(ty: &Type) -> &Type {
 
 /// The declared return type must be a `Result` whose first argument is the body's value.
 fn return_type(item: &ItemFn) -> syn::Result<Type> {
-    let not_a_result = |span: Span| {
-        syn::Error::new(
-            span,
+    let not_a_result = |at: &dyn ToTokens| {
+        syn::Error::new_spanned(
+            at,
             "an #[idempotent] handler must return a `Result`, e.g. `-> Result<Receipt, AppError>` \
              or `-> QueryResult<Receipt>`; it then returns `Result<Outcome<Receipt>, AppError>`",
         )
     };
     let ReturnType::Type(_, ty) = &item.sig.output else {
-        return Err(not_a_result(item.sig.ident.span()));
+        return Err(not_a_result(&item.sig.ident));
     };
     let Type::Path(path) = peel(ty) else {
-        return Err(not_a_result(ty.span()));
+        return Err(not_a_result(ty));
     };
     let Some(last) = path.path.segments.last() else {
-        return Err(not_a_result(ty.span()));
+        return Err(not_a_result(ty));
     };
     let has_value_type = matches!(
         &last.arguments,
         PathArguments::AngleBracketed(args) if matches!(args.args.first(), Some(GenericArgument::Type(_)))
     );
     if path.qself.is_some() || !last.ident.to_string().ends_with("Result") || !has_value_type {
-        return Err(not_a_result(ty.span()));
+        return Err(not_a_result(ty));
     }
     Ok(peel(ty).clone())
 }

@@ -1,0 +1,36 @@
+// The handlers here never run; only the error is under test.
+#![allow(unused_variables, unused_imports, dead_code)]
+
+use std::sync::{LazyLock, Mutex};
+
+use diesel::prelude::*;
+use inbox_diesel::idempotent;
+
+diesel::table! {
+    accounts (id) {
+        id -> Integer,
+        balance -> BigInt,
+    }
+}
+
+pub struct Msg {
+    pub id: u64,
+}
+
+/// A connection that is not the handler's.
+static OTHER: LazyLock<Mutex<SqliteConnection>> =
+    LazyLock::new(|| Mutex::new(SqliteConnection::establish(":memory:").unwrap()));
+
+pub struct Context {
+    pub audit: SqliteConnection,
+}
+
+#[idempotent(consumer = "credit", key = msg.id)]
+fn on_credit(conn: &mut SqliteConnection, ctx: &mut Context, msg: &Msg) -> QueryResult<()> {
+    diesel::update(accounts::table)
+        .set(accounts::balance.eq(0))
+        .execute(&mut ctx.audit)?;
+    Ok(())
+}
+
+fn main() {}

@@ -1,0 +1,40 @@
+// The handlers here never run; only the error is under test.
+#![allow(unused_variables, unused_imports, dead_code)]
+
+use std::sync::{LazyLock, Mutex};
+
+use diesel::prelude::*;
+use inbox_diesel::idempotent;
+
+diesel::table! {
+    accounts (id) {
+        id -> Integer,
+        balance -> BigInt,
+    }
+}
+
+pub struct Msg {
+    pub id: u64,
+}
+
+/// A connection that is not the handler's.
+static OTHER: LazyLock<Mutex<SqliteConnection>> =
+    LazyLock::new(|| Mutex::new(SqliteConnection::establish(":memory:").unwrap()));
+
+use diesel::r2d2::{ConnectionManager, Pool};
+
+static POOL: LazyLock<Pool<ConnectionManager<SqliteConnection>>> =
+    LazyLock::new(|| Pool::new(ConnectionManager::new(":memory:")).unwrap());
+
+fn reset(conn: &mut SqliteConnection) -> QueryResult<usize> {
+    diesel::update(accounts::table).set(accounts::balance.eq(0)).execute(conn)
+}
+
+#[idempotent(consumer = "credit", key = msg.id)]
+fn on_credit(conn: &mut SqliteConnection, msg: &Msg) -> QueryResult<()> {
+    let mut pooled = POOL.get().expect("a pooled connection");
+    reset(&mut pooled)?;
+    Ok(())
+}
+
+fn main() {}
