@@ -88,6 +88,7 @@ extern crate self as inbox_diesel;
 
 mod backend;
 mod classify;
+mod driver;
 mod error;
 mod run;
 pub mod schema;

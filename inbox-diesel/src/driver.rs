@@ -1,0 +1,220 @@
+//! The transaction mode's steps, written once for both IO models.
+//!
+//! [`drive`] is an `async fn` over [`Steps`]. The async runtime awaits it; the sync runtime
+//! polls it once with a no-op waker — every step of a sync connection completes in that poll,
+//! because none of them awaits anything. So the order of the steps, the retry loop, and what
+//! each failure means exist in one place.
+
+use std::future::Future;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use diesel::QueryResult;
+use diesel::result::Error as DieselError;
+use inbox_core::{ErrorClass, MessageKey, Outcome, RetryDecision};
+
+use crate::__private::HandlerSpec;
+use crate::{Error, classify};
+
+/// What a connection does for the driver: open, claim, commit, roll back, wait.
+pub(crate) trait Steps {
+    /// The connection the handler's body is given.
+    type Conn;
+
+    fn conn(&mut self) -> &mut Self::Conn;
+
+    /// Opens the handler's transaction.
+    async fn begin(&mut self, spec: &'static HandlerSpec) -> QueryResult<()>;
+
+    /// Inserts the marker unless it exists; `Ok(false)` when it already did.
+    async fn claim(&mut self, spec: &'static HandlerSpec, key: &MessageKey) -> QueryResult<bool>;
+
+    /// Commits, failing if the transaction had been aborted by a failed statement.
+    async fn commit(&mut self) -> QueryResult<()>;
+
+    /// Rolls back if a transaction is open; `Ok` when none is.
+    async fn roll_back(&mut self) -> QueryResult<()>;
+
+    /// Waits before a retry.
+    async fn pause(&mut self, delay: Duration);
+}
+
+/// What one attempt ended with.
+enum Step<T> {
+    Processed(T),
+    Duplicate,
+}
+
+/// Why one attempt failed. Every variant is returned after the transaction was rolled back.
+enum Failure<T, E> {
+    /// The body returned `Err`; kept as the `Result` the body returned so that the
+    /// macro-generated probe can look inside it.
+    Body(Result<T, E>),
+    /// Beginning, claiming or committing failed.
+    Database(DieselError),
+    /// The body returned `Ok` over an aborted transaction.
+    Aborted,
+}
+
+/// Runs `body` once per message key and consumer:
+///
+/// 1. `BEGIN` (SQLite `BEGIN IMMEDIATE`; PostgreSQL with the handler's isolation level);
+/// 2. claim the marker first (`INSERT … ON CONFLICT DO NOTHING RETURNING id`); no row back
+///    means the message was processed before: roll back, return `Duplicate`, body not run;
+/// 3. run the body on the same connection;
+/// 4. `Ok` → commit → `Processed`; `Err` → roll back → the body's error.
+///
+/// A transient failure (serialization failure, deadlock, busy database) — in any step, or
+/// in the body when `probe` recognises a diesel error in what it returned — is retried in a
+/// fresh transaction as `spec.retry` says.
+pub(crate) async fn drive<S, T, E, B, P>(
+    mut steps: S,
+    spec: &'static HandlerSpec,
+    key: MessageKey,
+    mut body: B,
+    probe: P,
+    inbox_error: fn(Error) -> E,
+) -> Result<Outcome<T>, E>
+where
+    S: Steps,
+    B: AsyncFnMut(&mut S::Conn) -> Result<T, E>,
+    P: Fn(&Result<T, E>) -> Option<ErrorClass>,
+{
+    tracing::debug!(key = %key, "handling message");
+    let mut retries = 0;
+    loop {
+        let failure = match attempt(&mut steps, spec, &key, &mut body).await {
+            Ok(Step::Processed(value)) => {
+                tracing::debug!(outcome = "processed", "committed with its marker");
+                return Ok(Outcome::Processed(value));
+            }
+            Ok(Step::Duplicate) => {
+                tracing::info!(outcome = "duplicate", "marker exists; body not run");
+                return Ok(Outcome::Duplicate {
+                    consumer: spec.consumer.clone(),
+                    key,
+                });
+            }
+            Err(failure) => failure,
+        };
+        let class = match &failure {
+            Failure::Body(result) => probe(result),
+            Failure::Database(e) => Some(classify(e, &spec.schema)),
+            Failure::Aborted => Some(ErrorClass::TransactionAborted),
+        };
+        let decision = match &class {
+            Some(class) => spec.retry.decide(class, retries, fastrand::f64()),
+            None => RetryDecision::GiveUp,
+        };
+        match decision {
+            RetryDecision::Retry { after } => {
+                retries += 1;
+                tracing::warn!(
+                    class = %class.unwrap_or(ErrorClass::Other),
+                    retry = retries,
+                    after_ms = after.as_millis() as u64,
+                    "transient failure; retrying in a fresh transaction"
+                );
+                steps.pause(after).await;
+            }
+            RetryDecision::GiveUp => return Err(give_up(failure, class, retries + 1, inbox_error)),
+        }
+    }
+}
+
+fn give_up<T, E>(
+    failure: Failure<T, E>,
+    class: Option<ErrorClass>,
+    attempts: u32,
+    inbox_error: fn(Error) -> E,
+) -> E {
+    match failure {
+        Failure::Body(Err(e)) => {
+            tracing::debug!(outcome = "failed", "handler returned an error; rolled back");
+            e
+        }
+        Failure::Body(Ok(_)) => unreachable!("a body failure holds the body's Err"),
+        Failure::Aborted => {
+            tracing::error!(
+                outcome = "aborted",
+                "handler returned Ok over an aborted transaction (a swallowed database error); \
+                 rolled back"
+            );
+            inbox_error(Error::TransactionAborted)
+        }
+        Failure::Database(source) => {
+            let class = class.unwrap_or(ErrorClass::Other);
+            tracing::warn!(outcome = "failed", class = %class, attempts, error = %source, "rolled back");
+            inbox_error(Error::Database {
+                class,
+                attempts,
+                source,
+            })
+        }
+    }
+}
+
+async fn attempt<S, T, E, B>(
+    steps: &mut S,
+    spec: &'static HandlerSpec,
+    key: &MessageKey,
+    body: &mut B,
+) -> Result<Step<T>, Failure<T, E>>
+where
+    S: Steps,
+    B: AsyncFnMut(&mut S::Conn) -> Result<T, E>,
+{
+    steps.begin(spec).await.map_err(Failure::Database)?;
+    match steps.claim(spec, key).await {
+        Ok(true) => {}
+        Ok(false) => {
+            // ROLLBACK, not COMMIT: nothing was written, and on PostgreSQL a commit would
+            // flush the WAL for the sequence value the conflicting insert consumed.
+            roll_back(steps).await;
+            return Ok(Step::Duplicate);
+        }
+        Err(e) => {
+            roll_back(steps).await;
+            return Err(Failure::Database(e));
+        }
+    }
+    match body(steps.conn()).await {
+        Ok(value) => match steps.commit().await {
+            Ok(()) => Ok(Step::Processed(value)),
+            Err(e) => {
+                // A failed COMMIT may or may not have ended the transaction.
+                roll_back(steps).await;
+                match classify(&e, &spec.schema) {
+                    ErrorClass::TransactionAborted => Err(Failure::Aborted),
+                    _ => Err(Failure::Database(e)),
+                }
+            }
+        },
+        Err(e) => {
+            roll_back(steps).await;
+            Err(Failure::Body(Err(e)))
+        }
+    }
+}
+
+/// Rolls back the handler's transaction if it is still open. A failure to roll back is
+/// logged, not returned: the error that caused the rollback is the one the caller needs, and
+/// diesel marks the connection broken so that a pool discards it.
+async fn roll_back<S: Steps>(steps: &mut S) {
+    if let Err(e) = steps.roll_back().await {
+        tracing::error!(error = %e, "rollback failed");
+    }
+}
+
+/// Runs a future that never waits to completion in one poll: the sync driver.
+pub(crate) fn complete_now<F: Future>(future: F) -> F::Output {
+    let mut future = pin!(future);
+    match future
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+    {
+        Poll::Ready(output) => output,
+        Poll::Pending => unreachable!("the steps of a sync connection never wait"),
+    }
+}
