@@ -46,6 +46,15 @@ pub trait InboxConnection:
     fn commit_inbox_transaction(&mut self) -> QueryResult<()> {
         AnsiTransactionManager::commit_transaction(self)
     }
+
+    /// Rolls the handler's transaction back if it is open; `Ok` when none is.
+    #[doc(hidden)]
+    fn roll_back_inbox_transaction(&mut self) -> QueryResult<()> {
+        match AnsiTransactionManager::rollback_transaction(self) {
+            Err(diesel::result::Error::NotInTransaction) => Ok(()),
+            other => other,
+        }
+    }
 }
 
 mod sealed {
@@ -63,11 +72,27 @@ mod sealed {
 ///
 /// Written as a query fragment rather than `sql_query` so that diesel caches its prepared
 /// statement (keyed by the SQL text).
-struct ClaimMarker<'a, B> {
+pub(crate) struct ClaimMarker<'a, B> {
     table: &'a str,
     id: &'a Uuid,
     consumer: &'a str,
     bind_id: B,
+}
+
+impl<'a, B> ClaimMarker<'a, B> {
+    pub(crate) fn new(
+        schema: &'a InboxSchema,
+        consumer: &'a str,
+        id: &'a Uuid,
+        bind_id: B,
+    ) -> Self {
+        Self {
+            table: schema.table(),
+            id,
+            consumer,
+            bind_id,
+        }
+    }
 }
 
 impl<B> QueryId for ClaimMarker<'_, B> {
@@ -82,7 +107,7 @@ impl<B> Query for ClaimMarker<'_, B> {
 impl<B, C> RunQueryDsl<C> for ClaimMarker<'_, B> {}
 
 /// How a backend binds the 16-byte message id.
-type BindId<DB> = for<'b> fn(&mut AstPass<'_, 'b, DB>, &'b Uuid) -> QueryResult<()>;
+pub(crate) type BindId<DB> = for<'b> fn(&mut AstPass<'_, 'b, DB>, &'b Uuid) -> QueryResult<()>;
 
 impl<DB: diesel::backend::Backend> QueryFragment<DB> for ClaimMarker<'_, BindId<DB>>
 where
@@ -116,12 +141,7 @@ where
     for<'q> ClaimMarker<'q, BindId<C::Backend>>: LoadQuery<'q, C, i64>,
 {
     let id = key.stored_id();
-    let claim = ClaimMarker {
-        table: schema.table(),
-        id: &id,
-        consumer,
-        bind_id,
-    };
+    let claim = ClaimMarker::new(schema, consumer, &id, bind_id);
     Ok(!claim.load::<i64>(conn)?.is_empty())
 }
 
@@ -139,13 +159,13 @@ fn push_table<DB: diesel::backend::Backend>(
 }
 
 #[cfg(feature = "sqlite")]
-mod sqlite {
+pub(crate) mod sqlite {
     use super::*;
     use diesel::sqlite::{Sqlite, SqliteConnection};
 
     impl sealed::Sealed for SqliteConnection {}
 
-    fn bind_id<'b>(out: &mut AstPass<'_, 'b, Sqlite>, id: &'b Uuid) -> QueryResult<()> {
+    pub(crate) fn bind_id<'b>(out: &mut AstPass<'_, 'b, Sqlite>, id: &'b Uuid) -> QueryResult<()> {
         out.push_bind_param::<diesel::sql_types::Binary, [u8]>(&id.as_bytes()[..])
     }
 
@@ -172,14 +192,14 @@ mod sqlite {
 }
 
 #[cfg(feature = "postgres")]
-mod postgres {
+pub(crate) mod postgres {
     use super::*;
     use diesel::connection::SimpleConnection;
     use diesel::pg::{Pg, PgConnection};
 
     impl sealed::Sealed for PgConnection {}
 
-    fn bind_id<'b>(out: &mut AstPass<'_, 'b, Pg>, id: &'b Uuid) -> QueryResult<()> {
+    pub(crate) fn bind_id<'b>(out: &mut AstPass<'_, 'b, Pg>, id: &'b Uuid) -> QueryResult<()> {
         out.push_bind_param::<diesel::sql_types::Uuid, Uuid>(id)
     }
 

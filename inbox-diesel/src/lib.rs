@@ -91,6 +91,8 @@ mod classify;
 mod driver;
 mod error;
 mod run;
+#[cfg(feature = "async")]
+mod run_async;
 pub mod schema;
 
 /// Makes a diesel handler idempotent: its work commits once per message key and consumer.
@@ -222,6 +224,8 @@ pub use inbox_core::{
     Consumer, ConsumerError, ErrorClass, IdentifierError, InboxSchema, KeyError, MessageKey,
     Outcome, RetryDecision, RetryPolicy, ToMessageKey, TransientKind, server_message,
 };
+#[cfg(feature = "async")]
+pub use run_async::AsyncInboxConnection;
 pub use uuid::Uuid;
 
 /// The isolation level of a handler's transaction on PostgreSQL (`isolation = "…"`).
@@ -259,6 +263,8 @@ impl Isolation {
 #[doc(hidden)]
 pub mod __private {
     pub use crate::run::run;
+    #[cfg(feature = "async")]
+    pub use crate::run_async::run_async;
     pub use inbox_core::{Consumer, ErrorClass, InboxSchema, KeyError, MessageKey, RetryPolicy};
 
     use crate::{Isolation, classify};

@@ -3,8 +3,6 @@
 use std::time::Duration;
 
 use diesel::QueryResult;
-use diesel::connection::{AnsiTransactionManager, TransactionManager};
-use diesel::result::Error as DieselError;
 use inbox_core::{ErrorClass, KeyError, MessageKey, Outcome};
 use tracing::Instrument;
 
@@ -66,10 +64,7 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
     }
 
     async fn roll_back(&mut self) -> QueryResult<()> {
-        match AnsiTransactionManager::rollback_transaction(self.0) {
-            Err(DieselError::NotInTransaction) => Ok(()),
-            other => other,
-        }
+        self.0.roll_back_inbox_transaction()
     }
 
     async fn pause(&mut self, delay: Duration) {

@@ -73,6 +73,12 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
         <#ret as ::inbox_diesel::__private::HandlerResult>::inbox_error
     );
     let message_key = quote_spanned!(key.span()=> ::inbox_diesel::__private::message_key(&(#key)));
+    // The one place sync and async differ: which runtime, and whether the body is an async
+    // closure that the runtime awaits.
+    let (runtime, body_asyncness, awaited) = match &sig.asyncness {
+        Some(_) => (quote!(run_async), quote!(async), quote!(.await)),
+        None => (quote!(run), quote!(), quote!()),
+    };
 
     quote! {
         #(#attrs)*
@@ -85,11 +91,11 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
                     isolation: ::inbox_diesel::Isolation::#isolation,
                     sqlite_busy_timeout_ms: ::inbox_diesel::__private::HandlerSpec::SQLITE_BUSY_TIMEOUT_MS,
                 };
-            ::inbox_diesel::__private::run(
+            ::inbox_diesel::__private::#runtime(
                 #conn,
                 &__INBOX_SPEC,
                 #message_key,
-                |#conn| -> #ret #block,
+                #body_asyncness |#conn| -> #ret #block,
                 |__inbox_result: &#ret| {
                     #[allow(unused_imports)]
                     use ::inbox_diesel::__private::{ProbeDiesel as _, ProbeOpaque as _, ProbeSourceChain as _};
@@ -97,7 +103,7 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
                         .inbox_error_class(&__INBOX_SPEC.schema)
                 },
                 #inbox_error,
-            )
+            ) #awaited
         }
     }
 }

@@ -347,7 +347,10 @@ impl<'ast> Visit<'ast> for Guard {
                 (Some("RunQueryDsl"), method) if QUERY_METHODS.contains(&method) => {
                     call.args.iter().nth(1)
                 }
-                (Some("SimpleConnection" | "Connection"), "batch_execute") => call.args.first(),
+                (
+                    Some("SimpleConnection" | "SimpleAsyncConnection" | "Connection"),
+                    "batch_execute",
+                ) => call.args.first(),
                 _ => None,
             };
             match connection {
@@ -399,6 +402,7 @@ fn peel(expr: &Expr) -> &Expr {
         Expr::Reference(e) => peel(&e.expr),
         Expr::Unary(e) if matches!(e.op, UnOp::Deref(_)) => peel(&e.expr),
         Expr::Try(e) => peel(&e.expr),
+        Expr::Await(e) => peel(&e.base),
         _ => expr,
     }
 }

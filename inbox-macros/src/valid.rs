@@ -63,13 +63,6 @@ pub fn validate(args: Args, item: &ItemFn) -> syn::Result<Handler> {
              time; remove `const`",
         ));
     }
-    if let Some(asyncness) = &sig.asyncness {
-        errors.push(syn::Error::new(
-            asyncness.span(),
-            "#[idempotent] does not support `async fn` yet; use a sync diesel connection",
-        ));
-    }
-
     let consumer = match &args.consumer {
         Some(lit) => errors.take(consumer(lit)),
         None => {

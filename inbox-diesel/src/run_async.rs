@@ -1,0 +1,222 @@
+//! The async runtime: the expansion of `#[idempotent]` on an `async fn`, on diesel-async.
+//!
+//! The steps and the retry loop are the sync runtime's ([`driver::drive`]), awaited; the SQL
+//! is the same ([`crate::backend`]).
+//!
+//! # Cancellation
+//!
+//! A handler's future may be dropped at any `.await` — by a timeout, a `select!`, a shutdown.
+//! Nothing half-done can commit: the marker and the body's writes commit in one `COMMIT`, sent
+//! only after the body has finished. What is left is a connection inside an open transaction.
+//! diesel-async's transaction manager still counts that transaction as open, and its pools
+//! (deadpool, bb8, mobc) treat such a connection as broken and discard it instead of handing
+//! it out again; the server rolls the transaction back when the connection closes. A
+//! connection used without a pool refuses the next handler call with diesel's
+//! `AlreadyInTransaction` until it is rolled back or dropped.
+
+use std::future::Future;
+use std::time::Duration;
+
+use diesel::QueryResult;
+use diesel_async::AsyncConnection;
+use inbox_core::{ErrorClass, KeyError, MessageKey, Outcome};
+use tracing::Instrument;
+
+use crate::__private::HandlerSpec;
+use crate::Error;
+use crate::driver::{self, Steps};
+
+/// A diesel-async connection an `async fn` `#[idempotent]` handler can run on.
+///
+/// Implemented for `AsyncPgConnection` (features `async` and `postgres`) and
+/// `SyncConnectionWrapper<SqliteConnection>` (features `async` and `sqlite`). Declare the
+/// handler's connection parameter as `&mut` one of them; a pooled connection (diesel-async's
+/// deadpool, bb8 or mobc support) derefs to it, so `handler(&mut pooled, &msg).await`
+/// compiles as it is.
+///
+/// The methods are the runtime's; they are not meant to be called directly.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a connection an async #[idempotent] handler can run on",
+    label = "declare this parameter as `&mut AsyncPgConnection` or `&mut SyncConnectionWrapper<SqliteConnection>`",
+    note = "a pooled connection derefs to its connection: declare `&mut AsyncPgConnection` and \
+            call the handler with `&mut pooled_connection`"
+)]
+pub trait AsyncInboxConnection: AsyncConnection + Send + sealed::Sealed {
+    /// Opens the handler's transaction.
+    #[doc(hidden)]
+    fn begin_inbox_transaction(
+        &mut self,
+        spec: &'static HandlerSpec,
+    ) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// Inserts the marker unless it exists; `Ok(false)` when it already did.
+    #[doc(hidden)]
+    fn claim_marker(
+        &mut self,
+        spec: &'static HandlerSpec,
+        key: &MessageKey,
+    ) -> impl Future<Output = QueryResult<bool>> + Send;
+
+    /// Commits the handler's transaction, failing if it had been aborted.
+    #[doc(hidden)]
+    fn commit_inbox_transaction(&mut self) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// Rolls the handler's transaction back if it is open.
+    #[doc(hidden)]
+    fn roll_back_inbox_transaction(&mut self) -> impl Future<Output = QueryResult<()>> + Send;
+}
+
+pub(crate) mod sealed {
+    pub trait Sealed {}
+}
+
+/// Runs `body` once per message key and consumer, on a diesel-async connection; see
+/// [`driver::drive`] for the steps.
+pub async fn run_async<C, T, E, B, P>(
+    conn: &mut C,
+    spec: &'static HandlerSpec,
+    key: Result<MessageKey, KeyError>,
+    body: B,
+    probe: P,
+    inbox_error: fn(Error) -> E,
+) -> Result<Outcome<T>, E>
+where
+    C: AsyncInboxConnection,
+    B: AsyncFnMut(&mut C) -> Result<T, E>,
+    P: Fn(&Result<T, E>) -> Option<ErrorClass>,
+{
+    let key = key.map_err(|e| inbox_error(Error::InvalidKey(e)))?;
+    let span = tracing::info_span!("inbox", consumer = spec.consumer.as_str());
+    driver::drive(Awaiting(conn), spec, key, body, probe, inbox_error)
+        .instrument(span)
+        .await
+}
+
+/// A diesel-async connection as the driver's steps.
+struct Awaiting<'c, C>(&'c mut C);
+
+impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
+    type Conn = C;
+
+    fn conn(&mut self) -> &mut C {
+        self.0
+    }
+
+    async fn begin(&mut self, spec: &'static HandlerSpec) -> QueryResult<()> {
+        self.0.begin_inbox_transaction(spec).await
+    }
+
+    async fn claim(&mut self, spec: &'static HandlerSpec, key: &MessageKey) -> QueryResult<bool> {
+        self.0.claim_marker(spec, key).await
+    }
+
+    async fn commit(&mut self) -> QueryResult<()> {
+        self.0.commit_inbox_transaction().await
+    }
+
+    async fn roll_back(&mut self) -> QueryResult<()> {
+        self.0.roll_back_inbox_transaction().await
+    }
+
+    async fn pause(&mut self, delay: Duration) {
+        tokio::time::sleep(delay).await;
+    }
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+
+    use super::*;
+    use diesel::pg::Pg;
+    use diesel::result::Error as DieselError;
+    use diesel_async::{AnsiTransactionManager, TransactionManager};
+
+    use crate::backend::{BindId, ClaimMarker, postgres::bind_id};
+
+    impl sealed::Sealed for AsyncPgConnection {}
+
+    /// `rollback_transaction` of diesel-async's transaction manager, `Ok` when no transaction is
+    /// open.
+    async fn roll_back_ansi<C>(conn: &mut C) -> QueryResult<()>
+    where
+        C: AsyncConnection<TransactionManager = AnsiTransactionManager>,
+    {
+        match AnsiTransactionManager::rollback_transaction(conn).await {
+            Err(DieselError::NotInTransaction) => Ok(()),
+            other => other,
+        }
+    }
+
+    impl AsyncInboxConnection for AsyncPgConnection {
+        async fn begin_inbox_transaction(&mut self, spec: &'static HandlerSpec) -> QueryResult<()> {
+            AnsiTransactionManager::begin_transaction_sql(self, spec.isolation.begin_sql()).await
+        }
+
+        async fn claim_marker(
+            &mut self,
+            spec: &'static HandlerSpec,
+            key: &MessageKey,
+        ) -> QueryResult<bool> {
+            let id = key.stored_id();
+            let claim: ClaimMarker<'_, BindId<Pg>> =
+                ClaimMarker::new(&spec.schema, spec.consumer.as_str(), &id, bind_id);
+            let rows: Vec<i64> = RunQueryDsl::load(claim, self).await?;
+            Ok(!rows.is_empty())
+        }
+
+        /// PostgreSQL answers `COMMIT` in an aborted transaction with a silent `ROLLBACK`. The
+        /// sync runtime sends `SELECT 1` in the same round trip as `COMMIT`; diesel-async's
+        /// transaction manager sends its own `COMMIT`, so the `SELECT 1` that fails with 25P02
+        /// in exactly that case goes first, on its own.
+        async fn commit_inbox_transaction(&mut self) -> QueryResult<()> {
+            SimpleAsyncConnection::batch_execute(self, "SELECT 1").await?;
+            AnsiTransactionManager::commit_transaction(self).await
+        }
+
+        async fn roll_back_inbox_transaction(&mut self) -> QueryResult<()> {
+            roll_back_ansi(self).await
+        }
+    }
+}
+
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    use diesel::SqliteConnection;
+    use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+
+    use super::*;
+    use crate::InboxConnection;
+
+    impl sealed::Sealed for SyncConnectionWrapper<SqliteConnection> {}
+
+    /// SQLite runs on a blocking thread: each step is the sync runtime's own, sent there.
+    impl AsyncInboxConnection for SyncConnectionWrapper<SqliteConnection> {
+        async fn begin_inbox_transaction(&mut self, spec: &'static HandlerSpec) -> QueryResult<()> {
+            self.spawn_blocking(move |conn| conn.begin_inbox_transaction(spec))
+                .await
+        }
+
+        async fn claim_marker(
+            &mut self,
+            spec: &'static HandlerSpec,
+            key: &MessageKey,
+        ) -> QueryResult<bool> {
+            let key = key.clone();
+            self.spawn_blocking(move |conn| {
+                conn.claim_marker(&spec.schema, spec.consumer.as_str(), &key)
+            })
+            .await
+        }
+
+        async fn commit_inbox_transaction(&mut self) -> QueryResult<()> {
+            self.spawn_blocking(|conn| conn.commit_inbox_transaction())
+                .await
+        }
+
+        async fn roll_back_inbox_transaction(&mut self) -> QueryResult<()> {
+            self.spawn_blocking(|conn| conn.roll_back_inbox_transaction())
+                .await
+        }
+    }
+}
