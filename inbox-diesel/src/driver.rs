@@ -40,6 +40,11 @@ pub(crate) trait Steps {
     async fn pause(&mut self, delay: Duration);
 }
 
+/// The handler's body, run once per attempt.
+pub(crate) trait Body<C, R> {
+    async fn call(&mut self, conn: &mut C) -> R;
+}
+
 /// What one attempt ended with.
 enum Step<T> {
     Processed(T),
@@ -78,7 +83,7 @@ pub(crate) async fn drive<S, T, E, B, P>(
 ) -> Result<Outcome<T>, E>
 where
     S: Steps,
-    B: AsyncFnMut(&mut S::Conn) -> Result<T, E>,
+    B: Body<S::Conn, Result<T, E>>,
     P: Fn(&Result<T, E>) -> Option<ErrorClass>,
 {
     tracing::debug!(key = %key, "handling message");
@@ -163,7 +168,7 @@ async fn attempt<S, T, E, B>(
 ) -> Result<Step<T>, Failure<T, E>>
 where
     S: Steps,
-    B: AsyncFnMut(&mut S::Conn) -> Result<T, E>,
+    B: Body<S::Conn, Result<T, E>>,
 {
     steps.begin(spec).await.map_err(Failure::Database)?;
     match steps.claim(spec, key).await {
@@ -179,7 +184,7 @@ where
             return Err(Failure::Database(e));
         }
     }
-    match body(steps.conn()).await {
+    match body.call(steps.conn()).await {
         Ok(value) => match steps.commit().await {
             Ok(()) => Ok(Step::Processed(value)),
             Err(e) => {

@@ -264,7 +264,7 @@ impl Isolation {
 pub mod __private {
     pub use crate::run::run;
     #[cfg(feature = "async")]
-    pub use crate::run_async::run_async;
+    pub use crate::run_async::{AsyncBody, run_async};
     pub use inbox_core::{Consumer, ErrorClass, InboxSchema, KeyError, MessageKey, RetryPolicy};
 
     use crate::{Isolation, classify};

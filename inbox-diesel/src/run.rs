@@ -16,7 +16,7 @@ pub fn run<C, T, E, B, P>(
     conn: &mut C,
     spec: &'static HandlerSpec,
     key: Result<MessageKey, KeyError>,
-    mut body: B,
+    body: B,
     probe: P,
     inbox_error: fn(Error) -> E,
 ) -> Result<Outcome<T>, E>
@@ -32,12 +32,21 @@ where
             Blocking(conn),
             spec,
             key,
-            async |conn: &mut C| body(conn),
+            Immediate(body),
             probe,
             inbox_error,
         )
         .instrument(span),
     )
+}
+
+/// A sync body: it runs to its end when called.
+struct Immediate<B>(B);
+
+impl<C, R, B: FnMut(&mut C) -> R> driver::Body<C, R> for Immediate<B> {
+    async fn call(&mut self, conn: &mut C) -> R {
+        (self.0)(conn)
+    }
 }
 
 /// A sync connection as the driver's steps: each completes before it returns.

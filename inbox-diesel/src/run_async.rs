@@ -70,6 +70,38 @@ pub(crate) mod sealed {
     pub trait Sealed {}
 }
 
+/// An async closure taking the connection, whose future can be named — and so be required
+/// to be `Send`. Async closures always implement `FnOnce` returning their future; the bounds
+/// `AsyncFnMut`/`AsyncFn` alone cannot say that this future is `Send`, and the compiler then
+/// fails to prove a spawned handler `Send` ("implementation of `Send` is not general enough").
+pub trait AsyncBody<A, R>:
+    AsyncFnOnce(A) -> R + FnOnce(A) -> <Self as AsyncBody<A, R>>::Fut
+{
+    /// The future of one run of the body.
+    type Fut: Future<Output = R>;
+}
+
+impl<F, A, R, Fut> AsyncBody<A, R> for F
+where
+    F: AsyncFnOnce(A) -> R + FnOnce(A) -> Fut,
+    Fut: Future<Output = R>,
+{
+    type Fut = Fut;
+}
+
+/// Each attempt runs a clone of the body: a clone of an async closure that captures the
+/// handler's parameters by reference is a copy of those references.
+struct Cloned<B>(B);
+
+impl<C, R, B> driver::Body<C, R> for Cloned<B>
+where
+    B: Clone + for<'c> AsyncBody<&'c mut C, R, Fut: Send>,
+{
+    async fn call(&mut self, conn: &mut C) -> R {
+        (self.0.clone())(conn).await
+    }
+}
+
 /// Runs `body` once per message key and consumer, on a diesel-async connection; see
 /// [`driver::drive`] for the steps.
 pub async fn run_async<C, T, E, B, P>(
@@ -82,12 +114,12 @@ pub async fn run_async<C, T, E, B, P>(
 ) -> Result<Outcome<T>, E>
 where
     C: AsyncInboxConnection,
-    B: AsyncFnMut(&mut C) -> Result<T, E>,
+    B: Clone + for<'c> AsyncBody<&'c mut C, Result<T, E>, Fut: Send>,
     P: Fn(&Result<T, E>) -> Option<ErrorClass>,
 {
     let key = key.map_err(|e| inbox_error(Error::InvalidKey(e)))?;
     let span = tracing::info_span!("inbox", consumer = spec.consumer.as_str());
-    driver::drive(Awaiting(conn), spec, key, body, probe, inbox_error)
+    driver::drive(Awaiting(conn), spec, key, Cloned(body), probe, inbox_error)
         .instrument(span)
         .await
 }

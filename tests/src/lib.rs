@@ -391,3 +391,305 @@ macro_rules! suite {
         }
     };
 }
+
+/// What the async handler under test does after its business change, on the same
+/// transaction: the async counterpart of the sync suite's `then` closures.
+#[derive(Clone, Default)]
+pub struct Hook {
+    /// Return `AppError::Rejected`.
+    pub reject: bool,
+    /// Run a failing statement and ignore its error.
+    pub swallow_an_error: bool,
+    /// Insert this e-mail into `users` (which has a unique index on it).
+    pub insert_user: Option<String>,
+    /// Signal `holding`, then wait for `go`.
+    pub hold: Option<(
+        std::sync::Arc<tokio::sync::Notify>,
+        std::sync::Arc<tokio::sync::Notify>,
+    )>,
+    /// Count the hook's runs.
+    pub runs: Option<std::sync::Arc<std::sync::atomic::AtomicUsize>>,
+}
+
+/// The async handlers under test and the tests every async backend must pass, for a fixture
+/// `$db` whose `connect_async()` returns a `$conn`.
+#[macro_export]
+macro_rules! async_suite {
+    ($db:ty, $conn:ty) => {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+
+        use diesel::{ExpressionMethods, QueryDsl};
+        use diesel_async::RunQueryDsl;
+        use inbox_diesel::{ErrorClass, Outcome, idempotent};
+        use $crate::{AppError, Credit, Hook, accounts, credits, users};
+
+        type AsyncConnection = $conn;
+
+        async fn apply_credit(conn: &mut AsyncConnection, msg: &Credit) -> diesel::QueryResult<()> {
+            diesel::insert_into(credits::table)
+                .values((
+                    credits::message.eq(msg.id.to_string()),
+                    credits::account.eq(msg.account),
+                    credits::amount.eq(msg.amount),
+                ))
+                .execute(conn)
+                .await?;
+            diesel::update(accounts::table.find(msg.account))
+                .set(accounts::balance.eq(accounts::balance + msg.amount))
+                .execute(conn)
+                .await?;
+            Ok(())
+        }
+
+        #[idempotent(consumer = "credit", key = msg.id)]
+        async fn credit(
+            conn: &mut AsyncConnection,
+            msg: &Credit,
+            hook: &Hook,
+        ) -> Result<(), AppError> {
+            apply_credit(conn, msg).await?;
+            if let Some(runs) = &hook.runs {
+                runs.fetch_add(1, Ordering::SeqCst);
+            }
+            if let Some((holding, go)) = &hook.hold {
+                holding.notify_one();
+                go.notified().await;
+            }
+            if hook.swallow_an_error {
+                let swallowed = diesel::sql_query("INSERT INTO no_such_table VALUES (1)")
+                    .execute(conn)
+                    .await;
+                assert!(swallowed.is_err());
+            }
+            if let Some(email) = &hook.insert_user {
+                diesel::insert_into(users::table)
+                    .values(users::email.eq(email))
+                    .execute(conn)
+                    .await?;
+            }
+            if hook.reject {
+                return Err(AppError::Rejected);
+            }
+            Ok(())
+        }
+
+        async fn count_credits(conn: &mut AsyncConnection, msg: &Credit) -> i64 {
+            credits::table
+                .filter(credits::message.eq(msg.id.to_string()))
+                .count()
+                .get_result(conn)
+                .await
+                .unwrap()
+        }
+
+        async fn count_markers(conn: &mut AsyncConnection) -> i64 {
+            #[derive(diesel::QueryableByName)]
+            struct Count {
+                #[diesel(sql_type = diesel::sql_types::BigInt)]
+                n: i64,
+            }
+            diesel::sql_query("SELECT count(*) AS n FROM inbox")
+                .get_result::<Count>(conn)
+                .await
+                .unwrap()
+                .n
+        }
+
+        async fn balance(conn: &mut AsyncConnection, account: i32) -> i64 {
+            accounts::table
+                .find(account)
+                .select(accounts::balance)
+                .first(conn)
+                .await
+                .unwrap()
+        }
+
+        /// The concurrent-delivery race on tokio's multi-threaded runtime: 8 tasks on their own
+        /// connections each receive every one of 200 messages, released together by a barrier.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn async_race_applies_each_message_once() {
+            const INSTANCES: usize = 8;
+            const MESSAGES: u128 = 200;
+            let db = <$db>::new("async_race");
+            let barrier = Arc::new(tokio::sync::Barrier::new(INSTANCES));
+            let mut tasks = Vec::new();
+            for _ in 0..INSTANCES {
+                let mut conn = db.connect_async().await;
+                let barrier = barrier.clone();
+                tasks.push(tokio::spawn(async move {
+                    let (mut processed, mut duplicates) = (0, 0);
+                    for n in 0..MESSAGES {
+                        barrier.wait().await;
+                        match credit(&mut conn, &Credit::new(n), &Hook::default()).await {
+                            Ok(Outcome::Processed(())) => processed += 1,
+                            Ok(Outcome::Duplicate { .. }) => duplicates += 1,
+                            Err(e) => panic!("delivery of message {n} failed: {e:?}"),
+                        }
+                    }
+                    (processed, duplicates)
+                }));
+            }
+            let (mut processed, mut duplicates) = (0, 0);
+            for task in tasks {
+                let (p, d) = task.await.unwrap();
+                processed += p;
+                duplicates += d;
+            }
+            let mut conn = db.connect_async().await;
+            for n in 0..MESSAGES {
+                assert_eq!(
+                    count_credits(&mut conn, &Credit::new(n)).await,
+                    1,
+                    "message {n}"
+                );
+            }
+            assert_eq!(count_markers(&mut conn).await, MESSAGES as i64);
+            assert_eq!(balance(&mut conn, 1).await, 10 * MESSAGES as i64);
+            assert_eq!(processed, MESSAGES as usize);
+            assert_eq!(duplicates, (INSTANCES - 1) * MESSAGES as usize);
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn async_redelivery_is_a_duplicate_and_the_body_does_not_run() {
+            let db = <$db>::new("async_redelivery");
+            let mut conn = db.connect_async().await;
+            let msg = Credit::new(1);
+            let runs = Arc::new(AtomicUsize::new(0));
+            let hook = Hook {
+                runs: Some(runs.clone()),
+                ..Hook::default()
+            };
+            assert_eq!(
+                credit(&mut conn, &msg, &hook).await.unwrap(),
+                Outcome::Processed(())
+            );
+            assert!(credit(&mut conn, &msg, &hook).await.unwrap().is_duplicate());
+            // Written out: `runs.load(..)` would be diesel-async's `RunQueryDsl::load`.
+            assert_eq!(AtomicUsize::load(&runs, Ordering::SeqCst), 1);
+            assert_eq!(count_credits(&mut conn, &msg).await, 1);
+            assert_eq!(count_markers(&mut conn).await, 1);
+        }
+
+        /// A handler error rolls back the marker with the work; the redelivery processes.
+        #[tokio::test(flavor = "multi_thread")]
+        async fn async_handler_error_leaves_no_marker_and_redelivery_processes() {
+            let db = <$db>::new("async_handler_error");
+            let mut conn = db.connect_async().await;
+            let msg = Credit::new(1);
+            let reject = Hook {
+                reject: true,
+                ..Hook::default()
+            };
+            assert!(matches!(
+                credit(&mut conn, &msg, &reject).await,
+                Err(AppError::Rejected)
+            ));
+            assert_eq!(count_markers(&mut conn).await, 0);
+            assert_eq!(count_credits(&mut conn, &msg).await, 0);
+            assert_eq!(
+                credit(&mut conn, &msg, &Hook::default()).await.unwrap(),
+                Outcome::Processed(())
+            );
+            assert_eq!(count_markers(&mut conn).await, 1);
+            assert_eq!(balance(&mut conn, 1).await, 10);
+        }
+
+        /// A business unique violation is an error with its index's name, also on redelivery.
+        #[tokio::test(flavor = "multi_thread")]
+        async fn async_business_unique_violation_is_an_error_with_its_name() {
+            let db = <$db>::new("async_business_violation");
+            let mut conn = db.connect_async().await;
+            diesel::insert_into(users::table)
+                .values(users::email.eq("a@example.com"))
+                .execute(&mut conn)
+                .await
+                .unwrap();
+            let hook = Hook {
+                insert_user: Some("a@example.com".into()),
+                ..Hook::default()
+            };
+            for attempt in 0..2 {
+                let result = credit(&mut conn, &Credit::new(1), &hook).await;
+                let Err(AppError::Db(error)) = result else {
+                    panic!("attempt {attempt}: expected the business violation, got {result:?}");
+                };
+                match inbox_diesel::classify(&error, &inbox_diesel::InboxSchema::DEFAULT) {
+                    ErrorClass::UniqueViolation {
+                        constraint: Some(name),
+                    } => {
+                        assert!(
+                            name.contains("ux_users_email") || name == "users.email",
+                            "{name}"
+                        )
+                    }
+                    other => panic!("expected a named unique violation, got {other:?}"),
+                }
+            }
+            assert_eq!(count_markers(&mut conn).await, 0);
+            assert_eq!(balance(&mut conn, 1).await, 0);
+        }
+
+        /// A handler future dropped while its body awaits, on a pooled connection: nothing
+        /// commits, the pool never hands out the connection inside the open transaction, and
+        /// the redelivery processes the message.
+        #[tokio::test(flavor = "multi_thread")]
+        async fn async_cancelled_handler_commits_nothing_and_the_pool_recovers() {
+            use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+            use diesel_async::pooled_connection::deadpool::Pool;
+            let db = <$db>::new("async_cancelled");
+            let manager = AsyncDieselConnectionManager::<AsyncConnection>::new(db.url());
+            let pool = Pool::builder(manager).max_size(1).build().unwrap();
+            let msg = Credit::new(1);
+            let holding = Arc::new(tokio::sync::Notify::new());
+            let never = Arc::new(tokio::sync::Notify::new());
+            let hook = Hook {
+                hold: Some((holding.clone(), never.clone())),
+                ..Hook::default()
+            };
+            {
+                let mut pooled = pool.get().await.unwrap();
+                let handler = credit(&mut pooled, &msg, &hook);
+                tokio::select! {
+                    _ = handler => panic!("the handler cannot finish: its body waits forever"),
+                    _ = holding.notified() => {}
+                }
+                // The handler future is dropped here, inside its transaction, after its
+                // marker and its credit were written.
+            }
+            let mut pooled = pool.get().await.unwrap();
+            assert_eq!(count_markers(&mut pooled).await, 0);
+            assert_eq!(count_credits(&mut pooled, &msg).await, 0);
+            assert_eq!(
+                credit(&mut pooled, &msg, &Hook::default()).await.unwrap(),
+                Outcome::Processed(())
+            );
+            assert_eq!(count_markers(&mut pooled).await, 1);
+            assert_eq!(balance(&mut pooled, 1).await, 10);
+        }
+
+        /// Without a pool, a connection left in a cancelled handler's transaction refuses the
+        /// next handler call instead of running it inside that transaction.
+        #[tokio::test(flavor = "multi_thread")]
+        async fn async_cancelled_handler_leaves_a_bare_connection_refusing() {
+            let db = <$db>::new("async_cancelled_bare");
+            let mut conn = db.connect_async().await;
+            let msg = Credit::new(1);
+            let holding = Arc::new(tokio::sync::Notify::new());
+            let hook = Hook {
+                hold: Some((holding.clone(), Arc::new(tokio::sync::Notify::new()))),
+                ..Hook::default()
+            };
+            tokio::select! {
+                _ = credit(&mut conn, &msg, &hook) => panic!("the body waits forever"),
+                _ = holding.notified() => {}
+            }
+            let refused = credit(&mut conn, &Credit::new(2), &Hook::default()).await;
+            assert!(matches!(&refused, Err(AppError::Inbox(_))), "{refused:?}");
+            drop(conn);
+            let mut fresh = db.connect_async().await;
+            assert_eq!(count_markers(&mut fresh).await, 0);
+            assert_eq!(count_credits(&mut fresh, &msg).await, 0);
+        }
+    };
+}

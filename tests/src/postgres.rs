@@ -66,6 +66,17 @@ impl PgDb {
         db
     }
 
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    pub async fn connect_async(&self) -> diesel_async::AsyncPgConnection {
+        use diesel_async::AsyncConnection;
+        diesel_async::AsyncPgConnection::establish(&self.url)
+            .await
+            .expect("connect to the test database")
+    }
+
     pub fn connect(&self) -> PgConnection {
         PgConnection::establish(&self.url).expect("connect to the test database")
     }

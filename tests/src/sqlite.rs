@@ -2,6 +2,7 @@
 
 use diesel::connection::SimpleConnection;
 use diesel::{Connection, SqliteConnection};
+use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 use inbox_diesel::{InboxSchema, schema};
 
 pub struct SqliteDb {
@@ -29,6 +30,15 @@ impl SqliteDb {
             .unwrap();
         conn.batch_execute(BUSINESS_SCHEMA).unwrap();
         db
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// A diesel-async connection: the sync connection on diesel-async's blocking thread.
+    pub async fn connect_async(&self) -> SyncConnectionWrapper<SqliteConnection> {
+        SyncConnectionWrapper::new(self.connect())
     }
 
     pub fn connect(&self) -> SqliteConnection {
