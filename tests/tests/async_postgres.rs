@@ -2,3 +2,220 @@
 //! PostgreSQL does. Needs `INBOX_TEST_PG`.
 
 inbox_tests::async_suite!(inbox_tests::postgres::PgDb, diesel_async::AsyncPgConnection);
+
+use inbox_diesel::Error as InboxError;
+use inbox_tests::postgres::PgDb;
+use tokio::sync::Notify;
+
+type HandlerResult = Result<Outcome<()>, AppError>;
+
+/// Waits until the server shows one session of the test database waiting for a lock.
+async fn until_one_session_waits(db: &PgDb) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut observer = db.connect_async().await;
+    loop {
+        #[derive(diesel::QueryableByName)]
+        struct Waiting {
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            n: i64,
+        }
+        let waiting: Waiting = diesel::sql_query(
+            "SELECT count(*) AS n FROM pg_stat_activity \
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .get_result(&mut observer)
+        .await
+        .unwrap();
+        if waiting.n == 1 {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "B never waited for A's lock"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+/// A runs `a` until its body holds (`Hook::hold`), B then runs `b` and blocks behind A's
+/// lock; only when the server shows B waiting does A go on.
+async fn a_holds_b_waits(
+    db: &PgDb,
+    a: impl AsyncFnOnce(&mut AsyncConnection, Hook) -> HandlerResult,
+    b: impl AsyncFnOnce(&mut AsyncConnection) -> HandlerResult,
+) -> (HandlerResult, HandlerResult) {
+    let (holding, go) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let hold = Hook {
+        hold: Some((holding.clone(), go.clone())),
+        ..Hook::default()
+    };
+    let (mut conn_a, mut conn_b) = (db.connect_async().await, db.connect_async().await);
+    let a = a(&mut conn_a, hold);
+    let b = async {
+        holding.notified().await;
+        let b = b(&mut conn_b);
+        let release = async {
+            until_one_session_waits(db).await;
+            go.notify_one();
+        };
+        tokio::join!(b, release).0
+    };
+    tokio::join!(a, b)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn async_lock_wait_then_commit_makes_the_waiter_a_duplicate() {
+    let db = PgDb::new("async_lock_wait_commit");
+    let msg = Credit::new(1);
+    let (a, b) = a_holds_b_waits(
+        &db,
+        async |conn, hook| credit(conn, &msg, &hook).await,
+        async |conn| credit(conn, &msg, &Hook::default()).await,
+    )
+    .await;
+    assert_eq!(a.unwrap(), Outcome::Processed(()));
+    assert!(b.unwrap().is_duplicate());
+    let mut conn = db.connect_async().await;
+    assert_eq!(count_markers(&mut conn).await, 1);
+    assert_eq!(balance(&mut conn, 1).await, 10);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn async_lock_wait_then_rollback_lets_the_waiter_process() {
+    let db = PgDb::new("async_lock_wait_rollback");
+    let msg = Credit::new(1);
+    let (a, b) = a_holds_b_waits(
+        &db,
+        async |conn, hook| {
+            credit(
+                conn,
+                &msg,
+                &Hook {
+                    reject: true,
+                    ..hook
+                },
+            )
+            .await
+        },
+        async |conn| credit(conn, &msg, &Hook::default()).await,
+    )
+    .await;
+    assert!(matches!(a, Err(AppError::Rejected)));
+    assert_eq!(b.unwrap(), Outcome::Processed(()));
+    let mut conn = db.connect_async().await;
+    assert_eq!(count_markers(&mut conn).await, 1);
+    assert_eq!(count_credits(&mut conn, &msg).await, 1);
+}
+
+/// The body swallows a failed statement and returns `Ok`: the handler reports the aborted
+/// transaction, and neither marker nor credit is committed.
+#[tokio::test(flavor = "multi_thread")]
+async fn async_swallowed_error_is_reported_never_processed() {
+    let db = PgDb::new("async_swallowed_error");
+    let mut conn = db.connect_async().await;
+    let msg = Credit::new(1);
+    let swallow = Hook {
+        swallow_an_error: true,
+        ..Hook::default()
+    };
+    let result = credit(&mut conn, &msg, &swallow).await;
+    assert!(
+        matches!(result, Err(AppError::Inbox(InboxError::TransactionAborted))),
+        "{result:?}"
+    );
+    assert_eq!(count_markers(&mut conn).await, 0);
+    assert_eq!(count_credits(&mut conn, &msg).await, 0);
+    assert_eq!(
+        credit(&mut conn, &msg, &Hook::default()).await.unwrap(),
+        Outcome::Processed(())
+    );
+}
+
+#[idempotent(consumer = "credit", key = msg.id, isolation = "serializable")]
+async fn credit_serializable(
+    conn: &mut AsyncConnection,
+    msg: &Credit,
+    hook: &Hook,
+) -> Result<(), AppError> {
+    apply_credit(conn, msg).await?;
+    if let Some(runs) = &hook.runs {
+        runs.fetch_add(1, Ordering::SeqCst);
+    }
+    if let Some((holding, go)) = &hook.hold {
+        holding.notify_one();
+        go.notified().await;
+    }
+    Ok(())
+}
+
+/// Two SERIALIZABLE handlers credit one account: B's update waits for A's row lock and fails
+/// with a serialization failure when A commits; B is retried in a fresh transaction.
+#[tokio::test(flavor = "multi_thread")]
+async fn async_serialization_failure_in_the_body_is_retried() {
+    let db = PgDb::new("async_serialization_failure");
+    let b_runs = Arc::new(AtomicUsize::new(0));
+    let b_hook = Hook {
+        runs: Some(b_runs.clone()),
+        ..Hook::default()
+    };
+    let (a, b) = a_holds_b_waits(
+        &db,
+        async |conn, hook| credit_serializable(conn, &Credit::new(1), &hook).await,
+        async |conn| credit_serializable(conn, &Credit::new(2), &b_hook).await,
+    )
+    .await;
+    assert_eq!(a.unwrap(), Outcome::Processed(()));
+    assert_eq!(b.unwrap(), Outcome::Processed(()));
+    // B's first attempt failed in its UPDATE, before the hook: the hook ran once, in the retry.
+    assert_eq!(AtomicUsize::load(&b_runs, Ordering::SeqCst), 1);
+    let mut conn = db.connect_async().await;
+    assert_eq!(count_markers(&mut conn).await, 2);
+    assert_eq!(balance(&mut conn, 1).await, 20);
+}
+
+/// The race through a bb8 pool: handlers declared on `&mut AsyncPgConnection`, called with
+/// pooled connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn async_race_through_a_bb8_pool() {
+    use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+    use diesel_async::pooled_connection::bb8::Pool;
+    const TASKS: usize = 8;
+    const MESSAGES: u128 = 50;
+    let db = PgDb::new("async_race_bb8");
+    let manager = AsyncDieselConnectionManager::<AsyncConnection>::new(db.url());
+    let pool = Pool::builder()
+        .max_size(TASKS as u32)
+        .build(manager)
+        .await
+        .unwrap();
+    let barrier = Arc::new(tokio::sync::Barrier::new(TASKS));
+    let mut tasks = Vec::new();
+    for _ in 0..TASKS {
+        let (pool, barrier) = (pool.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut processed = 0;
+            for n in 0..MESSAGES {
+                barrier.wait().await;
+                let mut pooled = pool.get().await.unwrap();
+                let outcome = credit(&mut pooled, &Credit::new(n), &Hook::default()).await;
+                processed += usize::from(outcome.unwrap().is_processed());
+            }
+            processed
+        }));
+    }
+    let mut processed = 0;
+    for task in tasks {
+        processed += task.await.unwrap();
+    }
+    assert_eq!(processed, MESSAGES as usize);
+    let mut conn = pool.get().await.unwrap();
+    for n in 0..MESSAGES {
+        assert_eq!(
+            count_credits(&mut conn, &Credit::new(n)).await,
+            1,
+            "message {n}"
+        );
+    }
+    assert_eq!(count_markers(&mut conn).await, MESSAGES as i64);
+    assert_eq!(balance(&mut conn, 1).await, 10 * MESSAGES as i64);
+}
