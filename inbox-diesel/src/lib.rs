@@ -120,6 +120,7 @@ pub mod schema;
 /// | `isolation` | `"read committed"`, `"repeatable read"` or `"serializable"` (PostgreSQL; SQLite is always serializable) | the server's default |
 /// | `table` | string literal: the inbox table, optionally qualified (`"billing.inbox"`) | `"inbox"` |
 /// | `constraint` | string literal: the unique index on `(message_id, consumer)` | `"ux_inbox_message_consumer"` |
+/// | `busy_timeout_ms` | integer: how long a SQLite handler waits for another writer before `SQLITE_BUSY` (then retried); the handler sets it on its connection | `5000` |
 ///
 /// # Every statement runs in the handler's transaction
 ///

@@ -16,10 +16,11 @@ pub struct Args {
     pub isolation: Option<LitStr>,
     pub table: Option<LitStr>,
     pub constraint: Option<LitStr>,
+    pub busy_timeout_ms: Option<LitInt>,
 }
 
 /// Each option with the form of its value, for "unknown option" and "expected …" errors.
-const OPTIONS: [(&str, &str); 7] = [
+const OPTIONS: [(&str, &str); 8] = [
     ("consumer", "consumer = \"credit\""),
     ("key", "key = msg.id"),
     ("conn", "conn = db"),
@@ -27,6 +28,7 @@ const OPTIONS: [(&str, &str); 7] = [
     ("isolation", "isolation = \"serializable\""),
     ("table", "table = \"inbox\""),
     ("constraint", "constraint = \"ux_inbox_message_consumer\""),
+    ("busy_timeout_ms", "busy_timeout_ms = 5000"),
 ];
 
 impl Parse for Args {
@@ -60,6 +62,9 @@ impl Parse for Args {
                 "isolation" => set_once(&mut args.isolation, &name, value(input, form)?)?,
                 "table" => set_once(&mut args.table, &name, value(input, form)?)?,
                 "constraint" => set_once(&mut args.constraint, &name, value(input, form)?)?,
+                "busy_timeout_ms" => {
+                    set_once(&mut args.busy_timeout_ms, &name, value(input, form)?)?
+                }
                 _ => unreachable!("form_of knows every option"),
             }
             if input.is_empty() {

@@ -50,6 +50,7 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
         table,
         constraint,
         ret,
+        busy_timeout_ms,
     } = handler;
     let ItemFn {
         attrs,
@@ -60,6 +61,10 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
     } = function;
     sig.output = outcome_return_type(&ret);
 
+    let busy_timeout_ms = match busy_timeout_ms {
+        Some(ms) => quote!(#ms),
+        None => quote!(::inbox_diesel::__private::HandlerSpec::SQLITE_BUSY_TIMEOUT_MS),
+    };
     let isolation = match isolation {
         Isolation::ServerDefault => quote!(ServerDefault),
         Isolation::ReadCommitted => quote!(ReadCommitted),
@@ -89,7 +94,7 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
                     schema: ::inbox_diesel::__private::InboxSchema::new_unchecked(#table, #constraint),
                     retry: ::inbox_diesel::__private::RetryPolicy::new(#retries),
                     isolation: ::inbox_diesel::Isolation::#isolation,
-                    sqlite_busy_timeout_ms: ::inbox_diesel::__private::HandlerSpec::SQLITE_BUSY_TIMEOUT_MS,
+                    sqlite_busy_timeout_ms: #busy_timeout_ms,
                 };
             ::inbox_diesel::__private::#runtime(
                 #conn,
@@ -161,6 +166,7 @@ mod tests {
                 isolation = "serializable",
                 table = "billing.inbox",
                 constraint = "ux_billing_inbox",
+                busy_timeout_ms = 250,
             ),
             quote! {
                 fn on_shipment(&self, db: &mut Db, msg: &Record) -> diesel::QueryResult<()> {

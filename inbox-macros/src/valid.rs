@@ -24,6 +24,8 @@ pub struct Handler {
     pub constraint: String,
     /// The declared return type, `Result<T, E>` or an alias of it.
     pub ret: Type,
+    /// SQLite's busy timeout, when not the runtime's default.
+    pub busy_timeout_ms: Option<u32>,
 }
 
 #[derive(Clone, Copy)]
@@ -130,28 +132,29 @@ pub fn validate(args: Args, item: &ItemFn) -> syn::Result<Handler> {
         None => Some(InboxSchema::DEFAULT_CONSTRAINT.to_owned()),
     };
 
-    match (
-        errors.0, consumer, key, conn, ret, retries, isolation, table, constraint,
-    ) {
-        (
-            None,
-            Some(consumer),
-            Some(key),
-            Some(conn),
-            Some(ret),
-            Some(retries),
-            Some(isolation),
-            Some(table),
-            Some(constraint),
-        ) => Ok(Handler {
+    let busy_timeout_ms = match &args.busy_timeout_ms {
+        Some(lit) => errors.take(lit.base10_parse::<u32>().map(Some).map_err(|_| {
+            syn::Error::new(
+                lit.span(),
+                "`busy_timeout_ms` is how long a SQLite handler waits for another writer, in \
+                 milliseconds: `busy_timeout_ms = 5000`",
+            )
+        })),
+        None => Some(None),
+    };
+
+    // Every `None` below recorded an error; the defaults of the others are in place.
+    match (errors.0, consumer, key, conn, ret) {
+        (None, Some(consumer), Some(key), Some(conn), Some(ret)) => Ok(Handler {
             consumer,
             key,
             conn,
-            retries,
-            isolation,
-            table,
-            constraint,
             ret,
+            retries: retries.unwrap_or_default(),
+            isolation: isolation.unwrap_or(Isolation::ServerDefault),
+            table: table.unwrap_or_default(),
+            constraint: constraint.unwrap_or_default(),
+            busy_timeout_ms: busy_timeout_ms.flatten(),
         }),
         (Some(error), ..) => Err(error),
         _ => unreachable!("every missing value recorded an error"),
@@ -270,10 +273,36 @@ fn connection(named: Option<&Ident>, item: &ItemFn) -> syn::Result<Ident> {
             )),
         };
     }
-    let candidates: Vec<&Ident> = typed
-        .filter(|(_, ty)| is_connection_ref(ty))
+    let mut candidates: Vec<&Ident> = typed
+        .clone()
+        .filter(|(_, ty)| is_connection_ref(ty, true))
         .map(|(ident, _)| ident)
         .collect();
+    if candidates.is_empty() {
+        // No type is named like a connection (an alias such as `type Db = …` hides it): the
+        // one `&mut` parameter of a named type is the connection.
+        let mutable: Vec<&Ident> = typed
+            .filter(|(_, ty)| is_connection_ref(ty, false))
+            .map(|(ident, _)| ident)
+            .collect();
+        if let [conn] = mutable.as_slice() {
+            candidates.push(conn);
+        } else if mutable.len() > 1 {
+            return Err(syn::Error::new(
+                mutable[1].span(),
+                format!(
+                    "cannot tell which of the `&mut` parameters ({}) is the connection; name it: \
+                     `conn = {}`",
+                    mutable
+                        .iter()
+                        .map(|c| format!("`{c}`"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    mutable[0]
+                ),
+            ));
+        }
+    }
     match candidates.as_slice() {
         [conn] => Ok((*conn).clone()),
         [] => Err(syn::Error::new(
@@ -349,7 +378,9 @@ fn connection_or_pool(ty: &Type) -> Option<&'static str> {
 
 /// `&mut PgConnection`, `&mut SqliteConnection`, `&mut diesel::PgConnection`,
 /// `&mut PooledConnection<…>`, `&mut SyncConnectionWrapper<…>`, …
-fn is_connection_ref(ty: &Type) -> bool {
+///
+/// With `by_name` false, any `&mut` of a named type.
+fn is_connection_ref(ty: &Type, by_name: bool) -> bool {
     let Type::Reference(reference) = peel(ty) else {
         return false;
     };
@@ -361,7 +392,7 @@ fn is_connection_ref(ty: &Type) -> bool {
     };
     path.path.segments.last().is_some_and(|segment| {
         let name = segment.ident.to_string();
-        name.ends_with("Connection") || name == "SyncConnectionWrapper"
+        !by_name || name.ends_with("Connection") || name == "SyncConnectionWrapper"
     })
 }
 
