@@ -74,12 +74,55 @@
 //!   by the server's English message text; a server configured to answer in another
 //!   language (`lc_messages`) turns them into non-retried errors.
 //!
+//! # Async handlers
+//!
+//! With the feature `async`, `#[idempotent]` also takes an `async fn` on diesel-async 0.9:
+//! `&mut AsyncPgConnection` (with `postgres`) or `&mut SyncConnectionWrapper<SqliteConnection>`
+//! (with `sqlite`). Pooled connections from diesel-async's deadpool, bb8 or mobc support are
+//! passed as `&mut pooled`. The transaction, the SQL, the classification and the compile-time
+//! check are the same as for a `fn`; call diesel-async's `RunQueryDsl` in the body.
+//!
+//! ```
+//! # #[cfg(feature = "async")] {
+//! use diesel::{ExpressionMethods, QueryDsl};
+//! use diesel_async::RunQueryDsl;
+//! use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+//! use inbox_diesel::{Uuid, idempotent};
+//!
+//! diesel::table! {
+//!     accounts (id) {
+//!         id -> Integer,
+//!         balance -> BigInt,
+//!     }
+//! }
+//!
+//! struct CreditRequested { message_id: Uuid, account: i32, amount: i64 }
+//!
+//! #[idempotent(consumer = "credit", key = msg.message_id)]
+//! async fn on_credit(
+//!     conn: &mut SyncConnectionWrapper<diesel::SqliteConnection>,
+//!     msg: &CreditRequested,
+//! ) -> diesel::QueryResult<()> {
+//!     diesel::update(accounts::table.find(msg.account))
+//!         .set(accounts::balance.eq(accounts::balance + msg.amount))
+//!         .execute(conn)
+//!         .await?;
+//!     Ok(())
+//! }
+//! # }
+//! ```
+//!
+//! The body of an async handler may run more than once (retries), so each attempt runs a
+//! copy of it: it may read its parameters but not mutate them, and its future must be `Send`.
+//! A handler whose future is dropped mid-body commits nothing; what happens to its
+//! connection depends on the pool (see `AsyncInboxConnection`).
+//!
 //! # Backends
 //!
 //! | feature | connection | needs |
 //! |---|---|---|
-//! | `sqlite` (default) | `SqliteConnection` | nothing: SQLite is compiled in |
-//! | `postgres` | `PgConnection` | libpq (Debian: `libpq-dev`) |
+//! | `sqlite` (default) | `SqliteConnection`; with `async`, `SyncConnectionWrapper<SqliteConnection>` | nothing: SQLite is compiled in |
+//! | `postgres` | `PgConnection`; with `async`, `AsyncPgConnection` | libpq (Debian: `libpq-dev`) for `PgConnection` |
 //!
 //! The inbox table must exist: see [`schema`].
 #![warn(missing_docs)]
@@ -178,15 +221,18 @@ pub mod schema;
 ///
 /// # Requirements
 ///
-/// - The function is a plain `fn` (not `const`, not `async` yet) returning a `Result`:
+/// - The function is a `fn` or an `async fn` (not `const`) returning a `Result`:
 ///   `Result<T, E>`, or an alias such as `QueryResult<T>` or `anyhow::Result<T>`. The
 ///   function then returns the same `Result` with [`Outcome<T>`] in place of `T`.
 /// - `E: From<inbox_diesel::Error>`, for failures of the inbox itself (an invalid key, a
 ///   failed commit, an aborted transaction). `diesel::result::Error` qualifies.
 /// - The connection parameter is `&mut SqliteConnection` or `&mut PgConnection`
-///   ([`InboxConnection`]); pass a pooled connection as `&mut pooled`.
+///   ([`InboxConnection`]), or for an `async fn` `&mut AsyncPgConnection` or
+///   `&mut SyncConnectionWrapper<SqliteConnection>` (`AsyncInboxConnection`, feature
+///   `async`); pass a pooled connection as `&mut pooled`. A type alias works when the
+///   connection is the handler's only `&mut` parameter; otherwise name it with `conn = …`.
 /// - The body may run more than once when a transient failure is retried, so it must not
-///   consume its parameters; with `retries = 0` it runs at most once.
+///   consume its parameters, and an async body must not mutate them either.
 /// - Call the handler outside any open transaction on that connection.
 ///
 /// ```

@@ -11,7 +11,7 @@ use crate::driver::{self, Steps};
 use crate::{Error, InboxConnection};
 
 /// Runs `body` once per message key and consumer, on a sync connection; see
-/// [`driver::drive`] for the steps.
+/// `driver::drive` for the steps.
 pub fn run<C, T, E, B, P>(
     conn: &mut C,
     spec: &'static HandlerSpec,

@@ -1,18 +1,7 @@
 //! The async runtime: the expansion of `#[idempotent]` on an `async fn`, on diesel-async.
 //!
-//! The steps and the retry loop are the sync runtime's ([`driver::drive`]), awaited; the SQL
-//! is the same ([`crate::backend`]).
-//!
-//! # Cancellation
-//!
-//! A handler's future may be dropped at any `.await` — by a timeout, a `select!`, a shutdown.
-//! Nothing half-done can commit: the marker and the body's writes commit in one `COMMIT`, sent
-//! only after the body has finished. What is left is a connection inside an open transaction.
-//! diesel-async's transaction manager still counts that transaction as open, and its pools
-//! (deadpool, bb8, mobc) treat such a connection as broken and discard it instead of handing
-//! it out again; the server rolls the transaction back when the connection closes. A
-//! connection used without a pool refuses the next handler call with diesel's
-//! `AlreadyInTransaction` until it is rolled back or dropped.
+//! The steps and the retry loop are the sync runtime's (`driver::drive`), awaited; the SQL
+//! is the same (`backend.rs`).
 
 use std::future::Future;
 use std::time::Duration;
@@ -35,6 +24,23 @@ use crate::driver::{self, Steps};
 /// compiles as it is.
 ///
 /// The methods are the runtime's; they are not meant to be called directly.
+///
+/// # Cancellation
+///
+/// A handler's future may be dropped at any `.await` — by a timeout, a `select!`, a shutdown.
+/// Nothing half-done can commit: the marker and the body's writes commit in one `COMMIT`, sent
+/// only after the body has finished. What is left is a connection inside an open transaction,
+/// which diesel-async's transaction manager still counts as open:
+///
+/// - bb8 checks a connection when it comes back and closes a broken one at once; the server
+///   rolls the transaction back and its locks are released;
+/// - deadpool and mobc check a connection when it is next checked out and discard it then;
+///   until then the abandoned transaction holds its locks — on PostgreSQL the marker of that
+///   message (a redelivery waits for it) and the rows the body wrote, on SQLite the whole
+///   database. Bound that with PostgreSQL's `idle_in_transaction_session_timeout`, or use bb8
+///   where handlers can be cancelled;
+/// - a connection used without a pool refuses the next handler call with diesel's
+///   `AlreadyInTransaction` until it is dropped.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a connection an async #[idempotent] handler can run on",
     label = "declare this parameter as `&mut AsyncPgConnection` or `&mut SyncConnectionWrapper<SqliteConnection>`",
@@ -103,7 +109,7 @@ where
 }
 
 /// Runs `body` once per message key and consumer, on a diesel-async connection; see
-/// [`driver::drive`] for the steps.
+/// `driver::drive` for the steps.
 pub async fn run_async<C, T, E, B, P>(
     conn: &mut C,
     spec: &'static HandlerSpec,

@@ -12,7 +12,7 @@
 //! violation — and no other — means "already processed". `message_id` leads the index: it is
 //! the selective column.
 //!
-//! Apply [`postgres::create_table_sql`] or [`sqlite::create_table_sql`] in a migration; they
+//! Apply `postgres::create_table_sql` or `sqlite::create_table_sql` in a migration; they
 //! take an [`InboxSchema`] for custom table and index names.
 //!
 //! ```

@@ -668,6 +668,41 @@ macro_rules! async_suite {
             assert_eq!(balance(&mut pooled, 1).await, 10);
         }
 
+        /// bb8 closes a connection that comes back inside a transaction, so a cancelled
+        /// handler's transaction ends at once: a redelivery on another pooled connection does
+        /// not wait on the locks it held (on SQLite, the whole database).
+        #[tokio::test(flavor = "multi_thread")]
+        async fn async_cancelled_handler_on_bb8_releases_its_locks_at_once() {
+            use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+            use diesel_async::pooled_connection::bb8::Pool;
+            let db = <$db>::new("async_cancelled_bb8");
+            let manager = AsyncDieselConnectionManager::<AsyncConnection>::new(db.url());
+            let pool = Pool::builder().max_size(2).build(manager).await.unwrap();
+            let msg = Credit::new(1);
+            let holding = Arc::new(tokio::sync::Notify::new());
+            let hook = Hook {
+                hold: Some((holding.clone(), Arc::new(tokio::sync::Notify::new()))),
+                ..Hook::default()
+            };
+            {
+                let mut pooled = pool.get().await.unwrap();
+                tokio::select! {
+                    _ = credit(&mut pooled, &msg, &hook) => panic!("the body waits forever"),
+                    _ = holding.notified() => {}
+                }
+            }
+            let mut other = pool.get().await.unwrap();
+            let redelivery = tokio::time::timeout(
+                std::time::Duration::from_secs(20),
+                credit(&mut other, &msg, &Hook::default()),
+            )
+            .await
+            .expect("the redelivery waited on the abandoned transaction's locks");
+            assert_eq!(redelivery.unwrap(), Outcome::Processed(()));
+            assert_eq!(count_markers(&mut other).await, 1);
+            assert_eq!(count_credits(&mut other, &msg).await, 1);
+        }
+
         /// Without a pool, a connection left in a cancelled handler's transaction refuses the
         /// next handler call instead of running it inside that transaction.
         #[tokio::test(flavor = "multi_thread")]
