@@ -173,30 +173,25 @@ async fn async_serialization_failure_in_the_body_is_retried() {
     assert_eq!(balance(&mut conn, 1).await, 20);
 }
 
-/// The race through a bb8 pool: handlers declared on `&mut AsyncPgConnection`, called with
-/// pooled connections.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn async_race_through_a_bb8_pool() {
-    use diesel_async::pooled_connection::AsyncDieselConnectionManager;
-    use diesel_async::pooled_connection::bb8::Pool;
+/// The race through a pool: handlers declared on `&mut AsyncPgConnection`, called with
+/// pooled connections; `checkout` takes one from the pool.
+async fn race_through_a_pool<F, Fut, O>(db: &PgDb, checkout: F)
+where
+    F: Fn() -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = O> + Send,
+    O: std::ops::DerefMut<Target = AsyncConnection> + Send,
+{
     const TASKS: usize = 8;
     const MESSAGES: u128 = 50;
-    let db = PgDb::new("async_race_bb8");
-    let manager = AsyncDieselConnectionManager::<AsyncConnection>::new(db.url());
-    let pool = Pool::builder()
-        .max_size(TASKS as u32)
-        .build(manager)
-        .await
-        .unwrap();
     let barrier = Arc::new(tokio::sync::Barrier::new(TASKS));
     let mut tasks = Vec::new();
     for _ in 0..TASKS {
-        let (pool, barrier) = (pool.clone(), barrier.clone());
+        let (checkout, barrier) = (checkout.clone(), barrier.clone());
         tasks.push(tokio::spawn(async move {
             let mut processed = 0;
             for n in 0..MESSAGES {
                 barrier.wait().await;
-                let mut pooled = pool.get().await.unwrap();
+                let mut pooled = checkout().await;
                 let outcome = credit(&mut pooled, &Credit::new(n), &Hook::default()).await;
                 processed += usize::from(outcome.unwrap().is_processed());
             }
@@ -208,7 +203,7 @@ async fn async_race_through_a_bb8_pool() {
         processed += task.await.unwrap();
     }
     assert_eq!(processed, MESSAGES as usize);
-    let mut conn = pool.get().await.unwrap();
+    let mut conn = db.connect_async().await;
     for n in 0..MESSAGES {
         assert_eq!(
             count_credits(&mut conn, &Credit::new(n)).await,
@@ -218,4 +213,32 @@ async fn async_race_through_a_bb8_pool() {
     }
     assert_eq!(count_markers(&mut conn).await, MESSAGES as i64);
     assert_eq!(balance(&mut conn, 1).await, 10 * MESSAGES as i64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn async_race_through_a_deadpool() {
+    use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+    use diesel_async::pooled_connection::deadpool::Pool;
+    let db = PgDb::new("async_race_deadpool");
+    let manager = AsyncDieselConnectionManager::<AsyncConnection>::new(db.url());
+    let pool = Pool::builder(manager).max_size(8).build().unwrap();
+    race_through_a_pool(&db, move || {
+        let pool = pool.clone();
+        async move { pool.get().await.unwrap() }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn async_race_through_a_bb8_pool() {
+    use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+    use diesel_async::pooled_connection::bb8::Pool;
+    let db = PgDb::new("async_race_bb8");
+    let manager = AsyncDieselConnectionManager::<AsyncConnection>::new(db.url());
+    let pool = Pool::builder().max_size(8).build(manager).await.unwrap();
+    race_through_a_pool(&db, move || {
+        let pool = pool.clone();
+        async move { pool.get_owned().await.unwrap() }
+    })
+    .await;
 }
