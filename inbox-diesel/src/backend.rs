@@ -3,6 +3,8 @@
 
 use diesel::connection::{AnsiTransactionManager, Connection, TransactionManager};
 use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
+use std::marker::PhantomData;
+
 use diesel::query_dsl::LoadQuery;
 use diesel::sql_types::{BigInt, Text};
 use diesel::{QueryResult, RunQueryDsl};
@@ -61,88 +63,104 @@ mod sealed {
     pub trait Sealed {}
 }
 
-/// `INSERT INTO <table> (message_id, consumer, processed_at) VALUES (?, ?, CURRENT_TIMESTAMP)
-/// ON CONFLICT (message_id, consumer) DO NOTHING RETURNING id`
+/// The marker insert, written once for every backend:
+///
+/// ```sql
+/// INSERT INTO <table> (message_id, consumer, processed_at) VALUES (?, ?, <now>)
+///     ON CONFLICT (message_id, consumer) DO NOTHING RETURNING id   -- PostgreSQL, SQLite
+/// ```
 ///
 /// `DO NOTHING` suppresses only a conflict on the `(message_id, consumer)` index, so any other
 /// violation still raises; no error is raised for a duplicate, so a PostgreSQL transaction is
-/// never aborted by one. While another transaction holds an uncommitted marker for the same
-/// key, the insert waits for it: a commit makes this a duplicate, a rollback lets this insert
-/// through.
+/// never aborted by one. MySQL and MariaDB have no such clause (`INSERT IGNORE` would hide
+/// every other error, `ON DUPLICATE KEY UPDATE` reports a duplicate like an insert): there
+/// the plain insert fails with error 1062 naming the inbox index, which rolls back that
+/// statement only. Either way, while another transaction holds an uncommitted marker for the
+/// same key, the insert waits for it: a commit makes this a duplicate, a rollback lets this
+/// insert through.
 ///
-/// Written as a query fragment rather than `sql_query` so that diesel caches its prepared
-/// statement (keyed by the SQL text).
-pub(crate) struct ClaimMarker<'a, B> {
+/// A query fragment rather than `sql_query`, so that diesel caches its prepared statement
+/// (keyed by the SQL text).
+pub(crate) struct ClaimMarker<'a, DB> {
     table: &'a str,
     id: &'a Uuid,
     consumer: &'a str,
-    bind_id: B,
+    backend: PhantomData<DB>,
 }
 
-impl<'a, B> ClaimMarker<'a, B> {
-    pub(crate) fn new(
-        schema: &'a InboxSchema,
-        consumer: &'a str,
-        id: &'a Uuid,
-        bind_id: B,
-    ) -> Self {
+impl<'a, DB> ClaimMarker<'a, DB> {
+    pub(crate) fn new(schema: &'a InboxSchema, consumer: &'a str, id: &'a Uuid) -> Self {
         Self {
             table: schema.table(),
             id,
             consumer,
-            bind_id,
+            backend: PhantomData,
         }
     }
 }
 
-impl<B> QueryId for ClaimMarker<'_, B> {
+impl<DB> QueryId for ClaimMarker<'_, DB> {
     type QueryId = ();
     const HAS_STATIC_QUERY_ID: bool = false;
 }
 
-impl<B> Query for ClaimMarker<'_, B> {
+impl<DB> Query for ClaimMarker<'_, DB> {
     type SqlType = BigInt;
 }
 
-impl<B, C> RunQueryDsl<C> for ClaimMarker<'_, B> {}
+impl<DB, C> RunQueryDsl<C> for ClaimMarker<'_, DB> {}
 
-/// How a backend binds the 16-byte message id.
-pub(crate) type BindId<DB> = for<'b> fn(&mut AstPass<'_, 'b, DB>, &'b Uuid) -> QueryResult<()>;
-
-impl<DB: diesel::backend::Backend> QueryFragment<DB> for ClaimMarker<'_, BindId<DB>>
+/// What the marker insert needs to know about a backend.
+pub(crate) trait MarkerDialect:
+    diesel::backend::Backend + diesel::sql_types::HasSqlType<Text>
 where
-    DB: diesel::sql_types::HasSqlType<Text>,
+    str: diesel::serialize::ToSql<Text, Self>,
+{
+    /// The current time, as the backend writes it.
+    const NOW: &'static str;
+    /// What follows `VALUES (…)`: how a duplicate is reported.
+    const ON_CONFLICT: &'static str;
+    /// Binds the 16-byte message id.
+    fn bind_id<'b>(out: &mut AstPass<'_, 'b, Self>, id: &'b Uuid) -> QueryResult<()>;
+}
+
+impl<DB: MarkerDialect> QueryFragment<DB> for ClaimMarker<'_, DB>
+where
     str: diesel::serialize::ToSql<Text, DB>,
 {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
         out.push_sql("INSERT INTO ");
         push_table(&mut out, self.table)?;
         out.push_sql(" (message_id, consumer, processed_at) VALUES (");
-        (self.bind_id)(&mut out, self.id)?;
+        DB::bind_id(&mut out, self.id)?;
         out.push_sql(", ");
         out.push_bind_param::<Text, str>(self.consumer)?;
-        out.push_sql(
-            ", CURRENT_TIMESTAMP) ON CONFLICT (message_id, consumer) DO NOTHING RETURNING id",
-        );
+        out.push_sql(", ");
+        out.push_sql(DB::NOW);
+        out.push_sql(")");
+        out.push_sql(DB::ON_CONFLICT);
         Ok(())
     }
 }
 
-/// Runs the claim; `Ok(false)` when the marker already existed (no row came back).
-fn claim<C>(
+/// `ON CONFLICT … DO NOTHING RETURNING id`: no row back means the marker existed.
+const ON_CONFLICT_RETURNING: &str = " ON CONFLICT (message_id, consumer) DO NOTHING RETURNING id";
+
+/// Runs the claim of PostgreSQL and SQLite; `Ok(false)` when the marker already existed.
+fn claim_returning<C>(
     conn: &mut C,
     schema: &InboxSchema,
     consumer: &str,
     key: &MessageKey,
-    bind_id: BindId<C::Backend>,
 ) -> QueryResult<bool>
 where
     C: Connection,
-    for<'q> ClaimMarker<'q, BindId<C::Backend>>: LoadQuery<'q, C, i64>,
+    for<'q> ClaimMarker<'q, C::Backend>: LoadQuery<'q, C, i64>,
 {
     let id = key.stored_id();
-    let claim = ClaimMarker::new(schema, consumer, &id, bind_id);
-    Ok(!claim.load::<i64>(conn)?.is_empty())
+    Ok(!ClaimMarker::new(schema, consumer, &id)
+        .load::<i64>(conn)?
+        .is_empty())
 }
 
 fn push_table<DB: diesel::backend::Backend>(
@@ -165,8 +183,13 @@ pub(crate) mod sqlite {
 
     impl sealed::Sealed for SqliteConnection {}
 
-    pub(crate) fn bind_id<'b>(out: &mut AstPass<'_, 'b, Sqlite>, id: &'b Uuid) -> QueryResult<()> {
-        out.push_bind_param::<diesel::sql_types::Binary, [u8]>(&id.as_bytes()[..])
+    impl MarkerDialect for Sqlite {
+        const NOW: &'static str = "CURRENT_TIMESTAMP";
+        const ON_CONFLICT: &'static str = ON_CONFLICT_RETURNING;
+
+        fn bind_id<'b>(out: &mut AstPass<'_, 'b, Self>, id: &'b Uuid) -> QueryResult<()> {
+            out.push_bind_param::<diesel::sql_types::Binary, [u8]>(&id.as_bytes()[..])
+        }
     }
 
     impl InboxConnection for SqliteConnection {
@@ -186,7 +209,7 @@ pub(crate) mod sqlite {
             consumer: &str,
             key: &MessageKey,
         ) -> QueryResult<bool> {
-            claim(self, schema, consumer, key, bind_id)
+            claim_returning(self, schema, consumer, key)
         }
     }
 }
@@ -199,8 +222,13 @@ pub(crate) mod postgres {
 
     impl sealed::Sealed for PgConnection {}
 
-    pub(crate) fn bind_id<'b>(out: &mut AstPass<'_, 'b, Pg>, id: &'b Uuid) -> QueryResult<()> {
-        out.push_bind_param::<diesel::sql_types::Uuid, Uuid>(id)
+    impl MarkerDialect for Pg {
+        const NOW: &'static str = "CURRENT_TIMESTAMP";
+        const ON_CONFLICT: &'static str = ON_CONFLICT_RETURNING;
+
+        fn bind_id<'b>(out: &mut AstPass<'_, 'b, Self>, id: &'b Uuid) -> QueryResult<()> {
+            out.push_bind_param::<diesel::sql_types::Uuid, Uuid>(id)
+        }
     }
 
     impl InboxConnection for PgConnection {
@@ -214,7 +242,7 @@ pub(crate) mod postgres {
             consumer: &str,
             key: &MessageKey,
         ) -> QueryResult<bool> {
-            claim(self, schema, consumer, key, bind_id)
+            claim_returning(self, schema, consumer, key)
         }
 
         /// PostgreSQL answers `COMMIT` in an aborted transaction with a silent `ROLLBACK`, so

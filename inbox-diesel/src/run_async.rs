@@ -170,7 +170,7 @@ mod postgres {
     use diesel::result::Error as DieselError;
     use diesel_async::{AnsiTransactionManager, TransactionManager};
 
-    use crate::backend::{BindId, ClaimMarker, postgres::bind_id};
+    use crate::backend::ClaimMarker;
 
     impl sealed::Sealed for AsyncPgConnection {}
 
@@ -197,8 +197,7 @@ mod postgres {
             key: &MessageKey,
         ) -> QueryResult<bool> {
             let id = key.stored_id();
-            let claim: ClaimMarker<'_, BindId<Pg>> =
-                ClaimMarker::new(&spec.schema, spec.consumer.as_str(), &id, bind_id);
+            let claim = ClaimMarker::<Pg>::new(&spec.schema, spec.consumer.as_str(), &id);
             let rows: Vec<i64> = RunQueryDsl::load(claim, self).await?;
             Ok(!rows.is_empty())
         }
