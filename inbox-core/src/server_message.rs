@@ -151,10 +151,22 @@ impl ServerError<'_> {
     pub fn classify(&self, schema: &InboxSchema) -> ErrorClass {
         match self.kind {
             ServerErrorKind::UniqueViolation => self.classify_unique(schema),
+            // diesel reports MySQL's deadlock (1213) as a serialization failure.
+            ServerErrorKind::SerializationFailure if is_deadlock(self.message) => {
+                ErrorClass::Transient(TransientKind::Deadlock)
+            }
             ServerErrorKind::SerializationFailure => {
                 ErrorClass::Transient(TransientKind::SerializationFailure)
             }
             ServerErrorKind::ConnectionLost => ErrorClass::ConnectionLost,
+            // Some paths report a unique violation without its kind (diesel's MySQL
+            // `batch_execute`); the message still says what it is.
+            ServerErrorKind::Other
+                if mysql_duplicate_key(self.message).is_some()
+                    || sqlite_unique_violation(self.message).is_some() =>
+            {
+                self.classify_unique(schema)
+            }
             ServerErrorKind::Other => classify_message(self.message),
         }
     }
@@ -194,6 +206,10 @@ impl ServerError<'_> {
             None => ErrorClass::UniqueViolation { constraint: None },
         }
     }
+}
+
+fn is_deadlock(message: &str) -> bool {
+    message.contains("deadlock detected") || message.contains("Deadlock found")
 }
 
 /// Errors that drivers report without a kind of their own, recognised by the server's
@@ -329,6 +345,19 @@ mod tests {
             pg_default_name.classify(&schema),
             ErrorClass::UniqueViolation { .. }
         ));
+    }
+
+    #[test]
+    fn unique_violations_reported_without_their_kind() {
+        let other = ServerError {
+            kind: ServerErrorKind::Other,
+            constraint: None,
+            message: "Duplicate entry 'x' for key 'ux_inbox_message_consumer'",
+        };
+        assert_eq!(
+            other.classify(&InboxSchema::DEFAULT),
+            ErrorClass::InboxDuplicate
+        );
     }
 
     #[test]

@@ -163,6 +163,23 @@ where
         .is_empty())
 }
 
+/// What the plain marker insert of MySQL and MariaDB says: inserted, or error 1062 naming the
+/// inbox's own index (the statement rolled back, the transaction still open) — a duplicate.
+/// Any other error, another index's 1062 included, stays an error.
+#[cfg(feature = "mysql")]
+pub(crate) fn claimed_by_plain_insert(
+    inserted: QueryResult<usize>,
+    schema: &InboxSchema,
+) -> QueryResult<bool> {
+    match inserted {
+        Ok(_) => Ok(true),
+        Err(e) if crate::classify(&e, schema) == inbox_core::ErrorClass::InboxDuplicate => {
+            Ok(false)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 fn push_table<DB: diesel::backend::Backend>(
     out: &mut AstPass<'_, '_, DB>,
     table: &str,
@@ -251,6 +268,46 @@ pub(crate) mod postgres {
         /// that case, and the `COMMIT` after it is then never run.
         fn commit_inbox_transaction(&mut self) -> QueryResult<()> {
             self.batch_execute("SELECT 1; COMMIT")
+        }
+    }
+}
+
+#[cfg(feature = "mysql")]
+pub(crate) mod mysql {
+    use diesel::connection::SimpleConnection;
+    use diesel::mysql::{Mysql, MysqlConnection};
+
+    use super::*;
+
+    impl sealed::Sealed for MysqlConnection {}
+
+    impl MarkerDialect for Mysql {
+        const NOW: &'static str = "CURRENT_TIMESTAMP(6)";
+        /// None: the plain insert fails with 1062 on a duplicate ([`claimed_by_plain_insert`]).
+        const ON_CONFLICT: &'static str = "";
+
+        fn bind_id<'b>(out: &mut AstPass<'_, 'b, Self>, id: &'b Uuid) -> QueryResult<()> {
+            out.push_bind_param::<diesel::sql_types::Binary, [u8]>(&id.as_bytes()[..])
+        }
+    }
+
+    impl InboxConnection for MysqlConnection {
+        fn begin_inbox_transaction(&mut self, spec: &HandlerSpec) -> QueryResult<()> {
+            if let Some(level) = spec.isolation.set_transaction_sql() {
+                self.batch_execute(level)?;
+            }
+            AnsiTransactionManager::begin_transaction_sql(self, "START TRANSACTION")
+        }
+
+        fn claim_marker(
+            &mut self,
+            schema: &InboxSchema,
+            consumer: &str,
+            key: &MessageKey,
+        ) -> QueryResult<bool> {
+            let id = key.stored_id();
+            let inserted = ClaimMarker::<Mysql>::new(schema, consumer, &id).execute(self);
+            claimed_by_plain_insert(inserted, schema)
         }
     }
 }

@@ -275,7 +275,8 @@ pub use inbox_core::{
 pub use run_async::AsyncInboxConnection;
 pub use uuid::Uuid;
 
-/// The isolation level of a handler's transaction on PostgreSQL (`isolation = "…"`).
+/// The isolation level of a handler's transaction on PostgreSQL, MySQL and MariaDB
+/// (`isolation = "…"`).
 ///
 /// The inbox is correct at every level: the unique index, not a snapshot, decides who
 /// processes a message. Choose the level the body's own work needs; at `repeatable read` and
@@ -295,7 +296,18 @@ pub enum Isolation {
 }
 
 impl Isolation {
-    /// The statement that opens a transaction at this level.
+    /// The statement that sets the level of the next transaction, before it begins (MySQL,
+    /// MariaDB); `None` for the server's default.
+    pub fn set_transaction_sql(self) -> Option<&'static str> {
+        match self {
+            Isolation::ServerDefault => None,
+            Isolation::ReadCommitted => Some("SET TRANSACTION ISOLATION LEVEL READ COMMITTED"),
+            Isolation::RepeatableRead => Some("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"),
+            Isolation::Serializable => Some("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE"),
+        }
+    }
+
+    /// The statement that opens a transaction at this level (PostgreSQL).
     pub fn begin_sql(self) -> &'static str {
         match self {
             Isolation::ServerDefault => "BEGIN",

@@ -161,30 +161,31 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
     }
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+/// `rollback_transaction` of diesel-async's transaction manager, `Ok` when no transaction is
+/// open.
+async fn roll_back_ansi<C>(conn: &mut C) -> QueryResult<()>
+where
+    C: AsyncConnection<TransactionManager = diesel_async::AnsiTransactionManager>,
+{
+    use diesel_async::TransactionManager;
+    match diesel_async::AnsiTransactionManager::rollback_transaction(conn).await {
+        Err(diesel::result::Error::NotInTransaction) => Ok(()),
+        other => other,
+    }
+}
+
 #[cfg(feature = "postgres")]
 mod postgres {
     use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 
     use super::*;
     use diesel::pg::Pg;
-    use diesel::result::Error as DieselError;
     use diesel_async::{AnsiTransactionManager, TransactionManager};
 
     use crate::backend::ClaimMarker;
 
     impl sealed::Sealed for AsyncPgConnection {}
-
-    /// `rollback_transaction` of diesel-async's transaction manager, `Ok` when no transaction is
-    /// open.
-    async fn roll_back_ansi<C>(conn: &mut C) -> QueryResult<()>
-    where
-        C: AsyncConnection<TransactionManager = AnsiTransactionManager>,
-    {
-        match AnsiTransactionManager::rollback_transaction(conn).await {
-            Err(DieselError::NotInTransaction) => Ok(()),
-            other => other,
-        }
-    }
 
     impl AsyncInboxConnection for AsyncPgConnection {
         async fn begin_inbox_transaction(&mut self, spec: &'static HandlerSpec) -> QueryResult<()> {
@@ -254,6 +255,47 @@ mod sqlite {
         async fn roll_back_inbox_transaction(&mut self) -> QueryResult<()> {
             self.spawn_blocking(|conn| conn.roll_back_inbox_transaction())
                 .await
+        }
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    use diesel::mysql::Mysql;
+    use diesel_async::{
+        AnsiTransactionManager, AsyncMysqlConnection, RunQueryDsl, SimpleAsyncConnection,
+        TransactionManager,
+    };
+
+    use super::*;
+    use crate::backend::{ClaimMarker, claimed_by_plain_insert};
+
+    impl sealed::Sealed for AsyncMysqlConnection {}
+
+    impl AsyncInboxConnection for AsyncMysqlConnection {
+        async fn begin_inbox_transaction(&mut self, spec: &'static HandlerSpec) -> QueryResult<()> {
+            if let Some(level) = spec.isolation.set_transaction_sql() {
+                SimpleAsyncConnection::batch_execute(self, level).await?;
+            }
+            AnsiTransactionManager::begin_transaction_sql(self, "START TRANSACTION").await
+        }
+
+        async fn claim_marker(
+            &mut self,
+            spec: &'static HandlerSpec,
+            key: &MessageKey,
+        ) -> QueryResult<bool> {
+            let id = key.stored_id();
+            let claim = ClaimMarker::<Mysql>::new(&spec.schema, spec.consumer.as_str(), &id);
+            claimed_by_plain_insert(RunQueryDsl::execute(claim, self).await, &spec.schema)
+        }
+
+        async fn commit_inbox_transaction(&mut self) -> QueryResult<()> {
+            AnsiTransactionManager::commit_transaction(self).await
+        }
+
+        async fn roll_back_inbox_transaction(&mut self) -> QueryResult<()> {
+            roll_back_ansi(self).await
         }
     }
 }

@@ -1,18 +1,19 @@
 //! The inbox table: its SQL for each backend, and its diesel `table!`.
 //!
-//! | column | PostgreSQL | SQLite | why |
-//! |---|---|---|---|
-//! | `id` | `BIGINT GENERATED ALWAYS AS IDENTITY` primary key | `INTEGER PRIMARY KEY` (the rowid) | new rows land at the end of the primary-key index |
-//! | `message_id` | `UUID` | `BLOB` (16 bytes) | [`MessageKey::stored_id`](crate::MessageKey::stored_id): a fixed 16 bytes keeps the unique index narrow (37 bytes as text) and compares as memory, not by collation |
-//! | `consumer` | `TEXT COLLATE "C"` | `TEXT` | byte-wise comparison: the name is an identifier, not prose, so locale-aware collation would only cost time |
-//! | `received_at` | `TIMESTAMPTZ DEFAULT now()` | `TEXT DEFAULT CURRENT_TIMESTAMP` | when the marker was written |
-//! | `processed_at` | `TIMESTAMPTZ` | `TEXT` | when the work committed; written in the same statement in transaction mode |
+//! | column | PostgreSQL | MySQL, MariaDB | SQLite | why |
+//! |---|---|---|---|---|
+//! | `id` | `BIGINT GENERATED ALWAYS AS IDENTITY` primary key | `BIGINT AUTO_INCREMENT` primary key | `INTEGER PRIMARY KEY` (the rowid) | new rows land at the end of the primary-key (on InnoDB, clustered) index |
+//! | `message_id` | `UUID` | `BINARY(16)` | `BLOB` (16 bytes) | [`MessageKey::stored_id`](crate::MessageKey::stored_id): a fixed 16 bytes keeps the unique index narrow (37 bytes as text) and compares as memory, not by collation |
+//! | `consumer` | `TEXT COLLATE "C"` | `VARCHAR(200)` `utf8mb4_bin` | `TEXT` | byte-wise comparison: the name is an identifier, not prose, so locale-aware collation would only cost time; 200 bytes is the name's limit |
+//! | `received_at` | `TIMESTAMPTZ DEFAULT now()` | `DATETIME(6) DEFAULT CURRENT_TIMESTAMP(6)` | `TEXT DEFAULT CURRENT_TIMESTAMP` | when the marker was written |
+//! | `processed_at` | `TIMESTAMPTZ` | `DATETIME(6)` | `TEXT` | when the work committed; written in the same statement in transaction mode |
 //!
 //! and the unique index `ux_inbox_message_consumer` on `(message_id, consumer)`, whose
 //! violation — and no other — means "already processed". `message_id` leads the index: it is
 //! the selective column.
 //!
-//! Apply `postgres::create_table_sql` or `sqlite::create_table_sql` in a migration; they
+//! Apply `postgres::create_table_sql`, `mysql::create_table_sql` or `sqlite::create_table_sql`
+//! in a migration; they
 //! take an [`InboxSchema`] for custom table and index names.
 //!
 //! ```
@@ -115,6 +116,51 @@ pub mod sqlite {
              );\n\
              CREATE UNIQUE INDEX IF NOT EXISTS {index_prefix}{index} \
              ON {table_name} (message_id, consumer);\n",
+            table = schema.table(),
+            index = schema.constraint(),
+        )
+    }
+
+    /// `DROP TABLE` for `schema` (drops its index too).
+    pub fn drop_table_sql(schema: &InboxSchema) -> String {
+        format!("DROP TABLE IF EXISTS {};\n", schema.table())
+    }
+}
+
+/// The MySQL and MariaDB schema (InnoDB).
+#[cfg(feature = "mysql")]
+pub mod mysql {
+    use inbox_core::InboxSchema;
+
+    diesel::table! {
+        /// The inbox table as the shipped MySQL/MariaDB schema creates it.
+        inbox (id) {
+            /// Row id, in insertion order.
+            id -> BigInt,
+            /// The message key's 16-byte stored id.
+            message_id -> Binary,
+            /// The consumer name.
+            consumer -> Text,
+            /// When the marker was written.
+            received_at -> Datetime,
+            /// When the work committed (null while a claim is open).
+            processed_at -> Nullable<Datetime>,
+        }
+    }
+
+    /// `CREATE TABLE` with the unique index for `schema` (idempotent: `IF NOT EXISTS`). The
+    /// index is named in the table's definition: MySQL has no `CREATE INDEX IF NOT EXISTS`.
+    /// Error 1062 names this index, which is how a duplicate is recognised.
+    pub fn create_table_sql(schema: &InboxSchema) -> String {
+        format!(
+            "CREATE TABLE IF NOT EXISTS {table} (\n    \
+                 id           BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,\n    \
+                 message_id   BINARY(16)   NOT NULL,\n    \
+                 consumer     VARCHAR(200) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,\n    \
+                 received_at  DATETIME(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6),\n    \
+                 processed_at DATETIME(6)  NULL,\n    \
+                 UNIQUE KEY {index} (message_id, consumer)\n\
+             ) ENGINE = InnoDB;\n",
             table = schema.table(),
             index = schema.constraint(),
         )

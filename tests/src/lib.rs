@@ -11,6 +11,9 @@ pub mod sqlite;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 
+#[cfg(feature = "mysql")]
+pub mod mysql;
+
 diesel::table! {
     accounts (id) {
         id -> Integer,

@@ -1,0 +1,7 @@
+//! The async suite on MySQL/MariaDB through diesel-async's `AsyncMysqlConnection`. Needs
+//! `INBOX_TEST_MYSQL`.
+
+inbox_tests::async_suite!(
+    inbox_tests::mysql::MysqlDb,
+    diesel_async::AsyncMysqlConnection
+);
