@@ -4,6 +4,8 @@
 //! cargo run --example credit                      # embedded SQLite in a temporary file
 //! DATABASE_URL=postgres://postgres@127.0.0.1/test \
 //!     cargo run --example credit --features inbox-examples/postgres
+//! DATABASE_URL=mysql://root@127.0.0.1:3306/test \
+//!     cargo run --example credit --features inbox-examples/mysql
 //! ```
 //!
 //! It prints, side by side, what the handler everybody writes first does (check for a marker,
@@ -46,14 +48,31 @@ diesel::table! {
 }
 
 const MESSAGES: u128 = 50;
-const BUSINESS_SCHEMA: &str = "
-    CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance BIGINT NOT NULL);
-    CREATE TABLE credits (message TEXT NOT NULL, amount BIGINT NOT NULL);
-    CREATE TABLE naive_inbox (message_id TEXT NOT NULL, consumer TEXT NOT NULL);
-    CREATE TABLE payments (reference TEXT NOT NULL,
-                           CONSTRAINT ux_payments_reference UNIQUE (reference));
-    INSERT INTO accounts (id, balance) VALUES (1, 0);
-";
+/// One statement each, in SQL every backend takes (MySQL runs no multi-statement strings).
+const BUSINESS_SCHEMA: [&str; 5] = [
+    "CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance BIGINT NOT NULL)",
+    "CREATE TABLE credits (message TEXT NOT NULL, amount BIGINT NOT NULL)",
+    "CREATE TABLE naive_inbox (message_id TEXT NOT NULL, consumer TEXT NOT NULL)",
+    "CREATE TABLE payments (reference VARCHAR(100) NOT NULL,
+                            CONSTRAINT ux_payments_reference UNIQUE (reference))",
+    "INSERT INTO accounts (id, balance) VALUES (1, 0)",
+];
+
+const RESET: [&str; 5] = [
+    "DELETE FROM credits",
+    "DELETE FROM naive_inbox",
+    "DELETE FROM inbox",
+    "DELETE FROM payments",
+    "UPDATE accounts SET balance = 0",
+];
+
+/// Runs statements one by one.
+fn run_each(conn: &mut impl SimpleConnection, statements: &[&str]) {
+    for statement in statements {
+        conn.batch_execute(statement)
+            .unwrap_or_else(|e| panic!("{statement}: {e}"));
+    }
+}
 
 #[derive(Clone)]
 struct CreditRequested {
@@ -166,11 +185,7 @@ macro_rules! demo {
         }
 
         fn reset(conn: &mut $conn) {
-            conn.batch_execute(
-                "DELETE FROM credits; DELETE FROM naive_inbox; DELETE FROM inbox;
-                                DELETE FROM payments; UPDATE accounts SET balance = 0;",
-            )
-            .expect("reset the example tables");
+            run_each(conn, &RESET);
         }
 
         fn messages() -> Vec<CreditRequested> {
@@ -308,8 +323,7 @@ mod sqlite {
             &InboxSchema::DEFAULT,
         ))
         .expect("create the inbox");
-        conn.batch_execute(BUSINESS_SCHEMA)
-            .expect("create the business tables");
+        run_each(&mut conn, &BUSINESS_SCHEMA);
         println!("SQLite database: {path}\n");
         run_demo(&|| {
             let mut conn = SqliteConnection::establish(&path).expect("open the SQLite database");
@@ -346,9 +360,44 @@ mod postgres {
             &InboxSchema::DEFAULT,
         ))
         .expect("create the inbox");
-        conn.batch_execute(BUSINESS_SCHEMA)
-            .expect("create the business tables");
+        run_each(&mut conn, &BUSINESS_SCHEMA);
         println!("PostgreSQL: {url} (schema inbox_example)\n");
+        run_demo(&connect)
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    use super::*;
+    demo!(MysqlConnection);
+
+    pub fn main(url: &str) -> Vec<Row> {
+        let mut conn =
+            MysqlConnection::establish(url).unwrap_or_else(|e| panic!("connect to {url}: {e}"));
+        run_each(
+            &mut conn,
+            &[
+                "DROP DATABASE IF EXISTS inbox_example",
+                "CREATE DATABASE inbox_example",
+            ],
+        );
+        let base = url
+            .split('?')
+            .next()
+            .and_then(|u| u.rsplit_once('/'))
+            .map_or(url, |(b, _)| b);
+        let example_url = format!("{base}/inbox_example");
+        let connect = || {
+            MysqlConnection::establish(&example_url)
+                .unwrap_or_else(|e| panic!("connect to {example_url}: {e}"))
+        };
+        let mut conn = connect();
+        conn.batch_execute(&inbox_diesel::schema::mysql::create_table_sql(
+            &InboxSchema::DEFAULT,
+        ))
+        .expect("create the inbox");
+        run_each(&mut conn, &BUSINESS_SCHEMA);
+        println!("MySQL/MariaDB: {example_url}\n");
         run_demo(&connect)
     }
 }
@@ -368,9 +417,23 @@ fn main() {
                 std::process::exit(2);
             }
         }
+        Ok(url) if url.starts_with("mysql") => {
+            #[cfg(feature = "mysql")]
+            {
+                mysql::main(&url)
+            }
+            #[cfg(not(feature = "mysql"))]
+            {
+                eprintln!(
+                    "DATABASE_URL is a MySQL URL: run with `--features inbox-examples/mysql`"
+                );
+                std::process::exit(2);
+            }
+        }
         Ok(url) if !url.is_empty() => {
             eprintln!(
-                "DATABASE_URL={url}: this example runs on SQLite (unset) or PostgreSQL (postgres://…)"
+                "DATABASE_URL={url}: this example runs on SQLite (unset), PostgreSQL \
+                 (postgres://…) or MySQL/MariaDB (mysql://…)"
             );
             std::process::exit(2);
         }

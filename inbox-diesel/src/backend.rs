@@ -16,14 +16,14 @@ use crate::__private::HandlerSpec;
 /// A diesel connection an `#[idempotent]` handler can run on.
 ///
 /// Implemented for the connections of the enabled backends: `SqliteConnection` (feature
-/// `sqlite`) and `PgConnection` (feature `postgres`). Declare the handler's connection
+/// `sqlite`), `PgConnection` (feature `postgres`) and `MysqlConnection` (feature `mysql`). Declare the handler's connection
 /// parameter as `&mut` one of them; a pooled connection (`r2d2::PooledConnection`,
 /// `deadpool`, …) derefs to it, so `handler(&mut pooled, &msg)` compiles as it is.
 ///
 /// The methods are the runtime's; they are not meant to be called directly.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a connection an #[idempotent] handler can run on",
-    label = "declare this parameter as `&mut PgConnection` or `&mut SqliteConnection`",
+    label = "declare this parameter as `&mut PgConnection`, `&mut MysqlConnection` or `&mut SqliteConnection`",
     note = "a pooled connection derefs to its connection: declare `&mut PgConnection` and call \
             the handler with `&mut pooled_connection`"
 )]

@@ -60,7 +60,9 @@
 //!   as the error it is.
 //! - **No false successes.** On PostgreSQL, a body that swallows a database error and
 //!   returns `Ok` gets [`Error::TransactionAborted`], never `Processed`: the server had
-//!   already thrown the transaction away.
+//!   already thrown the transaction away. (MySQL and MariaDB throw a transaction away only on
+//!   a deadlock; a body that swallows that error and goes on writes outside the
+//!   transaction, which the runtime does not detect.)
 //! - **Retries.** Serialization failures, deadlocks and a busy SQLite database are retried in
 //!   a fresh transaction (`retries = n`, default 3) — also when the body returns them, if its
 //!   error type is a diesel error or an error whose `source()` chain holds one.
@@ -123,6 +125,7 @@
 //! |---|---|---|
 //! | `sqlite` (default) | `SqliteConnection`; with `async`, `SyncConnectionWrapper<SqliteConnection>` | nothing: SQLite is compiled in |
 //! | `postgres` | `PgConnection`; with `async`, `AsyncPgConnection` | libpq (Debian: `libpq-dev`) for `PgConnection` |
+//! | `mysql` | `MysqlConnection`; with `async`, `AsyncMysqlConnection` | libmysqlclient (Debian: `default-libmysqlclient-dev`) for `MysqlConnection` |
 //!
 //! The inbox table must exist: see [`schema`].
 #![warn(missing_docs)]

@@ -17,7 +17,8 @@ use crate::driver::{self, Steps};
 
 /// A diesel-async connection an `async fn` `#[idempotent]` handler can run on.
 ///
-/// Implemented for `AsyncPgConnection` (features `async` and `postgres`) and
+/// Implemented for `AsyncPgConnection` (features `async` and `postgres`),
+/// `AsyncMysqlConnection` (features `async` and `mysql`) and
 /// `SyncConnectionWrapper<SqliteConnection>` (features `async` and `sqlite`). Declare the
 /// handler's connection parameter as `&mut` one of them; a pooled connection (diesel-async's
 /// deadpool, bb8 or mobc support) derefs to it, so `handler(&mut pooled, &msg).await`
@@ -43,7 +44,7 @@ use crate::driver::{self, Steps};
 ///   `AlreadyInTransaction` until it is dropped.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a connection an async #[idempotent] handler can run on",
-    label = "declare this parameter as `&mut AsyncPgConnection` or `&mut SyncConnectionWrapper<SqliteConnection>`",
+    label = "declare this parameter as `&mut AsyncPgConnection`, `&mut AsyncMysqlConnection` or `&mut SyncConnectionWrapper<SqliteConnection>`",
     note = "a pooled connection derefs to its connection: declare `&mut AsyncPgConnection` and \
             call the handler with `&mut pooled_connection`"
 )]

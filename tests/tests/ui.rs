@@ -9,7 +9,7 @@ fn ui() {
     // These need every backend: the compiler's list of the connections that implement
     // `InboxConnection` depends on the enabled ones, and PostgreSQL's async connection exists
     // only with the `postgres` feature. They run under the README's test command and in CI.
-    #[cfg(feature = "postgres")]
+    #[cfg(all(feature = "postgres", feature = "mysql"))]
     {
         t.compile_fail("ui/all-backends/fail/*.rs");
         t.pass("ui/all-backends/pass/*.rs");
