@@ -731,3 +731,308 @@ macro_rules! async_suite {
         }
     };
 }
+
+/// What only servers with row locks show, for a fixture `$db` with `waiting_for_a_lock()`:
+/// the deterministic lock wait and a deadlock retried. Instantiated after [`suite!`].
+#[macro_export]
+macro_rules! server_suite {
+    ($db:ty) => {
+        type HandlerResult = Result<Outcome<()>, AppError>;
+
+        /// Makes A and B overlap for certain: runs `a` until its body calls `hold`, then starts
+        /// `b`, waits until the server shows one session of the test database waiting for a
+        /// lock (B blocked behind A), and only then lets A's body go on.
+        fn a_holds_b_waits(
+            db: &$db,
+            a: impl FnOnce(&mut DbConnection, &dyn Fn()) -> HandlerResult + Send,
+            b: impl FnOnce(&mut DbConnection) -> HandlerResult + Send,
+        ) -> (HandlerResult, HandlerResult) {
+            let (holding_tx, holding) = std::sync::mpsc::channel();
+            let (go_tx, go) = std::sync::mpsc::channel::<()>();
+            std::thread::scope(|scope| {
+                let mut conn_a = db.connect();
+                let a = scope.spawn(move || {
+                    a(&mut conn_a, &|| {
+                        holding_tx.send(()).unwrap();
+                        go.recv().unwrap();
+                    })
+                });
+                holding.recv().unwrap();
+                let mut conn_b = db.connect();
+                let b = scope.spawn(move || b(&mut conn_b));
+                $crate::wait_until("B waits for a lock A holds", || {
+                    db.waiting_for_a_lock() == 1
+                });
+                go_tx.send(()).unwrap();
+                (a.join().unwrap(), b.join().unwrap())
+            })
+        }
+
+        /// While A holds an uncommitted marker, B's insert of the same marker waits on the
+        /// unique index; A then finishes with `a_result`.
+        fn lock_wait(
+            db: &$db,
+            a_result: fn() -> Result<(), AppError>,
+        ) -> (HandlerResult, HandlerResult) {
+            let msg = Credit::new(1);
+            a_holds_b_waits(
+                db,
+                |conn, hold| {
+                    credit_then(conn, &msg, &mut |_| {
+                        hold();
+                        a_result()
+                    })
+                },
+                |conn| credit(conn, &msg),
+            )
+        }
+
+        #[test]
+        fn lock_wait_then_commit_makes_the_waiter_a_duplicate() {
+            let db = <$db>::new("lock_wait_commit");
+            let (a, b) = lock_wait(&db, || Ok(()));
+            assert_eq!(a.unwrap(), Outcome::Processed(()));
+            assert!(b.unwrap().is_duplicate());
+            let mut conn = db.connect();
+            assert_eq!(count_markers(&mut conn), 1);
+            assert_eq!(balance(&mut conn, 1), 10);
+        }
+
+        #[test]
+        fn lock_wait_then_rollback_lets_the_waiter_process() {
+            let db = <$db>::new("lock_wait_rollback");
+            let (a, b) = lock_wait(&db, || Err(AppError::Rejected));
+            assert!(matches!(a, Err(AppError::Rejected)));
+            assert_eq!(b.unwrap(), Outcome::Processed(()));
+            let mut conn = db.connect();
+            assert_eq!(count_markers(&mut conn), 1);
+            assert_eq!(count_credits(&mut conn, &Credit::new(1)), 1);
+            assert_eq!(balance(&mut conn, 1), 10);
+        }
+
+        /// A deadlock, provoked: A credits account 1 then touches 2, B credits 2 then touches
+        /// 1, and both take their first lock before either takes its second. The server
+        /// aborts one of them; the runtime retries it in a fresh transaction.
+        #[test]
+        fn deadlock_is_retried_to_success() {
+            let db = <$db>::new("deadlock_retried");
+            let rendezvous = std::sync::Barrier::new(2);
+            let attempts = AtomicUsize::new(0);
+            let handler = |conn: &mut DbConnection, msg: Credit, other: i32| {
+                let first_attempt = std::sync::atomic::AtomicBool::new(true);
+                credit_then(conn, &msg, &mut |conn| {
+                    attempts.fetch_add(1, Ordering::SeqCst);
+                    // Meet the other handler once, holding the first lock; a retry goes on.
+                    if first_attempt.swap(false, Ordering::SeqCst) {
+                        rendezvous.wait();
+                    }
+                    diesel::update(accounts::table.find(other))
+                        .set(accounts::balance.eq(accounts::balance + 1))
+                        .execute(conn)?;
+                    Ok(())
+                })
+            };
+            let (a, b) = std::thread::scope(|scope| {
+                let (mut conn_a, mut conn_b) = (db.connect(), db.connect());
+                let handler = &handler;
+                let a = scope.spawn(move || {
+                    handler(
+                        &mut conn_a,
+                        Credit {
+                            account: 1,
+                            ..Credit::new(1)
+                        },
+                        2,
+                    )
+                });
+                let b = scope.spawn(move || {
+                    handler(
+                        &mut conn_b,
+                        Credit {
+                            account: 2,
+                            ..Credit::new(2)
+                        },
+                        1,
+                    )
+                });
+                (a.join().unwrap(), b.join().unwrap())
+            });
+            assert_eq!(a.unwrap(), Outcome::Processed(()));
+            assert_eq!(b.unwrap(), Outcome::Processed(()));
+            assert_eq!(
+                attempts.load(Ordering::SeqCst),
+                3,
+                "the deadlock victim ran its body twice"
+            );
+            let mut conn = db.connect();
+            assert_eq!(count_markers(&mut conn), 2);
+            assert_eq!(balance(&mut conn, 1), 11);
+            assert_eq!(balance(&mut conn, 2), 11);
+        }
+    };
+}
+
+/// The async counterpart of [`server_suite!`]: the lock wait and a deadlock retried, for a
+/// fixture `$db` with `connect_async()` and `waiting_for_a_lock()`. Instantiated after
+/// [`async_suite!`].
+#[macro_export]
+macro_rules! async_server_suite {
+    ($db:ty) => {
+        type HandlerResult = Result<Outcome<()>, AppError>;
+
+        /// Waits until the server shows one session of the test database waiting for a lock.
+        async fn until_one_session_waits(db: &$db) {
+            let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+            while db.waiting_for_a_lock() != 1 {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "B never waited for A's lock"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        }
+
+        /// A runs `a` until its body holds (`Hook::hold`), B then runs `b` and blocks behind
+        /// A's lock; only when the server shows B waiting does A go on.
+        async fn a_holds_b_waits(
+            db: &$db,
+            a: impl AsyncFnOnce(&mut AsyncConnection, Hook) -> HandlerResult,
+            b: impl AsyncFnOnce(&mut AsyncConnection) -> HandlerResult,
+        ) -> (HandlerResult, HandlerResult) {
+            let (holding, go) = (
+                Arc::new(tokio::sync::Notify::new()),
+                Arc::new(tokio::sync::Notify::new()),
+            );
+            let hold = Hook {
+                hold: Some((holding.clone(), go.clone())),
+                ..Hook::default()
+            };
+            let (mut conn_a, mut conn_b) = (db.connect_async().await, db.connect_async().await);
+            let a = a(&mut conn_a, hold);
+            let b = async {
+                holding.notified().await;
+                let b = b(&mut conn_b);
+                let release = async {
+                    until_one_session_waits(db).await;
+                    go.notify_one();
+                };
+                tokio::join!(b, release).0
+            };
+            tokio::join!(a, b)
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn async_lock_wait_then_commit_makes_the_waiter_a_duplicate() {
+            let db = <$db>::new("async_lock_wait_commit");
+            let msg = Credit::new(1);
+            let (a, b) = a_holds_b_waits(
+                &db,
+                async |conn, hook| credit(conn, &msg, &hook).await,
+                async |conn| credit(conn, &msg, &Hook::default()).await,
+            )
+            .await;
+            assert_eq!(a.unwrap(), Outcome::Processed(()));
+            assert!(b.unwrap().is_duplicate());
+            let mut conn = db.connect_async().await;
+            assert_eq!(count_markers(&mut conn).await, 1);
+            assert_eq!(balance(&mut conn, 1).await, 10);
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn async_lock_wait_then_rollback_lets_the_waiter_process() {
+            let db = <$db>::new("async_lock_wait_rollback");
+            let msg = Credit::new(1);
+            let (a, b) = a_holds_b_waits(
+                &db,
+                async |conn, hook| {
+                    credit(
+                        conn,
+                        &msg,
+                        &Hook {
+                            reject: true,
+                            ..hook
+                        },
+                    )
+                    .await
+                },
+                async |conn| credit(conn, &msg, &Hook::default()).await,
+            )
+            .await;
+            assert!(matches!(a, Err(AppError::Rejected)));
+            assert_eq!(b.unwrap(), Outcome::Processed(()));
+            let mut conn = db.connect_async().await;
+            assert_eq!(count_markers(&mut conn).await, 1);
+            assert_eq!(count_credits(&mut conn, &msg).await, 1);
+        }
+
+        /// The provoked deadlock of the sync suite, on async connections.
+        #[tokio::test(flavor = "multi_thread")]
+        async fn async_deadlock_is_retried_to_success() {
+            let db = <$db>::new("async_deadlock_retried");
+            let rendezvous = Arc::new(tokio::sync::Barrier::new(2));
+            let attempts = Arc::new(AtomicUsize::new(0));
+            let deliver = async |msg: Credit, other: i32| {
+                let mut conn = db.connect_async().await;
+                let meeting = Meeting {
+                    rendezvous: rendezvous.clone(),
+                    attempts: attempts.clone(),
+                    first_attempt: std::sync::atomic::AtomicBool::new(true),
+                };
+                transfer(&mut conn, &msg, other, &meeting).await
+            };
+            let (a, b) = tokio::join!(
+                deliver(
+                    Credit {
+                        account: 1,
+                        ..Credit::new(1)
+                    },
+                    2
+                ),
+                deliver(
+                    Credit {
+                        account: 2,
+                        ..Credit::new(2)
+                    },
+                    1
+                )
+            );
+            assert_eq!(a.unwrap(), Outcome::Processed(()));
+            assert_eq!(b.unwrap(), Outcome::Processed(()));
+            assert_eq!(
+                AtomicUsize::load(&attempts, Ordering::SeqCst),
+                3,
+                "the victim ran its body twice"
+            );
+            let mut conn = db.connect_async().await;
+            assert_eq!(balance(&mut conn, 1).await, 11);
+            assert_eq!(balance(&mut conn, 2).await, 11);
+        }
+
+        /// Where two deliveries meet once, each holding its first lock.
+        struct Meeting {
+            rendezvous: Arc<tokio::sync::Barrier>,
+            attempts: Arc<AtomicUsize>,
+            first_attempt: std::sync::atomic::AtomicBool,
+        }
+
+        /// `credit`, then the meeting (on the first attempt only), then one more on `other`.
+        #[idempotent(consumer = "credit", key = msg.id)]
+        async fn transfer(
+            conn: &mut AsyncConnection,
+            msg: &Credit,
+            other: i32,
+            meeting: &Meeting,
+        ) -> Result<(), AppError> {
+            apply_credit(conn, msg).await?;
+            meeting.attempts.fetch_add(1, Ordering::SeqCst);
+            if meeting.first_attempt.swap(false, Ordering::SeqCst) {
+                meeting.rendezvous.wait().await;
+            }
+            diesel::update(accounts::table.find(other))
+                .set(accounts::balance.eq(accounts::balance + 1))
+                .execute(conn)
+                .await?;
+            Ok(())
+        }
+    };
+}

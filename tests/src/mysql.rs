@@ -86,7 +86,7 @@ impl MysqlDb {
     /// How many statements of this database's sessions have been running for over 200 ms —
     /// in these tests, only one blocked behind a lock. (MariaDB's `innodb_trx` is a cache that
     /// can lag for seconds; its process list is current.)
-    pub fn transactions_waiting_for_a_lock(&self, observer: &mut MysqlConnection) -> i64 {
+    pub fn waiting_for_a_lock(&self) -> i64 {
         #[derive(diesel::QueryableByName)]
         struct Waiting {
             #[diesel(sql_type = diesel::sql_types::BigInt)]
@@ -97,7 +97,7 @@ impl MysqlDb {
              WHERE db = DATABASE() AND id <> CONNECTION_ID() \
              AND command IN ('Query', 'Execute') AND time_ms > 200",
         )
-        .get_result::<Waiting>(observer)
+        .get_result::<Waiting>(&mut self.connect())
         .unwrap()
         .n
     }

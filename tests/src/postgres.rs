@@ -81,8 +81,8 @@ impl PgDb {
         PgConnection::establish(&self.url).expect("connect to the test database")
     }
 
-    /// How many sessions of this database are waiting for a lock.
-    pub fn sessions_waiting_for_a_lock(&self, observer: &mut PgConnection) -> i64 {
+    /// How many sessions of this database are waiting for a lock, as the server sees it.
+    pub fn waiting_for_a_lock(&self) -> i64 {
         #[derive(diesel::QueryableByName)]
         struct Waiting {
             #[diesel(sql_type = diesel::sql_types::BigInt)]
@@ -93,7 +93,7 @@ impl PgDb {
             "SELECT count(*) AS n FROM pg_stat_activity \
              WHERE datname = current_database() AND wait_event_type = 'Lock'",
         )
-        .get_result::<Waiting>(observer)
+        .get_result::<Waiting>(&mut self.connect())
         .unwrap()
         .n
     }

@@ -1,7 +1,8 @@
-//! The async suite on MySQL/MariaDB through diesel-async's `AsyncMysqlConnection`. Needs
+//! The async suites on MySQL/MariaDB through diesel-async's `AsyncMysqlConnection`. Needs
 //! `INBOX_TEST_MYSQL`.
 
 inbox_tests::async_suite!(
     inbox_tests::mysql::MysqlDb,
     diesel_async::AsyncMysqlConnection
 );
+inbox_tests::async_server_suite!(inbox_tests::mysql::MysqlDb);

@@ -2,83 +2,10 @@
 //! lock wait, aborted transactions, serialization failures. Needs `INBOX_TEST_PG`.
 
 inbox_tests::suite!(inbox_tests::postgres::PgDb, diesel::PgConnection);
-
-use std::sync::mpsc;
+inbox_tests::server_suite!(inbox_tests::postgres::PgDb);
 
 use inbox_diesel::Error as InboxError;
 use inbox_tests::postgres::PgDb;
-use inbox_tests::wait_until;
-
-type HandlerResult = Result<Outcome<()>, AppError>;
-
-/// Makes A and B overlap for certain: runs `a` until its body calls `hold`, then starts `b`,
-/// waits until the server shows one session of the test database waiting for a lock (B
-/// blocked behind A), and only then lets A's body go on. Returns both results.
-fn a_holds_b_waits(
-    db: &PgDb,
-    a: impl FnOnce(&mut DbConnection, &dyn Fn()) -> HandlerResult + Send,
-    b: impl FnOnce(&mut DbConnection) -> HandlerResult + Send,
-) -> (HandlerResult, HandlerResult) {
-    let (holding_tx, holding) = mpsc::channel();
-    let (go_tx, go) = mpsc::channel::<()>();
-    std::thread::scope(|scope| {
-        let mut conn_a = db.connect();
-        let a = scope.spawn(move || {
-            a(&mut conn_a, &|| {
-                holding_tx.send(()).unwrap();
-                go.recv().unwrap();
-            })
-        });
-        holding.recv().unwrap();
-        let mut conn_b = db.connect();
-        let b = scope.spawn(move || b(&mut conn_b));
-        let mut observer = db.connect();
-        wait_until("B waits for a lock A holds", || {
-            db.sessions_waiting_for_a_lock(&mut observer) == 1
-        });
-        go_tx.send(()).unwrap();
-        (a.join().unwrap(), b.join().unwrap())
-    })
-}
-
-/// While A holds an uncommitted marker, B's insert of the same marker waits on the unique
-/// index; A then finishes with `a_result`.
-fn lock_wait(db: &PgDb, a_result: fn() -> Result<(), AppError>) -> (HandlerResult, HandlerResult) {
-    let msg = Credit::new(1);
-    a_holds_b_waits(
-        db,
-        |conn, hold| {
-            credit_then(conn, &msg, &mut |_| {
-                hold();
-                a_result()
-            })
-        },
-        |conn| credit(conn, &msg),
-    )
-}
-
-#[test]
-fn lock_wait_then_commit_makes_the_waiter_a_duplicate() {
-    let db = PgDb::new("lock_wait_commit");
-    let (a, b) = lock_wait(&db, || Ok(()));
-    assert_eq!(a.unwrap(), Outcome::Processed(()));
-    assert!(b.unwrap().is_duplicate());
-    let mut conn = db.connect();
-    assert_eq!(count_markers(&mut conn), 1);
-    assert_eq!(balance(&mut conn, 1), 10);
-}
-
-#[test]
-fn lock_wait_then_rollback_lets_the_waiter_process() {
-    let db = PgDb::new("lock_wait_rollback");
-    let (a, b) = lock_wait(&db, || Err(AppError::Rejected));
-    assert!(matches!(a, Err(AppError::Rejected)));
-    assert_eq!(b.unwrap(), Outcome::Processed(()));
-    let mut conn = db.connect();
-    assert_eq!(count_markers(&mut conn), 1);
-    assert_eq!(count_credits(&mut conn, &Credit::new(1)), 1);
-    assert_eq!(balance(&mut conn, 1), 10);
-}
 
 /// The body catches a failed statement and returns `Ok`: PostgreSQL had already aborted
 /// the transaction and would answer `COMMIT` with a silent rollback. The handler must report
