@@ -8,6 +8,9 @@ pub use inbox_diesel::Uuid;
 
 pub mod sqlite;
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub mod server;
+
 #[cfg(feature = "postgres")]
 pub mod postgres;
 

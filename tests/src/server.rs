@@ -1,0 +1,110 @@
+//! A fresh database per test on a database server whose URL an environment variable names,
+//! dropped after the test: the fixture of the PostgreSQL and MySQL/MariaDB suites.
+
+use std::marker::PhantomData;
+
+use diesel::Connection;
+use diesel::connection::SimpleConnection;
+
+/// What differs between the servers the fixture creates databases on.
+pub trait Server {
+    type Conn: Connection;
+    /// The variable naming the server, e.g. `INBOX_TEST_PG`.
+    const ENV: &'static str;
+    /// An example of its value, for the message when it is missing.
+    const EXAMPLE: &'static str;
+    /// The statements creating the inbox and the business tables, one each.
+    fn schema() -> Vec<String>;
+}
+
+pub struct ServerDb<S: Server> {
+    admin_url: String,
+    name: String,
+    url: String,
+    server: PhantomData<S>,
+}
+
+impl<S: Server> ServerDb<S> {
+    /// The server's URL. A suite is compiled only with its feature, and then it must run: a
+    /// missing URL fails every test instead of skipping it.
+    pub fn server_url() -> String {
+        std::env::var(S::ENV).unwrap_or_else(|_| {
+            panic!(
+                "{} must name the server of this suite, e.g. {}={}",
+                S::ENV,
+                S::ENV,
+                S::EXAMPLE
+            )
+        })
+    }
+
+    pub fn new(test: &str) -> Self {
+        let admin_url = Self::server_url();
+        let name = format!(
+            "inbox_{}_{}",
+            test.chars().take(40).collect::<String>(),
+            std::process::id()
+        );
+        let base = admin_url
+            .split('?')
+            .next()
+            .and_then(|url| url.rsplit_once('/'))
+            .map(|(base, _)| base.to_owned())
+            .unwrap_or_else(|| panic!("{} is a URL with a database: {admin_url}", S::ENV));
+        let url = format!("{base}/{name}");
+        let mut admin = S::Conn::establish(&admin_url)
+            .unwrap_or_else(|e| panic!("cannot reach the server at {}={admin_url}: {e}", S::ENV));
+        // One statement a call: PostgreSQL runs a multi-statement string as one transaction,
+        // which CREATE DATABASE refuses, and diesel's MySQL connection sends none.
+        admin
+            .batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
+            .unwrap();
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .unwrap();
+        let db = Self {
+            admin_url,
+            name,
+            url,
+            server: PhantomData,
+        };
+        let mut conn = db.connect();
+        for statement in S::schema() {
+            conn.batch_execute(&statement)
+                .unwrap_or_else(|e| panic!("{statement}: {e}"));
+        }
+        db
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    pub fn connect(&self) -> S::Conn {
+        S::Conn::establish(&self.url).expect("connect to the test database")
+    }
+}
+
+impl<S: Server> Drop for ServerDb<S> {
+    fn drop(&mut self) {
+        if let Ok(mut admin) = S::Conn::establish(&self.admin_url) {
+            let _ = admin.batch_execute(&format!("DROP DATABASE IF EXISTS {}", self.name));
+        }
+    }
+}
+
+/// The `n` of a `SELECT count(*) AS n …`.
+pub(crate) fn count<C: diesel::connection::LoadConnection>(conn: &mut C, sql: &str) -> i64
+where
+    C::Backend: diesel::sql_types::HasSqlType<diesel::sql_types::BigInt> + 'static,
+    i64: diesel::deserialize::FromSql<diesel::sql_types::BigInt, C::Backend>,
+    diesel::query_builder::SqlQuery: diesel::query_builder::QueryFragment<C::Backend>,
+{
+    #[derive(diesel::QueryableByName)]
+    struct Count {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    use diesel::RunQueryDsl;
+    diesel::sql_query(sql).get_result::<Count>(conn).unwrap().n
+}
