@@ -8,7 +8,8 @@
 //! - [`Consumer`]: the validated name of the handler that consumes a message;
 //! - [`Outcome`]: what an idempotent handler reports to the message pump;
 //! - [`ErrorClass`] and [`server_message`]: how a database error is read;
-//! - [`RetryPolicy`]: which failures are retried and after how long.
+//! - [`RetryPolicy`]: which failures are retried and after how long;
+//! - [`Retention`]: how long a marker must outlive its message's last possible delivery.
 //!
 //! ```
 //! use inbox_core::{Consumer, MessageKey, Outcome};
@@ -26,6 +27,7 @@ mod consumer;
 mod ident;
 mod key;
 mod outcome;
+mod retention;
 mod retry;
 pub mod server_message;
 
@@ -34,4 +36,5 @@ pub use consumer::{Consumer, ConsumerError};
 pub use ident::{IdentifierError, InboxSchema};
 pub use key::{KeyError, MessageKey, ToMessageKey};
 pub use outcome::Outcome;
+pub use retention::Retention;
 pub use retry::{RetryDecision, RetryPolicy};

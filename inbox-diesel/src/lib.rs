@@ -272,7 +272,7 @@ pub use classify::classify;
 pub use error::Error;
 pub use inbox_core::{
     Consumer, ConsumerError, ErrorClass, IdentifierError, InboxSchema, KeyError, MessageKey,
-    Outcome, RetryDecision, RetryPolicy, ToMessageKey, TransientKind, server_message,
+    Outcome, Retention, RetryDecision, RetryPolicy, ToMessageKey, TransientKind, server_message,
 };
 #[cfg(feature = "async")]
 pub use run_async::AsyncInboxConnection;
