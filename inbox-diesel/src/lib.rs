@@ -136,6 +136,7 @@ mod backend;
 mod classify;
 mod driver;
 mod error;
+pub mod purge;
 mod run;
 #[cfg(feature = "async")]
 mod run_async;

@@ -10,7 +10,8 @@
 //!
 //! and the unique index `ux_inbox_message_consumer` on `(message_id, consumer)`, whose
 //! violation — and no other — means "already processed". `message_id` leads the index: it is
-//! the selective column.
+//! the selective column. An index on `processed_at` lets [`purge`](crate::purge) take the
+//! oldest rows in small batches without scanning the table.
 //!
 //! Apply `postgres::create_table_sql`, `mysql::create_table_sql` or `sqlite::create_table_sql`
 //! in a migration; they
@@ -64,9 +65,11 @@ pub mod postgres {
                  received_at  TIMESTAMPTZ NOT NULL DEFAULT now(),\n    \
                  processed_at TIMESTAMPTZ\n\
              );\n\
-             CREATE UNIQUE INDEX IF NOT EXISTS {index} ON {table} (message_id, consumer);\n",
+             CREATE UNIQUE INDEX IF NOT EXISTS {index} ON {table} (message_id, consumer);\n\
+             CREATE INDEX IF NOT EXISTS ix_{name}_processed_at ON {table} (processed_at);\n",
             table = schema.table(),
             index = schema.constraint(),
+            name = schema.table_name(),
         )
     }
 
@@ -115,7 +118,9 @@ pub mod sqlite {
                  processed_at TEXT\n\
              );\n\
              CREATE UNIQUE INDEX IF NOT EXISTS {index_prefix}{index} \
-             ON {table_name} (message_id, consumer);\n",
+             ON {table_name} (message_id, consumer);\n\
+             CREATE INDEX IF NOT EXISTS {index_prefix}ix_{table_name}_processed_at \
+             ON {table_name} (processed_at);\n",
             table = schema.table(),
             index = schema.constraint(),
         )
@@ -159,10 +164,12 @@ pub mod mysql {
                  consumer     VARCHAR(200) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,\n    \
                  received_at  DATETIME(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6),\n    \
                  processed_at DATETIME(6)  NULL,\n    \
-                 UNIQUE KEY {index} (message_id, consumer)\n\
+                 UNIQUE KEY {index} (message_id, consumer),\n    \
+                 KEY ix_{name}_processed_at (processed_at)\n\
              ) ENGINE = InnoDB;\n",
             table = schema.table(),
             index = schema.constraint(),
+            name = schema.table_name(),
         )
     }
 

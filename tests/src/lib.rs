@@ -373,6 +373,55 @@ macro_rules! suite {
             assert_eq!(count_markers(&mut conn), 2);
         }
 
+        /// A purge of 100 000 completed markers beside a live consumer: the consumer keeps
+        /// committing while the purge runs, batch by batch; the consumer's fresh markers and
+        /// the stale claims stay, the stale claims are reported.
+        #[test]
+        fn purge_of_a_large_table_beside_a_live_consumer() {
+            use inbox_diesel::purge::{purge, Purge};
+            const ARCHIVE: u32 = 100_000;
+            let db = <$db>::new("purge_large_table");
+            db.seed_archive(ARCHIVE);
+            let purging = std::sync::atomic::AtomicBool::new(true);
+            let during_purge = AtomicUsize::new(0);
+            let report = std::thread::scope(|scope| {
+                let mut consumer = db.connect();
+                let (purging, during_purge) = (&purging, &during_purge);
+                let consumer = scope.spawn(move || {
+                    let mut n = 0;
+                    while purging.load(Ordering::SeqCst) {
+                        n += 1;
+                        assert!(credit(&mut consumer, &Credit::new(n)).unwrap().is_processed());
+                        if purging.load(Ordering::SeqCst) {
+                            during_purge.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                    n
+                });
+                let mut conn = db.connect();
+                // SQLite: the purge's deletes wait for the consumer's transactions, not fail.
+                let _ = diesel::sql_query("PRAGMA busy_timeout = 5000").execute(&mut conn);
+                // Let the consumer get going before the purge starts.
+                $crate::wait_until("the consumer processed a message", || during_purge.load(Ordering::SeqCst) > 0);
+                let before = during_purge.load(Ordering::SeqCst);
+                let report = purge(&mut conn, &inbox_diesel::InboxSchema::DEFAULT, &Purge::older_than(std::time::Duration::from_secs(86_400)))
+                    .unwrap();
+                let while_purging = during_purge.load(Ordering::SeqCst) - before;
+                purging.store(false, Ordering::SeqCst);
+                let processed = consumer.join().unwrap();
+                (report, while_purging, processed)
+            });
+            let (report, while_purging, processed) = report;
+            assert!(report.ran);
+            assert_eq!(report.removed, u64::from(ARCHIVE));
+            assert!(report.batches > 100, "{report:?}");
+            assert_eq!(report.stale_claims, 3);
+            assert!(while_purging > 0, "the consumer committed nothing while the purge ran");
+            let mut conn = db.connect();
+            assert_eq!(count_markers(&mut conn), processed as i64 + 3);
+            assert_eq!(balance(&mut conn, 1), 10 * processed as i64);
+        }
+
         /// A nested `transaction` in the body is a savepoint inside the inbox transaction.
         #[test]
         fn nested_transaction_commits_with_the_marker() {
@@ -811,6 +860,38 @@ macro_rules! server_suite {
             assert_eq!(count_markers(&mut conn), 1);
             assert_eq!(count_credits(&mut conn, &Credit::new(1)), 1);
             assert_eq!(balance(&mut conn, 1), 10);
+        }
+
+        /// A purge that finds another purge of the same table running (the server's advisory
+        /// lock) returns at once, having done nothing.
+        #[test]
+        fn only_one_purge_runs_at_a_time() {
+            use inbox_diesel::purge::{Purge, purge};
+            let db = <$db>::new("purge_one_at_a_time");
+            db.seed_archive(5_000);
+            let day = std::time::Duration::from_secs(86_400);
+            let slow = Purge::older_than(day)
+                .batch_size(500)
+                .pause_between_batches(std::time::Duration::from_millis(100));
+            let (first, second) = std::thread::scope(|scope| {
+                let mut conn = db.connect();
+                let first = scope
+                    .spawn(move || purge(&mut conn, &inbox_diesel::InboxSchema::DEFAULT, &slow));
+                $crate::wait_until("the first purge removed a batch", || {
+                    count_markers(&mut db.connect()) < 5_003
+                });
+                let second = purge(
+                    &mut db.connect(),
+                    &inbox_diesel::InboxSchema::DEFAULT,
+                    &Purge::older_than(day),
+                );
+                (first.join().unwrap().unwrap(), second.unwrap())
+            });
+            assert!(!second.ran);
+            assert_eq!(second.removed, 0);
+            assert!(first.ran);
+            assert_eq!(first.removed, 5_000);
+            assert_eq!(count_markers(&mut db.connect()), 3);
         }
 
         /// A deadlock, provoked: A credits account 1 then touches 2, B credits 2 then touches

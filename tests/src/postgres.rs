@@ -27,6 +27,20 @@ impl Server for Postgres {
             "INSERT INTO accounts (id, balance) VALUES (1, 0), (2, 0)".into(),
         ]
     }
+
+    fn archive(n: u32) -> Vec<String> {
+        vec![
+            format!(
+                "INSERT INTO inbox (message_id, consumer, received_at, processed_at) \
+                 SELECT md5(i::text)::uuid, 'archive', now() - interval '10 days', \
+                 now() - interval '10 days' FROM generate_series(1, {n}) AS i"
+            ),
+            "INSERT INTO inbox (message_id, consumer, received_at) \
+             SELECT md5('stale' || i)::uuid, 'archive', now() - interval '10 days' \
+             FROM generate_series(1, 3) AS i"
+                .into(),
+        ]
+    }
 }
 
 impl PgDb {

@@ -15,6 +15,9 @@ pub trait Server {
     const EXAMPLE: &'static str;
     /// The statements creating the inbox and the business tables, one each.
     fn schema() -> Vec<String>;
+    /// The statements adding `n` markers completed ten days ago, and three claims opened ten
+    /// days ago and never completed.
+    fn archive(n: u32) -> Vec<String>;
 }
 
 pub struct ServerDb<S: Server> {
@@ -74,6 +77,15 @@ impl<S: Server> ServerDb<S> {
                 .unwrap_or_else(|e| panic!("{statement}: {e}"));
         }
         db
+    }
+
+    /// Adds `n` markers completed ten days ago and three stale claims.
+    pub fn seed_archive(&self, n: u32) {
+        let mut conn = self.connect();
+        for statement in S::archive(n) {
+            conn.batch_execute(&statement)
+                .unwrap_or_else(|e| panic!("{statement}: {e}"));
+        }
     }
 
     pub fn url(&self) -> &str {

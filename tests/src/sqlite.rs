@@ -32,6 +32,21 @@ impl SqliteDb {
         db
     }
 
+    /// Adds `n` markers completed ten days ago and three stale claims.
+    pub fn seed_archive(&self, n: u32) {
+        self.connect()
+            .batch_execute(&format!(
+                "INSERT INTO inbox (message_id, consumer, received_at, processed_at) \
+                 WITH RECURSIVE seq(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM seq WHERE i < {n}) \
+                 SELECT randomblob(16), 'archive', datetime('now', '-10 days'), \
+                 datetime('now', '-10 days') FROM seq; \
+                 INSERT INTO inbox (message_id, consumer, received_at) \
+                 WITH RECURSIVE seq(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM seq WHERE i < 3) \
+                 SELECT randomblob(16), 'archive', datetime('now', '-10 days') FROM seq;"
+            ))
+            .unwrap();
+    }
+
     pub fn url(&self) -> &str {
         &self.url
     }

@@ -1,0 +1,317 @@
+//! Removing completed markers once their messages can no longer arrive.
+//!
+//! ```
+//! # #[cfg(feature = "sqlite")] {
+//! use std::time::Duration;
+//! use diesel::connection::SimpleConnection;
+//! use diesel::prelude::*;
+//! use inbox_diesel::purge::{Purge, purge};
+//! use inbox_diesel::{InboxSchema, Retention, schema};
+//!
+//! let mut conn = SqliteConnection::establish(":memory:")?;
+//! conn.batch_execute(&schema::sqlite::create_table_sql(&InboxSchema::DEFAULT))?;
+//!
+//! // SQS: 30 s visibility timeout, 5 receives, 4 days retention, a week for replays.
+//! let retention = Retention::redeliveries(Duration::from_secs(30), 5)
+//!     .message_ttl(Duration::from_secs(4 * 86_400))
+//!     .replay_margin(Duration::from_secs(7 * 86_400));
+//! let report = purge(&mut conn, &InboxSchema::DEFAULT, &Purge::after(retention))?;
+//! assert_eq!(report.removed, 0);
+//! # }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Run it on a schedule (a cron job, a periodic task in one of the instances) on a connection
+//! of its own, outside any transaction. Each batch is one short `DELETE` in a transaction of
+//! its own, oldest rows first through the index on `processed_at`, so a purge never holds a
+//! lock on more than one batch of rows and never takes a table lock; consumers keep inserting
+//! markers while it runs. On PostgreSQL (`pg_try_advisory_lock`) and MySQL/MariaDB
+//! (`GET_LOCK`) only one purge runs at a time: another one returns at once with
+//! [`PurgeReport::ran`] false. Rows without `processed_at` — claims still open, or abandoned —
+//! are never removed; the old ones are counted in [`PurgeReport::stale_claims`].
+
+use std::time::Duration;
+
+use diesel::QueryResult;
+use diesel::connection::{AnsiTransactionManager, TransactionManager};
+use diesel::sql_types::BigInt;
+use inbox_core::{InboxSchema, Retention};
+
+use crate::InboxConnection;
+
+/// What to purge, and in what steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Purge {
+    older_than: Duration,
+    batch_size: u32,
+    pause: Duration,
+}
+
+impl Purge {
+    /// The default batch: small enough for a short transaction, large enough to keep up.
+    pub const DEFAULT_BATCH_SIZE: u32 = 1_000;
+
+    /// Removes rows completed longer than `retention.keep_for()` ago.
+    pub fn after(retention: Retention) -> Self {
+        Self::older_than(retention.keep_for())
+    }
+
+    /// Removes rows completed longer than `age` ago.
+    pub fn older_than(age: Duration) -> Self {
+        Self {
+            older_than: age,
+            batch_size: Self::DEFAULT_BATCH_SIZE,
+            pause: Duration::ZERO,
+        }
+    }
+
+    /// Rows per `DELETE` (at least 1).
+    pub fn batch_size(self, rows: u32) -> Self {
+        Self {
+            batch_size: rows.max(1),
+            ..self
+        }
+    }
+
+    /// A pause between batches, to leave the server's I/O to the consumers.
+    pub fn pause_between_batches(self, pause: Duration) -> Self {
+        Self { pause, ..self }
+    }
+
+    fn age_seconds(&self) -> i64 {
+        i64::try_from(self.older_than.as_secs()).unwrap_or(i64::MAX)
+    }
+}
+
+/// What a purge did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PurgeReport {
+    /// `false` when another purge of the same table was running: this one did nothing.
+    pub ran: bool,
+    /// Completed rows removed.
+    pub removed: u64,
+    /// `DELETE` statements run, each in its own transaction.
+    pub batches: u32,
+    /// Rows without `processed_at` (open claims) received before the cutoff: left in place,
+    /// counted so that they can be reconciled.
+    pub stale_claims: u64,
+}
+
+/// The SQL a backend purges with. Binds: the age in seconds, then (for the delete) the batch
+/// size.
+trait PurgeDialect {
+    fn delete_batch(table: &str) -> String;
+    fn count_stale(table: &str) -> String;
+    /// A query returning `n` = 1 when this session got the purge lock of `table`.
+    fn try_lock(table: &str) -> Option<String>;
+    fn unlock(table: &str) -> Option<String>;
+}
+
+#[derive(diesel::QueryableByName)]
+struct N {
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+/// Purges `schema`'s table on `conn`; see the [module documentation](self).
+///
+/// # Errors
+/// A database error, or diesel's `AlreadyInTransaction` when `conn` is inside a transaction
+/// (the batches would then form one long transaction).
+pub fn purge<C: PurgeConnection>(
+    conn: &mut C,
+    schema: &InboxSchema,
+    purge: &Purge,
+) -> QueryResult<PurgeReport> {
+    let span = tracing::info_span!("inbox.purge", table = schema.table());
+    let _entered = span.enter();
+    let report = conn.purge_inbox(schema, purge)?;
+    tracing::info!(
+        ran = report.ran,
+        removed = report.removed,
+        batches = report.batches,
+        stale_claims = report.stale_claims,
+        "purged"
+    );
+    Ok(report)
+}
+
+/// A connection [`purge`] runs on: `SqliteConnection`, `PgConnection`, `MysqlConnection`.
+pub trait PurgeConnection: InboxConnection {
+    /// The purge itself.
+    #[doc(hidden)]
+    fn purge_inbox(&mut self, schema: &InboxSchema, purge: &Purge) -> QueryResult<PurgeReport>;
+}
+
+/// The purge, written once and stamped out per connection: diesel's bounds for a query
+/// generic over the backend would be longer than the code.
+macro_rules! purge_connection {
+    ($conn:ty, $backend:ty) => {
+        impl PurgeConnection for $conn {
+            fn purge_inbox(
+                &mut self,
+                schema: &InboxSchema,
+                purge: &Purge,
+            ) -> QueryResult<PurgeReport> {
+                use diesel::RunQueryDsl;
+                use diesel::sql_types::Text;
+
+                let conn = self;
+                if AnsiTransactionManager::transaction_manager_status_mut(conn)
+                    .transaction_depth()?
+                    .is_some()
+                {
+                    return Err(diesel::result::Error::AlreadyInTransaction);
+                }
+                let table = schema.table();
+                let lock_name = format!("inbox purge {table}");
+                if let Some(sql) = <$backend>::try_lock(table) {
+                    let locked = diesel::sql_query(sql)
+                        .bind::<Text, _>(&lock_name)
+                        .get_result::<N>(conn)?;
+                    if locked.n != 1 {
+                        return Ok(PurgeReport::default());
+                    }
+                }
+                let mut batches = || -> QueryResult<PurgeReport> {
+                    let mut report = PurgeReport {
+                        ran: true,
+                        ..PurgeReport::default()
+                    };
+                    let delete = <$backend>::delete_batch(table);
+                    loop {
+                        let removed = diesel::sql_query(&delete)
+                            .bind::<BigInt, _>(purge.age_seconds())
+                            .bind::<BigInt, _>(i64::from(purge.batch_size))
+                            .execute(conn)?;
+                        report.batches += 1;
+                        report.removed += removed as u64;
+                        if removed < purge.batch_size as usize {
+                            break;
+                        }
+                        if !purge.pause.is_zero() {
+                            std::thread::sleep(purge.pause);
+                        }
+                    }
+                    report.stale_claims = diesel::sql_query(<$backend>::count_stale(table))
+                        .bind::<BigInt, _>(purge.age_seconds())
+                        .get_result::<N>(conn)?
+                        .n as u64;
+                    Ok(report)
+                };
+                let result = batches();
+                if let Some(sql) = <$backend>::unlock(table) {
+                    // The lock is the session's: if releasing fails, it goes with the connection.
+                    if let Err(e) = diesel::sql_query(sql)
+                        .bind::<Text, _>(&lock_name)
+                        .get_result::<N>(conn)
+                    {
+                        tracing::warn!(error = %e, "releasing the purge lock failed");
+                    }
+                }
+                result
+            }
+        }
+    };
+}
+
+#[cfg(feature = "sqlite")]
+purge_connection!(diesel::SqliteConnection, diesel::sqlite::Sqlite);
+#[cfg(feature = "postgres")]
+purge_connection!(diesel::PgConnection, diesel::pg::Pg);
+#[cfg(feature = "mysql")]
+purge_connection!(diesel::MysqlConnection, diesel::mysql::Mysql);
+
+#[cfg(feature = "postgres")]
+impl PurgeDialect for diesel::pg::Pg {
+    /// `= ANY(ARRAY(…))` rather than `IN (…)`: the planner then takes the batch's ids from the
+    /// `processed_at` index first instead of joining against the whole table.
+    fn delete_batch(table: &str) -> String {
+        format!(
+            "DELETE FROM {table} WHERE id = ANY(ARRAY(SELECT id FROM {table} \
+             WHERE processed_at < now() - ($1::bigint * interval '1 second') \
+             ORDER BY processed_at LIMIT $2))"
+        )
+    }
+
+    fn count_stale(table: &str) -> String {
+        format!(
+            "SELECT count(*) AS n FROM {table} WHERE processed_at IS NULL \
+             AND received_at < now() - ($1::bigint * interval '1 second')"
+        )
+    }
+
+    fn try_lock(_: &str) -> Option<String> {
+        Some(
+            "SELECT CASE WHEN pg_try_advisory_lock(hashtext($1)) THEN 1 ELSE 0 END::int8 AS n"
+                .into(),
+        )
+    }
+
+    fn unlock(_: &str) -> Option<String> {
+        Some(
+            "SELECT CASE WHEN pg_advisory_unlock(hashtext($1)) THEN 1 ELSE 0 END::int8 AS n".into(),
+        )
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl PurgeDialect for diesel::mysql::Mysql {
+    fn delete_batch(table: &str) -> String {
+        format!(
+            "DELETE FROM {table} WHERE processed_at < NOW(6) - INTERVAL ? SECOND \
+             ORDER BY processed_at LIMIT ?"
+        )
+    }
+
+    fn count_stale(table: &str) -> String {
+        format!(
+            "SELECT count(*) AS n FROM {table} WHERE processed_at IS NULL \
+             AND received_at < NOW(6) - INTERVAL ? SECOND"
+        )
+    }
+
+    /// `GET_LOCK` names are server-wide: the database goes into the name, so that purges of
+    /// different databases do not exclude each other (PostgreSQL's advisory locks are per
+    /// database already).
+    fn try_lock(_: &str) -> Option<String> {
+        Some(
+            "SELECT CAST(COALESCE(GET_LOCK(CONCAT(DATABASE(), ' ', ?), 0), 0) AS SIGNED) AS n"
+                .into(),
+        )
+    }
+
+    fn unlock(_: &str) -> Option<String> {
+        Some(
+            "SELECT CAST(COALESCE(RELEASE_LOCK(CONCAT(DATABASE(), ' ', ?)), 0) AS SIGNED) AS n"
+                .into(),
+        )
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl PurgeDialect for diesel::sqlite::Sqlite {
+    fn delete_batch(table: &str) -> String {
+        format!(
+            "DELETE FROM {table} WHERE id IN (SELECT id FROM {table} \
+             WHERE processed_at < datetime('now', '-' || ? || ' seconds') \
+             ORDER BY processed_at LIMIT ?)"
+        )
+    }
+
+    fn count_stale(table: &str) -> String {
+        format!(
+            "SELECT count(*) AS n FROM {table} WHERE processed_at IS NULL \
+             AND received_at < datetime('now', '-' || ? || ' seconds')"
+        )
+    }
+
+    /// SQLite has one writer at a time already.
+    fn try_lock(_: &str) -> Option<String> {
+        None
+    }
+
+    fn unlock(_: &str) -> Option<String> {
+        None
+    }
+}
