@@ -164,7 +164,7 @@ pub mod schema;
 /// | `key` | an expression over the parameters whose type implements [`ToMessageKey`] (`Uuid`, text, integers, Kafka `(topic, partition, offset)`, CloudEvents `(source, id)`); borrowed, not moved; an empty or over-long key is an error before any SQL | required |
 /// | `conn` | the name of the connection parameter | the one `&mut …Connection` parameter |
 /// | `retries` | integer: retries of transient failures, each in a fresh transaction | `3` |
-/// | `isolation` | `"read committed"`, `"repeatable read"` or `"serializable"` (PostgreSQL; SQLite is always serializable) | the server's default |
+/// | `isolation` | `"read committed"`, `"repeatable read"` or `"serializable"` (PostgreSQL, MySQL, MariaDB; SQLite is always serializable) | the server's default |
 /// | `table` | string literal: the inbox table, optionally qualified (`"billing.inbox"`) | `"inbox"` |
 /// | `constraint` | string literal: the unique index on `(message_id, consumer)` | `"ux_inbox_message_consumer"` |
 /// | `busy_timeout_ms` | integer: how long a SQLite handler waits for another writer before `SQLITE_BUSY` (then retried); the handler sets it on its connection | `5000` |
