@@ -1,11 +1,10 @@
 //! What differs between database backends: how a transaction begins and commits, and how the
 //! marker's id is bound. The SQL of the claim is shared.
 
-use diesel::connection::{AnsiTransactionManager, Connection, TransactionManager};
-use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
 use std::marker::PhantomData;
 
-use diesel::query_dsl::LoadQuery;
+use diesel::connection::{AnsiTransactionManager, Connection, TransactionManager};
+use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
 use diesel::sql_types::{BigInt, Text};
 use diesel::{QueryResult, RunQueryDsl};
 use inbox_core::{InboxSchema, MessageKey};
@@ -16,9 +15,10 @@ use crate::__private::HandlerSpec;
 /// A diesel connection an `#[idempotent]` handler can run on.
 ///
 /// Implemented for the connections of the enabled backends: `SqliteConnection` (feature
-/// `sqlite`), `PgConnection` (feature `postgres`) and `MysqlConnection` (feature `mysql`). Declare the handler's connection
-/// parameter as `&mut` one of them; a pooled connection (`r2d2::PooledConnection`,
-/// `deadpool`, …) derefs to it, so `handler(&mut pooled, &msg)` compiles as it is.
+/// `sqlite`), `PgConnection` (feature `postgres`) and `MysqlConnection` (feature `mysql`).
+/// Declare the handler's connection parameter as `&mut` one of them; a pooled connection
+/// (`r2d2::PooledConnection`, …) derefs to it, so `handler(&mut pooled, &msg)` compiles as it
+/// is.
 ///
 /// The methods are the runtime's; they are not meant to be called directly.
 #[diagnostic::on_unimplemented(
@@ -144,9 +144,11 @@ where
 }
 
 /// `ON CONFLICT … DO NOTHING RETURNING id`: no row back means the marker existed.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 const ON_CONFLICT_RETURNING: &str = " ON CONFLICT (message_id, consumer) DO NOTHING RETURNING id";
 
 /// Runs the claim of PostgreSQL and SQLite; `Ok(false)` when the marker already existed.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 fn claim_returning<C>(
     conn: &mut C,
     schema: &InboxSchema,
@@ -155,7 +157,7 @@ fn claim_returning<C>(
 ) -> QueryResult<bool>
 where
     C: Connection,
-    for<'q> ClaimMarker<'q, C::Backend>: LoadQuery<'q, C, i64>,
+    for<'q> ClaimMarker<'q, C::Backend>: diesel::query_dsl::LoadQuery<'q, C, i64>,
 {
     let id = key.stored_id();
     Ok(!ClaimMarker::new(schema, consumer, &id)
