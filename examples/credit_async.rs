@@ -86,6 +86,17 @@ macro_rules! demo {
                 .unwrap_or_else(|e| panic!("count {table}: {e}"))
         }
 
+        /// Creates the tables on the database at `url` and runs the demonstration on a pool
+        /// of two connections to it.
+        async fn serve(url: &str, inbox_sql: &str) {
+            let mut conn = Db::establish(url).await.unwrap_or_else(|e| panic!("connect to {url}: {e}"));
+            conn.batch_execute(inbox_sql).await.expect("create the inbox");
+            conn.batch_execute(BUSINESS_SCHEMA).await.expect("create the business tables");
+            println!("database: {url}\n");
+            let manager = AsyncDieselConnectionManager::<Db>::new(url);
+            run_demo(Pool::builder().max_size(2).build(manager).await.expect("a pool")).await;
+        }
+
         async fn run_demo(pool: Pool<Db>) {
             let barrier = Arc::new(Barrier::new(2));
             let instances: Vec<_> = (0..2)
@@ -163,22 +174,9 @@ mod sqlite {
         conn.batch_execute("PRAGMA journal_mode = WAL;")
             .await
             .expect("WAL mode");
-        conn.batch_execute(&inbox_diesel::schema::sqlite::create_table_sql(
-            &InboxSchema::DEFAULT,
-        ))
-        .await
-        .expect("create the inbox");
-        conn.batch_execute(BUSINESS_SCHEMA)
-            .await
-            .expect("create the business tables");
-        println!("SQLite database: {path}\n");
-        let manager = AsyncDieselConnectionManager::<Db>::new(&path);
-        run_demo(
-            Pool::builder()
-                .max_size(2)
-                .build(manager)
-                .await
-                .expect("a pool"),
+        serve(
+            &path,
+            &inbox_diesel::schema::sqlite::create_table_sql(&InboxSchema::DEFAULT),
         )
         .await;
     }
@@ -204,25 +202,9 @@ mod postgres {
             "{url}{}options=-csearch_path%3Dinbox_example_async",
             if url.contains('?') { '&' } else { '?' }
         );
-        let mut conn = Db::establish(&url)
-            .await
-            .unwrap_or_else(|e| panic!("connect to {url}: {e}"));
-        conn.batch_execute(&inbox_diesel::schema::postgres::create_table_sql(
-            &InboxSchema::DEFAULT,
-        ))
-        .await
-        .expect("create the inbox");
-        conn.batch_execute(BUSINESS_SCHEMA)
-            .await
-            .expect("create the business tables");
-        println!("PostgreSQL: {url}\n");
-        let manager = AsyncDieselConnectionManager::<Db>::new(&url);
-        run_demo(
-            Pool::builder()
-                .max_size(2)
-                .build(manager)
-                .await
-                .expect("a pool"),
+        serve(
+            &url,
+            &inbox_diesel::schema::postgres::create_table_sql(&InboxSchema::DEFAULT),
         )
         .await;
     }
