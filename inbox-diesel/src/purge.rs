@@ -22,7 +22,8 @@
 //! ```
 //!
 //! Run it on a schedule (a cron job, a periodic task in one of the instances) on a connection
-//! of its own, outside any transaction. Each batch is one short `DELETE` in a transaction of
+//! of its own, outside any transaction; with the feature `async`, `purge_async` does the same
+//! on a diesel-async connection. Each batch is one short `DELETE` in a transaction of
 //! its own, oldest rows first through the index on `processed_at`, so a purge never holds a
 //! lock on more than one batch of rows and never takes a table lock; consumers keep inserting
 //! markers while it runs. On PostgreSQL (`pg_try_advisory_lock`) and MySQL/MariaDB
@@ -143,8 +144,76 @@ pub trait PurgeConnection: InboxConnection {
     fn purge_inbox(&mut self, schema: &InboxSchema, purge: &Purge) -> QueryResult<PurgeReport>;
 }
 
-/// The purge, written once and stamped out per connection: diesel's bounds for a query
-/// generic over the backend would be longer than the code.
+/// The purge's statements, written once for both IO models and stamped out per connection
+/// (diesel's bounds for a query generic over the backend would be longer than the code).
+/// `[$($await)*]` is `[.await]` or `[]`; `$sleep` pauses between batches.
+macro_rules! purge_steps {
+    ($io:ident, $conn:ident, $schema:ident, $purge:ident, $backend:ty, $tm:ty,
+     [$($await:tt)*], $sleep:path) => {{
+        use diesel::sql_types::Text;
+
+        if <$tm>::transaction_manager_status_mut($conn)
+            .transaction_depth()?
+            .is_some()
+        {
+            return Err(diesel::result::Error::AlreadyInTransaction);
+        }
+        let table = $schema.table();
+        let lock_name = format!("inbox purge {table}");
+        if let Some(sql) = <$backend>::try_lock(table) {
+            let locked = diesel::sql_query(sql)
+                .bind::<Text, _>(&lock_name)
+                .get_result::<N>($conn)$($await)*?;
+            if locked.n != 1 {
+                return Ok(PurgeReport::default());
+            }
+        }
+        let result = purge_steps!(@$io {
+            let mut report = PurgeReport {
+                ran: true,
+                ..PurgeReport::default()
+            };
+            let delete = <$backend>::delete_batch(table);
+            loop {
+                let removed = diesel::sql_query(&delete)
+                    .bind::<BigInt, _>($purge.age_seconds())
+                    .bind::<BigInt, _>(i64::from($purge.batch_size))
+                    .execute($conn)$($await)*?;
+                report.batches += 1;
+                report.removed += removed as u64;
+                if removed < $purge.batch_size as usize {
+                    break;
+                }
+                if !$purge.pause.is_zero() {
+                    $sleep($purge.pause)$($await)*;
+                }
+            }
+            report.stale_claims = diesel::sql_query(<$backend>::count_stale(table))
+                .bind::<BigInt, _>($purge.age_seconds())
+                .get_result::<N>($conn)$($await)*?
+                .n as u64;
+            Ok::<_, diesel::result::Error>(report)
+        });
+        if let Some(sql) = <$backend>::unlock(table) {
+            // The lock is the session's: if releasing fails, it goes with the connection.
+            if let Err(e) = diesel::sql_query(sql)
+                .bind::<Text, _>(&lock_name)
+                .get_result::<N>($conn)$($await)*
+            {
+                tracing::warn!(error = %e, "releasing the purge lock failed");
+            }
+        }
+        result
+    }};
+    // The batches run in a block of their own, so that the lock is released after an error.
+    (@sync { $($body:tt)* }) => {
+        (|| { $($body)* })()
+    };
+    (@async { $($body:tt)* }) => {
+        async { $($body)* }.await
+    };
+}
+
 macro_rules! purge_connection {
     ($conn:ty, $backend:ty) => {
         impl PurgeConnection for $conn {
@@ -154,62 +223,17 @@ macro_rules! purge_connection {
                 purge: &Purge,
             ) -> QueryResult<PurgeReport> {
                 use diesel::RunQueryDsl;
-                use diesel::sql_types::Text;
-
                 let conn = self;
-                if AnsiTransactionManager::transaction_manager_status_mut(conn)
-                    .transaction_depth()?
-                    .is_some()
-                {
-                    return Err(diesel::result::Error::AlreadyInTransaction);
-                }
-                let table = schema.table();
-                let lock_name = format!("inbox purge {table}");
-                if let Some(sql) = <$backend>::try_lock(table) {
-                    let locked = diesel::sql_query(sql)
-                        .bind::<Text, _>(&lock_name)
-                        .get_result::<N>(conn)?;
-                    if locked.n != 1 {
-                        return Ok(PurgeReport::default());
-                    }
-                }
-                let mut batches = || -> QueryResult<PurgeReport> {
-                    let mut report = PurgeReport {
-                        ran: true,
-                        ..PurgeReport::default()
-                    };
-                    let delete = <$backend>::delete_batch(table);
-                    loop {
-                        let removed = diesel::sql_query(&delete)
-                            .bind::<BigInt, _>(purge.age_seconds())
-                            .bind::<BigInt, _>(i64::from(purge.batch_size))
-                            .execute(conn)?;
-                        report.batches += 1;
-                        report.removed += removed as u64;
-                        if removed < purge.batch_size as usize {
-                            break;
-                        }
-                        if !purge.pause.is_zero() {
-                            std::thread::sleep(purge.pause);
-                        }
-                    }
-                    report.stale_claims = diesel::sql_query(<$backend>::count_stale(table))
-                        .bind::<BigInt, _>(purge.age_seconds())
-                        .get_result::<N>(conn)?
-                        .n as u64;
-                    Ok(report)
-                };
-                let result = batches();
-                if let Some(sql) = <$backend>::unlock(table) {
-                    // The lock is the session's: if releasing fails, it goes with the connection.
-                    if let Err(e) = diesel::sql_query(sql)
-                        .bind::<Text, _>(&lock_name)
-                        .get_result::<N>(conn)
-                    {
-                        tracing::warn!(error = %e, "releasing the purge lock failed");
-                    }
-                }
-                result
+                purge_steps!(
+                    sync,
+                    conn,
+                    schema,
+                    purge,
+                    $backend,
+                    AnsiTransactionManager,
+                    [],
+                    std::thread::sleep
+                )
             }
         }
     };
@@ -313,5 +337,98 @@ impl PurgeDialect for diesel::sqlite::Sqlite {
 
     fn unlock(_: &str) -> Option<String> {
         None
+    }
+}
+
+#[cfg(feature = "async")]
+pub use asynchronous::{AsyncPurgeConnection, purge_async};
+
+#[cfg(feature = "async")]
+mod asynchronous {
+    use std::future::Future;
+
+    use tracing::Instrument;
+
+    use super::*;
+    use crate::AsyncInboxConnection;
+
+    /// [`purge`] on a diesel-async connection: the same batches, awaited.
+    ///
+    /// # Errors
+    /// As [`purge`].
+    pub async fn purge_async<C: AsyncPurgeConnection>(
+        conn: &mut C,
+        schema: &InboxSchema,
+        purge: &Purge,
+    ) -> QueryResult<PurgeReport> {
+        let span = tracing::info_span!("inbox.purge", table = schema.table());
+        let report = conn.purge_inbox(schema, purge).instrument(span).await?;
+        tracing::info!(
+            ran = report.ran,
+            removed = report.removed,
+            batches = report.batches,
+            stale_claims = report.stale_claims,
+            "purged"
+        );
+        Ok(report)
+    }
+
+    /// A connection [`purge_async`] runs on: `AsyncPgConnection`, `AsyncMysqlConnection`,
+    /// `SyncConnectionWrapper<SqliteConnection>`.
+    pub trait AsyncPurgeConnection: AsyncInboxConnection {
+        /// The purge itself.
+        #[doc(hidden)]
+        fn purge_inbox(
+            &mut self,
+            schema: &InboxSchema,
+            purge: &Purge,
+        ) -> impl Future<Output = QueryResult<PurgeReport>> + Send;
+    }
+
+    #[allow(unused_macros)]
+    macro_rules! async_purge_connection {
+        ($conn:ty, $backend:ty) => {
+            impl AsyncPurgeConnection for $conn {
+                async fn purge_inbox(
+                    &mut self,
+                    schema: &InboxSchema,
+                    purge: &Purge,
+                ) -> QueryResult<PurgeReport> {
+                    use diesel_async::{RunQueryDsl, TransactionManager};
+                    let conn = self;
+                    purge_steps!(
+                        async,
+                        conn,
+                        schema,
+                        purge,
+                        $backend,
+                        diesel_async::AnsiTransactionManager,
+                        [.await],
+                        tokio::time::sleep
+                    )
+                }
+            }
+        };
+    }
+
+    #[cfg(feature = "postgres")]
+    async_purge_connection!(diesel_async::AsyncPgConnection, diesel::pg::Pg);
+    #[cfg(feature = "mysql")]
+    async_purge_connection!(diesel_async::AsyncMysqlConnection, diesel::mysql::Mysql);
+
+    /// SQLite purges on diesel-async's blocking thread, with the sync purge.
+    #[cfg(feature = "sqlite")]
+    impl AsyncPurgeConnection
+        for diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>
+    {
+        async fn purge_inbox(
+            &mut self,
+            schema: &InboxSchema,
+            purge: &Purge,
+        ) -> QueryResult<PurgeReport> {
+            let (schema, purge) = (*schema, *purge);
+            self.spawn_blocking(move |conn| PurgeConnection::purge_inbox(conn, &schema, &purge))
+                .await
+        }
     }
 }

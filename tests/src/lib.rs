@@ -685,6 +685,62 @@ macro_rules! async_suite {
             assert_eq!(balance(&mut conn, 1).await, 0);
         }
 
+        /// `purge_async` of 100 000 completed markers beside a live async consumer, which
+        /// keeps committing while the purge runs.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn async_purge_of_a_large_table_beside_a_live_consumer() {
+            use diesel_async::SimpleAsyncConnection;
+            use inbox_diesel::purge::{Purge, purge_async};
+            const ARCHIVE: u32 = 100_000;
+            let db = <$db>::new("async_purge_large_table");
+            db.seed_archive(ARCHIVE);
+            let purging = Arc::new(std::sync::atomic::AtomicBool::new(true));
+            let during_purge = Arc::new(AtomicUsize::new(0));
+            let mut consumer_conn = db.connect_async().await;
+            let consumer = tokio::spawn({
+                let (purging, during_purge) = (purging.clone(), during_purge.clone());
+                async move {
+                    let mut n = 0;
+                    while std::sync::atomic::AtomicBool::load(&purging, Ordering::SeqCst) {
+                        n += 1;
+                        let outcome =
+                            credit(&mut consumer_conn, &Credit::new(n), &Hook::default()).await;
+                        assert!(outcome.unwrap().is_processed());
+                        if std::sync::atomic::AtomicBool::load(&purging, Ordering::SeqCst) {
+                            during_purge.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                    n
+                }
+            });
+            while AtomicUsize::load(&during_purge, Ordering::SeqCst) == 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            let mut conn = db.connect_async().await;
+            // SQLite: the purge's deletes wait for the consumer's transactions, not fail.
+            let _ = conn.batch_execute("PRAGMA busy_timeout = 5000").await;
+            let before = AtomicUsize::load(&during_purge, Ordering::SeqCst);
+            let day = std::time::Duration::from_secs(86_400);
+            let report = purge_async(
+                &mut conn,
+                &inbox_diesel::InboxSchema::DEFAULT,
+                &Purge::older_than(day),
+            )
+            .await
+            .unwrap();
+            let while_purging = AtomicUsize::load(&during_purge, Ordering::SeqCst) - before;
+            purging.store(false, Ordering::SeqCst);
+            let processed = consumer.await.unwrap();
+            assert!(report.ran);
+            assert_eq!(report.removed, u64::from(ARCHIVE));
+            assert_eq!(report.stale_claims, 3);
+            assert!(
+                while_purging > 0,
+                "the consumer committed nothing while the purge ran"
+            );
+            assert_eq!(count_markers(&mut conn).await, processed as i64 + 3);
+        }
+
         /// A handler future dropped while its body awaits, on a pooled connection: nothing
         /// commits, the pool never hands out the connection inside the open transaction, and
         /// the redelivery processes the message.
