@@ -431,7 +431,7 @@ fn receiver_root(expr: &Expr) -> &Expr {
 }
 
 /// Whether a method chain starts from something that is certainly a diesel query:
-/// `diesel::update(…)`, `sql_query(…)`, `accounts::table`, `users::dsl::users`.
+/// `diesel::update(…)`, `sql_query(…)`, a path ending in `table`, or a path through `dsl`.
 fn is_diesel_query(receiver: &Expr) -> bool {
     match receiver_root(receiver) {
         Expr::Call(call) => match &*call.func {
@@ -442,7 +442,14 @@ fn is_diesel_query(receiver: &Expr) -> bool {
                 .is_some_and(|s| QUERY_CONSTRUCTORS.contains(&s.ident.to_string().as_str())),
             _ => false,
         },
-        Expr::Path(path) => path.path.segments.len() >= 2 && path.qself.is_none(),
+        // `accounts::table`, `users::dsl::users` — not `metrics::PROCESSED`, a static whose
+        // `.load(ordering)` is an atomic's.
+        Expr::Path(path) => {
+            let segments = &path.path.segments;
+            segments.len() >= 2
+                && (segments.last().is_some_and(|s| s.ident == "table")
+                    || segments.iter().any(|s| s.ident == "dsl"))
+        }
         _ => false,
     }
 }

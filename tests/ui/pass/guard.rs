@@ -56,6 +56,7 @@ pub fn every_form(conn: &mut SqliteConnection, msg: &Msg) -> QueryResult<i64> {
     conn.batch_execute("SELECT 1")?;
     // Methods of the same names that are not queries.
     CALLS.load(Ordering::Relaxed);
+    self::CALLS.load(Ordering::Relaxed);
     let first = msg.amounts.first().copied().unwrap_or_default();
     accounts::table.select(accounts::balance).first(conn).map(|b: i64| b + first)
 }
