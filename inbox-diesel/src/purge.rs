@@ -98,6 +98,19 @@ pub struct PurgeReport {
     pub stale_claims: u64,
 }
 
+impl PurgeReport {
+    /// The one event a purge leaves, in its span.
+    fn log(&self) {
+        tracing::info!(
+            ran = self.ran,
+            removed = self.removed,
+            batches = self.batches,
+            stale_claims = self.stale_claims,
+            "purged"
+        );
+    }
+}
+
 /// The SQL a backend purges with. Binds: the age in seconds, then (for the delete) the batch
 /// size.
 trait PurgeDialect {
@@ -127,13 +140,7 @@ pub fn purge<C: PurgeConnection>(
     let span = tracing::info_span!("inbox.purge", table = schema.table());
     let _entered = span.enter();
     let report = conn.purge_inbox(schema, purge)?;
-    tracing::info!(
-        ran = report.ran,
-        removed = report.removed,
-        batches = report.batches,
-        stale_claims = report.stale_claims,
-        "purged"
-    );
+    report.log();
     Ok(report)
 }
 
@@ -362,14 +369,11 @@ mod asynchronous {
         purge: &Purge,
     ) -> QueryResult<PurgeReport> {
         let span = tracing::info_span!("inbox.purge", table = schema.table());
-        let report = conn.purge_inbox(schema, purge).instrument(span).await?;
-        tracing::info!(
-            ran = report.ran,
-            removed = report.removed,
-            batches = report.batches,
-            stale_claims = report.stale_claims,
-            "purged"
-        );
+        let report = conn
+            .purge_inbox(schema, purge)
+            .instrument(span.clone())
+            .await?;
+        span.in_scope(|| report.log());
         Ok(report)
     }
 
