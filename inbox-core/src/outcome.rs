@@ -14,6 +14,10 @@ use crate::{Consumer, MessageKey};
 ///         Outcome::Processed(_receipt) => "ack",
 ///         // Another delivery already did the work and committed it.
 ///         Outcome::Duplicate { .. } => "ack",
+///         // Claim mode: another delivery holds the claim and is doing the work now.
+///         Outcome::InFlight { .. } => "nack with a delay",
+///         // Claim mode: an earlier attempt's outcome is unknown; reconcile, do not repeat.
+///         Outcome::StaleClaim { .. } => "dead-letter",
 ///     }
 /// }
 ///
@@ -40,16 +44,43 @@ pub enum Outcome<T> {
         /// The message key whose marker was found.
         key: MessageKey,
     },
+    /// Claim mode: another delivery holds a live claim on this key — its side effect may be
+    /// running right now. The body did not run. Do not acknowledge: release the message for
+    /// redelivery after a delay (RabbitMQ: `nack` with requeue after a pause, or a delayed
+    /// retry queue; SQS: `ChangeMessageVisibility`; Azure Service Bus: `abandon` or
+    /// `defer`; Kafka: pause the partition and retry the record). The redelivery finds the
+    /// work completed (`Duplicate`), still in flight, or — if the holder failed — free to run.
+    InFlight {
+        /// The consumer holding the claim.
+        consumer: Consumer,
+        /// The message key claimed.
+        key: MessageKey,
+    },
+    /// Claim mode with `on_expired = "report"`: an earlier attempt claimed this key and its
+    /// lease ran out without the work being stamped complete — it may have crashed before the
+    /// side effect, during it, or after it. The body did not run. Do not acknowledge: let the
+    /// message reach the dead-letter queue and reconcile it against the downstream system
+    /// (look the key up there), then resolve the claim.
+    StaleClaim {
+        /// The consumer whose claim went stale.
+        consumer: Consumer,
+        /// The message key of the stale claim.
+        key: MessageKey,
+        /// How many attempts claimed this key so far.
+        attempts: u32,
+    },
 }
 
 impl<T> Outcome<T> {
     /// Whether the message pump should acknowledge the message.
     ///
     /// `true` for [`Outcome::Processed`] and [`Outcome::Duplicate`]: in both cases the work is
-    /// committed and a redelivery would only be recognised as a duplicate again.
+    /// committed and a redelivery would only be recognised as a duplicate again. `false` for
+    /// [`Outcome::InFlight`] and [`Outcome::StaleClaim`]: the work is not known to be done.
     pub fn should_ack(&self) -> bool {
         match self {
             Outcome::Processed(_) | Outcome::Duplicate { .. } => true,
+            Outcome::InFlight { .. } | Outcome::StaleClaim { .. } => false,
         }
     }
 
@@ -63,19 +94,34 @@ impl<T> Outcome<T> {
         matches!(self, Outcome::Duplicate { .. })
     }
 
+    /// `true` for [`Outcome::InFlight`].
+    pub fn is_in_flight(&self) -> bool {
+        matches!(self, Outcome::InFlight { .. })
+    }
+
     /// The handler's value, if it ran.
     pub fn processed(self) -> Option<T> {
         match self {
             Outcome::Processed(value) => Some(value),
-            Outcome::Duplicate { .. } => None,
+            _ => None,
         }
     }
 
-    /// Maps the handler's value, keeping a duplicate as it is.
+    /// Maps the handler's value, keeping the other outcomes as they are.
     pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Outcome<U> {
         match self {
             Outcome::Processed(value) => Outcome::Processed(f(value)),
             Outcome::Duplicate { consumer, key } => Outcome::Duplicate { consumer, key },
+            Outcome::InFlight { consumer, key } => Outcome::InFlight { consumer, key },
+            Outcome::StaleClaim {
+                consumer,
+                key,
+                attempts,
+            } => Outcome::StaleClaim {
+                consumer,
+                key,
+                attempts,
+            },
         }
     }
 }

@@ -11,6 +11,7 @@ use inbox_core::{InboxSchema, MessageKey};
 use uuid::Uuid;
 
 use crate::__private::HandlerSpec;
+use crate::claim::{self, ClaimAnswer, ClaimStep};
 
 /// A diesel connection an `#[idempotent]` handler can run on.
 ///
@@ -43,6 +44,22 @@ pub trait InboxConnection:
         key: &MessageKey,
     ) -> QueryResult<bool>;
 
+    /// Claim mode: checks that no transaction is open — each claim statement must commit on
+    /// its own — and prepares the connection for them.
+    #[doc(hidden)]
+    fn prepare_claim(&mut self, _spec: &HandlerSpec) -> QueryResult<()> {
+        refuse_open_transaction(self)
+    }
+
+    /// Claim mode: runs one step, committed on its own.
+    #[doc(hidden)]
+    fn claim_step(
+        &mut self,
+        spec: &HandlerSpec,
+        key: &MessageKey,
+        step: ClaimStep,
+    ) -> QueryResult<ClaimAnswer>;
+
     /// Commits the handler's transaction, failing if the transaction had been aborted.
     #[doc(hidden)]
     fn commit_inbox_transaction(&mut self) -> QueryResult<()> {
@@ -61,6 +78,18 @@ pub trait InboxConnection:
 
 mod sealed {
     pub trait Sealed {}
+}
+
+/// `AlreadyInTransaction` when `conn` is inside a transaction: claim mode's statements must
+/// commit as they run, not when the caller's transaction does.
+pub(crate) fn refuse_open_transaction<C>(conn: &mut C) -> QueryResult<()>
+where
+    C: Connection<TransactionManager = AnsiTransactionManager>,
+{
+    match AnsiTransactionManager::transaction_manager_status_mut(conn).transaction_depth()? {
+        Some(_) => Err(diesel::result::Error::AlreadyInTransaction),
+        None => Ok(()),
+    }
 }
 
 /// The marker insert, written once for every backend:
@@ -120,8 +149,19 @@ where
     const NOW: &'static str;
     /// What follows `VALUES (…)`: how a duplicate is reported.
     const ON_CONFLICT: &'static str;
+    /// What follows a claim's `VALUES (…)`: how a duplicate is reported, without `RETURNING`.
+    const CLAIM_ON_CONFLICT: &'static str;
+    /// The current time as `claimed_until` is written and compared (sub-second).
+    const LEASE_NOW: &'static str;
+    /// The current time plus a bound number of milliseconds: the SQL before and after the
+    /// bind.
+    const LEASE_UNTIL: (&'static str, &'static str);
+    /// The type a 64-bit integer is cast to.
+    const BIGINT: &'static str;
     /// Binds the 16-byte message id.
     fn bind_id<'b>(out: &mut AstPass<'_, 'b, Self>, id: &'b Uuid) -> QueryResult<()>;
+    /// Binds a 64-bit integer.
+    fn bind_int<'b>(out: &mut AstPass<'_, 'b, Self>, value: &'b i64) -> QueryResult<()>;
 }
 
 impl<DB: MarkerDialect> QueryFragment<DB> for ClaimMarker<'_, DB>
@@ -147,6 +187,10 @@ where
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 const ON_CONFLICT_RETURNING: &str = " ON CONFLICT (message_id, consumer) DO NOTHING RETURNING id";
 
+/// `ON CONFLICT … DO NOTHING`: 0 rows inserted means the row existed.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+const ON_CONFLICT_DO_NOTHING: &str = " ON CONFLICT (message_id, consumer) DO NOTHING";
+
 /// Runs the claim of PostgreSQL and SQLite; `Ok(false)` when the marker already existed.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 fn claim_returning<C>(
@@ -165,24 +209,21 @@ where
         .is_empty())
 }
 
-/// What the plain marker insert of MySQL and MariaDB says: inserted, or error 1062 naming the
-/// inbox's own index (the statement rolled back, the transaction still open) — a duplicate.
-/// Any other error, another index's 1062 included, stays an error.
-#[cfg(feature = "mysql")]
-pub(crate) fn claimed_by_plain_insert(
+/// The rows an insert of a marker or a claim wrote: 0 when the row existed. MySQL and
+/// MariaDB have no `ON CONFLICT`: their plain insert fails with error 1062 naming the inbox's
+/// own index (the statement rolled back, a transaction still open) — a duplicate. Any other
+/// error, another index's 1062 included, stays an error.
+pub(crate) fn inserted_unless_duplicate(
     inserted: QueryResult<usize>,
     schema: &InboxSchema,
-) -> QueryResult<bool> {
+) -> QueryResult<usize> {
     match inserted {
-        Ok(_) => Ok(true),
-        Err(e) if crate::classify(&e, schema) == inbox_core::ErrorClass::InboxDuplicate => {
-            Ok(false)
-        }
-        Err(e) => Err(e),
+        Err(e) if crate::classify(&e, schema) == inbox_core::ErrorClass::InboxDuplicate => Ok(0),
+        other => other,
     }
 }
 
-fn push_table<DB: diesel::backend::Backend>(
+pub(crate) fn push_table<DB: diesel::backend::Backend>(
     out: &mut AstPass<'_, '_, DB>,
     table: &str,
 ) -> QueryResult<()> {
@@ -205,9 +246,21 @@ pub(crate) mod sqlite {
     impl MarkerDialect for Sqlite {
         const NOW: &'static str = "CURRENT_TIMESTAMP";
         const ON_CONFLICT: &'static str = ON_CONFLICT_RETURNING;
+        const CLAIM_ON_CONFLICT: &'static str = ON_CONFLICT_DO_NOTHING;
+        /// Milliseconds, in a format that compares as text in time order.
+        const LEASE_NOW: &'static str = "strftime('%Y-%m-%d %H:%M:%f', 'now')";
+        const LEASE_UNTIL: (&'static str, &'static str) = (
+            "strftime('%Y-%m-%d %H:%M:%f', 'now', (",
+            " / 1000.0) || ' seconds')",
+        );
+        const BIGINT: &'static str = "BIGINT";
 
         fn bind_id<'b>(out: &mut AstPass<'_, 'b, Self>, id: &'b Uuid) -> QueryResult<()> {
             out.push_bind_param::<diesel::sql_types::Binary, [u8]>(&id.as_bytes()[..])
+        }
+
+        fn bind_int<'b>(out: &mut AstPass<'_, 'b, Self>, value: &'b i64) -> QueryResult<()> {
+            out.push_bind_param::<BigInt, i64>(value)
         }
     }
 
@@ -222,6 +275,16 @@ pub(crate) mod sqlite {
             AnsiTransactionManager::begin_transaction_sql(self, &sql)
         }
 
+        /// Claim statements run in autocommit; a concurrent writer makes them wait up to
+        /// the busy timeout too.
+        fn prepare_claim(&mut self, spec: &HandlerSpec) -> QueryResult<()> {
+            refuse_open_transaction(self)?;
+            diesel::connection::SimpleConnection::batch_execute(
+                self,
+                &format!("PRAGMA busy_timeout = {}", spec.sqlite_busy_timeout_ms),
+            )
+        }
+
         fn claim_marker(
             &mut self,
             schema: &InboxSchema,
@@ -229,6 +292,15 @@ pub(crate) mod sqlite {
             key: &MessageKey,
         ) -> QueryResult<bool> {
             claim_returning(self, schema, consumer, key)
+        }
+
+        fn claim_step(
+            &mut self,
+            spec: &HandlerSpec,
+            key: &MessageKey,
+            step: ClaimStep,
+        ) -> QueryResult<ClaimAnswer> {
+            claim::run_step(self, &spec.schema, spec.consumer.as_str(), key, step)
         }
     }
 }
@@ -244,9 +316,18 @@ pub(crate) mod postgres {
     impl MarkerDialect for Pg {
         const NOW: &'static str = "CURRENT_TIMESTAMP";
         const ON_CONFLICT: &'static str = ON_CONFLICT_RETURNING;
+        const CLAIM_ON_CONFLICT: &'static str = ON_CONFLICT_DO_NOTHING;
+        const LEASE_NOW: &'static str = "CURRENT_TIMESTAMP";
+        const LEASE_UNTIL: (&'static str, &'static str) =
+            ("CURRENT_TIMESTAMP + ", " * INTERVAL '1 millisecond'");
+        const BIGINT: &'static str = "BIGINT";
 
         fn bind_id<'b>(out: &mut AstPass<'_, 'b, Self>, id: &'b Uuid) -> QueryResult<()> {
             out.push_bind_param::<diesel::sql_types::Uuid, Uuid>(id)
+        }
+
+        fn bind_int<'b>(out: &mut AstPass<'_, 'b, Self>, value: &'b i64) -> QueryResult<()> {
+            out.push_bind_param::<BigInt, i64>(value)
         }
     }
 
@@ -262,6 +343,15 @@ pub(crate) mod postgres {
             key: &MessageKey,
         ) -> QueryResult<bool> {
             claim_returning(self, schema, consumer, key)
+        }
+
+        fn claim_step(
+            &mut self,
+            spec: &HandlerSpec,
+            key: &MessageKey,
+            step: ClaimStep,
+        ) -> QueryResult<ClaimAnswer> {
+            claim::run_step(self, &spec.schema, spec.consumer.as_str(), key, step)
         }
 
         /// PostgreSQL answers `COMMIT` in an aborted transaction with a silent `ROLLBACK`, so
@@ -285,11 +375,21 @@ pub(crate) mod mysql {
 
     impl MarkerDialect for Mysql {
         const NOW: &'static str = "CURRENT_TIMESTAMP(6)";
-        /// None: the plain insert fails with 1062 on a duplicate ([`claimed_by_plain_insert`]).
+        /// None: the plain insert fails with 1062 on a duplicate
+        /// ([`inserted_unless_duplicate`]).
         const ON_CONFLICT: &'static str = "";
+        const CLAIM_ON_CONFLICT: &'static str = "";
+        const LEASE_NOW: &'static str = "CURRENT_TIMESTAMP(6)";
+        const LEASE_UNTIL: (&'static str, &'static str) =
+            ("CURRENT_TIMESTAMP(6) + INTERVAL (", " * 1000) MICROSECOND");
+        const BIGINT: &'static str = "SIGNED";
 
         fn bind_id<'b>(out: &mut AstPass<'_, 'b, Self>, id: &'b Uuid) -> QueryResult<()> {
             out.push_bind_param::<diesel::sql_types::Binary, [u8]>(&id.as_bytes()[..])
+        }
+
+        fn bind_int<'b>(out: &mut AstPass<'_, 'b, Self>, value: &'b i64) -> QueryResult<()> {
+            out.push_bind_param::<BigInt, i64>(value)
         }
     }
 
@@ -309,7 +409,16 @@ pub(crate) mod mysql {
         ) -> QueryResult<bool> {
             let id = key.stored_id();
             let inserted = ClaimMarker::<Mysql>::new(schema, consumer, &id).execute(self);
-            claimed_by_plain_insert(inserted, schema)
+            Ok(inserted_unless_duplicate(inserted, schema)? > 0)
+        }
+
+        fn claim_step(
+            &mut self,
+            spec: &HandlerSpec,
+            key: &MessageKey,
+            step: ClaimStep,
+        ) -> QueryResult<ClaimAnswer> {
+            claim::run_step(self, &spec.schema, spec.consumer.as_str(), key, step)
         }
     }
 }

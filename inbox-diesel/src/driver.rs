@@ -1,9 +1,10 @@
-//! The transaction mode's steps, written once for both IO models.
+//! The steps of both modes, written once for both IO models.
 //!
-//! [`drive`] is an `async fn` over [`Steps`]. The async runtime awaits it; the sync runtime
-//! polls it once with a no-op waker — every step of a sync connection completes in that poll,
-//! because none of them awaits anything. So the order of the steps, the retry loop, and what
-//! each failure means exist in one place.
+//! [`drive`] (transaction mode) and [`drive_claim`] (claim mode) are `async fn`s over
+//! [`Steps`]. The async runtime awaits them; the sync runtime polls them once with a no-op
+//! waker — every step of a sync connection completes in that poll, because none of them
+//! awaits anything. So the order of the steps, the retry loop, and what each failure means
+//! exist in one place.
 
 use std::future::Future;
 use std::pin::pin;
@@ -15,7 +16,8 @@ use diesel::result::Error as DieselError;
 use inbox_core::{ErrorClass, MessageKey, Outcome, RetryDecision};
 
 use crate::__private::HandlerSpec;
-use crate::{Error, classify};
+use crate::claim::{ClaimAnswer, ClaimSpec, ClaimState, ClaimStep};
+use crate::{Error, OnExpired, classify};
 
 /// What a connection does for the driver: open, claim, commit, roll back, wait.
 pub(crate) trait Steps {
@@ -35,6 +37,17 @@ pub(crate) trait Steps {
 
     /// Rolls back if a transaction is open; `Ok` when none is.
     async fn roll_back(&mut self) -> QueryResult<()>;
+
+    /// Claim mode: checks that no transaction is open and prepares the connection.
+    async fn prepare_claim(&mut self, spec: &'static HandlerSpec) -> QueryResult<()>;
+
+    /// Claim mode: runs one statement, committed on its own.
+    async fn claim_step(
+        &mut self,
+        spec: &'static HandlerSpec,
+        key: &MessageKey,
+        step: ClaimStep,
+    ) -> QueryResult<ClaimAnswer>;
 
     /// Waits before a retry.
     async fn pause(&mut self, delay: Duration);
@@ -125,6 +138,223 @@ where
             }
             RetryDecision::GiveUp => return Err(give_up(failure, class, retries + 1, inbox_error)),
         }
+    }
+}
+
+/// Runs `body` in claim mode: its side effect cannot join a transaction, so the inbox row is
+/// claimed and committed before it, and stamped after it.
+///
+/// 1. claim: insert a live claim (attempt 1) unless a row exists; if one does, read it —
+///    completed → `Duplicate`; live → `InFlight`; released by a failed attempt → take it over;
+///    expired → take it over or report it, as `claim.on_expired` says. A takeover is a
+///    compare-and-set on the attempt counter: of concurrent deliveries, one wins, the others
+///    read the row again and find it live;
+/// 2. run the body, outside any transaction;
+/// 3. `Ok` → stamp `processed_at` where the counter is still this attempt's: 0 rows means
+///    the claim was taken over, and this attempt does not stamp (`Error::ClaimLost`);
+///    `Err` → release the claim for a redelivery to retry, return the body's error.
+///
+/// Transient database errors in steps 1 and 3 are retried as `spec.retry` says; the body is
+/// not: the broker's redelivery retries it, after the release.
+pub(crate) async fn drive_claim<S, T, E, B>(
+    mut steps: S,
+    spec: &'static HandlerSpec,
+    claim: ClaimSpec,
+    key: MessageKey,
+    mut body: B,
+    inbox_error: fn(Error) -> E,
+) -> Result<Outcome<T>, E>
+where
+    S: Steps,
+    B: Body<S::Conn, Result<T, E>>,
+{
+    tracing::debug!(key = %key, "handling message");
+    let mut retries = 0;
+    let attempt = loop {
+        match acquire(&mut steps, spec, claim, &key).await {
+            Ok(Acquired::Attempt(attempt)) => break attempt,
+            Ok(Acquired::Completed) => {
+                tracing::info!(outcome = "duplicate", "work completed before; body not run");
+                return Ok(Outcome::Duplicate {
+                    consumer: spec.consumer.clone(),
+                    key,
+                });
+            }
+            Ok(Acquired::Live) => {
+                tracing::info!(
+                    outcome = "in_flight",
+                    "claimed by a live delivery; body not run"
+                );
+                return Ok(Outcome::InFlight {
+                    consumer: spec.consumer.clone(),
+                    key,
+                });
+            }
+            Ok(Acquired::Stale(attempts)) => {
+                tracing::warn!(
+                    outcome = "stale_claim",
+                    attempts,
+                    "a claim's lease ended without completion; left for reconciliation"
+                );
+                return Ok(Outcome::StaleClaim {
+                    consumer: spec.consumer.clone(),
+                    key,
+                    attempts,
+                });
+            }
+            Err(e) => match retry_after(spec, &e, retries) {
+                Some(after) => {
+                    retries += 1;
+                    steps.pause(after).await;
+                }
+                None => {
+                    let failure = Failure::<T, E>::Database(e);
+                    return Err(give_up(failure, None, retries + 1, inbox_error));
+                }
+            },
+        }
+    };
+
+    tracing::debug!(attempt, "claimed; running the body");
+    let value = match body.call(steps.conn()).await {
+        Ok(value) => value,
+        Err(e) => {
+            match steps
+                .claim_step(spec, &key, ClaimStep::Release { attempt })
+                .await
+            {
+                Ok(answer) if answer.changed() => {
+                    tracing::debug!(
+                        outcome = "failed",
+                        attempt,
+                        "handler returned an error; claim released"
+                    )
+                }
+                Ok(_) => tracing::warn!(
+                    outcome = "failed",
+                    attempt,
+                    "handler returned an error; its claim had been taken over"
+                ),
+                // The claim stays until its lease ends; then it is reclaimed or reported.
+                Err(error) => tracing::error!(
+                    outcome = "failed",
+                    attempt,
+                    error = %error,
+                    "handler returned an error; releasing its claim failed"
+                ),
+            }
+            return Err(e);
+        }
+    };
+
+    let mut retries = 0;
+    loop {
+        match steps
+            .claim_step(spec, &key, ClaimStep::Stamp { attempt })
+            .await
+        {
+            Ok(answer) if answer.changed() => {
+                tracing::debug!(outcome = "processed", attempt, "stamped complete");
+                return Ok(Outcome::Processed(value));
+            }
+            Ok(_) => {
+                tracing::error!(
+                    outcome = "claim_lost",
+                    attempt,
+                    "the side effect ran, but the claim had been taken over: not stamped"
+                );
+                return Err(inbox_error(Error::ClaimLost { attempt }));
+            }
+            Err(e) => match retry_after(spec, &e, retries) {
+                Some(after) => {
+                    retries += 1;
+                    steps.pause(after).await;
+                }
+                None => {
+                    let failure = Failure::<T, E>::Database(e);
+                    return Err(give_up(failure, None, retries + 1, inbox_error));
+                }
+            },
+        }
+    }
+}
+
+/// How phase 1 of claim mode ended.
+enum Acquired {
+    /// This delivery holds the claim of this attempt.
+    Attempt(u32),
+    Completed,
+    Live,
+    /// Expired, and reported rather than taken over (after this many attempts).
+    Stale(u32),
+}
+
+/// Phase 1 of claim mode; each statement commits on its own.
+async fn acquire<S: Steps>(
+    steps: &mut S,
+    spec: &'static HandlerSpec,
+    claim: ClaimSpec,
+    key: &MessageKey,
+) -> QueryResult<Acquired> {
+    /// Rounds of insert, read and takeover. Each round that does not decide saw the row
+    /// change under it (taken over, or removed); a third in a row means deliveries of the
+    /// same message keep racing, and the one reporting `Live` lets the broker retry later.
+    const ROUNDS: usize = 3;
+    steps.prepare_claim(spec).await?;
+    for _ in 0..ROUNDS {
+        let insert = ClaimStep::Insert {
+            lease_ms: claim.lease_ms,
+        };
+        if steps.claim_step(spec, key, insert).await?.changed() {
+            return Ok(Acquired::Attempt(1));
+        }
+        let ClaimAnswer::Read(row) = steps.claim_step(spec, key, ClaimStep::Read).await? else {
+            unreachable!("a read answers with the row")
+        };
+        let (state, seen) = match row {
+            Some(row) => row,
+            // Removed between the insert and the read: insert again.
+            None => continue,
+        };
+        let expired = match (state, claim.on_expired) {
+            (ClaimState::Completed, _) => return Ok(Acquired::Completed),
+            (ClaimState::Live, _) => return Ok(Acquired::Live),
+            (ClaimState::Expired, OnExpired::Report) => return Ok(Acquired::Stale(seen)),
+            (ClaimState::Expired, OnExpired::TakeOver) => true,
+            (ClaimState::Released, _) => false,
+        };
+        let take_over = ClaimStep::TakeOver {
+            seen,
+            lease_ms: claim.lease_ms,
+            expired,
+        };
+        if steps.claim_step(spec, key, take_over).await?.changed() {
+            if expired {
+                tracing::warn!(
+                    attempt = seen + 1,
+                    "took over a claim whose lease had ended without completion"
+                );
+            }
+            return Ok(Acquired::Attempt(seen + 1));
+        }
+    }
+    Ok(Acquired::Live)
+}
+
+/// The pause before retrying a database error of claim mode, or `None` to give up.
+fn retry_after(spec: &HandlerSpec, error: &DieselError, retries: u32) -> Option<Duration> {
+    let class = classify(error, &spec.schema);
+    match spec.retry.decide(&class, retries, fastrand::f64()) {
+        RetryDecision::Retry { after } => {
+            tracing::warn!(
+                class = %class,
+                retry = retries + 1,
+                after_ms = after.as_millis() as u64,
+                "transient failure; retrying"
+            );
+            Some(after)
+        }
+        RetryDecision::GiveUp => None,
     }
 }
 

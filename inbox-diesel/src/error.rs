@@ -5,8 +5,9 @@ use inbox_core::{ErrorClass, KeyError};
 /// Why an idempotent handler could not complete, other than its own error.
 ///
 /// The error type `E` of an `#[idempotent]` handler must implement `From<inbox_diesel::Error>`;
-/// the runtime returns these through it. Whatever the variant, nothing of the attempt was
-/// committed: no marker and no business change, so a redelivery will process the message.
+/// the runtime returns these through it. In transaction mode, whatever the variant, nothing
+/// of the attempt was committed: no marker and no business change, so a redelivery will
+/// process the message. In claim mode, see each variant.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Error {
@@ -18,8 +19,21 @@ pub enum Error {
     /// statement, and its `COMMIT` then silently rolls back; the runtime detects this and
     /// reports it instead of [`Outcome::Processed`](crate::Outcome::Processed).
     TransactionAborted,
+    /// Claim mode: the body succeeded, but its claim was no longer this delivery's when the
+    /// runtime came to stamp it: the lease had run out and another delivery took the claim
+    /// over (or it was resolved by hand). This delivery's side effect happened; the claim's
+    /// current holder runs its own and stamps the work, so the stamp of this attempt is never
+    /// written. Do not acknowledge: the redelivery finds the work in flight or completed.
+    /// Pass the message key downstream so that the two side effects are one; raise the lease
+    /// (`lease_ms`) above the body's longest run.
+    ClaimLost {
+        /// The attempt whose claim was taken over.
+        attempt: u32,
+    },
     /// A database error while beginning, claiming, or committing — after `retries` retries
-    /// when it was transient.
+    /// when it was transient. In claim mode, an error from the stamp leaves the claim open
+    /// until its lease ends (the side effect has happened); see
+    /// [`OnExpired`](crate::OnExpired).
     Database {
         /// What the error means ([`classify`](crate::classify)).
         class: ErrorClass,
@@ -36,6 +50,7 @@ impl Error {
         match self {
             Error::InvalidKey(_) => ErrorClass::Other,
             Error::TransactionAborted => ErrorClass::TransactionAborted,
+            Error::ClaimLost { .. } => ErrorClass::Other,
             Error::Database { class, .. } => class.clone(),
         }
     }
@@ -49,6 +64,12 @@ impl fmt::Display for Error {
                 "inbox: the handler returned Ok, but a statement in its transaction had failed \
                  and the transaction was aborted; nothing was committed (a database error was \
                  swallowed inside the handler)",
+            ),
+            Error::ClaimLost { attempt } => write!(
+                f,
+                "inbox: the claim of attempt {attempt} was taken over by another delivery after \
+                 its lease ended; this attempt's side effect ran, and it is the other delivery \
+                 that completes the work"
             ),
             Error::Database {
                 class,
@@ -68,7 +89,7 @@ impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Error::InvalidKey(e) => Some(e),
-            Error::TransactionAborted => None,
+            Error::TransactionAborted | Error::ClaimLost { .. } => None,
             Error::Database { source, .. } => Some(source),
         }
     }

@@ -133,6 +133,7 @@
 extern crate self as inbox_diesel;
 
 mod backend;
+mod claim;
 mod classify;
 mod driver;
 mod error;
@@ -269,6 +270,7 @@ pub mod schema;
 pub use inbox_macros::idempotent;
 
 pub use backend::InboxConnection;
+pub use claim::OnExpired;
 pub use classify::classify;
 pub use error::Error;
 pub use inbox_core::{
@@ -325,9 +327,10 @@ impl Isolation {
 /// What the expansion of `#[idempotent]` names. Not a public API.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::run::run;
+    pub use crate::claim::ClaimSpec;
+    pub use crate::run::{run, run_claim};
     #[cfg(feature = "async")]
-    pub use crate::run_async::{AsyncBody, run_async};
+    pub use crate::run_async::{AsyncBody, run_async, run_claim_async};
     pub use inbox_core::{Consumer, ErrorClass, InboxSchema, KeyError, MessageKey, RetryPolicy};
 
     use crate::{Isolation, classify};

@@ -7,6 +7,7 @@ use inbox_core::{ErrorClass, KeyError, MessageKey, Outcome};
 use tracing::Instrument;
 
 use crate::__private::HandlerSpec;
+use crate::claim::{ClaimAnswer, ClaimSpec, ClaimStep};
 use crate::driver::{self, Steps};
 use crate::{Error, InboxConnection};
 
@@ -34,6 +35,34 @@ where
             key,
             Immediate(body),
             probe,
+            inbox_error,
+        )
+        .instrument(span),
+    )
+}
+
+/// Runs `body` in claim mode, on a sync connection; see `driver::drive_claim` for the steps.
+pub fn run_claim<C, T, E, B>(
+    conn: &mut C,
+    spec: &'static HandlerSpec,
+    claim: ClaimSpec,
+    key: Result<MessageKey, KeyError>,
+    body: B,
+    inbox_error: fn(Error) -> E,
+) -> Result<Outcome<T>, E>
+where
+    C: InboxConnection,
+    B: FnMut(&mut C) -> Result<T, E>,
+{
+    let key = key.map_err(|e| inbox_error(Error::InvalidKey(e)))?;
+    let span = tracing::info_span!("inbox", consumer = spec.consumer.as_str(), mode = "claim");
+    driver::complete_now(
+        driver::drive_claim(
+            Blocking(conn),
+            spec,
+            claim,
+            key,
+            Immediate(body),
             inbox_error,
         )
         .instrument(span),
@@ -74,6 +103,19 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
 
     async fn roll_back(&mut self) -> QueryResult<()> {
         self.0.roll_back_inbox_transaction()
+    }
+
+    async fn prepare_claim(&mut self, spec: &'static HandlerSpec) -> QueryResult<()> {
+        self.0.prepare_claim(spec)
+    }
+
+    async fn claim_step(
+        &mut self,
+        spec: &'static HandlerSpec,
+        key: &MessageKey,
+        step: ClaimStep,
+    ) -> QueryResult<ClaimAnswer> {
+        self.0.claim_step(spec, key, step)
     }
 
     async fn pause(&mut self, delay: Duration) {

@@ -13,6 +13,7 @@ use tracing::Instrument;
 
 use crate::__private::HandlerSpec;
 use crate::Error;
+use crate::claim::{ClaimAnswer, ClaimSpec, ClaimStep};
 use crate::driver::{self, Steps};
 
 /// A diesel-async connection an `async fn` `#[idempotent]` handler can run on.
@@ -71,6 +72,22 @@ pub trait AsyncInboxConnection: AsyncConnection + Send + sealed::Sealed {
     /// Rolls the handler's transaction back if it is open.
     #[doc(hidden)]
     fn roll_back_inbox_transaction(&mut self) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// Claim mode: checks that no transaction is open and prepares the connection.
+    #[doc(hidden)]
+    fn prepare_claim(
+        &mut self,
+        spec: &'static HandlerSpec,
+    ) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// Claim mode: runs one step, committed on its own.
+    #[doc(hidden)]
+    fn claim_step(
+        &mut self,
+        spec: &'static HandlerSpec,
+        key: &MessageKey,
+        step: ClaimStep,
+    ) -> impl Future<Output = QueryResult<ClaimAnswer>> + Send;
 }
 
 pub(crate) mod sealed {
@@ -131,6 +148,27 @@ where
         .await
 }
 
+/// Runs `body` in claim mode, on a diesel-async connection; see `driver::drive_claim` for
+/// the steps.
+pub async fn run_claim_async<C, T, E, B>(
+    conn: &mut C,
+    spec: &'static HandlerSpec,
+    claim: ClaimSpec,
+    key: Result<MessageKey, KeyError>,
+    body: B,
+    inbox_error: fn(Error) -> E,
+) -> Result<Outcome<T>, E>
+where
+    C: AsyncInboxConnection,
+    B: Clone + for<'c> AsyncBody<&'c mut C, Result<T, E>, Fut: Send>,
+{
+    let key = key.map_err(|e| inbox_error(Error::InvalidKey(e)))?;
+    let span = tracing::info_span!("inbox", consumer = spec.consumer.as_str(), mode = "claim");
+    driver::drive_claim(Awaiting(conn), spec, claim, key, Cloned(body), inbox_error)
+        .instrument(span)
+        .await
+}
+
 /// A diesel-async connection as the driver's steps.
 struct Awaiting<'c, C>(&'c mut C);
 
@@ -157,6 +195,19 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
         self.0.roll_back_inbox_transaction().await
     }
 
+    async fn prepare_claim(&mut self, spec: &'static HandlerSpec) -> QueryResult<()> {
+        self.0.prepare_claim(spec).await
+    }
+
+    async fn claim_step(
+        &mut self,
+        spec: &'static HandlerSpec,
+        key: &MessageKey,
+        step: ClaimStep,
+    ) -> QueryResult<ClaimAnswer> {
+        self.0.claim_step(spec, key, step).await
+    }
+
     async fn pause(&mut self, delay: Duration) {
         tokio::time::sleep(delay).await;
     }
@@ -174,6 +225,51 @@ where
         Err(diesel::result::Error::NotInTransaction) => Ok(()),
         other => other,
     }
+}
+
+/// `AlreadyInTransaction` when a transaction is open: claim mode's statements must commit as
+/// they run.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn refuse_open_transaction<C>(conn: &mut C) -> QueryResult<()>
+where
+    C: AsyncConnection<TransactionManager = diesel_async::AnsiTransactionManager>,
+{
+    use diesel_async::TransactionManager;
+    let status = diesel_async::AnsiTransactionManager::transaction_manager_status_mut(conn);
+    match status.transaction_depth()? {
+        Some(_) => Err(diesel::result::Error::AlreadyInTransaction),
+        None => Ok(()),
+    }
+}
+
+/// One claim-mode statement on a diesel-async connection of a server backend `$backend`:
+/// a macro rather than a generic function, whose bounds on diesel-async's query traits the
+/// compiler cannot prove `Send` for every lifetime.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+macro_rules! claim_step_on {
+    ($conn:expr, $backend:ty, $spec:expr, $key:expr, $step:expr) => {{
+        use crate::claim::{ClaimSql, read_answer};
+        use diesel_async::RunQueryDsl;
+        let (schema, consumer) = (&$spec.schema, $spec.consumer.as_str());
+        match $step {
+            ClaimStep::Read => {
+                let rows = ClaimSql::<$backend>::read(schema, consumer, $key)
+                    .load($conn)
+                    .await?;
+                Ok(read_answer(rows))
+            }
+            step @ ClaimStep::Insert { .. } => {
+                let inserted = ClaimSql::<$backend>::new(schema, consumer, $key, step)
+                    .execute($conn)
+                    .await;
+                crate::backend::inserted_unless_duplicate(inserted, schema).map(ClaimAnswer::Rows)
+            }
+            step => ClaimSql::<$backend>::new(schema, consumer, $key, step)
+                .execute($conn)
+                .await
+                .map(ClaimAnswer::Rows),
+        }
+    }};
 }
 
 #[cfg(feature = "postgres")]
@@ -216,6 +312,19 @@ mod postgres {
         async fn roll_back_inbox_transaction(&mut self) -> QueryResult<()> {
             roll_back_ansi(self).await
         }
+
+        async fn prepare_claim(&mut self, _spec: &'static HandlerSpec) -> QueryResult<()> {
+            refuse_open_transaction(self)
+        }
+
+        async fn claim_step(
+            &mut self,
+            spec: &'static HandlerSpec,
+            key: &MessageKey,
+            step: ClaimStep,
+        ) -> QueryResult<ClaimAnswer> {
+            claim_step_on!(self, Pg, spec, key, step)
+        }
     }
 }
 
@@ -257,6 +366,22 @@ mod sqlite {
             self.spawn_blocking(|conn| conn.roll_back_inbox_transaction())
                 .await
         }
+
+        async fn prepare_claim(&mut self, spec: &'static HandlerSpec) -> QueryResult<()> {
+            self.spawn_blocking(move |conn| conn.prepare_claim(spec))
+                .await
+        }
+
+        async fn claim_step(
+            &mut self,
+            spec: &'static HandlerSpec,
+            key: &MessageKey,
+            step: ClaimStep,
+        ) -> QueryResult<ClaimAnswer> {
+            let key = key.clone();
+            self.spawn_blocking(move |conn| conn.claim_step(spec, &key, step))
+                .await
+        }
     }
 }
 
@@ -269,7 +394,7 @@ mod mysql {
     };
 
     use super::*;
-    use crate::backend::{ClaimMarker, claimed_by_plain_insert};
+    use crate::backend::{ClaimMarker, inserted_unless_duplicate};
 
     impl sealed::Sealed for AsyncMysqlConnection {}
 
@@ -288,7 +413,8 @@ mod mysql {
         ) -> QueryResult<bool> {
             let id = key.stored_id();
             let claim = ClaimMarker::<Mysql>::new(&spec.schema, spec.consumer.as_str(), &id);
-            claimed_by_plain_insert(RunQueryDsl::execute(claim, self).await, &spec.schema)
+            let inserted = RunQueryDsl::execute(claim, self).await;
+            Ok(inserted_unless_duplicate(inserted, &spec.schema)? > 0)
         }
 
         async fn commit_inbox_transaction(&mut self) -> QueryResult<()> {
@@ -297,6 +423,19 @@ mod mysql {
 
         async fn roll_back_inbox_transaction(&mut self) -> QueryResult<()> {
             roll_back_ansi(self).await
+        }
+
+        async fn prepare_claim(&mut self, _spec: &'static HandlerSpec) -> QueryResult<()> {
+            refuse_open_transaction(self)
+        }
+
+        async fn claim_step(
+            &mut self,
+            spec: &'static HandlerSpec,
+            key: &MessageKey,
+            step: ClaimStep,
+        ) -> QueryResult<ClaimAnswer> {
+            claim_step_on!(self, Mysql, spec, key, step)
         }
     }
 }

@@ -6,7 +6,9 @@
 //! | `message_id` | `UUID` | `BINARY(16)` | `BLOB` (16 bytes) | [`MessageKey::stored_id`](crate::MessageKey::stored_id): a fixed 16 bytes keeps the unique index narrow (37 bytes as text) and compares as memory, not by collation |
 //! | `consumer` | `TEXT COLLATE "C"` | `VARCHAR(200)` `utf8mb4_bin` | `TEXT` | byte-wise comparison: the name is an identifier, not prose, so locale-aware collation would only cost time; 200 bytes is the name's limit |
 //! | `received_at` | `TIMESTAMPTZ DEFAULT now()` | `DATETIME(6) DEFAULT CURRENT_TIMESTAMP(6)` | `TEXT DEFAULT CURRENT_TIMESTAMP` | when the marker was written |
-//! | `processed_at` | `TIMESTAMPTZ` | `DATETIME(6)` | `TEXT` | when the work committed; written in the same statement in transaction mode |
+//! | `processed_at` | `TIMESTAMPTZ` | `DATETIME(6)` | `TEXT` | when the work committed; written in the same statement in transaction mode; NULL while a claim is open |
+//! | `claimed_until` | `TIMESTAMPTZ` | `DATETIME(6)` | `TEXT` (milliseconds) | claim mode: the end of the claim's lease; NULL once completed, or when a failed attempt released the claim |
+//! | `attempts` | `INTEGER DEFAULT 1` | `INT DEFAULT 1` | `INTEGER DEFAULT 1` | claim mode: how many deliveries claimed the key; each claim-mode statement names its attempt, so a claim taken over is never stamped by the delivery that lost it |
 //!
 //! and the unique index `ux_inbox_message_consumer` on `(message_id, consumer)`, whose
 //! violation — and no other — means "already processed". `message_id` leads the index: it is
@@ -52,6 +54,10 @@ pub mod postgres {
             received_at -> Timestamptz,
             /// When the work committed (null while a claim is open).
             processed_at -> Nullable<Timestamptz>,
+            /// Claim mode: when the claim's lease ends (null once completed or released).
+            claimed_until -> Nullable<Timestamptz>,
+            /// Claim mode: the deliveries that claimed this key.
+            attempts -> Integer,
         }
     }
 
@@ -63,7 +69,9 @@ pub mod postgres {
                  message_id   UUID        NOT NULL,\n    \
                  consumer     TEXT        COLLATE \"C\" NOT NULL,\n    \
                  received_at  TIMESTAMPTZ NOT NULL DEFAULT now(),\n    \
-                 processed_at TIMESTAMPTZ\n\
+                 processed_at TIMESTAMPTZ,\n    \
+                 claimed_until TIMESTAMPTZ,\n    \
+                 attempts     INTEGER     NOT NULL DEFAULT 1\n\
              );\n\
              CREATE UNIQUE INDEX IF NOT EXISTS {index} ON {table} (message_id, consumer);\n\
              CREATE INDEX IF NOT EXISTS ix_{name}_processed_at ON {table} (processed_at);\n",
@@ -97,6 +105,10 @@ pub mod sqlite {
             received_at -> Timestamp,
             /// When the work committed (null while a claim is open).
             processed_at -> Nullable<Timestamp>,
+            /// Claim mode: when the claim's lease ends (null once completed or released).
+            claimed_until -> Nullable<Timestamp>,
+            /// Claim mode: the deliveries that claimed this key.
+            attempts -> Integer,
         }
     }
 
@@ -115,7 +127,9 @@ pub mod sqlite {
                  message_id   BLOB    NOT NULL,\n    \
                  consumer     TEXT    NOT NULL,\n    \
                  received_at  TEXT    NOT NULL DEFAULT CURRENT_TIMESTAMP,\n    \
-                 processed_at TEXT\n\
+                 processed_at TEXT,\n    \
+                 claimed_until TEXT,\n    \
+                 attempts     INTEGER NOT NULL DEFAULT 1\n\
              );\n\
              CREATE UNIQUE INDEX IF NOT EXISTS {index_prefix}{index} \
              ON {table_name} (message_id, consumer);\n\
@@ -150,6 +164,10 @@ pub mod mysql {
             received_at -> Datetime,
             /// When the work committed (null while a claim is open).
             processed_at -> Nullable<Datetime>,
+            /// Claim mode: when the claim's lease ends (null once completed or released).
+            claimed_until -> Nullable<Datetime>,
+            /// Claim mode: the deliveries that claimed this key.
+            attempts -> Integer,
         }
     }
 
@@ -164,6 +182,8 @@ pub mod mysql {
                  consumer     VARCHAR(200) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,\n    \
                  received_at  DATETIME(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6),\n    \
                  processed_at DATETIME(6)  NULL,\n    \
+                 claimed_until DATETIME(6) NULL,\n    \
+                 attempts     INT          NOT NULL DEFAULT 1,\n    \
                  UNIQUE KEY {index} (message_id, consumer),\n    \
                  KEY ix_{name}_processed_at (processed_at)\n\
              ) ENGINE = InnoDB;\n",

@@ -17,10 +17,13 @@ pub struct Args {
     pub table: Option<LitStr>,
     pub constraint: Option<LitStr>,
     pub busy_timeout_ms: Option<LitInt>,
+    pub mode: Option<LitStr>,
+    pub lease_ms: Option<LitInt>,
+    pub on_expired: Option<LitStr>,
 }
 
 /// Each option with the form of its value, for "unknown option" and "expected …" errors.
-const OPTIONS: [(&str, &str); 8] = [
+const OPTIONS: [(&str, &str); 11] = [
     ("consumer", "consumer = \"credit\""),
     ("key", "key = msg.id"),
     ("conn", "conn = db"),
@@ -29,6 +32,9 @@ const OPTIONS: [(&str, &str); 8] = [
     ("table", "table = \"inbox\""),
     ("constraint", "constraint = \"ux_inbox_message_consumer\""),
     ("busy_timeout_ms", "busy_timeout_ms = 5000"),
+    ("mode", "mode = \"claim\""),
+    ("lease_ms", "lease_ms = 60000"),
+    ("on_expired", "on_expired = \"report\""),
 ];
 
 impl Parse for Args {
@@ -65,6 +71,9 @@ impl Parse for Args {
                 "busy_timeout_ms" => {
                     set_once(&mut args.busy_timeout_ms, &name, value(input, form)?)?
                 }
+                "mode" => set_once(&mut args.mode, &name, value(input, form)?)?,
+                "lease_ms" => set_once(&mut args.lease_ms, &name, value(input, form)?)?,
+                "on_expired" => set_once(&mut args.on_expired, &name, value(input, form)?)?,
                 _ => unreachable!("form_of knows every option"),
             }
             if input.is_empty() {

@@ -9,7 +9,7 @@ use syn::{GenericArgument, ItemFn, PathArguments, ReturnType, Type};
 
 use crate::attr::Args;
 use crate::guard;
-use crate::valid::{self, Handler, Isolation};
+use crate::valid::{self, Handler, Isolation, Mode};
 
 /// The whole attribute: parse, validate, expand; on error the function, unchanged, plus the
 /// errors (so that callers of the function still type-check against what the user wrote).
@@ -51,6 +51,7 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
         constraint,
         ret,
         busy_timeout_ms,
+        mode,
     } = handler;
     let ItemFn {
         attrs,
@@ -80,9 +81,61 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
     let message_key = quote_spanned!(key.span()=> ::inbox_diesel::__private::message_key(&(#key)));
     // The one place sync and async differ: which runtime, and whether the body is an async
     // closure that the runtime awaits.
-    let (runtime, body_asyncness, awaited) = match &sig.asyncness {
-        Some(_) => (quote!(run_async), quote!(async), quote!(.await)),
-        None => (quote!(run), quote!(), quote!()),
+    let (body_asyncness, awaited) = match &sig.asyncness {
+        Some(_) => (quote!(async), quote!(.await)),
+        None => (quote!(), quote!()),
+    };
+    let call = match mode {
+        Mode::Transaction => {
+            let runtime = match &sig.asyncness {
+                Some(_) => quote!(run_async),
+                None => quote!(run),
+            };
+            quote! {
+                ::inbox_diesel::__private::#runtime(
+                    #conn,
+                    &__INBOX_SPEC,
+                    #message_key,
+                    #body_asyncness |#conn| -> #ret #block,
+                    |__inbox_result: &#ret| {
+                        #[allow(unused_imports)]
+                        use ::inbox_diesel::__private::{ProbeDiesel as _, ProbeOpaque as _, ProbeSourceChain as _};
+                        (&&&::inbox_diesel::__private::Probe(__inbox_result))
+                            .inbox_error_class(&__INBOX_SPEC.schema)
+                    },
+                    #inbox_error,
+                ) #awaited
+            }
+        }
+        Mode::Claim { lease_ms, report } => {
+            let runtime = match &sig.asyncness {
+                Some(_) => quote!(run_claim_async),
+                None => quote!(run_claim),
+            };
+            let lease_ms = match lease_ms {
+                Some(ms) => quote!(#ms),
+                None => quote!(::inbox_diesel::__private::ClaimSpec::DEFAULT_LEASE_MS),
+            };
+            let on_expired = match report {
+                true => quote!(Report),
+                false => quote!(TakeOver),
+            };
+            // The body is handed the connection outside any transaction; the guard refused
+            // every statement on it that was not marked, so it is usually unused.
+            quote! {
+                ::inbox_diesel::__private::#runtime(
+                    #conn,
+                    &__INBOX_SPEC,
+                    ::inbox_diesel::__private::ClaimSpec {
+                        lease_ms: #lease_ms,
+                        on_expired: ::inbox_diesel::OnExpired::#on_expired,
+                    },
+                    #message_key,
+                    #body_asyncness |#[allow(unused_variables)] #conn| -> #ret #block,
+                    #inbox_error,
+                ) #awaited
+            }
+        }
     };
 
     quote! {
@@ -96,19 +149,7 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
                     isolation: ::inbox_diesel::Isolation::#isolation,
                     sqlite_busy_timeout_ms: #busy_timeout_ms,
                 };
-            ::inbox_diesel::__private::#runtime(
-                #conn,
-                &__INBOX_SPEC,
-                #message_key,
-                #body_asyncness |#conn| -> #ret #block,
-                |__inbox_result: &#ret| {
-                    #[allow(unused_imports)]
-                    use ::inbox_diesel::__private::{ProbeDiesel as _, ProbeOpaque as _, ProbeSourceChain as _};
-                    (&&&::inbox_diesel::__private::Probe(__inbox_result))
-                        .inbox_error_class(&__INBOX_SPEC.schema)
-                },
-                #inbox_error,
-            ) #awaited
+            #call
         }
     }
 }

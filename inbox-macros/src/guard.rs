@@ -19,10 +19,16 @@
 //! `&mut …`, a `.deref_mut()`/`.as_mut()`/`.borrow_mut()` call, or a local bound to one of
 //! those. Other one-argument calls of the same names (`counter.load(ordering)`) are left alone.
 //!
+//! In claim mode there is no transaction: the body runs after the claim has committed and
+//! before the work is stamped. There the handler's connection is treated like any other, so
+//! every statement on a connection is refused.
+//!
 //! A statement marked `#[inbox::outside_transaction("reason")]` is exempt; the attribute is
 //! removed from the expansion.
 
 use quote::ToTokens;
+
+use crate::valid::Mode;
 use syn::visit::{self, Visit};
 use syn::visit_mut::{self, VisitMut};
 use syn::{
@@ -78,10 +84,16 @@ enum Binding {
     Other,
 }
 
-pub fn check(function: &ItemFn, conn: &Ident) -> syn::Result<()> {
+pub fn check(function: &ItemFn, conn: &Ident, mode: Mode) -> syn::Result<()> {
+    let claim = matches!(mode, Mode::Claim { .. });
+    let binding = match claim {
+        true => Binding::Connection,
+        false => Binding::Transaction,
+    };
     let mut guard = Guard {
         conn: conn.clone(),
-        scope: vec![(conn.clone(), Binding::Transaction)],
+        claim,
+        scope: vec![(conn.clone(), binding)],
         exempt: 0,
         error: None,
     };
@@ -92,6 +104,8 @@ pub fn check(function: &ItemFn, conn: &Ident) -> syn::Result<()> {
 struct Guard {
     /// The handler's connection parameter, for the messages.
     conn: Ident,
+    /// Claim mode: no statement may run on any connection.
+    claim: bool,
     /// The bindings in scope, innermost last; a name's last entry wins.
     scope: Vec<(Ident, Binding)>,
     /// Depth of statements marked with the escape hatch.
@@ -177,6 +191,17 @@ impl Guard {
         }
     }
 
+    /// Where a refused statement runs, for the messages.
+    fn elsewhere(&self) -> String {
+        match self.claim {
+            true => "a database connection in a claim-mode body".to_owned(),
+            false => format!(
+                "a connection other than `{}`, the handler's transaction connection",
+                self.conn
+            ),
+        }
+    }
+
     /// Rule 5: a helper or closure given another connection runs its statements there.
     fn refuse_connection_arguments(
         &mut self,
@@ -185,11 +210,13 @@ impl Guard {
     ) {
         for arg in args {
             if self.is_other_connection(arg) {
-                let problem = format!(
-                    "{callee} is given a connection other than `{}`, the handler's \
-                     transaction connection: what it runs there is not part of the transaction",
-                    self.conn
-                );
+                let problem = match self.claim {
+                    true => format!("{callee} is given {}", self.elsewhere()),
+                    false => format!(
+                        "{callee} is given {}: what it runs there is not part of the transaction",
+                        self.elsewhere()
+                    ),
+                };
                 self.refuse(arg, &problem);
             }
         }
@@ -202,9 +229,16 @@ impl Guard {
             return;
         }
         let conn = &self.conn;
-        self.push_error(syn::Error::new_spanned(
-            at,
-            format!(
+        let message = match self.claim {
+            true => format!(
+                "{problem}, so it would commit on its own: a claim-mode body runs outside any \
+                 transaction, after the claim has committed and before the work is stamped, \
+                 and nothing it writes is undone when the side effect fails and the message is \
+                 redelivered; do database work in a transaction-mode handler, or before this \
+                 one, or, if it must run here, mark the statement \
+                 `#[inbox::outside_transaction(\"why\")]`"
+            ),
+            false => format!(
                 "{problem}, so it would commit on its own, outside the inbox transaction: a \
                  redelivered message would be recognised as a duplicate and this write would \
                  still happen again; run it on the handler's connection (`{conn}`, or \
@@ -212,7 +246,8 @@ impl Guard {
                  it must commit on its own, mark the statement \
                  `#[inbox::outside_transaction(\"why\")]`"
             ),
-        ));
+        };
+        self.push_error(syn::Error::new_spanned(at, message));
     }
 
     /// Visits a closure, binding its parameters as `binding` while its body is visited.
@@ -292,23 +327,24 @@ impl<'ast> Visit<'ast> for Guard {
                     is_mut_reference(connection) || self.is_other_connection(connection)
                 };
             if refused {
-                let problem = format!(
-                    "`.{method}(…)` runs this statement on a connection other than `{}`, the \
-                     handler's transaction connection",
-                    self.conn
-                );
+                let problem = format!("`.{method}(…)` runs this statement on {}", self.elsewhere());
                 self.refuse(connection, &problem);
             }
         } else if method == "batch_execute" && call.args.len() == 1 {
             // Rule 2: so does SQL sent straight to a connection.
             if !self.is_transaction(&call.receiver) && !self.is_closure_parameter(&call.receiver) {
-                let problem = format!(
-                    "`.batch_execute(…)` sends this SQL to a connection other than `{}`, the \
-                     handler's transaction connection",
-                    self.conn
-                );
+                let problem = format!("`.batch_execute(…)` sends this SQL to {}", self.elsewhere());
                 self.refuse(&call.receiver, &problem);
             }
+        } else if TRANSACTION_METHODS.contains(&method.as_str())
+            && self.is_other_connection(receiver_root(&call.receiver))
+        {
+            // Rule 6: a transaction of another connection commits on its own.
+            let problem = format!(
+                "`.{method}(…)` opens a transaction on {}, and what runs in it",
+                self.elsewhere()
+            );
+            self.refuse(receiver_root(&call.receiver), &problem);
         } else {
             self.refuse_connection_arguments(&call.args, &format!("`.{method}(…)`"));
         }
@@ -357,10 +393,9 @@ impl<'ast> Visit<'ast> for Guard {
                 Some(connection) => {
                     if !self.is_transaction(connection) && !self.is_closure_parameter(connection) {
                         let problem = format!(
-                            "`{}(…)` runs this statement on a connection other than `{}`, the \
-                             handler's transaction connection",
+                            "`{}(…)` runs this statement on {}",
                             segments.join("::"),
-                            self.conn
+                            self.elsewhere()
                         );
                         self.refuse(connection, &problem);
                     }

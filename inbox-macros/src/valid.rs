@@ -26,6 +26,21 @@ pub struct Handler {
     pub ret: Type,
     /// SQLite's busy timeout, when not the runtime's default.
     pub busy_timeout_ms: Option<u32>,
+    pub mode: Mode,
+}
+
+/// How the body's work is made to happen once.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// The body's writes commit with the marker, in one transaction.
+    Transaction,
+    /// The body's side effect runs between a committed claim and its stamp.
+    Claim {
+        /// The lease, when not the runtime's default.
+        lease_ms: Option<u64>,
+        /// `on_expired = "report"`.
+        report: bool,
+    },
 }
 
 #[derive(Clone, Copy)]
@@ -72,6 +87,7 @@ pub fn validate(args: Args, item: &ItemFn) -> syn::Result<Handler> {
             None
         }
     };
+    let mode = errors.take(mode(&args)).unwrap_or(Mode::Transaction);
     let key = match args.key {
         Some(key) => errors.take(key_uses_a_parameter(key, item)),
         None => {
@@ -82,7 +98,7 @@ pub fn validate(args: Args, item: &ItemFn) -> syn::Result<Handler> {
     let conn = errors.take(connection(args.conn.as_ref(), item));
     if let Some(conn) = &conn {
         errors.take(no_second_connection(conn, item));
-        errors.take(crate::guard::check(item, conn));
+        errors.take(crate::guard::check(item, conn, mode));
     }
     let ret = errors.take(return_type(item));
     let retries = match &args.retries {
@@ -155,9 +171,90 @@ pub fn validate(args: Args, item: &ItemFn) -> syn::Result<Handler> {
             table: table.unwrap_or_default(),
             constraint: constraint.unwrap_or_default(),
             busy_timeout_ms: busy_timeout_ms.flatten(),
+            mode,
         }),
         (Some(error), ..) => Err(error),
         _ => unreachable!("every missing value recorded an error"),
+    }
+}
+
+/// `mode`, and the options that belong to one mode only.
+fn mode(args: &Args) -> syn::Result<Mode> {
+    let claim = match &args.mode {
+        None => false,
+        Some(lit) => match lit.value().as_str() {
+            "transaction" => false,
+            "claim" => true,
+            _ => {
+                return Err(syn::Error::new(
+                    lit.span(),
+                    "`mode` is \"transaction\" (the default: the body's writes commit with the \
+                     marker) or \"claim\" (for a side effect outside the database: claim, run, \
+                     stamp): `mode = \"claim\"`",
+                ));
+            }
+        },
+    };
+    let mut errors = Errors::default();
+    if claim {
+        if let Some(lit) = &args.isolation {
+            errors.push(syn::Error::new(
+                lit.span(),
+                "`isolation` sets the level of the handler's transaction, and a claim-mode body \
+                 runs outside any transaction; remove `isolation`, or use `mode = \"transaction\"`",
+            ));
+        }
+    } else {
+        let only_claim = [
+            args.lease_ms.as_ref().map(|l| ("lease_ms", l.span())),
+            args.on_expired.as_ref().map(|l| ("on_expired", l.span())),
+        ];
+        for (option, span) in only_claim.into_iter().flatten() {
+            errors.push(syn::Error::new(
+                span,
+                format!(
+                    "`{option}` applies to claim mode, where a claim outlives its transaction; \
+                     add `mode = \"claim\"`, or remove `{option}`"
+                ),
+            ));
+        }
+    }
+    let lease_ms = match &args.lease_ms {
+        Some(lit) => errors.take(
+            lit.base10_parse::<u64>()
+                .ok()
+                .filter(|ms| *ms > 0)
+                .map(Some)
+                .ok_or_else(|| {
+                    syn::Error::new(
+                        lit.span(),
+                        "`lease_ms` is how long a claim stays live, in milliseconds, above the \
+                         body's longest run: `lease_ms = 60000`",
+                    )
+                }),
+        ),
+        None => Some(None),
+    };
+    let report = match &args.on_expired {
+        Some(lit) => errors.take(match lit.value().as_str() {
+            "take_over" => Ok(false),
+            "report" => Ok(true),
+            _ => Err(syn::Error::new(
+                lit.span(),
+                "`on_expired` is \"take_over\" (the next delivery runs the side effect again) \
+                 or \"report\" (it returns `Outcome::StaleClaim` for reconciliation): \
+                 `on_expired = \"report\"`",
+            )),
+        }),
+        None => Some(false),
+    };
+    match errors.0 {
+        Some(error) => Err(error),
+        None if claim => Ok(Mode::Claim {
+            lease_ms: lease_ms.flatten(),
+            report: report.unwrap_or_default(),
+        }),
+        None => Ok(Mode::Transaction),
     }
 }
 

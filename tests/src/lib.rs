@@ -6,6 +6,7 @@ use std::fmt;
 
 pub use inbox_diesel::Uuid;
 
+pub mod claim;
 pub mod sqlite;
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
@@ -211,6 +212,7 @@ macro_rules! suite {
                             match credit(&mut conn, &Credit::new(n)) {
                                 Ok(Outcome::Processed(())) => processed.fetch_add(1, Ordering::Relaxed),
                                 Ok(Outcome::Duplicate { .. }) => duplicates.fetch_add(1, Ordering::Relaxed),
+                                Ok(other) => panic!("transaction mode returned {other:?}"),
                                 Err(e) => panic!("delivery of message {n} failed: {e:?}"),
                             };
                         }
@@ -579,6 +581,7 @@ macro_rules! async_suite {
                         match credit(&mut conn, &Credit::new(n), &Hook::default()).await {
                             Ok(Outcome::Processed(())) => processed += 1,
                             Ok(Outcome::Duplicate { .. }) => duplicates += 1,
+                            Ok(other) => panic!("transaction mode returned {other:?}"),
                             Err(e) => panic!("delivery of message {n} failed: {e:?}"),
                         }
                     }

@@ -4,6 +4,7 @@
 
 inbox_tests::suite!(inbox_tests::mysql::MysqlDb, diesel::MysqlConnection);
 inbox_tests::server_suite!(inbox_tests::mysql::MysqlDb);
+inbox_tests::claim_suite!(inbox_tests::mysql::MysqlDb, diesel::MysqlConnection, mysql);
 
 use diesel::connection::SimpleConnection;
 use inbox_diesel::{InboxSchema, TransientKind, classify};

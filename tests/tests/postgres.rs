@@ -3,6 +3,7 @@
 
 inbox_tests::suite!(inbox_tests::postgres::PgDb, diesel::PgConnection);
 inbox_tests::server_suite!(inbox_tests::postgres::PgDb);
+inbox_tests::claim_suite!(inbox_tests::postgres::PgDb, diesel::PgConnection, postgres);
 
 use inbox_diesel::Error as InboxError;
 use inbox_tests::postgres::PgDb;

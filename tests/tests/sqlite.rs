@@ -1,3 +1,8 @@
 //! The backend suite on SQLite (always runs: SQLite is compiled in).
 
 inbox_tests::suite!(inbox_tests::sqlite::SqliteDb, diesel::SqliteConnection);
+inbox_tests::claim_suite!(
+    inbox_tests::sqlite::SqliteDb,
+    diesel::SqliteConnection,
+    sqlite
+);
