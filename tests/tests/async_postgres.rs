@@ -3,6 +3,11 @@
 
 inbox_tests::async_suite!(inbox_tests::postgres::PgDb, diesel_async::AsyncPgConnection);
 inbox_tests::async_server_suite!(inbox_tests::postgres::PgDb);
+inbox_tests::async_claim_suite!(
+    inbox_tests::postgres::PgDb,
+    diesel_async::AsyncPgConnection,
+    postgres
+);
 
 use inbox_diesel::Error as InboxError;
 use inbox_tests::postgres::PgDb;

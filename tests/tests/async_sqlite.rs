@@ -4,6 +4,11 @@ inbox_tests::async_suite!(
     inbox_tests::sqlite::SqliteDb,
     diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>
 );
+inbox_tests::async_claim_suite!(
+    inbox_tests::sqlite::SqliteDb,
+    diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>,
+    sqlite
+);
 
 use diesel::connection::SimpleConnection;
 use inbox_tests::sqlite::SqliteDb;
