@@ -29,7 +29,8 @@
 //! markers while it runs. On PostgreSQL (`pg_try_advisory_lock`) and MySQL/MariaDB
 //! (`GET_LOCK`) only one purge runs at a time: another one returns at once with
 //! [`PurgeReport::ran`] false. Rows without `processed_at` — claims still open, or abandoned —
-//! are never removed; the old ones are counted in [`PurgeReport::stale_claims`].
+//! are never removed; the old ones are counted in [`PurgeReport::stale_claims`] and listed
+//! by [`stale_claims`], for reconciliation.
 
 use std::time::Duration;
 
@@ -111,11 +112,47 @@ impl PurgeReport {
     }
 }
 
-/// The SQL a backend purges with. Binds: the age in seconds, then (for the delete) the batch
-/// size.
+/// A claim-mode row older than the cutoff that was never stamped complete: its attempt
+/// crashed, hung past its lease, or failed and was never retried. Whether its side effect
+/// happened is for the downstream system to say; look it up there by the message key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StaleClaim {
+    /// The stored id of the message key: compare with
+    /// [`MessageKey::stored_id`](crate::MessageKey::stored_id).
+    pub message_id: uuid::Uuid,
+    /// The consumer that claimed it.
+    pub consumer: String,
+    /// How many deliveries claimed it.
+    pub attempts: u32,
+}
+
+#[derive(diesel::QueryableByName)]
+struct StaleRow {
+    #[diesel(sql_type = diesel::sql_types::Binary)]
+    message_id: Vec<u8>,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    consumer: String,
+    #[diesel(sql_type = BigInt)]
+    attempts: i64,
+}
+
+impl From<StaleRow> for StaleClaim {
+    fn from(row: StaleRow) -> Self {
+        StaleClaim {
+            message_id: uuid::Uuid::from_slice(&row.message_id).unwrap_or_default(),
+            consumer: row.consumer,
+            attempts: u32::try_from(row.attempts).unwrap_or(u32::MAX),
+        }
+    }
+}
+
+/// The SQL a backend purges with. Binds: the age in seconds, then (for the delete and the
+/// list) the number of rows.
 trait PurgeDialect {
     fn delete_batch(table: &str) -> String;
     fn count_stale(table: &str) -> String;
+    /// Rows as [`StaleRow`], oldest first.
+    fn list_stale(table: &str) -> String;
     /// A query returning `n` = 1 when this session got the purge lock of `table`.
     fn try_lock(table: &str) -> Option<String>;
     fn unlock(table: &str) -> Option<String>;
@@ -144,11 +181,51 @@ pub fn purge<C: PurgeConnection>(
     Ok(report)
 }
 
+/// Lists up to `limit` claims of `schema`'s table received longer than `older_than` ago and
+/// never stamped complete, oldest first: the rows [`PurgeReport::stale_claims`] counts.
+///
+/// A claim is stale when its attempt died around its side effect and no redelivery came to
+/// take it over (or `on_expired = "report"` told redeliveries not to). Reconcile each with
+/// the downstream system: if the side effect happened, stamp the row
+/// (`UPDATE inbox SET processed_at = now(), claimed_until = NULL WHERE message_id = … AND
+/// consumer = …`); if not, redeliver the message after releasing the row
+/// (`… SET claimed_until = NULL …`), which a delivery then takes over.
+pub fn stale_claims<C: PurgeConnection>(
+    conn: &mut C,
+    schema: &InboxSchema,
+    older_than: Duration,
+    limit: u32,
+) -> QueryResult<Vec<StaleClaim>> {
+    conn.list_stale_claims(schema, older_than, limit)
+}
+
 /// A connection [`purge`] runs on: `SqliteConnection`, `PgConnection`, `MysqlConnection`.
 pub trait PurgeConnection: InboxConnection {
     /// The purge itself.
     #[doc(hidden)]
     fn purge_inbox(&mut self, schema: &InboxSchema, purge: &Purge) -> QueryResult<PurgeReport>;
+
+    /// The list of [`stale_claims`].
+    #[doc(hidden)]
+    fn list_stale_claims(
+        &mut self,
+        schema: &InboxSchema,
+        older_than: Duration,
+        limit: u32,
+    ) -> QueryResult<Vec<StaleClaim>>;
+}
+
+/// The statement of [`stale_claims`], for both IO models.
+macro_rules! list_stale {
+    ($conn:ident, $schema:ident, $older_than:ident, $limit:ident, $backend:ty,
+     [$($await:tt)*]) => {{
+        let age = Purge::older_than($older_than).age_seconds();
+        let rows: Vec<StaleRow> = diesel::sql_query(<$backend>::list_stale($schema.table()))
+            .bind::<BigInt, _>(age)
+            .bind::<BigInt, _>(i64::from($limit))
+            .load($conn)$($await)*?;
+        Ok(rows.into_iter().map(StaleClaim::from).collect())
+    }};
 }
 
 /// The purge's statements, written once for both IO models and stamped out per connection
@@ -242,6 +319,17 @@ macro_rules! purge_connection {
                     std::thread::sleep
                 )
             }
+
+            fn list_stale_claims(
+                &mut self,
+                schema: &InboxSchema,
+                older_than: Duration,
+                limit: u32,
+            ) -> QueryResult<Vec<StaleClaim>> {
+                use diesel::RunQueryDsl;
+                let conn = self;
+                list_stale!(conn, schema, older_than, limit, $backend, [])
+            }
         }
     };
 }
@@ -272,6 +360,15 @@ impl PurgeDialect for diesel::pg::Pg {
         )
     }
 
+    /// `uuid_send`: the id as its 16 bytes, as the other backends store it.
+    fn list_stale(table: &str) -> String {
+        format!(
+            "SELECT uuid_send(message_id) AS message_id, consumer, attempts::int8 AS attempts \
+             FROM {table} WHERE processed_at IS NULL \
+             AND received_at < now() - ($1::bigint * interval '1 second') ORDER BY id LIMIT $2"
+        )
+    }
+
     fn try_lock(_: &str) -> Option<String> {
         Some(
             "SELECT CASE WHEN pg_try_advisory_lock(hashtext($1)) THEN 1 ELSE 0 END::int8 AS n"
@@ -299,6 +396,14 @@ impl PurgeDialect for diesel::mysql::Mysql {
         format!(
             "SELECT count(*) AS n FROM {table} WHERE processed_at IS NULL \
              AND received_at < NOW(6) - INTERVAL ? SECOND"
+        )
+    }
+
+    fn list_stale(table: &str) -> String {
+        format!(
+            "SELECT message_id, consumer, CAST(attempts AS SIGNED) AS attempts FROM {table} \
+             WHERE processed_at IS NULL AND received_at < NOW(6) - INTERVAL ? SECOND \
+             ORDER BY id LIMIT ?"
         )
     }
 
@@ -337,6 +442,13 @@ impl PurgeDialect for diesel::sqlite::Sqlite {
         )
     }
 
+    fn list_stale(table: &str) -> String {
+        format!(
+            "SELECT message_id, consumer, attempts FROM {table} WHERE processed_at IS NULL \
+             AND received_at < datetime('now', '-' || ? || ' seconds') ORDER BY id LIMIT ?"
+        )
+    }
+
     /// SQLite has one writer at a time already.
     fn try_lock(_: &str) -> Option<String> {
         None
@@ -348,7 +460,7 @@ impl PurgeDialect for diesel::sqlite::Sqlite {
 }
 
 #[cfg(feature = "async")]
-pub use asynchronous::{AsyncPurgeConnection, purge_async};
+pub use asynchronous::{AsyncPurgeConnection, purge_async, stale_claims_async};
 
 #[cfg(feature = "async")]
 mod asynchronous {
@@ -377,6 +489,19 @@ mod asynchronous {
         Ok(report)
     }
 
+    /// [`stale_claims`] on a diesel-async connection.
+    ///
+    /// # Errors
+    /// A database error.
+    pub async fn stale_claims_async<C: AsyncPurgeConnection>(
+        conn: &mut C,
+        schema: &InboxSchema,
+        older_than: Duration,
+        limit: u32,
+    ) -> QueryResult<Vec<StaleClaim>> {
+        conn.list_stale_claims(schema, older_than, limit).await
+    }
+
     /// A connection [`purge_async`] runs on: `AsyncPgConnection`, `AsyncMysqlConnection`,
     /// `SyncConnectionWrapper<SqliteConnection>`.
     pub trait AsyncPurgeConnection: AsyncInboxConnection {
@@ -387,6 +512,15 @@ mod asynchronous {
             schema: &InboxSchema,
             purge: &Purge,
         ) -> impl Future<Output = QueryResult<PurgeReport>> + Send;
+
+        /// The list of [`stale_claims_async`].
+        #[doc(hidden)]
+        fn list_stale_claims(
+            &mut self,
+            schema: &InboxSchema,
+            older_than: Duration,
+            limit: u32,
+        ) -> impl Future<Output = QueryResult<Vec<StaleClaim>>> + Send;
     }
 
     #[allow(unused_macros)]
@@ -411,6 +545,17 @@ mod asynchronous {
                         tokio::time::sleep
                     )
                 }
+
+                async fn list_stale_claims(
+                    &mut self,
+                    schema: &InboxSchema,
+                    older_than: Duration,
+                    limit: u32,
+                ) -> QueryResult<Vec<StaleClaim>> {
+                    use diesel_async::RunQueryDsl;
+                    let conn = self;
+                    list_stale!(conn, schema, older_than, limit, $backend, [.await])
+                }
             }
         };
     }
@@ -433,6 +578,19 @@ mod asynchronous {
             let (schema, purge) = (*schema, *purge);
             self.spawn_blocking(move |conn| PurgeConnection::purge_inbox(conn, &schema, &purge))
                 .await
+        }
+
+        async fn list_stale_claims(
+            &mut self,
+            schema: &InboxSchema,
+            older_than: Duration,
+            limit: u32,
+        ) -> QueryResult<Vec<StaleClaim>> {
+            let schema = *schema;
+            self.spawn_blocking(move |conn| {
+                PurgeConnection::list_stale_claims(conn, &schema, older_than, limit)
+            })
+            .await
         }
     }
 }

@@ -420,6 +420,15 @@ macro_rules! suite {
             assert_eq!(report.stale_claims, 3);
             assert!(while_purging > 0, "the consumer committed nothing while the purge ran");
             let mut conn = db.connect();
+            let stale = inbox_diesel::purge::stale_claims(
+                &mut conn,
+                &inbox_diesel::InboxSchema::DEFAULT,
+                std::time::Duration::from_secs(86_400),
+                10,
+            )
+            .unwrap();
+            assert_eq!(stale.len(), 3, "{stale:?}");
+            assert!(stale.iter().all(|c| c.consumer == "archive" && c.attempts == 1));
             assert_eq!(count_markers(&mut conn), processed as i64 + 3);
             assert_eq!(balance(&mut conn, 1), 10 * processed as i64);
         }
@@ -740,6 +749,20 @@ macro_rules! async_suite {
             assert!(
                 while_purging > 0,
                 "the consumer committed nothing while the purge ran"
+            );
+            let stale = inbox_diesel::purge::stale_claims_async(
+                &mut conn,
+                &inbox_diesel::InboxSchema::DEFAULT,
+                day,
+                2,
+            )
+            .await
+            .unwrap();
+            assert_eq!(stale.len(), 2, "the limit: {stale:?}");
+            assert!(
+                stale
+                    .iter()
+                    .all(|c| c.consumer == "archive" && c.attempts == 1)
             );
             assert_eq!(count_markers(&mut conn).await, processed as i64 + 3);
         }
