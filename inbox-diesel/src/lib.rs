@@ -70,7 +70,8 @@
 //! # What it does not cover
 //!
 //! - Work outside the transaction: a write on *another* connection, an e-mail, an HTTP call
-//!   commits or happens on its own, whatever the inbox decides.
+//!   commits or happens on its own, whatever the inbox decides. For side effects that cannot
+//!   join a transaction, see [claim mode](#claim-mode-side-effects-outside-the-database).
 //! - Markers removed too early: a redelivery after its marker is deleted is processed again.
 //! - Error messages: deadlocks on PostgreSQL and busy/locked SQLite databases are recognised
 //!   by the server's English message text; a server configured to answer in another
@@ -118,6 +119,82 @@
 //! copy of it: it may read its parameters but not mutate them, and its future must be `Send`.
 //! A handler whose future is dropped mid-body commits nothing; what happens to its
 //! connection depends on the pool (see `AsyncInboxConnection`).
+//!
+//! # Claim mode: side effects outside the database
+//!
+//! An e-mail, a card charge, a blob upload cannot roll back with a transaction. With
+//! `mode = "claim"` the handler runs in three steps, each committed on its own:
+//!
+//! 1. **claim** — insert the inbox row with `processed_at` NULL and a lease
+//!    (`claimed_until`, `lease_ms` from now). A row that exists decides instead: completed →
+//!    [`Outcome::Duplicate`]; claimed under a live lease → [`Outcome::InFlight`]; released by a
+//!    failed attempt → taken over; lease ended without completion → taken over, or reported as
+//!    [`Outcome::StaleClaim`], as `on_expired` says ([`OnExpired`]);
+//! 2. **the body** — the side effect, outside any transaction. Pass the message key downstream
+//!    as the provider's idempotency key: it is the same on every attempt;
+//! 3. **stamp** — set `processed_at`; or, when the body returned `Err`, release the claim so
+//!    that a redelivery runs it again at once.
+//!
+//! ```
+//! use diesel::connection::SimpleConnection;
+//! use diesel::prelude::*;
+//! use inbox_diesel::{idempotent, InboxSchema, Outcome, Uuid};
+//!
+//! struct SignedUp { signup_id: Uuid, email: String }
+//!
+//! /// A provider that deduplicates by the key it is given.
+//! struct Mailer { sent: std::cell::RefCell<Vec<String>> }
+//!
+//! impl Mailer {
+//!     fn send(&self, to: &str, idempotency_key: &str) -> std::io::Result<()> {
+//!         self.sent.borrow_mut().push(format!("{to} ({idempotency_key})"));
+//!         Ok(())
+//!     }
+//! }
+//!
+//! #[idempotent(consumer = "welcome-mail", key = msg.signup_id, mode = "claim", lease_ms = 30_000)]
+//! fn send_welcome(
+//!     conn: &mut SqliteConnection,
+//!     mailer: &Mailer,
+//!     msg: &SignedUp,
+//! ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//!     mailer.send(&msg.email, &msg.signup_id.to_string())?;
+//!     Ok(())
+//! }
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! let mut conn = SqliteConnection::establish(":memory:")?;
+//! conn.batch_execute(&inbox_diesel::schema::sqlite::create_table_sql(&InboxSchema::DEFAULT))?;
+//! let mailer = Mailer { sent: Default::default() };
+//! let msg = SignedUp { signup_id: Uuid::from_u128(7), email: "ada@example.com".into() };
+//!
+//! assert_eq!(send_welcome(&mut conn, &mailer, &msg)?, Outcome::Processed(()));
+//! assert!(send_welcome(&mut conn, &mailer, &msg)?.is_duplicate());
+//! assert_eq!(mailer.sent.borrow().len(), 1);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! What claim mode guarantees:
+//!
+//! - of concurrent deliveries, one runs the side effect; the others return `InFlight` (do not
+//!   acknowledge: requeue with a delay) or, once the work is stamped, `Duplicate`;
+//! - a body that returns `Err` releases its claim, and the redelivery retries at once; each
+//!   claim counts its attempts (the `attempts` column);
+//! - a delivery whose lease ended and whose claim another delivery took over never stamps it:
+//!   the takeover is a compare-and-set on the attempt counter, the stamp names its attempt,
+//!   and the late delivery gets [`Error::ClaimLost`];
+//! - leases are compared on the database's clock, never the instances'.
+//!
+//! What it does not: a crash, a lost connection or a hang past the lease **between the side
+//! effect and the stamp** leaves a claim whose outcome is unknown. Under
+//! [`OnExpired::TakeOver`] the next delivery after the lease runs the side effect again —
+//! pass the key downstream so that the provider deduplicates it; under
+//! [`OnExpired::Report`] it is reported, and [`purge::stale_claims`] lists such claims for
+//! reconciliation. A body that outlives its lease can run beside its successor: set
+//! `lease_ms` above the side effect's longest run. The body may not write to the database
+//! (the compiler refuses statements on any connection in it), and the handler must be called
+//! outside any open transaction (it returns diesel's `AlreadyInTransaction` otherwise).
 //!
 //! # Backends
 //!
@@ -169,6 +246,9 @@ pub mod schema;
 /// | `table` | string literal: the inbox table, optionally qualified (`"billing.inbox"`) | `"inbox"` |
 /// | `constraint` | string literal: the unique index on `(message_id, consumer)` | `"ux_inbox_message_consumer"` |
 /// | `busy_timeout_ms` | integer: how long a SQLite handler waits for another writer before `SQLITE_BUSY` (then retried); the handler sets it on its connection | `5000` |
+/// | `mode` | `"transaction"`, or `"claim"` for a side effect outside the database ([claim mode](crate#claim-mode-side-effects-outside-the-database)) | `"transaction"` |
+/// | `lease_ms` | claim mode: integer, how long a claim stays live, in milliseconds; above the body's longest run | `60000` |
+/// | `on_expired` | claim mode: `"take_over"` or `"report"`, what a delivery does with a claim whose lease ended ([`OnExpired`]) | `"take_over"` |
 ///
 /// # Every statement runs in the handler's transaction
 ///
@@ -188,7 +268,13 @@ pub mod schema;
 /// 4. a second parameter that is a connection or a pool (`&mut PgConnection`, `&Pool<…>`,
 ///    `PooledConnection<…>`, deadpool's `Object<…>`, also inside `Arc`, `Box`, `Option`, …);
 /// 5. another connection — a pool checkout (`pool.get()`, `get_timeout`, `try_get`, …), an
-///    established one, or a name bound to one — passed to any function or closure.
+///    established one, or a name bound to one — passed to any function or closure;
+/// 6. a transaction (`transaction`, `build_transaction().run`, …) opened on another
+///    connection.
+///
+/// In claim mode there is no transaction: the body runs between the committed claim and the
+/// stamp. There the handler's connection counts as another connection, so each of these
+/// forms is refused on it too.
 ///
 /// The error points at the connection and says how to fix it. Helper functions given the
 /// handler's connection compile as they are: the rule is about the connection a statement
@@ -239,6 +325,8 @@ pub mod schema;
 /// - The body may run more than once when a transient failure is retried, so it must not
 ///   consume its parameters, and an async body must not mutate them either.
 /// - Call the handler outside any open transaction on that connection.
+/// - In claim mode, the body runs once per delivery (no in-process retry): a body error
+///   releases the claim for the broker's redelivery.
 ///
 /// ```
 /// use diesel::prelude::*;
