@@ -214,6 +214,7 @@ mod claim;
 mod classify;
 mod driver;
 mod error;
+pub mod migration;
 pub mod purge;
 mod run;
 #[cfg(feature = "async")]

@@ -33,8 +33,157 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-#[allow(unused_imports)]
+use std::fmt;
+use std::str::FromStr;
+
 use inbox_core::InboxSchema;
+
+/// A database backend, for the SQL that differs between them. Available whatever features
+/// are enabled: the migration generator writes SQL for backends it does not connect to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// PostgreSQL.
+    Postgres,
+    /// MySQL and MariaDB (InnoDB).
+    Mysql,
+    /// SQLite.
+    Sqlite,
+}
+
+impl Backend {
+    /// The backend a database URL names, as the diesel CLI reads it: `postgres://` or
+    /// `postgresql://`, `mysql://`; anything else is a SQLite file.
+    pub fn from_database_url(url: &str) -> Self {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Backend::Postgres
+        } else if url.starts_with("mysql://") {
+            Backend::Mysql
+        } else {
+            Backend::Sqlite
+        }
+    }
+
+    /// `CREATE TABLE` and its indexes for `schema` (idempotent: `IF NOT EXISTS`).
+    pub fn create_table_sql(self, schema: &InboxSchema) -> String {
+        match self {
+            Backend::Postgres => postgres_create(schema),
+            Backend::Mysql => mysql_create(schema),
+            Backend::Sqlite => sqlite_create(schema),
+        }
+    }
+
+    /// `DROP TABLE` for `schema` (drops its indexes too).
+    pub fn drop_table_sql(self, schema: &InboxSchema) -> String {
+        format!("DROP TABLE IF EXISTS {};\n", schema.table())
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Backend::Postgres => "postgres",
+            Backend::Mysql => "mysql",
+            Backend::Sqlite => "sqlite",
+        })
+    }
+}
+
+/// A name that is not `postgres`, `mysql` or `sqlite`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownBackend(pub String);
+
+impl fmt::Display for UnknownBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "unknown backend `{}`: the backends are postgres, mysql (also for MariaDB) and sqlite",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for UnknownBackend {}
+
+impl FromStr for Backend {
+    type Err = UnknownBackend;
+
+    /// `postgres` (or `postgresql`, `pg`), `mysql` (or `mariadb`), `sqlite`.
+    fn from_str(name: &str) -> Result<Self, UnknownBackend> {
+        match name.to_ascii_lowercase().as_str() {
+            "postgres" | "postgresql" | "pg" => Ok(Backend::Postgres),
+            "mysql" | "mariadb" => Ok(Backend::Mysql),
+            "sqlite" => Ok(Backend::Sqlite),
+            _ => Err(UnknownBackend(name.to_owned())),
+        }
+    }
+}
+
+fn postgres_create(schema: &InboxSchema) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {table} (\n    \
+             id           BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,\n    \
+             message_id   UUID        NOT NULL,\n    \
+             consumer     TEXT        COLLATE \"C\" NOT NULL,\n    \
+             received_at  TIMESTAMPTZ NOT NULL DEFAULT now(),\n    \
+             processed_at TIMESTAMPTZ,\n    \
+             claimed_until TIMESTAMPTZ,\n    \
+             attempts     INTEGER     NOT NULL DEFAULT 1\n\
+         );\n\
+         CREATE UNIQUE INDEX IF NOT EXISTS {index} ON {table} (message_id, consumer);\n\
+         CREATE INDEX IF NOT EXISTS ix_{name}_processed_at ON {table} (processed_at);\n",
+        table = schema.table(),
+        index = schema.constraint(),
+        name = schema.table_name(),
+    )
+}
+
+/// A qualified table name (`aux.inbox`) names an attached database; SQLite then wants the
+/// index qualified, not the indexed table.
+fn sqlite_create(schema: &InboxSchema) -> String {
+    let (index_prefix, table_name) = match schema.table().rsplit_once('.') {
+        Some((database, table)) => (format!("{database}."), table),
+        None => (String::new(), schema.table()),
+    };
+    format!(
+        "CREATE TABLE IF NOT EXISTS {table} (\n    \
+             id           INTEGER PRIMARY KEY,\n    \
+             message_id   BLOB    NOT NULL,\n    \
+             consumer     TEXT    NOT NULL,\n    \
+             received_at  TEXT    NOT NULL DEFAULT CURRENT_TIMESTAMP,\n    \
+             processed_at TEXT,\n    \
+             claimed_until TEXT,\n    \
+             attempts     INTEGER NOT NULL DEFAULT 1\n\
+         );\n\
+         CREATE UNIQUE INDEX IF NOT EXISTS {index_prefix}{index} \
+         ON {table_name} (message_id, consumer);\n\
+         CREATE INDEX IF NOT EXISTS {index_prefix}ix_{table_name}_processed_at \
+         ON {table_name} (processed_at);\n",
+        table = schema.table(),
+        index = schema.constraint(),
+    )
+}
+
+/// The unique index is named in the table's definition: MySQL has no
+/// `CREATE INDEX IF NOT EXISTS`. Error 1062 names this index, which is how a duplicate is
+/// recognised.
+fn mysql_create(schema: &InboxSchema) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {table} (\n    \
+             id           BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,\n    \
+             message_id   BINARY(16)   NOT NULL,\n    \
+             consumer     VARCHAR(200) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,\n    \
+             received_at  DATETIME(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6),\n    \
+             processed_at DATETIME(6)  NULL,\n    \
+             claimed_until DATETIME(6) NULL,\n    \
+             attempts     INT          NOT NULL DEFAULT 1,\n    \
+             UNIQUE KEY {index} (message_id, consumer),\n    \
+             KEY ix_{name}_processed_at (processed_at)\n\
+         ) ENGINE = InnoDB;\n",
+        table = schema.table(),
+        index = schema.constraint(),
+        name = schema.table_name(),
+    )
+}
 
 /// The PostgreSQL schema.
 #[cfg(feature = "postgres")]
@@ -60,30 +209,14 @@ pub mod postgres {
             attempts -> Integer,
         }
     }
-
-    /// `CREATE TABLE` and `CREATE UNIQUE INDEX` for `schema` (idempotent: `IF NOT EXISTS`).
+    /// `CREATE TABLE` and its indexes for `schema` (idempotent: `IF NOT EXISTS`).
     pub fn create_table_sql(schema: &InboxSchema) -> String {
-        format!(
-            "CREATE TABLE IF NOT EXISTS {table} (\n    \
-                 id           BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,\n    \
-                 message_id   UUID        NOT NULL,\n    \
-                 consumer     TEXT        COLLATE \"C\" NOT NULL,\n    \
-                 received_at  TIMESTAMPTZ NOT NULL DEFAULT now(),\n    \
-                 processed_at TIMESTAMPTZ,\n    \
-                 claimed_until TIMESTAMPTZ,\n    \
-                 attempts     INTEGER     NOT NULL DEFAULT 1\n\
-             );\n\
-             CREATE UNIQUE INDEX IF NOT EXISTS {index} ON {table} (message_id, consumer);\n\
-             CREATE INDEX IF NOT EXISTS ix_{name}_processed_at ON {table} (processed_at);\n",
-            table = schema.table(),
-            index = schema.constraint(),
-            name = schema.table_name(),
-        )
+        super::Backend::Postgres.create_table_sql(schema)
     }
 
-    /// `DROP TABLE` for `schema` (drops its index too).
+    /// `DROP TABLE` for `schema` (drops its indexes too).
     pub fn drop_table_sql(schema: &InboxSchema) -> String {
-        format!("DROP TABLE IF EXISTS {};\n", schema.table())
+        super::Backend::Postgres.drop_table_sql(schema)
     }
 }
 
@@ -111,38 +244,14 @@ pub mod sqlite {
             attempts -> Integer,
         }
     }
-
-    /// `CREATE TABLE` and `CREATE UNIQUE INDEX` for `schema` (idempotent: `IF NOT EXISTS`).
-    ///
-    /// A qualified table name (`aux.inbox`) names an attached database; SQLite then wants the
-    /// index qualified, not the indexed table.
+    /// `CREATE TABLE` and its indexes for `schema` (idempotent: `IF NOT EXISTS`).
     pub fn create_table_sql(schema: &InboxSchema) -> String {
-        let (index_prefix, table_name) = match schema.table().rsplit_once('.') {
-            Some((database, table)) => (format!("{database}."), table),
-            None => (String::new(), schema.table()),
-        };
-        format!(
-            "CREATE TABLE IF NOT EXISTS {table} (\n    \
-                 id           INTEGER PRIMARY KEY,\n    \
-                 message_id   BLOB    NOT NULL,\n    \
-                 consumer     TEXT    NOT NULL,\n    \
-                 received_at  TEXT    NOT NULL DEFAULT CURRENT_TIMESTAMP,\n    \
-                 processed_at TEXT,\n    \
-                 claimed_until TEXT,\n    \
-                 attempts     INTEGER NOT NULL DEFAULT 1\n\
-             );\n\
-             CREATE UNIQUE INDEX IF NOT EXISTS {index_prefix}{index} \
-             ON {table_name} (message_id, consumer);\n\
-             CREATE INDEX IF NOT EXISTS {index_prefix}ix_{table_name}_processed_at \
-             ON {table_name} (processed_at);\n",
-            table = schema.table(),
-            index = schema.constraint(),
-        )
+        super::Backend::Sqlite.create_table_sql(schema)
     }
 
-    /// `DROP TABLE` for `schema` (drops its index too).
+    /// `DROP TABLE` for `schema` (drops its indexes too).
     pub fn drop_table_sql(schema: &InboxSchema) -> String {
-        format!("DROP TABLE IF EXISTS {};\n", schema.table())
+        super::Backend::Sqlite.drop_table_sql(schema)
     }
 }
 
@@ -170,31 +279,13 @@ pub mod mysql {
             attempts -> Integer,
         }
     }
-
-    /// `CREATE TABLE` with the unique index for `schema` (idempotent: `IF NOT EXISTS`). The
-    /// index is named in the table's definition: MySQL has no `CREATE INDEX IF NOT EXISTS`.
-    /// Error 1062 names this index, which is how a duplicate is recognised.
+    /// `CREATE TABLE` with its indexes for `schema` (idempotent: `IF NOT EXISTS`).
     pub fn create_table_sql(schema: &InboxSchema) -> String {
-        format!(
-            "CREATE TABLE IF NOT EXISTS {table} (\n    \
-                 id           BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,\n    \
-                 message_id   BINARY(16)   NOT NULL,\n    \
-                 consumer     VARCHAR(200) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,\n    \
-                 received_at  DATETIME(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6),\n    \
-                 processed_at DATETIME(6)  NULL,\n    \
-                 claimed_until DATETIME(6) NULL,\n    \
-                 attempts     INT          NOT NULL DEFAULT 1,\n    \
-                 UNIQUE KEY {index} (message_id, consumer),\n    \
-                 KEY ix_{name}_processed_at (processed_at)\n\
-             ) ENGINE = InnoDB;\n",
-            table = schema.table(),
-            index = schema.constraint(),
-            name = schema.table_name(),
-        )
+        super::Backend::Mysql.create_table_sql(schema)
     }
 
-    /// `DROP TABLE` for `schema` (drops its index too).
+    /// `DROP TABLE` for `schema` (drops its indexes too).
     pub fn drop_table_sql(schema: &InboxSchema) -> String {
-        format!("DROP TABLE IF EXISTS {};\n", schema.table())
+        super::Backend::Mysql.drop_table_sql(schema)
     }
 }

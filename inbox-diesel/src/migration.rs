@@ -1,0 +1,268 @@
+//! The inbox table as a diesel migration: its SQL, and the migration directory the
+//! `inbox-diesel migration generate` command writes.
+//!
+//! The directory has exactly the layout `diesel migration generate` of diesel 2.3 writes —
+//! `<migrations>/<YYYY-MM-DD-HHMMSS-NNNN>_create_inbox/{up.sql,down.sql}` — so
+//! `diesel migration run`, `revert` and `redo` treat it like any migration of the project.
+//!
+//! ```
+//! use inbox_diesel::InboxSchema;
+//! use inbox_diesel::migration::InboxMigration;
+//! use inbox_diesel::schema::Backend;
+//!
+//! let dir = tempfile::tempdir()?;
+//! let migration = InboxMigration::new(Backend::Postgres, InboxSchema::DEFAULT);
+//! let written = migration.write_to(dir.path())?;
+//! assert!(written.directory.file_name().unwrap().to_str().unwrap().ends_with("_create_inbox"));
+//! assert!(std::fs::read_to_string(&written.up)?.contains("ux_inbox_message_consumer"));
+//! // Never a second one for the same table.
+//! assert!(migration.write_to(dir.path()).is_err());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::fmt;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use inbox_core::InboxSchema;
+
+use crate::schema::Backend;
+
+/// The migration creating one inbox table on one backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InboxMigration {
+    backend: Backend,
+    schema: InboxSchema,
+}
+
+/// The files [`InboxMigration::write_to`] wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WrittenMigration {
+    /// `<migrations>/<version>_create_<table>`.
+    pub directory: PathBuf,
+    /// Its `up.sql`.
+    pub up: PathBuf,
+    /// Its `down.sql`.
+    pub down: PathBuf,
+}
+
+/// Why no migration was written. Whatever the variant, nothing was left behind.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum MigrationError {
+    /// The migrations directory does not exist or is not a directory.
+    NoMigrationsDirectory(PathBuf),
+    /// A migration creating this table exists already; it is never overwritten.
+    AlreadyExists(PathBuf),
+    /// Reading the directory or writing a file failed.
+    Io {
+        /// The path being read or written.
+        path: PathBuf,
+        /// What failed.
+        source: std::io::Error,
+    },
+}
+
+impl fmt::Display for MigrationError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MigrationError::NoMigrationsDirectory(dir) => write!(
+                f,
+                "the migrations directory {} does not exist (create it, or run `diesel setup`)",
+                dir.display()
+            ),
+            MigrationError::AlreadyExists(dir) => write!(
+                f,
+                "a migration creating this table exists already: {} (nothing written)",
+                dir.display()
+            ),
+            MigrationError::Io { path, source } => {
+                write!(f, "{}: {source} (nothing written)", path.display())
+            }
+        }
+    }
+}
+
+impl std::error::Error for MigrationError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            MigrationError::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+/// The first line of each file, as `diesel migration generate` writes it.
+const UP_HEADER: &str = "-- Your SQL goes here\n";
+const DOWN_HEADER: &str = "-- This file should undo anything in `up.sql`\n";
+
+impl InboxMigration {
+    /// The migration of `schema`'s table (and its index names) on `backend`.
+    pub fn new(backend: Backend, schema: InboxSchema) -> Self {
+        Self { backend, schema }
+    }
+
+    /// The migration's name: `create_<table>` (`create_billing_inbox` for `billing.inbox`).
+    pub fn name(&self) -> String {
+        format!("create_{}", self.schema.table().replace('.', "_"))
+    }
+
+    /// The contents of `up.sql`.
+    pub fn up_sql(&self) -> String {
+        format!("{UP_HEADER}{}", self.backend.create_table_sql(&self.schema))
+    }
+
+    /// The contents of `down.sql`.
+    pub fn down_sql(&self) -> String {
+        format!("{DOWN_HEADER}{}", self.backend.drop_table_sql(&self.schema))
+    }
+
+    /// Writes `<migrations_dir>/<version>_<name>/{up.sql,down.sql}`, the version being the
+    /// current UTC time in diesel's format plus a 4-digit subversion that keeps it unique.
+    ///
+    /// # Errors
+    /// When `migrations_dir` is missing, when a migration of the same name exists there (it
+    /// is never overwritten), or when writing fails — in which case the new directory is
+    /// removed again.
+    pub fn write_to(&self, migrations_dir: &Path) -> Result<WrittenMigration, MigrationError> {
+        if !migrations_dir.is_dir() {
+            return Err(MigrationError::NoMigrationsDirectory(
+                migrations_dir.to_path_buf(),
+            ));
+        }
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| MigrationError::Io { path, source }
+        };
+        let existing: Vec<String> = std::fs::read_dir(migrations_dir)
+            .map_err(io(migrations_dir))?
+            .filter_map(Result::ok)
+            .filter(|entry| entry.path().is_dir())
+            .filter_map(|entry| entry.file_name().into_string().ok())
+            .collect();
+        let suffix = format!("_{}", self.name());
+        if let Some(found) = existing.iter().find(|name| name.ends_with(&suffix)) {
+            return Err(MigrationError::AlreadyExists(migrations_dir.join(found)));
+        }
+        let timestamp = utc_timestamp(SystemTime::now());
+        let version = (0..=u16::MAX)
+            .map(|sub| format!("{timestamp}-{sub:04x}"))
+            .find(|version| {
+                !existing
+                    .iter()
+                    .any(|name| name.starts_with(version.as_str()))
+            })
+            .ok_or_else(|| MigrationError::AlreadyExists(migrations_dir.join(&timestamp)))?;
+        let directory = migrations_dir.join(format!("{version}_{}", self.name()));
+        std::fs::create_dir(&directory).map_err(io(&directory))?;
+        let written = WrittenMigration {
+            up: directory.join("up.sql"),
+            down: directory.join("down.sql"),
+            directory,
+        };
+        let write = |path: &Path, contents: String| {
+            std::fs::File::create_new(path)
+                .and_then(|mut file| file.write_all(contents.as_bytes()))
+                .map_err(io(path))
+        };
+        let result =
+            write(&written.up, self.up_sql()).and_then(|()| write(&written.down, self.down_sql()));
+        if let Err(e) = result {
+            let _ = std::fs::remove_dir_all(&written.directory);
+            return Err(e);
+        }
+        Ok(written)
+    }
+}
+
+/// `YYYY-MM-DD-HHMMSS` in UTC: the version format of `diesel migration generate`.
+fn utc_timestamp(at: SystemTime) -> String {
+    let secs = at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    let (year, month, day) = civil_from_days(days as i64);
+    format!(
+        "{year:04}-{month:02}-{day:02}-{:02}{:02}{:02}",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    )
+}
+
+/// The proleptic Gregorian date of a day count since 1970-01-01 (Howard Hinnant's
+/// `civil_from_days`).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn timestamps_are_utc_in_diesels_format() {
+        assert_eq!(utc_timestamp(UNIX_EPOCH), "1970-01-01-000000");
+        // 2024-02-29T23:59:59Z, a leap day.
+        let leap = UNIX_EPOCH + Duration::from_secs(1_709_251_199);
+        assert_eq!(utc_timestamp(leap), "2024-02-29-235959");
+        let later = UNIX_EPOCH + Duration::from_secs(1_795_996_800);
+        assert_eq!(utc_timestamp(later), "2026-11-30-000000");
+    }
+
+    #[test]
+    fn names_follow_the_table() {
+        let billing = InboxSchema::new("billing.inbox", "ux_billing").unwrap();
+        assert_eq!(
+            InboxMigration::new(Backend::Mysql, billing).name(),
+            "create_billing_inbox"
+        );
+    }
+
+    #[test]
+    fn writes_up_and_down_and_never_twice() {
+        let dir = tempfile::tempdir().unwrap();
+        let migration = InboxMigration::new(Backend::Sqlite, InboxSchema::DEFAULT);
+        let written = migration.write_to(dir.path()).unwrap();
+        let name = written.directory.file_name().unwrap().to_str().unwrap();
+        assert_eq!(
+            name.len(),
+            "YYYY-MM-DD-HHMMSS-0000_create_inbox".len(),
+            "{name}"
+        );
+        assert!(name.ends_with("-0000_create_inbox"), "{name}");
+        let up = std::fs::read_to_string(&written.up).unwrap();
+        assert!(up.starts_with(UP_HEADER) && up.contains("CREATE TABLE IF NOT EXISTS inbox"));
+        let down = std::fs::read_to_string(&written.down).unwrap();
+        assert!(down.starts_with(DOWN_HEADER) && down.contains("DROP TABLE IF EXISTS inbox"));
+        let again = migration.write_to(dir.path());
+        assert!(
+            matches!(again, Err(MigrationError::AlreadyExists(_))),
+            "{again:?}"
+        );
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_missing_directory_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("migrations");
+        let result =
+            InboxMigration::new(Backend::Postgres, InboxSchema::DEFAULT).write_to(&missing);
+        assert!(matches!(
+            result,
+            Err(MigrationError::NoMigrationsDirectory(_))
+        ));
+        assert!(!missing.exists());
+    }
+}

@@ -1,0 +1,252 @@
+//! `inbox-diesel migration generate`, run as a user runs it, in a scratch project.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn inbox_diesel(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_inbox-diesel"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("DATABASE_URL")
+        .env_remove("MIGRATION_DIRECTORY")
+        .env_remove("DIESEL_CONFIG_FILE")
+        .output()
+        .expect("the binary runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A project as `cargo new` and `diesel setup` leave it.
+fn project() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("Cargo.toml"), "[package]\nname = \"app\"\n").unwrap();
+    std::fs::create_dir(dir.path().join("migrations")).unwrap();
+    dir
+}
+
+/// The migration directories under `migrations`.
+fn migrations(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+#[test]
+fn generates_into_the_nearest_migrations_directory() {
+    let project = project();
+    let out = inbox_diesel(
+        project.path(),
+        &["migration", "generate", "--backend", "sqlite"],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let written = migrations(&project.path().join("migrations"));
+    assert_eq!(written.len(), 1);
+    let name = &written[0];
+    assert!(name.ends_with("-0000_create_inbox"), "{name}");
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains(&format!("Creating migrations/{name}/up.sql")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("Creating migrations/{name}/down.sql")),
+        "{stdout}"
+    );
+    let up = std::fs::read_to_string(project.path().join("migrations").join(name).join("up.sql"));
+    assert!(up.unwrap().contains("BLOB"));
+}
+
+#[test]
+fn reads_the_backend_from_database_url_and_dot_env() {
+    let (project, other) = (project(), project());
+    let out = Command::new(env!("CARGO_BIN_EXE_inbox-diesel"))
+        .args(["migration", "generate", "--table", "billing.inbox"])
+        .current_dir(project.path())
+        .env("DATABASE_URL", "postgres://localhost/app")
+        .env_remove("MIGRATION_DIRECTORY")
+        .env_remove("DIESEL_CONFIG_FILE")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let written = migrations(&project.path().join("migrations"));
+    assert!(written[0].ends_with("_create_billing_inbox"), "{written:?}");
+    let up = project
+        .path()
+        .join("migrations")
+        .join(&written[0])
+        .join("up.sql");
+    assert!(std::fs::read_to_string(up).unwrap().contains("UUID"));
+
+    std::fs::write(
+        other.path().join(".env"),
+        "DATABASE_URL=mysql://root@localhost/app\n",
+    )
+    .unwrap();
+    let out = inbox_diesel(other.path(), &["migration", "generate"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let written = migrations(&other.path().join("migrations"));
+    let up = other
+        .path()
+        .join("migrations")
+        .join(&written[0])
+        .join("up.sql");
+    assert!(
+        std::fs::read_to_string(up)
+            .unwrap()
+            .contains("ENGINE = InnoDB")
+    );
+}
+
+#[test]
+fn reads_the_directory_from_diesel_toml() {
+    let project = project();
+    std::fs::write(
+        project.path().join("diesel.toml"),
+        "[print_schema]\nfile = \"src/schema.rs\"\n\n[migrations_directory]\ndir = \"db/migrations\"\n",
+    )
+    .unwrap();
+    std::fs::create_dir_all(project.path().join("db/migrations")).unwrap();
+    let src = project.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    let out = inbox_diesel(&src, &["migration", "generate", "--backend", "mysql"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(migrations(&project.path().join("db/migrations")).len(), 1);
+    assert!(migrations(&project.path().join("migrations")).is_empty());
+}
+
+/// Bad input: a clear message, exit code 2, nothing written.
+#[test]
+fn bad_input_is_refused_and_writes_nothing() {
+    let project = project();
+    let cases: [(&[&str], &str); 6] = [
+        (
+            &["migration", "generate", "--backend", "oracle"],
+            "unknown backend `oracle`",
+        ),
+        (
+            &[
+                "migration",
+                "generate",
+                "--backend",
+                "sqlite",
+                "--table",
+                "inbox; drop",
+            ],
+            "--table `inbox; drop` is not a table name",
+        ),
+        (
+            &[
+                "migration",
+                "generate",
+                "--backend",
+                "sqlite",
+                "--constraint",
+                "1x",
+            ],
+            "--constraint `1x` is not an index name",
+        ),
+        (
+            &[
+                "migration",
+                "generate",
+                "--backend",
+                "sqlite",
+                "--with",
+                "fingerprint",
+            ],
+            "unknown part `fingerprint`",
+        ),
+        (
+            &["migration", "generate", "--backend"],
+            "`--backend` needs a value",
+        ),
+        (&["migration", "generate"], "cannot tell the backend"),
+    ];
+    for (args, expected) in cases {
+        let out = inbox_diesel(project.path(), args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let stderr = text(&out.stderr);
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+    let out = inbox_diesel(project.path(), &["migrate"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(migrations(&project.path().join("migrations")).is_empty());
+}
+
+/// Failures to write: exit code 1, nothing written, nothing overwritten.
+#[test]
+fn unwritable_or_existing_migrations_are_refused() {
+    let project = project();
+    let missing = project.path().join("nowhere");
+    let out = inbox_diesel(
+        project.path(),
+        &[
+            "migration",
+            "generate",
+            "--backend",
+            "sqlite",
+            "--migration-dir",
+            missing.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("does not exist"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!missing.exists());
+
+    // Not even root may create a directory under /proc.
+    let out = inbox_diesel(
+        project.path(),
+        &[
+            "migration",
+            "generate",
+            "--backend",
+            "sqlite",
+            "--migration-dir",
+            "/proc/self",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("nothing written"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let first = inbox_diesel(
+        project.path(),
+        &["migration", "generate", "--backend", "sqlite"],
+    );
+    assert!(first.status.success());
+    let before = migrations(&project.path().join("migrations"));
+    let up = project
+        .path()
+        .join("migrations")
+        .join(&before[0])
+        .join("up.sql");
+    let original = std::fs::read_to_string(&up).unwrap();
+    let second = inbox_diesel(
+        project.path(),
+        &["migration", "generate", "--backend", "postgres"],
+    );
+    assert_eq!(second.status.code(), Some(1));
+    assert!(
+        text(&second.stderr).contains("exists already"),
+        "{}",
+        text(&second.stderr)
+    );
+    assert_eq!(migrations(&project.path().join("migrations")), before);
+    assert_eq!(std::fs::read_to_string(&up).unwrap(), original);
+}
