@@ -51,6 +51,14 @@ pub trait InboxConnection:
         refuse_open_transaction(self)
     }
 
+    /// The backend, for the SQL that is not written once.
+    #[doc(hidden)]
+    const BACKEND: crate::schema::Backend;
+
+    /// The startup check: what the catalog says about the inbox table.
+    #[doc(hidden)]
+    fn read_catalog(&mut self, schema: &InboxSchema) -> QueryResult<crate::verify::Catalog>;
+
     /// Claim mode: runs one step, committed on its own.
     #[doc(hidden)]
     fn claim_step(
@@ -265,6 +273,13 @@ pub(crate) mod sqlite {
     }
 
     impl InboxConnection for SqliteConnection {
+        const BACKEND: crate::schema::Backend = crate::schema::Backend::Sqlite;
+
+        fn read_catalog(&mut self, schema: &InboxSchema) -> QueryResult<crate::verify::Catalog> {
+            let conn = self;
+            crate::verify::read_catalog!(conn, schema, Self::BACKEND, [])
+        }
+
         /// `BEGIN IMMEDIATE` takes the write lock at once, so two deliveries queue on the busy
         /// timeout instead of both reading and then failing to upgrade to a writer.
         fn begin_inbox_transaction(&mut self, spec: &HandlerSpec) -> QueryResult<()> {
@@ -332,6 +347,13 @@ pub(crate) mod postgres {
     }
 
     impl InboxConnection for PgConnection {
+        const BACKEND: crate::schema::Backend = crate::schema::Backend::Postgres;
+
+        fn read_catalog(&mut self, schema: &InboxSchema) -> QueryResult<crate::verify::Catalog> {
+            let conn = self;
+            crate::verify::read_catalog!(conn, schema, Self::BACKEND, [])
+        }
+
         fn begin_inbox_transaction(&mut self, spec: &HandlerSpec) -> QueryResult<()> {
             AnsiTransactionManager::begin_transaction_sql(self, spec.isolation.begin_sql())
         }
@@ -394,6 +416,13 @@ pub(crate) mod mysql {
     }
 
     impl InboxConnection for MysqlConnection {
+        const BACKEND: crate::schema::Backend = crate::schema::Backend::Mysql;
+
+        fn read_catalog(&mut self, schema: &InboxSchema) -> QueryResult<crate::verify::Catalog> {
+            let conn = self;
+            crate::verify::read_catalog!(conn, schema, Self::BACKEND, [])
+        }
+
         fn begin_inbox_transaction(&mut self, spec: &HandlerSpec) -> QueryResult<()> {
             if let Some(level) = spec.isolation.set_transaction_sql() {
                 self.batch_execute(level)?;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use diesel::QueryResult;
 use diesel_async::AsyncConnection;
-use inbox_core::{ErrorClass, KeyError, MessageKey, Outcome};
+use inbox_core::{ErrorClass, InboxSchema, KeyError, MessageKey, Outcome};
 use tracing::Instrument;
 
 use crate::__private::HandlerSpec;
@@ -79,6 +79,17 @@ pub trait AsyncInboxConnection: AsyncConnection + Send + sealed::Sealed {
         &mut self,
         spec: &'static HandlerSpec,
     ) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// The backend, for the SQL that is not written once.
+    #[doc(hidden)]
+    const BACKEND: crate::schema::Backend;
+
+    /// The startup check: what the catalog says about the inbox table.
+    #[doc(hidden)]
+    fn read_catalog(
+        &mut self,
+        schema: &InboxSchema,
+    ) -> impl Future<Output = QueryResult<crate::verify::Catalog>> + Send;
 
     /// Claim mode: runs one step, committed on its own.
     #[doc(hidden)]
@@ -285,6 +296,17 @@ mod postgres {
     impl sealed::Sealed for AsyncPgConnection {}
 
     impl AsyncInboxConnection for AsyncPgConnection {
+        const BACKEND: crate::schema::Backend = crate::schema::Backend::Postgres;
+
+        async fn read_catalog(
+            &mut self,
+            schema: &InboxSchema,
+        ) -> QueryResult<crate::verify::Catalog> {
+            use diesel_async::RunQueryDsl;
+            let conn = self;
+            crate::verify::read_catalog!(conn, schema, Self::BACKEND, [.await])
+        }
+
         async fn begin_inbox_transaction(&mut self, spec: &'static HandlerSpec) -> QueryResult<()> {
             AnsiTransactionManager::begin_transaction_sql(self, spec.isolation.begin_sql()).await
         }
@@ -340,6 +362,17 @@ mod sqlite {
 
     /// SQLite runs on a blocking thread: each step is the sync runtime's own, sent there.
     impl AsyncInboxConnection for SyncConnectionWrapper<SqliteConnection> {
+        const BACKEND: crate::schema::Backend = crate::schema::Backend::Sqlite;
+
+        async fn read_catalog(
+            &mut self,
+            schema: &InboxSchema,
+        ) -> QueryResult<crate::verify::Catalog> {
+            let schema = *schema;
+            self.spawn_blocking(move |conn| conn.read_catalog(&schema))
+                .await
+        }
+
         async fn begin_inbox_transaction(&mut self, spec: &'static HandlerSpec) -> QueryResult<()> {
             self.spawn_blocking(move |conn| conn.begin_inbox_transaction(spec))
                 .await
@@ -399,6 +432,17 @@ mod mysql {
     impl sealed::Sealed for AsyncMysqlConnection {}
 
     impl AsyncInboxConnection for AsyncMysqlConnection {
+        const BACKEND: crate::schema::Backend = crate::schema::Backend::Mysql;
+
+        async fn read_catalog(
+            &mut self,
+            schema: &InboxSchema,
+        ) -> QueryResult<crate::verify::Catalog> {
+            use diesel_async::RunQueryDsl;
+            let conn = self;
+            crate::verify::read_catalog!(conn, schema, Self::BACKEND, [.await])
+        }
+
         async fn begin_inbox_transaction(&mut self, spec: &'static HandlerSpec) -> QueryResult<()> {
             if let Some(level) = spec.isolation.set_transaction_sql() {
                 SimpleAsyncConnection::batch_execute(self, level).await?;

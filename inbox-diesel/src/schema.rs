@@ -38,6 +38,57 @@ use std::str::FromStr;
 
 use inbox_core::InboxSchema;
 
+pub use crate::verify::{SchemaError, SchemaProblem};
+
+/// Checks, at startup, that the inbox table on `conn` is what the runtime needs: the table,
+/// each column with a type the runtime works with, and the unique index the classifier
+/// recognises duplicates by — named `schema.constraint()`, unique, on
+/// `(message_id, consumer)`. Every difference is reported, each in words.
+///
+/// ```
+/// # #[cfg(feature = "sqlite")] {
+/// use diesel::connection::SimpleConnection;
+/// use diesel::prelude::*;
+/// use inbox_diesel::{InboxSchema, schema};
+///
+/// let mut conn = SqliteConnection::establish(":memory:")?;
+/// conn.batch_execute(&schema::sqlite::create_table_sql(&InboxSchema::DEFAULT))?;
+/// schema::verify(&mut conn, &InboxSchema::DEFAULT)?;
+///
+/// conn.batch_execute("DROP INDEX ux_inbox_message_consumer")?;
+/// let error = schema::verify(&mut conn, &InboxSchema::DEFAULT).unwrap_err();
+/// assert!(error.to_string().contains("unique index `ux_inbox_message_consumer` on (message_id, consumer) is missing"));
+/// # }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+/// [`SchemaError::Mismatch`] listing each problem, or [`SchemaError::Database`] when the
+/// catalog could not be read.
+pub fn verify<C: crate::InboxConnection>(
+    conn: &mut C,
+    schema: &InboxSchema,
+) -> Result<(), SchemaError> {
+    let catalog = conn.read_catalog(schema).map_err(SchemaError::Database)?;
+    crate::verify::check(C::BACKEND, schema, catalog)
+}
+
+/// [`verify`] on a diesel-async connection.
+///
+/// # Errors
+/// As [`verify`].
+#[cfg(feature = "async")]
+pub async fn verify_async<C: crate::AsyncInboxConnection>(
+    conn: &mut C,
+    schema: &InboxSchema,
+) -> Result<(), SchemaError> {
+    let catalog = conn
+        .read_catalog(schema)
+        .await
+        .map_err(SchemaError::Database)?;
+    crate::verify::check(C::BACKEND, schema, catalog)
+}
+
 /// A database backend, for the SQL that differs between them. Available whatever features
 /// are enabled: the migration generator writes SQL for backends it does not connect to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

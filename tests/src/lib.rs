@@ -434,6 +434,39 @@ macro_rules! suite {
         }
 
         /// A nested `transaction` in the body is a savepoint inside the inbox transaction.
+        /// The startup check passes on the shipped schema, and names what was removed.
+        #[test]
+        fn startup_check_names_a_dropped_unique_index_and_column() {
+            use diesel::connection::SimpleConnection;
+            use inbox_diesel::schema::{verify, Backend, SchemaError, SchemaProblem};
+            use inbox_diesel::InboxSchema;
+            let db = <$db>::new("startup_check");
+            let mut conn = db.connect();
+            verify(&mut conn, &InboxSchema::DEFAULT).unwrap();
+            let drop_index = match <DbConnection as inbox_diesel::InboxConnection>::BACKEND {
+                Backend::Mysql => "ALTER TABLE inbox DROP INDEX ux_inbox_message_consumer",
+                _ => "DROP INDEX ux_inbox_message_consumer",
+            };
+            conn.batch_execute(drop_index).unwrap();
+            conn.batch_execute("ALTER TABLE inbox DROP COLUMN claimed_until").unwrap();
+            let error = verify(&mut conn, &InboxSchema::DEFAULT).unwrap_err();
+            let message = error.to_string();
+            let SchemaError::Mismatch { problems, .. } = error else {
+                panic!("expected a mismatch: {message}");
+            };
+            assert_eq!(
+                problems,
+                [
+                    SchemaProblem::MissingColumn { column: "claimed_until" },
+                    SchemaProblem::MissingUniqueIndex { index: "ux_inbox_message_consumer".into() },
+                ]
+            );
+            assert!(message.contains("unique index `ux_inbox_message_consumer`"), "{message}");
+            let elsewhere = InboxSchema::new("no_such_inbox", "ux_inbox_message_consumer").unwrap();
+            let missing = verify(&mut conn, &elsewhere).unwrap_err().to_string();
+            assert!(missing.contains("table `no_such_inbox` does not exist"), "{missing}");
+        }
+
         #[test]
         fn nested_transaction_commits_with_the_marker() {
             let db = <$db>::new("nested_transaction");
@@ -615,6 +648,26 @@ macro_rules! async_suite {
             assert_eq!(balance(&mut conn, 1).await, 10 * MESSAGES as i64);
             assert_eq!(processed, MESSAGES as usize);
             assert_eq!(duplicates, (INSTANCES - 1) * MESSAGES as usize);
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn async_startup_check_passes_and_finds_a_missing_table() {
+            use inbox_diesel::InboxSchema;
+            use inbox_diesel::schema::verify_async;
+            let db = <$db>::new("async_startup_check");
+            let mut conn = db.connect_async().await;
+            verify_async(&mut conn, &InboxSchema::DEFAULT)
+                .await
+                .unwrap();
+            let elsewhere = InboxSchema::new("no_such_inbox", "ux_inbox_message_consumer").unwrap();
+            let missing = verify_async(&mut conn, &elsewhere)
+                .await
+                .unwrap_err()
+                .to_string();
+            assert!(
+                missing.contains("table `no_such_inbox` does not exist"),
+                "{missing}"
+            );
         }
 
         #[tokio::test(flavor = "multi_thread")]

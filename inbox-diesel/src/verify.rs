@@ -1,0 +1,328 @@
+//! The startup check: does the database hold the inbox table the runtime expects?
+
+use std::fmt;
+
+use diesel::sql_types::{BigInt, Text};
+use inbox_core::InboxSchema;
+
+use crate::schema::Backend;
+
+/// What [`verify`](crate::schema::verify) found different from what the runtime needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SchemaProblem {
+    /// The table does not exist (or is not visible on this connection's search path or
+    /// database).
+    MissingTable {
+        /// The table looked for.
+        table: String,
+    },
+    /// A column the runtime reads or writes is missing.
+    MissingColumn {
+        /// The column.
+        column: &'static str,
+    },
+    /// A column has a type the runtime cannot work with.
+    WrongType {
+        /// The column.
+        column: &'static str,
+        /// Its type in the database.
+        found: String,
+        /// What it should be.
+        expected: &'static str,
+    },
+    /// No index of the name the runtime recognises duplicates by. Without it, two
+    /// deliveries both insert their marker and both run the body.
+    MissingUniqueIndex {
+        /// The index looked for (`constraint = "…"`).
+        index: String,
+    },
+    /// The index exists but is not unique.
+    IndexNotUnique {
+        /// The index.
+        index: String,
+    },
+    /// The index is unique but not on `(message_id, consumer)`.
+    IndexColumns {
+        /// The index.
+        index: String,
+        /// Its columns, in order.
+        found: Vec<String>,
+    },
+}
+
+impl fmt::Display for SchemaProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SchemaProblem::MissingTable { table } => write!(f, "table `{table}` does not exist"),
+            SchemaProblem::MissingColumn { column } => write!(f, "column `{column}` is missing"),
+            SchemaProblem::WrongType {
+                column,
+                found,
+                expected,
+            } => write!(f, "column `{column}` is {found}, expected {expected}"),
+            SchemaProblem::MissingUniqueIndex { index } => write!(
+                f,
+                "unique index `{index}` on (message_id, consumer) is missing: without it \
+                 concurrent deliveries are not recognised as duplicates"
+            ),
+            SchemaProblem::IndexNotUnique { index } => write!(f, "index `{index}` is not unique"),
+            SchemaProblem::IndexColumns { index, found } => write!(
+                f,
+                "index `{index}` is on ({}), expected (message_id, consumer)",
+                found.join(", ")
+            ),
+        }
+    }
+}
+
+/// Why [`verify`](crate::schema::verify) failed.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum SchemaError {
+    /// The table differs from what the runtime needs, in each of these ways.
+    Mismatch {
+        /// The table checked.
+        table: &'static str,
+        /// Everything found wrong.
+        problems: Vec<SchemaProblem>,
+    },
+    /// Reading the catalog failed.
+    Database(diesel::result::Error),
+}
+
+impl fmt::Display for SchemaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SchemaError::Mismatch { table, problems } => {
+                write!(
+                    f,
+                    "the inbox table `{table}` is not as the runtime needs it: "
+                )?;
+                for (n, problem) in problems.iter().enumerate() {
+                    if n > 0 {
+                        f.write_str("; ")?;
+                    }
+                    write!(f, "{problem}")?;
+                }
+                f.write_str(" (generate the table with `inbox-diesel migration generate`)")
+            }
+            SchemaError::Database(e) => write!(f, "reading the inbox table's definition: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for SchemaError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            SchemaError::Database(e) => Some(e),
+            SchemaError::Mismatch { .. } => None,
+        }
+    }
+}
+
+/// The catalog's view of the inbox table: its columns and the named index.
+#[doc(hidden)]
+#[derive(Debug, Default)]
+pub struct Catalog {
+    columns: Vec<ColumnRow>,
+    index: Vec<IndexRow>,
+}
+
+#[derive(Debug, diesel::QueryableByName)]
+pub(crate) struct ColumnRow {
+    #[diesel(sql_type = Text)]
+    name: String,
+    #[diesel(sql_type = Text)]
+    type_name: String,
+}
+
+#[derive(Debug, diesel::QueryableByName)]
+pub(crate) struct IndexRow {
+    #[diesel(sql_type = BigInt)]
+    is_unique: i64,
+    #[diesel(sql_type = Text)]
+    name: String,
+}
+
+/// The catalog queries of each backend. Binds: the table's qualifier (`''` when none) and
+/// its name; the index query then the index name.
+pub(crate) fn catalog_sql(backend: Backend) -> (&'static str, &'static str) {
+    match backend {
+        Backend::Postgres => (
+            "SELECT a.attname::text AS name, format_type(a.atttypid, a.atttypmod) AS type_name \
+             FROM pg_attribute a WHERE a.attrelid = to_regclass(CASE WHEN $1 = '' \
+             THEN quote_ident($2) ELSE quote_ident($1) || '.' || quote_ident($2) END) \
+             AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+            "SELECT CASE WHEN i.indisunique THEN 1 ELSE 0 END::int8 AS is_unique, \
+             a.attname::text AS name FROM pg_index i \
+             JOIN pg_class c ON c.oid = i.indexrelid \
+             CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord) \
+             JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum \
+             WHERE i.indrelid = to_regclass(CASE WHEN $1 = '' THEN quote_ident($2) \
+             ELSE quote_ident($1) || '.' || quote_ident($2) END) AND c.relname = $3 \
+             ORDER BY k.ord",
+        ),
+        Backend::Mysql => (
+            "SELECT CAST(column_name AS CHAR) AS name, CAST(column_type AS CHAR) AS type_name \
+             FROM information_schema.columns \
+             WHERE table_schema = COALESCE(NULLIF(?, ''), DATABASE()) AND table_name = ? \
+             ORDER BY ordinal_position",
+            "SELECT CAST(1 - non_unique AS SIGNED) AS is_unique, \
+             CAST(column_name AS CHAR) AS name FROM information_schema.statistics \
+             WHERE table_schema = COALESCE(NULLIF(?, ''), DATABASE()) AND table_name = ? \
+             AND index_name = ? ORDER BY seq_in_index",
+        ),
+        Backend::Sqlite => (
+            "SELECT name, type AS type_name \
+             FROM pragma_table_info(?2, COALESCE(NULLIF(?1, ''), 'main')) ORDER BY cid",
+            "SELECT CAST(l.\"unique\" AS BIGINT) AS is_unique, i.name AS name \
+             FROM pragma_index_list(?2, COALESCE(NULLIF(?1, ''), 'main')) AS l, \
+             pragma_index_info(l.name, COALESCE(NULLIF(?1, ''), 'main')) AS i \
+             WHERE l.name = ?3 ORDER BY i.seqno",
+        ),
+    }
+}
+
+/// Reads the [`Catalog`] on a connection of `$backend`, sync (`[]`) or async (`[.await]`).
+macro_rules! read_catalog {
+    ($conn:ident, $schema:ident, $backend:expr, [$($await:tt)*]) => {{
+        let (columns_sql, index_sql) = $crate::verify::catalog_sql($backend);
+        let (qualifier, name) = match $schema.table().rsplit_once('.') {
+            Some((qualifier, name)) => (qualifier, name),
+            None => ("", $schema.table()),
+        };
+        let columns = diesel::sql_query(columns_sql)
+            .bind::<diesel::sql_types::Text, _>(qualifier)
+            .bind::<diesel::sql_types::Text, _>(name)
+            .load($conn)$($await)*?;
+        let index = diesel::sql_query(index_sql)
+            .bind::<diesel::sql_types::Text, _>(qualifier)
+            .bind::<diesel::sql_types::Text, _>(name)
+            .bind::<diesel::sql_types::Text, _>($schema.constraint())
+            .load($conn)$($await)*?;
+        Ok($crate::verify::Catalog::new(columns, index))
+    }};
+}
+pub(crate) use read_catalog;
+
+impl Catalog {
+    pub(crate) fn new(columns: Vec<ColumnRow>, index: Vec<IndexRow>) -> Self {
+        Self { columns, index }
+    }
+}
+
+/// Each column the runtime uses, and the types it works with on each backend: a prefix of
+/// the catalog's type name, compared case-insensitively.
+const COLUMNS: [(&str, [&[&str]; 3], &str); 7] = [
+    // (column, [postgres, mysql, sqlite], expected)
+    (
+        "id",
+        [&["bigint"], &["bigint"], &["integer"]],
+        "a 64-bit integer key",
+    ),
+    (
+        "message_id",
+        [&["uuid"], &["binary(16)"], &["blob"]],
+        "UUID (PostgreSQL), BINARY(16) (MySQL), BLOB (SQLite)",
+    ),
+    (
+        "consumer",
+        [
+            &["text", "character varying"],
+            &["varchar", "text"],
+            &["text"],
+        ],
+        "text",
+    ),
+    (
+        "received_at",
+        [
+            &["timestamp"],
+            &["datetime", "timestamp"],
+            &["timestamp", "datetime", "text"],
+        ],
+        "a timestamp",
+    ),
+    (
+        "processed_at",
+        [
+            &["timestamp"],
+            &["datetime", "timestamp"],
+            &["timestamp", "datetime", "text"],
+        ],
+        "a timestamp",
+    ),
+    (
+        "claimed_until",
+        [
+            &["timestamp"],
+            &["datetime", "timestamp"],
+            &["timestamp", "datetime", "text"],
+        ],
+        "a timestamp",
+    ),
+    (
+        "attempts",
+        [
+            &["integer", "bigint"],
+            &["int", "bigint"],
+            &["integer", "bigint"],
+        ],
+        "an integer",
+    ),
+];
+
+/// Compares what the catalog says with what the runtime needs.
+pub(crate) fn check(
+    backend: Backend,
+    schema: &InboxSchema,
+    catalog: Catalog,
+) -> Result<(), SchemaError> {
+    let mut problems = Vec::new();
+    if catalog.columns.is_empty() {
+        problems.push(SchemaProblem::MissingTable {
+            table: schema.table().to_owned(),
+        });
+    } else {
+        let slot = match backend {
+            Backend::Postgres => 0,
+            Backend::Mysql => 1,
+            Backend::Sqlite => 2,
+        };
+        for (column, types, expected) in COLUMNS {
+            match catalog.columns.iter().find(|c| c.name == column) {
+                None => problems.push(SchemaProblem::MissingColumn { column }),
+                Some(found) => {
+                    let type_name = found.type_name.to_ascii_lowercase();
+                    if !types[slot].iter().any(|t| type_name.starts_with(t)) {
+                        problems.push(SchemaProblem::WrongType {
+                            column,
+                            found: found.type_name.clone(),
+                            expected,
+                        });
+                    }
+                }
+            }
+        }
+        let index = schema.constraint().to_owned();
+        let columns: Vec<String> = catalog.index.iter().map(|r| r.name.clone()).collect();
+        if catalog.index.is_empty() {
+            problems.push(SchemaProblem::MissingUniqueIndex { index });
+        } else if catalog.index.iter().any(|r| r.is_unique == 0) {
+            problems.push(SchemaProblem::IndexNotUnique { index });
+        } else if columns != InboxSchema::KEY_COLUMNS {
+            problems.push(SchemaProblem::IndexColumns {
+                index,
+                found: columns,
+            });
+        }
+    }
+    match problems.is_empty() {
+        true => Ok(()),
+        false => Err(SchemaError::Mismatch {
+            table: schema.table(),
+            problems,
+        }),
+    }
+}
