@@ -2,12 +2,12 @@
 //!
 //! | column | PostgreSQL | MySQL, MariaDB | SQLite | why |
 //! |---|---|---|---|---|
-//! | `id` | `BIGINT GENERATED ALWAYS AS IDENTITY` primary key | `BIGINT AUTO_INCREMENT` primary key | `INTEGER PRIMARY KEY` (the rowid) | new rows land at the end of the primary-key (on InnoDB, clustered) index |
+//! | `id` | `BIGINT GENERATED ALWAYS AS IDENTITY` primary key | `BIGINT AUTO_INCREMENT` primary key | `INTEGER PRIMARY KEY NOT NULL` (the rowid) | new rows land at the end of the primary-key (on InnoDB, clustered) index |
 //! | `message_id` | `UUID` | `BINARY(16)` | `BLOB` (16 bytes) | [`MessageKey::stored_id`](crate::MessageKey::stored_id): a fixed 16 bytes keeps the unique index narrow (37 bytes as text) and compares as memory, not by collation |
 //! | `consumer` | `TEXT COLLATE "C"` | `VARCHAR(200)` `utf8mb4_bin` | `TEXT` | byte-wise comparison: the name is an identifier, not prose, so locale-aware collation would only cost time; 200 bytes is the name's limit |
-//! | `received_at` | `TIMESTAMPTZ DEFAULT now()` | `DATETIME(6) DEFAULT CURRENT_TIMESTAMP(6)` | `TEXT DEFAULT CURRENT_TIMESTAMP` | when the marker was written |
-//! | `processed_at` | `TIMESTAMPTZ` | `DATETIME(6)` | `TEXT` | when the work committed; written in the same statement in transaction mode; NULL while a claim is open |
-//! | `claimed_until` | `TIMESTAMPTZ` | `DATETIME(6)` | `TEXT` (milliseconds) | claim mode: the end of the claim's lease; NULL once completed, or when a failed attempt released the claim |
+//! | `received_at` | `TIMESTAMPTZ DEFAULT now()` | `DATETIME(6) DEFAULT CURRENT_TIMESTAMP(6)` | `TIMESTAMP DEFAULT CURRENT_TIMESTAMP` (text) | when the marker was written |
+//! | `processed_at` | `TIMESTAMPTZ` | `DATETIME(6)` | `TIMESTAMP` | when the work committed; written in the same statement in transaction mode; NULL while a claim is open |
+//! | `claimed_until` | `TIMESTAMPTZ` | `DATETIME(6)` | `TIMESTAMP` (text, milliseconds) | claim mode: the end of the claim's lease; NULL once completed, or when a failed attempt released the claim |
 //! | `attempts` | `INTEGER DEFAULT 1` | `INT DEFAULT 1` | `INTEGER DEFAULT 1` | claim mode: how many deliveries claimed the key; each claim-mode statement names its attempt, so a claim taken over is never stamped by the delivery that lost it |
 //!
 //! and the unique index `ux_inbox_message_consumer` on `(message_id, consumer)`, whose
@@ -15,9 +15,19 @@
 //! the selective column. An index on `processed_at` lets [`purge`](crate::purge) take the
 //! oldest rows in small batches without scanning the table.
 //!
-//! Apply `postgres::create_table_sql`, `mysql::create_table_sql` or `sqlite::create_table_sql`
-//! in a migration; they
-//! take an [`InboxSchema`] for custom table and index names.
+//! The easiest way to create it is the migration the `inbox-diesel` command writes into a
+//! diesel project (see [`migration`](crate::migration)):
+//!
+//! ```text
+//! cargo install inbox-diesel
+//! inbox-diesel migration generate      # backend from DATABASE_URL, like the diesel CLI
+//! diesel migration run
+//! ```
+//!
+//! The same SQL is [`Backend::create_table_sql`] (and `postgres::create_table_sql`, … with
+//! the backend's feature), for custom table and index names through an [`InboxSchema`]. The
+//! `table!` of each backend is what `diesel print-schema` prints for that table, and
+//! [`verify`] checks at startup that the database has it.
 //!
 //! ```
 //! # #[cfg(feature = "sqlite")] {
@@ -172,13 +182,13 @@ impl FromStr for Backend {
 fn postgres_create(schema: &InboxSchema) -> String {
     format!(
         "CREATE TABLE IF NOT EXISTS {table} (\n    \
-             id           BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,\n    \
-             message_id   UUID        NOT NULL,\n    \
-             consumer     TEXT        COLLATE \"C\" NOT NULL,\n    \
-             received_at  TIMESTAMPTZ NOT NULL DEFAULT now(),\n    \
-             processed_at TIMESTAMPTZ,\n    \
+             id            BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,\n    \
+             message_id    UUID        NOT NULL,\n    \
+             consumer      TEXT        COLLATE \"C\" NOT NULL,\n    \
+             received_at   TIMESTAMPTZ NOT NULL DEFAULT now(),\n    \
+             processed_at  TIMESTAMPTZ,\n    \
              claimed_until TIMESTAMPTZ,\n    \
-             attempts     INTEGER     NOT NULL DEFAULT 1\n\
+             attempts      INTEGER     NOT NULL DEFAULT 1\n\
          );\n\
          CREATE UNIQUE INDEX IF NOT EXISTS {index} ON {table} (message_id, consumer);\n\
          CREATE INDEX IF NOT EXISTS ix_{name}_processed_at ON {table} (processed_at);\n",
@@ -197,13 +207,13 @@ fn sqlite_create(schema: &InboxSchema) -> String {
     };
     format!(
         "CREATE TABLE IF NOT EXISTS {table} (\n    \
-             id           INTEGER PRIMARY KEY,\n    \
-             message_id   BLOB    NOT NULL,\n    \
-             consumer     TEXT    NOT NULL,\n    \
-             received_at  TEXT    NOT NULL DEFAULT CURRENT_TIMESTAMP,\n    \
-             processed_at TEXT,\n    \
-             claimed_until TEXT,\n    \
-             attempts     INTEGER NOT NULL DEFAULT 1\n\
+             id            INTEGER   PRIMARY KEY NOT NULL,\n    \
+             message_id    BLOB      NOT NULL,\n    \
+             consumer      TEXT      NOT NULL,\n    \
+             received_at   TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP,\n    \
+             processed_at  TIMESTAMP,\n    \
+             claimed_until TIMESTAMP,\n    \
+             attempts      INTEGER   NOT NULL DEFAULT 1\n\
          );\n\
          CREATE UNIQUE INDEX IF NOT EXISTS {index_prefix}{index} \
          ON {table_name} (message_id, consumer);\n\
@@ -220,13 +230,13 @@ fn sqlite_create(schema: &InboxSchema) -> String {
 fn mysql_create(schema: &InboxSchema) -> String {
     format!(
         "CREATE TABLE IF NOT EXISTS {table} (\n    \
-             id           BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,\n    \
-             message_id   BINARY(16)   NOT NULL,\n    \
-             consumer     VARCHAR(200) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,\n    \
-             received_at  DATETIME(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6),\n    \
-             processed_at DATETIME(6)  NULL,\n    \
-             claimed_until DATETIME(6) NULL,\n    \
-             attempts     INT          NOT NULL DEFAULT 1,\n    \
+             id            BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,\n    \
+             message_id    BINARY(16)   NOT NULL,\n    \
+             consumer      VARCHAR(200) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,\n    \
+             received_at   DATETIME(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6),\n    \
+             processed_at  DATETIME(6)  NULL,\n    \
+             claimed_until DATETIME(6)  NULL,\n    \
+             attempts      INT          NOT NULL DEFAULT 1,\n    \
              UNIQUE KEY {index} (message_id, consumer),\n    \
              KEY ix_{name}_processed_at (processed_at)\n\
          ) ENGINE = InnoDB;\n",
@@ -257,7 +267,7 @@ pub mod postgres {
             /// Claim mode: when the claim's lease ends (null once completed or released).
             claimed_until -> Nullable<Timestamptz>,
             /// Claim mode: the deliveries that claimed this key.
-            attempts -> Integer,
+            attempts -> Int4,
         }
     }
     /// `CREATE TABLE` and its indexes for `schema` (idempotent: `IF NOT EXISTS`).
@@ -279,8 +289,8 @@ pub mod sqlite {
     diesel::table! {
         /// The inbox table as the shipped SQLite schema creates it.
         inbox (id) {
-            /// Row id, in insertion order.
-            id -> BigInt,
+            /// Row id, in insertion order (the rowid).
+            id -> Integer,
             /// The message key's 16-byte stored id.
             message_id -> Binary,
             /// The consumer name.
@@ -315,11 +325,13 @@ pub mod mysql {
         /// The inbox table as the shipped MySQL/MariaDB schema creates it.
         inbox (id) {
             /// Row id, in insertion order.
-            id -> BigInt,
+            id -> Bigint,
             /// The message key's 16-byte stored id.
+            #[max_length = 16]
             message_id -> Binary,
             /// The consumer name.
-            consumer -> Text,
+            #[max_length = 200]
+            consumer -> Varchar,
             /// When the marker was written.
             received_at -> Datetime,
             /// When the work committed (null while a claim is open).
