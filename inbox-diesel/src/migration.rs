@@ -19,6 +19,33 @@
 //! assert!(migration.write_to(dir.path()).is_err());
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! # Embedded, for `MigrationHarness`
+//!
+//! An [`InboxMigration`] is also a diesel `MigrationSource` of one migration, for services
+//! that run their migrations from code with `diesel_migrations`:
+//!
+//! ```
+//! # #[cfg(feature = "sqlite")] {
+//! use diesel::prelude::*;
+//! use diesel_migrations::MigrationHarness;
+//! use inbox_diesel::InboxSchema;
+//! use inbox_diesel::migration::InboxMigration;
+//! use inbox_diesel::schema::{self, Backend};
+//!
+//! let mut conn = SqliteConnection::establish(":memory:")?;
+//! conn.run_pending_migrations(InboxMigration::new(Backend::Sqlite, InboxSchema::DEFAULT))?;
+//! schema::verify(&mut conn, &InboxSchema::DEFAULT)?;
+//! # }
+//! # Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
+//! ```
+//!
+//! It is recorded in `__diesel_schema_migrations` under version [`EMBEDDED_VERSION`], which
+//! sorts before every timestamped version. Reverting goes by the newest applied version, and
+//! a migration source knows only its own migrations: `revert_last_migration` with your own
+//! source keeps reverting your migrations and stops with `UnknownMigrationVersion` when only
+//! the inbox's is left; revert that one with `revert_last_migration(InboxMigration::new(…))`.
+//! The backend given must be the connection's.
 
 use std::fmt;
 use std::io::Write;
@@ -90,6 +117,69 @@ impl std::error::Error for MigrationError {
             MigrationError::Io { source, .. } => Some(source),
             _ => None,
         }
+    }
+}
+
+/// The version the embedded migration is recorded under: before any timestamped version,
+/// so that reverting a project's own migrations never reaches it first.
+pub const EMBEDDED_VERSION: &str = "00000000000001";
+
+impl<DB: diesel::backend::Backend> diesel::migration::MigrationSource<DB> for InboxMigration {
+    fn migrations(
+        &self,
+    ) -> diesel::migration::Result<Vec<Box<dyn diesel::migration::Migration<DB>>>> {
+        Ok(vec![Box::new(Embedded {
+            name: format!("{EMBEDDED_VERSION}_{}", self.name()),
+            up: self.backend.create_table_sql(&self.schema),
+            down: self.backend.drop_table_sql(&self.schema),
+        })])
+    }
+}
+
+/// The embedded migration: the SQL of the generated files, without their comments.
+struct Embedded {
+    name: String,
+    up: String,
+    down: String,
+}
+
+impl<DB: diesel::backend::Backend> diesel::migration::Migration<DB> for Embedded {
+    fn run(
+        &self,
+        conn: &mut dyn diesel::connection::BoxableConnection<DB>,
+    ) -> diesel::migration::Result<()> {
+        conn.batch_execute(&self.up)?;
+        Ok(())
+    }
+
+    fn revert(
+        &self,
+        conn: &mut dyn diesel::connection::BoxableConnection<DB>,
+    ) -> diesel::migration::Result<()> {
+        conn.batch_execute(&self.down)?;
+        Ok(())
+    }
+
+    fn metadata(&self) -> &dyn diesel::migration::MigrationMetadata {
+        self
+    }
+
+    fn name(&self) -> &dyn diesel::migration::MigrationName {
+        self
+    }
+}
+
+impl diesel::migration::MigrationMetadata for Embedded {}
+
+impl diesel::migration::MigrationName for Embedded {
+    fn version(&self) -> diesel::migration::MigrationVersion<'_> {
+        EMBEDDED_VERSION.into()
+    }
+}
+
+impl fmt::Display for Embedded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name)
     }
 }
 
@@ -251,6 +341,31 @@ mod tests {
             "{again:?}"
         );
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    /// Run, checked, reverted through `MigrationHarness`, beside a project's own migration.
+    #[cfg(feature = "sqlite")]
+    #[test]
+    fn embedded_migration_runs_and_reverts() {
+        use diesel::migration::MigrationSource;
+        use diesel::{Connection, SqliteConnection};
+        use diesel_migrations::MigrationHarness;
+
+        let mut conn = SqliteConnection::establish(":memory:").unwrap();
+        let inbox = InboxMigration::new(Backend::Sqlite, InboxSchema::DEFAULT);
+        let names: Vec<String> = MigrationSource::<diesel::sqlite::Sqlite>::migrations(&inbox)
+            .unwrap()
+            .iter()
+            .map(|m| m.name().to_string())
+            .collect();
+        assert_eq!(names, ["00000000000001_create_inbox"]);
+        let applied = conn.run_pending_migrations(inbox).unwrap();
+        assert_eq!(applied.len(), 1);
+        crate::schema::verify(&mut conn, &InboxSchema::DEFAULT).unwrap();
+        // Applied once: the second run has nothing to do.
+        assert!(conn.run_pending_migrations(inbox).unwrap().is_empty());
+        conn.revert_last_migration(inbox).unwrap();
+        assert!(crate::schema::verify(&mut conn, &InboxSchema::DEFAULT).is_err());
     }
 
     #[test]

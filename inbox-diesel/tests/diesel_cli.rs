@@ -1,0 +1,157 @@
+//! The migration as a new user applies it, through the real diesel CLI: in a fresh project,
+//! `diesel setup`, `inbox-diesel migration generate`, `diesel migration run` and
+//! `diesel migration redo`; then the startup check passes and `diesel print-schema` prints
+//! exactly the `table!` this crate ships. Needs `diesel` (diesel_cli 2.3) on `PATH`, and for
+//! the server backends `INBOX_TEST_PG` / `INBOX_TEST_MYSQL`.
+
+use std::path::Path;
+use std::process::Command;
+
+use diesel::Connection;
+use inbox_diesel::InboxSchema;
+use inbox_diesel::schema::verify;
+
+/// Runs a command in the project with `DATABASE_URL` set; panics with its output on failure.
+fn run(program: &str, project: &Path, url: &str, args: &[&str]) -> String {
+    let out = Command::new(program)
+        .args(args)
+        .current_dir(project)
+        .env("DATABASE_URL", url)
+        .env_remove("MIGRATION_DIRECTORY")
+        .env_remove("DIESEL_CONFIG_FILE")
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("cannot run `{program}`: {e}; install it: cargo install diesel_cli --version '~2.3' --no-default-features --features postgres,mysql,sqlite-bundled")
+        });
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "`{program} {}` failed:\n{stdout}\n{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// The new user's steps, in a fresh project; returns `diesel print-schema`'s output.
+fn new_project_applies_the_migration(url: &str) -> String {
+    let project = tempfile::tempdir().unwrap();
+    std::fs::write(
+        project.path().join("Cargo.toml"),
+        "[package]\nname = \"app\"\n",
+    )
+    .unwrap();
+    run("diesel", project.path(), url, &["setup"]);
+    let generated = run(
+        env!("CARGO_BIN_EXE_inbox-diesel"),
+        project.path(),
+        url,
+        &["migration", "generate"],
+    );
+    assert!(generated.contains("_create_inbox/up.sql"), "{generated}");
+    let ran = run("diesel", project.path(), url, &["migration", "run"]);
+    assert!(ran.contains("_create_inbox"), "{ran}");
+    let redone = run("diesel", project.path(), url, &["migration", "redo"]);
+    assert!(
+        redone.contains("Rolling back migration") && redone.contains("_create_inbox"),
+        "{redone}"
+    );
+    run(
+        "diesel",
+        project.path(),
+        url,
+        &["print-schema", "--only-tables", "inbox"],
+    )
+}
+
+/// The `table!` of `module` in this crate's `schema.rs`, without its doc comments.
+fn shipped_table(module: &str) -> Vec<String> {
+    let source = include_str!("../src/schema.rs");
+    let start = source
+        .find(&format!("pub mod {module} {{"))
+        .and_then(|at| source[at..].find("diesel::table! {").map(|t| at + t))
+        .expect("the module has a table!");
+    let end = start + source[start..].find("\n    }\n").expect("the table! ends");
+    table_lines(&source[start..end])
+}
+
+/// The lines of a `table!` that say something: no comments, no blank lines, no indentation.
+fn table_lines(text: &str) -> Vec<String> {
+    text.lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !line.starts_with("//"))
+        .map(str::to_owned)
+        .collect()
+}
+
+fn printed_table(schema: &str) -> Vec<String> {
+    let mut lines = table_lines(schema);
+    // The closing brace of `diesel::table! {`, which `shipped_table` stops before.
+    assert_eq!(lines.pop().as_deref(), Some("}"), "{schema}");
+    lines
+}
+
+#[test]
+fn sqlite_migration_through_the_diesel_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = dir.path().join("app.sqlite").display().to_string();
+    let printed = new_project_applies_the_migration(&url);
+    assert_eq!(printed_table(&printed), shipped_table("sqlite"));
+    let mut conn = diesel::SqliteConnection::establish(&url).unwrap();
+    verify(&mut conn, &InboxSchema::DEFAULT).unwrap();
+}
+
+/// A database of its own on the server `variable` names, dropped afterwards.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+struct ServerDatabase<C: Connection> {
+    admin: String,
+    name: String,
+    url: String,
+    connection: std::marker::PhantomData<C>,
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+impl<C: Connection> ServerDatabase<C> {
+    fn new(variable: &str, test: &str) -> Self {
+        let admin = std::env::var(variable)
+            .unwrap_or_else(|_| panic!("{variable} must name the server of this test"));
+        let base = admin.rsplit_once('/').expect("a URL with a database").0;
+        let name = format!("inbox_cli_{test}_{}", std::process::id());
+        let url = format!("{base}/{name}");
+        Self {
+            admin,
+            name,
+            url,
+            connection: std::marker::PhantomData,
+        }
+    }
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+impl<C: Connection> Drop for ServerDatabase<C> {
+    fn drop(&mut self) {
+        if let Ok(mut admin) = C::establish(&self.admin) {
+            let _ = admin.batch_execute(&format!("DROP DATABASE IF EXISTS {}", self.name));
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_migration_through_the_diesel_cli() {
+    let db = ServerDatabase::<diesel::PgConnection>::new("INBOX_TEST_PG", "pg");
+    let printed = new_project_applies_the_migration(&db.url);
+    assert_eq!(printed_table(&printed), shipped_table("postgres"));
+    let mut conn = diesel::PgConnection::establish(&db.url).unwrap();
+    verify(&mut conn, &InboxSchema::DEFAULT).unwrap();
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_migration_through_the_diesel_cli() {
+    let db = ServerDatabase::<diesel::MysqlConnection>::new("INBOX_TEST_MYSQL", "mysql");
+    let printed = new_project_applies_the_migration(&db.url);
+    assert_eq!(printed_table(&printed), shipped_table("mysql"));
+    let mut conn = diesel::MysqlConnection::establish(&db.url).unwrap();
+    verify(&mut conn, &InboxSchema::DEFAULT).unwrap();
+}
