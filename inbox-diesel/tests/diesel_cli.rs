@@ -1,15 +1,31 @@
 //! The migration as a new user applies it, through the real diesel CLI: in a fresh project,
 //! `diesel setup`, `inbox-diesel migration generate`, `diesel migration run` and
-//! `diesel migration redo`; then the startup check passes and `diesel print-schema` prints
-//! exactly the `table!` this crate ships. Needs `diesel` (diesel_cli 2.3) on `PATH`, and for
+//! `diesel migration redo`; then `diesel print-schema` prints exactly the `table!` this crate
+//! ships, the startup check passes, and a handler runs on the table. Needs `diesel` (diesel_cli 2.3) on `PATH`, and for
 //! the server backends `INBOX_TEST_PG` / `INBOX_TEST_MYSQL`.
 
 use std::path::Path;
 use std::process::Command;
 
 use diesel::Connection;
-use inbox_diesel::InboxSchema;
 use inbox_diesel::schema::verify;
+use inbox_diesel::{InboxSchema, Uuid, idempotent};
+
+/// A handler run on the migrated table: the first delivery processes, the second is a
+/// duplicate.
+macro_rules! handler_works {
+    ($conn:ty, $url:expr) => {{
+        #[idempotent(consumer = "welcome", key = *id)]
+        fn welcome(conn: &mut $conn, id: &Uuid) -> diesel::QueryResult<usize> {
+            diesel::RunQueryDsl::execute(diesel::sql_query("SELECT 1"), conn)
+        }
+        let mut conn = <$conn>::establish($url).unwrap();
+        verify(&mut conn, &InboxSchema::DEFAULT).unwrap();
+        let id = Uuid::from_u128(42);
+        assert!(welcome(&mut conn, &id).unwrap().is_processed());
+        assert!(welcome(&mut conn, &id).unwrap().is_duplicate());
+    }};
+}
 
 /// Runs a command in the project with `DATABASE_URL` set; panics with its output on failure.
 fn run(program: &str, project: &Path, url: &str, args: &[&str]) -> String {
@@ -97,8 +113,7 @@ fn sqlite_migration_through_the_diesel_cli() {
     let url = dir.path().join("app.sqlite").display().to_string();
     let printed = new_project_applies_the_migration(&url);
     assert_eq!(printed_table(&printed), shipped_table("sqlite"));
-    let mut conn = diesel::SqliteConnection::establish(&url).unwrap();
-    verify(&mut conn, &InboxSchema::DEFAULT).unwrap();
+    handler_works!(diesel::SqliteConnection, &url);
 }
 
 /// A database of its own on the server `variable` names, dropped afterwards.
@@ -142,8 +157,7 @@ fn postgres_migration_through_the_diesel_cli() {
     let db = ServerDatabase::<diesel::PgConnection>::new("INBOX_TEST_PG", "pg");
     let printed = new_project_applies_the_migration(&db.url);
     assert_eq!(printed_table(&printed), shipped_table("postgres"));
-    let mut conn = diesel::PgConnection::establish(&db.url).unwrap();
-    verify(&mut conn, &InboxSchema::DEFAULT).unwrap();
+    handler_works!(diesel::PgConnection, &db.url);
 }
 
 #[cfg(feature = "mysql")]
@@ -152,6 +166,5 @@ fn mysql_migration_through_the_diesel_cli() {
     let db = ServerDatabase::<diesel::MysqlConnection>::new("INBOX_TEST_MYSQL", "mysql");
     let printed = new_project_applies_the_migration(&db.url);
     assert_eq!(printed_table(&printed), shipped_table("mysql"));
-    let mut conn = diesel::MysqlConnection::establish(&db.url).unwrap();
-    verify(&mut conn, &InboxSchema::DEFAULT).unwrap();
+    handler_works!(diesel::MysqlConnection, &db.url);
 }
