@@ -465,6 +465,14 @@ macro_rules! suite {
             let elsewhere = InboxSchema::new("no_such_inbox", "ux_inbox_message_consumer").unwrap();
             let missing = verify(&mut conn, &elsewhere).unwrap_err().to_string();
             assert!(missing.contains("table `no_such_inbox` does not exist"), "{missing}");
+            // Custom names (`table = …, constraint = …` on the handlers) are checked as given.
+            let billing = InboxSchema::new("billing_inbox", "ux_billing_inbox").unwrap();
+            let backend = <DbConnection as inbox_diesel::InboxConnection>::BACKEND;
+            conn.batch_execute(&backend.create_table_sql(&billing)).unwrap();
+            verify(&mut conn, &billing).unwrap();
+            let misnamed = InboxSchema::new("billing_inbox", "ux_inbox_message_consumer").unwrap();
+            let error = verify(&mut conn, &misnamed).unwrap_err().to_string();
+            assert!(error.contains("unique index `ux_inbox_message_consumer`"), "{error}");
         }
 
         #[test]
