@@ -1,0 +1,617 @@
+//! Throughput of an `#[idempotent]` handler against its baselines and peers, measured in one
+//! run and reported as ratios (absolute figures on a shared machine are noise).
+//!
+//! ```text
+//! cargo run --release --example bench --features inbox-examples/postgres,inbox-examples/mysql \
+//!     -- [--seconds 2] [sqlite] [postgres] [mysql]
+//! ```
+//!
+//! PostgreSQL and MariaDB are found at `INBOX_BENCH_PG` / `INBOX_BENCH_MYSQL` (default: the
+//! local servers); each run creates and drops a database of its own. SQLite runs on a
+//! temporary file in WAL mode.
+//!
+//! Every variant does the same business write — one `UPDATE` of the worker's own account
+//! row, so that workers do not queue on one row — once per message, one message per
+//! transaction:
+//!
+//! - `plain`: the write in a diesel transaction, no inbox: the baseline;
+//! - `#[idempotent]`: the library;
+//! - `hand-written`: what the library does, written with diesel's query builder (claim-first
+//!   insert, then the write) — the difference is the library's own overhead;
+//! - `duplicate`: `#[idempotent]` on keys already processed;
+//! - `naive`: check for the marker, write, insert the marker, treat a unique violation as a
+//!   duplicate — the handler people write first;
+//! - `two transactions`: MassTransit's protocol — commit the marker in a transaction of its
+//!   own, then lock it and run the write in a second one, and stamp it.
+
+use std::sync::Barrier;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
+use inbox_diesel::purge::{Purge, purge};
+use inbox_diesel::{InboxSchema, Uuid, idempotent};
+
+diesel::table! {
+    accounts (id) {
+        id -> Integer,
+        balance -> BigInt,
+    }
+}
+
+const CONSUMER: &str = "bench";
+const CONCURRENCY: [usize; 3] = [1, 4, 16];
+const VARIANTS: [&str; 6] = [
+    "plain",
+    "#[idempotent]",
+    "hand-written",
+    "duplicate",
+    "naive",
+    "two transactions",
+];
+/// Keys each worker processes before the duplicate variant runs over them again.
+const DUPLICATE_KEYS: u64 = 500;
+
+/// The key of message `n` of `worker` in run `run`: never seen before by the other variants.
+fn key(run: u64, worker: usize, n: u64) -> Uuid {
+    Uuid::from_u128((u128::from(run) << 96) | ((worker as u128) << 64) | u128::from(n))
+}
+
+/// A measured cell: messages per second.
+struct Cell {
+    variant: &'static str,
+    clients: usize,
+    per_second: f64,
+}
+
+/// `workers` threads, each with its own connection, run `message` for `seconds` after a
+/// common start; returns the messages per second.
+fn measure<C: Send>(
+    workers: usize,
+    seconds: f64,
+    connect: &(dyn Fn() -> C + Sync),
+    message: &(dyn Fn(&mut C, usize, u64) + Sync),
+) -> f64 {
+    let start = Barrier::new(workers + 1);
+    let stop = AtomicBool::new(false);
+    let done = AtomicU64::new(0);
+    let elapsed = std::thread::scope(|scope| {
+        for worker in 0..workers {
+            let (start, stop, done) = (&start, &stop, &done);
+            scope.spawn(move || {
+                let mut conn = connect();
+                start.wait();
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    message(&mut conn, worker, n);
+                    n += 1;
+                }
+                done.fetch_add(n, Ordering::Relaxed);
+            });
+        }
+        start.wait();
+        let began = Instant::now();
+        std::thread::sleep(Duration::from_secs_f64(seconds));
+        stop.store(true, Ordering::Relaxed);
+        began.elapsed()
+    });
+    done.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64()
+}
+
+fn report(backend: &str, cells: &[Cell]) {
+    println!("\n### {backend}\n");
+    print!("| variant |");
+    for clients in CONCURRENCY {
+        print!(" {clients} client{} |", if clients == 1 { "" } else { "s" });
+    }
+    println!("\n|---|{}", "---:|".repeat(CONCURRENCY.len()));
+    for variant in VARIANTS {
+        print!("| {variant} |");
+        for clients in CONCURRENCY {
+            let of = |v: &str| {
+                cells
+                    .iter()
+                    .find(|c| c.variant == v && c.clients == clients)
+                    .map_or(f64::NAN, |c| c.per_second)
+            };
+            let (value, plain) = (of(variant), of("plain"));
+            print!(" {:.2} ({:.0}/s) |", value / plain, value);
+        }
+        println!();
+    }
+    let ratio = |a: &str, b: &str| {
+        CONCURRENCY
+            .iter()
+            .map(|&clients| {
+                let of = |v: &str| {
+                    cells
+                        .iter()
+                        .find(|c| c.variant == v && c.clients == clients)
+                        .map_or(f64::NAN, |c| c.per_second)
+                };
+                format!("{:.2}", of(a) / of(b))
+            })
+            .collect::<Vec<_>>()
+            .join(" / ")
+    };
+    println!(
+        "\nlibrary overhead, #[idempotent] / hand-written (1 / 4 / 16 clients): {}",
+        ratio("#[idempotent]", "hand-written")
+    );
+    println!(
+        "duplicate path / processing path: {}",
+        ratio("duplicate", "#[idempotent]")
+    );
+    println!(
+        "#[idempotent] / two transactions: {}",
+        ratio("#[idempotent]", "two transactions")
+    );
+}
+
+/// The variants, for one backend: `$conn` its connection, `$inbox` the shipped `table!`,
+/// `$id` the message id as that table binds it, `$ts` its timestamp type, `$claim` the
+/// hand-written claim (`true` when inserted), `$lock` the second transaction's locking
+/// read of the marker.
+macro_rules! backend {
+    ($name:ident, $conn:ty, $inbox:path, $ts:ty, $id:expr, $begin:ident, $claim:expr, $lock:expr) => {
+        mod $name {
+            use super::*;
+            use $inbox as inbox;
+
+            type Conn = $conn;
+
+            fn write(conn: &mut Conn, worker: usize) -> QueryResult<()> {
+                diesel::update(accounts::table.find(worker as i32 + 1))
+                    .set(accounts::balance.eq(accounts::balance + 1))
+                    .execute(conn)?;
+                Ok(())
+            }
+
+            fn now() -> diesel::expression::SqlLiteral<diesel::sql_types::Nullable<$ts>> {
+                diesel::dsl::sql("CURRENT_TIMESTAMP")
+            }
+
+            #[idempotent(consumer = "bench", key = *id)]
+            fn handler(conn: &mut Conn, id: &Uuid, worker: usize) -> QueryResult<()> {
+                write(conn, worker)
+            }
+
+            fn hand_written(conn: &mut Conn, id: Uuid, worker: usize) -> QueryResult<()> {
+                conn.$begin(|c| {
+                    let claim: fn(&mut Conn, Uuid) -> QueryResult<bool> = $claim;
+                    if claim(c, id)? {
+                        write(c, worker)?;
+                    }
+                    Ok(())
+                })
+            }
+
+            fn naive(conn: &mut Conn, id: Uuid, worker: usize) -> QueryResult<()> {
+                let result = conn.$begin(|c| {
+                    let seen: bool = diesel::select(diesel::dsl::exists(
+                        inbox::table
+                            .filter(inbox::message_id.eq($id(id)))
+                            .filter(inbox::consumer.eq(CONSUMER)),
+                    ))
+                    .get_result(c)?;
+                    if seen {
+                        return Ok(());
+                    }
+                    write(c, worker)?;
+                    diesel::insert_into(inbox::table)
+                        .values((
+                            inbox::message_id.eq($id(id)),
+                            inbox::consumer.eq(CONSUMER),
+                            inbox::processed_at.eq(now()),
+                        ))
+                        .execute(c)?;
+                    Ok(())
+                });
+                match result {
+                    Err(diesel::result::Error::DatabaseError(
+                        diesel::result::DatabaseErrorKind::UniqueViolation,
+                        _,
+                    )) => Ok(()),
+                    other => other,
+                }
+            }
+
+            fn two_transactions(conn: &mut Conn, id: Uuid, worker: usize) -> QueryResult<()> {
+                let inserted = diesel::insert_into(inbox::table)
+                    .values((inbox::message_id.eq($id(id)), inbox::consumer.eq(CONSUMER)))
+                    .execute(conn);
+                match inserted {
+                    Ok(_) => {}
+                    Err(diesel::result::Error::DatabaseError(
+                        diesel::result::DatabaseErrorKind::UniqueViolation,
+                        _,
+                    )) => return Ok(()),
+                    Err(e) => return Err(e),
+                }
+                conn.$begin(|c| {
+                    let lock: fn(&mut Conn, Uuid) -> QueryResult<bool> = $lock;
+                    if lock(c, id)? {
+                        write(c, worker)?;
+                        diesel::update(
+                            inbox::table
+                                .filter(inbox::message_id.eq($id(id)))
+                                .filter(inbox::consumer.eq(CONSUMER)),
+                        )
+                        .set(inbox::processed_at.eq(now()))
+                        .execute(c)?;
+                    }
+                    Ok(())
+                })
+            }
+
+            /// The table of ratios, and purge on a large inbox.
+            pub fn run(
+                label: &str,
+                seconds: f64,
+                connect: &(dyn Fn() -> Conn + Sync),
+                archive: &dyn Fn(&mut Conn, u32),
+            ) {
+                let mut cells = Vec::new();
+                let mut run = 0;
+                for clients in CONCURRENCY {
+                    for variant in VARIANTS {
+                        run += 1;
+                        let message: Box<dyn Fn(&mut Conn, usize, u64) + Sync> = match variant {
+                            "plain" => Box::new(|c, w, _| c.$begin(|c| write(c, w)).unwrap()),
+                            "#[idempotent]" => Box::new(move |c, w, n| {
+                                let outcome = handler(c, &key(run, w, n), w).unwrap();
+                                assert!(outcome.is_processed());
+                            }),
+                            "hand-written" => {
+                                Box::new(move |c, w, n| hand_written(c, key(run, w, n), w).unwrap())
+                            }
+                            "duplicate" => {
+                                // Processed once, then delivered again and again.
+                                let mut conn = connect();
+                                for w in 0..clients {
+                                    for n in 0..DUPLICATE_KEYS {
+                                        let outcome = handler(&mut conn, &key(run, w, n), w);
+                                        assert!(outcome.unwrap().is_processed());
+                                    }
+                                }
+                                Box::new(move |c, w, n| {
+                                    let outcome =
+                                        handler(c, &key(run, w, n % DUPLICATE_KEYS), w).unwrap();
+                                    assert!(outcome.is_duplicate());
+                                })
+                            }
+                            "naive" => {
+                                Box::new(move |c, w, n| naive(c, key(run, w, n), w).unwrap())
+                            }
+                            "two transactions" => Box::new(move |c, w, n| {
+                                two_transactions(c, key(run, w, n), w).unwrap()
+                            }),
+                            _ => unreachable!(),
+                        };
+                        let per_second = measure(clients, seconds, connect, &*message);
+                        cells.push(Cell {
+                            variant,
+                            clients,
+                            per_second,
+                        });
+                    }
+                }
+                report(label, &cells);
+
+                const ROWS: u32 = 1_000_000;
+                let mut conn = connect();
+                conn.batch_execute("DELETE FROM inbox").unwrap();
+                archive(&mut conn, ROWS);
+                let began = Instant::now();
+                let report = purge(
+                    &mut conn,
+                    &InboxSchema::DEFAULT,
+                    &Purge::older_than(Duration::from_secs(86_400)),
+                )
+                .unwrap();
+                let took = began.elapsed().as_secs_f64();
+                assert_eq!(report.removed, u64::from(ROWS));
+                println!(
+                    "purge of {ROWS} completed rows: {took:.1} s, {:.0} rows/s, {} batches of {}",
+                    f64::from(ROWS) / took,
+                    report.batches,
+                    Purge::DEFAULT_BATCH_SIZE
+                );
+            }
+        }
+    };
+}
+
+fn sqlite_id(id: Uuid) -> Vec<u8> {
+    id.as_bytes().to_vec()
+}
+
+backend!(
+    sqlite,
+    diesel::SqliteConnection,
+    inbox_diesel::schema::sqlite::inbox,
+    diesel::sql_types::Timestamp,
+    sqlite_id,
+    immediate_transaction,
+    |c, id| {
+        diesel::insert_into(inbox::table)
+            .values((
+                inbox::message_id.eq(sqlite_id(id)),
+                inbox::consumer.eq(CONSUMER),
+                inbox::processed_at.eq(now()),
+            ))
+            .on_conflict((inbox::message_id, inbox::consumer))
+            .do_nothing()
+            .execute(c)
+            .map(|n| n > 0)
+    },
+    |c, id| {
+        // SQLite has no FOR UPDATE: BEGIN IMMEDIATE already holds the write lock.
+        inbox::table
+            .filter(inbox::message_id.eq(sqlite_id(id)))
+            .filter(inbox::consumer.eq(CONSUMER))
+            .filter(inbox::processed_at.is_null())
+            .select(inbox::id)
+            .first::<i32>(c)
+            .optional()
+            .map(|row| row.is_some())
+    }
+);
+
+#[cfg(feature = "postgres")]
+backend!(
+    postgres,
+    diesel::PgConnection,
+    inbox_diesel::schema::postgres::inbox,
+    diesel::sql_types::Timestamptz,
+    std::convert::identity,
+    transaction,
+    |c, id| {
+        diesel::insert_into(inbox::table)
+            .values((
+                inbox::message_id.eq(id),
+                inbox::consumer.eq(CONSUMER),
+                inbox::processed_at.eq(now()),
+            ))
+            .on_conflict((inbox::message_id, inbox::consumer))
+            .do_nothing()
+            .execute(c)
+            .map(|n| n > 0)
+    },
+    |c, id| {
+        inbox::table
+            .filter(inbox::message_id.eq(id))
+            .filter(inbox::consumer.eq(CONSUMER))
+            .filter(inbox::processed_at.is_null())
+            .select(inbox::id)
+            .for_update()
+            .first::<i64>(c)
+            .optional()
+            .map(|row| row.is_some())
+    }
+);
+
+#[cfg(feature = "mysql")]
+backend!(
+    mysql,
+    diesel::MysqlConnection,
+    inbox_diesel::schema::mysql::inbox,
+    diesel::sql_types::Datetime,
+    sqlite_id,
+    transaction,
+    |c, id| {
+        let inserted = diesel::insert_into(inbox::table)
+            .values((
+                inbox::message_id.eq(sqlite_id(id)),
+                inbox::consumer.eq(CONSUMER),
+                inbox::processed_at.eq(now()),
+            ))
+            .execute(c);
+        match inserted {
+            Ok(_) => Ok(true),
+            Err(diesel::result::Error::DatabaseError(
+                diesel::result::DatabaseErrorKind::UniqueViolation,
+                _,
+            )) => Ok(false),
+            Err(e) => Err(e),
+        }
+    },
+    |c, id| {
+        inbox::table
+            .filter(inbox::message_id.eq(sqlite_id(id)))
+            .filter(inbox::consumer.eq(CONSUMER))
+            .filter(inbox::processed_at.is_null())
+            .select(inbox::id)
+            .for_update()
+            .first::<i64>(c)
+            .optional()
+            .map(|row| row.is_some())
+    }
+);
+
+/// The accounts the workers write, one row each.
+fn accounts_sql() -> Vec<String> {
+    let mut statements =
+        vec!["CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance BIGINT NOT NULL)".to_owned()];
+    let rows: Vec<String> = (1..=16).map(|id| format!("({id}, 0)")).collect();
+    statements.push(format!(
+        "INSERT INTO accounts (id, balance) VALUES {}",
+        rows.join(", ")
+    ));
+    statements
+}
+
+fn bench_sqlite(seconds: f64) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let url = dir.path().join("bench.sqlite").display().to_string();
+    let connect = || {
+        let mut conn = diesel::SqliteConnection::establish(&url).unwrap();
+        conn.batch_execute(
+            "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA busy_timeout = 10000;",
+        )
+        .unwrap();
+        conn
+    };
+    let mut conn = connect();
+    conn.batch_execute(&inbox_diesel::schema::sqlite::create_table_sql(
+        &InboxSchema::DEFAULT,
+    ))
+    .unwrap();
+    for statement in accounts_sql() {
+        conn.batch_execute(&statement).unwrap();
+    }
+    let version: String = diesel::select(diesel::dsl::sql::<diesel::sql_types::Text>(
+        "sqlite_version()",
+    ))
+    .get_result(&mut conn)
+    .unwrap();
+    sqlite::run(
+        &format!("SQLite {version} (WAL, synchronous = NORMAL)"),
+        seconds,
+        &connect,
+        &|conn, rows| {
+            conn.batch_execute(&format!(
+                "INSERT INTO inbox (message_id, consumer, received_at, processed_at) \
+                 WITH RECURSIVE seq(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM seq WHERE i < {rows}) \
+                 SELECT randomblob(16), 'archive', datetime('now', '-10 days'), \
+                 datetime('now', '-10 days') FROM seq"
+            ))
+            .unwrap();
+        },
+    );
+}
+
+/// A database of its own on a server, dropped afterwards.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn server_database<C: Connection>(admin: &str, schema: &[String]) -> (String, impl Drop) {
+    struct Dropper<C: Connection>(String, String, std::marker::PhantomData<C>);
+    impl<C: Connection> Drop for Dropper<C> {
+        fn drop(&mut self) {
+            if let Ok(mut admin) = C::establish(&self.0) {
+                let _ = admin.batch_execute(&format!("DROP DATABASE IF EXISTS {}", self.1));
+            }
+        }
+    }
+    let name = format!("inbox_bench_{}", std::process::id());
+    let mut conn = C::establish(admin).unwrap_or_else(|e| panic!("cannot reach {admin}: {e}"));
+    conn.batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
+        .unwrap();
+    conn.batch_execute(&format!("CREATE DATABASE {name}"))
+        .unwrap();
+    let base = admin.rsplit_once('/').expect("a URL with a database").0;
+    let url = format!("{base}/{name}");
+    let mut conn = C::establish(&url).unwrap();
+    for statement in schema {
+        conn.batch_execute(statement).unwrap();
+    }
+    (
+        url,
+        Dropper::<C>(admin.to_owned(), name, std::marker::PhantomData),
+    )
+}
+
+#[cfg(feature = "postgres")]
+fn bench_postgres(seconds: f64) {
+    let admin = std::env::var("INBOX_BENCH_PG")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let mut schema = vec![inbox_diesel::schema::postgres::create_table_sql(
+        &InboxSchema::DEFAULT,
+    )];
+    schema.extend(accounts_sql());
+    let (url, _drop) = server_database::<diesel::PgConnection>(&admin, &schema);
+    let connect = || diesel::PgConnection::establish(&url).unwrap();
+    let version: String = diesel::select(diesel::dsl::sql::<diesel::sql_types::Text>(
+        "current_setting('server_version')",
+    ))
+    .get_result(&mut connect())
+    .unwrap();
+    postgres::run(
+        &format!("PostgreSQL {version}"),
+        seconds,
+        &connect,
+        &|conn, rows| {
+            conn.batch_execute(&format!(
+                "INSERT INTO inbox (message_id, consumer, received_at, processed_at) \
+             SELECT gen_random_uuid(), 'archive', now() - interval '10 days', \
+             now() - interval '10 days' FROM generate_series(1, {rows}); ANALYZE inbox"
+            ))
+            .unwrap();
+        },
+    );
+}
+
+#[cfg(feature = "mysql")]
+fn bench_mysql(seconds: f64) {
+    let admin = std::env::var("INBOX_BENCH_MYSQL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
+    let mut schema = vec![inbox_diesel::schema::mysql::create_table_sql(
+        &InboxSchema::DEFAULT,
+    )];
+    schema.extend(accounts_sql());
+    let (url, _drop) = server_database::<diesel::MysqlConnection>(&admin, &schema);
+    let connect = || diesel::MysqlConnection::establish(&url).unwrap();
+    let version: String = diesel::select(diesel::dsl::sql::<diesel::sql_types::Text>("VERSION()"))
+        .get_result(&mut connect())
+        .unwrap();
+    mysql::run(
+        &format!("MariaDB/MySQL {version}"),
+        seconds,
+        &connect,
+        &|conn, rows| {
+            // 1000 × 1000 rows from a 1000-row digits table: no sequence engine needed.
+            conn.batch_execute("CREATE TEMPORARY TABLE k (i INT NOT NULL)")
+                .unwrap();
+            conn.batch_execute(
+                "INSERT INTO k WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s \
+             WHERE i < 1000) SELECT i FROM s",
+            )
+            .unwrap();
+            assert_eq!(rows, 1_000_000, "the MySQL archive is 1000 × 1000 rows");
+            conn.batch_execute(
+                "INSERT INTO inbox (message_id, consumer, received_at, processed_at) \
+             SELECT UNHEX(MD5(CONCAT(a.i, '-', b.i))), 'archive', \
+             NOW(6) - INTERVAL 10 DAY, NOW(6) - INTERVAL 10 DAY FROM k a CROSS JOIN k b",
+            )
+            .unwrap();
+        },
+    );
+}
+
+fn main() {
+    let mut seconds = 2.0;
+    let mut backends = Vec::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--seconds" => {
+                seconds = args
+                    .next()
+                    .and_then(|s| s.parse().ok())
+                    .expect("--seconds takes a number")
+            }
+            backend => backends.push(backend.to_owned()),
+        }
+    }
+    if backends.is_empty() {
+        backends = vec!["sqlite".into(), "postgres".into(), "mysql".into()];
+    }
+    println!(
+        "# inbox benchmark: {seconds} s per cell; ratio to `plain` at the same concurrency \
+         (messages/s in parentheses); {} CPUs",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    for backend in backends {
+        match backend.as_str() {
+            "sqlite" => bench_sqlite(seconds),
+            #[cfg(feature = "postgres")]
+            "postgres" => bench_postgres(seconds),
+            #[cfg(feature = "mysql")]
+            "mysql" => bench_mysql(seconds),
+            other => eprintln!(
+                "skipping `{other}`: not a backend, or built without its feature \
+                 (--features inbox-examples/{other})"
+            ),
+        }
+    }
+}
