@@ -125,3 +125,27 @@ impl<T> Outcome<T> {
         }
     }
 }
+
+/// What an idempotent batch handler (`batch = …`) did with a batch of messages.
+///
+/// The messages are named by their positions in the batch as it was passed in. Every
+/// message of a batch that returned `Ok` is done: each was processed now, processed before,
+/// or repeated the key of an earlier message of the same batch — acknowledge them all.
+#[must_use = "a BatchOutcome says which messages of the batch were processed"]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchOutcome<T> {
+    /// The body's value; `None` when no message was new and the body did not run.
+    pub value: Option<T>,
+    /// The positions of the messages the body was given, in the batch's order: the first
+    /// message of each key not processed before.
+    pub processed: Vec<usize>,
+    /// The positions of the others: processed before, or repeating an earlier key.
+    pub duplicates: Vec<usize>,
+}
+
+impl<T> BatchOutcome<T> {
+    /// `true`: every message of a batch whose handler returned `Ok` is done.
+    pub fn should_ack(&self) -> bool {
+        true
+    }
+}

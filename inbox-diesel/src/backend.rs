@@ -44,6 +44,16 @@ pub trait InboxConnection:
         key: &MessageKey,
     ) -> QueryResult<bool>;
 
+    /// Inserts the markers of `ids` (distinct) that do not exist yet; returns those it
+    /// inserted.
+    #[doc(hidden)]
+    fn claim_markers(
+        &mut self,
+        schema: &InboxSchema,
+        consumer: &str,
+        ids: &[Uuid],
+    ) -> QueryResult<Vec<Uuid>>;
+
     /// Claim mode: checks that no transaction is open — each claim statement must commit on
     /// its own — and prepares the connection for them.
     #[doc(hidden)]
@@ -191,6 +201,74 @@ where
     }
 }
 
+/// The markers of a batch in one statement, returning the ids of those inserted:
+///
+/// ```sql
+/// INSERT INTO <table> (message_id, consumer, processed_at) VALUES (?, ?, <now>), …
+///     ON CONFLICT (message_id, consumer) DO NOTHING RETURNING message_id
+/// ```
+///
+/// PostgreSQL and SQLite; `ST` is the SQL type of the returned id.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) struct ClaimMarkers<'a, DB, ST> {
+    table: &'a str,
+    ids: &'a [Uuid],
+    consumer: &'a str,
+    types: PhantomData<(DB, ST)>,
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl<'a, DB, ST> ClaimMarkers<'a, DB, ST> {
+    pub(crate) fn new(schema: &'a InboxSchema, consumer: &'a str, ids: &'a [Uuid]) -> Self {
+        Self {
+            table: schema.table(),
+            ids,
+            consumer,
+            types: PhantomData,
+        }
+    }
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl<DB, ST> QueryId for ClaimMarkers<'_, DB, ST> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl<DB, ST> Query for ClaimMarkers<'_, DB, ST> {
+    type SqlType = ST;
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl<DB, ST, C> RunQueryDsl<C> for ClaimMarkers<'_, DB, ST> {}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl<DB: MarkerDialect, ST> QueryFragment<DB> for ClaimMarkers<'_, DB, ST>
+where
+    str: diesel::serialize::ToSql<Text, DB>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_sql("INSERT INTO ");
+        push_table(&mut out, self.table)?;
+        out.push_sql(" (message_id, consumer, processed_at) VALUES ");
+        for (n, id) in self.ids.iter().enumerate() {
+            if n > 0 {
+                out.push_sql(", ");
+            }
+            out.push_sql("(");
+            DB::bind_id(&mut out, id)?;
+            out.push_sql(", ");
+            out.push_bind_param::<Text, str>(self.consumer)?;
+            out.push_sql(", ");
+            out.push_sql(DB::NOW);
+            out.push_sql(")");
+        }
+        out.push_sql(" ON CONFLICT (message_id, consumer) DO NOTHING RETURNING message_id");
+        Ok(())
+    }
+}
+
 /// `ON CONFLICT … DO NOTHING RETURNING id`: no row back means the marker existed.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 const ON_CONFLICT_RETURNING: &str = " ON CONFLICT (message_id, consumer) DO NOTHING RETURNING id";
@@ -309,6 +387,21 @@ pub(crate) mod sqlite {
             claim_returning(self, schema, consumer, key)
         }
 
+        fn claim_markers(
+            &mut self,
+            schema: &InboxSchema,
+            consumer: &str,
+            ids: &[Uuid],
+        ) -> QueryResult<Vec<Uuid>> {
+            let inserted: Vec<Vec<u8>> =
+                ClaimMarkers::<Sqlite, diesel::sql_types::Binary>::new(schema, consumer, ids)
+                    .load(self)?;
+            Ok(inserted
+                .iter()
+                .filter_map(|id| Uuid::from_slice(id).ok())
+                .collect())
+        }
+
         fn claim_step(
             &mut self,
             spec: &HandlerSpec,
@@ -365,6 +458,15 @@ pub(crate) mod postgres {
             key: &MessageKey,
         ) -> QueryResult<bool> {
             claim_returning(self, schema, consumer, key)
+        }
+
+        fn claim_markers(
+            &mut self,
+            schema: &InboxSchema,
+            consumer: &str,
+            ids: &[Uuid],
+        ) -> QueryResult<Vec<Uuid>> {
+            ClaimMarkers::<Pg, diesel::sql_types::Uuid>::new(schema, consumer, ids).load(self)
         }
 
         fn claim_step(
@@ -439,6 +541,24 @@ pub(crate) mod mysql {
             let id = key.stored_id();
             let inserted = ClaimMarker::<Mysql>::new(schema, consumer, &id).execute(self);
             Ok(inserted_unless_duplicate(inserted, schema)? > 0)
+        }
+
+        /// Row by row: MySQL and MariaDB return no rows from an `INSERT`, and a multi-row
+        /// insert stops at the first duplicate. Still one transaction and one commit.
+        fn claim_markers(
+            &mut self,
+            schema: &InboxSchema,
+            consumer: &str,
+            ids: &[Uuid],
+        ) -> QueryResult<Vec<Uuid>> {
+            let mut inserted = Vec::with_capacity(ids.len());
+            for id in ids {
+                let result = ClaimMarker::<Mysql>::new(schema, consumer, id).execute(self);
+                if inserted_unless_duplicate(result, schema)? > 0 {
+                    inserted.push(*id);
+                }
+            }
+            Ok(inserted)
         }
 
         fn claim_step(

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use diesel::QueryResult;
 use diesel::result::Error as DieselError;
-use inbox_core::{ErrorClass, MessageKey, Outcome, RetryDecision};
+use inbox_core::{BatchOutcome, ErrorClass, MessageKey, Outcome, RetryDecision};
 
 use crate::__private::HandlerSpec;
 use crate::claim::{ClaimAnswer, ClaimSpec, ClaimState, ClaimStep};
@@ -31,6 +31,14 @@ pub(crate) trait Steps {
 
     /// Inserts the marker unless it exists; `Ok(false)` when it already did.
     async fn claim(&mut self, spec: &'static HandlerSpec, key: &MessageKey) -> QueryResult<bool>;
+
+    /// Inserts the markers of `ids` (distinct, sorted) that do not exist; returns those it
+    /// inserted.
+    async fn claim_batch(
+        &mut self,
+        spec: &'static HandlerSpec,
+        ids: &[uuid::Uuid],
+    ) -> QueryResult<Vec<uuid::Uuid>>;
 
     /// Commits, failing if the transaction had been aborted by a failed statement.
     async fn commit(&mut self) -> QueryResult<()>;
@@ -78,41 +86,38 @@ enum Failure<T, E> {
 /// Runs `body` once per message key and consumer:
 ///
 /// 1. `BEGIN` (SQLite `BEGIN IMMEDIATE`; PostgreSQL with the handler's isolation level);
-/// 2. claim the marker first (`INSERT … ON CONFLICT DO NOTHING RETURNING id`); no row back
-///    means the message was processed before: roll back, return `Duplicate`, body not run;
+/// 2. claim the markers first (`INSERT … ON CONFLICT DO NOTHING RETURNING …`); when none is
+///    new, every message was processed before: roll back, return `None`, body not run;
 /// 3. run the body on the same connection;
-/// 4. `Ok` → commit → `Processed`; `Err` → roll back → the body's error.
+/// 4. `Ok` → commit → `Some(value)`; `Err` → roll back → the body's error.
 ///
 /// A transient failure (serialization failure, deadlock, busy database) — in any step, or
 /// in the body when `probe` recognises a diesel error in what it returned — is retried in a
 /// fresh transaction as `spec.retry` says.
-pub(crate) async fn drive<S, T, E, B, P>(
+pub(crate) async fn drive<S, K, T, E, B, P>(
     mut steps: S,
     spec: &'static HandlerSpec,
-    key: MessageKey,
+    claims: &K,
     mut body: B,
     probe: P,
     inbox_error: fn(Error) -> E,
-) -> Result<Outcome<T>, E>
+) -> Result<Option<T>, E>
 where
     S: Steps,
+    K: Claims,
     B: Body<S::Conn, Result<T, E>>,
     P: Fn(&Result<T, E>) -> Option<ErrorClass>,
 {
-    tracing::debug!(key = %key, "handling message");
     let mut retries = 0;
     loop {
-        let failure = match attempt(&mut steps, spec, &key, &mut body).await {
+        let failure = match attempt(&mut steps, spec, claims, &mut body).await {
             Ok(Step::Processed(value)) => {
                 tracing::debug!(outcome = "processed", "committed with its marker");
-                return Ok(Outcome::Processed(value));
+                return Ok(Some(value));
             }
             Ok(Step::Duplicate) => {
                 tracing::info!(outcome = "duplicate", "marker exists; body not run");
-                return Ok(Outcome::Duplicate {
-                    consumer: spec.consumer.clone(),
-                    key,
-                });
+                return Ok(None);
             }
             Err(failure) => failure,
         };
@@ -138,6 +143,120 @@ where
             }
             RetryDecision::GiveUp => return Err(give_up(failure, class, retries + 1, inbox_error)),
         }
+    }
+}
+
+/// The outcome of a single message: `None` from [`drive`] is a duplicate.
+pub(crate) fn outcome<T>(
+    spec: &'static HandlerSpec,
+    key: MessageKey,
+    value: Option<T>,
+) -> Outcome<T> {
+    match value {
+        Some(value) => Outcome::Processed(value),
+        None => Outcome::Duplicate {
+            consumer: spec.consumer.clone(),
+            key,
+        },
+    }
+}
+
+/// The outcome of a batch of `len` messages: the body's value, if it ran, and which
+/// positions it was given.
+pub(crate) fn batch_outcome<T>(len: usize, value: Option<T>, new: &NewMessages) -> BatchOutcome<T> {
+    let processed = match value {
+        Some(_) => new.positions(),
+        None => Vec::new(),
+    };
+    let duplicates = (0..len).filter(|at| !processed.contains(at)).collect();
+    BatchOutcome {
+        value,
+        processed,
+        duplicates,
+    }
+}
+
+/// What a transaction-mode handler claims: one message's marker, or a batch's.
+pub(crate) trait Claims {
+    /// Inserts the markers that do not exist yet, inside the open transaction; `false` when
+    /// none was new.
+    async fn claim<S: Steps>(&self, steps: &mut S, spec: &'static HandlerSpec)
+    -> QueryResult<bool>;
+}
+
+impl Claims for MessageKey {
+    async fn claim<S: Steps>(
+        &self,
+        steps: &mut S,
+        spec: &'static HandlerSpec,
+    ) -> QueryResult<bool> {
+        steps.claim(spec, self).await
+    }
+}
+
+/// A batch's markers: the distinct stored ids, in a fixed order (so that two batches with
+/// keys in common lock them in the same order and do not deadlock), and where each first
+/// appears in the batch.
+pub(crate) struct BatchClaims<'n> {
+    /// Distinct ids, sorted, with the index of the first message carrying each.
+    ids: Vec<(uuid::Uuid, usize)>,
+    /// Where the body finds the messages that are new in this attempt.
+    new: &'n NewMessages,
+}
+
+impl<'n> BatchClaims<'n> {
+    pub(crate) fn new(keys: &[MessageKey], new: &'n NewMessages) -> Self {
+        let mut ids: Vec<(uuid::Uuid, usize)> = keys
+            .iter()
+            .enumerate()
+            .map(|(at, key)| (key.stored_id(), at))
+            .collect();
+        // Sorted by id, then by position: the first of equal ids is the first delivered.
+        ids.sort_unstable();
+        ids.dedup_by_key(|(id, _)| *id);
+        Self { ids, new }
+    }
+}
+
+impl Claims for BatchClaims<'_> {
+    async fn claim<S: Steps>(
+        &self,
+        steps: &mut S,
+        spec: &'static HandlerSpec,
+    ) -> QueryResult<bool> {
+        let ids: Vec<uuid::Uuid> = self.ids.iter().map(|(id, _)| *id).collect();
+        let inserted = steps.claim_batch(spec, &ids).await?;
+        let mut new: Vec<usize> = self
+            .ids
+            .iter()
+            .filter(|(id, _)| inserted.contains(id))
+            .map(|(_, at)| *at)
+            .collect();
+        new.sort_unstable();
+        let any = !new.is_empty();
+        self.new.set(new);
+        Ok(any)
+    }
+}
+
+/// The positions of the messages of a batch that are new in the current attempt, written by
+/// the runtime before each run of the body and read by the body.
+#[derive(Debug, Default)]
+pub struct NewMessages(std::sync::Mutex<Vec<usize>>);
+
+impl NewMessages {
+    fn set(&self, positions: Vec<usize>) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = positions;
+    }
+
+    /// The positions, in the batch's order.
+    pub fn positions(&self) -> Vec<usize> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The new messages of `all`, in the batch's order.
+    pub fn select<'m, T>(&self, all: &'m [T]) -> Vec<&'m T> {
+        self.positions().into_iter().map(|at| &all[at]).collect()
     }
 }
 
@@ -390,18 +509,19 @@ fn give_up<T, E>(
     }
 }
 
-async fn attempt<S, T, E, B>(
+async fn attempt<S, K, T, E, B>(
     steps: &mut S,
     spec: &'static HandlerSpec,
-    key: &MessageKey,
+    claims: &K,
     body: &mut B,
 ) -> Result<Step<T>, Failure<T, E>>
 where
     S: Steps,
+    K: Claims,
     B: Body<S::Conn, Result<T, E>>,
 {
     steps.begin(spec).await.map_err(Failure::Database)?;
-    match steps.claim(spec, key).await {
+    match claims.claim(steps, spec).await {
         Ok(true) => {}
         Ok(false) => {
             // ROLLBACK, not COMMIT: nothing was written, and on PostgreSQL a commit would

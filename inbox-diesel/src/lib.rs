@@ -120,6 +120,59 @@
 //! A handler whose future is dropped mid-body commits nothing; what happens to its
 //! connection depends on the pool (see `AsyncInboxConnection`).
 //!
+//! # Batches
+//!
+//! Consumers that receive messages in batches — a Kafka poll, up to 10 SQS messages, a
+//! JetStream fetch — claim the whole batch in one transaction and commit once:
+//!
+//! ```
+//! use diesel::connection::SimpleConnection;
+//! use diesel::prelude::*;
+//! use inbox_diesel::{idempotent, InboxSchema, Uuid};
+//!
+//! diesel::table! {
+//!     accounts (id) {
+//!         id -> Integer,
+//!         balance -> BigInt,
+//!     }
+//! }
+//!
+//! struct CreditRequested { message_id: Uuid, account: i32, amount: i64 }
+//!
+//! #[idempotent(consumer = "credit", batch = msgs, key = |msg| msg.message_id)]
+//! fn on_credits(conn: &mut SqliteConnection, msgs: &[CreditRequested]) -> QueryResult<usize> {
+//!     // `msgs` holds only the messages that are new.
+//!     for msg in msgs {
+//!         diesel::update(accounts::table.find(msg.account))
+//!             .set(accounts::balance.eq(accounts::balance + msg.amount))
+//!             .execute(conn)?;
+//!     }
+//!     Ok(msgs.len())
+//! }
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let mut conn = SqliteConnection::establish(":memory:")?;
+//! conn.batch_execute(&inbox_diesel::schema::sqlite::create_table_sql(&InboxSchema::DEFAULT))?;
+//! conn.batch_execute("CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance BIGINT NOT NULL);
+//!                     INSERT INTO accounts VALUES (1, 0);")?;
+//! let credit = |n| CreditRequested { message_id: Uuid::from_u128(n), account: 1, amount: 10 };
+//!
+//! let first = on_credits(&mut conn, &[credit(1), credit(2)])?;
+//! assert_eq!((first.value, first.processed), (Some(2), vec![0, 1]));
+//! // 2 is a duplicate, and so is the second 3 of the same batch.
+//! let second = on_credits(&mut conn, &[credit(2), credit(3), credit(3)])?;
+//! assert_eq!((second.processed, second.duplicates), (vec![1], vec![0, 2]));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! One statement inserts every marker (`INSERT … VALUES (…), (…) ON CONFLICT DO NOTHING
+//! RETURNING message_id` on PostgreSQL and SQLite; on MySQL and MariaDB, which return no rows
+//! from an insert, one insert per message inside the same transaction); keys repeated inside
+//! the batch are collapsed first, and the keys are inserted in a fixed order, so that two
+//! batches sharing keys do not deadlock. The body runs once with the new messages; `Err`
+//! rolls the whole batch back. [`BatchOutcome`] names each message by its position.
+//!
 //! # Claim mode: side effects outside the database
 //!
 //! An e-mail, a card charge, a blob upload cannot roll back with a transaction. With
@@ -250,6 +303,7 @@ mod verify;
 /// | `busy_timeout_ms` | integer: how long a SQLite handler waits for another writer before `SQLITE_BUSY` (then retried); the handler sets it on its connection | `5000` |
 /// | `mode` | `"transaction"`, or `"claim"` for a side effect outside the database ([claim mode](crate#claim-mode-side-effects-outside-the-database)) | `"transaction"` |
 /// | `lease_ms` | claim mode: integer, how long a claim stays live, in milliseconds; above the body's longest run | `60000` |
+/// | `batch` | the parameter holding a batch of messages (`msgs: &[Msg]` or a `Vec`); `key` is then a closure from one message to its key (`key = \|msg\| msg.id`), and the function returns [`BatchOutcome<T>`] | none |
 /// | `on_expired` | claim mode: `"take_over"` or `"report"`, what a delivery does with a claim whose lease ended ([`OnExpired`]) | `"take_over"` |
 ///
 /// # Every statement runs in the handler's transaction
@@ -364,8 +418,9 @@ pub use claim::OnExpired;
 pub use classify::classify;
 pub use error::Error;
 pub use inbox_core::{
-    Consumer, ConsumerError, ErrorClass, IdentifierError, InboxSchema, KeyError, MessageKey,
-    Outcome, Retention, RetryDecision, RetryPolicy, ToMessageKey, TransientKind, server_message,
+    BatchOutcome, Consumer, ConsumerError, ErrorClass, IdentifierError, InboxSchema, KeyError,
+    MessageKey, Outcome, Retention, RetryDecision, RetryPolicy, ToMessageKey, TransientKind,
+    server_message,
 };
 #[cfg(feature = "async")]
 pub use run_async::AsyncInboxConnection;
@@ -418,9 +473,10 @@ impl Isolation {
 #[doc(hidden)]
 pub mod __private {
     pub use crate::claim::ClaimSpec;
-    pub use crate::run::{run, run_claim};
+    pub use crate::driver::NewMessages;
+    pub use crate::run::{run, run_batch, run_claim};
     #[cfg(feature = "async")]
-    pub use crate::run_async::{AsyncBody, run_async, run_claim_async};
+    pub use crate::run_async::{AsyncBody, run_async, run_batch_async, run_claim_async};
     pub use inbox_core::{Consumer, ErrorClass, InboxSchema, KeyError, MessageKey, RetryPolicy};
 
     use crate::{Isolation, classify};
@@ -454,6 +510,17 @@ pub mod __private {
         fn inbox_error(error: crate::Error) -> E {
             E::from(error)
         }
+    }
+
+    /// `batch = msgs, key = |msg| …`: the key of each message of the batch.
+    pub fn batch_keys<'m, T, K, F>(all: &'m [T], key: F) -> Result<Vec<MessageKey>, KeyError>
+    where
+        F: Fn(&'m T) -> K,
+        K: inbox_core::ToMessageKey,
+    {
+        all.iter()
+            .map(|message| key(message).to_message_key())
+            .collect()
     }
 
     /// `key = <expr>` is evaluated as `message_key(&(<expr>))`: borrowed, so a `String`

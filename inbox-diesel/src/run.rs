@@ -3,12 +3,12 @@
 use std::time::Duration;
 
 use diesel::QueryResult;
-use inbox_core::{ErrorClass, KeyError, MessageKey, Outcome};
+use inbox_core::{BatchOutcome, ErrorClass, KeyError, MessageKey, Outcome};
 use tracing::Instrument;
 
 use crate::__private::HandlerSpec;
 use crate::claim::{ClaimAnswer, ClaimSpec, ClaimStep};
-use crate::driver::{self, Steps};
+use crate::driver::{self, BatchClaims, NewMessages, Steps};
 use crate::{Error, InboxConnection};
 
 /// Runs `body` once per message key and consumer, on a sync connection; see
@@ -27,18 +27,59 @@ where
     P: Fn(&Result<T, E>) -> Option<ErrorClass>,
 {
     let key = key.map_err(|e| inbox_error(Error::InvalidKey(e)))?;
-    let span = tracing::info_span!("inbox", consumer = spec.consumer.as_str());
-    driver::complete_now(
+    let span = tracing::info_span!("inbox", consumer = spec.consumer.as_str(), key = %key);
+    let value = driver::complete_now(
         driver::drive(
             Blocking(conn),
             spec,
-            key,
+            &key,
             Immediate(body),
             probe,
             inbox_error,
         )
         .instrument(span),
-    )
+    )?;
+    Ok(driver::outcome(spec, key, value))
+}
+
+/// Runs `body` once for the messages of a batch that are new, in one transaction; see
+/// `driver::drive` for the steps.
+pub fn run_batch<C, T, E, B, P>(
+    conn: &mut C,
+    spec: &'static HandlerSpec,
+    keys: Result<Vec<MessageKey>, KeyError>,
+    new: &NewMessages,
+    body: B,
+    probe: P,
+    inbox_error: fn(Error) -> E,
+) -> Result<BatchOutcome<T>, E>
+where
+    C: InboxConnection,
+    B: FnMut(&mut C) -> Result<T, E>,
+    P: Fn(&Result<T, E>) -> Option<ErrorClass>,
+{
+    let keys = keys.map_err(|e| inbox_error(Error::InvalidKey(e)))?;
+    if keys.is_empty() {
+        return Ok(driver::batch_outcome(0, None, new));
+    }
+    let span = tracing::info_span!(
+        "inbox",
+        consumer = spec.consumer.as_str(),
+        batch = keys.len()
+    );
+    let claims = BatchClaims::new(&keys, new);
+    let value = driver::complete_now(
+        driver::drive(
+            Blocking(conn),
+            spec,
+            &claims,
+            Immediate(body),
+            probe,
+            inbox_error,
+        )
+        .instrument(span),
+    )?;
+    Ok(driver::batch_outcome(keys.len(), value, new))
 }
 
 /// Runs `body` in claim mode, on a sync connection; see `driver::drive_claim` for the steps.
@@ -95,6 +136,15 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
     async fn claim(&mut self, spec: &'static HandlerSpec, key: &MessageKey) -> QueryResult<bool> {
         self.0
             .claim_marker(&spec.schema, spec.consumer.as_str(), key)
+    }
+
+    async fn claim_batch(
+        &mut self,
+        spec: &'static HandlerSpec,
+        ids: &[uuid::Uuid],
+    ) -> QueryResult<Vec<uuid::Uuid>> {
+        self.0
+            .claim_markers(&spec.schema, spec.consumer.as_str(), ids)
     }
 
     async fn commit(&mut self) -> QueryResult<()> {

@@ -8,13 +8,13 @@ use std::time::Duration;
 
 use diesel::QueryResult;
 use diesel_async::AsyncConnection;
-use inbox_core::{ErrorClass, InboxSchema, KeyError, MessageKey, Outcome};
+use inbox_core::{BatchOutcome, ErrorClass, InboxSchema, KeyError, MessageKey, Outcome};
 use tracing::Instrument;
 
 use crate::__private::HandlerSpec;
 use crate::Error;
 use crate::claim::{ClaimAnswer, ClaimSpec, ClaimStep};
-use crate::driver::{self, Steps};
+use crate::driver::{self, BatchClaims, NewMessages, Steps};
 
 /// A diesel-async connection an `async fn` `#[idempotent]` handler can run on.
 ///
@@ -64,6 +64,14 @@ pub trait AsyncInboxConnection: AsyncConnection + Send + sealed::Sealed {
         spec: &'static HandlerSpec,
         key: &MessageKey,
     ) -> impl Future<Output = QueryResult<bool>> + Send;
+
+    /// Inserts the markers of `ids` that do not exist; returns those it inserted.
+    #[doc(hidden)]
+    fn claim_markers(
+        &mut self,
+        spec: &'static HandlerSpec,
+        ids: &[uuid::Uuid],
+    ) -> impl Future<Output = QueryResult<Vec<uuid::Uuid>>> + Send;
 
     /// Commits the handler's transaction, failing if it had been aborted.
     #[doc(hidden)]
@@ -153,10 +161,50 @@ where
     P: Fn(&Result<T, E>) -> Option<ErrorClass>,
 {
     let key = key.map_err(|e| inbox_error(Error::InvalidKey(e)))?;
-    let span = tracing::info_span!("inbox", consumer = spec.consumer.as_str());
-    driver::drive(Awaiting(conn), spec, key, Cloned(body), probe, inbox_error)
+    let span = tracing::info_span!("inbox", consumer = spec.consumer.as_str(), key = %key);
+    let value = driver::drive(Awaiting(conn), spec, &key, Cloned(body), probe, inbox_error)
         .instrument(span)
-        .await
+        .await?;
+    Ok(driver::outcome(spec, key, value))
+}
+
+/// Runs `body` once for the messages of a batch that are new, in one transaction, on a
+/// diesel-async connection; see `driver::drive` for the steps.
+pub async fn run_batch_async<C, T, E, B, P>(
+    conn: &mut C,
+    spec: &'static HandlerSpec,
+    keys: Result<Vec<MessageKey>, KeyError>,
+    new: &NewMessages,
+    body: B,
+    probe: P,
+    inbox_error: fn(Error) -> E,
+) -> Result<BatchOutcome<T>, E>
+where
+    C: AsyncInboxConnection,
+    B: Clone + for<'c> AsyncBody<&'c mut C, Result<T, E>, Fut: Send>,
+    P: Fn(&Result<T, E>) -> Option<ErrorClass>,
+{
+    let keys = keys.map_err(|e| inbox_error(Error::InvalidKey(e)))?;
+    if keys.is_empty() {
+        return Ok(driver::batch_outcome(0, None, new));
+    }
+    let span = tracing::info_span!(
+        "inbox",
+        consumer = spec.consumer.as_str(),
+        batch = keys.len()
+    );
+    let claims = BatchClaims::new(&keys, new);
+    let value = driver::drive(
+        Awaiting(conn),
+        spec,
+        &claims,
+        Cloned(body),
+        probe,
+        inbox_error,
+    )
+    .instrument(span)
+    .await?;
+    Ok(driver::batch_outcome(keys.len(), value, new))
 }
 
 /// Runs `body` in claim mode, on a diesel-async connection; see `driver::drive_claim` for
@@ -196,6 +244,14 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
 
     async fn claim(&mut self, spec: &'static HandlerSpec, key: &MessageKey) -> QueryResult<bool> {
         self.0.claim_marker(spec, key).await
+    }
+
+    async fn claim_batch(
+        &mut self,
+        spec: &'static HandlerSpec,
+        ids: &[uuid::Uuid],
+    ) -> QueryResult<Vec<uuid::Uuid>> {
+        self.0.claim_markers(spec, ids).await
     }
 
     async fn commit(&mut self) -> QueryResult<()> {
@@ -322,6 +378,19 @@ mod postgres {
             Ok(!rows.is_empty())
         }
 
+        async fn claim_markers(
+            &mut self,
+            spec: &'static HandlerSpec,
+            ids: &[uuid::Uuid],
+        ) -> QueryResult<Vec<uuid::Uuid>> {
+            let claim = crate::backend::ClaimMarkers::<Pg, diesel::sql_types::Uuid>::new(
+                &spec.schema,
+                spec.consumer.as_str(),
+                ids,
+            );
+            RunQueryDsl::load(claim, self).await
+        }
+
         /// PostgreSQL answers `COMMIT` in an aborted transaction with a silent `ROLLBACK`. The
         /// sync runtime sends `SELECT 1` in the same round trip as `COMMIT`; diesel-async's
         /// transaction manager sends its own `COMMIT`, so the `SELECT 1` that fails with 25P02
@@ -386,6 +455,18 @@ mod sqlite {
             let key = key.clone();
             self.spawn_blocking(move |conn| {
                 conn.claim_marker(&spec.schema, spec.consumer.as_str(), &key)
+            })
+            .await
+        }
+
+        async fn claim_markers(
+            &mut self,
+            spec: &'static HandlerSpec,
+            ids: &[uuid::Uuid],
+        ) -> QueryResult<Vec<uuid::Uuid>> {
+            let ids = ids.to_vec();
+            self.spawn_blocking(move |conn| {
+                conn.claim_markers(&spec.schema, spec.consumer.as_str(), &ids)
             })
             .await
         }
@@ -459,6 +540,23 @@ mod mysql {
             let claim = ClaimMarker::<Mysql>::new(&spec.schema, spec.consumer.as_str(), &id);
             let inserted = RunQueryDsl::execute(claim, self).await;
             Ok(inserted_unless_duplicate(inserted, &spec.schema)? > 0)
+        }
+
+        /// Row by row, as the sync connection does.
+        async fn claim_markers(
+            &mut self,
+            spec: &'static HandlerSpec,
+            ids: &[uuid::Uuid],
+        ) -> QueryResult<Vec<uuid::Uuid>> {
+            let mut inserted = Vec::with_capacity(ids.len());
+            for id in ids {
+                let claim = ClaimMarker::<Mysql>::new(&spec.schema, spec.consumer.as_str(), id);
+                let result = RunQueryDsl::execute(claim, self).await;
+                if inserted_unless_duplicate(result, &spec.schema)? > 0 {
+                    inserted.push(*id);
+                }
+            }
+            Ok(inserted)
         }
 
         async fn commit_inbox_transaction(&mut self) -> QueryResult<()> {

@@ -20,10 +20,11 @@ pub struct Args {
     pub mode: Option<LitStr>,
     pub lease_ms: Option<LitInt>,
     pub on_expired: Option<LitStr>,
+    pub batch: Option<Ident>,
 }
 
 /// Each option with the form of its value, for "unknown option" and "expected …" errors.
-const OPTIONS: [(&str, &str); 11] = [
+const OPTIONS: [(&str, &str); 12] = [
     ("consumer", "consumer = \"credit\""),
     ("key", "key = msg.id"),
     ("conn", "conn = db"),
@@ -35,6 +36,7 @@ const OPTIONS: [(&str, &str); 11] = [
     ("mode", "mode = \"claim\""),
     ("lease_ms", "lease_ms = 60000"),
     ("on_expired", "on_expired = \"report\""),
+    ("batch", "batch = msgs"),
 ];
 
 impl Parse for Args {
@@ -74,6 +76,7 @@ impl Parse for Args {
                 "mode" => set_once(&mut args.mode, &name, value(input, form)?)?,
                 "lease_ms" => set_once(&mut args.lease_ms, &name, value(input, form)?)?,
                 "on_expired" => set_once(&mut args.on_expired, &name, value(input, form)?)?,
+                "batch" => set_once(&mut args.batch, &name, value(input, form)?)?,
                 _ => unreachable!("form_of knows every option"),
             }
             if input.is_empty() {

@@ -52,6 +52,7 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
         ret,
         busy_timeout_ms,
         mode,
+        batch,
     } = handler;
     let ItemFn {
         attrs,
@@ -60,7 +61,10 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
         block,
         ..
     } = function;
-    sig.output = outcome_return_type(&ret);
+    sig.output = match &batch {
+        Some(_) => outcome_return_type(&ret, quote!(::inbox_diesel::BatchOutcome)),
+        None => outcome_return_type(&ret, quote!(::inbox_diesel::Outcome)),
+    };
 
     let busy_timeout_ms = match busy_timeout_ms {
         Some(ms) => quote!(#ms),
@@ -85,8 +89,43 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
         Some(_) => (quote!(async), quote!(.await)),
         None => (quote!(), quote!()),
     };
-    let call = match mode {
-        Mode::Transaction => {
+    let probe = quote! {
+        |__inbox_result: &#ret| {
+            #[allow(unused_imports)]
+            use ::inbox_diesel::__private::{ProbeDiesel as _, ProbeOpaque as _, ProbeSourceChain as _};
+            (&&&::inbox_diesel::__private::Probe(__inbox_result))
+                .inbox_error_class(&__INBOX_SPEC.schema)
+        }
+    };
+    let call = match (mode, batch) {
+        (Mode::Transaction, Some(batch)) => {
+            let runtime = match &sig.asyncness {
+                Some(_) => quote!(run_batch_async),
+                None => quote!(run_batch),
+            };
+            let keys = quote_spanned!(key.span()=>
+                ::inbox_diesel::__private::batch_keys(&#batch[..], #key)
+            );
+            // Each attempt's body sees, under the parameter's name, the messages that are new
+            // in that attempt.
+            quote! {
+                let __inbox_new = ::inbox_diesel::__private::NewMessages::default();
+                ::inbox_diesel::__private::#runtime(
+                    #conn,
+                    &__INBOX_SPEC,
+                    #keys,
+                    &__inbox_new,
+                    #body_asyncness |#conn| -> #ret {
+                        let __inbox_selected = __inbox_new.select(&#batch[..]);
+                        let #batch = &__inbox_selected[..];
+                        #block
+                    },
+                    #probe,
+                    #inbox_error,
+                ) #awaited
+            }
+        }
+        (Mode::Transaction, None) => {
             let runtime = match &sig.asyncness {
                 Some(_) => quote!(run_async),
                 None => quote!(run),
@@ -97,17 +136,12 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
                     &__INBOX_SPEC,
                     #message_key,
                     #body_asyncness |#conn| -> #ret #block,
-                    |__inbox_result: &#ret| {
-                        #[allow(unused_imports)]
-                        use ::inbox_diesel::__private::{ProbeDiesel as _, ProbeOpaque as _, ProbeSourceChain as _};
-                        (&&&::inbox_diesel::__private::Probe(__inbox_result))
-                            .inbox_error_class(&__INBOX_SPEC.schema)
-                    },
+                    #probe,
                     #inbox_error,
                 ) #awaited
             }
         }
-        Mode::Claim { lease_ms, report } => {
+        (Mode::Claim { lease_ms, report }, _) => {
             let runtime = match &sig.asyncness {
                 Some(_) => quote!(run_claim_async),
                 None => quote!(run_claim),
@@ -154,16 +188,16 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
     }
 }
 
-/// `Result<T, E>` → `Result<::inbox_diesel::Outcome<T>, E>`; an alias keeps its path
-/// (`QueryResult<T>` → `QueryResult<Outcome<T>>`). `valid` checked the shape.
-fn outcome_return_type(ret: &Type) -> ReturnType {
+/// `Result<T, E>` → `Result<::inbox_diesel::Outcome<T>, E>` (or `BatchOutcome<T>`); an alias
+/// keeps its path (`QueryResult<T>` → `QueryResult<Outcome<T>>`). `valid` checked the shape.
+fn outcome_return_type(ret: &Type, wrapper: TokenStream) -> ReturnType {
     let mut ret = ret.clone();
     if let Type::Path(path) = &mut ret
         && let Some(last) = path.path.segments.last_mut()
         && let PathArguments::AngleBracketed(args) = &mut last.arguments
         && let Some(GenericArgument::Type(value)) = args.args.first_mut()
     {
-        let wrapped = quote_spanned!(value.span()=> ::inbox_diesel::Outcome<#value>);
+        let wrapped = quote_spanned!(value.span()=> #wrapper<#value>);
         *value = syn::parse2(wrapped).expect("a path type parses");
     }
     syn::parse_quote!(-> #ret)
@@ -211,6 +245,44 @@ mod tests {
             ),
             quote! {
                 fn on_shipment(&self, db: &mut Db, msg: &Record) -> diesel::QueryResult<()> {
+                    Ok(())
+                }
+            }
+        ));
+    }
+
+    /// A batch: keys from the closure, the body given the new messages under the
+    /// parameter's name.
+    #[test]
+    fn expands_a_batch_handler() {
+        insta::assert_snapshot!(pretty(
+            quote!(
+                consumer = "credit",
+                batch = msgs,
+                key = |msg| msg.message_id
+            ),
+            quote! {
+                fn on_credits(conn: &mut PgConnection, msgs: &[CreditRequested]) -> QueryResult<usize> {
+                    Ok(msgs.len())
+                }
+            }
+        ));
+    }
+
+    /// Claim mode: the claim's lease and policy, and no probe (the body is not retried).
+    #[test]
+    fn expands_a_claim_mode_handler() {
+        insta::assert_snapshot!(pretty(
+            quote!(
+                consumer = "email",
+                key = msg.id,
+                mode = "claim",
+                lease_ms = 30000,
+                on_expired = "report"
+            ),
+            quote! {
+                async fn send(conn: &mut AsyncPgConnection, mailer: &Mailer, msg: &Signup) -> Result<(), AppError> {
+                    mailer.send(&msg.email, &msg.id.to_string()).await?;
                     Ok(())
                 }
             }

@@ -27,6 +27,9 @@ pub struct Handler {
     /// SQLite's busy timeout, when not the runtime's default.
     pub busy_timeout_ms: Option<u32>,
     pub mode: Mode,
+    /// `batch = msgs`: the parameter holding a batch of messages; `key` is then a closure
+    /// from one message to its key.
+    pub batch: Option<Ident>,
 }
 
 /// How the body's work is made to happen once.
@@ -88,7 +91,12 @@ pub fn validate(args: Args, item: &ItemFn) -> syn::Result<Handler> {
         }
     };
     let mode = errors.take(mode(&args)).unwrap_or(Mode::Transaction);
+    let batch = match &args.batch {
+        Some(batch) => errors.take(batch_parameter(batch, item, mode)).map(Some),
+        None => Some(None),
+    };
     let key = match args.key {
+        Some(key) if args.batch.is_some() => errors.take(key_closure(key)),
         Some(key) => errors.take(key_uses_a_parameter(key, item)),
         None => {
             errors.push(missing("key"));
@@ -172,6 +180,7 @@ pub fn validate(args: Args, item: &ItemFn) -> syn::Result<Handler> {
             constraint: constraint.unwrap_or_default(),
             busy_timeout_ms: busy_timeout_ms.flatten(),
             mode,
+            batch: batch.flatten(),
         }),
         (Some(error), ..) => Err(error),
         _ => unreachable!("every missing value recorded an error"),
@@ -319,6 +328,52 @@ fn collect_idents(tokens: TokenStream, out: &mut Vec<Ident>) {
             _ => {}
         }
     }
+}
+
+/// `batch = msgs` names a parameter: the messages, as a slice, a `Vec` or a reference to one.
+fn batch_parameter(batch: &Ident, item: &ItemFn, mode: Mode) -> syn::Result<Ident> {
+    if matches!(mode, Mode::Claim { .. }) {
+        return Err(syn::Error::new(
+            batch.span(),
+            "`batch` applies to transaction mode, where one transaction claims the whole \
+             batch; a claim-mode handler takes one message",
+        ));
+    }
+    if parameter_names(item).contains(batch) {
+        return Ok(batch.clone());
+    }
+    Err(syn::Error::new(
+        batch.span(),
+        format!(
+            "`batch` names the parameter holding the messages (`msgs: &[Msg]`), and the \
+             function has no parameter `{batch}`: `batch = msgs`"
+        ),
+    ))
+}
+
+/// With `batch`, `key` is a closure from one message to its key, and uses its message.
+fn key_closure(key: Expr) -> syn::Result<Expr> {
+    let usage = "with `batch`, `key` is a closure from one message of the batch to its key: \
+                 `key = |msg| msg.id`";
+    let Expr::Closure(closure) = &key else {
+        return Err(syn::Error::new_spanned(&key, usage));
+    };
+    if closure.inputs.len() != 1 {
+        return Err(syn::Error::new_spanned(&closure.inputs, usage));
+    }
+    let mut params = Vec::new();
+    collect_idents(closure.inputs.to_token_stream(), &mut params);
+    let mut used = Vec::new();
+    collect_idents(closure.body.to_token_stream(), &mut used);
+    if !used.iter().any(|ident| params.contains(ident)) {
+        return Err(syn::Error::new_spanned(
+            &closure.body,
+            "`key` must be computed from its message, e.g. `key = |msg| msg.id`; this one gives \
+             every message of the batch the same key, so all but the first would be dropped \
+             as duplicates",
+        ));
+    }
+    Ok(key)
 }
 
 /// A key computed from no parameter is the same for every message: every delivery after the

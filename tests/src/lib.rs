@@ -6,6 +6,7 @@ use std::fmt;
 
 pub use inbox_diesel::Uuid;
 
+pub mod batch;
 pub mod claim;
 pub mod sqlite;
 

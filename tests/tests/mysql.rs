@@ -3,6 +3,7 @@
 //! server's own messages. Needs `INBOX_TEST_MYSQL`.
 
 inbox_tests::suite!(inbox_tests::mysql::MysqlDb, diesel::MysqlConnection);
+inbox_tests::batch_suite!(inbox_tests::mysql::MysqlDb);
 inbox_tests::server_suite!(inbox_tests::mysql::MysqlDb);
 inbox_tests::claim_suite!(inbox_tests::mysql::MysqlDb, diesel::MysqlConnection, mysql);
 

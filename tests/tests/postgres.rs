@@ -2,6 +2,7 @@
 //! lock wait, aborted transactions, serialization failures. Needs `INBOX_TEST_PG`.
 
 inbox_tests::suite!(inbox_tests::postgres::PgDb, diesel::PgConnection);
+inbox_tests::batch_suite!(inbox_tests::postgres::PgDb);
 inbox_tests::server_suite!(inbox_tests::postgres::PgDb);
 inbox_tests::claim_suite!(inbox_tests::postgres::PgDb, diesel::PgConnection, postgres);
 
