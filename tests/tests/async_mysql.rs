@@ -5,6 +5,7 @@ inbox_tests::async_suite!(
     inbox_tests::mysql::MysqlDb,
     diesel_async::AsyncMysqlConnection
 );
+inbox_tests::async_batch_suite!(inbox_tests::mysql::MysqlDb);
 inbox_tests::async_server_suite!(inbox_tests::mysql::MysqlDb);
 inbox_tests::async_claim_suite!(
     inbox_tests::mysql::MysqlDb,

@@ -2,6 +2,7 @@
 //! PostgreSQL does. Needs `INBOX_TEST_PG`.
 
 inbox_tests::async_suite!(inbox_tests::postgres::PgDb, diesel_async::AsyncPgConnection);
+inbox_tests::async_batch_suite!(inbox_tests::postgres::PgDb);
 inbox_tests::async_server_suite!(inbox_tests::postgres::PgDb);
 inbox_tests::async_claim_suite!(
     inbox_tests::postgres::PgDb,

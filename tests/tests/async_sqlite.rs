@@ -4,6 +4,7 @@ inbox_tests::async_suite!(
     inbox_tests::sqlite::SqliteDb,
     diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>
 );
+inbox_tests::async_batch_suite!(inbox_tests::sqlite::SqliteDb);
 inbox_tests::async_claim_suite!(
     inbox_tests::sqlite::SqliteDb,
     diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>,
