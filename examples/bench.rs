@@ -22,7 +22,10 @@
 //! - `naive`: check for the marker, write, insert the marker, treat a unique violation as a
 //!   duplicate — the handler people write first;
 //! - `two transactions`: MassTransit's protocol — commit the marker in a transaction of its
-//!   own, then lock it and run the write in a second one, and stamp it.
+//!   own, then lock it and run the write in a second one, and stamp it;
+//!
+//! then the batch form (`batch = …`, one transaction per batch of 10, 100 or 1000 messages)
+//! against `#[idempotent]` one message at a time, and purge on a million completed rows.
 
 use std::sync::Barrier;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -65,13 +68,13 @@ struct Cell {
     per_second: f64,
 }
 
-/// `workers` threads, each with its own connection, run `message` for `seconds` after a
-/// common start; returns the messages per second.
+/// `workers` threads, each with its own connection, run `message` (which returns how many
+/// messages it handled) for `seconds` after a common start; returns the messages per second.
 fn measure<C: Send>(
     workers: usize,
     seconds: f64,
     connect: &(dyn Fn() -> C + Sync),
-    message: &(dyn Fn(&mut C, usize, u64) + Sync),
+    message: &(dyn Fn(&mut C, usize, u64) -> u64 + Sync),
 ) -> f64 {
     let start = Barrier::new(workers + 1);
     let stop = AtomicBool::new(false);
@@ -82,12 +85,12 @@ fn measure<C: Send>(
             scope.spawn(move || {
                 let mut conn = connect();
                 start.wait();
-                let mut n = 0;
+                let (mut n, mut messages) = (0, 0);
                 while !stop.load(Ordering::Relaxed) {
-                    message(&mut conn, worker, n);
+                    messages += message(&mut conn, worker, n);
                     n += 1;
                 }
-                done.fetch_add(n, Ordering::Relaxed);
+                done.fetch_add(messages, Ordering::Relaxed);
             });
         }
         start.wait();
@@ -177,6 +180,15 @@ macro_rules! backend {
                 write(conn, worker)
             }
 
+            /// The batch form: the same write once per new message, one transaction per batch.
+            #[idempotent(consumer = "bench", batch = ids, key = |id| *id)]
+            fn batch_handler(conn: &mut Conn, ids: &[Uuid], worker: usize) -> QueryResult<usize> {
+                for _ in ids {
+                    write(conn, worker)?;
+                }
+                Ok(ids.len())
+            }
+
             fn hand_written(conn: &mut Conn, id: Uuid, worker: usize) -> QueryResult<()> {
                 conn.$begin(|c| {
                     let claim: fn(&mut Conn, Uuid) -> QueryResult<bool> = $claim;
@@ -257,38 +269,48 @@ macro_rules! backend {
                 for clients in CONCURRENCY {
                     for variant in VARIANTS {
                         run += 1;
-                        let message: Box<dyn Fn(&mut Conn, usize, u64) + Sync> = match variant {
-                            "plain" => Box::new(|c, w, _| c.$begin(|c| write(c, w)).unwrap()),
-                            "#[idempotent]" => Box::new(move |c, w, n| {
-                                let outcome = handler(c, &key(run, w, n), w).unwrap();
-                                assert!(outcome.is_processed());
-                            }),
-                            "hand-written" => {
-                                Box::new(move |c, w, n| hand_written(c, key(run, w, n), w).unwrap())
-                            }
-                            "duplicate" => {
-                                // Processed once, then delivered again and again.
-                                let mut conn = connect();
-                                for w in 0..clients {
-                                    for n in 0..DUPLICATE_KEYS {
-                                        let outcome = handler(&mut conn, &key(run, w, n), w);
-                                        assert!(outcome.unwrap().is_processed());
+                        let message: Box<dyn Fn(&mut Conn, usize, u64) -> u64 + Sync> =
+                            match variant {
+                                "plain" => Box::new(|c, w, _| {
+                                    c.$begin(|c| write(c, w)).unwrap();
+                                    1
+                                }),
+                                "#[idempotent]" => Box::new(move |c, w, n| {
+                                    let outcome = handler(c, &key(run, w, n), w).unwrap();
+                                    assert!(outcome.is_processed());
+                                    1
+                                }),
+                                "hand-written" => Box::new(move |c, w, n| {
+                                    hand_written(c, key(run, w, n), w).unwrap();
+                                    1
+                                }),
+                                "duplicate" => {
+                                    // Processed once, then delivered again and again.
+                                    let mut conn = connect();
+                                    for w in 0..clients {
+                                        for n in 0..DUPLICATE_KEYS {
+                                            let outcome = handler(&mut conn, &key(run, w, n), w);
+                                            assert!(outcome.unwrap().is_processed());
+                                        }
                                     }
+                                    Box::new(move |c, w, n| {
+                                        let outcome =
+                                            handler(c, &key(run, w, n % DUPLICATE_KEYS), w)
+                                                .unwrap();
+                                        assert!(outcome.is_duplicate());
+                                        1
+                                    })
                                 }
-                                Box::new(move |c, w, n| {
-                                    let outcome =
-                                        handler(c, &key(run, w, n % DUPLICATE_KEYS), w).unwrap();
-                                    assert!(outcome.is_duplicate());
-                                })
-                            }
-                            "naive" => {
-                                Box::new(move |c, w, n| naive(c, key(run, w, n), w).unwrap())
-                            }
-                            "two transactions" => Box::new(move |c, w, n| {
-                                two_transactions(c, key(run, w, n), w).unwrap()
-                            }),
-                            _ => unreachable!(),
-                        };
+                                "naive" => Box::new(move |c, w, n| {
+                                    naive(c, key(run, w, n), w).unwrap();
+                                    1
+                                }),
+                                "two transactions" => Box::new(move |c, w, n| {
+                                    two_transactions(c, key(run, w, n), w).unwrap();
+                                    1
+                                }),
+                                _ => unreachable!(),
+                            };
                         let per_second = measure(clients, seconds, connect, &*message);
                         cells.push(Cell {
                             variant,
@@ -298,6 +320,39 @@ macro_rules! backend {
                     }
                 }
                 report(label, &cells);
+
+                // The batch form against one message per transaction, at 1 and 4 clients.
+                println!("\n| batch size | 1 client | 4 clients |\n|---|---:|---:|");
+                let mut per_message = [0.0; 2];
+                for (slot, clients) in [1, 4].into_iter().enumerate() {
+                    run += 1;
+                    per_message[slot] = measure(clients, seconds, connect, &|c, w, n| {
+                        assert!(handler(c, &key(run, w, n), w).unwrap().is_processed());
+                        1
+                    });
+                }
+                println!(
+                    "| 1 (#[idempotent]) | 1.00 ({:.0}/s) | 1.00 ({:.0}/s) |",
+                    per_message[0], per_message[1]
+                );
+                for size in [10u64, 100, 1000] {
+                    print!("| {size} |");
+                    for (slot, clients) in [1, 4].into_iter().enumerate() {
+                        run += 1;
+                        let per_second = measure(clients, seconds, connect, &|c, w, n| {
+                            let ids: Vec<Uuid> =
+                                (n * size..(n + 1) * size).map(|m| key(run, w, m)).collect();
+                            let outcome = batch_handler(c, &ids, w).unwrap();
+                            assert_eq!(outcome.processed.len() as u64, size);
+                            size
+                        });
+                        print!(
+                            " {:.1} ({per_second:.0}/s) |",
+                            per_second / per_message[slot]
+                        );
+                    }
+                    println!();
+                }
 
                 const ROWS: u32 = 1_000_000;
                 let mut conn = connect();
