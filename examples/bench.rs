@@ -368,7 +368,7 @@ macro_rules! backend {
                 let took = began.elapsed().as_secs_f64();
                 assert_eq!(report.removed, u64::from(ROWS));
                 println!(
-                    "purge of {ROWS} completed rows: {took:.1} s, {:.0} rows/s, {} batches of {}",
+                    "\npurge of {ROWS} completed rows: {took:.1} s, {:.0} rows/s, {} batches of {}",
                     f64::from(ROWS) / took,
                     report.batches,
                     Purge::DEFAULT_BATCH_SIZE

@@ -321,16 +321,7 @@ where
                     attempts,
                 });
             }
-            Err(e) => match retry_after(spec, &e, retries) {
-                Some(after) => {
-                    retries += 1;
-                    steps.pause(after).await;
-                }
-                None => {
-                    let failure = Failure::<T, E>::Database(e);
-                    return Err(give_up(failure, None, retries + 1, inbox_error));
-                }
-            },
+            Err(e) => wait_or_give_up(&mut steps, spec, e, &mut retries, inbox_error).await?,
         }
     };
 
@@ -384,16 +375,7 @@ where
                 );
                 return Err(inbox_error(Error::ClaimLost { attempt }));
             }
-            Err(e) => match retry_after(spec, &e, retries) {
-                Some(after) => {
-                    retries += 1;
-                    steps.pause(after).await;
-                }
-                None => {
-                    let failure = Failure::<T, E>::Database(e);
-                    return Err(give_up(failure, None, retries + 1, inbox_error));
-                }
-            },
+            Err(e) => wait_or_give_up(&mut steps, spec, e, &mut retries, inbox_error).await?,
         }
     }
 }
@@ -458,6 +440,28 @@ async fn acquire<S: Steps>(
         }
     }
     Ok(Acquired::Live)
+}
+
+/// Waits before retrying a database error of claim mode, or returns it as the handler's error
+/// when it is not transient or the retries are used up.
+async fn wait_or_give_up<S: Steps, E>(
+    steps: &mut S,
+    spec: &HandlerSpec,
+    error: DieselError,
+    retries: &mut u32,
+    inbox_error: fn(Error) -> E,
+) -> Result<(), E> {
+    match retry_after(spec, &error, *retries) {
+        Some(after) => {
+            *retries += 1;
+            steps.pause(after).await;
+            Ok(())
+        }
+        None => {
+            let failure = Failure::<(), E>::Database(error);
+            Err(give_up(failure, None, *retries + 1, inbox_error))
+        }
+    }
 }
 
 /// The pause before retrying a database error of claim mode, or `None` to give up.

@@ -373,8 +373,9 @@ mod verify;
 ///   function then returns the same `Result` with [`Outcome<T>`] in place of `T`.
 /// - `E: From<inbox_diesel::Error>`, for failures of the inbox itself (an invalid key, a
 ///   failed commit, an aborted transaction). `diesel::result::Error` qualifies.
-/// - The connection parameter is `&mut SqliteConnection` or `&mut PgConnection`
-///   ([`InboxConnection`]), or for an `async fn` `&mut AsyncPgConnection` or
+/// - The connection parameter is `&mut SqliteConnection`, `&mut PgConnection` or
+///   `&mut MysqlConnection` ([`InboxConnection`]), or for an `async fn`
+///   `&mut AsyncPgConnection`, `&mut AsyncMysqlConnection` or
 ///   `&mut SyncConnectionWrapper<SqliteConnection>` (`AsyncInboxConnection`, feature
 ///   `async`); pass a pooled connection as `&mut pooled`. A type alias works when the
 ///   connection is the handler's only `&mut` parameter; otherwise name it with `conn = …`.

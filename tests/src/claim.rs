@@ -67,7 +67,16 @@ macro_rules! claim_suite {
 
             type DbConnection = $conn;
 
-            /// The side effect, counted in `sent` after `before` let it through.
+            /// The side effect: counted in `sent` after `before` let it through.
+            fn side_effect(
+                sent: &AtomicUsize,
+                before: &dyn Fn() -> Result<(), AppError>,
+            ) -> Result<(), AppError> {
+                before()?;
+                sent.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }
+
             #[idempotent(consumer = "email", key = msg.id, mode = "claim")]
             fn send(
                 conn: &mut DbConnection,
@@ -75,9 +84,7 @@ macro_rules! claim_suite {
                 sent: &AtomicUsize,
                 before: &dyn Fn() -> Result<(), AppError>,
             ) -> Result<(), AppError> {
-                before()?;
-                sent.fetch_add(1, Ordering::SeqCst);
-                Ok(())
+                side_effect(sent, before)
             }
 
             /// `send` with a short lease, for the tests in which leases end.
@@ -88,9 +95,7 @@ macro_rules! claim_suite {
                 sent: &AtomicUsize,
                 before: &dyn Fn() -> Result<(), AppError>,
             ) -> Result<(), AppError> {
-                before()?;
-                sent.fetch_add(1, Ordering::SeqCst);
-                Ok(())
+                side_effect(sent, before)
             }
 
             /// `send_short_lease`, reporting an expired claim instead of taking it over.
@@ -107,9 +112,7 @@ macro_rules! claim_suite {
                 sent: &AtomicUsize,
                 before: &dyn Fn() -> Result<(), AppError>,
             ) -> Result<(), AppError> {
-                before()?;
-                sent.fetch_add(1, Ordering::SeqCst);
-                Ok(())
+                side_effect(sent, before)
             }
 
             /// The lease of `send_short_lease`, plus a margin for a slow machine.
