@@ -6,6 +6,9 @@
 //!     -- [--seconds 2] [sqlite] [postgres] [mysql]
 //! ```
 //!
+//! `--schema lean` runs the inbox without its surrogate key on SQLite and PostgreSQL (the
+//! variants that need the shipped `table!` and purge are left out), to compare the two.
+//!
 //! PostgreSQL and MariaDB are found at `INBOX_BENCH_PG` / `INBOX_BENCH_MYSQL` (default: the
 //! local servers); each run creates and drops a database of its own. SQLite runs on a
 //! temporary file in WAL mode.
@@ -53,6 +56,50 @@ const VARIANTS: [&str; 6] = [
     "naive",
     "two transactions",
 ];
+/// `--schema lean`: the inbox without its surrogate key (see `lean_schema`).
+static LEAN: AtomicBool = AtomicBool::new(false);
+
+/// The variants that run on the lean schema: the others use the shipped `table!`, which
+/// has the surrogate key.
+const LEAN_VARIANTS: [&str; 3] = ["plain", "#[idempotent]", "duplicate"];
+
+/// The variants of this run.
+fn variants() -> &'static [&'static str] {
+    match LEAN.load(Ordering::Relaxed) {
+        true => &LEAN_VARIANTS,
+        false => &VARIANTS,
+    }
+}
+
+/// The inbox keyed by `(message_id, consumer)` itself: no surrogate `id`, so one index
+/// fewer to write (PostgreSQL: the primary key is the unique index the classifier names;
+/// SQLite: a `WITHOUT ROWID` table stored in that key's B-tree).
+fn lean_schema(backend: &str) -> String {
+    let columns = match backend {
+        "postgres" => {
+            "message_id UUID NOT NULL, consumer TEXT COLLATE \"C\" NOT NULL, \
+             received_at TIMESTAMPTZ NOT NULL DEFAULT now(), processed_at TIMESTAMPTZ, \
+             claimed_until TIMESTAMPTZ, attempts INTEGER NOT NULL DEFAULT 1, \
+             CONSTRAINT ux_inbox_message_consumer PRIMARY KEY (message_id, consumer)"
+        }
+        _ => {
+            "message_id BLOB NOT NULL, consumer TEXT NOT NULL, \
+             received_at TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP, processed_at TIMESTAMP, \
+             claimed_until TIMESTAMP, attempts INTEGER NOT NULL DEFAULT 1, \
+             PRIMARY KEY (message_id, consumer)"
+        }
+    };
+    let without_rowid = if backend == "sqlite" {
+        " WITHOUT ROWID"
+    } else {
+        ""
+    };
+    format!(
+        "CREATE TABLE inbox ({columns}){without_rowid}; \
+         CREATE INDEX ix_inbox_processed_at ON inbox (processed_at);"
+    )
+}
+
 /// Keys each worker processes before the duplicate variant runs over them again.
 const DUPLICATE_KEYS: u64 = 500;
 
@@ -109,7 +156,7 @@ fn report(backend: &str, cells: &[Cell]) {
         print!(" {clients} client{} |", if clients == 1 { "" } else { "s" });
     }
     println!("\n|---|{}", "---:|".repeat(CONCURRENCY.len()));
-    for variant in VARIANTS {
+    for variant in variants() {
         print!("| {variant} |");
         for clients in CONCURRENCY {
             let of = |v: &str| {
@@ -138,18 +185,28 @@ fn report(backend: &str, cells: &[Cell]) {
             .collect::<Vec<_>>()
             .join(" / ")
     };
-    println!(
-        "\nlibrary overhead, #[idempotent] / hand-written (1 / 4 / 16 clients): {}",
-        ratio("#[idempotent]", "hand-written")
-    );
-    println!(
-        "duplicate path / processing path: {}",
-        ratio("duplicate", "#[idempotent]")
-    );
-    println!(
-        "#[idempotent] / two transactions: {}",
-        ratio("#[idempotent]", "two transactions")
-    );
+    println!();
+    for (line, a, b) in [
+        (
+            "library overhead, #[idempotent] / hand-written",
+            "#[idempotent]",
+            "hand-written",
+        ),
+        (
+            "duplicate path / processing path",
+            "duplicate",
+            "#[idempotent]",
+        ),
+        (
+            "#[idempotent] / two transactions",
+            "#[idempotent]",
+            "two transactions",
+        ),
+    ] {
+        if variants().contains(&a) && variants().contains(&b) {
+            println!("{line} (1 / 4 / 16 clients): {}", ratio(a, b));
+        }
+    }
 }
 
 /// The variants, for one backend: `$conn` its connection, `$inbox` the shipped `table!`,
@@ -267,7 +324,7 @@ macro_rules! backend {
                 let mut cells = Vec::new();
                 let mut run = 0;
                 for clients in CONCURRENCY {
-                    for variant in VARIANTS {
+                    for &variant in variants() {
                         run += 1;
                         let message: Box<dyn Fn(&mut Conn, usize, u64) -> u64 + Sync> =
                             match variant {
@@ -354,6 +411,10 @@ macro_rules! backend {
                     println!();
                 }
 
+                if LEAN.load(Ordering::Relaxed) {
+                    // Purge picks its batches by the surrogate key.
+                    return;
+                }
                 const ROWS: u32 = 1_000_000;
                 let mut conn = connect();
                 conn.batch_execute("DELETE FROM inbox").unwrap();
@@ -509,10 +570,11 @@ fn bench_sqlite(seconds: f64) {
         conn
     };
     let mut conn = connect();
-    conn.batch_execute(&inbox_diesel::schema::sqlite::create_table_sql(
-        &InboxSchema::DEFAULT,
-    ))
-    .unwrap();
+    let inbox = match LEAN.load(Ordering::Relaxed) {
+        true => lean_schema("sqlite"),
+        false => inbox_diesel::schema::sqlite::create_table_sql(&InboxSchema::DEFAULT),
+    };
+    conn.batch_execute(&inbox).unwrap();
     for statement in accounts_sql() {
         conn.batch_execute(&statement).unwrap();
     }
@@ -570,9 +632,10 @@ fn server_database<C: Connection>(admin: &str, schema: &[String]) -> (String, im
 fn bench_postgres(seconds: f64) {
     let admin = std::env::var("INBOX_BENCH_PG")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
-    let mut schema = vec![inbox_diesel::schema::postgres::create_table_sql(
-        &InboxSchema::DEFAULT,
-    )];
+    let mut schema = vec![match LEAN.load(Ordering::Relaxed) {
+        true => lean_schema("postgres"),
+        false => inbox_diesel::schema::postgres::create_table_sql(&InboxSchema::DEFAULT),
+    }];
     schema.extend(accounts_sql());
     let (url, _drop) = server_database::<diesel::PgConnection>(&admin, &schema);
     let connect = || diesel::PgConnection::establish(&url).unwrap();
@@ -645,6 +708,11 @@ fn main() {
                     .and_then(|s| s.parse().ok())
                     .expect("--seconds takes a number")
             }
+            "--schema" => match args.next().as_deref() {
+                Some("lean") => LEAN.store(true, Ordering::Relaxed),
+                Some("shipped") => {}
+                other => panic!("--schema is `shipped` or `lean`, not {other:?}"),
+            },
             backend => backends.push(backend.to_owned()),
         }
     }
@@ -653,8 +721,13 @@ fn main() {
     }
     println!(
         "# inbox benchmark: {seconds} s per cell; ratio to `plain` at the same concurrency \
-         (messages/s in parentheses); {} CPUs",
-        std::thread::available_parallelism().map_or(0, |n| n.get())
+         (messages/s in parentheses); {} CPUs; {} schema",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        if LEAN.load(Ordering::Relaxed) {
+            "lean"
+        } else {
+            "shipped"
+        }
     );
     for backend in backends {
         match backend.as_str() {

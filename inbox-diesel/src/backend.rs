@@ -114,7 +114,7 @@ where
 ///
 /// ```sql
 /// INSERT INTO <table> (message_id, consumer, processed_at) VALUES (?, ?, <now>)
-///     ON CONFLICT (message_id, consumer) DO NOTHING RETURNING id   -- PostgreSQL, SQLite
+///     ON CONFLICT (message_id, consumer) DO NOTHING RETURNING 1    -- PostgreSQL, SQLite
 /// ```
 ///
 /// `DO NOTHING` suppresses only a conflict on the `(message_id, consumer)` index, so any other
@@ -269,9 +269,11 @@ where
     }
 }
 
-/// `ON CONFLICT … DO NOTHING RETURNING id`: no row back means the marker existed.
+/// `ON CONFLICT … DO NOTHING RETURNING 1`: no row back means the marker existed. A constant,
+/// not `id`: the claim depends on no column but the key's.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-const ON_CONFLICT_RETURNING: &str = " ON CONFLICT (message_id, consumer) DO NOTHING RETURNING id";
+const ON_CONFLICT_RETURNING: &str =
+    " ON CONFLICT (message_id, consumer) DO NOTHING RETURNING CAST(1 AS BIGINT)";
 
 /// `ON CONFLICT … DO NOTHING`: 0 rows inserted means the row existed.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
