@@ -108,6 +108,13 @@ where
     B: Body<S::Conn, Result<T, E>>,
     P: Fn(&Result<T, E>) -> Option<ErrorClass>,
 {
+    if spec.precheck && claims.completed_before(&mut steps, spec).await {
+        tracing::info!(
+            outcome = "duplicate",
+            "completed marker found before the transaction"
+        );
+        return Ok(None);
+    }
     let mut retries = 0;
     loop {
         let failure = match attempt(&mut steps, spec, claims, &mut body).await {
@@ -182,6 +189,16 @@ pub(crate) trait Claims {
     /// none was new.
     async fn claim<S: Steps>(&self, steps: &mut S, spec: &'static HandlerSpec)
     -> QueryResult<bool>;
+
+    /// `precheck = true`: whether the work was completed before, read outside any
+    /// transaction. A failed read is not an answer: the transaction then decides.
+    async fn completed_before<S: Steps>(
+        &self,
+        _steps: &mut S,
+        _spec: &'static HandlerSpec,
+    ) -> bool {
+        false
+    }
 }
 
 impl Claims for MessageKey {
@@ -191,6 +208,17 @@ impl Claims for MessageKey {
         spec: &'static HandlerSpec,
     ) -> QueryResult<bool> {
         steps.claim(spec, self).await
+    }
+
+    async fn completed_before<S: Steps>(&self, steps: &mut S, spec: &'static HandlerSpec) -> bool {
+        match steps.claim_step(spec, self, ClaimStep::Read).await {
+            Ok(ClaimAnswer::Read(Some((ClaimState::Completed, _)))) => true,
+            Ok(_) => false,
+            Err(e) => {
+                tracing::debug!(error = %e, "precheck failed; the transaction decides");
+                false
+            }
+        }
     }
 }
 

@@ -21,10 +21,11 @@ pub struct Args {
     pub lease_ms: Option<LitInt>,
     pub on_expired: Option<LitStr>,
     pub batch: Option<Ident>,
+    pub precheck: Option<syn::LitBool>,
 }
 
 /// Each option with the form of its value, for "unknown option" and "expected …" errors.
-const OPTIONS: [(&str, &str); 12] = [
+const OPTIONS: [(&str, &str); 13] = [
     ("consumer", "consumer = \"credit\""),
     ("key", "key = msg.id"),
     ("conn", "conn = db"),
@@ -37,6 +38,7 @@ const OPTIONS: [(&str, &str); 12] = [
     ("lease_ms", "lease_ms = 60000"),
     ("on_expired", "on_expired = \"report\""),
     ("batch", "batch = msgs"),
+    ("precheck", "precheck = true"),
 ];
 
 impl Parse for Args {
@@ -77,6 +79,7 @@ impl Parse for Args {
                 "lease_ms" => set_once(&mut args.lease_ms, &name, value(input, form)?)?,
                 "on_expired" => set_once(&mut args.on_expired, &name, value(input, form)?)?,
                 "batch" => set_once(&mut args.batch, &name, value(input, form)?)?,
+                "precheck" => set_once(&mut args.precheck, &name, value(input, form)?)?,
                 _ => unreachable!("form_of knows every option"),
             }
             if input.is_empty() {

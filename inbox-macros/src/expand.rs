@@ -53,6 +53,7 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
         busy_timeout_ms,
         mode,
         batch,
+        precheck,
     } = handler;
     let ItemFn {
         attrs,
@@ -182,6 +183,7 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
                     retry: ::inbox_diesel::__private::RetryPolicy::new(#retries),
                     isolation: ::inbox_diesel::Isolation::#isolation,
                     sqlite_busy_timeout_ms: #busy_timeout_ms,
+                    precheck: #precheck,
                 };
             #call
         }

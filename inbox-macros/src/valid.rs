@@ -30,6 +30,8 @@ pub struct Handler {
     /// `batch = msgs`: the parameter holding a batch of messages; `key` is then a closure
     /// from one message to its key.
     pub batch: Option<Ident>,
+    /// `precheck = true`: look for a completed marker before opening the transaction.
+    pub precheck: bool,
 }
 
 /// How the body's work is made to happen once.
@@ -167,6 +169,19 @@ pub fn validate(args: Args, item: &ItemFn) -> syn::Result<Handler> {
         None => Some(None),
     };
 
+    let precheck = match &args.precheck {
+        Some(lit) if lit.value && (args.batch.is_some() || !matches!(mode, Mode::Transaction)) => {
+            errors.push(syn::Error::new(
+                lit.span(),
+                "`precheck` applies to a transaction-mode handler of one message: claim mode \
+                 reads the row anyway, and a batch claims all its keys in one statement",
+            ));
+            None
+        }
+        Some(lit) => Some(lit.value),
+        None => Some(false),
+    };
+
     // Every `None` below recorded an error; the defaults of the others are in place.
     match (errors.0, consumer, key, conn, ret) {
         (None, Some(consumer), Some(key), Some(conn), Some(ret)) => Ok(Handler {
@@ -181,6 +196,7 @@ pub fn validate(args: Args, item: &ItemFn) -> syn::Result<Handler> {
             busy_timeout_ms: busy_timeout_ms.flatten(),
             mode,
             batch: batch.flatten(),
+            precheck: precheck.unwrap_or_default(),
         }),
         (Some(error), ..) => Err(error),
         _ => unreachable!("every missing value recorded an error"),

@@ -151,6 +151,13 @@ macro_rules! suite {
             Ok(())
         }
 
+        /// `credit`, looking for a completed marker before its transaction.
+        #[idempotent(consumer = "credit", key = msg.id, precheck = true)]
+        fn credit_prechecked(conn: &mut DbConnection, msg: &Credit) -> Result<(), AppError> {
+            apply_credit(conn, msg)?;
+            Ok(())
+        }
+
         /// `credit`, then whatever the test injects, on the same transaction.
         #[idempotent(consumer = "credit", key = msg.id)]
         fn credit_then(
@@ -193,7 +200,7 @@ macro_rules! suite {
 
         /// The concurrent-delivery race: 8 instances on their own connections each receive
         /// every one of 200 messages, released together by a barrier before each message.
-        /// Exactly one delivery per message may apply it.
+        /// Exactly one delivery per message may apply it, with or without `precheck`.
         #[test]
         fn race_applies_each_message_once() {
             const INSTANCES: usize = 8;
@@ -203,14 +210,20 @@ macro_rules! suite {
             let processed = Arc::new(AtomicUsize::new(0));
             let duplicates = Arc::new(AtomicUsize::new(0));
             std::thread::scope(|scope| {
-                for _ in 0..INSTANCES {
+                for instance in 0..INSTANCES {
                     let mut conn = db.connect();
                     let (barrier, processed, duplicates) =
                         (barrier.clone(), processed.clone(), duplicates.clone());
+                    // Half the instances take the precheck's path: both race together.
+                    let handler: fn(&mut DbConnection, &Credit) -> Result<Outcome<()>, AppError> =
+                        match instance % 2 {
+                            0 => credit,
+                            _ => credit_prechecked,
+                        };
                     scope.spawn(move || {
                         for n in 0..MESSAGES {
                             barrier.wait();
-                            match credit(&mut conn, &Credit::new(n)) {
+                            match handler(&mut conn, &Credit::new(n)) {
                                 Ok(Outcome::Processed(())) => processed.fetch_add(1, Ordering::Relaxed),
                                 Ok(Outcome::Duplicate { .. }) => duplicates.fetch_add(1, Ordering::Relaxed),
                                 Ok(other) => panic!("transaction mode returned {other:?}"),

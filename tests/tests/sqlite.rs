@@ -7,3 +7,55 @@ inbox_tests::claim_suite!(
     diesel::SqliteConnection,
     sqlite
 );
+
+use diesel::connection::SimpleConnection;
+use inbox_tests::sqlite::SqliteDb;
+
+#[idempotent(consumer = "credit", key = msg.id, busy_timeout_ms = 20, retries = 0)]
+fn credit_impatient(conn: &mut DbConnection, msg: &Credit) -> Result<(), AppError> {
+    apply_credit(conn, msg)?;
+    Ok(())
+}
+
+#[idempotent(consumer = "credit", key = msg.id, busy_timeout_ms = 20, retries = 0, precheck = true)]
+fn credit_impatient_prechecked(conn: &mut DbConnection, msg: &Credit) -> Result<(), AppError> {
+    apply_credit(conn, msg)?;
+    Ok(())
+}
+
+fn is_busy(result: &Result<Outcome<()>, AppError>) -> bool {
+    matches!(result, Err(AppError::Inbox(e))
+        if e.class() == ErrorClass::Transient(inbox_diesel::TransientKind::Busy))
+}
+
+/// `precheck = true` recognises a redelivery with one read, outside any transaction: while
+/// another writer holds the database, it answers `Duplicate` where a handler that opens a
+/// transaction waits and fails busy. A new message still takes the transaction.
+#[test]
+fn precheck_answers_a_duplicate_without_a_transaction() {
+    let db = SqliteDb::new("precheck");
+    let mut conn = db.connect();
+    let msg = Credit::new(1);
+    assert!(
+        credit_impatient_prechecked(&mut conn, &msg)
+            .unwrap()
+            .is_processed()
+    );
+
+    let mut writer = db.connect();
+    writer.batch_execute("BEGIN IMMEDIATE").unwrap();
+    let opened = credit_impatient(&mut conn, &msg);
+    assert!(is_busy(&opened), "{opened:?}");
+    let prechecked = credit_impatient_prechecked(&mut conn, &msg).unwrap();
+    assert!(prechecked.is_duplicate(), "{prechecked:?}");
+    let fresh = credit_impatient_prechecked(&mut conn, &Credit::new(2));
+    assert!(is_busy(&fresh), "{fresh:?}");
+    writer.batch_execute("ROLLBACK").unwrap();
+
+    assert_eq!(count_credits(&mut conn, &msg), 1);
+    assert!(
+        credit_impatient_prechecked(&mut conn, &Credit::new(2))
+            .unwrap()
+            .is_processed()
+    );
+}

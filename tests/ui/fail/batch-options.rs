@@ -28,4 +28,9 @@ fn batch_in_claim_mode(conn: &mut SqliteConnection, msgs: &[Msg]) -> QueryResult
     Ok(())
 }
 
+#[idempotent(consumer = "credit", batch = msgs, key = |msg| msg.id, precheck = true)]
+fn precheck_of_a_batch(conn: &mut SqliteConnection, msgs: &[Msg]) -> QueryResult<()> {
+    Ok(())
+}
+
 fn main() {}
