@@ -28,7 +28,9 @@
 //!   own, then lock it and run the write in a second one, and stamp it;
 //!
 //! then the batch form (`batch = …`, one transaction per batch of 10, 100 or 1000 messages)
-//! against `#[idempotent]` one message at a time, and purge on a million completed rows.
+//! against `#[idempotent]` one message at a time, the existence check before the transaction
+//! (`precheck`) at 0 to 100 % redeliveries, and purge on a million completed rows; on
+//! PostgreSQL and MariaDB also `plain`, `#[idempotent]` and `duplicate` on diesel-async.
 
 use std::sync::Barrier;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -597,6 +599,134 @@ backend!(
     }
 );
 
+/// The same comparison on diesel-async: `plain`, `#[idempotent]` and `duplicate`, tasks on a
+/// multi-threaded tokio runtime, each with its own connection.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+macro_rules! async_backend {
+    ($name:ident, $conn:ty) => {
+        mod $name {
+            use std::sync::Arc;
+
+            use diesel::{ExpressionMethods, QueryDsl, QueryResult};
+            use diesel_async::{AsyncConnection, RunQueryDsl};
+
+            use super::*;
+
+            type Conn = $conn;
+
+            async fn write(conn: &mut Conn, worker: usize) -> QueryResult<()> {
+                diesel::update(accounts::table.find(worker as i32 + 1))
+                    .set(accounts::balance.eq(accounts::balance + 1))
+                    .execute(conn)
+                    .await?;
+                Ok(())
+            }
+
+            #[idempotent(consumer = "bench", key = *id)]
+            async fn handler(conn: &mut Conn, id: &Uuid, worker: usize) -> QueryResult<()> {
+                write(conn, worker).await
+            }
+
+            /// `tasks` tasks run `variant` for `seconds`; messages per second.
+            async fn measure(
+                url: &str,
+                tasks: usize,
+                seconds: f64,
+                variant: &'static str,
+                run: u64,
+            ) -> f64 {
+                let start = Arc::new(tokio::sync::Barrier::new(tasks + 1));
+                let stop = Arc::new(AtomicBool::new(false));
+                let mut handles = Vec::new();
+                for worker in 0..tasks {
+                    let mut conn = Conn::establish(url).await.unwrap();
+                    if variant == "duplicate" {
+                        for n in 0..DUPLICATE_KEYS {
+                            let outcome = handler(&mut conn, &key(run, worker, n), worker).await;
+                            assert!(outcome.unwrap().is_processed());
+                        }
+                    }
+                    let (start, stop) = (start.clone(), stop.clone());
+                    handles.push(tokio::spawn(async move {
+                        start.wait().await;
+                        let mut n = 0;
+                        while !AtomicBool::load(&stop, Ordering::Relaxed) {
+                            match variant {
+                                "plain" => conn
+                                    .transaction(async |c| write(c, worker).await)
+                                    .await
+                                    .unwrap(),
+                                "#[idempotent]" => {
+                                    let id = key(run, worker, n);
+                                    let outcome = handler(&mut conn, &id, worker).await;
+                                    assert!(outcome.unwrap().is_processed());
+                                }
+                                _ => {
+                                    let id = key(run, worker, n % DUPLICATE_KEYS);
+                                    let outcome = handler(&mut conn, &id, worker).await;
+                                    assert!(outcome.unwrap().is_duplicate());
+                                }
+                            }
+                            n += 1;
+                        }
+                        n
+                    }));
+                }
+                start.wait().await;
+                let began = Instant::now();
+                tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
+                stop.store(true, Ordering::Relaxed);
+                let mut done = 0;
+                for handle in handles {
+                    done += handle.await.unwrap();
+                }
+                done as f64 / began.elapsed().as_secs_f64()
+            }
+
+            pub fn run(label: &str, url: &str, seconds: f64) {
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                let mut cells = Vec::new();
+                let mut run = 1_000;
+                for clients in CONCURRENCY {
+                    for variant in ["plain", "#[idempotent]", "duplicate"] {
+                        run += 1;
+                        let per_second =
+                            runtime.block_on(measure(url, clients, seconds, variant, run));
+                        cells.push(Cell {
+                            variant,
+                            clients,
+                            per_second,
+                        });
+                    }
+                }
+                println!("\n#### {label}, diesel-async\n");
+                println!("| variant | 1 task | 4 tasks | 16 tasks |\n|---|---:|---:|---:|");
+                for variant in ["plain", "#[idempotent]", "duplicate"] {
+                    print!("| {variant} |");
+                    for clients in CONCURRENCY {
+                        let of = |v: &str| {
+                            cells
+                                .iter()
+                                .find(|c| c.variant == v && c.clients == clients)
+                                .map_or(f64::NAN, |c| c.per_second)
+                        };
+                        print!(" {:.2} ({:.0}/s) |", of(variant) / of("plain"), of(variant));
+                    }
+                    println!();
+                }
+            }
+        }
+    };
+}
+
+#[cfg(feature = "postgres")]
+async_backend!(async_postgres, diesel_async::AsyncPgConnection);
+#[cfg(feature = "mysql")]
+async_backend!(async_mysql, diesel_async::AsyncMysqlConnection);
+
 /// The accounts the workers write, one row each.
 fn accounts_sql() -> Vec<String> {
     let mut statements =
@@ -695,6 +825,9 @@ fn bench_postgres(seconds: f64) {
     ))
     .get_result(&mut connect())
     .unwrap();
+    if !LEAN.load(Ordering::Relaxed) {
+        async_postgres::run(&format!("PostgreSQL {version}"), &url, seconds);
+    }
     postgres::run(
         &format!("PostgreSQL {version}"),
         seconds,
@@ -723,6 +856,7 @@ fn bench_mysql(seconds: f64) {
     let version: String = diesel::select(diesel::dsl::sql::<diesel::sql_types::Text>("VERSION()"))
         .get_result(&mut connect())
         .unwrap();
+    async_mysql::run(&format!("MariaDB/MySQL {version}"), &url, seconds);
     mysql::run(
         &format!("MariaDB/MySQL {version}"),
         seconds,
