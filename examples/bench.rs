@@ -151,6 +151,14 @@ fn measure<C: Send>(
     done.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64()
 }
 
+/// The messages per second of `variant` at `clients`, NaN when it was not measured.
+fn rate(cells: &[Cell], variant: &str, clients: usize) -> f64 {
+    cells
+        .iter()
+        .find(|c| c.variant == variant && c.clients == clients)
+        .map_or(f64::NAN, |c| c.per_second)
+}
+
 fn report(backend: &str, cells: &[Cell]) {
     println!("\n### {backend}\n");
     print!("| variant |");
@@ -161,13 +169,7 @@ fn report(backend: &str, cells: &[Cell]) {
     for variant in variants() {
         print!("| {variant} |");
         for clients in CONCURRENCY {
-            let of = |v: &str| {
-                cells
-                    .iter()
-                    .find(|c| c.variant == v && c.clients == clients)
-                    .map_or(f64::NAN, |c| c.per_second)
-            };
-            let (value, plain) = (of(variant), of("plain"));
+            let (value, plain) = (rate(cells, variant, clients), rate(cells, "plain", clients));
             print!(" {:.2} ({:.0}/s) |", value / plain, value);
         }
         println!();
@@ -175,15 +177,7 @@ fn report(backend: &str, cells: &[Cell]) {
     let ratio = |a: &str, b: &str| {
         CONCURRENCY
             .iter()
-            .map(|&clients| {
-                let of = |v: &str| {
-                    cells
-                        .iter()
-                        .find(|c| c.variant == v && c.clients == clients)
-                        .map_or(f64::NAN, |c| c.per_second)
-                };
-                format!("{:.2}", of(a) / of(b))
-            })
+            .map(|&clients| format!("{:.2}", rate(cells, a, clients) / rate(cells, b, clients)))
             .collect::<Vec<_>>()
             .join(" / ")
     };
@@ -707,13 +701,11 @@ macro_rules! async_backend {
                 for variant in ["plain", "#[idempotent]", "duplicate"] {
                     print!("| {variant} |");
                     for clients in CONCURRENCY {
-                        let of = |v: &str| {
-                            cells
-                                .iter()
-                                .find(|c| c.variant == v && c.clients == clients)
-                                .map_or(f64::NAN, |c| c.per_second)
-                        };
-                        print!(" {:.2} ({:.0}/s) |", of(variant) / of("plain"), of(variant));
+                        let value = rate(&cells, variant, clients);
+                        print!(
+                            " {:.2} ({value:.0}/s) |",
+                            value / rate(&cells, "plain", clients)
+                        );
                     }
                     println!();
                 }
