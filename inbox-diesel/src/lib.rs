@@ -170,7 +170,7 @@
 //! RETURNING message_id` on PostgreSQL and SQLite; on MySQL and MariaDB, which return no rows
 //! from an insert, one insert per message inside the same transaction); keys repeated inside
 //! the batch are collapsed first, and the keys are inserted in a fixed order, so that two
-//! batches sharing keys do not deadlock. The body runs once with the new messages; `Err`
+//! batches sharing keys do not deadlock on their markers. The body runs once with the new messages; `Err`
 //! rolls the whole batch back. [`BatchOutcome`] names each message by its position.
 //!
 //! # Claim mode: side effects outside the database

@@ -26,6 +26,7 @@ pub struct Handler {
     pub ret: Type,
     /// SQLite's busy timeout, when not the runtime's default.
     pub busy_timeout_ms: Option<u32>,
+    /// Transaction or claim mode, with claim mode's settings.
     pub mode: Mode,
     /// `batch = msgs`: the parameter holding a batch of messages; `key` is then a closure
     /// from one message to its key.
