@@ -711,7 +711,7 @@ macro_rules! async_backend {
                         });
                     }
                 }
-                println!("\n#### {label}, diesel-async\n");
+                println!("\n### {label}, diesel-async\n");
                 println!("| variant | 1 task | 4 tasks | 16 tasks |\n|---|---:|---:|---:|");
                 for variant in ["plain", "#[idempotent]", "duplicate"] {
                     print!("| {variant} |");
