@@ -175,7 +175,10 @@ pub(crate) fn batch_outcome<T>(len: usize, value: Option<T>, new: &NewMessages) 
         Some(_) => new.positions(),
         None => Vec::new(),
     };
-    let duplicates = (0..len).filter(|at| !processed.contains(at)).collect();
+    // `processed` is sorted: the positions in the batch's order.
+    let duplicates = (0..len)
+        .filter(|at| processed.binary_search(at).is_err())
+        .collect();
     BatchOutcome {
         value,
         processed,
@@ -253,11 +256,12 @@ impl Claims for BatchClaims<'_> {
         spec: &'static HandlerSpec,
     ) -> QueryResult<bool> {
         let ids: Vec<uuid::Uuid> = self.ids.iter().map(|(id, _)| *id).collect();
-        let inserted = steps.claim_batch(spec, &ids).await?;
+        let mut inserted = steps.claim_batch(spec, &ids).await?;
+        inserted.sort_unstable();
         let mut new: Vec<usize> = self
             .ids
             .iter()
-            .filter(|(id, _)| inserted.contains(id))
+            .filter(|(id, _)| inserted.binary_search(id).is_ok())
             .map(|(_, at)| *at)
             .collect();
         new.sort_unstable();
