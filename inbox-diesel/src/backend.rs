@@ -58,7 +58,7 @@ pub trait InboxConnection:
     /// its own — and prepares the connection for them.
     #[doc(hidden)]
     fn prepare_claim(&mut self, _spec: &HandlerSpec) -> QueryResult<()> {
-        refuse_open_transaction(self)
+        refuse_open_transaction(AnsiTransactionManager::transaction_manager_status_mut(self))
     }
 
     /// The backend, for the SQL that is not written once.
@@ -98,13 +98,13 @@ mod sealed {
     pub trait Sealed {}
 }
 
-/// `AlreadyInTransaction` when `conn` is inside a transaction: claim mode's statements must
-/// commit as they run, not when the caller's transaction does.
-pub(crate) fn refuse_open_transaction<C>(conn: &mut C) -> QueryResult<()>
-where
-    C: Connection<TransactionManager = AnsiTransactionManager>,
-{
-    match AnsiTransactionManager::transaction_manager_status_mut(conn).transaction_depth()? {
+/// `AlreadyInTransaction` when the transaction manager whose `status` this is — diesel's or
+/// diesel-async's, which share the type — has a transaction open: claim mode's statements
+/// and purge's batches must commit as they run, not when the caller's transaction does.
+pub(crate) fn refuse_open_transaction(
+    status: &mut diesel::connection::TransactionManagerStatus,
+) -> QueryResult<()> {
+    match status.transaction_depth()? {
         Some(_) => Err(diesel::result::Error::AlreadyInTransaction),
         None => Ok(()),
     }
@@ -373,7 +373,7 @@ pub(crate) mod sqlite {
         /// Claim statements run in autocommit; a concurrent writer makes them wait up to
         /// the busy timeout too.
         fn prepare_claim(&mut self, spec: &HandlerSpec) -> QueryResult<()> {
-            refuse_open_transaction(self)?;
+            refuse_open_transaction(AnsiTransactionManager::transaction_manager_status_mut(self))?;
             diesel::connection::SimpleConnection::batch_execute(
                 self,
                 &format!("PRAGMA busy_timeout = {}", spec.sqlite_busy_timeout_ms),

@@ -236,12 +236,7 @@ macro_rules! purge_steps {
      [$($await:tt)*], $sleep:path) => {{
         use diesel::sql_types::Text;
 
-        if <$tm>::transaction_manager_status_mut($conn)
-            .transaction_depth()?
-            .is_some()
-        {
-            return Err(diesel::result::Error::AlreadyInTransaction);
-        }
+        crate::backend::refuse_open_transaction(<$tm>::transaction_manager_status_mut($conn))?;
         let table = $schema.table();
         let lock_name = format!("inbox purge {table}");
         if let Some(sql) = <$backend>::try_lock(table) {

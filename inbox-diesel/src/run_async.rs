@@ -294,21 +294,6 @@ where
     }
 }
 
-/// `AlreadyInTransaction` when a transaction is open: claim mode's statements must commit as
-/// they run.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-fn refuse_open_transaction<C>(conn: &mut C) -> QueryResult<()>
-where
-    C: AsyncConnection<TransactionManager = diesel_async::AnsiTransactionManager>,
-{
-    use diesel_async::TransactionManager;
-    let status = diesel_async::AnsiTransactionManager::transaction_manager_status_mut(conn);
-    match status.transaction_depth()? {
-        Some(_) => Err(diesel::result::Error::AlreadyInTransaction),
-        None => Ok(()),
-    }
-}
-
 /// One claim-mode statement on a diesel-async connection of a server backend `$backend`:
 /// a macro rather than a generic function, whose bounds on diesel-async's query traits the
 /// compiler cannot prove `Send` for every lifetime.
@@ -405,7 +390,9 @@ mod postgres {
         }
 
         async fn prepare_claim(&mut self, _spec: &'static HandlerSpec) -> QueryResult<()> {
-            refuse_open_transaction(self)
+            crate::backend::refuse_open_transaction(
+                AnsiTransactionManager::transaction_manager_status_mut(self),
+            )
         }
 
         async fn claim_step(
@@ -568,7 +555,9 @@ mod mysql {
         }
 
         async fn prepare_claim(&mut self, _spec: &'static HandlerSpec) -> QueryResult<()> {
-            refuse_open_transaction(self)
+            crate::backend::refuse_open_transaction(
+                AnsiTransactionManager::transaction_manager_status_mut(self),
+            )
         }
 
         async fn claim_step(
