@@ -98,6 +98,28 @@ mod sealed {
     pub trait Sealed {}
 }
 
+/// The items of [`InboxConnection`] that read the same on every backend's connection: its
+/// [`Backend`](crate::schema::Backend), the startup check's catalog, claim mode's statements.
+macro_rules! shared_steps {
+    ($backend:ident) => {
+        const BACKEND: crate::schema::Backend = crate::schema::Backend::$backend;
+
+        fn read_catalog(&mut self, schema: &InboxSchema) -> QueryResult<crate::verify::Catalog> {
+            let conn = self;
+            crate::verify::read_catalog!(conn, schema, Self::BACKEND, [])
+        }
+
+        fn claim_step(
+            &mut self,
+            spec: &HandlerSpec,
+            key: &MessageKey,
+            step: ClaimStep,
+        ) -> QueryResult<ClaimAnswer> {
+            claim::run_step(self, &spec.schema, spec.consumer.as_str(), key, step)
+        }
+    };
+}
+
 /// `AlreadyInTransaction` when the transaction manager whose `status` this is — diesel's or
 /// diesel-async's, which share the type — has a transaction open: claim mode's statements
 /// and purge's batches must commit as they run, not when the caller's transaction does.
@@ -353,12 +375,7 @@ pub(crate) mod sqlite {
     }
 
     impl InboxConnection for SqliteConnection {
-        const BACKEND: crate::schema::Backend = crate::schema::Backend::Sqlite;
-
-        fn read_catalog(&mut self, schema: &InboxSchema) -> QueryResult<crate::verify::Catalog> {
-            let conn = self;
-            crate::verify::read_catalog!(conn, schema, Self::BACKEND, [])
-        }
+        shared_steps!(Sqlite);
 
         /// `BEGIN IMMEDIATE` takes the write lock at once, so two deliveries queue on the busy
         /// timeout instead of both reading and then failing to upgrade to a writer.
@@ -403,15 +420,6 @@ pub(crate) mod sqlite {
                 .filter_map(|id| Uuid::from_slice(id).ok())
                 .collect())
         }
-
-        fn claim_step(
-            &mut self,
-            spec: &HandlerSpec,
-            key: &MessageKey,
-            step: ClaimStep,
-        ) -> QueryResult<ClaimAnswer> {
-            claim::run_step(self, &spec.schema, spec.consumer.as_str(), key, step)
-        }
     }
 }
 
@@ -442,12 +450,7 @@ pub(crate) mod postgres {
     }
 
     impl InboxConnection for PgConnection {
-        const BACKEND: crate::schema::Backend = crate::schema::Backend::Postgres;
-
-        fn read_catalog(&mut self, schema: &InboxSchema) -> QueryResult<crate::verify::Catalog> {
-            let conn = self;
-            crate::verify::read_catalog!(conn, schema, Self::BACKEND, [])
-        }
+        shared_steps!(Postgres);
 
         fn begin_inbox_transaction(&mut self, spec: &HandlerSpec) -> QueryResult<()> {
             AnsiTransactionManager::begin_transaction_sql(self, spec.isolation.begin_sql())
@@ -469,15 +472,6 @@ pub(crate) mod postgres {
             ids: &[Uuid],
         ) -> QueryResult<Vec<Uuid>> {
             ClaimMarkers::<Pg, diesel::sql_types::Uuid>::new(schema, consumer, ids).load(self)
-        }
-
-        fn claim_step(
-            &mut self,
-            spec: &HandlerSpec,
-            key: &MessageKey,
-            step: ClaimStep,
-        ) -> QueryResult<ClaimAnswer> {
-            claim::run_step(self, &spec.schema, spec.consumer.as_str(), key, step)
         }
 
         /// PostgreSQL answers `COMMIT` in an aborted transaction with a silent `ROLLBACK`, so
@@ -520,12 +514,7 @@ pub(crate) mod mysql {
     }
 
     impl InboxConnection for MysqlConnection {
-        const BACKEND: crate::schema::Backend = crate::schema::Backend::Mysql;
-
-        fn read_catalog(&mut self, schema: &InboxSchema) -> QueryResult<crate::verify::Catalog> {
-            let conn = self;
-            crate::verify::read_catalog!(conn, schema, Self::BACKEND, [])
-        }
+        shared_steps!(Mysql);
 
         fn begin_inbox_transaction(&mut self, spec: &HandlerSpec) -> QueryResult<()> {
             if let Some(level) = spec.isolation.set_transaction_sql() {
@@ -561,15 +550,6 @@ pub(crate) mod mysql {
                 }
             }
             Ok(inserted)
-        }
-
-        fn claim_step(
-            &mut self,
-            spec: &HandlerSpec,
-            key: &MessageKey,
-            step: ClaimStep,
-        ) -> QueryResult<ClaimAnswer> {
-            claim::run_step(self, &spec.schema, spec.consumer.as_str(), key, step)
         }
     }
 }

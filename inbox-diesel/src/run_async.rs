@@ -280,48 +280,70 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
     }
 }
 
+/// The items of [`AsyncInboxConnection`] that read the same on the diesel-async connections
+/// of the server backends: `$variant` names the [`Backend`](crate::schema::Backend), `$backend`
+/// diesel's backend type. A macro rather than generic functions: their bounds on
+/// diesel-async's query traits the compiler cannot prove `Send` for every lifetime.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-/// `rollback_transaction` of diesel-async's transaction manager, `Ok` when no transaction is
-/// open.
-async fn roll_back_ansi<C>(conn: &mut C) -> QueryResult<()>
-where
-    C: AsyncConnection<TransactionManager = diesel_async::AnsiTransactionManager>,
-{
-    use diesel_async::TransactionManager;
-    match diesel_async::AnsiTransactionManager::rollback_transaction(conn).await {
-        Err(diesel::result::Error::NotInTransaction) => Ok(()),
-        other => other,
-    }
-}
+macro_rules! server_steps {
+    ($variant:ident, $backend:ty) => {
+        const BACKEND: crate::schema::Backend = crate::schema::Backend::$variant;
 
-/// One claim-mode statement on a diesel-async connection of a server backend `$backend`:
-/// a macro rather than a generic function, whose bounds on diesel-async's query traits the
-/// compiler cannot prove `Send` for every lifetime.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-macro_rules! claim_step_on {
-    ($conn:expr, $backend:ty, $spec:expr, $key:expr, $step:expr) => {{
-        use crate::claim::{ClaimSql, read_answer};
-        use diesel_async::RunQueryDsl;
-        let (schema, consumer) = (&$spec.schema, $spec.consumer.as_str());
-        match $step {
-            ClaimStep::Read => {
-                let rows = ClaimSql::<$backend>::read(schema, consumer, $key)
-                    .load($conn)
-                    .await?;
-                Ok(read_answer(rows))
-            }
-            step @ ClaimStep::Insert { .. } => {
-                let inserted = ClaimSql::<$backend>::new(schema, consumer, $key, step)
-                    .execute($conn)
-                    .await;
-                crate::backend::inserted_unless_duplicate(inserted, schema).map(ClaimAnswer::Rows)
-            }
-            step => ClaimSql::<$backend>::new(schema, consumer, $key, step)
-                .execute($conn)
-                .await
-                .map(ClaimAnswer::Rows),
+        async fn read_catalog(
+            &mut self,
+            schema: &InboxSchema,
+        ) -> QueryResult<crate::verify::Catalog> {
+            use diesel_async::RunQueryDsl;
+            let conn = self;
+            crate::verify::read_catalog!(conn, schema, Self::BACKEND, [.await])
         }
-    }};
+
+        /// `Ok` when no transaction is open.
+        async fn roll_back_inbox_transaction(&mut self) -> QueryResult<()> {
+            use diesel_async::TransactionManager;
+            match diesel_async::AnsiTransactionManager::rollback_transaction(self).await {
+                Err(diesel::result::Error::NotInTransaction) => Ok(()),
+                other => other,
+            }
+        }
+
+        async fn prepare_claim(&mut self, _spec: &'static HandlerSpec) -> QueryResult<()> {
+            use diesel_async::TransactionManager;
+            crate::backend::refuse_open_transaction(
+                diesel_async::AnsiTransactionManager::transaction_manager_status_mut(self),
+            )
+        }
+
+        async fn claim_step(
+            &mut self,
+            spec: &'static HandlerSpec,
+            key: &MessageKey,
+            step: ClaimStep,
+        ) -> QueryResult<ClaimAnswer> {
+            use crate::claim::{ClaimSql, read_answer};
+            use diesel_async::RunQueryDsl;
+            let (schema, consumer) = (&spec.schema, spec.consumer.as_str());
+            match step {
+                ClaimStep::Read => {
+                    let rows = ClaimSql::<$backend>::read(schema, consumer, key)
+                        .load(self)
+                        .await?;
+                    Ok(read_answer(rows))
+                }
+                ClaimStep::Insert { .. } => {
+                    let inserted = ClaimSql::<$backend>::new(schema, consumer, key, step)
+                        .execute(self)
+                        .await;
+                    crate::backend::inserted_unless_duplicate(inserted, schema)
+                        .map(ClaimAnswer::Rows)
+                }
+                _ => ClaimSql::<$backend>::new(schema, consumer, key, step)
+                    .execute(self)
+                    .await
+                    .map(ClaimAnswer::Rows),
+            }
+        }
+    };
 }
 
 #[cfg(feature = "postgres")]
@@ -337,16 +359,7 @@ mod postgres {
     impl sealed::Sealed for AsyncPgConnection {}
 
     impl AsyncInboxConnection for AsyncPgConnection {
-        const BACKEND: crate::schema::Backend = crate::schema::Backend::Postgres;
-
-        async fn read_catalog(
-            &mut self,
-            schema: &InboxSchema,
-        ) -> QueryResult<crate::verify::Catalog> {
-            use diesel_async::RunQueryDsl;
-            let conn = self;
-            crate::verify::read_catalog!(conn, schema, Self::BACKEND, [.await])
-        }
+        server_steps!(Postgres, Pg);
 
         async fn begin_inbox_transaction(&mut self, spec: &'static HandlerSpec) -> QueryResult<()> {
             AnsiTransactionManager::begin_transaction_sql(self, spec.isolation.begin_sql()).await
@@ -383,25 +396,6 @@ mod postgres {
         async fn commit_inbox_transaction(&mut self) -> QueryResult<()> {
             SimpleAsyncConnection::batch_execute(self, "SELECT 1").await?;
             AnsiTransactionManager::commit_transaction(self).await
-        }
-
-        async fn roll_back_inbox_transaction(&mut self) -> QueryResult<()> {
-            roll_back_ansi(self).await
-        }
-
-        async fn prepare_claim(&mut self, _spec: &'static HandlerSpec) -> QueryResult<()> {
-            crate::backend::refuse_open_transaction(
-                AnsiTransactionManager::transaction_manager_status_mut(self),
-            )
-        }
-
-        async fn claim_step(
-            &mut self,
-            spec: &'static HandlerSpec,
-            key: &MessageKey,
-            step: ClaimStep,
-        ) -> QueryResult<ClaimAnswer> {
-            claim_step_on!(self, Pg, spec, key, step)
         }
     }
 }
@@ -500,16 +494,7 @@ mod mysql {
     impl sealed::Sealed for AsyncMysqlConnection {}
 
     impl AsyncInboxConnection for AsyncMysqlConnection {
-        const BACKEND: crate::schema::Backend = crate::schema::Backend::Mysql;
-
-        async fn read_catalog(
-            &mut self,
-            schema: &InboxSchema,
-        ) -> QueryResult<crate::verify::Catalog> {
-            use diesel_async::RunQueryDsl;
-            let conn = self;
-            crate::verify::read_catalog!(conn, schema, Self::BACKEND, [.await])
-        }
+        server_steps!(Mysql, Mysql);
 
         async fn begin_inbox_transaction(&mut self, spec: &'static HandlerSpec) -> QueryResult<()> {
             if let Some(level) = spec.isolation.set_transaction_sql() {
@@ -548,25 +533,6 @@ mod mysql {
 
         async fn commit_inbox_transaction(&mut self) -> QueryResult<()> {
             AnsiTransactionManager::commit_transaction(self).await
-        }
-
-        async fn roll_back_inbox_transaction(&mut self) -> QueryResult<()> {
-            roll_back_ansi(self).await
-        }
-
-        async fn prepare_claim(&mut self, _spec: &'static HandlerSpec) -> QueryResult<()> {
-            crate::backend::refuse_open_transaction(
-                AnsiTransactionManager::transaction_manager_status_mut(self),
-            )
-        }
-
-        async fn claim_step(
-            &mut self,
-            spec: &'static HandlerSpec,
-            key: &MessageKey,
-            step: ClaimStep,
-        ) -> QueryResult<ClaimAnswer> {
-            claim_step_on!(self, Mysql, spec, key, step)
         }
     }
 }
