@@ -75,7 +75,8 @@ fn variants() -> &'static [&'static str] {
 
 /// The inbox keyed by `(message_id, consumer)` itself: no surrogate `id`, so one index
 /// fewer to write (PostgreSQL: the primary key is the unique index the classifier names;
-/// SQLite: a `WITHOUT ROWID` table stored in that key's B-tree).
+/// SQLite: a `WITHOUT ROWID` table stored in that key's B-tree; MySQL, for the table-design
+/// section only: InnoDB clusters the rows on that key).
 fn lean_schema(backend: &str) -> String {
     let columns = match backend {
         "postgres" => {
@@ -83,6 +84,13 @@ fn lean_schema(backend: &str) -> String {
              received_at TIMESTAMPTZ NOT NULL DEFAULT now(), processed_at TIMESTAMPTZ, \
              claimed_until TIMESTAMPTZ, attempts INTEGER NOT NULL DEFAULT 1, \
              CONSTRAINT ux_inbox_message_consumer PRIMARY KEY (message_id, consumer)"
+        }
+        "mysql" => {
+            "message_id BINARY(16) NOT NULL, \
+             consumer VARCHAR(200) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, \
+             received_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), \
+             processed_at DATETIME(6) NULL, claimed_until DATETIME(6) NULL, \
+             attempts INT NOT NULL DEFAULT 1, PRIMARY KEY (message_id, consumer)"
         }
         _ => {
             "message_id BLOB NOT NULL, consumer TEXT NOT NULL, \
@@ -734,6 +742,139 @@ async_backend!(async_postgres, diesel_async::AsyncPgConnection);
 #[cfg(feature = "mysql")]
 async_backend!(async_mysql, diesel_async::AsyncMysqlConnection);
 
+/// A design of the inbox table, for the table-design section: `ddl` creates it under the
+/// name `{t}`, and `text_key` says whether the message id is stored as 36 characters of
+/// text instead of 16 bytes.
+struct Design {
+    name: &'static str,
+    ddl: String,
+    text_key: bool,
+}
+
+impl Design {
+    fn new(name: &'static str, ddl: &str) -> Self {
+        Design {
+            name,
+            ddl: ddl.to_owned(),
+            text_key: false,
+        }
+    }
+
+    fn text_key(self) -> Self {
+        Design {
+            text_key: true,
+            ..self
+        }
+    }
+
+    /// The shipped table of `backend` under the name `{t}`.
+    fn shipped(backend: inbox_diesel::schema::Backend) -> Self {
+        let schema = InboxSchema::new("design", "ux_design").expect("plain identifiers");
+        Design::new(
+            "shipped",
+            &backend.create_table_sql(&schema).replace("design", "{t}"),
+        )
+    }
+}
+
+/// One message of the table-design section: the connection, the design's table and whether
+/// its key is text (none: the baseline without a marker), the key, the worker.
+type Marker<C> = dyn Fn(&mut C, Option<(&str, bool)>, Uuid, usize) -> QueryResult<()> + Sync;
+
+/// The table-design section: the same marker protocol, written in SQL, on each design's
+/// own table, against the same transaction without a marker. `mark` runs one message in
+/// one transaction: the marker insert into the table it is given (none: the baseline),
+/// then the business write.
+fn designs<C: SimpleConnection + Send>(
+    seconds: f64,
+    connect: &(dyn Fn() -> C + Sync),
+    designs: &[Design],
+    mark: &Marker<C>,
+) {
+    let mut conn = connect();
+    let mut tables = Vec::new();
+    for (n, design) in designs.iter().enumerate() {
+        let table = format!("design_{n}");
+        conn.batch_execute(&design.ddl.replace("{t}", &table))
+            .unwrap_or_else(|e| panic!("{}: {e}", design.name));
+        tables.push(table);
+    }
+    drop(conn);
+    println!("\n| table design | 1 client | 4 clients | 16 clients |\n|---|---:|---:|---:|");
+    let mut rows = vec![Vec::new(); designs.len()];
+    let mut baseline = Vec::new();
+    for (round, clients) in CONCURRENCY.into_iter().enumerate() {
+        baseline.push(measure(clients, seconds, connect, &|c, w, n| {
+            mark(c, None, key(0, w, n), w).unwrap();
+            1
+        }));
+        for (slot, design) in designs.iter().enumerate() {
+            let table = tables[slot].as_str();
+            let run = 2_000 + (round * designs.len() + slot) as u64;
+            rows[slot].push(measure(clients, seconds, connect, &|c, w, n| {
+                mark(c, Some((table, design.text_key)), key(run, w, n), w).unwrap();
+                1
+            }));
+        }
+    }
+    print!("| no marker |");
+    for per_second in &baseline {
+        print!(" 1.00 ({per_second:.0}/s) |");
+    }
+    println!();
+    for (design, row) in designs.iter().zip(&rows) {
+        print!("| {} |", design.name);
+        for (per_second, plain) in row.iter().zip(&baseline) {
+            print!(" {:.2} ({per_second:.0}/s) |", per_second / plain);
+        }
+        println!();
+    }
+}
+
+/// `design` with `from` replaced by `to` in its SQL, under another name; `from` must occur.
+fn edited(design: &Design, name: &'static str, edits: &[(&str, &str)]) -> Design {
+    let mut ddl = design.ddl.clone();
+    for (from, to) in edits {
+        assert!(ddl.contains(from), "{name}: `{from}` is not in\n{ddl}");
+        ddl = ddl.replace(from, to);
+    }
+    Design {
+        name,
+        ddl,
+        text_key: design.text_key,
+    }
+}
+
+/// One message in one transaction for the table-design section: the marker insert into
+/// `$table` (with the key bound as `$key` or as text), then the business write.
+macro_rules! marker_protocol {
+    ($conn:ty, $begin:ident, $insert:literal, $update:literal, $key:ty, $bytes:expr) => {
+        &|c: &mut $conn, table: Option<(&str, bool)>, id: Uuid, worker: usize| {
+            use diesel::sql_types::{Integer, Text};
+            c.$begin(|c| {
+                if let Some((table, text_key)) = table {
+                    let insert = diesel::sql_query(format!($insert, t = table));
+                    let inserted = match text_key {
+                        true => insert
+                            .bind::<Text, _>(id.to_string())
+                            .bind::<Text, _>(CONSUMER)
+                            .execute(c)?,
+                        false => insert
+                            .bind::<$key, _>($bytes(id))
+                            .bind::<Text, _>(CONSUMER)
+                            .execute(c)?,
+                    };
+                    assert_eq!(inserted, 1, "every key is new");
+                }
+                diesel::sql_query($update)
+                    .bind::<Integer, _>(worker as i32 + 1)
+                    .execute(c)?;
+                Ok(())
+            })
+        }
+    };
+}
+
 /// The accounts the workers write, one row each.
 fn accounts_sql() -> Vec<String> {
     let mut statements =
@@ -771,19 +912,58 @@ fn bench_sqlite(seconds: f64) {
     ))
     .get_result(&mut conn)
     .unwrap();
-    sqlite::run(
-        &format!("SQLite {version} (WAL, synchronous = NORMAL)"),
-        seconds,
-        &connect,
-        &|conn, rows| {
-            conn.batch_execute(&format!(
+    let label = format!("SQLite {version} (WAL, synchronous = NORMAL)");
+    sqlite::run(&label, seconds, &connect, &|conn, rows| {
+        conn.batch_execute(&format!(
                 "INSERT INTO inbox (message_id, consumer, received_at, processed_at) \
                  WITH RECURSIVE seq(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM seq WHERE i < {rows}) \
                  SELECT randomblob(16), 'archive', datetime('now', '-10 days'), \
                  datetime('now', '-10 days') FROM seq"
             ))
             .unwrap();
-        },
+    });
+    if LEAN.load(Ordering::Relaxed) {
+        return;
+    }
+    let shipped = Design::shipped(inbox_diesel::schema::Backend::Sqlite);
+    let lean = Design::new(
+        "no surrogate key (`WITHOUT ROWID`)",
+        &lean_schema("sqlite").replace("inbox", "{t}"),
+    );
+    let purge_index = "CREATE INDEX IF NOT EXISTS ix_{t}_processed_at ON {t} (processed_at);\n";
+    let list = [
+        edited(
+            &shipped,
+            "message_id as text",
+            &[("message_id    BLOB", "message_id    TEXT")],
+        )
+        .text_key(),
+        edited(&shipped, "no `processed_at` index", &[(purge_index, "")]),
+        edited(
+            &lean,
+            "no surrogate key, no `processed_at` index",
+            &[(
+                "CREATE INDEX ix_{t}_processed_at ON {t} (processed_at);",
+                "",
+            )],
+        ),
+        lean,
+        shipped,
+    ];
+    println!("\n### {label}: table designs");
+    designs(
+        seconds,
+        &connect,
+        &list,
+        marker_protocol!(
+            diesel::SqliteConnection,
+            immediate_transaction,
+            "INSERT INTO {t} (message_id, consumer, processed_at) \
+             VALUES (?, ?, CURRENT_TIMESTAMP) ON CONFLICT DO NOTHING",
+            "UPDATE accounts SET balance = balance + 1 WHERE id = ?",
+            diesel::sql_types::Binary,
+            sqlite_id
+        ),
     );
 }
 
@@ -848,6 +1028,72 @@ fn bench_postgres(seconds: f64) {
             .unwrap();
         },
     );
+    if LEAN.load(Ordering::Relaxed) {
+        return;
+    }
+    let shipped = Design::shipped(inbox_diesel::schema::Backend::Postgres);
+    let lean = Design::new(
+        "no surrogate key (primary key on the pair)",
+        &lean_schema("postgres").replace("inbox", "{t}"),
+    );
+    let purge_index = "CREATE INDEX IF NOT EXISTS ix_{t}_processed_at ON {t} (processed_at);\n";
+    let list = [
+        edited(
+            &shipped,
+            "message_id as text",
+            &[("message_id    UUID", "message_id    TEXT")],
+        )
+        .text_key(),
+        edited(
+            &shipped,
+            "consumer in a linguistic collation (ICU)",
+            &[("COLLATE \"C\"", "COLLATE \"und-x-icu\"")],
+        ),
+        edited(
+            &shipped,
+            "indexes at fillfactor 100",
+            &[
+                ("PRIMARY KEY,", "PRIMARY KEY WITH (fillfactor = 100),"),
+                ("consumer);", "consumer) WITH (fillfactor = 100);"),
+                ("(processed_at);", "(processed_at) WITH (fillfactor = 100);"),
+            ],
+        ),
+        edited(
+            &shipped,
+            "indexes at fillfactor 70",
+            &[
+                ("PRIMARY KEY,", "PRIMARY KEY WITH (fillfactor = 70),"),
+                ("consumer);", "consumer) WITH (fillfactor = 70);"),
+                ("(processed_at);", "(processed_at) WITH (fillfactor = 70);"),
+            ],
+        ),
+        edited(&shipped, "no `processed_at` index", &[(purge_index, "")]),
+        edited(
+            &lean,
+            "no surrogate key, no `processed_at` index",
+            &[(
+                "CREATE INDEX ix_{t}_processed_at ON {t} (processed_at);",
+                "",
+            )],
+        ),
+        lean,
+        shipped,
+    ];
+    println!("\n### PostgreSQL {version}: table designs");
+    designs(
+        seconds,
+        &connect,
+        &list,
+        marker_protocol!(
+            diesel::PgConnection,
+            transaction,
+            "INSERT INTO {t} (message_id, consumer, processed_at) \
+             VALUES ($1, $2, now()) ON CONFLICT DO NOTHING",
+            "UPDATE accounts SET balance = balance + 1 WHERE id = $1",
+            diesel::sql_types::Uuid,
+            std::convert::identity
+        ),
+    );
 }
 
 #[cfg(feature = "mysql")]
@@ -885,6 +1131,53 @@ fn bench_mysql(seconds: f64) {
             )
             .unwrap();
         },
+    );
+    let shipped = Design::shipped(inbox_diesel::schema::Backend::Mysql);
+    let lean = Design::new(
+        "no surrogate key (clustered on the pair)",
+        &lean_schema("mysql").replace("inbox", "{t}"),
+    );
+    let purge_index = ",\n    KEY ix_{t}_processed_at (processed_at)";
+    let list = [
+        edited(
+            &shipped,
+            "message_id as text",
+            &[(
+                "BINARY(16)",
+                "CHAR(36) CHARACTER SET ascii COLLATE ascii_bin",
+            )],
+        )
+        .text_key(),
+        edited(
+            &shipped,
+            "consumer in a linguistic collation",
+            &[("utf8mb4_bin", "utf8mb4_unicode_ci")],
+        ),
+        edited(&shipped, "no `processed_at` index", &[(purge_index, "")]),
+        edited(
+            &lean,
+            "no surrogate key, no `processed_at` index",
+            &[(
+                "CREATE INDEX ix_{t}_processed_at ON {t} (processed_at);",
+                "",
+            )],
+        ),
+        lean,
+        shipped,
+    ];
+    println!("\n### MariaDB/MySQL {version}: table designs");
+    designs(
+        seconds,
+        &connect,
+        &list,
+        marker_protocol!(
+            diesel::MysqlConnection,
+            transaction,
+            "INSERT INTO {t} (message_id, consumer, processed_at) VALUES (?, ?, NOW(6))",
+            "UPDATE accounts SET balance = balance + 1 WHERE id = ?",
+            diesel::sql_types::Binary,
+            sqlite_id
+        ),
     );
 }
 

@@ -172,38 +172,123 @@ impl ServerError<'_> {
     }
 
     fn classify_unique(&self, schema: &InboxSchema) -> ErrorClass {
-        let violated = |name: &str| {
-            if name == schema.constraint() {
-                ErrorClass::InboxDuplicate
-            } else {
-                ErrorClass::UniqueViolation {
-                    constraint: Some(name.to_owned()),
-                }
-            }
+        let Some(index) = self.violated_index() else {
+            return ErrorClass::UniqueViolation { constraint: None };
         };
+        if index.is(
+            schema.table_name(),
+            schema.constraint(),
+            &InboxSchema::KEY_COLUMNS,
+        ) {
+            return ErrorClass::InboxDuplicate;
+        }
+        let constraint = match index {
+            // Another key of the inbox table itself: its name alone, as the server knows it.
+            ViolatedIndex::Named {
+                table: Some(table),
+                name,
+            } if table == schema.table_name() => name.to_owned(),
+            other => other.to_string(),
+        };
+        ErrorClass::UniqueViolation {
+            constraint: Some(constraint),
+        }
+    }
+
+    /// The unique index a unique violation names, as far as the server says: by name
+    /// (PostgreSQL's constraint name, MySQL's key name, SQLite's expression index) or by table
+    /// and columns (SQLite). `None` when the error is no unique violation or names nothing.
+    ///
+    /// ```
+    /// use inbox_core::server_message::{ServerError, ServerErrorKind};
+    ///
+    /// let sqlite = ServerError {
+    ///     kind: ServerErrorKind::UniqueViolation,
+    ///     constraint: None,
+    ///     message: "UNIQUE constraint failed: users.email",
+    /// };
+    /// let index = sqlite.violated_index().unwrap();
+    /// assert!(index.is("users", "ux_users_email", &["email"]));
+    /// assert_eq!(index.to_string(), "users.email");
+    /// ```
+    pub fn violated_index(&self) -> Option<ViolatedIndex<'_>> {
+        let unique = match self.kind {
+            ServerErrorKind::UniqueViolation => true,
+            ServerErrorKind::Other => {
+                mysql_duplicate_key(self.message).is_some()
+                    || sqlite_unique_violation(self.message).is_some()
+            }
+            _ => false,
+        };
+        if !unique {
+            return None;
+        }
         if let Some(name) = self.constraint {
-            return violated(name);
+            return Some(ViolatedIndex::Named { table: None, name });
         }
         if let Some(key) = mysql_duplicate_key(self.message) {
-            return match key.table {
-                Some(table) if table != schema.table_name() => ErrorClass::UniqueViolation {
-                    constraint: Some(format!("{table}.{}", key.name)),
-                },
-                _ => violated(key.name),
-            };
+            return Some(ViolatedIndex::Named {
+                table: key.table,
+                name: key.name,
+            });
         }
-        match sqlite_unique_violation(self.message) {
-            Some(SqliteUnique::Columns { table, columns }) => {
-                if table == schema.table_name() && columns == InboxSchema::KEY_COLUMNS {
-                    ErrorClass::InboxDuplicate
-                } else {
-                    ErrorClass::UniqueViolation {
-                        constraint: Some(format!("{table}.{}", columns.join(", "))),
-                    }
-                }
+        match sqlite_unique_violation(self.message)? {
+            SqliteUnique::Columns { table, columns } => {
+                Some(ViolatedIndex::Columns { table, columns })
             }
-            Some(SqliteUnique::Index(name)) => violated(name),
-            None => ErrorClass::UniqueViolation { constraint: None },
+            SqliteUnique::Index(name) => Some(ViolatedIndex::Named { table: None, name }),
+        }
+    }
+}
+
+/// A violated unique index, as the server named it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ViolatedIndex<'a> {
+    /// By name; with its table where the server qualifies it (MySQL ≥ 8.0.19).
+    Named {
+        /// The table, when the server says it.
+        table: Option<&'a str>,
+        /// The index or constraint (MySQL: `PRIMARY` for the primary key).
+        name: &'a str,
+    },
+    /// By table and indexed columns (SQLite, which does not name the index).
+    Columns {
+        /// The table.
+        table: &'a str,
+        /// The indexed columns, in index order.
+        columns: Vec<&'a str>,
+    },
+}
+
+impl ViolatedIndex<'_> {
+    /// Whether this is the unique index `name` on `table` (`table` unqualified), whose
+    /// columns are `columns` — the name decides where the server gives one, the table and
+    /// the columns where it does not.
+    pub fn is(&self, table: &str, name: &str, columns: &[&str]) -> bool {
+        match self {
+            ViolatedIndex::Named { table: t, name: n } => {
+                *n == name && t.is_none_or(|t| t == table)
+            }
+            ViolatedIndex::Columns {
+                table: t,
+                columns: c,
+            } => *t == table && c == columns,
+        }
+    }
+}
+
+/// `name`, `table.name`, or `table.a, b` for columns.
+impl std::fmt::Display for ViolatedIndex<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ViolatedIndex::Named {
+                table: Some(table),
+                name,
+            } => write!(f, "{table}.{name}"),
+            ViolatedIndex::Named { table: None, name } => f.write_str(name),
+            ViolatedIndex::Columns { table, columns } => {
+                write!(f, "{table}.{}", columns.join(", "))
+            }
         }
     }
 }

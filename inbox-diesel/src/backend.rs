@@ -84,6 +84,26 @@ pub trait InboxConnection:
         AnsiTransactionManager::commit_transaction(self)
     }
 
+    /// Opens a transaction that holds the database's write lock from its start where the
+    /// backend has one (SQLite's `BEGIN IMMEDIATE`); elsewhere a plain transaction.
+    #[doc(hidden)]
+    fn begin_write_transaction(&mut self) -> QueryResult<()> {
+        AnsiTransactionManager::begin_transaction(self)
+    }
+
+    /// [`unique::serialize_on`](crate::unique::serialize_on): takes the lock on `key`;
+    /// `false` when the wait timed out.
+    #[doc(hidden)]
+    fn lock_key(&mut self, key: &str) -> QueryResult<bool>;
+
+    /// Releases a session-scoped key lock (MySQL); nothing elsewhere.
+    #[doc(hidden)]
+    fn unlock_key(&mut self, key: &str) -> QueryResult<()>;
+
+    /// MySQL's `LAST_INSERT_ID()`.
+    #[doc(hidden)]
+    fn last_insert_id(&mut self) -> QueryResult<i64>;
+
     /// Rolls the handler's transaction back if it is open; `Ok` when none is.
     #[doc(hidden)]
     fn roll_back_inbox_transaction(&mut self) -> QueryResult<()> {
@@ -117,6 +137,8 @@ macro_rules! shared_steps {
         ) -> QueryResult<ClaimAnswer> {
             claim::run_step(self, &spec.schema, spec.consumer.as_str(), key, step)
         }
+
+        crate::unique::key_lock_steps!(sync);
     };
 }
 
@@ -198,6 +220,8 @@ where
     const LEASE_UNTIL: (&'static str, &'static str);
     /// The type a 64-bit integer is cast to.
     const BIGINT: &'static str;
+    /// Which backend this is, for the SQL written per backend.
+    const KIND: crate::schema::Backend;
     /// Binds the 16-byte message id.
     fn bind_id<'b>(out: &mut AstPass<'_, 'b, Self>, id: &'b Uuid) -> QueryResult<()>;
     /// Binds a 64-bit integer.
@@ -354,6 +378,7 @@ pub(crate) mod sqlite {
     impl sealed::Sealed for SqliteConnection {}
 
     impl MarkerDialect for Sqlite {
+        const KIND: crate::schema::Backend = crate::schema::Backend::Sqlite;
         const NOW: &'static str = "CURRENT_TIMESTAMP";
         const ON_CONFLICT: &'static str = ON_CONFLICT_RETURNING;
         const CLAIM_ON_CONFLICT: &'static str = ON_CONFLICT_DO_NOTHING;
@@ -385,6 +410,12 @@ pub(crate) mod sqlite {
                 spec.sqlite_busy_timeout_ms
             );
             AnsiTransactionManager::begin_transaction_sql(self, &sql)
+        }
+
+        /// `BEGIN IMMEDIATE`: the write lock from the start, so that a transaction that
+        /// reads before it writes cannot lose its snapshot to another writer.
+        fn begin_write_transaction(&mut self) -> QueryResult<()> {
+            AnsiTransactionManager::begin_transaction_sql(self, "BEGIN IMMEDIATE")
         }
 
         /// Claim statements run in autocommit; a concurrent writer makes them wait up to
@@ -432,6 +463,7 @@ pub(crate) mod postgres {
     impl sealed::Sealed for PgConnection {}
 
     impl MarkerDialect for Pg {
+        const KIND: crate::schema::Backend = crate::schema::Backend::Postgres;
         const NOW: &'static str = "CURRENT_TIMESTAMP";
         const ON_CONFLICT: &'static str = ON_CONFLICT_RETURNING;
         const CLAIM_ON_CONFLICT: &'static str = ON_CONFLICT_DO_NOTHING;
@@ -494,6 +526,7 @@ pub(crate) mod mysql {
     impl sealed::Sealed for MysqlConnection {}
 
     impl MarkerDialect for Mysql {
+        const KIND: crate::schema::Backend = crate::schema::Backend::Mysql;
         const NOW: &'static str = "CURRENT_TIMESTAMP(6)";
         /// None: the plain insert fails with 1062 on a duplicate
         /// ([`inserted_unless_duplicate`]).

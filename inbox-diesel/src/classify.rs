@@ -23,8 +23,17 @@ use inbox_core::{ErrorClass, InboxSchema};
 /// );
 /// ```
 pub fn classify(error: &DieselError, schema: &InboxSchema) -> ErrorClass {
+    with_server_error(error, |server| server.classify(schema)).unwrap_or(ErrorClass::Other)
+}
+
+/// `read` on the parts of `error` the server reported; `None` for an error that did not
+/// come from the server.
+pub(crate) fn with_server_error<R>(
+    error: &DieselError,
+    read: impl FnOnce(&ServerError<'_>) -> R,
+) -> Option<R> {
     match error {
-        DieselError::DatabaseError(kind, info) => ServerError {
+        DieselError::DatabaseError(kind, info) => Some(read(&ServerError {
             kind: match kind {
                 DatabaseErrorKind::UniqueViolation => ServerErrorKind::UniqueViolation,
                 DatabaseErrorKind::SerializationFailure => ServerErrorKind::SerializationFailure,
@@ -35,10 +44,11 @@ pub fn classify(error: &DieselError, schema: &InboxSchema) -> ErrorClass {
             },
             constraint: info.constraint_name(),
             message: info.message(),
-        }
-        .classify(schema),
+        })),
         // A failed COMMIT whose rollback failed too: the commit error says what happened.
-        DieselError::RollbackErrorOnCommit { commit_error, .. } => classify(commit_error, schema),
-        _ => ErrorClass::Other,
+        DieselError::RollbackErrorOnCommit { commit_error, .. } => {
+            with_server_error(commit_error, read)
+        }
+        _ => None,
     }
 }

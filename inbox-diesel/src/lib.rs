@@ -273,6 +273,7 @@ mod run;
 #[cfg(feature = "async")]
 mod run_async;
 pub mod schema;
+pub mod unique;
 mod verify;
 
 /// Makes a diesel handler idempotent: its work commits once per message key and consumer.

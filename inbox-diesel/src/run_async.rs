@@ -81,6 +81,23 @@ pub trait AsyncInboxConnection: AsyncConnection + Send + sealed::Sealed {
     #[doc(hidden)]
     fn roll_back_inbox_transaction(&mut self) -> impl Future<Output = QueryResult<()>> + Send;
 
+    /// Opens a transaction holding the write lock from its start where the backend has one
+    /// (SQLite's `BEGIN IMMEDIATE`).
+    #[doc(hidden)]
+    fn begin_write_transaction(&mut self) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// Takes the key lock of `unique::serialize_on_async`; `false` when the wait timed out.
+    #[doc(hidden)]
+    fn lock_key(&mut self, key: &str) -> impl Future<Output = QueryResult<bool>> + Send;
+
+    /// Releases a session-scoped key lock (MySQL).
+    #[doc(hidden)]
+    fn unlock_key(&mut self, key: &str) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// MySQL's `LAST_INSERT_ID()`.
+    #[doc(hidden)]
+    fn last_insert_id(&mut self) -> impl Future<Output = QueryResult<i64>> + Send;
+
     /// Claim mode: checks that no transaction is open and prepares the connection.
     #[doc(hidden)]
     fn prepare_claim(
@@ -298,6 +315,13 @@ macro_rules! server_steps {
             crate::verify::read_catalog!(conn, schema, Self::BACKEND, [.await])
         }
 
+        async fn begin_write_transaction(&mut self) -> QueryResult<()> {
+            use diesel_async::TransactionManager;
+            diesel_async::AnsiTransactionManager::begin_transaction(self).await
+        }
+
+        crate::unique::key_lock_steps!(async);
+
         /// `Ok` when no transaction is open.
         async fn roll_back_inbox_transaction(&mut self) -> QueryResult<()> {
             use diesel_async::TransactionManager;
@@ -426,6 +450,25 @@ mod sqlite {
         async fn begin_inbox_transaction(&mut self, spec: &'static HandlerSpec) -> QueryResult<()> {
             self.spawn_blocking(move |conn| conn.begin_inbox_transaction(spec))
                 .await
+        }
+
+        async fn begin_write_transaction(&mut self) -> QueryResult<()> {
+            self.spawn_blocking(move |conn| conn.begin_write_transaction())
+                .await
+        }
+
+        async fn lock_key(&mut self, key: &str) -> QueryResult<bool> {
+            let key = key.to_owned();
+            self.spawn_blocking(move |conn| conn.lock_key(&key)).await
+        }
+
+        async fn unlock_key(&mut self, key: &str) -> QueryResult<()> {
+            let key = key.to_owned();
+            self.spawn_blocking(move |conn| conn.unlock_key(&key)).await
+        }
+
+        async fn last_insert_id(&mut self) -> QueryResult<i64> {
+            self.spawn_blocking(move |conn| conn.last_insert_id()).await
         }
 
         async fn claim_marker(

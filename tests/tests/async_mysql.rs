@@ -6,6 +6,13 @@ inbox_tests::async_suite!(
     diesel_async::AsyncMysqlConnection
 );
 inbox_tests::async_batch_suite!(inbox_tests::mysql::MysqlDb);
+inbox_tests::async_unique_suite!(
+    inbox_tests::mysql::MysqlDb,
+    diesel_async::AsyncMysqlConnection,
+    inbox_tests::unique::MYSQL_TABLES,
+    "SELECT 1",
+    pk = "PRIMARY"
+);
 inbox_tests::async_server_suite!(inbox_tests::mysql::MysqlDb);
 inbox_tests::async_claim_suite!(
     inbox_tests::mysql::MysqlDb,

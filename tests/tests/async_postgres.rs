@@ -3,6 +3,13 @@
 
 inbox_tests::async_suite!(inbox_tests::postgres::PgDb, diesel_async::AsyncPgConnection);
 inbox_tests::async_batch_suite!(inbox_tests::postgres::PgDb);
+inbox_tests::async_unique_suite!(
+    inbox_tests::postgres::PgDb,
+    diesel_async::AsyncPgConnection,
+    inbox_tests::unique::POSTGRES_TABLES,
+    "SELECT 1",
+    pk = "signups_pkey"
+);
 inbox_tests::async_server_suite!(inbox_tests::postgres::PgDb);
 inbox_tests::async_claim_suite!(
     inbox_tests::postgres::PgDb,

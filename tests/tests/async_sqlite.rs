@@ -5,6 +5,13 @@ inbox_tests::async_suite!(
     diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>
 );
 inbox_tests::async_batch_suite!(inbox_tests::sqlite::SqliteDb);
+inbox_tests::async_unique_suite!(
+    inbox_tests::sqlite::SqliteDb,
+    diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>,
+    inbox_tests::unique::SQLITE_TABLES,
+    "PRAGMA busy_timeout = 10000",
+    pk = "signups.id"
+);
 inbox_tests::async_claim_suite!(
     inbox_tests::sqlite::SqliteDb,
     diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>,

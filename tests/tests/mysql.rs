@@ -4,6 +4,14 @@
 
 inbox_tests::suite!(inbox_tests::mysql::MysqlDb, diesel::MysqlConnection);
 inbox_tests::batch_suite!(inbox_tests::mysql::MysqlDb);
+inbox_tests::unique_suite!(
+    inbox_tests::mysql::MysqlDb,
+    diesel::MysqlConnection,
+    inbox_tests::unique::MYSQL_TABLES,
+    "SELECT 1",
+    pk = "PRIMARY",
+    handle = "ux_signups_handle"
+);
 inbox_tests::server_suite!(inbox_tests::mysql::MysqlDb);
 inbox_tests::claim_suite!(inbox_tests::mysql::MysqlDb, diesel::MysqlConnection, mysql);
 

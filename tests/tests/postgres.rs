@@ -3,6 +3,14 @@
 
 inbox_tests::suite!(inbox_tests::postgres::PgDb, diesel::PgConnection);
 inbox_tests::batch_suite!(inbox_tests::postgres::PgDb);
+inbox_tests::unique_suite!(
+    inbox_tests::postgres::PgDb,
+    diesel::PgConnection,
+    inbox_tests::unique::POSTGRES_TABLES,
+    "SELECT 1",
+    pk = "signups_pkey",
+    handle = "ux_signups_handle"
+);
 inbox_tests::server_suite!(inbox_tests::postgres::PgDb);
 inbox_tests::claim_suite!(inbox_tests::postgres::PgDb, diesel::PgConnection, postgres);
 

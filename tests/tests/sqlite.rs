@@ -2,6 +2,14 @@
 
 inbox_tests::suite!(inbox_tests::sqlite::SqliteDb, diesel::SqliteConnection);
 inbox_tests::batch_suite!(inbox_tests::sqlite::SqliteDb);
+inbox_tests::unique_suite!(
+    inbox_tests::sqlite::SqliteDb,
+    diesel::SqliteConnection,
+    inbox_tests::unique::SQLITE_TABLES,
+    "PRAGMA busy_timeout = 10000",
+    pk = "signups.id",
+    handle = "signups.handle"
+);
 inbox_tests::claim_suite!(
     inbox_tests::sqlite::SqliteDb,
     diesel::SqliteConnection,

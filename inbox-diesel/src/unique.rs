@@ -1,0 +1,995 @@
+//! Get-or-create on a business unique key, without the race.
+//!
+//! "Is this e-mail taken? No — insert it" is two statements with a gap between them. Two
+//! requests at once both see nothing, both insert, and the unique index rejects the second
+//! with a unique violation (PostgreSQL `23505`, MySQL `1062`, SQLite `2067`) that only shows
+//! under load. A transaction around the two does not close the gap: it gives atomicity, not
+//! mutual exclusion, and under READ COMMITTED nothing stops another session inserting between
+//! the check and the insert. The unique index is not the bug — it is the one thing that
+//! caught it. This module builds on it, the way `#[idempotent]` builds on the inbox's index:
+//!
+//! | need | reach for | statements | backends |
+//! |---|---|---|---|
+//! | the row's id, new or existing | [`upsert`] | one: `INSERT … ON CONFLICT (key) DO UPDATE … RETURNING id` | all (MySQL: `ON DUPLICATE KEY UPDATE id = LAST_INSERT_ID(id)`, then `SELECT LAST_INSERT_ID()`) |
+//! | insert unless present, no row back | [`insert_if_absent`] | one: `… ON CONFLICT (key) DO NOTHING` | all (MySQL: the plain insert, its `1062` on this key caught) |
+//! | the row, new or existing, and which; the insert deep in a larger transaction | [`insert_or_get`] | a savepoint, the insert, on *this* key's violation the winner's row re-read | all |
+//! | a batch of rows, some repeated | [`collapse`], then any of the above | — | all |
+//! | several statements that must run once per key ("create tenant, then its settings") | [`serialize_on`] | a lock on a hash of the key, held to commit | PostgreSQL (`pg_advisory_xact_lock`), MySQL (`GET_LOCK`), SQLite (the write lock) |
+//!
+//! Every one of them recognises the race by the violation of *this* [`UniqueKey`] — by its
+//! name, or on SQLite, which names no index, by its table and columns — and lets every other
+//! violation surface with the name the server gave it ([`UniqueError::OtherViolation`]): a
+//! primary-key violation from a sequence that fell behind the data, or another unique index,
+//! is a bug or a business rule, never "someone else created it first".
+//!
+//! ```
+//! # #[cfg(feature = "sqlite")] {
+//! use diesel::connection::SimpleConnection;
+//! use diesel::prelude::*;
+//! use inbox_diesel::unique::{self, Created, UniqueKey};
+//!
+//! diesel::table! {
+//!     users (id) {
+//!         id -> BigInt,
+//!         email -> Text,
+//!         name -> Text,
+//!     }
+//! }
+//!
+//! /// `CREATE UNIQUE INDEX ux_users_email ON users (email)`.
+//! const USERS_EMAIL: UniqueKey = UniqueKey::new("users", "ux_users_email", &["email"]);
+//!
+//! let mut conn = SqliteConnection::establish(":memory:")?;
+//! conn.batch_execute(
+//!     "CREATE TABLE users (id INTEGER PRIMARY KEY, email TEXT NOT NULL, name TEXT NOT NULL);
+//!      CREATE UNIQUE INDEX ux_users_email ON users (email);",
+//! )?;
+//!
+//! let register = |conn: &mut SqliteConnection, email: &str, name: &str| {
+//!     unique::insert_or_get(
+//!         conn,
+//!         &USERS_EMAIL,
+//!         |c| {
+//!             diesel::insert_into(users::table)
+//!                 .values((users::email.eq(email), users::name.eq(name)))
+//!                 .execute(c)?;
+//!             users::table.filter(users::email.eq(email)).select(users::id).first::<i64>(c)
+//!         },
+//!         |c| users::table.filter(users::email.eq(email)).select(users::id).first(c),
+//!     )
+//! };
+//! let ada = register(&mut conn, "ada@example.com", "Ada")?;
+//! let again = register(&mut conn, "ada@example.com", "Ada L.")?;
+//! assert!(ada.is_new() && !again.is_new());
+//! assert_eq!(ada.into_inner(), again.into_inner());
+//!
+//! // The one-statement form: the id, whichever request created the row.
+//! let id = unique::upsert(
+//!     &mut conn,
+//!     &USERS_EMAIL,
+//!     diesel::insert_into(users::table)
+//!         .values((users::email.eq("ada@example.com"), users::name.eq("Ada"))),
+//!     users::id,
+//! )?;
+//! assert_eq!(Some(id), again.existing().copied());
+//! # }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! What none of them does: retry the caller's transaction. Inside an open transaction a
+//! deadlock, a serialization failure or a winner the transaction's snapshot cannot see
+//! ([`UniqueError::WinnerNotFound`] under REPEATABLE READ or SERIALIZABLE) is returned, since
+//! only the whole transaction can run again; outside one, each function retries such failures
+//! itself ([`UniqueKey::RETRIES`] times).
+
+use std::fmt;
+
+use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
+use diesel::result::Error as DieselError;
+use diesel::sql_types::BigInt;
+use diesel::sql_types::Nullable;
+use diesel::{Column, QueryResult};
+use inbox_core::{ErrorClass, RetryPolicy};
+
+use crate::backend::MarkerDialect;
+use crate::schema::Backend;
+
+/// A unique index of a business table, as the race is recognised by: the index's name, its
+/// table and its columns, and the predicate of a partial index.
+///
+/// Declare one per index, next to the `table!` it belongs to:
+///
+/// ```
+/// use inbox_diesel::unique::UniqueKey;
+///
+/// /// CREATE UNIQUE INDEX ux_users_email ON users (email) WHERE deleted_at IS NULL
+/// const LIVE_USERS_EMAIL: UniqueKey =
+///     UniqueKey::new("users", "ux_users_email", &["email"]).partial("deleted_at IS NULL");
+/// ```
+///
+/// The name must be the one the server reports: the index's name on PostgreSQL (a
+/// `UNIQUE` constraint's index has the constraint's name; an unnamed one is
+/// `<table>_<columns>_key`), the key's name on MySQL and MariaDB (`PRIMARY` for the
+/// primary key). SQLite reports no name: there the table and the columns, in index order,
+/// identify it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UniqueKey {
+    table: &'static str,
+    name: &'static str,
+    columns: &'static [&'static str],
+    predicate: Option<&'static str>,
+}
+
+impl UniqueKey {
+    /// Retries outside a transaction, after a transient failure or a winner that vanished.
+    pub const RETRIES: u32 = RetryPolicy::DEFAULT_RETRIES;
+
+    /// The unique index `name` on `table` (unqualified) over `columns`, in index order.
+    ///
+    /// # Panics
+    /// When `columns` is empty — at compile time in a `const`.
+    pub const fn new(
+        table: &'static str,
+        name: &'static str,
+        columns: &'static [&'static str],
+    ) -> Self {
+        assert!(!columns.is_empty(), "a unique key has at least one column");
+        UniqueKey {
+            table,
+            name,
+            columns,
+            predicate: None,
+        }
+    }
+
+    /// A partial unique index: `predicate` is its `WHERE` clause, as SQL, exactly as the index
+    /// was created with. [`upsert`] and [`insert_if_absent`] repeat it in their conflict
+    /// target; without it PostgreSQL and SQLite cannot match the target to the index and
+    /// refuse the statement ("there is no unique or exclusion constraint matching the ON
+    /// CONFLICT specification" / "ON CONFLICT clause does not match any PRIMARY KEY or UNIQUE
+    /// constraint"). MySQL has no partial indexes.
+    pub const fn partial(self, predicate: &'static str) -> Self {
+        UniqueKey {
+            predicate: Some(predicate),
+            ..self
+        }
+    }
+
+    /// The table.
+    pub fn table(&self) -> &'static str {
+        self.table
+    }
+
+    /// The index's name.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The indexed columns.
+    pub fn columns(&self) -> &'static [&'static str] {
+        self.columns
+    }
+
+    /// Whether `error` is a violation of this index — and not of any other.
+    ///
+    /// ```
+    /// use diesel::result::{DatabaseErrorKind, Error};
+    /// use inbox_diesel::unique::UniqueKey;
+    ///
+    /// const USERS_EMAIL: UniqueKey = UniqueKey::new("users", "ux_users_email", &["email"]);
+    /// let sqlite = |message: &str| {
+    ///     Error::DatabaseError(DatabaseErrorKind::UniqueViolation, Box::new(message.to_owned()))
+    /// };
+    /// assert!(USERS_EMAIL.is_violated_by(&sqlite("UNIQUE constraint failed: users.email")));
+    /// assert!(!USERS_EMAIL.is_violated_by(&sqlite("UNIQUE constraint failed: users.id")));
+    /// ```
+    pub fn is_violated_by(&self, error: &DieselError) -> bool {
+        crate::classify::with_server_error(error, |server| {
+            server
+                .violated_index()
+                .is_some_and(|index| index.is(self.table, self.name, self.columns))
+        })
+        .unwrap_or(false)
+    }
+}
+
+impl fmt::Display for UniqueKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "`{}` on {} ({})",
+            self.name,
+            self.table,
+            self.columns.join(", ")
+        )
+    }
+}
+
+/// What [`insert_or_get`] found: the row it inserted, or the one another caller had.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum Created<T> {
+    /// This call inserted the row.
+    New(T),
+    /// The row existed (or a concurrent caller won the race): the winner's row, re-read.
+    Existing(T),
+}
+
+impl<T> Created<T> {
+    /// Whether this call inserted the row.
+    pub fn is_new(&self) -> bool {
+        matches!(self, Created::New(_))
+    }
+
+    /// The row, new or existing.
+    pub fn into_inner(self) -> T {
+        match self {
+            Created::New(value) | Created::Existing(value) => value,
+        }
+    }
+
+    /// The row when it existed before this call.
+    pub fn existing(&self) -> Option<&T> {
+        match self {
+            Created::Existing(value) => Some(value),
+            Created::New(_) => None,
+        }
+    }
+
+    /// The row, by reference.
+    pub fn as_ref(&self) -> Created<&T> {
+        match self {
+            Created::New(value) => Created::New(value),
+            Created::Existing(value) => Created::Existing(value),
+        }
+    }
+}
+
+/// Why a get-or-create failed.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum UniqueError {
+    /// A unique index other than the key was violated — a primary key whose sequence fell
+    /// behind the data, another business rule. Never the race this module resolves.
+    OtherViolation {
+        /// The index as the server named it (`users_pkey`, `PRIMARY`, `users.id`), when it did.
+        constraint: Option<String>,
+        /// The error itself.
+        source: DieselError,
+    },
+    /// The key was violated, but the row that won could not be read back: deleted since, or
+    /// committed after this transaction's snapshot was taken (REPEATABLE READ, SERIALIZABLE,
+    /// MySQL's default REPEATABLE READ after an earlier plain read — there, re-read with
+    /// `.for_update()`). Inside a transaction, run the transaction again.
+    WinnerNotFound {
+        /// The key.
+        key: UniqueKey,
+    },
+    /// [`serialize_on`] on MySQL waited `innodb_lock_wait_timeout` seconds for the lock.
+    LockTimeout {
+        /// The key the lock was taken on.
+        key: String,
+    },
+    /// Any other database error.
+    Database(DieselError),
+}
+
+impl UniqueError {
+    /// The underlying diesel error, where there is one.
+    pub fn database_error(&self) -> Option<&DieselError> {
+        match self {
+            UniqueError::OtherViolation { source, .. } => Some(source),
+            UniqueError::Database(error) => Some(error),
+            _ => None,
+        }
+    }
+
+    /// What the error means to a retry: transient failures (deadlocks, serialization
+    /// failures, SQLite's busy database), and a winner not yet visible, are worth running the
+    /// caller's transaction again.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            UniqueError::WinnerNotFound { .. } | UniqueError::LockTimeout { .. } => true,
+            UniqueError::Database(error) => {
+                crate::classify(error, &inbox_core::InboxSchema::DEFAULT).is_transient()
+            }
+            UniqueError::OtherViolation { .. } => false,
+        }
+    }
+
+    /// Sorts a diesel error from an insert on `key`: the key's violation is `None` (the race,
+    /// for the caller to resolve), another violation keeps its name.
+    fn sort(error: DieselError, key: &UniqueKey) -> Option<UniqueError> {
+        if key.is_violated_by(&error) {
+            return None;
+        }
+        Some(
+            match crate::classify(&error, &inbox_core::InboxSchema::DEFAULT) {
+                ErrorClass::UniqueViolation { constraint } => UniqueError::OtherViolation {
+                    constraint,
+                    source: error,
+                },
+                _ => UniqueError::Database(error),
+            },
+        )
+    }
+}
+
+impl fmt::Display for UniqueError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            UniqueError::OtherViolation {
+                constraint: Some(name),
+                source,
+            } => write!(f, "unique violation of `{name}`, not of the key: {source}"),
+            UniqueError::OtherViolation {
+                constraint: None,
+                source,
+            } => write!(
+                f,
+                "unique violation of another index than the key: {source}"
+            ),
+            UniqueError::WinnerNotFound { key } => write!(
+                f,
+                "the row that won the unique key {key} cannot be read back: deleted since, or \
+                 invisible to this transaction's snapshot; run the transaction again"
+            ),
+            UniqueError::LockTimeout { key } => {
+                write!(f, "timed out waiting for the lock on key {key:?}")
+            }
+            UniqueError::Database(error) => error.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for UniqueError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.database_error().map(|e| e as _)
+    }
+}
+
+impl From<DieselError> for UniqueError {
+    fn from(error: DieselError) -> Self {
+        UniqueError::Database(error)
+    }
+}
+
+/// Keeps the first of the rows that share a key, in their order: what a batch insert on a
+/// unique key needs first, since PostgreSQL refuses to let one `INSERT … ON CONFLICT DO
+/// UPDATE` touch the same row twice ("ON CONFLICT DO UPDATE command cannot affect row a second
+/// time", a cardinality violation) and a plain multi-row insert fails on its own repeats.
+///
+/// ```
+/// use inbox_diesel::unique::collapse;
+///
+/// let signups = vec![("ada@example.com", 1), ("bob@example.com", 2), ("ada@example.com", 3)];
+/// assert_eq!(
+///     collapse(signups, |s| s.0),
+///     vec![("ada@example.com", 1), ("bob@example.com", 2)]
+/// );
+/// ```
+pub fn collapse<T, K: Ord>(rows: Vec<T>, key: impl Fn(&T) -> K) -> Vec<T> {
+    let mut seen = std::collections::BTreeSet::new();
+    rows.into_iter()
+        .filter(|row| seen.insert(key(row)))
+        .collect()
+}
+
+/// `insert` (a diesel `insert_into(…).values(…)` with no `ON CONFLICT` of its own) as one
+/// statement that yields the id in `id` of the row with the key, new or existing; built by
+/// [`upsert`].
+///
+/// | backend | statement |
+/// |---|---|
+/// | PostgreSQL, SQLite | `<insert> ON CONFLICT (<columns>) [WHERE <predicate>] DO UPDATE SET <first column> = excluded.<first column> RETURNING CAST(<id> AS BIGINT)` |
+/// | MySQL, MariaDB | `<insert> ON DUPLICATE KEY UPDATE <id> = LAST_INSERT_ID(<id>)`, then `SELECT LAST_INSERT_ID()` |
+#[derive(Debug)]
+pub struct Upsert<S, Id> {
+    key: UniqueKey,
+    insert: S,
+    id: std::marker::PhantomData<Id>,
+}
+
+impl<S: Clone, Id> Clone for Upsert<S, Id> {
+    fn clone(&self) -> Self {
+        Upsert {
+            key: self.key,
+            insert: self.insert.clone(),
+            id: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<S, Id> QueryId for Upsert<S, Id> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl<S, Id> Query for Upsert<S, Id> {
+    type SqlType = BigInt;
+}
+
+impl<S, Id, C> diesel::RunQueryDsl<C> for Upsert<S, Id> {}
+
+impl<DB, S, Id> QueryFragment<DB> for Upsert<S, Id>
+where
+    DB: MarkerDialect,
+    S: QueryFragment<DB>,
+    Id: Column,
+    str: diesel::serialize::ToSql<diesel::sql_types::Text, DB>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        self.insert.walk_ast(out.reborrow())?;
+        if DB::KIND == Backend::Mysql {
+            out.push_sql(" ON DUPLICATE KEY UPDATE ");
+            out.push_identifier(Id::NAME)?;
+            out.push_sql(" = LAST_INSERT_ID(");
+            out.push_identifier(Id::NAME)?;
+            out.push_sql(")");
+            return Ok(());
+        }
+        push_conflict_target(&mut out, &self.key)?;
+        let first = self.key.columns[0];
+        out.push_sql(" DO UPDATE SET ");
+        out.push_identifier(first)?;
+        out.push_sql(" = excluded.");
+        out.push_identifier(first)?;
+        out.push_sql(" RETURNING CAST(");
+        out.push_identifier(Id::NAME)?;
+        out.push_sql(" AS BIGINT)");
+        Ok(())
+    }
+}
+
+/// `insert` with `ON CONFLICT (<columns>) [WHERE <predicate>] DO NOTHING` on PostgreSQL and
+/// SQLite, and as it is on MySQL (whose `ON DUPLICATE KEY` cannot name the key; its
+/// duplicate-key error is caught by name instead); built by [`insert_if_absent`].
+#[derive(Debug, Clone, Copy)]
+pub struct InsertIfAbsent<S> {
+    key: UniqueKey,
+    insert: S,
+}
+
+impl<S> QueryId for InsertIfAbsent<S> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl<S, C> diesel::RunQueryDsl<C> for InsertIfAbsent<S> {}
+
+impl<DB, S> QueryFragment<DB> for InsertIfAbsent<S>
+where
+    DB: MarkerDialect,
+    S: QueryFragment<DB>,
+    str: diesel::serialize::ToSql<diesel::sql_types::Text, DB>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        self.insert.walk_ast(out.reborrow())?;
+        if DB::KIND != Backend::Mysql {
+            push_conflict_target(&mut out, &self.key)?;
+            out.push_sql(" DO NOTHING");
+        }
+        Ok(())
+    }
+}
+
+/// ` ON CONFLICT (a, b) [WHERE predicate]`.
+fn push_conflict_target<DB: diesel::backend::Backend>(
+    out: &mut AstPass<'_, '_, DB>,
+    key: &UniqueKey,
+) -> QueryResult<()> {
+    out.push_sql(" ON CONFLICT (");
+    for (n, column) in key.columns.iter().enumerate() {
+        if n > 0 {
+            out.push_sql(", ");
+        }
+        out.push_identifier(column)?;
+    }
+    out.push_sql(")");
+    if let Some(predicate) = key.predicate {
+        out.push_sql(" WHERE ");
+        out.push_sql(predicate);
+    }
+    Ok(())
+}
+
+/// The lock of [`serialize_on`]: a stable 64-bit FNV-1a hash of the key, the same in every
+/// process and version (the standard library's hasher promises neither).
+pub(crate) fn lock_hash(key: &str) -> i64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in key.bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash as i64
+}
+
+/// MySQL's lock name for `key`: at most 64 characters, whatever the key.
+pub(crate) fn lock_name(key: &str) -> String {
+    format!("inbox:{:016x}", lock_hash(key) as u64)
+}
+
+#[derive(diesel::QueryableByName)]
+pub(crate) struct Answer {
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub(crate) n: Option<i64>,
+}
+
+/// The statements of the key lock and MySQL's `LAST_INSERT_ID()`, `sync` or `async`: stamped
+/// out in each connection's `InboxConnection` (sync) and
+/// `AsyncInboxConnection` (async) implementation, where the types are concrete.
+macro_rules! key_lock_steps {
+    (sync) => {
+        crate::unique::key_lock_steps!(@ [] []);
+    };
+    (async) => {
+        crate::unique::key_lock_steps!(@ [async] [.await]);
+    };
+    (@ [$($async:tt)*] [$($await:tt)*]) => {
+        $($async)* fn lock_key(&mut self, key: &str) -> QueryResult<bool> {
+            use crate::unique::{Answer, lock_hash, lock_name};
+            use diesel::sql_types::{BigInt, Text};
+            let conn = self;
+            let answer = match Self::BACKEND {
+                crate::schema::Backend::Postgres => {
+                    diesel::sql_query("SELECT 1::BIGINT AS n FROM (SELECT pg_advisory_xact_lock($1)) AS locked")
+                        .bind::<BigInt, _>(lock_hash(key))
+                        .get_result::<Answer>(conn)$($await)*?
+                }
+                crate::schema::Backend::Mysql => {
+                    diesel::sql_query("SELECT GET_LOCK(?, @@innodb_lock_wait_timeout) AS n")
+                        .bind::<Text, _>(lock_name(key))
+                        .get_result::<Answer>(conn)$($await)*?
+                }
+                crate::schema::Backend::Sqlite => Answer { n: Some(1) },
+            };
+            Ok(answer.n == Some(1))
+        }
+
+        $($async)* fn unlock_key(&mut self, key: &str) -> QueryResult<()> {
+            use crate::unique::{Answer, lock_name};
+            use diesel::sql_types::Text;
+            if Self::BACKEND == crate::schema::Backend::Mysql {
+                diesel::sql_query("SELECT RELEASE_LOCK(?) AS n")
+                    .bind::<Text, _>(lock_name(key))
+                    .get_result::<Answer>(self)$($await)*?;
+            }
+            Ok(())
+        }
+
+        $($async)* fn last_insert_id(&mut self) -> QueryResult<i64> {
+            use crate::unique::Answer;
+            diesel::sql_query("SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS n")
+                .get_result::<Answer>(self)$($await)*?
+                .n
+                .ok_or(diesel::result::Error::NotFound)
+        }
+    };
+}
+pub(crate) use key_lock_steps;
+
+/// The steps of each function, written once for both IO models and stamped out as a sync
+/// function and an async one: `[$($await)*]` is `[]` or `[.await]`, `$tm` the transaction
+/// manager trait, `$call` how a caller's closure is run.
+macro_rules! unique_steps {
+    // Whether a transaction is open on `$conn`.
+    (@in_transaction $conn:ident, $tm:path) => {
+        <C::TransactionManager as $tm>::transaction_manager_status_mut($conn)
+            .transaction_depth()
+            .map(|depth| depth.is_some())
+    };
+
+    (insert_or_get $conn:ident, $key:ident, $insert:ident, $reread:ident, $tm:path,
+     [$($await:tt)*], $sleep:path, $call:ident) => {{
+        let nested = unique_steps!(@in_transaction $conn, $tm)?;
+        let mut attempt = 0;
+        loop {
+            // Inside a transaction: a savepoint, so that PostgreSQL's transaction survives
+            // the violation. Outside: the insert commits on its own.
+            if nested {
+                <C::TransactionManager as $tm>::begin_transaction($conn)$($await)*?;
+            }
+            let inserted = $call!($insert, $conn);
+            if nested {
+                match &inserted {
+                    Ok(_) => <C::TransactionManager as $tm>::commit_transaction($conn)$($await)*?,
+                    Err(_) => <C::TransactionManager as $tm>::rollback_transaction($conn)$($await)*?,
+                }
+            }
+            let failure = match inserted {
+                Ok(row) => return Ok(Created::New(row)),
+                Err(error) => match UniqueError::sort(error, $key) {
+                    // The race, lost: the winner has committed (the insert waited for it).
+                    None => match $call!($reread, $conn) {
+                        Ok(row) => return Ok(Created::Existing(row)),
+                        Err(DieselError::NotFound) => UniqueError::WinnerNotFound { key: *$key },
+                        Err(error) => UniqueError::Database(error),
+                    },
+                    // A row that collides with the key's row and another index's at once is
+                    // reported for whichever index the server checked first (SQLite: the last
+                    // created). The key's row, if there is one, is the answer.
+                    Some(other @ UniqueError::OtherViolation { .. }) => {
+                        match $call!($reread, $conn) {
+                            Ok(row) => return Ok(Created::Existing(row)),
+                            Err(DieselError::NotFound) => other,
+                            Err(error) => UniqueError::Database(error),
+                        }
+                    }
+                    Some(failure) => failure,
+                },
+            };
+            if nested || !failure.is_transient() || attempt == UniqueKey::RETRIES {
+                return Err(failure);
+            }
+            $sleep(RetryPolicy::default().backoff(attempt, fastrand::f64()))$($await)*;
+            attempt += 1;
+        }
+    }};
+
+    (upsert $conn:ident, $key:ident, $statement:ident, $tm:path, [$($await:tt)*],
+     $sleep:path) => {
+        unique_steps!(@one_statement $conn, $key, $tm, [$($await)*], $sleep, {
+            match C::BACKEND {
+                Backend::Mysql => match $statement.clone().execute($conn)$($await)* {
+                    Ok(_) => $conn.last_insert_id()$($await)*,
+                    Err(error) => Err(error),
+                },
+                _ => $statement.clone().get_result::<i64>($conn)$($await)*,
+            }
+        }, |id| Ok(id), |_| Err(UniqueError::WinnerNotFound { key: *$key }))
+    };
+
+    (insert_if_absent $conn:ident, $key:ident, $statement:ident, $tm:path, [$($await:tt)*],
+     $sleep:path) => {
+        // MySQL's plain insert: the key's own violation means "present".
+        unique_steps!(@one_statement $conn, $key, $tm, [$($await)*], $sleep, {
+            $statement.clone().execute($conn)$($await)*
+        }, |rows| Ok(rows > 0), |_| Ok(false))
+    };
+
+    // One statement on the key: in a savepoint inside a transaction; `$done` maps its result,
+    // `$key_violated` the key's own violation. Another index's violation is tried once more:
+    // on PostgreSQL a concurrent insert of the same row can trip a unique index that is not
+    // the conflict target (checked while waiting for the other transaction) before the key's
+    // conflict is seen; the second try sees the committed row and resolves by the key.
+    (@one_statement $conn:ident, $key:ident, $tm:path, [$($await:tt)*], $sleep:path,
+     $run:block, $done:expr, $key_violated:expr) => {{
+        let nested = unique_steps!(@in_transaction $conn, $tm)?;
+        let (mut attempt, mut tried_again) = (0, false);
+        loop {
+            if nested {
+                <C::TransactionManager as $tm>::begin_transaction($conn)$($await)*?;
+            }
+            let result = $run;
+            if nested {
+                match &result {
+                    Ok(_) => <C::TransactionManager as $tm>::commit_transaction($conn)$($await)*?,
+                    Err(_) => <C::TransactionManager as $tm>::rollback_transaction($conn)$($await)*?,
+                }
+            }
+            let failure = match result {
+                Ok(value) => return $done(value),
+                Err(error) => match UniqueError::sort(error, $key) {
+                    None => return $key_violated(()),
+                    Some(failure) => failure,
+                },
+            };
+            if matches!(failure, UniqueError::OtherViolation { .. }) && !tried_again {
+                tried_again = true;
+                continue;
+            }
+            if nested || !failure.is_transient() || attempt == UniqueKey::RETRIES {
+                return Err(failure);
+            }
+            $sleep(RetryPolicy::default().backoff(attempt, fastrand::f64()))$($await)*;
+            attempt += 1;
+        }
+    }};
+
+    (serialize_on $conn:ident, $name:ident, $body:ident, $tm:path, [$($await:tt)*],
+     $call:ident) => {{
+        let database = |error: DieselError| E::from(UniqueError::Database(error));
+        let nested = unique_steps!(@in_transaction $conn, $tm).map_err(database)?;
+        match C::BACKEND {
+            // GET_LOCK is the session's, released by RELEASE_LOCK, not by COMMIT: inside a
+            // transaction it would be released before the commit that publishes the rows,
+            // and the next caller would not see them.
+            Backend::Mysql if nested => Err(database(DieselError::AlreadyInTransaction)),
+            // Inside a transaction, PostgreSQL's lock lasts to its end; SQLite's transaction
+            // already holds the write lock, or takes it at its first write.
+            _ if nested => {
+                if !$conn.lock_key($name)$($await)*.map_err(database)? {
+                    return Err(E::from(UniqueError::LockTimeout { key: $name.to_owned() }));
+                }
+                $call!($body, $conn)
+            }
+            _ => {
+                // MySQL: before the transaction; PostgreSQL: inside it (a transaction-scoped
+                // lock); SQLite: none but the write lock its BEGIN IMMEDIATE takes.
+                let session_lock = C::BACKEND == Backend::Mysql;
+                if session_lock && !$conn.lock_key($name)$($await)*.map_err(database)? {
+                    return Err(E::from(UniqueError::LockTimeout { key: $name.to_owned() }));
+                }
+                let result = match $conn.begin_write_transaction()$($await)* {
+                    Ok(()) => {
+                        let result = match session_lock {
+                            true => Ok(true),
+                            false => $conn.lock_key($name)$($await)*.map_err(database),
+                        };
+                        let result = match result {
+                            Ok(true) => $call!($body, $conn),
+                            Ok(false) => Err(E::from(UniqueError::LockTimeout {
+                                key: $name.to_owned(),
+                            })),
+                            Err(error) => Err(error),
+                        };
+                        unique_steps!(@finish $conn, result, $tm, [$($await)*])
+                    }
+                    Err(error) => Err(database(error)),
+                };
+                if session_lock {
+                    // After the commit; if releasing fails, the lock goes with the session.
+                    if let Err(error) = $conn.unlock_key($name)$($await)* {
+                        tracing::warn!(%error, "releasing the key lock failed");
+                    }
+                }
+                result
+            }
+        }
+    }};
+
+    // Commits on success, rolls back on failure.
+    (@finish $conn:ident, $result:ident, $tm:path, [$($await:tt)*]) => {
+        match $result {
+            Ok(value) => <C::TransactionManager as $tm>::commit_transaction($conn)$($await)*
+                .map(|()| value)
+                .map_err(|e| E::from(UniqueError::Database(e))),
+            Err(error) => {
+                if let Err(rollback) =
+                    <C::TransactionManager as $tm>::rollback_transaction($conn)$($await)*
+                {
+                    tracing::warn!(error = %rollback, "rolling back after a failed body failed");
+                }
+                Err(error)
+            }
+        }
+    };
+}
+
+macro_rules! call_sync {
+    ($f:ident, $conn:ident) => {
+        $f($conn)
+    };
+}
+
+/// Inserts a row, or — when a concurrent or earlier caller holds the key — reads back theirs.
+///
+/// `insert` runs the insert and returns the row (with `RETURNING` where the backend has it, or
+/// a read after the insert); `reread` reads the row with the key — the winner's.
+/// A violation of `key` leads to the re-read. So does a violation of another unique index,
+/// because a row that collides on several indexes is reported for one of them only (SQLite
+/// names the index it checked first, which is not always the key's): if the key's row is
+/// there it is the answer, and otherwise the other violation is returned,
+/// [`UniqueError::OtherViolation`] with the server's name for it — a primary key behind its
+/// sequence, another business rule.
+///
+/// Inside an open transaction the insert runs in a savepoint, so that on PostgreSQL the
+/// violation does not abort the transaction: the caller's other writes commit with it. Outside
+/// a transaction the insert commits on its own, and transient failures (deadlocks, SQLite's
+/// busy database) are retried.
+///
+/// On MySQL and MariaDB (REPEATABLE READ by default), when the surrounding transaction has
+/// already read something, make `reread` a locking read (`.for_update()`): a plain read sees
+/// the snapshot of that first read, without the winner's row.
+///
+/// # Errors
+/// [`UniqueError::OtherViolation`], [`UniqueError::WinnerNotFound`], or the database's error.
+pub fn insert_or_get<C, T>(
+    conn: &mut C,
+    key: &UniqueKey,
+    mut insert: impl FnMut(&mut C) -> QueryResult<T>,
+    mut reread: impl FnMut(&mut C) -> QueryResult<T>,
+) -> Result<Created<T>, UniqueError>
+where
+    C: crate::InboxConnection,
+{
+    use diesel::connection::TransactionManager;
+    unique_steps!(insert_or_get conn, key, insert, reread, TransactionManager<C>, [],
+        std::thread::sleep, call_sync)
+}
+
+/// Inserts a row unless its key exists, and returns the id of the row with the key, in one
+/// statement — `INSERT … ON CONFLICT (<key>) DO UPDATE SET … RETURNING <id>` on PostgreSQL
+/// and SQLite, `INSERT … ON DUPLICATE KEY UPDATE <id> = LAST_INSERT_ID(<id>)` and
+/// `SELECT LAST_INSERT_ID()` on MySQL and MariaDB (see [`Upsert`]).
+///
+/// `insert` is a plain `diesel::insert_into(…).values(…)` of one row; `id` the table's
+/// integer id column.
+///
+/// What it costs: on PostgreSQL every duplicate writes a new version of the existing row
+/// (the no-op `SET` is still an update: a dead tuple for vacuum, WAL, and every `BEFORE
+/// UPDATE` trigger fires); SQLite likewise rewrites the row. Where no id is needed,
+/// [`insert_if_absent`] writes nothing on a duplicate. On MySQL `ON DUPLICATE KEY UPDATE`
+/// cannot name an index: a collision on *any* unique index (the primary key included) yields
+/// that row's id. Use it only on a table whose one unique index besides an auto-increment
+/// primary key is the key, and [`insert_or_get`] otherwise. Every form burns a sequence or
+/// auto-increment value on a duplicate.
+///
+/// A partial unique index needs its predicate in the key ([`UniqueKey::partial`]).
+///
+/// # Errors
+/// [`UniqueError::OtherViolation`] for another index (PostgreSQL, SQLite), or the database's
+/// error.
+pub fn upsert<'q, C, S, Id>(
+    conn: &mut C,
+    key: &UniqueKey,
+    insert: S,
+    #[allow(unused_variables)] id: Id,
+) -> Result<i64, UniqueError>
+where
+    C: crate::InboxConnection,
+    S: Clone,
+    Upsert<S, Id>:
+        diesel::query_dsl::LoadQuery<'q, C, i64> + diesel::query_dsl::methods::ExecuteDsl<C>,
+{
+    use diesel::RunQueryDsl;
+    use diesel::connection::TransactionManager;
+    let statement = Upsert {
+        key: *key,
+        insert,
+        id: std::marker::PhantomData::<Id>,
+    };
+    unique_steps!(upsert conn, key, statement, TransactionManager<C>, [], std::thread::sleep)
+}
+
+/// Inserts a row unless its key exists; `true` when it inserted. Nothing is written for a
+/// duplicate (see [`InsertIfAbsent`]).
+///
+/// # Errors
+/// [`UniqueError::OtherViolation`] for another index, or the database's error.
+pub fn insert_if_absent<C, S>(conn: &mut C, key: &UniqueKey, insert: S) -> Result<bool, UniqueError>
+where
+    C: crate::InboxConnection,
+    S: Clone,
+    InsertIfAbsent<S>: diesel::query_dsl::methods::ExecuteDsl<C>,
+{
+    use diesel::RunQueryDsl;
+    use diesel::connection::TransactionManager;
+    let statement = InsertIfAbsent { key: *key, insert };
+    unique_steps!(insert_if_absent conn, key, statement, TransactionManager<C>, [],
+        std::thread::sleep)
+}
+
+/// Runs `body` in a transaction that holds a lock on `key` until it ends: one caller at a
+/// time creates what belongs to the key ("the tenant, then its schema row, then its
+/// settings"); the next finds it there.
+///
+/// | backend | lock |
+/// |---|---|
+/// | PostgreSQL | `pg_advisory_xact_lock(<64-bit hash of key>)`, released by commit or rollback; inside an open transaction, held to its end |
+/// | MySQL, MariaDB | `GET_LOCK('inbox:<hash>', @@innodb_lock_wait_timeout)` before the transaction, `RELEASE_LOCK` after its commit; refused inside an open transaction (the lock would be released before the rows are visible) |
+/// | SQLite | `BEGIN IMMEDIATE`: the database's write lock serialises every writer |
+///
+/// A tool for performance and for statements that cannot be one, on top of the unique index,
+/// never instead of it: the lock holds only among callers that take it, so the index still
+/// catches the code path that forgets. Two keys can share a hash and then wait for each other
+/// — slower, never wrong.
+///
+/// # Errors
+/// The body's error (rolled back), or [`UniqueError`] converted into it.
+pub fn serialize_on<C, T, E>(
+    conn: &mut C,
+    key: &str,
+    body: impl FnOnce(&mut C) -> Result<T, E>,
+) -> Result<T, E>
+where
+    C: crate::InboxConnection,
+    E: From<UniqueError>,
+{
+    use diesel::connection::TransactionManager;
+    let name = key;
+    unique_steps!(serialize_on conn, name, body, TransactionManager<C>, [], call_sync)
+}
+
+#[cfg(feature = "async")]
+pub use self::asynchronous::*;
+
+#[cfg(feature = "async")]
+mod asynchronous {
+    use super::*;
+    use crate::AsyncInboxConnection;
+    use crate::run_async::AsyncBody;
+
+    macro_rules! call_async {
+        ($f:ident, $conn:ident) => {
+            ($f.clone())($conn).await
+        };
+    }
+
+    /// [`insert_or_get`](super::insert_or_get) on a diesel-async connection; `insert` and
+    /// `reread` are async closures.
+    ///
+    /// # Errors
+    /// As [`insert_or_get`](super::insert_or_get).
+    pub async fn insert_or_get_async<C, T, I, R>(
+        conn: &mut C,
+        key: &UniqueKey,
+        insert: I,
+        reread: R,
+    ) -> Result<Created<T>, UniqueError>
+    where
+        C: AsyncInboxConnection,
+        I: Clone + for<'c> AsyncBody<&'c mut C, QueryResult<T>, Fut: Send>,
+        R: Clone + for<'c> AsyncBody<&'c mut C, QueryResult<T>, Fut: Send>,
+    {
+        use diesel_async::TransactionManager;
+        unique_steps!(insert_or_get conn, key, insert, reread, TransactionManager<C>, [.await],
+            tokio::time::sleep, call_async)
+    }
+
+    /// [`upsert`](super::upsert) on a diesel-async connection.
+    ///
+    /// # Errors
+    /// As [`upsert`](super::upsert).
+    pub async fn upsert_async<'q, C, S, Id>(
+        conn: &mut C,
+        key: &UniqueKey,
+        insert: S,
+        #[allow(unused_variables)] id: Id,
+    ) -> Result<i64, UniqueError>
+    where
+        C: AsyncInboxConnection,
+        S: Clone + Send + 'q,
+        Id: Send + 'q,
+        Upsert<S, Id>: diesel_async::methods::LoadQuery<'q, C, i64>
+            + diesel_async::methods::ExecuteDsl<C>
+            + 'q,
+    {
+        use diesel_async::RunQueryDsl;
+        use diesel_async::TransactionManager;
+        let statement = Upsert {
+            key: *key,
+            insert,
+            id: std::marker::PhantomData::<Id>,
+        };
+        unique_steps!(upsert conn, key, statement, TransactionManager<C>, [.await],
+            tokio::time::sleep)
+    }
+
+    /// [`insert_if_absent`](super::insert_if_absent) on a diesel-async connection.
+    ///
+    /// # Errors
+    /// As [`insert_if_absent`](super::insert_if_absent).
+    pub async fn insert_if_absent_async<'q, C, S>(
+        conn: &mut C,
+        key: &UniqueKey,
+        insert: S,
+    ) -> Result<bool, UniqueError>
+    where
+        C: AsyncInboxConnection,
+        S: Clone + Send + 'q,
+        InsertIfAbsent<S>: diesel_async::methods::ExecuteDsl<C> + 'q,
+    {
+        use diesel_async::RunQueryDsl;
+        use diesel_async::TransactionManager;
+        let statement = InsertIfAbsent { key: *key, insert };
+        unique_steps!(insert_if_absent conn, key, statement, TransactionManager<C>, [.await],
+            tokio::time::sleep)
+    }
+
+    /// [`serialize_on`](super::serialize_on) on a diesel-async connection; `body` is an async
+    /// closure.
+    ///
+    /// # Errors
+    /// As [`serialize_on`](super::serialize_on).
+    pub async fn serialize_on_async<C, T, E, B>(conn: &mut C, key: &str, body: B) -> Result<T, E>
+    where
+        C: AsyncInboxConnection,
+        E: From<UniqueError>,
+        B: Clone + for<'c> AsyncBody<&'c mut C, Result<T, E>, Fut: Send>,
+    {
+        use diesel_async::TransactionManager;
+        let name = key;
+        unique_steps!(serialize_on conn, name, body, TransactionManager<C>, [.await], call_async)
+    }
+}
