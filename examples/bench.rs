@@ -781,6 +781,9 @@ impl Design {
 /// its key is text (none: the baseline without a marker), the key, the worker.
 type Marker<C> = dyn Fn(&mut C, Option<(&str, bool)>, Uuid, usize) -> QueryResult<()> + Sync;
 
+/// The bytes a design's table and its indexes take per row, where the server says.
+type TableSize<C> = dyn Fn(&mut C, &str) -> i64;
+
 /// The table-design section: the same marker protocol, written in SQL, on each design's
 /// own table, against the same transaction without a marker. `mark` runs one message in
 /// one transaction: the marker insert into the table it is given (none: the baseline),
@@ -790,6 +793,7 @@ fn designs<C: SimpleConnection + Send>(
     connect: &(dyn Fn() -> C + Sync),
     designs: &[Design],
     mark: &Marker<C>,
+    size: Option<&TableSize<C>>,
 ) {
     let mut conn = connect();
     let mut tables = Vec::new();
@@ -800,7 +804,6 @@ fn designs<C: SimpleConnection + Send>(
         tables.push(table);
     }
     drop(conn);
-    println!("\n| table design | 1 client | 4 clients | 16 clients |\n|---|---:|---:|---:|");
     let mut rows = vec![Vec::new(); designs.len()];
     let mut baseline = Vec::new();
     for (round, clients) in CONCURRENCY.into_iter().enumerate() {
@@ -817,18 +820,35 @@ fn designs<C: SimpleConnection + Send>(
             }));
         }
     }
+    let (size_head, size_rule) = match size {
+        Some(_) => (" bytes per row (table and indexes) |", "---:|"),
+        None => ("", ""),
+    };
+    println!(
+        "\n| table design | 1 client | 4 clients | 16 clients |{size_head}\n|---|---:|---:|---:|{size_rule}"
+    );
     print!("| no marker |");
     for per_second in &baseline {
         print!(" 1.00 ({per_second:.0}/s) |");
     }
-    println!();
-    for (design, row) in designs.iter().zip(&rows) {
+    println!("{}", if size.is_some() { " |" } else { "" });
+    let mut conn = connect();
+    for ((design, row), table) in designs.iter().zip(&rows).zip(&tables) {
         print!("| {} |", design.name);
         for (per_second, plain) in row.iter().zip(&baseline) {
             print!(" {:.2} ({per_second:.0}/s) |", per_second / plain);
         }
-        println!();
+        match size {
+            Some(size) => println!(" {} |", size(&mut conn, table)),
+            None => println!(),
+        }
     }
+}
+
+#[derive(QueryableByName)]
+struct Bytes {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    n: i64,
 }
 
 /// `design` with `from` replaced by `to` in its SQL, under another name; `from` must occur.
@@ -964,6 +984,7 @@ fn bench_sqlite(seconds: f64) {
             diesel::sql_types::Binary,
             sqlite_id
         ),
+        None,
     );
 }
 
@@ -1093,6 +1114,15 @@ fn bench_postgres(seconds: f64) {
             diesel::sql_types::Uuid,
             std::convert::identity
         ),
+        Some(&|conn, table| {
+            diesel::sql_query(format!(
+                "SELECT (pg_total_relation_size('{table}') / \
+                 (SELECT count(*) FROM {table}))::BIGINT AS n"
+            ))
+            .get_result::<Bytes>(conn)
+            .unwrap()
+            .n
+        }),
     );
 }
 
@@ -1178,6 +1208,18 @@ fn bench_mysql(seconds: f64) {
             diesel::sql_types::Binary,
             sqlite_id
         ),
+        Some(&|conn, table| {
+            conn.batch_execute(&format!("ANALYZE TABLE {table}"))
+                .unwrap();
+            diesel::sql_query(format!(
+                "SELECT CAST((data_length + index_length) / (SELECT count(*) FROM {table}) \
+                 AS SIGNED) AS n FROM information_schema.tables \
+                 WHERE table_schema = DATABASE() AND table_name = '{table}'"
+            ))
+            .get_result::<Bytes>(conn)
+            .unwrap()
+            .n
+        }),
     );
 }
 

@@ -84,17 +84,22 @@ pub trait InboxConnection:
         AnsiTransactionManager::commit_transaction(self)
     }
 
-    /// Opens a transaction that holds the database's write lock from its start where the
-    /// backend has one (SQLite's `BEGIN IMMEDIATE`); elsewhere a plain transaction.
+    /// Opens the transaction of [`unique::serialize_on`](crate::unique::serialize_on): one
+    /// that holds the database's write lock from its start where the backend has one
+    /// (SQLite's `BEGIN IMMEDIATE`), one whose statements each see what committed before them
+    /// on PostgreSQL (READ COMMITTED), a plain one elsewhere.
     #[doc(hidden)]
     fn begin_write_transaction(&mut self) -> QueryResult<()> {
         AnsiTransactionManager::begin_transaction(self)
     }
 
-    /// [`unique::serialize_on`](crate::unique::serialize_on): takes the lock on `key`;
-    /// `false` when the wait timed out.
+    /// [`unique::serialize_on`](crate::unique::serialize_on): takes the lock on `key`.
     #[doc(hidden)]
-    fn lock_key(&mut self, key: &str) -> QueryResult<bool>;
+    fn lock_key(&mut self, key: &str) -> QueryResult<crate::unique::KeyLock>;
+
+    /// Fails when the open transaction can no longer commit (PostgreSQL's 25P02).
+    #[doc(hidden)]
+    fn probe_transaction(&mut self) -> QueryResult<()>;
 
     /// Releases a session-scoped key lock (MySQL); nothing elsewhere.
     #[doc(hidden)]
@@ -486,6 +491,13 @@ pub(crate) mod postgres {
 
         fn begin_inbox_transaction(&mut self, spec: &HandlerSpec) -> QueryResult<()> {
             AnsiTransactionManager::begin_transaction_sql(self, spec.isolation.begin_sql())
+        }
+
+        fn begin_write_transaction(&mut self) -> QueryResult<()> {
+            AnsiTransactionManager::begin_transaction_sql(
+                self,
+                "BEGIN ISOLATION LEVEL READ COMMITTED",
+            )
         }
 
         fn claim_marker(

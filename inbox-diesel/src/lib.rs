@@ -249,6 +249,14 @@
 //! (the compiler refuses statements on any connection in it), and the handler must be called
 //! outside any open transaction (it returns diesel's `AlreadyInTransaction` otherwise).
 //!
+//! # Get-or-create on business keys
+//!
+//! The same race, outside the inbox: "is this e-mail taken? no — insert it". [`unique`]
+//! resolves it on the business table's own unique index, recognised by name like the inbox's:
+//! a one-statement upsert that returns the id, an insert that re-reads the winner's row on
+//! *this* index's violation (in a savepoint inside a larger transaction), an insert that does
+//! nothing on a duplicate, a key lock for creations in several statements, and the batch forms.
+//!
 //! # Backends
 //!
 //! | feature | connection | needs |

@@ -86,9 +86,16 @@ pub trait AsyncInboxConnection: AsyncConnection + Send + sealed::Sealed {
     #[doc(hidden)]
     fn begin_write_transaction(&mut self) -> impl Future<Output = QueryResult<()>> + Send;
 
-    /// Takes the key lock of `unique::serialize_on_async`; `false` when the wait timed out.
+    /// Takes the key lock of `unique::serialize_on_async`.
     #[doc(hidden)]
-    fn lock_key(&mut self, key: &str) -> impl Future<Output = QueryResult<bool>> + Send;
+    fn lock_key(
+        &mut self,
+        key: &str,
+    ) -> impl Future<Output = QueryResult<crate::unique::KeyLock>> + Send;
+
+    /// Fails when the open transaction can no longer commit (PostgreSQL's 25P02).
+    #[doc(hidden)]
+    fn probe_transaction(&mut self) -> impl Future<Output = QueryResult<()>> + Send;
 
     /// Releases a session-scoped key lock (MySQL).
     #[doc(hidden)]
@@ -315,9 +322,19 @@ macro_rules! server_steps {
             crate::verify::read_catalog!(conn, schema, Self::BACKEND, [.await])
         }
 
+        /// PostgreSQL: READ COMMITTED, so that each statement sees what committed before it.
         async fn begin_write_transaction(&mut self) -> QueryResult<()> {
             use diesel_async::TransactionManager;
-            diesel_async::AnsiTransactionManager::begin_transaction(self).await
+            match Self::BACKEND {
+                crate::schema::Backend::Postgres => {
+                    diesel_async::AnsiTransactionManager::begin_transaction_sql(
+                        self,
+                        "BEGIN ISOLATION LEVEL READ COMMITTED",
+                    )
+                    .await
+                }
+                _ => diesel_async::AnsiTransactionManager::begin_transaction(self).await,
+            }
         }
 
         crate::unique::key_lock_steps!(async);
@@ -457,9 +474,13 @@ mod sqlite {
                 .await
         }
 
-        async fn lock_key(&mut self, key: &str) -> QueryResult<bool> {
+        async fn lock_key(&mut self, key: &str) -> QueryResult<crate::unique::KeyLock> {
             let key = key.to_owned();
             self.spawn_blocking(move |conn| conn.lock_key(&key)).await
+        }
+
+        async fn probe_transaction(&mut self) -> QueryResult<()> {
+            Ok(())
         }
 
         async fn unlock_key(&mut self, key: &str) -> QueryResult<()> {

@@ -13,7 +13,7 @@
 //! | the row's id, new or existing | [`upsert`] | one: `INSERT … ON CONFLICT (key) DO UPDATE … RETURNING id` | all (MySQL: `ON DUPLICATE KEY UPDATE id = LAST_INSERT_ID(id)`, then `SELECT LAST_INSERT_ID()`) |
 //! | insert unless present, no row back | [`insert_if_absent`] | one: `… ON CONFLICT (key) DO NOTHING` | all (MySQL: the plain insert, its `1062` on this key caught) |
 //! | the row, new or existing, and which; the insert deep in a larger transaction | [`insert_or_get`] | a savepoint, the insert, on *this* key's violation the winner's row re-read | all |
-//! | a batch of rows, some repeated | [`collapse`], then any of the above | — | all |
+//! | a batch of rows, some repeated | [`collapse`], then [`upsert_all`] | one: the multi-row form of [`upsert`] | PostgreSQL (elsewhere: [`collapse`], then one of the above per row, in one transaction) |
 //! | several statements that must run once per key ("create tenant, then its settings") | [`serialize_on`] | a lock on a hash of the key, held to commit | PostgreSQL (`pg_advisory_xact_lock`), MySQL (`GET_LOCK`), SQLite (the write lock) |
 //!
 //! Every one of them recognises the race by the violation of *this* [`UniqueKey`] — by its
@@ -79,8 +79,11 @@
 //! What none of them does: retry the caller's transaction. Inside an open transaction a
 //! deadlock, a serialization failure or a winner the transaction's snapshot cannot see
 //! ([`UniqueError::WinnerNotFound`] under REPEATABLE READ or SERIALIZABLE) is returned, since
-//! only the whole transaction can run again; outside one, each function retries such failures
-//! itself ([`UniqueKey::RETRIES`] times).
+//! only the whole transaction can run again; outside one, [`insert_or_get`], [`upsert`],
+//! [`upsert_all`] and [`insert_if_absent`] retry such failures themselves
+//! ([`UniqueKey::RETRIES`] times). [`serialize_on`] runs its body once and returns what it
+//! returns. On SQLite, give every connection a busy timeout (`PRAGMA busy_timeout`), as for
+//! any concurrent writer: without one a writer that finds the database locked fails at once.
 
 use std::fmt;
 
@@ -89,7 +92,7 @@ use diesel::result::Error as DieselError;
 use diesel::sql_types::BigInt;
 use diesel::sql_types::Nullable;
 use diesel::{Column, QueryResult};
-use inbox_core::{ErrorClass, RetryPolicy};
+use inbox_core::RetryPolicy;
 
 use crate::backend::MarkerDialect;
 use crate::schema::Backend;
@@ -265,10 +268,16 @@ pub enum UniqueError {
         /// The key.
         key: UniqueKey,
     },
-    /// [`serialize_on`] on MySQL waited `innodb_lock_wait_timeout` seconds for the lock.
+    /// [`serialize_on`] on MySQL was not granted the lock: `GET_LOCK` waited
+    /// `innodb_lock_wait_timeout` seconds, or failed (it answers NULL on an error).
     LockTimeout {
         /// The key the lock was taken on.
         key: String,
+    },
+    /// The backend cannot do what was asked (MySQL has no `RETURNING` for [`upsert_all`]).
+    Unsupported {
+        /// What, and what to use instead.
+        what: &'static str,
     },
     /// Any other database error.
     Database(DieselError),
@@ -293,25 +302,39 @@ impl UniqueError {
             UniqueError::Database(error) => {
                 crate::classify(error, &inbox_core::InboxSchema::DEFAULT).is_transient()
             }
-            UniqueError::OtherViolation { .. } => false,
+            UniqueError::OtherViolation { .. } | UniqueError::Unsupported { .. } => false,
         }
     }
 
     /// Sorts a diesel error from an insert on `key`: the key's violation is `None` (the race,
     /// for the caller to resolve), another violation keeps its name.
     fn sort(error: DieselError, key: &UniqueKey) -> Option<UniqueError> {
-        if key.is_violated_by(&error) {
-            return None;
-        }
-        Some(
-            match crate::classify(&error, &inbox_core::InboxSchema::DEFAULT) {
-                ErrorClass::UniqueViolation { constraint } => UniqueError::OtherViolation {
-                    constraint,
+        let violated = crate::classify::with_server_error(&error, |server| {
+            let index = server.violated_index()?;
+            Some((
+                index.is(key.table, key.name, key.columns),
+                index.to_string(),
+            ))
+        })
+        .flatten();
+        match violated {
+            Some((true, _)) => None,
+            Some((false, name)) => Some(UniqueError::OtherViolation {
+                constraint: Some(name),
+                source: error,
+            }),
+            None if matches!(
+                error,
+                DieselError::DatabaseError(diesel::result::DatabaseErrorKind::UniqueViolation, _)
+            ) =>
+            {
+                Some(UniqueError::OtherViolation {
+                    constraint: None,
                     source: error,
-                },
-                _ => UniqueError::Database(error),
-            },
-        )
+                })
+            }
+            None => Some(UniqueError::Database(error)),
+        }
     }
 }
 
@@ -337,6 +360,7 @@ impl fmt::Display for UniqueError {
             UniqueError::LockTimeout { key } => {
                 write!(f, "timed out waiting for the lock on key {key:?}")
             }
+            UniqueError::Unsupported { what } => f.write_str(what),
             UniqueError::Database(error) => error.fmt(f),
         }
     }
@@ -509,6 +533,19 @@ pub(crate) fn lock_name(key: &str) -> String {
     format!("inbox:{:016x}", lock_hash(key) as u64)
 }
 
+/// What taking a key lock gave.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyLock {
+    /// Held until the transaction ends (MySQL: until released).
+    Held,
+    /// Not granted: the wait timed out (MySQL).
+    NotGranted,
+    /// Held, but in a transaction whose snapshot predates it (PostgreSQL above READ
+    /// COMMITTED).
+    SnapshotTooOld,
+}
+
 #[derive(diesel::QueryableByName)]
 pub(crate) struct Answer {
     #[diesel(sql_type = Nullable<BigInt>)]
@@ -526,24 +563,46 @@ macro_rules! key_lock_steps {
         crate::unique::key_lock_steps!(@ [async] [.await]);
     };
     (@ [$($async:tt)*] [$($await:tt)*]) => {
-        $($async)* fn lock_key(&mut self, key: &str) -> QueryResult<bool> {
-            use crate::unique::{Answer, lock_hash, lock_name};
+        $($async)* fn lock_key(&mut self, key: &str) -> QueryResult<crate::unique::KeyLock> {
+            use crate::unique::{Answer, KeyLock, lock_hash, lock_name};
             use diesel::sql_types::{BigInt, Text};
             let conn = self;
             let answer = match Self::BACKEND {
+                // 1 when the transaction reads each statement's own snapshot, 2 when its
+                // snapshot was taken before the lock was granted.
                 crate::schema::Backend::Postgres => {
-                    diesel::sql_query("SELECT 1::BIGINT AS n FROM (SELECT pg_advisory_xact_lock($1)) AS locked")
-                        .bind::<BigInt, _>(lock_hash(key))
-                        .get_result::<Answer>(conn)$($await)*?
+                    diesel::sql_query(
+                        "SELECT (CASE current_setting('transaction_isolation') \
+                         WHEN 'read committed' THEN 1 ELSE 2 END)::BIGINT AS n \
+                         FROM (SELECT pg_advisory_xact_lock($1)) AS locked",
+                    )
+                    .bind::<BigInt, _>(lock_hash(key))
+                    .get_result::<Answer>(conn)$($await)*?
                 }
+                // 1 granted, 0 timed out, NULL an error (out of memory, a killed thread).
                 crate::schema::Backend::Mysql => {
                     diesel::sql_query("SELECT GET_LOCK(?, @@innodb_lock_wait_timeout) AS n")
                         .bind::<Text, _>(lock_name(key))
                         .get_result::<Answer>(conn)$($await)*?
                 }
+                // The write lock of BEGIN IMMEDIATE, already held.
                 crate::schema::Backend::Sqlite => Answer { n: Some(1) },
             };
-            Ok(answer.n == Some(1))
+            Ok(match answer.n {
+                Some(1) => KeyLock::Held,
+                Some(2) => KeyLock::SnapshotTooOld,
+                _ => KeyLock::NotGranted,
+            })
+        }
+
+        /// PostgreSQL: fails with 25P02 when an earlier statement aborted the transaction —
+        /// whose `COMMIT` would otherwise be a silent rollback. Nothing elsewhere.
+        $($async)* fn probe_transaction(&mut self) -> QueryResult<()> {
+            if Self::BACKEND == crate::schema::Backend::Postgres {
+                diesel::sql_query("SELECT CAST(1 AS BIGINT) AS n")
+                    .get_result::<crate::unique::Answer>(self)$($await)*?;
+            }
+            Ok(())
         }
 
         $($async)* fn unlock_key(&mut self, key: &str) -> QueryResult<()> {
@@ -584,18 +643,12 @@ macro_rules! unique_steps {
         let nested = unique_steps!(@in_transaction $conn, $tm)?;
         let mut attempt = 0;
         loop {
-            // Inside a transaction: a savepoint, so that PostgreSQL's transaction survives
-            // the violation. Outside: the insert commits on its own.
-            if nested {
-                <C::TransactionManager as $tm>::begin_transaction($conn)$($await)*?;
-            }
+            // A transaction of its own, or a savepoint inside the caller's: `insert` may run
+            // more than one statement, and on PostgreSQL a violation must not abort the
+            // caller's transaction. The re-read runs after it, in the caller's context.
+            <C::TransactionManager as $tm>::begin_transaction($conn)$($await)*?;
             let inserted = $call!($insert, $conn);
-            if nested {
-                match &inserted {
-                    Ok(_) => <C::TransactionManager as $tm>::commit_transaction($conn)$($await)*?,
-                    Err(_) => <C::TransactionManager as $tm>::rollback_transaction($conn)$($await)*?,
-                }
-            }
+            let inserted = unique_steps!(@end $conn, inserted, $tm, [$($await)*], |e| e);
             let failure = match inserted {
                 Ok(row) => return Ok(Created::New(row)),
                 Err(error) => match UniqueError::sort(error, $key) {
@@ -639,6 +692,19 @@ macro_rules! unique_steps {
         }, |id| Ok(id), |_| Err(UniqueError::WinnerNotFound { key: *$key }))
     };
 
+    (upsert_all $conn:ident, $key:ident, $statement:ident, $tm:path, [$($await:tt)*],
+     $sleep:path) => {{
+        if C::BACKEND == Backend::Mysql {
+            return Err(UniqueError::Unsupported {
+                what: "MySQL has no RETURNING: a multi-row upsert cannot yield every row's id; \
+                       call upsert or insert_or_get per row, in one transaction",
+            });
+        }
+        unique_steps!(@one_statement $conn, $key, $tm, [$($await)*], $sleep, {
+            $statement().get_results::<i64>($conn)$($await)*
+        }, |ids| Ok(ids), |_| Err(UniqueError::WinnerNotFound { key: *$key }))
+    }};
+
     (insert_if_absent $conn:ident, $key:ident, $statement:ident, $tm:path, [$($await:tt)*],
      $sleep:path) => {
         // MySQL's plain insert: the key's own violation means "present".
@@ -657,16 +723,14 @@ macro_rules! unique_steps {
         let nested = unique_steps!(@in_transaction $conn, $tm)?;
         let (mut attempt, mut tried_again) = (0, false);
         loop {
-            if nested {
-                <C::TransactionManager as $tm>::begin_transaction($conn)$($await)*?;
-            }
-            let result = $run;
-            if nested {
-                match &result {
-                    Ok(_) => <C::TransactionManager as $tm>::commit_transaction($conn)$($await)*?,
-                    Err(_) => <C::TransactionManager as $tm>::rollback_transaction($conn)$($await)*?,
+            let result = match nested {
+                true => {
+                    <C::TransactionManager as $tm>::begin_transaction($conn)$($await)*?;
+                    let result = $run;
+                    unique_steps!(@end $conn, result, $tm, [$($await)*], |e| e)
                 }
-            }
+                false => $run,
+            };
             let failure = match result {
                 Ok(value) => return $done(value),
                 Err(error) => match UniqueError::sort(error, $key) {
@@ -690,68 +754,96 @@ macro_rules! unique_steps {
      $call:ident) => {{
         let database = |error: DieselError| E::from(UniqueError::Database(error));
         let nested = unique_steps!(@in_transaction $conn, $tm).map_err(database)?;
-        match C::BACKEND {
-            // GET_LOCK is the session's, released by RELEASE_LOCK, not by COMMIT: inside a
-            // transaction it would be released before the commit that publishes the rows,
-            // and the next caller would not see them.
-            Backend::Mysql if nested => Err(database(DieselError::AlreadyInTransaction)),
-            // Inside a transaction, PostgreSQL's lock lasts to its end; SQLite's transaction
-            // already holds the write lock, or takes it at its first write.
-            _ if nested => {
-                if !$conn.lock_key($name)$($await)*.map_err(database)? {
-                    return Err(E::from(UniqueError::LockTimeout { key: $name.to_owned() }));
-                }
-                $call!($body, $conn)
-            }
-            _ => {
-                // MySQL: before the transaction; PostgreSQL: inside it (a transaction-scoped
-                // lock); SQLite: none but the write lock its BEGIN IMMEDIATE takes.
-                let session_lock = C::BACKEND == Backend::Mysql;
-                if session_lock && !$conn.lock_key($name)$($await)*.map_err(database)? {
-                    return Err(E::from(UniqueError::LockTimeout { key: $name.to_owned() }));
-                }
-                let result = match $conn.begin_write_transaction()$($await)* {
-                    Ok(()) => {
-                        let result = match session_lock {
-                            true => Ok(true),
-                            false => $conn.lock_key($name)$($await)*.map_err(database),
-                        };
-                        let result = match result {
-                            Ok(true) => $call!($body, $conn),
-                            Ok(false) => Err(E::from(UniqueError::LockTimeout {
-                                key: $name.to_owned(),
-                            })),
-                            Err(error) => Err(error),
-                        };
-                        unique_steps!(@finish $conn, result, $tm, [$($await)*])
-                    }
-                    Err(error) => Err(database(error)),
+        // MySQL's GET_LOCK belongs to the session: released by RELEASE_LOCK, not by COMMIT.
+        // Taken inside a transaction it would be released before the commit that publishes
+        // the rows, and the next caller would not see them; so it is taken before BEGIN and
+        // released after COMMIT, and refused inside a transaction.
+        let session_lock = C::BACKEND == Backend::Mysql;
+        if session_lock && nested {
+            return Err(database(DieselError::AlreadyInTransaction));
+        }
+        if session_lock {
+            unique_steps!(@lock $conn, $name, [$($await)*], database)?;
+        }
+        // A transaction (PostgreSQL: READ COMMITTED, so that each statement sees what the
+        // previous holder committed; SQLite: BEGIN IMMEDIATE, whose write lock is the
+        // serialisation), or a savepoint inside the caller's.
+        let begun = match nested {
+            true => <C::TransactionManager as $tm>::begin_transaction($conn)$($await)*,
+            false => $conn.begin_write_transaction()$($await)*,
+        };
+        let result = match begun {
+            Ok(()) => {
+                let locked = match session_lock {
+                    true => Ok(()),
+                    false => unique_steps!(@lock $conn, $name, [$($await)*], database),
                 };
-                if session_lock {
-                    // After the commit; if releasing fails, the lock goes with the session.
-                    if let Err(error) = $conn.unlock_key($name)$($await)* {
-                        tracing::warn!(%error, "releasing the key lock failed");
-                    }
-                }
-                result
+                let result = match locked {
+                    Ok(()) => $call!($body, $conn),
+                    Err(error) => Err(error),
+                };
+                unique_steps!(@end $conn, result, $tm, [$($await)*], database)
+            }
+            Err(error) => Err(database(error)),
+        };
+        if session_lock {
+            // After the commit. A lock that could not be released stays with the session:
+            // the connection is marked broken, so that a pool drops it rather than hand the
+            // lock to its next user.
+            if let Err(error) = $conn.unlock_key($name)$($await)* {
+                tracing::warn!(%error, "releasing the key lock failed; the connection is dropped");
+                <C::TransactionManager as $tm>::transaction_manager_status_mut($conn).set_in_error();
             }
         }
+        result
     }};
 
-    // Commits on success, rolls back on failure.
-    (@finish $conn:ident, $result:ident, $tm:path, [$($await:tt)*]) => {
+    // Takes the key lock: `Ok(())`, or the error converted by `$convert`.
+    (@lock $conn:ident, $name:ident, [$($await:tt)*], $convert:expr) => {
+        match $conn.lock_key($name)$($await)* {
+            Ok(KeyLock::Held) => Ok(()),
+            Ok(KeyLock::NotGranted) => Err(E::from(UniqueError::LockTimeout {
+                key: $name.to_owned(),
+            })),
+            Ok(KeyLock::SnapshotTooOld) => Err(E::from(UniqueError::Unsupported {
+                what: "serialize_on inside a REPEATABLE READ or SERIALIZABLE transaction: its \
+                       snapshot predates the lock, so the previous holder's rows stay \
+                       invisible; call it outside a transaction or under READ COMMITTED",
+            })),
+            Err(error) => Err($convert(error)),
+        }
+    };
+
+    // Ends the transaction or savepoint begun for `$result`: commits it if `$result` is `Ok`
+    // (on PostgreSQL after checking that no swallowed error aborted it), rolls it back
+    // otherwise. A failed rollback is logged, and the error that caused it returned.
+    (@end $conn:ident, $result:ident, $tm:path, [$($await:tt)*], $convert:expr) => {
         match $result {
-            Ok(value) => <C::TransactionManager as $tm>::commit_transaction($conn)$($await)*
-                .map(|()| value)
-                .map_err(|e| E::from(UniqueError::Database(e))),
-            Err(error) => {
-                if let Err(rollback) =
-                    <C::TransactionManager as $tm>::rollback_transaction($conn)$($await)*
-                {
-                    tracing::warn!(error = %rollback, "rolling back after a failed body failed");
+            Ok(value) => {
+                let committed = match $conn.probe_transaction()$($await)* {
+                    Ok(()) => <C::TransactionManager as $tm>::commit_transaction($conn)$($await)*,
+                    Err(error) => Err(error),
+                };
+                match committed {
+                    Ok(()) => Ok(value),
+                    Err(error) => {
+                        unique_steps!(@roll_back $conn, $tm, [$($await)*]);
+                        Err($convert(error))
+                    }
                 }
+            }
+            Err(error) => {
+                unique_steps!(@roll_back $conn, $tm, [$($await)*]);
                 Err(error)
             }
+        }
+    };
+
+    (@roll_back $conn:ident, $tm:path, [$($await:tt)*]) => {
+        match <C::TransactionManager as $tm>::rollback_transaction($conn)$($await)* {
+            // A failed COMMIT has already ended the transaction.
+            Ok(()) | Err(DieselError::NotInTransaction) => {}
+            Err(error) => tracing::warn!(%error, "rolling back after a failure failed"),
         }
     };
 }
@@ -804,7 +896,9 @@ where
 /// `SELECT LAST_INSERT_ID()` on MySQL and MariaDB (see [`Upsert`]).
 ///
 /// `insert` is a plain `diesel::insert_into(…).values(…)` of one row; `id` the table's
-/// integer id column.
+/// integer id column. On MySQL `id` must be the table's `AUTO_INCREMENT` column and the
+/// insert must not set it: `LAST_INSERT_ID()` changes only for a generated value, and would
+/// otherwise name the session's previous insert.
 ///
 /// What it costs: on PostgreSQL every duplicate writes a new version of the existing row
 /// (the no-op `SET` is still an update: a dead tuple for vacuum, WAL, and every `BEFORE
@@ -842,6 +936,47 @@ where
     unique_steps!(upsert conn, key, statement, TransactionManager<C>, [], std::thread::sleep)
 }
 
+/// The batch form of [`upsert`]: one statement for many rows, the ids of the rows with their
+/// keys, new or existing — one id per row of `insert`, in the order PostgreSQL returns them
+/// (read the rows back by key where the pairing matters).
+///
+/// `insert` builds the multi-row `diesel::insert_into(…).values(rows)` from `rows`, which
+/// must be [`collapse`]d first: PostgreSQL refuses to let one `ON CONFLICT DO UPDATE` touch a
+/// row twice ("ON CONFLICT DO UPDATE command cannot affect row a second time", SQLSTATE
+/// `21000`). No rows: no statement, no ids.
+///
+/// PostgreSQL only, in practice: diesel builds no multi-row insert for SQLite (the call does
+/// not compile), and MySQL's `LAST_INSERT_ID()` names one row — there it returns
+/// [`UniqueError::Unsupported`]. On those, call [`upsert`] or [`insert_or_get`] per row in one
+/// transaction.
+///
+/// # Errors
+/// As [`upsert`], and [`UniqueError::Unsupported`] on MySQL.
+pub fn upsert_all<'q, 'r, C, R, S, Id>(
+    conn: &mut C,
+    key: &UniqueKey,
+    rows: &'r [R],
+    insert: impl Fn(&'r [R]) -> S,
+    #[allow(unused_variables)] id: Id,
+) -> Result<Vec<i64>, UniqueError>
+where
+    C: crate::InboxConnection,
+    Upsert<S, Id>: diesel::query_dsl::LoadQuery<'q, C, i64>,
+{
+    use diesel::RunQueryDsl;
+    use diesel::connection::TransactionManager;
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    // Built again for each attempt: a multi-row insert is not `Clone`.
+    let statement = || Upsert {
+        key: *key,
+        insert: insert(rows),
+        id: std::marker::PhantomData::<Id>,
+    };
+    unique_steps!(upsert_all conn, key, statement, TransactionManager<C>, [], std::thread::sleep)
+}
+
 /// Inserts a row unless its key exists; `true` when it inserted. Nothing is written for a
 /// duplicate (see [`InsertIfAbsent`]).
 ///
@@ -864,19 +999,25 @@ where
 /// time creates what belongs to the key ("the tenant, then its schema row, then its
 /// settings"); the next finds it there.
 ///
-/// | backend | lock |
-/// |---|---|
-/// | PostgreSQL | `pg_advisory_xact_lock(<64-bit hash of key>)`, released by commit or rollback; inside an open transaction, held to its end |
-/// | MySQL, MariaDB | `GET_LOCK('inbox:<hash>', @@innodb_lock_wait_timeout)` before the transaction, `RELEASE_LOCK` after its commit; refused inside an open transaction (the lock would be released before the rows are visible) |
-/// | SQLite | `BEGIN IMMEDIATE`: the database's write lock serialises every writer |
+/// | backend | lock | inside an open transaction |
+/// |---|---|---|
+/// | PostgreSQL | `pg_advisory_xact_lock(<64-bit hash of key>)`, taken first in a READ COMMITTED transaction, released by its commit or rollback | taken in it and held to its end, the body in a savepoint; refused under REPEATABLE READ or SERIALIZABLE, whose snapshot predates the lock ([`UniqueError::Unsupported`]) |
+/// | MySQL, MariaDB | `GET_LOCK('inbox:<hash>', @@innodb_lock_wait_timeout)` before `BEGIN`, `RELEASE_LOCK` after `COMMIT` | refused: the session's lock would be released before the rows are visible (diesel's `AlreadyInTransaction`) |
+/// | SQLite | `BEGIN IMMEDIATE`: the database's write lock serialises every writer | the body in a savepoint: serialised only if the caller's transaction began `IMMEDIATE`; otherwise a second writer fails with a busy database rather than duplicate anything |
 ///
 /// A tool for performance and for statements that cannot be one, on top of the unique index,
 /// never instead of it: the lock holds only among callers that take it, so the index still
 /// catches the code path that forgets. Two keys can share a hash and then wait for each other
 /// — slower, never wrong.
 ///
+/// MySQL's lock belongs to the session. If releasing it fails, the connection is marked
+/// broken, so that a pool drops it instead of lending the lock to its next user; an async
+/// caller that drops the future between `GET_LOCK` and `RELEASE_LOCK` must drop the
+/// connection too.
+///
 /// # Errors
-/// The body's error (rolled back), or [`UniqueError`] converted into it.
+/// The body's error, its writes rolled back; [`UniqueError::LockTimeout`] when MySQL did not
+/// grant the lock; the database's errors — each converted into `E`.
 pub fn serialize_on<C, T, E>(
     conn: &mut C,
     key: &str,
@@ -929,6 +1070,10 @@ mod asynchronous {
 
     /// [`upsert`](super::upsert) on a diesel-async connection.
     ///
+    /// Inside a future that must be `Send` (`tokio::spawn`), bind owned values (`String`, not
+    /// `&str`) in `insert`: the compiler cannot prove the future `Send` for every lifetime of
+    /// a borrowed bind (a limitation of `async fn` today, not of this function's bounds).
+    ///
     /// # Errors
     /// As [`upsert`](super::upsert).
     pub async fn upsert_async<'q, C, S, Id>(
@@ -953,6 +1098,37 @@ mod asynchronous {
             id: std::marker::PhantomData::<Id>,
         };
         unique_steps!(upsert conn, key, statement, TransactionManager<C>, [.await],
+            tokio::time::sleep)
+    }
+
+    /// [`upsert_all`](super::upsert_all) on a diesel-async connection.
+    ///
+    /// # Errors
+    /// As [`upsert_all`](super::upsert_all).
+    pub async fn upsert_all_async<'q, 'r, C, R, S, Id>(
+        conn: &mut C,
+        key: &UniqueKey,
+        rows: &'r [R],
+        insert: impl Fn(&'r [R]) -> S,
+        #[allow(unused_variables)] id: Id,
+    ) -> Result<Vec<i64>, UniqueError>
+    where
+        C: AsyncInboxConnection,
+        S: Send + 'q,
+        Id: Send + 'q,
+        Upsert<S, Id>: diesel_async::methods::LoadQuery<'q, C, i64> + 'q,
+    {
+        use diesel_async::RunQueryDsl;
+        use diesel_async::TransactionManager;
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let statement = || Upsert {
+            key: *key,
+            insert: insert(rows),
+            id: std::marker::PhantomData::<Id>,
+        };
+        unique_steps!(upsert_all conn, key, statement, TransactionManager<C>, [.await],
             tokio::time::sleep)
     }
 

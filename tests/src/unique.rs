@@ -364,6 +364,46 @@ macro_rules! unique_suite {
                 assert_eq!(handles, ["ada", "bob", "carol"], "the first of each key wins");
             }
 
+            /// The body's error rolls its writes back, and leaves no transaction open: the
+            /// next creation under the same key runs and commits.
+            #[test]
+            fn the_key_lock_rolls_back_a_failed_body() {
+                #[derive(Debug)]
+                enum Creation {
+                    GaveUp,
+                    Failed(UniqueError),
+                }
+                impl From<UniqueError> for Creation {
+                    fn from(error: UniqueError) -> Self {
+                        Creation::Failed(error)
+                    }
+                }
+                impl From<diesel::result::Error> for Creation {
+                    fn from(error: diesel::result::Error) -> Self {
+                        Creation::Failed(UniqueError::Database(error))
+                    }
+                }
+                let db = fixture("unique_lock_rollback");
+                let mut conn = connect(&db);
+                let create = |c: &mut Conn, give_up: bool| {
+                    unique::serialize_on(c, "tenant:acme", |c| {
+                        diesel::insert_into(tenants::table)
+                            .values(tenants::name.eq("acme"))
+                            .execute(c)?;
+                        match give_up {
+                            true => Err(Creation::GaveUp),
+                            false => Ok(()),
+                        }
+                    })
+                };
+                assert!(matches!(create(&mut conn, true), Err(Creation::GaveUp)));
+                let tenants: i64 = tenants::table.count().get_result(&mut conn).unwrap();
+                assert_eq!(tenants, 0);
+                create(&mut conn, false).unwrap();
+                let tenants: i64 = tenants::table.count().get_result(&mut connect(&db)).unwrap();
+                assert_eq!(tenants, 1, "committed, seen by another connection");
+            }
+
             /// A creation in several statements, on a table with no unique index: sixteen
             /// callers under the key lock create one tenant and one settings row.
             #[test]
@@ -610,6 +650,73 @@ macro_rules! async_unique_suite {
                     .unwrap();
                 assert_eq!((tenants, settings), (1, 1));
             }
+        }
+    };
+}
+
+diesel::table! {
+    /// Aliases, unique by name among the live ones only (a partial unique index).
+    aliases (id) {
+        id -> BigInt,
+        name -> Text,
+        deleted -> Integer,
+    }
+}
+
+/// The partial index's key, with its predicate, and the same key without it.
+pub const LIVE_ALIAS: UniqueKey =
+    UniqueKey::new("aliases", "ux_aliases_live", &["name"]).partial("deleted = 0");
+pub const LIVE_ALIAS_WITHOUT_PREDICATE: UniqueKey =
+    UniqueKey::new("aliases", "ux_aliases_live", &["name"]);
+
+/// A partial unique index's test, for the backends that have them (PostgreSQL, SQLite):
+/// `$id` the id column's SQL, `$no_match` what the server says when the conflict target
+/// lacks the predicate.
+#[macro_export]
+macro_rules! partial_index_test {
+    ($db:ty, $id:literal, $no_match:literal) => {
+        /// The conflict target carries the index's predicate: an archived row with the same
+        /// name does not count, a live one does; without the predicate the server refuses the
+        /// statement, with the error the documentation names.
+        #[test]
+        fn a_partial_unique_index_needs_its_predicate() {
+            use diesel::connection::SimpleConnection;
+            use diesel::prelude::*;
+            use inbox_diesel::unique::{self, UniqueError};
+            use $crate::unique::{LIVE_ALIAS, LIVE_ALIAS_WITHOUT_PREDICATE, aliases};
+
+            let db = <$db>::new("unique_partial");
+            let mut conn = db.connect();
+            conn.batch_execute(concat!(
+                "CREATE TABLE aliases (id ",
+                $id,
+                ", name TEXT NOT NULL, deleted INTEGER NOT NULL DEFAULT 0);
+                 CREATE UNIQUE INDEX ux_aliases_live ON aliases (name) WHERE deleted = 0;
+                 INSERT INTO aliases (name, deleted) VALUES ('ada', 1);"
+            ))
+            .unwrap();
+            let archived: i64 = aliases::table.select(aliases::id).first(&mut conn).unwrap();
+            let insert = diesel::insert_into(aliases::table).values(aliases::name.eq("ada"));
+            let live = unique::upsert(&mut conn, &LIVE_ALIAS, insert, aliases::id).unwrap();
+            assert_ne!(live, archived, "the archived row is outside the index");
+            let again = unique::upsert(&mut conn, &LIVE_ALIAS, insert, aliases::id).unwrap();
+            assert_eq!(again, live);
+            assert!(!unique::insert_if_absent(&mut conn, &LIVE_ALIAS, insert).unwrap());
+
+            let refused = unique::upsert(
+                &mut conn,
+                &LIVE_ALIAS_WITHOUT_PREDICATE,
+                insert,
+                aliases::id,
+            );
+            match refused {
+                Err(UniqueError::Database(error)) => {
+                    assert!(error.to_string().contains($no_match), "{error}")
+                }
+                other => panic!("expected the server's refusal, got {other:?}"),
+            }
+            let rows: i64 = aliases::table.count().get_result(&mut conn).unwrap();
+            assert_eq!(rows, 2);
         }
     };
 }

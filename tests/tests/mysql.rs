@@ -78,3 +78,55 @@ fn classify_real_server_errors() {
         "{timeout}"
     );
 }
+
+/// MySQL has no `RETURNING`: the multi-row upsert is refused before any SQL, with the way out.
+#[test]
+fn upsert_all_is_refused_on_mysql() {
+    use diesel::connection::SimpleConnection;
+    use inbox_diesel::unique::{self, UniqueError};
+    use inbox_tests::unique::{MYSQL_TABLES, SIGNUPS_EMAIL, signups};
+
+    let db = MysqlDb::new("unique_upsert_all");
+    let mut conn = db.connect();
+    conn.batch_execute(MYSQL_TABLES).unwrap();
+    let rows = vec![(
+        signups::email.eq("ada@example.com"),
+        signups::handle.eq("ada"),
+    )];
+    let refused = unique::upsert_all(
+        &mut conn,
+        &SIGNUPS_EMAIL,
+        &rows,
+        |rows| diesel::insert_into(signups::table).values(rows),
+        signups::id,
+    );
+    assert!(
+        matches!(&refused, Err(UniqueError::Unsupported { what }) if what.contains("per row")),
+        "{refused:?}"
+    );
+    let stored: i64 = signups::table.count().get_result(&mut conn).unwrap();
+    assert_eq!(stored, 0);
+}
+
+/// MySQL's key lock belongs to the session: inside a transaction it would be released before
+/// the commit, so it is refused there.
+#[test]
+fn the_key_lock_is_refused_inside_a_transaction() {
+    use inbox_diesel::unique::{self, UniqueError};
+
+    let db = MysqlDb::new("unique_lock_nested");
+    let mut conn = db.connect();
+    let result =
+        conn.transaction(|c| unique::serialize_on(c, "tenant:acme", |_| Ok::<_, UniqueError>(())));
+    assert!(
+        matches!(
+            &result,
+            Err(UniqueError::Database(
+                diesel::result::Error::AlreadyInTransaction
+            ))
+        ),
+        "{result:?}"
+    );
+    let outside = unique::serialize_on(&mut conn, "tenant:acme", |_| Ok::<_, UniqueError>(7));
+    assert_eq!(outside.unwrap(), 7);
+}

@@ -11,6 +11,11 @@ inbox_tests::unique_suite!(
     pk = "signups_pkey",
     handle = "ux_signups_handle"
 );
+inbox_tests::partial_index_test!(
+    inbox_tests::postgres::PgDb,
+    "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
+    "there is no unique or exclusion constraint matching the ON CONFLICT specification"
+);
 inbox_tests::server_suite!(inbox_tests::postgres::PgDb);
 inbox_tests::claim_suite!(inbox_tests::postgres::PgDb, diesel::PgConnection, postgres);
 
@@ -202,4 +207,102 @@ fn classify_real_postgres_deadlock() {
         inbox_diesel::classify(&errors[0], &inbox_diesel::InboxSchema::DEFAULT),
         ErrorClass::Transient(inbox_diesel::TransientKind::Deadlock)
     );
+}
+
+/// The batch form: one `INSERT … ON CONFLICT DO UPDATE … RETURNING` for many rows. Repeated
+/// keys make PostgreSQL refuse the statement (a row touched twice); collapsed, the batch
+/// yields one id per key, the existing row's among them.
+#[test]
+fn upsert_all_is_one_statement_for_a_collapsed_batch() {
+    use diesel::connection::SimpleConnection;
+    use inbox_diesel::unique::{self, UniqueError};
+    use inbox_tests::unique::{POSTGRES_TABLES, SIGNUPS_EMAIL, signups};
+
+    let db = PgDb::new("unique_upsert_all");
+    let mut conn = db.connect();
+    conn.batch_execute(POSTGRES_TABLES).unwrap();
+    let carol = unique::upsert(
+        &mut conn,
+        &SIGNUPS_EMAIL,
+        diesel::insert_into(signups::table).values((
+            signups::email.eq("carol@example.com"),
+            signups::handle.eq("carol"),
+        )),
+        signups::id,
+    )
+    .unwrap();
+    let batch = vec![
+        ("ada@example.com", "ada"),
+        ("bob@example.com", "bob"),
+        ("ada@example.com", "ada-again"),
+        ("carol@example.com", "carol-again"),
+    ];
+    let rows = |batch: &[(&'static str, &'static str)]| {
+        batch
+            .iter()
+            .map(|&(email, handle)| (signups::email.eq(email), signups::handle.eq(handle)))
+            .collect::<Vec<_>>()
+    };
+    let repeated = rows(&batch);
+    let refused = unique::upsert_all(
+        &mut conn,
+        &SIGNUPS_EMAIL,
+        &repeated,
+        |rows| diesel::insert_into(signups::table).values(rows),
+        signups::id,
+    );
+    match refused {
+        Err(UniqueError::Database(error)) => assert!(
+            error
+                .to_string()
+                .contains("ON CONFLICT DO UPDATE command cannot affect row a second time"),
+            "{error}"
+        ),
+        other => panic!("expected the cardinality violation, got {other:?}"),
+    }
+    let distinct = rows(&unique::collapse(batch, |row| row.0));
+    let mut ids = unique::upsert_all(
+        &mut conn,
+        &SIGNUPS_EMAIL,
+        &distinct,
+        |rows| diesel::insert_into(signups::table).values(rows),
+        signups::id,
+    )
+    .unwrap();
+    let none = unique::upsert_all(
+        &mut conn,
+        &SIGNUPS_EMAIL,
+        &distinct[..0],
+        |rows| diesel::insert_into(signups::table).values(rows),
+        signups::id,
+    );
+    assert!(none.unwrap().is_empty(), "no rows, no statement");
+    assert_eq!(ids.len(), 3);
+    assert!(ids.contains(&carol), "{ids:?}");
+    ids.sort_unstable();
+    let mut stored: Vec<i64> = signups::table.select(signups::id).load(&mut conn).unwrap();
+    stored.sort_unstable();
+    assert_eq!(ids, stored);
+}
+
+/// The key lock inside a REPEATABLE READ transaction would wait for the previous holder and
+/// still not see its rows: refused, with the reason.
+#[test]
+fn the_key_lock_refuses_a_snapshot_older_than_the_lock() {
+    use inbox_diesel::unique::{self, UniqueError};
+
+    let db = PgDb::new("unique_lock_snapshot");
+    let mut conn = db.connect();
+    let result = conn
+        .build_transaction()
+        .repeatable_read()
+        .run(|c| unique::serialize_on(c, "tenant:acme", |_| Ok::<_, UniqueError>(())));
+    assert!(
+        matches!(&result, Err(UniqueError::Unsupported { what }) if what.contains("REPEATABLE READ")),
+        "{result:?}"
+    );
+    // Under READ COMMITTED, inside a transaction, it runs.
+    let inside =
+        conn.transaction(|c| unique::serialize_on(c, "tenant:acme", |_| Ok::<_, UniqueError>(7)));
+    assert_eq!(inside.unwrap(), 7);
 }

@@ -10,6 +10,11 @@ inbox_tests::unique_suite!(
     pk = "signups.id",
     handle = "signups.handle"
 );
+inbox_tests::partial_index_test!(
+    inbox_tests::sqlite::SqliteDb,
+    "INTEGER PRIMARY KEY",
+    "ON CONFLICT clause does not match any PRIMARY KEY or UNIQUE constraint"
+);
 inbox_tests::claim_suite!(
     inbox_tests::sqlite::SqliteDb,
     diesel::SqliteConnection,
