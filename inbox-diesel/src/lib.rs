@@ -310,7 +310,7 @@ mod verify;
 /// | `table` | string literal: the inbox table, optionally qualified (`"billing.inbox"`) | `"inbox"` |
 /// | `constraint` | string literal: the unique index on `(message_id, consumer)` | `"ux_inbox_message_consumer"` |
 /// | `busy_timeout_ms` | integer: how long a SQLite handler waits for another writer before `SQLITE_BUSY` (then retried); the handler sets it on its connection | `5000` |
-/// | `precheck` | `true`: before opening the transaction, look for a completed marker with one autocommitted read, and return `Duplicate` without a transaction when it is there. It pays when at least about half the deliveries are redeliveries (BENCHMARKS.md: 1.3–1.7× the throughput at 80 %) and costs 7–20 % of it when none are | `false` |
+/// | `precheck` | `true`: before opening the transaction, look for a completed marker with one autocommitted read, and return `Duplicate` without a transaction when it is there. It pays when at least about half the deliveries are redeliveries (BENCHMARKS.md: 1.3–1.7× the throughput at 80 %) and costs 7–12 % of it when none are | `false` |
 /// | `mode` | `"transaction"`, or `"claim"` for a side effect outside the database ([claim mode](crate#claim-mode-side-effects-outside-the-database)) | `"transaction"` |
 /// | `lease_ms` | claim mode: integer, how long a claim stays live, in milliseconds; above the body's longest run | `60000` |
 /// | `batch` | the parameter holding a batch of messages (`msgs: &[Msg]` or a `Vec`); `key` is then a closure from one message to its key (`key = \|msg\| msg.id`), and the function returns [`BatchOutcome<T>`] | none |
