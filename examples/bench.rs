@@ -851,6 +851,44 @@ struct Bytes {
     n: i64,
 }
 
+/// The designs measured on `backend`: the shipped table's message id as text (`key_type`: its
+/// type as shipped and as text), the backend's `extra` designs, the shipped table without its
+/// `processed_at` index, the table without its surrogate key (`lean`) with and without that
+/// index, and the shipped table.
+fn designs_of(
+    backend: inbox_diesel::schema::Backend,
+    lean: &'static str,
+    key_type: (&str, &str),
+    extra: impl FnOnce(&Design) -> Vec<Design>,
+) -> Vec<Design> {
+    let shipped = Design::shipped(backend);
+    let lean = Design::new(
+        lean,
+        &lean_schema(&backend.to_string()).replace("inbox", "{t}"),
+    );
+    let purge_index = match backend {
+        inbox_diesel::schema::Backend::Mysql => ",\n    KEY ix_{t}_processed_at (processed_at)",
+        _ => "CREATE INDEX IF NOT EXISTS ix_{t}_processed_at ON {t} (processed_at);\n",
+    };
+    let mut list = vec![edited(&shipped, "message_id as text", &[key_type]).text_key()];
+    list.extend(extra(&shipped));
+    list.push(edited(
+        &shipped,
+        "no `processed_at` index",
+        &[(purge_index, "")],
+    ));
+    list.push(edited(
+        &lean,
+        "no surrogate key, no `processed_at` index",
+        &[(
+            "CREATE INDEX ix_{t}_processed_at ON {t} (processed_at);",
+            "",
+        )],
+    ));
+    list.extend([lean, shipped]);
+    list
+}
+
 /// `design` with `from` replaced by `to` in its SQL, under another name; `from` must occur.
 fn edited(design: &Design, name: &'static str, edits: &[(&str, &str)]) -> Design {
     let mut ddl = design.ddl.clone();
@@ -945,31 +983,12 @@ fn bench_sqlite(seconds: f64) {
     if LEAN.load(Ordering::Relaxed) {
         return;
     }
-    let shipped = Design::shipped(inbox_diesel::schema::Backend::Sqlite);
-    let lean = Design::new(
+    let list = designs_of(
+        inbox_diesel::schema::Backend::Sqlite,
         "no surrogate key (`WITHOUT ROWID`)",
-        &lean_schema("sqlite").replace("inbox", "{t}"),
+        ("message_id    BLOB", "message_id    TEXT"),
+        |_| Vec::new(),
     );
-    let purge_index = "CREATE INDEX IF NOT EXISTS ix_{t}_processed_at ON {t} (processed_at);\n";
-    let list = [
-        edited(
-            &shipped,
-            "message_id as text",
-            &[("message_id    BLOB", "message_id    TEXT")],
-        )
-        .text_key(),
-        edited(&shipped, "no `processed_at` index", &[(purge_index, "")]),
-        edited(
-            &lean,
-            "no surrogate key, no `processed_at` index",
-            &[(
-                "CREATE INDEX ix_{t}_processed_at ON {t} (processed_at);",
-                "",
-            )],
-        ),
-        lean,
-        shipped,
-    ];
     println!("\n### {label}: table designs");
     designs(
         seconds,
@@ -1052,54 +1071,43 @@ fn bench_postgres(seconds: f64) {
     if LEAN.load(Ordering::Relaxed) {
         return;
     }
-    let shipped = Design::shipped(inbox_diesel::schema::Backend::Postgres);
-    let lean = Design::new(
+    let list = designs_of(
+        inbox_diesel::schema::Backend::Postgres,
         "no surrogate key (primary key on the pair)",
-        &lean_schema("postgres").replace("inbox", "{t}"),
+        ("message_id    UUID", "message_id    TEXT"),
+        |shipped| {
+            let fill = |name, factor: &str| {
+                let with = |sql: &str| sql.replace("FF", factor);
+                edited(
+                    shipped,
+                    name,
+                    &[
+                        (
+                            "PRIMARY KEY,",
+                            with("PRIMARY KEY WITH (fillfactor = FF),").as_str(),
+                        ),
+                        (
+                            "consumer);",
+                            with("consumer) WITH (fillfactor = FF);").as_str(),
+                        ),
+                        (
+                            "(processed_at);",
+                            with("(processed_at) WITH (fillfactor = FF);").as_str(),
+                        ),
+                    ],
+                )
+            };
+            vec![
+                edited(
+                    shipped,
+                    "consumer in a linguistic collation (ICU)",
+                    &[("COLLATE \"C\"", "COLLATE \"und-x-icu\"")],
+                ),
+                fill("indexes at fillfactor 100", "100"),
+                fill("indexes at fillfactor 70", "70"),
+            ]
+        },
     );
-    let purge_index = "CREATE INDEX IF NOT EXISTS ix_{t}_processed_at ON {t} (processed_at);\n";
-    let list = [
-        edited(
-            &shipped,
-            "message_id as text",
-            &[("message_id    UUID", "message_id    TEXT")],
-        )
-        .text_key(),
-        edited(
-            &shipped,
-            "consumer in a linguistic collation (ICU)",
-            &[("COLLATE \"C\"", "COLLATE \"und-x-icu\"")],
-        ),
-        edited(
-            &shipped,
-            "indexes at fillfactor 100",
-            &[
-                ("PRIMARY KEY,", "PRIMARY KEY WITH (fillfactor = 100),"),
-                ("consumer);", "consumer) WITH (fillfactor = 100);"),
-                ("(processed_at);", "(processed_at) WITH (fillfactor = 100);"),
-            ],
-        ),
-        edited(
-            &shipped,
-            "indexes at fillfactor 70",
-            &[
-                ("PRIMARY KEY,", "PRIMARY KEY WITH (fillfactor = 70),"),
-                ("consumer);", "consumer) WITH (fillfactor = 70);"),
-                ("(processed_at);", "(processed_at) WITH (fillfactor = 70);"),
-            ],
-        ),
-        edited(&shipped, "no `processed_at` index", &[(purge_index, "")]),
-        edited(
-            &lean,
-            "no surrogate key, no `processed_at` index",
-            &[(
-                "CREATE INDEX ix_{t}_processed_at ON {t} (processed_at);",
-                "",
-            )],
-        ),
-        lean,
-        shipped,
-    ];
     println!("\n### PostgreSQL {version}: table designs");
     designs(
         seconds,
@@ -1162,39 +1170,21 @@ fn bench_mysql(seconds: f64) {
             .unwrap();
         },
     );
-    let shipped = Design::shipped(inbox_diesel::schema::Backend::Mysql);
-    let lean = Design::new(
+    let list = designs_of(
+        inbox_diesel::schema::Backend::Mysql,
         "no surrogate key (clustered on the pair)",
-        &lean_schema("mysql").replace("inbox", "{t}"),
+        (
+            "BINARY(16)",
+            "CHAR(36) CHARACTER SET ascii COLLATE ascii_bin",
+        ),
+        |shipped| {
+            vec![edited(
+                shipped,
+                "consumer in a linguistic collation",
+                &[("utf8mb4_bin", "utf8mb4_unicode_ci")],
+            )]
+        },
     );
-    let purge_index = ",\n    KEY ix_{t}_processed_at (processed_at)";
-    let list = [
-        edited(
-            &shipped,
-            "message_id as text",
-            &[(
-                "BINARY(16)",
-                "CHAR(36) CHARACTER SET ascii COLLATE ascii_bin",
-            )],
-        )
-        .text_key(),
-        edited(
-            &shipped,
-            "consumer in a linguistic collation",
-            &[("utf8mb4_bin", "utf8mb4_unicode_ci")],
-        ),
-        edited(&shipped, "no `processed_at` index", &[(purge_index, "")]),
-        edited(
-            &lean,
-            "no surrogate key, no `processed_at` index",
-            &[(
-                "CREATE INDEX ix_{t}_processed_at ON {t} (processed_at);",
-                "",
-            )],
-        ),
-        lean,
-        shipped,
-    ];
     println!("\n### MariaDB/MySQL {version}: table designs");
     designs(
         seconds,

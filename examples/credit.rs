@@ -12,11 +12,15 @@
 //! do the work, insert the marker) and what `#[idempotent]` does, then two failure cases: a
 //! write after the marker that fails, and a business unique violation.
 
+#[path = "support.rs"]
+mod support;
+
 use std::sync::Barrier;
 
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use inbox_diesel::{InboxSchema, Outcome, Uuid, classify, idempotent};
+use support::{Target, run_each};
 
 diesel::table! {
     accounts (id) {
@@ -67,12 +71,6 @@ const RESET: [&str; 5] = [
 ];
 
 /// Runs statements one by one.
-fn run_each(conn: &mut impl SimpleConnection, statements: &[&str]) {
-    for statement in statements {
-        conn.batch_execute(statement)
-            .unwrap_or_else(|e| panic!("{statement}: {e}"));
-    }
-}
 
 #[derive(Clone)]
 struct CreditRequested {
@@ -381,12 +379,7 @@ mod mysql {
                 "CREATE DATABASE inbox_example",
             ],
         );
-        let base = url
-            .split('?')
-            .next()
-            .and_then(|u| u.rsplit_once('/'))
-            .map_or(url, |(b, _)| b);
-        let example_url = format!("{base}/inbox_example");
+        let example_url = support::with_database(url, "inbox_example");
         let connect = || {
             MysqlConnection::establish(&example_url)
                 .unwrap_or_else(|e| panic!("connect to {example_url}: {e}"))
@@ -403,41 +396,12 @@ mod mysql {
 }
 
 fn main() {
-    let rows = match std::env::var("DATABASE_URL") {
-        Ok(url) if url.starts_with("postgres") => {
-            #[cfg(feature = "postgres")]
-            {
-                postgres::main(&url)
-            }
-            #[cfg(not(feature = "postgres"))]
-            {
-                eprintln!(
-                    "DATABASE_URL is a PostgreSQL URL: run with `--features inbox-examples/postgres`"
-                );
-                std::process::exit(2);
-            }
-        }
-        Ok(url) if url.starts_with("mysql") => {
-            #[cfg(feature = "mysql")]
-            {
-                mysql::main(&url)
-            }
-            #[cfg(not(feature = "mysql"))]
-            {
-                eprintln!(
-                    "DATABASE_URL is a MySQL URL: run with `--features inbox-examples/mysql`"
-                );
-                std::process::exit(2);
-            }
-        }
-        Ok(url) if !url.is_empty() => {
-            eprintln!(
-                "DATABASE_URL={url}: this example runs on SQLite (unset), PostgreSQL \
-                 (postgres://…) or MySQL/MariaDB (mysql://…)"
-            );
-            std::process::exit(2);
-        }
-        _ => sqlite::main(),
+    let rows = match support::target() {
+        Target::Sqlite => sqlite::main(),
+        #[cfg(feature = "postgres")]
+        Target::Postgres(url) => postgres::main(&url),
+        #[cfg(feature = "mysql")]
+        Target::Mysql(url) => mysql::main(&url),
     };
     println!(
         "{} messages, each delivered to two instances at the same moment\n",

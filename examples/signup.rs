@@ -15,11 +15,15 @@
 //! barrier between their check and their insert, which makes the gap that load opens now and
 //! then open every time.
 
+#[path = "support.rs"]
+mod support;
+
 use std::sync::{Barrier, Mutex};
 
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use inbox_diesel::unique::{self, UniqueError, UniqueKey};
+use support::{Target, run_each};
 
 diesel::table! {
     users (id) {
@@ -67,11 +71,12 @@ macro_rules! demo {
         ) -> Vec<Result<T, String>> {
             let (start, gap) = (Barrier::new(REQUESTS), Barrier::new(REQUESTS));
             let results = Mutex::new(Vec::new());
+            // Connected first: a thread that failed before the barrier would hold the others.
+            let conns: Vec<Conn> = (0..REQUESTS).map(|_| connect()).collect();
             std::thread::scope(|scope| {
-                for _ in 0..REQUESTS {
+                for mut conn in conns {
                     let (start, gap, results) = (&start, &gap, &results);
                     scope.spawn(move || {
-                        let mut conn = connect();
                         start.wait();
                         let result = request(&mut conn, gap);
                         results.lock().unwrap().push(result);
@@ -98,9 +103,10 @@ macro_rules! demo {
 
         /// The first attempt: check, then insert.
         fn naive(conn: &mut Conn, gap: &Barrier, email: &str) -> QueryResult<i64> {
-            let existing = find(conn, email)?;
+            // Every request reaches the gap, even one whose check failed.
+            let existing = find(conn, email);
             gap.wait();
-            match existing {
+            match existing? {
                 Some(id) => Ok(id),
                 None => insert(conn, email),
             }
@@ -108,15 +114,15 @@ macro_rules! demo {
 
         /// A tenant, then its settings: only the first request may create them.
         fn create_tenant(conn: &mut Conn, gap: Option<&Barrier>) -> QueryResult<i64> {
-            let existing: Option<i64> = tenants::table
+            let existing: QueryResult<Option<i64>> = tenants::table
                 .filter(tenants::name.eq("acme"))
                 .select(tenants::id)
                 .first(conn)
-                .optional()?;
+                .optional();
             if let Some(gap) = gap {
                 gap.wait();
             }
-            if let Some(id) = existing {
+            if let Some(id) = existing? {
                 return Ok(id);
             }
             diesel::insert_into(tenants::table)
@@ -237,14 +243,6 @@ macro_rules! demo {
     };
 }
 
-/// Runs each statement on its own (MySQL takes no multi-statement strings here).
-fn run_each<C: Connection>(conn: &mut C, statements: &[&str]) {
-    for statement in statements {
-        conn.batch_execute(statement)
-            .unwrap_or_else(|e| panic!("{statement}: {e}"));
-    }
-}
-
 mod sqlite {
     use super::*;
     demo!(SqliteConnection);
@@ -323,12 +321,7 @@ mod mysql {
                 "CREATE DATABASE signup_example",
             ],
         );
-        let base = url
-            .split('?')
-            .next()
-            .and_then(|u| u.rsplit_once('/'))
-            .map_or(url, |(b, _)| b);
-        let example_url = format!("{base}/signup_example");
+        let example_url = support::with_database(url, "signup_example");
         let connect = || {
             MysqlConnection::establish(&example_url)
                 .unwrap_or_else(|e| panic!("connect to {example_url}: {e}"))
@@ -349,41 +342,12 @@ mod mysql {
 }
 
 fn main() {
-    let rows = match std::env::var("DATABASE_URL") {
-        Ok(url) if url.starts_with("postgres") => {
-            #[cfg(feature = "postgres")]
-            {
-                postgres::main(&url)
-            }
-            #[cfg(not(feature = "postgres"))]
-            {
-                eprintln!(
-                    "DATABASE_URL is a PostgreSQL URL: run with `--features inbox-examples/postgres`"
-                );
-                std::process::exit(2);
-            }
-        }
-        Ok(url) if url.starts_with("mysql") => {
-            #[cfg(feature = "mysql")]
-            {
-                mysql::main(&url)
-            }
-            #[cfg(not(feature = "mysql"))]
-            {
-                eprintln!(
-                    "DATABASE_URL is a MySQL URL: run with `--features inbox-examples/mysql`"
-                );
-                std::process::exit(2);
-            }
-        }
-        Ok(url) if !url.is_empty() => {
-            eprintln!(
-                "DATABASE_URL={url}: this example runs on SQLite (unset), PostgreSQL \
-                 (postgres://…) or MySQL/MariaDB (mysql://…)"
-            );
-            std::process::exit(2);
-        }
-        _ => sqlite::main(),
+    let rows = match support::target() {
+        Target::Sqlite => sqlite::main(),
+        #[cfg(feature = "postgres")]
+        Target::Postgres(url) => postgres::main(&url),
+        #[cfg(feature = "mysql")]
+        Target::Mysql(url) => mysql::main(&url),
     };
     println!(
         "{REQUESTS} requests at the same moment, one e-mail address (or one tenant) each scenario\n"

@@ -145,15 +145,17 @@ macro_rules! unique_suite {
             }
 
             /// `CALLERS` threads, each with its own connection, wait at a barrier and then
-            /// run `call` at once; their results, in thread order.
+            /// run `call` at once; their results, in thread order. The connections are opened
+            /// first, one after the other: a thread that failed before the barrier would leave
+            /// the others waiting at it for ever.
             fn race<T: Send>(db: &$db, call: impl Fn(&mut Conn) -> T + Sync) -> Vec<T> {
                 let start = Barrier::new(CALLERS);
                 let results = Mutex::new(Vec::new());
+                let conns: Vec<Conn> = (0..CALLERS).map(|_| connect(db)).collect();
                 std::thread::scope(|scope| {
-                    for n in 0..CALLERS {
+                    for (n, mut conn) in conns.into_iter().enumerate() {
                         let (start, results, call) = (&start, &results, &call);
                         scope.spawn(move || {
-                            let mut conn = connect(db);
                             start.wait();
                             let result = call(&mut conn);
                             results.lock().unwrap().push((n, result));
@@ -474,17 +476,23 @@ macro_rules! async_unique_suite {
                 conn
             }
 
-            /// `CALLERS` tasks on a multi-threaded runtime, each with its own connection,
-            /// wait at a barrier and then run `call` at once.
+            /// `CALLERS` tasks on a multi-threaded runtime, each with its own connection
+            /// (opened first, so that no task can fail before the barrier), wait at a barrier
+            /// and then run `call` at once.
             async fn race<T, F, Fut>(db: &Arc<$db>, call: F) -> Vec<T>
             where
                 T: Send + 'static,
-                F: Fn(Arc<$db>, Arc<tokio::sync::Barrier>) -> Fut,
+                F: Fn($conn, Arc<tokio::sync::Barrier>) -> Fut,
                 Fut: std::future::Future<Output = T> + Send + 'static,
             {
                 let start = Arc::new(tokio::sync::Barrier::new(CALLERS));
-                let tasks: Vec<_> = (0..CALLERS)
-                    .map(|_| tokio::spawn(call(db.clone(), start.clone())))
+                let mut conns = Vec::new();
+                for _ in 0..CALLERS {
+                    conns.push(connect(db).await);
+                }
+                let tasks: Vec<_> = conns
+                    .into_iter()
+                    .map(|conn| tokio::spawn(call(conn, start.clone())))
                     .collect();
                 let mut results = Vec::new();
                 for task in tasks {
@@ -498,8 +506,7 @@ macro_rules! async_unique_suite {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn sixteen_tasks_create_one_row() {
                 let db = fixture("async_unique_race");
-                let created = race(&db, |db, start| async move {
-                    let mut conn = connect(&db).await;
+                let created = race(&db, |mut conn, start| async move {
                     start.wait().await;
                     unique::insert_or_get_async(
                         &mut conn,
@@ -555,8 +562,7 @@ macro_rules! async_unique_suite {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn sixteen_upserts_yield_one_id() {
                 let db = fixture("async_unique_upsert");
-                let ids = race(&db, |db, start| async move {
-                    let mut conn = connect(&db).await;
+                let ids = race(&db, |mut conn, start| async move {
                     start.wait().await;
                     unique::upsert_async(
                         &mut conn,
@@ -601,8 +607,7 @@ macro_rules! async_unique_suite {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn the_key_lock_serialises_a_multi_statement_creation() {
                 let db = fixture("async_unique_lock");
-                let ids = race(&db, |db, start| async move {
-                    let mut conn = connect(&db).await;
+                let ids = race(&db, |mut conn, start| async move {
                     start.wait().await;
                     unique::serialize_on_async(&mut conn, "tenant:acme", async |c| {
                         let existing: Option<i64> = tenants::table
