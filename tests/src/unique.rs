@@ -603,6 +603,69 @@ macro_rules! async_unique_suite {
                 assert_eq!(rows, 1);
             }
 
+            /// Inside a diesel-async transaction: the lost race rolls back to its savepoint
+            /// only, and the transaction commits its other writes.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn inside_a_transaction_the_other_writes_commit() {
+                use diesel_async::AsyncConnection;
+                let db = fixture("async_unique_savepoint");
+                let mut conn = connect(&db).await;
+                let ada = unique::upsert_async(
+                    &mut conn,
+                    &SIGNUPS_EMAIL,
+                    diesel::insert_into(signups::table).values((
+                        signups::email.eq("ada@example.com".to_owned()),
+                        signups::handle.eq("ada".to_owned()),
+                    )),
+                    signups::id,
+                )
+                .await
+                .unwrap();
+                conn.transaction::<_, UniqueError, _>(async |c| {
+                    diesel::insert_into(tenants::table)
+                        .values(tenants::name.eq("before"))
+                        .execute(c)
+                        .await?;
+                    let again = unique::insert_or_get_async(
+                        c,
+                        &SIGNUPS_EMAIL,
+                        async |c| {
+                            diesel::insert_into(signups::table)
+                                .values((
+                                    signups::email.eq("ada@example.com"),
+                                    signups::handle.eq("ada2"),
+                                ))
+                                .execute(c)
+                                .await?;
+                            Ok(0)
+                        },
+                        async |c| {
+                            signups::table
+                                .filter(signups::email.eq("ada@example.com"))
+                                .select(signups::id)
+                                .first::<i64>(c)
+                                .await
+                        },
+                    )
+                    .await?;
+                    assert_eq!(again, Created::Existing(ada));
+                    diesel::insert_into(tenants::table)
+                        .values(tenants::name.eq("after"))
+                        .execute(c)
+                        .await?;
+                    Ok(())
+                })
+                .await
+                .unwrap();
+                let names: Vec<String> = tenants::table
+                    .select(tenants::name)
+                    .order(tenants::id)
+                    .load(&mut conn)
+                    .await
+                    .unwrap();
+                assert_eq!(names, ["before", "after"]);
+            }
+
             /// Sixteen tasks under the key lock create one tenant and one settings row.
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn the_key_lock_serialises_a_multi_statement_creation() {
