@@ -339,20 +339,7 @@ mod postgres {
     demo!(PgConnection);
 
     pub fn main(url: &str) -> Vec<Row> {
-        let connect = || {
-            let mut conn =
-                PgConnection::establish(url).unwrap_or_else(|e| panic!("connect to {url}: {e}"));
-            conn.batch_execute("SET search_path TO inbox_example")
-                .expect("search_path");
-            conn
-        };
-        let mut conn =
-            PgConnection::establish(url).unwrap_or_else(|e| panic!("connect to {url}: {e}"));
-        conn.batch_execute(
-            "DROP SCHEMA IF EXISTS inbox_example CASCADE; CREATE SCHEMA inbox_example;",
-        )
-        .expect("create the schema inbox_example");
-        drop(conn);
+        let connect = support::postgres_schema(url, "inbox_example");
         let mut conn = connect();
         conn.batch_execute(&inbox_diesel::schema::postgres::create_table_sql(
             &InboxSchema::DEFAULT,

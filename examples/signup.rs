@@ -278,19 +278,7 @@ mod postgres {
     demo!(PgConnection);
 
     pub fn main(url: &str) -> Vec<Row> {
-        let connect = || {
-            let mut conn =
-                PgConnection::establish(url).unwrap_or_else(|e| panic!("connect to {url}: {e}"));
-            conn.batch_execute("SET search_path TO signup_example")
-                .expect("search_path");
-            conn
-        };
-        PgConnection::establish(url)
-            .unwrap_or_else(|e| panic!("connect to {url}: {e}"))
-            .batch_execute(
-                "DROP SCHEMA IF EXISTS signup_example CASCADE; CREATE SCHEMA signup_example;",
-            )
-            .expect("create the schema signup_example");
+        let connect = support::postgres_schema(url, "signup_example");
         run_each(
             &mut connect(),
             &[
@@ -350,7 +338,8 @@ fn main() {
         Target::Mysql(url) => mysql::main(&url),
     };
     println!(
-        "{REQUESTS} requests at the same moment, one e-mail address (or one tenant) each scenario\n"
+        "{REQUESTS} requests at the same moment, one e-mail address (or one tenant) each \
+         scenario; answers: the distinct ids returned (insert_if_absent: inserted or not)\n"
     );
     println!(
         "{:<38} {:>9} {:>7} {:>5} {:>8}",

@@ -56,6 +56,30 @@ pub fn with_database(url: &str, database: &str) -> String {
     format!("{base}/{database}")
 }
 
+/// Creates the schema `schema` afresh on the PostgreSQL server at `url` (dropping one left by
+/// an earlier run), and returns how to connect to it.
+#[cfg(feature = "postgres")]
+pub fn postgres_schema<'a>(
+    url: &'a str,
+    schema: &'a str,
+) -> impl Fn() -> diesel::PgConnection + Sync + 'a {
+    use diesel::Connection;
+    let connect = move || {
+        diesel::PgConnection::establish(url).unwrap_or_else(|e| panic!("connect to {url}: {e}"))
+    };
+    connect()
+        .batch_execute(&format!(
+            "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema};"
+        ))
+        .unwrap_or_else(|e| panic!("create the schema {schema}: {e}"));
+    move || {
+        let mut conn = connect();
+        conn.batch_execute(&format!("SET search_path TO {schema}"))
+            .expect("search_path");
+        conn
+    }
+}
+
 /// Runs each statement on its own (MySQL takes no multi-statement strings here).
 pub fn run_each(conn: &mut impl SimpleConnection, statements: &[&str]) {
     for statement in statements {
