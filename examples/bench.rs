@@ -9,6 +9,10 @@
 //! `--schema lean` runs the inbox without its surrogate key on SQLite and PostgreSQL (the
 //! variants that need the shipped `table!` and purge are left out), to compare the two.
 //!
+//! `--instructions <plain|idempotent|hand-written> <n>` runs `n` messages of one variant on
+//! SQLite, one at a time, and nothing else: for `valgrind --tool=callgrind`, whose
+//! instruction count a shared machine's load does not move (BENCHMARKS.md).
+//!
 //! PostgreSQL and MariaDB are found at `INBOX_BENCH_PG` / `INBOX_BENCH_MYSQL` (default: the
 //! local servers); each run creates and drops a database of its own. SQLite runs on a
 //! temporary file in WAL mode.
@@ -345,6 +349,22 @@ macro_rules! backend {
                     }
                     Ok(())
                 })
+            }
+
+            /// `n` messages of `variant` one after the other on `conn`, for `--instructions`.
+            #[allow(dead_code)]
+            pub fn sequential(conn: &mut Conn, variant: &str, n: u64) {
+                for m in 0..n {
+                    let id = key(9_000, 0, m);
+                    match variant {
+                        "plain" => conn.$begin(|c| write(c, 0)).unwrap(),
+                        "idempotent" => assert!(handler(conn, &id, 0).unwrap().is_processed()),
+                        "hand-written" => hand_written(conn, id, 0).unwrap(),
+                        other => panic!(
+                            "--instructions takes plain, idempotent or hand-written, not {other}"
+                        ),
+                    }
+                }
             }
 
             /// The table of ratios, and purge on a large inbox.
@@ -945,10 +965,10 @@ fn accounts_sql() -> Vec<String> {
     statements
 }
 
-fn bench_sqlite(seconds: f64) {
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let url = dir.path().join("bench.sqlite").display().to_string();
-    let connect = || {
+/// A SQLite database file in `dir` with the inbox and the accounts; how to connect to it.
+fn sqlite_database(dir: &std::path::Path) -> impl Fn() -> diesel::SqliteConnection + Sync {
+    let url = dir.join("bench.sqlite").display().to_string();
+    let connect = move || {
         let mut conn = diesel::SqliteConnection::establish(&url).unwrap();
         conn.batch_execute(
             "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA busy_timeout = 10000;",
@@ -965,6 +985,22 @@ fn bench_sqlite(seconds: f64) {
     for statement in accounts_sql() {
         conn.batch_execute(&statement).unwrap();
     }
+    connect
+}
+
+/// `--instructions <variant> <n>`: `n` messages of `variant` on SQLite, one at a time on one
+/// connection, and nothing else — run under `valgrind --tool=callgrind`, whose instruction
+/// count does not depend on what else the machine is doing.
+fn instructions(variant: &str, n: u64) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let connect = sqlite_database(dir.path());
+    sqlite::sequential(&mut connect(), variant, n);
+}
+
+fn bench_sqlite(seconds: f64) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let connect = sqlite_database(dir.path());
+    let mut conn = connect();
     let version: String = diesel::select(diesel::dsl::sql::<diesel::sql_types::Text>(
         "sqlite_version()",
     ))
@@ -1224,6 +1260,15 @@ fn main() {
                     .next()
                     .and_then(|s| s.parse().ok())
                     .expect("--seconds takes a number")
+            }
+            "--instructions" => {
+                let variant = args.next().expect("--instructions takes a variant");
+                let n = args.next().and_then(|n| n.parse().ok());
+                instructions(
+                    &variant,
+                    n.expect("--instructions takes a number of messages"),
+                );
+                return;
             }
             "--schema" => match args.next().as_deref() {
                 Some("lean") => LEAN.store(true, Ordering::Relaxed),
