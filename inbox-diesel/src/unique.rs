@@ -12,7 +12,7 @@
 //! |---|---|---|---|
 //! | the row's id, new or existing | [`upsert`] | one: `INSERT … ON CONFLICT (key) DO UPDATE … RETURNING id` | all (MySQL: `ON DUPLICATE KEY UPDATE id = LAST_INSERT_ID(id)`, then `SELECT LAST_INSERT_ID()`) |
 //! | insert unless present, no row back | [`insert_if_absent`] | one: `… ON CONFLICT (key) DO NOTHING` | all (MySQL: the plain insert, its `1062` on this key caught) |
-//! | the row, new or existing, and which; the insert deep in a larger transaction | [`insert_or_get`] | a savepoint, the insert, on *this* key's violation the winner's row re-read | all |
+//! | the row, new or existing, and which; the insert deep in a larger transaction | [`insert_or_get`] | the insert in a transaction of its own (a savepoint inside the caller's), on *this* key's violation the winner's row re-read | all |
 //! | a batch of rows, some repeated | [`collapse`], then [`upsert_all`] | one: the multi-row form of [`upsert`] | PostgreSQL (elsewhere: [`collapse`], then one of the above per row, in one transaction) |
 //! | several statements that must run once per key ("create tenant, then its settings") | [`serialize_on`] | a lock on a hash of the key, held to commit | PostgreSQL (`pg_advisory_xact_lock`), MySQL (`GET_LOCK`), SQLite (the write lock) |
 //!
@@ -865,10 +865,11 @@ macro_rules! call_sync {
 /// [`UniqueError::OtherViolation`] with the server's name for it — a primary key behind its
 /// sequence, another business rule.
 ///
-/// Inside an open transaction the insert runs in a savepoint, so that on PostgreSQL the
-/// violation does not abort the transaction: the caller's other writes commit with it. Outside
-/// a transaction the insert commits on its own, and transient failures (deadlocks, SQLite's
-/// busy database) are retried.
+/// `insert` runs in a transaction of its own, or in a savepoint inside the caller's, so that
+/// all its statements commit or none do and, on PostgreSQL, the violation does not abort the
+/// caller's transaction: the caller's other writes commit with it. The re-read runs after
+/// that, in the caller's transaction if there is one. Outside a transaction, transient
+/// failures (deadlocks, SQLite's busy database) are retried.
 ///
 /// On MySQL and MariaDB (REPEATABLE READ by default), when the surrounding transaction has
 /// already read something, make `reread` a locking read (`.for_update()`): a plain read sees
@@ -979,6 +980,12 @@ where
 
 /// Inserts a row unless its key exists; `true` when it inserted. Nothing is written for a
 /// duplicate (see [`InsertIfAbsent`]).
+///
+/// On MySQL and MariaDB the row is inserted as it is and the key's duplicate-key error caught
+/// by name. A row that collides on the key and on another unique index at once is reported
+/// for the first of them in the server's order (the primary key, then the unique keys as the
+/// table declares them): declare the key before the table's other unique keys, or use
+/// [`insert_or_get`], which re-reads by the key whatever index was named.
 ///
 /// # Errors
 /// [`UniqueError::OtherViolation`] for another index, or the database's error.
