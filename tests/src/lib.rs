@@ -210,11 +210,14 @@ macro_rules! suite {
             let barrier = Arc::new(Barrier::new(INSTANCES));
             let processed = Arc::new(AtomicUsize::new(0));
             let duplicates = Arc::new(AtomicUsize::new(0));
+            // Failures are collected, not panicked on: an instance that stopped would leave
+            // the others waiting at the barrier for ever.
+            let failures = std::sync::Mutex::new(Vec::new());
             std::thread::scope(|scope| {
                 for instance in 0..INSTANCES {
                     let mut conn = db.connect();
-                    let (barrier, processed, duplicates) =
-                        (barrier.clone(), processed.clone(), duplicates.clone());
+                    let (barrier, processed, duplicates, failures) =
+                        (barrier.clone(), processed.clone(), duplicates.clone(), &failures);
                     // Half the instances take the precheck's path: both race together.
                     let handler: fn(&mut DbConnection, &Credit) -> Result<Outcome<()>, AppError> =
                         match instance % 2 {
@@ -225,15 +228,26 @@ macro_rules! suite {
                         for n in 0..MESSAGES {
                             barrier.wait();
                             match handler(&mut conn, &Credit::new(n)) {
-                                Ok(Outcome::Processed(())) => processed.fetch_add(1, Ordering::Relaxed),
-                                Ok(Outcome::Duplicate { .. }) => duplicates.fetch_add(1, Ordering::Relaxed),
-                                Ok(other) => panic!("transaction mode returned {other:?}"),
-                                Err(e) => panic!("delivery of message {n} failed: {e:?}"),
+                                Ok(Outcome::Processed(())) => {
+                                    processed.fetch_add(1, Ordering::Relaxed);
+                                }
+                                Ok(Outcome::Duplicate { .. }) => {
+                                    duplicates.fetch_add(1, Ordering::Relaxed);
+                                }
+                                Ok(other) => failures
+                                    .lock()
+                                    .unwrap()
+                                    .push(format!("transaction mode returned {other:?}")),
+                                Err(e) => failures
+                                    .lock()
+                                    .unwrap()
+                                    .push(format!("delivery of message {n} failed: {e:?}")),
                             };
                         }
                     });
                 }
             });
+            assert_eq!(failures.into_inner().unwrap(), Vec::<String>::new());
             let mut conn = db.connect();
             for n in 0..MESSAGES {
                 assert_eq!(count_credits(&mut conn, &Credit::new(n)), 1, "message {n}");
@@ -640,25 +654,33 @@ macro_rules! async_suite {
                 let mut conn = db.connect_async().await;
                 let barrier = barrier.clone();
                 tasks.push(tokio::spawn(async move {
-                    let (mut processed, mut duplicates) = (0, 0);
+                    // Failures are collected, not panicked on: a task that stopped would
+                    // leave the others waiting at the barrier for ever.
+                    let (mut processed, mut duplicates, mut failures) = (0, 0, Vec::new());
                     for n in 0..MESSAGES {
                         barrier.wait().await;
                         match credit(&mut conn, &Credit::new(n), &Hook::default()).await {
                             Ok(Outcome::Processed(())) => processed += 1,
                             Ok(Outcome::Duplicate { .. }) => duplicates += 1,
-                            Ok(other) => panic!("transaction mode returned {other:?}"),
-                            Err(e) => panic!("delivery of message {n} failed: {e:?}"),
+                            Ok(other) => {
+                                failures.push(format!("transaction mode returned {other:?}"))
+                            }
+                            Err(e) => {
+                                failures.push(format!("delivery of message {n} failed: {e:?}"))
+                            }
                         }
                     }
-                    (processed, duplicates)
+                    (processed, duplicates, failures)
                 }));
             }
-            let (mut processed, mut duplicates) = (0, 0);
+            let (mut processed, mut duplicates, mut failures) = (0, 0, Vec::new());
             for task in tasks {
-                let (p, d) = task.await.unwrap();
+                let (p, d, f) = task.await.unwrap();
                 processed += p;
                 duplicates += d;
+                failures.extend(f);
             }
+            assert_eq!(failures, Vec::<String>::new());
             let mut conn = db.connect_async().await;
             for n in 0..MESSAGES {
                 assert_eq!(
