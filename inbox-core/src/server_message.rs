@@ -160,21 +160,23 @@ impl ServerError<'_> {
             }
             ServerErrorKind::ConnectionLost => ErrorClass::ConnectionLost,
             // Some paths report a unique violation without its kind (diesel's MySQL
-            // `batch_execute`); the message still says what it is.
-            ServerErrorKind::Other
-                if mysql_duplicate_key(self.message).is_some()
-                    || sqlite_unique_violation(self.message).is_some() =>
-            {
-                self.classify_unique(schema)
-            }
-            ServerErrorKind::Other => classify_message(self.message),
+            // `batch_execute`); `violated_index` reads it from the message.
+            ServerErrorKind::Other => match self.violated_index() {
+                Some(index) => Self::classify_index(index, schema),
+                None => classify_message(self.message),
+            },
         }
     }
 
     fn classify_unique(&self, schema: &InboxSchema) -> ErrorClass {
-        let Some(index) = self.violated_index() else {
-            return ErrorClass::UniqueViolation { constraint: None };
-        };
+        match self.violated_index() {
+            Some(index) => Self::classify_index(index, schema),
+            None => ErrorClass::UniqueViolation { constraint: None },
+        }
+    }
+
+    /// The violation of `index`: the inbox's duplicate, or a business constraint by name.
+    fn classify_index(index: ViolatedIndex<'_>, schema: &InboxSchema) -> ErrorClass {
         if index.is(
             schema.table_name(),
             schema.constraint(),

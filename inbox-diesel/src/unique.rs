@@ -671,11 +671,7 @@ macro_rules! unique_steps {
                     Some(failure) => failure,
                 },
             };
-            if nested || !failure.is_transient() || attempt == UniqueKey::RETRIES {
-                return Err(failure);
-            }
-            $sleep(RetryPolicy::default().backoff(attempt, fastrand::f64()))$($await)*;
-            attempt += 1;
+            unique_steps!(@retry_or_return failure, nested, attempt, [$($await)*], $sleep);
         }
     }};
 
@@ -742,11 +738,7 @@ macro_rules! unique_steps {
                 tried_again = true;
                 continue;
             }
-            if nested || !failure.is_transient() || attempt == UniqueKey::RETRIES {
-                return Err(failure);
-            }
-            $sleep(RetryPolicy::default().backoff(attempt, fastrand::f64()))$($await)*;
-            attempt += 1;
+            unique_steps!(@retry_or_return failure, nested, attempt, [$($await)*], $sleep);
         }
     }};
 
@@ -797,6 +789,18 @@ macro_rules! unique_steps {
         }
         result
     }};
+
+    // After a failed attempt: returns the failure inside the caller's transaction (only the
+    // whole transaction can run again), when it is not transient, or after the last retry;
+    // otherwise waits before the next attempt.
+    (@retry_or_return $failure:ident, $nested:ident, $attempt:ident, [$($await:tt)*],
+     $sleep:path) => {
+        if $nested || !$failure.is_transient() || $attempt == UniqueKey::RETRIES {
+            return Err($failure);
+        }
+        $sleep(RetryPolicy::default().backoff($attempt, fastrand::f64()))$($await)*;
+        $attempt += 1;
+    };
 
     // Takes the key lock: `Ok(())`, or the error converted by `$convert`.
     (@lock $conn:ident, $name:ident, [$($await:tt)*], $convert:expr) => {

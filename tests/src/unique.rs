@@ -104,12 +104,7 @@ macro_rules! unique_suite {
                     conn,
                     &SIGNUPS_EMAIL,
                     |c| insert_signup(c, None, email, handle),
-                    |c| {
-                        signups::table
-                            .filter(signups::email.eq(email))
-                            .select(signups::id)
-                            .first(c)
-                    },
+                    |c| id_of(c, email),
                 )
             }
 
@@ -129,11 +124,16 @@ macro_rules! unique_suite {
                 };
                 match id {
                     Some(id) => Ok(id),
-                    None => signups::table
-                        .filter(signups::email.eq(email))
-                        .select(signups::id)
-                        .first(conn),
+                    None => id_of(conn, email),
                 }
+            }
+
+            /// The id of the sign-up with `email`: the re-read of every `insert_or_get` here.
+            fn id_of(conn: &mut Conn, email: &str) -> QueryResult<i64> {
+                signups::table
+                    .filter(signups::email.eq(email))
+                    .select(signups::id)
+                    .first(conn)
             }
 
             fn signups_with(conn: &mut Conn, email: &str) -> i64 {
@@ -233,12 +233,7 @@ macro_rules! unique_suite {
                     &mut conn,
                     &SIGNUPS_EMAIL,
                     |c| insert_signup(c, Some(7), "bob@example.com", "bob"),
-                    |c| {
-                        signups::table
-                            .filter(signups::email.eq("bob@example.com"))
-                            .select(signups::id)
-                            .first(c)
-                    },
+                    |c| id_of(c, "bob@example.com"),
                 );
                 match result {
                     Err(UniqueError::OtherViolation { constraint, .. }) => {
@@ -303,12 +298,7 @@ macro_rules! unique_suite {
                         c,
                         &SIGNUPS_EMAIL,
                         |c| insert_signup(c, Some(ada), "eve@example.com", "eve"),
-                        |c| {
-                            signups::table
-                                .filter(signups::email.eq("eve@example.com"))
-                                .select(signups::id)
-                                .first(c)
-                        },
+                        |c| id_of(c, "eve@example.com"),
                     );
                     assert!(matches!(pk, Err(UniqueError::OtherViolation { .. })), "{pk:?}");
                     let bob = register(c, "bob@example.com", "bob")?;
