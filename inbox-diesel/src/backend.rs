@@ -26,7 +26,9 @@ use crate::claim::{self, ClaimAnswer, ClaimStep};
     message = "`{Self}` is not a connection an #[idempotent] handler can run on",
     label = "declare this parameter as `&mut PgConnection`, `&mut MysqlConnection` or `&mut SqliteConnection`",
     note = "a pooled connection derefs to its connection: declare `&mut PgConnection` and call \
-            the handler with `&mut pooled_connection`"
+            the handler with `&mut pooled_connection`",
+    note = "the handler's connection is its first `&mut …Connection` parameter; if that one is \
+            another client, name the database connection with `conn = …`"
 )]
 pub trait InboxConnection:
     Connection<TransactionManager = AnsiTransactionManager> + sealed::Sealed

@@ -275,6 +275,7 @@ mod claim;
 mod classify;
 mod driver;
 mod error;
+mod guard;
 pub mod migration;
 pub mod purge;
 mod run;
@@ -428,6 +429,7 @@ pub use backend::InboxConnection;
 pub use claim::OnExpired;
 pub use classify::classify;
 pub use error::Error;
+pub use guard::NoConnection;
 pub use inbox_core::{
     BatchOutcome, Consumer, ConsumerError, ErrorClass, IdentifierError, InboxSchema, KeyError,
     MessageKey, Outcome, Retention, RetryDecision, RetryPolicy, ToMessageKey, TransientKind,
@@ -483,11 +485,19 @@ impl Isolation {
 /// What the expansion of `#[idempotent]` names. Not a public API.
 #[doc(hidden)]
 pub mod __private {
+    /// The compile-time guard's probes (see `guard.rs`).
+    pub mod guard {
+        pub use crate::guard::{Asked, ClaimModeHasNoConnection, Probe, levels, vet};
+    }
     pub use crate::claim::ClaimSpec;
     pub use crate::driver::NewMessages;
     pub use crate::run::{run, run_batch, run_claim};
     #[cfg(feature = "async")]
     pub use crate::run_async::{AsyncBody, run_async, run_batch_async, run_claim_async};
+    pub use crate::{
+        __inbox_no_connection as no_connection, __inbox_vet_claim as vet_claim,
+        __inbox_vet_shadowed as vet_shadowed, __inbox_vet_transaction as vet,
+    };
     pub use inbox_core::{Consumer, ErrorClass, InboxSchema, KeyError, MessageKey, RetryPolicy};
 
     use crate::{Isolation, classify};

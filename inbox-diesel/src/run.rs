@@ -9,7 +9,7 @@ use tracing::Instrument;
 use crate::__private::HandlerSpec;
 use crate::claim::{ClaimAnswer, ClaimSpec, ClaimStep};
 use crate::driver::{self, BatchClaims, NewMessages, Steps};
-use crate::{Error, InboxConnection};
+use crate::{Error, InboxConnection, NoConnection};
 
 /// Runs `body` once per message key and consumer, on a sync connection; see
 /// `driver::drive` for the steps.
@@ -93,7 +93,7 @@ pub fn run_claim<C, T, E, B>(
 ) -> Result<Outcome<T>, E>
 where
     C: InboxConnection,
-    B: FnMut(&mut C) -> Result<T, E>,
+    B: FnMut(&mut NoConnection) -> Result<T, E>,
 {
     let key = key.map_err(|e| inbox_error(Error::InvalidKey(e)))?;
     let span = tracing::info_span!("inbox", consumer = spec.consumer.as_str(), mode = "claim");
@@ -103,7 +103,7 @@ where
             spec,
             claim,
             key,
-            Immediate(body),
+            WithoutConnection(body),
             inbox_error,
         )
         .instrument(span),
@@ -116,6 +116,15 @@ struct Immediate<B>(B);
 impl<C, R, B: FnMut(&mut C) -> R> driver::Body<C, R> for Immediate<B> {
     async fn call(&mut self, conn: &mut C) -> R {
         (self.0)(conn)
+    }
+}
+
+/// A sync claim-mode body: it runs to its end when called, and is given no connection.
+struct WithoutConnection<B>(B);
+
+impl<C, R, B: FnMut(&mut NoConnection) -> R> driver::Body<C, R> for WithoutConnection<B> {
+    async fn call(&mut self, _: &mut C) -> R {
+        (self.0)(&mut NoConnection::new())
     }
 }
 

@@ -12,9 +12,9 @@ use inbox_core::{BatchOutcome, ErrorClass, InboxSchema, KeyError, MessageKey, Ou
 use tracing::Instrument;
 
 use crate::__private::HandlerSpec;
-use crate::Error;
 use crate::claim::{ClaimAnswer, ClaimSpec, ClaimStep};
 use crate::driver::{self, BatchClaims, NewMessages, Steps};
+use crate::{Error, NoConnection};
 
 /// A diesel-async connection an `async fn` `#[idempotent]` handler can run on.
 ///
@@ -47,7 +47,9 @@ use crate::driver::{self, BatchClaims, NewMessages, Steps};
     message = "`{Self}` is not a connection an async #[idempotent] handler can run on",
     label = "declare this parameter as `&mut AsyncPgConnection`, `&mut AsyncMysqlConnection` or `&mut SyncConnectionWrapper<SqliteConnection>`",
     note = "a pooled connection derefs to its connection: declare `&mut AsyncPgConnection` and \
-            call the handler with `&mut pooled_connection`"
+            call the handler with `&mut pooled_connection`",
+    note = "the handler's connection is its first `&mut …Connection` parameter; if that one is \
+            another client, name the database connection with `conn = …`"
 )]
 pub trait AsyncInboxConnection: AsyncConnection + Send + sealed::Sealed {
     /// Opens the handler's transaction.
@@ -169,6 +171,19 @@ where
     }
 }
 
+/// A claim-mode body: each run is a clone, given no connection.
+struct ClonedWithoutConnection<B>(B);
+
+impl<C, R, B> driver::Body<C, R> for ClonedWithoutConnection<B>
+where
+    B: Clone + for<'c> AsyncBody<&'c mut NoConnection, R, Fut: Send>,
+{
+    async fn call(&mut self, _: &mut C) -> R {
+        let mut none = NoConnection::new();
+        (self.0.clone())(&mut none).await
+    }
+}
+
 /// Runs `body` once per message key and consumer, on a diesel-async connection; see
 /// `driver::drive` for the steps.
 pub async fn run_async<C, T, E, B, P>(
@@ -243,13 +258,20 @@ pub async fn run_claim_async<C, T, E, B>(
 ) -> Result<Outcome<T>, E>
 where
     C: AsyncInboxConnection,
-    B: Clone + for<'c> AsyncBody<&'c mut C, Result<T, E>, Fut: Send>,
+    B: Clone + for<'c> AsyncBody<&'c mut NoConnection, Result<T, E>, Fut: Send>,
 {
     let key = key.map_err(|e| inbox_error(Error::InvalidKey(e)))?;
     let span = tracing::info_span!("inbox", consumer = spec.consumer.as_str(), mode = "claim");
-    driver::drive_claim(Awaiting(conn), spec, claim, key, Cloned(body), inbox_error)
-        .instrument(span)
-        .await
+    driver::drive_claim(
+        Awaiting(conn),
+        spec,
+        claim,
+        key,
+        ClonedWithoutConnection(body),
+        inbox_error,
+    )
+    .instrument(span)
+    .await
 }
 
 /// A diesel-async connection as the driver's steps.

@@ -25,7 +25,12 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
             return with_error(item, error);
         }
     };
-    let handler = syn::parse2::<Args>(args).and_then(|args| valid::validate(args, &function));
+    let handler = syn::parse2::<Args>(args)
+        .and_then(|args| valid::validate(args, &function))
+        .and_then(|handler| {
+            guard::instrument(&mut function, &handler.conn, handler.mode)?;
+            Ok(handler)
+        });
     // The escape hatch is this macro's own attribute; the compiler must not see it, on error
     // either.
     guard::strip_escapes(&mut function);

@@ -1,52 +1,50 @@
-//! The compile-time guard: every statement in the handler's body runs on the handler's
-//! transaction connection.
+//! The compile-time guard: no statement in a handler's body runs on a connection other than
+//! the handler's transaction, and a claim-mode body touches no database at all.
 //!
 //! Diesel runs a statement at once on the connection it is handed. A write on any other
-//! connection — one checked out of a pool, one established in the body — commits on its own,
-//! outside the inbox transaction, so a duplicate delivery is recognised and the write still
-//! happens twice. This module finds such statements syntactically:
+//! connection — one checked out of a pool, established in the body, kept in a struct, a
+//! global or a second parameter — commits on its own, outside the inbox transaction, so a
+//! duplicate delivery is recognised and the write still happens twice.
 //!
-//! - a query-running call (`execute`, `load`, `load_iter`, `get_result`, `get_results`,
-//!   `first`; `batch_execute` on a connection; the same written as `RunQueryDsl::execute(q, c)`
-//!   or `SimpleConnection::batch_execute(c, sql)`) must be given a *transaction connection*:
-//!   the connection parameter, a reborrow of it (`&mut *conn`), a `let` alias of one, or the
-//!   parameter of a closure handed to `transaction`-like methods called on one;
-//! - `…::establish(…)` may not appear in the body.
+//! What a value *is* is decided by the compiler, not here. This module rewrites the body so
+//! that every value it hands on — a call's argument, a method's receiver, a struct, tuple or
+//! array element, an assignment's right side, a macro's argument that parses as an
+//! expression, and every parameter besides the connection — is asked, at its concrete type,
+//! whether it is a diesel connection (sync or async, owned, borrowed, pooled, behind a guard
+//! or a `Deref`) or a connection pool. `inbox_diesel::__private::vet!` does the asking (see
+//! `inbox-diesel/src/guard.rs`); a connection fails to compile, spanned at the value, with a
+//! message that says why and how to fix it. Anything else — an `i64`, a Redis client, an
+//! atomic's `load` — is never called a connection.
 //!
-//! What is checked, exactly: the argument of a query-running method is refused when it is not
-//! a transaction connection and it is certainly a connection — the method is called on a
-//! diesel query (`diesel::update(…)`, `sql_query(…)`, `accounts::table…`), or the argument is
-//! `&mut …`, a `.deref_mut()`/`.as_mut()`/`.borrow_mut()` call, or a local bound to one of
-//! those. Other one-argument calls of the same names (`counter.load(ordering)`) are left alone.
+//! What *is* decided here is which values are the handler's transaction, and so need no
+//! question: the connection parameter and what is bound from it. Names are tracked as Rust
+//! scopes them — every pattern, closure parameter, `for`, `match`, `if let`, `while let` and
+//! `let … else` binds a new value, judged by where it comes from — and an assignment can
+//! only bring in a value that was itself asked. A value the tracking cannot follow is asked
+//! too; if it is in fact the transaction reached by a way not followed here, the message
+//! says so and the fix is to pass the parameter itself.
 //!
-//! In claim mode there is no transaction: the body runs after the claim has committed and
-//! before the work is stamped. There the handler's connection is treated like any other, so
-//! every statement on a connection is refused.
+//! In claim mode there is no transaction: the body is given `inbox_diesel::NoConnection`,
+//! which has no methods and no diesel impls, and every value it hands on is asked with
+//! claim mode's message.
 //!
-//! A statement marked `#[inbox::outside_transaction("reason")]` is exempt; the attribute is
-//! removed from the expansion.
+//! A statement marked `#[inbox::outside_transaction("reason")]` is not rewritten; the
+//! attribute is removed from the expansion.
 
-use quote::ToTokens;
-
-use crate::valid::Mode;
-use syn::visit::{self, Visit};
+use proc_macro2::{Delimiter, Group, Span, TokenStream, TokenTree};
+use quote::{ToTokens, quote, quote_spanned};
+use syn::punctuated::Punctuated;
+use syn::visit::Visit;
 use syn::visit_mut::{self, VisitMut};
 use syn::{
-    Attribute, Block, Expr, ExprClosure, ExprMethodCall, Ident, ItemFn, LitStr, Local, Pat, Stmt,
-    UnOp,
+    Arm, Attribute, Block, Expr, ExprCall, ExprClosure, ExprMethodCall, FnArg, Ident, ItemFn,
+    LitStr, Local, Member, Pat, Stmt, Token, Type, UnOp,
 };
 
-/// Methods of diesel's `RunQueryDsl` that run the query on the connection they are given.
-const QUERY_METHODS: [&str; 6] = [
-    "execute",
-    "load",
-    "load_iter",
-    "get_result",
-    "get_results",
-    "first",
-];
+use crate::valid::Mode;
 
-/// Methods that hand a closure the connection they are called on, inside a transaction.
+/// Methods that hand the closure they are given the connection they are called on, inside a
+/// transaction (diesel's and diesel-async's `Connection` and `TransactionBuilder`).
 const TRANSACTION_METHODS: [&str; 5] = [
     "transaction",
     "immediate_transaction",
@@ -55,61 +53,143 @@ const TRANSACTION_METHODS: [&str; 5] = [
     "test_transaction",
 ];
 
-/// Functions that start a query whose result is then run with a `QUERY_METHODS` call.
-const QUERY_CONSTRUCTORS: [&str; 8] = [
-    "update",
-    "delete",
-    "insert_into",
-    "insert_or_ignore_into",
-    "replace_into",
-    "sql_query",
-    "select",
-    "sql",
-];
+/// Macros whose arguments after the first are patterns, not expressions.
+const PATTERN_MACROS: [&str; 3] = ["matches", "assert_matches", "debug_assert_matches"];
 
 /// The escape hatch's path, as written by the user.
 pub const ESCAPE: &str = "inbox::outside_transaction";
 
-/// What a name is bound to, as far as the guard can tell.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Binding {
-    /// The handler's transaction connection or an alias of it.
+/// Where a name's value comes from, as far as the body shows.
+#[derive(Clone, Debug, PartialEq)]
+enum Origin {
+    /// The handler's transaction, or an alias of it: never asked.
     Transaction,
-    /// Another connection: `let c = pool.get()?;`, `let c = &mut PgConnection::establish(…)?;`.
-    Connection,
-    /// A parameter of a closure that no transaction method hands the connection to: what it
-    /// is given is decided where the closure is called (and checked there, by rule 5).
-    ClosureParameter,
-    /// Anything else.
-    Other,
+    /// A parameter of a closure that is only ever called in the body, so what it is given is
+    /// asked where it is called.
+    CheckedAtCalls,
+    /// A handler parameter, asked once at the top of the body.
+    Parameter,
+    /// A handler parameter declared as a shared reference (`msg: &Msg`): asked at the top;
+    /// what is read out of it by value cannot be a connection or a pool (neither is `Copy`).
+    SharedParameter,
+    /// A field (or element) read out of a shared-reference parameter.
+    SharedField,
+    /// Claim mode: the `NoConnection` the body is given; every mention of it is asked.
+    NoConnection,
+    /// A tuple, or `Some`/`Ok`/`Err` of a value: where each part comes from.
+    Parts(Vec<Origin>),
+    /// A struct literal: where each field comes from.
+    Fields(Vec<(String, Origin)>),
+    /// A path that names no local binding: a static, a constant, a unit struct, a function.
+    /// None of them can be a connection value.
+    NotLocal,
+    /// One of the questions this module writes: asked already.
+    Asked,
+    /// Anything else: asked wherever it is handed on.
+    Unknown,
 }
 
-pub fn check(function: &ItemFn, conn: &Ident, mode: Mode) -> syn::Result<()> {
+impl Origin {
+    /// Whether a value of this origin, handed on whole, needs no question.
+    fn is_settled(&self) -> bool {
+        matches!(
+            self,
+            Origin::Transaction
+                | Origin::CheckedAtCalls
+                | Origin::Parameter
+                | Origin::SharedParameter
+                | Origin::SharedField
+                | Origin::Parts(_)
+                | Origin::Fields(_)
+                | Origin::NotLocal
+                | Origin::Asked
+        )
+    }
+}
+
+/// A name in scope.
+struct Binding {
+    name: Ident,
+    origin: Origin,
+    /// The name is the connection parameter's, bound anew: it shadows the connection.
+    shadows: bool,
+}
+
+/// Statements to place before the statement being rewritten: questions about places (a
+/// method's receiver, a macro's argument) that must not be moved to be asked.
+struct Frame {
+    /// How many bindings were in scope when the statement began: a place rooted in a later
+    /// one cannot be asked before the statement.
+    visible: usize,
+    asked: Vec<Stmt>,
+}
+
+/// How a value is handed on, which decides how it is asked.
+#[derive(Clone, Copy, PartialEq)]
+enum Handed {
+    /// Moved, copied or reborrowed into a call, a literal or an assignment: asked in place,
+    /// through a function that returns it.
+    ByValue,
+    /// A method's receiver or a macro's argument, which may be auto-referenced: a place is
+    /// asked by reference before the statement; any other value in place.
+    ByPlace,
+}
+
+pub fn instrument(function: &mut ItemFn, conn: &Ident, mode: Mode) -> syn::Result<()> {
     let claim = matches!(mode, Mode::Claim { .. });
-    let binding = match claim {
-        true => Binding::Connection,
-        false => Binding::Transaction,
-    };
     let mut guard = Guard {
         conn: conn.clone(),
         claim,
-        scope: vec![(conn.clone(), binding)],
-        exempt: 0,
+        scope: Vec::new(),
+        parameter_bound: false,
+        frames: Vec::new(),
         error: None,
     };
-    guard.visit_block(&function.block);
+    let mut asked = Vec::new();
+    for input in &function.sig.inputs {
+        let (names, shared) = match input {
+            FnArg::Receiver(receiver) => (
+                vec![Ident::new("self", receiver.self_token.span)],
+                matches!(receiver.kind, syn::ReceiverKind::Reference(_, _, None)),
+            ),
+            FnArg::Typed(typed) => {
+                let shared = matches!(&*typed.ty, Type::Reference(r) if r.mutability.is_none());
+                (pattern_names(&typed.pat), shared)
+            }
+        };
+        for name in names {
+            if name == *conn {
+                let origin = match claim {
+                    true => Origin::NoConnection,
+                    false => Origin::Transaction,
+                };
+                guard.bind(name, origin);
+                guard.parameter_bound = true;
+                continue;
+            }
+            asked.push(guard.ask_place(&syn::parse_quote!(#name), false));
+            let origin = match shared {
+                true => Origin::SharedParameter,
+                false => Origin::Parameter,
+            };
+            guard.bind(name, origin);
+        }
+    }
+    guard.visit_block_mut(&mut function.block);
+    function.block.stmts.splice(0..0, asked);
     guard.error.map_or(Ok(()), Err)
 }
 
 struct Guard {
-    /// The handler's connection parameter, for the messages.
+    /// The handler's connection parameter.
     conn: Ident,
-    /// Claim mode: no statement may run on any connection.
+    /// Claim mode: the body has no transaction.
     claim: bool,
     /// The bindings in scope, innermost last; a name's last entry wins.
-    scope: Vec<(Ident, Binding)>,
-    /// Depth of statements marked with the escape hatch.
-    exempt: usize,
+    scope: Vec<Binding>,
+    /// The connection parameter is in scope: a later binding of its name shadows it.
+    parameter_bound: bool,
+    frames: Vec<Frame>,
     error: Option<syn::Error>,
 }
 
@@ -121,339 +201,620 @@ impl Guard {
         }
     }
 
-    fn binding(&self, name: &Ident) -> Option<Binding> {
+    fn bind(&mut self, name: Ident, origin: Origin) {
+        let shadows = name == self.conn && self.parameter_bound;
+        self.scope.push(Binding {
+            name,
+            origin,
+            shadows,
+        });
+    }
+
+    fn lookup(&self, name: &Ident) -> Option<(usize, &Binding)> {
         self.scope
             .iter()
+            .enumerate()
             .rev()
-            .find(|(n, _)| n == name)
-            .map(|(_, b)| *b)
+            .find(|(_, binding)| binding.name == *name)
     }
 
-    /// `conn`, `&mut *conn`, `&mut conn`, `(conn)`, for `conn` bound to the transaction.
-    fn is_transaction(&self, expr: &Expr) -> bool {
-        match expr {
-            Expr::Paren(e) => self.is_transaction(&e.expr),
-            Expr::Group(e) => self.is_transaction(&e.expr),
-            Expr::Reference(e) if e.mutability.is_some() => self.is_transaction(&e.expr),
-            Expr::Unary(e) if matches!(e.op, UnOp::Deref(_)) => self.is_transaction(&e.expr),
-            Expr::Path(p) => p
-                .path
-                .get_ident()
-                .is_some_and(|name| self.binding(name) == Some(Binding::Transaction)),
-            _ => false,
-        }
-    }
-
-    fn is_closure_parameter(&self, expr: &Expr) -> bool {
-        match peel(expr) {
-            Expr::Path(p) => p
-                .path
-                .get_ident()
-                .is_some_and(|name| self.binding(name) == Some(Binding::ClosureParameter)),
-            _ => false,
-        }
-    }
-
-    /// An expression that is certainly another connection: a pool checkout
-    /// (`pool.get()?`, `&mut *POOL.get().unwrap()`), an established connection, or a name
-    /// bound to one.
-    fn is_other_connection(&self, expr: &Expr) -> bool {
-        if self.is_transaction(expr) {
-            return false;
-        }
-        match peel(expr) {
-            Expr::MethodCall(call) => {
-                let method = call.method.to_string();
-                match method.as_str() {
-                    "unwrap" | "expect" | "deref_mut" | "as_mut" | "borrow_mut" => {
-                        self.is_other_connection(&call.receiver)
-                    }
-                    _ => POOL_CHECKOUTS.contains(&method.as_str()) && call.args.len() <= 1,
+    /// Binds the names of `pat` to the parts of a value of origin `origin`.
+    fn bind_pattern(&mut self, pat: &Pat, origin: Origin) {
+        match (pat, &origin) {
+            (Pat::Ident(p), _) => {
+                if let Some((_, sub)) = &p.subpat {
+                    self.bind_pattern(sub, Origin::Unknown);
+                }
+                self.bind(p.ident.clone(), origin);
+            }
+            (Pat::Type(p), _) => self.bind_pattern(&p.pat, origin),
+            (Pat::Paren(p), _) => self.bind_pattern(&p.pat, origin),
+            (Pat::Reference(p), _) => self.bind_pattern(&p.pat, origin),
+            (Pat::Tuple(p), Origin::Parts(parts)) if p.elems.len() == parts.len() => {
+                for (elem, part) in p.elems.iter().zip(parts) {
+                    self.bind_pattern(elem, part.clone());
                 }
             }
-            Expr::Call(call) => is_establish(call),
-            Expr::Path(p) => p
-                .path
-                .get_ident()
-                .is_some_and(|name| self.binding(name) == Some(Binding::Connection)),
-            _ => false,
-        }
-    }
-
-    /// How a `let` binds its name, judged from the initializer.
-    fn judge(&self, init: &Expr) -> Binding {
-        if self.is_transaction(init) {
-            Binding::Transaction
-        } else if self.is_other_connection(init) {
-            Binding::Connection
-        } else {
-            Binding::Other
-        }
-    }
-
-    /// Where a refused statement runs, for the messages.
-    fn elsewhere(&self) -> String {
-        match self.claim {
-            true => "a database connection in a claim-mode body".to_owned(),
-            false => format!(
-                "a connection other than `{}`, the handler's transaction connection",
-                self.conn
-            ),
-        }
-    }
-
-    /// Rule 5: a helper or closure given another connection runs its statements there.
-    fn refuse_connection_arguments(
-        &mut self,
-        args: &syn::punctuated::Punctuated<Expr, syn::Token![,]>,
-        callee: &str,
-    ) {
-        for arg in args {
-            if self.is_other_connection(arg) {
-                let problem = match self.claim {
-                    true => format!("{callee} is given {}", self.elsewhere()),
-                    false => format!(
-                        "{callee} is given {}: what it runs there is not part of the transaction",
-                        self.elsewhere()
-                    ),
-                };
-                self.refuse(arg, &problem);
+            (Pat::TupleStruct(p), Origin::Parts(parts)) if p.elems.len() == parts.len() => {
+                for (elem, part) in p.elems.iter().zip(parts) {
+                    self.bind_pattern(elem, part.clone());
+                }
+            }
+            (Pat::Struct(p), Origin::Fields(fields)) => {
+                for field in &p.fields {
+                    let part = match &field.member {
+                        Member::Named(name) => fields
+                            .iter()
+                            .find(|(n, _)| name == n)
+                            .map_or(Origin::Unknown, |(_, o)| o.clone()),
+                        Member::Unnamed(_) => Origin::Unknown,
+                    };
+                    self.bind_pattern(&field.pat, part);
+                }
+            }
+            _ => {
+                for name in pattern_names(pat) {
+                    self.bind(name, Origin::Unknown);
+                }
             }
         }
     }
 
-    /// Records an error, unless the statement is marked with the escape hatch. `problem` says
-    /// what runs where; the consequence and the fix are the same for every rule.
-    fn refuse(&mut self, at: &dyn ToTokens, problem: &str) {
-        if self.exempt > 0 {
+    /// Where a value comes from.
+    fn origin(&self, expr: &Expr) -> Origin {
+        match expr {
+            Expr::Paren(e) => self.origin(&e.expr),
+            Expr::Group(e) => self.origin(&e.expr),
+            Expr::Reference(e) => match self.origin(&e.expr) {
+                // A reference to what was read out of a shared parameter may be a pool's.
+                Origin::SharedField => Origin::Unknown,
+                origin => origin,
+            },
+            Expr::Unary(e) if matches!(e.op, UnOp::Deref(_)) => self.origin(&e.expr),
+            Expr::Path(path) if path.qself.is_none() => match path.path.get_ident() {
+                Some(name) => self
+                    .lookup(name)
+                    .map_or(Origin::NotLocal, |(_, b)| b.origin.clone()),
+                None => Origin::NotLocal,
+            },
+            Expr::Field(field) => match self.origin(&field.base) {
+                Origin::SharedParameter | Origin::SharedField => Origin::SharedField,
+                Origin::Parts(parts) => match &field.member {
+                    Member::Unnamed(index) => parts
+                        .get(index.index as usize)
+                        .cloned()
+                        .unwrap_or(Origin::Unknown),
+                    Member::Named(_) => Origin::Unknown,
+                },
+                Origin::Fields(fields) => match &field.member {
+                    Member::Named(name) => fields
+                        .iter()
+                        .find(|(n, _)| name == n)
+                        .map_or(Origin::Unknown, |(_, o)| o.clone()),
+                    Member::Unnamed(_) => Origin::Unknown,
+                },
+                _ => Origin::Unknown,
+            },
+            Expr::Index(index) => match self.origin(&index.expr) {
+                Origin::SharedParameter | Origin::SharedField => Origin::SharedField,
+                _ => Origin::Unknown,
+            },
+            Expr::MethodCall(call) if call.args.is_empty() => {
+                let method = call.method.to_string();
+                match (self.origin(&call.receiver), method.as_str()) {
+                    (
+                        Origin::Transaction,
+                        "deref_mut" | "deref" | "as_mut" | "as_ref" | "borrow_mut" | "borrow",
+                    ) => Origin::Transaction,
+                    (Origin::Parts(parts), "unwrap") if parts.len() == 1 => parts[0].clone(),
+                    (Origin::Parts(parts), "as_mut" | "as_deref_mut" | "take")
+                        if parts.len() == 1 =>
+                    {
+                        Origin::Parts(parts)
+                    }
+                    _ => Origin::Unknown,
+                }
+            }
+            Expr::Call(call) if call.args.len() == 1 && is_variant_constructor(&call.func) => {
+                Origin::Parts(vec![self.origin(&call.args[0])])
+            }
+            Expr::Macro(mac) if is_question(&mac.mac) => Origin::Asked,
+            Expr::Tuple(tuple) => {
+                Origin::Parts(tuple.elems.iter().map(|e| self.origin(e)).collect())
+            }
+            Expr::Struct(literal) if literal.rest.is_none() => Origin::Fields(
+                literal
+                    .fields
+                    .iter()
+                    .filter_map(|field| match &field.member {
+                        Member::Named(name) => Some((name.to_string(), self.origin(&field.expr))),
+                        Member::Unnamed(_) => None,
+                    })
+                    .collect(),
+            ),
+            _ => Origin::Unknown,
+        }
+    }
+
+    /// Whether a value of this shape can only be something other than a connection: a
+    /// literal, a closure, arithmetic, a comparison, a cast, a range, an array, tuple or
+    /// struct literal (whose parts are asked one by one), or one of our own questions.
+    fn is_plainly_not_a_connection(&self, expr: &Expr) -> bool {
+        match expr {
+            Expr::Paren(e) => self.is_plainly_not_a_connection(&e.expr),
+            Expr::Lit(_)
+            | Expr::Closure(_)
+            | Expr::Binary(_)
+            | Expr::Cast(_)
+            | Expr::Range(_)
+            | Expr::Array(_)
+            | Expr::Repeat(_)
+            | Expr::Tuple(_)
+            | Expr::Struct(_)
+            | Expr::Async(_) => true,
+            Expr::Unary(e) => !matches!(e.op, UnOp::Deref(_)),
+            Expr::Macro(mac) => is_question(&mac.mac),
+            _ => false,
+        }
+    }
+
+    /// Asks about a value handed on, replacing it by the question where it is asked in place.
+    fn hand(&mut self, expr: &mut Expr, handed: Handed) {
+        if self.is_plainly_not_a_connection(expr) {
             return;
         }
-        let conn = &self.conn;
-        let message = match self.claim {
-            true => format!(
-                "{problem}, so it would commit on its own: a claim-mode body runs outside any \
-                 transaction, after the claim has committed and before the work is stamped, \
-                 and nothing it writes is undone when the side effect fails and the message is \
-                 redelivered; do database work in a transaction-mode handler, or before this \
-                 one, or, if it must run here, mark the statement \
-                 `#[inbox::outside_transaction(\"why\")]`"
-            ),
-            false => format!(
-                "{problem}, so it would commit on its own, outside the inbox transaction: a \
-                 redelivered message would be recognised as a duplicate and this write would \
-                 still happen again; run it on the handler's connection (`{conn}`, or \
-                 `&mut *{conn}`) so that it commits or rolls back with the inbox marker, or, if \
-                 it must commit on its own, mark the statement \
-                 `#[inbox::outside_transaction(\"why\")]`"
-            ),
-        };
-        self.push_error(syn::Error::new_spanned(at, message));
-    }
-
-    /// Visits a closure, binding its parameters as `binding` while its body is visited.
-    fn visit_closure_as(&mut self, closure: &ExprClosure, binding: Binding) {
-        let depth = self.scope.len();
-        for input in &closure.inputs {
-            for name in pattern_names(input) {
-                self.scope.push((name, binding));
-            }
-        }
-        visit::visit_expr(self, &closure.body);
-        self.scope.truncate(depth);
-    }
-}
-
-impl<'ast> Visit<'ast> for Guard {
-    fn visit_block(&mut self, block: &'ast Block) {
-        let depth = self.scope.len();
-        visit::visit_block(self, block);
-        self.scope.truncate(depth);
-    }
-
-    fn visit_stmt(&mut self, stmt: &'ast Stmt) {
-        let escape = match stmt_attrs(stmt).iter().find(|a| is_escape(a)) {
-            Some(attr) => match escape_reason(attr) {
-                Ok(_) => true,
-                Err(error) => {
-                    self.push_error(error);
-                    false
-                }
-            },
-            None => false,
-        };
-        self.exempt += usize::from(escape);
-        visit::visit_stmt(self, stmt);
-        self.exempt -= usize::from(escape);
-    }
-
-    fn visit_local(&mut self, local: &'ast Local) {
-        if let Some(init) = &local.init {
-            self.visit_expr(&init.expr);
-            if let Some((_, diverge)) = &init.diverge {
-                self.visit_expr(diverge);
-            }
-        }
-        let binding = local
-            .init
-            .as_ref()
-            .map_or(Binding::Other, |init| self.judge(&init.expr));
-        for name in pattern_names(&local.pat) {
-            // A destructured or typed pattern binds parts of the value: only a plain name
-            // becomes an alias of a transaction connection.
-            let plain = matches!(&local.pat, Pat::Ident(_));
-            let binding = if plain { binding } else { Binding::Other };
-            self.scope.push((name, binding));
-        }
-    }
-
-    fn visit_expr_closure(&mut self, closure: &'ast ExprClosure) {
-        // A closure's parameters shadow what they name; what a closure is given is unknown
-        // unless a transaction method hands it the transaction's connection (see
-        // `visit_expr_method_call`).
-        self.visit_closure_as(closure, Binding::ClosureParameter);
-    }
-
-    fn visit_expr_method_call(&mut self, call: &'ast ExprMethodCall) {
-        let method = call.method.to_string();
-        if QUERY_METHODS.contains(&method.as_str()) && call.args.len() == 1 {
-            // Rule 1: a query runs on the transaction's connection.
-            let connection = &call.args[0];
-            let refused =
-                if self.is_transaction(connection) || self.is_closure_parameter(connection) {
-                    false
-                } else if is_diesel_query(&call.receiver) {
-                    true
-                } else {
-                    is_mut_reference(connection) || self.is_other_connection(connection)
-                };
-            if refused {
-                let problem = format!("`.{method}(…)` runs this statement on {}", self.elsewhere());
-                self.refuse(connection, &problem);
-            }
-        } else if method == "batch_execute" && call.args.len() == 1 {
-            // Rule 2: so does SQL sent straight to a connection.
-            if !self.is_transaction(&call.receiver) && !self.is_closure_parameter(&call.receiver) {
-                let problem = format!("`.batch_execute(…)` sends this SQL to {}", self.elsewhere());
-                self.refuse(&call.receiver, &problem);
-            }
-        } else if TRANSACTION_METHODS.contains(&method.as_str())
-            && self.is_other_connection(receiver_root(&call.receiver))
-        {
-            // Rule 6: a transaction of another connection commits on its own.
-            let problem = format!(
-                "`.{method}(…)` opens a transaction on {}, and what runs in it",
-                self.elsewhere()
-            );
-            self.refuse(receiver_root(&call.receiver), &problem);
-        } else {
-            self.refuse_connection_arguments(&call.args, &format!("`.{method}(…)`"));
-        }
-        self.visit_expr(&call.receiver);
-        let hands_over = TRANSACTION_METHODS.contains(&method.as_str())
-            && self.is_transaction(receiver_root(&call.receiver));
-        for arg in &call.args {
-            match arg {
-                Expr::Closure(closure) if hands_over => {
-                    self.visit_closure_as(closure, Binding::Transaction)
-                }
-                _ => self.visit_expr(arg),
-            }
-        }
-    }
-
-    fn visit_expr_call(&mut self, call: &'ast syn::ExprCall) {
-        if let Expr::Path(path) = &*call.func {
-            let segments: Vec<String> = path
-                .path
-                .segments
-                .iter()
-                .map(|s| s.ident.to_string())
-                .collect();
-            let last = segments.last().map(String::as_str).unwrap_or_default();
-            let qualifier = segments.iter().rev().nth(1).map(String::as_str);
-            if is_establish(call) {
-                // Rule 3: no connection of its own.
-                self.refuse(
-                    call,
-                    "this connection is established inside the handler: a statement run on it is \
-                     not part of the handler's transaction",
-                );
-            }
-            let connection = match (qualifier, last) {
-                (Some("RunQueryDsl"), method) if QUERY_METHODS.contains(&method) => {
-                    call.args.iter().nth(1)
-                }
-                (
-                    Some("SimpleConnection" | "SimpleAsyncConnection" | "Connection"),
-                    "batch_execute",
-                ) => call.args.first(),
-                _ => None,
-            };
-            match connection {
-                Some(connection) => {
-                    if !self.is_transaction(connection) && !self.is_closure_parameter(connection) {
-                        let problem = format!(
-                            "`{}(…)` runs this statement on {}",
-                            segments.join("::"),
-                            self.elsewhere()
-                        );
-                        self.refuse(connection, &problem);
-                    }
-                }
-                None => self.refuse_connection_arguments(
-                    &call.args,
-                    &format!("`{}(…)`", segments.join("::")),
-                ),
-            }
-            let hands_over = TRANSACTION_METHODS.contains(&last)
-                && call.args.first().is_some_and(|c| self.is_transaction(c));
-            if hands_over {
-                for arg in &call.args {
-                    match arg {
-                        Expr::Closure(closure) => {
-                            self.visit_closure_as(closure, Binding::Transaction)
-                        }
-                        _ => self.visit_expr(arg),
-                    }
-                }
+        let origin = self.origin(expr);
+        if origin.is_settled() {
+            // A shared parameter's field, read by value, cannot be a connection; one used as
+            // a receiver is auto-referenced, and may be a pool.
+            if !(origin == Origin::SharedField && handed == Handed::ByPlace) {
                 return;
             }
         }
-        visit::visit_expr_call(self, call);
+        let shadowed = self.shadows(expr);
+        match handed {
+            Handed::ByPlace if is_place(expr) => {
+                let Some(root) = place_root(expr) else { return };
+                let visible = self.lookup(root).map_or(0, |(at, _)| at);
+                let question = self.ask_place(expr, shadowed);
+                if let Some(frame) = self.frames.last_mut()
+                    && visible < frame.visible
+                {
+                    frame.asked.push(question);
+                }
+                // A place bound inside the statement itself (a `let` chain) cannot be asked
+                // before it; see the limits on `idempotent`.
+            }
+            _ => *expr = self.ask(expr, shadowed),
+        }
+    }
+
+    /// Whether the value's root is a name that shadows the connection parameter.
+    fn shadows(&self, expr: &Expr) -> bool {
+        place_root(expr)
+            .and_then(|root| self.lookup(root))
+            .is_some_and(|(_, binding)| binding.shadows)
+    }
+
+    /// `vet!(expr)`, spanned at the expression, so that the compiler's message points there.
+    fn ask(&self, expr: &Expr, shadowed: bool) -> Expr {
+        let tokens = self.question(expr.to_token_stream(), shadowed);
+        syn::parse2(tokens).expect("a question parses as an expression")
+    }
+
+    /// `vet!(&place);`, asked before the statement.
+    fn ask_place(&self, place: &Expr, shadowed: bool) -> Stmt {
+        let (first, _) = spans(place);
+        let reference = quote_spanned!(first=> &);
+        let tokens = self.question(quote!(#reference #place), shadowed);
+        syn::parse2(quote!(#tokens;)).expect("a question parses as a statement")
+    }
+
+    fn question(&self, value: TokenStream, shadowed: bool) -> TokenStream {
+        let (first, last) = spans(&value);
+        let name = match (self.claim, shadowed) {
+            (true, _) => "vet_claim",
+            (false, true) => "vet_shadowed",
+            (false, false) => "vet",
+        };
+        let name = Ident::new(name, first);
+        let mut args = Group::new(Delimiter::Parenthesis, value);
+        args.set_span(last);
+        quote_spanned!(first=> ::inbox_diesel::__private::#name! #args)
+    }
+
+    /// Visits a closure whose parameters come from `origin`.
+    fn visit_closure_as(&mut self, closure: &mut ExprClosure, origin: Origin) {
+        let depth = self.scope.len();
+        for input in &closure.inputs {
+            self.bind_pattern(input, origin.clone());
+        }
+        self.in_frame(&mut closure.body);
+        self.scope.truncate(depth);
+    }
+
+    /// Visits an expression that is a scope of statements of its own (a closure's or an
+    /// arm's body, a guard); the questions about places go in front of it.
+    fn in_frame(&mut self, expr: &mut Expr) {
+        self.frames.push(Frame {
+            visible: self.scope.len(),
+            asked: Vec::new(),
+        });
+        self.visit_expr_mut(expr);
+        let asked = self.frames.pop().map(|f| f.asked).unwrap_or_default();
+        if !asked.is_empty() {
+            let inner = std::mem::replace(expr, Expr::Verbatim(TokenStream::new()));
+            *expr = syn::parse_quote!({ #(#asked)* #inner });
+        }
+    }
+
+    /// The arguments of a call or a method call; closures handed to a transaction method of
+    /// the transaction are given the transaction.
+    fn visit_arguments(&mut self, args: &mut Punctuated<Expr, Token![,]>, hands_over: bool) {
+        for arg in args.iter_mut() {
+            match arg {
+                Expr::Closure(closure) => {
+                    let origin = match hands_over {
+                        true => Origin::Transaction,
+                        false => Origin::Unknown,
+                    };
+                    self.visit_closure_as(closure, origin);
+                }
+                _ => {
+                    self.visit_expr_mut(arg);
+                    self.hand(arg, Handed::ByValue);
+                }
+            }
+        }
+    }
+
+    /// A macro invocation: arguments that parse as expressions are visited and asked.
+    fn visit_macro(&mut self, mac: &mut syn::Macro) {
+        if is_question(mac) {
+            return;
+        }
+        let name = mac.path.segments.last().map(|s| s.ident.to_string());
+        let Ok(mut args) = mac.parse_body_with(Punctuated::<Expr, Token![,]>::parse_terminated)
+        else {
+            return;
+        };
+        let patterns = name.is_some_and(|n| PATTERN_MACROS.contains(&n.as_str()));
+        for (at, arg) in args.iter_mut().enumerate() {
+            if patterns && at > 0 {
+                break;
+            }
+            match arg {
+                // `name = value`, as tracing's fields are written.
+                Expr::Assign(assign) => {
+                    self.visit_expr_mut(&mut assign.right);
+                    self.hand(&mut assign.right, Handed::ByPlace);
+                }
+                _ => {
+                    self.visit_expr_mut(arg);
+                    self.hand(arg, Handed::ByPlace);
+                }
+            }
+        }
+        mac.tokens = args.to_token_stream();
+    }
+
+    /// Whether every later mention of `name` in `rest` calls it: then what its parameters
+    /// are given is asked at those calls.
+    fn only_called(name: &Ident, rest: &[Stmt]) -> bool {
+        struct Mentions<'n> {
+            name: &'n Ident,
+            called: usize,
+            all: usize,
+        }
+        impl<'ast> Visit<'ast> for Mentions<'_> {
+            fn visit_expr_call(&mut self, call: &'ast ExprCall) {
+                if let Expr::Path(path) = &*call.func
+                    && path.path.is_ident(self.name)
+                {
+                    self.called += 1;
+                }
+                syn::visit::visit_expr_call(self, call);
+            }
+            fn visit_expr_path(&mut self, path: &'ast syn::ExprPath) {
+                if path.path.is_ident(self.name) {
+                    self.all += 1;
+                }
+            }
+            fn visit_macro(&mut self, mac: &'ast syn::Macro) {
+                // A mention inside a macro's tokens may be anything.
+                fn mentions(tokens: TokenStream, name: &Ident) -> usize {
+                    tokens
+                        .into_iter()
+                        .map(|t| match t {
+                            TokenTree::Ident(ident) => usize::from(ident == *name),
+                            TokenTree::Group(group) => mentions(group.stream(), name),
+                            _ => 0,
+                        })
+                        .sum()
+                }
+                self.all += mentions(mac.tokens.clone(), self.name) + 1;
+            }
+        }
+        let mut mentions = Mentions {
+            name,
+            called: 0,
+            all: 0,
+        };
+        for stmt in rest {
+            mentions.visit_stmt(stmt);
+        }
+        mentions.called == mentions.all
+    }
+}
+
+impl VisitMut for Guard {
+    fn visit_block_mut(&mut self, block: &mut Block) {
+        let depth = self.scope.len();
+        let stmts = std::mem::take(&mut block.stmts);
+        for at in 0..stmts.len() {
+            let mut stmt = stmts[at].clone();
+            if stmt_attrs(&stmt).iter().any(is_escape) {
+                self.check_escape(&stmt);
+                // Not rewritten; its bindings are still in scope after it.
+                if let Stmt::Local(local) = &stmt {
+                    self.bind_pattern(&local.pat, Origin::Unknown);
+                }
+                block.stmts.push(stmt);
+                continue;
+            }
+            self.frames.push(Frame {
+                visible: self.scope.len(),
+                asked: Vec::new(),
+            });
+            match &mut stmt {
+                Stmt::Local(local) => {
+                    let closure_called_here = match (&local.pat, local.init.as_ref()) {
+                        (Pat::Ident(p), Some(init)) if matches!(&*init.expr, Expr::Closure(_)) => {
+                            Self::only_called(&p.ident, &stmts[at + 1..])
+                        }
+                        _ => false,
+                    };
+                    self.visit_local_as(local, closure_called_here);
+                }
+                _ => visit_mut::visit_stmt_mut(self, &mut stmt),
+            }
+            let asked = self.frames.pop().map(|f| f.asked).unwrap_or_default();
+            block.stmts.extend(asked);
+            block.stmts.push(stmt);
+        }
+        self.scope.truncate(depth);
+    }
+
+    fn visit_local_mut(&mut self, local: &mut Local) {
+        self.visit_local_as(local, false);
+    }
+
+    fn visit_expr_mut(&mut self, expr: &mut Expr) {
+        match expr {
+            Expr::Path(path) if self.claim && path.qself.is_none() => {
+                // Every mention of claim mode's `NoConnection` is asked, wherever it is.
+                if let Some(name) = path.path.get_ident()
+                    && self
+                        .lookup(name)
+                        .is_some_and(|(_, b)| b.origin == Origin::NoConnection)
+                {
+                    let (first, last) = spans(&*path);
+                    let mut args = Group::new(Delimiter::Parenthesis, path.to_token_stream());
+                    args.set_span(last);
+                    *expr = syn::parse2(
+                        quote_spanned!(first=> ::inbox_diesel::__private::no_connection! #args),
+                    )
+                    .expect("a question parses as an expression");
+                }
+            }
+            Expr::Closure(closure) => self.visit_closure_as(closure, Origin::Unknown),
+            Expr::MethodCall(call) => self.visit_method_call(call),
+            Expr::Call(call) => self.visit_call(call),
+            Expr::Macro(mac) => self.visit_macro(&mut mac.mac),
+            Expr::Struct(literal) => {
+                for field in literal.fields.iter_mut() {
+                    self.visit_expr_mut(&mut field.expr);
+                    let before = field.expr.to_token_stream().to_string();
+                    self.hand(&mut field.expr, Handed::ByValue);
+                    if field.colon_token.is_none()
+                        && field.expr.to_token_stream().to_string() != before
+                    {
+                        field.colon_token = Some(Default::default());
+                    }
+                }
+                if let Some(rest) = &mut literal.rest {
+                    self.visit_expr_mut(rest);
+                }
+            }
+            Expr::Tuple(tuple) => {
+                for elem in tuple.elems.iter_mut() {
+                    self.visit_expr_mut(elem);
+                    self.hand(elem, Handed::ByValue);
+                }
+            }
+            Expr::Array(array) => {
+                for elem in array.elems.iter_mut() {
+                    self.visit_expr_mut(elem);
+                    self.hand(elem, Handed::ByValue);
+                }
+            }
+            Expr::Repeat(repeat) => {
+                self.visit_expr_mut(&mut repeat.expr);
+                self.hand(&mut repeat.expr, Handed::ByValue);
+            }
+            Expr::Assign(assign) => {
+                self.visit_expr_mut(&mut assign.left);
+                self.visit_expr_mut(&mut assign.right);
+                self.hand(&mut assign.right, Handed::ByValue);
+            }
+            Expr::If(branch) => {
+                let depth = self.scope.len();
+                self.visit_expr_mut(&mut branch.cond);
+                self.visit_block_mut(&mut branch.then_branch);
+                self.scope.truncate(depth);
+                if let Some((_, otherwise)) = &mut branch.else_branch {
+                    self.visit_expr_mut(otherwise);
+                }
+            }
+            Expr::While(looped) => {
+                let depth = self.scope.len();
+                self.visit_expr_mut(&mut looped.cond);
+                self.visit_block_mut(&mut looped.body);
+                self.scope.truncate(depth);
+            }
+            Expr::Let(test) => {
+                self.visit_expr_mut(&mut test.expr);
+                let origin = self.origin(&test.expr);
+                self.bind_pattern(&test.pat, origin);
+            }
+            Expr::ForLoop(looped) => {
+                self.visit_expr_mut(&mut looped.expr);
+                let depth = self.scope.len();
+                self.bind_pattern(&looped.pat, Origin::Unknown);
+                self.visit_block_mut(&mut looped.body);
+                self.scope.truncate(depth);
+            }
+            Expr::Match(matched) => {
+                self.visit_expr_mut(&mut matched.expr);
+                let origin = self.origin(&matched.expr);
+                for arm in matched.arms.iter_mut() {
+                    self.visit_arm(arm, origin.clone());
+                }
+            }
+            _ => visit_mut::visit_expr_mut(self, expr),
+        }
+    }
+
+    fn visit_stmt_macro_mut(&mut self, mac: &mut syn::StmtMacro) {
+        self.visit_macro(&mut mac.mac);
     }
 
     /// A nested item is its own world: its statements run wherever its caller says.
-    fn visit_item(&mut self, _: &'ast syn::Item) {}
+    fn visit_item_mut(&mut self, _: &mut syn::Item) {}
 }
 
-/// Methods that check a connection out of a pool (r2d2, deadpool, bb8, diesel's own).
-const POOL_CHECKOUTS: [&str; 5] = ["get", "get_timeout", "try_get", "get_owned", "timeout_get"];
+impl Guard {
+    fn visit_local_as(&mut self, local: &mut Local, closure_called_here: bool) {
+        let mut origin = Origin::Unknown;
+        if let Some(init) = &mut local.init {
+            match &mut *init.expr {
+                Expr::Closure(closure) if closure_called_here => {
+                    self.visit_closure_as(closure, Origin::CheckedAtCalls)
+                }
+                _ => self.visit_expr_mut(&mut init.expr),
+            }
+            origin = self.origin(&init.expr);
+            if let Some((_, diverge)) = &mut init.diverge {
+                self.visit_expr_mut(diverge);
+            }
+        }
+        self.bind_pattern(&local.pat, origin);
+    }
 
-/// An expression without the parentheses, `&mut`, `*` and `?` around its core.
-fn peel(expr: &Expr) -> &Expr {
-    match expr {
-        Expr::Paren(e) => peel(&e.expr),
-        Expr::Group(e) => peel(&e.expr),
-        Expr::Reference(e) => peel(&e.expr),
-        Expr::Unary(e) if matches!(e.op, UnOp::Deref(_)) => peel(&e.expr),
-        Expr::Try(e) => peel(&e.expr),
-        Expr::Await(e) => peel(&e.base),
-        _ => expr,
+    fn visit_arm(&mut self, arm: &mut Arm, origin: Origin) {
+        let depth = self.scope.len();
+        match &mut arm.pat {
+            Pat::Guard(guarded) => {
+                self.bind_pattern(&guarded.pat, origin);
+                self.in_frame(&mut guarded.guard);
+            }
+            pat => self.bind_pattern(pat, origin),
+        }
+        self.in_frame(&mut arm.body);
+        self.scope.truncate(depth);
+    }
+
+    fn visit_method_call(&mut self, call: &mut ExprMethodCall) {
+        self.visit_expr_mut(&mut call.receiver);
+        let method = call.method.to_string();
+        let hands_over = TRANSACTION_METHODS.contains(&method.as_str())
+            && self.origin(receiver_root(&call.receiver)) == Origin::Transaction;
+        self.hand(&mut call.receiver, Handed::ByPlace);
+        self.visit_arguments(&mut call.args, hands_over);
+    }
+
+    fn visit_call(&mut self, call: &mut ExprCall) {
+        self.visit_expr_mut(&mut call.func);
+        // `Connection::transaction(conn, |c| …)`.
+        let hands_over = match &*call.func {
+            Expr::Path(path) => path.path.segments.last().is_some_and(|s| {
+                TRANSACTION_METHODS.contains(&s.ident.to_string().as_str())
+                    && call
+                        .args
+                        .first()
+                        .is_some_and(|c| self.origin(c) == Origin::Transaction)
+            }),
+            _ => false,
+        };
+        self.visit_arguments(&mut call.args, hands_over);
+    }
+
+    fn check_escape(&mut self, stmt: &Stmt) {
+        for attr in stmt_attrs(stmt).iter().filter(|a| is_escape(a)) {
+            if let Err(error) = escape_reason(attr) {
+                self.push_error(error);
+            }
+        }
     }
 }
 
-fn is_mut_reference(expr: &Expr) -> bool {
+/// The span of an expression's first token and of its last, so that a question about it is
+/// reported over the whole of it.
+fn spans(tokens: &dyn ToTokens) -> (Span, Span) {
+    let tokens: Vec<TokenTree> = tokens.to_token_stream().into_iter().collect();
+    let first = tokens.first().map_or_else(Span::call_site, TokenTree::span);
+    let last = match tokens.last() {
+        Some(TokenTree::Group(group)) => group.span_close(),
+        Some(token) => token.span(),
+        None => first,
+    };
+    (first, last)
+}
+
+/// One of the questions this module writes.
+fn is_question(mac: &syn::Macro) -> bool {
+    let segments: Vec<String> = mac
+        .path
+        .segments
+        .iter()
+        .map(|s| s.ident.to_string())
+        .collect();
+    segments.len() == 3
+        && segments[0] == "inbox_diesel"
+        && segments[1] == "__private"
+        && (segments[2].starts_with("vet") || segments[2] == "no_connection")
+}
+
+/// `Some`, `Ok`, `Err`: the value they wrap is the value a pattern of them takes apart.
+fn is_variant_constructor(func: &Expr) -> bool {
+    matches!(func, Expr::Path(path) if path.path.get_ident().is_some_and(|name| name == "Some" || name == "Ok" || name == "Err"))
+}
+
+/// A place that can be asked by reference without evaluating anything twice: a name, and
+/// fields and dereferences of it.
+fn is_place(expr: &Expr) -> bool {
     match expr {
-        Expr::Paren(e) => is_mut_reference(&e.expr),
-        Expr::Group(e) => is_mut_reference(&e.expr),
-        Expr::Reference(e) => e.mutability.is_some(),
+        Expr::Paren(e) => is_place(&e.expr),
+        Expr::Path(path) => path.qself.is_none() && path.path.get_ident().is_some(),
+        Expr::Field(field) => is_place(&field.base),
+        Expr::Unary(e) if matches!(e.op, UnOp::Deref(_)) => is_place(&e.expr),
         _ => false,
     }
 }
 
-/// `PgConnection::establish(…)`, `diesel::Connection::establish(…)`, `establish(…)`.
-fn is_establish(call: &syn::ExprCall) -> bool {
-    matches!(&*call.func, Expr::Path(path) if path.path.segments.last().is_some_and(|s| s.ident == "establish"))
+/// The name a place starts from.
+fn place_root(expr: &Expr) -> Option<&Ident> {
+    match expr {
+        Expr::Paren(e) => place_root(&e.expr),
+        Expr::Group(e) => place_root(&e.expr),
+        Expr::Reference(e) => place_root(&e.expr),
+        Expr::Path(path) => path.path.get_ident(),
+        Expr::Field(field) => place_root(&field.base),
+        Expr::Index(index) => place_root(&index.expr),
+        Expr::Unary(e) if matches!(e.op, UnOp::Deref(_)) => place_root(&e.expr),
+        Expr::MethodCall(call) => place_root(&call.receiver),
+        _ => None,
+    }
 }
 
 /// The expression a method chain starts from: `conn` in `conn.build_transaction().run(…)`.
@@ -462,30 +823,6 @@ fn receiver_root(expr: &Expr) -> &Expr {
         Expr::MethodCall(call) => receiver_root(&call.receiver),
         Expr::Paren(e) => receiver_root(&e.expr),
         _ => expr,
-    }
-}
-
-/// Whether a method chain starts from something that is certainly a diesel query:
-/// `diesel::update(…)`, `sql_query(…)`, a path ending in `table`, or a path through `dsl`.
-fn is_diesel_query(receiver: &Expr) -> bool {
-    match receiver_root(receiver) {
-        Expr::Call(call) => match &*call.func {
-            Expr::Path(path) => path
-                .path
-                .segments
-                .last()
-                .is_some_and(|s| QUERY_CONSTRUCTORS.contains(&s.ident.to_string().as_str())),
-            _ => false,
-        },
-        // `accounts::table`, `users::dsl::users` — not `metrics::PROCESSED`, a static whose
-        // `.load(ordering)` is an atomic's.
-        Expr::Path(path) => {
-            let segments = &path.path.segments;
-            segments.len() >= 2
-                && (segments.last().is_some_and(|s| s.ident == "table")
-                    || segments.iter().any(|s| s.ident == "dsl"))
-        }
-        _ => false,
     }
 }
 
@@ -513,7 +850,12 @@ fn collect_pattern_names(pat: &Pat, out: &mut Vec<Ident>) {
             .fields
             .iter()
             .for_each(|f| collect_pattern_names(&f.pat, out)),
-        Pat::Or(p) => p.cases.iter().for_each(|c| collect_pattern_names(c, out)),
+        Pat::Or(p) => {
+            // Every alternative binds the same names.
+            if let Some(first) = p.cases.first() {
+                collect_pattern_names(first, out);
+            }
+        }
         _ => {}
     }
 }

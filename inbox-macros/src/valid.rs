@@ -107,10 +107,6 @@ pub fn validate(args: Args, item: &ItemFn) -> syn::Result<Handler> {
         }
     };
     let conn = errors.take(connection(args.conn.as_ref(), item));
-    if let Some(conn) = &conn {
-        errors.take(no_second_connection(conn, item));
-        errors.take(crate::guard::check(item, conn, mode));
-    }
     let ret = errors.take(return_type(item));
     let retries = match &args.retries {
         Some(lit) => errors.take(lit.base10_parse::<u32>().map_err(|_| {
@@ -479,69 +475,9 @@ fn connection(named: Option<&Ident>, item: &ItemFn) -> syn::Result<Ident> {
             "an #[idempotent] handler needs its connection as a parameter, e.g. \
              `conn: &mut PgConnection`; if it has another type, name it: `conn = db`",
         )),
-        [first, second, ..] => Err(syn::Error::new(
-            second.span(),
-            format!(
-                "an #[idempotent] handler takes one connection, the one its transaction runs \
-                 on; `{second}` is a second one, and statements run through it would commit on \
-                 their own, outside the inbox transaction: remove it (or, if `{second}` is the \
-                 transaction's connection and `{first}` is not, say so with `conn = {second}`)"
-            ),
-        )),
-    }
-}
-
-/// A parameter, besides the transaction's, that is a connection or a pool: statements run
-/// through it would commit on their own.
-fn no_second_connection(conn: &Ident, item: &ItemFn) -> syn::Result<()> {
-    let mut errors = Errors::default();
-    for input in &item.sig.inputs {
-        let FnArg::Typed(typed) = input else { continue };
-        let is_conn = matches!(&*typed.pat, Pat::Ident(p) if p.ident == *conn);
-        if !is_conn && let Some(kind) = connection_or_pool(&typed.ty) {
-            errors.push(syn::Error::new_spanned(
-                &typed.ty,
-                format!(
-                    "this parameter is a {kind}: statements run through it would commit on their \
-                     own, outside the inbox transaction, so a redelivered message would apply \
-                     them again; an #[idempotent] handler runs every statement on its `{conn}`: \
-                     remove this parameter"
-                ),
-            ));
-        }
-    }
-    errors.0.map_or(Ok(()), Err)
-}
-
-/// Names a type as a connection or a pool: `&mut PgConnection`, `&Pool<…>`,
-/// `Arc<r2d2::Pool<…>>`, `deadpool::managed::Object<…>`, `PooledConnection<…>`, …
-fn connection_or_pool(ty: &Type) -> Option<&'static str> {
-    match peel(ty) {
-        Type::Reference(reference) => connection_or_pool(&reference.elem),
-        Type::Path(path) => {
-            let last = path.path.segments.last()?;
-            let name = last.ident.to_string();
-            match name.as_str() {
-                "Pool" | "ConnectionManager" | "AsyncDieselConnectionManager" => {
-                    Some("connection pool")
-                }
-                "PooledConnection" | "Object" => Some("pooled connection"),
-                "Arc" | "Rc" | "Box" | "Option" | "Mutex" | "RefCell" => match &last.arguments {
-                    PathArguments::AngleBracketed(args) => {
-                        args.args.iter().find_map(|arg| match arg {
-                            GenericArgument::Type(inner) => connection_or_pool(inner),
-                            _ => None,
-                        })
-                    }
-                    _ => None,
-                },
-                _ if name.ends_with("Connection") || name == "SyncConnectionWrapper" => {
-                    Some("second connection")
-                }
-                _ => None,
-            }
-        }
-        _ => None,
+        // Several parameters are named like connections (a Redis or AMQP client can be):
+        // the first is taken, and the compiler says so if it is not a diesel connection.
+        [first, ..] => Ok((*first).clone()),
     }
 }
 

@@ -1,0 +1,296 @@
+//! The types behind the compile-time guard of `#[idempotent]`.
+//!
+//! The macro wraps every value a handler's body hands on — a call's argument, a method's
+//! receiver, a struct, tuple or array element, the right side of an assignment, a macro's
+//! argument — that is not the handler's transaction in [`vet!`](crate::__private::vet). The
+//! wrapper returns its value unchanged (`#[inline(always)]`, nothing runs); what it adds is a
+//! question the type checker answers at the value's concrete type: is this a diesel
+//! connection (anything that runs SQL: `SimpleConnection`, `SimpleAsyncConnection`), sync or async, owned, borrowed, pooled or behind a guard — something that
+//! derefs to one within three steps — or a connection pool? If it is, an obligation that only
+//! [`NotAConnection`] satisfies fails, and the compiler reports it at the value with the
+//! message of the handler's mode.
+//!
+//! The question is asked by autoref specialisation: `(&&&…&Probe(value)).inbox_kind()`
+//! resolves to the first trait, from the most references down, whose impl applies; the last
+//! one applies to everything and answers "not a connection".
+
+use std::ops::Deref;
+
+use diesel::connection::SimpleConnection;
+
+/// What a claim-mode body is given in place of a connection.
+///
+/// A claim-mode body runs outside any transaction — after the claim has committed and before
+/// the work is stamped — so it has no connection to run statements on. The handler's
+/// connection parameter is bound, inside the body, to this type: it has no methods and
+/// implements none of diesel's traits, so every use of it is a compile error, which the guard
+/// explains. Database work belongs in a transaction-mode handler, or before or after the
+/// claim-mode one.
+#[derive(Debug)]
+pub struct NoConnection {
+    _private: (),
+}
+
+impl NoConnection {
+    pub(crate) fn new() -> Self {
+        NoConnection { _private: () }
+    }
+}
+
+/// A value whose type is inspected.
+pub struct Probe<'v, V: ?Sized>(pub &'v V);
+
+/// The answer for a value that is, or derefs to, a diesel connection.
+pub struct DatabaseConnection(());
+
+/// The answer for a connection pool, or a reference or smart pointer to one.
+pub struct ConnectionPool(());
+
+/// The answer for the [`NoConnection`] of a claim-mode body.
+pub struct ClaimModeHasNoConnection(());
+
+impl ClaimModeHasNoConnection {
+    /// The answer, for `no_connection!`.
+    pub const ANSWER: Self = ClaimModeHasNoConnection(());
+}
+
+/// The answer for every other value.
+pub struct NotAConnection(());
+
+/// Transaction mode: a value handed on in the body must not be a connection other than the
+/// transaction.
+#[diagnostic::on_unimplemented(
+    message = "`{V}` is not the handler's transaction: a statement run through it would commit on its own",
+    label = "not the handler's transaction",
+    note = "an #[idempotent] body runs inside the inbox transaction; a write through another connection commits whatever the inbox decides, so a redelivered message is recognised as a duplicate and this write happens again",
+    note = "run the statement on the handler's connection parameter (or `&mut *conn`), give helpers that connection rather than a pool, or, if it must commit on its own, mark the statement `#[inbox::outside_transaction(\"why\")]`; if this is the handler's connection reached through a call, pass the parameter itself"
+)]
+pub trait OnTheTransaction<V: ?Sized> {
+    /// Accepts the answer about `value`.
+    fn allowed(self, value: &V)
+    where
+        Self: Sized,
+    {
+        let _ = value;
+    }
+}
+
+#[diagnostic::do_not_recommend]
+impl<V: ?Sized> OnTheTransaction<V> for NotAConnection {}
+
+/// Transaction mode, a name that shadows the handler's connection parameter: it is a new
+/// value, judged by its own type.
+#[diagnostic::on_unimplemented(
+    message = "this name shadows the handler's connection: here it is a `{V}`, not the transaction",
+    label = "rebound by a `let`, a pattern, a closure or a loop: not the handler's connection",
+    note = "a statement run through it would commit on its own, outside the inbox transaction, so a redelivered message would be recognised as a duplicate and the write would happen again",
+    note = "give the other value a name of its own and run the statement on the handler's connection, or, if it must commit on its own, mark the statement `#[inbox::outside_transaction(\"why\")]`"
+)]
+pub trait NotTheShadowedConnection<V: ?Sized> {
+    /// Accepts the answer about `value`.
+    fn allowed(self, value: &V)
+    where
+        Self: Sized,
+    {
+        let _ = value;
+    }
+}
+
+#[diagnostic::do_not_recommend]
+impl<V: ?Sized> NotTheShadowedConnection<V> for NotAConnection {}
+
+/// Claim mode: the body touches no database at all.
+#[diagnostic::on_unimplemented(
+    message = "a claim-mode body runs outside any transaction, and this `{V}` reaches the database",
+    label = "database access in a claim-mode body",
+    note = "the body runs after the claim has committed and before the work is stamped: a write here commits on its own and is not undone when the side effect fails and the message is redelivered",
+    note = "do the database work in a transaction-mode handler, or before or after this one, and pass the message key downstream as the provider's idempotency key; a statement that must run here is marked `#[inbox::outside_transaction(\"why\")]`"
+)]
+pub trait OutsideAnyTransaction<V: ?Sized> {
+    /// Accepts the answer about `value`.
+    fn allowed(self, value: &V)
+    where
+        Self: Sized,
+    {
+        let _ = value;
+    }
+}
+
+#[diagnostic::do_not_recommend]
+impl<V: ?Sized> OutsideAnyTransaction<V> for NotAConnection {}
+
+/// A value being asked about, so that the answer's check names its type.
+pub struct Asked<'v, V: ?Sized>(pub &'v V);
+
+impl<V: ?Sized> Asked<'_, V> {
+    /// Transaction mode.
+    #[inline(always)]
+    pub fn on_the_transaction<K: OnTheTransaction<V>>(self, _: K) {}
+
+    /// Transaction mode, a name that shadows the connection parameter.
+    #[inline(always)]
+    pub fn not_the_shadowed_connection<K: NotTheShadowedConnection<V>>(self, _: K) {}
+
+    /// Claim mode.
+    #[inline(always)]
+    pub fn outside_any_transaction<K: OutsideAnyTransaction<V>>(self, _: K) {}
+}
+
+/// Returns `value`; `kind` is never called. Its return type, `K`, is what the expansion
+/// checks: the closure is type-checked after `value`, when the value's type is known.
+#[inline(always)]
+pub fn vet<T, K>(value: T, _kind: impl FnOnce(&T) -> K) -> T {
+    value
+}
+
+/// The connection pools the guard recognises, and references and smart pointers to them.
+pub trait Pool {}
+
+impl<P: Pool + ?Sized> Pool for &P {}
+impl<P: Pool + ?Sized> Pool for &mut P {}
+impl<P: Pool + ?Sized> Pool for std::sync::Arc<P> {}
+impl<P: Pool + ?Sized> Pool for std::rc::Rc<P> {}
+impl<P: Pool + ?Sized> Pool for Box<P> {}
+
+#[cfg(feature = "r2d2")]
+impl<M: diesel::r2d2::ManageConnection> Pool for diesel::r2d2::Pool<M> {}
+
+#[cfg(feature = "deadpool")]
+impl<M: deadpool::managed::Manager, W: From<deadpool::managed::Object<M>>> Pool
+    for deadpool::managed::Pool<M, W>
+{
+}
+
+#[cfg(feature = "bb8")]
+impl<M: bb8::ManageConnection> Pool for bb8::Pool<M> {}
+
+/// The claim-mode body's stand-in, and references to it.
+pub trait ClaimModeToken {}
+
+impl ClaimModeToken for NoConnection {}
+impl ClaimModeToken for &NoConnection {}
+impl ClaimModeToken for &mut NoConnection {}
+
+/// The questions, one trait per number of references, asked from the most references down.
+/// `use levels::*` brings them into scope where the expansion asks.
+pub mod levels {
+    use super::*;
+
+    macro_rules! level {
+        ($level:ident, $answer:ident, [$($refs:tt)+] $($bounds:tt)*) => {
+            #[doc(hidden)]
+            pub trait $level<V: ?Sized> {
+                fn inbox_kind(&self) -> $answer {
+                    $answer(())
+                }
+            }
+
+            impl<V: ?Sized> $level<V> for $($refs)+ Probe<'_, V> where $($bounds)* {}
+        };
+    }
+
+    level!(SyncConnection0, DatabaseConnection, [&&&&&&&&&&] V: SimpleConnection);
+    level!(SyncConnection1, DatabaseConnection, [&&&&&&&&&] V: Deref, V::Target: SimpleConnection);
+    level!(SyncConnection2, DatabaseConnection, [&&&&&&&&]
+        V: Deref, V::Target: Deref, <V::Target as Deref>::Target: SimpleConnection);
+    level!(SyncConnection3, DatabaseConnection, [&&&&&&&]
+        V: Deref, V::Target: Deref, <V::Target as Deref>::Target: Deref,
+        <<V::Target as Deref>::Target as Deref>::Target: SimpleConnection);
+
+    #[cfg(feature = "async")]
+    mod asynchronous {
+        use super::*;
+        use diesel_async::SimpleAsyncConnection;
+
+        level!(AsyncConnection0, DatabaseConnection, [&&&&&&] V: SimpleAsyncConnection);
+        level!(AsyncConnection1, DatabaseConnection, [&&&&&] V: Deref, V::Target: SimpleAsyncConnection);
+        level!(AsyncConnection2, DatabaseConnection, [&&&&]
+            V: Deref, V::Target: Deref, <V::Target as Deref>::Target: SimpleAsyncConnection);
+        level!(AsyncConnection3, DatabaseConnection, [&&&]
+            V: Deref, V::Target: Deref, <V::Target as Deref>::Target: Deref,
+            <<V::Target as Deref>::Target as Deref>::Target: SimpleAsyncConnection);
+    }
+    #[cfg(feature = "async")]
+    pub use asynchronous::*;
+
+    level!(AnyPool, ConnectionPool, [&&] V: Pool);
+
+    #[doc(hidden)]
+    pub trait ClaimToken<V: ?Sized> {
+        fn inbox_kind(&self) -> ClaimModeHasNoConnection {
+            ClaimModeHasNoConnection(())
+        }
+    }
+
+    impl<V: ?Sized + ClaimModeToken> ClaimToken<V> for &Probe<'_, V> {}
+
+    #[doc(hidden)]
+    pub trait Anything<V: ?Sized> {
+        fn inbox_kind(&self) -> NotAConnection {
+            NotAConnection(())
+        }
+    }
+
+    impl<V: ?Sized> Anything<V> for Probe<'_, V> {}
+}
+
+// The three questions, one per message. Each is written out whole: a question expanded from
+// another macro would add a line per macro to every compiler message.
+
+/// Transaction mode: `vet!(value)` is the value, after asking whether it is a connection
+/// other than the handler's transaction.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __inbox_vet_transaction {
+    ($value:expr) => {
+        $crate::__private::guard::vet($value, |__inbox_value| {
+            #[allow(unused_imports)]
+            use $crate::__private::guard::levels::*;
+            $crate::__private::guard::Asked(__inbox_value).on_the_transaction(
+                (&&&&&&&&&&$crate::__private::guard::Probe(__inbox_value)).inbox_kind(),
+            )
+        })
+    };
+}
+
+/// Transaction mode, a name that shadows the connection parameter.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __inbox_vet_shadowed {
+    ($value:expr) => {
+        $crate::__private::guard::vet($value, |__inbox_value| {
+            #[allow(unused_imports)]
+            use $crate::__private::guard::levels::*;
+            $crate::__private::guard::Asked(__inbox_value).not_the_shadowed_connection(
+                (&&&&&&&&&&$crate::__private::guard::Probe(__inbox_value)).inbox_kind(),
+            )
+        })
+    };
+}
+
+/// Claim mode: no value may reach the database.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __inbox_vet_claim {
+    ($value:expr) => {
+        $crate::__private::guard::vet($value, |__inbox_value| {
+            #[allow(unused_imports)]
+            use $crate::__private::guard::levels::*;
+            $crate::__private::guard::Asked(__inbox_value).outside_any_transaction(
+                (&&&&&&&&&&$crate::__private::guard::Probe(__inbox_value)).inbox_kind(),
+            )
+        })
+    };
+}
+
+/// Claim mode, a mention of the body's `NoConnection`: its type is known, so the question is
+/// asked without inference, and the value is passed on for the compiler's own error.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __inbox_no_connection {
+    ($conn:ident) => {{
+        $crate::__private::guard::Asked(&$conn)
+            .outside_any_transaction($crate::__private::guard::ClaimModeHasNoConnection::ANSWER);
+        $conn
+    }};
+}
