@@ -245,9 +245,10 @@
 //! pass the key downstream so that the provider deduplicates it; under
 //! [`OnExpired::Report`] it is reported, and [`purge::stale_claims`] lists such claims for
 //! reconciliation. A body that outlives its lease can run beside its successor: set
-//! `lease_ms` above the side effect's longest run. The body may not write to the database
-//! (the compiler refuses statements on any connection in it), and the handler must be called
-//! outside any open transaction (it returns diesel's `AlreadyInTransaction` otherwise).
+//! `lease_ms` above the side effect's longest run. The body does not reach the database: it
+//! is given [`NoConnection`] in place of the handler's connection, and the compiler refuses
+//! any other connection in it. The handler must be called outside any open transaction (it
+//! returns diesel's `AlreadyInTransaction` otherwise).
 //!
 //! # Get-or-create on business keys
 //!
@@ -320,40 +321,58 @@ mod verify;
 /// # Every statement runs in the handler's transaction
 ///
 /// Diesel runs a statement at once on the connection it is given. A write on another
-/// connection — a pool checkout, a connection established in the handler — commits on its
-/// own, whatever the inbox decides: the duplicate is recognised and the money moves twice.
-/// So the macro refuses, at compile time, each of these in the body:
+/// connection — a pool checkout, a connection established in the handler, a global behind a
+/// mutex, a field of a context struct, a second parameter — commits on its own, whatever the
+/// inbox decides: the duplicate is recognised and the money moves twice. So the body may not
+/// hand on a connection other than the handler's transaction, and the compiler decides what
+/// is a connection:
 ///
-/// 1. a query-running call — `execute`, `load`, `load_iter`, `get_result`, `get_results`,
-///    `first`, or `RunQueryDsl::execute(query, c)` and the like — given anything but the
-///    handler's connection: the parameter itself, a reborrow (`&mut *conn`), a `let` alias of
-///    one, or the parameter of a closure that `transaction`, `immediate_transaction`,
-///    `exclusive_transaction` or `build_transaction().run` call on one hands on;
-/// 2. `batch_execute` on anything but the handler's connection (also as
-///    `SimpleConnection::batch_execute(c, sql)`);
-/// 3. `…::establish(…)`;
-/// 4. a second parameter that is a connection or a pool (`&mut PgConnection`, `&Pool<…>`,
-///    `PooledConnection<…>`, deadpool's `Object<…>`, also inside `Arc`, `Box`, `Option`, …);
-/// 5. another connection — a pool checkout (`pool.get()`, `get_timeout`, `try_get`, …), an
-///    established one, or a name bound to one — passed to any function or closure;
-/// 6. a transaction (`transaction`, `build_transaction().run`, …) opened on another
-///    connection.
+/// - every value the body hands on — a call's argument, a method's receiver, a struct, tuple
+///   or array element, the right side of an assignment, an argument of a macro that parses as
+///   an expression — and every parameter besides the connection is asked, at its type,
+///   whether it runs SQL (diesel's `SimpleConnection` or diesel-async's
+///   `SimpleAsyncConnection`, owned, borrowed, pooled, behind a guard or a `Deref`, within
+///   three dereferences) or is a connection pool (r2d2 with the `r2d2` feature, diesel-async's
+///   deadpool and bb8 with `deadpool` and `bb8`);
+/// - if it is, and it is not the handler's transaction, the build fails at that value, with
+///   a message that says why the write would happen twice and how to fix it; a value of any
+///   other type is never called a connection;
+/// - the transaction is the connection parameter and what is bound from it, followed as Rust
+///   scopes names: `let` (typed or not), `if let`, `while let`, `match`, `let … else`, tuples
+///   and `Some`/`Ok` taken apart, `&mut *conn`, `conn.deref_mut()`, the parameter of a
+///   closure handed to `transaction`, `immediate_transaction`, `exclusive_transaction` or
+///   `build_transaction().run` on it, and the parameter of a closure that the body only ever
+///   calls (what it is called with is asked at the call). A binding that shadows the
+///   connection's name is a new value, judged by its own type, and the message says so.
 ///
-/// In claim mode there is no transaction: the body runs between the committed claim and the
-/// stamp. There the handler's connection counts as another connection, so each of these
-/// forms is refused on it too.
+/// In claim mode there is no transaction: the body is given [`NoConnection`] in place of the
+/// connection — a type with no methods and no diesel impls — and every value it hands on is
+/// asked with claim mode's message.
 ///
-/// The error points at the connection and says how to fix it. Helper functions given the
-/// handler's connection compile as they are: the rule is about the connection a statement
-/// runs on, not where the code lives.
+/// The questions cost nothing at run time: each wraps its value in an `#[inline(always)]`
+/// function that returns it, beside a closure that is never called.
 ///
-/// What a syntactic check cannot see: a helper function's body (a helper that takes a pool
-/// or reaches a global connection itself is not inspected), a connection returned by a method
-/// of your own (`query.execute(ctx.audit_db())` is refused only when `query` is recognisably
-/// a diesel query: `diesel::update(…)`, `sql_query(…)`, `accounts::table…`), and the
-/// arguments a closure that takes a connection is called with, when they are not
-/// recognisably another connection. Keep other
-/// connections out of handlers' reach: pass helpers `conn`, and give handlers no pool.
+/// What the compiler is not shown, and how to close it:
+///
+/// - **a helper's own body**: a helper that reaches a pool or a global connection itself runs
+///   its statements there. Write helpers that take the connection
+///   (`fn add(conn: &mut PgConnection, …)`): the compiler then refuses to hand them anything
+///   but a connection, and the guard refuses any connection but the transaction;
+/// - **expansions of macros defined elsewhere, trait objects and function pointers**: their
+///   arguments are asked where they parse as expressions, what they do inside is not. A
+///   `macro_rules!` defined inside the handler is the handler's code, and its rules are
+///   checked like the body — except a rule whose expansion repeats (`$(…)*`), which does not
+///   parse as Rust until it is called;
+/// - **a method's receiver indexed by a computed position** (`conns[next()].write()`): asking
+///   about it would run the index twice;
+/// - **a nested `fn` item** in the body is its own world, like a helper;
+/// - **a place bound inside a `let` chain** (`if let Some(c) = x && c.write()`) used as a
+///   method's receiver is not asked;
+/// - **the transaction reached through a call the tracking does not follow**
+///   (`let c = my_reborrow(conn);`) is asked like any other value and refused: pass the
+///   parameter itself;
+/// - **a value whose type is inferred only by a later statement**
+///   (`let n = Some(s.parse()?); …`) may be reported as a connection: annotate it.
 ///
 /// When a statement must commit on its own — an audit trail that records attempts, rolled
 /// back or not — say so on the statement (or on a block of them):

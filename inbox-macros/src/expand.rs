@@ -160,8 +160,8 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
                 true => quote!(Report),
                 false => quote!(TakeOver),
             };
-            // The body is handed the connection outside any transaction; the guard refused
-            // every statement on it that was not marked, so it is usually unused.
+            // The body is handed `NoConnection` in place of the connection: it runs outside
+            // any transaction, and the guard asks about every mention of it.
             quote! {
                 ::inbox_diesel::__private::#runtime(
                     #conn,
@@ -312,14 +312,21 @@ mod tests {
         ));
     }
 
-    /// Errors of the guard, each at its argument, and the function still emitted.
+    /// The guard's questions: a value handed on is asked in place, a receiver that is a place
+    /// before its statement; the transaction and its aliases are not asked; a binding that
+    /// shadows the connection is asked with its own message.
     #[test]
-    fn refuses_another_connection_and_keeps_the_function() {
+    fn asks_about_every_value_handed_on() {
         insta::assert_snapshot!(pretty(
             quote!(consumer = "credit", key = msg.id),
             quote! {
-                fn on_credit(conn: &mut PgConnection, msg: &Msg) -> QueryResult<()> {
-                    diesel::update(accounts::table).set(accounts::balance.eq(0)).execute(&mut pool.get()?)?;
+                fn on_credit(conn: &mut PgConnection, ctx: &mut Context, msg: &Msg) -> QueryResult<()> {
+                    let alias = &mut *conn;
+                    diesel::update(accounts::table).set(accounts::balance.eq(0)).execute(alias)?;
+                    ctx.audit.batch_execute("INSERT INTO audit VALUES (1)")?;
+                    if let Ok(mut conn) = pool.get() {
+                        diesel::delete(holds::table).execute(&mut conn)?;
+                    }
                     Ok(())
                 }
             }

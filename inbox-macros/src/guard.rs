@@ -85,6 +85,9 @@ enum Origin {
     NotLocal,
     /// One of the questions this module writes: asked already.
     Asked,
+    /// A metavariable of a `macro_rules!` defined in the body (`$c`): whatever the caller
+    /// passes, asked where the macro is called, as a macro's argument.
+    Metavariable,
     /// Anything else: asked wherever it is handed on.
     Unknown,
 }
@@ -103,6 +106,7 @@ impl Origin {
                 | Origin::Fields(_)
                 | Origin::NotLocal
                 | Origin::Asked
+                | Origin::Metavariable
         )
     }
 }
@@ -373,18 +377,22 @@ impl Guard {
         }
         let shadowed = self.shadows(expr);
         match handed {
-            Handed::ByPlace if is_place(expr) => {
+            Handed::ByPlace if place(expr) == Place::Simple => {
                 let Some(root) = place_root(expr) else { return };
-                let visible = self.lookup(root).map_or(0, |(at, _)| at);
+                // A static is visible everywhere; a binding from where it was bound.
+                let bound_at = self.lookup(root).map(|(at, _)| at);
                 let question = self.ask_place(expr, shadowed);
                 if let Some(frame) = self.frames.last_mut()
-                    && visible < frame.visible
+                    && bound_at.is_none_or(|at| at < frame.visible)
                 {
                     frame.asked.push(question);
                 }
                 // A place bound inside the statement itself (a `let` chain) cannot be asked
                 // before it; see the limits on `idempotent`.
             }
+            // Asked in place, it would be moved out of its container; asked before the
+            // statement, its index would run twice. See the limits on `idempotent`.
+            Handed::ByPlace if place(expr) == Place::Indexed => {}
             _ => *expr = self.ask(expr, shadowed),
         }
     }
@@ -689,8 +697,15 @@ impl VisitMut for Guard {
         self.visit_macro(&mut mac.mac);
     }
 
-    /// A nested item is its own world: its statements run wherever its caller says.
-    fn visit_item_mut(&mut self, _: &mut syn::Item) {}
+    /// A nested item is its own world: its statements run wherever its caller says. A
+    /// `macro_rules!` defined in the body is the body's code: its transcribers are rewritten.
+    fn visit_item_mut(&mut self, item: &mut syn::Item) {
+        if let syn::Item::Macro(item) = item
+            && item.mac.path.is_ident("macro_rules")
+        {
+            item.mac.tokens = self.macro_rules(item.mac.tokens.clone());
+        }
+    }
 }
 
 impl Guard {
@@ -749,6 +764,57 @@ impl Guard {
         self.visit_arguments(&mut call.args, hands_over);
     }
 
+    /// The rules of a `macro_rules!` defined in the body, each transcriber rewritten like the
+    /// body, its metavariables standing for whatever the caller passes. A transcriber with a
+    /// repetition (`$(…)*`) does not parse as Rust and is left as written (see the limits on
+    /// `idempotent`).
+    fn macro_rules(&mut self, rules: TokenStream) -> TokenStream {
+        let mut out = Vec::new();
+        let mut after_arrow = false;
+        for token in rules {
+            match token {
+                TokenTree::Group(group) if after_arrow => {
+                    after_arrow = false;
+                    let mut rewritten = Group::new(
+                        group.delimiter(),
+                        self.transcriber(group.stream())
+                            .unwrap_or_else(|| group.stream()),
+                    );
+                    rewritten.set_span(group.span());
+                    out.push(TokenTree::Group(rewritten));
+                }
+                TokenTree::Punct(ref punct) if punct.as_char() == '>' => {
+                    after_arrow =
+                        matches!(out.last(), Some(TokenTree::Punct(p)) if p.as_char() == '=');
+                    out.push(token);
+                }
+                token => out.push(token),
+            }
+        }
+        out.into_iter().collect()
+    }
+
+    fn transcriber(&mut self, tokens: TokenStream) -> Option<TokenStream> {
+        let mut metavariables = Vec::new();
+        let tokens = to_placeholders(tokens, &mut metavariables)?;
+        let mut block: Block = syn::parse2(quote!({ #tokens })).ok()?;
+        let depth = self.scope.len();
+        for name in &metavariables {
+            self.bind(name.clone(), Origin::Metavariable);
+        }
+        let before = block.stmts.len();
+        let single_expression = matches!(block.stmts.as_slice(), [Stmt::Expr(_, None)]);
+        self.visit_block_mut(&mut block);
+        self.scope.truncate(depth);
+        let stmts = &block.stmts;
+        // Questions placed before an expression would end it: keep it one expression.
+        let rewritten = match single_expression && stmts.len() > before {
+            true => quote!({ #(#stmts)* }),
+            false => quote!(#(#stmts)*),
+        };
+        Some(from_placeholders(rewritten))
+    }
+
     fn check_escape(&mut self, stmt: &Stmt) {
         for attr in stmt_attrs(stmt).iter().filter(|a| is_escape(a)) {
             if let Err(error) = escape_reason(attr) {
@@ -756,6 +822,60 @@ impl Guard {
             }
         }
     }
+}
+
+/// The prefix that stands for `$` in a transcriber while it is parsed as Rust.
+const METAVARIABLE: &str = "__inbox_metavariable_";
+
+/// `$name` → `__inbox_metavariable_name`; `None` for a repetition, which does not parse.
+fn to_placeholders(tokens: TokenStream, names: &mut Vec<Ident>) -> Option<TokenStream> {
+    let mut out = Vec::new();
+    let mut tokens = tokens.into_iter().peekable();
+    while let Some(token) = tokens.next() {
+        match token {
+            TokenTree::Punct(punct) if punct.as_char() == '$' => match tokens.next() {
+                Some(TokenTree::Ident(name)) => {
+                    let placeholder = Ident::new(&format!("{METAVARIABLE}{name}"), name.span());
+                    names.push(placeholder.clone());
+                    out.push(TokenTree::Ident(placeholder));
+                }
+                _ => return None,
+            },
+            TokenTree::Group(group) => {
+                let mut inner =
+                    Group::new(group.delimiter(), to_placeholders(group.stream(), names)?);
+                inner.set_span(group.span());
+                out.push(TokenTree::Group(inner));
+            }
+            token => out.push(token),
+        }
+    }
+    Some(out.into_iter().collect())
+}
+
+/// `__inbox_metavariable_name` → `$name`.
+fn from_placeholders(tokens: TokenStream) -> TokenStream {
+    let mut out = Vec::new();
+    for token in tokens {
+        match token {
+            TokenTree::Ident(ident) => match ident.to_string().strip_prefix(METAVARIABLE) {
+                Some(name) => {
+                    let mut dollar = proc_macro2::Punct::new('$', proc_macro2::Spacing::Alone);
+                    dollar.set_span(ident.span());
+                    out.push(TokenTree::Punct(dollar));
+                    out.push(TokenTree::Ident(Ident::new(name, ident.span())));
+                }
+                None => out.push(TokenTree::Ident(ident)),
+            },
+            TokenTree::Group(group) => {
+                let mut inner = Group::new(group.delimiter(), from_placeholders(group.stream()));
+                inner.set_span(group.span());
+                out.push(TokenTree::Group(inner));
+            }
+            token => out.push(token),
+        }
+    }
+    out.into_iter().collect()
 }
 
 /// The span of an expression's first token and of its last, so that a question about it is
@@ -790,15 +910,35 @@ fn is_variant_constructor(func: &Expr) -> bool {
     matches!(func, Expr::Path(path) if path.path.get_ident().is_some_and(|name| name == "Some" || name == "Ok" || name == "Err"))
 }
 
-/// A place that can be asked by reference without evaluating anything twice: a name, and
-/// fields and dereferences of it.
-fn is_place(expr: &Expr) -> bool {
+/// What kind of place an expression is: a receiver that is a place is auto-referenced, so
+/// it is asked by reference before the statement rather than moved into a question.
+#[derive(PartialEq)]
+enum Place {
+    /// A value, not a place.
+    No,
+    /// A name, and fields, dereferences and indexes (by a literal or a name) of it: asking
+    /// about it by reference evaluates nothing twice.
+    Simple,
+    /// A place indexed by an expression that would be evaluated twice.
+    Indexed,
+}
+
+fn place(expr: &Expr) -> Place {
     match expr {
-        Expr::Paren(e) => is_place(&e.expr),
-        Expr::Path(path) => path.qself.is_none() && path.path.get_ident().is_some(),
-        Expr::Field(field) => is_place(&field.base),
-        Expr::Unary(e) if matches!(e.op, UnOp::Deref(_)) => is_place(&e.expr),
-        _ => false,
+        Expr::Paren(e) => place(&e.expr),
+        Expr::Group(e) => place(&e.expr),
+        Expr::Path(path) if path.qself.is_none() && path.path.get_ident().is_some() => {
+            Place::Simple
+        }
+        Expr::Field(field) => place(&field.base),
+        Expr::Unary(e) if matches!(e.op, UnOp::Deref(_)) => place(&e.expr),
+        Expr::Index(index) => match (place(&index.expr), &*index.index) {
+            (Place::No, _) => Place::No,
+            (Place::Simple, Expr::Lit(_)) => Place::Simple,
+            (Place::Simple, Expr::Path(p)) if p.path.get_ident().is_some() => Place::Simple,
+            _ => Place::Indexed,
+        },
+        _ => Place::No,
     }
 }
 

@@ -2,8 +2,9 @@
 //! This crate is an implementation detail: depend on `inbox-diesel`.
 //!
 //! The expansion runs in three phases, one module each: `attr` parses the arguments,
-//! `valid` checks them and the function against each other (with `guard`, the rule that
-//! every statement runs on the transaction's connection), `expand` writes the code.
+//! `valid` checks them and the function against each other, `guard` rewrites the body so
+//! that the compiler checks every value it hands on against the transaction, `expand` writes
+//! the code.
 //! Every error is spanned at the token it is about; on error the function is still emitted
 //! unchanged, so that the rest of the crate keeps type-checking.
 

@@ -170,6 +170,31 @@ pub fn macros(conn: &mut SqliteConnection, msg: &Msg) -> QueryResult<()> {
     Ok(())
 }
 
+#[idempotent(consumer = "local-macros", key = msg.id)]
+pub fn local_macros(conn: &mut SqliteConnection, msg: &Msg) -> QueryResult<()> {
+    macro_rules! credit {
+        ($c:expr, $n:expr) => {
+            add($c, $n)
+        };
+    }
+    credit!(conn, 1)?;
+    credit!(&mut *conn, msg.amounts.len() as i64)?;
+    macro_rules! on_the_handler {
+        ($n:expr) => {{
+            let written = add(conn, $n)?;
+            written + 1
+        }};
+    }
+    let written = on_the_handler!(2);
+    macro_rules! each {
+        ($($n:expr),*) => {
+            $( add(conn, $n)?; )*
+        };
+    }
+    each!(1, 2);
+    Ok(())
+}
+
 #[idempotent(consumer = "loops", key = msg.id)]
 pub fn loops_and_closures(conn: &mut SqliteConnection, msg: &Msg) -> QueryResult<()> {
     for amount in &msg.amounts {
