@@ -514,8 +514,9 @@ pub mod __private {
     #[cfg(feature = "async")]
     pub use crate::run_async::{AsyncBody, run_async, run_batch_async, run_claim_async};
     pub use crate::{
-        __inbox_no_connection as no_connection, __inbox_vet_claim as vet_claim,
-        __inbox_vet_shadowed as vet_shadowed, __inbox_vet_transaction as vet,
+        __inbox_error_class as error_class, __inbox_no_connection as no_connection,
+        __inbox_vet_claim as vet_claim, __inbox_vet_shadowed as vet_shadowed,
+        __inbox_vet_transaction as vet,
     };
     pub use inbox_core::{Consumer, ErrorClass, InboxSchema, KeyError, MessageKey, RetryPolicy};
 
@@ -622,4 +623,18 @@ pub mod __private {
             None
         }
     }
+}
+
+/// `error_class!(ReturnType, SPEC)`: the closure that classifies a body's `Err` for the retry
+/// loop, resolved by `__private::Probe` at the expansion site, where the error type is known.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __inbox_error_class {
+    ($ret:ty, $spec:ident) => {
+        |__inbox_result: &$ret| {
+            #[allow(unused_imports)]
+            use $crate::__private::{ProbeDiesel as _, ProbeOpaque as _, ProbeSourceChain as _};
+            (&&&$crate::__private::Probe(__inbox_result)).inbox_error_class(&$spec.schema)
+        }
+    };
 }

@@ -95,14 +95,8 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
         Some(_) => (quote!(async), quote!(.await)),
         None => (quote!(), quote!()),
     };
-    let probe = quote! {
-        |__inbox_result: &#ret| {
-            #[allow(unused_imports)]
-            use ::inbox_diesel::__private::{ProbeDiesel as _, ProbeOpaque as _, ProbeSourceChain as _};
-            (&&&::inbox_diesel::__private::Probe(__inbox_result))
-                .inbox_error_class(&__INBOX_SPEC.schema)
-        }
-    };
+    // How the body's error is classified, for retries: resolved here, where its type is known.
+    let probe = quote!(::inbox_diesel::__private::error_class!(#ret, __INBOX_SPEC));
     let call = match (mode, batch) {
         (Mode::Transaction, Some(batch)) => {
             let runtime = match &sig.asyncness {
