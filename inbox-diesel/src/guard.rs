@@ -60,20 +60,13 @@ pub struct NotAConnection(());
 /// Transaction mode: a value handed on in the body must not be a connection other than the
 /// transaction.
 #[diagnostic::on_unimplemented(
-    message = "`{V}` is not the handler's transaction: a statement run through it would commit on its own",
-    label = "not the handler's transaction",
-    note = "an #[idempotent] body runs inside the inbox transaction; a write through another connection commits whatever the inbox decides, so a redelivered message is recognised as a duplicate and this write happens again",
-    note = "run the statement on the handler's connection parameter (or `&mut *conn`), give helpers that connection rather than a pool, or, if it must commit on its own, mark the statement `#[inbox::outside_transaction(\"why\")]`; if this is the handler's connection reached through a call, pass the parameter itself"
+    message = "`{V}` is not the handler's transaction: what runs through it commits on its own",
+    label = "a connection or pool other than the handler's transaction",
+    note = "an #[idempotent] body runs inside the inbox transaction; a write through another connection commits whatever the inbox decides, so a redelivered message is recognised as a duplicate and the write happens again",
+    note = "run the statement on the handler's connection parameter (or `&mut *conn`), give helpers that connection rather than a pool, or, if it must commit on its own, mark the statement `#[inbox::outside_transaction(\"why\")]`",
+    note = "if this is the handler's connection reached through a call, a closure's parameter or a branch, pass the parameter itself; if the value's type is only settled later in the body, annotate it where it is bound"
 )]
-pub trait OnTheTransaction<V: ?Sized> {
-    /// Accepts the answer about `value`.
-    fn allowed(self, value: &V)
-    where
-        Self: Sized,
-    {
-        let _ = value;
-    }
-}
+pub trait OnTheTransaction<V: ?Sized> {}
 
 #[diagnostic::do_not_recommend]
 impl<V: ?Sized> OnTheTransaction<V> for NotAConnection {}
@@ -86,15 +79,7 @@ impl<V: ?Sized> OnTheTransaction<V> for NotAConnection {}
     note = "a statement run through it would commit on its own, outside the inbox transaction, so a redelivered message would be recognised as a duplicate and the write would happen again",
     note = "give the other value a name of its own and run the statement on the handler's connection, or, if it must commit on its own, mark the statement `#[inbox::outside_transaction(\"why\")]`"
 )]
-pub trait NotTheShadowedConnection<V: ?Sized> {
-    /// Accepts the answer about `value`.
-    fn allowed(self, value: &V)
-    where
-        Self: Sized,
-    {
-        let _ = value;
-    }
-}
+pub trait NotTheShadowedConnection<V: ?Sized> {}
 
 #[diagnostic::do_not_recommend]
 impl<V: ?Sized> NotTheShadowedConnection<V> for NotAConnection {}
@@ -102,22 +87,23 @@ impl<V: ?Sized> NotTheShadowedConnection<V> for NotAConnection {}
 /// Claim mode: the body touches no database at all.
 #[diagnostic::on_unimplemented(
     message = "a claim-mode body runs outside any transaction, and this `{V}` reaches the database",
-    label = "database access in a claim-mode body",
+    label = "a connection or pool in a claim-mode body",
     note = "the body runs after the claim has committed and before the work is stamped: a write here commits on its own and is not undone when the side effect fails and the message is redelivered",
     note = "do the database work in a transaction-mode handler, or before or after this one, and pass the message key downstream as the provider's idempotency key; a statement that must run here is marked `#[inbox::outside_transaction(\"why\")]`"
 )]
-pub trait OutsideAnyTransaction<V: ?Sized> {
-    /// Accepts the answer about `value`.
-    fn allowed(self, value: &V)
-    where
-        Self: Sized,
-    {
-        let _ = value;
-    }
-}
+pub trait OutsideAnyTransaction<V: ?Sized> {}
 
 #[diagnostic::do_not_recommend]
 impl<V: ?Sized> OutsideAnyTransaction<V> for NotAConnection {}
+
+/// Claim mode, the connection parameter: inside the body it stands for no connection.
+#[diagnostic::on_unimplemented(
+    message = "in a claim-mode body the connection parameter is `NoConnection`: the body runs outside any transaction and has no connection",
+    label = "`NoConnection`, not a connection",
+    note = "the body runs after the claim has committed and before the work is stamped: a statement run here would commit on its own and would not be undone when the side effect fails and the message is redelivered",
+    note = "do the database work in a transaction-mode handler, or before or after this one, and pass the message key downstream as the provider's idempotency key"
+)]
+pub trait UnusedInClaimMode<V: ?Sized> {}
 
 /// A value being asked about, so that the answer's check names its type.
 pub struct Asked<'v, V: ?Sized>(pub &'v V);
@@ -134,6 +120,10 @@ impl<V: ?Sized> Asked<'_, V> {
     /// Claim mode.
     #[inline(always)]
     pub fn outside_any_transaction<K: OutsideAnyTransaction<V>>(self, _: K) {}
+
+    /// Claim mode, a mention of the connection parameter: never satisfied.
+    #[inline(always)]
+    pub fn unused_in_claim_mode<K: UnusedInClaimMode<V>>(self, _: K) {}
 }
 
 /// Returns `value`; `kind` is never called. Its return type, `K`, is what the expansion
@@ -143,14 +133,9 @@ pub fn vet<T, K>(value: T, _kind: impl FnOnce(&T) -> K) -> T {
     value
 }
 
-/// The connection pools the guard recognises, and references and smart pointers to them.
+/// The connection pools the guard recognises (and, through `Deref`, references, smart
+/// pointers and `LazyLock`s of them).
 pub trait Pool {}
-
-impl<P: Pool + ?Sized> Pool for &P {}
-impl<P: Pool + ?Sized> Pool for &mut P {}
-impl<P: Pool + ?Sized> Pool for std::sync::Arc<P> {}
-impl<P: Pool + ?Sized> Pool for std::rc::Rc<P> {}
-impl<P: Pool + ?Sized> Pool for Box<P> {}
 
 #[cfg(feature = "r2d2")]
 impl<M: diesel::r2d2::ManageConnection> Pool for diesel::r2d2::Pool<M> {}
@@ -189,31 +174,31 @@ pub mod levels {
         };
     }
 
-    level!(SyncConnection0, DatabaseConnection, [&&&&&&&&&&] V: SimpleConnection);
-    level!(SyncConnection1, DatabaseConnection, [&&&&&&&&&] V: Deref, V::Target: SimpleConnection);
-    level!(SyncConnection2, DatabaseConnection, [&&&&&&&&]
-        V: Deref, V::Target: Deref, <V::Target as Deref>::Target: SimpleConnection);
-    level!(SyncConnection3, DatabaseConnection, [&&&&&&&]
-        V: Deref, V::Target: Deref, <V::Target as Deref>::Target: Deref,
-        <<V::Target as Deref>::Target as Deref>::Target: SimpleConnection);
+    level!(SyncConnection0, DatabaseConnection, [&&&&&&&&&&&&&&&&&] V: SimpleConnection);
+    level!(SyncConnection1, DatabaseConnection, [&&&&&&&&&&&&&&&&] V: Deref, <V as Deref>::Target: SimpleConnection);
+    level!(SyncConnection2, DatabaseConnection, [&&&&&&&&&&&&&&&] V: Deref, <V as Deref>::Target: Deref, <<V as Deref>::Target as Deref>::Target: SimpleConnection);
+    level!(SyncConnection3, DatabaseConnection, [&&&&&&&&&&&&&&] V: Deref, <V as Deref>::Target: Deref, <<V as Deref>::Target as Deref>::Target: Deref, <<<V as Deref>::Target as Deref>::Target as Deref>::Target: SimpleConnection);
+    level!(SyncConnection4, DatabaseConnection, [&&&&&&&&&&&&&] V: Deref, <V as Deref>::Target: Deref, <<V as Deref>::Target as Deref>::Target: Deref, <<<V as Deref>::Target as Deref>::Target as Deref>::Target: Deref, <<<<V as Deref>::Target as Deref>::Target as Deref>::Target as Deref>::Target: SimpleConnection);
+    level!(SyncConnection5, DatabaseConnection, [&&&&&&&&&&&&] V: Deref, <V as Deref>::Target: Deref, <<V as Deref>::Target as Deref>::Target: Deref, <<<V as Deref>::Target as Deref>::Target as Deref>::Target: Deref, <<<<V as Deref>::Target as Deref>::Target as Deref>::Target as Deref>::Target: Deref, <<<<<V as Deref>::Target as Deref>::Target as Deref>::Target as Deref>::Target as Deref>::Target: SimpleConnection);
+    level!(ConnectionPool0, ConnectionPool, [&&&&&] V: Pool);
+    level!(ConnectionPool1, ConnectionPool, [&&&&] V: Deref, <V as Deref>::Target: Pool);
+    level!(ConnectionPool2, ConnectionPool, [&&&] V: Deref, <V as Deref>::Target: Deref, <<V as Deref>::Target as Deref>::Target: Pool);
+    level!(ConnectionPool3, ConnectionPool, [&&] V: Deref, <V as Deref>::Target: Deref, <<V as Deref>::Target as Deref>::Target: Deref, <<<V as Deref>::Target as Deref>::Target as Deref>::Target: Pool);
 
     #[cfg(feature = "async")]
     mod asynchronous {
         use super::*;
         use diesel_async::SimpleAsyncConnection;
 
-        level!(AsyncConnection0, DatabaseConnection, [&&&&&&] V: SimpleAsyncConnection);
-        level!(AsyncConnection1, DatabaseConnection, [&&&&&] V: Deref, V::Target: SimpleAsyncConnection);
-        level!(AsyncConnection2, DatabaseConnection, [&&&&]
-            V: Deref, V::Target: Deref, <V::Target as Deref>::Target: SimpleAsyncConnection);
-        level!(AsyncConnection3, DatabaseConnection, [&&&]
-            V: Deref, V::Target: Deref, <V::Target as Deref>::Target: Deref,
-            <<V::Target as Deref>::Target as Deref>::Target: SimpleAsyncConnection);
+        level!(AsyncConnection0, DatabaseConnection, [&&&&&&&&&&&] V: SimpleAsyncConnection);
+        level!(AsyncConnection1, DatabaseConnection, [&&&&&&&&&&] V: Deref, <V as Deref>::Target: SimpleAsyncConnection);
+        level!(AsyncConnection2, DatabaseConnection, [&&&&&&&&&] V: Deref, <V as Deref>::Target: Deref, <<V as Deref>::Target as Deref>::Target: SimpleAsyncConnection);
+        level!(AsyncConnection3, DatabaseConnection, [&&&&&&&&] V: Deref, <V as Deref>::Target: Deref, <<V as Deref>::Target as Deref>::Target: Deref, <<<V as Deref>::Target as Deref>::Target as Deref>::Target: SimpleAsyncConnection);
+        level!(AsyncConnection4, DatabaseConnection, [&&&&&&&] V: Deref, <V as Deref>::Target: Deref, <<V as Deref>::Target as Deref>::Target: Deref, <<<V as Deref>::Target as Deref>::Target as Deref>::Target: Deref, <<<<V as Deref>::Target as Deref>::Target as Deref>::Target as Deref>::Target: SimpleAsyncConnection);
+        level!(AsyncConnection5, DatabaseConnection, [&&&&&&] V: Deref, <V as Deref>::Target: Deref, <<V as Deref>::Target as Deref>::Target: Deref, <<<V as Deref>::Target as Deref>::Target as Deref>::Target: Deref, <<<<V as Deref>::Target as Deref>::Target as Deref>::Target as Deref>::Target: Deref, <<<<<V as Deref>::Target as Deref>::Target as Deref>::Target as Deref>::Target as Deref>::Target: SimpleAsyncConnection);
     }
     #[cfg(feature = "async")]
     pub use asynchronous::*;
-
-    level!(AnyPool, ConnectionPool, [&&] V: Pool);
 
     #[doc(hidden)]
     pub trait ClaimToken<V: ?Sized> {
@@ -234,20 +219,29 @@ pub mod levels {
     impl<V: ?Sized> Anything<V> for Probe<'_, V> {}
 }
 
-// The three questions, one per message. Each is written out whole: a question expanded from
-// another macro would add a line per macro to every compiler message.
+// The questions, one macro per message, each written out whole: a question expanded from
+// another macro would add a line per macro to every compiler message. `vet!(value)` is the
+// value, asked about where it stands; `vet!(@place place)` asks about a place by reference,
+// as a statement before the one that uses it, so that nothing is moved or evaluated twice.
 
-/// Transaction mode: `vet!(value)` is the value, after asking whether it is a connection
-/// other than the handler's transaction.
+/// Transaction mode.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __inbox_vet_transaction {
+    (@place $place:expr) => {{
+        let __inbox_value = &$place;
+        #[allow(unused_imports)]
+        use $crate::__private::guard::levels::*;
+        $crate::__private::guard::Asked(__inbox_value).on_the_transaction(
+            (&&&&&&&&&&&&&&&&&$crate::__private::guard::Probe(__inbox_value)).inbox_kind(),
+        );
+    }};
     ($value:expr) => {
         $crate::__private::guard::vet($value, |__inbox_value| {
             #[allow(unused_imports)]
             use $crate::__private::guard::levels::*;
             $crate::__private::guard::Asked(__inbox_value).on_the_transaction(
-                (&&&&&&&&&&$crate::__private::guard::Probe(__inbox_value)).inbox_kind(),
+                (&&&&&&&&&&&&&&&&&$crate::__private::guard::Probe(__inbox_value)).inbox_kind(),
             )
         })
     };
@@ -257,12 +251,20 @@ macro_rules! __inbox_vet_transaction {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __inbox_vet_shadowed {
+    (@place $place:expr) => {{
+        let __inbox_value = &$place;
+        #[allow(unused_imports)]
+        use $crate::__private::guard::levels::*;
+        $crate::__private::guard::Asked(__inbox_value).not_the_shadowed_connection(
+            (&&&&&&&&&&&&&&&&&$crate::__private::guard::Probe(__inbox_value)).inbox_kind(),
+        );
+    }};
     ($value:expr) => {
         $crate::__private::guard::vet($value, |__inbox_value| {
             #[allow(unused_imports)]
             use $crate::__private::guard::levels::*;
             $crate::__private::guard::Asked(__inbox_value).not_the_shadowed_connection(
-                (&&&&&&&&&&$crate::__private::guard::Probe(__inbox_value)).inbox_kind(),
+                (&&&&&&&&&&&&&&&&&$crate::__private::guard::Probe(__inbox_value)).inbox_kind(),
             )
         })
     };
@@ -272,12 +274,20 @@ macro_rules! __inbox_vet_shadowed {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __inbox_vet_claim {
+    (@place $place:expr) => {{
+        let __inbox_value = &$place;
+        #[allow(unused_imports)]
+        use $crate::__private::guard::levels::*;
+        $crate::__private::guard::Asked(__inbox_value).outside_any_transaction(
+            (&&&&&&&&&&&&&&&&&$crate::__private::guard::Probe(__inbox_value)).inbox_kind(),
+        );
+    }};
     ($value:expr) => {
         $crate::__private::guard::vet($value, |__inbox_value| {
             #[allow(unused_imports)]
             use $crate::__private::guard::levels::*;
             $crate::__private::guard::Asked(__inbox_value).outside_any_transaction(
-                (&&&&&&&&&&$crate::__private::guard::Probe(__inbox_value)).inbox_kind(),
+                (&&&&&&&&&&&&&&&&&$crate::__private::guard::Probe(__inbox_value)).inbox_kind(),
             )
         })
     };
@@ -290,7 +300,7 @@ macro_rules! __inbox_vet_claim {
 macro_rules! __inbox_no_connection {
     ($conn:ident) => {{
         $crate::__private::guard::Asked(&$conn)
-            .outside_any_transaction($crate::__private::guard::ClaimModeHasNoConnection::ANSWER);
+            .unused_in_claim_mode($crate::__private::guard::ClaimModeHasNoConnection::ANSWER);
         $conn
     }};
 }

@@ -331,19 +331,24 @@ mod verify;
 ///   or array element, the right side of an assignment, an argument of a macro that parses as
 ///   an expression — and every parameter besides the connection is asked, at its type,
 ///   whether it runs SQL (diesel's `SimpleConnection` or diesel-async's
-///   `SimpleAsyncConnection`, owned, borrowed, pooled, behind a guard or a `Deref`, within
-///   three dereferences) or is a connection pool (r2d2 with the `r2d2` feature, diesel-async's
-///   deadpool and bb8 with `deadpool` and `bb8`);
+///   `SimpleAsyncConnection`, owned, borrowed, pooled, boxed, behind a guard or a `Deref`,
+///   within five dereferences) or is a connection pool, also behind a `Deref` such as a
+///   `LazyLock` (r2d2 with the `r2d2` feature, diesel-async's deadpool and bb8 with
+///   `deadpool` and `bb8`);
 /// - if it is, and it is not the handler's transaction, the build fails at that value, with
 ///   a message that says why the write would happen twice and how to fix it; a value of any
 ///   other type is never called a connection;
 /// - the transaction is the connection parameter and what is bound from it, followed as Rust
-///   scopes names: `let` (typed or not), `if let`, `while let`, `match`, `let … else`, tuples
-///   and `Some`/`Ok` taken apart, `&mut *conn`, `conn.deref_mut()`, the parameter of a
-///   closure handed to `transaction`, `immediate_transaction`, `exclusive_transaction` or
-///   `build_transaction().run` on it, and the parameter of a closure that the body only ever
-///   calls (what it is called with is asked at the call). A binding that shadows the
-///   connection's name is a new value, judged by its own type, and the message says so.
+///   scopes names: `let` (typed or not), `if let`, `while let`, `match`, `let … else`, tuples,
+///   structs (`..base` included) and `Some`/`Ok` taken apart, `&mut *conn`, branches that all
+///   give it, the parameter of a closure handed to `transaction`, `immediate_transaction`,
+///   `exclusive_transaction` or `build_transaction().run` on it, and the parameter of a
+///   closure that the body only ever calls (what it is called with is asked at the call). A
+///   binding that shadows the connection's name is a new value, judged by its own type, and
+///   the message says so. A mutable `Option`, tuple or struct holding the transaction stays
+///   the transaction only while nothing replaces it whole; a name handed bare to a macro of
+///   the application's own is no longer taken for the transaction after it (the macro may
+///   bind it anew).
 ///
 /// In claim mode there is no transaction: the body is given [`NoConnection`] in place of the
 /// connection — a type with no methods and no diesel impls — and every value it hands on is
@@ -357,22 +362,30 @@ mod verify;
 /// - **a helper's own body**: a helper that reaches a pool or a global connection itself runs
 ///   its statements there. Write helpers that take the connection
 ///   (`fn add(conn: &mut PgConnection, …)`): the compiler then refuses to hand them anything
-///   but a connection, and the guard refuses any connection but the transaction;
-/// - **expansions of macros defined elsewhere, trait objects and function pointers**: their
-///   arguments are asked where they parse as expressions, what they do inside is not. A
-///   `macro_rules!` defined inside the handler is the handler's code, and its rules are
-///   checked like the body — except a rule whose expansion repeats (`$(…)*`), which does not
-///   parse as Rust until it is called;
-/// - **a method's receiver indexed by a computed position** (`conns[next()].write()`): asking
-///   about it would run the index twice;
+///   but a connection, and the guard refuses any connection but the transaction. A pool that
+///   must be reachable in handlers' code can refuse checkouts at run time: see
+///   [`tripwire`](crate::tripwire);
+/// - **a function passed as a value** (`.map(add_one)`), **trait objects and function
+///   pointers**: the callee calls them with values the guard does not see. Pass a closure
+///   (`.map(|c| add_one(c))`): its parameter is asked;
+/// - **expansions of macros defined elsewhere**: their arguments are asked where they parse
+///   as expressions, what the macro does with them is not. A `macro_rules!` defined inside the
+///   handler is the handler's code, and its rules are checked like the body — except a rule
+///   whose expansion repeats (`$(…)*`), which does not parse as Rust until it is called;
 /// - **a nested `fn` item** in the body is its own world, like a helper;
-/// - **a place bound inside a `let` chain** (`if let Some(c) = x && c.write()`) used as a
-///   method's receiver is not asked;
-/// - **the transaction reached through a call the tracking does not follow**
-///   (`let c = my_reborrow(conn);`) is asked like any other value and refused: pass the
-///   parameter itself;
-/// - **a value whose type is inferred only by a later statement**
-///   (`let n = Some(s.parse()?); …`) may be reported as a connection: annotate it.
+/// - **a method's receiver indexed by a call** (`conns[next()].write()`): asking about it
+///   would run the index twice.
+///
+/// What is refused although it is correct, and how to write it instead:
+///
+/// - **the transaction reached through something the tracking does not follow** — a call
+///   (`my_reborrow(conn)`), a collection (`vec![&mut *conn]`), the parameter of a closure
+///   handed to a function of your own (`with_retry(conn, |c| …)`), a mutable `Option` of it
+///   that is borrowed or replaced: pass the connection parameter itself, or let the helper
+///   take the connection and call the closure with it;
+/// - **a value whose type is only settled by a later statement**
+///   (`let n = Default::default(); show(&n); let _: i64 = n;`) may be reported as `_`:
+///   annotate it where it is bound.
 ///
 /// When a statement must commit on its own — an audit trail that records attempts, rolled
 /// back or not — say so on the statement (or on a block of them):

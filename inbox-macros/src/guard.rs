@@ -31,14 +31,14 @@
 //! A statement marked `#[inbox::outside_transaction("reason")]` is not rewritten; the
 //! attribute is removed from the expansion.
 
-use proc_macro2::{Delimiter, Group, Span, TokenStream, TokenTree};
+use proc_macro2::{Delimiter, Group, Spacing, Span, TokenStream, TokenTree};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::punctuated::Punctuated;
 use syn::visit::Visit;
 use syn::visit_mut::{self, VisitMut};
 use syn::{
     Arm, Attribute, Block, Expr, ExprCall, ExprClosure, ExprMethodCall, FnArg, Ident, ItemFn,
-    LitStr, Local, Member, Pat, Stmt, Token, Type, UnOp,
+    LitStr, Local, Member, Pat, Stmt, Token, UnOp,
 };
 
 use crate::valid::Mode;
@@ -51,6 +51,36 @@ const TRANSACTION_METHODS: [&str; 5] = [
     "exclusive_transaction",
     "run",
     "test_transaction",
+];
+
+/// Macros of the standard library and of `tracing`, which bind no name of the caller's.
+const STANDARD_MACROS: [&str; 26] = [
+    "assert",
+    "assert_eq",
+    "assert_ne",
+    "debug_assert",
+    "debug_assert_eq",
+    "debug_assert_ne",
+    "dbg",
+    "eprint",
+    "eprintln",
+    "format",
+    "panic",
+    "print",
+    "println",
+    "todo",
+    "unimplemented",
+    "unreachable",
+    "vec",
+    "write",
+    "writeln",
+    "matches",
+    "trace",
+    "debug",
+    "info",
+    "warn",
+    "error",
+    "event",
 ];
 
 /// Macros whose arguments after the first are patterns, not expressions.
@@ -69,11 +99,6 @@ enum Origin {
     CheckedAtCalls,
     /// A handler parameter, asked once at the top of the body.
     Parameter,
-    /// A handler parameter declared as a shared reference (`msg: &Msg`): asked at the top;
-    /// what is read out of it by value cannot be a connection or a pool (neither is `Copy`).
-    SharedParameter,
-    /// A field (or element) read out of a shared-reference parameter.
-    SharedField,
     /// Claim mode: the `NoConnection` the body is given; every mention of it is asked.
     NoConnection,
     /// A tuple, or `Some`/`Ok`/`Err` of a value: where each part comes from.
@@ -100,8 +125,6 @@ impl Origin {
             Origin::Transaction
                 | Origin::CheckedAtCalls
                 | Origin::Parameter
-                | Origin::SharedParameter
-                | Origin::SharedField
                 | Origin::Parts(_)
                 | Origin::Fields(_)
                 | Origin::NotLocal
@@ -134,9 +157,24 @@ enum Handed {
     /// Moved, copied or reborrowed into a call, a literal or an assignment: asked in place,
     /// through a function that returns it.
     ByValue,
-    /// A method's receiver or a macro's argument, which may be auto-referenced: a place is
-    /// asked by reference before the statement; any other value in place.
+    /// A method's receiver, which may be auto-referenced: a place is asked by reference
+    /// before the statement; any other value in place.
     ByPlace,
+    /// A macro's argument: as a receiver, since the macro may take it by reference.
+    InMacro,
+    /// An element of a struct, tuple, array or `Some(…)` in a `let`'s initializer, where a
+    /// reference to a temporary keeps the temporary alive as long as the binding.
+    Extending,
+}
+
+impl Handed {
+    /// How the elements of a literal are handed on, in an extending position or not.
+    fn element(extending: bool) -> Handed {
+        match extending {
+            true => Handed::Extending,
+            false => Handed::ByValue,
+        }
+    }
 }
 
 pub fn instrument(function: &mut ItemFn, conn: &Ident, mode: Mode) -> syn::Result<()> {
@@ -147,19 +185,15 @@ pub fn instrument(function: &mut ItemFn, conn: &Ident, mode: Mode) -> syn::Resul
         scope: Vec::new(),
         parameter_bound: false,
         frames: Vec::new(),
+        receiver_question: None,
+        extending: false,
         error: None,
     };
     let mut asked = Vec::new();
     for input in &function.sig.inputs {
-        let (names, shared) = match input {
-            FnArg::Receiver(receiver) => (
-                vec![Ident::new("self", receiver.self_token.span)],
-                matches!(receiver.kind, syn::ReceiverKind::Reference(_, _, None)),
-            ),
-            FnArg::Typed(typed) => {
-                let shared = matches!(&*typed.ty, Type::Reference(r) if r.mutability.is_none());
-                (pattern_names(&typed.pat), shared)
-            }
+        let names = match input {
+            FnArg::Receiver(receiver) => vec![Ident::new("self", receiver.self_token.span)],
+            FnArg::Typed(typed) => pattern_names(&typed.pat),
         };
         for name in names {
             if name == *conn {
@@ -172,11 +206,7 @@ pub fn instrument(function: &mut ItemFn, conn: &Ident, mode: Mode) -> syn::Resul
                 continue;
             }
             asked.push(guard.ask_place(&syn::parse_quote!(#name), false));
-            let origin = match shared {
-                true => Origin::SharedParameter,
-                false => Origin::Parameter,
-            };
-            guard.bind(name, origin);
+            guard.bind(name, Origin::Parameter);
         }
     }
     guard.visit_block_mut(&mut function.block);
@@ -194,6 +224,12 @@ struct Guard {
     /// The connection parameter is in scope: a later binding of its name shadows it.
     parameter_bound: bool,
     frames: Vec<Frame>,
+    /// The question about the receiver of the method call being rewritten, when it cannot be
+    /// asked before the statement.
+    receiver_question: Option<Stmt>,
+    /// The expression about to be visited is an element of a literal in a `let`'s
+    /// initializer (see `Handed::Extending`).
+    extending: bool,
     error: Option<syn::Error>,
 }
 
@@ -229,6 +265,13 @@ impl Guard {
                 if let Some((_, sub)) = &p.subpat {
                     self.bind_pattern(sub, Origin::Unknown);
                 }
+                // A mutable tuple, `Option` or struct can be refilled by a value that is not
+                // itself a connection (`o = other.as_deref_mut()`): only the parts of an
+                // immutable one stay what they were bound to.
+                let origin = match (&origin, p.mutability.is_some() || p.by_ref.is_some()) {
+                    (Origin::Parts(_) | Origin::Fields(_), true) => Origin::Unknown,
+                    _ => origin,
+                };
                 self.bind(p.ident.clone(), origin);
             }
             (Pat::Type(p), _) => self.bind_pattern(&p.pat, origin),
@@ -270,19 +313,22 @@ impl Guard {
             Expr::Paren(e) => self.origin(&e.expr),
             Expr::Group(e) => self.origin(&e.expr),
             Expr::Reference(e) => match self.origin(&e.expr) {
-                // A reference to what was read out of a shared parameter may be a pool's.
-                Origin::SharedField => Origin::Unknown,
+                // A reference to a static may be to a pool or a connection behind a lock.
+                Origin::NotLocal => Origin::Unknown,
                 origin => origin,
             },
             Expr::Unary(e) if matches!(e.op, UnOp::Deref(_)) => self.origin(&e.expr),
             Expr::Path(path) if path.qself.is_none() => match path.path.get_ident() {
-                Some(name) => self
-                    .lookup(name)
-                    .map_or(Origin::NotLocal, |(_, b)| b.origin.clone()),
+                Some(name) => match self.lookup(name) {
+                    Some((_, binding)) => binding.origin.clone(),
+                    // A lower-case name bound nowhere the guard sees may be a local a macro
+                    // bound; a static, a constant or a type is named in upper case.
+                    None if is_lower_case(name) => Origin::Unknown,
+                    None => Origin::NotLocal,
+                },
                 None => Origin::NotLocal,
             },
             Expr::Field(field) => match self.origin(&field.base) {
-                Origin::SharedParameter | Origin::SharedField => Origin::SharedField,
                 Origin::Parts(parts) => match &field.member {
                     Member::Unnamed(index) => parts
                         .get(index.index as usize)
@@ -299,26 +345,22 @@ impl Guard {
                 },
                 _ => Origin::Unknown,
             },
-            Expr::Index(index) => match self.origin(&index.expr) {
-                Origin::SharedParameter | Origin::SharedField => Origin::SharedField,
-                _ => Origin::Unknown,
+            // No method's result is taken for the transaction by its name: a method of the
+            // application's own could return another connection under any name.
+            Expr::If(branch) => match &branch.else_branch {
+                Some((_, otherwise)) => same(
+                    self.origin_of_block(&branch.then_branch),
+                    self.origin(otherwise),
+                ),
+                None => Origin::Unknown,
             },
-            Expr::MethodCall(call) if call.args.is_empty() => {
-                let method = call.method.to_string();
-                match (self.origin(&call.receiver), method.as_str()) {
-                    (
-                        Origin::Transaction,
-                        "deref_mut" | "deref" | "as_mut" | "as_ref" | "borrow_mut" | "borrow",
-                    ) => Origin::Transaction,
-                    (Origin::Parts(parts), "unwrap") if parts.len() == 1 => parts[0].clone(),
-                    (Origin::Parts(parts), "as_mut" | "as_deref_mut" | "take")
-                        if parts.len() == 1 =>
-                    {
-                        Origin::Parts(parts)
-                    }
-                    _ => Origin::Unknown,
-                }
-            }
+            Expr::Block(block) => self.origin_of_block(&block.block),
+            Expr::Match(matched) => matched
+                .arms
+                .iter()
+                .map(|arm| self.origin(&arm.body))
+                .reduce(same)
+                .unwrap_or(Origin::Unknown),
             Expr::Call(call) if call.args.len() == 1 && is_variant_constructor(&call.func) => {
                 Origin::Parts(vec![self.origin(&call.args[0])])
             }
@@ -326,16 +368,37 @@ impl Guard {
             Expr::Tuple(tuple) => {
                 Origin::Parts(tuple.elems.iter().map(|e| self.origin(e)).collect())
             }
-            Expr::Struct(literal) if literal.rest.is_none() => Origin::Fields(
-                literal
+            Expr::Struct(literal) => {
+                let mut fields: Vec<(String, Origin)> = literal
                     .fields
                     .iter()
                     .filter_map(|field| match &field.member {
                         Member::Named(name) => Some((name.to_string(), self.origin(&field.expr))),
                         Member::Unnamed(_) => None,
                     })
-                    .collect(),
-            ),
+                    .collect();
+                match literal.rest.as_deref().map(|rest| self.origin(rest)) {
+                    None => Origin::Fields(fields),
+                    // `..base`: the fields not written come from `base`.
+                    Some(Origin::Fields(base)) => {
+                        for (name, origin) in base {
+                            if !fields.iter().any(|(n, _)| *n == name) {
+                                fields.push((name, origin));
+                            }
+                        }
+                        Origin::Fields(fields)
+                    }
+                    Some(_) => Origin::Unknown,
+                }
+            }
+            _ => Origin::Unknown,
+        }
+    }
+
+    /// A block that is only a value: where that value comes from.
+    fn origin_of_block(&self, block: &Block) -> Origin {
+        match block.stmts.as_slice() {
+            [Stmt::Expr(tail, None)] => self.origin(tail),
             _ => Origin::Unknown,
         }
     }
@@ -347,12 +410,12 @@ impl Guard {
         match expr {
             Expr::Paren(e) => self.is_plainly_not_a_connection(&e.expr),
             Expr::Lit(_)
+            | Expr::Infer(_)
             | Expr::Closure(_)
             | Expr::Binary(_)
             | Expr::Cast(_)
             | Expr::Range(_)
             | Expr::Array(_)
-            | Expr::Repeat(_)
             | Expr::Tuple(_)
             | Expr::Struct(_)
             | Expr::Async(_) => true,
@@ -369,31 +432,49 @@ impl Guard {
         }
         let origin = self.origin(expr);
         if origin.is_settled() {
-            // A shared parameter's field, read by value, cannot be a connection; one used as
-            // a receiver is auto-referenced, and may be a pool.
-            if !(origin == Origin::SharedField && handed == Handed::ByPlace) {
-                return;
-            }
+            return;
+        }
+        // A name in a macro's arguments that is bound nowhere the guard sees may be one the
+        // macro binds itself (`tokio::select! { r = fut => … }`), not a value.
+        if handed == Handed::InMacro
+            && let Expr::Path(path) = &*expr
+            && path
+                .path
+                .get_ident()
+                .is_some_and(|name| self.lookup(name).is_none())
+        {
+            return;
         }
         let shadowed = self.shadows(expr);
         match handed {
-            Handed::ByPlace if place(expr) == Place::Simple => {
+            Handed::ByPlace | Handed::InMacro if place(expr) == Place::Simple => {
                 let Some(root) = place_root(expr) else { return };
                 // A static is visible everywhere; a binding from where it was bound.
                 let bound_at = self.lookup(root).map(|(at, _)| at);
                 let question = self.ask_place(expr, shadowed);
-                if let Some(frame) = self.frames.last_mut()
-                    && bound_at.is_none_or(|at| at < frame.visible)
-                {
-                    frame.asked.push(question);
+                match self.frames.last_mut() {
+                    Some(frame) if bound_at.is_none_or(|at| at < frame.visible) => {
+                        frame.asked.push(question)
+                    }
+                    // Bound inside the statement itself (a `let` chain, a `match` guard): the
+                    // method call is asked about in a block of its own, `{ vet!(…); c.m() }`.
+                    _ if handed == Handed::ByPlace => self.receiver_question = Some(question),
+                    _ => {}
                 }
-                // A place bound inside the statement itself (a `let` chain) cannot be asked
-                // before it; see the limits on `idempotent`.
             }
             // Asked in place, it would be moved out of its container; asked before the
             // statement, its index would run twice. See the limits on `idempotent`.
-            Handed::ByPlace if place(expr) == Place::Indexed => {}
-            _ => *expr = self.ask(expr, shadowed),
+            Handed::ByPlace | Handed::InMacro if place(expr) == Place::Indexed => {}
+            // `&value`: the value is asked and the reference kept outside, so that a
+            // temporary it borrows lives as long as it did (`S { f: &format!(…) }` in a `let`).
+            _ => match expr {
+                Expr::Reference(reference)
+                    if handed == Handed::Extending && place(&reference.expr) == Place::No =>
+                {
+                    *reference.expr = self.ask(&reference.expr, shadowed)
+                }
+                _ => *expr = self.ask(expr, shadowed),
+            },
         }
     }
 
@@ -413,8 +494,8 @@ impl Guard {
     /// `vet!(&place);`, asked before the statement.
     fn ask_place(&self, place: &Expr, shadowed: bool) -> Stmt {
         let (first, _) = spans(place);
-        let reference = quote_spanned!(first=> &);
-        let tokens = self.question(quote!(#reference #place), shadowed);
+        let marker = quote_spanned!(first=> @place);
+        let tokens = self.question(quote!(#marker #place), shadowed);
         syn::parse2(quote!(#tokens;)).expect("a question parses as a statement")
     }
 
@@ -459,6 +540,7 @@ impl Guard {
     /// The arguments of a call or a method call; closures handed to a transaction method of
     /// the transaction are given the transaction.
     fn visit_arguments(&mut self, args: &mut Punctuated<Expr, Token![,]>, hands_over: bool) {
+        let extending = std::mem::take(&mut self.extending);
         for arg in args.iter_mut() {
             match arg {
                 Expr::Closure(closure) => {
@@ -469,8 +551,9 @@ impl Guard {
                     self.visit_closure_as(closure, origin);
                 }
                 _ => {
+                    self.extending = extending;
                     self.visit_expr_mut(arg);
-                    self.hand(arg, Handed::ByValue);
+                    self.hand(arg, Handed::element(extending));
                 }
             }
         }
@@ -481,29 +564,94 @@ impl Guard {
         if is_question(mac) {
             return;
         }
-        let name = mac.path.segments.last().map(|s| s.ident.to_string());
-        let Ok(mut args) = mac.parse_body_with(Punctuated::<Expr, Token![,]>::parse_terminated)
-        else {
-            return;
-        };
-        let patterns = name.is_some_and(|n| PATTERN_MACROS.contains(&n.as_str()));
-        for (at, arg) in args.iter_mut().enumerate() {
-            if patterns && at > 0 {
-                break;
+        let patterns = mac
+            .path
+            .segments
+            .last()
+            .is_some_and(|s| PATTERN_MACROS.contains(&s.ident.to_string().as_str()));
+        // The usual case: expressions separated by commas.
+        if let Ok(mut args) = mac.parse_body_with(Punctuated::<Expr, Token![,]>::parse_terminated) {
+            for (at, arg) in args.iter_mut().enumerate() {
+                if patterns && at > 0 {
+                    break;
+                }
+                self.macro_argument(arg);
             }
-            match arg {
-                // `name = value`, as tracing's fields are written.
-                Expr::Assign(assign) => {
-                    self.visit_expr_mut(&mut assign.right);
-                    self.hand(&mut assign.right, Handed::ByPlace);
+            mac.tokens = args.to_token_stream();
+            return;
+        }
+        // Otherwise each piece between `,` and `;`, and each part of a piece between `=>`
+        // and `=` (`target: "audit", …`, `vec![x; n]`, `r = future => { … }`), that parses
+        // as an expression.
+        let mut out = TokenStream::new();
+        for (at, (piece, separator)) in split(mac.tokens.clone(), is_list_separator)
+            .into_iter()
+            .enumerate()
+        {
+            match patterns && at > 0 {
+                true => out.extend(piece),
+                // Before a first `=` stands a pattern or a name (`Ok(v) = future => …`,
+                // `field = value`): it is left as written.
+                false => {
+                    let parts = split(piece, is_binding_separator);
+                    let pattern_first = parts
+                        .first()
+                        .is_some_and(|(_, separator)| separator.to_string() == "=");
+                    for (at, (part, arrow)) in parts.into_iter().enumerate() {
+                        match at > 0 || !pattern_first {
+                            true => out.extend(self.macro_part(part)),
+                            false => out.extend(part),
+                        }
+                        out.extend(arrow);
+                    }
                 }
-                _ => {
-                    self.visit_expr_mut(arg);
-                    self.hand(arg, Handed::ByPlace);
-                }
+            }
+            out.extend(separator);
+        }
+        mac.tokens = out;
+    }
+
+    fn macro_part(&mut self, part: TokenStream) -> TokenStream {
+        match syn::parse2::<Expr>(part.clone()) {
+            Ok(mut expr) => {
+                self.macro_argument(&mut expr);
+                expr.to_token_stream()
+            }
+            Err(_) => part,
+        }
+    }
+
+    fn macro_argument(&mut self, arg: &mut Expr) {
+        match arg {
+            // `name = value`, as tracing's fields are written.
+            Expr::Assign(assign) => {
+                self.visit_expr_mut(&mut assign.right);
+                self.hand(&mut assign.right, Handed::InMacro);
+            }
+            _ => {
+                self.visit_expr_mut(arg);
+                self.hand(arg, Handed::InMacro);
             }
         }
-        mac.tokens = args.to_token_stream();
+    }
+
+    /// A macro called as a statement may bind the names it is given (`lease!(c);` expanding
+    /// to `let mut c = pool.get()?;`): a name of the transaction given bare to a macro that is
+    /// not one of the standard library's is no longer taken for the transaction after it.
+    fn rebound_by(&mut self, mac: &syn::Macro) {
+        let name = mac.path.segments.last().map(|s| s.ident.to_string());
+        if name.is_some_and(|n| STANDARD_MACROS.contains(&n.as_str())) {
+            return;
+        }
+        for token in mac.tokens.clone() {
+            if let TokenTree::Ident(ident) = token
+                && self
+                    .lookup(&ident)
+                    .is_some_and(|(_, b)| b.origin != Origin::Unknown)
+            {
+                self.bind(ident, Origin::Unknown);
+            }
+        }
     }
 
     /// Whether every later mention of `name` in `rest` calls it: then what its parameters
@@ -540,7 +688,7 @@ impl Guard {
                         })
                         .sum()
                 }
-                self.all += mentions(mac.tokens.clone(), self.name) + 1;
+                self.all += mentions(mac.tokens.clone(), self.name);
             }
         }
         let mut mentions = Mentions {
@@ -583,6 +731,18 @@ impl VisitMut for Guard {
                         _ => false,
                     };
                     self.visit_local_as(local, closure_called_here);
+                    // A mutable tuple, `Option` or struct keeps the origins of its parts while
+                    // nothing replaces it whole.
+                    if let Pat::Ident(p) = &local.pat
+                        && p.mutability.is_some()
+                        && let Some(init) = &local.init
+                        && let origin @ (Origin::Parts(_) | Origin::Fields(_)) =
+                            self.origin(&init.expr)
+                        && !replaced_whole(&p.ident, &stmts[at + 1..])
+                        && let Some(binding) = self.scope.last_mut()
+                    {
+                        binding.origin = origin;
+                    }
                 }
                 _ => visit_mut::visit_stmt_mut(self, &mut stmt),
             }
@@ -598,6 +758,8 @@ impl VisitMut for Guard {
     }
 
     fn visit_expr_mut(&mut self, expr: &mut Expr) {
+        // Only the elements of a literal in an extending position are in one themselves.
+        let extending = std::mem::take(&mut self.extending);
         match expr {
             Expr::Path(path) if self.claim && path.qself.is_none() => {
                 // Every mention of claim mode's `NoConnection` is asked, wherever it is.
@@ -616,14 +778,24 @@ impl VisitMut for Guard {
                 }
             }
             Expr::Closure(closure) => self.visit_closure_as(closure, Origin::Unknown),
-            Expr::MethodCall(call) => self.visit_method_call(call),
-            Expr::Call(call) => self.visit_call(call),
+            Expr::MethodCall(call) => {
+                self.visit_method_call(call);
+                if let Some(question) = self.receiver_question.take() {
+                    let call = std::mem::replace(expr, Expr::Verbatim(TokenStream::new()));
+                    *expr = syn::parse_quote!({ #question #call });
+                }
+            }
+            Expr::Call(call) => {
+                self.extending = extending && is_variant_constructor(&call.func);
+                self.visit_call(call)
+            }
             Expr::Macro(mac) => self.visit_macro(&mut mac.mac),
             Expr::Struct(literal) => {
                 for field in literal.fields.iter_mut() {
+                    self.extending = extending;
                     self.visit_expr_mut(&mut field.expr);
                     let before = field.expr.to_token_stream().to_string();
-                    self.hand(&mut field.expr, Handed::ByValue);
+                    self.hand(&mut field.expr, Handed::element(extending));
                     if field.colon_token.is_none()
                         && field.expr.to_token_stream().to_string() != before
                     {
@@ -636,20 +808,21 @@ impl VisitMut for Guard {
             }
             Expr::Tuple(tuple) => {
                 for elem in tuple.elems.iter_mut() {
+                    self.extending = extending;
                     self.visit_expr_mut(elem);
-                    self.hand(elem, Handed::ByValue);
+                    self.hand(elem, Handed::element(extending));
                 }
             }
             Expr::Array(array) => {
                 for elem in array.elems.iter_mut() {
+                    self.extending = extending;
                     self.visit_expr_mut(elem);
-                    self.hand(elem, Handed::ByValue);
+                    self.hand(elem, Handed::element(extending));
                 }
             }
-            Expr::Repeat(repeat) => {
-                self.visit_expr_mut(&mut repeat.expr);
-                self.hand(&mut repeat.expr, Handed::ByValue);
-            }
+            // `[value; n]` copies its value (or evaluates a `const` block): a connection is
+            // neither `Copy` nor made in a constant.
+            Expr::Repeat(repeat) => self.visit_expr_mut(&mut repeat.expr),
             Expr::Assign(assign) => {
                 self.visit_expr_mut(&mut assign.left);
                 self.visit_expr_mut(&mut assign.right);
@@ -695,6 +868,7 @@ impl VisitMut for Guard {
 
     fn visit_stmt_macro_mut(&mut self, mac: &mut syn::StmtMacro) {
         self.visit_macro(&mut mac.mac);
+        self.rebound_by(&mac.mac);
     }
 
     /// A nested item is its own world: its statements run wherever its caller says. A
@@ -716,7 +890,10 @@ impl Guard {
                 Expr::Closure(closure) if closure_called_here => {
                     self.visit_closure_as(closure, Origin::CheckedAtCalls)
                 }
-                _ => self.visit_expr_mut(&mut init.expr),
+                _ => {
+                    self.extending = true;
+                    self.visit_expr_mut(&mut init.expr);
+                }
             }
             origin = self.origin(&init.expr);
             if let Some((_, diverge)) = &mut init.diverge {
@@ -745,22 +922,35 @@ impl Guard {
         let hands_over = TRANSACTION_METHODS.contains(&method.as_str())
             && self.origin(receiver_root(&call.receiver)) == Origin::Transaction;
         self.hand(&mut call.receiver, Handed::ByPlace);
+        // The arguments' own method calls must not take this call's question.
+        let question = self.receiver_question.take();
         self.visit_arguments(&mut call.args, hands_over);
+        self.receiver_question = question;
     }
 
     fn visit_call(&mut self, call: &mut ExprCall) {
+        let extending = std::mem::take(&mut self.extending);
         self.visit_expr_mut(&mut call.func);
-        // `Connection::transaction(conn, |c| …)`.
+        // `Connection::transaction(conn, |c| …)`, `AsyncConnection::transaction(…)`: a
+        // function of the application's own named `transaction` is not trusted.
         let hands_over = match &*call.func {
-            Expr::Path(path) => path.path.segments.last().is_some_and(|s| {
-                TRANSACTION_METHODS.contains(&s.ident.to_string().as_str())
+            Expr::Path(path) => {
+                let segments: Vec<String> = path
+                    .path
+                    .segments
+                    .iter()
+                    .map(|s| s.ident.to_string())
+                    .collect();
+                matches!(segments.as_slice(), [.., owner, method]
+                    if owner.ends_with("Connection") && TRANSACTION_METHODS.contains(&method.as_str()))
                     && call
                         .args
                         .first()
                         .is_some_and(|c| self.origin(c) == Origin::Transaction)
-            }),
+            }
             _ => false,
         };
+        self.extending = extending;
         self.visit_arguments(&mut call.args, hands_over);
     }
 
@@ -821,6 +1011,57 @@ impl Guard {
                 self.push_error(error);
             }
         }
+    }
+}
+
+/// Splits tokens at the top-level separators `is_separator` recognises; each piece comes with
+/// the separator tokens that ended it.
+fn split(
+    tokens: TokenStream,
+    is_separator: fn(&[TokenTree], usize) -> usize,
+) -> Vec<(TokenStream, TokenStream)> {
+    let tokens: Vec<TokenTree> = tokens.into_iter().collect();
+    let mut pieces = Vec::new();
+    let mut piece = TokenStream::new();
+    let mut at = 0;
+    while at < tokens.len() {
+        match is_separator(&tokens, at) {
+            0 => {
+                piece.extend([tokens[at].clone()]);
+                at += 1;
+            }
+            width => {
+                let separator: TokenStream = tokens[at..at + width].iter().cloned().collect();
+                pieces.push((std::mem::take(&mut piece), separator));
+                at += width;
+            }
+        }
+    }
+    pieces.push((piece, TokenStream::new()));
+    pieces
+}
+
+/// `,` and `;`.
+fn is_list_separator(tokens: &[TokenTree], at: usize) -> usize {
+    usize::from(
+        matches!(&tokens[at], TokenTree::Punct(p) if p.as_char() == ',' || p.as_char() == ';'),
+    )
+}
+
+/// `=>`, and an `=` that is not part of `==`, `<=`, `>=`, `!=` or the like.
+fn is_binding_separator(tokens: &[TokenTree], at: usize) -> usize {
+    let punct = |at: usize| match tokens.get(at) {
+        Some(TokenTree::Punct(p)) => Some(p),
+        _ => None,
+    };
+    let Some(p) = punct(at).filter(|p| p.as_char() == '=') else {
+        return 0;
+    };
+    let joined_before = at > 0 && punct(at - 1).is_some_and(|q| q.spacing() == Spacing::Joint);
+    match p.spacing() {
+        Spacing::Joint if punct(at + 1).is_some_and(|q| q.as_char() == '>') => 2,
+        Spacing::Alone if !joined_before => 1,
+        _ => 0,
     }
 }
 
@@ -905,6 +1146,64 @@ fn is_question(mac: &syn::Macro) -> bool {
         && (segments[2].starts_with("vet") || segments[2] == "no_connection")
 }
 
+/// Whether `name` is assigned whole, borrowed mutably whole or used as a method's receiver (so
+/// possibly auto-borrowed mutably: `o.replace(…)`, `o.insert(…)`) in `rest`, or handed to a
+/// macro, which may do any of these.
+fn replaced_whole(name: &Ident, rest: &[Stmt]) -> bool {
+    struct Replaced<'n> {
+        name: &'n Ident,
+        found: bool,
+    }
+    impl Replaced<'_> {
+        fn is_name(&self, expr: &Expr) -> bool {
+            match expr {
+                Expr::Paren(e) => self.is_name(&e.expr),
+                Expr::Path(path) => path.path.is_ident(self.name),
+                _ => false,
+            }
+        }
+    }
+    impl<'ast> Visit<'ast> for Replaced<'_> {
+        fn visit_expr(&mut self, expr: &'ast Expr) {
+            self.found |= match expr {
+                Expr::Assign(assign) => self.is_name(&assign.left),
+                Expr::Reference(reference) => {
+                    reference.mutability.is_some() && self.is_name(&reference.expr)
+                }
+                Expr::MethodCall(call) => self.is_name(&call.receiver),
+                _ => false,
+            };
+            syn::visit::visit_expr(self, expr);
+        }
+        fn visit_macro(&mut self, mac: &'ast syn::Macro) {
+            self.found |= mac.tokens.clone().into_iter().any(|t| match t {
+                TokenTree::Ident(ident) => ident == *self.name,
+                _ => false,
+            });
+        }
+    }
+    let mut replaced = Replaced { name, found: false };
+    for stmt in rest {
+        replaced.visit_stmt(stmt);
+    }
+    replaced.found
+}
+
+/// Where a value that comes from one of two places comes from: the same place, or unknown.
+fn same(a: Origin, b: Origin) -> Origin {
+    match a == b {
+        true => a,
+        false => Origin::Unknown,
+    }
+}
+
+fn is_lower_case(name: &Ident) -> bool {
+    name.to_string()
+        .chars()
+        .find(|c| *c != '_')
+        .is_some_and(|c| c.is_lowercase())
+}
+
 /// `Some`, `Ok`, `Err`: the value they wrap is the value a pattern of them takes apart.
 fn is_variant_constructor(func: &Expr) -> bool {
     matches!(func, Expr::Path(path) if path.path.get_ident().is_some_and(|name| name == "Some" || name == "Ok" || name == "Err"))
@@ -932,13 +1231,26 @@ fn place(expr: &Expr) -> Place {
         }
         Expr::Field(field) => place(&field.base),
         Expr::Unary(e) if matches!(e.op, UnOp::Deref(_)) => place(&e.expr),
-        Expr::Index(index) => match (place(&index.expr), &*index.index) {
-            (Place::No, _) => Place::No,
-            (Place::Simple, Expr::Lit(_)) => Place::Simple,
-            (Place::Simple, Expr::Path(p)) if p.path.get_ident().is_some() => Place::Simple,
+        Expr::Index(index) => match place(&index.expr) {
+            Place::No => Place::No,
+            Place::Simple if is_pure(&index.index) => Place::Simple,
             _ => Place::Indexed,
         },
         _ => Place::No,
+    }
+}
+
+/// An expression that can be evaluated twice to the same effect: literals, names, fields,
+/// arithmetic and casts of them.
+fn is_pure(expr: &Expr) -> bool {
+    match expr {
+        Expr::Lit(_) | Expr::Path(_) => true,
+        Expr::Paren(e) => is_pure(&e.expr),
+        Expr::Field(e) => is_pure(&e.base),
+        Expr::Binary(e) => is_pure(&e.left) && is_pure(&e.right),
+        Expr::Unary(e) => is_pure(&e.expr),
+        Expr::Cast(e) => is_pure(&e.expr),
+        _ => false,
     }
 }
 

@@ -1,0 +1,86 @@
+#![allow(unused_variables, unused_imports, dead_code, unused_mut, irrefutable_let_patterns, unused_assignments, unreachable_code, unused_labels)]
+//! Good code a new user wrote, claim mode and the transaction through branches: every form
+//! compiles.
+use std::sync::{Arc, LazyLock, Mutex};
+use std::cell::RefCell;
+use std::rc::Rc;
+use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
+use diesel::r2d2::{ConnectionManager, Pool, PooledConnection};
+use inbox_diesel::idempotent;
+
+diesel::table! {
+    accounts (id) {
+        id -> Integer,
+        balance -> BigInt,
+    }
+}
+
+pub struct Msg { pub id: u64, pub amounts: Vec<i64>, pub name: String }
+type Checkout = PooledConnection<ConnectionManager<SqliteConnection>>;
+type SqlitePool = Pool<ConnectionManager<SqliteConnection>>;
+static POOL: LazyLock<SqlitePool> =
+    LazyLock::new(|| Pool::builder().build_unchecked(ConnectionManager::new(":memory:")));
+static GLOBAL: LazyLock<Mutex<SqliteConnection>> =
+    LazyLock::new(|| Mutex::new(SqliteConnection::establish(":memory:").unwrap()));
+
+fn add(conn: &mut SqliteConnection, amount: i64) -> QueryResult<usize> {
+    diesel::update(accounts::table.find(1))
+        .set(accounts::balance.eq(accounts::balance + amount))
+        .execute(conn)
+}
+fn reset() -> diesel::query_builder::SqlQuery { diesel::sql_query("UPDATE accounts SET balance = 0") }
+fn add_with_pool(pool: &SqlitePool) -> QueryResult<usize> { add(&mut pool.get().unwrap(), 1) }
+fn add_generic<C: diesel::connection::SimpleConnection>(c: &mut C) -> QueryResult<()> { c.batch_execute("UPDATE accounts SET balance = 1") }
+fn make_boxed() -> Box<Box<Box<SqliteConnection>>> { Box::new(Box::new(Box::new(SqliteConnection::establish(":memory:").unwrap()))) }
+fn checkout() -> Checkout { POOL.get().unwrap() }
+fn checkout_impl() -> impl diesel::connection::SimpleConnection { POOL.get().unwrap() }
+fn checkout_opt() -> Option<Checkout> { POOL.get().ok() }
+pub struct Repo<'c> { pub db: &'c mut SqliteConnection, pub n: i64 }
+pub struct Ctx { pub id: u64, pub pool: &'static SqlitePool, pub name: String }
+#[derive(Debug)]
+pub struct AppError;
+impl From<diesel::result::Error> for AppError { fn from(_: diesel::result::Error) -> Self { AppError } }
+impl From<inbox_diesel::Error> for AppError { fn from(_: inbox_diesel::Error) -> Self { AppError } }
+impl From<String> for AppError { fn from(_: String) -> Self { AppError } }
+pub struct RedisConnection;
+impl RedisConnection { pub fn set(&mut self, k: &str, v: &str) -> Result<(), String> { Ok(()) } }
+pub struct Http;
+impl Http { pub fn execute(&self, req: &mut Vec<u8>) -> Result<usize, String> { Ok(req.len()) } }
+macro_rules! info { ($($t:tt)*) => { let _ = stringify!($($t)*); }; }
+fn with_retry(conn: &mut SqliteConnection, f: impl Fn(&mut SqliteConnection) -> QueryResult<usize>) -> QueryResult<usize> { f(conn) }
+
+// GC01: claim with a redis-like client, an http `execute`, iterators, macros
+#[idempotent(consumer = "gc01", key = msg.id, mode = "claim", conn = conn)]
+fn gc01(conn: &mut SqliteConnection, redis: &mut RedisConnection, http: &Http, msg: &Msg) -> Result<(), AppError> {
+    let key = format!("k-{}", msg.id);
+    redis.set(&key, "v")?;
+    let mut body = msg.name.as_bytes().to_vec();
+    http.execute(&mut body)?;
+    let total: i64 = msg.amounts.iter().filter(|a| **a > 0).sum();
+    info!(%key, ?total, "sent");
+    assert!(matches!(msg.amounts.first(), Some(n) if *n >= 0));
+    let conn = "smtp://localhost";
+    println!("{conn} {total}");
+    Ok(())
+}
+// GC02: claim with closures mutating state, labeled loops, let-else, combinators
+#[idempotent(consumer = "gc02", key = msg.id, mode = "claim")]
+fn gc02(conn: &mut SqliteConnection, msg: &Msg) -> Result<(), AppError> {
+    let mut sent = Vec::new();
+    let mut record = |s: &str| sent.push(s.to_string());
+    record("a");
+    'l: for a in &msg.amounts { if *a < 0 { break 'l; } }
+    let Some(first) = msg.amounts.first() else { return Ok(()) };
+    let doubled = msg.amounts.get(1).map(|x| x * 2).unwrap_or_default();
+    let parsed: i64 = msg.name.parse().map_err(|_| String::from("bad"))?;
+    Ok(())
+}
+// G31: match returning the transaction
+#[idempotent(consumer = "g31", key = msg.id)]
+fn g31(conn: &mut SqliteConnection, msg: &Msg) -> QueryResult<()> {
+    let c = match msg.id { 0 => &mut *conn, _ => &mut *conn };
+    add(c, 1)?;
+    Ok(())
+}
+fn main() {}
