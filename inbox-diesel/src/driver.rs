@@ -17,7 +17,7 @@ use inbox_core::{BatchOutcome, ErrorClass, MessageKey, Outcome, RetryDecision};
 
 use crate::__private::HandlerSpec;
 use crate::claim::{ClaimAnswer, ClaimSpec, ClaimState, ClaimStep};
-use crate::{Error, OnExpired, classify};
+use crate::{Error, OnExpired, classify, tripwire};
 
 /// What a connection does for the driver: open, claim, commit, roll back, wait.
 pub(crate) trait Steps {
@@ -358,7 +358,7 @@ where
     };
 
     tracing::debug!(attempt, "claimed; running the body");
-    let value = match body.call(steps.conn()).await {
+    let value = match run_body(spec, &mut body, steps.conn()).await {
         Ok(value) => value,
         Err(e) => {
             match steps
@@ -570,7 +570,7 @@ where
             return Err(Failure::Database(e));
         }
     }
-    match body.call(steps.conn()).await {
+    match run_body(spec, body, steps.conn()).await {
         Ok(value) => match steps.commit().await {
             Ok(()) => Ok(Step::Processed(value)),
             Err(e) => {
@@ -587,6 +587,18 @@ where
             Err(Failure::Body(Err(e)))
         }
     }
+}
+
+/// Runs the handler's body under the tripwire's mark, so that a pool checkout in it — in
+/// code the compile-time check cannot see — is refused (`tripwire`). Set during each poll of
+/// the body's future and put back after it: the sync body runs to its end in its one poll,
+/// and an async body's mark does not outlive its polls into other tasks.
+async fn run_body<C, R, B: Body<C, R>>(
+    spec: &'static HandlerSpec,
+    body: &mut B,
+    conn: &mut C,
+) -> R {
+    tripwire::marked(Some(spec.consumer.as_str()), body.call(conn)).await
 }
 
 /// Rolls back the handler's transaction if it is still open. A failure to roll back is

@@ -283,6 +283,7 @@ mod run;
 #[cfg(feature = "async")]
 mod run_async;
 pub mod schema;
+pub mod tripwire;
 pub mod unique;
 mod verify;
 
