@@ -9,6 +9,7 @@ pub use inbox_diesel::Uuid;
 pub mod batch;
 pub mod claim;
 pub mod sqlite;
+pub mod tripwire;
 pub mod unique;
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
