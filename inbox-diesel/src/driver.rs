@@ -593,12 +593,12 @@ where
 /// code the compile-time check cannot see — is refused (`tripwire`). Set during each poll of
 /// the body's future and put back after it: the sync body runs to its end in its one poll,
 /// and an async body's mark does not outlive its polls into other tasks.
-async fn run_body<C, R, B: Body<C, R>>(
+fn run_body<'a, C, R, B: Body<C, R>>(
     spec: &'static HandlerSpec,
-    body: &mut B,
-    conn: &mut C,
-) -> R {
-    tripwire::marked(Some(spec.consumer.as_str()), body.call(conn)).await
+    body: &'a mut B,
+    conn: &'a mut C,
+) -> impl Future<Output = R> + use<'a, C, R, B> {
+    tripwire::marked(Some(spec.consumer.as_str()), body.call(conn))
 }
 
 /// Rolls back the handler's transaction if it is still open. A failure to roll back is

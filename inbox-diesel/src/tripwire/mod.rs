@@ -124,6 +124,7 @@ struct Mark {
 }
 
 impl Mark {
+    #[inline]
     fn set(consumer: Option<&'static str>) -> Mark {
         Mark {
             previous: MARK.replace(consumer),
@@ -132,6 +133,7 @@ impl Mark {
 }
 
 impl Drop for Mark {
+    #[inline]
     fn drop(&mut self) {
         MARK.set(self.previous);
     }
@@ -187,6 +189,7 @@ impl std::error::Error for InsideHandler {}
 /// The `#[idempotent]` handler whose body is running on this thread (or, for an `async fn`
 /// handler, in the future being polled), or `None` outside any handler and inside
 /// [`allow_outside_transaction`].
+#[inline]
 pub fn inside_handler() -> Option<InsideHandler> {
     MARK.get().map(|consumer| InsideHandler { consumer })
 }
