@@ -70,8 +70,10 @@
 //! # What it does not cover
 //!
 //! - Work outside the transaction: a write on *another* connection, an e-mail, an HTTP call
-//!   commits or happens on its own, whatever the inbox decides. For side effects that cannot
-//!   join a transaction, see [claim mode](#claim-mode-side-effects-outside-the-database).
+//!   commits or happens on its own, whatever the inbox decides. The compiler refuses the
+//!   writes on another connection it can see in the body, and a guarded pool ([`tripwire`])
+//!   a checkout made anywhere under the body. For side effects that cannot join a
+//!   transaction, see [claim mode](#claim-mode-side-effects-outside-the-database).
 //! - Markers removed too early: a redelivery after its marker is deleted is processed again.
 //! - Error messages: deadlocks on PostgreSQL and busy/locked SQLite databases are recognised
 //!   by the server's English message text; a server configured to answer in another
@@ -409,6 +411,13 @@ mod verify;
 /// finds every exception. The risk is exactly the one the rule prevents: that statement runs
 /// once per *delivery*, not once per message, and it stays committed when the handler's
 /// transaction rolls back.
+///
+/// What the compiler cannot see — a helper that checks a connection out of a pool inside its
+/// own body — the runtime stops at the pool: while the body runs, the thread (or the
+/// handler's future) is marked with the handler's consumer, and the guarded pools of
+/// [`tripwire`] (features `r2d2`, `deadpool`, `bb8`) refuse a checkout under that mark with
+/// an error, before the helper can write. The run-time exception is
+/// `tripwire::allow_outside_transaction("why", || …)`.
 ///
 /// # Requirements
 ///

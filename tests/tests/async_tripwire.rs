@@ -6,7 +6,9 @@ use std::sync::{Arc, Mutex};
 
 use diesel::{ExpressionMethods, QueryResult, SqliteConnection};
 use diesel_async::RunQueryDsl;
-use diesel_async::pooled_connection::{AsyncDieselConnectionManager, ManagerConfig};
+use diesel_async::pooled_connection::{
+    AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod,
+};
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 use inbox_diesel::tripwire::{self, InsideHandler, OnTrip};
 use inbox_diesel::{Outcome, idempotent};
@@ -119,7 +121,7 @@ async fn deadpool(audit: &AuditDb, hooks: Option<OnTrip>) -> Deadpool {
 async fn bb8(audit: &AuditDb, check: Option<OnTrip>) -> Bb8 {
     let mut config = ManagerConfig::default();
     if let Some(on) = check {
-        config.recycling_method = tripwire::bb8::recycling_method(on);
+        config.recycling_method = tripwire::bb8::recycling_method(on, RecyclingMethod::Verified);
     }
     let manager = Manager::new_with_config(audit.url(), config);
     let pool = Bb8::builder().max_size(2).build(manager).await.unwrap();
@@ -380,6 +382,9 @@ async fn async_code_polled_between_the_body_polls_is_not_marked() {
     assert_eq!(consumer(&seen), Some("async-mark-waiting"));
 }
 
+// The expansion slices the batch parameter (`&msgs[..]`), which clippy calls redundant on a
+// `&[_]` written outside a macro_rules! suite.
+#[allow(clippy::redundant_slicing)]
 #[idempotent(consumer = "async-mark-batch", batch = msgs, key = |msg| msg.id)]
 async fn marked_batch(
     conn: &mut Conn,

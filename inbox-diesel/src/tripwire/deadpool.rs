@@ -68,7 +68,9 @@
 //! # Cost
 //!
 //! [`Pool::get`] reads one thread-local before deadpool's `get`; each [`hook`] one more, in
-//! a boxed call deadpool makes anyway once any hook is installed.
+//! the boxed call deadpool makes for each hook. Counted with callgrind on SQLite, a checkout
+//! of 1 582 instructions (`RecyclingMethod::Fast`) costs 93 more through [`Pool`], 36 more
+//! with the hooks.
 
 use deadpool::managed::{self, Hook, Manager, Object, PoolError, Timeouts};
 

@@ -64,7 +64,8 @@
 //! # Cost
 //!
 //! [`Pool::get`] reads one thread-local before r2d2's `get`; [`Tripwire`] reads it in the
-//! checkout event. Neither touches the pool's lock.
+//! checkout event; neither touches the pool's lock. Counted with callgrind on SQLite, a
+//! checkout of 2 416 instructions costs 32 more through [`Pool`], 22 more with [`Tripwire`].
 
 use std::time::Duration;
 
