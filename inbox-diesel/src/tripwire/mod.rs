@@ -25,12 +25,13 @@
 //! one of its hooks do that: r2d2's checkout event returns nothing; an error from a deadpool
 //! hook or a bb8 check makes the pool close the connection it was about to hand out (deadpool
 //! then tries the next one: a refusing hook would close every idle connection in turn); a
-//! panic returns the connection, which diesel's managers then close, because a connection
-//! that comes back during a panic may be inside a transaction. So each hook either logs an
-//! error naming the handler ([`OnTrip::Log`]) or panics ([`OnTrip::Panic`]: the write never
-//! runs, the pool opens a connection in place of the one closed, and the panic takes down
-//! the handler — a process built with `panic = "abort"` exits). Install the wrapper where
-//! handlers' helpers check out, and a hook as the net under code that holds the plain pool.
+//! panic costs the pool that one connection (diesel's r2d2 and bb8 managers take a connection
+//! that comes back during a panic for broken, as it may be inside a transaction; deadpool
+//! drops one interrupted in a hook). So each hook either logs an error naming the handler
+//! ([`OnTrip::Log`]) or panics ([`OnTrip::Panic`]: the write never runs, the pool opens a
+//! connection in place of the one closed, and the panic takes down the handler — a process
+//! built with `panic = "abort"` exits). Install the wrapper where handlers' helpers check
+//! out, and a hook as the net under code that holds the plain pool.
 //!
 //! ```
 //! use diesel::connection::SimpleConnection;
