@@ -97,7 +97,7 @@ impl<E: fmt::Display> From<CheckoutError<E>> for TripError {
     fn from(e: CheckoutError<E>) -> Self {
         match e {
             CheckoutError::InsideHandler(inside) => TripError::Refused(inside),
-            CheckoutError::Pool(e) => TripError::Pool(e.to_string()),
+            CheckoutError::Failed(e) => TripError::Pool(e.to_string()),
         }
     }
 }
@@ -133,15 +133,17 @@ impl From<inbox_diesel::Error> for TripError {
 }
 
 /// What a hook logged at error level on this thread, from [`Logged::capture`] until it is
-/// dropped.
+/// dropped: one line per event, its level, its fields and its message.
 ///
 /// One global subscriber writes each event into the capture of the thread that emitted it:
 /// a subscriber set per thread (`set_default`) loses events when tests run in parallel,
-/// because tracing caches each call site's interest across threads.
-pub struct Logged(Arc<Mutex<Vec<u8>>>);
+/// because tracing caches each call site's interest across threads. Written here rather than
+/// taken from `tracing-subscriber`, whose types would change how rustc names types in the
+/// UI tests' expected errors.
+pub struct Logged(Arc<Mutex<String>>);
 
 thread_local! {
-    static CAPTURE: std::cell::RefCell<Option<Arc<Mutex<Vec<u8>>>>> =
+    static CAPTURE: std::cell::RefCell<Option<Arc<Mutex<String>>>> =
         const { std::cell::RefCell::new(None) };
 }
 
@@ -149,19 +151,16 @@ impl Logged {
     pub fn capture() -> Logged {
         static INSTALL: std::sync::Once = std::sync::Once::new();
         INSTALL.call_once(|| {
-            tracing_subscriber::fmt()
-                .with_writer(|| ThreadCapture)
-                .with_ansi(false)
-                .with_max_level(tracing_subscriber::filter::LevelFilter::ERROR)
-                .init();
+            tracing::subscriber::set_global_default(ThreadCapture)
+                .expect("no other global subscriber in the tripwire tests");
         });
-        let buffer = Arc::new(Mutex::new(Vec::new()));
+        let buffer = Arc::new(Mutex::new(String::new()));
         CAPTURE.with(|capture| *capture.borrow_mut() = Some(buffer.clone()));
         Logged(buffer)
     }
 
     pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+        self.0.lock().unwrap().clone()
     }
 }
 
@@ -171,21 +170,52 @@ impl Drop for Logged {
     }
 }
 
-/// Writes into the capture of the current thread, if it has one.
+/// Writes each error event into the capture of the current thread, if it has one.
 struct ThreadCapture;
 
-impl std::io::Write for ThreadCapture {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        CAPTURE.with(|capture| {
-            if let Some(buffer) = &*capture.borrow() {
-                buffer.lock().unwrap().extend_from_slice(bytes);
-            }
-        });
-        Ok(bytes.len())
+impl tracing::Subscriber for ThreadCapture {
+    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
+        *metadata.level() == tracing::Level::ERROR
     }
 
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
+    fn max_level_hint(&self) -> Option<tracing::level_filters::LevelFilter> {
+        Some(tracing::level_filters::LevelFilter::ERROR)
+    }
+
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+
+    fn event(&self, event: &tracing::Event<'_>) {
+        let mut line = format!("{} ", event.metadata().level());
+        event.record(&mut Fields(&mut line));
+        line.push('\n');
+        CAPTURE.with(|capture| {
+            if let Some(buffer) = &*capture.borrow() {
+                buffer.lock().unwrap().push_str(&line);
+            }
+        });
+    }
+
+    fn enter(&self, _: &tracing::span::Id) {}
+
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// An event's fields as `name="value"` (strings) or `name=value`, the message last.
+struct Fields<'l>(&'l mut String);
+
+impl tracing::field::Visit for Fields<'_> {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.0.push_str(&format!("{}={value:?} ", field.name()));
+    }
+
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn fmt::Debug) {
+        self.0.push_str(&format!("{}={value:?} ", field.name()));
     }
 }
 

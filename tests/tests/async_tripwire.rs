@@ -29,8 +29,8 @@ enum Which {
 
 /// What a service hands its handlers: the audit trail's pools, guarded.
 struct Services {
-    deadpool: tripwire::deadpool::Pool<Manager>,
-    bb8: tripwire::bb8::Pool<Manager>,
+    deadpool: tripwire::deadpool::GuardedPool<Manager>,
+    bb8: tripwire::bb8::GuardedPool<Manager>,
 }
 
 /// The same, with the plain pools: only their hooks can see their checkouts.
@@ -159,8 +159,8 @@ async fn deadpool_and_bb8_checkouts_inside_a_handler_are_refused() {
         let (db, audit) = (SqliteDb::new("async_refused"), AuditDb::new());
         let plain = plain_services(&audit, None).await;
         let services = Services {
-            deadpool: tripwire::deadpool::Pool::new(plain.deadpool.clone()),
-            bb8: tripwire::bb8::Pool::new(plain.bb8.clone()),
+            deadpool: tripwire::deadpool::GuardedPool::new(plain.deadpool.clone()),
+            bb8: tripwire::bb8::GuardedPool::new(plain.bb8.clone()),
         };
         let before = pool_state(&plain);
         let mut conn = db.connect_async().await;
@@ -198,8 +198,8 @@ async fn deadpool_and_bb8_checkouts_outside_a_handler_are_not_affected() {
     let audit = AuditDb::new();
     let plain = plain_services(&audit, Some(OnTrip::Panic)).await;
     let services = Services {
-        deadpool: tripwire::deadpool::Pool::new(plain.deadpool.clone()),
-        bb8: tripwire::bb8::Pool::new(plain.bb8.clone()),
+        deadpool: tripwire::deadpool::GuardedPool::new(plain.deadpool.clone()),
+        bb8: tripwire::bb8::GuardedPool::new(plain.bb8.clone()),
     };
     let msg = Credit::new(1);
     for which in [Which::Deadpool, Which::Bb8] {

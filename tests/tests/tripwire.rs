@@ -17,7 +17,7 @@ type Manager = ConnectionManager<SqliteConnection>;
 
 /// What a service hands its handlers: the audit trail's pool, guarded.
 struct Services {
-    audit: tripwire::r2d2::Pool<Manager>,
+    audit: tripwire::r2d2::GuardedPool<Manager>,
 }
 
 /// The same, with the plain pool: only an event handler can see its checkouts.
@@ -133,7 +133,7 @@ fn without_a_tripwire_a_helper_write_commits_once_per_delivery() {
 fn r2d2_checkout_inside_a_handler_is_refused() {
     let (db, audit) = (SqliteDb::new("r2d2_refused"), AuditDb::new());
     let services = Services {
-        audit: tripwire::r2d2::Pool::new(plain_pool(&audit, None)),
+        audit: tripwire::r2d2::GuardedPool::new(plain_pool(&audit, None)),
     };
     let before = services.audit.inner().state();
     let mut conn = db.connect();
@@ -173,7 +173,7 @@ fn r2d2_checkout_outside_a_handler_is_not_affected() {
     let audit = AuditDb::new();
     let plain = plain_pool(&audit, Some(OnTrip::Panic));
     let services = Services {
-        audit: tripwire::r2d2::Pool::new(plain.clone()),
+        audit: tripwire::r2d2::GuardedPool::new(plain.clone()),
     };
     let msg = Credit::new(1);
     record(&services, &msg).unwrap();
@@ -188,7 +188,7 @@ fn r2d2_checkout_outside_a_handler_is_not_affected() {
 fn allow_outside_transaction_lets_a_checkout_through() {
     let (db, audit) = (SqliteDb::new("r2d2_allowed"), AuditDb::new());
     let services = Services {
-        audit: tripwire::r2d2::Pool::new(plain_pool(&audit, Some(OnTrip::Panic))),
+        audit: tripwire::r2d2::GuardedPool::new(plain_pool(&audit, Some(OnTrip::Panic))),
     };
     let mut conn = db.connect();
     let msg = Credit::new(1);

@@ -45,7 +45,7 @@ fn checkouts() {
             let plain = builder
                 .build(ConnectionManager::<SqliteConnection>::new(url))
                 .unwrap();
-            let pool = tripwire::r2d2::Pool::new(plain.clone());
+            let pool = tripwire::r2d2::GuardedPool::new(plain.clone());
             for _ in 0..n {
                 match guarded {
                     true => drop(pool.get().unwrap()),
@@ -68,7 +68,7 @@ fn checkouts() {
             };
             let plain = builder.build().unwrap();
             drop(plain.get().await.unwrap());
-            let pool = tripwire::deadpool::Pool::new(plain.clone());
+            let pool = tripwire::deadpool::GuardedPool::new(plain.clone());
             for _ in 0..n {
                 match guarded {
                     true => drop(pool.get().await.unwrap()),
@@ -88,7 +88,7 @@ fn checkouts() {
                 .await
                 .unwrap();
             drop(plain.get().await.unwrap());
-            let pool = tripwire::bb8::Pool::new(plain.clone());
+            let pool = tripwire::bb8::GuardedPool::new(plain.clone());
             for _ in 0..n {
                 match guarded {
                     true => drop(pool.get().await.unwrap()),

@@ -14,7 +14,7 @@
 //! type BoxError = Box<dyn std::error::Error + Send + Sync>;
 //! type Conn = SyncConnectionWrapper<SqliteConnection>;
 //! type Manager = AsyncDieselConnectionManager<Conn>;
-//! struct Context { pool: tripwire::bb8::Pool<Manager> }
+//! struct Context { pool: tripwire::bb8::GuardedPool<Manager> }
 //! struct Msg { id: Uuid }
 //!
 //! /// Checks its own connection out: the handler cannot see it, the pool can.
@@ -36,16 +36,17 @@
 //! # async fn main() -> Result<(), BoxError> {
 //! let mut config = ManagerConfig::default();
 //! // The net under code that checks out of the plain pool: `ctx.pool.inner().get()`.
-//! config.recycling_method = tripwire::bb8::recycling_method(OnTrip::Log, RecyclingMethod::Verified);
+//! config.recycling_method =
+//!     tripwire::bb8::recycling_method(OnTrip::Log, RecyclingMethod::Verified);
 //! let manager = Manager::new_with_config(":memory:", config);
 //! let pool = bb8::Pool::builder().max_size(2).build(manager).await?;
-//! let ctx = Context { pool: tripwire::bb8::Pool::new(pool) };
+//! let ctx = Context { pool: tripwire::bb8::GuardedPool::new(pool) };
 //! let mut conn = Conn::establish(":memory:").await?;
 //! conn.batch_execute(&inbox_diesel::schema::sqlite::create_table_sql(&InboxSchema::DEFAULT))
 //!     .await?;
 //!
 //! let refused = on_credit(&mut conn, &ctx, &Msg { id: Uuid::from_u128(1) }).await.unwrap_err();
-//! type Refused = CheckoutError<bb8::RunError<diesel_async::pooled_connection::PoolError>>;
+//! type Refused = CheckoutError<diesel_async::pooled_connection::bb8::RunError>;
 //! let refused = refused.downcast_ref::<Refused>().unwrap();
 //! assert!(matches!(refused, CheckoutError::InsideHandler(h) if h.consumer() == "credit"));
 //! // Outside a handler the pool works as before.
@@ -64,15 +65,15 @@
 //! and takes the next, until its connection timeout (30 s by default) — every connection
 //! handed to it closed on the way. A panic there drops the `PooledConnection`, and
 //! diesel-async's `has_broken` answers `true` while the thread panics: bb8 closes that one
-//! connection and opens another in its place. Hence [`Pool`] for the refusal, and
+//! connection and opens another in its place. Hence [`GuardedPool`] for the refusal, and
 //! [`recycling_method`] for what reaches the plain pool.
 //!
 //! # Cost
 //!
-//! [`Pool::get`] reads one thread-local before bb8's `get`; [`recycling_method`] one more in
+//! [`GuardedPool::get`] reads one thread-local before bb8's `get`; [`recycling_method`] one more in
 //! bb8's check on checkout, and a boxed future around the method it wraps. Counted with
 //! callgrind on SQLite, a checkout of 1 231 instructions (`RecyclingMethod::Fast`) costs 57
-//! more through [`Pool`], 339 more with [`recycling_method`] around `Fast` — against some
+//! more through [`GuardedPool`], 339 more with [`recycling_method`] around `Fast` — against some
 //! 12 000 for the `SELECT 1` of the default `RecyclingMethod::Verified`.
 
 use std::sync::Arc;
@@ -86,21 +87,21 @@ use super::{CheckoutError, OnTrip, on_checkout, refuse_checkout};
 /// [`CheckoutError::InsideHandler`], before it touches the pool.
 ///
 /// Give helpers this type instead of `bb8::Pool` (diesel-async's `bb8::Pool<C>` is
-/// `Pool<AsyncDieselConnectionManager<C>>` here): it has no `Deref` to the plain pool, so a
-/// helper cannot be handed the unguarded pool by accident; [`inner`](Pool::inner) says so
-/// on purpose.
-pub struct Pool<M: ManageConnection>(bb8::Pool<M>);
+/// `GuardedPool<AsyncDieselConnectionManager<C>>` here): it has no `Deref` to the plain
+/// pool, so a helper cannot be handed the unguarded pool by accident;
+/// [`inner`](GuardedPool::inner) says so on purpose.
+pub struct GuardedPool<M: ManageConnection>(bb8::Pool<M>);
 
-impl<M: ManageConnection> Pool<M> {
+impl<M: ManageConnection> GuardedPool<M> {
     /// Guards `pool`.
     pub fn new(pool: bb8::Pool<M>) -> Self {
-        Pool(pool)
+        GuardedPool(pool)
     }
 
     /// `bb8::Pool::get`, refused inside a handler.
     pub async fn get(&self) -> Result<PooledConnection<'_, M>, CheckoutError<RunError<M::Error>>> {
         refuse_checkout()?;
-        self.0.get().await.map_err(CheckoutError::Pool)
+        self.0.get().await.map_err(CheckoutError::Failed)
     }
 
     /// `bb8::Pool::get_owned`, refused inside a handler.
@@ -108,7 +109,7 @@ impl<M: ManageConnection> Pool<M> {
         &self,
     ) -> Result<PooledConnection<'static, M>, CheckoutError<RunError<M::Error>>> {
         refuse_checkout()?;
-        self.0.get_owned().await.map_err(CheckoutError::Pool)
+        self.0.get_owned().await.map_err(CheckoutError::Failed)
     }
 
     /// The plain pool, for what the guard does not forward (`state`, `add`, …). A checkout
@@ -123,21 +124,21 @@ impl<M: ManageConnection> Pool<M> {
     }
 }
 
-impl<M: ManageConnection> Clone for Pool<M> {
+impl<M: ManageConnection> Clone for GuardedPool<M> {
     fn clone(&self) -> Self {
-        Pool(self.0.clone())
+        GuardedPool(self.0.clone())
     }
 }
 
-impl<M: ManageConnection> std::fmt::Debug for Pool<M> {
+impl<M: ManageConnection> std::fmt::Debug for GuardedPool<M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("Pool").field(&self.0).finish()
+        f.debug_tuple("GuardedPool").field(&self.0).finish()
     }
 }
 
-impl<M: ManageConnection> From<bb8::Pool<M>> for Pool<M> {
+impl<M: ManageConnection> From<bb8::Pool<M>> for GuardedPool<M> {
     fn from(pool: bb8::Pool<M>) -> Self {
-        Pool(pool)
+        GuardedPool(pool)
     }
 }
 

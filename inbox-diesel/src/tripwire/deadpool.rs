@@ -12,7 +12,7 @@
 //! type BoxError = Box<dyn std::error::Error + Send + Sync>;
 //! type Conn = SyncConnectionWrapper<SqliteConnection>;
 //! type Manager = AsyncDieselConnectionManager<Conn>;
-//! struct Context { pool: tripwire::deadpool::Pool<Manager> }
+//! struct Context { pool: tripwire::deadpool::GuardedPool<Manager> }
 //! struct Msg { id: Uuid }
 //!
 //! /// Checks its own connection out: the handler cannot see it, the pool can.
@@ -38,13 +38,13 @@
 //!     .post_create(tripwire::deadpool::hook(OnTrip::Log))
 //!     .post_recycle(tripwire::deadpool::hook(OnTrip::Log))
 //!     .build()?;
-//! let ctx = Context { pool: tripwire::deadpool::Pool::new(pool) };
+//! let ctx = Context { pool: tripwire::deadpool::GuardedPool::new(pool) };
 //! let mut conn = Conn::establish(":memory:").await?;
 //! conn.batch_execute(&inbox_diesel::schema::sqlite::create_table_sql(&InboxSchema::DEFAULT))
 //!     .await?;
 //!
 //! let refused = on_credit(&mut conn, &ctx, &Msg { id: Uuid::from_u128(1) }).await.unwrap_err();
-//! type Refused = CheckoutError<deadpool::managed::PoolError<diesel_async::pooled_connection::PoolError>>;
+//! type Refused = CheckoutError<diesel_async::pooled_connection::deadpool::PoolError>;
 //! let refused = refused.downcast_ref::<Refused>().unwrap();
 //! assert!(matches!(refused, CheckoutError::InsideHandler(h) if h.consumer() == "credit"));
 //! // Outside a handler the pool works as before.
@@ -63,13 +63,13 @@
 //! pool in turn — and only from `post_create` does the error reach the caller
 //! (`PoolError::PostCreateHook`), after the new connection was closed. A panic in a hook
 //! closes that one connection (deadpool's `UnreadyObject` detaches it and gives its slot
-//! back). Hence [`Pool`] for the refusal, and [`hook`] for what reaches the plain pool.
+//! back). Hence [`GuardedPool`] for the refusal, and [`hook`] for what reaches the plain pool.
 //!
 //! # Cost
 //!
-//! [`Pool::get`] reads one thread-local before deadpool's `get`; each [`hook`] one more, in
+//! [`GuardedPool::get`] reads one thread-local before deadpool's `get`; each [`hook`] one more, in
 //! the boxed call deadpool makes for each hook. Counted with callgrind on SQLite, a checkout
-//! of 1 582 instructions (`RecyclingMethod::Fast`) costs 93 more through [`Pool`], 36 more
+//! of 1 582 instructions (`RecyclingMethod::Fast`) costs 93 more through [`GuardedPool`], 36 more
 //! with the hooks.
 
 use deadpool::managed::{self, Hook, Manager, Object, PoolError, Timeouts};
@@ -80,21 +80,21 @@ use super::{CheckoutError, OnTrip, on_checkout, refuse_checkout};
 /// [`CheckoutError::InsideHandler`], before it touches the pool.
 ///
 /// Give helpers this type instead of `deadpool::managed::Pool` (diesel-async's
-/// `deadpool::Pool<C>` is `Pool<AsyncDieselConnectionManager<C>>` here): it has no `Deref`
-/// to the plain pool, so a helper cannot be handed the unguarded pool by accident;
-/// [`inner`](Pool::inner) says so on purpose.
-pub struct Pool<M: Manager, W: From<Object<M>> = Object<M>>(managed::Pool<M, W>);
+/// `deadpool::Pool<C>` is `GuardedPool<AsyncDieselConnectionManager<C>>` here): it has no
+/// `Deref` to the plain pool, so a helper cannot be handed the unguarded pool by accident;
+/// [`inner`](GuardedPool::inner) says so on purpose.
+pub struct GuardedPool<M: Manager, W: From<Object<M>> = Object<M>>(managed::Pool<M, W>);
 
-impl<M: Manager, W: From<Object<M>>> Pool<M, W> {
+impl<M: Manager, W: From<Object<M>>> GuardedPool<M, W> {
     /// Guards `pool`.
     pub fn new(pool: managed::Pool<M, W>) -> Self {
-        Pool(pool)
+        GuardedPool(pool)
     }
 
     /// `deadpool::managed::Pool::get`, refused inside a handler.
     pub async fn get(&self) -> Result<W, CheckoutError<PoolError<M::Error>>> {
         refuse_checkout()?;
-        self.0.get().await.map_err(CheckoutError::Pool)
+        self.0.get().await.map_err(CheckoutError::Failed)
     }
 
     /// `deadpool::managed::Pool::timeout_get`, refused inside a handler.
@@ -106,7 +106,7 @@ impl<M: Manager, W: From<Object<M>>> Pool<M, W> {
         self.0
             .timeout_get(timeouts)
             .await
-            .map_err(CheckoutError::Pool)
+            .map_err(CheckoutError::Failed)
     }
 
     /// The plain pool, for what the guard does not forward (`status`, `resize`, …). A
@@ -121,26 +121,26 @@ impl<M: Manager, W: From<Object<M>>> Pool<M, W> {
     }
 }
 
-impl<M: Manager, W: From<Object<M>>> Clone for Pool<M, W> {
+impl<M: Manager, W: From<Object<M>>> Clone for GuardedPool<M, W> {
     fn clone(&self) -> Self {
-        Pool(self.0.clone())
+        GuardedPool(self.0.clone())
     }
 }
 
-impl<M, W> std::fmt::Debug for Pool<M, W>
+impl<M, W> std::fmt::Debug for GuardedPool<M, W>
 where
     M: Manager + std::fmt::Debug,
     M::Type: std::fmt::Debug,
     W: From<Object<M>>,
 {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("Pool").field(&self.0).finish()
+        f.debug_tuple("GuardedPool").field(&self.0).finish()
     }
 }
 
-impl<M: Manager, W: From<Object<M>>> From<managed::Pool<M, W>> for Pool<M, W> {
+impl<M: Manager, W: From<Object<M>>> From<managed::Pool<M, W>> for GuardedPool<M, W> {
     fn from(pool: managed::Pool<M, W>) -> Self {
-        Pool(pool)
+        GuardedPool(pool)
     }
 }
 

@@ -14,9 +14,9 @@
 //!
 //! | pool | refuses with an error, pool untouched | hook: a checkout through the pool itself |
 //! |---|---|---|
-//! | r2d2 (feature `r2d2`) | `r2d2::Pool` | `r2d2::Tripwire`, an event handler: logs, or panics |
-//! | deadpool (feature `deadpool`) | `deadpool::Pool` | `deadpool::hook`, for `post_create` and `post_recycle`: logs, or panics |
-//! | bb8 (feature `bb8`) | `bb8::Pool` | `bb8::recycling_method`, run by bb8's check on checkout: logs, or panics |
+//! | r2d2 (feature `r2d2`) | `r2d2::GuardedPool` | `r2d2::Tripwire`, an event handler: logs, or panics |
+//! | deadpool (feature `deadpool`) | `deadpool::GuardedPool` | `deadpool::hook`, for `post_create` and `post_recycle`: logs, or panics |
+//! | bb8 (feature `bb8`) | `bb8::GuardedPool` | `bb8::recycling_method`, run by bb8's check on checkout: logs, or panics |
 //! | any other (mobc, your own `get_conn`) | [`refuse_checkout`]`()?` in your checkout function | [`on_checkout`] in any hook the pool runs on the caller's thread or task |
 //!
 //! The wrappers refuse a checkout under the mark before they touch the pool, with
@@ -86,7 +86,7 @@
 //!   refuses the forms it can see.
 //! - Each pool sees only the checkouts that reach its hook: r2d2's `try_get` runs no event
 //!   handler; bb8 runs its check on checkout only with `test_on_check_out` (the default);
-//!   a checkout through the plain pool of a wrapper (`r2d2::Pool::inner` and the like)
+//!   a checkout through the plain pool of a wrapper (`r2d2::GuardedPool::inner` and the like)
 //!   meets only the hooks.
 //! - A checkout that must commit on its own (an audit trail that records rolled-back
 //!   attempts too) says so: [`allow_outside_transaction`] lifts the mark for a closure,
@@ -292,15 +292,17 @@ pub enum CheckoutError<E> {
     /// The checkout was made inside an `#[idempotent]` handler's body; the pool was not
     /// touched.
     InsideHandler(InsideHandler),
-    /// The pool's own error (a timeout, a failed connection).
-    Pool(E),
+    /// The pool's own error (a timeout, a failed connection). Not named `Pool`: a second item
+    /// of that name would make rustc spell out `diesel::r2d2::Pool` and the like in full in
+    /// every error message of a crate that uses this one.
+    Failed(E),
 }
 
 impl<E: fmt::Display> fmt::Display for CheckoutError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             CheckoutError::InsideHandler(inside) => inside.fmt(f),
-            CheckoutError::Pool(e) => e.fmt(f),
+            CheckoutError::Failed(e) => e.fmt(f),
         }
     }
 }
@@ -309,7 +311,7 @@ impl<E: std::error::Error + 'static> std::error::Error for CheckoutError<E> {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             CheckoutError::InsideHandler(inside) => Some(inside),
-            CheckoutError::Pool(e) => Some(e),
+            CheckoutError::Failed(e) => Some(e),
         }
     }
 }

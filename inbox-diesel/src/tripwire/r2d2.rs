@@ -9,7 +9,7 @@
 //! use inbox_diesel::{idempotent, InboxSchema, Uuid};
 //!
 //! type BoxError = Box<dyn std::error::Error + Send + Sync>;
-//! type Pool = tripwire::r2d2::Pool<ConnectionManager<SqliteConnection>>;
+//! type Pool = tripwire::r2d2::GuardedPool<ConnectionManager<SqliteConnection>>;
 //! struct Context { pool: Pool }
 //! struct Msg { id: Uuid }
 //!
@@ -58,14 +58,14 @@
 //! fail the checkout, but r2d2 then closes the connection and tries the next until its
 //! connection timeout: 30 s by default, every idle connection closed on the way.
 //! [`CustomizeConnection::on_acquire`](diesel::r2d2::CustomizeConnection) runs when a
-//! connection is opened, on r2d2's own threads. Hence [`Pool`] for the refusal, and
+//! connection is opened, on r2d2's own threads. Hence [`GuardedPool`] for the refusal, and
 //! [`Tripwire`] for what reaches the plain pool.
 //!
 //! # Cost
 //!
-//! [`Pool::get`] reads one thread-local before r2d2's `get`; [`Tripwire`] reads it in the
+//! [`GuardedPool::get`] reads one thread-local before r2d2's `get`; [`Tripwire`] reads it in the
 //! checkout event; neither touches the pool's lock. Counted with callgrind on SQLite, a
-//! checkout of 2 416 instructions costs 32 more through [`Pool`], 22 more with [`Tripwire`].
+//! checkout of 2 416 instructions costs 32 more through [`GuardedPool`], 22 more with [`Tripwire`].
 
 use std::time::Duration;
 
@@ -78,20 +78,20 @@ use super::{CheckoutError, InsideHandler, OnTrip, on_checkout, refuse_checkout};
 /// [`CheckoutError::InsideHandler`], before it touches the pool.
 ///
 /// Give helpers this type instead of `r2d2::Pool`: it has no `Deref` to the plain pool, so a
-/// helper cannot be handed the unguarded pool by accident; [`inner`](Pool::inner) says so
+/// helper cannot be handed the unguarded pool by accident; [`inner`](GuardedPool::inner) says so
 /// on purpose.
-pub struct Pool<M: ManageConnection>(r2d2::Pool<M>);
+pub struct GuardedPool<M: ManageConnection>(r2d2::Pool<M>);
 
-impl<M: ManageConnection> Pool<M> {
+impl<M: ManageConnection> GuardedPool<M> {
     /// Guards `pool`.
     pub fn new(pool: r2d2::Pool<M>) -> Self {
-        Pool(pool)
+        GuardedPool(pool)
     }
 
     /// `r2d2::Pool::get`, refused inside a handler.
     pub fn get(&self) -> Result<PooledConnection<M>, CheckoutError<PoolError>> {
         refuse_checkout()?;
-        self.0.get().map_err(CheckoutError::Pool)
+        self.0.get().map_err(CheckoutError::Failed)
     }
 
     /// `r2d2::Pool::get_timeout`, refused inside a handler.
@@ -100,7 +100,7 @@ impl<M: ManageConnection> Pool<M> {
         timeout: Duration,
     ) -> Result<PooledConnection<M>, CheckoutError<PoolError>> {
         refuse_checkout()?;
-        self.0.get_timeout(timeout).map_err(CheckoutError::Pool)
+        self.0.get_timeout(timeout).map_err(CheckoutError::Failed)
     }
 
     /// `r2d2::Pool::try_get`, refused inside a handler.
@@ -121,21 +121,21 @@ impl<M: ManageConnection> Pool<M> {
     }
 }
 
-impl<M: ManageConnection> Clone for Pool<M> {
+impl<M: ManageConnection> Clone for GuardedPool<M> {
     fn clone(&self) -> Self {
-        Pool(self.0.clone())
+        GuardedPool(self.0.clone())
     }
 }
 
-impl<M: ManageConnection + std::fmt::Debug> std::fmt::Debug for Pool<M> {
+impl<M: ManageConnection + std::fmt::Debug> std::fmt::Debug for GuardedPool<M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("Pool").field(&self.0).finish()
+        f.debug_tuple("GuardedPool").field(&self.0).finish()
     }
 }
 
-impl<M: ManageConnection> From<r2d2::Pool<M>> for Pool<M> {
+impl<M: ManageConnection> From<r2d2::Pool<M>> for GuardedPool<M> {
     fn from(pool: r2d2::Pool<M>) -> Self {
-        Pool(pool)
+        GuardedPool(pool)
     }
 }
 
@@ -145,8 +145,8 @@ impl<M: ManageConnection> From<r2d2::Pool<M>> for Pool<M> {
 /// r2d2 takes one event handler; one of your own goes behind it with
 /// [`and_then`](Tripwire::and_then), and sees every event first.
 ///
-/// With [`OnTrip::Panic`], the panic comes from inside `Pool::get`: the caller never holds
-/// the connection, and r2d2 closes it and opens another (see the
+/// With [`OnTrip::Panic`], the panic comes from inside r2d2's `Pool::get`: the caller never
+/// holds the connection, and r2d2 closes it and opens another (see the
 /// [module documentation](self)).
 #[derive(Debug)]
 pub struct Tripwire {
