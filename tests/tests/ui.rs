@@ -6,9 +6,9 @@ fn ui() {
     let t = trybuild::TestCases::new();
     t.compile_fail("ui/fail/*.rs");
     t.pass("ui/pass/*.rs");
-    // These need every backend: the compiler's list of the connections that implement
-    // `InboxConnection` depends on the enabled ones, and PostgreSQL's async connection exists
-    // only with the `postgres` feature. They run under the README's test command and in CI.
+    // These need every backend: the compiler's lists of the connections that implement
+    // `InboxConnection` or diesel's `Connection` depend on the enabled ones, and PostgreSQL's
+    // async connection exists only with the `postgres` feature. They run under the README's test command and in CI.
     #[cfg(all(feature = "postgres", feature = "mysql"))]
     {
         t.compile_fail("ui/all-backends/fail/*.rs");
