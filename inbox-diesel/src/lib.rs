@@ -578,6 +578,13 @@ pub mod __private {
         }
     }
 
+    /// `batch = msgs`: the messages as a slice, whether `msgs` is a slice, a `Vec` or a
+    /// reference to either (a function, so that the user's `&[T]` is not re-sliced in their
+    /// code, which clippy would flag).
+    pub fn messages<T, M: AsRef<[T]> + ?Sized>(messages: &M) -> &[T] {
+        messages.as_ref()
+    }
+
     /// `batch = msgs, key = |msg| …`: the key of each message of the batch.
     pub fn batch_keys<'m, T, K, F>(all: &'m [T], key: F) -> Result<Vec<MessageKey>, KeyError>
     where

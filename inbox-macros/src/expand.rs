@@ -104,7 +104,7 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
                 None => quote!(run_batch),
             };
             let keys = quote_spanned!(key.span()=>
-                ::inbox_diesel::__private::batch_keys(&#batch[..], #key)
+                ::inbox_diesel::__private::batch_keys(::inbox_diesel::__private::messages(&#batch), #key)
             );
             // Each attempt's body sees, under the parameter's name, the messages that are new
             // in that attempt.
@@ -116,7 +116,7 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
                     #keys,
                     &__inbox_new,
                     #body_asyncness |#conn| -> #ret {
-                        let __inbox_selected = __inbox_new.select(&#batch[..]);
+                        let __inbox_selected = __inbox_new.select(::inbox_diesel::__private::messages(&#batch));
                         let #batch = &__inbox_selected[..];
                         #block
                     },

@@ -384,7 +384,6 @@ async fn async_code_polled_between_the_body_polls_is_not_marked() {
 
 // The expansion slices the batch parameter (`&msgs[..]`), which clippy calls redundant on a
 // `&[_]` written outside a macro_rules! suite.
-#[allow(clippy::redundant_slicing)]
 #[idempotent(consumer = "async-mark-batch", batch = msgs, key = |msg| msg.id)]
 async fn marked_batch(
     conn: &mut Conn,

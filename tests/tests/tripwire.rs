@@ -292,7 +292,6 @@ fn marked_single(
 
 // The expansion slices the batch parameter (`&msgs[..]`), which clippy calls redundant on a
 // `&[_]` written outside a macro_rules! suite.
-#[allow(clippy::redundant_slicing)]
 #[idempotent(consumer = "mark-batch", batch = msgs, key = |msg| msg.id)]
 fn marked_batch(
     conn: &mut SqliteConnection,
