@@ -149,6 +149,20 @@ impl<M: deadpool::managed::Manager, W: From<deadpool::managed::Object<M>>> Pool
 #[cfg(feature = "bb8")]
 impl<M: bb8::ManageConnection> Pool for bb8::Pool<M> {}
 
+// The tripwire's guarded pools refuse a checkout inside a handler at run time; handing one
+// to a helper is still refused at compile time, where the mistake is cheaper.
+#[cfg(feature = "r2d2")]
+impl<M: diesel::r2d2::ManageConnection> Pool for crate::tripwire::r2d2::GuardedPool<M> {}
+
+#[cfg(feature = "deadpool")]
+impl<M: deadpool::managed::Manager, W: From<deadpool::managed::Object<M>>> Pool
+    for crate::tripwire::deadpool::GuardedPool<M, W>
+{
+}
+
+#[cfg(feature = "bb8")]
+impl<M: bb8::ManageConnection> Pool for crate::tripwire::bb8::GuardedPool<M> {}
+
 /// The claim-mode body's stand-in, and references to it.
 pub trait ClaimModeToken {}
 

@@ -165,4 +165,13 @@ fn established_and_written(conn: &mut SqliteConnection, msg: &Msg) -> QueryResul
     Ok(())
 }
 
+#[idempotent(consumer = "guarded-pool", key = msg.id, conn = conn)]
+fn guarded_pool_parameter(
+    conn: &mut SqliteConnection,
+    pool: &inbox_diesel::tripwire::r2d2::GuardedPool<ConnectionManager<SqliteConnection>>,
+    msg: &Msg,
+) -> QueryResult<()> {
+    Ok(())
+}
+
 fn main() {}
