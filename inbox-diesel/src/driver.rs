@@ -6,7 +6,9 @@
 //! awaits anything. So the order of the steps, the retry loop, and what each failure means
 //! exist in one place.
 
+use std::any::Any;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -358,7 +360,24 @@ where
     };
 
     tracing::debug!(attempt, "claimed; running the body");
-    let value = match run_body(spec, &mut body, steps.conn()).await {
+    let result = match run_body(spec, &mut body, steps.conn()).await {
+        Ok(result) => result,
+        Err(Panicked(payload)) => {
+            // Released before the panic goes on, so that a redelivery runs the side effect
+            // again at once instead of waiting for the lease.
+            let released = steps
+                .claim_step(spec, &key, ClaimStep::Release { attempt })
+                .await;
+            tracing::error!(
+                outcome = "panicked",
+                attempt,
+                released = released.is_ok_and(|answer| answer.changed()),
+                "the handler's body panicked"
+            );
+            std::panic::resume_unwind(payload)
+        }
+    };
+    let value = match result {
         Ok(value) => value,
         Err(e) => {
             match steps
@@ -570,7 +589,20 @@ where
             return Err(Failure::Database(e));
         }
     }
-    match run_body(spec, body, steps.conn()).await {
+    let result = match run_body(spec, body, steps.conn()).await {
+        Ok(result) => result,
+        Err(Panicked(payload)) => {
+            // Before the panic goes on: roll back, so that the connection is usable again and
+            // the marker's lock is released for a redelivery at once.
+            roll_back(steps).await;
+            tracing::error!(
+                outcome = "panicked",
+                "the handler's body panicked; its transaction was rolled back"
+            );
+            std::panic::resume_unwind(payload)
+        }
+    };
+    match result {
         Ok(value) => match steps.commit().await {
             Ok(()) => Ok(Step::Processed(value)),
             Err(e) => {
@@ -593,13 +625,33 @@ where
 /// code the compile-time check cannot see — is refused (`tripwire`). Set during each poll of
 /// the body's future and put back after it: the sync body runs to its end in its one poll,
 /// and an async body's mark does not outlive its polls into other tasks.
-fn run_body<'a, C, R, B: Body<C, R>>(
+///
+/// A panic in the body is caught at its poll and returned, so that the driver can roll back
+/// (or release the claim) before the panic goes on: unwinding past an open transaction would
+/// leave it open on the connection — refusing every later call with `AlreadyInTransaction`
+/// and holding the marker's lock against every redelivery — until the connection is dropped.
+async fn run_body<C, R, B: Body<C, R>>(
     spec: &'static HandlerSpec,
-    body: &'a mut B,
-    conn: &'a mut C,
-) -> impl Future<Output = R> + use<'a, C, R, B> {
-    tripwire::marked(Some(spec.consumer.as_str()), body.call(conn))
+    body: &mut B,
+    conn: &mut C,
+) -> Result<R, Panicked> {
+    let mut future = pin!(tripwire::marked(
+        Some(spec.consumer.as_str()),
+        body.call(conn)
+    ));
+    std::future::poll_fn(|cx| {
+        // The body's future is not polled again after a panic: it is dropped with the rest.
+        match std::panic::catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
+            Ok(Poll::Ready(value)) => Poll::Ready(Ok(value)),
+            Ok(Poll::Pending) => Poll::Pending,
+            Err(payload) => Poll::Ready(Err(Panicked(payload))),
+        }
+    })
+    .await
 }
+
+/// The payload of a panic in the handler's body, resumed once the transaction is rolled back.
+struct Panicked(Box<dyn Any + Send>);
 
 /// Rolls back the handler's transaction if it is still open. A failure to roll back is
 /// logged, not returned: the error that caused the rollback is the one the caller needs, and
