@@ -21,6 +21,7 @@
 //! let mariadb = ServerError {
 //!     kind: ServerErrorKind::UniqueViolation,
 //!     constraint: None,
+//!     table: None,
 //!     message: "Duplicate entry 'it's-credit' for key 'ux_inbox_message_consumer'",
 //! };
 //! assert_eq!(mariadb.classify(&InboxSchema::DEFAULT), ErrorClass::InboxDuplicate);
@@ -28,6 +29,7 @@
 //! let business = ServerError {
 //!     kind: ServerErrorKind::UniqueViolation,
 //!     constraint: None,
+//!     table: None,
 //!     message: "UNIQUE constraint failed: accounts.email",
 //! };
 //! assert_eq!(
@@ -45,6 +47,9 @@ pub struct ServerError<'a> {
     pub kind: ServerErrorKind,
     /// The violated constraint or index, when the driver reports it (PostgreSQL).
     pub constraint: Option<&'a str>,
+    /// The table of the violated constraint, when the driver reports it (PostgreSQL), without
+    /// its schema.
+    pub table: Option<&'a str>,
     /// The server's message.
     pub message: &'a str,
 }
@@ -189,6 +194,7 @@ impl ServerError<'_> {
             ViolatedIndex::Named {
                 table: Some(table),
                 name,
+                ..
             } if table == schema.table_name() => name.to_owned(),
             other => other.to_string(),
         };
@@ -207,6 +213,7 @@ impl ServerError<'_> {
     /// let sqlite = ServerError {
     ///     kind: ServerErrorKind::UniqueViolation,
     ///     constraint: None,
+    ///     table: None,
     ///     message: "UNIQUE constraint failed: users.email",
     /// };
     /// let index = sqlite.violated_index().unwrap();
@@ -226,19 +233,28 @@ impl ServerError<'_> {
             return None;
         }
         if let Some(name) = self.constraint {
-            return Some(ViolatedIndex::Named { table: None, name });
+            return Some(ViolatedIndex::Named {
+                table: None,
+                name,
+                on: self.table,
+            });
         }
         if let Some(key) = mysql_duplicate_key(self.message) {
             return Some(ViolatedIndex::Named {
                 table: key.table,
                 name: key.name,
+                on: None,
             });
         }
         match sqlite_unique_violation(self.message)? {
             SqliteUnique::Columns { table, columns } => {
                 Some(ViolatedIndex::Columns { table, columns })
             }
-            SqliteUnique::Index(name) => Some(ViolatedIndex::Named { table: None, name }),
+            SqliteUnique::Index(name) => Some(ViolatedIndex::Named {
+                table: None,
+                name,
+                on: None,
+            }),
         }
     }
 }
@@ -248,10 +264,13 @@ impl ServerError<'_> {
 pub enum ViolatedIndex<'a> {
     /// By name; with its table where the server qualifies it (MySQL ≥ 8.0.19).
     Named {
-        /// The table, when the server says it.
+        /// The table, when the server qualifies the name with it.
         table: Option<&'a str>,
         /// The index or constraint (MySQL: `PRIMARY` for the primary key).
         name: &'a str,
+        /// The table, when the server reports it beside the name (PostgreSQL): checked, not
+        /// shown.
+        on: Option<&'a str>,
     },
     /// By table and indexed columns (SQLite, which does not name the index).
     Columns {
@@ -263,14 +282,19 @@ pub enum ViolatedIndex<'a> {
 }
 
 impl ViolatedIndex<'_> {
-    /// Whether this is the unique index `name` on `table` (`table` unqualified), whose
-    /// columns are `columns` — the name decides where the server gives one, the table and
-    /// the columns where it does not.
+    /// Whether this is the unique index `name` on `table` (qualified or not), whose columns
+    /// are `columns` — the name decides where the server gives one, checked against the table
+    /// where the server names that too (PostgreSQL always, MySQL ≥ 8.0.19); the table and the
+    /// columns where it names no index (SQLite). Servers name a table without its schema, so
+    /// `billing.inbox` and `archive.inbox` with indexes of the same name are not told apart.
     pub fn is(&self, table: &str, name: &str, columns: &[&str]) -> bool {
+        let table = table.rsplit('.').next().unwrap_or(table);
         match self {
-            ViolatedIndex::Named { table: t, name: n } => {
-                *n == name && t.is_none_or(|t| t == table)
-            }
+            ViolatedIndex::Named {
+                table: t,
+                name: n,
+                on,
+            } => *n == name && t.or(*on).is_none_or(|t| t == table),
             ViolatedIndex::Columns {
                 table: t,
                 columns: c,
@@ -286,8 +310,11 @@ impl std::fmt::Display for ViolatedIndex<'_> {
             ViolatedIndex::Named {
                 table: Some(table),
                 name,
+                ..
             } => write!(f, "{table}.{name}"),
-            ViolatedIndex::Named { table: None, name } => f.write_str(name),
+            ViolatedIndex::Named {
+                table: None, name, ..
+            } => f.write_str(name),
             ViolatedIndex::Columns { table, columns } => {
                 write!(f, "{table}.{}", columns.join(", "))
             }
@@ -334,6 +361,7 @@ mod tests {
         ServerError {
             kind: ServerErrorKind::UniqueViolation,
             constraint: None,
+            table: None,
             message,
         }
         .classify(&InboxSchema::DEFAULT)
@@ -401,6 +429,7 @@ mod tests {
         let pg = ServerError {
             kind: ServerErrorKind::UniqueViolation,
             constraint: Some("accounts_email_key"),
+            table: None,
             message: "duplicate key value violates unique constraint \"accounts_email_key\"",
         };
         assert_eq!(
@@ -421,6 +450,7 @@ mod tests {
         let sqlite = ServerError {
             kind: ServerErrorKind::UniqueViolation,
             constraint: None,
+            table: None,
             message: "UNIQUE constraint failed: events_inbox.message_id, events_inbox.consumer",
         };
         assert_eq!(sqlite.classify(&schema), ErrorClass::InboxDuplicate);
@@ -439,6 +469,7 @@ mod tests {
         let other = ServerError {
             kind: ServerErrorKind::Other,
             constraint: None,
+            table: None,
             message: "Duplicate entry 'x' for key 'ux_inbox_message_consumer'",
         };
         assert_eq!(
@@ -453,6 +484,7 @@ mod tests {
             ServerError {
                 kind: ServerErrorKind::Other,
                 constraint: None,
+                table: None,
                 message,
             }
             .classify(&InboxSchema::DEFAULT)

@@ -6,8 +6,18 @@ use inbox_core::{ErrorClass, InboxSchema};
 ///
 /// This is the classification the runtime itself uses: a unique violation is an
 /// [`ErrorClass::InboxDuplicate`] only when it is a violation of the inbox's own unique index
-/// (by constraint name on PostgreSQL, by key name on MySQL/MariaDB, by table and columns on
-/// SQLite); any other unique violation is a business error that keeps its name.
+/// (by constraint name and table on PostgreSQL, by key name on MySQL/MariaDB — and table, where
+/// MySQL ≥ 8.0.19 qualifies the key with it —, by table and columns on SQLite); any other
+/// unique violation is a business error that keeps its name.
+///
+/// Route a handler's failures on what the runtime decided, not on this function: a duplicate
+/// comes back as [`Outcome::Duplicate`](crate::Outcome::Duplicate), never as an error, and the
+/// inbox's own failures carry their class ([`Error::class`](crate::Error::class)). An error the
+/// handler's body returned is the body's: the message was not processed, whatever its class.
+/// Servers name tables without their schema, and MariaDB names none at all: there, a unique
+/// index of another table that carries the inbox index's name (a copy made with
+/// `CREATE TABLE … LIKE inbox`) reads as the inbox's. Give each inbox's unique index a name no
+/// other table uses (`constraint = "…"`) where tables are copied.
 ///
 /// ```
 /// use diesel::result::{DatabaseErrorKind, Error};
@@ -43,6 +53,7 @@ pub(crate) fn with_server_error<R>(
                 _ => ServerErrorKind::Other,
             },
             constraint: info.constraint_name(),
+            table: info.table_name(),
             message: info.message(),
         })),
         // A failed COMMIT whose rollback failed too: the commit error says what happened.

@@ -106,7 +106,7 @@ impl<S: Server> Drop for ServerDb<S> {
 }
 
 /// The `n` of a `SELECT count(*) AS n …`.
-pub(crate) fn count<C: diesel::connection::LoadConnection>(conn: &mut C, sql: &str) -> i64
+pub fn count<C: diesel::connection::LoadConnection>(conn: &mut C, sql: &str) -> i64
 where
     C::Backend: diesel::sql_types::HasSqlType<diesel::sql_types::BigInt> + 'static,
     i64: diesel::deserialize::FromSql<diesel::sql_types::BigInt, C::Backend>,

@@ -165,6 +165,45 @@ fn classify_real_postgres_errors() {
     conn.batch_execute("ROLLBACK").unwrap();
 }
 
+/// A body that violates an index of another table that happens to carry the inbox index's
+/// name (`archive.inbox_copy`, made by copying the inbox's DDL): the handler returns the
+/// error, and `classify` must not call it the inbox's duplicate — a pump that acked on that
+/// would lose the message. PostgreSQL names the table beside the constraint.
+#[test]
+fn an_index_named_like_the_inboxs_on_another_table_is_not_a_duplicate() {
+    use diesel::connection::SimpleConnection;
+    use inbox_diesel::{Uuid, idempotent};
+
+    #[idempotent(consumer = "archiver", key = *id)]
+    fn archive(conn: &mut diesel::PgConnection, id: &Uuid) -> diesel::QueryResult<()> {
+        diesel::sql_query(
+            "INSERT INTO archive.inbox_copy (message_id, consumer) VALUES ($1, 'credit')",
+        )
+        .bind::<diesel::sql_types::Uuid, _>(id)
+        .execute(conn)?;
+        Ok(())
+    }
+
+    let db = PgDb::new("twin_index");
+    let mut conn = db.connect();
+    conn.batch_execute(
+        "CREATE SCHEMA archive;
+         CREATE TABLE archive.inbox_copy (message_id UUID NOT NULL, consumer TEXT NOT NULL,
+             CONSTRAINT ux_inbox_message_consumer UNIQUE (message_id, consumer));
+         INSERT INTO archive.inbox_copy VALUES ('00000000-0000-0000-0000-000000000007', 'credit');",
+    )
+    .unwrap();
+    let error = archive(&mut conn, &inbox_diesel::Uuid::from_u128(7)).unwrap_err();
+    assert_eq!(
+        inbox_diesel::classify(&error, &inbox_diesel::InboxSchema::DEFAULT),
+        ErrorClass::UniqueViolation {
+            constraint: Some("ux_inbox_message_consumer".into())
+        }
+    );
+    let markers = inbox_tests::server::count(&mut conn, "SELECT count(*) AS n FROM inbox");
+    assert_eq!(markers, 0, "the failed delivery left no marker");
+}
+
 /// A real deadlock: two sessions lock two accounts in opposite orders.
 #[test]
 fn classify_real_postgres_deadlock() {
