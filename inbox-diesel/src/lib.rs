@@ -367,7 +367,7 @@ mod verify;
 ///   (`fn add(conn: &mut PgConnection, …)`): the compiler then refuses to hand them anything
 ///   but a connection, and the guard refuses any connection but the transaction. A pool that
 ///   must be reachable in handlers' code can refuse checkouts at run time: see
-///   [`tripwire`](crate::tripwire);
+///   [`tripwire`];
 /// - **a function passed as a value** (`.map(add_one)`), **trait objects and function
 ///   pointers**: the callee calls them with values the guard does not see. Pass a closure
 ///   (`.map(|c| add_one(c))`): its parameter is asked;
