@@ -19,6 +19,7 @@ use inbox_core::{BatchOutcome, ErrorClass, MessageKey, Outcome, RetryDecision};
 
 use crate::__private::HandlerSpec;
 use crate::claim::{ClaimAnswer, ClaimSpec, ClaimState, ClaimStep};
+use crate::verify::SchemaError;
 use crate::{Error, OnExpired, classify, tripwire};
 
 /// What a connection does for the driver: open, claim, commit, roll back, wait.
@@ -47,6 +48,9 @@ pub(crate) trait Steps {
 
     /// Rolls back if a transaction is open; `Ok` when none is.
     async fn roll_back(&mut self) -> QueryResult<()>;
+
+    /// Reads the inbox table's definition from the catalog and checks it (`schema::verify`).
+    async fn verify(&mut self, spec: &'static HandlerSpec) -> Result<(), SchemaError>;
 
     /// Claim mode: checks that no transaction is open and prepares the connection.
     async fn prepare_claim(&mut self, spec: &'static HandlerSpec) -> QueryResult<()>;
@@ -110,6 +114,7 @@ where
     B: Body<S::Conn, Result<T, E>>,
     P: Fn(&Result<T, E>) -> Option<ErrorClass>,
 {
+    schema_checked(&mut steps, spec, inbox_error).await?;
     if spec.precheck && claims.completed_before(&mut steps, spec).await {
         tracing::info!(
             outcome = "duplicate",
@@ -153,6 +158,59 @@ where
             RetryDecision::GiveUp => return Err(give_up(failure, class, retries + 1, inbox_error)),
         }
     }
+}
+
+/// Checks, the first time a connection runs a handler, that the handler's inbox table can
+/// recognise a duplicate: on MySQL and MariaDB a plain `INSERT` of the marker succeeds twice
+/// on a table whose unique index was dropped or made non-unique, and the body would run
+/// twice; PostgreSQL and SQLite refuse `ON CONFLICT` without the index, but with an error that
+/// does not say what to fix. The check reads the catalog, outside any transaction; it is
+/// remembered per thread for the connection (by its address) and the handler, so later
+/// deliveries pay a lookup in a short list.
+async fn schema_checked<S: Steps, E>(
+    steps: &mut S,
+    spec: &'static HandlerSpec,
+    inbox_error: fn(Error) -> E,
+) -> Result<(), E> {
+    let key = (
+        std::ptr::from_mut(steps.conn()).cast::<()>() as usize,
+        std::ptr::from_ref(spec) as usize,
+    );
+    if CHECKED.with_borrow(|checked| checked.contains(&key)) {
+        return Ok(());
+    }
+    match steps.verify(spec).await {
+        Ok(()) => {
+            CHECKED.with_borrow_mut(|checked| {
+                // Bounded: connections come and go in a pool; forgetting them all costs one
+                // check each of those still in use.
+                if checked.len() == CHECKED_MAX {
+                    checked.clear();
+                }
+                checked.push(key);
+            });
+            Ok(())
+        }
+        Err(SchemaError::Database(source)) => {
+            let class = classify(&source, &spec.schema);
+            Err(inbox_error(Error::Database {
+                class,
+                attempts: 1,
+                source,
+            }))
+        }
+        Err(problem) => {
+            tracing::error!(error = %problem, "the inbox table cannot recognise a duplicate; refusing to process");
+            Err(inbox_error(Error::Schema(problem)))
+        }
+    }
+}
+
+/// How many (connection, handler) pairs a thread remembers as checked.
+const CHECKED_MAX: usize = 256;
+
+thread_local! {
+    static CHECKED: std::cell::RefCell<Vec<(usize, usize)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// The outcome of a single message: `None` from [`drive`] is a duplicate.
@@ -322,6 +380,7 @@ where
     B: Body<S::Conn, Result<T, E>>,
 {
     tracing::debug!(key = %key, "handling message");
+    schema_checked(&mut steps, spec, inbox_error).await?;
     let mut retries = 0;
     let attempt = loop {
         match acquire(&mut steps, spec, claim, &key).await {
@@ -362,17 +421,14 @@ where
     tracing::debug!(attempt, "claimed; running the body");
     let result = match run_body(spec, &mut body, steps.conn()).await {
         Ok(result) => result,
+        // No transaction is open while a claim-mode body runs. A panic leaves the outcome of
+        // the side effect unknown, as a crash does, and is left as one: the claim stays
+        // until its lease ends, then is taken over or reported as `on_expired` says.
         Err(Panicked(payload)) => {
-            // Released before the panic goes on, so that a redelivery runs the side effect
-            // again at once instead of waiting for the lease.
-            let released = steps
-                .claim_step(spec, &key, ClaimStep::Release { attempt })
-                .await;
             tracing::error!(
                 outcome = "panicked",
                 attempt,
-                released = released.is_ok_and(|answer| answer.changed()),
-                "the handler's body panicked"
+                "the handler's body panicked; its claim stays until the lease ends"
             );
             std::panic::resume_unwind(payload)
         }

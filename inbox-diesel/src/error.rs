@@ -30,6 +30,12 @@ pub enum Error {
         /// The attempt whose claim was taken over.
         attempt: u32,
     },
+    /// The inbox table cannot recognise a duplicate — its unique index on
+    /// `(message_id, consumer)` is missing, not unique, on other columns or under another
+    /// name than `constraint` says — or the table or a column is missing. Found the first time
+    /// a connection runs the handler, before any marker is written: nothing was processed, and
+    /// no delivery will be until the table is fixed. Alert; do not retry.
+    Schema(crate::schema::SchemaError),
     /// A database error while beginning, claiming, or committing — after `retries` retries
     /// when it was transient. In claim mode, an error from the stamp leaves the claim open
     /// until its lease ends (the side effect has happened); see
@@ -50,7 +56,7 @@ impl Error {
         match self {
             Error::InvalidKey(_) => ErrorClass::Other,
             Error::TransactionAborted => ErrorClass::TransactionAborted,
-            Error::ClaimLost { .. } => ErrorClass::Other,
+            Error::ClaimLost { .. } | Error::Schema(_) => ErrorClass::Other,
             Error::Database { class, .. } => class.clone(),
         }
     }
@@ -60,6 +66,9 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::InvalidKey(e) => write!(f, "inbox: invalid message key: {e}"),
+            Error::Schema(_) => f.write_str(
+                "inbox: the inbox table cannot recognise a duplicate; refusing to process",
+            ),
             Error::TransactionAborted => f.write_str(
                 "inbox: the handler returned Ok, but a statement in its transaction had failed \
                  and the transaction was aborted; nothing was committed (a database error was \
@@ -89,6 +98,7 @@ impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Error::InvalidKey(e) => Some(e),
+            Error::Schema(e) => Some(e),
             Error::TransactionAborted | Error::ClaimLost { .. } => None,
             Error::Database { source, .. } => Some(source),
         }

@@ -168,6 +168,13 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
         self.0.prepare_claim(spec)
     }
 
+    async fn verify(
+        &mut self,
+        spec: &'static HandlerSpec,
+    ) -> Result<(), crate::verify::SchemaError> {
+        crate::schema::verify(self.0, &spec.schema)
+    }
+
     async fn claim_step(
         &mut self,
         spec: &'static HandlerSpec,

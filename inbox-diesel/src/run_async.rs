@@ -312,6 +312,13 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
         self.0.prepare_claim(spec).await
     }
 
+    async fn verify(
+        &mut self,
+        spec: &'static HandlerSpec,
+    ) -> Result<(), crate::verify::SchemaError> {
+        crate::schema::verify_async(self.0, &spec.schema).await
+    }
+
     async fn claim_step(
         &mut self,
         spec: &'static HandlerSpec,

@@ -64,7 +64,10 @@ impl fmt::Display for SchemaProblem {
             SchemaProblem::MissingUniqueIndex { index } => write!(
                 f,
                 "unique index `{index}` on (message_id, consumer) is missing: without it \
-                 concurrent deliveries are not recognised as duplicates"
+                 deliveries of one message are not recognised as duplicates; create it \
+                 (`CREATE UNIQUE INDEX {index} ON … (message_id, consumer)`), or, if the \
+                 table has such an index under another name, name that one with \
+                 `constraint = \"…\"`"
             ),
             SchemaProblem::IndexNotUnique { index } => write!(f, "index `{index}` is not unique"),
             SchemaProblem::IndexColumns { index, found } => write!(

@@ -130,3 +130,76 @@ fn the_key_lock_is_refused_inside_a_transaction() {
     let outside = unique::serialize_on(&mut conn, "tenant:acme", |_| Ok::<_, UniqueError>(7));
     assert_eq!(outside.unwrap(), 7);
 }
+
+/// A delivery handler for the drift tests: one credit row per run of the body.
+#[inbox_diesel::idempotent(consumer = "credit", key = msg.id)]
+fn credit_once(
+    conn: &mut diesel::MysqlConnection,
+    msg: &inbox_tests::Credit,
+) -> diesel::QueryResult<()> {
+    use diesel::{ExpressionMethods, RunQueryDsl};
+    use inbox_tests::credits;
+    diesel::insert_into(credits::table)
+        .values((
+            credits::message.eq(msg.id.to_string()),
+            credits::account.eq(msg.account),
+            credits::amount.eq(msg.amount),
+        ))
+        .execute(conn)?;
+    Ok(())
+}
+
+/// The inbox table drifted: its unique index dropped, recreated non-unique under the same
+/// name, or recreated unique under another name. A plain `INSERT` of the marker succeeds twice
+/// on MariaDB without the unique index, so two deliveries one after the other would both run
+/// the body; the runtime refuses to process instead, naming what is wrong, and no credit is
+/// written.
+#[test]
+fn a_drifted_inbox_table_is_refused_not_doubled() {
+    use inbox_diesel::schema::SchemaProblem;
+    let drifts: [(&str, &str); 3] = [
+        (
+            "dropped",
+            "ALTER TABLE inbox DROP INDEX ux_inbox_message_consumer",
+        ),
+        (
+            "not_unique",
+            "ALTER TABLE inbox DROP INDEX ux_inbox_message_consumer, \
+             ADD INDEX ux_inbox_message_consumer (message_id, consumer)",
+        ),
+        (
+            "renamed",
+            "ALTER TABLE inbox RENAME INDEX ux_inbox_message_consumer TO ux_inbox_key",
+        ),
+    ];
+    for (drift, sql) in drifts {
+        let db = MysqlDb::new(&format!("drift_{drift}"));
+        let mut conn = db.connect();
+        conn.batch_execute(sql).unwrap();
+        let msg = inbox_tests::Credit::new(1);
+        for delivery in 1..=2 {
+            let refused = credit_once(&mut conn, &msg).unwrap_err();
+            // A `QueryResult` handler carries the inbox's own errors inside diesel's.
+            let diesel::result::Error::QueryBuilderError(inbox) = refused else {
+                panic!("{drift}, delivery {delivery}: {refused:?}")
+            };
+            let problem = match inbox.downcast::<inbox_diesel::Error>().map(|e| *e) {
+                Ok(inbox_diesel::Error::Schema(inbox_diesel::schema::SchemaError::Mismatch {
+                    problems,
+                    ..
+                })) => problems,
+                other => panic!("{drift}, delivery {delivery}: {other:?}"),
+            };
+            assert!(
+                matches!(
+                    problem.as_slice(),
+                    [SchemaProblem::MissingUniqueIndex { .. }
+                        | SchemaProblem::IndexNotUnique { .. }]
+                ),
+                "{drift}: {problem:?}"
+            );
+        }
+        let credits = inbox_tests::server::count(&mut conn, "SELECT COUNT(*) AS n FROM credits");
+        assert_eq!(credits, 0, "{drift}: no delivery ran the body");
+    }
+}

@@ -1,5 +1,5 @@
-//! A body that panics leaves no open transaction behind: the runtime rolls back (or, in claim
-//! mode, releases the claim) before the panic goes on. On SQLite a transaction left open
+//! A body that panics leaves no open transaction behind: the runtime rolls back before the
+//! panic goes on. On SQLite a transaction left open
 //! holds the database's write lock, so a redelivery on another connection — another instance
 //! — cannot even claim its marker: each test below delivers the message again on another
 //! connection right after the panic and asserts on the rows it committed.
@@ -140,10 +140,11 @@ fn a_panicking_body_on_an_r2d2_connection_leaves_nothing_open() {
     assert_eq!(credit_rows(&mut db.connect()), 2);
 }
 
-/// Claim mode: a body that panics releases its claim, so the redelivery runs the side effect
-/// at once instead of answering `InFlight` until the lease (ten minutes here) ends.
+/// Claim mode: no transaction is open while the body runs, and a panic leaves the side
+/// effect's outcome unknown, as a crash does: the claim stays, and the redelivery is told the
+/// message is in flight rather than running the side effect again. The connection is usable.
 #[test]
-fn a_panicking_claim_mode_body_releases_its_claim() {
+fn a_panicking_claim_mode_body_is_left_as_a_crash() {
     let db = SqliteDb::new("panic_claim");
     let msg = Credit::new(1);
     let mut first = db.connect();
@@ -152,8 +153,9 @@ fn a_panicking_claim_mode_body_releases_its_claim() {
     assert!(panicked.is_err());
 
     let mut other = db.connect();
+    assert!(send_mail(&mut other, &msg, false).unwrap().is_in_flight());
     assert_eq!(
-        send_mail(&mut other, &msg, false).unwrap(),
+        send_mail(&mut first, &Credit::new(2), false).unwrap(),
         Outcome::Processed(())
     );
     assert_eq!(markers(&mut db.connect(), "mail"), 1);
