@@ -21,10 +21,41 @@ pub enum ErrorClass {
     /// The transaction was already aborted by an earlier failed statement whose error the
     /// handler swallowed; nothing of it can commit.
     TransactionAborted,
-    /// The connection to the server is gone.
+    /// The connection to the server is gone, or its state is unknown (a rollback that
+    /// failed): take a fresh connection.
     ConnectionLost,
+    /// The handler was used in a way it cannot work: called inside the caller's open
+    /// transaction. A bug to fix, not a message to retry.
+    Misuse,
+    /// A table, column or index the statement needs does not exist or is not what it should
+    /// be (the inbox table's unique index missing, a table dropped). Retrying does not help
+    /// until the schema is fixed.
+    Schema,
     /// Anything else.
     Other,
+}
+
+/// What a message pump does with a failed delivery: the decision [`ErrorClass::action`]
+/// makes for each class, the same on every backend, sync or async, in transaction, batch and
+/// claim mode.
+///
+/// | action | classes | the pump |
+/// |---|---|---|
+/// | `RetryLater` | transient (deadlock, serialization failure, lock or statement timeout, busy) — after the handler's own retries were used up | nacks with a delay; the broker redelivers |
+/// | `Reconnect` | connection lost | drops the connection (a pool discards it), nacks; the redelivery runs on a fresh one |
+/// | `Alert` | misuse, schema, a swallowed error (`TransactionAborted`) | stops consuming or parks the message and alerts: every redelivery would fail the same way |
+/// | `DeadLetter` | a business constraint, any other error | dead-letters the message: it fails on its own merits |
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Action {
+    /// Redeliver later: the failure may not happen again.
+    RetryLater,
+    /// Redeliver on a fresh connection.
+    Reconnect,
+    /// A bug or a broken deployment: stop and alert, do not spin on redeliveries.
+    Alert,
+    /// The message fails on its own: dead-letter it.
+    DeadLetter,
 }
 
 /// The kinds of failure that are retried in a fresh transaction.
@@ -35,8 +66,10 @@ pub enum TransientKind {
     SerializationFailure,
     /// PostgreSQL `40P01`, MySQL `1213`: the server broke a deadlock by aborting this transaction.
     Deadlock,
-    /// MySQL `1205`: a lock wait timed out.
+    /// MySQL `1205`, PostgreSQL `55P03` (`lock_timeout`): a lock wait timed out.
     LockWaitTimeout,
+    /// PostgreSQL `57014` (`statement_timeout`): the statement ran past its time limit.
+    StatementTimeout,
     /// SQLite `SQLITE_BUSY` / `SQLITE_LOCKED`: the database stayed locked past the busy timeout.
     Busy,
 }
@@ -45,6 +78,21 @@ impl ErrorClass {
     /// Whether the failure is worth another attempt in a fresh transaction.
     pub fn is_transient(&self) -> bool {
         matches!(self, ErrorClass::Transient(_))
+    }
+
+    /// What a message pump does with a delivery that failed with this class ([`Action`]).
+    pub fn action(&self) -> Action {
+        match self {
+            ErrorClass::Transient(_) => Action::RetryLater,
+            ErrorClass::ConnectionLost => Action::Reconnect,
+            // A duplicate is never an error the runtime returns: met as one, something read
+            // it wrongly.
+            ErrorClass::Misuse
+            | ErrorClass::Schema
+            | ErrorClass::TransactionAborted
+            | ErrorClass::InboxDuplicate => Action::Alert,
+            ErrorClass::UniqueViolation { .. } | ErrorClass::Other => Action::DeadLetter,
+        }
     }
 }
 
@@ -59,6 +107,8 @@ impl fmt::Display for ErrorClass {
             ErrorClass::Transient(kind) => write!(f, "transient failure ({kind:?})"),
             ErrorClass::TransactionAborted => f.write_str("transaction aborted"),
             ErrorClass::ConnectionLost => f.write_str("connection lost"),
+            ErrorClass::Misuse => f.write_str("misuse"),
+            ErrorClass::Schema => f.write_str("schema mismatch"),
             ErrorClass::Other => f.write_str("other error"),
         }
     }

@@ -31,7 +31,7 @@ mod retention;
 mod retry;
 pub mod server_message;
 
-pub use class::{ErrorClass, TransientKind};
+pub use class::{Action, ErrorClass, TransientKind};
 pub use consumer::{Consumer, ConsumerError};
 pub use ident::{IdentifierError, InboxSchema};
 pub use key::{KeyError, MessageKey, ToMessageKey};

@@ -329,7 +329,7 @@ fn is_deadlock(message: &str) -> bool {
 /// Errors that drivers report without a kind of their own, recognised by the server's
 /// (English) message. Checked against messages captured from the servers in the tests.
 fn classify_message(message: &str) -> ErrorClass {
-    const TRANSIENT: [(&str, TransientKind); 5] = [
+    const TRANSIENT: [(&str, TransientKind); 7] = [
         // PostgreSQL 40P01 (diesel reports no kind for it).
         ("deadlock detected", TransientKind::Deadlock),
         // MySQL / MariaDB 1213.
@@ -339,6 +339,15 @@ fn classify_message(message: &str) -> ErrorClass {
         ),
         // MySQL / MariaDB 1205.
         ("Lock wait timeout exceeded", TransientKind::LockWaitTimeout),
+        // PostgreSQL 55P03 and 57014.
+        (
+            "canceling statement due to lock timeout",
+            TransientKind::LockWaitTimeout,
+        ),
+        (
+            "canceling statement due to statement timeout",
+            TransientKind::StatementTimeout,
+        ),
         // SQLite SQLITE_BUSY, and SQLITE_LOCKED ("database table is locked: t").
         ("database is locked", TransientKind::Busy),
         ("table is locked", TransientKind::Busy),
@@ -349,6 +358,43 @@ fn classify_message(message: &str) -> ErrorClass {
     // PostgreSQL 25P02: a statement ran after an earlier one failed in the same transaction.
     if message.starts_with("current transaction is aborted") {
         return ErrorClass::TransactionAborted;
+    }
+    const CONNECTION_LOST: [&str; 12] = [
+        // PostgreSQL 57P01 (a terminated backend), libpq and tokio-postgres.
+        "terminating connection due to administrator command",
+        "server closed the connection unexpectedly",
+        "connection to server was lost",
+        "no connection to the server",
+        "connection closed",
+        "error communicating with the server",
+        // MySQL / MariaDB 2006, 2013, 1927 (a killed connection), 2002/2003.
+        "server has gone away",
+        "Lost connection to",
+        "Connection was killed",
+        "Can't connect to",
+        // mysql_async.
+        "Connection reset by peer",
+        "broken pipe",
+    ];
+    let lower = message.to_ascii_lowercase();
+    if CONNECTION_LOST
+        .iter()
+        .any(|m| lower.contains(&m.to_ascii_lowercase()))
+    {
+        return ErrorClass::ConnectionLost;
+    }
+    const SCHEMA: [&str; 5] = [
+        // PostgreSQL 42P01, 42703.
+        "does not exist",
+        // MySQL / MariaDB 1146, 1054.
+        "doesn't exist",
+        "Unknown column",
+        // SQLite.
+        "no such table",
+        "no such column",
+    ];
+    if SCHEMA.iter().any(|m| message.contains(m)) {
+        return ErrorClass::Schema;
     }
     ErrorClass::Other
 }

@@ -33,7 +33,16 @@ use inbox_core::{ErrorClass, InboxSchema};
 /// );
 /// ```
 pub fn classify(error: &DieselError, schema: &InboxSchema) -> ErrorClass {
-    with_server_error(error, |server| server.classify(schema)).unwrap_or(ErrorClass::Other)
+    match error {
+        // The handler was called inside the caller's open transaction.
+        DieselError::AlreadyInTransaction => ErrorClass::Misuse,
+        // A rollback failed: what the server holds of the transaction is unknown, and diesel
+        // refuses every later statement on the connection.
+        DieselError::BrokenTransactionManager => ErrorClass::ConnectionLost,
+        _ => {
+            with_server_error(error, |server| server.classify(schema)).unwrap_or(ErrorClass::Other)
+        }
+    }
 }
 
 /// `read` on the parts of `error` the server reported; `None` for an error that did not

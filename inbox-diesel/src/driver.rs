@@ -565,8 +565,9 @@ async fn wait_or_give_up<S: Steps, E>(
             Ok(())
         }
         None => {
+            let class = classify(&error, &spec.schema);
             let failure = Failure::<(), E>::Database(error);
-            Err(give_up(failure, None, *retries + 1, inbox_error))
+            Err(give_up(failure, Some(class), *retries + 1, inbox_error))
         }
     }
 }
@@ -607,6 +608,13 @@ fn give_up<T, E>(
                  rolled back"
             );
             inbox_error(Error::TransactionAborted)
+        }
+        Failure::Database(DieselError::AlreadyInTransaction) => {
+            tracing::error!(
+                outcome = "misuse",
+                "the handler was called inside an open transaction; nothing ran"
+            );
+            inbox_error(Error::CalledInsideTransaction)
         }
         Failure::Database(source) => {
             let class = class.unwrap_or(ErrorClass::Other);

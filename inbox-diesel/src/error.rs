@@ -1,6 +1,6 @@
 use std::fmt;
 
-use inbox_core::{ErrorClass, KeyError};
+use inbox_core::{Action, ErrorClass, KeyError};
 
 /// Why an idempotent handler could not complete, other than its own error.
 ///
@@ -30,6 +30,13 @@ pub enum Error {
         /// The attempt whose claim was taken over.
         attempt: u32,
     },
+    /// The handler was called inside an open transaction of the caller's. The inbox writes
+    /// the marker in a transaction of its own, committed with the body's work; inside
+    /// another transaction it could not commit or roll back the marker with the body, so
+    /// nothing ran. Call the handler outside any transaction — give it its own connection
+    /// from the pool, or finish the caller's transaction first. A bug to fix: alert, do not
+    /// retry.
+    CalledInsideTransaction,
     /// The inbox table cannot recognise a duplicate — its unique index on
     /// `(message_id, consumer)` is missing, not unique, on other columns or under another
     /// name than `constraint` says — or the table or a column is missing. Found the first time
@@ -56,8 +63,38 @@ impl Error {
         match self {
             Error::InvalidKey(_) => ErrorClass::Other,
             Error::TransactionAborted => ErrorClass::TransactionAborted,
-            Error::ClaimLost { .. } | Error::Schema(_) => ErrorClass::Other,
+            Error::ClaimLost { .. } => ErrorClass::Other,
+            Error::Schema(_) => ErrorClass::Schema,
+            Error::CalledInsideTransaction => ErrorClass::Misuse,
             Error::Database { class, .. } => class.clone(),
+        }
+    }
+}
+
+impl Error {
+    /// What a message pump does with this failure ([`Action`]): the class's action, except
+    /// that a claim lost to another delivery is redelivered later (it finds the work in
+    /// flight or completed) and an invalid key is dead-lettered (it can never be processed).
+    ///
+    /// ```
+    /// use inbox_diesel::{Action, Error};
+    ///
+    /// assert_eq!(Error::CalledInsideTransaction.action(), Action::Alert);
+    /// ```
+    pub fn action(&self) -> Action {
+        match self {
+            Error::ClaimLost { .. } => Action::RetryLater,
+            Error::InvalidKey(_) => Action::DeadLetter,
+            other => other.class().action(),
+        }
+    }
+
+    /// How many attempts were made before the failure: more than one when a transient error
+    /// was retried until the handler's retries were used up.
+    pub fn attempts(&self) -> u32 {
+        match self {
+            Error::Database { attempts, .. } => *attempts,
+            _ => 1,
         }
     }
 }
@@ -68,6 +105,11 @@ impl fmt::Display for Error {
             Error::InvalidKey(e) => write!(f, "inbox: invalid message key: {e}"),
             Error::Schema(_) => f.write_str(
                 "inbox: the inbox table cannot recognise a duplicate; refusing to process",
+            ),
+            Error::CalledInsideTransaction => f.write_str(
+                "inbox: the handler was called inside an open transaction; nothing ran. Call \
+                 it outside any transaction: it commits the marker with the body's work in a \
+                 transaction of its own",
             ),
             Error::TransactionAborted => f.write_str(
                 "inbox: the handler returned Ok, but a statement in its transaction had failed \
@@ -99,7 +141,9 @@ impl std::error::Error for Error {
         match self {
             Error::InvalidKey(e) => Some(e),
             Error::Schema(e) => Some(e),
-            Error::TransactionAborted | Error::ClaimLost { .. } => None,
+            Error::TransactionAborted
+            | Error::ClaimLost { .. }
+            | Error::CalledInsideTransaction => None,
             Error::Database { source, .. } => Some(source),
         }
     }

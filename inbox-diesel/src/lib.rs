@@ -473,9 +473,9 @@ pub use classify::classify;
 pub use error::Error;
 pub use guard::NoConnection;
 pub use inbox_core::{
-    BatchOutcome, Consumer, ConsumerError, ErrorClass, IdentifierError, InboxSchema, KeyError,
-    MessageKey, Outcome, Retention, RetryDecision, RetryPolicy, ToMessageKey, TransientKind,
-    server_message,
+    Action, BatchOutcome, Consumer, ConsumerError, ErrorClass, IdentifierError, InboxSchema,
+    KeyError, MessageKey, Outcome, Retention, RetryDecision, RetryPolicy, ToMessageKey,
+    TransientKind, server_message,
 };
 #[cfg(feature = "async")]
 pub use run_async::AsyncInboxConnection;

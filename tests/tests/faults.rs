@@ -1,0 +1,245 @@
+//! Every fault a pump must route, provoked for real on each backend, and the [`Action`] it
+//! gets: `RetryLater` for a lock or statement timeout and a busy database, `Reconnect` for a
+//! connection the server ended, `Alert` for a handler called inside a transaction and for an
+//! inbox table that cannot recognise a duplicate, `DeadLetter` for a business constraint. An
+//! error of the inbox is read with `Error::action()`; an error the body returned, with
+//! `classify(…).action()`.
+//!
+//! SQLite always; PostgreSQL and MariaDB with their features (`INBOX_TEST_PG`,
+//! `INBOX_TEST_MYSQL`).
+
+use diesel::connection::{AnsiTransactionManager, SimpleConnection, TransactionManager};
+use diesel::result::Error as DieselError;
+use inbox_diesel::{Action, Error, ErrorClass, InboxSchema, classify};
+
+/// The inbox's own error inside a `QueryResult` handler's diesel error.
+fn inbox_error(error: DieselError) -> Error {
+    match error {
+        DieselError::QueryBuilderError(inner) => *inner
+            .downcast::<Error>()
+            .unwrap_or_else(|e| panic!("not an inbox error: {e:?}")),
+        other => panic!("not an inbox error: {other:?}"),
+    }
+}
+
+/// The action for an error that came out of a body.
+fn body_action(error: &DieselError) -> Action {
+    classify(error, &InboxSchema::DEFAULT).action()
+}
+
+/// The faults every backend shares: misuse, a drifted table, a business constraint.
+macro_rules! shared_faults {
+    ($db:expr, $run:ident) => {{
+        let db = $db;
+        // Called inside the caller's open transaction: nothing runs.
+        let mut conn = db.connect();
+        AnsiTransactionManager::begin_transaction(&mut conn).unwrap();
+        let misuse = inbox_error($run(&mut conn, &1, "SELECT 1").unwrap_err());
+        assert!(
+            matches!(misuse, Error::CalledInsideTransaction),
+            "{misuse:?}"
+        );
+        assert_eq!(misuse.action(), Action::Alert);
+        AnsiTransactionManager::rollback_transaction(&mut conn).unwrap();
+
+        // A business unique violation in the body.
+        let mut conn = db.connect();
+        conn.batch_execute("INSERT INTO users (email) VALUES ('a@example.com')")
+            .unwrap();
+        let business = $run(
+            &mut conn,
+            &2,
+            "INSERT INTO users (email) VALUES ('a@example.com')",
+        )
+        .unwrap_err();
+        assert_eq!(body_action(&business), Action::DeadLetter, "{business:?}");
+
+        // A body that reads a table dropped under it.
+        let missing = $run(&mut conn, &3, "SELECT * FROM no_such_table").unwrap_err();
+        assert_eq!(
+            classify(&missing, &InboxSchema::DEFAULT),
+            ErrorClass::Schema,
+            "{missing:?}"
+        );
+        assert_eq!(body_action(&missing), Action::Alert);
+
+        // The inbox table itself dropped: refused before any marker, on a fresh connection.
+        conn.batch_execute("DROP TABLE inbox").unwrap();
+        let mut fresh = db.connect();
+        let schema = inbox_error($run(&mut fresh, &4, "SELECT 1").unwrap_err());
+        assert!(matches!(schema, Error::Schema(_)), "{schema:?}");
+        assert_eq!(schema.action(), Action::Alert);
+    }};
+}
+
+mod sqlite {
+    use super::*;
+    use diesel::SqliteConnection;
+    use inbox_diesel::idempotent;
+    use inbox_tests::sqlite::SqliteDb;
+
+    #[idempotent(consumer = "fault", key = *id, retries = 1, busy_timeout_ms = 50)]
+    fn run(conn: &mut SqliteConnection, id: &u64, sql: &str) -> diesel::QueryResult<()> {
+        conn.batch_execute(sql)
+    }
+
+    /// The same with an application error type, which keeps the inbox's error whole.
+    #[idempotent(consumer = "fault", key = *id, retries = 1, busy_timeout_ms = 50)]
+    fn run_app(conn: &mut SqliteConnection, id: &u64) -> Result<(), inbox_tests::AppError> {
+        conn.batch_execute("SELECT 1")?;
+        Ok(())
+    }
+
+    #[test]
+    fn every_fault_has_its_action() {
+        // Busy: another connection holds the write lock past the busy timeout, through the
+        // handler's retry.
+        let db = SqliteDb::new("faults");
+        let mut holder = db.connect();
+        holder.batch_execute("BEGIN IMMEDIATE").unwrap();
+        let busy = match run_app(&mut db.connect(), &10).unwrap_err() {
+            inbox_tests::AppError::Inbox(error) => error,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            busy.class(),
+            ErrorClass::Transient(inbox_diesel::TransientKind::Busy)
+        );
+        // The handler's retry was used up: two attempts, then the pump's turn.
+        assert_eq!((busy.action(), busy.attempts()), (Action::RetryLater, 2));
+        holder.batch_execute("ROLLBACK").unwrap();
+
+        shared_faults!(db, run);
+    }
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use super::*;
+    use diesel::PgConnection;
+    use inbox_diesel::idempotent;
+    use inbox_tests::postgres::PgDb;
+
+    #[idempotent(consumer = "fault", key = *id, retries = 0)]
+    fn run(conn: &mut PgConnection, id: &u64, sql: &str) -> diesel::QueryResult<()> {
+        conn.batch_execute(sql)
+    }
+
+    #[test]
+    fn every_fault_has_its_action() {
+        let db = PgDb::new("faults");
+
+        // A lock timeout, while another session holds the row: 55P03.
+        let mut holder = db.connect();
+        holder
+            .batch_execute("BEGIN; SELECT * FROM accounts WHERE id = 1 FOR UPDATE")
+            .unwrap();
+        let locked = run(
+            &mut db.connect(),
+            &10,
+            "SET LOCAL lock_timeout = '50ms'; UPDATE accounts SET balance = 1 WHERE id = 1",
+        )
+        .unwrap_err();
+        assert_eq!(body_action(&locked), Action::RetryLater, "{locked:?}");
+        holder.batch_execute("ROLLBACK").unwrap();
+
+        // A statement timeout: 57014.
+        let slow = run(
+            &mut db.connect(),
+            &11,
+            "SET LOCAL statement_timeout = '20ms'; SELECT pg_sleep(1)",
+        )
+        .unwrap_err();
+        assert_eq!(body_action(&slow), Action::RetryLater, "{slow:?}");
+
+        // The server ends the session: 57P01.
+        let ended = run(
+            &mut db.connect(),
+            &12,
+            "SELECT pg_terminate_backend(pg_backend_pid())",
+        )
+        .unwrap_err();
+        assert_eq!(body_action(&ended), Action::Reconnect, "{ended:?}");
+
+        shared_faults!(db, run);
+    }
+
+    #[idempotent(consumer = "fault", key = *id, retries = 0)]
+    async fn run_async(
+        conn: &mut diesel_async::AsyncPgConnection,
+        id: &u64,
+        sql: &str,
+    ) -> diesel::QueryResult<()> {
+        diesel_async::SimpleAsyncConnection::batch_execute(conn, sql).await
+    }
+
+    /// diesel-async reads the same faults the same way.
+    #[test]
+    fn every_fault_has_its_action_on_diesel_async() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let db = PgDb::new("faults_async");
+            let ended = run_async(
+                &mut db.connect_async().await,
+                &12,
+                "SELECT pg_terminate_backend(pg_backend_pid())",
+            )
+            .await
+            .unwrap_err();
+            assert_eq!(body_action(&ended), Action::Reconnect, "{ended:?}");
+            let slow = run_async(
+                &mut db.connect_async().await,
+                &11,
+                "SET LOCAL statement_timeout = '20ms'; SELECT pg_sleep(1)",
+            )
+            .await
+            .unwrap_err();
+            assert_eq!(body_action(&slow), Action::RetryLater, "{slow:?}");
+        });
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    use super::*;
+    use diesel::MysqlConnection;
+    use inbox_diesel::idempotent;
+    use inbox_tests::mysql::MysqlDb;
+
+    #[idempotent(consumer = "fault", key = *id, retries = 0)]
+    fn run(conn: &mut MysqlConnection, id: &u64, sql: &str) -> diesel::QueryResult<()> {
+        conn.batch_execute(sql)
+    }
+
+    #[test]
+    fn every_fault_has_its_action() {
+        let db = MysqlDb::new("faults");
+
+        // A lock wait timeout, while another session holds the row: 1205.
+        let mut holder = db.connect();
+        holder
+            .batch_execute("BEGIN; SELECT * FROM accounts WHERE id = 1 FOR UPDATE")
+            .unwrap();
+        let mut waiter = db.connect();
+        waiter
+            .batch_execute("SET SESSION innodb_lock_wait_timeout = 1")
+            .unwrap();
+        let locked = run(
+            &mut waiter,
+            &10,
+            "UPDATE accounts SET balance = 1 WHERE id = 1",
+        )
+        .unwrap_err();
+        assert_eq!(body_action(&locked), Action::RetryLater, "{locked:?}");
+        holder.batch_execute("ROLLBACK").unwrap();
+
+        // The server ends the session.
+        let ended = run(&mut db.connect(), &12, "KILL CONNECTION_ID()").unwrap_err();
+        assert_eq!(body_action(&ended), Action::Reconnect, "{ended:?}");
+
+        shared_faults!(db, run);
+    }
+}
