@@ -250,7 +250,7 @@
 //! `lease_ms` above the side effect's longest run. The body does not reach the database: it
 //! is given [`NoConnection`] in place of the handler's connection, and the compiler refuses
 //! any other connection in it. The handler must be called outside any open transaction (it
-//! returns diesel's `AlreadyInTransaction` otherwise).
+//! returns [`Error::CalledInsideTransaction`] otherwise).
 //!
 //! # Get-or-create on business keys
 //!

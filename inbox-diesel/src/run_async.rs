@@ -41,8 +41,12 @@ use crate::{Error, NoConnection};
 ///   message (a redelivery waits for it) and the rows the body wrote, on SQLite the whole
 ///   database. Bound that with PostgreSQL's `idle_in_transaction_session_timeout`, or use bb8
 ///   where handlers can be cancelled;
-/// - a connection used without a pool refuses the next handler call with diesel's
-///   `AlreadyInTransaction` until it is dropped.
+/// - a connection used without a pool refuses the next handler call with
+///   [`Error::CalledInsideTransaction`](crate::Error::CalledInsideTransaction) until it is
+///   dropped.
+///
+/// A body that *panics* is different: the runtime catches the panic at the body's poll, rolls
+/// the transaction back, and lets the panic go on, so the connection comes back clean.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a connection an async #[idempotent] handler can run on",
     label = "declare this parameter as `&mut AsyncPgConnection`, `&mut AsyncMysqlConnection` or `&mut SyncConnectionWrapper<SqliteConnection>`",
