@@ -153,13 +153,36 @@ mod postgres {
         assert_eq!(body_action(&slow), Action::RetryLater, "{slow:?}");
 
         // The server ends the session: 57P01.
+        let mut doomed = db.connect();
         let ended = run(
-            &mut db.connect(),
+            &mut doomed,
             &12,
             "SELECT pg_terminate_backend(pg_backend_pid())",
         )
         .unwrap_err();
         assert_eq!(body_action(&ended), Action::Reconnect, "{ended:?}");
+        // The connection is not handed back silently: the next call on it says so too.
+        let next = run(&mut doomed, &13, "SELECT 1").unwrap_err();
+        assert_eq!(body_action(&next), Action::Reconnect, "{next:?}");
+        // An r2d2 pool discards it: the next checkout is a working connection.
+        let pool = diesel::r2d2::Pool::builder()
+            .max_size(1)
+            .build(diesel::r2d2::ConnectionManager::<PgConnection>::new(
+                db.url(),
+            ))
+            .unwrap();
+        let ended = run(
+            &mut pool.get().unwrap(),
+            &14,
+            "SELECT pg_terminate_backend(pg_backend_pid())",
+        )
+        .unwrap_err();
+        assert_eq!(body_action(&ended), Action::Reconnect, "{ended:?}");
+        assert!(
+            run(&mut pool.get().unwrap(), &15, "SELECT 1")
+                .unwrap()
+                .is_processed()
+        );
 
         shared_faults!(db, run);
     }
@@ -190,6 +213,32 @@ mod postgres {
             .await
             .unwrap_err();
             assert_eq!(body_action(&ended), Action::Reconnect, "{ended:?}");
+            // deadpool and bb8 discard the ended connection: the next checkout works.
+            use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+            type Manager = AsyncDieselConnectionManager<diesel_async::AsyncPgConnection>;
+            let deadpool =
+                diesel_async::pooled_connection::deadpool::Pool::builder(Manager::new(db.url()))
+                    .max_size(1)
+                    .build()
+                    .unwrap();
+            let bb8 = diesel_async::pooled_connection::bb8::Pool::builder()
+                .max_size(1)
+                .build(Manager::new(db.url()))
+                .await
+                .unwrap();
+            let kill = "SELECT pg_terminate_backend(pg_backend_pid())";
+            let ended = run_async(&mut deadpool.get().await.unwrap(), &20, kill)
+                .await
+                .unwrap_err();
+            assert_eq!(body_action(&ended), Action::Reconnect, "{ended:?}");
+            let next = run_async(&mut deadpool.get().await.unwrap(), &21, "SELECT 1").await;
+            assert!(next.unwrap().is_processed());
+            let ended = run_async(&mut bb8.get().await.unwrap(), &22, kill)
+                .await
+                .unwrap_err();
+            assert_eq!(body_action(&ended), Action::Reconnect, "{ended:?}");
+            let next = run_async(&mut bb8.get().await.unwrap(), &23, "SELECT 1").await;
+            assert!(next.unwrap().is_processed());
             let slow = run_async(
                 &mut db.connect_async().await,
                 &11,
