@@ -125,6 +125,11 @@ mod postgres {
         conn.batch_execute(sql)
     }
 
+    #[idempotent(consumer = "fault-claim", key = *id, mode = "claim", retries = 0)]
+    fn claim(conn: &mut PgConnection, id: &u64) -> Result<(), inbox_tests::AppError> {
+        Ok(())
+    }
+
     #[test]
     fn every_fault_has_its_action() {
         let db = PgDb::new("faults");
@@ -164,6 +169,13 @@ mod postgres {
         // The connection is not handed back silently: the next call on it says so too.
         let next = run(&mut doomed, &13, "SELECT 1").unwrap_err();
         assert_eq!(body_action(&next), Action::Reconnect, "{next:?}");
+        // Claim mode reads the same fault the same way, in the inbox's own error.
+        match claim(&mut doomed, &16).unwrap_err() {
+            inbox_tests::AppError::Inbox(error) => {
+                assert_eq!(error.action(), Action::Reconnect, "{error:?}")
+            }
+            other => panic!("{other:?}"),
+        }
         // An r2d2 pool discards it: the next checkout is a working connection.
         let pool = diesel::r2d2::Pool::builder()
             .max_size(1)
