@@ -159,6 +159,8 @@ mod postgres {
 
         // The server ends the session: 57P01.
         let mut doomed = db.connect();
+        // Checked once on this connection, so that the claim below fails in its own steps.
+        claim(&mut doomed, &15).unwrap();
         let ended = run(
             &mut doomed,
             &12,
