@@ -55,6 +55,11 @@ impl Consumer {
         if let Some(at) = name.char_indices().find(|(_, c)| c.is_control()) {
             return Err(ConsumerError::ControlCharacter { at: at.0 });
         }
+        // MySQL and MariaDB compare `utf8mb4_bin` text with trailing spaces ignored (PAD
+        // SPACE): `credit` and `credit ` would share markers there and not elsewhere.
+        if name.trim() != name {
+            return Err(ConsumerError::SurroundingWhitespace);
+        }
         Ok(())
     }
 
@@ -100,6 +105,9 @@ pub enum ConsumerError {
         /// Byte offset of the first control character.
         at: usize,
     },
+    /// The name starts or ends with whitespace: MySQL and MariaDB would compare `credit ` equal
+    /// to `credit`, so two consumers would share markers there.
+    SurroundingWhitespace,
 }
 
 impl fmt::Display for ConsumerError {
@@ -115,6 +123,10 @@ impl fmt::Display for ConsumerError {
             ConsumerError::ControlCharacter { at } => {
                 write!(f, "consumer name contains a control character at byte {at}")
             }
+            ConsumerError::SurroundingWhitespace => f.write_str(
+                "consumer name starts or ends with whitespace, which MySQL and MariaDB ignore \
+                 when they compare names",
+            ),
         }
     }
 }
@@ -128,6 +140,14 @@ mod tests {
     #[test]
     fn rules() {
         assert!(Consumer::new("credit.v2 (EU)").is_ok());
+        assert_eq!(
+            Consumer::new("credit "),
+            Err(ConsumerError::SurroundingWhitespace)
+        );
+        assert_eq!(
+            Consumer::new(" credit"),
+            Err(ConsumerError::SurroundingWhitespace)
+        );
         assert!(Consumer::new("x".repeat(Consumer::MAX_LEN)).is_ok());
         assert_eq!(
             Consumer::new("x".repeat(Consumer::MAX_LEN + 1)),

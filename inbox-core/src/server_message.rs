@@ -290,11 +290,20 @@ impl ViolatedIndex<'_> {
     pub fn is(&self, table: &str, name: &str, columns: &[&str]) -> bool {
         let table = table.rsplit('.').next().unwrap_or(table);
         match self {
+            // PostgreSQL reports the table beside the name and compares names exactly; MySQL,
+            // MariaDB and SQLite compare index names without regard to case (their catalogs
+            // find `UX_INBOX_MESSAGE_CONSUMER` for `ux_inbox_message_consumer`), and so does
+            // this. Table names keep their case: MySQL on Linux compares them exactly.
             ViolatedIndex::Named {
                 table: t,
                 name: n,
-                on,
-            } => *n == name && t.or(*on).is_none_or(|t| t == table),
+                on: Some(on),
+            } => *n == name && t.unwrap_or(on) == table,
+            ViolatedIndex::Named {
+                table: t,
+                name: n,
+                on: None,
+            } => n.eq_ignore_ascii_case(name) && t.is_none_or(|t| t == table),
             ViolatedIndex::Columns {
                 table: t,
                 columns: c,

@@ -167,7 +167,8 @@ pub(crate) fn catalog_sql(backend: Backend) -> (&'static str, &'static str) {
              ORDER BY k.ord",
         ),
         Backend::Mysql => (
-            "SELECT CAST(column_name AS CHAR) AS name, CAST(column_type AS CHAR) AS type_name \
+            "SELECT CAST(column_name AS CHAR) AS name, CAST(CONCAT(column_type, \
+             IFNULL(CONCAT(' collate ', collation_name), '')) AS CHAR) AS type_name \
              FROM information_schema.columns \
              WHERE table_schema = COALESCE(NULLIF(?, ''), DATABASE()) AND table_name = ? \
              ORDER BY ordinal_position",
@@ -303,6 +304,18 @@ pub(crate) fn check(
                             column,
                             found: found.type_name.clone(),
                             expected,
+                        });
+                    } else if backend == Backend::Mysql
+                        && column == "consumer"
+                        && !type_name.contains("_bin")
+                    {
+                        // A case- or accent-insensitive collation would let `Credit` share the
+                        // markers of `credit`.
+                        problems.push(SchemaProblem::WrongType {
+                            column,
+                            found: found.type_name.clone(),
+                            expected: "VARCHAR(200) with a binary collation (utf8mb4_bin), so \
+                                       that consumer names compare byte by byte",
                         });
                     }
                 }

@@ -296,6 +296,10 @@ fn consumer(lit: &LitStr) -> syn::Result<String> {
                 format!("it is {len} bytes long and the limit is {max}")
             }
             ConsumerError::ControlCharacter { .. } => "it contains a control character".to_owned(),
+            ConsumerError::SurroundingWhitespace => "it starts or ends with whitespace, which \
+                MySQL and MariaDB ignore when they compare names, so `credit` and `credit ` \
+                would share markers there"
+                .to_owned(),
             _ => e.to_string(),
         };
         syn::Error::new(

@@ -203,3 +203,37 @@ fn a_drifted_inbox_table_is_refused_not_doubled() {
         assert_eq!(credits, 0, "{drift}: no delivery ran the body");
     }
 }
+
+/// MariaDB compares index names without regard to case: an inbox index created as
+/// `UX_INBOX_MESSAGE_CONSUMER` passes the schema check, and so a redelivery must be
+/// recognised as the duplicate it is — not fail for ever as a business violation.
+#[test]
+fn an_upper_case_inbox_index_recognises_duplicates() {
+    let db = MysqlDb::new("upper_case_index");
+    let mut conn = db.connect();
+    conn.batch_execute(
+        "ALTER TABLE inbox RENAME INDEX ux_inbox_message_consumer TO UX_INBOX_MESSAGE_CONSUMER",
+    )
+    .unwrap();
+    let msg = inbox_tests::Credit::new(1);
+    assert!(credit_once(&mut conn, &msg).unwrap().is_processed());
+    assert!(credit_once(&mut conn, &msg).unwrap().is_duplicate());
+    let credits = inbox_tests::server::count(&mut conn, "SELECT COUNT(*) AS n FROM credits");
+    assert_eq!(credits, 1);
+}
+
+/// A consumer column in a case-insensitive collation would let `Credit` share the markers of
+/// `credit`: the schema check refuses it, naming the collation it relies on.
+#[test]
+fn a_case_insensitive_consumer_column_is_refused() {
+    let db = MysqlDb::new("consumer_collation");
+    let mut conn = db.connect();
+    conn.batch_execute(
+        "ALTER TABLE inbox MODIFY consumer VARCHAR(200) CHARACTER SET utf8mb4 \
+         COLLATE utf8mb4_general_ci NOT NULL",
+    )
+    .unwrap();
+    let error = inbox_diesel::schema::verify(&mut conn, &InboxSchema::DEFAULT).unwrap_err();
+    assert!(error.to_string().contains("utf8mb4_general_ci"), "{error}");
+    assert!(credit_once(&mut conn, &inbox_tests::Credit::new(1)).is_err());
+}
