@@ -19,10 +19,17 @@ use uuid::Uuid;
 /// # Stored form
 ///
 /// The inbox stores a fixed 128-bit id ([`MessageKey::stored_id`]), which keeps the unique
-/// index narrow (a native `uuid` on PostgreSQL). A UUID key — or a text key that is a UUID
-/// in any form [`Uuid::try_parse`] accepts — is stored as itself; every other key is stored
-/// as a name-based UUID (version 5, SHA-1) of its kind and value under
-/// [`MessageKey::NAMESPACE`], so two different keys never share a row in practice.
+/// index narrow (a native `uuid` on PostgreSQL). A UUID key is stored as itself; every other
+/// key is stored as a name-based UUID (version 5, SHA-1) of its kind and its length-prefixed
+/// parts under [`MessageKey::NAMESPACE`].
+///
+/// Text is never read as a UUID unless the handler asks for it ([`MessageKey::uuid_text`]):
+/// a sender who controls a text key cannot send the stored id of another message's key as
+/// text and have it stored as that id. Two distinct keys of one kind share a row only if
+/// their digests collide: about one chance in 2⁶¹ among 2⁶¹ keys by chance (122 bits of
+/// SHA-1), and pre-empting a given key takes a SHA-1 second preimage, which nobody knows how
+/// to compute. Keys of different kinds (text, integer, Kafka, CloudEvents) are tagged apart;
+/// a UUID key is stored as itself, so give one consumer one kind of key.
 ///
 /// # Limits
 ///
@@ -34,7 +41,9 @@ use uuid::Uuid;
 ///
 /// let id = uuid::Uuid::parse_str("7f1c6b52-4d5e-4c1e-9a56-1b0e4c1d2f3a")?;
 /// assert_eq!(MessageKey::from(id).stored_id(), id);
-/// assert_eq!(MessageKey::text("7f1c6b52-4d5e-4c1e-9a56-1b0e4c1d2f3a")?.stored_id(), id);
+/// // Text is text, even when it looks like a UUID; the handler may ask for the UUID.
+/// assert_ne!(MessageKey::text("7f1c6b52-4d5e-4c1e-9a56-1b0e4c1d2f3a")?.stored_id(), id);
+/// assert_eq!(MessageKey::uuid_text("7f1c6b52-4d5e-4c1e-9a56-1b0e4c1d2f3a")?.stored_id(), id);
 ///
 /// let long = "x".repeat(MessageKey::MAX_LEN + 1);
 /// assert!(matches!(MessageKey::text(long), Err(KeyError::TooLong { .. })));
@@ -77,16 +86,25 @@ impl MessageKey {
         }
     }
 
-    /// A key given as text. Text that is a UUID becomes a [`MessageKey::uuid`] key.
+    /// A UUID given as text (`key = MessageKey::uuid_text(&msg.id)`), for ids that are UUIDs
+    /// by contract: stored as the UUID, as [`MessageKey::uuid`] would.
+    ///
+    /// # Errors
+    /// [`KeyError::NotAUuid`] for text that [`Uuid::try_parse`] does not accept.
+    pub fn uuid_text(text: &str) -> Result<Self, KeyError> {
+        Uuid::try_parse(text)
+            .map(Self::uuid)
+            .map_err(|_| KeyError::NotAUuid)
+    }
+
+    /// A key given as text, stored as a digest of the text — also when it looks like a UUID
+    /// (see "Stored form"; [`MessageKey::uuid_text`] reads it as one).
     ///
     /// # Errors
     /// [`KeyError::Empty`] for an empty string, [`KeyError::TooLong`] past [`MessageKey::MAX_LEN`].
     pub fn text(text: impl Into<String>) -> Result<Self, KeyError> {
         let text = text.into();
         check_len(text.len())?;
-        if let Ok(id) = Uuid::try_parse(&text) {
-            return Ok(Self::uuid(id));
-        }
         let stored_id = derive(b't', &[text.as_bytes()]);
         Ok(Self {
             kind: KeyKind::Text(text),
@@ -319,6 +337,8 @@ pub enum KeyError {
         /// The limit, [`MessageKey::MAX_LEN`].
         max: usize,
     },
+    /// [`MessageKey::uuid_text`] was given text that is not a UUID.
+    NotAUuid,
 }
 
 impl fmt::Display for KeyError {
@@ -331,6 +351,7 @@ impl fmt::Display for KeyError {
                     "message key is {len} bytes long; the limit is {max} bytes"
                 )
             }
+            KeyError::NotAUuid => f.write_str("message key is not a UUID"),
         }
     }
 }
@@ -386,17 +407,20 @@ mod tests {
         assert_eq!(MessageKey::cloud_event("s", ""), Err(KeyError::Empty));
     }
 
+    /// A sender who controls a text key sends the stored id of another message's key as
+    /// text: it is stored as the digest of that text, not as the id.
     #[test]
-    fn uuid_text_is_the_uuid() {
+    fn text_is_never_read_as_a_uuid() {
+        let victim = MessageKey::text("order-2").unwrap().stored_id();
+        for forged in [victim.to_string(), victim.simple().to_string()] {
+            assert_ne!(MessageKey::text(forged).unwrap().stored_id(), victim);
+        }
         let id = Uuid::from_u128(7);
         assert_eq!(
-            MessageKey::text(id.to_string()).unwrap(),
+            MessageKey::uuid_text(&id.to_string()).unwrap(),
             MessageKey::uuid(id)
         );
-        assert_eq!(
-            MessageKey::text(id.simple().to_string()).unwrap(),
-            MessageKey::uuid(id)
-        );
+        assert_eq!(MessageKey::uuid_text("order-2"), Err(KeyError::NotAUuid));
     }
 
     #[test]
