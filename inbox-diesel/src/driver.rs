@@ -379,7 +379,7 @@ where
     S: Steps,
     B: Body<S::Conn, Result<T, E>>,
 {
-    tracing::debug!(key = %key, "handling message");
+    tracing::debug!(key = ?key.to_string(), "handling message");
     schema_checked(&mut steps, spec, inbox_error).await?;
     let mut retries = 0;
     let attempt = loop {

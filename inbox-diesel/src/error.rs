@@ -102,7 +102,7 @@ impl Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::InvalidKey(e) => write!(f, "inbox: invalid message key: {e}"),
+            Error::InvalidKey(_) => f.write_str("inbox: invalid message key"),
             Error::Schema(_) => f.write_str(
                 "inbox: the inbox table cannot recognise a duplicate; refusing to process",
             ),
@@ -122,16 +122,13 @@ impl fmt::Display for Error {
                  its lease ended; this attempt's side effect ran, and it is the other delivery \
                  that completes the work"
             ),
+            // The server's message is the `source()`: reporters print it after this.
             Error::Database {
-                class,
-                attempts: 1,
-                source,
-            } => write!(f, "inbox: {class}: {source}"),
+                class, attempts: 1, ..
+            } => write!(f, "inbox: {class}"),
             Error::Database {
-                class,
-                attempts,
-                source,
-            } => write!(f, "inbox: {class} after {attempts} attempts: {source}"),
+                class, attempts, ..
+            } => write!(f, "inbox: {class} after {attempts} attempts"),
         }
     }
 }

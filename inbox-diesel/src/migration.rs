@@ -104,8 +104,8 @@ impl fmt::Display for MigrationError {
                 "a migration creating this table exists already: {} (nothing written)",
                 dir.display()
             ),
-            MigrationError::Io { path, source } => {
-                write!(f, "{}: {source} (nothing written)", path.display())
+            MigrationError::Io { path, .. } => {
+                write!(f, "cannot write {} (nothing written)", path.display())
             }
         }
     }

@@ -27,7 +27,13 @@ where
     P: Fn(&Result<T, E>) -> Option<ErrorClass>,
 {
     let key = key.map_err(|e| inbox_error(Error::InvalidKey(e)))?;
-    let span = tracing::info_span!("inbox", consumer = spec.consumer.as_str(), key = %key);
+    // The stored id, not the key: a key can be business data (an e-mail address) or carry
+    // control characters; the key itself is logged escaped, at DEBUG (`driver`).
+    let span = tracing::info_span!(
+        "inbox",
+        consumer = spec.consumer.as_str(),
+        message_id = %key.stored_id()
+    );
     let value = driver::complete_now(
         driver::drive(
             Blocking(conn),

@@ -341,27 +341,25 @@ impl UniqueError {
 impl fmt::Display for UniqueError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            // The server's message stays in `source()`: MariaDB's quotes the row's values.
             UniqueError::OtherViolation {
                 constraint: Some(name),
-                source,
-            } => write!(f, "unique violation of `{name}`, not of the key: {source}"),
+                ..
+            } => write!(f, "unique violation of `{name}`, not of the key"),
             UniqueError::OtherViolation {
-                constraint: None,
-                source,
-            } => write!(
-                f,
-                "unique violation of another index than the key: {source}"
-            ),
+                constraint: None, ..
+            } => f.write_str("unique violation of another index than the key"),
             UniqueError::WinnerNotFound { key } => write!(
                 f,
                 "the row that won the unique key {key} cannot be read back: deleted since, or \
                  invisible to this transaction's snapshot; run the transaction again"
             ),
-            UniqueError::LockTimeout { key } => {
-                write!(f, "timed out waiting for the lock on key {key:?}")
+            // The key's value is business data (an e-mail address): in the field, not here.
+            UniqueError::LockTimeout { .. } => {
+                f.write_str("timed out waiting for the lock on the key")
             }
             UniqueError::Unsupported { what } => f.write_str(what),
-            UniqueError::Database(error) => error.fmt(f),
+            UniqueError::Database(_) => f.write_str("a database error in get-or-create"),
         }
     }
 }

@@ -106,6 +106,18 @@ impl From<inbox_diesel::Error> for AppError {
     }
 }
 
+/// An error and its sources, as a reporter prints them: each `Display` once.
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut chain = error.to_string();
+    let mut next = error.source();
+    while let Some(source) = next {
+        chain.push_str(": ");
+        chain.push_str(&source.to_string());
+        next = source.source();
+    }
+    chain
+}
+
 /// Waits for `condition`, polling; panics with `what` after 20 s.
 pub fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
@@ -381,8 +393,8 @@ macro_rules! suite {
                 }
             });
             let long = "k".repeat(inbox_diesel::MessageKey::MAX_LEN + 1);
-            let error = by_text(&mut conn, &long).unwrap_err();
-            assert!(error.to_string().contains("message key is 1025 bytes long"), "{error}");
+            let error = $crate::error_chain(&by_text(&mut conn, &long).unwrap_err());
+            assert!(error.contains("message key is 1025 bytes long"), "{error}");
             assert_eq!(statements.load(Ordering::Relaxed), 0);
             assert!(by_text(&mut conn, "short").unwrap().is_processed());
             assert!(statements.load(Ordering::Relaxed) > 0);

@@ -49,3 +49,71 @@ struct Balance {
     #[diesel(sql_type = diesel::sql_types::BigInt)]
     n: i64,
 }
+
+/// Everything logged at INFO and above — spans and events, each field as `name=value` with
+/// the value's `Display` where it has one, the way a plain-text log writes it.
+struct Captured(std::sync::Mutex<String>);
+
+static CAPTURED: Captured = Captured(std::sync::Mutex::new(String::new()));
+
+struct Capture;
+
+impl tracing::field::Visit for &Capture {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        let line = format!("{}={value} ", field.name());
+        CAPTURED.0.lock().unwrap().push_str(&line);
+    }
+
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        let line = format!("{}={value:?} ", field.name());
+        CAPTURED.0.lock().unwrap().push_str(&line);
+    }
+}
+
+impl tracing::Subscriber for Capture {
+    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
+        *metadata.level() <= tracing::Level::INFO
+    }
+
+    fn new_span(&self, span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        span.record(&mut &*self);
+        CAPTURED.0.lock().unwrap().push('\n');
+        tracing::span::Id::from_u64(1)
+    }
+
+    fn record(&self, _: &tracing::span::Id, values: &tracing::span::Record<'_>) {
+        values.record(&mut &*self);
+    }
+
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+
+    fn event(&self, event: &tracing::Event<'_>) {
+        event.record(&mut &*self);
+        CAPTURED.0.lock().unwrap().push('\n');
+    }
+
+    fn enter(&self, _: &tracing::span::Id) {}
+
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// A key is business data (an e-mail address) and may carry newlines and terminal escapes a
+/// sender chose: at INFO the handler's span names the message by its stored id, so neither
+/// the address nor a forged log line reaches a plain-text log.
+#[test]
+fn keys_stay_out_of_the_logs() {
+    tracing::subscriber::set_global_default(Capture).unwrap();
+    let db = SqliteDb::new("key_logs");
+    let mut conn = db.connect();
+    let hostile = Order {
+        id: "ada@example.com\nINFO forged line\u{1b}[2J".into(),
+    };
+    assert!(on_order(&mut conn, &hostile).unwrap().is_processed());
+    assert!(on_order(&mut conn, &hostile).unwrap().is_duplicate());
+    let logged = CAPTURED.0.lock().unwrap().clone();
+    let stored = MessageKey::text(hostile.id.as_str()).unwrap().stored_id();
+    assert!(logged.contains(&stored.to_string()), "{logged}");
+    for leaked in ["ada@example.com", "forged line", "\u{1b}"] {
+        assert!(!logged.contains(leaked), "{leaked:?} in {logged}");
+    }
+}
