@@ -314,10 +314,10 @@ mod verify;
 /// | `isolation` | `"read committed"`, `"repeatable read"` or `"serializable"` (PostgreSQL, MySQL, MariaDB; SQLite is always serializable) | the server's default |
 /// | `table` | string literal: the inbox table, optionally qualified (`"billing.inbox"`) | `"inbox"` |
 /// | `constraint` | string literal: the unique index on `(message_id, consumer)` | `"ux_inbox_message_consumer"` |
-/// | `busy_timeout_ms` | integer: how long a SQLite handler waits for another writer before `SQLITE_BUSY` (then retried); the handler sets it on its connection | `5000` |
+/// | `busy_timeout_ms` | integer, 0 to 2 147 483 647: how long a SQLite handler waits for another writer before `SQLITE_BUSY` (then retried); the handler sets it on its connection | `5000` |
 /// | `precheck` | `true`: before opening the transaction, look for a completed marker with one autocommitted read, and return `Duplicate` without a transaction when it is there. It pays when at least about half the deliveries are redeliveries (BENCHMARKS.md: 1.3–1.7× the throughput at 80 %) and costs 7–12 % of it when none are | `false` |
 /// | `mode` | `"transaction"`, or `"claim"` for a side effect outside the database ([claim mode](crate#claim-mode-side-effects-outside-the-database)) | `"transaction"` |
-/// | `lease_ms` | claim mode: integer, how long a claim stays live, in milliseconds; above the body's longest run | `60000` |
+/// | `lease_ms` | claim mode: integer, 1 to 2 592 000 000 (30 days): how long a claim stays live, in milliseconds; above the body's longest run | `60000` |
 /// | `batch` | the parameter holding a batch of messages (`msgs: &[Msg]` or a `Vec`); `key` is then a closure from one message to its key (`key = \|msg\| msg.id`), and the function returns [`BatchOutcome<T>`] | none |
 /// | `on_expired` | claim mode: `"take_over"` or `"report"`, what a delivery does with a claim whose lease ended ([`OnExpired`]) | `"take_over"` |
 ///

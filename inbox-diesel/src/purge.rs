@@ -50,6 +50,9 @@ pub struct Purge {
 }
 
 impl Purge {
+    /// The longest age a purge counts in: 100 years.
+    pub const MAX_AGE: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60 + 25 * 86_400);
+
     /// The default batch: small enough for a short transaction, large enough to keep up.
     pub const DEFAULT_BATCH_SIZE: u32 = 1_000;
 
@@ -58,7 +61,8 @@ impl Purge {
         Self::older_than(retention.keep_for())
     }
 
-    /// Removes rows completed longer than `age` ago.
+    /// Removes rows completed longer than `age` ago. The age is counted in whole seconds,
+    /// rounded up (900 ms keeps rows for a second), up to [`Purge::MAX_AGE`].
     pub fn older_than(age: Duration) -> Self {
         Self {
             older_than: age,
@@ -80,8 +84,15 @@ impl Purge {
         Self { pause, ..self }
     }
 
+    /// The age in whole seconds, rounded up — a retention is never shortened — and at most
+    /// [`Purge::MAX_AGE`], past which no row can be (an age beyond it purges nothing older
+    /// than that instead of overflowing the servers' timestamp arithmetic).
     fn age_seconds(&self) -> i64 {
-        i64::try_from(self.older_than.as_secs()).unwrap_or(i64::MAX)
+        let seconds = self
+            .older_than
+            .as_secs()
+            .saturating_add(u64::from(self.older_than.subsec_nanos() > 0));
+        i64::try_from(seconds.min(Self::MAX_AGE.as_secs())).expect("MAX_AGE fits in i64")
     }
 }
 

@@ -57,6 +57,10 @@ pub enum Isolation {
     Serializable,
 }
 
+/// The longest claim lease, 30 days in milliseconds: far beyond any side effect, and far
+/// inside the timestamp arithmetic of every backend.
+const MAX_LEASE_MS: u64 = 30 * 24 * 60 * 60 * 1000;
+
 /// Collects independent errors so that one compile shows them all.
 #[derive(Default)]
 struct Errors(Option<syn::Error>);
@@ -155,14 +159,23 @@ pub fn validate(args: Args, item: &ItemFn) -> syn::Result<Handler> {
         None => Some(InboxSchema::DEFAULT_CONSTRAINT.to_owned()),
     };
 
+    // SQLite takes the busy timeout as a 32-bit signed integer: a larger value would wrap to
+    // no wait at all.
     let busy_timeout_ms = match &args.busy_timeout_ms {
-        Some(lit) => errors.take(lit.base10_parse::<u32>().map(Some).map_err(|_| {
-            syn::Error::new(
-                lit.span(),
-                "`busy_timeout_ms` is how long a SQLite handler waits for another writer, in \
-                 milliseconds: `busy_timeout_ms = 5000`",
-            )
-        })),
+        Some(lit) => errors.take(
+            lit.base10_parse::<u32>()
+                .ok()
+                .filter(|ms| *ms <= i32::MAX as u32)
+                .map(Some)
+                .ok_or_else(|| {
+                    syn::Error::new(
+                        lit.span(),
+                        "`busy_timeout_ms` is how long a SQLite handler waits for another \
+                         writer, in milliseconds, from 0 to 2147483647 (what SQLite accepts): \
+                         `busy_timeout_ms = 5000`",
+                    )
+                }),
+        ),
         None => Some(None),
     };
 
@@ -245,13 +258,15 @@ fn mode(args: &Args) -> syn::Result<Mode> {
         Some(lit) => errors.take(
             lit.base10_parse::<u64>()
                 .ok()
-                .filter(|ms| *ms > 0)
+                .filter(|ms| (1..=MAX_LEASE_MS).contains(ms))
                 .map(Some)
                 .ok_or_else(|| {
                     syn::Error::new(
                         lit.span(),
                         "`lease_ms` is how long a claim stays live, in milliseconds, above the \
-                         body's longest run: `lease_ms = 60000`",
+                         body's longest run, from 1 to 2592000000 (30 days; a longer lease \
+                         would overflow the servers' timestamp arithmetic, and an overflowed \
+                         lease reads as released): `lease_ms = 60000`",
                     )
                 }),
         ),

@@ -345,3 +345,29 @@ fn the_key_lock_refuses_a_snapshot_older_than_the_lock() {
         conn.transaction(|c| unique::serialize_on(c, "tenant:acme", |_| Ok::<_, UniqueError>(7)));
     assert_eq!(inside.unwrap(), 7);
 }
+
+/// A retention below a second is rounded up, never down: a purge of rows older than 900 ms
+/// run right after a message committed keeps its marker, and the redelivery is a duplicate.
+/// And a purge of rows older than any age PostgreSQL's interval arithmetic can count runs
+/// and removes nothing, instead of failing on every run (and letting the inbox grow).
+#[test]
+fn purge_ages_are_rounded_up_and_bounded() {
+    use inbox_diesel::purge::{Purge, purge};
+    use inbox_diesel::{Uuid, idempotent};
+
+    #[idempotent(consumer = "credit", key = *id)]
+    fn credit(conn: &mut diesel::PgConnection, id: &Uuid) -> diesel::QueryResult<()> {
+        Ok(())
+    }
+
+    let db = PgDb::new("purge_ages");
+    let mut conn = db.connect();
+    let id = Uuid::from_u128(9);
+    assert!(credit(&mut conn, &id).unwrap().is_processed());
+    let schema = inbox_diesel::InboxSchema::DEFAULT;
+    let sub_second = Purge::older_than(std::time::Duration::from_millis(900));
+    assert_eq!(purge(&mut conn, &schema, &sub_second).unwrap().removed, 0);
+    assert!(credit(&mut conn, &id).unwrap().is_duplicate());
+    let forever = Purge::older_than(std::time::Duration::MAX);
+    assert_eq!(purge(&mut conn, &schema, &forever).unwrap().removed, 0);
+}
