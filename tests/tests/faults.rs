@@ -160,7 +160,7 @@ mod postgres {
         // The server ends the session: 57P01.
         let mut doomed = db.connect();
         // Checked once on this connection, so that the claim below fails in its own steps.
-        claim(&mut doomed, &15).unwrap();
+        assert!(claim(&mut doomed, &15).unwrap().is_processed());
         let ended = run(
             &mut doomed,
             &12,
