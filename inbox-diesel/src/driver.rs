@@ -316,7 +316,13 @@ impl Claims for BatchClaims<'_> {
         spec: &'static HandlerSpec,
     ) -> QueryResult<bool> {
         let ids: Vec<uuid::Uuid> = self.ids.iter().map(|(id, _)| *id).collect();
-        let mut inserted = steps.claim_batch(spec, &ids).await?;
+        // One statement per chunk, in the transaction and in the ids' order: a server takes
+        // only so many bind parameters in one statement (PostgreSQL 65 535, SQLite 32 766;
+        // two per marker), and a batch past that would fail on every redelivery.
+        let mut inserted = Vec::new();
+        for chunk in ids.chunks(MARKERS_PER_STATEMENT) {
+            inserted.extend(steps.claim_batch(spec, chunk).await?);
+        }
         inserted.sort_unstable();
         let mut new: Vec<usize> = self
             .ids
@@ -330,6 +336,10 @@ impl Claims for BatchClaims<'_> {
         Ok(any)
     }
 }
+
+/// Markers per insert statement of a batch: a tenth of PostgreSQL's limit of bind parameters,
+/// a third of SQLite's.
+const MARKERS_PER_STATEMENT: usize = 5_000;
 
 /// The positions of the messages of a batch that are new in the current attempt, written by
 /// the runtime before each run of the body and read by the body.

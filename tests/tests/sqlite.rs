@@ -72,3 +72,29 @@ fn precheck_answers_a_duplicate_without_a_transaction() {
             .is_processed()
     );
 }
+
+/// A batch of 100 000 messages: more markers than SQLite takes bind parameters in one
+/// statement (32 766, two per marker). The markers are inserted in chunks inside the one
+/// transaction; the redelivered batch finds every one.
+#[test]
+fn a_batch_larger_than_one_statement_takes() {
+    use inbox_diesel::idempotent;
+    use inbox_tests::Credit;
+
+    #[idempotent(consumer = "big", batch = msgs, key = |msg| msg.id)]
+    fn count(conn: &mut diesel::SqliteConnection, msgs: &[Credit]) -> diesel::QueryResult<usize> {
+        conn.batch_execute("SELECT 1")?;
+        Ok(msgs.len())
+    }
+
+    let db = SqliteDb::new("big_batch");
+    let mut conn = db.connect();
+    let msgs: Vec<Credit> = (0..100_000).map(Credit::new).collect();
+    let first = count(&mut conn, &msgs).unwrap();
+    assert_eq!(
+        (first.value, first.processed.len()),
+        (Some(100_000), 100_000)
+    );
+    let again = count(&mut conn, &msgs).unwrap();
+    assert_eq!((again.value, again.duplicates.len()), (None, 100_000));
+}
