@@ -168,9 +168,10 @@
 //! # }
 //! ```
 //!
-//! One statement inserts every marker (`INSERT … VALUES (…), (…) ON CONFLICT DO NOTHING
-//! RETURNING message_id` on PostgreSQL and SQLite; on MySQL and MariaDB, which return no rows
-//! from an insert, one insert per message inside the same transaction); keys repeated inside
+//! One statement inserts the markers of up to 5 000 messages (`INSERT … VALUES (…), (…) ON
+//! CONFLICT DO NOTHING RETURNING message_id` on PostgreSQL and SQLite — a larger batch takes
+//! several, inside the same transaction, so batches of any size work; on MySQL and MariaDB,
+//! which return no rows from an insert, one insert per message inside the same transaction); keys repeated inside
 //! the batch are collapsed first, and the keys are inserted in a fixed order, so that two
 //! batches sharing keys do not deadlock on their markers. The body runs once with the new messages; `Err`
 //! rolls the whole batch back. [`BatchOutcome`] names each message by its position.
