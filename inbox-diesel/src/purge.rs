@@ -26,9 +26,14 @@
 //! on a diesel-async connection. Each batch is one short `DELETE` in a transaction of
 //! its own, oldest rows first through the index on `processed_at`, so a purge never holds a
 //! lock on more than one batch of rows and never takes a table lock; consumers keep inserting
-//! markers while it runs. On PostgreSQL (`pg_try_advisory_lock`) and MySQL/MariaDB
-//! (`GET_LOCK`) only one purge runs at a time: another one returns at once with
-//! [`PurgeReport::ran`] false. Rows without `processed_at` — claims still open, or abandoned —
+//! markers while it runs. On PostgreSQL and MySQL/MariaDB only one purge runs at a time:
+//! another one returns at once with [`PurgeReport::ran`] false (or, if it had begun, stops
+//! after its batch). On PostgreSQL each batch takes the lock in its own statement
+//! (`pg_try_advisory_xact_lock`), so a purge dropped by a timeout leaves no lock on its
+//! pooled connection. MySQL and MariaDB have no such lock: `GET_LOCK` belongs to the session,
+//! and a purge dropped before its release leaves it there until that connection runs a purge
+//! again (which takes the lock over and releases it) or closes — drop the connection of a
+//! purge that was cancelled. Rows without `processed_at` — claims still open, or abandoned —
 //! are never removed; the old ones are counted in [`PurgeReport::stale_claims`] and listed
 //! by [`stale_claims`], for reconciliation.
 
@@ -164,9 +169,24 @@ trait PurgeDialect {
     fn count_stale(table: &str) -> String;
     /// Rows as [`StaleRow`], oldest first.
     fn list_stale(table: &str) -> String;
-    /// A query returning `n` = 1 when this session got the purge lock of `table`.
+    /// A query returning `n` = 1 when this session got the purge lock of `table`, held until
+    /// [`PurgeDialect::unlock`]; `None` where there is no session lock.
     fn try_lock(table: &str) -> Option<String>;
     fn unlock(table: &str) -> Option<String>;
+    /// Where each batch takes the lock itself, for the length of its own statement: a
+    /// `SELECT` of `locked` (1 or 0) and `n` (rows removed) binding the age, the batch size
+    /// and the lock's name, which replaces `delete_batch` and the session lock.
+    fn locked_delete_batch(_table: &str) -> Option<String> {
+        None
+    }
+}
+
+#[derive(diesel::QueryableByName)]
+struct LockedDelete {
+    #[diesel(sql_type = BigInt)]
+    locked: i64,
+    #[diesel(sql_type = BigInt)]
+    n: i64,
 }
 
 #[derive(diesel::QueryableByName)]
@@ -253,6 +273,7 @@ macro_rules! purge_steps {
         if let Some(sql) = <$backend>::try_lock(table) {
             let locked = diesel::sql_query(sql)
                 .bind::<Text, _>(&lock_name)
+                .bind::<Text, _>(&lock_name)
                 .get_result::<N>($conn)$($await)*?;
             if locked.n != 1 {
                 return Ok(PurgeReport::default());
@@ -264,11 +285,30 @@ macro_rules! purge_steps {
                 ..PurgeReport::default()
             };
             let delete = <$backend>::delete_batch(table);
+            let locked_delete = <$backend>::locked_delete_batch(table);
             loop {
-                let removed = diesel::sql_query(&delete)
-                    .bind::<BigInt, _>($purge.age_seconds())
-                    .bind::<BigInt, _>(i64::from($purge.batch_size))
-                    .execute($conn)$($await)*?;
+                let removed = match &locked_delete {
+                    None => diesel::sql_query(&delete)
+                        .bind::<BigInt, _>($purge.age_seconds())
+                        .bind::<BigInt, _>(i64::from($purge.batch_size))
+                        .execute($conn)$($await)*?,
+                    Some(sql) => {
+                        let batch = diesel::sql_query(sql)
+                            .bind::<BigInt, _>($purge.age_seconds())
+                            .bind::<BigInt, _>(i64::from($purge.batch_size))
+                            .bind::<Text, _>(&lock_name)
+                            .get_result::<LockedDelete>($conn)$($await)*?;
+                        if batch.locked != 1 {
+                            // Another purge holds the lock: the first batch leaves the table
+                            // to it; a later one stops with what was done.
+                            if report.batches == 0 {
+                                return Ok(PurgeReport::default());
+                            }
+                            break;
+                        }
+                        batch.n as usize
+                    }
+                };
                 report.batches += 1;
                 report.removed += removed as u64;
                 if removed < $purge.batch_size as usize {
@@ -375,17 +415,28 @@ impl PurgeDialect for diesel::pg::Pg {
         )
     }
 
+    /// The lock is a transaction-scoped advisory lock, taken by each batch's own statement
+    /// (a transaction of its own): a purge dropped by a timeout between batches leaves no lock
+    /// behind on its pooled connection, and one dropped during a batch leaves it only until
+    /// that statement ends on the server.
     fn try_lock(_: &str) -> Option<String> {
-        Some(
-            "SELECT CASE WHEN pg_try_advisory_lock(hashtext($1)) THEN 1 ELSE 0 END::int8 AS n"
-                .into(),
-        )
+        None
     }
 
     fn unlock(_: &str) -> Option<String> {
-        Some(
-            "SELECT CASE WHEN pg_advisory_unlock(hashtext($1)) THEN 1 ELSE 0 END::int8 AS n".into(),
-        )
+        None
+    }
+
+    fn locked_delete_batch(table: &str) -> Option<String> {
+        Some(format!(
+            "WITH lock AS (SELECT pg_try_advisory_xact_lock(hashtext($3)) AS ok), \
+             deleted AS (DELETE FROM {table} WHERE (SELECT ok FROM lock) \
+             AND id = ANY(ARRAY(SELECT id FROM {table} \
+             WHERE processed_at < now() - ($1::bigint * interval '1 second') \
+             ORDER BY processed_at LIMIT $2)) RETURNING 1) \
+             SELECT CASE WHEN (SELECT ok FROM lock) THEN 1 ELSE 0 END::int8 AS locked, \
+             (SELECT count(*) FROM deleted)::int8 AS n"
+        ))
     }
 }
 
@@ -415,10 +466,14 @@ impl PurgeDialect for diesel::mysql::Mysql {
 
     /// `GET_LOCK` names are server-wide: the database goes into the name, so that purges of
     /// different databases do not exclude each other (PostgreSQL's advisory locks are per
-    /// database already).
+    /// database already). The lock is the session's; one this session still holds — left by a
+    /// purge dropped before its release — is released first, so that it is held once, not
+    /// once more per purge.
     fn try_lock(_: &str) -> Option<String> {
         Some(
-            "SELECT CAST(COALESCE(GET_LOCK(CONCAT(DATABASE(), ' ', ?), 0), 0) AS SIGNED) AS n"
+            "SELECT CAST(COALESCE(CASE WHEN IS_USED_LOCK(CONCAT(DATABASE(), ' ', ?)) = \
+             CONNECTION_ID() THEN 1 ELSE GET_LOCK(CONCAT(DATABASE(), ' ', ?), 0) END, 0) \
+             AS SIGNED) AS n"
                 .into(),
         )
     }

@@ -1055,8 +1055,10 @@ macro_rules! server_suite {
             assert_eq!(balance(&mut conn, 1), 10);
         }
 
-        /// A purge that finds another purge of the same table running (the server's advisory
-        /// lock) returns at once, having done nothing.
+        /// Purges of one table exclude each other: on MySQL and MariaDB a purge that finds
+        /// another one running returns at once, having done nothing; on PostgreSQL the lock is
+        /// taken per batch, and a second purge only runs in the first's pauses. Together they
+        /// remove each row once.
         #[test]
         fn only_one_purge_runs_at_a_time() {
             use inbox_diesel::purge::{Purge, purge};
@@ -1080,10 +1082,16 @@ macro_rules! server_suite {
                 );
                 (first.join().unwrap().unwrap(), second.unwrap())
             });
-            assert!(!second.ran);
-            assert_eq!(second.removed, 0);
+            // MySQL and MariaDB hold the lock for the whole purge: the second does not run.
+            // PostgreSQL takes it per batch, so that a cancelled purge leaves none behind: the
+            // second may run batches in the first's pauses, never beside one of its batches.
             assert!(first.ran);
-            assert_eq!(first.removed, 5_000);
+            assert!(second.ran || second.removed == 0, "{second:?}");
+            assert_eq!(
+                first.removed + second.removed,
+                5_000,
+                "{first:?} {second:?}"
+            );
             assert_eq!(count_markers(&mut db.connect()), 3);
         }
 
