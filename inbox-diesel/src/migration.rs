@@ -332,9 +332,9 @@ mod tests {
         );
         assert!(name.ends_with("-0000_create_inbox"), "{name}");
         let up = std::fs::read_to_string(&written.up).unwrap();
-        assert!(up.starts_with(UP_HEADER) && up.contains("CREATE TABLE IF NOT EXISTS inbox"));
+        assert!(up.starts_with(UP_HEADER) && up.contains("CREATE TABLE IF NOT EXISTS \"inbox\""));
         let down = std::fs::read_to_string(&written.down).unwrap();
-        assert!(down.starts_with(DOWN_HEADER) && down.contains("DROP TABLE IF EXISTS inbox"));
+        assert!(down.starts_with(DOWN_HEADER) && down.contains("DROP TABLE IF EXISTS \"inbox\""));
         let again = migration.write_to(dir.path());
         assert!(
             matches!(again, Err(MigrationError::AlreadyExists(_))),

@@ -165,6 +165,8 @@ impl From<StaleRow> for StaleClaim {
 /// The SQL a backend purges with. Binds: the age in seconds, then (for the delete and the
 /// list) the number of rows.
 trait PurgeDialect {
+    /// The backend, whose quoting the table's name is written with.
+    const BACKEND: crate::schema::Backend;
     fn delete_batch(table: &str) -> String;
     fn count_stale(table: &str) -> String;
     /// Rows as [`StaleRow`], oldest first.
@@ -251,7 +253,8 @@ macro_rules! list_stale {
     ($conn:ident, $schema:ident, $older_than:ident, $limit:ident, $backend:ty,
      [$($await:tt)*]) => {{
         let age = Purge::older_than($older_than).age_seconds();
-        let rows: Vec<StaleRow> = diesel::sql_query(<$backend>::list_stale($schema.table()))
+        let table = <$backend>::BACKEND.quote_table($schema.table());
+        let rows: Vec<StaleRow> = diesel::sql_query(<$backend>::list_stale(&table))
             .bind::<BigInt, _>(age)
             .bind::<BigInt, _>(i64::from($limit))
             .load($conn)$($await)*?;
@@ -268,8 +271,8 @@ macro_rules! purge_steps {
         use diesel::sql_types::Text;
 
         crate::backend::refuse_open_transaction(<$tm>::transaction_manager_status_mut($conn))?;
-        let table = $schema.table();
-        let lock_name = format!("inbox purge {table}");
+        let lock_name = format!("inbox purge {}", $schema.table());
+        let table = &<$backend>::BACKEND.quote_table($schema.table());
         if let Some(sql) = <$backend>::try_lock(table) {
             let locked = diesel::sql_query(sql)
                 .bind::<Text, _>(&lock_name)
@@ -389,6 +392,7 @@ purge_connection!(diesel::MysqlConnection, diesel::mysql::Mysql);
 
 #[cfg(feature = "postgres")]
 impl PurgeDialect for diesel::pg::Pg {
+    const BACKEND: crate::schema::Backend = crate::schema::Backend::Postgres;
     /// `= ANY(ARRAY(…))` rather than `IN (…)`: the planner then takes the batch's ids from the
     /// `processed_at` index first instead of joining against the whole table.
     fn delete_batch(table: &str) -> String {
@@ -442,6 +446,7 @@ impl PurgeDialect for diesel::pg::Pg {
 
 #[cfg(feature = "mysql")]
 impl PurgeDialect for diesel::mysql::Mysql {
+    const BACKEND: crate::schema::Backend = crate::schema::Backend::Mysql;
     fn delete_batch(table: &str) -> String {
         format!(
             "DELETE FROM {table} WHERE processed_at < NOW(6) - INTERVAL ? SECOND \
@@ -488,6 +493,7 @@ impl PurgeDialect for diesel::mysql::Mysql {
 
 #[cfg(feature = "sqlite")]
 impl PurgeDialect for diesel::sqlite::Sqlite {
+    const BACKEND: crate::schema::Backend = crate::schema::Backend::Sqlite;
     fn delete_batch(table: &str) -> String {
         format!(
             "DELETE FROM {table} WHERE id IN (SELECT id FROM {table} \

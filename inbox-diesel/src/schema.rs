@@ -135,8 +135,46 @@ impl Backend {
 
     /// `DROP TABLE` for `schema` (drops its indexes too).
     pub fn drop_table_sql(self, schema: &InboxSchema) -> String {
-        format!("DROP TABLE IF EXISTS {};\n", schema.table())
+        format!(
+            "DROP TABLE IF EXISTS {};\n",
+            self.quote_table(schema.table())
+        )
     }
+
+    /// An identifier as this backend's SQL writes it, quoted — as the runtime writes it — so
+    /// that a name that is a keyword (`order`) or has capitals (`Inbox` on PostgreSQL) means the
+    /// same table in the migration, the handlers, the startup check and the purge. Names are
+    /// validated ([`InboxSchema::validate_identifier`]): letters, digits and `_` only.
+    pub fn quote(self, identifier: &str) -> String {
+        match self {
+            Backend::Mysql => format!("`{identifier}`"),
+            Backend::Postgres | Backend::Sqlite => format!("\"{identifier}\""),
+        }
+    }
+
+    /// A table name, optionally qualified (`billing.inbox`), quoted part by part.
+    pub fn quote_table(self, table: &str) -> String {
+        table
+            .split('.')
+            .map(|part| self.quote(part))
+            .collect::<Vec<_>>()
+            .join(".")
+    }
+}
+
+/// The name of the index on `processed_at` the schema creates for `table_name`:
+/// `ix_<table>_processed_at`, or, where that would pass the 63 bytes every backend takes (a
+/// table name of 48 bytes or more), the table name cut short and a digest of it, so that two
+/// long names still differ.
+pub fn processed_at_index(table_name: &str) -> String {
+    let name = format!("ix_{table_name}_processed_at");
+    if name.len() <= InboxSchema::MAX_IDENTIFIER_LEN {
+        return name;
+    }
+    let digest = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, table_name.as_bytes()).simple();
+    let digest = &digest.to_string()[..8];
+    let keep = InboxSchema::MAX_IDENTIFIER_LEN - "ix___processed_at".len() - digest.len();
+    format!("ix_{}_{digest}_processed_at", &table_name[..keep])
 }
 
 impl fmt::Display for Backend {
@@ -191,18 +229,19 @@ fn postgres_create(schema: &InboxSchema) -> String {
              attempts      INTEGER     NOT NULL DEFAULT 1\n\
          );\n\
          CREATE UNIQUE INDEX IF NOT EXISTS {index} ON {table} (message_id, consumer);\n\
-         CREATE INDEX IF NOT EXISTS ix_{name}_processed_at ON {table} (processed_at);\n",
-        table = schema.table(),
-        index = schema.constraint(),
-        name = schema.table_name(),
+         CREATE INDEX IF NOT EXISTS {processed} ON {table} (processed_at);\n",
+        table = Backend::Postgres.quote_table(schema.table()),
+        index = Backend::Postgres.quote(schema.constraint()),
+        processed = Backend::Postgres.quote(&processed_at_index(schema.table_name())),
     )
 }
 
 /// A qualified table name (`aux.inbox`) names an attached database; SQLite then wants the
 /// index qualified, not the indexed table.
 fn sqlite_create(schema: &InboxSchema) -> String {
+    let quote = |name| Backend::Sqlite.quote(name);
     let (index_prefix, table_name) = match schema.table().rsplit_once('.') {
-        Some((database, table)) => (format!("{database}."), table),
+        Some((database, table)) => (format!("{}.", quote(database)), table),
         None => (String::new(), schema.table()),
     };
     format!(
@@ -216,11 +255,13 @@ fn sqlite_create(schema: &InboxSchema) -> String {
              attempts      INTEGER   NOT NULL DEFAULT 1\n\
          );\n\
          CREATE UNIQUE INDEX IF NOT EXISTS {index_prefix}{index} \
-         ON {table_name} (message_id, consumer);\n\
-         CREATE INDEX IF NOT EXISTS {index_prefix}ix_{table_name}_processed_at \
-         ON {table_name} (processed_at);\n",
-        table = schema.table(),
-        index = schema.constraint(),
+         ON {name} (message_id, consumer);\n\
+         CREATE INDEX IF NOT EXISTS {index_prefix}{processed} \
+         ON {name} (processed_at);\n",
+        table = Backend::Sqlite.quote_table(schema.table()),
+        index = quote(schema.constraint()),
+        name = quote(table_name),
+        processed = quote(&processed_at_index(table_name)),
     )
 }
 
@@ -238,11 +279,11 @@ fn mysql_create(schema: &InboxSchema) -> String {
              claimed_until DATETIME(6)  NULL,\n    \
              attempts      INT          NOT NULL DEFAULT 1,\n    \
              UNIQUE KEY {index} (message_id, consumer),\n    \
-             KEY ix_{name}_processed_at (processed_at)\n\
+             KEY {processed} (processed_at)\n\
          ) ENGINE = InnoDB;\n",
-        table = schema.table(),
-        index = schema.constraint(),
-        name = schema.table_name(),
+        table = Backend::Mysql.quote_table(schema.table()),
+        index = Backend::Mysql.quote(schema.constraint()),
+        processed = Backend::Mysql.quote(&processed_at_index(schema.table_name())),
     )
 }
 

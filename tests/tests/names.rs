@@ -1,0 +1,79 @@
+//! Table names are written the same way by every path — the migration's DDL, the handlers,
+//! the startup check and the purge: a keyword (`order`) and, on PostgreSQL, a name with
+//! capitals (`Inbox`) mean one table everywhere; a long name gets an index name every backend
+//! takes. SQLite always; PostgreSQL and MariaDB with their features.
+
+use std::time::Duration;
+
+use diesel::connection::SimpleConnection;
+use inbox_diesel::purge::{Purge, purge};
+use inbox_diesel::schema::{Backend, verify};
+use inbox_diesel::{InboxSchema, idempotent};
+
+/// A name 60 bytes long: `ix_<name>_processed_at` would be 76.
+const LONG: &str = "inbox_of_the_settlement_service_for_the_payments_of_customer";
+
+/// Creates the table for `schema` with the shipped DDL, delivers a message twice through a
+/// handler on it, checks it and purges it.
+macro_rules! round_trip {
+    ($conn:expr, $conn_ty:ty, $table:literal) => {{
+        #[idempotent(consumer = "names", key = *id, table = $table, constraint = "ux_names")]
+        fn handle(conn: &mut $conn_ty, id: &u64) -> diesel::QueryResult<()> {
+            conn.batch_execute("SELECT 1")
+        }
+        let conn = $conn;
+        let schema = InboxSchema::new($table, "ux_names").unwrap();
+        let backend = <$conn_ty as inbox_diesel::InboxConnection>::BACKEND;
+        conn.batch_execute(&backend.create_table_sql(&schema))
+            .unwrap();
+        verify(conn, &schema).unwrap();
+        assert!(handle(conn, &1).unwrap().is_processed(), "{}", $table);
+        assert!(handle(conn, &1).unwrap().is_duplicate(), "{}", $table);
+        let report = purge(conn, &schema, &Purge::older_than(Duration::from_secs(3600))).unwrap();
+        assert!(report.ran, "{}: {report:?}", $table);
+        conn.batch_execute(&backend.drop_table_sql(&schema))
+            .unwrap();
+    }};
+}
+
+#[test]
+fn sqlite_keyword_table() {
+    let db = inbox_tests::sqlite::SqliteDb::new("names");
+    round_trip!(&mut db.connect(), diesel::SqliteConnection, "order");
+}
+
+#[test]
+fn derived_index_names_fit_every_backend() {
+    let name = inbox_diesel::schema::processed_at_index(LONG);
+    assert!(name.len() <= InboxSchema::MAX_IDENTIFIER_LEN, "{name}");
+    let other = inbox_diesel::schema::processed_at_index(&format!("{}x", &LONG[..59]));
+    assert_ne!(name, other, "two long names keep different index names");
+    assert_eq!(
+        inbox_diesel::schema::processed_at_index("inbox"),
+        "ix_inbox_processed_at"
+    );
+    assert_eq!(
+        Backend::Postgres.quote_table("billing.Inbox"),
+        "\"billing\".\"Inbox\""
+    );
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_keyword_capitals_and_long_tables() {
+    let db = inbox_tests::postgres::PgDb::new("names");
+    round_trip!(&mut db.connect(), diesel::PgConnection, "order");
+    round_trip!(&mut db.connect(), diesel::PgConnection, "Inbox");
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_keyword_and_long_tables() {
+    let db = inbox_tests::mysql::MysqlDb::new("names");
+    round_trip!(&mut db.connect(), diesel::MysqlConnection, "order");
+    round_trip!(
+        &mut db.connect(),
+        diesel::MysqlConnection,
+        "inbox_of_the_settlement_service_for_the_payments_of_customer"
+    );
+}
