@@ -77,3 +77,27 @@ fn mysql_keyword_and_long_tables() {
         "inbox_of_the_settlement_service_for_the_payments_of_customer"
     );
 }
+
+/// A second inbox table given the first one's index name: PostgreSQL's index names are per
+/// schema, so `CREATE UNIQUE INDEX IF NOT EXISTS` finds the first table's index and creates
+/// none on the second. The startup check then refuses the second table's handler, naming the
+/// missing index, instead of letting its deliveries run twice.
+#[cfg(feature = "postgres")]
+#[test]
+fn a_second_table_under_the_first_ones_index_name_is_refused() {
+    #[idempotent(consumer = "second", key = *id, table = "inbox_second")]
+    fn handle(conn: &mut diesel::PgConnection, id: &u64) -> diesel::QueryResult<()> {
+        conn.batch_execute("SELECT 1")
+    }
+    let db = inbox_tests::postgres::PgDb::new("second_table");
+    let mut conn = db.connect();
+    let second = InboxSchema::new("inbox_second", InboxSchema::DEFAULT_CONSTRAINT).unwrap();
+    conn.batch_execute(&Backend::Postgres.create_table_sql(&second))
+        .unwrap();
+    let refused = handle(&mut conn, &1).unwrap_err();
+    let chain = inbox_tests::error_chain(&refused);
+    assert!(
+        chain.contains("unique index `ux_inbox_message_consumer`"),
+        "{chain}"
+    );
+}
