@@ -113,6 +113,12 @@ pub struct PurgeReport {
     /// Rows without `processed_at` (open claims) received before the cutoff: left in place,
     /// counted so that they can be reconciled.
     pub stale_claims: u64,
+    /// MySQL and MariaDB, when `ran` is false: the session holding the purge lock is idle, and
+    /// has been for this long — a purge pausing between batches, or a connection that kept the
+    /// lock of a purge dropped before its release. `None` while the holder runs a statement.
+    /// Longer than the pause between batches, and growing across runs, it means the lock is
+    /// stuck: close that connection.
+    pub lock_holder_idle_for: Option<Duration>,
 }
 
 impl PurgeReport {
@@ -175,6 +181,12 @@ trait PurgeDialect {
     /// [`PurgeDialect::unlock`]; `None` where there is no session lock.
     fn try_lock(table: &str) -> Option<String>;
     fn unlock(table: &str) -> Option<String>;
+    /// A query of `n`, the seconds the session holding the purge lock has been idle, binding
+    /// the lock's name; no row when it is running a statement. `None` where there is no
+    /// session lock.
+    fn lock_holder_idle(_table: &str) -> Option<String> {
+        None
+    }
     /// Where each batch takes the lock itself, for the length of its own statement: a
     /// `SELECT` of `locked` (1 or 0) and `n` (rows removed) binding the age, the batch size
     /// and the lock's name, which replaces `delete_batch` and the session lock.
@@ -279,7 +291,17 @@ macro_rules! purge_steps {
                 .bind::<Text, _>(&lock_name)
                 .get_result::<N>($conn)$($await)*?;
             if locked.n != 1 {
-                return Ok(PurgeReport::default());
+                let mut report = PurgeReport::default();
+                if let Some(sql) = <$backend>::lock_holder_idle(table) {
+                    let idle: Vec<N> = diesel::sql_query(sql)
+                        .bind::<Text, _>(&lock_name)
+                        .load($conn)$($await)*?;
+                    report.lock_holder_idle_for = idle
+                        .into_iter()
+                        .next()
+                        .map(|idle| Duration::from_secs(idle.n.max(0) as u64));
+                }
+                return Ok(report);
             }
         }
         let result = purge_steps!(@$io {
@@ -486,6 +508,14 @@ impl PurgeDialect for diesel::mysql::Mysql {
     fn unlock(_: &str) -> Option<String> {
         Some(
             "SELECT CAST(COALESCE(RELEASE_LOCK(CONCAT(DATABASE(), ' ', ?)), 0) AS SIGNED) AS n"
+                .into(),
+        )
+    }
+
+    fn lock_holder_idle(_: &str) -> Option<String> {
+        Some(
+            "SELECT CAST(TIME AS SIGNED) AS n FROM information_schema.PROCESSLIST \
+             WHERE ID = IS_USED_LOCK(CONCAT(DATABASE(), ' ', ?)) AND COMMAND = 'Sleep'"
                 .into(),
         )
     }

@@ -61,8 +61,10 @@ fn a_cancelled_purge_leaves_no_lock_on_postgres() {
     });
 }
 
-/// On MariaDB the lock is the session's: the same connection's next purge takes it over
-/// instead of holding it twice, and once that purge ends, a purge elsewhere runs.
+/// On MariaDB the lock is the session's: while the cancelled purge's connection keeps it, a
+/// purge elsewhere is told the lock's session is idle (stuck, not busy); the same connection's
+/// next purge takes the lock over instead of holding it twice, and once that purge ends, a
+/// purge elsewhere runs.
 #[cfg(feature = "mysql")]
 #[test]
 fn a_cancelled_purge_leaves_no_lock_on_mariadb() {
@@ -82,6 +84,16 @@ fn a_cancelled_purge_leaves_no_lock_on_mariadb() {
             cancelled.is_err(),
             "the purge was still pausing: {cancelled:?}"
         );
+        // Meanwhile a purge elsewhere is told the lock is held by an idle session: stuck, not
+        // busy.
+        let blocked = purge(
+            &mut db.connect(),
+            &InboxSchema::DEFAULT,
+            &Purge::older_than(Duration::from_secs(86_400)),
+        )
+        .unwrap();
+        assert!(!blocked.ran);
+        assert!(blocked.lock_holder_idle_for.is_some(), "{blocked:?}");
         let again = purge_async(
             &mut conn,
             &InboxSchema::DEFAULT,
