@@ -482,6 +482,48 @@ pub use inbox_core::{
 pub use run_async::AsyncInboxConnection;
 pub use uuid::Uuid;
 
+/// An error type that can say which diesel error, if any, it carries: what the runtime looks
+/// for in a body's `Err` to retry a transient failure (a serialization failure, a deadlock, a
+/// lock timeout) in a fresh transaction.
+///
+/// The runtime finds the diesel error by itself when the body's error type is
+/// `diesel::result::Error`, or a `std::error::Error` with the diesel error on its `source()`
+/// chain. An error type that is neither — one built on `anyhow::Error`, which implements
+/// `std::error::Error` only through `Deref` — implements this trait, or its failures are
+/// never retried. With the feature `anyhow`, `anyhow::Error` implements it, searching its
+/// chain.
+///
+/// ```
+/// use inbox_diesel::HasDieselError;
+///
+/// /// An application error built on anyhow, with a blanket `From`.
+/// #[derive(Debug)]
+/// pub struct AppError(anyhow::Error);
+///
+/// impl<E: Into<anyhow::Error>> From<E> for AppError {
+///     fn from(error: E) -> Self {
+///         AppError(error.into())
+///     }
+/// }
+///
+/// impl HasDieselError for AppError {
+///     fn diesel_error(&self) -> Option<&diesel::result::Error> {
+///         self.0.chain().find_map(|cause| cause.downcast_ref())
+///     }
+/// }
+/// ```
+pub trait HasDieselError {
+    /// The diesel error this error carries, if any.
+    fn diesel_error(&self) -> Option<&diesel::result::Error>;
+}
+
+#[cfg(feature = "anyhow")]
+impl HasDieselError for anyhow::Error {
+    fn diesel_error(&self) -> Option<&diesel::result::Error> {
+        self.chain().find_map(|cause| cause.downcast_ref())
+    }
+}
+
 /// The isolation level of a handler's transaction on PostgreSQL, MySQL and MariaDB
 /// (`isolation = "…"`).
 ///
@@ -616,9 +658,26 @@ pub mod __private {
         fn inbox_error_class(&self, schema: &InboxSchema) -> Option<ErrorClass>;
     }
 
-    impl<T> ProbeDiesel for &&Probe<'_, Result<T, diesel::result::Error>> {
+    impl<T> ProbeDiesel for &&&Probe<'_, Result<T, diesel::result::Error>> {
         fn inbox_error_class(&self, schema: &InboxSchema) -> Option<ErrorClass> {
             self.0.as_ref().err().map(|e| classify(e, schema))
+        }
+    }
+
+    /// The body's error says where its diesel error is ([`HasDieselError`](crate::HasDieselError);
+    /// `anyhow::Error` with the feature `anyhow`).
+    pub trait ProbeHasDieselError {
+        fn inbox_error_class(&self, schema: &InboxSchema) -> Option<ErrorClass>;
+    }
+
+    impl<T, E: crate::HasDieselError> ProbeHasDieselError for &&Probe<'_, Result<T, E>> {
+        fn inbox_error_class(&self, schema: &InboxSchema) -> Option<ErrorClass> {
+            let error = self.0.as_ref().err()?;
+            Some(
+                error
+                    .diesel_error()
+                    .map_or(ErrorClass::Other, |e| classify(e, schema)),
+            )
         }
     }
 
@@ -664,8 +723,10 @@ macro_rules! __inbox_error_class {
     ($ret:ty, $spec:ident) => {
         |__inbox_result: &$ret| {
             #[allow(unused_imports)]
-            use $crate::__private::{ProbeDiesel as _, ProbeOpaque as _, ProbeSourceChain as _};
-            (&&&$crate::__private::Probe(__inbox_result)).inbox_error_class(&$spec.schema)
+            use $crate::__private::{
+                ProbeDiesel as _, ProbeHasDieselError as _, ProbeOpaque as _, ProbeSourceChain as _,
+            };
+            (&&&&$crate::__private::Probe(__inbox_result)).inbox_error_class(&$spec.schema)
         }
     };
 }

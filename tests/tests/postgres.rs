@@ -87,6 +87,46 @@ fn serialization_failure_in_the_body_is_retried() {
     assert_eq!(balance(&mut conn, 1), 20);
 }
 
+/// The same serialization failure, in a body whose error type is `anyhow::Error` (and an
+/// application error built on it, with a blanket `From`): the runtime finds the diesel error
+/// in it and retries B, which then succeeds. Without that, B's failure is returned after one
+/// attempt.
+#[test]
+fn serialization_failure_in_an_anyhow_body_is_retried() {
+    #[idempotent(consumer = "credit", key = msg.id, isolation = "serializable")]
+    fn credit_anyhow(
+        conn: &mut DbConnection,
+        msg: &Credit,
+        then: &mut dyn FnMut() -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
+        apply_credit(conn, msg)?;
+        then()
+    }
+
+    let db = PgDb::new("serialization_anyhow");
+    let b_attempts = AtomicUsize::new(0);
+    let as_handler = |result: anyhow::Result<Outcome<()>>| result.map_err(|_| AppError::Rejected);
+    let (a, b) = a_holds_b_waits(
+        &db,
+        |conn, hold| {
+            as_handler(credit_anyhow(conn, &Credit::new(1), &mut || {
+                hold();
+                Ok(())
+            }))
+        },
+        |conn| {
+            as_handler(credit_anyhow(conn, &Credit::new(2), &mut || {
+                b_attempts.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }))
+        },
+    );
+    assert_eq!(a.unwrap(), Outcome::Processed(()));
+    assert_eq!(b.unwrap(), Outcome::Processed(()), "B was retried");
+    assert_eq!(b_attempts.load(Ordering::Relaxed), 1);
+    assert_eq!(count_markers(&mut db.connect()), 2);
+}
+
 /// `retries = 0`: the same serialization failure is returned, classified, not retried.
 #[test]
 fn serialization_failure_without_retries_is_returned() {
