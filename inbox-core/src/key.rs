@@ -69,11 +69,15 @@ enum KeyKind {
         source: String,
         id: String,
     },
+    Bytes(Vec<u8>),
 }
 
 impl MessageKey {
-    /// The longest key accepted, in bytes of text (all parts together).
-    pub const MAX_LEN: usize = 1024;
+    /// The longest key accepted, in bytes (all parts together): 64 KiB. A key is stored as a
+    /// 128-bit digest whatever its length, so a long id — an ActivityPub URL, a composite
+    /// name — costs the inbox nothing; the limit is there to catch a payload passed where its
+    /// id was meant.
+    pub const MAX_LEN: usize = 64 * 1024;
 
     /// The namespace under which non-UUID keys are turned into their stored id.
     pub const NAMESPACE: Uuid = Uuid::from_u128(0x6a1f_0e3c_9d7b_4f4e_b1c2_5e8d_2a70_c913);
@@ -110,6 +114,36 @@ impl MessageKey {
             kind: KeyKind::Text(text),
             stored_id,
         })
+    }
+
+    /// A key given as bytes (a binary message id, a hash), stored as a digest of them.
+    ///
+    /// # Errors
+    /// [`KeyError::Empty`] for no bytes, [`KeyError::TooLong`] past [`MessageKey::MAX_LEN`].
+    pub fn bytes(bytes: impl Into<Vec<u8>>) -> Result<Self, KeyError> {
+        let bytes = bytes.into();
+        check_len(bytes.len())?;
+        Ok(Self {
+            stored_id: derive(b'b', &[&bytes]),
+            kind: KeyKind::Bytes(bytes),
+        })
+    }
+
+    /// A key that is an unsigned 128-bit integer: the same key as the signed integer of the
+    /// same value, where there is one.
+    pub fn unsigned(value: u128) -> Self {
+        match i128::try_from(value) {
+            Ok(value) => Self::integer(value),
+            // Past i128: 17 bytes, so that no 16-byte i128 encoding can meet it.
+            Err(_) => {
+                let mut wide = [0_u8; 17];
+                wide[1..].copy_from_slice(&value.to_be_bytes());
+                Self {
+                    stored_id: derive(b'i', &[&wide]),
+                    kind: KeyKind::Text(value.to_string()),
+                }
+            }
+        }
     }
 
     /// A key that is an integer (a sequence number, a database id).
@@ -209,6 +243,7 @@ impl fmt::Display for MessageKey {
                 offset,
             } => write!(f, "{topic}/{partition}@{offset}"),
             KeyKind::CloudEvent { source, id } => write!(f, "{source}#{id}"),
+            KeyKind::Bytes(bytes) => bytes.iter().try_for_each(|b| write!(f, "{b:02x}")),
         }
     }
 }
@@ -239,7 +274,39 @@ macro_rules! integer_keys {
         }
     )*};
 }
-integer_keys!(i8, i16, i32, i64, u8, u16, u32, u64);
+integer_keys!(i8, i16, i32, i64, i128, u8, u16, u32, u64);
+
+impl ToMessageKey for u128 {
+    fn to_message_key(&self) -> Result<MessageKey, KeyError> {
+        Ok(MessageKey::unsigned(*self))
+    }
+}
+
+impl ToMessageKey for [u8] {
+    fn to_message_key(&self) -> Result<MessageKey, KeyError> {
+        MessageKey::bytes(self)
+    }
+}
+
+impl ToMessageKey for Vec<u8> {
+    fn to_message_key(&self) -> Result<MessageKey, KeyError> {
+        MessageKey::bytes(self.as_slice())
+    }
+}
+
+impl<const N: usize> ToMessageKey for [u8; N] {
+    fn to_message_key(&self) -> Result<MessageKey, KeyError> {
+        MessageKey::bytes(self.as_slice())
+    }
+}
+
+/// An ActivityPub id, a webhook's event URL: the URL's text is the key.
+#[cfg(feature = "url")]
+impl ToMessageKey for url::Url {
+    fn to_message_key(&self) -> Result<MessageKey, KeyError> {
+        MessageKey::text(self.as_str())
+    }
+}
 
 impl TryFrom<&str> for MessageKey {
     type Error = KeyError;
@@ -264,7 +331,7 @@ impl TryFrom<String> for MessageKey {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be used as a message key",
     label = "`key = …` must be a message id",
-    note = "a key is a Uuid, text, an integer, a Kafka (topic, partition, offset) or a \
+    note = "a key is a Uuid, text (a URL with the feature `url`), bytes, an integer, a Kafka (topic, partition, offset) or a \
             CloudEvents (source, id); implement `inbox_diesel::ToMessageKey` for your own id type"
 )]
 pub trait ToMessageKey {
@@ -421,6 +488,29 @@ mod tests {
             MessageKey::uuid(id)
         );
         assert_eq!(MessageKey::uuid_text("order-2"), Err(KeyError::NotAUuid));
+    }
+
+    /// Bytes, 128-bit integers and long ids are keys; the kinds never meet.
+    #[test]
+    fn bytes_wide_integers_and_long_keys() {
+        let bytes = MessageKey::bytes(*b"42").unwrap();
+        assert_ne!(
+            bytes.stored_id(),
+            MessageKey::text("42").unwrap().stored_id()
+        );
+        assert_eq!(
+            [1_u8, 2].to_message_key().unwrap(),
+            vec![1_u8, 2].to_message_key().unwrap()
+        );
+        assert_eq!(bytes.to_string(), "3432");
+        assert_eq!(MessageKey::unsigned(7), MessageKey::integer(7_i64));
+        assert_ne!(
+            MessageKey::unsigned(u128::MAX).stored_id(),
+            MessageKey::integer(-1_i128).stored_id()
+        );
+        let activity = format!("https://example.social/{}", "a".repeat(1_039));
+        assert!(MessageKey::text(activity).is_ok(), "a long id is a key");
+        assert_eq!(MessageKey::bytes(Vec::new()), Err(KeyError::Empty));
     }
 
     #[test]

@@ -61,6 +61,17 @@ impl Retention {
         }
     }
 
+    /// A fixed period — "keep markers 7 days" — for a broker whose redelivery window is not
+    /// worked out from its settings. Choose it above that window.
+    pub const fn fixed(keep_for: Duration) -> Self {
+        Self {
+            lock_timeout: Duration::ZERO,
+            max_deliveries: 0,
+            message_ttl: Duration::ZERO,
+            replay_margin: keep_for,
+        }
+    }
+
     /// How long a message may wait in the queue before its first delivery.
     pub const fn message_ttl(self, ttl: Duration) -> Self {
         Self {

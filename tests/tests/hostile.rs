@@ -117,3 +117,46 @@ fn keys_stay_out_of_the_logs() {
         assert!(!logged.contains(leaked), "{leaked:?} in {logged}");
     }
 }
+
+/// Keys as real code has them: an ActivityPub id — a URL past a kilobyte — bytes, a
+/// 128-bit integer. Each is processed once and recognised on redelivery.
+#[test]
+fn urls_bytes_and_wide_integers_are_keys() {
+    #[idempotent(consumer = "activities", key = activity)]
+    fn on_activity(conn: &mut SqliteConnection, activity: &url::Url) -> QueryResult<()> {
+        diesel::sql_query("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
+            .execute(conn)
+            .map(drop)
+    }
+    #[idempotent(consumer = "blobs", key = digest)]
+    fn on_blob(conn: &mut SqliteConnection, digest: &[u8; 32]) -> QueryResult<()> {
+        diesel::sql_query("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
+            .execute(conn)
+            .map(drop)
+    }
+    #[idempotent(consumer = "ledger", key = *entry)]
+    fn on_entry(conn: &mut SqliteConnection, entry: &u128) -> QueryResult<()> {
+        diesel::sql_query("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
+            .execute(conn)
+            .map(drop)
+    }
+
+    let db = SqliteDb::new("key_kinds");
+    let mut conn = db.connect();
+    let activity = url::Url::parse(&format!(
+        "https://example.social/objects/{}",
+        "a".repeat(1_039)
+    ))
+    .unwrap();
+    assert!(on_activity(&mut conn, &activity).unwrap().is_processed());
+    assert!(on_activity(&mut conn, &activity).unwrap().is_duplicate());
+    assert!(on_blob(&mut conn, &[7; 32]).unwrap().is_processed());
+    assert!(on_blob(&mut conn, &[7; 32]).unwrap().is_duplicate());
+    assert!(on_entry(&mut conn, &u128::MAX).unwrap().is_processed());
+    assert!(on_entry(&mut conn, &u128::MAX).unwrap().is_duplicate());
+    let balance: i64 = diesel::sql_query("SELECT balance AS n FROM accounts WHERE id = 1")
+        .get_result::<Balance>(&mut conn)
+        .unwrap()
+        .n;
+    assert_eq!(balance, 3);
+}
