@@ -280,6 +280,7 @@ mod classify;
 mod driver;
 mod error;
 mod guard;
+pub mod handler;
 pub mod migration;
 pub mod purge;
 mod run;

@@ -1,0 +1,216 @@
+//! The function API: what `#[idempotent]` does, for code that cannot carry the attribute — a
+//! trait method, a framework's callback, a handler chosen at run time.
+//!
+//! A [`Handler`] holds what the attribute's options say; [`run_once`] (and, with the feature
+//! `async`, [`run_once_async`]) runs a body once per message key and consumer, through the
+//! same runtime the attribute's expansion calls: the marker first, in the body's transaction,
+//! a duplicate recognised by the inbox's own unique index, transient failures retried.
+//!
+//! The compile-time guard is the attribute's: a body given to `run_once` is not checked for
+//! other connections. Write it to use the transaction it is given — helpers that take the
+//! connection — and let [`tripwire`](crate::tripwire) refuse a pool checkout inside it.
+
+use inbox_core::{ConsumerError, ErrorClass, InboxSchema, Outcome, ToMessageKey};
+
+use crate::__private::HandlerSpec;
+#[cfg(feature = "async")]
+pub use crate::run_async::AsyncBody;
+use crate::{Error, HasDieselError, InboxConnection, Isolation, classify};
+
+/// A handler's settings: its consumer name and the attribute's other options. Build it once,
+/// in a `static` — the runtime keeps a reference to it while it runs:
+///
+/// ```
+/// use std::sync::LazyLock;
+/// use inbox_diesel::handler::Handler;
+///
+/// static CREDIT: LazyLock<Handler> =
+///     LazyLock::new(|| Handler::new("credit").expect("a valid consumer name").retries(5));
+/// ```
+#[derive(Debug)]
+pub struct Handler {
+    spec: HandlerSpec,
+}
+
+impl Handler {
+    /// A handler of consumer `consumer`, with the attribute's defaults: the default inbox
+    /// table, 3 retries, the server's isolation level.
+    ///
+    /// # Errors
+    /// The rules of `#[idempotent(consumer = …)]`, checked here at run time.
+    pub fn new(consumer: impl Into<String>) -> Result<Self, ConsumerError> {
+        Ok(Self {
+            spec: HandlerSpec {
+                consumer: inbox_core::Consumer::new(consumer.into())?,
+                schema: InboxSchema::DEFAULT,
+                retry: inbox_core::RetryPolicy::default(),
+                isolation: Isolation::ServerDefault,
+                sqlite_busy_timeout_ms: HandlerSpec::SQLITE_BUSY_TIMEOUT_MS,
+                precheck: false,
+            },
+        })
+    }
+
+    /// Retries of transient failures, each in a fresh transaction (`retries = n`).
+    pub fn retries(mut self, retries: u32) -> Self {
+        self.spec.retry = inbox_core::RetryPolicy::new(retries);
+        self
+    }
+
+    /// The inbox table and its unique index (`table = …, constraint = …`).
+    pub fn schema(mut self, schema: InboxSchema) -> Self {
+        self.spec.schema = schema;
+        self
+    }
+
+    /// The transaction's isolation level (`isolation = …`).
+    pub fn isolation(mut self, isolation: Isolation) -> Self {
+        self.spec.isolation = isolation;
+        self
+    }
+
+    /// How long a SQLite handler waits for another writer (`busy_timeout_ms = …`), at most
+    /// `i32::MAX` milliseconds.
+    pub fn sqlite_busy_timeout_ms(mut self, ms: u32) -> Self {
+        self.spec.sqlite_busy_timeout_ms = ms.min(i32::MAX as u32);
+        self
+    }
+
+    /// The consumer name.
+    pub fn consumer(&self) -> &str {
+        self.spec.consumer.as_str()
+    }
+}
+
+/// How the body's error is read for retries: through [`HasDieselError`].
+fn error_class<T, E: HasDieselError>(
+    schema: &InboxSchema,
+) -> impl Fn(&Result<T, E>) -> Option<ErrorClass> + '_ {
+    move |result| {
+        let error = result.as_ref().err()?;
+        Some(
+            error
+                .diesel_error()
+                .map_or(ErrorClass::Other, |e| classify(e, schema)),
+        )
+    }
+}
+
+/// Runs `body` once per message key and consumer, on a sync connection: what a
+/// `#[idempotent]` `fn` does.
+///
+/// The body's error type says where its diesel error is ([`HasDieselError`]; implemented for
+/// diesel's error, the inbox's, and `anyhow::Error` with the feature `anyhow`), so that a
+/// transient failure in it is retried; it takes the inbox's own failures through `From`.
+///
+/// ```
+/// use std::sync::LazyLock;
+/// use diesel::connection::SimpleConnection;
+/// use diesel::prelude::*;
+/// use inbox_diesel::handler::{Handler, run_once};
+/// use inbox_diesel::{InboxSchema, Outcome};
+///
+/// static CREDIT: LazyLock<Handler> = LazyLock::new(|| Handler::new("credit").unwrap());
+///
+/// /// An activity handler as a trait method, without a connection parameter of its own.
+/// trait Activity {
+///     fn id(&self) -> &str;
+///     fn apply(&self, conn: &mut SqliteConnection) -> QueryResult<()>;
+/// }
+///
+/// struct Like(String);
+///
+/// impl Activity for Like {
+///     fn id(&self) -> &str {
+///         &self.0
+///     }
+///     fn apply(&self, conn: &mut SqliteConnection) -> QueryResult<()> {
+///         conn.batch_execute("UPDATE posts SET likes = likes + 1")
+///     }
+/// }
+///
+/// fn receive(conn: &mut SqliteConnection, activity: &dyn Activity) -> QueryResult<Outcome<()>> {
+///     run_once(conn, &CREDIT, activity.id(), |tx| activity.apply(tx))
+/// }
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut conn = SqliteConnection::establish(":memory:")?;
+/// conn.batch_execute(&inbox_diesel::schema::sqlite::create_table_sql(&InboxSchema::DEFAULT))?;
+/// conn.batch_execute("CREATE TABLE posts (likes INTEGER); INSERT INTO posts VALUES (0);")?;
+/// let like = Like("https://example.social/likes/1".into());
+/// assert!(receive(&mut conn, &like)?.is_processed());
+/// assert!(receive(&mut conn, &like)?.is_duplicate());
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # Errors
+/// The body's error, or the inbox's (through `E: From<Error>`).
+pub fn run_once<C, K, T, E, B>(
+    conn: &mut C,
+    handler: &'static Handler,
+    key: &K,
+    body: B,
+) -> Result<Outcome<T>, E>
+where
+    C: InboxConnection,
+    K: ToMessageKey + ?Sized,
+    B: FnMut(&mut C) -> Result<T, E>,
+    E: From<Error> + HasDieselError,
+{
+    let spec = &handler.spec;
+    crate::run::run(
+        conn,
+        spec,
+        key.to_message_key(),
+        body,
+        error_class(&spec.schema),
+        E::from,
+    )
+}
+
+/// Runs `body` once per message key and consumer, on a diesel-async connection: what a
+/// `#[idempotent]` `async fn` does. The body is an async closure given the transaction;
+/// like the attribute's, it may run more than once (retries), so it is cloned per attempt.
+///
+/// # Errors
+/// The body's error, or the inbox's (through `E: From<Error>`).
+#[cfg(feature = "async")]
+pub async fn run_once_async<C, K, T, E, B>(
+    conn: &mut C,
+    handler: &'static Handler,
+    key: &K,
+    body: B,
+) -> Result<Outcome<T>, E>
+where
+    C: crate::AsyncInboxConnection,
+    K: ToMessageKey + ?Sized,
+    B: Clone + for<'c> AsyncBody<&'c mut C, Result<T, E>, Fut: Send>,
+    E: From<Error> + HasDieselError,
+{
+    let spec = &handler.spec;
+    crate::run_async::run_async(
+        conn,
+        spec,
+        key.to_message_key(),
+        body,
+        error_class(&spec.schema),
+        E::from,
+    )
+    .await
+}
+
+impl HasDieselError for diesel::result::Error {
+    fn diesel_error(&self) -> Option<&diesel::result::Error> {
+        Some(self)
+    }
+}
+
+impl HasDieselError for Error {
+    fn diesel_error(&self) -> Option<&diesel::result::Error> {
+        match self {
+            Error::Database { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
