@@ -492,7 +492,7 @@ pub(crate) mod postgres {
         shared_steps!(Postgres);
 
         fn begin_inbox_transaction(&mut self, spec: &HandlerSpec) -> QueryResult<()> {
-            AnsiTransactionManager::begin_transaction_sql(self, spec.isolation.begin_sql())
+            AnsiTransactionManager::begin_transaction_sql(self, &spec.postgres_begin_sql())
         }
 
         fn begin_write_transaction(&mut self) -> QueryResult<()> {

@@ -47,6 +47,7 @@ impl Handler {
                 isolation: Isolation::ServerDefault,
                 sqlite_busy_timeout_ms: HandlerSpec::SQLITE_BUSY_TIMEOUT_MS,
                 precheck: false,
+                idle_in_transaction_ms: HandlerSpec::IDLE_IN_TRANSACTION_MS,
             },
         })
     }
@@ -73,6 +74,13 @@ impl Handler {
     /// `i32::MAX` milliseconds.
     pub fn sqlite_busy_timeout_ms(mut self, ms: u32) -> Self {
         self.spec.sqlite_busy_timeout_ms = ms.min(i32::MAX as u32);
+        self
+    }
+
+    /// PostgreSQL: how long the handler's transaction may sit idle before the server ends the
+    /// session (`idle_in_transaction_ms = …`); 0 for no bound.
+    pub fn idle_in_transaction_ms(mut self, ms: u32) -> Self {
+        self.spec.idle_in_transaction_ms = ms.min(i32::MAX as u32);
         self
     }
 

@@ -316,6 +316,7 @@ mod verify;
 /// | `isolation` | `"read committed"`, `"repeatable read"` or `"serializable"` (PostgreSQL, MySQL, MariaDB; SQLite is always serializable) | the server's default |
 /// | `table` | string literal: the inbox table, optionally qualified (`"billing.inbox"`) | `"inbox"` |
 /// | `constraint` | string literal: the unique index on `(message_id, consumer)` | `"ux_inbox_message_consumer"` |
+/// | `idle_in_transaction_ms` | integer, 0 to 2 147 483 647: PostgreSQL ends a session whose handler transaction sits idle this long (`idle_in_transaction_session_timeout`), which bounds the marker lock a handler cancelled mid-body leaves on a pooled connection; a body that awaits something else than the database for longer must raise it; 0 for no bound | `10000` |
 /// | `busy_timeout_ms` | integer, 0 to 2 147 483 647: how long a SQLite handler waits for another writer before `SQLITE_BUSY` (then retried); the handler sets it on its connection | `5000` |
 /// | `precheck` | `true`: before opening the transaction, look for a completed marker with one autocommitted read, and return `Duplicate` without a transaction when it is there. It pays when at least about half the deliveries are redeliveries (BENCHMARKS.md: 1.3–1.7× the throughput at 80 %) and costs 7–12 % of it when none are | `false` |
 /// | `mode` | `"transaction"`, or `"claim"` for a side effect outside the database ([claim mode](crate#claim-mode-side-effects-outside-the-database)) | `"transaction"` |
@@ -599,11 +600,30 @@ pub mod __private {
         pub sqlite_busy_timeout_ms: u32,
         /// Look for a completed marker, outside any transaction, before opening one.
         pub precheck: bool,
+        /// PostgreSQL: how long the handler's transaction may sit idle before the server ends
+        /// the session (`idle_in_transaction_session_timeout`); 0 for no bound.
+        pub idle_in_transaction_ms: u32,
     }
 
     impl HandlerSpec {
         /// How long a SQLite handler waits for another writer before `SQLITE_BUSY`.
         pub const SQLITE_BUSY_TIMEOUT_MS: u32 = 5_000;
+
+        /// How long a PostgreSQL handler's transaction may sit idle: what bounds the marker
+        /// lock a handler cancelled mid-body leaves on a pooled connection.
+        pub const IDLE_IN_TRANSACTION_MS: u32 = 10_000;
+
+        /// `BEGIN` at the handler's isolation level, and the idle bound, in one round trip.
+        pub fn postgres_begin_sql(&self) -> std::borrow::Cow<'static, str> {
+            match self.idle_in_transaction_ms {
+                0 => self.isolation.begin_sql().into(),
+                ms => format!(
+                    "{}; SET LOCAL idle_in_transaction_session_timeout = {ms}",
+                    self.isolation.begin_sql()
+                )
+                .into(),
+            }
+        }
     }
 
     /// A handler's declared return type: a `Result` whose error type can carry the inbox's

@@ -442,7 +442,7 @@ mod postgres {
         server_steps!(Postgres, Pg);
 
         async fn begin_inbox_transaction(&mut self, spec: &'static HandlerSpec) -> QueryResult<()> {
-            AnsiTransactionManager::begin_transaction_sql(self, spec.isolation.begin_sql()).await
+            AnsiTransactionManager::begin_transaction_sql(self, &spec.postgres_begin_sql()).await
         }
 
         async fn claim_marker(

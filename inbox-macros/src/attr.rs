@@ -22,10 +22,11 @@ pub struct Args {
     pub on_expired: Option<LitStr>,
     pub batch: Option<Ident>,
     pub precheck: Option<syn::LitBool>,
+    pub idle_in_transaction_ms: Option<LitInt>,
 }
 
 /// Each option with the form of its value, for "unknown option" and "expected …" errors.
-const OPTIONS: [(&str, &str); 13] = [
+const OPTIONS: [(&str, &str); 14] = [
     ("consumer", "consumer = \"credit\""),
     ("key", "key = msg.id"),
     ("conn", "conn = db"),
@@ -39,6 +40,7 @@ const OPTIONS: [(&str, &str); 13] = [
     ("on_expired", "on_expired = \"report\""),
     ("batch", "batch = msgs"),
     ("precheck", "precheck = true"),
+    ("idle_in_transaction_ms", "idle_in_transaction_ms = 10000"),
 ];
 
 impl Parse for Args {
@@ -80,6 +82,9 @@ impl Parse for Args {
                 "on_expired" => set_once(&mut args.on_expired, &name, value(input, form)?)?,
                 "batch" => set_once(&mut args.batch, &name, value(input, form)?)?,
                 "precheck" => set_once(&mut args.precheck, &name, value(input, form)?)?,
+                "idle_in_transaction_ms" => {
+                    set_once(&mut args.idle_in_transaction_ms, &name, value(input, form)?)?
+                }
                 _ => unreachable!("form_of knows every option"),
             }
             if input.is_empty() {

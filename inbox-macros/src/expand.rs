@@ -59,6 +59,7 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
         mode,
         batch,
         precheck,
+        idle_in_transaction_ms,
     } = handler;
     let ItemFn {
         attrs,
@@ -75,6 +76,10 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
     let busy_timeout_ms = match busy_timeout_ms {
         Some(ms) => quote!(#ms),
         None => quote!(::inbox_diesel::__private::HandlerSpec::SQLITE_BUSY_TIMEOUT_MS),
+    };
+    let idle_in_transaction_ms = match idle_in_transaction_ms {
+        Some(ms) => quote!(#ms),
+        None => quote!(::inbox_diesel::__private::HandlerSpec::IDLE_IN_TRANSACTION_MS),
     };
     let isolation = match isolation {
         Isolation::ServerDefault => quote!(ServerDefault),
@@ -183,6 +188,7 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
                     isolation: ::inbox_diesel::Isolation::#isolation,
                     sqlite_busy_timeout_ms: #busy_timeout_ms,
                     precheck: #precheck,
+                    idle_in_transaction_ms: #idle_in_transaction_ms,
                 };
             #call
         }

@@ -33,6 +33,8 @@ pub struct Handler {
     pub batch: Option<Ident>,
     /// `precheck = true`: look for a completed marker before opening the transaction.
     pub precheck: bool,
+    /// PostgreSQL's bound on an idle handler transaction, when not the runtime's default.
+    pub idle_in_transaction_ms: Option<u32>,
 }
 
 /// How the body's work is made to happen once.
@@ -179,6 +181,24 @@ pub fn validate(args: Args, item: &ItemFn) -> syn::Result<Handler> {
         None => Some(None),
     };
 
+    let idle_in_transaction_ms = match &args.idle_in_transaction_ms {
+        Some(lit) => errors.take(
+            lit.base10_parse::<u32>()
+                .ok()
+                .filter(|ms| *ms <= i32::MAX as u32)
+                .map(Some)
+                .ok_or_else(|| {
+                    syn::Error::new(
+                        lit.span(),
+                        "`idle_in_transaction_ms` is how long a PostgreSQL handler's \
+                         transaction may sit idle before the server ends it, in milliseconds, \
+                         from 0 (no bound) to 2147483647: `idle_in_transaction_ms = 10000`",
+                    )
+                }),
+        ),
+        None => Some(None),
+    };
+
     let precheck = match &args.precheck {
         Some(lit) if lit.value && (args.batch.is_some() || !matches!(mode, Mode::Transaction)) => {
             errors.push(syn::Error::new(
@@ -207,6 +227,7 @@ pub fn validate(args: Args, item: &ItemFn) -> syn::Result<Handler> {
             mode,
             batch: batch.flatten(),
             precheck: precheck.unwrap_or_default(),
+            idle_in_transaction_ms: idle_in_transaction_ms.flatten(),
         }),
         (Some(error), ..) => Err(error),
         _ => unreachable!("every missing value recorded an error"),

@@ -111,3 +111,56 @@ fn sixteen_deliveries_of_one_activity_on_a_pool_of_four_apply_it_once() {
     );
     assert_eq!(balance, 1, "the follow was applied once");
 }
+
+/// A handler cancelled by a timeout mid-body, on deadpool, whose connection goes back to the
+/// pool with its transaction open: the server ends that transaction once it has sat idle for
+/// `idle_in_transaction_ms`, and the redelivery on another connection, which waited on the
+/// marker's lock, processes the message. Without the bound it would wait until the pool next
+/// handed that connection out.
+#[test]
+fn a_cancelled_handler_holds_the_marker_only_as_long_as_its_bound() {
+    #[inbox_diesel::idempotent(consumer = "slow", key = *id, idle_in_transaction_ms = 300)]
+    async fn slow(conn: &mut AsyncPgConnection, id: &u64, stall: bool) -> diesel::QueryResult<()> {
+        diesel::sql_query("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
+            .execute(conn)
+            .await?;
+        if stall {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        }
+        Ok(())
+    }
+
+    let db = PgDb::new("cancelled_bound");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let pool = Pool::builder(AsyncDieselConnectionManager::<AsyncPgConnection>::new(
+            db.url(),
+        ))
+        .max_size(1)
+        .build()
+        .unwrap();
+        let mut conn = pool.get().await.unwrap();
+        let cancelled =
+            tokio::time::timeout(Duration::from_millis(200), slow(&mut conn, &1, true)).await;
+        assert!(cancelled.is_err(), "{cancelled:?}");
+        drop(conn); // back to the pool, its transaction open and its marker locked
+        let mut other = db.connect_async().await;
+        let redelivered =
+            tokio::time::timeout(Duration::from_secs(10), slow(&mut other, &1, false))
+                .await
+                .expect("the marker's lock was released within the bound");
+        assert!(redelivered.unwrap().is_processed());
+    });
+    let balance = inbox_tests::server::count(
+        &mut db.connect(),
+        "SELECT balance AS n FROM accounts WHERE id = 1",
+    );
+    assert_eq!(
+        balance, 1,
+        "the cancelled attempt rolled back; the redelivery applied once"
+    );
+}
