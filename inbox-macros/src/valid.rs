@@ -161,43 +161,19 @@ pub fn validate(args: Args, item: &ItemFn) -> syn::Result<Handler> {
         None => Some(InboxSchema::DEFAULT_CONSTRAINT.to_owned()),
     };
 
-    // SQLite takes the busy timeout as a 32-bit signed integer: a larger value would wrap to
-    // no wait at all.
-    let busy_timeout_ms = match &args.busy_timeout_ms {
-        Some(lit) => errors.take(
-            lit.base10_parse::<u32>()
-                .ok()
-                .filter(|ms| *ms <= i32::MAX as u32)
-                .map(Some)
-                .ok_or_else(|| {
-                    syn::Error::new(
-                        lit.span(),
-                        "`busy_timeout_ms` is how long a SQLite handler waits for another \
-                         writer, in milliseconds, from 0 to 2147483647 (what SQLite accepts): \
-                         `busy_timeout_ms = 5000`",
-                    )
-                }),
-        ),
-        None => Some(None),
-    };
-
-    let idle_in_transaction_ms = match &args.idle_in_transaction_ms {
-        Some(lit) => errors.take(
-            lit.base10_parse::<u32>()
-                .ok()
-                .filter(|ms| *ms <= i32::MAX as u32)
-                .map(Some)
-                .ok_or_else(|| {
-                    syn::Error::new(
-                        lit.span(),
-                        "`idle_in_transaction_ms` is how long a PostgreSQL handler's \
-                         transaction may sit idle before the server ends it, in milliseconds, \
-                         from 0 (no bound) to 2147483647: `idle_in_transaction_ms = 10000`",
-                    )
-                }),
-        ),
-        None => Some(None),
-    };
+    // Both servers take these as 32-bit signed integers: a larger value would wrap (SQLite's
+    // busy timeout to no wait at all).
+    let busy_timeout_ms = errors.take(milliseconds(
+        args.busy_timeout_ms.as_ref(),
+        "`busy_timeout_ms` is how long a SQLite handler waits for another writer, in \
+         milliseconds, from 0 to 2147483647 (what SQLite accepts): `busy_timeout_ms = 5000`",
+    ));
+    let idle_in_transaction_ms = errors.take(milliseconds(
+        args.idle_in_transaction_ms.as_ref(),
+        "`idle_in_transaction_ms` is how long a PostgreSQL handler's transaction may sit idle \
+         before the server ends it, in milliseconds, from 0 (no bound) to 2147483647: \
+         `idle_in_transaction_ms = 10000`",
+    ));
 
     let precheck = match &args.precheck {
         Some(lit) if lit.value && (args.batch.is_some() || !matches!(mode, Mode::Transaction)) => {
@@ -232,6 +208,17 @@ pub fn validate(args: Args, item: &ItemFn) -> syn::Result<Handler> {
         (Some(error), ..) => Err(error),
         _ => unreachable!("every missing value recorded an error"),
     }
+}
+
+/// A duration in milliseconds that a server takes as a 32-bit signed integer; `None` when the
+/// option is not given.
+fn milliseconds(lit: Option<&syn::LitInt>, usage: &str) -> syn::Result<Option<u32>> {
+    let Some(lit) = lit else { return Ok(None) };
+    lit.base10_parse::<u32>()
+        .ok()
+        .filter(|ms| *ms <= i32::MAX as u32)
+        .map(Some)
+        .ok_or_else(|| syn::Error::new(lit.span(), usage))
 }
 
 /// `mode`, and the options that belong to one mode only.
