@@ -37,6 +37,12 @@ pub trait InboxConnection:
     #[doc(hidden)]
     fn begin_inbox_transaction(&mut self, spec: &HandlerSpec) -> QueryResult<()>;
 
+    /// `on_locked = "in_flight"`: lock waits as the session had them, after the marker's claim.
+    #[doc(hidden)]
+    fn wait_for_locks(&mut self, _spec: &HandlerSpec, _claimed: bool) -> QueryResult<()> {
+        Ok(())
+    }
+
     /// Inserts the marker unless it exists; `Ok(false)` when it already did.
     #[doc(hidden)]
     fn claim_marker(
@@ -495,6 +501,15 @@ pub(crate) mod postgres {
             AnsiTransactionManager::begin_transaction_sql(self, &spec.postgres_begin_sql())
         }
 
+        /// After a failed claim the transaction is aborted, and it is rolled back with its
+        /// `SET LOCAL`.
+        fn wait_for_locks(&mut self, _spec: &HandlerSpec, claimed: bool) -> QueryResult<()> {
+            match claimed {
+                true => self.batch_execute(HandlerSpec::POSTGRES_LOCK_WAIT),
+                false => Ok(()),
+            }
+        }
+
         fn begin_write_transaction(&mut self) -> QueryResult<()> {
             AnsiTransactionManager::begin_transaction_sql(
                 self,
@@ -567,7 +582,15 @@ pub(crate) mod mysql {
             if let Some(level) = spec.isolation.set_transaction_sql() {
                 self.batch_execute(level)?;
             }
+            if spec.in_flight_when_locked {
+                self.batch_execute(HandlerSpec::MYSQL_SHORT_LOCK_WAIT)?;
+            }
             AnsiTransactionManager::begin_transaction_sql(self, "START TRANSACTION")
+        }
+
+        /// The session's lock wait is put back whether the claim succeeded or not.
+        fn wait_for_locks(&mut self, _spec: &HandlerSpec, _claimed: bool) -> QueryResult<()> {
+            self.batch_execute(HandlerSpec::MYSQL_LOCK_WAIT)
         }
 
         fn claim_marker(

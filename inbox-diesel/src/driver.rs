@@ -52,6 +52,14 @@ pub(crate) trait Steps {
     /// Reads the inbox table's definition from the catalog and checks it (`schema::verify`).
     async fn verify(&mut self, spec: &'static HandlerSpec) -> Result<(), SchemaError>;
 
+    /// `on_locked = "in_flight"`: after the marker's claim, lock waits as the session had them
+    /// (`claimed`: the claim's statement succeeded, so the transaction is usable).
+    async fn wait_for_locks(
+        &mut self,
+        spec: &'static HandlerSpec,
+        claimed: bool,
+    ) -> QueryResult<()>;
+
     /// Claim mode: checks that no transaction is open and prepares the connection.
     async fn prepare_claim(&mut self, spec: &'static HandlerSpec) -> QueryResult<()>;
 
@@ -76,6 +84,25 @@ pub(crate) trait Body<C, R> {
 enum Step<T> {
     Processed(T),
     Duplicate,
+    /// `on_locked = "in_flight"`: another delivery holds the marker, uncommitted.
+    InFlight,
+}
+
+/// What [`drive`] decided for the message (or the batch).
+pub(crate) enum Decided<T> {
+    Processed(T),
+    Duplicate,
+    InFlight,
+}
+
+impl<T> Decided<T> {
+    /// The body's value, if it ran and committed.
+    pub(crate) fn value(self) -> Option<T> {
+        match self {
+            Decided::Processed(value) => Some(value),
+            Decided::Duplicate | Decided::InFlight => None,
+        }
+    }
 }
 
 /// Why one attempt failed. Every variant is returned after the transaction was rolled back.
@@ -107,7 +134,7 @@ pub(crate) async fn drive<S, K, T, E, B, P>(
     mut body: B,
     probe: P,
     inbox_error: fn(Error) -> E,
-) -> Result<Option<T>, E>
+) -> Result<Decided<T>, E>
 where
     S: Steps,
     K: Claims,
@@ -120,18 +147,25 @@ where
             outcome = "duplicate",
             "completed marker found before the transaction"
         );
-        return Ok(None);
+        return Ok(Decided::Duplicate);
     }
     let mut retries = 0;
     loop {
         let failure = match attempt(&mut steps, spec, claims, &mut body).await {
             Ok(Step::Processed(value)) => {
                 tracing::debug!(outcome = "processed", "committed with its marker");
-                return Ok(Some(value));
+                return Ok(Decided::Processed(value));
             }
             Ok(Step::Duplicate) => {
                 tracing::info!(outcome = "duplicate", "marker exists; body not run");
-                return Ok(None);
+                return Ok(Decided::Duplicate);
+            }
+            Ok(Step::InFlight) => {
+                tracing::info!(
+                    outcome = "in_flight",
+                    "another delivery holds the marker; body not run"
+                );
+                return Ok(Decided::InFlight);
             }
             Err(failure) => failure,
         };
@@ -217,14 +251,13 @@ thread_local! {
 pub(crate) fn outcome<T>(
     spec: &'static HandlerSpec,
     key: MessageKey,
-    value: Option<T>,
+    decided: Decided<T>,
 ) -> Outcome<T> {
-    match value {
-        Some(value) => Outcome::Processed(value),
-        None => Outcome::Duplicate {
-            consumer: spec.consumer.clone(),
-            key,
-        },
+    let consumer = spec.consumer.clone();
+    match decided {
+        Decided::Processed(value) => Outcome::Processed(value),
+        Decided::Duplicate => Outcome::Duplicate { consumer, key },
+        Decided::InFlight => Outcome::InFlight { consumer, key },
     }
 }
 
@@ -650,13 +683,30 @@ where
     B: Body<S::Conn, Result<T, E>>,
 {
     steps.begin(spec).await.map_err(Failure::Database)?;
-    match claims.claim(steps, spec).await {
+    let claimed = claims.claim(steps, spec).await;
+    if spec.in_flight_when_locked {
+        // The short lock wait was for the marker: the body waits for locks as usual.
+        if let Err(e) = steps.wait_for_locks(spec, claimed.is_ok()).await {
+            roll_back(steps).await;
+            return Err(Failure::Database(e));
+        }
+    }
+    match claimed {
         Ok(true) => {}
         Ok(false) => {
             // ROLLBACK, not COMMIT: nothing was written, and on PostgreSQL a commit would
             // flush the WAL for the sequence value the conflicting insert consumed.
             roll_back(steps).await;
             return Ok(Step::Duplicate);
+        }
+        // Another delivery's uncommitted marker: answered at once instead of waited for.
+        Err(e)
+            if spec.in_flight_when_locked
+                && classify(&e, &spec.schema)
+                    == ErrorClass::Transient(inbox_core::TransientKind::LockWaitTimeout) =>
+        {
+            roll_back(steps).await;
+            return Ok(Step::InFlight);
         }
         Err(e) => {
             roll_back(steps).await;

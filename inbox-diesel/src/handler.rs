@@ -48,6 +48,7 @@ impl Handler {
                 sqlite_busy_timeout_ms: HandlerSpec::SQLITE_BUSY_TIMEOUT_MS,
                 precheck: false,
                 idle_in_transaction_ms: HandlerSpec::IDLE_IN_TRANSACTION_MS,
+                in_flight_when_locked: false,
             },
         })
     }
@@ -81,6 +82,14 @@ impl Handler {
     /// session (`idle_in_transaction_ms = …`); 0 for no bound.
     pub fn idle_in_transaction_ms(mut self, ms: u32) -> Self {
         self.spec.idle_in_transaction_ms = ms.min(i32::MAX as u32);
+        self
+    }
+
+    /// `on_locked = "in_flight"`: a delivery that finds another one holding the message's
+    /// marker, uncommitted, answers [`Outcome::InFlight`] at once instead of waiting for it
+    /// (PostgreSQL, MySQL, MariaDB).
+    pub fn in_flight_when_locked(mut self, yes: bool) -> Self {
+        self.spec.in_flight_when_locked = yes;
         self
     }
 

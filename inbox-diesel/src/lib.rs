@@ -316,6 +316,7 @@ mod verify;
 /// | `isolation` | `"read committed"`, `"repeatable read"` or `"serializable"` (PostgreSQL, MySQL, MariaDB; SQLite is always serializable) | the server's default |
 /// | `table` | string literal: the inbox table, optionally qualified (`"billing.inbox"`) | `"inbox"` |
 /// | `constraint` | string literal: the unique index on `(message_id, consumer)` | `"ux_inbox_message_consumer"` |
+/// | `on_locked` | `"wait"`, or `"in_flight"`: a delivery that finds another one holding the message's marker, uncommitted, answers [`Outcome::InFlight`] at once (nack it with a delay) instead of waiting for the other's outcome while holding a pooled connection — for small pools, where waiting duplicates can starve the delivery in flight. The cost: one more round trip per message (PostgreSQL: resetting `lock_timeout` for the body; MySQL and MariaDB: `innodb_lock_wait_timeout`, whose shortest wait is one second, set and put back), and a redelivery instead of a quick duplicate. Transaction mode, one message; SQLite, which locks the whole database rather than the marker, ignores it | `"wait"` |
 /// | `idle_in_transaction_ms` | integer, 0 to 2 147 483 647: PostgreSQL ends a session whose handler transaction sits idle this long (`idle_in_transaction_session_timeout`), which bounds the marker lock a handler cancelled mid-body leaves on a pooled connection; a body that awaits something else than the database for longer must raise it; 0 for no bound | `10000` |
 /// | `busy_timeout_ms` | integer, 0 to 2 147 483 647: how long a SQLite handler waits for another writer before `SQLITE_BUSY` (then retried); the handler sets it on its connection | `5000` |
 /// | `precheck` | `true`: before opening the transaction, look for a completed marker with one autocommitted read, and return `Duplicate` without a transaction when it is there. It pays when at least about half the deliveries are redeliveries (BENCHMARKS.md: 1.3–1.7× the throughput at 80 %) and costs 7–12 % of it when none are | `false` |
@@ -603,6 +604,9 @@ pub mod __private {
         /// PostgreSQL: how long the handler's transaction may sit idle before the server ends
         /// the session (`idle_in_transaction_session_timeout`); 0 for no bound.
         pub idle_in_transaction_ms: u32,
+        /// `on_locked = "in_flight"`: a marker another delivery holds uncommitted answers
+        /// `InFlight` at once instead of being waited for.
+        pub in_flight_when_locked: bool,
     }
 
     impl HandlerSpec {
@@ -615,15 +619,28 @@ pub mod __private {
 
         /// `BEGIN` at the handler's isolation level, and the idle bound, in one round trip.
         pub fn postgres_begin_sql(&self) -> std::borrow::Cow<'static, str> {
-            match self.idle_in_transaction_ms {
-                0 => self.isolation.begin_sql().into(),
-                ms => format!(
-                    "{}; SET LOCAL idle_in_transaction_session_timeout = {ms}",
-                    self.isolation.begin_sql()
-                )
-                .into(),
+            let mut sql: std::borrow::Cow<'static, str> = self.isolation.begin_sql().into();
+            if self.idle_in_transaction_ms > 0 {
+                let ms = self.idle_in_transaction_ms;
+                sql = format!("{sql}; SET LOCAL idle_in_transaction_session_timeout = {ms}").into();
             }
+            if self.in_flight_when_locked {
+                sql = format!("{sql}; {}", Self::POSTGRES_SHORT_LOCK_WAIT).into();
+            }
+            sql
         }
+
+        /// PostgreSQL, `on_locked = "in_flight"`: the marker's insert waits for no lock.
+        pub const POSTGRES_SHORT_LOCK_WAIT: &'static str = "SET LOCAL lock_timeout = '1ms'";
+        /// PostgreSQL: lock waits as the session has them, for the body.
+        pub const POSTGRES_LOCK_WAIT: &'static str = "SET LOCAL lock_timeout TO DEFAULT";
+        /// MySQL, `on_locked = "in_flight"`: the shortest lock wait InnoDB takes, one second,
+        /// the session's own kept to be put back.
+        pub const MYSQL_SHORT_LOCK_WAIT: &'static str = "SET @inbox_lock_wait_timeout = \
+            @@SESSION.innodb_lock_wait_timeout, SESSION innodb_lock_wait_timeout = 1";
+        /// MySQL: the session's lock wait put back.
+        pub const MYSQL_LOCK_WAIT: &'static str =
+            "SET SESSION innodb_lock_wait_timeout = @inbox_lock_wait_timeout";
     }
 
     /// A handler's declared return type: a `Result` whose error type can carry the inbox's

@@ -85,7 +85,7 @@ where
         )
         .instrument(span),
     )?;
-    Ok(driver::batch_outcome(keys.len(), value, new))
+    Ok(driver::batch_outcome(keys.len(), value.value(), new))
 }
 
 /// Runs `body` in claim mode, on a sync connection; see `driver::drive_claim` for the steps.
@@ -172,6 +172,14 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
 
     async fn prepare_claim(&mut self, spec: &'static HandlerSpec) -> QueryResult<()> {
         self.0.prepare_claim(spec)
+    }
+
+    async fn wait_for_locks(
+        &mut self,
+        spec: &'static HandlerSpec,
+        claimed: bool,
+    ) -> QueryResult<()> {
+        self.0.wait_for_locks(spec, claimed)
     }
 
     async fn verify(

@@ -63,6 +63,16 @@ pub trait AsyncInboxConnection: AsyncConnection + Send + sealed::Sealed {
         spec: &'static HandlerSpec,
     ) -> impl Future<Output = QueryResult<()>> + Send;
 
+    /// `on_locked = "in_flight"`: lock waits as the session had them, after the marker's claim.
+    #[doc(hidden)]
+    fn wait_for_locks(
+        &mut self,
+        _spec: &'static HandlerSpec,
+        _claimed: bool,
+    ) -> impl Future<Output = QueryResult<()>> + Send {
+        async { Ok(()) }
+    }
+
     /// Inserts the marker unless it exists; `Ok(false)` when it already did.
     #[doc(hidden)]
     fn claim_marker(
@@ -253,7 +263,7 @@ where
     )
     .instrument(span)
     .await?;
-    Ok(driver::batch_outcome(keys.len(), value, new))
+    Ok(driver::batch_outcome(keys.len(), value.value(), new))
 }
 
 /// Runs `body` in claim mode, on a diesel-async connection; see `driver::drive_claim` for
@@ -320,6 +330,14 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
 
     async fn prepare_claim(&mut self, spec: &'static HandlerSpec) -> QueryResult<()> {
         self.0.prepare_claim(spec).await
+    }
+
+    async fn wait_for_locks(
+        &mut self,
+        spec: &'static HandlerSpec,
+        claimed: bool,
+    ) -> QueryResult<()> {
+        self.0.wait_for_locks(spec, claimed).await
     }
 
     async fn verify(
@@ -443,6 +461,17 @@ mod postgres {
 
         async fn begin_inbox_transaction(&mut self, spec: &'static HandlerSpec) -> QueryResult<()> {
             AnsiTransactionManager::begin_transaction_sql(self, &spec.postgres_begin_sql()).await
+        }
+
+        async fn wait_for_locks(
+            &mut self,
+            _spec: &'static HandlerSpec,
+            claimed: bool,
+        ) -> QueryResult<()> {
+            match claimed {
+                true => self.batch_execute(HandlerSpec::POSTGRES_LOCK_WAIT).await,
+                false => Ok(()),
+            }
         }
 
         async fn claim_marker(
@@ -603,7 +632,19 @@ mod mysql {
             if let Some(level) = spec.isolation.set_transaction_sql() {
                 SimpleAsyncConnection::batch_execute(self, level).await?;
             }
+            if spec.in_flight_when_locked {
+                SimpleAsyncConnection::batch_execute(self, HandlerSpec::MYSQL_SHORT_LOCK_WAIT)
+                    .await?;
+            }
             AnsiTransactionManager::begin_transaction_sql(self, "START TRANSACTION").await
+        }
+
+        async fn wait_for_locks(
+            &mut self,
+            _spec: &'static HandlerSpec,
+            _claimed: bool,
+        ) -> QueryResult<()> {
+            SimpleAsyncConnection::batch_execute(self, HandlerSpec::MYSQL_LOCK_WAIT).await
         }
 
         async fn claim_marker(

@@ -23,10 +23,11 @@ pub struct Args {
     pub batch: Option<Ident>,
     pub precheck: Option<syn::LitBool>,
     pub idle_in_transaction_ms: Option<LitInt>,
+    pub on_locked: Option<LitStr>,
 }
 
 /// Each option with the form of its value, for "unknown option" and "expected …" errors.
-const OPTIONS: [(&str, &str); 14] = [
+const OPTIONS: [(&str, &str); 15] = [
     ("consumer", "consumer = \"credit\""),
     ("key", "key = msg.id"),
     ("conn", "conn = db"),
@@ -41,6 +42,7 @@ const OPTIONS: [(&str, &str); 14] = [
     ("batch", "batch = msgs"),
     ("precheck", "precheck = true"),
     ("idle_in_transaction_ms", "idle_in_transaction_ms = 10000"),
+    ("on_locked", "on_locked = \"in_flight\""),
 ];
 
 impl Parse for Args {
@@ -82,6 +84,7 @@ impl Parse for Args {
                 "on_expired" => set_once(&mut args.on_expired, &name, value(input, form)?)?,
                 "batch" => set_once(&mut args.batch, &name, value(input, form)?)?,
                 "precheck" => set_once(&mut args.precheck, &name, value(input, form)?)?,
+                "on_locked" => set_once(&mut args.on_locked, &name, value(input, form)?)?,
                 "idle_in_transaction_ms" => {
                     set_once(&mut args.idle_in_transaction_ms, &name, value(input, form)?)?
                 }

@@ -60,6 +60,7 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
         batch,
         precheck,
         idle_in_transaction_ms,
+        in_flight_when_locked,
     } = handler;
     let ItemFn {
         attrs,
@@ -189,6 +190,7 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
                     sqlite_busy_timeout_ms: #busy_timeout_ms,
                     precheck: #precheck,
                     idle_in_transaction_ms: #idle_in_transaction_ms,
+                    in_flight_when_locked: #in_flight_when_locked,
                 };
             #call
         }

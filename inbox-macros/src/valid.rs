@@ -35,6 +35,8 @@ pub struct Handler {
     pub precheck: bool,
     /// PostgreSQL's bound on an idle handler transaction, when not the runtime's default.
     pub idle_in_transaction_ms: Option<u32>,
+    /// `on_locked = "in_flight"`.
+    pub in_flight_when_locked: bool,
 }
 
 /// How the body's work is made to happen once.
@@ -175,6 +177,28 @@ pub fn validate(args: Args, item: &ItemFn) -> syn::Result<Handler> {
          `idle_in_transaction_ms = 10000`",
     ));
 
+    let in_flight_when_locked = match &args.on_locked {
+        Some(lit) => errors.take(match lit.value().as_str() {
+            "wait" => Ok(false),
+            "in_flight" if args.batch.is_some() || !matches!(mode, Mode::Transaction) => {
+                Err(syn::Error::new(
+                    lit.span(),
+                    "`on_locked` applies to a transaction-mode handler of one message: claim \
+                     mode answers `InFlight` already, and a batch waits for its markers",
+                ))
+            }
+            "in_flight" => Ok(true),
+            _ => Err(syn::Error::new(
+                lit.span(),
+                "`on_locked` is \"wait\" (the default: a delivery waits while another one holds \
+                 the message's marker, then sees the outcome) or \"in_flight\" (it answers \
+                 `Outcome::InFlight` at once, and the pump redelivers later): \
+                 `on_locked = \"in_flight\"`",
+            )),
+        }),
+        None => Some(false),
+    };
+
     let precheck = match &args.precheck {
         Some(lit) if lit.value && (args.batch.is_some() || !matches!(mode, Mode::Transaction)) => {
             errors.push(syn::Error::new(
@@ -204,6 +228,7 @@ pub fn validate(args: Args, item: &ItemFn) -> syn::Result<Handler> {
             batch: batch.flatten(),
             precheck: precheck.unwrap_or_default(),
             idle_in_transaction_ms: idle_in_transaction_ms.flatten(),
+            in_flight_when_locked: in_flight_when_locked.unwrap_or_default(),
         }),
         (Some(error), ..) => Err(error),
         _ => unreachable!("every missing value recorded an error"),

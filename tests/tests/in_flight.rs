@@ -1,0 +1,78 @@
+//! `on_locked = "in_flight"`: a delivery that finds another one holding the message's marker,
+//! uncommitted, answers `InFlight` at once instead of holding its connection while it waits —
+//! and the body's own lock waits are as the session had them (checked in the body). PostgreSQL and MariaDB
+//! (`INBOX_TEST_PG`, `INBOX_TEST_MYSQL`).
+
+/// A holds the marker of message 1 in its body until told to go on; B's delivery of message 1
+/// answers `InFlight` while A holds it, and `Duplicate` once A has committed.
+macro_rules! in_flight_test {
+    ($db:expr, $conn:ty, $lock_wait_restored:expr) => {{
+        use std::sync::mpsc;
+        use std::time::{Duration, Instant};
+
+        use diesel::connection::SimpleConnection;
+        use inbox_diesel::{Outcome, idempotent};
+
+        #[idempotent(consumer = "credit", key = *id, on_locked = "in_flight")]
+        fn credit(conn: &mut $conn, id: &u64, hold: &dyn Fn()) -> diesel::QueryResult<()> {
+            conn.batch_execute("UPDATE accounts SET balance = balance + 1 WHERE id = 1")?;
+            // Fails unless the body waits for locks as the session had it.
+            conn.batch_execute($lock_wait_restored)?;
+            hold();
+            Ok(())
+        }
+
+        let db = $db;
+        let (held_tx, held) = mpsc::channel();
+        let (go_tx, go) = mpsc::channel::<()>();
+        std::thread::scope(|scope| {
+            let mut a = db.connect();
+            let first = scope.spawn(move || {
+                credit(&mut a, &1, &|| {
+                    held_tx.send(()).unwrap();
+                    go.recv().unwrap();
+                })
+            });
+            held.recv().unwrap();
+            let mut b = db.connect();
+            let started = Instant::now();
+            let answer = credit(&mut b, &1, &|| {}).unwrap();
+            assert!(matches!(answer, Outcome::InFlight { .. }), "{answer:?}");
+            assert!(!answer.should_ack());
+            assert!(
+                started.elapsed() < Duration::from_secs(3),
+                "{:?}",
+                started.elapsed()
+            );
+            go_tx.send(()).unwrap();
+            assert!(first.join().unwrap().unwrap().is_processed());
+            assert!(credit(&mut b, &1, &|| {}).unwrap().is_duplicate());
+        });
+        let balance = inbox_tests::server::count(
+            &mut db.connect(),
+            "SELECT balance AS n FROM accounts WHERE id = 1",
+        );
+        assert_eq!(balance, 1, "message 1, once");
+    }};
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_answers_in_flight_instead_of_waiting() {
+    in_flight_test!(
+        inbox_tests::postgres::PgDb::new("in_flight"),
+        diesel::PgConnection,
+        "DO $$ BEGIN IF current_setting('lock_timeout') <> '0' THEN \
+         RAISE 'the body kept the marker''s short lock wait'; END IF; END $$"
+    );
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mariadb_answers_in_flight_instead_of_waiting() {
+    in_flight_test!(
+        inbox_tests::mysql::MysqlDb::new("in_flight"),
+        diesel::MysqlConnection,
+        "SELECT IF(@@SESSION.innodb_lock_wait_timeout = 1, (SELECT 1 UNION SELECT 2), 1)"
+    );
+}
