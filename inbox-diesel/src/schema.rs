@@ -152,6 +152,61 @@ impl Backend {
         }
     }
 
+    /// An SQL expression that computes, from the SQL text expression `text`, the
+    /// `message_id` the inbox stores for [`MessageKey::text`](crate::MessageKey::text) of that
+    /// text, in this backend's column type — for moving an existing deduplication table, keyed
+    /// by its own text ids, into the inbox:
+    ///
+    /// ```sql
+    /// INSERT INTO inbox (message_id, consumer, received_at, processed_at)
+    /// SELECT <expression over seen.activity_id>, 'activities', seen.published, seen.published
+    /// FROM seen;
+    /// ```
+    ///
+    /// It is the same name-based UUID (version 5, SHA-1) the library derives: PostgreSQL
+    /// needs the `pgcrypto` extension for SHA-1 (`CREATE EXTENSION pgcrypto`); MySQL and
+    /// MariaDB have it built in. SQLite has no SHA-1 and gets `None`: compute the ids there
+    /// with [`MessageKey::stored_id`](crate::MessageKey::stored_id).
+    ///
+    /// ```
+    /// use inbox_diesel::schema::Backend;
+    ///
+    /// let sql = Backend::Postgres.text_key_sql("seen.activity_id").unwrap();
+    /// assert!(sql.contains("digest("));
+    /// assert_eq!(Backend::Sqlite.text_key_sql("seen.activity_id"), None);
+    /// ```
+    pub fn text_key_sql(self, text: &str) -> Option<String> {
+        let namespace = crate::MessageKey::NAMESPACE.simple();
+        match self {
+            // digest(NAMESPACE || 't' || length as 4 bytes big-endian || UTF-8 bytes), the
+            // first 16 bytes with the version (5) and variant (10xx) bits set.
+            Backend::Postgres => {
+                let bytes = format!("convert_to({text}, 'UTF8')");
+                let digest = format!(
+                    "digest('\\x{namespace}74'::bytea || int4send(octet_length({bytes})) || {bytes}, 'sha1')"
+                );
+                Some(format!(
+                    "(SELECT encode(set_byte(set_byte(substring(d FROM 1 FOR 16), 6, \
+                     (get_byte(d, 6) & 15) | 80), 8, (get_byte(d, 8) & 63) | 128), 'hex')::uuid \
+                     FROM (SELECT {digest} AS d) AS inbox_key)"
+                ))
+            }
+            // SHA1() answers hex: characters 13 and 17 are the high nibbles of bytes 6 and 8.
+            Backend::Mysql => {
+                let bytes = format!("CONVERT({text} USING utf8mb4)");
+                let hex = format!(
+                    "SHA1(CONCAT(UNHEX('{namespace}74'), \
+                     UNHEX(LPAD(HEX(OCTET_LENGTH({bytes})), 8, '0')), {bytes}))"
+                );
+                Some(format!(
+                    "UNHEX(CONCAT(SUBSTR({hex}, 1, 12), '5', SUBSTR({hex}, 14, 3), \
+                     HEX((CONV(SUBSTR({hex}, 17, 1), 16, 10) & 3) | 8), SUBSTR({hex}, 18, 15)))"
+                ))
+            }
+            Backend::Sqlite => None,
+        }
+    }
+
     /// A table name, optionally qualified (`billing.inbox`), quoted part by part.
     pub fn quote_table(self, table: &str) -> String {
         table

@@ -1155,6 +1155,59 @@ macro_rules! server_suite {
             assert_eq!(balance(&mut conn, 1), 11);
             assert_eq!(balance(&mut conn, 2), 11);
         }
+
+        /// A deduplication table of its own, keyed by text ids, moves into the inbox in one
+        /// `INSERT … SELECT` over `Backend::text_key_sql`: every moved id is a duplicate to the
+        /// handler (the SQL computes the id the library derives), and a new id is processed.
+        #[test]
+        fn a_dedup_table_of_text_ids_moves_into_the_inbox_in_sql() {
+            use diesel::connection::SimpleConnection;
+            use inbox_diesel::schema::Backend;
+            use inbox_diesel::{InboxConnection, idempotent};
+
+            #[idempotent(consumer = "activities", key = id.as_str())]
+            fn apply(conn: &mut DbConnection, id: &String) -> Result<(), AppError> {
+                conn.batch_execute("UPDATE accounts SET balance = balance + 1 WHERE id = 1")?;
+                Ok(())
+            }
+
+            let url = format!("https://example.social/{}", "a".repeat(1_016));
+            let ids = [
+                "https://example.social/users/zoë/statuses/日本".to_owned(),
+                "7f1c6b52-4d5e-4c1e-9a56-1b0e4c1d2f3a".to_owned(),
+                "it's".to_owned(),
+                "x".to_owned(),
+                url,
+            ];
+            let db = <$db>::new("text_key_sql");
+            let mut conn = db.connect();
+            let backend = <DbConnection as InboxConnection>::BACKEND;
+            conn.batch_execute(match backend {
+                Backend::Postgres => {
+                    "CREATE EXTENSION IF NOT EXISTS pgcrypto; CREATE TABLE seen (activity_id TEXT)"
+                }
+                _ => "CREATE TABLE seen (activity_id TEXT CHARACTER SET utf8mb4)",
+            })
+            .unwrap();
+            for id in &ids {
+                let literal = id.replace('\'', "''");
+                conn.batch_execute(&format!("INSERT INTO seen VALUES ('{literal}')"))
+                    .unwrap();
+            }
+            let computed = backend.text_key_sql("seen.activity_id").unwrap();
+            conn.batch_execute(&format!(
+                "INSERT INTO inbox (message_id, consumer, processed_at) \
+                 SELECT {computed}, 'activities', CURRENT_TIMESTAMP FROM seen"
+            ))
+            .unwrap();
+            for id in &ids {
+                assert!(apply(&mut conn, id).unwrap().is_duplicate(), "{id}");
+            }
+            let new = "https://example.social/new".to_owned();
+            assert!(apply(&mut conn, &new).unwrap().is_processed());
+            assert_eq!(count_markers(&mut conn), 6);
+            assert_eq!(balance(&mut conn, 1), 1);
+        }
     };
 }
 
