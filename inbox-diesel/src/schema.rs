@@ -183,7 +183,7 @@ impl Backend {
             Backend::Postgres => {
                 let bytes = format!("convert_to({text}, 'UTF8')");
                 let digest = format!(
-                    "digest('\\x{namespace}74'::bytea || int4send(octet_length({bytes})) || {bytes}, 'sha1')"
+                    "digest(decode('{namespace}74', 'hex') || int4send(octet_length({bytes})) || {bytes}, 'sha1')"
                 );
                 Some(format!(
                     "(SELECT encode(set_byte(set_byte(substring(d FROM 1 FOR 16), 6, \
