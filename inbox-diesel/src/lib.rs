@@ -630,10 +630,14 @@ pub mod __private {
             sql
         }
 
-        /// PostgreSQL, `on_locked = "in_flight"`: the marker's insert waits for no lock.
-        pub const POSTGRES_SHORT_LOCK_WAIT: &'static str = "SET LOCAL lock_timeout = '1ms'";
-        /// PostgreSQL: lock waits as the session has them, for the body.
-        pub const POSTGRES_LOCK_WAIT: &'static str = "SET LOCAL lock_timeout TO DEFAULT";
+        /// PostgreSQL, `on_locked = "in_flight"`: the marker's insert waits for no lock; the
+        /// session's own setting is kept, for the transaction, to be put back.
+        pub const POSTGRES_SHORT_LOCK_WAIT: &'static str = "SELECT set_config('inbox.lock_timeout', \
+            current_setting('lock_timeout'), true); SET LOCAL lock_timeout = '1ms'";
+        /// PostgreSQL: lock waits as the session has them (its own `SET` included — `TO
+        /// DEFAULT` would drop that), for the body.
+        pub const POSTGRES_LOCK_WAIT: &'static str =
+            "SELECT set_config('lock_timeout', current_setting('inbox.lock_timeout'), true)";
         /// MySQL, `on_locked = "in_flight"`: the shortest lock wait InnoDB takes, one second,
         /// the session's own kept to be put back.
         pub const MYSQL_SHORT_LOCK_WAIT: &'static str = "SET @inbox_lock_wait_timeout = \

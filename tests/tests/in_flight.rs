@@ -6,7 +6,7 @@
 /// A holds the marker of message 1 in its body until told to go on; B's delivery of message 1
 /// answers `InFlight` while A holds it, and `Duplicate` once A has committed.
 macro_rules! in_flight_test {
-    ($db:expr, $conn:ty, $lock_wait_restored:expr) => {{
+    ($db:expr, $conn:ty, $session_lock_wait:expr, $lock_wait_restored:expr) => {{
         use std::sync::mpsc;
         use std::time::{Duration, Instant};
 
@@ -27,6 +27,7 @@ macro_rules! in_flight_test {
         let (go_tx, go) = mpsc::channel::<()>();
         std::thread::scope(|scope| {
             let mut a = db.connect();
+            a.batch_execute($session_lock_wait).unwrap();
             let first = scope.spawn(move || {
                 credit(&mut a, &1, &|| {
                     held_tx.send(()).unwrap();
@@ -35,6 +36,7 @@ macro_rules! in_flight_test {
             });
             held.recv().unwrap();
             let mut b = db.connect();
+            b.batch_execute($session_lock_wait).unwrap();
             let started = Instant::now();
             let answer = credit(&mut b, &1, &|| {}).unwrap();
             assert!(matches!(answer, Outcome::InFlight { .. }), "{answer:?}");
@@ -62,7 +64,8 @@ fn postgres_answers_in_flight_instead_of_waiting() {
     in_flight_test!(
         inbox_tests::postgres::PgDb::new("in_flight"),
         diesel::PgConnection,
-        "DO $$ BEGIN IF current_setting('lock_timeout') <> '0' THEN \
+        "SET lock_timeout = '7s'",
+        "DO $$ BEGIN IF current_setting('lock_timeout') <> '7s' THEN \
          RAISE 'the body kept the marker''s short lock wait'; END IF; END $$"
     );
 }
@@ -73,6 +76,76 @@ fn mariadb_answers_in_flight_instead_of_waiting() {
     in_flight_test!(
         inbox_tests::mysql::MysqlDb::new("in_flight"),
         diesel::MysqlConnection,
-        "SELECT IF(@@SESSION.innodb_lock_wait_timeout = 1, (SELECT 1 UNION SELECT 2), 1)"
+        "SET SESSION innodb_lock_wait_timeout = 7",
+        "SELECT IF(@@SESSION.innodb_lock_wait_timeout <> 7, (SELECT 1 UNION SELECT 2), 1)"
     );
+}
+
+/// The same through diesel-async: B answers `InFlight` while A's body holds the marker, and
+/// A's body waits for locks as its session had it.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread")]
+async fn async_postgres_answers_in_flight_instead_of_waiting() {
+    use std::time::{Duration, Instant};
+
+    use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
+    use inbox_diesel::{Outcome, idempotent};
+    use tokio::sync::Notify;
+
+    #[idempotent(consumer = "credit", key = *id, on_locked = "in_flight")]
+    async fn credit(
+        conn: &mut AsyncPgConnection,
+        id: &u64,
+        held: &Notify,
+        go: &Notify,
+    ) -> diesel::QueryResult<()> {
+        conn.batch_execute("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
+            .await?;
+        conn.batch_execute(
+            "DO $$ BEGIN IF current_setting('lock_timeout') <> '7s' THEN \
+             RAISE 'the body kept the marker''s short lock wait'; END IF; END $$",
+        )
+        .await?;
+        held.notify_one();
+        go.notified().await;
+        Ok(())
+    }
+
+    let db = inbox_tests::postgres::PgDb::new("async_in_flight");
+    let (held, go) = (
+        std::sync::Arc::new(Notify::new()),
+        std::sync::Arc::new(Notify::new()),
+    );
+    let mut a = db.connect_async().await;
+    let mut b = db.connect_async().await;
+    for conn in [&mut a, &mut b] {
+        conn.batch_execute("SET lock_timeout = '7s'").await.unwrap();
+    }
+    let first = tokio::spawn({
+        let (held, go) = (held.clone(), go.clone());
+        async move { credit(&mut a, &1, &held, &go).await }
+    });
+    tokio::time::timeout(Duration::from_secs(30), held.notified())
+        .await
+        .unwrap_or_else(|_| panic!("A's body never reached its hold: {:?}", first.is_finished()));
+    let (unused_held, unused_go) = (Notify::new(), Notify::new());
+    unused_go.notify_one();
+    let started = Instant::now();
+    let answer = credit(&mut b, &1, &unused_held, &unused_go).await.unwrap();
+    assert!(matches!(answer, Outcome::InFlight { .. }), "{answer:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    go.notify_one();
+    assert!(first.await.unwrap().unwrap().is_processed());
+    unused_go.notify_one();
+    let again = credit(&mut b, &1, &unused_held, &unused_go).await.unwrap();
+    assert!(again.is_duplicate(), "{again:?}");
+    let balance = inbox_tests::server::count(
+        &mut db.connect(),
+        "SELECT balance AS n FROM accounts WHERE id = 1",
+    );
+    assert_eq!(balance, 1, "message 1, once");
 }
