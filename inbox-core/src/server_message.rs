@@ -392,15 +392,16 @@ fn classify_message(message: &str) -> ErrorClass {
     {
         return ErrorClass::ConnectionLost;
     }
-    const SCHEMA: [&str; 5] = [
+    const SCHEMA: [&str; 6] = [
         // PostgreSQL 42P01, 42703.
         "does not exist",
         // MySQL / MariaDB 1146, 1054.
         "doesn't exist",
         "Unknown column",
-        // SQLite.
+        // SQLite (an insert names a column the table lacks: "has no column named").
         "no such table",
         "no such column",
+        "has no column named",
     ];
     if SCHEMA.iter().any(|m| message.contains(m)) {
         return ErrorClass::Schema;

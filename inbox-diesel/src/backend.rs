@@ -33,9 +33,16 @@ use crate::claim::{self, ClaimAnswer, ClaimStep};
 pub trait InboxConnection:
     Connection<TransactionManager = AnsiTransactionManager> + sealed::Sealed
 {
-    /// Opens the handler's transaction.
+    /// Opens the handler's transaction; `mariadb`: the startup check found a MariaDB server.
     #[doc(hidden)]
-    fn begin_inbox_transaction(&mut self, spec: &HandlerSpec) -> QueryResult<()>;
+    fn begin_inbox_transaction(&mut self, spec: &HandlerSpec, mariadb: bool) -> QueryResult<()>;
+
+    /// After the handler's transaction ended (committed or rolled back): puts back what
+    /// [`begin_inbox_transaction`](Self::begin_inbox_transaction) set for the session.
+    #[doc(hidden)]
+    fn end_inbox_transaction(&mut self, _spec: &HandlerSpec, _mariadb: bool) -> QueryResult<()> {
+        Ok(())
+    }
 
     /// `on_locked = "in_flight"`: lock waits as the session had them, after the marker's claim.
     #[doc(hidden)]
@@ -43,23 +50,26 @@ pub trait InboxConnection:
         Ok(())
     }
 
-    /// Inserts the marker unless it exists; `Ok(false)` when it already did.
+    /// Inserts the marker unless it exists; `Ok(false)` when it already did. `text`: the
+    /// key's text, written to `key_text`.
     #[doc(hidden)]
     fn claim_marker(
         &mut self,
         schema: &InboxSchema,
         consumer: &str,
         key: &MessageKey,
+        text: Option<&str>,
     ) -> QueryResult<bool>;
 
     /// Inserts the markers of `ids` (distinct) that do not exist yet; returns those it
-    /// inserted.
+    /// inserted. `texts`: the keys' texts, in the order of `ids`, written to `key_text`.
     #[doc(hidden)]
     fn claim_markers(
         &mut self,
         schema: &InboxSchema,
         consumer: &str,
         ids: &[Uuid],
+        texts: Option<&[String]>,
     ) -> QueryResult<Vec<Uuid>>;
 
     /// Claim mode: checks that no transaction is open — each claim statement must commit on
@@ -174,6 +184,8 @@ pub(crate) fn refuse_open_transaction(
 ///     ON CONFLICT (message_id, consumer) DO NOTHING RETURNING 1    -- PostgreSQL, SQLite
 /// ```
 ///
+/// On a table with `key_text`, the key's text is a third column and bind.
+///
 /// `DO NOTHING` suppresses only a conflict on the `(message_id, consumer)` index, so any other
 /// violation still raises; no error is raised for a duplicate, so a PostgreSQL transaction is
 /// never aborted by one. MySQL and MariaDB have no such clause (`INSERT IGNORE` would hide
@@ -189,15 +201,22 @@ pub(crate) struct ClaimMarker<'a, DB> {
     table: &'a str,
     id: &'a Uuid,
     consumer: &'a str,
+    text: Option<&'a str>,
     backend: PhantomData<DB>,
 }
 
 impl<'a, DB> ClaimMarker<'a, DB> {
-    pub(crate) fn new(schema: &'a InboxSchema, consumer: &'a str, id: &'a Uuid) -> Self {
+    pub(crate) fn new(
+        schema: &'a InboxSchema,
+        consumer: &'a str,
+        id: &'a Uuid,
+        text: Option<&'a str>,
+    ) -> Self {
         Self {
             table: schema.table(),
             id,
             consumer,
+            text,
             backend: PhantomData,
         }
     }
@@ -248,11 +267,18 @@ where
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
         out.push_sql("INSERT INTO ");
         push_table(&mut out, self.table)?;
-        out.push_sql(" (message_id, consumer, processed_at) VALUES (");
+        out.push_sql(match self.text {
+            Some(_) => " (message_id, consumer, key_text, processed_at) VALUES (",
+            None => " (message_id, consumer, processed_at) VALUES (",
+        });
         DB::bind_id(&mut out, self.id)?;
         out.push_sql(", ");
         out.push_bind_param::<Text, str>(self.consumer)?;
         out.push_sql(", ");
+        if let Some(text) = self.text {
+            out.push_bind_param::<Text, str>(text)?;
+            out.push_sql(", ");
+        }
         out.push_sql(DB::NOW);
         out.push_sql(")");
         out.push_sql(DB::ON_CONFLICT);
@@ -273,16 +299,24 @@ pub(crate) struct ClaimMarkers<'a, DB, ST> {
     table: &'a str,
     ids: &'a [Uuid],
     consumer: &'a str,
+    /// The keys' texts, in the order of `ids`, for a table with `key_text`.
+    texts: Option<&'a [String]>,
     types: PhantomData<(DB, ST)>,
 }
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 impl<'a, DB, ST> ClaimMarkers<'a, DB, ST> {
-    pub(crate) fn new(schema: &'a InboxSchema, consumer: &'a str, ids: &'a [Uuid]) -> Self {
+    pub(crate) fn new(
+        schema: &'a InboxSchema,
+        consumer: &'a str,
+        ids: &'a [Uuid],
+        texts: Option<&'a [String]>,
+    ) -> Self {
         Self {
             table: schema.table(),
             ids,
             consumer,
+            texts,
             types: PhantomData,
         }
     }
@@ -310,7 +344,10 @@ where
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
         out.push_sql("INSERT INTO ");
         push_table(&mut out, self.table)?;
-        out.push_sql(" (message_id, consumer, processed_at) VALUES ");
+        out.push_sql(match self.texts {
+            Some(_) => " (message_id, consumer, key_text, processed_at) VALUES ",
+            None => " (message_id, consumer, processed_at) VALUES ",
+        });
         for (n, id) in self.ids.iter().enumerate() {
             if n > 0 {
                 out.push_sql(", ");
@@ -320,6 +357,10 @@ where
             out.push_sql(", ");
             out.push_bind_param::<Text, str>(self.consumer)?;
             out.push_sql(", ");
+            if let Some(texts) = self.texts {
+                out.push_bind_param::<Text, str>(&texts[n])?;
+                out.push_sql(", ");
+            }
             out.push_sql(DB::NOW);
             out.push_sql(")");
         }
@@ -345,13 +386,14 @@ fn claim_returning<C>(
     schema: &InboxSchema,
     consumer: &str,
     key: &MessageKey,
+    text: Option<&str>,
 ) -> QueryResult<bool>
 where
     C: Connection,
     for<'q> ClaimMarker<'q, C::Backend>: diesel::query_dsl::LoadQuery<'q, C, i64>,
 {
     let id = key.stored_id();
-    Ok(!ClaimMarker::new(schema, consumer, &id)
+    Ok(!ClaimMarker::new(schema, consumer, &id, text)
         .load::<i64>(conn)?
         .is_empty())
 }
@@ -417,7 +459,7 @@ pub(crate) mod sqlite {
 
         /// `BEGIN IMMEDIATE` takes the write lock at once, so two deliveries queue on the busy
         /// timeout instead of both reading and then failing to upgrade to a writer.
-        fn begin_inbox_transaction(&mut self, spec: &HandlerSpec) -> QueryResult<()> {
+        fn begin_inbox_transaction(&mut self, spec: &HandlerSpec, _: bool) -> QueryResult<()> {
             let sql = format!(
                 "PRAGMA busy_timeout = {}; BEGIN IMMEDIATE",
                 spec.sqlite_busy_timeout_ms
@@ -446,8 +488,9 @@ pub(crate) mod sqlite {
             schema: &InboxSchema,
             consumer: &str,
             key: &MessageKey,
+            text: Option<&str>,
         ) -> QueryResult<bool> {
-            claim_returning(self, schema, consumer, key)
+            claim_returning(self, schema, consumer, key, text)
         }
 
         fn claim_markers(
@@ -455,10 +498,12 @@ pub(crate) mod sqlite {
             schema: &InboxSchema,
             consumer: &str,
             ids: &[Uuid],
+            texts: Option<&[String]>,
         ) -> QueryResult<Vec<Uuid>> {
-            let inserted: Vec<Vec<u8>> =
-                ClaimMarkers::<Sqlite, diesel::sql_types::Binary>::new(schema, consumer, ids)
-                    .load(self)?;
+            let inserted: Vec<Vec<u8>> = ClaimMarkers::<Sqlite, diesel::sql_types::Binary>::new(
+                schema, consumer, ids, texts,
+            )
+            .load(self)?;
             Ok(inserted
                 .iter()
                 .filter_map(|id| Uuid::from_slice(id).ok())
@@ -497,7 +542,7 @@ pub(crate) mod postgres {
     impl InboxConnection for PgConnection {
         shared_steps!(Postgres);
 
-        fn begin_inbox_transaction(&mut self, spec: &HandlerSpec) -> QueryResult<()> {
+        fn begin_inbox_transaction(&mut self, spec: &HandlerSpec, _: bool) -> QueryResult<()> {
             AnsiTransactionManager::begin_transaction_sql(self, &spec.postgres_begin_sql())
         }
 
@@ -522,8 +567,9 @@ pub(crate) mod postgres {
             schema: &InboxSchema,
             consumer: &str,
             key: &MessageKey,
+            text: Option<&str>,
         ) -> QueryResult<bool> {
-            claim_returning(self, schema, consumer, key)
+            claim_returning(self, schema, consumer, key, text)
         }
 
         fn claim_markers(
@@ -531,8 +577,10 @@ pub(crate) mod postgres {
             schema: &InboxSchema,
             consumer: &str,
             ids: &[Uuid],
+            texts: Option<&[String]>,
         ) -> QueryResult<Vec<Uuid>> {
-            ClaimMarkers::<Pg, diesel::sql_types::Uuid>::new(schema, consumer, ids).load(self)
+            ClaimMarkers::<Pg, diesel::sql_types::Uuid>::new(schema, consumer, ids, texts)
+                .load(self)
         }
 
         /// PostgreSQL answers `COMMIT` in an aborted transaction with a silent `ROLLBACK`, so
@@ -578,14 +626,20 @@ pub(crate) mod mysql {
     impl InboxConnection for MysqlConnection {
         shared_steps!(Mysql);
 
-        fn begin_inbox_transaction(&mut self, spec: &HandlerSpec) -> QueryResult<()> {
-            if let Some(level) = spec.isolation.set_transaction_sql() {
-                self.batch_execute(level)?;
+        fn begin_inbox_transaction(
+            &mut self,
+            spec: &HandlerSpec,
+            mariadb: bool,
+        ) -> QueryResult<()> {
+            AnsiTransactionManager::begin_transaction_sql(self, &spec.mysql_begin_sql(mariadb))
+        }
+
+        /// A prepared statement, cached: one round trip.
+        fn end_inbox_transaction(&mut self, spec: &HandlerSpec, mariadb: bool) -> QueryResult<()> {
+            if mariadb && spec.idle_in_transaction_ms > 0 {
+                diesel::sql_query(HandlerSpec::MARIADB_IDLE_RESTORE).execute(self)?;
             }
-            if spec.in_flight_when_locked {
-                self.batch_execute(HandlerSpec::MYSQL_SHORT_LOCK_WAIT)?;
-            }
-            AnsiTransactionManager::begin_transaction_sql(self, "START TRANSACTION")
+            Ok(())
         }
 
         /// The session's lock wait is put back whether the claim succeeded or not.
@@ -598,9 +652,10 @@ pub(crate) mod mysql {
             schema: &InboxSchema,
             consumer: &str,
             key: &MessageKey,
+            text: Option<&str>,
         ) -> QueryResult<bool> {
             let id = key.stored_id();
-            let inserted = ClaimMarker::<Mysql>::new(schema, consumer, &id).execute(self);
+            let inserted = ClaimMarker::<Mysql>::new(schema, consumer, &id, text).execute(self);
             Ok(inserted_unless_duplicate(inserted, schema)? > 0)
         }
 
@@ -611,10 +666,12 @@ pub(crate) mod mysql {
             schema: &InboxSchema,
             consumer: &str,
             ids: &[Uuid],
+            texts: Option<&[String]>,
         ) -> QueryResult<Vec<Uuid>> {
             let mut inserted = Vec::with_capacity(ids.len());
-            for id in ids {
-                let result = ClaimMarker::<Mysql>::new(schema, consumer, id).execute(self);
+            for (n, id) in ids.iter().enumerate() {
+                let text = texts.map(|texts| texts[n].as_str());
+                let result = ClaimMarker::<Mysql>::new(schema, consumer, id, text).execute(self);
                 if inserted_unless_duplicate(result, schema)? > 0 {
                     inserted.push(*id);
                 }

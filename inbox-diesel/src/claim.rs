@@ -87,8 +87,9 @@ impl ClaimState {
 #[doc(hidden)]
 #[derive(Debug, Clone, Copy)]
 pub enum ClaimStep {
-    /// Inserts a live claim with attempt 1, unless a row exists: 1 row or 0.
-    Insert { lease_ms: u64 },
+    /// Inserts a live claim with attempt 1, unless a row exists: 1 row or 0. `key_text`:
+    /// the table has the column, and the key's text is written to it.
+    Insert { lease_ms: u64, key_text: bool },
     /// Reads the row's state and attempt counter.
     Read,
     /// Takes over a released claim — or with `expired` an expired one too — whose counter
@@ -126,6 +127,8 @@ enum Part {
     Table,
     Id,
     Consumer,
+    /// The key's text (`key_text`).
+    KeyText,
     Int(i64),
 }
 
@@ -135,6 +138,8 @@ pub(crate) struct ClaimSql<'a, DB, ST = ()> {
     table: &'a str,
     id: Uuid,
     consumer: &'a str,
+    /// The key's text, when a part binds it.
+    key_text: String,
     parts: Vec<Part>,
     types: PhantomData<(DB, ST)>,
 }
@@ -158,7 +163,7 @@ where
         key: &MessageKey,
         step: ClaimStep,
     ) -> Self {
-        use Part::{Consumer, Id, Int, Sql, Table};
+        use Part::{Consumer, Id, Int, KeyText, Sql, Table};
         let lease = |ms: u64| {
             [
                 Sql(DB::LEASE_UNTIL.0),
@@ -168,16 +173,26 @@ where
         };
         let mut parts = Vec::with_capacity(20);
         match step {
-            ClaimStep::Insert { lease_ms } => {
-                parts.extend([
-                    Sql("INSERT INTO "),
-                    Table,
-                    Sql(" (message_id, consumer, claimed_until, attempts) VALUES ("),
-                    Id,
-                    Sql(", "),
-                    Consumer,
-                    Sql(", "),
-                ]);
+            ClaimStep::Insert { lease_ms, key_text } => {
+                parts.extend([Sql("INSERT INTO "), Table]);
+                match key_text {
+                    true => parts.extend([
+                        Sql(" (message_id, consumer, key_text, claimed_until, attempts) VALUES ("),
+                        Id,
+                        Sql(", "),
+                        Consumer,
+                        Sql(", "),
+                        KeyText,
+                        Sql(", "),
+                    ]),
+                    false => parts.extend([
+                        Sql(" (message_id, consumer, claimed_until, attempts) VALUES ("),
+                        Id,
+                        Sql(", "),
+                        Consumer,
+                        Sql(", "),
+                    ]),
+                }
                 parts.extend(lease(lease_ms));
                 parts.extend([Sql(", 1)"), Sql(DB::CLAIM_ON_CONFLICT)]);
             }
@@ -226,10 +241,15 @@ where
                 ]);
             }
         }
+        let key_text = match step {
+            ClaimStep::Insert { key_text: true, .. } => key.to_string(),
+            _ => String::new(),
+        };
         Self {
             table: schema.table(),
             id: key.stored_id(),
             consumer,
+            key_text,
             parts,
             types: PhantomData,
         }
@@ -258,6 +278,7 @@ where
             table: schema.table(),
             id: key.stored_id(),
             consumer,
+            key_text: String::new(),
             parts,
             types: PhantomData,
         }
@@ -296,6 +317,7 @@ where
                 Part::Table => push_table(&mut out, self.table)?,
                 Part::Id => DB::bind_id(&mut out, &self.id)?,
                 Part::Consumer => out.push_bind_param::<Text, str>(self.consumer)?,
+                Part::KeyText => out.push_bind_param::<Text, str>(&self.key_text)?,
                 Part::Int(value) => DB::bind_int(&mut out, value)?,
             }
         }

@@ -19,7 +19,7 @@ use inbox_core::{BatchOutcome, ErrorClass, MessageKey, Outcome, RetryDecision};
 
 use crate::__private::HandlerSpec;
 use crate::claim::{ClaimAnswer, ClaimSpec, ClaimState, ClaimStep};
-use crate::verify::SchemaError;
+use crate::verify::{Layout, SchemaError};
 use crate::{Error, OnExpired, classify, tripwire};
 
 /// What a connection does for the driver: open, claim, commit, roll back, wait.
@@ -30,17 +30,27 @@ pub(crate) trait Steps {
     fn conn(&mut self) -> &mut Self::Conn;
 
     /// Opens the handler's transaction.
-    async fn begin(&mut self, spec: &'static HandlerSpec) -> QueryResult<()>;
+    async fn begin(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()>;
 
-    /// Inserts the marker unless it exists; `Ok(false)` when it already did.
-    async fn claim(&mut self, spec: &'static HandlerSpec, key: &MessageKey) -> QueryResult<bool>;
+    /// Puts back what `begin` set for the session, once the transaction ended.
+    async fn end(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()>;
+
+    /// Inserts the marker unless it exists; `Ok(false)` when it already did. `text`: the
+    /// key's text, for a table with `key_text`.
+    async fn claim(
+        &mut self,
+        spec: &'static HandlerSpec,
+        key: &MessageKey,
+        text: Option<&str>,
+    ) -> QueryResult<bool>;
 
     /// Inserts the markers of `ids` (distinct, sorted) that do not exist; returns those it
-    /// inserted.
+    /// inserted. `texts`: the keys' texts, in the order of `ids`, for a table with `key_text`.
     async fn claim_batch(
         &mut self,
         spec: &'static HandlerSpec,
         ids: &[uuid::Uuid],
+        texts: Option<&[String]>,
     ) -> QueryResult<Vec<uuid::Uuid>>;
 
     /// Commits, failing if the transaction had been aborted by a failed statement.
@@ -50,7 +60,7 @@ pub(crate) trait Steps {
     async fn roll_back(&mut self) -> QueryResult<()>;
 
     /// Reads the inbox table's definition from the catalog and checks it (`schema::verify`).
-    async fn verify(&mut self, spec: &'static HandlerSpec) -> Result<(), SchemaError>;
+    async fn verify(&mut self, spec: &'static HandlerSpec) -> Result<Layout, SchemaError>;
 
     /// `on_locked = "in_flight"`: after the marker's claim, lock waits as the session had them
     /// (`claimed`: the claim's statement succeeded, so the transaction is usable).
@@ -141,7 +151,7 @@ where
     B: Body<S::Conn, Result<T, E>>,
     P: Fn(&Result<T, E>) -> Option<ErrorClass>,
 {
-    schema_checked(&mut steps, spec, inbox_error).await?;
+    let layout = schema_checked(&mut steps, spec, inbox_error).await?;
     if spec.precheck && claims.completed_before(&mut steps, spec).await {
         tracing::info!(
             outcome = "duplicate",
@@ -151,7 +161,9 @@ where
     }
     let mut retries = 0;
     loop {
-        let failure = match attempt(&mut steps, spec, claims, &mut body).await {
+        let attempted = attempt(&mut steps, spec, layout, claims, &mut body).await;
+        end(&mut steps, spec, layout).await;
+        let failure = match attempted {
             Ok(Step::Processed(value)) => {
                 tracing::debug!(outcome = "processed", "committed with its marker");
                 return Ok(Decided::Processed(value));
@@ -174,6 +186,9 @@ where
             Failure::Database(e) => Some(classify(e, &spec.schema)),
             Failure::Aborted => Some(ErrorClass::TransactionAborted),
         };
+        if class == Some(ErrorClass::Schema) {
+            forget_check(&mut steps, spec);
+        }
         let decision = match &class {
             Some(class) => spec.retry.decide(class, retries, fastrand::f64()),
             None => RetryDecision::GiveUp,
@@ -195,35 +210,39 @@ where
 }
 
 /// Checks, the first time a connection runs a handler, that the handler's inbox table can
-/// recognise a duplicate: on MySQL and MariaDB a plain `INSERT` of the marker succeeds twice
+/// recognise a duplicate, and reads which optional columns it has (its [`Layout`]): on MySQL and MariaDB a plain `INSERT` of the marker succeeds twice
 /// on a table whose unique index was dropped or made non-unique, and the body would run
 /// twice; PostgreSQL and SQLite refuse `ON CONFLICT` without the index, but with an error that
 /// does not say what to fix. The check reads the catalog, outside any transaction; it is
 /// remembered per thread for the connection (by its address) and the handler, so later
-/// deliveries pay a lookup in a short list.
+/// deliveries pay a lookup in a short list — until a statement fails for a missing table or
+/// column ([`forget_check`]), when the next delivery reads the catalog again.
 async fn schema_checked<S: Steps, E>(
     steps: &mut S,
     spec: &'static HandlerSpec,
     inbox_error: fn(Error) -> E,
-) -> Result<(), E> {
-    let key = (
-        std::ptr::from_mut(steps.conn()).cast::<()>() as usize,
-        std::ptr::from_ref(spec) as usize,
-    );
-    if CHECKED.with_borrow(|checked| checked.contains(&key)) {
-        return Ok(());
+) -> Result<Layout, E> {
+    let key = check_key(steps, spec);
+    let known = CHECKED.with_borrow(|checked| {
+        checked
+            .iter()
+            .find(|(checked, _)| *checked == key)
+            .map(|&(_, layout)| layout)
+    });
+    if let Some(layout) = known {
+        return Ok(layout);
     }
     match steps.verify(spec).await {
-        Ok(()) => {
+        Ok(layout) => {
             CHECKED.with_borrow_mut(|checked| {
                 // Bounded: connections come and go in a pool; forgetting them all costs one
                 // check each of those still in use.
                 if checked.len() == CHECKED_MAX {
                     checked.clear();
                 }
-                checked.push(key);
+                checked.push((key, layout));
             });
-            Ok(())
+            Ok(layout)
         }
         Err(SchemaError::Database(source)) => {
             let class = classify(&source, &spec.schema);
@@ -234,17 +253,34 @@ async fn schema_checked<S: Steps, E>(
             }))
         }
         Err(problem) => {
-            tracing::error!(error = %problem, "the inbox table cannot recognise a duplicate; refusing to process");
+            tracing::error!(error = %problem, "the inbox table is not as the runtime needs it; refusing to process");
             Err(inbox_error(Error::Schema(problem)))
         }
     }
+}
+
+/// The connection (by its address) and the handler a check is remembered for.
+fn check_key<S: Steps>(steps: &mut S, spec: &HandlerSpec) -> (usize, usize) {
+    (
+        std::ptr::from_mut(steps.conn()).cast::<()>() as usize,
+        std::ptr::from_ref(spec) as usize,
+    )
+}
+
+/// Forgets the check of this connection and handler: a statement failed for a missing table
+/// or column, so the table changed since (a `key_text` column dropped, the table recreated),
+/// and the next delivery reads the catalog again rather than writing what it remembered.
+fn forget_check<S: Steps>(steps: &mut S, spec: &HandlerSpec) {
+    let key = check_key(steps, spec);
+    CHECKED.with_borrow_mut(|checked| checked.retain(|(checked, _)| *checked != key));
 }
 
 /// How many (connection, handler) pairs a thread remembers as checked.
 const CHECKED_MAX: usize = 256;
 
 thread_local! {
-    static CHECKED: std::cell::RefCell<Vec<(usize, usize)>> = const { std::cell::RefCell::new(Vec::new()) };
+    static CHECKED: std::cell::RefCell<Vec<((usize, usize), Layout)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// The outcome of a single message: `None` from [`drive`] is a duplicate.
@@ -281,10 +317,14 @@ pub(crate) fn batch_outcome<T>(len: usize, value: Option<T>, new: &NewMessages) 
 
 /// What a transaction-mode handler claims: one message's marker, or a batch's.
 pub(crate) trait Claims {
-    /// Inserts the markers that do not exist yet, inside the open transaction; `false` when
-    /// none was new.
-    async fn claim<S: Steps>(&self, steps: &mut S, spec: &'static HandlerSpec)
-    -> QueryResult<bool>;
+    /// Inserts the markers that do not exist yet, inside the open transaction, with the
+    /// columns `layout` has; `false` when none was new.
+    async fn claim<S: Steps>(
+        &self,
+        steps: &mut S,
+        spec: &'static HandlerSpec,
+        layout: Layout,
+    ) -> QueryResult<bool>;
 
     /// `precheck = true`: whether the work was completed before, read outside any
     /// transaction. A failed read is not an answer: the transaction then decides.
@@ -302,8 +342,10 @@ impl Claims for MessageKey {
         &self,
         steps: &mut S,
         spec: &'static HandlerSpec,
+        layout: Layout,
     ) -> QueryResult<bool> {
-        steps.claim(spec, self).await
+        let text = layout.key_text.then(|| self.to_string());
+        steps.claim(spec, self, text.as_deref()).await
     }
 
     async fn completed_before<S: Steps>(&self, steps: &mut S, spec: &'static HandlerSpec) -> bool {
@@ -324,12 +366,14 @@ impl Claims for MessageKey {
 pub(crate) struct BatchClaims<'n> {
     /// Distinct ids, sorted, with the index of the first message carrying each.
     ids: Vec<(uuid::Uuid, usize)>,
+    /// The batch's keys, for their texts on a table with `key_text`.
+    keys: &'n [MessageKey],
     /// Where the body finds the messages that are new in this attempt.
     new: &'n NewMessages,
 }
 
 impl<'n> BatchClaims<'n> {
-    pub(crate) fn new(keys: &[MessageKey], new: &'n NewMessages) -> Self {
+    pub(crate) fn new(keys: &'n [MessageKey], new: &'n NewMessages) -> Self {
         let mut ids: Vec<(uuid::Uuid, usize)> = keys
             .iter()
             .enumerate()
@@ -338,7 +382,7 @@ impl<'n> BatchClaims<'n> {
         // Sorted by id, then by position: the first of equal ids is the first delivered.
         ids.sort_unstable();
         ids.dedup_by_key(|(id, _)| *id);
-        Self { ids, new }
+        Self { ids, keys, new }
     }
 }
 
@@ -347,14 +391,25 @@ impl Claims for BatchClaims<'_> {
         &self,
         steps: &mut S,
         spec: &'static HandlerSpec,
+        layout: Layout,
     ) -> QueryResult<bool> {
         let ids: Vec<uuid::Uuid> = self.ids.iter().map(|(id, _)| *id).collect();
+        let texts: Option<Vec<String>> = layout.key_text.then(|| {
+            self.ids
+                .iter()
+                .map(|&(_, at)| self.keys[at].to_string())
+                .collect()
+        });
         // One statement per chunk, in the transaction and in the ids' order: a server takes
         // only so many bind parameters in one statement (PostgreSQL 65 535, SQLite 32 766;
-        // two per marker), and a batch past that would fail on every redelivery.
+        // two or three per marker), and a batch past that would fail on every redelivery.
         let mut inserted = Vec::new();
-        for chunk in ids.chunks(MARKERS_PER_STATEMENT) {
-            inserted.extend(steps.claim_batch(spec, chunk).await?);
+        for (n, chunk) in ids.chunks(MARKERS_PER_STATEMENT).enumerate() {
+            let texts = texts.as_deref().map(|texts| {
+                let start = n * MARKERS_PER_STATEMENT;
+                &texts[start..start + chunk.len()]
+            });
+            inserted.extend(steps.claim_batch(spec, chunk, texts).await?);
         }
         inserted.sort_unstable();
         let mut new: Vec<usize> = self
@@ -370,8 +425,8 @@ impl Claims for BatchClaims<'_> {
     }
 }
 
-/// Markers per insert statement of a batch: a tenth of PostgreSQL's limit of bind parameters,
-/// a third of SQLite's.
+/// Markers per insert statement of a batch: with three bind parameters each, under a quarter
+/// of PostgreSQL's limit, under half of SQLite's.
 const MARKERS_PER_STATEMENT: usize = 5_000;
 
 /// The positions of the messages of a batch that are new in the current attempt, written by
@@ -423,10 +478,10 @@ where
     B: Body<S::Conn, Result<T, E>>,
 {
     tracing::debug!(key = ?key.to_string(), "handling message");
-    schema_checked(&mut steps, spec, inbox_error).await?;
+    let layout = schema_checked(&mut steps, spec, inbox_error).await?;
     let mut retries = 0;
     let attempt = loop {
-        match acquire(&mut steps, spec, claim, &key).await {
+        match acquire(&mut steps, spec, claim, layout, &key).await {
             Ok(Acquired::Attempt(attempt)) => break attempt,
             Ok(Acquired::Completed) => {
                 tracing::info!(outcome = "duplicate", "work completed before; body not run");
@@ -545,6 +600,7 @@ async fn acquire<S: Steps>(
     steps: &mut S,
     spec: &'static HandlerSpec,
     claim: ClaimSpec,
+    layout: Layout,
     key: &MessageKey,
 ) -> QueryResult<Acquired> {
     /// Rounds of insert, read and takeover. Each round that does not decide saw the row
@@ -555,6 +611,7 @@ async fn acquire<S: Steps>(
     for _ in 0..ROUNDS {
         let insert = ClaimStep::Insert {
             lease_ms: claim.lease_ms,
+            key_text: layout.key_text,
         };
         if steps.claim_step(spec, key, insert).await?.changed() {
             return Ok(Acquired::Attempt(1));
@@ -609,6 +666,9 @@ async fn wait_or_give_up<S: Steps, E>(
         }
         None => {
             let class = classify(&error, &spec.schema);
+            if class == ErrorClass::Schema {
+                forget_check(steps, spec);
+            }
             let failure = Failure::<(), E>::Database(error);
             Err(give_up(failure, Some(class), *retries + 1, inbox_error))
         }
@@ -674,6 +734,7 @@ fn give_up<T, E>(
 async fn attempt<S, K, T, E, B>(
     steps: &mut S,
     spec: &'static HandlerSpec,
+    layout: Layout,
     claims: &K,
     body: &mut B,
 ) -> Result<Step<T>, Failure<T, E>>
@@ -682,8 +743,8 @@ where
     K: Claims,
     B: Body<S::Conn, Result<T, E>>,
 {
-    steps.begin(spec).await.map_err(Failure::Database)?;
-    let claimed = claims.claim(steps, spec).await;
+    steps.begin(spec, layout).await.map_err(Failure::Database)?;
+    let claimed = claims.claim(steps, spec, layout).await;
     if spec.in_flight_when_locked {
         // The short lock wait was for the marker: the body waits for locks as usual.
         if let Err(e) = steps.wait_for_locks(spec, claimed.is_ok()).await {
@@ -719,6 +780,7 @@ where
             // Before the panic goes on: roll back, so that the connection is usable again and
             // the marker's lock is released for a redelivery at once.
             roll_back(steps).await;
+            end(steps, spec, layout).await;
             tracing::error!(
                 outcome = "panicked",
                 "the handler's body panicked; its transaction was rolled back"
@@ -783,6 +845,14 @@ struct Panicked(Box<dyn Any + Send>);
 async fn roll_back<S: Steps>(steps: &mut S) {
     if let Err(e) = steps.roll_back().await {
         tracing::error!(error = %e, "rollback failed");
+    }
+}
+
+/// Puts back what the transaction's `begin` set for the session. A failure is logged, not
+/// returned: the transaction has ended, and what it decided stands.
+async fn end<S: Steps>(steps: &mut S, spec: &'static HandlerSpec, layout: Layout) {
+    if let Err(e) = steps.end(spec, layout).await {
+        tracing::warn!(error = %e, "putting back the session's settings failed");
     }
 }
 

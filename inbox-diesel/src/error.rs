@@ -39,7 +39,8 @@ pub enum Error {
     CalledInsideTransaction,
     /// The inbox table cannot recognise a duplicate — its unique index on
     /// `(message_id, consumer)` is missing, not unique, on other columns or under another
-    /// name than `constraint` says — or the table or a column is missing. Found the first time
+    /// name than `constraint` says — or the table or a column is missing or of a type the
+    /// runtime cannot write (the optional `key_text` included). Found the first time
     /// a connection runs the handler, before any marker is written: nothing was processed, and
     /// no delivery will be until the table is fixed. Alert; do not retry.
     Schema(crate::schema::SchemaError),
@@ -104,7 +105,7 @@ impl fmt::Display for Error {
         match self {
             Error::InvalidKey(_) => f.write_str("inbox: invalid message key"),
             Error::Schema(_) => f.write_str(
-                "inbox: the inbox table cannot recognise a duplicate; refusing to process",
+                "inbox: the inbox table is not as the runtime needs it; refusing to process",
             ),
             Error::CalledInsideTransaction => f.write_str(
                 "inbox: the handler was called inside an open transaction; nothing ran. Call \

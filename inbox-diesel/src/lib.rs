@@ -317,7 +317,7 @@ mod verify;
 /// | `table` | string literal: the inbox table, optionally qualified (`"billing.inbox"`) | `"inbox"` |
 /// | `constraint` | string literal: the unique index on `(message_id, consumer)` | `"ux_inbox_message_consumer"` |
 /// | `on_locked` | `"wait"`, or `"in_flight"`: a delivery that finds another one holding the message's marker, uncommitted, answers [`Outcome::InFlight`] at once (nack it with a delay) instead of waiting for the other's outcome while holding a pooled connection — for small pools, where waiting duplicates can starve the delivery in flight. The cost: one more round trip per message (PostgreSQL: resetting `lock_timeout` for the body; MySQL and MariaDB: `innodb_lock_wait_timeout`, whose shortest wait is one second, set and put back), and a redelivery instead of a quick duplicate. Transaction mode, one message; SQLite, which locks the whole database rather than the marker, ignores it | `"wait"` |
-/// | `idle_in_transaction_ms` | integer, 0 to 2 147 483 647: PostgreSQL ends a session whose handler transaction sits idle this long (`idle_in_transaction_session_timeout`), which bounds the marker lock a handler cancelled mid-body leaves on a pooled connection; a body that awaits something else than the database for longer must raise it; 0 for no bound | `10000` |
+/// | `idle_in_transaction_ms` | integer, 0 to 2 147 483 647: the server ends a session whose handler transaction sits idle this long, which bounds the marker lock a handler cancelled mid-body leaves on a pooled connection; a body that awaits something else than the database for longer must raise it; 0 for no bound. PostgreSQL: `SET LOCAL idle_in_transaction_session_timeout`, in the `BEGIN`'s round trip. MariaDB: `idle_transaction_timeout`, in whole seconds (rounded up), set with `START TRANSACTION` and put back after the transaction — one more round trip per message. MySQL has no such setting: there, use bb8, which closes a connection that comes back inside a transaction | `10000` |
 /// | `busy_timeout_ms` | integer, 0 to 2 147 483 647: how long a SQLite handler waits for another writer before `SQLITE_BUSY` (then retried); the handler sets it on its connection | `5000` |
 /// | `precheck` | `true`: before opening the transaction, look for a completed marker with one autocommitted read, and return `Duplicate` without a transaction when it is there. It pays when at least about half the deliveries are redeliveries (BENCHMARKS.md: 1.3–1.7× the throughput at 80 %) and costs 7–12 % of it when none are | `false` |
 /// | `mode` | `"transaction"`, or `"claim"` for a side effect outside the database ([claim mode](crate#claim-mode-side-effects-outside-the-database)) | `"transaction"` |
@@ -601,8 +601,9 @@ pub mod __private {
         pub sqlite_busy_timeout_ms: u32,
         /// Look for a completed marker, outside any transaction, before opening one.
         pub precheck: bool,
-        /// PostgreSQL: how long the handler's transaction may sit idle before the server ends
-        /// the session (`idle_in_transaction_session_timeout`); 0 for no bound.
+        /// How long the handler's transaction may sit idle before the server ends the session:
+        /// PostgreSQL's `idle_in_transaction_session_timeout`, MariaDB's
+        /// `idle_transaction_timeout` (in whole seconds, rounded up); 0 for no bound.
         pub idle_in_transaction_ms: u32,
         /// `on_locked = "in_flight"`: a marker another delivery holds uncommitted answers
         /// `InFlight` at once instead of being waited for.
@@ -645,6 +646,44 @@ pub mod __private {
         /// MySQL: the session's lock wait put back.
         pub const MYSQL_LOCK_WAIT: &'static str =
             "SET SESSION innodb_lock_wait_timeout = @inbox_lock_wait_timeout";
+
+        /// MySQL and MariaDB: what goes before `START TRANSACTION`, and it, in one round trip:
+        /// the isolation level; on MariaDB the idle bound, the session's own kept to be put
+        /// back ([`MARIADB_IDLE_RESTORE`](Self::MARIADB_IDLE_RESTORE)); with
+        /// `on_locked = "in_flight"` the short lock wait.
+        pub fn mysql_begin_sql(&self, mariadb: bool) -> std::borrow::Cow<'static, str> {
+            let idle_bound = mariadb && self.idle_in_transaction_ms > 0;
+            if !idle_bound
+                && !self.in_flight_when_locked
+                && self.isolation.set_transaction_sql().is_none()
+            {
+                return "START TRANSACTION".into();
+            }
+            let mut sql = String::new();
+            if let Some(level) = self.isolation.set_transaction_sql() {
+                sql.push_str(level);
+                sql.push_str("; ");
+            }
+            if idle_bound {
+                let seconds = self.idle_in_transaction_ms.div_ceil(1000);
+                sql.push_str(&format!(
+                    "SET @inbox_idle_transaction_timeout = @@SESSION.idle_transaction_timeout, \
+                     SESSION idle_transaction_timeout = {seconds}; "
+                ));
+            }
+            if self.in_flight_when_locked {
+                sql.push_str(Self::MYSQL_SHORT_LOCK_WAIT);
+                sql.push_str("; ");
+            }
+            sql.push_str("START TRANSACTION");
+            sql.into()
+        }
+
+        /// MariaDB: the session's idle bound put back once the handler's transaction ended.
+        /// A handler cancelled mid-body never sends it: its abandoned transaction keeps the
+        /// bound, and the server ends it.
+        pub const MARIADB_IDLE_RESTORE: &'static str =
+            "SET SESSION idle_transaction_timeout = @inbox_idle_transaction_timeout";
     }
 
     /// A handler's declared return type: a `Result` whose error type can carry the inbox's

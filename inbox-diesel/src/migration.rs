@@ -56,11 +56,22 @@ use inbox_core::InboxSchema;
 
 use crate::schema::Backend;
 
-/// The migration creating one inbox table on one backend.
+/// The migration creating one inbox table on one backend — or adding its optional
+/// `key_text` column to one that exists ([`InboxMigration::add_key_text`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InboxMigration {
     backend: Backend,
     schema: InboxSchema,
+    change: Change,
+}
+
+/// What a migration does to the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Change {
+    /// Creates it, with `key_text` or without.
+    Create { key_text: bool },
+    /// Adds `key_text` to it.
+    AddKeyText,
 }
 
 /// The files [`InboxMigration::write_to`] wrote.
@@ -80,7 +91,8 @@ pub struct WrittenMigration {
 pub enum MigrationError {
     /// The migrations directory does not exist or is not a directory.
     NoMigrationsDirectory(PathBuf),
-    /// A migration creating this table exists already; it is never overwritten.
+    /// A migration of the same name (creating this table, or adding its `key_text`) exists
+    /// already; it is never overwritten.
     AlreadyExists(PathBuf),
     /// Reading the directory or writing a file failed.
     Io {
@@ -101,7 +113,7 @@ impl fmt::Display for MigrationError {
             ),
             MigrationError::AlreadyExists(dir) => write!(
                 f,
-                "a migration creating this table exists already: {} (nothing written)",
+                "a migration of this name exists already: {} (nothing written)",
                 dir.display()
             ),
             MigrationError::Io { path, .. } => {
@@ -124,20 +136,30 @@ impl std::error::Error for MigrationError {
 /// so that reverting a project's own migrations never reaches it first.
 pub const EMBEDDED_VERSION: &str = "00000000000001";
 
+/// The version of the embedded [`InboxMigration::add_key_text`]: after the table's, before
+/// any timestamped version.
+pub const EMBEDDED_KEY_TEXT_VERSION: &str = "00000000000002";
+
 impl<DB: diesel::backend::Backend> diesel::migration::MigrationSource<DB> for InboxMigration {
     fn migrations(
         &self,
     ) -> diesel::migration::Result<Vec<Box<dyn diesel::migration::Migration<DB>>>> {
+        let version = match self.change {
+            Change::Create { .. } => EMBEDDED_VERSION,
+            Change::AddKeyText => EMBEDDED_KEY_TEXT_VERSION,
+        };
         Ok(vec![Box::new(Embedded {
-            name: format!("{EMBEDDED_VERSION}_{}", self.name()),
-            up: self.backend.create_table_sql(&self.schema),
-            down: self.backend.drop_table_sql(&self.schema),
+            version,
+            name: format!("{version}_{}", self.name()),
+            up: self.up(),
+            down: self.down(),
         })])
     }
 }
 
 /// The embedded migration: the SQL of the generated files, without their comments.
 struct Embedded {
+    version: &'static str,
     name: String,
     up: String,
     down: String,
@@ -173,7 +195,7 @@ impl diesel::migration::MigrationMetadata for Embedded {}
 
 impl diesel::migration::MigrationName for Embedded {
     fn version(&self) -> diesel::migration::MigrationVersion<'_> {
-        EMBEDDED_VERSION.into()
+        self.version.into()
     }
 }
 
@@ -190,22 +212,78 @@ const DOWN_HEADER: &str = "-- This file should undo anything in `up.sql`\n";
 impl InboxMigration {
     /// The migration of `schema`'s table (and its index names) on `backend`.
     pub fn new(backend: Backend, schema: InboxSchema) -> Self {
-        Self { backend, schema }
+        Self {
+            backend,
+            schema,
+            change: Change::Create { key_text: false },
+        }
     }
 
-    /// The migration's name: `create_<table>` (`create_billing_inbox` for `billing.inbox`).
+    /// The table with the optional `key_text` column, where the runtime keeps each marker's
+    /// key as text for operators (`--with key_text`; see
+    /// [`Backend::add_key_text_sql`](crate::schema::Backend::add_key_text_sql)).
+    pub fn with_key_text(self) -> Self {
+        Self {
+            change: Change::Create { key_text: true },
+            ..self
+        }
+    }
+
+    /// The migration adding `key_text` to `schema`'s existing table on `backend`, named
+    /// `add_key_text_to_<table>`; its `down.sql` drops the column again.
+    ///
+    /// ```
+    /// use inbox_diesel::InboxSchema;
+    /// use inbox_diesel::migration::InboxMigration;
+    /// use inbox_diesel::schema::Backend;
+    ///
+    /// let migration = InboxMigration::add_key_text(Backend::Mysql, InboxSchema::DEFAULT);
+    /// assert_eq!(migration.name(), "add_key_text_to_inbox");
+    /// assert!(migration.up_sql().contains("ADD COLUMN key_text MEDIUMTEXT"));
+    /// assert!(migration.down_sql().contains("DROP COLUMN key_text"));
+    /// ```
+    pub fn add_key_text(backend: Backend, schema: InboxSchema) -> Self {
+        Self {
+            backend,
+            schema,
+            change: Change::AddKeyText,
+        }
+    }
+
+    /// The migration's name: `create_<table>` (`create_billing_inbox` for `billing.inbox`),
+    /// or `add_key_text_to_<table>`.
     pub fn name(&self) -> String {
-        format!("create_{}", self.schema.table().replace('.', "_"))
+        let table = self.schema.table().replace('.', "_");
+        match self.change {
+            Change::Create { .. } => format!("create_{table}"),
+            Change::AddKeyText => format!("add_key_text_to_{table}"),
+        }
     }
 
     /// The contents of `up.sql`.
     pub fn up_sql(&self) -> String {
-        format!("{UP_HEADER}{}", self.backend.create_table_sql(&self.schema))
+        format!("{UP_HEADER}{}", self.up())
     }
 
     /// The contents of `down.sql`.
     pub fn down_sql(&self) -> String {
-        format!("{DOWN_HEADER}{}", self.backend.drop_table_sql(&self.schema))
+        format!("{DOWN_HEADER}{}", self.down())
+    }
+
+    fn up(&self) -> String {
+        let (backend, schema) = (self.backend, &self.schema);
+        match self.change {
+            Change::Create { key_text: false } => backend.create_table_sql(schema),
+            Change::Create { key_text: true } => backend.create_table_with_key_text_sql(schema),
+            Change::AddKeyText => backend.add_key_text_sql(schema),
+        }
+    }
+
+    fn down(&self) -> String {
+        match self.change {
+            Change::Create { .. } => self.backend.drop_table_sql(&self.schema),
+            Change::AddKeyText => self.backend.drop_key_text_sql(&self.schema),
+        }
     }
 
     /// Writes `<migrations_dir>/<version>_<name>/{up.sql,down.sql}`, the version being the
@@ -366,6 +444,38 @@ mod tests {
         assert!(conn.run_pending_migrations(inbox).unwrap().is_empty());
         conn.revert_last_migration(inbox).unwrap();
         assert!(crate::schema::verify(&mut conn, &InboxSchema::DEFAULT).is_err());
+    }
+
+    /// The table created with `key_text`, and the column added to a table created without
+    /// it, then reverted: each leaves a table the startup check accepts.
+    #[cfg(feature = "sqlite")]
+    #[test]
+    fn key_text_migrations_run_and_revert() {
+        use diesel::connection::SimpleConnection;
+        use diesel::{Connection, SqliteConnection};
+        use diesel_migrations::MigrationHarness;
+
+        let has_key_text =
+            |conn: &mut SqliteConnection| conn.batch_execute("SELECT key_text FROM inbox").is_ok();
+        let mut conn = SqliteConnection::establish(":memory:").unwrap();
+        let with = InboxMigration::new(Backend::Sqlite, InboxSchema::DEFAULT).with_key_text();
+        assert_eq!(with.name(), "create_inbox");
+        conn.run_pending_migrations(with).unwrap();
+        crate::schema::verify(&mut conn, &InboxSchema::DEFAULT).unwrap();
+        assert!(has_key_text(&mut conn));
+
+        let mut conn = SqliteConnection::establish(":memory:").unwrap();
+        let table = InboxMigration::new(Backend::Sqlite, InboxSchema::DEFAULT);
+        let add = InboxMigration::add_key_text(Backend::Sqlite, InboxSchema::DEFAULT);
+        conn.run_pending_migrations(table).unwrap();
+        assert!(!has_key_text(&mut conn));
+        let applied = conn.run_pending_migrations(add).unwrap();
+        assert_eq!(applied.len(), 1);
+        assert!(has_key_text(&mut conn));
+        crate::schema::verify(&mut conn, &InboxSchema::DEFAULT).unwrap();
+        conn.revert_last_migration(add).unwrap();
+        assert!(!has_key_text(&mut conn));
+        crate::schema::verify(&mut conn, &InboxSchema::DEFAULT).unwrap();
     }
 
     #[test]

@@ -9,6 +9,7 @@ use tracing::Instrument;
 use crate::__private::HandlerSpec;
 use crate::claim::{ClaimAnswer, ClaimSpec, ClaimStep};
 use crate::driver::{self, BatchClaims, NewMessages, Steps};
+use crate::verify::Layout;
 use crate::{Error, InboxConnection, NoConnection};
 
 /// Runs `body` once per message key and consumer, on a sync connection; see
@@ -144,22 +145,32 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
         self.0
     }
 
-    async fn begin(&mut self, spec: &'static HandlerSpec) -> QueryResult<()> {
-        self.0.begin_inbox_transaction(spec)
+    async fn begin(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()> {
+        self.0.begin_inbox_transaction(spec, layout.mariadb)
     }
 
-    async fn claim(&mut self, spec: &'static HandlerSpec, key: &MessageKey) -> QueryResult<bool> {
+    async fn end(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()> {
+        self.0.end_inbox_transaction(spec, layout.mariadb)
+    }
+
+    async fn claim(
+        &mut self,
+        spec: &'static HandlerSpec,
+        key: &MessageKey,
+        text: Option<&str>,
+    ) -> QueryResult<bool> {
         self.0
-            .claim_marker(&spec.schema, spec.consumer.as_str(), key)
+            .claim_marker(&spec.schema, spec.consumer.as_str(), key, text)
     }
 
     async fn claim_batch(
         &mut self,
         spec: &'static HandlerSpec,
         ids: &[uuid::Uuid],
+        texts: Option<&[String]>,
     ) -> QueryResult<Vec<uuid::Uuid>> {
         self.0
-            .claim_markers(&spec.schema, spec.consumer.as_str(), ids)
+            .claim_markers(&spec.schema, spec.consumer.as_str(), ids, texts)
     }
 
     async fn commit(&mut self) -> QueryResult<()> {
@@ -185,8 +196,8 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
     async fn verify(
         &mut self,
         spec: &'static HandlerSpec,
-    ) -> Result<(), crate::verify::SchemaError> {
-        crate::schema::verify(self.0, &spec.schema)
+    ) -> Result<crate::verify::Layout, crate::verify::SchemaError> {
+        crate::schema::verify_layout(self.0, &spec.schema)
     }
 
     async fn claim_step(

@@ -14,6 +14,7 @@ use tracing::Instrument;
 use crate::__private::HandlerSpec;
 use crate::claim::{ClaimAnswer, ClaimSpec, ClaimStep};
 use crate::driver::{self, BatchClaims, NewMessages, Steps};
+use crate::verify::Layout;
 use crate::{Error, NoConnection};
 
 /// A diesel-async connection an `async fn` `#[idempotent]` handler can run on.
@@ -39,8 +40,9 @@ use crate::{Error, NoConnection};
 /// - deadpool and mobc check a connection when it is next checked out and discard it then;
 ///   until then the abandoned transaction holds its locks — on PostgreSQL the marker of that
 ///   message (a redelivery waits for it) and the rows the body wrote, on SQLite the whole
-///   database. Bound that with PostgreSQL's `idle_in_transaction_session_timeout`, or use bb8
-///   where handlers can be cancelled;
+///   database. The handler bounds that on PostgreSQL and MariaDB: the server ends a handler
+///   transaction idle for `idle_in_transaction_ms` (10 s by default). MySQL has no such
+///   bound: use bb8 there where handlers can be cancelled;
 /// - a connection used without a pool refuses the next handler call with
 ///   [`Error::CalledInsideTransaction`](crate::Error::CalledInsideTransaction) until it is
 ///   dropped.
@@ -61,7 +63,19 @@ pub trait AsyncInboxConnection: AsyncConnection + Send + sealed::Sealed {
     fn begin_inbox_transaction(
         &mut self,
         spec: &'static HandlerSpec,
+        mariadb: bool,
     ) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// After the handler's transaction ended: puts back what `begin_inbox_transaction` set
+    /// for the session.
+    #[doc(hidden)]
+    fn end_inbox_transaction(
+        &mut self,
+        _spec: &'static HandlerSpec,
+        _mariadb: bool,
+    ) -> impl Future<Output = QueryResult<()>> + Send {
+        async { Ok(()) }
+    }
 
     /// `on_locked = "in_flight"`: lock waits as the session had them, after the marker's claim.
     #[doc(hidden)]
@@ -73,20 +87,24 @@ pub trait AsyncInboxConnection: AsyncConnection + Send + sealed::Sealed {
         async { Ok(()) }
     }
 
-    /// Inserts the marker unless it exists; `Ok(false)` when it already did.
+    /// Inserts the marker unless it exists; `Ok(false)` when it already did. `text`: the
+    /// key's text, written to `key_text`.
     #[doc(hidden)]
     fn claim_marker(
         &mut self,
         spec: &'static HandlerSpec,
         key: &MessageKey,
+        text: Option<&str>,
     ) -> impl Future<Output = QueryResult<bool>> + Send;
 
-    /// Inserts the markers of `ids` that do not exist; returns those it inserted.
+    /// Inserts the markers of `ids` that do not exist; returns those it inserted. `texts`:
+    /// the keys' texts, in the order of `ids`, written to `key_text`.
     #[doc(hidden)]
     fn claim_markers(
         &mut self,
         spec: &'static HandlerSpec,
         ids: &[uuid::Uuid],
+        texts: Option<&[String]>,
     ) -> impl Future<Output = QueryResult<Vec<uuid::Uuid>>> + Send;
 
     /// Commits the handler's transaction, failing if it had been aborted.
@@ -304,20 +322,30 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
         self.0
     }
 
-    async fn begin(&mut self, spec: &'static HandlerSpec) -> QueryResult<()> {
-        self.0.begin_inbox_transaction(spec).await
+    async fn begin(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()> {
+        self.0.begin_inbox_transaction(spec, layout.mariadb).await
     }
 
-    async fn claim(&mut self, spec: &'static HandlerSpec, key: &MessageKey) -> QueryResult<bool> {
-        self.0.claim_marker(spec, key).await
+    async fn end(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()> {
+        self.0.end_inbox_transaction(spec, layout.mariadb).await
+    }
+
+    async fn claim(
+        &mut self,
+        spec: &'static HandlerSpec,
+        key: &MessageKey,
+        text: Option<&str>,
+    ) -> QueryResult<bool> {
+        self.0.claim_marker(spec, key, text).await
     }
 
     async fn claim_batch(
         &mut self,
         spec: &'static HandlerSpec,
         ids: &[uuid::Uuid],
+        texts: Option<&[String]>,
     ) -> QueryResult<Vec<uuid::Uuid>> {
-        self.0.claim_markers(spec, ids).await
+        self.0.claim_markers(spec, ids, texts).await
     }
 
     async fn commit(&mut self) -> QueryResult<()> {
@@ -343,8 +371,8 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
     async fn verify(
         &mut self,
         spec: &'static HandlerSpec,
-    ) -> Result<(), crate::verify::SchemaError> {
-        crate::schema::verify_async(self.0, &spec.schema).await
+    ) -> Result<crate::verify::Layout, crate::verify::SchemaError> {
+        crate::schema::verify_layout_async(self.0, &spec.schema).await
     }
 
     async fn claim_step(
@@ -459,7 +487,11 @@ mod postgres {
     impl AsyncInboxConnection for AsyncPgConnection {
         server_steps!(Postgres, Pg);
 
-        async fn begin_inbox_transaction(&mut self, spec: &'static HandlerSpec) -> QueryResult<()> {
+        async fn begin_inbox_transaction(
+            &mut self,
+            spec: &'static HandlerSpec,
+            _: bool,
+        ) -> QueryResult<()> {
             AnsiTransactionManager::begin_transaction_sql(self, &spec.postgres_begin_sql()).await
         }
 
@@ -478,9 +510,10 @@ mod postgres {
             &mut self,
             spec: &'static HandlerSpec,
             key: &MessageKey,
+            text: Option<&str>,
         ) -> QueryResult<bool> {
             let id = key.stored_id();
-            let claim = ClaimMarker::<Pg>::new(&spec.schema, spec.consumer.as_str(), &id);
+            let claim = ClaimMarker::<Pg>::new(&spec.schema, spec.consumer.as_str(), &id, text);
             let rows: Vec<i64> = RunQueryDsl::load(claim, self).await?;
             Ok(!rows.is_empty())
         }
@@ -489,11 +522,13 @@ mod postgres {
             &mut self,
             spec: &'static HandlerSpec,
             ids: &[uuid::Uuid],
+            texts: Option<&[String]>,
         ) -> QueryResult<Vec<uuid::Uuid>> {
             let claim = crate::backend::ClaimMarkers::<Pg, diesel::sql_types::Uuid>::new(
                 &spec.schema,
                 spec.consumer.as_str(),
                 ids,
+                texts,
             );
             RunQueryDsl::load(claim, self).await
         }
@@ -532,8 +567,12 @@ mod sqlite {
                 .await
         }
 
-        async fn begin_inbox_transaction(&mut self, spec: &'static HandlerSpec) -> QueryResult<()> {
-            self.spawn_blocking(move |conn| conn.begin_inbox_transaction(spec))
+        async fn begin_inbox_transaction(
+            &mut self,
+            spec: &'static HandlerSpec,
+            _: bool,
+        ) -> QueryResult<()> {
+            self.spawn_blocking(move |conn| conn.begin_inbox_transaction(spec, false))
                 .await
         }
 
@@ -564,10 +603,12 @@ mod sqlite {
             &mut self,
             spec: &'static HandlerSpec,
             key: &MessageKey,
+            text: Option<&str>,
         ) -> QueryResult<bool> {
             let key = key.clone();
+            let text = text.map(str::to_owned);
             self.spawn_blocking(move |conn| {
-                conn.claim_marker(&spec.schema, spec.consumer.as_str(), &key)
+                conn.claim_marker(&spec.schema, spec.consumer.as_str(), &key, text.as_deref())
             })
             .await
         }
@@ -576,10 +617,12 @@ mod sqlite {
             &mut self,
             spec: &'static HandlerSpec,
             ids: &[uuid::Uuid],
+            texts: Option<&[String]>,
         ) -> QueryResult<Vec<uuid::Uuid>> {
             let ids = ids.to_vec();
+            let texts = texts.map(<[String]>::to_vec);
             self.spawn_blocking(move |conn| {
-                conn.claim_markers(&spec.schema, spec.consumer.as_str(), &ids)
+                conn.claim_markers(&spec.schema, spec.consumer.as_str(), &ids, texts.as_deref())
             })
             .await
         }
@@ -628,15 +671,25 @@ mod mysql {
     impl AsyncInboxConnection for AsyncMysqlConnection {
         server_steps!(Mysql, Mysql);
 
-        async fn begin_inbox_transaction(&mut self, spec: &'static HandlerSpec) -> QueryResult<()> {
-            if let Some(level) = spec.isolation.set_transaction_sql() {
-                SimpleAsyncConnection::batch_execute(self, level).await?;
-            }
-            if spec.in_flight_when_locked {
-                SimpleAsyncConnection::batch_execute(self, HandlerSpec::MYSQL_SHORT_LOCK_WAIT)
+        async fn begin_inbox_transaction(
+            &mut self,
+            spec: &'static HandlerSpec,
+            mariadb: bool,
+        ) -> QueryResult<()> {
+            AnsiTransactionManager::begin_transaction_sql(self, &spec.mysql_begin_sql(mariadb))
+                .await
+        }
+
+        async fn end_inbox_transaction(
+            &mut self,
+            spec: &'static HandlerSpec,
+            mariadb: bool,
+        ) -> QueryResult<()> {
+            if mariadb && spec.idle_in_transaction_ms > 0 {
+                RunQueryDsl::execute(diesel::sql_query(HandlerSpec::MARIADB_IDLE_RESTORE), self)
                     .await?;
             }
-            AnsiTransactionManager::begin_transaction_sql(self, "START TRANSACTION").await
+            Ok(())
         }
 
         async fn wait_for_locks(
@@ -651,9 +704,10 @@ mod mysql {
             &mut self,
             spec: &'static HandlerSpec,
             key: &MessageKey,
+            text: Option<&str>,
         ) -> QueryResult<bool> {
             let id = key.stored_id();
-            let claim = ClaimMarker::<Mysql>::new(&spec.schema, spec.consumer.as_str(), &id);
+            let claim = ClaimMarker::<Mysql>::new(&spec.schema, spec.consumer.as_str(), &id, text);
             let inserted = RunQueryDsl::execute(claim, self).await;
             Ok(inserted_unless_duplicate(inserted, &spec.schema)? > 0)
         }
@@ -663,10 +717,13 @@ mod mysql {
             &mut self,
             spec: &'static HandlerSpec,
             ids: &[uuid::Uuid],
+            texts: Option<&[String]>,
         ) -> QueryResult<Vec<uuid::Uuid>> {
             let mut inserted = Vec::with_capacity(ids.len());
-            for id in ids {
-                let claim = ClaimMarker::<Mysql>::new(&spec.schema, spec.consumer.as_str(), id);
+            for (n, id) in ids.iter().enumerate() {
+                let text = texts.map(|texts| texts[n].as_str());
+                let claim =
+                    ClaimMarker::<Mysql>::new(&spec.schema, spec.consumer.as_str(), id, text);
                 let result = RunQueryDsl::execute(claim, self).await;
                 if inserted_unless_duplicate(result, &spec.schema)? > 0 {
                     inserted.push(*id);

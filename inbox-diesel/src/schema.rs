@@ -9,6 +9,7 @@
 //! | `processed_at` | `TIMESTAMPTZ` | `DATETIME(6)` | `TIMESTAMP` | when the work committed; written in the same statement in transaction mode; NULL while a claim is open |
 //! | `claimed_until` | `TIMESTAMPTZ` | `DATETIME(6)` | `TIMESTAMP` (text, milliseconds) | claim mode: the end of the claim's lease; NULL once completed, or when a failed attempt released the claim |
 //! | `attempts` | `INTEGER DEFAULT 1` | `INT DEFAULT 1` | `INTEGER DEFAULT 1` | claim mode: how many deliveries claimed the key; each claim-mode statement names its attempt, so a claim taken over is never stamped by the delivery that lost it |
+//! | `key_text` (optional) | `TEXT` | `MEDIUMTEXT` | `TEXT` | the key as text, for operators; written when the table has it (`--with key_text`, [`Backend::add_key_text_sql`]) |
 //!
 //! and the unique index `ux_inbox_message_consumer` on `(message_id, consumer)`, whose
 //! violation — and no other — means "already processed". `message_id` leads the index: it is
@@ -79,6 +80,14 @@ pub fn verify<C: crate::InboxConnection>(
     conn: &mut C,
     schema: &InboxSchema,
 ) -> Result<(), SchemaError> {
+    verify_layout(conn, schema).map(drop)
+}
+
+/// [`verify`], saying which optional columns the table has.
+pub(crate) fn verify_layout<C: crate::InboxConnection>(
+    conn: &mut C,
+    schema: &InboxSchema,
+) -> Result<crate::verify::Layout, SchemaError> {
     let catalog = conn.read_catalog(schema).map_err(SchemaError::Database)?;
     crate::verify::check(C::BACKEND, schema, catalog)
 }
@@ -92,6 +101,15 @@ pub async fn verify_async<C: crate::AsyncInboxConnection>(
     conn: &mut C,
     schema: &InboxSchema,
 ) -> Result<(), SchemaError> {
+    verify_layout_async(conn, schema).await.map(drop)
+}
+
+/// [`verify_async`], saying which optional columns the table has.
+#[cfg(feature = "async")]
+pub(crate) async fn verify_layout_async<C: crate::AsyncInboxConnection>(
+    conn: &mut C,
+    schema: &InboxSchema,
+) -> Result<crate::verify::Layout, SchemaError> {
     let catalog = conn
         .read_catalog(schema)
         .await
@@ -126,10 +144,77 @@ impl Backend {
 
     /// `CREATE TABLE` and its indexes for `schema` (idempotent: `IF NOT EXISTS`).
     pub fn create_table_sql(self, schema: &InboxSchema) -> String {
+        self.create_sql(schema, false)
+    }
+
+    /// [`create_table_sql`](Self::create_table_sql) with the optional `key_text` column,
+    /// where the runtime keeps each marker's key as text (see [`add_key_text_sql`](Self::add_key_text_sql)).
+    pub fn create_table_with_key_text_sql(self, schema: &InboxSchema) -> String {
+        self.create_sql(schema, true)
+    }
+
+    fn create_sql(self, schema: &InboxSchema, key_text: bool) -> String {
+        let key_text = match key_text {
+            true => format!("    key_text      {},\n", self.key_text_type()),
+            false => String::new(),
+        };
         match self {
-            Backend::Postgres => postgres_create(schema),
-            Backend::Mysql => mysql_create(schema),
-            Backend::Sqlite => sqlite_create(schema),
+            Backend::Postgres => postgres_create(schema, &key_text),
+            Backend::Mysql => mysql_create(schema, &key_text),
+            Backend::Sqlite => sqlite_create(schema, &key_text),
+        }
+    }
+
+    /// Adds the optional `key_text` column to an existing inbox table:
+    ///
+    /// ```sql
+    /// ALTER TABLE inbox ADD COLUMN key_text TEXT;   -- MEDIUMTEXT on MySQL and MariaDB
+    /// ```
+    ///
+    /// The runtime's startup check finds the column and from then on writes each new marker's
+    /// key there as its text (`Display` of [`MessageKey`](crate::MessageKey): the text itself,
+    /// the integer in decimal, the UUID hyphenated, bytes in hex, `topic/partition@offset`,
+    /// `source#id`), for operators reading the table; rows written before stay `NULL`. The
+    /// column is not indexed and nothing reads it: deduplication goes by `message_id` alone.
+    /// Connections checked before the column existed go on without it until a new connection
+    /// (or thread) runs the handler. Dropping the column again fails the next claim of a
+    /// connection that wrote it once, which is then answered with `Error::Database` (class
+    /// `Schema`) and the connection checks the table afresh on its next delivery.
+    ///
+    /// A text key's `key_text` turns back into its `message_id` by
+    /// [`text_key_sql`](Self::text_key_sql).
+    ///
+    /// ```
+    /// use inbox_diesel::InboxSchema;
+    /// use inbox_diesel::schema::Backend;
+    ///
+    /// assert_eq!(
+    ///     Backend::Postgres.add_key_text_sql(&InboxSchema::DEFAULT),
+    ///     "ALTER TABLE \"inbox\" ADD COLUMN key_text TEXT;\n"
+    /// );
+    /// ```
+    pub fn add_key_text_sql(self, schema: &InboxSchema) -> String {
+        format!(
+            "ALTER TABLE {} ADD COLUMN key_text {};\n",
+            self.quote_table(schema.table()),
+            self.key_text_type()
+        )
+    }
+
+    /// Drops the optional `key_text` column (the `down.sql` of [`add_key_text_sql`](Self::add_key_text_sql)).
+    pub fn drop_key_text_sql(self, schema: &InboxSchema) -> String {
+        format!(
+            "ALTER TABLE {} DROP COLUMN key_text;\n",
+            self.quote_table(schema.table())
+        )
+    }
+
+    /// The type of `key_text`: a key is at most 64 KiB of text, its bytes in hex 128 KiB,
+    /// past MySQL's `TEXT` (64 KiB).
+    fn key_text_type(self) -> &'static str {
+        match self {
+            Backend::Mysql => "MEDIUMTEXT",
+            Backend::Postgres | Backend::Sqlite => "TEXT",
         }
     }
 
@@ -272,12 +357,13 @@ impl FromStr for Backend {
     }
 }
 
-fn postgres_create(schema: &InboxSchema) -> String {
+fn postgres_create(schema: &InboxSchema, key_text: &str) -> String {
     format!(
         "CREATE TABLE IF NOT EXISTS {table} (\n    \
              id            BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,\n    \
              message_id    UUID        NOT NULL,\n    \
-             consumer      TEXT        COLLATE \"C\" NOT NULL,\n    \
+             consumer      TEXT        COLLATE \"C\" NOT NULL,\n\
+             {key_text}    \
              received_at   TIMESTAMPTZ NOT NULL DEFAULT now(),\n    \
              processed_at  TIMESTAMPTZ,\n    \
              claimed_until TIMESTAMPTZ,\n    \
@@ -293,7 +379,7 @@ fn postgres_create(schema: &InboxSchema) -> String {
 
 /// A qualified table name (`aux.inbox`) names an attached database; SQLite then wants the
 /// index qualified, not the indexed table.
-fn sqlite_create(schema: &InboxSchema) -> String {
+fn sqlite_create(schema: &InboxSchema, key_text: &str) -> String {
     let quote = |name| Backend::Sqlite.quote(name);
     let (index_prefix, table_name) = match schema.table().rsplit_once('.') {
         Some((database, table)) => (format!("{}.", quote(database)), table),
@@ -303,7 +389,8 @@ fn sqlite_create(schema: &InboxSchema) -> String {
         "CREATE TABLE IF NOT EXISTS {table} (\n    \
              id            INTEGER   PRIMARY KEY NOT NULL,\n    \
              message_id    BLOB      NOT NULL,\n    \
-             consumer      TEXT      NOT NULL,\n    \
+             consumer      TEXT      NOT NULL,\n\
+             {key_text}    \
              received_at   TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP,\n    \
              processed_at  TIMESTAMP,\n    \
              claimed_until TIMESTAMP,\n    \
@@ -323,12 +410,13 @@ fn sqlite_create(schema: &InboxSchema) -> String {
 /// The unique index is named in the table's definition: MySQL has no
 /// `CREATE INDEX IF NOT EXISTS`. Error 1062 names this index, which is how a duplicate is
 /// recognised.
-fn mysql_create(schema: &InboxSchema) -> String {
+fn mysql_create(schema: &InboxSchema, key_text: &str) -> String {
     format!(
         "CREATE TABLE IF NOT EXISTS {table} (\n    \
              id            BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,\n    \
              message_id    BINARY(16)   NOT NULL,\n    \
-             consumer      VARCHAR(200) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,\n    \
+             consumer      VARCHAR(200) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,\n\
+             {key_text}    \
              received_at   DATETIME(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6),\n    \
              processed_at  DATETIME(6)  NULL,\n    \
              claimed_until DATETIME(6)  NULL,\n    \

@@ -130,6 +130,8 @@ impl std::error::Error for SchemaError {
 pub struct Catalog {
     columns: Vec<ColumnRow>,
     index: Vec<IndexRow>,
+    /// `VERSION()` on MySQL and MariaDB; empty elsewhere.
+    server: String,
 }
 
 #[derive(Debug, diesel::QueryableByName)]
@@ -139,6 +141,15 @@ pub(crate) struct ColumnRow {
     #[diesel(sql_type = Text)]
     type_name: String,
 }
+
+#[derive(Debug, diesel::QueryableByName)]
+pub(crate) struct ServerRow {
+    #[diesel(sql_type = Text)]
+    pub(crate) version: String,
+}
+
+/// The server's version, read with the catalog on MySQL and MariaDB.
+pub(crate) const SERVER_VERSION_SQL: &str = "SELECT CAST(VERSION() AS CHAR) AS version";
 
 #[derive(Debug, diesel::QueryableByName)]
 pub(crate) struct IndexRow {
@@ -205,14 +216,26 @@ macro_rules! read_catalog {
             .bind::<diesel::sql_types::Text, _>(name)
             .bind::<diesel::sql_types::Text, _>($schema.constraint())
             .load($conn)$($await)*?;
-        Ok($crate::verify::Catalog::new(columns, index))
+        let server = match $backend {
+            $crate::schema::Backend::Mysql => {
+                diesel::sql_query($crate::verify::SERVER_VERSION_SQL)
+                    .get_result::<$crate::verify::ServerRow>($conn)$($await)*?
+                    .version
+            }
+            _ => String::new(),
+        };
+        Ok($crate::verify::Catalog::new(columns, index, server))
     }};
 }
 pub(crate) use read_catalog;
 
 impl Catalog {
-    pub(crate) fn new(columns: Vec<ColumnRow>, index: Vec<IndexRow>) -> Self {
-        Self { columns, index }
+    pub(crate) fn new(columns: Vec<ColumnRow>, index: Vec<IndexRow>, server: String) -> Self {
+        Self {
+            columns,
+            index,
+            server,
+        }
     }
 }
 
@@ -277,12 +300,41 @@ const COLUMNS: [(&str, [&[&str]; 3], &str); 7] = [
     ),
 ];
 
-/// Compares what the catalog says with what the runtime needs.
+/// The optional column the runtime fills when the table has it, and the types it accepts:
+/// the key as text, for operators and for migrating from a table of text ids
+/// (`inbox-diesel migration generate --with key_text`).
+const KEY_TEXT: (&str, [&[&str]; 3], &str) = (
+    "key_text",
+    [
+        &["text", "character varying"],
+        &["text", "mediumtext", "longtext", "varchar"],
+        &["text"],
+    ],
+    "text",
+);
+
+/// What the startup check found beyond what every table has: the optional columns the
+/// runtime writes, and the server's flavour where the SQL differs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Layout {
+    /// The table has `key_text`: each marker stores its key's text there.
+    pub(crate) key_text: bool,
+    /// A MariaDB server (the MySQL backend): it bounds idle transactions
+    /// (`idle_transaction_timeout`), which MySQL cannot.
+    pub(crate) mariadb: bool,
+}
+
+/// Compares what the catalog says with what the runtime needs, and says which optional
+/// columns the table has.
 pub(crate) fn check(
     backend: Backend,
     schema: &InboxSchema,
     catalog: Catalog,
-) -> Result<(), SchemaError> {
+) -> Result<Layout, SchemaError> {
+    let mut layout = Layout {
+        key_text: false,
+        mariadb: backend == Backend::Mysql && catalog.server.contains("MariaDB"),
+    };
     let mut problems = Vec::new();
     if catalog.columns.is_empty() {
         problems.push(SchemaProblem::MissingTable {
@@ -294,7 +346,10 @@ pub(crate) fn check(
             Backend::Mysql => 1,
             Backend::Sqlite => 2,
         };
-        for (column, types, expected) in COLUMNS {
+        layout.key_text = catalog.columns.iter().any(|c| c.name == KEY_TEXT.0);
+        // The optional column is checked only when the table has it.
+        let optional = layout.key_text.then_some(&KEY_TEXT);
+        for &(column, types, expected) in COLUMNS.iter().chain(optional) {
             match catalog.columns.iter().find(|c| c.name == column) {
                 None => problems.push(SchemaProblem::MissingColumn { column }),
                 Some(found) => {
@@ -335,7 +390,7 @@ pub(crate) fn check(
         }
     }
     match problems.is_empty() {
-        true => Ok(()),
+        true => Ok(layout),
         false => Err(SchemaError::Mismatch {
             table: schema.table(),
             problems,

@@ -127,7 +127,7 @@ fn reads_the_directory_from_diesel_toml() {
 #[test]
 fn bad_input_is_refused_and_writes_nothing() {
     let project = project();
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 8] = [
         (
             &["migration", "generate", "--backend", "oracle"],
             "unknown backend `oracle`",
@@ -166,6 +166,30 @@ fn bad_input_is_refused_and_writes_nothing() {
             "unknown part `fingerprint`",
         ),
         (
+            &[
+                "migration",
+                "generate",
+                "--backend",
+                "sqlite",
+                "--add",
+                "claim",
+            ],
+            "unknown part `claim` in --add",
+        ),
+        (
+            &[
+                "migration",
+                "generate",
+                "--backend",
+                "sqlite",
+                "--with",
+                "key_text",
+                "--add",
+                "key_text",
+            ],
+            "--with and --add do not go together",
+        ),
+        (
             &["migration", "generate", "--backend"],
             "`--backend` needs a value",
         ),
@@ -180,6 +204,68 @@ fn bad_input_is_refused_and_writes_nothing() {
     let out = inbox_diesel(project.path(), &["migrate"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(migrations(&project.path().join("migrations")).is_empty());
+}
+
+/// `--with key_text` creates the table with the column; `--add key_text` writes a second
+/// migration adding it to a table that exists, and dropping it on revert.
+#[test]
+fn key_text_with_the_table_or_added_to_it() {
+    let project = project();
+    let out = inbox_diesel(
+        project.path(),
+        &[
+            "migration",
+            "generate",
+            "--backend",
+            "mysql",
+            "--with",
+            "key_text",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = inbox_diesel(
+        project.path(),
+        &[
+            "migration",
+            "generate",
+            "--backend",
+            "mysql",
+            "--add",
+            "key_text",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let dir = project.path().join("migrations");
+    let written = migrations(&dir);
+    assert_eq!(written.len(), 2, "{written:?}");
+    let read = |suffix: &str, file: &str| {
+        let name = written.iter().find(|n| n.ends_with(suffix)).unwrap();
+        std::fs::read_to_string(dir.join(name).join(file)).unwrap()
+    };
+    let create = read("_create_inbox", "up.sql");
+    assert!(create.contains("key_text      MEDIUMTEXT,"), "{create}");
+    assert!(
+        read("_add_key_text_to_inbox", "up.sql")
+            .contains("ALTER TABLE `inbox` ADD COLUMN key_text MEDIUMTEXT;")
+    );
+    assert!(
+        read("_add_key_text_to_inbox", "down.sql")
+            .contains("ALTER TABLE `inbox` DROP COLUMN key_text;")
+    );
+    // Never twice.
+    let out = inbox_diesel(
+        project.path(),
+        &[
+            "migration",
+            "generate",
+            "--backend",
+            "mysql",
+            "--add",
+            "key_text",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(migrations(&dir).len(), 2);
 }
 
 /// Failures to write: exit code 1, nothing written, nothing overwritten.

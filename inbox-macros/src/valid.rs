@@ -172,7 +172,7 @@ pub fn validate(args: Args, item: &ItemFn) -> syn::Result<Handler> {
     ));
     let idle_in_transaction_ms = errors.take(milliseconds(
         args.idle_in_transaction_ms.as_ref(),
-        "`idle_in_transaction_ms` is how long a PostgreSQL handler's transaction may sit idle \
+        "`idle_in_transaction_ms` is how long a handler's transaction may sit idle on PostgreSQL or MariaDB \
          before the server ends it, in milliseconds, from 0 (no bound) to 2147483647: \
          `idle_in_transaction_ms = 10000`",
     ));

@@ -23,8 +23,11 @@ options:
                                     nearest `migrations` directory)
   --table NAME                      the table, optionally qualified (default: inbox)
   --constraint NAME                 its unique index (default: ux_inbox_message_consumer)
-  --with claim                      the optional parts; claim mode's columns are always
-                                    included, so `claim` is the only name accepted
+  --with key_text                   the optional parts: `key_text` keeps each marker's key
+                                    as text, for operators (claim mode's columns are always
+                                    included; `claim` is accepted and changes nothing)
+  --add key_text                    a migration adding the part to an existing table instead
+                                    (add_key_text_to_<table>; down.sql drops the column)
   -h, --help                        this text
 ";
 
@@ -53,6 +56,7 @@ struct Options {
     table: Option<String>,
     constraint: Option<String>,
     with: Vec<String>,
+    add: Vec<String>,
 }
 
 fn usage(message: impl Into<String>) -> Failure {
@@ -98,6 +102,9 @@ fn parse(args: &[String]) -> Result<Options, Failure> {
             "--with" => options
                 .with
                 .extend(value()?.split(',').map(|s| s.trim().to_owned())),
+            "--add" => options
+                .add
+                .extend(value()?.split(',').map(|s| s.trim().to_owned())),
             _ => return Err(usage(format!("unknown option `{name}`"))),
         }
     }
@@ -105,18 +112,33 @@ fn parse(args: &[String]) -> Result<Options, Failure> {
 }
 
 fn generate_migration(options: Options) -> Result<(), Failure> {
-    for part in &options.with {
-        if part != "claim" {
-            return Err(usage(format!(
-                "unknown part `{part}` in --with: the table always has every column the \
-                 library uses, claim mode's included; `claim` is the only name accepted"
-            )));
+    for (flag, parts) in [("--with", &options.with), ("--add", &options.add)] {
+        for part in parts {
+            if part != "key_text" && !(flag == "--with" && part == "claim") {
+                return Err(usage(format!(
+                    "unknown part `{part}` in {flag}: the optional part is `key_text` (claim \
+                     mode's columns are always in the table)"
+                )));
+            }
         }
+    }
+    let key_text = options.with.iter().any(|part| part == "key_text");
+    let add = !options.add.is_empty();
+    if add && !options.with.is_empty() {
+        return Err(usage(
+            "--with and --add do not go together: --with is for a migration creating the \
+             table, --add for one adding to a table that exists",
+        ));
     }
     let schema = schema(&options)?;
     let backend = backend(&options)?;
     let dir = migrations_dir(&options)?;
-    let written = InboxMigration::new(backend, schema)
+    let migration = match (add, key_text) {
+        (true, _) => InboxMigration::add_key_text(backend, schema),
+        (false, true) => InboxMigration::new(backend, schema).with_key_text(),
+        (false, false) => InboxMigration::new(backend, schema),
+    };
+    let written = migration
         .write_to(&dir)
         .map_err(|e| Failure(1, e.to_string()))?;
     let cwd = std::env::current_dir().unwrap_or_default();
