@@ -11,8 +11,8 @@ use crate::attr::Args;
 use crate::guard;
 use crate::valid::{self, Handler, Isolation, Mode};
 
-/// The whole attribute: parse, validate, expand; on error the function, unchanged, plus the
-/// errors (so that callers of the function still type-check against what the user wrote).
+/// The whole attribute: parse, validate, expand; on error the errors and the [`fallback`],
+/// so that only the real error shows.
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     let mut function: ItemFn = match syn::parse2(item.clone()) {
         Ok(function) => function,
@@ -25,6 +25,7 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
             return with_error(item, error);
         }
     };
+    let batch = batch_form(&args);
     let handler = syn::parse2::<Args>(args)
         .and_then(|args| valid::validate(args, &function))
         .and_then(|handler| {
@@ -36,8 +37,63 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     guard::strip_escapes(&mut function);
     match handler {
         Ok(handler) => expand(handler, function),
-        Err(error) => with_error(quote!(#function), error),
+        Err(error) => with_error(fallback(function, batch), error),
     }
+}
+
+/// What the function becomes when the attribute has an error: its signature as the
+/// expansion would have written it — returning `Outcome<T>` (`BatchOutcome<T>` for a batch)
+/// — and a body that never runs. Callers that match on the outcome type-check against it,
+/// so the attribute's error is the only one (thiserror's `fallback.rs`, tokio's `entry.rs`).
+/// The original body stays, in a closure never called, so that its own errors still show
+/// and its parameters are used. A function without a `Result` return type is left as it is:
+/// the error says what it should return.
+fn fallback(function: ItemFn, batch: bool) -> TokenStream {
+    let ReturnType::Type(_, ret) = &function.sig.output else {
+        return quote!(#function);
+    };
+    let ret = (**ret).clone();
+    let wrapper = match batch {
+        true => quote!(::inbox_diesel::BatchOutcome),
+        false => quote!(::inbox_diesel::Outcome),
+    };
+    let ItemFn {
+        attrs,
+        vis,
+        mut sig,
+        block,
+        ..
+    } = function;
+    sig.output = outcome_return_type(&ret, wrapper);
+    // A `const fn` is itself an error the attribute reports; the fallback is not const.
+    sig.constness = None;
+    let body = match sig.asyncness {
+        Some(_) => quote!(async move || -> #ret #block),
+        None => quote!(move || -> #ret #block),
+    };
+    quote! {
+        #(#attrs)*
+        #[allow(unreachable_code, unused_variables, clippy::diverging_sub_expression)]
+        #vis #sig {
+            let _body = #body;
+            ::core::unreachable!("#[idempotent] did not expand: see its error")
+        }
+    }
+}
+
+/// Whether the arguments name a batch (`batch = msgs`), read from the tokens: the fallback
+/// needs it also when the arguments do not parse.
+fn batch_form(args: &TokenStream) -> bool {
+    let mut tokens = args.clone().into_iter().peekable();
+    while let Some(token) = tokens.next() {
+        if let proc_macro2::TokenTree::Ident(ident) = &token
+            && ident == "batch"
+            && matches!(tokens.peek(), Some(proc_macro2::TokenTree::Punct(p)) if p.as_char() == '=')
+        {
+            return true;
+        }
+    }
+    false
 }
 
 fn with_error(item: TokenStream, error: syn::Error) -> TokenStream {
@@ -336,7 +392,7 @@ mod tests {
     }
 
     #[test]
-    fn keeps_the_function_after_an_error() {
+    fn falls_back_to_the_outcome_signature_after_an_error() {
         insta::assert_snapshot!(pretty(
             quote!(key = msg.id),
             quote! {

@@ -5,8 +5,9 @@
 //! `valid` checks them and the function against each other, `guard` rewrites the body so
 //! that the compiler checks every value it hands on against the transaction, `expand` writes
 //! the code.
-//! Every error is spanned at the token it is about; on error the function is still emitted
-//! unchanged, so that the rest of the crate keeps type-checking.
+//! Every error is spanned at the token it is about; on error the function is emitted with
+//! the signature the expansion would give it and a body that never runs (`expand::fallback`),
+//! so that the rest of the crate keeps type-checking against it and only the real error shows.
 
 use proc_macro::TokenStream;
 
