@@ -31,7 +31,10 @@ use crate::claim::{self, ClaimAnswer, ClaimStep};
             another client, name the database connection with `conn = …`"
 )]
 pub trait InboxConnection:
-    Connection<TransactionManager = AnsiTransactionManager> + sealed::Sealed
+    diesel::connection::LoadConnection<
+        TransactionManager = AnsiTransactionManager,
+        Backend: crate::dialect::Dialect,
+    > + sealed::Sealed
 {
     /// Opens the handler's transaction; `mariadb`: the startup check found a MariaDB server.
     #[doc(hidden)]

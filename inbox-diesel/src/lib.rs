@@ -275,12 +275,15 @@
 extern crate self as inbox_diesel;
 
 mod backend;
+mod backends;
 mod claim;
 mod classify;
+mod dialect;
 mod driver;
 mod error;
 mod guard;
 pub mod handler;
+mod io;
 pub mod migration;
 pub mod purge;
 mod run;

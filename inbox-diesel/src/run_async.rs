@@ -57,7 +57,9 @@ use crate::{Error, NoConnection};
     note = "the handler's connection is its first `&mut …Connection` parameter; if that one is \
             another client, name the database connection with `conn = …`"
 )]
-pub trait AsyncInboxConnection: AsyncConnection + Send + sealed::Sealed {
+pub trait AsyncInboxConnection:
+    AsyncConnection<Backend: crate::dialect::Dialect> + Send + sealed::Sealed
+{
     /// Opens the handler's transaction.
     #[doc(hidden)]
     fn begin_inbox_transaction(

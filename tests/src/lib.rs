@@ -845,13 +845,19 @@ macro_rules! async_suite {
             let _ = conn.batch_execute("PRAGMA busy_timeout = 5000").await;
             let before = AtomicUsize::load(&during_purge, Ordering::SeqCst);
             let day = std::time::Duration::from_secs(86_400);
-            let report = purge_async(
-                &mut conn,
-                &inbox_diesel::InboxSchema::DEFAULT,
-                &Purge::older_than(day),
-            )
+            // Spawned: the purge's future is `Send`.
+            let (report, mut conn) = tokio::spawn(async move {
+                let report = purge_async(
+                    &mut conn,
+                    &inbox_diesel::InboxSchema::DEFAULT,
+                    &Purge::older_than(day),
+                )
+                .await;
+                (report, conn)
+            })
             .await
             .unwrap();
+            let report = report.unwrap();
             let while_purging = AtomicUsize::load(&during_purge, Ordering::SeqCst) - before;
             purging.store(false, Ordering::SeqCst);
             let processed = consumer.await.unwrap();

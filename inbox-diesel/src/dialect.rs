@@ -1,0 +1,90 @@
+//! What differs between backends in the SQL the runtime writes: one trait, implemented for
+//! each diesel backend in `backends/`. Everything above it — the purge's batches, the
+//! startup check, the claim — is written once over it.
+
+use diesel::QueryResult;
+use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
+
+use crate::io::{Row, Sql};
+use crate::schema::Backend;
+
+/// A diesel backend the runtime writes SQL for. Public only in name, so that the sealed
+/// connection traits can require it: it is not reachable from outside the crate.
+pub trait Dialect: diesel::backend::Backend + Sized + 'static {
+    /// Which backend this is, for what is decided by value (quoting, the migration's SQL).
+    const BACKEND: Backend;
+
+    /// Binds a 64-bit integer.
+    fn bind_i64<'f>(
+        query: BoxedSqlQuery<'f, Self, SqlQuery>,
+        value: &'f i64,
+    ) -> BoxedSqlQuery<'f, Self, SqlQuery>;
+
+    /// Binds text.
+    fn bind_text<'f>(
+        query: BoxedSqlQuery<'f, Self, SqlQuery>,
+        value: &'f str,
+    ) -> BoxedSqlQuery<'f, Self, SqlQuery>;
+
+    /// Runs a statement on a sync connection (`io::execute`, with this backend concrete).
+    fn execute<C>(conn: &mut C, sql: &Sql) -> QueryResult<usize>
+    where
+        C: diesel::Connection<Backend = Self>;
+
+    /// Runs a query on a sync connection (`io::load`).
+    fn load<C, R: Row>(conn: &mut C, sql: &Sql) -> QueryResult<Vec<R>>
+    where
+        C: diesel::connection::LoadConnection<Backend = Self>;
+
+    /// Runs a statement on a diesel-async connection (`io::execute_async`).
+    #[cfg(feature = "async")]
+    fn execute_async<'c, C>(
+        conn: &'c mut C,
+        sql: &'c Sql,
+    ) -> impl Future<Output = QueryResult<usize>> + Send + 'c
+    where
+        C: diesel_async::AsyncConnection<Backend = Self>;
+
+    /// Runs a query on a diesel-async connection (`io::load_async`).
+    #[cfg(feature = "async")]
+    fn load_async<'c, C, R: Row>(
+        conn: &'c mut C,
+        sql: &'c Sql,
+    ) -> impl Future<Output = QueryResult<Vec<R>>> + Send + 'c
+    where
+        C: diesel_async::AsyncConnection<Backend = Self>;
+
+    // The purge. Binds: the age in seconds, then (for the delete and the list) the number of
+    // rows; `table` is quoted.
+
+    /// Deletes one batch of completed rows.
+    fn delete_batch(table: &str) -> String;
+
+    /// `n`: the open claims older than the age.
+    fn count_stale(table: &str) -> String;
+
+    /// Rows as `purge::StaleRow`, oldest first.
+    fn list_stale(table: &str) -> String;
+
+    /// A query returning `n` = 1 when this session got the purge lock of `table`, held until
+    /// [`Dialect::unlock`], binding the lock's name twice; `None` where there is no session
+    /// lock.
+    fn try_lock(table: &str) -> Option<String>;
+
+    /// Releases the lock of [`Dialect::try_lock`], binding its name.
+    fn unlock(table: &str) -> Option<String>;
+
+    /// A query of `n`, the seconds the session holding the purge lock has been idle, binding
+    /// the lock's name; no row when it is running a statement. `None` where there is no
+    /// session lock.
+    fn lock_holder_idle(_table: &str) -> Option<String> {
+        None
+    }
+
+    /// Where each batch takes the lock itself, for the length of its own statement: a
+    /// `SELECT` of `locked` (1 or 0) and `n` (rows removed) binding the age, the batch size
+    /// and the lock's name, which replaces `delete_batch` and the session lock.
+    fn locked_delete_batch(_table: &str) -> Option<String> {
+        None
+    }
+}
