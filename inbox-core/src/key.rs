@@ -12,7 +12,9 @@ use uuid::Uuid;
 /// |---|---|---|
 /// | a UUID message id | [`MessageKey::uuid`], `From<Uuid>` | `Uuid` |
 /// | a string id (AMQP `message-id`, SQS `MessageId`, …) | [`MessageKey::text`] | `str`, `String`, `Cow<str>` |
-/// | an integer sequence number | `From<i64>`, `From<u64>`, … | the integer types |
+/// | an integer sequence number | `From<i64>`, `From<u64>`, …, [`MessageKey::unsigned`] | the integer types, `i128` and `u128` |
+/// | a binary id, a hash | [`MessageKey::bytes`] | `[u8]`, `Vec<u8>`, `[u8; N]` |
+/// | a URL (an ActivityPub id), feature `url` | [`MessageKey::text`] of its serialisation | `url::Url` |
 /// | Kafka `(topic, partition, offset)` | [`MessageKey::kafka`] | `(S, i32, i64)` with `S: AsRef<str>` |
 /// | CloudEvents `(source, id)` | [`MessageKey::cloud_event`] | `(S1, S2)` with both `AsRef<str>` |
 ///
@@ -324,9 +326,11 @@ impl TryFrom<String> for MessageKey {
 
 /// A value that names a message: what `key = …` of `#[idempotent]` accepts.
 ///
-/// Implemented for [`Uuid`], text (`str`, `String`, `Cow<str>`), the integer types, Kafka
-/// `(topic, partition, offset)` tuples, CloudEvents `(source, id)` pairs, [`MessageKey`]
-/// itself, and references to any of these. Implement it for your own message id type to use
+/// Implemented for [`Uuid`], text (`str`, `String`, `Cow<str>`), bytes (`[u8]`, `Vec<u8>`,
+/// `[u8; N]`), the integer types up to `i128` and `u128`, `url::Url` (feature `url`: the
+/// URL's serialisation as text — normalised by the `url` crate, so `https://Example.social`
+/// is the key `https://example.social/`), Kafka `(topic, partition, offset)` tuples,
+/// CloudEvents `(source, id)` pairs, [`MessageKey`] itself, and references to any of these. Implement it for your own message id type to use
 /// that type directly as a key.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be used as a message key",

@@ -338,7 +338,7 @@ fn is_deadlock(message: &str) -> bool {
 /// Errors that drivers report without a kind of their own, recognised by the server's
 /// (English) message. Checked against messages captured from the servers in the tests.
 fn classify_message(message: &str) -> ErrorClass {
-    const TRANSIENT: [(&str, TransientKind); 7] = [
+    const TRANSIENT: [(&str, TransientKind); 9] = [
         // PostgreSQL 40P01 (diesel reports no kind for it).
         ("deadlock detected", TransientKind::Deadlock),
         // MySQL / MariaDB 1213.
@@ -355,6 +355,15 @@ fn classify_message(message: &str) -> ErrorClass {
         ),
         (
             "canceling statement due to statement timeout",
+            TransientKind::StatementTimeout,
+        ),
+        // MariaDB 1969 (`max_statement_time`), MySQL 3024 (`max_execution_time`).
+        (
+            "max_statement_time exceeded",
+            TransientKind::StatementTimeout,
+        ),
+        (
+            "maximum statement execution time exceeded",
             TransientKind::StatementTimeout,
         ),
         // SQLite SQLITE_BUSY, and SQLITE_LOCKED ("database table is locked: t").
@@ -392,9 +401,10 @@ fn classify_message(message: &str) -> ErrorClass {
     {
         return ErrorClass::ConnectionLost;
     }
-    const SCHEMA: [&str; 6] = [
-        // PostgreSQL 42P01, 42703.
+    const SCHEMA: [&str; 8] = [
+        // PostgreSQL 42P01, 42703; 42P10, an `ON CONFLICT` without its unique index.
         "does not exist",
+        "no unique or exclusion constraint matching the ON CONFLICT",
         // MySQL / MariaDB 1146, 1054.
         "doesn't exist",
         "Unknown column",
@@ -402,6 +412,7 @@ fn classify_message(message: &str) -> ErrorClass {
         "no such table",
         "no such column",
         "has no column named",
+        "ON CONFLICT clause does not match any PRIMARY KEY or UNIQUE constraint",
     ];
     if SCHEMA.iter().any(|m| message.contains(m)) {
         return ErrorClass::Schema;
@@ -570,6 +581,25 @@ mod tests {
                 "current transaction is aborted, commands ignored until end of transaction block"
             ),
             ErrorClass::TransactionAborted
+        );
+        assert_eq!(
+            other("Query execution was interrupted (max_statement_time exceeded)"),
+            ErrorClass::Transient(TransientKind::StatementTimeout)
+        );
+        assert_eq!(
+            other("Query execution was interrupted, maximum statement execution time exceeded"),
+            ErrorClass::Transient(TransientKind::StatementTimeout)
+        );
+        // The inbox's unique index gone under a connection that had checked the table.
+        assert_eq!(
+            other(
+                "there is no unique or exclusion constraint matching the ON CONFLICT specification"
+            ),
+            ErrorClass::Schema
+        );
+        assert_eq!(
+            other("ON CONFLICT clause does not match any PRIMARY KEY or UNIQUE constraint"),
+            ErrorClass::Schema
         );
         assert_eq!(
             other("syntax error at or near \"SELEC\""),

@@ -12,6 +12,7 @@ use uuid::Uuid;
 
 use crate::__private::HandlerSpec;
 use crate::claim::{self, ClaimAnswer, ClaimStep};
+use crate::verify::{Layout, SessionMark};
 
 /// A diesel connection an `#[idempotent]` handler can run on.
 ///
@@ -61,7 +62,7 @@ pub trait InboxConnection:
         schema: &InboxSchema,
         consumer: &str,
         key: &MessageKey,
-        text: Option<&str>,
+        layout: Layout,
     ) -> QueryResult<bool>;
 
     /// Inserts the markers of `ids` (distinct) that do not exist yet; returns those it
@@ -73,6 +74,7 @@ pub trait InboxConnection:
         consumer: &str,
         ids: &[Uuid],
         texts: Option<&[String]>,
+        layout: Layout,
     ) -> QueryResult<Vec<Uuid>>;
 
     /// Claim mode: checks that no transaction is open — each claim statement must commit on
@@ -85,10 +87,6 @@ pub trait InboxConnection:
     /// The backend, for the SQL that is not written once.
     #[doc(hidden)]
     const BACKEND: crate::schema::Backend;
-
-    /// The startup check: what the catalog says about the inbox table.
-    #[doc(hidden)]
-    fn read_catalog(&mut self, schema: &InboxSchema) -> QueryResult<crate::verify::Catalog>;
 
     /// Claim mode: runs one step, committed on its own.
     #[doc(hidden)]
@@ -150,11 +148,6 @@ macro_rules! shared_steps {
     ($backend:ident) => {
         const BACKEND: crate::schema::Backend = crate::schema::Backend::$backend;
 
-        fn read_catalog(&mut self, schema: &InboxSchema) -> QueryResult<crate::verify::Catalog> {
-            let conn = self;
-            crate::verify::read_catalog!(conn, schema, Self::BACKEND, [])
-        }
-
         fn claim_step(
             &mut self,
             spec: &HandlerSpec,
@@ -205,6 +198,8 @@ pub(crate) struct ClaimMarker<'a, DB> {
     id: &'a Uuid,
     consumer: &'a str,
     text: Option<&'a str>,
+    /// MySQL and MariaDB: the insert requires the check's mark on the session.
+    mark: Option<SessionMark>,
     backend: PhantomData<DB>,
 }
 
@@ -214,12 +209,14 @@ impl<'a, DB> ClaimMarker<'a, DB> {
         consumer: &'a str,
         id: &'a Uuid,
         text: Option<&'a str>,
+        mark: Option<SessionMark>,
     ) -> Self {
         Self {
             table: schema.table(),
             id,
             consumer,
             text,
+            mark,
             backend: PhantomData,
         }
     }
@@ -276,7 +273,15 @@ where
         });
         DB::bind_id(&mut out, self.id)?;
         out.push_sql(", ");
-        out.push_bind_param::<Text, str>(self.consumer)?;
+        match self.mark {
+            Some(mark) => {
+                let (before, after) = mark.guard();
+                out.push_sql(&before);
+                out.push_bind_param::<Text, str>(self.consumer)?;
+                out.push_sql(after);
+            }
+            None => out.push_bind_param::<Text, str>(self.consumer)?,
+        }
         out.push_sql(", ");
         if let Some(text) = self.text {
             out.push_bind_param::<Text, str>(text)?;
@@ -389,16 +394,19 @@ fn claim_returning<C>(
     schema: &InboxSchema,
     consumer: &str,
     key: &MessageKey,
-    text: Option<&str>,
+    layout: Layout,
 ) -> QueryResult<bool>
 where
     C: Connection,
     for<'q> ClaimMarker<'q, C::Backend>: diesel::query_dsl::LoadQuery<'q, C, i64>,
 {
     let id = key.stored_id();
-    Ok(!ClaimMarker::new(schema, consumer, &id, text)
-        .load::<i64>(conn)?
-        .is_empty())
+    let text = layout.key_text.then(|| crate::driver::key_text(key));
+    Ok(
+        !ClaimMarker::new(schema, consumer, &id, text.as_deref(), None)
+            .load::<i64>(conn)?
+            .is_empty(),
+    )
 }
 
 /// The rows an insert of a marker or a claim wrote: 0 when the row existed. MySQL and
@@ -491,9 +499,9 @@ pub(crate) mod sqlite {
             schema: &InboxSchema,
             consumer: &str,
             key: &MessageKey,
-            text: Option<&str>,
+            layout: Layout,
         ) -> QueryResult<bool> {
-            claim_returning(self, schema, consumer, key, text)
+            claim_returning(self, schema, consumer, key, layout)
         }
 
         fn claim_markers(
@@ -502,6 +510,7 @@ pub(crate) mod sqlite {
             consumer: &str,
             ids: &[Uuid],
             texts: Option<&[String]>,
+            _layout: Layout,
         ) -> QueryResult<Vec<Uuid>> {
             let inserted: Vec<Vec<u8>> = ClaimMarkers::<Sqlite, diesel::sql_types::Binary>::new(
                 schema, consumer, ids, texts,
@@ -570,9 +579,9 @@ pub(crate) mod postgres {
             schema: &InboxSchema,
             consumer: &str,
             key: &MessageKey,
-            text: Option<&str>,
+            layout: Layout,
         ) -> QueryResult<bool> {
-            claim_returning(self, schema, consumer, key, text)
+            claim_returning(self, schema, consumer, key, layout)
         }
 
         fn claim_markers(
@@ -581,6 +590,7 @@ pub(crate) mod postgres {
             consumer: &str,
             ids: &[Uuid],
             texts: Option<&[String]>,
+            _layout: Layout,
         ) -> QueryResult<Vec<Uuid>> {
             ClaimMarkers::<Pg, diesel::sql_types::Uuid>::new(schema, consumer, ids, texts)
                 .load(self)
@@ -655,10 +665,18 @@ pub(crate) mod mysql {
             schema: &InboxSchema,
             consumer: &str,
             key: &MessageKey,
-            text: Option<&str>,
+            layout: Layout,
         ) -> QueryResult<bool> {
             let id = key.stored_id();
-            let inserted = ClaimMarker::<Mysql>::new(schema, consumer, &id, text).execute(self);
+            let text = layout.key_text.then(|| crate::driver::key_text(key));
+            let inserted = ClaimMarker::<Mysql>::new(
+                schema,
+                consumer,
+                &id,
+                text.as_deref(),
+                layout.session_mark,
+            )
+            .execute(self);
             Ok(inserted_unless_duplicate(inserted, schema)? > 0)
         }
 
@@ -670,11 +688,14 @@ pub(crate) mod mysql {
             consumer: &str,
             ids: &[Uuid],
             texts: Option<&[String]>,
+            layout: Layout,
         ) -> QueryResult<Vec<Uuid>> {
             let mut inserted = Vec::with_capacity(ids.len());
             for (n, id) in ids.iter().enumerate() {
                 let text = texts.map(|texts| texts[n].as_str());
-                let result = ClaimMarker::<Mysql>::new(schema, consumer, id, text).execute(self);
+                let result =
+                    ClaimMarker::<Mysql>::new(schema, consumer, id, text, layout.session_mark)
+                        .execute(self);
                 if inserted_unless_duplicate(result, schema)? > 0 {
                     inserted.push(*id);
                 }

@@ -87,9 +87,12 @@ impl ClaimState {
 #[doc(hidden)]
 #[derive(Debug, Clone, Copy)]
 pub enum ClaimStep {
-    /// Inserts a live claim with attempt 1, unless a row exists: 1 row or 0. `key_text`:
+    /// Inserts a live claim with attempt 1, unless a row exists: 1 row or 0, with what the
     /// the table has the column, and the key's text is written to it.
-    Insert { lease_ms: u64, key_text: bool },
+    Insert {
+        lease_ms: u64,
+        layout: crate::verify::Layout,
+    },
     /// Reads the row's state and attempt counter.
     Read,
     /// Takes over a released claim — or with `expired` an expired one too — whose counter
@@ -127,6 +130,8 @@ enum Part {
     Table,
     Id,
     Consumer,
+    /// The consumer, required to come with the check's mark on the session (MySQL).
+    MarkedConsumer(crate::verify::SessionMark),
     /// The key's text (`key_text`).
     KeyText,
     Int(i64),
@@ -163,7 +168,7 @@ where
         key: &MessageKey,
         step: ClaimStep,
     ) -> Self {
-        use Part::{Consumer, Id, Int, KeyText, Sql, Table};
+        use Part::{Consumer, Id, Int, KeyText, MarkedConsumer, Sql, Table};
         let lease = |ms: u64| {
             [
                 Sql(DB::LEASE_UNTIL.0),
@@ -173,14 +178,15 @@ where
         };
         let mut parts = Vec::with_capacity(20);
         match step {
-            ClaimStep::Insert { lease_ms, key_text } => {
+            ClaimStep::Insert { lease_ms, layout } => {
+                let consumer = layout.session_mark.map_or(Consumer, MarkedConsumer);
                 parts.extend([Sql("INSERT INTO "), Table]);
-                match key_text {
+                match layout.key_text {
                     true => parts.extend([
                         Sql(" (message_id, consumer, key_text, claimed_until, attempts) VALUES ("),
                         Id,
                         Sql(", "),
-                        Consumer,
+                        consumer,
                         Sql(", "),
                         KeyText,
                         Sql(", "),
@@ -189,7 +195,7 @@ where
                         Sql(" (message_id, consumer, claimed_until, attempts) VALUES ("),
                         Id,
                         Sql(", "),
-                        Consumer,
+                        consumer,
                         Sql(", "),
                     ]),
                 }
@@ -242,7 +248,7 @@ where
             }
         }
         let key_text = match step {
-            ClaimStep::Insert { key_text: true, .. } => key.to_string(),
+            ClaimStep::Insert { layout, .. } if layout.key_text => crate::driver::key_text(key),
             _ => String::new(),
         };
         Self {
@@ -317,6 +323,12 @@ where
                 Part::Table => push_table(&mut out, self.table)?,
                 Part::Id => DB::bind_id(&mut out, &self.id)?,
                 Part::Consumer => out.push_bind_param::<Text, str>(self.consumer)?,
+                Part::MarkedConsumer(mark) => {
+                    let (before, after) = mark.guard();
+                    out.push_sql(&before);
+                    out.push_bind_param::<Text, str>(self.consumer)?;
+                    out.push_sql(after);
+                }
                 Part::KeyText => out.push_bind_param::<Text, str>(&self.key_text)?,
                 Part::Int(value) => DB::bind_int(&mut out, value)?,
             }

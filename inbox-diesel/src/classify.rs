@@ -12,7 +12,8 @@ use inbox_core::{ErrorClass, InboxSchema};
 ///
 /// Route a handler's failures on what the runtime decided, not on this function: a duplicate
 /// comes back as [`Outcome::Duplicate`](crate::Outcome::Duplicate), never as an error, and the
-/// inbox's own failures carry their class ([`Error::class`](crate::Error::class)). An error the
+/// inbox's own failures carry their class ([`Error::class`](crate::Error::class)) — also inside
+/// the diesel error a handler returning `QueryResult` gets them in, which this function reads. An error the
 /// handler's body returned is the body's: the message was not processed, whatever its class.
 /// Servers name tables without their schema, and MariaDB names none at all: there, a unique
 /// index of another table that carries the inbox index's name (a copy made with
@@ -39,6 +40,11 @@ pub fn classify(error: &DieselError, schema: &InboxSchema) -> ErrorClass {
         // A rollback failed: what the server holds of the transaction is unknown, and diesel
         // refuses every later statement on the connection.
         DieselError::BrokenTransactionManager => ErrorClass::ConnectionLost,
+        // The inbox's own failure, as a handler returning `QueryResult` gets it: its class.
+        DieselError::QueryBuilderError(inner) => match inner.downcast_ref::<crate::Error>() {
+            Some(inbox) => inbox.class(),
+            None => ErrorClass::Other,
+        },
         _ => {
             with_server_error(error, |server| server.classify(schema)).unwrap_or(ErrorClass::Other)
         }

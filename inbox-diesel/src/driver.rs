@@ -35,13 +35,13 @@ pub(crate) trait Steps {
     /// Puts back what `begin` set for the session, once the transaction ended.
     async fn end(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()>;
 
-    /// Inserts the marker unless it exists; `Ok(false)` when it already did. `text`: the
-    /// key's text, for a table with `key_text`.
+    /// Inserts the marker unless it exists, with what `layout` says; `Ok(false)` when it
+    /// already did.
     async fn claim(
         &mut self,
         spec: &'static HandlerSpec,
         key: &MessageKey,
-        text: Option<&str>,
+        layout: Layout,
     ) -> QueryResult<bool>;
 
     /// Inserts the markers of `ids` (distinct, sorted) that do not exist; returns those it
@@ -51,6 +51,7 @@ pub(crate) trait Steps {
         spec: &'static HandlerSpec,
         ids: &[uuid::Uuid],
         texts: Option<&[String]>,
+        layout: Layout,
     ) -> QueryResult<Vec<uuid::Uuid>>;
 
     /// Commits, failing if the transaction had been aborted by a failed statement.
@@ -151,7 +152,7 @@ where
     B: Body<S::Conn, Result<T, E>>,
     P: Fn(&Result<T, E>) -> Option<ErrorClass>,
 {
-    let layout = schema_checked(&mut steps, spec, inbox_error).await?;
+    let mut layout = schema_checked(&mut steps, spec, inbox_error).await?;
     if spec.precheck && claims.completed_before(&mut steps, spec).await {
         tracing::info!(
             outcome = "duplicate",
@@ -159,7 +160,7 @@ where
         );
         return Ok(Decided::Duplicate);
     }
-    let mut retries = 0;
+    let (mut retries, mut rechecked) = (0, false);
     loop {
         let attempted = attempt(&mut steps, spec, layout, claims, &mut body).await;
         end(&mut steps, spec, layout).await;
@@ -181,6 +182,14 @@ where
             }
             Err(failure) => failure,
         };
+        if let Failure::Database(e) = &failure
+            && !rechecked
+            && needs_recheck(e, spec)
+        {
+            rechecked = true;
+            layout = rechecked_layout(&mut steps, spec, inbox_error).await?;
+            continue;
+        }
         let class = match &failure {
             Failure::Body(result) => probe(result),
             Failure::Database(e) => Some(classify(e, &spec.schema)),
@@ -275,6 +284,26 @@ fn forget_check<S: Steps>(steps: &mut S, spec: &HandlerSpec) {
     CHECKED.with_borrow_mut(|checked| checked.retain(|(checked, _)| *checked != key));
 }
 
+/// Whether a failed statement of the handler's own (begin, claim, commit) says that the table
+/// is not what this connection's check found — a column or the unique index gone, the table
+/// recreated — or that the server session is not the one checked: a new connection at a
+/// dropped one's address ([`SessionMark`](crate::verify::SessionMark)).
+fn needs_recheck(error: &DieselError, spec: &HandlerSpec) -> bool {
+    classify(error, &spec.schema) == ErrorClass::Schema || crate::verify::unchecked_session(error)
+}
+
+/// Checks the table again on this connection, once per delivery: the attempt then runs
+/// again with what the check finds, or the delivery fails with `Error::Schema`.
+async fn rechecked_layout<S: Steps, E>(
+    steps: &mut S,
+    spec: &'static HandlerSpec,
+    inbox_error: fn(Error) -> E,
+) -> Result<Layout, E> {
+    tracing::info!("a statement found the inbox table not as checked; checking it again");
+    forget_check(steps, spec);
+    schema_checked(steps, spec, inbox_error).await
+}
+
 /// How many (connection, handler) pairs a thread remembers as checked.
 const CHECKED_MAX: usize = 256;
 
@@ -344,8 +373,7 @@ impl Claims for MessageKey {
         spec: &'static HandlerSpec,
         layout: Layout,
     ) -> QueryResult<bool> {
-        let text = layout.key_text.then(|| self.to_string());
-        steps.claim(spec, self, text.as_deref()).await
+        steps.claim(spec, self, layout).await
     }
 
     async fn completed_before<S: Steps>(&self, steps: &mut S, spec: &'static HandlerSpec) -> bool {
@@ -397,7 +425,7 @@ impl Claims for BatchClaims<'_> {
         let texts: Option<Vec<String>> = layout.key_text.then(|| {
             self.ids
                 .iter()
-                .map(|&(_, at)| self.keys[at].to_string())
+                .map(|&(_, at)| key_text(&self.keys[at]))
                 .collect()
         });
         // One statement per chunk, in the transaction and in the ids' order: a server takes
@@ -409,7 +437,7 @@ impl Claims for BatchClaims<'_> {
                 let start = n * MARKERS_PER_STATEMENT;
                 &texts[start..start + chunk.len()]
             });
-            inserted.extend(steps.claim_batch(spec, chunk, texts).await?);
+            inserted.extend(steps.claim_batch(spec, chunk, texts, layout).await?);
         }
         inserted.sort_unstable();
         let mut new: Vec<usize> = self
@@ -422,6 +450,17 @@ impl Claims for BatchClaims<'_> {
         let any = !new.is_empty();
         self.new.set(new);
         Ok(any)
+    }
+}
+
+/// What `key_text` holds for `key`: its `Display`, with NUL — which PostgreSQL's text cannot
+/// hold, and which a sender can put in a text key — written as U+FFFD, so that such a key is
+/// still processed. The column is for people; the stored id is the key.
+pub(crate) fn key_text(key: &MessageKey) -> String {
+    let text = key.to_string();
+    match text.contains('\0') {
+        true => text.replace('\0', "\u{fffd}"),
+        false => text,
     }
 }
 
@@ -478,8 +517,8 @@ where
     B: Body<S::Conn, Result<T, E>>,
 {
     tracing::debug!(key = ?key.to_string(), "handling message");
-    let layout = schema_checked(&mut steps, spec, inbox_error).await?;
-    let mut retries = 0;
+    let mut layout = schema_checked(&mut steps, spec, inbox_error).await?;
+    let (mut retries, mut rechecked) = (0, false);
     let attempt = loop {
         match acquire(&mut steps, spec, claim, layout, &key).await {
             Ok(Acquired::Attempt(attempt)) => break attempt,
@@ -511,6 +550,10 @@ where
                     key,
                     attempts,
                 });
+            }
+            Err(e) if !rechecked && needs_recheck(&e, spec) => {
+                rechecked = true;
+                layout = rechecked_layout(&mut steps, spec, inbox_error).await?;
             }
             Err(e) => wait_or_give_up(&mut steps, spec, e, &mut retries, inbox_error).await?,
         }
@@ -611,7 +654,7 @@ async fn acquire<S: Steps>(
     for _ in 0..ROUNDS {
         let insert = ClaimStep::Insert {
             lease_ms: claim.lease_ms,
-            key_text: layout.key_text,
+            layout,
         };
         if steps.claim_step(spec, key, insert).await?.changed() {
             return Ok(Acquired::Attempt(1));

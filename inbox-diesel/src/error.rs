@@ -35,7 +35,9 @@ pub enum Error {
     /// another transaction it could not commit or roll back the marker with the body, so
     /// nothing ran. Call the handler outside any transaction — give it its own connection
     /// from the pool, or finish the caller's transaction first. A bug to fix: alert, do not
-    /// retry.
+    /// retry. Found by diesel's transaction manager: a transaction opened with raw SQL
+    /// (`batch_execute("BEGIN")`) is invisible to it, and the handler's own `BEGIN`/`COMMIT`
+    /// then ends the caller's transaction — open transactions with `conn.transaction(…)`.
     CalledInsideTransaction,
     /// The inbox table cannot recognise a duplicate — its unique index on
     /// `(message_id, consumer)` is missing, not unique, on other columns or under another
@@ -150,6 +152,24 @@ impl std::error::Error for Error {
 impl From<KeyError> for Error {
     fn from(e: KeyError) -> Self {
         Error::InvalidKey(e)
+    }
+}
+
+/// Lets a body whose error type is this one use `?` on diesel calls: the error is
+/// [`Error::Database`] of its class, after one attempt. The inbox's own error, carried inside
+/// a diesel error (as `QueryResult` handlers get it), comes back out as it was.
+impl From<diesel::result::Error> for Error {
+    fn from(source: diesel::result::Error) -> Self {
+        match source {
+            diesel::result::Error::QueryBuilderError(inner) if inner.is::<Error>() => {
+                *inner.downcast::<Error>().expect("checked by `is`")
+            }
+            source => Error::Database {
+                class: crate::classify(&source, &inbox_core::InboxSchema::DEFAULT),
+                attempts: 1,
+                source,
+            },
+        }
     }
 }
 

@@ -313,7 +313,7 @@ mod verify;
 /// | option | value | default |
 /// |---|---|---|
 /// | `consumer` | string literal: the handler's name, stored in the marker; non-empty, ≤ 200 bytes, no control characters (checked at compile time) | required |
-/// | `key` | an expression over the parameters whose type implements [`ToMessageKey`] (`Uuid`, text, integers, Kafka `(topic, partition, offset)`, CloudEvents `(source, id)`); borrowed, not moved; an empty or over-long key is an error before any SQL | required |
+/// | `key` | an expression over the parameters whose type implements [`ToMessageKey`] (`Uuid`, text, bytes, integers up to `u128`, `url::Url` with the feature `url`, Kafka `(topic, partition, offset)`, CloudEvents `(source, id)`); borrowed, not moved; an empty key or one over 64 KiB is an error before any SQL | required |
 /// | `conn` | the name of the connection parameter | the one `&mut …Connection` parameter |
 /// | `retries` | integer: retries of transient failures, each in a fresh transaction | `3` |
 /// | `isolation` | `"read committed"`, `"repeatable read"` or `"serializable"` (PostgreSQL, MySQL, MariaDB; SQLite is always serializable) | the server's default |

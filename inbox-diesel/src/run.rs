@@ -157,10 +157,10 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
         &mut self,
         spec: &'static HandlerSpec,
         key: &MessageKey,
-        text: Option<&str>,
+        layout: Layout,
     ) -> QueryResult<bool> {
         self.0
-            .claim_marker(&spec.schema, spec.consumer.as_str(), key, text)
+            .claim_marker(&spec.schema, spec.consumer.as_str(), key, layout)
     }
 
     async fn claim_batch(
@@ -168,9 +168,10 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
         spec: &'static HandlerSpec,
         ids: &[uuid::Uuid],
         texts: Option<&[String]>,
+        layout: Layout,
     ) -> QueryResult<Vec<uuid::Uuid>> {
         self.0
-            .claim_markers(&spec.schema, spec.consumer.as_str(), ids, texts)
+            .claim_markers(&spec.schema, spec.consumer.as_str(), ids, texts, layout)
     }
 
     async fn commit(&mut self) -> QueryResult<()> {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use diesel::QueryResult;
 use diesel_async::AsyncConnection;
-use inbox_core::{BatchOutcome, ErrorClass, InboxSchema, KeyError, MessageKey, Outcome};
+use inbox_core::{BatchOutcome, ErrorClass, KeyError, MessageKey, Outcome};
 use tracing::Instrument;
 
 use crate::__private::HandlerSpec;
@@ -96,7 +96,7 @@ pub trait AsyncInboxConnection:
         &mut self,
         spec: &'static HandlerSpec,
         key: &MessageKey,
-        text: Option<&str>,
+        layout: Layout,
     ) -> impl Future<Output = QueryResult<bool>> + Send;
 
     /// Inserts the markers of `ids` that do not exist; returns those it inserted. `texts`:
@@ -107,6 +107,7 @@ pub trait AsyncInboxConnection:
         spec: &'static HandlerSpec,
         ids: &[uuid::Uuid],
         texts: Option<&[String]>,
+        layout: Layout,
     ) -> impl Future<Output = QueryResult<Vec<uuid::Uuid>>> + Send;
 
     /// Commits the handler's transaction, failing if it had been aborted.
@@ -151,13 +152,6 @@ pub trait AsyncInboxConnection:
     /// The backend, for the SQL that is not written once.
     #[doc(hidden)]
     const BACKEND: crate::schema::Backend;
-
-    /// The startup check: what the catalog says about the inbox table.
-    #[doc(hidden)]
-    fn read_catalog(
-        &mut self,
-        schema: &InboxSchema,
-    ) -> impl Future<Output = QueryResult<crate::verify::Catalog>> + Send;
 
     /// Claim mode: runs one step, committed on its own.
     #[doc(hidden)]
@@ -336,9 +330,9 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
         &mut self,
         spec: &'static HandlerSpec,
         key: &MessageKey,
-        text: Option<&str>,
+        layout: Layout,
     ) -> QueryResult<bool> {
-        self.0.claim_marker(spec, key, text).await
+        self.0.claim_marker(spec, key, layout).await
     }
 
     async fn claim_batch(
@@ -346,8 +340,9 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
         spec: &'static HandlerSpec,
         ids: &[uuid::Uuid],
         texts: Option<&[String]>,
+        layout: Layout,
     ) -> QueryResult<Vec<uuid::Uuid>> {
-        self.0.claim_markers(spec, ids, texts).await
+        self.0.claim_markers(spec, ids, texts, layout).await
     }
 
     async fn commit(&mut self) -> QueryResult<()> {
@@ -399,15 +394,6 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
 macro_rules! server_steps {
     ($variant:ident, $backend:ty) => {
         const BACKEND: crate::schema::Backend = crate::schema::Backend::$variant;
-
-        async fn read_catalog(
-            &mut self,
-            schema: &InboxSchema,
-        ) -> QueryResult<crate::verify::Catalog> {
-            use diesel_async::RunQueryDsl;
-            let conn = self;
-            crate::verify::read_catalog!(conn, schema, Self::BACKEND, [.await])
-        }
 
         /// PostgreSQL: READ COMMITTED, so that each statement sees what committed before it.
         async fn begin_write_transaction(&mut self) -> QueryResult<()> {
@@ -512,10 +498,17 @@ mod postgres {
             &mut self,
             spec: &'static HandlerSpec,
             key: &MessageKey,
-            text: Option<&str>,
+            layout: Layout,
         ) -> QueryResult<bool> {
             let id = key.stored_id();
-            let claim = ClaimMarker::<Pg>::new(&spec.schema, spec.consumer.as_str(), &id, text);
+            let text = layout.key_text.then(|| crate::driver::key_text(key));
+            let claim = ClaimMarker::<Pg>::new(
+                &spec.schema,
+                spec.consumer.as_str(),
+                &id,
+                text.as_deref(),
+                None,
+            );
             let rows: Vec<i64> = RunQueryDsl::load(claim, self).await?;
             Ok(!rows.is_empty())
         }
@@ -525,6 +518,7 @@ mod postgres {
             spec: &'static HandlerSpec,
             ids: &[uuid::Uuid],
             texts: Option<&[String]>,
+            _layout: Layout,
         ) -> QueryResult<Vec<uuid::Uuid>> {
             let claim = crate::backend::ClaimMarkers::<Pg, diesel::sql_types::Uuid>::new(
                 &spec.schema,
@@ -559,15 +553,6 @@ mod sqlite {
     /// SQLite runs on a blocking thread: each step is the sync runtime's own, sent there.
     impl AsyncInboxConnection for SyncConnectionWrapper<SqliteConnection> {
         const BACKEND: crate::schema::Backend = crate::schema::Backend::Sqlite;
-
-        async fn read_catalog(
-            &mut self,
-            schema: &InboxSchema,
-        ) -> QueryResult<crate::verify::Catalog> {
-            let schema = *schema;
-            self.spawn_blocking(move |conn| conn.read_catalog(&schema))
-                .await
-        }
 
         async fn begin_inbox_transaction(
             &mut self,
@@ -605,12 +590,11 @@ mod sqlite {
             &mut self,
             spec: &'static HandlerSpec,
             key: &MessageKey,
-            text: Option<&str>,
+            layout: Layout,
         ) -> QueryResult<bool> {
             let key = key.clone();
-            let text = text.map(str::to_owned);
             self.spawn_blocking(move |conn| {
-                conn.claim_marker(&spec.schema, spec.consumer.as_str(), &key, text.as_deref())
+                conn.claim_marker(&spec.schema, spec.consumer.as_str(), &key, layout)
             })
             .await
         }
@@ -620,11 +604,18 @@ mod sqlite {
             spec: &'static HandlerSpec,
             ids: &[uuid::Uuid],
             texts: Option<&[String]>,
+            layout: Layout,
         ) -> QueryResult<Vec<uuid::Uuid>> {
             let ids = ids.to_vec();
             let texts = texts.map(<[String]>::to_vec);
             self.spawn_blocking(move |conn| {
-                conn.claim_markers(&spec.schema, spec.consumer.as_str(), &ids, texts.as_deref())
+                conn.claim_markers(
+                    &spec.schema,
+                    spec.consumer.as_str(),
+                    &ids,
+                    texts.as_deref(),
+                    layout,
+                )
             })
             .await
         }
@@ -706,10 +697,17 @@ mod mysql {
             &mut self,
             spec: &'static HandlerSpec,
             key: &MessageKey,
-            text: Option<&str>,
+            layout: Layout,
         ) -> QueryResult<bool> {
             let id = key.stored_id();
-            let claim = ClaimMarker::<Mysql>::new(&spec.schema, spec.consumer.as_str(), &id, text);
+            let text = layout.key_text.then(|| crate::driver::key_text(key));
+            let claim = ClaimMarker::<Mysql>::new(
+                &spec.schema,
+                spec.consumer.as_str(),
+                &id,
+                text.as_deref(),
+                layout.session_mark,
+            );
             let inserted = RunQueryDsl::execute(claim, self).await;
             Ok(inserted_unless_duplicate(inserted, &spec.schema)? > 0)
         }
@@ -720,12 +718,18 @@ mod mysql {
             spec: &'static HandlerSpec,
             ids: &[uuid::Uuid],
             texts: Option<&[String]>,
+            layout: Layout,
         ) -> QueryResult<Vec<uuid::Uuid>> {
             let mut inserted = Vec::with_capacity(ids.len());
             for (n, id) in ids.iter().enumerate() {
                 let text = texts.map(|texts| texts[n].as_str());
-                let claim =
-                    ClaimMarker::<Mysql>::new(&spec.schema, spec.consumer.as_str(), id, text);
+                let claim = ClaimMarker::<Mysql>::new(
+                    &spec.schema,
+                    spec.consumer.as_str(),
+                    id,
+                    text,
+                    layout.session_mark,
+                );
                 let result = RunQueryDsl::execute(claim, self).await;
                 if inserted_unless_duplicate(result, &spec.schema)? > 0 {
                     inserted.push(*id);

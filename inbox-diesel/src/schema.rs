@@ -88,8 +88,10 @@ pub(crate) fn verify_layout<C: crate::InboxConnection>(
     conn: &mut C,
     schema: &InboxSchema,
 ) -> Result<crate::verify::Layout, SchemaError> {
-    let catalog = conn.read_catalog(schema).map_err(SchemaError::Database)?;
-    crate::verify::check(C::BACKEND, schema, catalog)
+    crate::io::complete_now(crate::verify::check_table(
+        &mut crate::io::Blocking(conn),
+        schema,
+    ))
 }
 
 /// [`verify`] on a diesel-async connection.
@@ -110,11 +112,7 @@ pub(crate) async fn verify_layout_async<C: crate::AsyncInboxConnection>(
     conn: &mut C,
     schema: &InboxSchema,
 ) -> Result<crate::verify::Layout, SchemaError> {
-    let catalog = conn
-        .read_catalog(schema)
-        .await
-        .map_err(SchemaError::Database)?;
-    crate::verify::check(C::BACKEND, schema, catalog)
+    crate::verify::check_table(&mut crate::io::Awaiting(conn), schema).await
 }
 
 /// A database backend, for the SQL that differs between them. Available whatever features
@@ -174,12 +172,13 @@ impl Backend {
     /// The runtime's startup check finds the column and from then on writes each new marker's
     /// key there as its text (`Display` of [`MessageKey`](crate::MessageKey): the text itself,
     /// the integer in decimal, the UUID hyphenated, bytes in hex, `topic/partition@offset`,
-    /// `source#id`), for operators reading the table; rows written before stay `NULL`. The
+    /// `source#id`; a NUL character as U+FFFD, which PostgreSQL's text cannot hold), for
+    /// operators reading the table; rows written before stay `NULL`. The
     /// column is not indexed and nothing reads it: deduplication goes by `message_id` alone.
     /// Connections checked before the column existed go on without it until a new connection
     /// (or thread) runs the handler. Dropping the column again fails the next claim of a
-    /// connection that wrote it once, which is then answered with `Error::Database` (class
-    /// `Schema`) and the connection checks the table afresh on its next delivery.
+    /// connection that wrote it; the runtime then checks the table again and that delivery
+    /// goes in without the column.
     ///
     /// A text key's `key_text` turns back into its `message_id` by
     /// [`text_key_sql`](Self::text_key_sql).

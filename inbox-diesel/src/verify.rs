@@ -2,9 +2,12 @@
 
 use std::fmt;
 
+use diesel::QueryResult;
 use diesel::sql_types::{BigInt, Text};
 use inbox_core::InboxSchema;
 
+use crate::dialect::Dialect;
+use crate::io::{Io, Sql};
 use crate::schema::Backend;
 
 /// What [`verify`](crate::schema::verify) found different from what the runtime needs.
@@ -125,9 +128,8 @@ impl std::error::Error for SchemaError {
 }
 
 /// The catalog's view of the inbox table: its columns and the named index.
-#[doc(hidden)]
 #[derive(Debug, Default)]
-pub struct Catalog {
+pub(crate) struct Catalog {
     columns: Vec<ColumnRow>,
     index: Vec<IndexRow>,
     /// `VERSION()` on MySQL and MariaDB; empty elsewhere.
@@ -199,44 +201,58 @@ pub(crate) fn catalog_sql(backend: Backend) -> (&'static str, &'static str) {
     }
 }
 
-/// Reads the [`Catalog`] on a connection of `$backend`, sync (`[]`) or async (`[.await]`).
-macro_rules! read_catalog {
-    ($conn:ident, $schema:ident, $backend:expr, [$($await:tt)*]) => {{
-        let (columns_sql, index_sql) = $crate::verify::catalog_sql($backend);
-        let (qualifier, name) = match $schema.table().rsplit_once('.') {
-            Some((qualifier, name)) => (qualifier, name),
-            None => ("", $schema.table()),
-        };
-        let columns = diesel::sql_query(columns_sql)
-            .bind::<diesel::sql_types::Text, _>(qualifier)
-            .bind::<diesel::sql_types::Text, _>(name)
-            .load($conn)$($await)*?;
-        let index = diesel::sql_query(index_sql)
-            .bind::<diesel::sql_types::Text, _>(qualifier)
-            .bind::<diesel::sql_types::Text, _>(name)
-            .bind::<diesel::sql_types::Text, _>($schema.constraint())
-            .load($conn)$($await)*?;
-        let server = match $backend {
-            $crate::schema::Backend::Mysql => {
-                diesel::sql_query($crate::verify::SERVER_VERSION_SQL)
-                    .get_result::<$crate::verify::ServerRow>($conn)$($await)*?
-                    .version
-            }
-            _ => String::new(),
-        };
-        Ok($crate::verify::Catalog::new(columns, index, server))
-    }};
+/// Reads the [`Catalog`] of `schema`'s table.
+async fn read_catalog<S: Io>(io: &mut S, schema: &InboxSchema) -> QueryResult<Catalog> {
+    let backend = S::Backend::BACKEND;
+    let (columns_sql, index_sql) = catalog_sql(backend);
+    let (qualifier, name) = match schema.table().rsplit_once('.') {
+        Some((qualifier, name)) => (qualifier, name),
+        None => ("", schema.table()),
+    };
+    let columns = io
+        .load(&Sql::new(columns_sql).bind_text(qualifier).bind_text(name))
+        .await?;
+    let index = io
+        .load(
+            &Sql::new(index_sql)
+                .bind_text(qualifier)
+                .bind_text(name)
+                .bind_text(schema.constraint()),
+        )
+        .await?;
+    let server = match backend {
+        Backend::Mysql => io
+            .load::<ServerRow>(&Sql::new(SERVER_VERSION_SQL))
+            .await?
+            .into_iter()
+            .next()
+            .map(|row| row.version)
+            .unwrap_or_default(),
+        Backend::Postgres | Backend::Sqlite => String::new(),
+    };
+    Ok(Catalog {
+        columns,
+        index,
+        server,
+    })
 }
-pub(crate) use read_catalog;
 
-impl Catalog {
-    pub(crate) fn new(columns: Vec<ColumnRow>, index: Vec<IndexRow>, server: String) -> Self {
-        Self {
-            columns,
-            index,
-            server,
-        }
+/// The startup check on one connection: reads the catalog, compares, and on MySQL and
+/// MariaDB marks the session as checked ([`SessionMark`]).
+pub(crate) async fn check_table<S: Io>(
+    io: &mut S,
+    schema: &InboxSchema,
+) -> Result<Layout, SchemaError> {
+    let catalog = read_catalog(io, schema)
+        .await
+        .map_err(SchemaError::Database)?;
+    let layout = check(S::Backend::BACKEND, schema, catalog)?;
+    if let Some(mark) = layout.session_mark {
+        io.execute(&Sql::new(mark.set_sql()))
+            .await
+            .map_err(SchemaError::Database)?;
     }
+    Ok(layout)
 }
 
 /// Each column the runtime uses, and the types it works with on each backend: a prefix of
@@ -316,12 +332,62 @@ const KEY_TEXT: (&str, [&[&str]; 3], &str) = (
 /// What the startup check found beyond what every table has: the optional columns the
 /// runtime writes, and the server's flavour where the SQL differs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Layout {
+pub struct Layout {
     /// The table has `key_text`: each marker stores its key's text there.
     pub(crate) key_text: bool,
     /// A MariaDB server (the MySQL backend): it bounds idle transactions
     /// (`idle_transaction_timeout`), which MySQL cannot.
     pub(crate) mariadb: bool,
+    /// MySQL and MariaDB: the session variable the check set on the server session it ran
+    /// on ([`SessionMark`]).
+    pub(crate) session_mark: Option<SessionMark>,
+}
+
+/// MySQL and MariaDB: a session variable, `@inbox_checked_<digest of table and index>`, set
+/// by the startup check on the server session it ran on, and required by each marker insert
+/// (`IF(@… = 1, <consumer>, NULL)` into the `NOT NULL` consumer). The runtime remembers a
+/// check by the connection's address, and a new connection can take a dropped one's
+/// address; there a plain `INSERT` would not notice a table without its unique index, and a
+/// message would be applied twice. The server, which knows its sessions, refuses the insert
+/// instead (error 1048), and the runtime checks the table on that session and goes on.
+/// PostgreSQL and SQLite need no mark: their `ON CONFLICT` fails without the unique index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionMark(u64);
+
+impl SessionMark {
+    pub(crate) fn new(schema: &InboxSchema) -> Self {
+        let name = format!("{}\0{}", schema.table(), schema.constraint());
+        let digest = uuid::Uuid::new_v5(&inbox_core::MessageKey::NAMESPACE, name.as_bytes());
+        SessionMark(digest.as_u64_pair().0)
+    }
+
+    /// The variable, with its `@`.
+    pub(crate) fn variable(self) -> String {
+        format!("@inbox_checked_{:016x}", self.0)
+    }
+
+    /// Sets the variable on the session: after the check passed there.
+    pub(crate) fn set_sql(self) -> String {
+        format!("SET {} = 1", self.variable())
+    }
+
+    /// The consumer's bind, wrapped: `IF(@… = 1, ` before it, `, NULL)` after it.
+    pub(crate) fn guard(self) -> (String, &'static str) {
+        (format!("IF({} = 1, ", self.variable()), ", NULL)")
+    }
+}
+
+/// Whether a failed statement of the claim says that this server session has not checked the
+/// table: MySQL's 1048 on the consumer, which only the [`SessionMark`] can make NULL, or a
+/// MariaDB setting refused by a MySQL server that took a MariaDB connection's address.
+pub(crate) fn unchecked_session(error: &diesel::result::Error) -> bool {
+    crate::classify::with_server_error(error, |server| {
+        server.message.contains("Column 'consumer' cannot be null")
+            || server
+                .message
+                .contains("Unknown system variable 'idle_transaction_timeout'")
+    })
+    .unwrap_or(false)
 }
 
 /// Compares what the catalog says with what the runtime needs, and says which optional
@@ -334,6 +400,7 @@ pub(crate) fn check(
     let mut layout = Layout {
         key_text: false,
         mariadb: backend == Backend::Mysql && catalog.server.contains("MariaDB"),
+        session_mark: (backend == Backend::Mysql).then(|| SessionMark::new(schema)),
     };
     let mut problems = Vec::new();
     if catalog.columns.is_empty() {

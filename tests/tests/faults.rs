@@ -299,6 +299,16 @@ mod mysql {
         assert_eq!(body_action(&locked), Action::RetryLater, "{locked:?}");
         holder.batch_execute("ROLLBACK").unwrap();
 
+        // A statement past the server's time limit: MariaDB's 1969 (MySQL's 3024 is
+        // `max_execution_time`, for SELECTs only).
+        let slow = run(
+            &mut db.connect(),
+            &11,
+            "SET STATEMENT max_statement_time = 0.05 FOR SELECT SLEEP(1)",
+        )
+        .unwrap_err();
+        assert_eq!(body_action(&slow), Action::RetryLater, "{slow:?}");
+
         // The server ends the session.
         let ended = run(&mut db.connect(), &12, "KILL CONNECTION_ID()").unwrap_err();
         assert_eq!(body_action(&ended), Action::Reconnect, "{ended:?}");

@@ -5,7 +5,7 @@
 use diesel::connection::SimpleConnection;
 use diesel::sql_types::{Nullable, Text};
 use diesel::{QueryResult, RunQueryDsl};
-use inbox_diesel::{ErrorClass, InboxConnection, InboxSchema, MessageKey, ToMessageKey, idempotent};
+use inbox_diesel::{InboxConnection, InboxSchema, MessageKey, ToMessageKey, idempotent};
 use inbox_tests::{AppError, Uuid};
 
 #[idempotent(consumer = "activities", key = id.as_str())]
@@ -139,6 +139,16 @@ fn every_kind_of_key_is_kept_as_its_text() {
         );
     }
 
+    // A NUL a sender put in a text key, which PostgreSQL's text cannot hold, is written as
+    // U+FFFD: the message is processed all the same.
+    let nul = "a\0b".to_owned();
+    assert!(by_text(&mut conn, &nul).unwrap().is_processed());
+    assert!(by_text(&mut conn, &nul).unwrap().is_duplicate());
+    assert_eq!(
+        stored_text(&mut conn, "activities", nul.as_str()),
+        Some(Some("a\u{fffd}b".to_owned()))
+    );
+
     // A batch: each new message's own text, a repeated key once, a redelivered one untouched.
     let ids: Vec<String> = ["a", "b", "a", "c"].map(String::from).to_vec();
     assert_eq!(batch(&mut conn, &ids).unwrap().processed, [0, 1, 3]);
@@ -210,11 +220,11 @@ fn a_column_added_later_is_filled_by_the_next_connection() {
     );
 }
 
-/// The column dropped under a connection that wrote it: that delivery fails as a schema
-/// fault, rolled back; the connection reads the table afresh, and the redelivery goes in
-/// without the column. Nothing is lost or applied twice.
+/// The column dropped under a connection that wrote it: that connection's next claim fails
+/// on the missing column, the runtime checks the table again and the delivery goes in
+/// without it. Nothing is lost or applied twice.
 #[test]
-fn a_dropped_column_fails_one_delivery_and_the_redelivery_goes_in() {
+fn a_dropped_column_is_noticed_and_the_delivery_goes_in() {
     let db = Db::new("key_text_dropped");
     add_key_text(&db);
     let mut conn = db.connect();
@@ -223,16 +233,6 @@ fn a_dropped_column_fails_one_delivery_and_the_redelivery_goes_in() {
     db.connect()
         .batch_execute(&backend.drop_key_text_sql(&InboxSchema::DEFAULT))
         .unwrap();
-
-    match by_text(&mut conn, &"after".to_owned()) {
-        Err(e) => assert_eq!(
-            inbox_diesel::classify(&e, &InboxSchema::DEFAULT),
-            ErrorClass::Schema,
-            "{e}"
-        ),
-        Ok(outcome) => panic!("claimed with a dropped column: {outcome:?}"),
-    }
-    assert_eq!(balance(&mut conn), 1);
 
     assert!(by_text(&mut conn, &"after".to_owned()).unwrap().is_processed());
     assert!(by_text(&mut conn, &"after".to_owned()).unwrap().is_duplicate());
