@@ -112,22 +112,6 @@ pub trait InboxConnection:
         AnsiTransactionManager::begin_transaction(self)
     }
 
-    /// [`unique::serialize_on`](crate::unique::serialize_on): takes the lock on `key`.
-    #[doc(hidden)]
-    fn lock_key(&mut self, key: &str) -> QueryResult<crate::unique::KeyLock>;
-
-    /// Fails when the open transaction can no longer commit (PostgreSQL's 25P02).
-    #[doc(hidden)]
-    fn probe_transaction(&mut self) -> QueryResult<()>;
-
-    /// Releases a session-scoped key lock (MySQL); nothing elsewhere.
-    #[doc(hidden)]
-    fn unlock_key(&mut self, key: &str) -> QueryResult<()>;
-
-    /// MySQL's `LAST_INSERT_ID()`.
-    #[doc(hidden)]
-    fn last_insert_id(&mut self) -> QueryResult<i64>;
-
     /// Rolls the handler's transaction back if it is open; `Ok` when none is.
     #[doc(hidden)]
     fn roll_back_inbox_transaction(&mut self) -> QueryResult<()> {
@@ -156,8 +140,6 @@ macro_rules! shared_steps {
         ) -> QueryResult<ClaimAnswer> {
             claim::run_step(self, &spec.schema, spec.consumer.as_str(), key, step)
         }
-
-        crate::unique::key_lock_steps!(sync);
     };
 }
 

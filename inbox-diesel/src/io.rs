@@ -226,6 +226,81 @@ where
     }
 }
 
+/// What get-or-create needs beyond statements: the connection itself, for the caller's
+/// closures, and its transactions — a savepoint inside an open one.
+pub(crate) trait Transactions: Io {
+    /// The connection the caller's closures are given.
+    type Conn;
+
+    fn conn(&mut self) -> &mut Self::Conn;
+
+    /// A transaction, or a savepoint inside the open one.
+    async fn begin(&mut self) -> QueryResult<()>;
+
+    /// `serialize_on`'s transaction: one holding the write lock from its start where the
+    /// backend has one (SQLite's `BEGIN IMMEDIATE`), READ COMMITTED on PostgreSQL.
+    async fn begin_write(&mut self) -> QueryResult<()>;
+
+    async fn commit(&mut self) -> QueryResult<()>;
+
+    async fn roll_back(&mut self) -> QueryResult<()>;
+}
+
+impl<C: crate::InboxConnection> Transactions for Blocking<'_, C> {
+    type Conn = C;
+
+    fn conn(&mut self) -> &mut C {
+        self.0
+    }
+
+    async fn begin(&mut self) -> QueryResult<()> {
+        use diesel::connection::TransactionManager;
+        diesel::connection::AnsiTransactionManager::begin_transaction(self.0)
+    }
+
+    async fn begin_write(&mut self) -> QueryResult<()> {
+        self.0.begin_write_transaction()
+    }
+
+    async fn commit(&mut self) -> QueryResult<()> {
+        use diesel::connection::TransactionManager;
+        diesel::connection::AnsiTransactionManager::commit_transaction(self.0)
+    }
+
+    async fn roll_back(&mut self) -> QueryResult<()> {
+        use diesel::connection::TransactionManager;
+        diesel::connection::AnsiTransactionManager::rollback_transaction(self.0)
+    }
+}
+
+#[cfg(feature = "async")]
+impl<C: crate::AsyncInboxConnection> Transactions for Awaiting<'_, C> {
+    type Conn = C;
+
+    fn conn(&mut self) -> &mut C {
+        self.0
+    }
+
+    async fn begin(&mut self) -> QueryResult<()> {
+        use diesel_async::TransactionManager;
+        C::TransactionManager::begin_transaction(self.0).await
+    }
+
+    async fn begin_write(&mut self) -> QueryResult<()> {
+        self.0.begin_write_transaction().await
+    }
+
+    async fn commit(&mut self) -> QueryResult<()> {
+        use diesel_async::TransactionManager;
+        C::TransactionManager::commit_transaction(self.0).await
+    }
+
+    async fn roll_back(&mut self) -> QueryResult<()> {
+        use diesel_async::TransactionManager;
+        C::TransactionManager::rollback_transaction(self.0).await
+    }
+}
+
 /// Runs a future that never waits to completion in one poll: how the sync entry points run
 /// the algorithms over [`Blocking`].
 pub(crate) fn complete_now<F: Future>(future: F) -> F::Output {

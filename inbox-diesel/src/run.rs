@@ -9,6 +9,7 @@ use tracing::Instrument;
 use crate::__private::HandlerSpec;
 use crate::claim::{ClaimAnswer, ClaimSpec, ClaimStep};
 use crate::driver::{self, BatchClaims, NewMessages, Steps};
+use crate::io::Blocking;
 use crate::verify::Layout;
 use crate::{Error, InboxConnection, NoConnection};
 
@@ -118,7 +119,7 @@ where
 }
 
 /// A sync body: it runs to its end when called.
-struct Immediate<B>(B);
+pub(crate) struct Immediate<B>(pub(crate) B);
 
 impl<C, R, B: FnMut(&mut C) -> R> driver::Body<C, R> for Immediate<B> {
     async fn call(&mut self, conn: &mut C) -> R {
@@ -134,9 +135,6 @@ impl<C, R, B: FnMut(&mut NoConnection) -> R> driver::Body<C, R> for WithoutConne
         (self.0)(&mut NoConnection::new())
     }
 }
-
-/// A sync connection as the driver's steps: each completes before it returns.
-struct Blocking<'c, C>(&'c mut C);
 
 impl<C: InboxConnection> Steps for Blocking<'_, C> {
     type Conn = C;

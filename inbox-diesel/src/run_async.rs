@@ -14,6 +14,7 @@ use tracing::Instrument;
 use crate::__private::HandlerSpec;
 use crate::claim::{ClaimAnswer, ClaimSpec, ClaimStep};
 use crate::driver::{self, BatchClaims, NewMessages, Steps};
+use crate::io::Awaiting;
 use crate::verify::Layout;
 use crate::{Error, NoConnection};
 
@@ -123,25 +124,6 @@ pub trait AsyncInboxConnection:
     #[doc(hidden)]
     fn begin_write_transaction(&mut self) -> impl Future<Output = QueryResult<()>> + Send;
 
-    /// Takes the key lock of `unique::serialize_on_async`.
-    #[doc(hidden)]
-    fn lock_key(
-        &mut self,
-        key: &str,
-    ) -> impl Future<Output = QueryResult<crate::unique::KeyLock>> + Send;
-
-    /// Fails when the open transaction can no longer commit (PostgreSQL's 25P02).
-    #[doc(hidden)]
-    fn probe_transaction(&mut self) -> impl Future<Output = QueryResult<()>> + Send;
-
-    /// Releases a session-scoped key lock (MySQL).
-    #[doc(hidden)]
-    fn unlock_key(&mut self, key: &str) -> impl Future<Output = QueryResult<()>> + Send;
-
-    /// MySQL's `LAST_INSERT_ID()`.
-    #[doc(hidden)]
-    fn last_insert_id(&mut self) -> impl Future<Output = QueryResult<i64>> + Send;
-
     /// Claim mode: checks that no transaction is open and prepares the connection.
     #[doc(hidden)]
     fn prepare_claim(
@@ -188,7 +170,7 @@ where
 
 /// Each attempt runs a clone of the body: a clone of an async closure that captures the
 /// handler's parameters by reference is a copy of those references.
-struct Cloned<B>(B);
+pub(crate) struct Cloned<B>(pub(crate) B);
 
 impl<C, R, B> driver::Body<C, R> for Cloned<B>
 where
@@ -308,9 +290,6 @@ where
     .await
 }
 
-/// A diesel-async connection as the driver's steps.
-struct Awaiting<'c, C>(&'c mut C);
-
 impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
     type Conn = C;
 
@@ -409,8 +388,6 @@ macro_rules! server_steps {
                 _ => diesel_async::AnsiTransactionManager::begin_transaction(self).await,
             }
         }
-
-        crate::unique::key_lock_steps!(async);
 
         /// `Ok` when no transaction is open.
         async fn roll_back_inbox_transaction(&mut self) -> QueryResult<()> {
@@ -566,24 +543,6 @@ mod sqlite {
         async fn begin_write_transaction(&mut self) -> QueryResult<()> {
             self.spawn_blocking(move |conn| conn.begin_write_transaction())
                 .await
-        }
-
-        async fn lock_key(&mut self, key: &str) -> QueryResult<crate::unique::KeyLock> {
-            let key = key.to_owned();
-            self.spawn_blocking(move |conn| conn.lock_key(&key)).await
-        }
-
-        async fn probe_transaction(&mut self) -> QueryResult<()> {
-            Ok(())
-        }
-
-        async fn unlock_key(&mut self, key: &str) -> QueryResult<()> {
-            let key = key.to_owned();
-            self.spawn_blocking(move |conn| conn.unlock_key(&key)).await
-        }
-
-        async fn last_insert_id(&mut self) -> QueryResult<i64> {
-            self.spawn_blocking(move |conn| conn.last_insert_id()).await
         }
 
         async fn claim_marker(

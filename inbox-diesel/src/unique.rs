@@ -95,6 +95,10 @@ use diesel::{Column, QueryResult};
 use inbox_core::RetryPolicy;
 
 use crate::backend::MarkerDialect;
+use crate::dialect::Dialect;
+use crate::driver::Body;
+use crate::io::{Blocking, Io, Sql, Transactions, complete_now};
+use crate::run::Immediate;
 use crate::schema::Backend;
 
 /// A unique index of a business table, as the race is recognised by: the index's name, its
@@ -532,9 +536,8 @@ pub(crate) fn lock_name(key: &str) -> String {
 }
 
 /// What taking a key lock gave.
-#[doc(hidden)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KeyLock {
+enum KeyLock {
     /// Held until the transaction ends (MySQL: until released).
     Held,
     /// Not granted: the wait timed out (MySQL).
@@ -545,315 +548,331 @@ pub enum KeyLock {
 }
 
 #[derive(diesel::QueryableByName)]
-pub(crate) struct Answer {
+struct Answer {
     #[diesel(sql_type = Nullable<BigInt>)]
-    pub(crate) n: Option<i64>,
+    n: Option<i64>,
 }
 
-/// The statements of the key lock and MySQL's `LAST_INSERT_ID()`, `sync` or `async`: stamped
-/// out in each connection's `InboxConnection` (sync) and
-/// `AsyncInboxConnection` (async) implementation, where the types are concrete.
-macro_rules! key_lock_steps {
-    (sync) => {
-        crate::unique::key_lock_steps!(@ [] []);
-    };
-    (async) => {
-        crate::unique::key_lock_steps!(@ [async] [.await]);
-    };
-    (@ [$($async:tt)*] [$($await:tt)*]) => {
-        $($async)* fn lock_key(&mut self, key: &str) -> QueryResult<crate::unique::KeyLock> {
-            use crate::unique::{Answer, KeyLock, lock_hash, lock_name};
-            use diesel::sql_types::{BigInt, Text};
-            let conn = self;
-            let answer = match Self::BACKEND {
-                // 1 when the transaction reads each statement's own snapshot, 2 when its
-                // snapshot was taken before the lock was granted.
-                crate::schema::Backend::Postgres => {
-                    diesel::sql_query(
-                        "SELECT (CASE current_setting('transaction_isolation') \
-                         WHEN 'read committed' THEN 1 ELSE 2 END)::BIGINT AS n \
-                         FROM (SELECT pg_advisory_xact_lock($1)) AS locked",
-                    )
-                    .bind::<BigInt, _>(lock_hash(key))
-                    .get_result::<Answer>(conn)$($await)*?
-                }
-                // 1 granted, 0 timed out, NULL an error (out of memory, a killed thread).
-                crate::schema::Backend::Mysql => {
-                    diesel::sql_query("SELECT GET_LOCK(?, @@innodb_lock_wait_timeout) AS n")
-                        .bind::<Text, _>(lock_name(key))
-                        .get_result::<Answer>(conn)$($await)*?
-                }
-                // The write lock of BEGIN IMMEDIATE, already held.
-                crate::schema::Backend::Sqlite => Answer { n: Some(1) },
-            };
-            Ok(match answer.n {
-                Some(1) => KeyLock::Held,
-                Some(2) => KeyLock::SnapshotTooOld,
-                _ => KeyLock::NotGranted,
-            })
-        }
-
-        /// PostgreSQL: fails with 25P02 when an earlier statement aborted the transaction —
-        /// whose `COMMIT` would otherwise be a silent rollback. Nothing elsewhere.
-        $($async)* fn probe_transaction(&mut self) -> QueryResult<()> {
-            if Self::BACKEND == crate::schema::Backend::Postgres {
-                diesel::sql_query("SELECT CAST(1 AS BIGINT) AS n")
-                    .get_result::<crate::unique::Answer>(self)$($await)*?;
-            }
-            Ok(())
-        }
-
-        $($async)* fn unlock_key(&mut self, key: &str) -> QueryResult<()> {
-            use crate::unique::{Answer, lock_name};
-            use diesel::sql_types::Text;
-            if Self::BACKEND == crate::schema::Backend::Mysql {
-                diesel::sql_query("SELECT RELEASE_LOCK(?) AS n")
-                    .bind::<Text, _>(lock_name(key))
-                    .get_result::<Answer>(self)$($await)*?;
-            }
-            Ok(())
-        }
-
-        $($async)* fn last_insert_id(&mut self) -> QueryResult<i64> {
-            use crate::unique::Answer;
-            diesel::sql_query("SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS n")
-                .get_result::<Answer>(self)$($await)*?
-                .n
-                .ok_or(diesel::result::Error::NotFound)
-        }
-    };
+impl Answer {
+    /// The `n` of the one row a query returns.
+    fn of(rows: Vec<Answer>) -> QueryResult<Option<i64>> {
+        rows.into_iter()
+            .next()
+            .map(|row| row.n)
+            .ok_or(DieselError::NotFound)
+    }
 }
-pub(crate) use key_lock_steps;
 
-/// The steps of each function, written once for both IO models and stamped out as a sync
-/// function and an async one: `[$($await)*]` is `[]` or `[.await]`, `$tm` the transaction
-/// manager trait, `$call` how a caller's closure is run.
-macro_rules! unique_steps {
-    // Whether a transaction is open on `$conn`.
-    (@in_transaction $conn:ident, $tm:path) => {
-        <C::TransactionManager as $tm>::transaction_manager_status_mut($conn)
-            .transaction_depth()
-            .map(|depth| depth.is_some())
+// The key lock's statements and MySQL's `LAST_INSERT_ID()`, on any connection.
+
+/// Takes the lock on `key`: what [`serialize_on`] holds while its body runs.
+async fn lock_key<S: Io>(io: &mut S, key: &str) -> QueryResult<KeyLock> {
+    let n = match S::Backend::BACKEND {
+        // 1 when the transaction reads each statement's own snapshot, 2 when its snapshot was
+        // taken before the lock was granted.
+        Backend::Postgres => Answer::of(
+            io.load(
+                &Sql::new(
+                    "SELECT (CASE current_setting('transaction_isolation') \
+                     WHEN 'read committed' THEN 1 ELSE 2 END)::BIGINT AS n \
+                     FROM (SELECT pg_advisory_xact_lock($1)) AS locked",
+                )
+                .bind_i64(lock_hash(key)),
+            )
+            .await?,
+        )?,
+        // 1 granted, 0 timed out, NULL an error (out of memory, a killed thread).
+        Backend::Mysql => Answer::of(
+            io.load(
+                &Sql::new("SELECT GET_LOCK(?, @@innodb_lock_wait_timeout) AS n")
+                    .bind_text(lock_name(key)),
+            )
+            .await?,
+        )?,
+        // The write lock of BEGIN IMMEDIATE, already held.
+        Backend::Sqlite => Some(1),
     };
+    Ok(match n {
+        Some(1) => KeyLock::Held,
+        Some(2) => KeyLock::SnapshotTooOld,
+        _ => KeyLock::NotGranted,
+    })
+}
 
-    (insert_or_get $conn:ident, $key:ident, $insert:ident, $reread:ident, $tm:path,
-     [$($await:tt)*], $sleep:path, $call:ident) => {{
-        let nested = unique_steps!(@in_transaction $conn, $tm)?;
-        let mut attempt = 0;
-        loop {
-            // A transaction of its own, or a savepoint inside the caller's: `insert` may run
-            // more than one statement, and on PostgreSQL a violation must not abort the
-            // caller's transaction. The re-read runs after it, in the caller's context.
-            <C::TransactionManager as $tm>::begin_transaction($conn)$($await)*?;
-            let inserted = $call!($insert, $conn);
-            let inserted = unique_steps!(@end $conn, inserted, $tm, [$($await)*], |e| e);
-            let failure = match inserted {
-                Ok(row) => return Ok(Created::New(row)),
-                Err(error) => match UniqueError::sort(error, $key) {
-                    // The race, lost: the winner has committed (the insert waited for it).
-                    None => match $call!($reread, $conn) {
+/// PostgreSQL: fails with 25P02 when an earlier statement aborted the transaction — whose
+/// `COMMIT` would otherwise be a silent rollback. Nothing elsewhere.
+async fn probe_transaction<S: Io>(io: &mut S) -> QueryResult<()> {
+    if S::Backend::BACKEND == Backend::Postgres {
+        io.load::<Answer>(&Sql::new("SELECT CAST(1 AS BIGINT) AS n"))
+            .await?;
+    }
+    Ok(())
+}
+
+/// Releases MySQL's session lock; nothing elsewhere, where the transaction's end does.
+async fn unlock_key<S: Io>(io: &mut S, key: &str) -> QueryResult<()> {
+    if S::Backend::BACKEND == Backend::Mysql {
+        io.load::<Answer>(&Sql::new("SELECT RELEASE_LOCK(?) AS n").bind_text(lock_name(key)))
+            .await?;
+    }
+    Ok(())
+}
+
+/// MySQL's `LAST_INSERT_ID()`: the id `upsert`'s `ON DUPLICATE KEY UPDATE` left there.
+async fn last_insert_id<S: Io>(io: &mut S) -> QueryResult<i64> {
+    Answer::of(
+        io.load(&Sql::new("SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS n"))
+            .await?,
+    )?
+    .ok_or(DieselError::NotFound)
+}
+
+// The steps of each function, written once over `Transactions` for both IO models: the
+// sync functions run them on `Blocking` with `complete_now`, the async ones await them on
+// `Awaiting`. A caller's closure is a `Body`, called with the connection.
+
+/// Whether a transaction is open on the connection.
+fn in_transaction<S: Io>(io: &mut S) -> QueryResult<bool> {
+    Ok(io.transaction_status().transaction_depth()?.is_some())
+}
+
+async fn insert_or_get_steps<S, T>(
+    io: &mut S,
+    key: &UniqueKey,
+    insert: &mut impl Body<S::Conn, QueryResult<T>>,
+    reread: &mut impl Body<S::Conn, QueryResult<T>>,
+) -> Result<Created<T>, UniqueError>
+where
+    S: Transactions,
+{
+    let nested = in_transaction(io)?;
+    let mut attempt = 0;
+    loop {
+        // A transaction of its own, or a savepoint inside the caller's: `insert` may run more
+        // than one statement, and on PostgreSQL a violation must not abort the caller's
+        // transaction. The re-read runs after it, in the caller's context.
+        io.begin().await?;
+        let inserted = insert.call(io.conn()).await;
+        let failure = match end(io, inserted, |e| e).await {
+            Ok(row) => return Ok(Created::New(row)),
+            Err(error) => match UniqueError::sort(error, key) {
+                // The race, lost: the winner has committed (the insert waited for it).
+                None => match reread.call(io.conn()).await {
+                    Ok(row) => return Ok(Created::Existing(row)),
+                    Err(DieselError::NotFound) => UniqueError::WinnerNotFound { key: *key },
+                    Err(error) => UniqueError::Database(error),
+                },
+                // A row that collides with the key's row and another index's at once is
+                // reported for whichever index the server checked first (SQLite: the last
+                // created). The key's row, if there is one, is the answer.
+                Some(other @ UniqueError::OtherViolation { .. }) => {
+                    match reread.call(io.conn()).await {
                         Ok(row) => return Ok(Created::Existing(row)),
-                        Err(DieselError::NotFound) => UniqueError::WinnerNotFound { key: *$key },
+                        Err(DieselError::NotFound) => other,
                         Err(error) => UniqueError::Database(error),
-                    },
-                    // A row that collides with the key's row and another index's at once is
-                    // reported for whichever index the server checked first (SQLite: the last
-                    // created). The key's row, if there is one, is the answer.
-                    Some(other @ UniqueError::OtherViolation { .. }) => {
-                        match $call!($reread, $conn) {
-                            Ok(row) => return Ok(Created::Existing(row)),
-                            Err(DieselError::NotFound) => other,
-                            Err(error) => UniqueError::Database(error),
-                        }
-                    }
-                    Some(failure) => failure,
-                },
-            };
-            unique_steps!(@retry_or_return failure, nested, attempt, [$($await)*], $sleep);
-        }
-    }};
-
-    (upsert $conn:ident, $key:ident, $statement:ident, $tm:path, [$($await:tt)*],
-     $sleep:path) => {
-        unique_steps!(@one_statement $conn, $key, $tm, [$($await)*], $sleep, {
-            match C::BACKEND {
-                Backend::Mysql => match $statement.clone().execute($conn)$($await)* {
-                    Ok(_) => $conn.last_insert_id()$($await)*,
-                    Err(error) => Err(error),
-                },
-                _ => $statement.clone().get_result::<i64>($conn)$($await)*,
-            }
-        }, |id| Ok(id), |_| Err(UniqueError::WinnerNotFound { key: *$key }))
-    };
-
-    (upsert_all $conn:ident, $key:ident, $statement:ident, $tm:path, [$($await:tt)*],
-     $sleep:path) => {{
-        if C::BACKEND == Backend::Mysql {
-            return Err(UniqueError::Unsupported {
-                what: "MySQL has no RETURNING: a multi-row upsert cannot yield every row's id; \
-                       call upsert or insert_or_get per row, in one transaction",
-            });
-        }
-        unique_steps!(@one_statement $conn, $key, $tm, [$($await)*], $sleep, {
-            $statement().get_results::<i64>($conn)$($await)*
-        }, |ids| Ok(ids), |_| Err(UniqueError::WinnerNotFound { key: *$key }))
-    }};
-
-    (insert_if_absent $conn:ident, $key:ident, $statement:ident, $tm:path, [$($await:tt)*],
-     $sleep:path) => {
-        // MySQL's plain insert: the key's own violation means "present".
-        unique_steps!(@one_statement $conn, $key, $tm, [$($await)*], $sleep, {
-            $statement.clone().execute($conn)$($await)*
-        }, |rows| Ok(rows > 0), |_| Ok(false))
-    };
-
-    // One statement on the key: in a savepoint inside a transaction; `$done` maps its result,
-    // `$key_violated` the key's own violation. Another index's violation is tried once more:
-    // on PostgreSQL a concurrent insert of the same row can trip a unique index that is not
-    // the conflict target (checked while waiting for the other transaction) before the key's
-    // conflict is seen; the second try sees the committed row and resolves by the key.
-    (@one_statement $conn:ident, $key:ident, $tm:path, [$($await:tt)*], $sleep:path,
-     $run:block, $done:expr, $key_violated:expr) => {{
-        let nested = unique_steps!(@in_transaction $conn, $tm)?;
-        let (mut attempt, mut tried_again) = (0, false);
-        loop {
-            let result = match nested {
-                true => {
-                    <C::TransactionManager as $tm>::begin_transaction($conn)$($await)*?;
-                    let result = $run;
-                    unique_steps!(@end $conn, result, $tm, [$($await)*], |e| e)
-                }
-                false => $run,
-            };
-            let failure = match result {
-                Ok(value) => return $done(value),
-                Err(error) => match UniqueError::sort(error, $key) {
-                    None => return $key_violated(()),
-                    Some(failure) => failure,
-                },
-            };
-            if matches!(failure, UniqueError::OtherViolation { .. }) && !tried_again {
-                tried_again = true;
-                continue;
-            }
-            unique_steps!(@retry_or_return failure, nested, attempt, [$($await)*], $sleep);
-        }
-    }};
-
-    (serialize_on $conn:ident, $name:ident, $body:ident, $tm:path, [$($await:tt)*],
-     $call:ident) => {{
-        let database = |error: DieselError| E::from(UniqueError::Database(error));
-        let nested = unique_steps!(@in_transaction $conn, $tm).map_err(database)?;
-        // MySQL's GET_LOCK belongs to the session: released by RELEASE_LOCK, not by COMMIT.
-        // Taken inside a transaction it would be released before the commit that publishes
-        // the rows, and the next caller would not see them; so it is taken before BEGIN and
-        // released after COMMIT, and refused inside a transaction.
-        let session_lock = C::BACKEND == Backend::Mysql;
-        if session_lock && nested {
-            return Err(database(DieselError::AlreadyInTransaction));
-        }
-        if session_lock {
-            unique_steps!(@lock $conn, $name, [$($await)*], database)?;
-        }
-        // A transaction (PostgreSQL: READ COMMITTED, so that each statement sees what the
-        // previous holder committed; SQLite: BEGIN IMMEDIATE, whose write lock is the
-        // serialisation), or a savepoint inside the caller's.
-        let begun = match nested {
-            true => <C::TransactionManager as $tm>::begin_transaction($conn)$($await)*,
-            false => $conn.begin_write_transaction()$($await)*,
-        };
-        let result = match begun {
-            Ok(()) => {
-                let locked = match session_lock {
-                    true => Ok(()),
-                    false => unique_steps!(@lock $conn, $name, [$($await)*], database),
-                };
-                let result = match locked {
-                    Ok(()) => $call!($body, $conn),
-                    Err(error) => Err(error),
-                };
-                unique_steps!(@end $conn, result, $tm, [$($await)*], database)
-            }
-            Err(error) => Err(database(error)),
-        };
-        if session_lock {
-            // After the commit. A lock that could not be released stays with the session:
-            // the connection is marked broken, so that a pool drops it rather than hand the
-            // lock to its next user.
-            if let Err(error) = $conn.unlock_key($name)$($await)* {
-                tracing::warn!(%error, "releasing the key lock failed; the connection is dropped");
-                <C::TransactionManager as $tm>::transaction_manager_status_mut($conn).set_in_error();
-            }
-        }
-        result
-    }};
-
-    // After a failed attempt: returns the failure inside the caller's transaction (only the
-    // whole transaction can run again), when it is not transient, or after the last retry;
-    // otherwise waits before the next attempt.
-    (@retry_or_return $failure:ident, $nested:ident, $attempt:ident, [$($await:tt)*],
-     $sleep:path) => {
-        if $nested || !$failure.is_transient() || $attempt == UniqueKey::RETRIES {
-            return Err($failure);
-        }
-        $sleep(RetryPolicy::default().backoff($attempt, fastrand::f64()))$($await)*;
-        $attempt += 1;
-    };
-
-    // Takes the key lock: `Ok(())`, or the error converted by `$convert`.
-    (@lock $conn:ident, $name:ident, [$($await:tt)*], $convert:expr) => {
-        match $conn.lock_key($name)$($await)* {
-            Ok(KeyLock::Held) => Ok(()),
-            Ok(KeyLock::NotGranted) => Err(E::from(UniqueError::LockTimeout {
-                key: $name.to_owned(),
-            })),
-            Ok(KeyLock::SnapshotTooOld) => Err(E::from(UniqueError::Unsupported {
-                what: "serialize_on inside a REPEATABLE READ or SERIALIZABLE transaction: its \
-                       snapshot predates the lock, so the previous holder's rows stay \
-                       invisible; call it outside a transaction or under READ COMMITTED",
-            })),
-            Err(error) => Err($convert(error)),
-        }
-    };
-
-    // Ends the transaction or savepoint begun for `$result`: commits it if `$result` is `Ok`
-    // (on PostgreSQL after checking that no swallowed error aborted it), rolls it back
-    // otherwise. A failed rollback is logged, and the error that caused it returned.
-    (@end $conn:ident, $result:ident, $tm:path, [$($await:tt)*], $convert:expr) => {
-        match $result {
-            Ok(value) => {
-                let committed = match $conn.probe_transaction()$($await)* {
-                    Ok(()) => <C::TransactionManager as $tm>::commit_transaction($conn)$($await)*,
-                    Err(error) => Err(error),
-                };
-                match committed {
-                    Ok(()) => Ok(value),
-                    Err(error) => {
-                        unique_steps!(@roll_back $conn, $tm, [$($await)*]);
-                        Err($convert(error))
                     }
                 }
-            }
-            Err(error) => {
-                unique_steps!(@roll_back $conn, $tm, [$($await)*]);
-                Err(error)
-            }
-        }
-    };
-
-    (@roll_back $conn:ident, $tm:path, [$($await:tt)*]) => {
-        match <C::TransactionManager as $tm>::rollback_transaction($conn)$($await)* {
-            // A failed COMMIT has already ended the transaction.
-            Ok(()) | Err(DieselError::NotInTransaction) => {}
-            Err(error) => tracing::warn!(%error, "rolling back after a failure failed"),
-        }
-    };
+                Some(failure) => failure,
+            },
+        };
+        retry_or_return(io, failure, nested, &mut attempt).await?;
+    }
 }
 
-macro_rules! call_sync {
-    ($f:ident, $conn:ident) => {
-        $f($conn)
+/// One statement on the key, `run`: in a savepoint inside a transaction; `done` maps its
+/// result, `key_violated` answers the key's own violation. Another index's violation is
+/// tried once more: on PostgreSQL a concurrent insert of the same row can trip a unique index
+/// that is not the conflict target (checked while waiting for the other transaction) before
+/// the key's conflict is seen; the second try sees the committed row and resolves by the key.
+async fn one_statement<S, V, Out>(
+    io: &mut S,
+    key: &UniqueKey,
+    run: &mut impl Body<S::Conn, QueryResult<V>>,
+    done: impl Fn(V) -> Result<Out, UniqueError>,
+    key_violated: impl Fn() -> Result<Out, UniqueError>,
+) -> Result<Out, UniqueError>
+where
+    S: Transactions,
+{
+    let nested = in_transaction(io)?;
+    let (mut attempt, mut tried_again) = (0, false);
+    loop {
+        let result = match nested {
+            true => {
+                io.begin().await?;
+                let result = run.call(io.conn()).await;
+                end(io, result, |e| e).await
+            }
+            false => run.call(io.conn()).await,
+        };
+        let failure = match result {
+            Ok(value) => return done(value),
+            Err(error) => match UniqueError::sort(error, key) {
+                None => return key_violated(),
+                Some(failure) => failure,
+            },
+        };
+        if matches!(failure, UniqueError::OtherViolation { .. }) && !tried_again {
+            tried_again = true;
+            continue;
+        }
+        retry_or_return(io, failure, nested, &mut attempt).await?;
+    }
+}
+
+/// `upsert`'s answers: the id, or — its key violated, which the statement itself resolves —
+/// a winner that cannot be read.
+async fn upsert_steps<S: Transactions>(
+    io: &mut S,
+    key: &UniqueKey,
+    run: &mut impl Body<S::Conn, QueryResult<i64>>,
+) -> Result<i64, UniqueError> {
+    one_statement(io, key, run, Ok, || {
+        Err(UniqueError::WinnerNotFound { key: *key })
+    })
+    .await
+}
+
+/// MySQL has no `RETURNING`: a multi-row upsert cannot yield every row's id.
+const NO_UPSERT_ALL_ON_MYSQL: UniqueError = UniqueError::Unsupported {
+    what: "MySQL has no RETURNING: a multi-row upsert cannot yield every row's id; call upsert \
+           or insert_or_get per row, in one transaction",
+};
+
+async fn serialize_on_steps<S, T, E>(
+    io: &mut S,
+    name: &str,
+    body: &mut impl Body<S::Conn, Result<T, E>>,
+) -> Result<T, E>
+where
+    S: Transactions,
+    E: From<UniqueError>,
+{
+    let database = |error: DieselError| E::from(UniqueError::Database(error));
+    let nested = in_transaction(io).map_err(database)?;
+    // MySQL's GET_LOCK belongs to the session: released by RELEASE_LOCK, not by COMMIT.
+    // Taken inside a transaction it would be released before the commit that publishes the
+    // rows, and the next caller would not see them; so it is taken before BEGIN and released
+    // after COMMIT, and refused inside a transaction.
+    let session_lock = S::Backend::BACKEND == Backend::Mysql;
+    if session_lock && nested {
+        return Err(database(DieselError::AlreadyInTransaction));
+    }
+    if session_lock {
+        lock(io, name, database).await?;
+    }
+    // A transaction (PostgreSQL: READ COMMITTED, so that each statement sees what the
+    // previous holder committed; SQLite: BEGIN IMMEDIATE, whose write lock is the
+    // serialisation), or a savepoint inside the caller's.
+    let begun = match nested {
+        true => io.begin().await,
+        false => io.begin_write().await,
     };
+    let result = match begun {
+        Ok(()) => {
+            let locked = match session_lock {
+                true => Ok(()),
+                false => lock(io, name, database).await,
+            };
+            let result = match locked {
+                Ok(()) => body.call(io.conn()).await,
+                Err(error) => Err(error),
+            };
+            end(io, result, database).await
+        }
+        Err(error) => Err(database(error)),
+    };
+    if session_lock {
+        // After the commit. A lock that could not be released stays with the session: the
+        // connection is marked broken, so that a pool drops it rather than hand the lock to
+        // its next user.
+        if let Err(error) = unlock_key(io, name).await {
+            tracing::warn!(%error, "releasing the key lock failed; the connection is dropped");
+            io.transaction_status().set_in_error();
+        }
+    }
+    result
+}
+
+/// After a failed attempt: returns the failure inside the caller's transaction (only the
+/// whole transaction can run again), when it is not transient, or after the last retry;
+/// otherwise waits before the next attempt.
+async fn retry_or_return<S: Io>(
+    io: &mut S,
+    failure: UniqueError,
+    nested: bool,
+    attempt: &mut u32,
+) -> Result<(), UniqueError> {
+    if nested || !failure.is_transient() || *attempt == UniqueKey::RETRIES {
+        return Err(failure);
+    }
+    io.sleep(RetryPolicy::default().backoff(*attempt, fastrand::f64()))
+        .await;
+    *attempt += 1;
+    Ok(())
+}
+
+/// Takes the key lock: `Ok(())`, or the error converted by `convert`.
+async fn lock<S: Io, E: From<UniqueError>>(
+    io: &mut S,
+    name: &str,
+    convert: impl Fn(DieselError) -> E,
+) -> Result<(), E> {
+    match lock_key(io, name).await {
+        Ok(KeyLock::Held) => Ok(()),
+        Ok(KeyLock::NotGranted) => Err(E::from(UniqueError::LockTimeout {
+            key: name.to_owned(),
+        })),
+        Ok(KeyLock::SnapshotTooOld) => Err(E::from(UniqueError::Unsupported {
+            what: "serialize_on inside a REPEATABLE READ or SERIALIZABLE transaction: its \
+                   snapshot predates the lock, so the previous holder's rows stay invisible; \
+                   call it outside a transaction or under READ COMMITTED",
+        })),
+        Err(error) => Err(convert(error)),
+    }
+}
+
+/// Ends the transaction or savepoint begun for `result`: commits it if `result` is `Ok` (on
+/// PostgreSQL after checking that no swallowed error aborted it), rolls it back otherwise. A
+/// failed rollback is logged, and the error that caused it returned.
+async fn end<S: Transactions, T, E>(
+    io: &mut S,
+    result: Result<T, E>,
+    convert: impl Fn(DieselError) -> E,
+) -> Result<T, E> {
+    match result {
+        Ok(value) => {
+            let committed = match probe_transaction(io).await {
+                Ok(()) => io.commit().await,
+                Err(error) => Err(error),
+            };
+            match committed {
+                Ok(()) => Ok(value),
+                Err(error) => {
+                    roll_back(io).await;
+                    Err(convert(error))
+                }
+            }
+        }
+        Err(error) => {
+            roll_back(io).await;
+            Err(error)
+        }
+    }
+}
+
+async fn roll_back<S: Transactions>(io: &mut S) {
+    match io.roll_back().await {
+        // A failed COMMIT has already ended the transaction.
+        Ok(()) | Err(DieselError::NotInTransaction) => {}
+        Err(error) => tracing::warn!(%error, "rolling back after a failure failed"),
+    }
+}
+
+/// A caller's `FnOnce` body, called once.
+fn once<C, R>(body: impl FnOnce(&mut C) -> R) -> Immediate<impl FnMut(&mut C) -> R> {
+    let mut body = Some(body);
+    Immediate(move |conn: &mut C| (body.take().expect("serialize_on runs its body once"))(conn))
 }
 
 /// Inserts a row, or — when a concurrent or earlier caller holds the key — reads back theirs.
@@ -882,15 +901,18 @@ macro_rules! call_sync {
 pub fn insert_or_get<C, T>(
     conn: &mut C,
     key: &UniqueKey,
-    mut insert: impl FnMut(&mut C) -> QueryResult<T>,
-    mut reread: impl FnMut(&mut C) -> QueryResult<T>,
+    insert: impl FnMut(&mut C) -> QueryResult<T>,
+    reread: impl FnMut(&mut C) -> QueryResult<T>,
 ) -> Result<Created<T>, UniqueError>
 where
     C: crate::InboxConnection,
 {
-    use diesel::connection::TransactionManager;
-    unique_steps!(insert_or_get conn, key, insert, reread, TransactionManager<C>, [],
-        std::thread::sleep, call_sync)
+    complete_now(insert_or_get_steps(
+        &mut Blocking(conn),
+        key,
+        &mut Immediate(insert),
+        &mut Immediate(reread),
+    ))
 }
 
 /// Inserts a row unless its key exists, and returns the id of the row with the key, in one
@@ -930,13 +952,19 @@ where
         diesel::query_dsl::LoadQuery<'q, C, i64> + diesel::query_dsl::methods::ExecuteDsl<C>,
 {
     use diesel::RunQueryDsl;
-    use diesel::connection::TransactionManager;
     let statement = Upsert {
         key: *key,
         insert,
         id: std::marker::PhantomData::<Id>,
     };
-    unique_steps!(upsert conn, key, statement, TransactionManager<C>, [], std::thread::sleep)
+    let mut run = Immediate(|conn: &mut C| match C::BACKEND {
+        Backend::Mysql => {
+            statement.clone().execute(conn)?;
+            complete_now(last_insert_id(&mut Blocking(conn)))
+        }
+        _ => statement.clone().get_result::<i64>(conn),
+    });
+    complete_now(upsert_steps(&mut Blocking(conn), key, &mut run))
 }
 
 /// The batch form of [`upsert`]: one statement for many rows, the ids of the rows with their
@@ -967,7 +995,9 @@ where
     Upsert<S, Id>: diesel::query_dsl::LoadQuery<'q, C, i64>,
 {
     use diesel::RunQueryDsl;
-    use diesel::connection::TransactionManager;
+    if C::BACKEND == Backend::Mysql {
+        return Err(NO_UPSERT_ALL_ON_MYSQL);
+    }
     if rows.is_empty() {
         return Ok(Vec::new());
     }
@@ -977,7 +1007,14 @@ where
         insert: insert(rows),
         id: std::marker::PhantomData::<Id>,
     };
-    unique_steps!(upsert_all conn, key, statement, TransactionManager<C>, [], std::thread::sleep)
+    let mut run = Immediate(|conn: &mut C| statement().get_results::<i64>(conn));
+    complete_now(one_statement(
+        &mut Blocking(conn),
+        key,
+        &mut run,
+        Ok,
+        || Err(UniqueError::WinnerNotFound { key: *key }),
+    ))
 }
 
 /// Inserts a row unless its key exists; `true` when it inserted. Nothing is written for a
@@ -998,10 +1035,16 @@ where
     InsertIfAbsent<S>: diesel::query_dsl::methods::ExecuteDsl<C>,
 {
     use diesel::RunQueryDsl;
-    use diesel::connection::TransactionManager;
     let statement = InsertIfAbsent { key: *key, insert };
-    unique_steps!(insert_if_absent conn, key, statement, TransactionManager<C>, [],
-        std::thread::sleep)
+    // MySQL's plain insert: the key's own violation means "present".
+    let mut run = Immediate(|conn: &mut C| statement.clone().execute(conn));
+    complete_now(one_statement(
+        &mut Blocking(conn),
+        key,
+        &mut run,
+        |rows| Ok(rows > 0),
+        || Ok(false),
+    ))
 }
 
 /// Runs `body` in a transaction that holds a lock on `key` until it ends: one caller at a
@@ -1036,9 +1079,11 @@ where
     C: crate::InboxConnection,
     E: From<UniqueError>,
 {
-    use diesel::connection::TransactionManager;
-    let name = key;
-    unique_steps!(serialize_on conn, name, body, TransactionManager<C>, [], call_sync)
+    complete_now(serialize_on_steps(
+        &mut Blocking(conn),
+        key,
+        &mut once(body),
+    ))
 }
 
 #[cfg(feature = "async")]
@@ -1048,13 +1093,9 @@ pub use self::asynchronous::*;
 mod asynchronous {
     use super::*;
     use crate::AsyncInboxConnection;
-    use crate::run_async::AsyncBody;
-
-    macro_rules! call_async {
-        ($f:ident, $conn:ident) => {
-            ($f.clone())($conn).await
-        };
-    }
+    use crate::io::Awaiting;
+    use crate::run_async::{AsyncBody, Cloned};
+    use std::marker::PhantomData;
 
     /// [`insert_or_get`](super::insert_or_get) on a diesel-async connection; `insert` and
     /// `reread` are async closures.
@@ -1072,9 +1113,13 @@ mod asynchronous {
         I: Clone + for<'c> AsyncBody<&'c mut C, QueryResult<T>, Fut: Send>,
         R: Clone + for<'c> AsyncBody<&'c mut C, QueryResult<T>, Fut: Send>,
     {
-        use diesel_async::TransactionManager;
-        unique_steps!(insert_or_get conn, key, insert, reread, TransactionManager<C>, [.await],
-            tokio::time::sleep, call_async)
+        insert_or_get_steps(
+            &mut Awaiting(conn),
+            key,
+            &mut Cloned(insert),
+            &mut Cloned(reread),
+        )
+        .await
     }
 
     /// [`upsert`](super::upsert) on a diesel-async connection.
@@ -1099,15 +1144,13 @@ mod asynchronous {
             + diesel_async::methods::ExecuteDsl<C>
             + 'q,
     {
-        use diesel_async::RunQueryDsl;
-        use diesel_async::TransactionManager;
         let statement = Upsert {
             key: *key,
             insert,
             id: std::marker::PhantomData::<Id>,
         };
-        unique_steps!(upsert conn, key, statement, TransactionManager<C>, [.await],
-            tokio::time::sleep)
+        let mut run = Statement(statement, PhantomData);
+        upsert_steps(&mut Awaiting(conn), key, &mut run).await
     }
 
     /// [`upsert_all`](super::upsert_all) on a diesel-async connection.
@@ -1127,8 +1170,9 @@ mod asynchronous {
         Id: Send + 'q,
         Upsert<S, Id>: diesel_async::methods::LoadQuery<'q, C, i64> + 'q,
     {
-        use diesel_async::RunQueryDsl;
-        use diesel_async::TransactionManager;
+        if C::BACKEND == Backend::Mysql {
+            return Err(NO_UPSERT_ALL_ON_MYSQL);
+        }
         if rows.is_empty() {
             return Ok(Vec::new());
         }
@@ -1137,8 +1181,11 @@ mod asynchronous {
             insert: insert(rows),
             id: std::marker::PhantomData::<Id>,
         };
-        unique_steps!(upsert_all conn, key, statement, TransactionManager<C>, [.await],
-            tokio::time::sleep)
+        let mut run = Statements(statement, PhantomData);
+        one_statement(&mut Awaiting(conn), key, &mut run, Ok, || {
+            Err(UniqueError::WinnerNotFound { key: *key })
+        })
+        .await
     }
 
     /// [`insert_if_absent`](super::insert_if_absent) on a diesel-async connection.
@@ -1155,11 +1202,16 @@ mod asynchronous {
         S: Clone + Send + 'q,
         InsertIfAbsent<S>: diesel_async::methods::ExecuteDsl<C> + 'q,
     {
-        use diesel_async::RunQueryDsl;
-        use diesel_async::TransactionManager;
         let statement = InsertIfAbsent { key: *key, insert };
-        unique_steps!(insert_if_absent conn, key, statement, TransactionManager<C>, [.await],
-            tokio::time::sleep)
+        let mut run = Statement(statement, PhantomData);
+        one_statement(
+            &mut Awaiting(conn),
+            key,
+            &mut run,
+            |rows| Ok(rows > 0),
+            || Ok(false),
+        )
+        .await
     }
 
     /// [`serialize_on`](super::serialize_on) on a diesel-async connection; `body` is an async
@@ -1173,8 +1225,58 @@ mod asynchronous {
         E: From<UniqueError>,
         B: Clone + for<'c> AsyncBody<&'c mut C, Result<T, E>, Fut: Send>,
     {
-        use diesel_async::TransactionManager;
-        let name = key;
-        unique_steps!(serialize_on conn, name, body, TransactionManager<C>, [.await], call_async)
+        serialize_on_steps(&mut Awaiting(conn), key, &mut Cloned(body)).await
+    }
+
+    /// One of this module's statements, run afresh (cloned) by each call of the steps: a
+    /// type rather than an async closure, whose borrow of the statement the compiler cannot
+    /// prove `Send` for every lifetime. `'q` is the statement's, as the caller bound it.
+    struct Statement<'q, Q>(Q, PhantomData<&'q ()>);
+
+    impl<'q, C, S, Id> Body<C, QueryResult<i64>> for Statement<'q, Upsert<S, Id>>
+    where
+        C: AsyncInboxConnection,
+        S: Clone + Send + 'q,
+        Id: Send + 'q,
+        Upsert<S, Id>: diesel_async::methods::LoadQuery<'q, C, i64>
+            + diesel_async::methods::ExecuteDsl<C>
+            + 'q,
+    {
+        async fn call(&mut self, conn: &mut C) -> QueryResult<i64> {
+            match C::BACKEND {
+                Backend::Mysql => {
+                    diesel_async::RunQueryDsl::execute(self.0.clone(), conn).await?;
+                    last_insert_id(&mut Awaiting(conn)).await
+                }
+                _ => diesel_async::RunQueryDsl::get_result(self.0.clone(), conn).await,
+            }
+        }
+    }
+
+    impl<'q, C, S> Body<C, QueryResult<usize>> for Statement<'q, InsertIfAbsent<S>>
+    where
+        C: AsyncInboxConnection,
+        S: Clone + Send + 'q,
+        InsertIfAbsent<S>: diesel_async::methods::ExecuteDsl<C> + 'q,
+    {
+        async fn call(&mut self, conn: &mut C) -> QueryResult<usize> {
+            diesel_async::RunQueryDsl::execute(self.0.clone(), conn).await
+        }
+    }
+
+    /// A multi-row statement, built afresh by each call (it is not `Clone`).
+    struct Statements<'q, F>(F, PhantomData<&'q ()>);
+
+    impl<'q, C, F, S, Id> Body<C, QueryResult<Vec<i64>>> for Statements<'q, F>
+    where
+        C: AsyncInboxConnection,
+        F: Fn() -> Upsert<S, Id>,
+        S: Send + 'q,
+        Id: Send + 'q,
+        Upsert<S, Id>: diesel_async::methods::LoadQuery<'q, C, i64> + 'q,
+    {
+        async fn call(&mut self, conn: &mut C) -> QueryResult<Vec<i64>> {
+            diesel_async::RunQueryDsl::get_results((self.0)(), conn).await
+        }
     }
 }
