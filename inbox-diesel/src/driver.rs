@@ -910,3 +910,243 @@ pub(crate) fn complete_now<F: Future>(future: F) -> F::Output {
         Poll::Pending => unreachable!("the steps of a sync connection never wait"),
     }
 }
+
+/// The driver against scripted steps: what it does on a deadlock, and with claims that
+/// change under it — without a server, in the order it does it.
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+
+    use diesel::result::DatabaseErrorKind;
+    use inbox_core::{Consumer, InboxSchema, RetryPolicy};
+
+    use super::*;
+    use crate::Isolation;
+    use crate::run::Immediate;
+
+    static SPEC: HandlerSpec = HandlerSpec {
+        consumer: Consumer::from_validated("credit"),
+        schema: InboxSchema::DEFAULT,
+        retry: RetryPolicy::new(3),
+        isolation: Isolation::ServerDefault,
+        sqlite_busy_timeout_ms: HandlerSpec::SQLITE_BUSY_TIMEOUT_MS,
+        precheck: false,
+        idle_in_transaction_ms: HandlerSpec::IDLE_IN_TRANSACTION_MS,
+        in_flight_when_locked: false,
+    };
+
+    const CLAIM: ClaimSpec = ClaimSpec {
+        lease_ms: 1_000,
+        on_expired: OnExpired::TakeOver,
+    };
+
+    /// What the steps did (the body writes there too, as its "connection"), and what the
+    /// marker's claims answer, in turn.
+    #[derive(Default)]
+    struct Script {
+        did: Vec<String>,
+        claims: VecDeque<QueryResult<bool>>,
+        claim_steps: VecDeque<ClaimAnswer>,
+    }
+
+    impl Steps for &mut Script {
+        type Conn = Vec<String>;
+
+        fn conn(&mut self) -> &mut Vec<String> {
+            &mut self.did
+        }
+
+        async fn begin(&mut self, _: &'static HandlerSpec, _: Layout) -> QueryResult<()> {
+            self.did.push("begin".into());
+            Ok(())
+        }
+
+        async fn end(&mut self, _: &'static HandlerSpec, _: Layout) -> QueryResult<()> {
+            Ok(())
+        }
+
+        async fn claim(
+            &mut self,
+            _: &'static HandlerSpec,
+            _: &MessageKey,
+            _: Layout,
+        ) -> QueryResult<bool> {
+            self.did.push("claim".into());
+            self.claims.pop_front().expect("scripted")
+        }
+
+        async fn claim_batch(
+            &mut self,
+            _: &'static HandlerSpec,
+            _: &[uuid::Uuid],
+            _: Option<&[String]>,
+            _: Layout,
+        ) -> QueryResult<Vec<uuid::Uuid>> {
+            unreachable!("one message")
+        }
+
+        async fn commit(&mut self) -> QueryResult<()> {
+            self.did.push("commit".into());
+            Ok(())
+        }
+
+        async fn roll_back(&mut self) -> QueryResult<()> {
+            self.did.push("roll back".into());
+            Ok(())
+        }
+
+        async fn verify(&mut self, _: &'static HandlerSpec) -> Result<Layout, SchemaError> {
+            Ok(Layout::default())
+        }
+
+        async fn wait_for_locks(&mut self, _: &'static HandlerSpec, _: bool) -> QueryResult<()> {
+            Ok(())
+        }
+
+        async fn prepare_claim(&mut self, _: &'static HandlerSpec) -> QueryResult<()> {
+            Ok(())
+        }
+
+        async fn claim_step(
+            &mut self,
+            _: &'static HandlerSpec,
+            _: &MessageKey,
+            step: ClaimStep,
+        ) -> QueryResult<ClaimAnswer> {
+            let name = match step {
+                ClaimStep::Insert { .. } => "insert".to_owned(),
+                ClaimStep::Read => "read".to_owned(),
+                ClaimStep::TakeOver { seen, .. } => format!("take over {seen}"),
+                ClaimStep::Stamp { attempt } => format!("stamp {attempt}"),
+                ClaimStep::Release { attempt } => format!("release {attempt}"),
+            };
+            self.did.push(name);
+            Ok(self.claim_steps.pop_front().expect("scripted"))
+        }
+
+        async fn pause(&mut self, _: Duration) {
+            self.did.push("pause".into());
+        }
+    }
+
+    fn body(did: &mut Vec<String>) -> Result<(), Error> {
+        did.push("body".into());
+        Ok(())
+    }
+
+    fn deadlock() -> DieselError {
+        DieselError::DatabaseError(
+            DatabaseErrorKind::Unknown,
+            Box::new("deadlock detected".to_owned()),
+        )
+    }
+
+    #[test]
+    fn a_deadlock_on_the_marker_is_retried_in_a_fresh_transaction() {
+        let mut script = Script {
+            claims: VecDeque::from([Err(deadlock()), Ok(true)]),
+            ..Script::default()
+        };
+        let key = MessageKey::integer(1);
+        let decided = complete_now(drive(
+            &mut script,
+            &SPEC,
+            &key,
+            Immediate(body),
+            |_| None,
+            std::convert::identity,
+        ));
+        assert!(matches!(decided, Ok(Decided::Processed(()))));
+        assert_eq!(
+            script.did,
+            [
+                "begin",
+                "claim",
+                "roll back",
+                "pause",
+                "begin",
+                "claim",
+                "body",
+                "commit"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_claim_taken_over_between_the_read_and_the_takeover_is_in_flight() {
+        let mut script = Script {
+            claim_steps: VecDeque::from([
+                ClaimAnswer::Rows(0),
+                ClaimAnswer::Read(Some((ClaimState::Released, 1))),
+                // Another delivery took it over first: the next round finds its live claim.
+                ClaimAnswer::Rows(0),
+                ClaimAnswer::Rows(0),
+                ClaimAnswer::Read(Some((ClaimState::Live, 2))),
+            ]),
+            ..Script::default()
+        };
+        let outcome = complete_now(drive_claim(
+            &mut script,
+            &SPEC,
+            CLAIM,
+            MessageKey::integer(1),
+            Immediate(body),
+            std::convert::identity,
+        ));
+        assert!(
+            matches!(outcome, Ok(Outcome::InFlight { .. })),
+            "{outcome:?}"
+        );
+        assert_eq!(
+            script.did,
+            ["insert", "read", "take over 1", "insert", "read"]
+        );
+    }
+
+    #[test]
+    fn a_released_claim_is_taken_over_and_stamped_by_its_attempt() {
+        let mut script = Script {
+            claim_steps: VecDeque::from([
+                ClaimAnswer::Rows(0),
+                ClaimAnswer::Read(Some((ClaimState::Released, 1))),
+                ClaimAnswer::Rows(1),
+                ClaimAnswer::Rows(1),
+            ]),
+            ..Script::default()
+        };
+        let outcome = complete_now(drive_claim(
+            &mut script,
+            &SPEC,
+            CLAIM,
+            MessageKey::integer(1),
+            Immediate(body),
+            std::convert::identity,
+        ));
+        assert!(matches!(outcome, Ok(Outcome::Processed(()))), "{outcome:?}");
+        assert_eq!(
+            script.did,
+            ["insert", "read", "take over 1", "body", "stamp 2"]
+        );
+    }
+
+    #[test]
+    fn a_stamp_that_finds_the_claim_taken_over_is_claim_lost() {
+        let mut script = Script {
+            claim_steps: VecDeque::from([ClaimAnswer::Rows(1), ClaimAnswer::Rows(0)]),
+            ..Script::default()
+        };
+        let outcome = complete_now(drive_claim(
+            &mut script,
+            &SPEC,
+            CLAIM,
+            MessageKey::integer(1),
+            Immediate(body),
+            std::convert::identity,
+        ));
+        assert!(
+            matches!(outcome, Err(Error::ClaimLost { attempt: 1 })),
+            "{outcome:?}"
+        );
+        assert_eq!(script.did, ["insert", "body", "stamp 1"]);
+    }
+}
