@@ -46,7 +46,8 @@ use inbox_core::{InboxSchema, Retention};
 
 use crate::InboxConnection;
 use crate::dialect::Dialect;
-use crate::io::{Blocking, Io, Sql, complete_now};
+use crate::dialect::Sql;
+use crate::io::{Blocking, Io, complete_now};
 
 /// What to purge, and in what steps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -44,9 +44,6 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use std::fmt;
-use std::str::FromStr;
-
 use inbox_core::InboxSchema;
 
 pub use crate::verify::{SchemaError, SchemaProblem};
@@ -115,31 +112,10 @@ pub(crate) async fn verify_layout_async<C: crate::AsyncInboxConnection>(
     crate::verify::check_table(&mut crate::io::Awaiting(conn), schema).await
 }
 
-/// A database backend, for the SQL that differs between them. Available whatever features
-/// are enabled: the migration generator writes SQL for backends it does not connect to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Backend {
-    /// PostgreSQL.
-    Postgres,
-    /// MySQL and MariaDB (InnoDB).
-    Mysql,
-    /// SQLite.
-    Sqlite,
-}
+pub use crate::dialect::{Backend, UnknownBackend};
 
+/// The DDL and the SQL recipes of each backend.
 impl Backend {
-    /// The backend a database URL names, as the diesel CLI reads it: `postgres://` or
-    /// `postgresql://`, `mysql://`; anything else is a SQLite file.
-    pub fn from_database_url(url: &str) -> Self {
-        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            Backend::Postgres
-        } else if url.starts_with("mysql://") {
-            Backend::Mysql
-        } else {
-            Backend::Sqlite
-        }
-    }
-
     /// `CREATE TABLE` and its indexes for `schema` (idempotent: `IF NOT EXISTS`).
     pub fn create_table_sql(self, schema: &InboxSchema) -> String {
         self.create_sql(schema, false)
@@ -225,17 +201,6 @@ impl Backend {
         )
     }
 
-    /// An identifier as this backend's SQL writes it, quoted — as the runtime writes it — so
-    /// that a name that is a keyword (`order`) or has capitals (`Inbox` on PostgreSQL) means the
-    /// same table in the migration, the handlers, the startup check and the purge. Names are
-    /// validated ([`InboxSchema::validate_identifier`]): letters, digits and `_` only.
-    pub fn quote(self, identifier: &str) -> String {
-        match self {
-            Backend::Mysql => format!("`{identifier}`"),
-            Backend::Postgres | Backend::Sqlite => format!("\"{identifier}\""),
-        }
-    }
-
     /// An SQL expression that computes, from the SQL text expression `text`, the
     /// `message_id` the inbox stores for [`MessageKey::text`](crate::MessageKey::text) of that
     /// text, in this backend's column type — for moving an existing deduplication table, keyed
@@ -290,15 +255,6 @@ impl Backend {
             Backend::Sqlite => None,
         }
     }
-
-    /// A table name, optionally qualified (`billing.inbox`), quoted part by part.
-    pub fn quote_table(self, table: &str) -> String {
-        table
-            .split('.')
-            .map(|part| self.quote(part))
-            .collect::<Vec<_>>()
-            .join(".")
-    }
 }
 
 /// The name of the index on `processed_at` the schema creates for `table_name`:
@@ -314,46 +270,6 @@ pub fn processed_at_index(table_name: &str) -> String {
     let digest = &digest.to_string()[..8];
     let keep = InboxSchema::MAX_IDENTIFIER_LEN - "ix___processed_at".len() - digest.len();
     format!("ix_{}_{digest}_processed_at", &table_name[..keep])
-}
-
-impl fmt::Display for Backend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Backend::Postgres => "postgres",
-            Backend::Mysql => "mysql",
-            Backend::Sqlite => "sqlite",
-        })
-    }
-}
-
-/// A name that is not `postgres`, `mysql` or `sqlite`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UnknownBackend(pub String);
-
-impl fmt::Display for UnknownBackend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "unknown backend `{}`: the backends are postgres, mysql (also for MariaDB) and sqlite",
-            self.0
-        )
-    }
-}
-
-impl std::error::Error for UnknownBackend {}
-
-impl FromStr for Backend {
-    type Err = UnknownBackend;
-
-    /// `postgres` (or `postgresql`, `pg`), `mysql` (or `mariadb`), `sqlite`.
-    fn from_str(name: &str) -> Result<Self, UnknownBackend> {
-        match name.to_ascii_lowercase().as_str() {
-            "postgres" | "postgresql" | "pg" => Ok(Backend::Postgres),
-            "mysql" | "mariadb" => Ok(Backend::Mysql),
-            "sqlite" => Ok(Backend::Sqlite),
-            _ => Err(UnknownBackend(name.to_owned())),
-        }
-    }
 }
 
 fn postgres_create(schema: &InboxSchema, key_text: &str) -> String {

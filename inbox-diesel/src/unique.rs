@@ -96,8 +96,9 @@ use inbox_core::RetryPolicy;
 
 use crate::backend::MarkerDialect;
 use crate::dialect::Dialect;
+use crate::dialect::Sql;
 use crate::driver::Body;
-use crate::io::{Blocking, Io, Sql, Transactions, complete_now};
+use crate::io::{Blocking, Io, Transactions, complete_now};
 use crate::run::Immediate;
 use crate::schema::Backend;
 
@@ -1291,7 +1292,7 @@ mod tests {
     use diesel::result::DatabaseErrorKind;
 
     use super::*;
-    use crate::io::Row;
+    use crate::dialect::Row;
 
     const EMAIL: UniqueKey = UniqueKey::new("users", "ux_users_email", &["email"]);
 

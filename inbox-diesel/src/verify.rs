@@ -7,7 +7,8 @@ use diesel::sql_types::{BigInt, Text};
 use inbox_core::InboxSchema;
 
 use crate::dialect::Dialect;
-use crate::io::{Io, Sql};
+use crate::dialect::Sql;
+use crate::io::Io;
 use crate::schema::Backend;
 
 /// What [`verify`](crate::schema::verify) found different from what the runtime needs.

@@ -5,9 +5,7 @@ use diesel::sql_types::{BigInt, Text};
 
 use diesel::QueryResult;
 
-use crate::dialect::Dialect;
-use crate::io::{self, Row, Sql};
-use crate::schema::Backend;
+use crate::dialect::{self, Backend, Dialect, Row, Sql};
 
 impl Dialect for diesel::sqlite::Sqlite {
     const BACKEND: Backend = Backend::Sqlite;
@@ -30,14 +28,14 @@ impl Dialect for diesel::sqlite::Sqlite {
     where
         C: diesel::Connection<Backend = Self>,
     {
-        io::execute(conn, sql)
+        dialect::execute(conn, sql)
     }
 
     fn load<C, R: Row>(conn: &mut C, sql: &Sql) -> QueryResult<Vec<R>>
     where
         C: diesel::connection::LoadConnection<Backend = Self>,
     {
-        io::load(conn, sql)
+        dialect::load(conn, sql)
     }
 
     #[cfg(feature = "async")]
@@ -48,7 +46,7 @@ impl Dialect for diesel::sqlite::Sqlite {
     where
         C: diesel_async::AsyncConnection<Backend = Self>,
     {
-        io::execute_async(conn, sql)
+        dialect::execute_async(conn, sql)
     }
 
     #[cfg(feature = "async")]
@@ -59,7 +57,7 @@ impl Dialect for diesel::sqlite::Sqlite {
     where
         C: diesel_async::AsyncConnection<Backend = Self>,
     {
-        io::load_async(conn, sql)
+        dialect::load_async(conn, sql)
     }
 
     fn delete_batch(table: &str) -> String {

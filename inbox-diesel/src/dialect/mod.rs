@@ -1,0 +1,184 @@
+//! The lowest layer: which backend, the SQL text that differs between backends, and a
+//! statement as text and binds. [`Dialect`] is implemented for each diesel backend in
+//! `backends/`; everything above it — the purge's batches, the startup check, the claim —
+//! is written once over it.
+
+use std::fmt;
+use std::str::FromStr;
+
+use diesel::QueryResult;
+use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
+
+mod sql;
+
+pub use sql::{Row, Sql};
+pub(crate) use sql::{execute, load};
+#[cfg(feature = "async")]
+pub(crate) use sql::{execute_async, load_async};
+
+/// A diesel backend the runtime writes SQL for. Public only in name, so that the sealed
+/// connection traits can require it: it is not reachable from outside the crate.
+pub trait Dialect: diesel::backend::Backend + Sized + 'static {
+    /// Which backend this is, for what is decided by value (quoting, the migration's SQL).
+    const BACKEND: Backend;
+
+    /// Binds a 64-bit integer.
+    fn bind_i64<'f>(
+        query: BoxedSqlQuery<'f, Self, SqlQuery>,
+        value: &'f i64,
+    ) -> BoxedSqlQuery<'f, Self, SqlQuery>;
+
+    /// Binds text.
+    fn bind_text<'f>(
+        query: BoxedSqlQuery<'f, Self, SqlQuery>,
+        value: &'f str,
+    ) -> BoxedSqlQuery<'f, Self, SqlQuery>;
+
+    /// Runs a statement on a sync connection (`io::execute`, with this backend concrete).
+    fn execute<C>(conn: &mut C, sql: &Sql) -> QueryResult<usize>
+    where
+        C: diesel::Connection<Backend = Self>;
+
+    /// Runs a query on a sync connection (`io::load`).
+    fn load<C, R: Row>(conn: &mut C, sql: &Sql) -> QueryResult<Vec<R>>
+    where
+        C: diesel::connection::LoadConnection<Backend = Self>;
+
+    /// Runs a statement on a diesel-async connection (`io::execute_async`).
+    #[cfg(feature = "async")]
+    fn execute_async<'c, C>(
+        conn: &'c mut C,
+        sql: &'c Sql,
+    ) -> impl Future<Output = QueryResult<usize>> + Send + 'c
+    where
+        C: diesel_async::AsyncConnection<Backend = Self>;
+
+    /// Runs a query on a diesel-async connection (`io::load_async`).
+    #[cfg(feature = "async")]
+    fn load_async<'c, C, R: Row>(
+        conn: &'c mut C,
+        sql: &'c Sql,
+    ) -> impl Future<Output = QueryResult<Vec<R>>> + Send + 'c
+    where
+        C: diesel_async::AsyncConnection<Backend = Self>;
+
+    // The purge. Binds: the age in seconds, then (for the delete and the list) the number of
+    // rows; `table` is quoted.
+
+    /// Deletes one batch of completed rows.
+    fn delete_batch(table: &str) -> String;
+
+    /// `n`: the open claims older than the age.
+    fn count_stale(table: &str) -> String;
+
+    /// Rows as `purge::StaleRow`, oldest first.
+    fn list_stale(table: &str) -> String;
+
+    /// A query returning `n` = 1 when this session got the purge lock of `table`, held until
+    /// [`Dialect::unlock`], binding the lock's name twice; `None` where there is no session
+    /// lock.
+    fn try_lock(table: &str) -> Option<String>;
+
+    /// Releases the lock of [`Dialect::try_lock`], binding its name.
+    fn unlock(table: &str) -> Option<String>;
+
+    /// A query of `n`, the seconds the session holding the purge lock has been idle, binding
+    /// the lock's name; no row when it is running a statement. `None` where there is no
+    /// session lock.
+    fn lock_holder_idle(_table: &str) -> Option<String> {
+        None
+    }
+
+    /// Where each batch takes the lock itself, for the length of its own statement: a
+    /// `SELECT` of `locked` (1 or 0) and `n` (rows removed) binding the age, the batch size
+    /// and the lock's name, which replaces `delete_batch` and the session lock.
+    fn locked_delete_batch(_table: &str) -> Option<String> {
+        None
+    }
+}
+
+/// A database backend, for the SQL that differs between them. Available whatever features
+/// are enabled: the migration generator writes SQL for backends it does not connect to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// PostgreSQL.
+    Postgres,
+    /// MySQL and MariaDB (InnoDB).
+    Mysql,
+    /// SQLite.
+    Sqlite,
+}
+
+impl Backend {
+    /// The backend a database URL names, as the diesel CLI reads it: `postgres://` or
+    /// `postgresql://`, `mysql://`; anything else is a SQLite file.
+    pub fn from_database_url(url: &str) -> Self {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Backend::Postgres
+        } else if url.starts_with("mysql://") {
+            Backend::Mysql
+        } else {
+            Backend::Sqlite
+        }
+    }
+
+    /// An identifier as this backend's SQL writes it, quoted — as the runtime writes it — so
+    /// that a name that is a keyword (`order`) or has capitals (`Inbox` on PostgreSQL) means the
+    /// same table in the migration, the handlers, the startup check and the purge. Names are
+    /// validated ([`InboxSchema::validate_identifier`](crate::InboxSchema::validate_identifier)): letters, digits and `_` only.
+    pub fn quote(self, identifier: &str) -> String {
+        match self {
+            Backend::Mysql => format!("`{identifier}`"),
+            Backend::Postgres | Backend::Sqlite => format!("\"{identifier}\""),
+        }
+    }
+
+    /// A table name, optionally qualified (`billing.inbox`), quoted part by part.
+    pub fn quote_table(self, table: &str) -> String {
+        table
+            .split('.')
+            .map(|part| self.quote(part))
+            .collect::<Vec<_>>()
+            .join(".")
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Backend::Postgres => "postgres",
+            Backend::Mysql => "mysql",
+            Backend::Sqlite => "sqlite",
+        })
+    }
+}
+
+/// A name that is not `postgres`, `mysql` or `sqlite`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownBackend(pub String);
+
+impl fmt::Display for UnknownBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "unknown backend `{}`: the backends are postgres, mysql (also for MariaDB) and sqlite",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for UnknownBackend {}
+
+impl FromStr for Backend {
+    type Err = UnknownBackend;
+
+    /// `postgres` (or `postgresql`, `pg`), `mysql` (or `mariadb`), `sqlite`.
+    fn from_str(name: &str) -> Result<Self, UnknownBackend> {
+        match name.to_ascii_lowercase().as_str() {
+            "postgres" | "postgresql" | "pg" => Ok(Backend::Postgres),
+            "mysql" | "mariadb" => Ok(Backend::Mysql),
+            "sqlite" => Ok(Backend::Sqlite),
+            _ => Err(UnknownBackend(name.to_owned())),
+        }
+    }
+}
