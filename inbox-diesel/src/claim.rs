@@ -1,30 +1,11 @@
-//! Claim mode's statements, written once for every backend.
-//!
-//! A claim is an inbox row with `processed_at` NULL. Its `claimed_until` is the lease; its
-//! `attempts` counts the deliveries that claimed it and fences them: every statement that
-//! changes a claim names the attempt it belongs to, so an instance whose claim was taken
-//! over changes nothing. Each statement runs on its own (autocommit), so no lock is held
-//! while the side effect runs, and each is atomic by itself.
-//!
-//! | state of the row | `processed_at` | `claimed_until` |
-//! |---|---|---|
-//! | completed | set | NULL |
-//! | live claim | NULL | in the future |
-//! | expired claim (outcome unknown) | NULL | in the past |
-//! | released claim (the body failed) | NULL | NULL |
-//!
-//! Times come from the database's clock only, so instances whose clocks disagree agree on
-//! whether a lease has ended.
-
-use std::marker::PhantomData;
+//! Claim mode's lease and expiry policy, and its steps run on any connection (the
+//! statements are `dialect::claim`'s).
 
 use diesel::QueryResult;
-use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
-use diesel::sql_types::{BigInt, Text};
 use inbox_core::{InboxSchema, MessageKey};
-use uuid::Uuid;
 
-use crate::backend::{MarkerDialect, push_table};
+use crate::dialect::claim::{ClaimAnswer, ClaimSql, ClaimStep, read_answer};
+use crate::io::Io;
 
 /// What to do with a claim whose lease ended without the work being stamped complete
 /// (`on_expired = "…"` in claim mode).
@@ -62,308 +43,28 @@ impl ClaimSpec {
     pub const DEFAULT_LEASE_MS: u64 = 60_000;
 }
 
-/// The state of an existing inbox row, as one delivery read it.
-#[doc(hidden)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClaimState {
-    Completed,
-    Released,
-    Live,
-    Expired,
-}
-
-impl ClaimState {
-    fn from_code(code: i64) -> Self {
-        match code {
-            0 => ClaimState::Completed,
-            1 => ClaimState::Released,
-            2 => ClaimState::Live,
-            _ => ClaimState::Expired,
-        }
-    }
-}
-
-/// One statement of claim mode.
-#[doc(hidden)]
-#[derive(Debug, Clone, Copy)]
-pub enum ClaimStep {
-    /// Inserts a live claim with attempt 1, unless a row exists: 1 row or 0, with what the
-    /// the table has the column, and the key's text is written to it.
-    Insert {
-        lease_ms: u64,
-        layout: crate::verify::Layout,
-    },
-    /// Reads the row's state and attempt counter.
-    Read,
-    /// Takes over a released claim — or with `expired` an expired one too — whose counter
-    /// still is `seen`: 1 row or 0.
-    TakeOver {
-        seen: u32,
-        lease_ms: u64,
-        expired: bool,
-    },
-    /// Stamps the claim of `attempt` complete: 1 row, or 0 when it was taken over.
-    Stamp { attempt: u32 },
-    /// Releases the claim of `attempt` for a redelivery to retry: 1 row, or 0 when it was
-    /// taken over.
-    Release { attempt: u32 },
-}
-
-/// What a [`ClaimStep`] answered.
-#[doc(hidden)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClaimAnswer {
-    /// Rows inserted or updated.
-    Rows(usize),
-    /// The row's state and counter; `None` when there is no row.
-    Read(Option<(ClaimState, u32)>),
-}
-
-impl ClaimAnswer {
-    pub(crate) fn changed(self) -> bool {
-        matches!(self, ClaimAnswer::Rows(n) if n > 0)
-    }
-}
-
-enum Part {
-    Sql(&'static str),
-    Table,
-    Id,
-    Consumer,
-    /// The consumer, required to come with the check's mark on the session (MySQL).
-    MarkedConsumer(crate::verify::SessionMark),
-    /// The key's text (`key_text`).
-    KeyText,
-    Int(i64),
-}
-
-/// A claim-mode statement for backend `DB`, with `ST` the SQL type of the row it returns.
-/// A query fragment rather than `sql_query`, so that diesel caches its prepared statement.
-pub(crate) struct ClaimSql<'a, DB, ST = ()> {
-    table: &'a str,
-    id: Uuid,
-    consumer: &'a str,
-    /// The key's text, when a part binds it.
-    key_text: String,
-    parts: Vec<Part>,
-    types: PhantomData<(DB, ST)>,
-}
-
-/// `WHERE` of every statement but the insert.
-const WHERE_KEY: [Part; 4] = [
-    Part::Sql(" WHERE message_id = "),
-    Part::Id,
-    Part::Sql(" AND consumer = "),
-    Part::Consumer,
-];
-
-impl<'a, DB: MarkerDialect> ClaimSql<'a, DB>
-where
-    str: diesel::serialize::ToSql<Text, DB>,
-{
-    /// The statement of `step` (not `Read`: see [`ClaimSql::read`]).
-    pub(crate) fn new(
-        schema: &'a InboxSchema,
-        consumer: &'a str,
-        key: &MessageKey,
-        step: ClaimStep,
-    ) -> Self {
-        use Part::{Consumer, Id, Int, KeyText, MarkedConsumer, Sql, Table};
-        let lease = |ms: u64| {
-            [
-                Sql(DB::LEASE_UNTIL.0),
-                Int(i64::try_from(ms).unwrap_or(i64::MAX)),
-                Sql(DB::LEASE_UNTIL.1),
-            ]
-        };
-        let mut parts = Vec::with_capacity(20);
-        match step {
-            ClaimStep::Insert { lease_ms, layout } => {
-                let consumer = layout.session_mark.map_or(Consumer, MarkedConsumer);
-                parts.extend([Sql("INSERT INTO "), Table]);
-                match layout.key_text {
-                    true => parts.extend([
-                        Sql(" (message_id, consumer, key_text, claimed_until, attempts) VALUES ("),
-                        Id,
-                        Sql(", "),
-                        consumer,
-                        Sql(", "),
-                        KeyText,
-                        Sql(", "),
-                    ]),
-                    false => parts.extend([
-                        Sql(" (message_id, consumer, claimed_until, attempts) VALUES ("),
-                        Id,
-                        Sql(", "),
-                        consumer,
-                        Sql(", "),
-                    ]),
-                }
-                parts.extend(lease(lease_ms));
-                parts.extend([Sql(", 1)"), Sql(DB::CLAIM_ON_CONFLICT)]);
-            }
-            ClaimStep::Read => unreachable!("a read is built by ClaimSql::read"),
-            ClaimStep::TakeOver {
-                seen,
-                lease_ms,
-                expired,
-            } => {
-                parts.extend([Sql("UPDATE "), Table, Sql(" SET claimed_until = ")]);
-                parts.extend(lease(lease_ms));
-                parts.push(Sql(", attempts = attempts + 1"));
-                parts.extend(WHERE_KEY);
-                parts.extend([
-                    Sql(" AND attempts = "),
-                    Int(seen.into()),
-                    Sql(" AND processed_at IS NULL AND (claimed_until IS NULL"),
-                ]);
-                if expired {
-                    parts.extend([Sql(" OR claimed_until <= "), Sql(DB::LEASE_NOW)]);
-                }
-                parts.push(Sql(")"));
-            }
-            ClaimStep::Stamp { attempt } => {
-                parts.extend([
-                    Sql("UPDATE "),
-                    Table,
-                    Sql(" SET processed_at = "),
-                    Sql(DB::NOW),
-                    Sql(", claimed_until = NULL"),
-                ]);
-                parts.extend(WHERE_KEY);
-                parts.extend([
-                    Sql(" AND attempts = "),
-                    Int(attempt.into()),
-                    Sql(" AND processed_at IS NULL"),
-                ]);
-            }
-            ClaimStep::Release { attempt } => {
-                parts.extend([Sql("UPDATE "), Table, Sql(" SET claimed_until = NULL")]);
-                parts.extend(WHERE_KEY);
-                parts.extend([
-                    Sql(" AND attempts = "),
-                    Int(attempt.into()),
-                    Sql(" AND processed_at IS NULL"),
-                ]);
-            }
-        }
-        let key_text = match step {
-            ClaimStep::Insert { layout, .. } if layout.key_text => crate::driver::key_text(key),
-            _ => String::new(),
-        };
-        Self {
-            table: schema.table(),
-            id: key.stored_id(),
-            consumer,
-            key_text,
-            parts,
-            types: PhantomData,
-        }
-    }
-
-    /// `SELECT <state code>, attempts … WHERE message_id = ? AND consumer = ?`.
-    pub(crate) fn read(
-        schema: &'a InboxSchema,
-        consumer: &'a str,
-        key: &MessageKey,
-    ) -> ClaimSql<'a, DB, (BigInt, BigInt)> {
-        use Part::{Sql, Table};
-        let mut parts = vec![
-            Sql("SELECT CAST(CASE WHEN processed_at IS NOT NULL THEN 0 \
-                 WHEN claimed_until IS NULL THEN 1 WHEN claimed_until > "),
-            Sql(DB::LEASE_NOW),
-            Sql(" THEN 2 ELSE 3 END AS "),
-            Sql(DB::BIGINT),
-            Sql("), CAST(attempts AS "),
-            Sql(DB::BIGINT),
-            Sql(") FROM "),
-            Table,
-        ];
-        parts.extend(WHERE_KEY);
-        ClaimSql {
-            table: schema.table(),
-            id: key.stored_id(),
-            consumer,
-            key_text: String::new(),
-            parts,
-            types: PhantomData,
-        }
-    }
-}
-
-/// The row a [`ClaimSql::read`] returns, as the driver reads it.
-pub(crate) fn read_answer(rows: Vec<(i64, i64)>) -> ClaimAnswer {
-    ClaimAnswer::Read(rows.first().map(|&(state, attempts)| {
-        (
-            ClaimState::from_code(state),
-            u32::try_from(attempts).unwrap_or(u32::MAX),
-        )
-    }))
-}
-
-impl<DB, ST> QueryId for ClaimSql<'_, DB, ST> {
-    type QueryId = ();
-    const HAS_STATIC_QUERY_ID: bool = false;
-}
-
-impl<DB, ST> Query for ClaimSql<'_, DB, ST> {
-    type SqlType = ST;
-}
-
-impl<DB, ST, C> diesel::RunQueryDsl<C> for ClaimSql<'_, DB, ST> {}
-
-impl<DB: MarkerDialect, ST> QueryFragment<DB> for ClaimSql<'_, DB, ST>
-where
-    str: diesel::serialize::ToSql<Text, DB>,
-{
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
-        for part in &self.parts {
-            match part {
-                Part::Sql(sql) => out.push_sql(sql),
-                Part::Table => push_table(&mut out, self.table)?,
-                Part::Id => DB::bind_id(&mut out, &self.id)?,
-                Part::Consumer => out.push_bind_param::<Text, str>(self.consumer)?,
-                Part::MarkedConsumer(mark) => {
-                    let (before, after) = mark.guard();
-                    out.push_sql(&before);
-                    out.push_bind_param::<Text, str>(self.consumer)?;
-                    out.push_sql(after);
-                }
-                Part::KeyText => out.push_bind_param::<Text, str>(&self.key_text)?,
-                Part::Int(value) => DB::bind_int(&mut out, value)?,
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Runs claim-mode steps on a sync connection.
-pub(crate) fn run_step<C>(
-    conn: &mut C,
+/// Runs one claim-mode statement, committed on its own.
+pub(crate) async fn step<S: Io>(
+    io: &mut S,
     schema: &InboxSchema,
     consumer: &str,
     key: &MessageKey,
     step: ClaimStep,
-) -> QueryResult<ClaimAnswer>
-where
-    C: diesel::Connection,
-    C::Backend: MarkerDialect,
-    str: diesel::serialize::ToSql<Text, C::Backend>,
-    for<'q> ClaimSql<'q, C::Backend>: diesel::query_dsl::methods::ExecuteDsl<C>,
-    for<'q> ClaimSql<'q, C::Backend, (BigInt, BigInt)>:
-        diesel::query_dsl::LoadQuery<'q, C, (i64, i64)>,
-{
-    use diesel::RunQueryDsl;
+) -> QueryResult<ClaimAnswer> {
     match step {
         ClaimStep::Read => Ok(read_answer(
-            ClaimSql::<C::Backend>::read(schema, consumer, key).load(conn)?,
+            io.read_claim(ClaimSql::read(schema, consumer, key)).await?,
         )),
         ClaimStep::Insert { .. } => {
-            let inserted = ClaimSql::<C::Backend>::new(schema, consumer, key, step).execute(conn);
-            crate::backend::inserted_unless_duplicate(inserted, schema).map(ClaimAnswer::Rows)
+            let inserted = io
+                .execute_claim(ClaimSql::new(schema, consumer, key, step))
+                .await;
+            crate::dialect::marker::inserted_unless_duplicate(inserted, schema)
+                .map(ClaimAnswer::Rows)
         }
-        _ => ClaimSql::<C::Backend>::new(schema, consumer, key, step)
-            .execute(conn)
+        _ => io
+            .execute_claim(ClaimSql::new(schema, consumer, key, step))
+            .await
             .map(ClaimAnswer::Rows),
     }
 }

@@ -18,8 +18,10 @@ use diesel::result::Error as DieselError;
 use inbox_core::{BatchOutcome, ErrorClass, MessageKey, Outcome, RetryDecision};
 
 use crate::__private::HandlerSpec;
-use crate::claim::{ClaimAnswer, ClaimSpec, ClaimState, ClaimStep};
-use crate::verify::{Layout, SchemaError};
+use crate::claim::ClaimSpec;
+use crate::dialect::claim::{ClaimAnswer, ClaimState, ClaimStep};
+use crate::dialect::layout::{Layout, key_text};
+use crate::verify::SchemaError;
 use crate::{Error, OnExpired, classify, tripwire};
 
 /// What a connection does for the driver: open, claim, commit, roll back, wait.
@@ -287,9 +289,10 @@ fn forget_check<S: Steps>(steps: &mut S, spec: &HandlerSpec) {
 /// Whether a failed statement of the handler's own (begin, claim, commit) says that the table
 /// is not what this connection's check found — a column or the unique index gone, the table
 /// recreated — or that the server session is not the one checked: a new connection at a
-/// dropped one's address ([`SessionMark`](crate::verify::SessionMark)).
+/// dropped one's address ([`SessionMark`](crate::dialect::layout::SessionMark)).
 fn needs_recheck(error: &DieselError, spec: &HandlerSpec) -> bool {
-    classify(error, &spec.schema) == ErrorClass::Schema || crate::verify::unchecked_session(error)
+    classify(error, &spec.schema) == ErrorClass::Schema
+        || crate::dialect::layout::unchecked_session(error)
 }
 
 /// Checks the table again on this connection, once per delivery: the attempt then runs
@@ -450,17 +453,6 @@ impl Claims for BatchClaims<'_> {
         let any = !new.is_empty();
         self.new.set(new);
         Ok(any)
-    }
-}
-
-/// What `key_text` holds for `key`: its `Display`, with NUL — which PostgreSQL's text cannot
-/// hold, and which a sender can put in a text key — written as U+FFFD, so that such a key is
-/// still processed. The column is for people; the stored id is the key.
-pub(crate) fn key_text(key: &MessageKey) -> String {
-    let text = key.to_string();
-    match text.contains('\0') {
-        true => text.replace('\0', "\u{fffd}"),
-        false => text,
     }
 }
 

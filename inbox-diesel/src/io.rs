@@ -15,6 +15,7 @@ use std::time::Duration;
 use diesel::QueryResult;
 use diesel::connection::TransactionManagerStatus;
 
+use crate::dialect::claim::{ClaimRead, ClaimSql};
 use crate::dialect::{Dialect, Row, Sql};
 
 /// What the runtime's algorithms do with a connection, sync or async.
@@ -27,6 +28,15 @@ pub(crate) trait Io {
 
     /// Runs a query; its rows.
     async fn load<R: Row>(&mut self, sql: &Sql) -> QueryResult<Vec<R>>;
+
+    /// Runs a claim-mode statement (a query fragment: prepared once, cached by its SQL).
+    async fn execute_claim(&mut self, sql: ClaimSql<'_, Self::Backend>) -> QueryResult<usize>;
+
+    /// Reads a claim's state and attempt counter.
+    async fn read_claim(
+        &mut self,
+        sql: ClaimRead<'_, Self::Backend>,
+    ) -> QueryResult<Vec<(i64, i64)>>;
 
     /// The transaction manager's state: whether a transaction is open, or broken.
     fn transaction_status(&mut self) -> &mut TransactionManagerStatus;
@@ -53,6 +63,14 @@ where
 
     async fn load<R: Row>(&mut self, sql: &Sql) -> QueryResult<Vec<R>> {
         C::Backend::load(self.0, sql)
+    }
+
+    async fn execute_claim(&mut self, sql: ClaimSql<'_, C::Backend>) -> QueryResult<usize> {
+        C::Backend::execute_claim(self.0, sql)
+    }
+
+    async fn read_claim(&mut self, sql: ClaimRead<'_, C::Backend>) -> QueryResult<Vec<(i64, i64)>> {
+        C::Backend::read_claim(self.0, sql)
     }
 
     fn transaction_status(&mut self) -> &mut TransactionManagerStatus {
@@ -83,6 +101,14 @@ where
 
     async fn load<R: Row>(&mut self, sql: &Sql) -> QueryResult<Vec<R>> {
         C::Backend::load_async(self.0, sql).await
+    }
+
+    async fn execute_claim(&mut self, sql: ClaimSql<'_, C::Backend>) -> QueryResult<usize> {
+        C::Backend::execute_claim_async(self.0, sql).await
+    }
+
+    async fn read_claim(&mut self, sql: ClaimRead<'_, C::Backend>) -> QueryResult<Vec<(i64, i64)>> {
+        C::Backend::read_claim_async(self.0, sql).await
     }
 
     fn transaction_status(&mut self) -> &mut TransactionManagerStatus {

@@ -7,10 +7,11 @@ use inbox_core::{BatchOutcome, ErrorClass, KeyError, MessageKey, Outcome};
 use tracing::Instrument;
 
 use crate::__private::HandlerSpec;
-use crate::claim::{ClaimAnswer, ClaimSpec, ClaimStep};
+use crate::claim::ClaimSpec;
+use crate::dialect::claim::{ClaimAnswer, ClaimStep};
+use crate::dialect::layout::Layout;
 use crate::driver::{self, BatchClaims, NewMessages, Steps};
 use crate::io::Blocking;
-use crate::verify::Layout;
 use crate::{Error, InboxConnection, NoConnection};
 
 /// Runs `body` once per message key and consumer, on a sync connection; see
@@ -195,7 +196,7 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
     async fn verify(
         &mut self,
         spec: &'static HandlerSpec,
-    ) -> Result<crate::verify::Layout, crate::verify::SchemaError> {
+    ) -> Result<Layout, crate::verify::SchemaError> {
         crate::schema::verify_layout(self.0, &spec.schema)
     }
 
@@ -205,7 +206,7 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
         key: &MessageKey,
         step: ClaimStep,
     ) -> QueryResult<ClaimAnswer> {
-        self.0.claim_step(spec, key, step)
+        crate::claim::step(self, &spec.schema, spec.consumer.as_str(), key, step).await
     }
 
     async fn pause(&mut self, delay: Duration) {

@@ -12,10 +12,11 @@ use inbox_core::{BatchOutcome, ErrorClass, KeyError, MessageKey, Outcome};
 use tracing::Instrument;
 
 use crate::__private::HandlerSpec;
-use crate::claim::{ClaimAnswer, ClaimSpec, ClaimStep};
+use crate::claim::ClaimSpec;
+use crate::dialect::claim::{ClaimAnswer, ClaimStep};
+use crate::dialect::layout::Layout;
 use crate::driver::{self, BatchClaims, NewMessages, Steps};
 use crate::io::Awaiting;
-use crate::verify::Layout;
 use crate::{Error, NoConnection};
 
 /// A diesel-async connection an `async fn` `#[idempotent]` handler can run on.
@@ -134,15 +135,6 @@ pub trait AsyncInboxConnection:
     /// The backend, for the SQL that is not written once.
     #[doc(hidden)]
     const BACKEND: crate::schema::Backend;
-
-    /// Claim mode: runs one step, committed on its own.
-    #[doc(hidden)]
-    fn claim_step(
-        &mut self,
-        spec: &'static HandlerSpec,
-        key: &MessageKey,
-        step: ClaimStep,
-    ) -> impl Future<Output = QueryResult<ClaimAnswer>> + Send;
 }
 
 pub(crate) mod sealed {
@@ -347,7 +339,7 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
     async fn verify(
         &mut self,
         spec: &'static HandlerSpec,
-    ) -> Result<crate::verify::Layout, crate::verify::SchemaError> {
+    ) -> Result<Layout, crate::verify::SchemaError> {
         crate::schema::verify_layout_async(self.0, &spec.schema).await
     }
 
@@ -357,7 +349,7 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
         key: &MessageKey,
         step: ClaimStep,
     ) -> QueryResult<ClaimAnswer> {
-        self.0.claim_step(spec, key, step).await
+        crate::claim::step(self, &spec.schema, spec.consumer.as_str(), key, step).await
     }
 
     async fn pause(&mut self, delay: Duration) {
@@ -404,36 +396,6 @@ macro_rules! server_steps {
                 diesel_async::AnsiTransactionManager::transaction_manager_status_mut(self),
             )
         }
-
-        async fn claim_step(
-            &mut self,
-            spec: &'static HandlerSpec,
-            key: &MessageKey,
-            step: ClaimStep,
-        ) -> QueryResult<ClaimAnswer> {
-            use crate::claim::{ClaimSql, read_answer};
-            use diesel_async::RunQueryDsl;
-            let (schema, consumer) = (&spec.schema, spec.consumer.as_str());
-            match step {
-                ClaimStep::Read => {
-                    let rows = ClaimSql::<$backend>::read(schema, consumer, key)
-                        .load(self)
-                        .await?;
-                    Ok(read_answer(rows))
-                }
-                ClaimStep::Insert { .. } => {
-                    let inserted = ClaimSql::<$backend>::new(schema, consumer, key, step)
-                        .execute(self)
-                        .await;
-                    crate::backend::inserted_unless_duplicate(inserted, schema)
-                        .map(ClaimAnswer::Rows)
-                }
-                _ => ClaimSql::<$backend>::new(schema, consumer, key, step)
-                    .execute(self)
-                    .await
-                    .map(ClaimAnswer::Rows),
-            }
-        }
     };
 }
 
@@ -445,7 +407,7 @@ mod postgres {
     use diesel::pg::Pg;
     use diesel_async::{AnsiTransactionManager, TransactionManager};
 
-    use crate::backend::ClaimMarker;
+    use crate::dialect::marker::ClaimMarker;
 
     impl sealed::Sealed for AsyncPgConnection {}
 
@@ -478,7 +440,9 @@ mod postgres {
             layout: Layout,
         ) -> QueryResult<bool> {
             let id = key.stored_id();
-            let text = layout.key_text.then(|| crate::driver::key_text(key));
+            let text = layout
+                .key_text
+                .then(|| crate::dialect::layout::key_text(key));
             let claim = ClaimMarker::<Pg>::new(
                 &spec.schema,
                 spec.consumer.as_str(),
@@ -497,7 +461,7 @@ mod postgres {
             texts: Option<&[String]>,
             _layout: Layout,
         ) -> QueryResult<Vec<uuid::Uuid>> {
-            let claim = crate::backend::ClaimMarkers::<Pg, diesel::sql_types::Uuid>::new(
+            let claim = crate::dialect::marker::ClaimMarkers::<Pg, diesel::sql_types::Uuid>::new(
                 &spec.schema,
                 spec.consumer.as_str(),
                 ids,
@@ -593,17 +557,6 @@ mod sqlite {
             self.spawn_blocking(move |conn| conn.prepare_claim(spec))
                 .await
         }
-
-        async fn claim_step(
-            &mut self,
-            spec: &'static HandlerSpec,
-            key: &MessageKey,
-            step: ClaimStep,
-        ) -> QueryResult<ClaimAnswer> {
-            let key = key.clone();
-            self.spawn_blocking(move |conn| conn.claim_step(spec, &key, step))
-                .await
-        }
     }
 }
 
@@ -616,7 +569,7 @@ mod mysql {
     };
 
     use super::*;
-    use crate::backend::{ClaimMarker, inserted_unless_duplicate};
+    use crate::dialect::marker::{ClaimMarker, inserted_unless_duplicate};
 
     impl sealed::Sealed for AsyncMysqlConnection {}
 
@@ -659,7 +612,9 @@ mod mysql {
             layout: Layout,
         ) -> QueryResult<bool> {
             let id = key.stored_id();
-            let text = layout.key_text.then(|| crate::driver::key_text(key));
+            let text = layout
+                .key_text
+                .then(|| crate::dialect::layout::key_text(key));
             let claim = ClaimMarker::<Mysql>::new(
                 &spec.schema,
                 spec.consumer.as_str(),

@@ -84,7 +84,7 @@ pub fn verify<C: crate::InboxConnection>(
 pub(crate) fn verify_layout<C: crate::InboxConnection>(
     conn: &mut C,
     schema: &InboxSchema,
-) -> Result<crate::verify::Layout, SchemaError> {
+) -> Result<crate::dialect::layout::Layout, SchemaError> {
     crate::io::complete_now(crate::verify::check_table(
         &mut crate::io::Blocking(conn),
         schema,
@@ -108,7 +108,7 @@ pub async fn verify_async<C: crate::AsyncInboxConnection>(
 pub(crate) async fn verify_layout_async<C: crate::AsyncInboxConnection>(
     conn: &mut C,
     schema: &InboxSchema,
-) -> Result<crate::verify::Layout, SchemaError> {
+) -> Result<crate::dialect::layout::Layout, SchemaError> {
     crate::verify::check_table(&mut crate::io::Awaiting(conn), schema).await
 }
 

@@ -94,7 +94,6 @@ use diesel::sql_types::Nullable;
 use diesel::{Column, QueryResult};
 use inbox_core::RetryPolicy;
 
-use crate::backend::MarkerDialect;
 use crate::dialect::Dialect;
 use crate::dialect::Sql;
 use crate::driver::Body;
@@ -440,14 +439,14 @@ impl<S, Id, C> diesel::RunQueryDsl<C> for Upsert<S, Id> {}
 
 impl<DB, S, Id> QueryFragment<DB> for Upsert<S, Id>
 where
-    DB: MarkerDialect,
+    DB: Dialect,
     S: QueryFragment<DB>,
     Id: Column,
     str: diesel::serialize::ToSql<diesel::sql_types::Text, DB>,
 {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
         self.insert.walk_ast(out.reborrow())?;
-        if DB::KIND == Backend::Mysql {
+        if DB::BACKEND == Backend::Mysql {
             out.push_sql(" ON DUPLICATE KEY UPDATE ");
             out.push_identifier(Id::NAME)?;
             out.push_sql(" = LAST_INSERT_ID(");
@@ -486,13 +485,13 @@ impl<S, C> diesel::RunQueryDsl<C> for InsertIfAbsent<S> {}
 
 impl<DB, S> QueryFragment<DB> for InsertIfAbsent<S>
 where
-    DB: MarkerDialect,
+    DB: Dialect,
     S: QueryFragment<DB>,
     str: diesel::serialize::ToSql<diesel::sql_types::Text, DB>,
 {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
         self.insert.walk_ast(out.reborrow())?;
-        if DB::KIND != Backend::Mysql {
+        if DB::BACKEND != Backend::Mysql {
             push_conflict_target(&mut out, &self.key)?;
             out.push_sql(" DO NOTHING");
         }
@@ -1322,6 +1321,20 @@ mod tests {
 
         async fn load<R: Row>(&mut self, _: &Sql) -> QueryResult<Vec<R>> {
             unreachable!("no query on SQLite's path")
+        }
+
+        async fn execute_claim(
+            &mut self,
+            _: crate::dialect::claim::ClaimSql<'_, Self::Backend>,
+        ) -> QueryResult<usize> {
+            unreachable!("not claim mode")
+        }
+
+        async fn read_claim(
+            &mut self,
+            _: crate::dialect::claim::ClaimRead<'_, Self::Backend>,
+        ) -> QueryResult<Vec<(i64, i64)>> {
+            unreachable!("not claim mode")
         }
 
         fn transaction_status(&mut self) -> &mut TransactionManagerStatus {

@@ -8,6 +8,7 @@ use inbox_core::InboxSchema;
 
 use crate::dialect::Dialect;
 use crate::dialect::Sql;
+use crate::dialect::layout::{Layout, SessionMark};
 use crate::io::Io;
 use crate::schema::Backend;
 
@@ -329,67 +330,6 @@ const KEY_TEXT: (&str, [&[&str]; 3], &str) = (
     ],
     "text",
 );
-
-/// What the startup check found beyond what every table has: the optional columns the
-/// runtime writes, and the server's flavour where the SQL differs.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Layout {
-    /// The table has `key_text`: each marker stores its key's text there.
-    pub(crate) key_text: bool,
-    /// A MariaDB server (the MySQL backend): it bounds idle transactions
-    /// (`idle_transaction_timeout`), which MySQL cannot.
-    pub(crate) mariadb: bool,
-    /// MySQL and MariaDB: the session variable the check set on the server session it ran
-    /// on ([`SessionMark`]).
-    pub(crate) session_mark: Option<SessionMark>,
-}
-
-/// MySQL and MariaDB: a session variable, `@inbox_checked_<digest of table and index>`, set
-/// by the startup check on the server session it ran on, and required by each marker insert
-/// (`IF(@… = 1, <consumer>, NULL)` into the `NOT NULL` consumer). The runtime remembers a
-/// check by the connection's address, and a new connection can take a dropped one's
-/// address; there a plain `INSERT` would not notice a table without its unique index, and a
-/// message would be applied twice. The server, which knows its sessions, refuses the insert
-/// instead (error 1048), and the runtime checks the table on that session and goes on.
-/// PostgreSQL and SQLite need no mark: their `ON CONFLICT` fails without the unique index.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SessionMark(u64);
-
-impl SessionMark {
-    pub(crate) fn new(schema: &InboxSchema) -> Self {
-        let name = format!("{}\0{}", schema.table(), schema.constraint());
-        let digest = uuid::Uuid::new_v5(&inbox_core::MessageKey::NAMESPACE, name.as_bytes());
-        SessionMark(digest.as_u64_pair().0)
-    }
-
-    /// The variable, with its `@`.
-    pub(crate) fn variable(self) -> String {
-        format!("@inbox_checked_{:016x}", self.0)
-    }
-
-    /// Sets the variable on the session: after the check passed there.
-    pub(crate) fn set_sql(self) -> String {
-        format!("SET {} = 1", self.variable())
-    }
-
-    /// The consumer's bind, wrapped: `IF(@… = 1, ` before it, `, NULL)` after it.
-    pub(crate) fn guard(self) -> (String, &'static str) {
-        (format!("IF({} = 1, ", self.variable()), ", NULL)")
-    }
-}
-
-/// Whether a failed statement of the claim says that this server session has not checked the
-/// table: MySQL's 1048 on the consumer, which only the [`SessionMark`] can make NULL, or a
-/// MariaDB setting refused by a MySQL server that took a MariaDB connection's address.
-pub(crate) fn unchecked_session(error: &diesel::result::Error) -> bool {
-    crate::classify::with_server_error(error, |server| {
-        server.message.contains("Column 'consumer' cannot be null")
-            || server
-                .message
-                .contains("Unknown system variable 'idle_transaction_timeout'")
-    })
-    .unwrap_or(false)
-}
 
 /// Compares what the catalog says with what the runtime needs, and says which optional
 /// columns the table has.

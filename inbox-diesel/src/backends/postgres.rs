@@ -1,13 +1,32 @@
 //! Postgres: what the runtime writes differently for it.
 
-use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
+use diesel::query_builder::{AstPass, BoxedSqlQuery, SqlQuery};
 use diesel::sql_types::{BigInt, Text};
 
 use diesel::QueryResult;
 
-use crate::dialect::{self, Backend, Dialect, Row, Sql};
+use uuid::Uuid;
+
+use crate::dialect::claim::{ClaimRead, ClaimSql};
+use crate::dialect::{self, Backend, Dialect, Row, Sql, marker};
 
 impl Dialect for diesel::pg::Pg {
+    const NOW: &'static str = "CURRENT_TIMESTAMP";
+    const ON_CONFLICT: &'static str = marker::ON_CONFLICT_RETURNING;
+    const CLAIM_ON_CONFLICT: &'static str = marker::ON_CONFLICT_DO_NOTHING;
+    const LEASE_NOW: &'static str = "CURRENT_TIMESTAMP";
+    const LEASE_UNTIL: (&'static str, &'static str) =
+        ("CURRENT_TIMESTAMP + ", " * INTERVAL '1 millisecond'");
+    const BIGINT: &'static str = "BIGINT";
+
+    fn bind_id<'b>(out: &mut AstPass<'_, 'b, Self>, id: &'b Uuid) -> QueryResult<()> {
+        out.push_bind_param::<diesel::sql_types::Uuid, Uuid>(id)
+    }
+
+    fn bind_int<'b>(out: &mut AstPass<'_, 'b, Self>, value: &'b i64) -> QueryResult<()> {
+        out.push_bind_param::<BigInt, i64>(value)
+    }
+
     const BACKEND: Backend = Backend::Postgres;
 
     fn bind_i64<'f>(
@@ -22,6 +41,42 @@ impl Dialect for diesel::pg::Pg {
         value: &'f str,
     ) -> BoxedSqlQuery<'f, Self, SqlQuery> {
         query.bind::<Text, _>(value)
+    }
+
+    fn execute_claim<C>(conn: &mut C, sql: ClaimSql<'_, Self>) -> QueryResult<usize>
+    where
+        C: diesel::Connection<Backend = Self>,
+    {
+        diesel::RunQueryDsl::execute(sql, conn)
+    }
+
+    fn read_claim<C>(conn: &mut C, sql: ClaimRead<'_, Self>) -> QueryResult<Vec<(i64, i64)>>
+    where
+        C: diesel::connection::LoadConnection<Backend = Self>,
+    {
+        diesel::RunQueryDsl::load(sql, conn)
+    }
+
+    #[cfg(feature = "async")]
+    fn execute_claim_async<'c, C>(
+        conn: &'c mut C,
+        sql: ClaimSql<'c, Self>,
+    ) -> impl Future<Output = QueryResult<usize>> + Send + 'c
+    where
+        C: diesel_async::AsyncConnection<Backend = Self>,
+    {
+        diesel_async::RunQueryDsl::execute(sql, conn)
+    }
+
+    #[cfg(feature = "async")]
+    fn read_claim_async<'c, C>(
+        conn: &'c mut C,
+        sql: ClaimRead<'c, Self>,
+    ) -> impl Future<Output = QueryResult<Vec<(i64, i64)>>> + Send + 'c
+    where
+        C: diesel_async::AsyncConnection<Backend = Self>,
+    {
+        diesel_async::RunQueryDsl::load(sql, conn)
     }
 
     fn execute<C>(conn: &mut C, sql: &Sql) -> QueryResult<usize>

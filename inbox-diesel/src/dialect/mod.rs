@@ -7,9 +7,15 @@ use std::fmt;
 use std::str::FromStr;
 
 use diesel::QueryResult;
-use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
+use diesel::query_builder::{AstPass, BoxedSqlQuery, SqlQuery};
+use uuid::Uuid;
 
+pub(crate) mod claim;
+pub(crate) mod layout;
+pub(crate) mod marker;
 mod sql;
+
+use claim::{ClaimRead, ClaimSql};
 
 pub use sql::{Row, Sql};
 pub(crate) use sql::{execute, load};
@@ -18,9 +24,31 @@ pub(crate) use sql::{execute_async, load_async};
 
 /// A diesel backend the runtime writes SQL for. Public only in name, so that the sealed
 /// connection traits can require it: it is not reachable from outside the crate.
-pub trait Dialect: diesel::backend::Backend + Sized + 'static {
+pub trait Dialect:
+    diesel::backend::Backend + diesel::sql_types::HasSqlType<diesel::sql_types::Text> + Sized + 'static
+{
     /// Which backend this is, for what is decided by value (quoting, the migration's SQL).
     const BACKEND: Backend;
+
+    /// The current time, as the backend writes it.
+    const NOW: &'static str;
+    /// What follows the marker's `VALUES (…)`: how a duplicate is reported.
+    const ON_CONFLICT: &'static str;
+    /// What follows a claim's `VALUES (…)`: how a duplicate is reported, without `RETURNING`.
+    const CLAIM_ON_CONFLICT: &'static str;
+    /// The current time as `claimed_until` is written and compared (sub-second).
+    const LEASE_NOW: &'static str;
+    /// The current time plus a bound number of milliseconds: the SQL before and after the
+    /// bind.
+    const LEASE_UNTIL: (&'static str, &'static str);
+    /// The type a 64-bit integer is cast to.
+    const BIGINT: &'static str;
+
+    /// Binds the 16-byte message id into a query fragment.
+    fn bind_id<'b>(out: &mut AstPass<'_, 'b, Self>, id: &'b Uuid) -> QueryResult<()>;
+
+    /// Binds a 64-bit integer into a query fragment.
+    fn bind_int<'b>(out: &mut AstPass<'_, 'b, Self>, value: &'b i64) -> QueryResult<()>;
 
     /// Binds a 64-bit integer.
     fn bind_i64<'f>(
@@ -34,7 +62,35 @@ pub trait Dialect: diesel::backend::Backend + Sized + 'static {
         value: &'f str,
     ) -> BoxedSqlQuery<'f, Self, SqlQuery>;
 
-    /// Runs a statement on a sync connection (`io::execute`, with this backend concrete).
+    /// Runs a claim-mode statement on a sync connection.
+    fn execute_claim<C>(conn: &mut C, sql: ClaimSql<'_, Self>) -> QueryResult<usize>
+    where
+        C: diesel::Connection<Backend = Self>;
+
+    /// Reads a claim's state on a sync connection.
+    fn read_claim<C>(conn: &mut C, sql: ClaimRead<'_, Self>) -> QueryResult<Vec<(i64, i64)>>
+    where
+        C: diesel::connection::LoadConnection<Backend = Self>;
+
+    /// Runs a claim-mode statement on a diesel-async connection.
+    #[cfg(feature = "async")]
+    fn execute_claim_async<'c, C>(
+        conn: &'c mut C,
+        sql: ClaimSql<'c, Self>,
+    ) -> impl Future<Output = QueryResult<usize>> + Send + 'c
+    where
+        C: diesel_async::AsyncConnection<Backend = Self>;
+
+    /// Reads a claim's state on a diesel-async connection.
+    #[cfg(feature = "async")]
+    fn read_claim_async<'c, C>(
+        conn: &'c mut C,
+        sql: ClaimRead<'c, Self>,
+    ) -> impl Future<Output = QueryResult<Vec<(i64, i64)>>> + Send + 'c
+    where
+        C: diesel_async::AsyncConnection<Backend = Self>;
+
+    /// Runs a statement on a sync connection (`sql::execute`, with this backend concrete).
     fn execute<C>(conn: &mut C, sql: &Sql) -> QueryResult<usize>
     where
         C: diesel::Connection<Backend = Self>;

@@ -1,0 +1,248 @@
+//! The inbox marker's insert: one message's, a batch's.
+
+use std::marker::PhantomData;
+
+use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
+use diesel::sql_types::{BigInt, Text};
+use diesel::{Connection, QueryResult, RunQueryDsl};
+use inbox_core::{InboxSchema, MessageKey};
+use uuid::Uuid;
+
+use super::Dialect;
+use super::layout::{Layout, SessionMark};
+
+/// The marker insert, written once for every backend:
+///
+/// ```sql
+/// INSERT INTO <table> (message_id, consumer, processed_at) VALUES (?, ?, <now>)
+///     ON CONFLICT (message_id, consumer) DO NOTHING RETURNING 1    -- PostgreSQL, SQLite
+/// ```
+///
+/// On a table with `key_text`, the key's text is a third column and bind.
+///
+/// `DO NOTHING` suppresses only a conflict on the `(message_id, consumer)` index, so any other
+/// violation still raises; no error is raised for a duplicate, so a PostgreSQL transaction is
+/// never aborted by one. MySQL and MariaDB have no such clause (`INSERT IGNORE` would hide
+/// every other error, `ON DUPLICATE KEY UPDATE` reports a duplicate like an insert): there
+/// the plain insert fails with error 1062 naming the inbox index, which rolls back that
+/// statement only. Either way, while another transaction holds an uncommitted marker for the
+/// same key, the insert waits for it: a commit makes this a duplicate, a rollback lets this
+/// insert through.
+///
+/// A query fragment rather than `sql_query`, so that diesel caches its prepared statement
+/// (keyed by the SQL text).
+pub(crate) struct ClaimMarker<'a, DB> {
+    table: &'a str,
+    id: &'a Uuid,
+    consumer: &'a str,
+    text: Option<&'a str>,
+    /// MySQL and MariaDB: the insert requires the check's mark on the session.
+    mark: Option<SessionMark>,
+    backend: PhantomData<DB>,
+}
+
+impl<'a, DB> ClaimMarker<'a, DB> {
+    pub(crate) fn new(
+        schema: &'a InboxSchema,
+        consumer: &'a str,
+        id: &'a Uuid,
+        text: Option<&'a str>,
+        mark: Option<SessionMark>,
+    ) -> Self {
+        Self {
+            table: schema.table(),
+            id,
+            consumer,
+            text,
+            mark,
+            backend: PhantomData,
+        }
+    }
+}
+
+impl<DB> QueryId for ClaimMarker<'_, DB> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl<DB> Query for ClaimMarker<'_, DB> {
+    type SqlType = BigInt;
+}
+
+impl<DB, C> RunQueryDsl<C> for ClaimMarker<'_, DB> {}
+
+impl<DB: Dialect> QueryFragment<DB> for ClaimMarker<'_, DB>
+where
+    str: diesel::serialize::ToSql<Text, DB>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_sql("INSERT INTO ");
+        push_table(&mut out, self.table)?;
+        out.push_sql(match self.text {
+            Some(_) => " (message_id, consumer, key_text, processed_at) VALUES (",
+            None => " (message_id, consumer, processed_at) VALUES (",
+        });
+        DB::bind_id(&mut out, self.id)?;
+        out.push_sql(", ");
+        match self.mark {
+            Some(mark) => {
+                let (before, after) = mark.guard();
+                out.push_sql(&before);
+                out.push_bind_param::<Text, str>(self.consumer)?;
+                out.push_sql(after);
+            }
+            None => out.push_bind_param::<Text, str>(self.consumer)?,
+        }
+        out.push_sql(", ");
+        if let Some(text) = self.text {
+            out.push_bind_param::<Text, str>(text)?;
+            out.push_sql(", ");
+        }
+        out.push_sql(DB::NOW);
+        out.push_sql(")");
+        out.push_sql(DB::ON_CONFLICT);
+        Ok(())
+    }
+}
+
+/// The markers of a batch in one statement, returning the ids of those inserted:
+///
+/// ```sql
+/// INSERT INTO <table> (message_id, consumer, processed_at) VALUES (?, ?, <now>), …
+///     ON CONFLICT (message_id, consumer) DO NOTHING RETURNING message_id
+/// ```
+///
+/// PostgreSQL and SQLite; `ST` is the SQL type of the returned id.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) struct ClaimMarkers<'a, DB, ST> {
+    table: &'a str,
+    ids: &'a [Uuid],
+    consumer: &'a str,
+    /// The keys' texts, in the order of `ids`, for a table with `key_text`.
+    texts: Option<&'a [String]>,
+    types: PhantomData<(DB, ST)>,
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl<'a, DB, ST> ClaimMarkers<'a, DB, ST> {
+    pub(crate) fn new(
+        schema: &'a InboxSchema,
+        consumer: &'a str,
+        ids: &'a [Uuid],
+        texts: Option<&'a [String]>,
+    ) -> Self {
+        Self {
+            table: schema.table(),
+            ids,
+            consumer,
+            texts,
+            types: PhantomData,
+        }
+    }
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl<DB, ST> QueryId for ClaimMarkers<'_, DB, ST> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl<DB, ST> Query for ClaimMarkers<'_, DB, ST> {
+    type SqlType = ST;
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl<DB, ST, C> RunQueryDsl<C> for ClaimMarkers<'_, DB, ST> {}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl<DB: Dialect, ST> QueryFragment<DB> for ClaimMarkers<'_, DB, ST>
+where
+    str: diesel::serialize::ToSql<Text, DB>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_sql("INSERT INTO ");
+        push_table(&mut out, self.table)?;
+        out.push_sql(match self.texts {
+            Some(_) => " (message_id, consumer, key_text, processed_at) VALUES ",
+            None => " (message_id, consumer, processed_at) VALUES ",
+        });
+        for (n, id) in self.ids.iter().enumerate() {
+            if n > 0 {
+                out.push_sql(", ");
+            }
+            out.push_sql("(");
+            DB::bind_id(&mut out, id)?;
+            out.push_sql(", ");
+            out.push_bind_param::<Text, str>(self.consumer)?;
+            out.push_sql(", ");
+            if let Some(texts) = self.texts {
+                out.push_bind_param::<Text, str>(&texts[n])?;
+                out.push_sql(", ");
+            }
+            out.push_sql(DB::NOW);
+            out.push_sql(")");
+        }
+        out.push_sql(" ON CONFLICT (message_id, consumer) DO NOTHING RETURNING message_id");
+        Ok(())
+    }
+}
+
+/// `ON CONFLICT … DO NOTHING RETURNING 1`: no row back means the marker existed. A constant,
+/// not `id`: the claim depends on no column but the key's.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) const ON_CONFLICT_RETURNING: &str =
+    " ON CONFLICT (message_id, consumer) DO NOTHING RETURNING CAST(1 AS BIGINT)";
+
+/// `ON CONFLICT … DO NOTHING`: 0 rows inserted means the row existed.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) const ON_CONFLICT_DO_NOTHING: &str = " ON CONFLICT (message_id, consumer) DO NOTHING";
+
+/// Runs the claim of PostgreSQL and SQLite; `Ok(false)` when the marker already existed.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) fn claim_returning<C>(
+    conn: &mut C,
+    schema: &InboxSchema,
+    consumer: &str,
+    key: &MessageKey,
+    layout: Layout,
+) -> QueryResult<bool>
+where
+    C: Connection,
+    for<'q> ClaimMarker<'q, C::Backend>: diesel::query_dsl::LoadQuery<'q, C, i64>,
+{
+    let id = key.stored_id();
+    let text = layout.key_text.then(|| super::layout::key_text(key));
+    Ok(
+        !ClaimMarker::new(schema, consumer, &id, text.as_deref(), None)
+            .load::<i64>(conn)?
+            .is_empty(),
+    )
+}
+
+/// The rows an insert of a marker or a claim wrote: 0 when the row existed. MySQL and
+/// MariaDB have no `ON CONFLICT`: their plain insert fails with error 1062 naming the inbox's
+/// own index (the statement rolled back, a transaction still open) — a duplicate. Any other
+/// error, another index's 1062 included, stays an error.
+pub(crate) fn inserted_unless_duplicate(
+    inserted: QueryResult<usize>,
+    schema: &InboxSchema,
+) -> QueryResult<usize> {
+    match inserted {
+        Err(e) if crate::classify(&e, schema) == inbox_core::ErrorClass::InboxDuplicate => Ok(0),
+        other => other,
+    }
+}
+
+pub(crate) fn push_table<DB: diesel::backend::Backend>(
+    out: &mut AstPass<'_, '_, DB>,
+    table: &str,
+) -> QueryResult<()> {
+    let mut parts = table.split('.');
+    out.push_identifier(parts.next().unwrap_or_default())?;
+    for part in parts {
+        out.push_sql(".");
+        out.push_identifier(part)?;
+    }
+    Ok(())
+}
