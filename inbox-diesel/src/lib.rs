@@ -274,7 +274,6 @@
 
 extern crate self as inbox_diesel;
 
-mod backend;
 mod backends;
 mod claim;
 mod classify;
@@ -474,7 +473,9 @@ mod verify;
 #[doc(inline)]
 pub use inbox_macros::idempotent;
 
-pub use backend::InboxConnection;
+#[cfg(feature = "async")]
+pub use backends::AsyncInboxConnection;
+pub use backends::InboxConnection;
 pub use claim::OnExpired;
 pub use classify::classify;
 pub use error::Error;
@@ -484,8 +485,6 @@ pub use inbox_core::{
     KeyError, MessageKey, Outcome, Retention, RetryDecision, RetryPolicy, ToMessageKey,
     TransientKind, server_message,
 };
-#[cfg(feature = "async")]
-pub use run_async::AsyncInboxConnection;
 pub use uuid::Uuid;
 
 /// An error type that can say which diesel error, if any, it carries: what the runtime looks

@@ -1,4 +1,17 @@
-//! Everything one backend knows, a file each.
+//! Everything one backend knows, a file each: its SQL where it differs ([`Dialect`]), its
+//! sync connection's and its diesel-async connection's transactions and marker inserts.
+//! Adding a backend is adding a file here. The connection traits are sealed: their methods
+//! are the runtime's.
+//!
+//! [`Dialect`]: crate::dialect::Dialect
+
+use diesel::QueryResult;
+use diesel::connection::{AnsiTransactionManager, TransactionManager};
+use inbox_core::{InboxSchema, MessageKey};
+use uuid::Uuid;
+
+use crate::__private::HandlerSpec;
+use crate::dialect::layout::Layout;
 
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -6,3 +19,268 @@ mod mysql;
 mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+
+pub(crate) mod sealed {
+    /// Only this crate's connections are inbox connections.
+    pub trait Sealed {}
+}
+
+/// A diesel connection an `#[idempotent]` handler can run on.
+///
+/// Implemented for the connections of the enabled backends: `SqliteConnection` (feature
+/// `sqlite`), `PgConnection` (feature `postgres`) and `MysqlConnection` (feature `mysql`).
+/// Declare the handler's connection parameter as `&mut` one of them; a pooled connection
+/// (`r2d2::PooledConnection`, …) derefs to it, so `handler(&mut pooled, &msg)` compiles as it
+/// is.
+///
+/// The methods are the runtime's; they are not meant to be called directly.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a connection an #[idempotent] handler can run on",
+    label = "declare this parameter as `&mut PgConnection`, `&mut MysqlConnection` or `&mut SqliteConnection`",
+    note = "a pooled connection derefs to its connection: declare `&mut PgConnection` and call \
+            the handler with `&mut pooled_connection`",
+    note = "the handler's connection is its first `&mut …Connection` parameter; if that one is \
+            another client, name the database connection with `conn = …`"
+)]
+pub trait InboxConnection:
+    diesel::connection::LoadConnection<
+        TransactionManager = AnsiTransactionManager,
+        Backend: crate::dialect::Dialect,
+    > + sealed::Sealed
+{
+    /// Opens the handler's transaction; `mariadb`: the startup check found a MariaDB server.
+    #[doc(hidden)]
+    fn begin_inbox_transaction(&mut self, spec: &HandlerSpec, mariadb: bool) -> QueryResult<()>;
+
+    /// After the handler's transaction ended (committed or rolled back): puts back what
+    /// [`begin_inbox_transaction`](Self::begin_inbox_transaction) set for the session.
+    #[doc(hidden)]
+    fn end_inbox_transaction(&mut self, _spec: &HandlerSpec, _mariadb: bool) -> QueryResult<()> {
+        Ok(())
+    }
+
+    /// `on_locked = "in_flight"`: lock waits as the session had them, after the marker's claim.
+    #[doc(hidden)]
+    fn wait_for_locks(&mut self, _spec: &HandlerSpec, _claimed: bool) -> QueryResult<()> {
+        Ok(())
+    }
+
+    /// Inserts the marker unless it exists; `Ok(false)` when it already did. `text`: the
+    /// key's text, written to `key_text`.
+    #[doc(hidden)]
+    fn claim_marker(
+        &mut self,
+        schema: &InboxSchema,
+        consumer: &str,
+        key: &MessageKey,
+        layout: Layout,
+    ) -> QueryResult<bool>;
+
+    /// Inserts the markers of `ids` (distinct) that do not exist yet; returns those it
+    /// inserted. `texts`: the keys' texts, in the order of `ids`, written to `key_text`.
+    #[doc(hidden)]
+    fn claim_markers(
+        &mut self,
+        schema: &InboxSchema,
+        consumer: &str,
+        ids: &[Uuid],
+        texts: Option<&[String]>,
+        layout: Layout,
+    ) -> QueryResult<Vec<Uuid>>;
+
+    /// Claim mode: checks that no transaction is open — each claim statement must commit on
+    /// its own — and prepares the connection for them.
+    #[doc(hidden)]
+    fn prepare_claim(&mut self, _spec: &HandlerSpec) -> QueryResult<()> {
+        refuse_open_transaction(AnsiTransactionManager::transaction_manager_status_mut(self))
+    }
+
+    /// The backend, for the SQL that is not written once.
+    #[doc(hidden)]
+    const BACKEND: crate::schema::Backend = <Self::Backend as crate::dialect::Dialect>::BACKEND;
+
+    /// Commits the handler's transaction, failing if the transaction had been aborted.
+    #[doc(hidden)]
+    fn commit_inbox_transaction(&mut self) -> QueryResult<()> {
+        AnsiTransactionManager::commit_transaction(self)
+    }
+
+    /// Opens the transaction of [`unique::serialize_on`](crate::unique::serialize_on): one
+    /// that holds the database's write lock from its start where the backend has one
+    /// (SQLite's `BEGIN IMMEDIATE`), one whose statements each see what committed before them
+    /// on PostgreSQL (READ COMMITTED), a plain one elsewhere.
+    #[doc(hidden)]
+    fn begin_write_transaction(&mut self) -> QueryResult<()> {
+        AnsiTransactionManager::begin_transaction(self)
+    }
+
+    /// Rolls the handler's transaction back if it is open; `Ok` when none is.
+    #[doc(hidden)]
+    fn roll_back_inbox_transaction(&mut self) -> QueryResult<()> {
+        match AnsiTransactionManager::rollback_transaction(self) {
+            Err(diesel::result::Error::NotInTransaction) => Ok(()),
+            other => other,
+        }
+    }
+}
+
+/// `AlreadyInTransaction` when the transaction manager whose `status` this is — diesel's or
+/// diesel-async's, which share the type — has a transaction open: claim mode's statements
+/// and purge's batches must commit as they run, not when the caller's transaction does.
+pub(crate) fn refuse_open_transaction(
+    status: &mut diesel::connection::TransactionManagerStatus,
+) -> QueryResult<()> {
+    match status.transaction_depth()? {
+        Some(_) => Err(diesel::result::Error::AlreadyInTransaction),
+        None => Ok(()),
+    }
+}
+
+#[cfg(feature = "async")]
+pub use asynchronous::AsyncInboxConnection;
+
+#[cfg(feature = "async")]
+mod asynchronous {
+    use std::future::Future;
+
+    use diesel::QueryResult;
+    use diesel_async::{AsyncConnection, TransactionManager};
+
+    use super::sealed;
+    use crate::__private::HandlerSpec;
+    use crate::dialect::layout::Layout;
+    use inbox_core::MessageKey;
+
+    /// A diesel-async connection an `async fn` `#[idempotent]` handler can run on.
+    ///
+    /// Implemented for `AsyncPgConnection` (features `async` and `postgres`),
+    /// `AsyncMysqlConnection` (features `async` and `mysql`) and
+    /// `SyncConnectionWrapper<SqliteConnection>` (features `async` and `sqlite`). Declare the
+    /// handler's connection parameter as `&mut` one of them; a pooled connection (diesel-async's
+    /// deadpool, bb8 or mobc support) derefs to it, so `handler(&mut pooled, &msg).await`
+    /// compiles as it is.
+    ///
+    /// The methods are the runtime's; they are not meant to be called directly.
+    ///
+    /// # Cancellation
+    ///
+    /// A handler's future may be dropped at any `.await` — by a timeout, a `select!`, a shutdown.
+    /// Nothing half-done can commit: the marker and the body's writes commit in one `COMMIT`, sent
+    /// only after the body has finished. What is left is a connection inside an open transaction,
+    /// which diesel-async's transaction manager still counts as open:
+    ///
+    /// - bb8 checks a connection when it comes back and closes a broken one at once; the server
+    ///   rolls the transaction back and its locks are released;
+    /// - deadpool and mobc check a connection when it is next checked out and discard it then;
+    ///   until then the abandoned transaction holds its locks — on PostgreSQL the marker of that
+    ///   message (a redelivery waits for it) and the rows the body wrote, on SQLite the whole
+    ///   database. The handler bounds that on PostgreSQL and MariaDB: the server ends a handler
+    ///   transaction idle for `idle_in_transaction_ms` (10 s by default). MySQL has no such
+    ///   bound: use bb8 there where handlers can be cancelled;
+    /// - a connection used without a pool refuses the next handler call with
+    ///   [`Error::CalledInsideTransaction`](crate::Error::CalledInsideTransaction) until it is
+    ///   dropped.
+    ///
+    /// A body that *panics* is different: the runtime catches the panic at the body's poll, rolls
+    /// the transaction back, and lets the panic go on, so the connection comes back clean.
+    #[diagnostic::on_unimplemented(
+        message = "`{Self}` is not a connection an async #[idempotent] handler can run on",
+        label = "declare this parameter as `&mut AsyncPgConnection`, `&mut AsyncMysqlConnection` or `&mut SyncConnectionWrapper<SqliteConnection>`",
+        note = "a pooled connection derefs to its connection: declare `&mut AsyncPgConnection` and \
+                call the handler with `&mut pooled_connection`",
+        note = "the handler's connection is its first `&mut …Connection` parameter; if that one is \
+                another client, name the database connection with `conn = …`"
+    )]
+    pub trait AsyncInboxConnection:
+        AsyncConnection<Backend: crate::dialect::Dialect> + Send + sealed::Sealed
+    {
+        /// Opens the handler's transaction.
+        #[doc(hidden)]
+        fn begin_inbox_transaction(
+            &mut self,
+            spec: &'static HandlerSpec,
+            mariadb: bool,
+        ) -> impl Future<Output = QueryResult<()>> + Send;
+
+        /// After the handler's transaction ended: puts back what `begin_inbox_transaction` set
+        /// for the session.
+        #[doc(hidden)]
+        fn end_inbox_transaction(
+            &mut self,
+            _spec: &'static HandlerSpec,
+            _mariadb: bool,
+        ) -> impl Future<Output = QueryResult<()>> + Send {
+            async { Ok(()) }
+        }
+
+        /// `on_locked = "in_flight"`: lock waits as the session had them, after the marker's claim.
+        #[doc(hidden)]
+        fn wait_for_locks(
+            &mut self,
+            _spec: &'static HandlerSpec,
+            _claimed: bool,
+        ) -> impl Future<Output = QueryResult<()>> + Send {
+            async { Ok(()) }
+        }
+
+        /// Inserts the marker unless it exists; `Ok(false)` when it already did. `text`: the
+        /// key's text, written to `key_text`.
+        #[doc(hidden)]
+        fn claim_marker(
+            &mut self,
+            spec: &'static HandlerSpec,
+            key: &MessageKey,
+            layout: Layout,
+        ) -> impl Future<Output = QueryResult<bool>> + Send;
+
+        /// Inserts the markers of `ids` that do not exist; returns those it inserted. `texts`:
+        /// the keys' texts, in the order of `ids`, written to `key_text`.
+        #[doc(hidden)]
+        fn claim_markers(
+            &mut self,
+            spec: &'static HandlerSpec,
+            ids: &[uuid::Uuid],
+            texts: Option<&[String]>,
+            layout: Layout,
+        ) -> impl Future<Output = QueryResult<Vec<uuid::Uuid>>> + Send;
+
+        /// Commits the handler's transaction, failing if it had been aborted.
+        #[doc(hidden)]
+        fn commit_inbox_transaction(&mut self) -> impl Future<Output = QueryResult<()>> + Send;
+
+        /// Rolls the handler's transaction back if it is open; `Ok` when none is.
+        #[doc(hidden)]
+        fn roll_back_inbox_transaction(&mut self) -> impl Future<Output = QueryResult<()>> + Send {
+            async {
+                match Self::TransactionManager::rollback_transaction(self).await {
+                    Err(diesel::result::Error::NotInTransaction) => Ok(()),
+                    other => other,
+                }
+            }
+        }
+
+        /// Opens a transaction holding the write lock from its start where the backend has one
+        /// (SQLite's `BEGIN IMMEDIATE`), READ COMMITTED on PostgreSQL, a plain one elsewhere.
+        #[doc(hidden)]
+        fn begin_write_transaction(&mut self) -> impl Future<Output = QueryResult<()>> + Send {
+            Self::TransactionManager::begin_transaction(self)
+        }
+
+        /// Claim mode: checks that no transaction is open — each claim statement must commit
+        /// on its own — and prepares the connection for them.
+        #[doc(hidden)]
+        fn prepare_claim(
+            &mut self,
+            _spec: &'static HandlerSpec,
+        ) -> impl Future<Output = QueryResult<()>> + Send {
+            let open = super::refuse_open_transaction(
+                Self::TransactionManager::transaction_manager_status_mut(self),
+            );
+            async move { open }
+        }
+
+        /// The backend, for the SQL that is not written once.
+        #[doc(hidden)]
+        const BACKEND: crate::schema::Backend = <Self::Backend as crate::dialect::Dialect>::BACKEND;
+    }
+}

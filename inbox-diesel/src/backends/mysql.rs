@@ -168,3 +168,192 @@ impl Dialect for diesel::mysql::Mysql {
         )
     }
 }
+
+/// The sync connection.
+mod sync {
+    use diesel::connection::AnsiTransactionManager;
+    use diesel::{QueryResult, RunQueryDsl};
+    use inbox_core::{InboxSchema, MessageKey};
+    use uuid::Uuid;
+
+    use crate::__private::HandlerSpec;
+    use crate::backends::{InboxConnection, sealed};
+    use crate::dialect::layout::Layout;
+    use crate::dialect::marker::{ClaimMarker, inserted_unless_duplicate};
+
+    use diesel::connection::SimpleConnection;
+    use diesel::mysql::{Mysql, MysqlConnection};
+
+    impl sealed::Sealed for MysqlConnection {}
+
+    impl InboxConnection for MysqlConnection {
+        fn begin_inbox_transaction(
+            &mut self,
+            spec: &HandlerSpec,
+            mariadb: bool,
+        ) -> QueryResult<()> {
+            AnsiTransactionManager::begin_transaction_sql(self, &spec.mysql_begin_sql(mariadb))
+        }
+
+        /// A prepared statement, cached: one round trip.
+        fn end_inbox_transaction(&mut self, spec: &HandlerSpec, mariadb: bool) -> QueryResult<()> {
+            if mariadb && spec.idle_in_transaction_ms > 0 {
+                diesel::sql_query(HandlerSpec::MARIADB_IDLE_RESTORE).execute(self)?;
+            }
+            Ok(())
+        }
+
+        /// The session's lock wait is put back whether the claim succeeded or not.
+        fn wait_for_locks(&mut self, _spec: &HandlerSpec, _claimed: bool) -> QueryResult<()> {
+            self.batch_execute(HandlerSpec::MYSQL_LOCK_WAIT)
+        }
+
+        fn claim_marker(
+            &mut self,
+            schema: &InboxSchema,
+            consumer: &str,
+            key: &MessageKey,
+            layout: Layout,
+        ) -> QueryResult<bool> {
+            let id = key.stored_id();
+            let text = layout
+                .key_text
+                .then(|| crate::dialect::layout::key_text(key));
+            let inserted = ClaimMarker::<Mysql>::new(
+                schema,
+                consumer,
+                &id,
+                text.as_deref(),
+                layout.session_mark,
+            )
+            .execute(self);
+            Ok(inserted_unless_duplicate(inserted, schema)? > 0)
+        }
+
+        /// Row by row: MySQL and MariaDB return no rows from an `INSERT`, and a multi-row
+        /// insert stops at the first duplicate. Still one transaction and one commit.
+        fn claim_markers(
+            &mut self,
+            schema: &InboxSchema,
+            consumer: &str,
+            ids: &[Uuid],
+            texts: Option<&[String]>,
+            layout: Layout,
+        ) -> QueryResult<Vec<Uuid>> {
+            let mut inserted = Vec::with_capacity(ids.len());
+            for (n, id) in ids.iter().enumerate() {
+                let text = texts.map(|texts| texts[n].as_str());
+                let result =
+                    ClaimMarker::<Mysql>::new(schema, consumer, id, text, layout.session_mark)
+                        .execute(self);
+                if inserted_unless_duplicate(result, schema)? > 0 {
+                    inserted.push(*id);
+                }
+            }
+            Ok(inserted)
+        }
+    }
+}
+
+/// The diesel-async connection.
+#[cfg(feature = "async")]
+mod asynchronous {
+    use diesel::QueryResult;
+    use inbox_core::MessageKey;
+
+    use crate::__private::HandlerSpec;
+    use crate::backends::{AsyncInboxConnection, sealed};
+    use crate::dialect::layout::Layout;
+
+    use diesel::mysql::Mysql;
+    use diesel_async::{
+        AnsiTransactionManager, AsyncMysqlConnection, RunQueryDsl, SimpleAsyncConnection,
+        TransactionManager,
+    };
+
+    use crate::dialect::marker::{ClaimMarker, inserted_unless_duplicate};
+
+    impl sealed::Sealed for AsyncMysqlConnection {}
+
+    impl AsyncInboxConnection for AsyncMysqlConnection {
+        async fn begin_inbox_transaction(
+            &mut self,
+            spec: &'static HandlerSpec,
+            mariadb: bool,
+        ) -> QueryResult<()> {
+            AnsiTransactionManager::begin_transaction_sql(self, &spec.mysql_begin_sql(mariadb))
+                .await
+        }
+
+        async fn end_inbox_transaction(
+            &mut self,
+            spec: &'static HandlerSpec,
+            mariadb: bool,
+        ) -> QueryResult<()> {
+            if mariadb && spec.idle_in_transaction_ms > 0 {
+                RunQueryDsl::execute(diesel::sql_query(HandlerSpec::MARIADB_IDLE_RESTORE), self)
+                    .await?;
+            }
+            Ok(())
+        }
+
+        async fn wait_for_locks(
+            &mut self,
+            _spec: &'static HandlerSpec,
+            _claimed: bool,
+        ) -> QueryResult<()> {
+            SimpleAsyncConnection::batch_execute(self, HandlerSpec::MYSQL_LOCK_WAIT).await
+        }
+
+        async fn claim_marker(
+            &mut self,
+            spec: &'static HandlerSpec,
+            key: &MessageKey,
+            layout: Layout,
+        ) -> QueryResult<bool> {
+            let id = key.stored_id();
+            let text = layout
+                .key_text
+                .then(|| crate::dialect::layout::key_text(key));
+            let claim = ClaimMarker::<Mysql>::new(
+                &spec.schema,
+                spec.consumer.as_str(),
+                &id,
+                text.as_deref(),
+                layout.session_mark,
+            );
+            let inserted = RunQueryDsl::execute(claim, self).await;
+            Ok(inserted_unless_duplicate(inserted, &spec.schema)? > 0)
+        }
+
+        /// Row by row, as the sync connection does.
+        async fn claim_markers(
+            &mut self,
+            spec: &'static HandlerSpec,
+            ids: &[uuid::Uuid],
+            texts: Option<&[String]>,
+            layout: Layout,
+        ) -> QueryResult<Vec<uuid::Uuid>> {
+            let mut inserted = Vec::with_capacity(ids.len());
+            for (n, id) in ids.iter().enumerate() {
+                let text = texts.map(|texts| texts[n].as_str());
+                let claim = ClaimMarker::<Mysql>::new(
+                    &spec.schema,
+                    spec.consumer.as_str(),
+                    id,
+                    text,
+                    layout.session_mark,
+                );
+                let result = RunQueryDsl::execute(claim, self).await;
+                if inserted_unless_duplicate(result, &spec.schema)? > 0 {
+                    inserted.push(*id);
+                }
+            }
+            Ok(inserted)
+        }
+
+        async fn commit_inbox_transaction(&mut self) -> QueryResult<()> {
+            AnsiTransactionManager::commit_transaction(self).await
+        }
+    }
+}

@@ -165,3 +165,170 @@ impl Dialect for diesel::pg::Pg {
         ))
     }
 }
+
+/// The sync connection.
+mod sync {
+    use diesel::connection::AnsiTransactionManager;
+    use diesel::{QueryResult, RunQueryDsl};
+    use inbox_core::{InboxSchema, MessageKey};
+    use uuid::Uuid;
+
+    use crate::__private::HandlerSpec;
+    use crate::backends::{InboxConnection, sealed};
+    use crate::dialect::layout::Layout;
+    use crate::dialect::marker::ClaimMarkers;
+    use crate::dialect::marker::claim_returning;
+
+    use diesel::connection::SimpleConnection;
+    use diesel::pg::{Pg, PgConnection};
+
+    impl sealed::Sealed for PgConnection {}
+
+    impl InboxConnection for PgConnection {
+        fn begin_inbox_transaction(&mut self, spec: &HandlerSpec, _: bool) -> QueryResult<()> {
+            AnsiTransactionManager::begin_transaction_sql(self, &spec.postgres_begin_sql())
+        }
+
+        /// After a failed claim the transaction is aborted, and it is rolled back with its
+        /// `SET LOCAL`.
+        fn wait_for_locks(&mut self, _spec: &HandlerSpec, claimed: bool) -> QueryResult<()> {
+            match claimed {
+                true => self.batch_execute(HandlerSpec::POSTGRES_LOCK_WAIT),
+                false => Ok(()),
+            }
+        }
+
+        fn begin_write_transaction(&mut self) -> QueryResult<()> {
+            AnsiTransactionManager::begin_transaction_sql(
+                self,
+                "BEGIN ISOLATION LEVEL READ COMMITTED",
+            )
+        }
+
+        fn claim_marker(
+            &mut self,
+            schema: &InboxSchema,
+            consumer: &str,
+            key: &MessageKey,
+            layout: Layout,
+        ) -> QueryResult<bool> {
+            claim_returning(self, schema, consumer, key, layout)
+        }
+
+        fn claim_markers(
+            &mut self,
+            schema: &InboxSchema,
+            consumer: &str,
+            ids: &[Uuid],
+            texts: Option<&[String]>,
+            _layout: Layout,
+        ) -> QueryResult<Vec<Uuid>> {
+            ClaimMarkers::<Pg, diesel::sql_types::Uuid>::new(schema, consumer, ids, texts)
+                .load(self)
+        }
+
+        /// PostgreSQL answers `COMMIT` in an aborted transaction with a silent `ROLLBACK`, so
+        /// diesel would report success for work that was thrown away. The `SELECT 1` sent in
+        /// the same round trip fails with 25P02 ("current transaction is aborted") in exactly
+        /// that case, and the `COMMIT` after it is then never run.
+        fn commit_inbox_transaction(&mut self) -> QueryResult<()> {
+            self.batch_execute("SELECT 1; COMMIT")
+        }
+    }
+}
+
+/// The diesel-async connection.
+#[cfg(feature = "async")]
+mod asynchronous {
+    use diesel::QueryResult;
+    use inbox_core::MessageKey;
+
+    use crate::__private::HandlerSpec;
+    use crate::backends::{AsyncInboxConnection, sealed};
+    use crate::dialect::layout::Layout;
+
+    use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+
+    use diesel::pg::Pg;
+    use diesel_async::{AnsiTransactionManager, TransactionManager};
+
+    use crate::dialect::marker::ClaimMarker;
+
+    impl sealed::Sealed for AsyncPgConnection {}
+
+    impl AsyncInboxConnection for AsyncPgConnection {
+        /// READ COMMITTED, so that each statement sees what committed before it.
+        async fn begin_write_transaction(&mut self) -> QueryResult<()> {
+            AnsiTransactionManager::begin_transaction_sql(
+                self,
+                "BEGIN ISOLATION LEVEL READ COMMITTED",
+            )
+            .await
+        }
+
+        async fn begin_inbox_transaction(
+            &mut self,
+            spec: &'static HandlerSpec,
+            _: bool,
+        ) -> QueryResult<()> {
+            AnsiTransactionManager::begin_transaction_sql(self, &spec.postgres_begin_sql()).await
+        }
+
+        async fn wait_for_locks(
+            &mut self,
+            _spec: &'static HandlerSpec,
+            claimed: bool,
+        ) -> QueryResult<()> {
+            match claimed {
+                true => self.batch_execute(HandlerSpec::POSTGRES_LOCK_WAIT).await,
+                false => Ok(()),
+            }
+        }
+
+        async fn claim_marker(
+            &mut self,
+            spec: &'static HandlerSpec,
+            key: &MessageKey,
+            layout: Layout,
+        ) -> QueryResult<bool> {
+            let id = key.stored_id();
+            let text = layout
+                .key_text
+                .then(|| crate::dialect::layout::key_text(key));
+            let claim = ClaimMarker::<Pg>::new(
+                &spec.schema,
+                spec.consumer.as_str(),
+                &id,
+                text.as_deref(),
+                None,
+            );
+            let rows: Vec<i64> = RunQueryDsl::load(claim, self).await?;
+            Ok(!rows.is_empty())
+        }
+
+        async fn claim_markers(
+            &mut self,
+            spec: &'static HandlerSpec,
+            ids: &[uuid::Uuid],
+            texts: Option<&[String]>,
+            _layout: Layout,
+        ) -> QueryResult<Vec<uuid::Uuid>> {
+            let claim = crate::dialect::marker::ClaimMarkers::<Pg, diesel::sql_types::Uuid>::new(
+                &spec.schema,
+                spec.consumer.as_str(),
+                ids,
+                texts,
+            );
+            RunQueryDsl::load(claim, self).await
+        }
+
+        /// PostgreSQL answers `COMMIT` in an aborted transaction with a silent `ROLLBACK`. The
+        /// sync runtime sends `SELECT 1` in the same round trip as `COMMIT`; diesel-async's
+        /// transaction manager sends its own `COMMIT`, so the `SELECT 1` that fails with 25P02
+        /// in exactly that case goes first, on its own.
+        async fn commit_inbox_transaction(&mut self) -> QueryResult<()> {
+            SimpleAsyncConnection::batch_execute(self, "SELECT 1").await?;
+            AnsiTransactionManager::commit_transaction(self).await
+        }
+    }
+}

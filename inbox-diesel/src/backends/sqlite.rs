@@ -149,3 +149,161 @@ impl Dialect for diesel::sqlite::Sqlite {
         None
     }
 }
+
+/// The sync connection.
+mod sync {
+    use diesel::connection::{AnsiTransactionManager, TransactionManager};
+    use diesel::{QueryResult, RunQueryDsl};
+    use inbox_core::{InboxSchema, MessageKey};
+    use uuid::Uuid;
+
+    use crate::__private::HandlerSpec;
+    use crate::backends::{InboxConnection, refuse_open_transaction, sealed};
+    use crate::dialect::layout::Layout;
+    use crate::dialect::marker::ClaimMarkers;
+    use crate::dialect::marker::claim_returning;
+
+    use diesel::sqlite::{Sqlite, SqliteConnection};
+
+    impl sealed::Sealed for SqliteConnection {}
+
+    impl InboxConnection for SqliteConnection {
+        /// `BEGIN IMMEDIATE` takes the write lock at once, so two deliveries queue on the busy
+        /// timeout instead of both reading and then failing to upgrade to a writer.
+        fn begin_inbox_transaction(&mut self, spec: &HandlerSpec, _: bool) -> QueryResult<()> {
+            let sql = format!(
+                "PRAGMA busy_timeout = {}; BEGIN IMMEDIATE",
+                spec.sqlite_busy_timeout_ms
+            );
+            AnsiTransactionManager::begin_transaction_sql(self, &sql)
+        }
+
+        /// `BEGIN IMMEDIATE`: the write lock from the start, so that a transaction that
+        /// reads before it writes cannot lose its snapshot to another writer.
+        fn begin_write_transaction(&mut self) -> QueryResult<()> {
+            AnsiTransactionManager::begin_transaction_sql(self, "BEGIN IMMEDIATE")
+        }
+
+        /// Claim statements run in autocommit; a concurrent writer makes them wait up to
+        /// the busy timeout too.
+        fn prepare_claim(&mut self, spec: &HandlerSpec) -> QueryResult<()> {
+            refuse_open_transaction(AnsiTransactionManager::transaction_manager_status_mut(self))?;
+            diesel::connection::SimpleConnection::batch_execute(
+                self,
+                &format!("PRAGMA busy_timeout = {}", spec.sqlite_busy_timeout_ms),
+            )
+        }
+
+        fn claim_marker(
+            &mut self,
+            schema: &InboxSchema,
+            consumer: &str,
+            key: &MessageKey,
+            layout: Layout,
+        ) -> QueryResult<bool> {
+            claim_returning(self, schema, consumer, key, layout)
+        }
+
+        fn claim_markers(
+            &mut self,
+            schema: &InboxSchema,
+            consumer: &str,
+            ids: &[Uuid],
+            texts: Option<&[String]>,
+            _layout: Layout,
+        ) -> QueryResult<Vec<Uuid>> {
+            let inserted: Vec<Vec<u8>> = ClaimMarkers::<Sqlite, diesel::sql_types::Binary>::new(
+                schema, consumer, ids, texts,
+            )
+            .load(self)?;
+            Ok(inserted
+                .iter()
+                .filter_map(|id| Uuid::from_slice(id).ok())
+                .collect())
+        }
+    }
+}
+
+/// The diesel-async connection.
+#[cfg(feature = "async")]
+mod asynchronous {
+    use diesel::QueryResult;
+    use inbox_core::MessageKey;
+
+    use crate::__private::HandlerSpec;
+    use crate::backends::{AsyncInboxConnection, sealed};
+    use crate::dialect::layout::Layout;
+
+    use diesel::SqliteConnection;
+    use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+
+    use crate::InboxConnection;
+
+    impl sealed::Sealed for SyncConnectionWrapper<SqliteConnection> {}
+
+    /// SQLite runs on a blocking thread: each step is the sync runtime's own, sent there.
+    impl AsyncInboxConnection for SyncConnectionWrapper<SqliteConnection> {
+        async fn begin_inbox_transaction(
+            &mut self,
+            spec: &'static HandlerSpec,
+            _: bool,
+        ) -> QueryResult<()> {
+            self.spawn_blocking(move |conn| conn.begin_inbox_transaction(spec, false))
+                .await
+        }
+
+        async fn begin_write_transaction(&mut self) -> QueryResult<()> {
+            self.spawn_blocking(move |conn| conn.begin_write_transaction())
+                .await
+        }
+
+        async fn claim_marker(
+            &mut self,
+            spec: &'static HandlerSpec,
+            key: &MessageKey,
+            layout: Layout,
+        ) -> QueryResult<bool> {
+            let key = key.clone();
+            self.spawn_blocking(move |conn| {
+                conn.claim_marker(&spec.schema, spec.consumer.as_str(), &key, layout)
+            })
+            .await
+        }
+
+        async fn claim_markers(
+            &mut self,
+            spec: &'static HandlerSpec,
+            ids: &[uuid::Uuid],
+            texts: Option<&[String]>,
+            layout: Layout,
+        ) -> QueryResult<Vec<uuid::Uuid>> {
+            let ids = ids.to_vec();
+            let texts = texts.map(<[String]>::to_vec);
+            self.spawn_blocking(move |conn| {
+                conn.claim_markers(
+                    &spec.schema,
+                    spec.consumer.as_str(),
+                    &ids,
+                    texts.as_deref(),
+                    layout,
+                )
+            })
+            .await
+        }
+
+        async fn commit_inbox_transaction(&mut self) -> QueryResult<()> {
+            self.spawn_blocking(|conn| conn.commit_inbox_transaction())
+                .await
+        }
+
+        async fn roll_back_inbox_transaction(&mut self) -> QueryResult<()> {
+            self.spawn_blocking(|conn| conn.roll_back_inbox_transaction())
+                .await
+        }
+
+        async fn prepare_claim(&mut self, spec: &'static HandlerSpec) -> QueryResult<()> {
+            self.spawn_blocking(move |conn| conn.prepare_claim(spec))
+                .await
+        }
+    }
+}

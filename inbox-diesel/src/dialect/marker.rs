@@ -4,12 +4,12 @@ use std::marker::PhantomData;
 
 use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
 use diesel::sql_types::{BigInt, Text};
-use diesel::{Connection, QueryResult, RunQueryDsl};
-use inbox_core::{InboxSchema, MessageKey};
+use diesel::{QueryResult, RunQueryDsl};
+use inbox_core::InboxSchema;
 use uuid::Uuid;
 
 use super::Dialect;
-use super::layout::{Layout, SessionMark};
+use super::layout::SessionMark;
 
 /// The marker insert, written once for every backend:
 ///
@@ -204,11 +204,11 @@ pub(crate) fn claim_returning<C>(
     conn: &mut C,
     schema: &InboxSchema,
     consumer: &str,
-    key: &MessageKey,
-    layout: Layout,
+    key: &inbox_core::MessageKey,
+    layout: super::layout::Layout,
 ) -> QueryResult<bool>
 where
-    C: Connection,
+    C: diesel::Connection,
     for<'q> ClaimMarker<'q, C::Backend>: diesel::query_dsl::LoadQuery<'q, C, i64>,
 {
     let id = key.stored_id();
