@@ -165,7 +165,7 @@ impl From<diesel::result::Error> for Error {
                 *inner.downcast::<Error>().expect("checked by `is`")
             }
             source => Error::Database {
-                class: crate::classify(&source, &inbox_core::InboxSchema::DEFAULT),
+                class: crate::classify::class_of(&source, &inbox_core::InboxSchema::DEFAULT),
                 attempts: 1,
                 source,
             },
@@ -181,5 +181,89 @@ impl From<Error> for diesel::result::Error {
             Error::Database { source, .. } => source,
             other => diesel::result::Error::QueryBuilderError(Box::new(other)),
         }
+    }
+}
+
+/// An error type that can say which diesel error, if any, it carries: what the runtime looks
+/// for in a body's `Err` to retry a transient failure (a serialization failure, a deadlock, a
+/// lock timeout) in a fresh transaction.
+///
+/// The runtime finds the diesel error by itself when the body's error type is
+/// `diesel::result::Error`, or a `std::error::Error` with the diesel error on its `source()`
+/// chain. An error type that is neither — one built on `anyhow::Error`, which implements
+/// `std::error::Error` only through `Deref` — implements this trait, or its failures are
+/// never retried. With the feature `anyhow`, `anyhow::Error` implements it, searching its
+/// chain.
+///
+/// ```
+/// use inbox_diesel::HasDieselError;
+///
+/// /// An application error built on anyhow, with a blanket `From`.
+/// #[derive(Debug)]
+/// pub struct AppError(anyhow::Error);
+///
+/// impl<E: Into<anyhow::Error>> From<E> for AppError {
+///     fn from(error: E) -> Self {
+///         AppError(error.into())
+///     }
+/// }
+///
+/// impl HasDieselError for AppError {
+///     fn diesel_error(&self) -> Option<&diesel::result::Error> {
+///         self.0.chain().find_map(|cause| cause.downcast_ref())
+///     }
+/// }
+/// ```
+pub trait HasDieselError {
+    /// The diesel error this error carries, if any.
+    fn diesel_error(&self) -> Option<&diesel::result::Error>;
+}
+
+#[cfg(feature = "anyhow")]
+impl HasDieselError for anyhow::Error {
+    fn diesel_error(&self) -> Option<&diesel::result::Error> {
+        self.chain().find_map(|cause| cause.downcast_ref())
+    }
+}
+
+/// What a diesel error means for an idempotent handler whose inbox is `schema`.
+///
+/// This is the classification the runtime itself uses: a unique violation is an
+/// [`ErrorClass::InboxDuplicate`] only when it is a violation of the inbox's own unique index
+/// (by constraint name and table on PostgreSQL, by key name on MySQL/MariaDB — and table, where
+/// MySQL ≥ 8.0.19 qualifies the key with it —, by table and columns on SQLite); any other
+/// unique violation is a business error that keeps its name.
+///
+/// Route a handler's failures on what the runtime decided, not on this function: a duplicate
+/// comes back as [`Outcome::Duplicate`](crate::Outcome::Duplicate), never as an error, and the
+/// inbox's own failures carry their class ([`Error::class`](crate::Error::class)) — also inside
+/// the diesel error a handler returning `QueryResult` gets them in, which this function reads. An error the
+/// handler's body returned is the body's: the message was not processed, whatever its class.
+/// Servers name tables without their schema, and MariaDB names none at all: there, a unique
+/// index of another table that carries the inbox index's name (a copy made with
+/// `CREATE TABLE … LIKE inbox`) reads as the inbox's. Give each inbox's unique index a name no
+/// other table uses (`constraint = "…"`) where tables are copied.
+///
+/// ```
+/// use diesel::result::{DatabaseErrorKind, Error};
+/// use inbox_diesel::{classify, ErrorClass, InboxSchema};
+///
+/// let sqlite = Error::DatabaseError(
+///     DatabaseErrorKind::UniqueViolation,
+///     Box::new(String::from("UNIQUE constraint failed: accounts.email")),
+/// );
+/// assert_eq!(
+///     classify(&sqlite, &InboxSchema::DEFAULT),
+///     ErrorClass::UniqueViolation { constraint: Some("accounts.email".into()) }
+/// );
+/// ```
+pub fn classify(error: &diesel::result::Error, schema: &inbox_core::InboxSchema) -> ErrorClass {
+    match error {
+        // The inbox's own failure, as a handler returning `QueryResult` gets it: its class.
+        diesel::result::Error::QueryBuilderError(inner) => match inner.downcast_ref::<Error>() {
+            Some(inbox) => inbox.class(),
+            None => ErrorClass::Other,
+        },
+        other => crate::classify::class_of(other, schema),
     }
 }

@@ -12,9 +12,9 @@
 
 use inbox_core::{ConsumerError, ErrorClass, InboxSchema, Outcome, ToMessageKey};
 
-use crate::__private::HandlerSpec;
 #[cfg(feature = "async")]
-pub use crate::run_async::AsyncBody;
+pub use crate::runtime::asynchronous::AsyncBody;
+use crate::spec::HandlerSpec;
 use crate::{Error, HasDieselError, InboxConnection, Isolation, classify};
 
 /// A handler's settings: its consumer name and the attribute's other options. Build it once,
@@ -176,7 +176,7 @@ where
     E: From<Error> + HasDieselError,
 {
     let spec = &handler.spec;
-    crate::run::run(
+    crate::runtime::sync::run(
         conn,
         spec,
         key.to_message_key(),
@@ -206,7 +206,7 @@ where
     E: From<Error> + HasDieselError,
 {
     let spec = &handler.spec;
-    crate::run_async::run_async(
+    crate::runtime::asynchronous::run_async(
         conn,
         spec,
         key.to_message_key(),

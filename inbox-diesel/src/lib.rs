@@ -274,24 +274,28 @@
 
 extern crate self as inbox_diesel;
 
+// The layers, bottom up: `dialect` (SQL text, which backend) and `classify`; `spec` (a
+// handler's settings); `backends` (each backend's connections); `io` (one interface over
+// sync and async connections); `schema` (DDL, the startup check, migrations); `runtime`
+// (the steps of every mode, sync and async); `purge`, `unique` and `handler` on top;
+// `__private`, what the expansion names. Arrows run down only.
 mod backends;
-mod claim;
 mod classify;
 mod dialect;
-mod driver;
 mod error;
 mod guard;
 pub mod handler;
 mod io;
-pub mod migration;
 pub mod purge;
-mod run;
-#[cfg(feature = "async")]
-mod run_async;
+mod runtime;
 pub mod schema;
+mod spec;
 pub mod tripwire;
 pub mod unique;
-mod verify;
+
+#[doc(hidden)]
+#[path = "private.rs"]
+pub mod __private;
 
 /// Makes a diesel handler idempotent: its work commits once per message key and consumer.
 ///
@@ -476,340 +480,16 @@ pub use inbox_macros::idempotent;
 #[cfg(feature = "async")]
 pub use backends::AsyncInboxConnection;
 pub use backends::InboxConnection;
-pub use claim::OnExpired;
-pub use classify::classify;
 pub use error::Error;
+pub use error::HasDieselError;
+pub use error::classify;
 pub use guard::NoConnection;
 pub use inbox_core::{
     Action, BatchOutcome, Consumer, ConsumerError, ErrorClass, IdentifierError, InboxSchema,
     KeyError, MessageKey, Outcome, Retention, RetryDecision, RetryPolicy, ToMessageKey,
     TransientKind, server_message,
 };
+pub use runtime::claim::OnExpired;
+pub use schema::migration;
+pub use spec::Isolation;
 pub use uuid::Uuid;
-
-/// An error type that can say which diesel error, if any, it carries: what the runtime looks
-/// for in a body's `Err` to retry a transient failure (a serialization failure, a deadlock, a
-/// lock timeout) in a fresh transaction.
-///
-/// The runtime finds the diesel error by itself when the body's error type is
-/// `diesel::result::Error`, or a `std::error::Error` with the diesel error on its `source()`
-/// chain. An error type that is neither — one built on `anyhow::Error`, which implements
-/// `std::error::Error` only through `Deref` — implements this trait, or its failures are
-/// never retried. With the feature `anyhow`, `anyhow::Error` implements it, searching its
-/// chain.
-///
-/// ```
-/// use inbox_diesel::HasDieselError;
-///
-/// /// An application error built on anyhow, with a blanket `From`.
-/// #[derive(Debug)]
-/// pub struct AppError(anyhow::Error);
-///
-/// impl<E: Into<anyhow::Error>> From<E> for AppError {
-///     fn from(error: E) -> Self {
-///         AppError(error.into())
-///     }
-/// }
-///
-/// impl HasDieselError for AppError {
-///     fn diesel_error(&self) -> Option<&diesel::result::Error> {
-///         self.0.chain().find_map(|cause| cause.downcast_ref())
-///     }
-/// }
-/// ```
-pub trait HasDieselError {
-    /// The diesel error this error carries, if any.
-    fn diesel_error(&self) -> Option<&diesel::result::Error>;
-}
-
-#[cfg(feature = "anyhow")]
-impl HasDieselError for anyhow::Error {
-    fn diesel_error(&self) -> Option<&diesel::result::Error> {
-        self.chain().find_map(|cause| cause.downcast_ref())
-    }
-}
-
-/// The isolation level of a handler's transaction on PostgreSQL, MySQL and MariaDB
-/// (`isolation = "…"`).
-///
-/// The inbox is correct at every level: the unique index, not a snapshot, decides who
-/// processes a message. Choose the level the body's own work needs; at `repeatable read` and
-/// `serializable`, concurrent deliveries of one message end in a serialization failure that
-/// the runtime retries, and the retry then sees the duplicate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Isolation {
-    /// The server's `default_transaction_isolation` (`read committed` unless configured).
-    #[default]
-    ServerDefault,
-    /// `READ COMMITTED`.
-    ReadCommitted,
-    /// `REPEATABLE READ`.
-    RepeatableRead,
-    /// `SERIALIZABLE`.
-    Serializable,
-}
-
-impl Isolation {
-    /// The statement that sets the level of the next transaction, before it begins (MySQL,
-    /// MariaDB); `None` for the server's default.
-    pub fn set_transaction_sql(self) -> Option<&'static str> {
-        match self {
-            Isolation::ServerDefault => None,
-            Isolation::ReadCommitted => Some("SET TRANSACTION ISOLATION LEVEL READ COMMITTED"),
-            Isolation::RepeatableRead => Some("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"),
-            Isolation::Serializable => Some("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE"),
-        }
-    }
-
-    /// The statement that opens a transaction at this level (PostgreSQL).
-    pub fn begin_sql(self) -> &'static str {
-        match self {
-            Isolation::ServerDefault => "BEGIN",
-            Isolation::ReadCommitted => "BEGIN ISOLATION LEVEL READ COMMITTED",
-            Isolation::RepeatableRead => "BEGIN ISOLATION LEVEL REPEATABLE READ",
-            Isolation::Serializable => "BEGIN ISOLATION LEVEL SERIALIZABLE",
-        }
-    }
-}
-
-/// What the expansion of `#[idempotent]` names. Not a public API.
-#[doc(hidden)]
-pub mod __private {
-    /// The compile-time guard's probes (see `guard.rs`).
-    pub mod guard {
-        pub use crate::guard::{Asked, ClaimModeHasNoConnection, Probe, levels, vet};
-    }
-    pub use crate::claim::ClaimSpec;
-    pub use crate::driver::NewMessages;
-    pub use crate::run::{run, run_batch, run_claim};
-    #[cfg(feature = "async")]
-    pub use crate::run_async::{AsyncBody, run_async, run_batch_async, run_claim_async};
-    pub use crate::{
-        __inbox_error_class as error_class, __inbox_no_connection as no_connection,
-        __inbox_vet_claim as vet_claim, __inbox_vet_shadowed as vet_shadowed,
-        __inbox_vet_transaction as vet,
-    };
-    pub use inbox_core::{Consumer, ErrorClass, InboxSchema, KeyError, MessageKey, RetryPolicy};
-
-    use crate::{Isolation, classify};
-
-    /// A handler's constant settings, written by the macro into a `static`.
-    #[derive(Debug)]
-    pub struct HandlerSpec {
-        pub consumer: Consumer,
-        pub schema: InboxSchema,
-        pub retry: RetryPolicy,
-        pub isolation: Isolation,
-        pub sqlite_busy_timeout_ms: u32,
-        /// Look for a completed marker, outside any transaction, before opening one.
-        pub precheck: bool,
-        /// How long the handler's transaction may sit idle before the server ends the session:
-        /// PostgreSQL's `idle_in_transaction_session_timeout`, MariaDB's
-        /// `idle_transaction_timeout` (in whole seconds, rounded up); 0 for no bound.
-        pub idle_in_transaction_ms: u32,
-        /// `on_locked = "in_flight"`: a marker another delivery holds uncommitted answers
-        /// `InFlight` at once instead of being waited for.
-        pub in_flight_when_locked: bool,
-    }
-
-    impl HandlerSpec {
-        /// How long a SQLite handler waits for another writer before `SQLITE_BUSY`.
-        pub const SQLITE_BUSY_TIMEOUT_MS: u32 = 5_000;
-
-        /// How long a PostgreSQL handler's transaction may sit idle: what bounds the marker
-        /// lock a handler cancelled mid-body leaves on a pooled connection.
-        pub const IDLE_IN_TRANSACTION_MS: u32 = 10_000;
-
-        /// `BEGIN` at the handler's isolation level, and the idle bound, in one round trip.
-        pub fn postgres_begin_sql(&self) -> std::borrow::Cow<'static, str> {
-            let mut sql: std::borrow::Cow<'static, str> = self.isolation.begin_sql().into();
-            if self.idle_in_transaction_ms > 0 {
-                let ms = self.idle_in_transaction_ms;
-                sql = format!("{sql}; SET LOCAL idle_in_transaction_session_timeout = {ms}").into();
-            }
-            if self.in_flight_when_locked {
-                sql = format!("{sql}; {}", Self::POSTGRES_SHORT_LOCK_WAIT).into();
-            }
-            sql
-        }
-
-        /// PostgreSQL, `on_locked = "in_flight"`: the marker's insert waits for no lock; the
-        /// session's own setting is kept, for the transaction, to be put back.
-        pub const POSTGRES_SHORT_LOCK_WAIT: &'static str = "SELECT set_config('inbox.lock_timeout', \
-            current_setting('lock_timeout'), true); SET LOCAL lock_timeout = '1ms'";
-        /// PostgreSQL: lock waits as the session has them (its own `SET` included — `TO
-        /// DEFAULT` would drop that), for the body.
-        pub const POSTGRES_LOCK_WAIT: &'static str =
-            "SELECT set_config('lock_timeout', current_setting('inbox.lock_timeout'), true)";
-        /// MySQL, `on_locked = "in_flight"`: the shortest lock wait InnoDB takes, one second,
-        /// the session's own kept to be put back.
-        pub const MYSQL_SHORT_LOCK_WAIT: &'static str = "SET @inbox_lock_wait_timeout = \
-            @@SESSION.innodb_lock_wait_timeout, SESSION innodb_lock_wait_timeout = 1";
-        /// MySQL: the session's lock wait put back.
-        pub const MYSQL_LOCK_WAIT: &'static str =
-            "SET SESSION innodb_lock_wait_timeout = @inbox_lock_wait_timeout";
-
-        /// MySQL and MariaDB: what goes before `START TRANSACTION`, and it, in one round trip:
-        /// the isolation level; on MariaDB the idle bound, the session's own kept to be put
-        /// back ([`MARIADB_IDLE_RESTORE`](Self::MARIADB_IDLE_RESTORE)); with
-        /// `on_locked = "in_flight"` the short lock wait.
-        pub fn mysql_begin_sql(&self, mariadb: bool) -> std::borrow::Cow<'static, str> {
-            let idle_bound = mariadb && self.idle_in_transaction_ms > 0;
-            if !idle_bound
-                && !self.in_flight_when_locked
-                && self.isolation.set_transaction_sql().is_none()
-            {
-                return "START TRANSACTION".into();
-            }
-            let mut sql = String::new();
-            if let Some(level) = self.isolation.set_transaction_sql() {
-                sql.push_str(level);
-                sql.push_str("; ");
-            }
-            if idle_bound {
-                let seconds = self.idle_in_transaction_ms.div_ceil(1000);
-                sql.push_str(&format!(
-                    "SET @inbox_idle_transaction_timeout = @@SESSION.idle_transaction_timeout, \
-                     SESSION idle_transaction_timeout = {seconds}; "
-                ));
-            }
-            if self.in_flight_when_locked {
-                sql.push_str(Self::MYSQL_SHORT_LOCK_WAIT);
-                sql.push_str("; ");
-            }
-            sql.push_str("START TRANSACTION");
-            sql.into()
-        }
-
-        /// MariaDB: the session's idle bound put back once the handler's transaction ended.
-        /// A handler cancelled mid-body never sends it: its abandoned transaction keeps the
-        /// bound, and the server ends it.
-        pub const MARIADB_IDLE_RESTORE: &'static str =
-            "SET SESSION idle_transaction_timeout = @inbox_idle_transaction_timeout";
-    }
-
-    /// A handler's declared return type: a `Result` whose error type can carry the inbox's
-    /// own failures. The expansion passes `<R as HandlerResult>::inbox_error`, spanned at the
-    /// return type, so that an error type without `From<inbox_diesel::Error>` is reported
-    /// once, there.
-    pub trait HandlerResult {
-        type Error;
-        fn inbox_error(error: crate::Error) -> Self::Error;
-    }
-
-    impl<T, E: From<crate::Error>> HandlerResult for Result<T, E> {
-        type Error = E;
-        fn inbox_error(error: crate::Error) -> E {
-            E::from(error)
-        }
-    }
-
-    /// `batch = msgs`: the messages as a slice, whether `msgs` is a slice, a `Vec` or a
-    /// reference to either (a function, so that the user's `&[T]` is not re-sliced in their
-    /// code, which clippy would flag).
-    pub fn messages<T, M: AsRef<[T]> + ?Sized>(messages: &M) -> &[T] {
-        messages.as_ref()
-    }
-
-    /// `batch = msgs, key = |msg| …`: the key of each message of the batch.
-    pub fn batch_keys<'m, T, K, F>(all: &'m [T], key: F) -> Result<Vec<MessageKey>, KeyError>
-    where
-        F: Fn(&'m T) -> K,
-        K: inbox_core::ToMessageKey,
-    {
-        all.iter()
-            .map(|message| key(message).to_message_key())
-            .collect()
-    }
-
-    /// `key = <expr>` is evaluated as `message_key(&(<expr>))`: borrowed, so a `String`
-    /// field is not moved out of the message.
-    pub fn message_key<K: inbox_core::ToMessageKey + ?Sized>(
-        key: &K,
-    ) -> Result<MessageKey, KeyError> {
-        key.to_message_key()
-    }
-
-    /// Finds the diesel error in a body's `Err`, whatever the handler's error type, so that a
-    /// transient failure inside the body is retried. Resolved at the expansion site, where
-    /// the error type is concrete, by autoref specialisation: `(&&&Probe(&result))` picks
-    /// the first of these impls that applies.
-    pub struct Probe<'r, R>(pub &'r R);
-
-    /// The body's error is a diesel error.
-    pub trait ProbeDiesel {
-        fn inbox_error_class(&self, schema: &InboxSchema) -> Option<ErrorClass>;
-    }
-
-    impl<T> ProbeDiesel for &&&Probe<'_, Result<T, diesel::result::Error>> {
-        fn inbox_error_class(&self, schema: &InboxSchema) -> Option<ErrorClass> {
-            self.0.as_ref().err().map(|e| classify(e, schema))
-        }
-    }
-
-    /// The body's error says where its diesel error is ([`HasDieselError`](crate::HasDieselError);
-    /// `anyhow::Error` with the feature `anyhow`).
-    pub trait ProbeHasDieselError {
-        fn inbox_error_class(&self, schema: &InboxSchema) -> Option<ErrorClass>;
-    }
-
-    impl<T, E: crate::HasDieselError> ProbeHasDieselError for &&Probe<'_, Result<T, E>> {
-        fn inbox_error_class(&self, schema: &InboxSchema) -> Option<ErrorClass> {
-            let error = self.0.as_ref().err()?;
-            Some(
-                error
-                    .diesel_error()
-                    .map_or(ErrorClass::Other, |e| classify(e, schema)),
-            )
-        }
-    }
-
-    /// The body's error is a `std::error::Error`: look for a diesel (or inbox) error along
-    /// its `source()` chain.
-    pub trait ProbeSourceChain {
-        fn inbox_error_class(&self, schema: &InboxSchema) -> Option<ErrorClass>;
-    }
-
-    impl<T, E: std::error::Error + 'static> ProbeSourceChain for &Probe<'_, Result<T, E>> {
-        fn inbox_error_class(&self, schema: &InboxSchema) -> Option<ErrorClass> {
-            let mut next: Option<&(dyn std::error::Error + 'static)> = Some(self.0.as_ref().err()?);
-            while let Some(error) = next {
-                if let Some(diesel) = error.downcast_ref::<diesel::result::Error>() {
-                    return Some(classify(diesel, schema));
-                }
-                if let Some(inbox) = error.downcast_ref::<crate::Error>() {
-                    return Some(inbox.class());
-                }
-                next = error.source();
-            }
-            None
-        }
-    }
-
-    /// Any other error type: opaque, never retried.
-    pub trait ProbeOpaque {
-        fn inbox_error_class(&self, schema: &InboxSchema) -> Option<ErrorClass>;
-    }
-
-    impl<R> ProbeOpaque for Probe<'_, R> {
-        fn inbox_error_class(&self, _: &InboxSchema) -> Option<ErrorClass> {
-            None
-        }
-    }
-}
-
-/// `error_class!(ReturnType, SPEC)`: the closure that classifies a body's `Err` for the retry
-/// loop, resolved by `__private::Probe` at the expansion site, where the error type is known.
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __inbox_error_class {
-    ($ret:ty, $spec:ident) => {
-        |__inbox_result: &$ret| {
-            #[allow(unused_imports)]
-            use $crate::__private::{
-                ProbeDiesel as _, ProbeHasDieselError as _, ProbeOpaque as _, ProbeSourceChain as _,
-            };
-            (&&&&$crate::__private::Probe(__inbox_result)).inbox_error_class(&$spec.schema)
-        }
-    };
-}

@@ -96,9 +96,9 @@ use inbox_core::RetryPolicy;
 
 use crate::dialect::Dialect;
 use crate::dialect::Sql;
-use crate::driver::Body;
 use crate::io::{Blocking, Io, Transactions, complete_now};
-use crate::run::Immediate;
+use crate::runtime::driver::Body;
+use crate::runtime::sync::Immediate;
 use crate::schema::Backend;
 
 /// A unique index of a business table, as the race is recognised by: the index's name, its
@@ -1094,7 +1094,7 @@ mod asynchronous {
     use super::*;
     use crate::AsyncInboxConnection;
     use crate::io::Awaiting;
-    use crate::run_async::{AsyncBody, Cloned};
+    use crate::runtime::asynchronous::{AsyncBody, Cloned};
     use std::marker::PhantomData;
 
     /// [`insert_or_get`](super::insert_or_get) on a diesel-async connection; `insert` and

@@ -82,7 +82,7 @@ fn new_project_applies_the_migration(url: &str) -> String {
 
 /// The `table!` of `module` in this crate's `schema.rs`, without its doc comments.
 fn shipped_table(module: &str) -> Vec<String> {
-    let source = include_str!("../src/schema.rs");
+    let source = include_str!("../src/schema/mod.rs");
     let start = source
         .find(&format!("pub mod {module} {{"))
         .and_then(|at| source[at..].find("diesel::table! {").map(|t| at + t))

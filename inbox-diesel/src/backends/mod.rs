@@ -10,8 +10,8 @@ use diesel::connection::{AnsiTransactionManager, TransactionManager};
 use inbox_core::{InboxSchema, MessageKey};
 use uuid::Uuid;
 
-use crate::__private::HandlerSpec;
 use crate::dialect::layout::Layout;
+use crate::spec::HandlerSpec;
 
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -97,7 +97,7 @@ pub trait InboxConnection:
 
     /// The backend, for the SQL that is not written once.
     #[doc(hidden)]
-    const BACKEND: crate::schema::Backend = <Self::Backend as crate::dialect::Dialect>::BACKEND;
+    const BACKEND: crate::dialect::Backend = <Self::Backend as crate::dialect::Dialect>::BACKEND;
 
     /// Commits the handler's transaction, failing if the transaction had been aborted.
     #[doc(hidden)]
@@ -147,8 +147,8 @@ mod asynchronous {
     use diesel_async::{AsyncConnection, TransactionManager};
 
     use super::sealed;
-    use crate::__private::HandlerSpec;
     use crate::dialect::layout::Layout;
+    use crate::spec::HandlerSpec;
     use inbox_core::MessageKey;
 
     /// A diesel-async connection an `async fn` `#[idempotent]` handler can run on.
@@ -281,6 +281,7 @@ mod asynchronous {
 
         /// The backend, for the SQL that is not written once.
         #[doc(hidden)]
-        const BACKEND: crate::schema::Backend = <Self::Backend as crate::dialect::Dialect>::BACKEND;
+        const BACKEND: crate::dialect::Backend =
+            <Self::Backend as crate::dialect::Dialect>::BACKEND;
     }
 }

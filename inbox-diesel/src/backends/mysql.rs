@@ -176,10 +176,10 @@ mod sync {
     use inbox_core::{InboxSchema, MessageKey};
     use uuid::Uuid;
 
-    use crate::__private::HandlerSpec;
     use crate::backends::{InboxConnection, sealed};
     use crate::dialect::layout::Layout;
     use crate::dialect::marker::{ClaimMarker, inserted_unless_duplicate};
+    use crate::spec::HandlerSpec;
 
     use diesel::connection::SimpleConnection;
     use diesel::mysql::{Mysql, MysqlConnection};
@@ -261,9 +261,9 @@ mod asynchronous {
     use diesel::QueryResult;
     use inbox_core::MessageKey;
 
-    use crate::__private::HandlerSpec;
     use crate::backends::{AsyncInboxConnection, sealed};
     use crate::dialect::layout::Layout;
+    use crate::spec::HandlerSpec;
 
     use diesel::mysql::Mysql;
     use diesel_async::{

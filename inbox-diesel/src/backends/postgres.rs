@@ -173,11 +173,11 @@ mod sync {
     use inbox_core::{InboxSchema, MessageKey};
     use uuid::Uuid;
 
-    use crate::__private::HandlerSpec;
     use crate::backends::{InboxConnection, sealed};
     use crate::dialect::layout::Layout;
     use crate::dialect::marker::ClaimMarkers;
     use crate::dialect::marker::claim_returning;
+    use crate::spec::HandlerSpec;
 
     use diesel::connection::SimpleConnection;
     use diesel::pg::{Pg, PgConnection};
@@ -243,9 +243,9 @@ mod asynchronous {
     use diesel::QueryResult;
     use inbox_core::MessageKey;
 
-    use crate::__private::HandlerSpec;
     use crate::backends::{AsyncInboxConnection, sealed};
     use crate::dialect::layout::Layout;
+    use crate::spec::HandlerSpec;
 
     use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 

@@ -157,11 +157,11 @@ mod sync {
     use inbox_core::{InboxSchema, MessageKey};
     use uuid::Uuid;
 
-    use crate::__private::HandlerSpec;
     use crate::backends::{InboxConnection, refuse_open_transaction, sealed};
     use crate::dialect::layout::Layout;
     use crate::dialect::marker::ClaimMarkers;
     use crate::dialect::marker::claim_returning;
+    use crate::spec::HandlerSpec;
 
     use diesel::sqlite::{Sqlite, SqliteConnection};
 
@@ -230,9 +230,9 @@ mod asynchronous {
     use diesel::QueryResult;
     use inbox_core::MessageKey;
 
-    use crate::__private::HandlerSpec;
     use crate::backends::{AsyncInboxConnection, sealed};
     use crate::dialect::layout::Layout;
+    use crate::spec::HandlerSpec;
 
     use diesel::SqliteConnection;
     use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;

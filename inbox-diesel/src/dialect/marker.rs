@@ -229,7 +229,11 @@ pub(crate) fn inserted_unless_duplicate(
     schema: &InboxSchema,
 ) -> QueryResult<usize> {
     match inserted {
-        Err(e) if crate::classify(&e, schema) == inbox_core::ErrorClass::InboxDuplicate => Ok(0),
+        Err(e)
+            if crate::classify::class_of(&e, schema) == inbox_core::ErrorClass::InboxDuplicate =>
+        {
+            Ok(0)
+        }
         other => other,
     }
 }

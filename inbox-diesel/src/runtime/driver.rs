@@ -17,11 +17,11 @@ use diesel::QueryResult;
 use diesel::result::Error as DieselError;
 use inbox_core::{BatchOutcome, ErrorClass, MessageKey, Outcome, RetryDecision};
 
-use crate::__private::HandlerSpec;
-use crate::claim::ClaimSpec;
 use crate::dialect::claim::{ClaimAnswer, ClaimState, ClaimStep};
 use crate::dialect::layout::{Layout, key_text};
-use crate::verify::SchemaError;
+use crate::runtime::claim::ClaimSpec;
+use crate::schema::check::SchemaError;
+use crate::spec::HandlerSpec;
 use crate::{Error, OnExpired, classify, tripwire};
 
 /// What a connection does for the driver: open, claim, commit, roll back, wait.
@@ -914,7 +914,7 @@ mod tests {
 
     use super::*;
     use crate::Isolation;
-    use crate::run::Immediate;
+    use crate::runtime::sync::Immediate;
 
     static SPEC: HandlerSpec = HandlerSpec {
         consumer: Consumer::from_validated("credit"),

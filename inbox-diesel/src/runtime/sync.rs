@@ -6,12 +6,12 @@ use diesel::QueryResult;
 use inbox_core::{BatchOutcome, ErrorClass, KeyError, MessageKey, Outcome};
 use tracing::Instrument;
 
-use crate::__private::HandlerSpec;
-use crate::claim::ClaimSpec;
 use crate::dialect::claim::{ClaimAnswer, ClaimStep};
 use crate::dialect::layout::Layout;
-use crate::driver::{self, BatchClaims, NewMessages, Steps};
 use crate::io::Blocking;
+use crate::runtime::claim::ClaimSpec;
+use crate::runtime::driver::{self, BatchClaims, NewMessages, Steps};
+use crate::spec::HandlerSpec;
 use crate::{Error, InboxConnection, NoConnection};
 
 /// Runs `body` once per message key and consumer, on a sync connection; see
@@ -196,7 +196,7 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
     async fn verify(
         &mut self,
         spec: &'static HandlerSpec,
-    ) -> Result<Layout, crate::verify::SchemaError> {
+    ) -> Result<Layout, crate::schema::check::SchemaError> {
         crate::schema::verify_layout(self.0, &spec.schema)
     }
 
@@ -206,7 +206,7 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
         key: &MessageKey,
         step: ClaimStep,
     ) -> QueryResult<ClaimAnswer> {
-        crate::claim::step(self, &spec.schema, spec.consumer.as_str(), key, step).await
+        crate::runtime::claim::step(self, &spec.schema, spec.consumer.as_str(), key, step).await
     }
 
     async fn pause(&mut self, delay: Duration) {

@@ -10,12 +10,12 @@ use diesel::QueryResult;
 use inbox_core::{BatchOutcome, ErrorClass, KeyError, MessageKey, Outcome};
 use tracing::Instrument;
 
-use crate::__private::HandlerSpec;
-use crate::claim::ClaimSpec;
 use crate::dialect::claim::{ClaimAnswer, ClaimStep};
 use crate::dialect::layout::Layout;
-use crate::driver::{self, BatchClaims, NewMessages, Steps};
 use crate::io::Awaiting;
+use crate::runtime::claim::ClaimSpec;
+use crate::runtime::driver::{self, BatchClaims, NewMessages, Steps};
+use crate::spec::HandlerSpec;
 use crate::{AsyncInboxConnection, Error, NoConnection};
 
 /// An async closure taking the connection, whose future can be named — and so be required
@@ -216,7 +216,7 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
     async fn verify(
         &mut self,
         spec: &'static HandlerSpec,
-    ) -> Result<Layout, crate::verify::SchemaError> {
+    ) -> Result<Layout, crate::schema::check::SchemaError> {
         crate::schema::verify_layout_async(self.0, &spec.schema).await
     }
 
@@ -226,7 +226,7 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
         key: &MessageKey,
         step: ClaimStep,
     ) -> QueryResult<ClaimAnswer> {
-        crate::claim::step(self, &spec.schema, spec.consumer.as_str(), key, step).await
+        crate::runtime::claim::step(self, &spec.schema, spec.consumer.as_str(), key, step).await
     }
 
     async fn pause(&mut self, delay: Duration) {

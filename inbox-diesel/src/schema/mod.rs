@@ -17,7 +17,7 @@
 //! oldest rows in small batches without scanning the table.
 //!
 //! The easiest way to create it is the migration the `inbox-diesel` command writes into a
-//! diesel project (see [`migration`](crate::migration)):
+//! diesel project (see [`migration`]):
 //!
 //! ```text
 //! cargo install inbox-diesel
@@ -46,7 +46,10 @@
 
 use inbox_core::InboxSchema;
 
-pub use crate::verify::{SchemaError, SchemaProblem};
+pub(crate) mod check;
+pub mod migration;
+
+pub use check::{SchemaError, SchemaProblem};
 
 /// Checks, at startup, that the inbox table on `conn` is what the runtime needs: the table,
 /// each column with a type the runtime works with, and the unique index the classifier
@@ -85,7 +88,7 @@ pub(crate) fn verify_layout<C: crate::InboxConnection>(
     conn: &mut C,
     schema: &InboxSchema,
 ) -> Result<crate::dialect::layout::Layout, SchemaError> {
-    crate::io::complete_now(crate::verify::check_table(
+    crate::io::complete_now(crate::schema::check::check_table(
         &mut crate::io::Blocking(conn),
         schema,
     ))
@@ -109,7 +112,7 @@ pub(crate) async fn verify_layout_async<C: crate::AsyncInboxConnection>(
     conn: &mut C,
     schema: &InboxSchema,
 ) -> Result<crate::dialect::layout::Layout, SchemaError> {
-    crate::verify::check_table(&mut crate::io::Awaiting(conn), schema).await
+    crate::schema::check::check_table(&mut crate::io::Awaiting(conn), schema).await
 }
 
 pub use crate::dialect::{Backend, UnknownBackend};

@@ -1,0 +1,142 @@
+//! What the expansion of `#[idempotent]` names: `inbox_diesel::__private`. Not a public API.
+
+/// The compile-time guard's probes (see `guard.rs`).
+pub mod guard {
+    pub use crate::guard::{Asked, ClaimModeHasNoConnection, Probe, levels, vet};
+}
+#[cfg(feature = "async")]
+pub use crate::runtime::asynchronous::{AsyncBody, run_async, run_batch_async, run_claim_async};
+pub use crate::runtime::claim::ClaimSpec;
+pub use crate::runtime::driver::NewMessages;
+pub use crate::runtime::sync::{run, run_batch, run_claim};
+pub use crate::spec::HandlerSpec;
+pub use crate::{
+    __inbox_error_class as error_class, __inbox_no_connection as no_connection,
+    __inbox_vet_claim as vet_claim, __inbox_vet_shadowed as vet_shadowed,
+    __inbox_vet_transaction as vet,
+};
+pub use inbox_core::{Consumer, ErrorClass, InboxSchema, KeyError, MessageKey, RetryPolicy};
+
+use crate::classify;
+
+/// A handler's declared return type: a `Result` whose error type can carry the inbox's
+/// own failures. The expansion passes `<R as HandlerResult>::inbox_error`, spanned at the
+/// return type, so that an error type without `From<inbox_diesel::Error>` is reported
+/// once, there.
+pub trait HandlerResult {
+    type Error;
+    fn inbox_error(error: crate::Error) -> Self::Error;
+}
+
+impl<T, E: From<crate::Error>> HandlerResult for Result<T, E> {
+    type Error = E;
+    fn inbox_error(error: crate::Error) -> E {
+        E::from(error)
+    }
+}
+
+/// `batch = msgs`: the messages as a slice, whether `msgs` is a slice, a `Vec` or a
+/// reference to either (a function, so that the user's `&[T]` is not re-sliced in their
+/// code, which clippy would flag).
+pub fn messages<T, M: AsRef<[T]> + ?Sized>(messages: &M) -> &[T] {
+    messages.as_ref()
+}
+
+/// `batch = msgs, key = |msg| …`: the key of each message of the batch.
+pub fn batch_keys<'m, T, K, F>(all: &'m [T], key: F) -> Result<Vec<MessageKey>, KeyError>
+where
+    F: Fn(&'m T) -> K,
+    K: inbox_core::ToMessageKey,
+{
+    all.iter()
+        .map(|message| key(message).to_message_key())
+        .collect()
+}
+
+/// `key = <expr>` is evaluated as `message_key(&(<expr>))`: borrowed, so a `String`
+/// field is not moved out of the message.
+pub fn message_key<K: inbox_core::ToMessageKey + ?Sized>(key: &K) -> Result<MessageKey, KeyError> {
+    key.to_message_key()
+}
+
+/// Finds the diesel error in a body's `Err`, whatever the handler's error type, so that a
+/// transient failure inside the body is retried. Resolved at the expansion site, where
+/// the error type is concrete, by autoref specialisation: `(&&&Probe(&result))` picks
+/// the first of these impls that applies.
+pub struct Probe<'r, R>(pub &'r R);
+
+/// The body's error is a diesel error.
+pub trait ProbeDiesel {
+    fn inbox_error_class(&self, schema: &InboxSchema) -> Option<ErrorClass>;
+}
+
+impl<T> ProbeDiesel for &&&Probe<'_, Result<T, diesel::result::Error>> {
+    fn inbox_error_class(&self, schema: &InboxSchema) -> Option<ErrorClass> {
+        self.0.as_ref().err().map(|e| classify(e, schema))
+    }
+}
+
+/// The body's error says where its diesel error is ([`HasDieselError`](crate::HasDieselError);
+/// `anyhow::Error` with the feature `anyhow`).
+pub trait ProbeHasDieselError {
+    fn inbox_error_class(&self, schema: &InboxSchema) -> Option<ErrorClass>;
+}
+
+impl<T, E: crate::HasDieselError> ProbeHasDieselError for &&Probe<'_, Result<T, E>> {
+    fn inbox_error_class(&self, schema: &InboxSchema) -> Option<ErrorClass> {
+        let error = self.0.as_ref().err()?;
+        Some(
+            error
+                .diesel_error()
+                .map_or(ErrorClass::Other, |e| classify(e, schema)),
+        )
+    }
+}
+
+/// The body's error is a `std::error::Error`: look for a diesel (or inbox) error along
+/// its `source()` chain.
+pub trait ProbeSourceChain {
+    fn inbox_error_class(&self, schema: &InboxSchema) -> Option<ErrorClass>;
+}
+
+impl<T, E: std::error::Error + 'static> ProbeSourceChain for &Probe<'_, Result<T, E>> {
+    fn inbox_error_class(&self, schema: &InboxSchema) -> Option<ErrorClass> {
+        let mut next: Option<&(dyn std::error::Error + 'static)> = Some(self.0.as_ref().err()?);
+        while let Some(error) = next {
+            if let Some(diesel) = error.downcast_ref::<diesel::result::Error>() {
+                return Some(classify(diesel, schema));
+            }
+            if let Some(inbox) = error.downcast_ref::<crate::Error>() {
+                return Some(inbox.class());
+            }
+            next = error.source();
+        }
+        None
+    }
+}
+
+/// Any other error type: opaque, never retried.
+pub trait ProbeOpaque {
+    fn inbox_error_class(&self, schema: &InboxSchema) -> Option<ErrorClass>;
+}
+
+impl<R> ProbeOpaque for Probe<'_, R> {
+    fn inbox_error_class(&self, _: &InboxSchema) -> Option<ErrorClass> {
+        None
+    }
+}
+/// `error_class!(ReturnType, SPEC)`: the closure that classifies a body's `Err` for the retry
+/// loop, resolved by `__private::Probe` at the expansion site, where the error type is known.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __inbox_error_class {
+    ($ret:ty, $spec:ident) => {
+        |__inbox_result: &$ret| {
+            #[allow(unused_imports)]
+            use $crate::__private::{
+                ProbeDiesel as _, ProbeHasDieselError as _, ProbeOpaque as _, ProbeSourceChain as _,
+            };
+            (&&&&$crate::__private::Probe(__inbox_result)).inbox_error_class(&$spec.schema)
+        }
+    };
+}
