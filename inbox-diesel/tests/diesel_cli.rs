@@ -80,7 +80,7 @@ fn new_project_applies_the_migration(url: &str) -> String {
     )
 }
 
-/// The `table!` of `module` in this crate's `schema.rs`, without its doc comments.
+/// The `table!` of `module` in this crate's `schema/mod.rs`, without its doc comments.
 fn shipped_table(module: &str) -> Vec<String> {
     let source = include_str!("../src/schema/mod.rs");
     let start = source

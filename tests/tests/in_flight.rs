@@ -3,6 +3,8 @@
 //! and the body's own lock waits are as the session had them (checked in the body). PostgreSQL and MariaDB
 //! (`INBOX_TEST_PG`, `INBOX_TEST_MYSQL`).
 
+#![cfg(any(feature = "postgres", feature = "mysql"))]
+
 /// A holds the marker of message 1 in its body until told to go on; B's delivery of message 1
 /// answers `InFlight` while A holds it, and `Duplicate` once A has committed.
 macro_rules! in_flight_test {

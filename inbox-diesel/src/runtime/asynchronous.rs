@@ -1,7 +1,7 @@
 //! The async runtime: the expansion of `#[idempotent]` on an `async fn`, on diesel-async.
 //!
 //! The steps and the retry loop are the sync runtime's (`driver::drive`), awaited; the SQL
-//! is the same (`backend.rs`).
+//! is the same (`dialect/`, `backends/`).
 
 use std::future::Future;
 use std::time::Duration;

@@ -10,7 +10,7 @@ use std::any::Any;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::pin;
-use std::task::{Context, Poll, Waker};
+use std::task::Poll;
 use std::time::Duration;
 
 use diesel::QueryResult;
@@ -891,18 +891,6 @@ async fn end<S: Steps>(steps: &mut S, spec: &'static HandlerSpec, layout: Layout
     }
 }
 
-/// Runs a future that never waits to completion in one poll: the sync driver.
-pub(crate) fn complete_now<F: Future>(future: F) -> F::Output {
-    let mut future = pin!(future);
-    match future
-        .as_mut()
-        .poll(&mut Context::from_waker(Waker::noop()))
-    {
-        Poll::Ready(output) => output,
-        Poll::Pending => unreachable!("the steps of a sync connection never wait"),
-    }
-}
-
 /// The driver against scripted steps: what it does on a deadlock, and with claims that
 /// change under it — without a server, in the order it does it.
 #[cfg(test)]
@@ -914,6 +902,7 @@ mod tests {
 
     use super::*;
     use crate::Isolation;
+    use crate::io::complete_now;
     use crate::runtime::sync::Immediate;
 
     static SPEC: HandlerSpec = HandlerSpec {

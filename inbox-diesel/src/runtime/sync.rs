@@ -8,7 +8,7 @@ use tracing::Instrument;
 
 use crate::dialect::claim::{ClaimAnswer, ClaimStep};
 use crate::dialect::layout::Layout;
-use crate::io::Blocking;
+use crate::io::{Blocking, complete_now};
 use crate::runtime::claim::ClaimSpec;
 use crate::runtime::driver::{self, BatchClaims, NewMessages, Steps};
 use crate::spec::HandlerSpec;
@@ -37,7 +37,7 @@ where
         consumer = spec.consumer.as_str(),
         message_id = %key.stored_id()
     );
-    let value = driver::complete_now(
+    let value = complete_now(
         driver::drive(
             Blocking(conn),
             spec,
@@ -77,7 +77,7 @@ where
         batch = keys.len()
     );
     let claims = BatchClaims::new(&keys, new);
-    let value = driver::complete_now(
+    let value = complete_now(
         driver::drive(
             Blocking(conn),
             spec,
@@ -106,7 +106,7 @@ where
 {
     let key = key.map_err(|e| inbox_error(Error::InvalidKey(e)))?;
     let span = tracing::info_span!("inbox", consumer = spec.consumer.as_str(), mode = "claim");
-    driver::complete_now(
+    complete_now(
         driver::drive_claim(
             Blocking(conn),
             spec,
