@@ -39,7 +39,11 @@ fn batch(conn: &mut Conn, ids: &[String]) -> QueryResult<()> {
 }
 
 #[idempotent(consumer = "mail", key = id.as_str(), mode = "claim")]
-fn mailed(conn: &mut Conn, id: &String, sent: &std::sync::atomic::AtomicUsize) -> Result<(), AppError> {
+fn mailed(
+    conn: &mut Conn,
+    id: &String,
+    sent: &std::sync::atomic::AtomicUsize,
+) -> Result<(), AppError> {
     sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     Ok(())
 }
@@ -106,7 +110,10 @@ fn every_kind_of_key_is_kept_as_its_text() {
     add_key_text(&db);
     let mut conn = db.connect();
 
-    let url = format!("https://example.social/users/zoë/statuses/{}", "9".repeat(1_000));
+    let url = format!(
+        "https://example.social/users/zoë/statuses/{}",
+        "9".repeat(1_000)
+    );
     let wide = u128::MAX;
     let bytes = vec![0xde, 0xad, 0x00, 0xbe, 0xef];
     let topic = "payments".to_owned();
@@ -124,11 +131,27 @@ fn every_kind_of_key_is_kept_as_its_text() {
 
     let expected: [(&str, MessageKey, &str); 6] = [
         ("activities", url.to_message_key().unwrap(), url.as_str()),
-        ("sequence", wide.to_message_key().unwrap(), "340282366920938463463374607431768211455"),
+        (
+            "sequence",
+            wide.to_message_key().unwrap(),
+            "340282366920938463463374607431768211455",
+        ),
         ("sequence", 42_u128.to_message_key().unwrap(), "42"),
-        ("blobs", bytes.as_slice().to_message_key().unwrap(), "dead00beef"),
-        ("records", ("payments", 3, 1_234_i64).to_message_key().unwrap(), "payments/3@1234"),
-        ("orders", order.to_message_key().unwrap(), "7f1c6b52-4d5e-4c1e-9a56-1b0e4c1d2f3a"),
+        (
+            "blobs",
+            bytes.as_slice().to_message_key().unwrap(),
+            "dead00beef",
+        ),
+        (
+            "records",
+            ("payments", 3, 1_234_i64).to_message_key().unwrap(),
+            "payments/3@1234",
+        ),
+        (
+            "orders",
+            order.to_message_key().unwrap(),
+            "7f1c6b52-4d5e-4c1e-9a56-1b0e4c1d2f3a",
+        ),
     ];
     for (consumer, key, text) in expected {
         assert_eq!(key.to_string(), text);
@@ -163,8 +186,16 @@ fn every_kind_of_key_is_kept_as_its_text() {
 
     // Claim mode: the claim's insert carries the text; the stamp keeps it.
     let sent = std::sync::atomic::AtomicUsize::new(0);
-    assert!(mailed(&mut conn, &"welcome-7".to_owned(), &sent).unwrap().is_processed());
-    assert!(mailed(&mut conn, &"welcome-7".to_owned(), &sent).unwrap().is_duplicate());
+    assert!(
+        mailed(&mut conn, &"welcome-7".to_owned(), &sent)
+            .unwrap()
+            .is_processed()
+    );
+    assert!(
+        mailed(&mut conn, &"welcome-7".to_owned(), &sent)
+            .unwrap()
+            .is_duplicate()
+    );
     assert_eq!(sent.load(std::sync::atomic::Ordering::SeqCst), 1);
     assert_eq!(
         stored_text(&mut conn, "mail", "welcome-7"),
@@ -187,7 +218,10 @@ fn the_async_runtime_keeps_the_text() {
         assert!(by_text_async(&mut conn, &id).await.unwrap().is_processed());
         assert!(by_text_async(&mut conn, &id).await.unwrap().is_duplicate());
         let ids: Vec<String> = ["x", "y"].map(String::from).to_vec();
-        assert_eq!(batch_async(&mut conn, &ids).await.unwrap().processed, [0, 1]);
+        assert_eq!(
+            batch_async(&mut conn, &ids).await.unwrap().processed,
+            [0, 1]
+        );
     });
     let mut conn = db.connect();
     assert_eq!(
@@ -209,10 +243,18 @@ fn the_async_runtime_keeps_the_text() {
 fn a_column_added_later_is_filled_by_the_next_connection() {
     let db = Db::new("key_text_added");
     let mut before = db.connect();
-    assert!(by_text(&mut before, &"first".to_owned()).unwrap().is_processed());
+    assert!(
+        by_text(&mut before, &"first".to_owned())
+            .unwrap()
+            .is_processed()
+    );
     add_key_text(&db);
     let mut after = db.connect();
-    assert!(by_text(&mut after, &"second".to_owned()).unwrap().is_processed());
+    assert!(
+        by_text(&mut after, &"second".to_owned())
+            .unwrap()
+            .is_processed()
+    );
     assert_eq!(stored_text(&mut after, "activities", "first"), Some(None));
     assert_eq!(
         stored_text(&mut after, "activities", "second"),
@@ -228,13 +270,25 @@ fn a_dropped_column_is_noticed_and_the_delivery_goes_in() {
     let db = Db::new("key_text_dropped");
     add_key_text(&db);
     let mut conn = db.connect();
-    assert!(by_text(&mut conn, &"before".to_owned()).unwrap().is_processed());
+    assert!(
+        by_text(&mut conn, &"before".to_owned())
+            .unwrap()
+            .is_processed()
+    );
     let backend = <Conn as InboxConnection>::BACKEND;
     db.connect()
         .batch_execute(&backend.drop_key_text_sql(&InboxSchema::DEFAULT))
         .unwrap();
 
-    assert!(by_text(&mut conn, &"after".to_owned()).unwrap().is_processed());
-    assert!(by_text(&mut conn, &"after".to_owned()).unwrap().is_duplicate());
+    assert!(
+        by_text(&mut conn, &"after".to_owned())
+            .unwrap()
+            .is_processed()
+    );
+    assert!(
+        by_text(&mut conn, &"after".to_owned())
+            .unwrap()
+            .is_duplicate()
+    );
     assert_eq!(balance(&mut conn), 2);
 }

@@ -44,12 +44,20 @@ fn a_new_connection_in_a_dropped_ones_place_is_checked() {
     );
     broken.connect().batch_execute(DROP_UNIQUE_INDEX).unwrap();
     let mut places = Vec::new();
-    for (db, works) in [(&first, true), (&broken, false), (&second, true), (&broken, false)] {
+    for (db, works) in [
+        (&first, true),
+        (&broken, false),
+        (&second, true),
+        (&broken, false),
+    ] {
         let mut conn = db.connect();
         places.push(std::ptr::from_ref(&conn) as usize);
         let result = apply(&mut conn, &1);
         match works {
-            true => assert!(matches!(result, Ok(ref o) if o.is_processed()), "{result:?}"),
+            true => assert!(
+                matches!(result, Ok(ref o) if o.is_processed()),
+                "{result:?}"
+            ),
             false => assert_eq!(class(&result), Some(ErrorClass::Schema), "{result:?}"),
         }
     }
