@@ -14,8 +14,12 @@ inbox_tests::async_unique_suite!(
     pk = "PRIMARY"
 );
 inbox_tests::async_server_suite!(inbox_tests::mysql::MysqlDb);
-inbox_tests::async_claim_suite!(
-    inbox_tests::mysql::MysqlDb,
-    diesel_async::AsyncMysqlConnection,
-    mysql
-);
+/// Claim mode, async.
+mod async_claim_mode {
+    use inbox_diesel::schema::mysql::inbox;
+
+    type Db = inbox_tests::mysql::MysqlDb;
+    type AsyncConnection = diesel_async::AsyncMysqlConnection;
+
+    include!("behaviour/claim_async.rs");
+}

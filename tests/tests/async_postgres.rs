@@ -11,11 +11,15 @@ inbox_tests::async_unique_suite!(
     pk = "signups_pkey"
 );
 inbox_tests::async_server_suite!(inbox_tests::postgres::PgDb);
-inbox_tests::async_claim_suite!(
-    inbox_tests::postgres::PgDb,
-    diesel_async::AsyncPgConnection,
-    postgres
-);
+/// Claim mode, async.
+mod async_claim_mode {
+    use inbox_diesel::schema::postgres::inbox;
+
+    type Db = inbox_tests::postgres::PgDb;
+    type AsyncConnection = diesel_async::AsyncPgConnection;
+
+    include!("behaviour/claim_async.rs");
+}
 
 use inbox_diesel::Error as InboxError;
 use inbox_tests::postgres::PgDb;

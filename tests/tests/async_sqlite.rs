@@ -12,11 +12,16 @@ inbox_tests::async_unique_suite!(
     "PRAGMA busy_timeout = 10000",
     pk = "signups.id"
 );
-inbox_tests::async_claim_suite!(
-    inbox_tests::sqlite::SqliteDb,
-    diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>,
-    sqlite
-);
+/// Claim mode, async.
+mod async_claim_mode {
+    use inbox_diesel::schema::sqlite::inbox;
+
+    type Db = inbox_tests::sqlite::SqliteDb;
+    type AsyncConnection =
+        diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>;
+
+    include!("behaviour/claim_async.rs");
+}
 
 use diesel::connection::SimpleConnection;
 use inbox_tests::sqlite::SqliteDb;

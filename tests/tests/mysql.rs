@@ -13,7 +13,15 @@ inbox_tests::unique_suite!(
     handle = "ux_signups_handle"
 );
 inbox_tests::server_suite!(inbox_tests::mysql::MysqlDb);
-inbox_tests::claim_suite!(inbox_tests::mysql::MysqlDb, diesel::MysqlConnection, mysql);
+/// Claim mode, sync.
+mod claim_mode {
+    use inbox_diesel::schema::mysql::inbox;
+
+    type Db = inbox_tests::mysql::MysqlDb;
+    type DbConnection = diesel::MysqlConnection;
+
+    include!("behaviour/claim.rs");
+}
 
 use diesel::connection::SimpleConnection;
 use inbox_diesel::{InboxSchema, TransientKind, classify};

@@ -17,7 +17,15 @@ inbox_tests::partial_index_test!(
     "there is no unique or exclusion constraint matching the ON CONFLICT specification"
 );
 inbox_tests::server_suite!(inbox_tests::postgres::PgDb);
-inbox_tests::claim_suite!(inbox_tests::postgres::PgDb, diesel::PgConnection, postgres);
+/// Claim mode, sync.
+mod claim_mode {
+    use inbox_diesel::schema::postgres::inbox;
+
+    type Db = inbox_tests::postgres::PgDb;
+    type DbConnection = diesel::PgConnection;
+
+    include!("behaviour/claim.rs");
+}
 
 use inbox_diesel::Error as InboxError;
 use inbox_tests::postgres::PgDb;

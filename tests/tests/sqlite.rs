@@ -15,11 +15,15 @@ inbox_tests::partial_index_test!(
     "INTEGER PRIMARY KEY",
     "ON CONFLICT clause does not match any PRIMARY KEY or UNIQUE constraint"
 );
-inbox_tests::claim_suite!(
-    inbox_tests::sqlite::SqliteDb,
-    diesel::SqliteConnection,
-    sqlite
-);
+/// Claim mode, sync.
+mod claim_mode {
+    use inbox_diesel::schema::sqlite::inbox;
+
+    type Db = inbox_tests::sqlite::SqliteDb;
+    type DbConnection = diesel::SqliteConnection;
+
+    include!("behaviour/claim.rs");
+}
 
 use diesel::connection::SimpleConnection;
 use inbox_tests::sqlite::SqliteDb;

@@ -1,0 +1,303 @@
+// Claim mode's tests, sync, on one backend: included by each backend's suite into a module
+// that names `Db` (the fixture), `DbConnection` (what `Db::connect` returns) and `inbox`
+// (the backend's `table!`).
+use std::sync::Barrier;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use diesel::prelude::*;
+use inbox_diesel::{Outcome, idempotent};
+use inbox_tests::claim::Gate;
+use inbox_tests::{AppError, Credit};
+
+/// The side effect: counted in `sent` after `before` let it through.
+fn side_effect(
+    sent: &AtomicUsize,
+    before: &dyn Fn() -> Result<(), AppError>,
+) -> Result<(), AppError> {
+    before()?;
+    sent.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
+#[idempotent(consumer = "email", key = msg.id, mode = "claim")]
+fn send(
+    conn: &mut DbConnection,
+    msg: &Credit,
+    sent: &AtomicUsize,
+    before: &dyn Fn() -> Result<(), AppError>,
+) -> Result<(), AppError> {
+    side_effect(sent, before)
+}
+
+/// `send` with a short lease, for the tests in which leases end.
+#[idempotent(consumer = "email", key = msg.id, mode = "claim", lease_ms = 1500)]
+fn send_short_lease(
+    conn: &mut DbConnection,
+    msg: &Credit,
+    sent: &AtomicUsize,
+    before: &dyn Fn() -> Result<(), AppError>,
+) -> Result<(), AppError> {
+    side_effect(sent, before)
+}
+
+/// `send_short_lease`, reporting an expired claim instead of taking it over.
+#[idempotent(
+    consumer = "email",
+    key = msg.id,
+    mode = "claim",
+    lease_ms = 1500,
+    on_expired = "report"
+)]
+fn send_or_report(
+    conn: &mut DbConnection,
+    msg: &Credit,
+    sent: &AtomicUsize,
+    before: &dyn Fn() -> Result<(), AppError>,
+) -> Result<(), AppError> {
+    side_effect(sent, before)
+}
+
+/// The lease of `send_short_lease`, plus a margin for a slow machine.
+const PAST_THE_LEASE: Duration = Duration::from_millis(2_000);
+
+fn ok() -> Result<(), AppError> {
+    Ok(())
+}
+
+/// The one claim row of a test: (completed, leased, attempts).
+fn row(conn: &mut DbConnection) -> (bool, bool, i32) {
+    inbox::table
+        .filter(inbox::consumer.eq("email"))
+        .select((
+            inbox::processed_at.is_not_null(),
+            inbox::claimed_until.is_not_null(),
+            inbox::attempts,
+        ))
+        .first(conn)
+        .unwrap()
+}
+
+/// A crash after the claim committed and before the side effect: the body
+/// panics, and the handler never gets to stamp or release.
+fn crash_after_claim(
+    conn: &mut DbConnection,
+    msg: &Credit,
+    sent: &AtomicUsize,
+    handler: fn(
+        &mut DbConnection,
+        &Credit,
+        &AtomicUsize,
+        &dyn Fn() -> Result<(), AppError>,
+    ) -> Result<Outcome<()>, AppError>,
+) {
+    let crashed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        handler(conn, msg, sent, &|| panic!("the process dies here"))
+    }));
+    assert!(crashed.is_err());
+}
+
+/// Four instances on their own connections receive each of 50 messages at once,
+/// released together by a barrier before each. The side effect runs once per
+/// message; the other deliveries see it in flight or completed.
+#[test]
+fn claim_race_runs_the_side_effect_once() {
+    const INSTANCES: usize = 4;
+    const MESSAGES: u128 = 50;
+    let db = <Db>::new("claim_race");
+    let barrier = Barrier::new(INSTANCES);
+    let sent = AtomicUsize::new(0);
+    // Results, not unwraps: an instance that panicked would leave the others
+    // waiting at the barrier.
+    let outcomes: Vec<Vec<Result<Outcome<()>, AppError>>> = std::thread::scope(|scope| {
+        let instances: Vec<_> = (0..INSTANCES)
+            .map(|_| {
+                let mut conn = db.connect();
+                let (barrier, sent) = (&barrier, &sent);
+                scope.spawn(move || {
+                    (0..MESSAGES)
+                        .map(|n| {
+                            barrier.wait();
+                            // Long enough for the others to find the claim open.
+                            let slow = || {
+                                std::thread::sleep(Duration::from_millis(2));
+                                Ok(())
+                            };
+                            send(&mut conn, &Credit::new(n), sent, &slow)
+                        })
+                        .collect()
+                })
+            })
+            .collect();
+        instances.into_iter().map(|i| i.join().unwrap()).collect()
+    });
+    let all: Vec<&Outcome<()>> = outcomes
+        .iter()
+        .flatten()
+        .map(|r| r.as_ref().expect("no delivery fails"))
+        .collect();
+    let processed = all.iter().filter(|o| o.is_processed()).count();
+    let in_flight = all.iter().filter(|o| o.is_in_flight()).count();
+    let duplicates = all.iter().filter(|o| o.is_duplicate()).count();
+    assert_eq!(
+        processed, MESSAGES as usize,
+        "one delivery of each processes it"
+    );
+    assert_eq!(in_flight + duplicates, (INSTANCES - 1) * MESSAGES as usize);
+    assert_eq!(sent.load(Ordering::SeqCst), MESSAGES as usize);
+    let mut conn = db.connect();
+    let completed: i64 = inbox::table
+        .filter(inbox::consumer.eq("email"))
+        .filter(inbox::processed_at.is_not_null())
+        .filter(inbox::attempts.eq(1))
+        .count()
+        .get_result(&mut conn)
+        .unwrap();
+    assert_eq!(completed, MESSAGES as i64);
+}
+
+#[test]
+fn completed_claim_makes_the_redelivery_a_duplicate() {
+    let db = <Db>::new("claim_duplicate");
+    let mut conn = db.connect();
+    let (msg, sent) = (Credit::new(1), AtomicUsize::new(0));
+    assert_eq!(
+        send(&mut conn, &msg, &sent, &ok).unwrap(),
+        Outcome::Processed(())
+    );
+    assert!(send(&mut conn, &msg, &sent, &ok).unwrap().is_duplicate());
+    assert_eq!(sent.load(Ordering::SeqCst), 1);
+    assert_eq!(row(&mut conn), (true, false, 1));
+}
+
+/// The body fails before its side effect: the claim is released, and the
+/// redelivery runs it at once — no lease to wait out — as attempt 2.
+#[test]
+fn side_effect_error_releases_the_claim_and_the_retry_succeeds() {
+    let db = <Db>::new("claim_release");
+    let mut conn = db.connect();
+    let (msg, sent) = (Credit::new(1), AtomicUsize::new(0));
+    let failed = send(&mut conn, &msg, &sent, &|| Err(AppError::Rejected));
+    assert!(matches!(failed, Err(AppError::Rejected)), "{failed:?}");
+    assert_eq!(row(&mut conn), (false, false, 1), "released, not completed");
+    assert_eq!(
+        send(&mut conn, &msg, &sent, &ok).unwrap(),
+        Outcome::Processed(())
+    );
+    assert_eq!(sent.load(Ordering::SeqCst), 1);
+    assert_eq!(row(&mut conn), (true, false, 2));
+}
+
+/// The process dies between the claim and the side effect: redeliveries find the
+/// claim in flight until its lease ends, then one takes it over and completes.
+#[test]
+fn crash_after_claim_is_in_flight_until_the_lease_ends_then_reclaimed() {
+    let db = <Db>::new("claim_crash");
+    let mut conn = db.connect();
+    let (msg, sent) = (Credit::new(1), AtomicUsize::new(0));
+    crash_after_claim(&mut conn, &msg, &sent, send_short_lease);
+    assert_eq!(
+        row(&mut conn),
+        (false, true, 1),
+        "the claim outlives the crash"
+    );
+    let redelivered = send_short_lease(&mut conn, &msg, &sent, &ok).unwrap();
+    assert!(redelivered.is_in_flight(), "{redelivered:?}");
+    assert!(!redelivered.should_ack());
+    std::thread::sleep(PAST_THE_LEASE);
+    let reclaimed = send_short_lease(&mut conn, &msg, &sent, &ok).unwrap();
+    assert_eq!(reclaimed, Outcome::Processed(()));
+    assert_eq!(sent.load(Ordering::SeqCst), 1);
+    assert_eq!(row(&mut conn), (true, false, 2));
+}
+
+/// `on_expired = "report"`: the expired claim is reported for reconciliation,
+/// and the side effect does not run again.
+#[test]
+fn expired_claim_is_reported_not_rerun_under_the_report_policy() {
+    let db = <Db>::new("claim_report");
+    let mut conn = db.connect();
+    let (msg, sent) = (Credit::new(1), AtomicUsize::new(0));
+    crash_after_claim(&mut conn, &msg, &sent, send_or_report);
+    assert!(
+        send_or_report(&mut conn, &msg, &sent, &ok)
+            .unwrap()
+            .is_in_flight()
+    );
+    std::thread::sleep(PAST_THE_LEASE);
+    let reported = send_or_report(&mut conn, &msg, &sent, &ok).unwrap();
+    assert!(
+        matches!(&reported, Outcome::StaleClaim { attempts: 1, consumer, .. } if consumer.as_str() == "email"),
+        "{reported:?}"
+    );
+    assert!(!reported.should_ack());
+    assert_eq!(sent.load(Ordering::SeqCst), 0);
+    assert_eq!(row(&mut conn), (false, true, 1), "left as it was");
+}
+
+/// A's body outlives its lease; B takes the claim over and is held too. A's
+/// stamp then finds the claim is B's: A reports `ClaimLost` and writes nothing;
+/// B stamps the work.
+#[test]
+fn stolen_claim_is_never_stamped_by_the_instance_that_lost_it() {
+    let db = <Db>::new("claim_stolen");
+    let msg = Credit::new(1);
+    let sent = AtomicUsize::new(0);
+    let (a_gate, b_gate) = (Gate::default(), Gate::default());
+    std::thread::scope(|scope| {
+        let a = scope.spawn(|| {
+            let mut conn = db.connect();
+            send_short_lease(&mut conn, &msg, &sent, &|| {
+                a_gate.pass();
+                Ok(())
+            })
+        });
+        a_gate.wait_inside();
+        std::thread::sleep(PAST_THE_LEASE);
+        let b = scope.spawn(|| {
+            let mut conn = db.connect();
+            send_short_lease(&mut conn, &msg, &sent, &|| {
+                b_gate.pass();
+                Ok(())
+            })
+        });
+        b_gate.wait_inside();
+        let mut conn = db.connect();
+        assert_eq!(row(&mut conn), (false, true, 2), "B holds attempt 2");
+        a_gate.open();
+        let lost = a.join().unwrap();
+        assert!(
+            matches!(
+                lost,
+                Err(AppError::Inbox(inbox_diesel::Error::ClaimLost {
+                    attempt: 1
+                }))
+            ),
+            "{lost:?}"
+        );
+        assert_eq!(row(&mut conn), (false, true, 2), "A stamped nothing");
+        b_gate.open();
+        assert_eq!(b.join().unwrap().unwrap(), Outcome::Processed(()));
+        assert_eq!(row(&mut conn), (true, false, 2));
+    });
+    // Both side effects ran: the unknown window the key passed downstream closes.
+    assert_eq!(sent.load(Ordering::SeqCst), 2);
+}
+
+/// Each claim statement must commit as it runs: inside a caller's transaction
+/// the handler refuses to start.
+#[test]
+fn claim_inside_an_open_transaction_is_refused() {
+    let db = <Db>::new("claim_in_transaction");
+    let mut conn = db.connect();
+    let sent = AtomicUsize::new(0);
+    let refused = conn.transaction(|conn| {
+        Ok::<_, diesel::result::Error>(send(conn, &Credit::new(1), &sent, &ok))
+    });
+    let Ok(Err(AppError::Inbox(inbox_diesel::Error::CalledInsideTransaction))) = refused else {
+        panic!("expected CalledInsideTransaction, got {refused:?}");
+    };
+    assert_eq!(sent.load(Ordering::SeqCst), 0);
+    let markers: i64 = inbox::table.count().get_result(&mut conn).unwrap();
+    assert_eq!(markers, 0);
+}

@@ -1,0 +1,187 @@
+// Claim mode's tests, async, on one backend: included by each backend's async suite into a
+// module that names `Db` (the fixture), `AsyncConnection` (what `Db::connect_async` returns)
+// and `inbox` (the backend's `table!`).
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use diesel::{ExpressionMethods, QueryDsl};
+use diesel_async::RunQueryDsl;
+use inbox_diesel::{Outcome, idempotent};
+use inbox_tests::claim::ClaimHook;
+use inbox_tests::{AppError, Credit};
+use tokio::sync::Notify;
+
+#[idempotent(consumer = "email", key = msg.id, mode = "claim", lease_ms = 1500)]
+async fn send(conn: &mut AsyncConnection, msg: &Credit, hook: &ClaimHook) -> Result<(), AppError> {
+    if let Some((holding, go)) = &hook.hold {
+        holding.notify_one();
+        go.notified().await;
+    }
+    if hook.fail {
+        return Err(AppError::Rejected);
+    }
+    hook.sent.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
+/// The lease of `send`, plus a margin for a slow machine.
+const PAST_THE_LEASE: Duration = Duration::from_millis(2_000);
+
+/// The one claim row of a test: (completed, leased, attempts).
+async fn row(conn: &mut AsyncConnection) -> (bool, bool, i32) {
+    inbox::table
+        .filter(inbox::consumer.eq("email"))
+        .select((
+            inbox::processed_at.is_not_null(),
+            inbox::claimed_until.is_not_null(),
+            inbox::attempts,
+        ))
+        .first(conn)
+        .await
+        .unwrap()
+}
+
+/// A hook that holds the body before its side effect: (hook, holding, go).
+fn held(sent: &Arc<AtomicUsize>) -> (ClaimHook, Arc<Notify>, Arc<Notify>) {
+    let (holding, go) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let hook = ClaimHook {
+        sent: sent.clone(),
+        hold: Some((holding.clone(), go.clone())),
+        ..ClaimHook::default()
+    };
+    (hook, holding, go)
+}
+
+/// Four tasks on their own connections receive each of 30 messages at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn async_claim_race_runs_the_side_effect_once() {
+    const INSTANCES: usize = 4;
+    const MESSAGES: u128 = 30;
+    let db = <Db>::new("async_claim_race");
+    let barrier = Arc::new(tokio::sync::Barrier::new(INSTANCES));
+    let hook = ClaimHook::default();
+    let mut tasks = Vec::new();
+    for _ in 0..INSTANCES {
+        let mut conn = db.connect_async().await;
+        let (barrier, hook) = (barrier.clone(), hook.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut outcomes = Vec::new();
+            for n in 0..MESSAGES {
+                barrier.wait().await;
+                outcomes.push(send(&mut conn, &Credit::new(n), &hook).await);
+            }
+            outcomes
+        }));
+    }
+    let mut processed = 0;
+    for task in tasks {
+        for outcome in task.await.unwrap() {
+            match outcome.expect("no delivery fails") {
+                Outcome::Processed(()) => processed += 1,
+                Outcome::InFlight { .. } | Outcome::Duplicate { .. } => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+    assert_eq!(processed, MESSAGES as usize);
+    assert_eq!(
+        AtomicUsize::load(&hook.sent, Ordering::SeqCst),
+        MESSAGES as usize
+    );
+    let mut conn = db.connect_async().await;
+    let completed: i64 = inbox::table
+        .filter(inbox::processed_at.is_not_null())
+        .filter(inbox::attempts.eq(1))
+        .count()
+        .get_result(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(completed, MESSAGES as i64);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn async_side_effect_error_releases_the_claim_and_the_retry_succeeds() {
+    let db = <Db>::new("async_claim_release");
+    let mut conn = db.connect_async().await;
+    let msg = Credit::new(1);
+    let failing = ClaimHook {
+        fail: true,
+        ..ClaimHook::default()
+    };
+    let failed = send(&mut conn, &msg, &failing).await;
+    assert!(matches!(failed, Err(AppError::Rejected)), "{failed:?}");
+    assert_eq!(row(&mut conn).await, (false, false, 1));
+    let hook = ClaimHook::default();
+    assert_eq!(
+        send(&mut conn, &msg, &hook).await.unwrap(),
+        Outcome::Processed(())
+    );
+    assert_eq!(AtomicUsize::load(&hook.sent, Ordering::SeqCst), 1);
+    assert_eq!(row(&mut conn).await, (true, false, 2));
+}
+
+/// The handler's future is dropped between the claim and the side effect — the
+/// process's work is gone. Redeliveries see the claim in flight until its lease
+/// ends; then one takes it over and completes.
+#[tokio::test(flavor = "multi_thread")]
+async fn async_dropped_after_claim_is_in_flight_until_the_lease_ends_then_reclaimed() {
+    let db = <Db>::new("async_claim_dropped");
+    let mut conn = db.connect_async().await;
+    let msg = Credit::new(1);
+    let sent = Arc::new(AtomicUsize::new(0));
+    let (hook, holding, _go) = held(&sent);
+    tokio::select! {
+        _ = send(&mut conn, &msg, &hook) => panic!("the body is held"),
+        _ = holding.notified() => {}
+    }
+    assert_eq!(row(&mut conn).await, (false, true, 1));
+    let hook = ClaimHook {
+        sent: sent.clone(),
+        ..ClaimHook::default()
+    };
+    let redelivered = send(&mut conn, &msg, &hook).await.unwrap();
+    assert!(redelivered.is_in_flight(), "{redelivered:?}");
+    tokio::time::sleep(PAST_THE_LEASE).await;
+    assert_eq!(
+        send(&mut conn, &msg, &hook).await.unwrap(),
+        Outcome::Processed(())
+    );
+    assert_eq!(AtomicUsize::load(&sent, Ordering::SeqCst), 1);
+    assert_eq!(row(&mut conn).await, (true, false, 2));
+}
+
+/// A's body outlives its lease and B takes the claim over: A's stamp finds the
+/// claim is B's and writes nothing; B stamps the work.
+#[tokio::test(flavor = "multi_thread")]
+async fn async_stolen_claim_is_never_stamped_by_the_instance_that_lost_it() {
+    let db = <Db>::new("async_claim_stolen");
+    let sent = Arc::new(AtomicUsize::new(0));
+    let (a_hook, a_holding, a_go) = held(&sent);
+    let (b_hook, b_holding, b_go) = held(&sent);
+    let mut a_conn = db.connect_async().await;
+    let a = tokio::spawn(async move { send(&mut a_conn, &Credit::new(1), &a_hook).await });
+    a_holding.notified().await;
+    tokio::time::sleep(PAST_THE_LEASE).await;
+    let mut b_conn = db.connect_async().await;
+    let b = tokio::spawn(async move { send(&mut b_conn, &Credit::new(1), &b_hook).await });
+    b_holding.notified().await;
+    let mut conn = db.connect_async().await;
+    assert_eq!(row(&mut conn).await, (false, true, 2), "B holds attempt 2");
+    a_go.notify_one();
+    let lost = a.await.unwrap();
+    assert!(
+        matches!(
+            lost,
+            Err(AppError::Inbox(inbox_diesel::Error::ClaimLost {
+                attempt: 1
+            }))
+        ),
+        "{lost:?}"
+    );
+    assert_eq!(row(&mut conn).await, (false, true, 2), "A stamped nothing");
+    b_go.notify_one();
+    assert_eq!(b.await.unwrap().unwrap(), Outcome::Processed(()));
+    assert_eq!(row(&mut conn).await, (true, false, 2));
+    assert_eq!(AtomicUsize::load(&sent, Ordering::SeqCst), 2);
+}
