@@ -78,19 +78,17 @@ fn row(conn: &mut DbConnection) -> (bool, bool, i32) {
         .unwrap()
 }
 
+/// A claim-mode handler of these tests: `send` and its variants.
+type Sender = fn(
+    &mut DbConnection,
+    &Credit,
+    &AtomicUsize,
+    &dyn Fn() -> Result<(), AppError>,
+) -> Result<Outcome<()>, AppError>;
+
 /// A crash after the claim committed and before the side effect: the body
 /// panics, and the handler never gets to stamp or release.
-fn crash_after_claim(
-    conn: &mut DbConnection,
-    msg: &Credit,
-    sent: &AtomicUsize,
-    handler: fn(
-        &mut DbConnection,
-        &Credit,
-        &AtomicUsize,
-        &dyn Fn() -> Result<(), AppError>,
-    ) -> Result<Outcome<()>, AppError>,
-) {
+fn crash_after_claim(conn: &mut DbConnection, msg: &Credit, sent: &AtomicUsize, handler: Sender) {
     let crashed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         handler(conn, msg, sent, &|| panic!("the process dies here"))
     }));
