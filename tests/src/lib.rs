@@ -6,7 +6,6 @@ use std::fmt;
 
 pub use inbox_diesel::Uuid;
 
-pub mod batch;
 pub mod claim;
 pub mod sqlite;
 pub mod tripwire;

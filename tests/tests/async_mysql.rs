@@ -5,7 +5,12 @@ inbox_tests::async_suite!(
     inbox_tests::mysql::MysqlDb,
     diesel_async::AsyncMysqlConnection
 );
-inbox_tests::async_batch_suite!(inbox_tests::mysql::MysqlDb);
+/// The batch form.
+mod async_batch_form {
+    type Db = inbox_tests::mysql::MysqlDb;
+
+    include!("behaviour/batch_async.rs");
+}
 inbox_tests::async_unique_suite!(
     inbox_tests::mysql::MysqlDb,
     diesel_async::AsyncMysqlConnection,

@@ -2,7 +2,12 @@
 //! PostgreSQL does. Needs `INBOX_TEST_PG`.
 
 inbox_tests::async_suite!(inbox_tests::postgres::PgDb, diesel_async::AsyncPgConnection);
-inbox_tests::async_batch_suite!(inbox_tests::postgres::PgDb);
+/// The batch form.
+mod async_batch_form {
+    type Db = inbox_tests::postgres::PgDb;
+
+    include!("behaviour/batch_async.rs");
+}
 inbox_tests::async_unique_suite!(
     inbox_tests::postgres::PgDb,
     diesel_async::AsyncPgConnection,

@@ -4,7 +4,12 @@ inbox_tests::async_suite!(
     inbox_tests::sqlite::SqliteDb,
     diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>
 );
-inbox_tests::async_batch_suite!(inbox_tests::sqlite::SqliteDb);
+/// The batch form.
+mod async_batch_form {
+    type Db = inbox_tests::sqlite::SqliteDb;
+
+    include!("behaviour/batch_async.rs");
+}
 inbox_tests::async_unique_suite!(
     inbox_tests::sqlite::SqliteDb,
     diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>,

@@ -3,7 +3,12 @@
 //! server's own messages. Needs `INBOX_TEST_MYSQL`.
 
 inbox_tests::suite!(inbox_tests::mysql::MysqlDb, diesel::MysqlConnection);
-inbox_tests::batch_suite!(inbox_tests::mysql::MysqlDb);
+/// The batch form.
+mod batch_form {
+    type Db = inbox_tests::mysql::MysqlDb;
+
+    include!("behaviour/batch.rs");
+}
 inbox_tests::unique_suite!(
     inbox_tests::mysql::MysqlDb,
     diesel::MysqlConnection,

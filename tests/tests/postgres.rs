@@ -2,7 +2,12 @@
 //! lock wait, aborted transactions, serialization failures. Needs `INBOX_TEST_PG`.
 
 inbox_tests::suite!(inbox_tests::postgres::PgDb, diesel::PgConnection);
-inbox_tests::batch_suite!(inbox_tests::postgres::PgDb);
+/// The batch form.
+mod batch_form {
+    type Db = inbox_tests::postgres::PgDb;
+
+    include!("behaviour/batch.rs");
+}
 inbox_tests::unique_suite!(
     inbox_tests::postgres::PgDb,
     diesel::PgConnection,

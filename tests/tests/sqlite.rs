@@ -1,7 +1,12 @@
 //! The backend suite on SQLite (always runs: SQLite is compiled in).
 
 inbox_tests::suite!(inbox_tests::sqlite::SqliteDb, diesel::SqliteConnection);
-inbox_tests::batch_suite!(inbox_tests::sqlite::SqliteDb);
+/// The batch form.
+mod batch_form {
+    type Db = inbox_tests::sqlite::SqliteDb;
+
+    include!("behaviour/batch.rs");
+}
 inbox_tests::unique_suite!(
     inbox_tests::sqlite::SqliteDb,
     diesel::SqliteConnection,
