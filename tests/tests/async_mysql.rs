@@ -11,13 +11,16 @@ mod async_batch_form {
 
     include!("behaviour/batch_async.rs");
 }
-inbox_tests::async_unique_suite!(
-    inbox_tests::mysql::MysqlDb,
-    diesel_async::AsyncMysqlConnection,
-    inbox_tests::unique::MYSQL_TABLES,
-    "SELECT 1",
-    pk = "PRIMARY"
-);
+/// Get-or-create, async.
+mod async_get_or_create {
+    type Db = inbox_tests::mysql::MysqlDb;
+    type AsyncConnection = diesel_async::AsyncMysqlConnection;
+    const TABLES: &str = inbox_tests::unique::MYSQL_TABLES;
+    const SETUP: &str = "SELECT 1";
+    const PK: &str = "PRIMARY";
+
+    include!("behaviour/unique_async.rs");
+}
 inbox_tests::async_server_suite!(inbox_tests::mysql::MysqlDb);
 /// Claim mode, async.
 mod async_claim_mode {

@@ -8,13 +8,16 @@ mod async_batch_form {
 
     include!("behaviour/batch_async.rs");
 }
-inbox_tests::async_unique_suite!(
-    inbox_tests::postgres::PgDb,
-    diesel_async::AsyncPgConnection,
-    inbox_tests::unique::POSTGRES_TABLES,
-    "SELECT 1",
-    pk = "signups_pkey"
-);
+/// Get-or-create, async.
+mod async_get_or_create {
+    type Db = inbox_tests::postgres::PgDb;
+    type AsyncConnection = diesel_async::AsyncPgConnection;
+    const TABLES: &str = inbox_tests::unique::POSTGRES_TABLES;
+    const SETUP: &str = "SELECT 1";
+    const PK: &str = "signups_pkey";
+
+    include!("behaviour/unique_async.rs");
+}
 inbox_tests::async_server_suite!(inbox_tests::postgres::PgDb);
 /// Claim mode, async.
 mod async_claim_mode {

@@ -10,13 +10,17 @@ mod async_batch_form {
 
     include!("behaviour/batch_async.rs");
 }
-inbox_tests::async_unique_suite!(
-    inbox_tests::sqlite::SqliteDb,
-    diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>,
-    inbox_tests::unique::SQLITE_TABLES,
-    "PRAGMA busy_timeout = 10000",
-    pk = "signups.id"
-);
+/// Get-or-create, async.
+mod async_get_or_create {
+    type Db = inbox_tests::sqlite::SqliteDb;
+    type AsyncConnection =
+        diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>;
+    const TABLES: &str = inbox_tests::unique::SQLITE_TABLES;
+    const SETUP: &str = "PRAGMA busy_timeout = 10000";
+    const PK: &str = "signups.id";
+
+    include!("behaviour/unique_async.rs");
+}
 /// Claim mode, async.
 mod async_claim_mode {
     use inbox_diesel::schema::sqlite::inbox;

@@ -9,14 +9,17 @@ mod batch_form {
 
     include!("behaviour/batch.rs");
 }
-inbox_tests::unique_suite!(
-    inbox_tests::mysql::MysqlDb,
-    diesel::MysqlConnection,
-    inbox_tests::unique::MYSQL_TABLES,
-    "SELECT 1",
-    pk = "PRIMARY",
-    handle = "ux_signups_handle"
-);
+/// Get-or-create.
+mod get_or_create {
+    type Db = inbox_tests::mysql::MysqlDb;
+    type Conn = diesel::MysqlConnection;
+    const TABLES: &str = inbox_tests::unique::MYSQL_TABLES;
+    const SETUP: &str = "SELECT 1";
+    const PK: &str = "PRIMARY";
+    const HANDLE: &str = "ux_signups_handle";
+
+    include!("behaviour/unique.rs");
+}
 inbox_tests::server_suite!(inbox_tests::mysql::MysqlDb);
 /// Claim mode, sync.
 mod claim_mode {

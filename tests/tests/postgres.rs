@@ -8,14 +8,17 @@ mod batch_form {
 
     include!("behaviour/batch.rs");
 }
-inbox_tests::unique_suite!(
-    inbox_tests::postgres::PgDb,
-    diesel::PgConnection,
-    inbox_tests::unique::POSTGRES_TABLES,
-    "SELECT 1",
-    pk = "signups_pkey",
-    handle = "ux_signups_handle"
-);
+/// Get-or-create.
+mod get_or_create {
+    type Db = inbox_tests::postgres::PgDb;
+    type Conn = diesel::PgConnection;
+    const TABLES: &str = inbox_tests::unique::POSTGRES_TABLES;
+    const SETUP: &str = "SELECT 1";
+    const PK: &str = "signups_pkey";
+    const HANDLE: &str = "ux_signups_handle";
+
+    include!("behaviour/unique.rs");
+}
 inbox_tests::partial_index_test!(
     inbox_tests::postgres::PgDb,
     "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",

@@ -7,14 +7,17 @@ mod batch_form {
 
     include!("behaviour/batch.rs");
 }
-inbox_tests::unique_suite!(
-    inbox_tests::sqlite::SqliteDb,
-    diesel::SqliteConnection,
-    inbox_tests::unique::SQLITE_TABLES,
-    "PRAGMA busy_timeout = 10000",
-    pk = "signups.id",
-    handle = "signups.handle"
-);
+/// Get-or-create.
+mod get_or_create {
+    type Db = inbox_tests::sqlite::SqliteDb;
+    type Conn = diesel::SqliteConnection;
+    const TABLES: &str = inbox_tests::unique::SQLITE_TABLES;
+    const SETUP: &str = "PRAGMA busy_timeout = 10000";
+    const PK: &str = "signups.id";
+    const HANDLE: &str = "signups.handle";
+
+    include!("behaviour/unique.rs");
+}
 inbox_tests::partial_index_test!(
     inbox_tests::sqlite::SqliteDb,
     "INTEGER PRIMARY KEY",
