@@ -1,10 +1,10 @@
 //! The async suites on MySQL/MariaDB through diesel-async's `AsyncMysqlConnection`. Needs
 //! `INBOX_TEST_MYSQL`.
 
-inbox_tests::async_suite!(
-    inbox_tests::mysql::MysqlDb,
-    diesel_async::AsyncMysqlConnection
-);
+type Db = inbox_tests::mysql::MysqlDb;
+type AsyncConnection = diesel_async::AsyncMysqlConnection;
+
+include!("behaviour/transaction_async.rs");
 /// The batch form.
 mod async_batch_form {
     type Db = inbox_tests::mysql::MysqlDb;
@@ -21,7 +21,7 @@ mod async_get_or_create {
 
     include!("behaviour/unique_async.rs");
 }
-inbox_tests::async_server_suite!(inbox_tests::mysql::MysqlDb);
+include!("behaviour/server_async.rs");
 /// Claim mode, async.
 mod async_claim_mode {
     use inbox_diesel::schema::mysql::inbox;

@@ -1,7 +1,10 @@
 //! The async suite on PostgreSQL through diesel-async's `AsyncPgConnection`, plus what only
 //! PostgreSQL does. Needs `INBOX_TEST_PG`.
 
-inbox_tests::async_suite!(inbox_tests::postgres::PgDb, diesel_async::AsyncPgConnection);
+type Db = inbox_tests::postgres::PgDb;
+type AsyncConnection = diesel_async::AsyncPgConnection;
+
+include!("behaviour/transaction_async.rs");
 /// The batch form.
 mod async_batch_form {
     type Db = inbox_tests::postgres::PgDb;
@@ -18,7 +21,7 @@ mod async_get_or_create {
 
     include!("behaviour/unique_async.rs");
 }
-inbox_tests::async_server_suite!(inbox_tests::postgres::PgDb);
+include!("behaviour/server_async.rs");
 /// Claim mode, async.
 mod async_claim_mode {
     use inbox_diesel::schema::postgres::inbox;

@@ -1,9 +1,10 @@
 //! The async suite on SQLite through diesel-async's `SyncConnectionWrapper`.
 
-inbox_tests::async_suite!(
-    inbox_tests::sqlite::SqliteDb,
-    diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>
-);
+type Db = inbox_tests::sqlite::SqliteDb;
+type AsyncConnection =
+    diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>;
+
+include!("behaviour/transaction_async.rs");
 /// The batch form.
 mod async_batch_form {
     type Db = inbox_tests::sqlite::SqliteDb;

@@ -2,7 +2,10 @@
 //! locks show (the lock wait on a uniquely keyed insert, a deadlock retried), and the
 //! server's own messages. Needs `INBOX_TEST_MYSQL`.
 
-inbox_tests::suite!(inbox_tests::mysql::MysqlDb, diesel::MysqlConnection);
+type Db = inbox_tests::mysql::MysqlDb;
+type DbConnection = diesel::MysqlConnection;
+
+include!("behaviour/transaction.rs");
 /// The batch form.
 mod batch_form {
     type Db = inbox_tests::mysql::MysqlDb;
@@ -20,7 +23,7 @@ mod get_or_create {
 
     include!("behaviour/unique.rs");
 }
-inbox_tests::server_suite!(inbox_tests::mysql::MysqlDb);
+include!("behaviour/server.rs");
 /// Claim mode, sync.
 mod claim_mode {
     use inbox_diesel::schema::mysql::inbox;

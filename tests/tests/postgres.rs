@@ -1,7 +1,10 @@
 //! The backend suite on PostgreSQL, plus what only PostgreSQL does: the deterministic
 //! lock wait, aborted transactions, serialization failures. Needs `INBOX_TEST_PG`.
 
-inbox_tests::suite!(inbox_tests::postgres::PgDb, diesel::PgConnection);
+type Db = inbox_tests::postgres::PgDb;
+type DbConnection = diesel::PgConnection;
+
+include!("behaviour/transaction.rs");
 /// The batch form.
 mod batch_form {
     type Db = inbox_tests::postgres::PgDb;
@@ -24,7 +27,7 @@ inbox_tests::partial_index_test!(
     "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
     "there is no unique or exclusion constraint matching the ON CONFLICT specification"
 );
-inbox_tests::server_suite!(inbox_tests::postgres::PgDb);
+include!("behaviour/server.rs");
 /// Claim mode, sync.
 mod claim_mode {
     use inbox_diesel::schema::postgres::inbox;

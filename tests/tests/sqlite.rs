@@ -1,6 +1,9 @@
 //! The backend suite on SQLite (always runs: SQLite is compiled in).
 
-inbox_tests::suite!(inbox_tests::sqlite::SqliteDb, diesel::SqliteConnection);
+type Db = inbox_tests::sqlite::SqliteDb;
+type DbConnection = diesel::SqliteConnection;
+
+include!("behaviour/transaction.rs");
 /// The batch form.
 mod batch_form {
     type Db = inbox_tests::sqlite::SqliteDb;
