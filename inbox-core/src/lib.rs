@@ -35,6 +35,6 @@ pub use class::{Action, ErrorClass, TransientKind};
 pub use consumer::{Consumer, ConsumerError};
 pub use ident::{IdentifierError, InboxSchema};
 pub use key::{KeyError, MessageKey, ToMessageKey};
-pub use outcome::{BatchOutcome, Outcome};
+pub use outcome::{BatchOutcome, HandlerOutcome, InFlightOutcome, Outcome, StaleClaimOutcome};
 pub use retention::Retention;
 pub use retry::{RetryDecision, RetryPolicy};

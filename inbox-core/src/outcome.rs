@@ -1,10 +1,22 @@
+use std::convert::Infallible;
+
 use crate::{Consumer, MessageKey};
 
-/// What an idempotent handler did with a message.
+/// What a transaction-mode handler did with a message: the attribute's default.
 ///
 /// An `#[idempotent]` handler declared to return `Result<T, E>` returns
 /// `Result<Outcome<T>, E>`: an `Err` is a failure the broker should redeliver, an `Ok` is a
-/// message that needs no further delivery.
+/// message that needs no further delivery. Each mode returns the outcome type that holds
+/// only what it can answer, so a pump's `match` is exhaustive without dead arms:
+///
+/// | handler | returns |
+/// |---|---|
+/// | transaction mode (the default) | `Outcome<T>`: `Processed`, `Duplicate` |
+/// | `on_locked = "in_flight"`; claim mode | [`InFlightOutcome<T>`]: and `InFlight` |
+/// | claim mode with `on_expired = "report"` | [`StaleClaimOutcome<T>`]: and `StaleClaim` |
+/// | `batch = …` | [`BatchOutcome<T>`] |
+///
+/// A pump serving handlers of several modes converts with `From` into the widest of them.
 ///
 /// ```
 /// use inbox_core::{Consumer, MessageKey, Outcome};
@@ -14,10 +26,6 @@ use crate::{Consumer, MessageKey};
 ///         Outcome::Processed(_receipt) => "ack",
 ///         // Another delivery already did the work and committed it.
 ///         Outcome::Duplicate { .. } => "ack",
-///         // Claim mode: another delivery holds the claim and is doing the work now.
-///         Outcome::InFlight { .. } => "nack with a delay",
-///         // Claim mode: an earlier attempt's outcome is unknown; reconcile, do not repeat.
-///         Outcome::StaleClaim { .. } => "dead-letter",
 ///     }
 /// }
 ///
@@ -44,23 +52,94 @@ pub enum Outcome<T> {
         /// The message key whose marker was found.
         key: MessageKey,
     },
-    /// Claim mode: another delivery holds a live claim on this key — its side effect may be
-    /// running right now. The body did not run. Do not acknowledge: release the message for
-    /// redelivery after a delay (RabbitMQ: `nack` with requeue after a pause, or a delayed
-    /// retry queue; SQS: `ChangeMessageVisibility`; Azure Service Bus: `abandon` or
-    /// `defer`; Kafka: pause the partition and retry the record). The redelivery finds the
-    /// work completed (`Duplicate`), still in flight, or — if the holder failed — free to run.
+}
+
+/// What a handler that may find the message in flight did with it: a transaction-mode
+/// handler with `on_locked = "in_flight"`, or a claim-mode handler (whose expired claims are
+/// taken over). [`Outcome`]'s answers, and `InFlight`.
+///
+/// ```
+/// use inbox_core::InFlightOutcome;
+///
+/// fn settle(outcome: InFlightOutcome<()>) -> &'static str {
+///     match outcome {
+///         InFlightOutcome::Processed(()) | InFlightOutcome::Duplicate { .. } => "ack",
+///         InFlightOutcome::InFlight { .. } => "nack with a delay",
+///     }
+/// }
+/// assert_eq!(settle(InFlightOutcome::Processed(())), "ack");
+/// ```
+#[must_use = "an InFlightOutcome says whether the message was processed, a duplicate or in flight"]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InFlightOutcome<T> {
+    /// The handler ran: its work committed together with the inbox marker (transaction
+    /// mode), or its side effect ran and its claim was stamped complete (claim mode).
+    Processed(T),
+    /// The work for this key and consumer was done before: the body did not run.
+    Duplicate {
+        /// The consumer whose marker was found.
+        consumer: Consumer,
+        /// The message key whose marker was found.
+        key: MessageKey,
+    },
+    /// Another delivery holds this key — its uncommitted marker (`on_locked = "in_flight"`)
+    /// or a live claim (claim mode): its work may be running right now. The body did not
+    /// run. Do not acknowledge: release the message for redelivery after a delay (RabbitMQ:
+    /// `nack` with requeue after a pause, or a delayed retry queue; SQS:
+    /// `ChangeMessageVisibility`; Azure Service Bus: `abandon` or `defer`; Kafka: pause the
+    /// partition and retry the record). The redelivery finds the work done (`Duplicate`),
+    /// still in flight, or — if the holder failed — free to run.
+    InFlight {
+        /// The consumer holding the key.
+        consumer: Consumer,
+        /// The message key held.
+        key: MessageKey,
+    },
+}
+
+/// What a claim-mode handler with `on_expired = "report"` did with a message:
+/// [`InFlightOutcome`]'s answers, and `StaleClaim`.
+///
+/// ```
+/// use inbox_core::StaleClaimOutcome;
+///
+/// fn settle(outcome: StaleClaimOutcome<()>) -> &'static str {
+///     match outcome {
+///         StaleClaimOutcome::Processed(()) | StaleClaimOutcome::Duplicate { .. } => "ack",
+///         // Another delivery holds the claim and is doing the work now.
+///         StaleClaimOutcome::InFlight { .. } => "nack with a delay",
+///         // An earlier attempt's outcome is unknown; reconcile, do not repeat.
+///         StaleClaimOutcome::StaleClaim { .. } => "dead-letter",
+///     }
+/// }
+/// assert_eq!(settle(StaleClaimOutcome::Processed(())), "ack");
+/// ```
+#[must_use = "a StaleClaimOutcome says whether the message was processed, a duplicate, in flight or needs reconciling"]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StaleClaimOutcome<T> {
+    /// The side effect ran and its claim was stamped complete.
+    Processed(T),
+    /// The work for this key and consumer was completed before: the body did not run.
+    Duplicate {
+        /// The consumer whose completed claim was found.
+        consumer: Consumer,
+        /// The message key whose completed claim was found.
+        key: MessageKey,
+    },
+    /// Another delivery holds a live claim on this key — its side effect may be running
+    /// right now. The body did not run. Do not acknowledge: redeliver after a delay (see
+    /// [`InFlightOutcome::InFlight`]).
     InFlight {
         /// The consumer holding the claim.
         consumer: Consumer,
         /// The message key claimed.
         key: MessageKey,
     },
-    /// Claim mode with `on_expired = "report"`: an earlier attempt claimed this key and its
-    /// lease ran out without the work being stamped complete — it may have crashed before the
-    /// side effect, during it, or after it. The body did not run. Do not acknowledge: let the
-    /// message reach the dead-letter queue and reconcile it against the downstream system
-    /// (look the key up there), then resolve the claim.
+    /// An earlier attempt claimed this key and its lease ran out without the work being
+    /// stamped complete — it may have crashed before the side effect, during it, or after
+    /// it. The body did not run. Do not acknowledge: let the message reach the dead-letter
+    /// queue and reconcile it against the downstream system (look the key up there), then
+    /// resolve the claim.
     StaleClaim {
         /// The consumer whose claim went stale.
         consumer: Consumer,
@@ -72,16 +151,10 @@ pub enum Outcome<T> {
 }
 
 impl<T> Outcome<T> {
-    /// Whether the message pump should acknowledge the message.
-    ///
-    /// `true` for [`Outcome::Processed`] and [`Outcome::Duplicate`]: in both cases the work is
-    /// committed and a redelivery would only be recognised as a duplicate again. `false` for
-    /// [`Outcome::InFlight`] and [`Outcome::StaleClaim`]: the work is not known to be done.
+    /// Whether the message pump should acknowledge the message: always, for both answers
+    /// mean the work is committed and a redelivery would only be a duplicate again.
     pub fn should_ack(&self) -> bool {
-        match self {
-            Outcome::Processed(_) | Outcome::Duplicate { .. } => true,
-            Outcome::InFlight { .. } | Outcome::StaleClaim { .. } => false,
-        }
+        true
     }
 
     /// `true` for [`Outcome::Processed`].
@@ -94,34 +167,253 @@ impl<T> Outcome<T> {
         matches!(self, Outcome::Duplicate { .. })
     }
 
-    /// `true` for [`Outcome::InFlight`].
+    /// The handler's value, if it ran.
+    pub fn processed(self) -> Option<T> {
+        match self {
+            Outcome::Processed(value) => Some(value),
+            Outcome::Duplicate { .. } => None,
+        }
+    }
+
+    /// Maps the handler's value, keeping a duplicate as it is.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Outcome<U> {
+        match self {
+            Outcome::Processed(value) => Outcome::Processed(f(value)),
+            Outcome::Duplicate { consumer, key } => Outcome::Duplicate { consumer, key },
+        }
+    }
+}
+
+impl<T> InFlightOutcome<T> {
+    /// Whether the message pump should acknowledge the message: `true` for `Processed` and
+    /// `Duplicate` (the work is done), `false` for `InFlight` (it is not known to be).
+    pub fn should_ack(&self) -> bool {
+        !self.is_in_flight()
+    }
+
+    /// `true` for [`InFlightOutcome::Processed`].
+    pub fn is_processed(&self) -> bool {
+        matches!(self, InFlightOutcome::Processed(_))
+    }
+
+    /// `true` for [`InFlightOutcome::Duplicate`].
+    pub fn is_duplicate(&self) -> bool {
+        matches!(self, InFlightOutcome::Duplicate { .. })
+    }
+
+    /// `true` for [`InFlightOutcome::InFlight`].
     pub fn is_in_flight(&self) -> bool {
-        matches!(self, Outcome::InFlight { .. })
+        matches!(self, InFlightOutcome::InFlight { .. })
     }
 
     /// The handler's value, if it ran.
     pub fn processed(self) -> Option<T> {
         match self {
-            Outcome::Processed(value) => Some(value),
+            InFlightOutcome::Processed(value) => Some(value),
+            InFlightOutcome::Duplicate { .. } | InFlightOutcome::InFlight { .. } => None,
+        }
+    }
+
+    /// Maps the handler's value, keeping the other answers as they are.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> InFlightOutcome<U> {
+        match self {
+            InFlightOutcome::Processed(value) => InFlightOutcome::Processed(f(value)),
+            InFlightOutcome::Duplicate { consumer, key } => {
+                InFlightOutcome::Duplicate { consumer, key }
+            }
+            InFlightOutcome::InFlight { consumer, key } => {
+                InFlightOutcome::InFlight { consumer, key }
+            }
+        }
+    }
+}
+
+impl<T> StaleClaimOutcome<T> {
+    /// Whether the message pump should acknowledge the message: `true` for `Processed` and
+    /// `Duplicate` (the work is done), `false` for `InFlight` and `StaleClaim` (it is not
+    /// known to be).
+    pub fn should_ack(&self) -> bool {
+        matches!(
+            self,
+            StaleClaimOutcome::Processed(_) | StaleClaimOutcome::Duplicate { .. }
+        )
+    }
+
+    /// `true` for [`StaleClaimOutcome::Processed`].
+    pub fn is_processed(&self) -> bool {
+        matches!(self, StaleClaimOutcome::Processed(_))
+    }
+
+    /// `true` for [`StaleClaimOutcome::Duplicate`].
+    pub fn is_duplicate(&self) -> bool {
+        matches!(self, StaleClaimOutcome::Duplicate { .. })
+    }
+
+    /// `true` for [`StaleClaimOutcome::InFlight`].
+    pub fn is_in_flight(&self) -> bool {
+        matches!(self, StaleClaimOutcome::InFlight { .. })
+    }
+
+    /// `true` for [`StaleClaimOutcome::StaleClaim`].
+    pub fn is_stale_claim(&self) -> bool {
+        matches!(self, StaleClaimOutcome::StaleClaim { .. })
+    }
+
+    /// The handler's value, if it ran.
+    pub fn processed(self) -> Option<T> {
+        match self {
+            StaleClaimOutcome::Processed(value) => Some(value),
             _ => None,
         }
     }
 
-    /// Maps the handler's value, keeping the other outcomes as they are.
-    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Outcome<U> {
+    /// Maps the handler's value, keeping the other answers as they are.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> StaleClaimOutcome<U> {
         match self {
-            Outcome::Processed(value) => Outcome::Processed(f(value)),
-            Outcome::Duplicate { consumer, key } => Outcome::Duplicate { consumer, key },
-            Outcome::InFlight { consumer, key } => Outcome::InFlight { consumer, key },
-            Outcome::StaleClaim {
+            StaleClaimOutcome::Processed(value) => StaleClaimOutcome::Processed(f(value)),
+            StaleClaimOutcome::Duplicate { consumer, key } => {
+                StaleClaimOutcome::Duplicate { consumer, key }
+            }
+            StaleClaimOutcome::InFlight { consumer, key } => {
+                StaleClaimOutcome::InFlight { consumer, key }
+            }
+            StaleClaimOutcome::StaleClaim {
                 consumer,
                 key,
                 attempts,
-            } => Outcome::StaleClaim {
+            } => StaleClaimOutcome::StaleClaim {
                 consumer,
                 key,
                 attempts,
             },
+        }
+    }
+}
+
+impl<T> From<Outcome<T>> for InFlightOutcome<T> {
+    fn from(outcome: Outcome<T>) -> Self {
+        match outcome {
+            Outcome::Processed(value) => InFlightOutcome::Processed(value),
+            Outcome::Duplicate { consumer, key } => InFlightOutcome::Duplicate { consumer, key },
+        }
+    }
+}
+
+impl<T> From<InFlightOutcome<T>> for StaleClaimOutcome<T> {
+    fn from(outcome: InFlightOutcome<T>) -> Self {
+        match outcome {
+            InFlightOutcome::Processed(value) => StaleClaimOutcome::Processed(value),
+            InFlightOutcome::Duplicate { consumer, key } => {
+                StaleClaimOutcome::Duplicate { consumer, key }
+            }
+            InFlightOutcome::InFlight { consumer, key } => {
+                StaleClaimOutcome::InFlight { consumer, key }
+            }
+        }
+    }
+}
+
+impl<T> From<Outcome<T>> for StaleClaimOutcome<T> {
+    fn from(outcome: Outcome<T>) -> Self {
+        InFlightOutcome::from(outcome).into()
+    }
+}
+
+/// The outcome types a handler's runtime builds: [`Outcome`], [`InFlightOutcome`] and
+/// [`StaleClaimOutcome`]. Sealed.
+///
+/// The answers a type cannot hold are in its types, not in a check: `InFlight` is the type
+/// of the witness an `InFlight` answer needs — `()` for a type with that variant,
+/// [`Infallible`] for one without — and `IN_FLIGHT` the witness, if there is one. The
+/// runtime answers `InFlight` only with a witness in hand; for `Outcome` it has none.
+pub trait HandlerOutcome<T>: Sized + sealed::Sealed {
+    /// The witness an `InFlight` answer needs: `()` or [`Infallible`].
+    type InFlight: Copy;
+    /// The witness a `StaleClaim` answer needs: `()` or [`Infallible`].
+    type StaleClaim: Copy;
+    /// `Some` when the type holds `InFlight`.
+    const IN_FLIGHT: Option<Self::InFlight>;
+    /// `Some` when the type holds `StaleClaim`.
+    const STALE_CLAIM: Option<Self::StaleClaim>;
+    /// `Processed(value)`.
+    fn from_processed(value: T) -> Self;
+    /// `Duplicate { consumer, key }`.
+    fn from_duplicate(consumer: Consumer, key: MessageKey) -> Self;
+    /// `InFlight { consumer, key }`.
+    fn from_in_flight(consumer: Consumer, key: MessageKey, witness: Self::InFlight) -> Self;
+    /// `StaleClaim { consumer, key, attempts }`.
+    fn from_stale_claim(
+        consumer: Consumer,
+        key: MessageKey,
+        attempts: u32,
+        witness: Self::StaleClaim,
+    ) -> Self;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl<T> Sealed for super::Outcome<T> {}
+    impl<T> Sealed for super::InFlightOutcome<T> {}
+    impl<T> Sealed for super::StaleClaimOutcome<T> {}
+}
+
+impl<T> HandlerOutcome<T> for Outcome<T> {
+    type InFlight = Infallible;
+    type StaleClaim = Infallible;
+    const IN_FLIGHT: Option<Infallible> = None;
+    const STALE_CLAIM: Option<Infallible> = None;
+    fn from_processed(value: T) -> Self {
+        Outcome::Processed(value)
+    }
+    fn from_duplicate(consumer: Consumer, key: MessageKey) -> Self {
+        Outcome::Duplicate { consumer, key }
+    }
+    fn from_in_flight(_: Consumer, _: MessageKey, witness: Infallible) -> Self {
+        match witness {}
+    }
+    fn from_stale_claim(_: Consumer, _: MessageKey, _: u32, witness: Infallible) -> Self {
+        match witness {}
+    }
+}
+
+impl<T> HandlerOutcome<T> for InFlightOutcome<T> {
+    type InFlight = ();
+    type StaleClaim = Infallible;
+    const IN_FLIGHT: Option<()> = Some(());
+    const STALE_CLAIM: Option<Infallible> = None;
+    fn from_processed(value: T) -> Self {
+        InFlightOutcome::Processed(value)
+    }
+    fn from_duplicate(consumer: Consumer, key: MessageKey) -> Self {
+        InFlightOutcome::Duplicate { consumer, key }
+    }
+    fn from_in_flight(consumer: Consumer, key: MessageKey, (): ()) -> Self {
+        InFlightOutcome::InFlight { consumer, key }
+    }
+    fn from_stale_claim(_: Consumer, _: MessageKey, _: u32, witness: Infallible) -> Self {
+        match witness {}
+    }
+}
+
+impl<T> HandlerOutcome<T> for StaleClaimOutcome<T> {
+    type InFlight = ();
+    type StaleClaim = ();
+    const IN_FLIGHT: Option<()> = Some(());
+    const STALE_CLAIM: Option<()> = Some(());
+    fn from_processed(value: T) -> Self {
+        StaleClaimOutcome::Processed(value)
+    }
+    fn from_duplicate(consumer: Consumer, key: MessageKey) -> Self {
+        StaleClaimOutcome::Duplicate { consumer, key }
+    }
+    fn from_in_flight(consumer: Consumer, key: MessageKey, (): ()) -> Self {
+        StaleClaimOutcome::InFlight { consumer, key }
+    }
+    fn from_stale_claim(consumer: Consumer, key: MessageKey, attempts: u32, (): ()) -> Self {
+        StaleClaimOutcome::StaleClaim {
+            consumer,
+            key,
+            attempts,
         }
     }
 }

@@ -48,8 +48,8 @@ pub enum Error {
     Schema(crate::schema::SchemaError),
     /// A database error while beginning, claiming, or committing — after `retries` retries
     /// when it was transient. In claim mode, an error from the stamp leaves the claim open
-    /// until its lease ends (the side effect has happened); see
-    /// [`OnExpired`](crate::OnExpired).
+    /// until its lease ends (the side effect has happened), then is taken over or reported
+    /// as `on_expired` says.
     Database {
         /// What the error means ([`classify`](crate::classify)).
         class: ErrorClass,

@@ -10,7 +10,9 @@
 //! other connections. Write it to use the transaction it is given — helpers that take the
 //! connection — and let [`tripwire`](crate::tripwire) refuse a pool checkout inside it.
 
-use inbox_core::{ConsumerError, ErrorClass, InboxSchema, Outcome, ToMessageKey};
+use std::marker::PhantomData;
+
+use inbox_core::{ConsumerError, ErrorClass, HandlerOutcome, InboxSchema, ToMessageKey};
 
 #[cfg(feature = "async")]
 pub use crate::runtime::asynchronous::AsyncBody;
@@ -27,9 +29,46 @@ use crate::{Error, HasDieselError, InboxConnection, Isolation, classify};
 /// static CREDIT: LazyLock<Handler> =
 ///     LazyLock::new(|| Handler::new("credit").expect("a valid consumer name").retries(5));
 /// ```
+///
+/// `L` says what a delivery does when another holds the message's marker, and so which
+/// outcome type [`run_once`] returns: [`Wait`] (the default) returns [`Outcome`](crate::Outcome),
+/// [`AnswerInFlight`] ([`Handler::in_flight_when_locked`]) returns
+/// [`InFlightOutcome`](crate::InFlightOutcome).
 #[derive(Debug)]
-pub struct Handler {
+pub struct Handler<L: OnLocked = Wait> {
     spec: HandlerSpec,
+    on_locked: PhantomData<L>,
+}
+
+/// What a delivery does when another one holds the message's marker, uncommitted: the type
+/// parameter of [`Handler`], which picks the outcome type of [`run_once`]. Sealed.
+pub trait OnLocked: sealed::Sealed {
+    /// The outcome type of a handler with this setting.
+    type Outcome<T>: HandlerOutcome<T>;
+}
+
+/// `on_locked = "wait"`: wait for the other delivery's outcome; [`run_once`] returns
+/// [`Outcome`](crate::Outcome).
+#[derive(Debug)]
+pub enum Wait {}
+
+/// `on_locked = "in_flight"`: answer `InFlight` at once; [`run_once`] returns
+/// [`InFlightOutcome`](crate::InFlightOutcome).
+#[derive(Debug)]
+pub enum AnswerInFlight {}
+
+impl OnLocked for Wait {
+    type Outcome<T> = inbox_core::Outcome<T>;
+}
+
+impl OnLocked for AnswerInFlight {
+    type Outcome<T> = inbox_core::InFlightOutcome<T>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::Wait {}
+    impl Sealed for super::AnswerInFlight {}
 }
 
 impl Handler {
@@ -50,9 +89,25 @@ impl Handler {
                 idle_in_transaction_ms: HandlerSpec::IDLE_IN_TRANSACTION_MS,
                 in_flight_when_locked: false,
             },
+            on_locked: PhantomData,
         })
     }
 
+    /// `on_locked = "in_flight"`: a delivery that finds another one holding the message's
+    /// marker, uncommitted, answers `InFlight` at once instead of waiting for it (PostgreSQL,
+    /// MySQL, MariaDB), so [`run_once`] returns [`InFlightOutcome`](crate::InFlightOutcome).
+    pub fn in_flight_when_locked(self) -> Handler<AnswerInFlight> {
+        Handler {
+            spec: HandlerSpec {
+                in_flight_when_locked: true,
+                ..self.spec
+            },
+            on_locked: PhantomData,
+        }
+    }
+}
+
+impl<L: OnLocked> Handler<L> {
     /// Retries of transient failures, each in a fresh transaction (`retries = n`).
     pub fn retries(mut self, retries: u32) -> Self {
         self.spec.retry = inbox_core::RetryPolicy::new(retries);
@@ -82,14 +137,6 @@ impl Handler {
     /// session (`idle_in_transaction_ms = …`); 0 for no bound.
     pub fn idle_in_transaction_ms(mut self, ms: u32) -> Self {
         self.spec.idle_in_transaction_ms = ms.min(i32::MAX as u32);
-        self
-    }
-
-    /// `on_locked = "in_flight"`: a delivery that finds another one holding the message's
-    /// marker, uncommitted, answers [`Outcome::InFlight`] at once instead of waiting for it
-    /// (PostgreSQL, MySQL, MariaDB).
-    pub fn in_flight_when_locked(mut self, yes: bool) -> Self {
-        self.spec.in_flight_when_locked = yes;
         self
     }
 
@@ -163,12 +210,12 @@ fn error_class<T, E: HasDieselError>(
 ///
 /// # Errors
 /// The body's error, or the inbox's (through `E: From<Error>`).
-pub fn run_once<C, K, T, E, B>(
+pub fn run_once<C, K, T, E, B, L: OnLocked>(
     conn: &mut C,
-    handler: &'static Handler,
+    handler: &'static Handler<L>,
     key: &K,
     body: B,
-) -> Result<Outcome<T>, E>
+) -> Result<L::Outcome<T>, E>
 where
     C: InboxConnection,
     K: ToMessageKey + ?Sized,
@@ -193,12 +240,12 @@ where
 /// # Errors
 /// The body's error, or the inbox's (through `E: From<Error>`).
 #[cfg(feature = "async")]
-pub async fn run_once_async<C, K, T, E, B>(
+pub async fn run_once_async<C, K, T, E, B, L: OnLocked>(
     conn: &mut C,
-    handler: &'static Handler,
+    handler: &'static Handler<L>,
     key: &K,
     body: B,
-) -> Result<Outcome<T>, E>
+) -> Result<L::Outcome<T>, E>
 where
     C: crate::AsyncInboxConnection,
     K: ToMessageKey + ?Sized,

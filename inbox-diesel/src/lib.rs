@@ -183,9 +183,9 @@
 //!
 //! 1. **claim** — insert the inbox row with `processed_at` NULL and a lease
 //!    (`claimed_until`, `lease_ms` from now). A row that exists decides instead: completed →
-//!    [`Outcome::Duplicate`]; claimed under a live lease → [`Outcome::InFlight`]; released by a
-//!    failed attempt → taken over; lease ended without completion → taken over, or reported as
-//!    [`Outcome::StaleClaim`], as `on_expired` says ([`OnExpired`]);
+//!    `Duplicate`; claimed under a live lease → `InFlight`; released by a failed attempt →
+//!    taken over; lease ended without completion → taken over (`on_expired = "take_over"`,
+//!    the default), or reported as `StaleClaim` (`on_expired = "report"`);
 //! 2. **the body** — the side effect, outside any transaction. Pass the message key downstream
 //!    as the provider's idempotency key: it is the same on every attempt;
 //! 3. **stamp** — set `processed_at`; or, when the body returned `Err`, release the claim so
@@ -194,7 +194,7 @@
 //! ```
 //! use diesel::connection::SimpleConnection;
 //! use diesel::prelude::*;
-//! use inbox_diesel::{idempotent, InboxSchema, Outcome, Uuid};
+//! use inbox_diesel::{idempotent, InFlightOutcome, InboxSchema, Uuid};
 //!
 //! struct SignedUp { signup_id: Uuid, email: String }
 //!
@@ -224,12 +224,15 @@
 //! let mailer = Mailer { sent: Default::default() };
 //! let msg = SignedUp { signup_id: Uuid::from_u128(7), email: "ada@example.com".into() };
 //!
-//! assert_eq!(send_welcome(&mut conn, &mailer, &msg)?, Outcome::Processed(()));
+//! assert_eq!(send_welcome(&mut conn, &mailer, &msg)?, InFlightOutcome::Processed(()));
 //! assert!(send_welcome(&mut conn, &mailer, &msg)?.is_duplicate());
 //! assert_eq!(mailer.sent.borrow().len(), 1);
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! A claim-mode handler returns [`InFlightOutcome<T>`] — [`StaleClaimOutcome<T>`] with
+//! `on_expired = "report"` — in place of `T`: only the answers it can give.
 //!
 //! What claim mode guarantees:
 //!
@@ -243,11 +246,14 @@
 //! - leases are compared on the database's clock, never the instances'.
 //!
 //! What it does not: a crash, a lost connection or a hang past the lease **between the side
-//! effect and the stamp** leaves a claim whose outcome is unknown. Under
-//! [`OnExpired::TakeOver`] the next delivery after the lease runs the side effect again —
-//! pass the key downstream so that the provider deduplicates it; under
-//! [`OnExpired::Report`] it is reported, and [`purge::stale_claims`] lists such claims for
-//! reconciliation. A body that outlives its lease can run beside its successor: set
+//! effect and the stamp** leaves a claim whose outcome is unknown: nobody can know whether
+//! the side effect ran without asking the system it went to. Under `on_expired =
+//! "take_over"` the next delivery after the lease takes the claim over (a compare-and-set on
+//! its attempt counter: one of several concurrent deliveries wins) and runs the side effect
+//! again — right when the provider deduplicates by the key you pass it; under `on_expired =
+//! "report"` each delivery returns `StaleClaim` without running the body — right when
+//! running the side effect twice is worse than running it late — and
+//! [`purge::stale_claims`] lists such claims for reconciliation. A body that outlives its lease can run beside its successor: set
 //! `lease_ms` above the side effect's longest run. The body does not reach the database: it
 //! is given [`NoConnection`] in place of the handler's connection, and the compiler refuses
 //! any other connection in it. The handler must be called outside any open transaction (it
@@ -322,14 +328,14 @@ pub mod __private;
 /// | `isolation` | `"read committed"`, `"repeatable read"` or `"serializable"` (PostgreSQL, MySQL, MariaDB; SQLite is always serializable) | the server's default |
 /// | `table` | string literal: the inbox table, optionally qualified (`"billing.inbox"`) | `"inbox"` |
 /// | `constraint` | string literal: the unique index on `(message_id, consumer)` | `"ux_inbox_message_consumer"` |
-/// | `on_locked` | `"wait"`, or `"in_flight"`: a delivery that finds another one holding the message's marker, uncommitted, answers [`Outcome::InFlight`] at once (nack it with a delay) instead of waiting for the other's outcome while holding a pooled connection — for small pools, where waiting duplicates can starve the delivery in flight. The cost: one more round trip per message (PostgreSQL: resetting `lock_timeout` for the body; MySQL and MariaDB: `innodb_lock_wait_timeout`, whose shortest wait is one second, set and put back), and a redelivery instead of a quick duplicate. Transaction mode, one message; SQLite, which locks the whole database rather than the marker, ignores it | `"wait"` |
+/// | `on_locked` | `"wait"`, or `"in_flight"`: a delivery that finds another one holding the message's marker, uncommitted, answers `InFlight` at once (nack it with a delay; the handler returns [`InFlightOutcome`]) instead of waiting for the other's outcome while holding a pooled connection — for small pools, where waiting duplicates can starve the delivery in flight. The cost: one more round trip per message (PostgreSQL: resetting `lock_timeout` for the body; MySQL and MariaDB: `innodb_lock_wait_timeout`, whose shortest wait is one second, set and put back), and a redelivery instead of a quick duplicate. Transaction mode, one message; SQLite, which locks the whole database rather than the marker, ignores it | `"wait"` |
 /// | `idle_in_transaction_ms` | integer, 0 to 2 147 483 647: the server ends a session whose handler transaction sits idle this long, which bounds the marker lock a handler cancelled mid-body leaves on a pooled connection; a body that awaits something else than the database for longer must raise it; 0 for no bound. PostgreSQL: `SET LOCAL idle_in_transaction_session_timeout`, in the `BEGIN`'s round trip. MariaDB: `idle_transaction_timeout`, in whole seconds (rounded up), set with `START TRANSACTION` and put back after the transaction — one more round trip per message. MySQL has no such setting: there, use bb8, which closes a connection that comes back inside a transaction | `10000` |
 /// | `busy_timeout_ms` | integer, 0 to 2 147 483 647: how long a SQLite handler waits for another writer before `SQLITE_BUSY` (then retried); the handler sets it on its connection | `5000` |
 /// | `precheck` | `true`: before opening the transaction, look for a completed marker with one autocommitted read, and return `Duplicate` without a transaction when it is there. It pays when at least about half the deliveries are redeliveries (BENCHMARKS.md: 1.3–1.7× the throughput at 80 %) and costs 7–12 % of it when none are | `false` |
 /// | `mode` | `"transaction"`, or `"claim"` for a side effect outside the database ([claim mode](crate#claim-mode-side-effects-outside-the-database)) | `"transaction"` |
 /// | `lease_ms` | claim mode: integer, 1 to 2 592 000 000 (30 days): how long a claim stays live, in milliseconds; above the body's longest run | `60000` |
 /// | `batch` | the parameter holding a batch of messages (`msgs: &[Msg]` or a `Vec`); `key` is then a closure from one message to its key (`key = \|msg\| msg.id`), and the function returns [`BatchOutcome<T>`] | none |
-/// | `on_expired` | claim mode: `"take_over"` or `"report"`, what a delivery does with a claim whose lease ended ([`OnExpired`]) | `"take_over"` |
+/// | `on_expired` | claim mode: `"take_over"` or `"report"`, what a delivery does with a claim whose lease ended without completion: run the side effect again, or return `StaleClaim` ([`StaleClaimOutcome`]) | `"take_over"` |
 ///
 /// # Every statement runs in the handler's transaction
 ///
@@ -433,7 +439,10 @@ pub mod __private;
 ///
 /// - The function is a `fn` or an `async fn` (not `const`) returning a `Result`:
 ///   `Result<T, E>`, or an alias such as `QueryResult<T>` or `anyhow::Result<T>`. The
-///   function then returns the same `Result` with [`Outcome<T>`] in place of `T`.
+///   function then returns the same `Result` with the outcome type of its mode in place of
+///   `T`: [`Outcome<T>`]; [`InFlightOutcome<T>`] with `on_locked = "in_flight"` and in claim
+///   mode; [`StaleClaimOutcome<T>`] with `on_expired = "report"`; [`BatchOutcome<T>`] for a
+///   batch. Each holds only the answers its handler can give.
 /// - `E: From<inbox_diesel::Error>`, for failures of the inbox itself (an invalid key, a
 ///   failed commit, an aborted transaction). `diesel::result::Error` qualifies.
 /// - The connection parameter is `&mut SqliteConnection`, `&mut PgConnection` or
@@ -485,11 +494,10 @@ pub use error::HasDieselError;
 pub use error::classify;
 pub use guard::NoConnection;
 pub use inbox_core::{
-    Action, BatchOutcome, Consumer, ConsumerError, ErrorClass, IdentifierError, InboxSchema,
-    KeyError, MessageKey, Outcome, Retention, RetryDecision, RetryPolicy, ToMessageKey,
-    TransientKind, server_message,
+    Action, BatchOutcome, Consumer, ConsumerError, ErrorClass, HandlerOutcome, IdentifierError,
+    InFlightOutcome, InboxSchema, KeyError, MessageKey, Outcome, Retention, RetryDecision,
+    RetryPolicy, StaleClaimOutcome, ToMessageKey, TransientKind, server_message,
 };
-pub use runtime::claim::OnExpired;
 pub use schema::migration;
 pub use spec::Isolation;
 pub use uuid::Uuid;

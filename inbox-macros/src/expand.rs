@@ -1,5 +1,6 @@
 //! Phase 3: the code. The function keeps its attributes, visibility, name, parameters and
-//! body; only its return type changes (`T` → `Outcome<T>`), and its body moves into a closure
+//! body; only its return type changes (`T` → `Outcome<T>`, or the outcome type of its mode),
+//! and its body moves into a closure
 //! handed to the runtime, which owns the transaction.
 
 use proc_macro2::TokenStream;
@@ -25,7 +26,7 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
             return with_error(item, error);
         }
     };
-    let batch = batch_form(&args);
+    let form = outcome_form(&args);
     let handler = syn::parse2::<Args>(args)
         .and_then(|args| valid::validate(args, &function))
         .and_then(|handler| {
@@ -37,26 +38,23 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     guard::strip_escapes(&mut function);
     match handler {
         Ok(handler) => expand(handler, function),
-        Err(error) => with_error(fallback(function, batch), error),
+        Err(error) => with_error(fallback(function, form), error),
     }
 }
 
 /// What the function becomes when the attribute has an error: its signature as the
-/// expansion would have written it — returning `Outcome<T>` (`BatchOutcome<T>` for a batch)
-/// — and a body that never runs. Callers that match on the outcome type-check against it,
+/// expansion would have written it — returning the outcome type the arguments ask for — and
+/// a body that never runs. Callers that match on the outcome type-check against it,
 /// so the attribute's error is the only one (thiserror's `fallback.rs`, tokio's `entry.rs`).
 /// The original body stays, in a closure never called, so that its own errors still show
 /// and its parameters are used. A function without a `Result` return type is left as it is:
 /// the error says what it should return.
-fn fallback(function: ItemFn, batch: bool) -> TokenStream {
+fn fallback(function: ItemFn, form: OutcomeForm) -> TokenStream {
     let ReturnType::Type(_, ret) = &function.sig.output else {
         return quote!(#function);
     };
     let ret = (**ret).clone();
-    let wrapper = match batch {
-        true => quote!(::inbox_diesel::BatchOutcome),
-        false => quote!(::inbox_diesel::Outcome),
-    };
+    let wrapper = form.wrapper();
     let ItemFn {
         attrs,
         vis,
@@ -81,19 +79,66 @@ fn fallback(function: ItemFn, batch: bool) -> TokenStream {
     }
 }
 
-/// Whether the arguments name a batch (`batch = msgs`), read from the tokens: the fallback
-/// needs it also when the arguments do not parse.
-fn batch_form(args: &TokenStream) -> bool {
-    let mut tokens = args.clone().into_iter().peekable();
-    while let Some(token) = tokens.next() {
-        if let proc_macro2::TokenTree::Ident(ident) = &token
-            && ident == "batch"
-            && matches!(tokens.peek(), Some(proc_macro2::TokenTree::Punct(p)) if p.as_char() == '=')
-        {
-            return true;
+/// Which outcome type a handler returns: the one that holds only what its mode can answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OutcomeForm {
+    /// Transaction mode: `Processed` or `Duplicate`.
+    Outcome,
+    /// `on_locked = "in_flight"`, and claim mode: and `InFlight`.
+    InFlight,
+    /// Claim mode with `on_expired = "report"`: and `StaleClaim`.
+    StaleClaim,
+    /// `batch = …`.
+    Batch,
+}
+
+impl OutcomeForm {
+    fn of(handler: &Handler) -> Self {
+        match (&handler.batch, handler.mode) {
+            (Some(_), _) => OutcomeForm::Batch,
+            (None, Mode::Claim { report: true, .. }) => OutcomeForm::StaleClaim,
+            (None, Mode::Claim { report: false, .. }) => OutcomeForm::InFlight,
+            (None, Mode::Transaction) if handler.in_flight_when_locked => OutcomeForm::InFlight,
+            (None, Mode::Transaction) => OutcomeForm::Outcome,
         }
     }
-    false
+
+    fn wrapper(self) -> TokenStream {
+        match self {
+            OutcomeForm::Outcome => quote!(::inbox_diesel::Outcome),
+            OutcomeForm::InFlight => quote!(::inbox_diesel::InFlightOutcome),
+            OutcomeForm::StaleClaim => quote!(::inbox_diesel::StaleClaimOutcome),
+            OutcomeForm::Batch => quote!(::inbox_diesel::BatchOutcome),
+        }
+    }
+}
+
+/// The outcome type the arguments ask for, read from their tokens (`batch = …`,
+/// `mode = "claim"`, `on_expired = "report"`, `on_locked = "in_flight"`): the fallback needs
+/// it also when the arguments do not parse.
+fn outcome_form(args: &TokenStream) -> OutcomeForm {
+    let tokens: Vec<_> = args.clone().into_iter().collect();
+    let set = |name: &str| -> Option<String> {
+        tokens.windows(3).find_map(|window| match window {
+            [
+                proc_macro2::TokenTree::Ident(ident),
+                proc_macro2::TokenTree::Punct(eq),
+                value,
+            ] if ident == name && eq.as_char() == '=' => Some(value.to_string()),
+            _ => None,
+        })
+    };
+    if set("batch").is_some() {
+        OutcomeForm::Batch
+    } else if set("on_expired").as_deref() == Some("\"report\"") {
+        OutcomeForm::StaleClaim
+    } else if set("mode").as_deref() == Some("\"claim\"")
+        || set("on_locked").as_deref() == Some("\"in_flight\"")
+    {
+        OutcomeForm::InFlight
+    } else {
+        OutcomeForm::Outcome
+    }
 }
 
 fn with_error(item: TokenStream, error: syn::Error) -> TokenStream {
@@ -102,6 +147,7 @@ fn with_error(item: TokenStream, error: syn::Error) -> TokenStream {
 }
 
 pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
+    let form = OutcomeForm::of(&handler);
     let Handler {
         consumer,
         key,
@@ -125,10 +171,7 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
         block,
         ..
     } = function;
-    sig.output = match &batch {
-        Some(_) => outcome_return_type(&ret, quote!(::inbox_diesel::BatchOutcome)),
-        None => outcome_return_type(&ret, quote!(::inbox_diesel::Outcome)),
-    };
+    sig.output = outcome_return_type(&ret, form.wrapper());
 
     let busy_timeout_ms = match busy_timeout_ms {
         Some(ms) => quote!(#ms),
@@ -203,7 +246,7 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
                 ) #awaited
             }
         }
-        (Mode::Claim { lease_ms, report }, _) => {
+        (Mode::Claim { lease_ms, .. }, _) => {
             let runtime = match &sig.asyncness {
                 Some(_) => quote!(run_claim_async),
                 None => quote!(run_claim),
@@ -212,20 +255,13 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
                 Some(ms) => quote!(#ms),
                 None => quote!(::inbox_diesel::__private::ClaimSpec::DEFAULT_LEASE_MS),
             };
-            let on_expired = match report {
-                true => quote!(Report),
-                false => quote!(TakeOver),
-            };
             // The body is handed `NoConnection` in place of the connection: it runs outside
             // any transaction, and the guard asks about every mention of it.
             quote! {
                 ::inbox_diesel::__private::#runtime(
                     #conn,
                     &__INBOX_SPEC,
-                    ::inbox_diesel::__private::ClaimSpec {
-                        lease_ms: #lease_ms,
-                        on_expired: ::inbox_diesel::OnExpired::#on_expired,
-                    },
+                    ::inbox_diesel::__private::ClaimSpec { lease_ms: #lease_ms },
                     #message_key,
                     #body_asyncness |#[allow(unused_variables)] #conn| -> #ret #block,
                     #inbox_error,
@@ -401,5 +437,30 @@ mod tests {
                 }
             }
         ));
+    }
+
+    /// The fallback returns the outcome type the arguments ask for, read from their tokens
+    /// even when they do not parse.
+    #[test]
+    fn the_fallback_reads_the_outcome_type_from_the_arguments() {
+        let form = |args: TokenStream| outcome_form(&args);
+        assert_eq!(form(quote!(key = msg.id)), OutcomeForm::Outcome);
+        assert_eq!(
+            form(quote!(on_locked = "wait", key =)),
+            OutcomeForm::Outcome
+        );
+        assert_eq!(
+            form(quote!(on_locked = "in_flight", key =)),
+            OutcomeForm::InFlight
+        );
+        assert_eq!(
+            form(quote!(mode = "claim", retries = x)),
+            OutcomeForm::InFlight
+        );
+        assert_eq!(
+            form(quote!(mode = "claim", on_expired = "report", 7)),
+            OutcomeForm::StaleClaim
+        );
+        assert_eq!(form(quote!(batch = msgs, key = ,)), OutcomeForm::Batch);
     }
 }

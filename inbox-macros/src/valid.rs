@@ -192,7 +192,7 @@ pub fn validate(args: Args, item: &ItemFn) -> syn::Result<Handler> {
                 lit.span(),
                 "`on_locked` is \"wait\" (the default: a delivery waits while another one holds \
                  the message's marker, then sees the outcome) or \"in_flight\" (it answers \
-                 `Outcome::InFlight` at once, and the pump redelivers later): \
+                 `InFlight` at once, and the pump redelivers later): \
                  `on_locked = \"in_flight\"`",
             )),
         }),
@@ -312,7 +312,7 @@ fn mode(args: &Args) -> syn::Result<Mode> {
             _ => Err(syn::Error::new(
                 lit.span(),
                 "`on_expired` is \"take_over\" (the next delivery runs the side effect again) \
-                 or \"report\" (it returns `Outcome::StaleClaim` for reconciliation): \
+                 or \"report\" (it returns `StaleClaim` for reconciliation): \
                  `on_expired = \"report\"`",
             )),
         }),

@@ -11,7 +11,7 @@ use diesel_async::pooled_connection::{
 };
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 use inbox_diesel::tripwire::{self, InsideHandler, OnTrip};
-use inbox_diesel::{Outcome, idempotent};
+use inbox_diesel::{InFlightOutcome, Outcome, idempotent};
 use inbox_tests::sqlite::SqliteDb;
 use inbox_tests::tripwire::{AuditDb, Logged, TripError, audit, panic_message, rows};
 use inbox_tests::{Credit, credits};
@@ -420,7 +420,7 @@ async fn async_the_mark_covers_batch_and_claim_bodies() {
     assert_eq!(consumer(&seen), Some("async-mark-batch"));
 
     let claimed = marked_claim(&mut conn, &Credit::new(3), &seen).await;
-    assert_eq!(claimed.unwrap(), Outcome::Processed(()));
+    assert_eq!(claimed.unwrap(), InFlightOutcome::Processed(()));
     assert_eq!(consumer(&seen), Some("async-mark-claim"));
     assert_eq!(tripwire::inside_handler(), None);
 }

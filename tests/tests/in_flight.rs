@@ -13,7 +13,7 @@ macro_rules! in_flight_test {
         use std::time::{Duration, Instant};
 
         use diesel::connection::SimpleConnection;
-        use inbox_diesel::{Outcome, idempotent};
+        use inbox_diesel::{InFlightOutcome, idempotent};
 
         #[idempotent(consumer = "credit", key = *id, on_locked = "in_flight")]
         fn credit(conn: &mut $conn, id: &u64, hold: &dyn Fn()) -> diesel::QueryResult<()> {
@@ -41,7 +41,10 @@ macro_rules! in_flight_test {
             b.batch_execute($session_lock_wait).unwrap();
             let started = Instant::now();
             let answer = credit(&mut b, &1, &|| {}).unwrap();
-            assert!(matches!(answer, Outcome::InFlight { .. }), "{answer:?}");
+            assert!(
+                matches!(answer, InFlightOutcome::InFlight { .. }),
+                "{answer:?}"
+            );
             assert!(!answer.should_ack());
             assert!(
                 started.elapsed() < Duration::from_secs(3),
@@ -91,7 +94,7 @@ async fn async_postgres_answers_in_flight_instead_of_waiting() {
     use std::time::{Duration, Instant};
 
     use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
-    use inbox_diesel::{Outcome, idempotent};
+    use inbox_diesel::{InFlightOutcome, idempotent};
     use tokio::sync::Notify;
 
     #[idempotent(consumer = "credit", key = *id, on_locked = "in_flight")]
@@ -134,7 +137,10 @@ async fn async_postgres_answers_in_flight_instead_of_waiting() {
     unused_go.notify_one();
     let started = Instant::now();
     let answer = credit(&mut b, &1, &unused_held, &unused_go).await.unwrap();
-    assert!(matches!(answer, Outcome::InFlight { .. }), "{answer:?}");
+    assert!(
+        matches!(answer, InFlightOutcome::InFlight { .. }),
+        "{answer:?}"
+    );
     assert!(
         started.elapsed() < Duration::from_secs(3),
         "{:?}",
@@ -145,6 +151,61 @@ async fn async_postgres_answers_in_flight_instead_of_waiting() {
     unused_go.notify_one();
     let again = credit(&mut b, &1, &unused_held, &unused_go).await.unwrap();
     assert!(again.is_duplicate(), "{again:?}");
+    let balance = inbox_tests::server::count(
+        &mut db.connect(),
+        "SELECT balance AS n FROM accounts WHERE id = 1",
+    );
+    assert_eq!(balance, 1, "message 1, once");
+}
+
+/// The function API: `Handler::in_flight_when_locked` changes the handler's type, and with it
+/// `run_once`'s outcome type — B answers `InFlight` while A's body holds the marker.
+#[cfg(feature = "postgres")]
+#[test]
+fn the_function_api_answers_in_flight_when_its_handler_says_so() {
+    use std::sync::{LazyLock, mpsc};
+
+    use diesel::connection::SimpleConnection;
+    use inbox_diesel::InFlightOutcome;
+    use inbox_diesel::handler::{AnswerInFlight, Handler, run_once};
+
+    static CREDIT: LazyLock<Handler<AnswerInFlight>> =
+        LazyLock::new(|| Handler::new("credit").unwrap().in_flight_when_locked());
+
+    fn credit(
+        conn: &mut diesel::PgConnection,
+        id: u64,
+        hold: &dyn Fn(),
+    ) -> diesel::QueryResult<InFlightOutcome<()>> {
+        run_once(conn, &CREDIT, &id, |tx| {
+            tx.batch_execute("UPDATE accounts SET balance = balance + 1 WHERE id = 1")?;
+            hold();
+            Ok(())
+        })
+    }
+
+    let db = inbox_tests::postgres::PgDb::new("in_flight_function");
+    let (held_tx, held) = mpsc::channel();
+    let (go_tx, go) = mpsc::channel::<()>();
+    std::thread::scope(|scope| {
+        let mut a = db.connect();
+        let first = scope.spawn(move || {
+            credit(&mut a, 1, &|| {
+                held_tx.send(()).unwrap();
+                go.recv().unwrap();
+            })
+        });
+        held.recv().unwrap();
+        let mut b = db.connect();
+        let answer = credit(&mut b, 1, &|| {}).unwrap();
+        assert!(
+            matches!(answer, InFlightOutcome::InFlight { .. }),
+            "{answer:?}"
+        );
+        go_tx.send(()).unwrap();
+        assert!(first.join().unwrap().unwrap().is_processed());
+        assert!(credit(&mut b, 1, &|| {}).unwrap().is_duplicate());
+    });
     let balance = inbox_tests::server::count(
         &mut db.connect(),
         "SELECT balance AS n FROM accounts WHERE id = 1",

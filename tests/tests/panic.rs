@@ -10,7 +10,7 @@ use diesel::prelude::*;
 use diesel::r2d2::ConnectionManager;
 use diesel_async::pooled_connection::AsyncDieselConnectionManager;
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
-use inbox_diesel::{Outcome, idempotent};
+use inbox_diesel::{InFlightOutcome, Outcome, idempotent};
 use inbox_tests::sqlite::SqliteDb;
 use inbox_tests::{Credit, credits};
 
@@ -156,7 +156,7 @@ fn a_panicking_claim_mode_body_is_left_as_a_crash() {
     assert!(send_mail(&mut other, &msg, false).unwrap().is_in_flight());
     assert_eq!(
         send_mail(&mut first, &Credit::new(2), false).unwrap(),
-        Outcome::Processed(())
+        InFlightOutcome::Processed(())
     );
     assert_eq!(markers(&mut db.connect(), "mail"), 1);
 }

@@ -8,7 +8,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use diesel::prelude::*;
 use diesel::r2d2::ConnectionManager;
 use inbox_diesel::tripwire::{self, InsideHandler, OnTrip};
-use inbox_diesel::{Outcome, idempotent};
+use inbox_diesel::{InFlightOutcome, Outcome, idempotent};
 use inbox_tests::sqlite::SqliteDb;
 use inbox_tests::tripwire::{AuditDb, Logged, TripError, audit, panic_message, rows};
 use inbox_tests::{Credit, credits, wait_until};
@@ -359,7 +359,7 @@ fn the_mark_covers_batch_and_claim_bodies() {
     assert_eq!(tripwire::inside_handler(), None);
 
     let claimed = marked_claim(&mut conn, &Credit::new(3), &seen).unwrap();
-    assert_eq!(claimed, Outcome::Processed(()));
+    assert_eq!(claimed, InFlightOutcome::Processed(()));
     assert_eq!(consumer(&seen), Some("mark-claim"));
     assert_eq!(tripwire::inside_handler(), None);
 }

@@ -3,11 +3,12 @@
 //! The steps and the retry loop are the sync runtime's (`driver::drive`), awaited; the SQL
 //! is the same (`dialect/`, `backends/`).
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::time::Duration;
 
 use diesel::QueryResult;
-use inbox_core::{BatchOutcome, ErrorClass, KeyError, MessageKey, Outcome};
+use inbox_core::{BatchOutcome, ErrorClass, HandlerOutcome, KeyError, MessageKey};
 use tracing::Instrument;
 
 use crate::dialect::claim::{ClaimAnswer, ClaimStep};
@@ -65,18 +66,19 @@ where
 
 /// Runs `body` once per message key and consumer, on a diesel-async connection; see
 /// `driver::drive` for the steps.
-pub async fn run_async<C, T, E, B, P>(
+pub async fn run_async<C, T, E, B, P, A>(
     conn: &mut C,
     spec: &'static HandlerSpec,
     key: Result<MessageKey, KeyError>,
     body: B,
     probe: P,
     inbox_error: fn(Error) -> E,
-) -> Result<Outcome<T>, E>
+) -> Result<A, E>
 where
     C: AsyncInboxConnection,
     B: Clone + for<'c> AsyncBody<&'c mut C, Result<T, E>, Fut: Send>,
     P: Fn(&Result<T, E>) -> Option<ErrorClass>,
+    A: HandlerOutcome<T>,
 {
     let key = key.map_err(|e| inbox_error(Error::InvalidKey(e)))?;
     // The stored id, not the key: a key can be business data (an e-mail address) or carry
@@ -86,9 +88,17 @@ where
         consumer = spec.consumer.as_str(),
         message_id = %key.stored_id()
     );
-    let value = driver::drive(Awaiting(conn), spec, &key, Cloned(body), probe, inbox_error)
-        .instrument(span)
-        .await?;
+    let value = driver::drive(
+        Awaiting(conn),
+        spec,
+        &key,
+        Cloned(body),
+        probe,
+        A::IN_FLIGHT,
+        inbox_error,
+    )
+    .instrument(span)
+    .await?;
     Ok(driver::outcome(spec, key, value))
 }
 
@@ -124,6 +134,7 @@ where
         &claims,
         Cloned(body),
         probe,
+        None::<Infallible>,
         inbox_error,
     )
     .instrument(span)
@@ -133,17 +144,18 @@ where
 
 /// Runs `body` in claim mode, on a diesel-async connection; see `driver::drive_claim` for
 /// the steps.
-pub async fn run_claim_async<C, T, E, B>(
+pub async fn run_claim_async<C, T, E, B, A>(
     conn: &mut C,
     spec: &'static HandlerSpec,
     claim: ClaimSpec,
     key: Result<MessageKey, KeyError>,
     body: B,
     inbox_error: fn(Error) -> E,
-) -> Result<Outcome<T>, E>
+) -> Result<A, E>
 where
     C: AsyncInboxConnection,
     B: Clone + for<'c> AsyncBody<&'c mut NoConnection, Result<T, E>, Fut: Send>,
+    A: HandlerOutcome<T, InFlight = ()>,
 {
     let key = key.map_err(|e| inbox_error(Error::InvalidKey(e)))?;
     let span = tracing::info_span!("inbox", consumer = spec.consumer.as_str(), mode = "claim");

@@ -15,14 +15,14 @@ use std::time::Duration;
 
 use diesel::QueryResult;
 use diesel::result::Error as DieselError;
-use inbox_core::{BatchOutcome, ErrorClass, MessageKey, Outcome, RetryDecision};
+use inbox_core::{BatchOutcome, ErrorClass, HandlerOutcome, MessageKey, RetryDecision};
 
 use crate::dialect::claim::{ClaimAnswer, ClaimState, ClaimStep};
 use crate::dialect::layout::{Layout, key_text};
 use crate::runtime::claim::ClaimSpec;
 use crate::schema::check::SchemaError;
 use crate::spec::HandlerSpec;
-use crate::{Error, OnExpired, classify, tripwire};
+use crate::{Error, classify, tripwire};
 
 /// What a connection does for the driver: open, claim, commit, roll back, wait.
 pub(crate) trait Steps {
@@ -94,26 +94,27 @@ pub(crate) trait Body<C, R> {
 }
 
 /// What one attempt ended with.
-enum Step<T> {
+enum Step<T, W> {
     Processed(T),
     Duplicate,
-    /// `on_locked = "in_flight"`: another delivery holds the marker, uncommitted.
-    InFlight,
+    /// `on_locked = "in_flight"`: another delivery holds the marker, uncommitted. `W` is
+    /// the outcome type's witness that it can say so ([`HandlerOutcome::InFlight`]).
+    InFlight(W),
 }
 
 /// What [`drive`] decided for the message (or the batch).
-pub(crate) enum Decided<T> {
+pub(crate) enum Decided<T, W> {
     Processed(T),
     Duplicate,
-    InFlight,
+    InFlight(W),
 }
 
-impl<T> Decided<T> {
+impl<T, W> Decided<T, W> {
     /// The body's value, if it ran and committed.
     pub(crate) fn value(self) -> Option<T> {
         match self {
             Decided::Processed(value) => Some(value),
-            Decided::Duplicate | Decided::InFlight => None,
+            Decided::Duplicate | Decided::InFlight(_) => None,
         }
     }
 }
@@ -140,14 +141,18 @@ enum Failure<T, E> {
 /// A transient failure (serialization failure, deadlock, busy database) — in any step, or
 /// in the body when `probe` recognises a diesel error in what it returned — is retried in a
 /// fresh transaction as `spec.retry` says.
-pub(crate) async fn drive<S, K, T, E, B, P>(
+///
+/// `in_flight` is the outcome type's witness that it can answer `InFlight`: without one, a
+/// marker found locked is an error like any other (`on_locked = "in_flight"` needs it).
+pub(crate) async fn drive<S, K, T, E, B, P, W: Copy>(
     mut steps: S,
     spec: &'static HandlerSpec,
     claims: &K,
     mut body: B,
     probe: P,
+    in_flight: Option<W>,
     inbox_error: fn(Error) -> E,
-) -> Result<Decided<T>, E>
+) -> Result<Decided<T, W>, E>
 where
     S: Steps,
     K: Claims,
@@ -164,7 +169,7 @@ where
     }
     let (mut retries, mut rechecked) = (0, false);
     loop {
-        let attempted = attempt(&mut steps, spec, layout, claims, &mut body).await;
+        let attempted = attempt(&mut steps, spec, layout, claims, &mut body, in_flight).await;
         end(&mut steps, spec, layout).await;
         let failure = match attempted {
             Ok(Step::Processed(value)) => {
@@ -175,12 +180,12 @@ where
                 tracing::info!(outcome = "duplicate", "marker exists; body not run");
                 return Ok(Decided::Duplicate);
             }
-            Ok(Step::InFlight) => {
+            Ok(Step::InFlight(witness)) => {
                 tracing::info!(
                     outcome = "in_flight",
                     "another delivery holds the marker; body not run"
                 );
-                return Ok(Decided::InFlight);
+                return Ok(Decided::InFlight(witness));
             }
             Err(failure) => failure,
         };
@@ -315,17 +320,17 @@ thread_local! {
         const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// The outcome of a single message: `None` from [`drive`] is a duplicate.
-pub(crate) fn outcome<T>(
+/// The outcome of a single message, in the handler's outcome type.
+pub(crate) fn outcome<T, A: HandlerOutcome<T>>(
     spec: &'static HandlerSpec,
     key: MessageKey,
-    decided: Decided<T>,
-) -> Outcome<T> {
+    decided: Decided<T, A::InFlight>,
+) -> A {
     let consumer = spec.consumer.clone();
     match decided {
-        Decided::Processed(value) => Outcome::Processed(value),
-        Decided::Duplicate => Outcome::Duplicate { consumer, key },
-        Decided::InFlight => Outcome::InFlight { consumer, key },
+        Decided::Processed(value) => A::from_processed(value),
+        Decided::Duplicate => A::from_duplicate(consumer, key),
+        Decided::InFlight(witness) => A::from_in_flight(consumer, key, witness),
     }
 }
 
@@ -486,7 +491,8 @@ impl NewMessages {
 ///
 /// 1. claim: insert a live claim (attempt 1) unless a row exists; if one does, read it —
 ///    completed → `Duplicate`; live → `InFlight`; released by a failed attempt → take it over;
-///    expired → take it over or report it, as `claim.on_expired` says. A takeover is a
+///    expired → report it (`StaleClaim`) when the outcome type can say so (`on_expired =
+///    "report"` returns [`StaleClaimOutcome`](inbox_core::StaleClaimOutcome)), else take it over. A takeover is a
 ///    compare-and-set on the attempt counter: of concurrent deliveries, one wins, the others
 ///    read the row again and find it live;
 /// 2. run the body, outside any transaction;
@@ -496,52 +502,48 @@ impl NewMessages {
 ///
 /// Transient database errors in steps 1 and 3 are retried as `spec.retry` says; the body is
 /// not: the broker's redelivery retries it, after the release.
-pub(crate) async fn drive_claim<S, T, E, B>(
+pub(crate) async fn drive_claim<S, T, E, B, A>(
     mut steps: S,
     spec: &'static HandlerSpec,
     claim: ClaimSpec,
     key: MessageKey,
     mut body: B,
     inbox_error: fn(Error) -> E,
-) -> Result<Outcome<T>, E>
+) -> Result<A, E>
 where
     S: Steps,
     B: Body<S::Conn, Result<T, E>>,
+    A: HandlerOutcome<T, InFlight = ()>,
 {
     tracing::debug!(key = ?key.to_string(), "handling message");
     let mut layout = schema_checked(&mut steps, spec, inbox_error).await?;
     let (mut retries, mut rechecked) = (0, false);
     let attempt = loop {
-        match acquire(&mut steps, spec, claim, layout, &key).await {
+        match acquire(&mut steps, spec, claim, layout, &key, A::STALE_CLAIM).await {
             Ok(Acquired::Attempt(attempt)) => break attempt,
             Ok(Acquired::Completed) => {
                 tracing::info!(outcome = "duplicate", "work completed before; body not run");
-                return Ok(Outcome::Duplicate {
-                    consumer: spec.consumer.clone(),
-                    key,
-                });
+                return Ok(A::from_duplicate(spec.consumer.clone(), key));
             }
             Ok(Acquired::Live) => {
                 tracing::info!(
                     outcome = "in_flight",
                     "claimed by a live delivery; body not run"
                 );
-                return Ok(Outcome::InFlight {
-                    consumer: spec.consumer.clone(),
-                    key,
-                });
+                return Ok(A::from_in_flight(spec.consumer.clone(), key, ()));
             }
-            Ok(Acquired::Stale(attempts)) => {
+            Ok(Acquired::Stale(attempts, witness)) => {
                 tracing::warn!(
                     outcome = "stale_claim",
                     attempts,
                     "a claim's lease ended without completion; left for reconciliation"
                 );
-                return Ok(Outcome::StaleClaim {
-                    consumer: spec.consumer.clone(),
+                return Ok(A::from_stale_claim(
+                    spec.consumer.clone(),
                     key,
                     attempts,
-                });
+                    witness,
+                ));
             }
             Err(e) if !rechecked && needs_recheck(&e, spec) => {
                 rechecked = true;
@@ -556,7 +558,7 @@ where
         Ok(result) => result,
         // No transaction is open while a claim-mode body runs. A panic leaves the outcome of
         // the side effect unknown, as a crash does, and is left as one: the claim stays
-        // until its lease ends, then is taken over or reported as `on_expired` says.
+        // until its lease ends, then is taken over or reported, as the outcome type says.
         Err(Panicked(payload)) => {
             tracing::error!(
                 outcome = "panicked",
@@ -605,7 +607,7 @@ where
         {
             Ok(answer) if answer.changed() => {
                 tracing::debug!(outcome = "processed", attempt, "stamped complete");
-                return Ok(Outcome::Processed(value));
+                return Ok(A::from_processed(value));
             }
             Ok(_) => {
                 tracing::error!(
@@ -621,23 +623,26 @@ where
 }
 
 /// How phase 1 of claim mode ended.
-enum Acquired {
+enum Acquired<W> {
     /// This delivery holds the claim of this attempt.
     Attempt(u32),
     Completed,
     Live,
     /// Expired, and reported rather than taken over (after this many attempts).
-    Stale(u32),
+    Stale(u32, W),
 }
 
-/// Phase 1 of claim mode; each statement commits on its own.
-async fn acquire<S: Steps>(
+/// Phase 1 of claim mode; each statement commits on its own. `report` is the outcome type's
+/// witness that it can answer `StaleClaim`: with one, an expired claim is reported; without,
+/// it is taken over.
+async fn acquire<S: Steps, W: Copy>(
     steps: &mut S,
     spec: &'static HandlerSpec,
     claim: ClaimSpec,
     layout: Layout,
     key: &MessageKey,
-) -> QueryResult<Acquired> {
+    report: Option<W>,
+) -> QueryResult<Acquired<W>> {
     /// Rounds of insert, read and takeover. Each round that does not decide saw the row
     /// change under it (taken over, or removed); a third in a row means deliveries of the
     /// same message keep racing, and the one reporting `Live` lets the broker retry later.
@@ -659,11 +664,11 @@ async fn acquire<S: Steps>(
             // Removed between the insert and the read: insert again.
             None => continue,
         };
-        let expired = match (state, claim.on_expired) {
+        let expired = match (state, report) {
             (ClaimState::Completed, _) => return Ok(Acquired::Completed),
             (ClaimState::Live, _) => return Ok(Acquired::Live),
-            (ClaimState::Expired, OnExpired::Report) => return Ok(Acquired::Stale(seen)),
-            (ClaimState::Expired, OnExpired::TakeOver) => true,
+            (ClaimState::Expired, Some(witness)) => return Ok(Acquired::Stale(seen, witness)),
+            (ClaimState::Expired, None) => true,
             (ClaimState::Released, _) => false,
         };
         let take_over = ClaimStep::TakeOver {
@@ -766,13 +771,14 @@ fn give_up<T, E>(
     }
 }
 
-async fn attempt<S, K, T, E, B>(
+async fn attempt<S, K, T, E, B, W: Copy>(
     steps: &mut S,
     spec: &'static HandlerSpec,
     layout: Layout,
     claims: &K,
     body: &mut B,
-) -> Result<Step<T>, Failure<T, E>>
+    in_flight: Option<W>,
+) -> Result<Step<T, W>, Failure<T, E>>
 where
     S: Steps,
     K: Claims,
@@ -795,17 +801,17 @@ where
             roll_back(steps).await;
             return Ok(Step::Duplicate);
         }
-        // Another delivery's uncommitted marker: answered at once instead of waited for.
-        Err(e)
-            if spec.in_flight_when_locked
-                && classify(&e, &spec.schema)
-                    == ErrorClass::Transient(inbox_core::TransientKind::LockWaitTimeout) =>
-        {
-            roll_back(steps).await;
-            return Ok(Step::InFlight);
-        }
         Err(e) => {
             roll_back(steps).await;
+            // Another delivery's uncommitted marker: answered at once instead of waited for,
+            // when the outcome type can say so.
+            if let Some(witness) = in_flight
+                && spec.in_flight_when_locked
+                && classify(&e, &spec.schema)
+                    == ErrorClass::Transient(inbox_core::TransientKind::LockWaitTimeout)
+            {
+                return Ok(Step::InFlight(witness));
+            }
             return Err(Failure::Database(e));
         }
     }
@@ -898,7 +904,7 @@ mod tests {
     use std::collections::VecDeque;
 
     use diesel::result::DatabaseErrorKind;
-    use inbox_core::{Consumer, InboxSchema, RetryPolicy};
+    use inbox_core::{Consumer, InFlightOutcome, InboxSchema, RetryPolicy, StaleClaimOutcome};
 
     use super::*;
     use crate::Isolation;
@@ -916,10 +922,7 @@ mod tests {
         in_flight_when_locked: false,
     };
 
-    const CLAIM: ClaimSpec = ClaimSpec {
-        lease_ms: 1_000,
-        on_expired: OnExpired::TakeOver,
-    };
+    const CLAIM: ClaimSpec = ClaimSpec { lease_ms: 1_000 };
 
     /// What the steps did (the body writes there too, as its "connection"), and what the
     /// marker's claims answer, in turn.
@@ -1035,6 +1038,7 @@ mod tests {
             &key,
             Immediate(body),
             |_| None,
+            None::<std::convert::Infallible>,
             std::convert::identity,
         ));
         assert!(matches!(decided, Ok(Decided::Processed(()))));
@@ -1075,7 +1079,7 @@ mod tests {
             std::convert::identity,
         ));
         assert!(
-            matches!(outcome, Ok(Outcome::InFlight { .. })),
+            matches!(outcome, Ok(InFlightOutcome::InFlight { .. })),
             "{outcome:?}"
         );
         assert_eq!(
@@ -1103,7 +1107,10 @@ mod tests {
             Immediate(body),
             std::convert::identity,
         ));
-        assert!(matches!(outcome, Ok(Outcome::Processed(()))), "{outcome:?}");
+        assert!(
+            matches!(outcome, Ok(InFlightOutcome::Processed(()))),
+            "{outcome:?}"
+        );
         assert_eq!(
             script.did,
             ["insert", "read", "take over 1", "body", "stamp 2"]
@@ -1116,7 +1123,7 @@ mod tests {
             claim_steps: VecDeque::from([ClaimAnswer::Rows(1), ClaimAnswer::Rows(0)]),
             ..Script::default()
         };
-        let outcome = complete_now(drive_claim(
+        let outcome: Result<InFlightOutcome<()>, _> = complete_now(drive_claim(
             &mut script,
             &SPEC,
             CLAIM,
@@ -1129,5 +1136,60 @@ mod tests {
             "{outcome:?}"
         );
         assert_eq!(script.did, ["insert", "body", "stamp 1"]);
+    }
+
+    /// An expired claim, read after the insert found the row.
+    fn expired_claim() -> Script {
+        Script {
+            claim_steps: VecDeque::from([
+                ClaimAnswer::Rows(0),
+                ClaimAnswer::Read(Some((ClaimState::Expired, 1))),
+                ClaimAnswer::Rows(1),
+                ClaimAnswer::Rows(1),
+            ]),
+            ..Script::default()
+        }
+    }
+
+    #[test]
+    fn an_expired_claim_is_reported_when_the_outcome_type_holds_stale_claims() {
+        let mut script = expired_claim();
+        let outcome = complete_now(drive_claim(
+            &mut script,
+            &SPEC,
+            CLAIM,
+            MessageKey::integer(1),
+            Immediate(body),
+            std::convert::identity,
+        ));
+        assert!(
+            matches!(
+                outcome,
+                Ok(StaleClaimOutcome::StaleClaim { attempts: 1, .. })
+            ),
+            "{outcome:?}"
+        );
+        assert_eq!(script.did, ["insert", "read"]);
+    }
+
+    #[test]
+    fn an_expired_claim_is_taken_over_when_the_outcome_type_has_no_stale_claims() {
+        let mut script = expired_claim();
+        let outcome = complete_now(drive_claim(
+            &mut script,
+            &SPEC,
+            CLAIM,
+            MessageKey::integer(1),
+            Immediate(body),
+            std::convert::identity,
+        ));
+        assert!(
+            matches!(outcome, Ok(InFlightOutcome::Processed(()))),
+            "{outcome:?}"
+        );
+        assert_eq!(
+            script.did,
+            ["insert", "read", "take over 1", "body", "stamp 2"]
+        );
     }
 }

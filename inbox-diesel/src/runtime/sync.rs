@@ -1,9 +1,10 @@
 //! The sync runtime: the expansion of `#[idempotent]` on a `fn`.
 
+use std::convert::Infallible;
 use std::time::Duration;
 
 use diesel::QueryResult;
-use inbox_core::{BatchOutcome, ErrorClass, KeyError, MessageKey, Outcome};
+use inbox_core::{BatchOutcome, ErrorClass, HandlerOutcome, KeyError, MessageKey};
 use tracing::Instrument;
 
 use crate::dialect::claim::{ClaimAnswer, ClaimStep};
@@ -16,18 +17,19 @@ use crate::{Error, InboxConnection, NoConnection};
 
 /// Runs `body` once per message key and consumer, on a sync connection; see
 /// `driver::drive` for the steps.
-pub fn run<C, T, E, B, P>(
+pub fn run<C, T, E, B, P, A>(
     conn: &mut C,
     spec: &'static HandlerSpec,
     key: Result<MessageKey, KeyError>,
     body: B,
     probe: P,
     inbox_error: fn(Error) -> E,
-) -> Result<Outcome<T>, E>
+) -> Result<A, E>
 where
     C: InboxConnection,
     B: FnMut(&mut C) -> Result<T, E>,
     P: Fn(&Result<T, E>) -> Option<ErrorClass>,
+    A: HandlerOutcome<T>,
 {
     let key = key.map_err(|e| inbox_error(Error::InvalidKey(e)))?;
     // The stored id, not the key: a key can be business data (an e-mail address) or carry
@@ -44,6 +46,7 @@ where
             &key,
             Immediate(body),
             probe,
+            A::IN_FLIGHT,
             inbox_error,
         )
         .instrument(span),
@@ -84,6 +87,7 @@ where
             &claims,
             Immediate(body),
             probe,
+            None::<Infallible>,
             inbox_error,
         )
         .instrument(span),
@@ -92,17 +96,18 @@ where
 }
 
 /// Runs `body` in claim mode, on a sync connection; see `driver::drive_claim` for the steps.
-pub fn run_claim<C, T, E, B>(
+pub fn run_claim<C, T, E, B, A>(
     conn: &mut C,
     spec: &'static HandlerSpec,
     claim: ClaimSpec,
     key: Result<MessageKey, KeyError>,
     body: B,
     inbox_error: fn(Error) -> E,
-) -> Result<Outcome<T>, E>
+) -> Result<A, E>
 where
     C: InboxConnection,
     B: FnMut(&mut NoConnection) -> Result<T, E>,
+    A: HandlerOutcome<T, InFlight = ()>,
 {
     let key = key.map_err(|e| inbox_error(Error::InvalidKey(e)))?;
     let span = tracing::info_span!("inbox", consumer = spec.consumer.as_str(), mode = "claim");

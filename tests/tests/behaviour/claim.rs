@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use diesel::prelude::*;
-use inbox_diesel::{Outcome, idempotent};
+use inbox_diesel::{InFlightOutcome, StaleClaimOutcome, idempotent};
 use inbox_tests::claim::Gate;
 use inbox_tests::{AppError, Credit};
 
@@ -78,17 +78,23 @@ fn row(conn: &mut DbConnection) -> (bool, bool, i32) {
         .unwrap()
 }
 
-/// A claim-mode handler of these tests: `send` and its variants.
-type Sender = fn(
+/// A claim-mode handler of these tests: `send` and its variants, which return
+/// `InFlightOutcome` (`StaleClaimOutcome` with `on_expired = "report"`).
+type Sender<O> = fn(
     &mut DbConnection,
     &Credit,
     &AtomicUsize,
     &dyn Fn() -> Result<(), AppError>,
-) -> Result<Outcome<()>, AppError>;
+) -> Result<O, AppError>;
 
 /// A crash after the claim committed and before the side effect: the body
 /// panics, and the handler never gets to stamp or release.
-fn crash_after_claim(conn: &mut DbConnection, msg: &Credit, sent: &AtomicUsize, handler: Sender) {
+fn crash_after_claim<O>(
+    conn: &mut DbConnection,
+    msg: &Credit,
+    sent: &AtomicUsize,
+    handler: Sender<O>,
+) {
     let crashed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         handler(conn, msg, sent, &|| panic!("the process dies here"))
     }));
@@ -107,7 +113,7 @@ fn claim_race_runs_the_side_effect_once() {
     let sent = AtomicUsize::new(0);
     // Results, not unwraps: an instance that panicked would leave the others
     // waiting at the barrier.
-    let outcomes: Vec<Vec<Result<Outcome<()>, AppError>>> = std::thread::scope(|scope| {
+    let outcomes: Vec<Vec<Result<InFlightOutcome<()>, AppError>>> = std::thread::scope(|scope| {
         let instances: Vec<_> = (0..INSTANCES)
             .map(|_| {
                 let mut conn = db.connect();
@@ -129,7 +135,7 @@ fn claim_race_runs_the_side_effect_once() {
             .collect();
         instances.into_iter().map(|i| i.join().unwrap()).collect()
     });
-    let all: Vec<&Outcome<()>> = outcomes
+    let all: Vec<&InFlightOutcome<()>> = outcomes
         .iter()
         .flatten()
         .map(|r| r.as_ref().expect("no delivery fails"))
@@ -161,7 +167,7 @@ fn completed_claim_makes_the_redelivery_a_duplicate() {
     let (msg, sent) = (Credit::new(1), AtomicUsize::new(0));
     assert_eq!(
         send(&mut conn, &msg, &sent, &ok).unwrap(),
-        Outcome::Processed(())
+        InFlightOutcome::Processed(())
     );
     assert!(send(&mut conn, &msg, &sent, &ok).unwrap().is_duplicate());
     assert_eq!(sent.load(Ordering::SeqCst), 1);
@@ -180,7 +186,7 @@ fn side_effect_error_releases_the_claim_and_the_retry_succeeds() {
     assert_eq!(row(&mut conn), (false, false, 1), "released, not completed");
     assert_eq!(
         send(&mut conn, &msg, &sent, &ok).unwrap(),
-        Outcome::Processed(())
+        InFlightOutcome::Processed(())
     );
     assert_eq!(sent.load(Ordering::SeqCst), 1);
     assert_eq!(row(&mut conn), (true, false, 2));
@@ -204,7 +210,7 @@ fn crash_after_claim_is_in_flight_until_the_lease_ends_then_reclaimed() {
     assert!(!redelivered.should_ack());
     std::thread::sleep(PAST_THE_LEASE);
     let reclaimed = send_short_lease(&mut conn, &msg, &sent, &ok).unwrap();
-    assert_eq!(reclaimed, Outcome::Processed(()));
+    assert_eq!(reclaimed, InFlightOutcome::Processed(()));
     assert_eq!(sent.load(Ordering::SeqCst), 1);
     assert_eq!(row(&mut conn), (true, false, 2));
 }
@@ -225,7 +231,7 @@ fn expired_claim_is_reported_not_rerun_under_the_report_policy() {
     std::thread::sleep(PAST_THE_LEASE);
     let reported = send_or_report(&mut conn, &msg, &sent, &ok).unwrap();
     assert!(
-        matches!(&reported, Outcome::StaleClaim { attempts: 1, consumer, .. } if consumer.as_str() == "email"),
+        matches!(&reported, StaleClaimOutcome::StaleClaim { attempts: 1, consumer, .. } if consumer.as_str() == "email"),
         "{reported:?}"
     );
     assert!(!reported.should_ack());
@@ -275,7 +281,7 @@ fn stolen_claim_is_never_stamped_by_the_instance_that_lost_it() {
         );
         assert_eq!(row(&mut conn), (false, true, 2), "A stamped nothing");
         b_gate.open();
-        assert_eq!(b.join().unwrap().unwrap(), Outcome::Processed(()));
+        assert_eq!(b.join().unwrap().unwrap(), InFlightOutcome::Processed(()));
         assert_eq!(row(&mut conn), (true, false, 2));
     });
     // Both side effects ran: the unknown window the key passed downstream closes.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use diesel::{ExpressionMethods, QueryDsl};
 use diesel_async::RunQueryDsl;
-use inbox_diesel::{Outcome, idempotent};
+use inbox_diesel::{InFlightOutcome, idempotent};
 use inbox_tests::claim::ClaimHook;
 use inbox_tests::{AppError, Credit};
 use tokio::sync::Notify;
@@ -78,9 +78,8 @@ async fn async_claim_race_runs_the_side_effect_once() {
     for task in tasks {
         for outcome in task.await.unwrap() {
             match outcome.expect("no delivery fails") {
-                Outcome::Processed(()) => processed += 1,
-                Outcome::InFlight { .. } | Outcome::Duplicate { .. } => {}
-                other => panic!("unexpected {other:?}"),
+                InFlightOutcome::Processed(()) => processed += 1,
+                InFlightOutcome::InFlight { .. } | InFlightOutcome::Duplicate { .. } => {}
             }
         }
     }
@@ -115,7 +114,7 @@ async fn async_side_effect_error_releases_the_claim_and_the_retry_succeeds() {
     let hook = ClaimHook::default();
     assert_eq!(
         send(&mut conn, &msg, &hook).await.unwrap(),
-        Outcome::Processed(())
+        InFlightOutcome::Processed(())
     );
     assert_eq!(AtomicUsize::load(&hook.sent, Ordering::SeqCst), 1);
     assert_eq!(row(&mut conn).await, (true, false, 2));
@@ -145,7 +144,7 @@ async fn async_dropped_after_claim_is_in_flight_until_the_lease_ends_then_reclai
     tokio::time::sleep(PAST_THE_LEASE).await;
     assert_eq!(
         send(&mut conn, &msg, &hook).await.unwrap(),
-        Outcome::Processed(())
+        InFlightOutcome::Processed(())
     );
     assert_eq!(AtomicUsize::load(&sent, Ordering::SeqCst), 1);
     assert_eq!(row(&mut conn).await, (true, false, 2));
@@ -181,7 +180,7 @@ async fn async_stolen_claim_is_never_stamped_by_the_instance_that_lost_it() {
     );
     assert_eq!(row(&mut conn).await, (false, true, 2), "A stamped nothing");
     b_go.notify_one();
-    assert_eq!(b.await.unwrap().unwrap(), Outcome::Processed(()));
+    assert_eq!(b.await.unwrap().unwrap(), InFlightOutcome::Processed(()));
     assert_eq!(row(&mut conn).await, (true, false, 2));
     assert_eq!(AtomicUsize::load(&sent, Ordering::SeqCst), 2);
 }

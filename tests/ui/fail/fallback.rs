@@ -3,7 +3,7 @@
 // one — no "expected `Outcome`, found `()`" after it, no unused parameters.
 
 use diesel::prelude::*;
-use inbox_diesel::{BatchOutcome, Outcome, idempotent};
+use inbox_diesel::{BatchOutcome, Outcome, StaleClaimOutcome, idempotent};
 
 pub struct Msg {
     pub id: u64,
@@ -24,6 +24,11 @@ fn batch_with_a_bad_consumer(conn: &mut SqliteConnection, msgs: &[Msg]) -> Query
     Ok(())
 }
 
+#[idempotent(consumer = "mail", key = msg.id, mode = "claim", on_expired = "report", lease_ms = 0)]
+fn claim_with_a_zero_lease(conn: &mut SqliteConnection, msg: &Msg) -> QueryResult<()> {
+    Ok(())
+}
+
 #[idempotent(consumer = "credit", key = msg.id, isolation = "snapshot")]
 async fn async_with_a_bad_isolation(
     conn: &mut diesel_async::sync_connection_wrapper::SyncConnectionWrapper<SqliteConnection>,
@@ -36,10 +41,13 @@ fn pump(conn: &mut SqliteConnection, msg: &Msg) -> QueryResult<()> {
     match missing_key(conn, msg)? {
         Outcome::Processed(()) => {}
         Outcome::Duplicate { .. } => {}
-        _ => {}
     }
     if let Outcome::Processed(n) = unknown_option(conn, msg)? {
         let _: u32 = n;
+    }
+    match claim_with_a_zero_lease(conn, msg)? {
+        StaleClaimOutcome::Processed(()) | StaleClaimOutcome::Duplicate { .. } => {}
+        StaleClaimOutcome::InFlight { .. } | StaleClaimOutcome::StaleClaim { .. } => {}
     }
     let outcome: BatchOutcome<()> = batch_with_a_bad_consumer(conn, &[])?;
     let _ = outcome.processed;

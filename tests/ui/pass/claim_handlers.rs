@@ -4,7 +4,7 @@
 
 use diesel::prelude::*;
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
-use inbox_diesel::{OnExpired, Outcome, Uuid, idempotent};
+use inbox_diesel::{InFlightOutcome, StaleClaimOutcome, Uuid, idempotent};
 
 pub struct Signup {
     pub id: Uuid,
@@ -85,12 +85,28 @@ async fn send_welcome_async(
     Ok(())
 }
 
-fn settle(outcome: Outcome<()>) -> bool {
-    outcome.should_ack()
+// Each claim-mode handler's outcome type holds what it can answer: a pump's match is
+// exhaustive without dead arms.
+fn settle(outcome: InFlightOutcome<()>) -> bool {
+    match outcome {
+        InFlightOutcome::Processed(()) | InFlightOutcome::Duplicate { .. } => true,
+        InFlightOutcome::InFlight { .. } => false,
+    }
+}
+
+fn settle_report(outcome: StaleClaimOutcome<String>) -> bool {
+    match outcome {
+        StaleClaimOutcome::Processed(_) | StaleClaimOutcome::Duplicate { .. } => true,
+        StaleClaimOutcome::InFlight { .. } | StaleClaimOutcome::StaleClaim { .. } => false,
+    }
 }
 
 fn main() {
-    let _ = OnExpired::default();
+    let _: fn(&mut SqliteConnection, &Mailer, &Signup) -> Result<StaleClaimOutcome<String>, AppError> =
+        send_welcome_or_report;
+    let _ = settle_report;
+    // A pump serving several modes widens with `From`.
+    let _: StaleClaimOutcome<()> = InFlightOutcome::Processed(()).into();
     let _spawned = async {
         tokio::spawn(async move {
             let mut conn = SyncConnectionWrapper::new(SqliteConnection::establish(":memory:").unwrap());
