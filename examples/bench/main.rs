@@ -1,0 +1,454 @@
+//! Throughput of an `#[idempotent]` handler against its baselines and peers, measured in one
+//! run and reported as ratios (absolute figures on a shared machine are noise).
+//!
+//! ```text
+//! cargo run --release --example bench --features inbox-examples/postgres,inbox-examples/mysql \
+//!     -- [--seconds 2] [sqlite] [postgres] [mysql]
+//! ```
+//!
+//! `--schema lean` runs the inbox without its surrogate key on SQLite and PostgreSQL (the
+//! variants that need the shipped `table!` and purge are left out), to compare the two.
+//!
+//! `--instructions <plain|idempotent|hand-written> <n>` runs `n` messages of one variant on
+//! SQLite, one at a time, and nothing else: for `valgrind --tool=callgrind`, whose
+//! instruction count a shared machine's load does not move (BENCHMARKS.md).
+//!
+//! PostgreSQL and MariaDB are found at `INBOX_BENCH_PG` / `INBOX_BENCH_MYSQL` (default: the
+//! local servers); each run creates and drops a database of its own. SQLite runs on a
+//! temporary file in WAL mode.
+//!
+//! Every variant does the same business write — one `UPDATE` of the worker's own account
+//! row, so that workers do not queue on one row — once per message, one message per
+//! transaction:
+//!
+//! - `plain`: the write in a diesel transaction, no inbox: the baseline;
+//! - `#[idempotent]`: the library;
+//! - `hand-written`: what the library does, written with diesel's query builder (claim-first
+//!   insert, then the write) — the difference is the library's own overhead;
+//! - `duplicate`: `#[idempotent]` on keys already processed;
+//! - `naive`: check for the marker, write, insert the marker, treat a unique violation as a
+//!   duplicate — the handler people write first;
+//! - `two transactions`: MassTransit's protocol — commit the marker in a transaction of its
+//!   own, then lock it and run the write in a second one, and stamp it;
+//!
+//! then the batch form (`batch = …`, one transaction per batch of 10, 100 or 1000 messages)
+//! against `#[idempotent]` one message at a time, the existence check before the transaction
+//! (`precheck`) at 0 to 100 % redeliveries, and purge on a million completed rows; on
+//! PostgreSQL and MariaDB also `plain`, `#[idempotent]` and `duplicate` on diesel-async.
+
+// `measure.rs` times the workers and reports ratios; `variants.rs` holds the handlers
+// compared, one module per backend; `designs.rs` the table-design section; this file sets
+// the databases up and runs the sections.
+mod designs;
+mod measure;
+mod variants;
+
+use std::sync::Barrier;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
+use inbox_diesel::purge::{Purge, purge};
+use inbox_diesel::{InboxSchema, Uuid, idempotent};
+
+use designs::*;
+use measure::*;
+use variants::*;
+
+diesel::table! {
+    accounts (id) {
+        id -> Integer,
+        balance -> BigInt,
+    }
+}
+
+/// The inbox keyed by `(message_id, consumer)` itself: no surrogate `id`, so one index
+/// fewer to write (PostgreSQL: the primary key is the unique index the classifier names;
+/// SQLite: a `WITHOUT ROWID` table stored in that key's B-tree; MySQL, for the table-design
+/// section only: InnoDB clusters the rows on that key).
+fn lean_schema(backend: &str) -> String {
+    let columns = match backend {
+        "postgres" => {
+            "message_id UUID NOT NULL, consumer TEXT COLLATE \"C\" NOT NULL, \
+             received_at TIMESTAMPTZ NOT NULL DEFAULT now(), processed_at TIMESTAMPTZ, \
+             claimed_until TIMESTAMPTZ, attempts INTEGER NOT NULL DEFAULT 1, \
+             CONSTRAINT ux_inbox_message_consumer PRIMARY KEY (message_id, consumer)"
+        }
+        "mysql" => {
+            "message_id BINARY(16) NOT NULL, \
+             consumer VARCHAR(200) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, \
+             received_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), \
+             processed_at DATETIME(6) NULL, claimed_until DATETIME(6) NULL, \
+             attempts INT NOT NULL DEFAULT 1, PRIMARY KEY (message_id, consumer)"
+        }
+        _ => {
+            "message_id BLOB NOT NULL, consumer TEXT NOT NULL, \
+             received_at TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP, processed_at TIMESTAMP, \
+             claimed_until TIMESTAMP, attempts INTEGER NOT NULL DEFAULT 1, \
+             PRIMARY KEY (message_id, consumer)"
+        }
+    };
+    let without_rowid = if backend == "sqlite" {
+        " WITHOUT ROWID"
+    } else {
+        ""
+    };
+    format!(
+        "CREATE TABLE inbox ({columns}){without_rowid}; \
+         CREATE INDEX ix_inbox_processed_at ON inbox (processed_at);"
+    )
+}
+
+/// The accounts the workers write, one row each.
+fn accounts_sql() -> Vec<String> {
+    let mut statements =
+        vec!["CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance BIGINT NOT NULL)".to_owned()];
+    let rows: Vec<String> = (1..=16).map(|id| format!("({id}, 0)")).collect();
+    statements.push(format!(
+        "INSERT INTO accounts (id, balance) VALUES {}",
+        rows.join(", ")
+    ));
+    statements
+}
+
+/// A SQLite database file in `dir` with the inbox and the accounts; how to connect to it.
+fn sqlite_database(dir: &std::path::Path) -> impl Fn() -> diesel::SqliteConnection + Sync {
+    let url = dir.join("bench.sqlite").display().to_string();
+    let connect = move || {
+        let mut conn = diesel::SqliteConnection::establish(&url).unwrap();
+        conn.batch_execute(
+            "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA busy_timeout = 10000;",
+        )
+        .unwrap();
+        conn
+    };
+    let mut conn = connect();
+    let inbox = match LEAN.load(Ordering::Relaxed) {
+        true => lean_schema("sqlite"),
+        false => inbox_diesel::schema::sqlite::create_table_sql(&InboxSchema::DEFAULT),
+    };
+    conn.batch_execute(&inbox).unwrap();
+    for statement in accounts_sql() {
+        conn.batch_execute(&statement).unwrap();
+    }
+    connect
+}
+
+/// `--instructions <variant> <n>`: `n` messages of `variant` on SQLite, one at a time on one
+/// connection, and nothing else — run under `valgrind --tool=callgrind`, whose instruction
+/// count does not depend on what else the machine is doing.
+fn instructions(variant: &str, n: u64) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let connect = sqlite_database(dir.path());
+    sqlite::sequential(&mut connect(), variant, n);
+}
+
+fn bench_sqlite(seconds: f64) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let connect = sqlite_database(dir.path());
+    let mut conn = connect();
+    let version: String = diesel::select(diesel::dsl::sql::<diesel::sql_types::Text>(
+        "sqlite_version()",
+    ))
+    .get_result(&mut conn)
+    .unwrap();
+    let label = format!("SQLite {version} (WAL, synchronous = NORMAL)");
+    sqlite::run(&label, seconds, &connect, &|conn, rows| {
+        conn.batch_execute(&format!(
+                "INSERT INTO inbox (message_id, consumer, received_at, processed_at) \
+                 WITH RECURSIVE seq(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM seq WHERE i < {rows}) \
+                 SELECT randomblob(16), 'archive', datetime('now', '-10 days'), \
+                 datetime('now', '-10 days') FROM seq"
+            ))
+            .unwrap();
+    });
+    if LEAN.load(Ordering::Relaxed) {
+        return;
+    }
+    let list = designs_of(
+        inbox_diesel::schema::Backend::Sqlite,
+        "no surrogate key (`WITHOUT ROWID`)",
+        ("message_id    BLOB", "message_id    TEXT"),
+        |_| Vec::new(),
+    );
+    println!("\n### {label}: table designs");
+    designs(
+        seconds,
+        &connect,
+        &list,
+        marker_protocol!(
+            diesel::SqliteConnection,
+            immediate_transaction,
+            "INSERT INTO {t} (message_id, consumer, processed_at) \
+             VALUES (?, ?, CURRENT_TIMESTAMP) ON CONFLICT DO NOTHING",
+            "UPDATE accounts SET balance = balance + 1 WHERE id = ?",
+            diesel::sql_types::Binary,
+            sqlite_id
+        ),
+        None,
+    );
+}
+
+/// A database of its own on a server, dropped afterwards.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn server_database<C: Connection>(admin: &str, schema: &[String]) -> (String, impl Drop) {
+    struct Dropper<C: Connection>(String, String, std::marker::PhantomData<C>);
+    impl<C: Connection> Drop for Dropper<C> {
+        fn drop(&mut self) {
+            if let Ok(mut admin) = C::establish(&self.0) {
+                let _ = admin.batch_execute(&format!("DROP DATABASE IF EXISTS {}", self.1));
+            }
+        }
+    }
+    let name = format!("inbox_bench_{}", std::process::id());
+    let mut conn = C::establish(admin).unwrap_or_else(|e| panic!("cannot reach {admin}: {e}"));
+    conn.batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
+        .unwrap();
+    conn.batch_execute(&format!("CREATE DATABASE {name}"))
+        .unwrap();
+    let base = admin.rsplit_once('/').expect("a URL with a database").0;
+    let url = format!("{base}/{name}");
+    let mut conn = C::establish(&url).unwrap();
+    for statement in schema {
+        conn.batch_execute(statement).unwrap();
+    }
+    (
+        url,
+        Dropper::<C>(admin.to_owned(), name, std::marker::PhantomData),
+    )
+}
+
+#[cfg(feature = "postgres")]
+fn bench_postgres(seconds: f64) {
+    let admin = std::env::var("INBOX_BENCH_PG")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let mut schema = vec![match LEAN.load(Ordering::Relaxed) {
+        true => lean_schema("postgres"),
+        false => inbox_diesel::schema::postgres::create_table_sql(&InboxSchema::DEFAULT),
+    }];
+    schema.extend(accounts_sql());
+    let (url, _drop) = server_database::<diesel::PgConnection>(&admin, &schema);
+    let connect = || diesel::PgConnection::establish(&url).unwrap();
+    let version: String = diesel::select(diesel::dsl::sql::<diesel::sql_types::Text>(
+        "current_setting('server_version')",
+    ))
+    .get_result(&mut connect())
+    .unwrap();
+    if !LEAN.load(Ordering::Relaxed) {
+        async_postgres::run(&format!("PostgreSQL {version}"), &url, seconds);
+    }
+    postgres::run(
+        &format!("PostgreSQL {version}"),
+        seconds,
+        &connect,
+        &|conn, rows| {
+            conn.batch_execute(&format!(
+                "INSERT INTO inbox (message_id, consumer, received_at, processed_at) \
+             SELECT gen_random_uuid(), 'archive', now() - interval '10 days', \
+             now() - interval '10 days' FROM generate_series(1, {rows}); ANALYZE inbox"
+            ))
+            .unwrap();
+        },
+    );
+    if LEAN.load(Ordering::Relaxed) {
+        return;
+    }
+    let list = designs_of(
+        inbox_diesel::schema::Backend::Postgres,
+        "no surrogate key (primary key on the pair)",
+        ("message_id    UUID", "message_id    TEXT"),
+        |shipped| {
+            let fill = |name, factor: &str| {
+                let with = |sql: &str| sql.replace("FF", factor);
+                edited(
+                    shipped,
+                    name,
+                    &[
+                        (
+                            "PRIMARY KEY,",
+                            with("PRIMARY KEY WITH (fillfactor = FF),").as_str(),
+                        ),
+                        (
+                            "consumer);",
+                            with("consumer) WITH (fillfactor = FF);").as_str(),
+                        ),
+                        (
+                            "(processed_at);",
+                            with("(processed_at) WITH (fillfactor = FF);").as_str(),
+                        ),
+                    ],
+                )
+            };
+            vec![
+                edited(
+                    shipped,
+                    "consumer in a linguistic collation (ICU)",
+                    &[("COLLATE \"C\"", "COLLATE \"und-x-icu\"")],
+                ),
+                fill("indexes at fillfactor 100", "100"),
+                fill("indexes at fillfactor 70", "70"),
+            ]
+        },
+    );
+    println!("\n### PostgreSQL {version}: table designs");
+    designs(
+        seconds,
+        &connect,
+        &list,
+        marker_protocol!(
+            diesel::PgConnection,
+            transaction,
+            "INSERT INTO {t} (message_id, consumer, processed_at) \
+             VALUES ($1, $2, now()) ON CONFLICT DO NOTHING",
+            "UPDATE accounts SET balance = balance + 1 WHERE id = $1",
+            diesel::sql_types::Uuid,
+            std::convert::identity
+        ),
+        Some(&|conn, table| {
+            diesel::sql_query(format!(
+                "SELECT (pg_total_relation_size('{table}') / \
+                 (SELECT count(*) FROM {table}))::BIGINT AS n"
+            ))
+            .get_result::<Bytes>(conn)
+            .unwrap()
+            .n
+        }),
+    );
+}
+
+#[cfg(feature = "mysql")]
+fn bench_mysql(seconds: f64) {
+    let admin = std::env::var("INBOX_BENCH_MYSQL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
+    let mut schema = vec![inbox_diesel::schema::mysql::create_table_sql(
+        &InboxSchema::DEFAULT,
+    )];
+    schema.extend(accounts_sql());
+    let (url, _drop) = server_database::<diesel::MysqlConnection>(&admin, &schema);
+    let connect = || diesel::MysqlConnection::establish(&url).unwrap();
+    let version: String = diesel::select(diesel::dsl::sql::<diesel::sql_types::Text>("VERSION()"))
+        .get_result(&mut connect())
+        .unwrap();
+    async_mysql::run(&format!("MariaDB/MySQL {version}"), &url, seconds);
+    mysql::run(
+        &format!("MariaDB/MySQL {version}"),
+        seconds,
+        &connect,
+        &|conn, rows| {
+            // 1000 × 1000 rows from a 1000-row digits table: no sequence engine needed.
+            conn.batch_execute("CREATE TEMPORARY TABLE k (i INT NOT NULL)")
+                .unwrap();
+            conn.batch_execute(
+                "INSERT INTO k WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s \
+             WHERE i < 1000) SELECT i FROM s",
+            )
+            .unwrap();
+            assert_eq!(rows, 1_000_000, "the MySQL archive is 1000 × 1000 rows");
+            conn.batch_execute(
+                "INSERT INTO inbox (message_id, consumer, received_at, processed_at) \
+             SELECT UNHEX(MD5(CONCAT(a.i, '-', b.i))), 'archive', \
+             NOW(6) - INTERVAL 10 DAY, NOW(6) - INTERVAL 10 DAY FROM k a CROSS JOIN k b",
+            )
+            .unwrap();
+        },
+    );
+    let list = designs_of(
+        inbox_diesel::schema::Backend::Mysql,
+        "no surrogate key (clustered on the pair)",
+        (
+            "BINARY(16)",
+            "CHAR(36) CHARACTER SET ascii COLLATE ascii_bin",
+        ),
+        |shipped| {
+            vec![edited(
+                shipped,
+                "consumer in a linguistic collation",
+                &[("utf8mb4_bin", "utf8mb4_unicode_ci")],
+            )]
+        },
+    );
+    println!("\n### MariaDB/MySQL {version}: table designs");
+    designs(
+        seconds,
+        &connect,
+        &list,
+        marker_protocol!(
+            diesel::MysqlConnection,
+            transaction,
+            "INSERT INTO {t} (message_id, consumer, processed_at) VALUES (?, ?, NOW(6))",
+            "UPDATE accounts SET balance = balance + 1 WHERE id = ?",
+            diesel::sql_types::Binary,
+            sqlite_id
+        ),
+        Some(&|conn, table| {
+            conn.batch_execute(&format!("ANALYZE TABLE {table}"))
+                .unwrap();
+            diesel::sql_query(format!(
+                "SELECT CAST((data_length + index_length) / (SELECT count(*) FROM {table}) \
+                 AS SIGNED) AS n FROM information_schema.tables \
+                 WHERE table_schema = DATABASE() AND table_name = '{table}'"
+            ))
+            .get_result::<Bytes>(conn)
+            .unwrap()
+            .n
+        }),
+    );
+}
+
+fn main() {
+    let mut seconds = 2.0;
+    let mut backends = Vec::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--seconds" => {
+                seconds = args
+                    .next()
+                    .and_then(|s| s.parse().ok())
+                    .expect("--seconds takes a number")
+            }
+            "--instructions" => {
+                let variant = args.next().expect("--instructions takes a variant");
+                let n = args.next().and_then(|n| n.parse().ok());
+                instructions(
+                    &variant,
+                    n.expect("--instructions takes a number of messages"),
+                );
+                return;
+            }
+            "--schema" => match args.next().as_deref() {
+                Some("lean") => LEAN.store(true, Ordering::Relaxed),
+                Some("shipped") => {}
+                other => panic!("--schema is `shipped` or `lean`, not {other:?}"),
+            },
+            backend => backends.push(backend.to_owned()),
+        }
+    }
+    if backends.is_empty() {
+        backends = vec!["sqlite".into(), "postgres".into(), "mysql".into()];
+    }
+    println!(
+        "# inbox benchmark: {seconds} s per cell; ratio to `plain` at the same concurrency \
+         (messages/s in parentheses); {} CPUs; {} schema",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        if LEAN.load(Ordering::Relaxed) {
+            "lean"
+        } else {
+            "shipped"
+        }
+    );
+    for backend in backends {
+        match backend.as_str() {
+            "sqlite" => bench_sqlite(seconds),
+            #[cfg(feature = "postgres")]
+            "postgres" => bench_postgres(seconds),
+            #[cfg(feature = "mysql")]
+            "mysql" => bench_mysql(seconds),
+            other => eprintln!(
+                "skipping `{other}`: not a backend, or built without its feature \
+                 (--features inbox-examples/{other})"
+            ),
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! The measurement: workers on their own connections run a variant for a fixed time after a
+//! common start, and the report gives each variant's rate as a ratio to `plain` measured in
+//! the same run.
+
+use super::*;
+
+pub(crate) const CONSUMER: &str = "bench";
+pub(crate) const CONCURRENCY: [usize; 3] = [1, 4, 16];
+pub(crate) const VARIANTS: [&str; 6] = [
+    "plain",
+    "#[idempotent]",
+    "hand-written",
+    "duplicate",
+    "naive",
+    "two transactions",
+];
+/// `--schema lean`: the inbox without its surrogate key (see `lean_schema`).
+pub(crate) static LEAN: AtomicBool = AtomicBool::new(false);
+
+/// The variants that run on the lean schema: the others use the shipped `table!`, which
+/// has the surrogate key.
+pub(crate) const LEAN_VARIANTS: [&str; 3] = ["plain", "#[idempotent]", "duplicate"];
+
+/// The variants of this run.
+pub(crate) fn variants() -> &'static [&'static str] {
+    match LEAN.load(Ordering::Relaxed) {
+        true => &LEAN_VARIANTS,
+        false => &VARIANTS,
+    }
+}
+
+/// Keys each worker processes before the duplicate variant runs over them again.
+pub(crate) const DUPLICATE_KEYS: u64 = 500;
+
+/// The key of message `n` of `worker` in run `run`: never seen before by the other variants.
+pub(crate) fn key(run: u64, worker: usize, n: u64) -> Uuid {
+    Uuid::from_u128((u128::from(run) << 96) | ((worker as u128) << 64) | u128::from(n))
+}
+
+/// A measured cell: messages per second.
+pub(crate) struct Cell {
+    pub(crate) variant: &'static str,
+    pub(crate) clients: usize,
+    pub(crate) per_second: f64,
+}
+
+/// `workers` threads, each with its own connection, run `message` (which returns how many
+/// messages it handled) for `seconds` after a common start; returns the messages per second.
+pub(crate) fn measure<C: Send>(
+    workers: usize,
+    seconds: f64,
+    connect: &(dyn Fn() -> C + Sync),
+    message: &(dyn Fn(&mut C, usize, u64) -> u64 + Sync),
+) -> f64 {
+    let start = Barrier::new(workers + 1);
+    let stop = AtomicBool::new(false);
+    let done = AtomicU64::new(0);
+    let elapsed = std::thread::scope(|scope| {
+        for worker in 0..workers {
+            let (start, stop, done) = (&start, &stop, &done);
+            scope.spawn(move || {
+                let mut conn = connect();
+                start.wait();
+                let (mut n, mut messages) = (0, 0);
+                while !stop.load(Ordering::Relaxed) {
+                    messages += message(&mut conn, worker, n);
+                    n += 1;
+                }
+                done.fetch_add(messages, Ordering::Relaxed);
+            });
+        }
+        start.wait();
+        let began = Instant::now();
+        std::thread::sleep(Duration::from_secs_f64(seconds));
+        stop.store(true, Ordering::Relaxed);
+        began.elapsed()
+    });
+    done.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64()
+}
+
+/// The messages per second of `variant` at `clients`, NaN when it was not measured.
+pub(crate) fn rate(cells: &[Cell], variant: &str, clients: usize) -> f64 {
+    cells
+        .iter()
+        .find(|c| c.variant == variant && c.clients == clients)
+        .map_or(f64::NAN, |c| c.per_second)
+}
+
+pub(crate) fn report(backend: &str, cells: &[Cell]) {
+    println!("\n### {backend}\n");
+    print!("| variant |");
+    for clients in CONCURRENCY {
+        print!(" {clients} client{} |", if clients == 1 { "" } else { "s" });
+    }
+    println!("\n|---|{}", "---:|".repeat(CONCURRENCY.len()));
+    for variant in variants() {
+        print!("| {variant} |");
+        for clients in CONCURRENCY {
+            let (value, plain) = (rate(cells, variant, clients), rate(cells, "plain", clients));
+            print!(" {:.2} ({:.0}/s) |", value / plain, value);
+        }
+        println!();
+    }
+    let ratio = |a: &str, b: &str| {
+        CONCURRENCY
+            .iter()
+            .map(|&clients| format!("{:.2}", rate(cells, a, clients) / rate(cells, b, clients)))
+            .collect::<Vec<_>>()
+            .join(" / ")
+    };
+    println!();
+    for (line, a, b) in [
+        (
+            "library overhead, #[idempotent] / hand-written",
+            "#[idempotent]",
+            "hand-written",
+        ),
+        (
+            "duplicate path / processing path",
+            "duplicate",
+            "#[idempotent]",
+        ),
+        (
+            "#[idempotent] / two transactions",
+            "#[idempotent]",
+            "two transactions",
+        ),
+    ] {
+        if variants().contains(&a) && variants().contains(&b) {
+            println!("{line} (1 / 4 / 16 clients): {}", ratio(a, b));
+        }
+    }
+}
