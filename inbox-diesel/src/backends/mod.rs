@@ -6,12 +6,6 @@
 //! [`Dialect`]: crate::dialect::Dialect
 
 use diesel::QueryResult;
-use diesel::connection::{AnsiTransactionManager, TransactionManager};
-use inbox_core::{InboxSchema, MessageKey};
-use uuid::Uuid;
-
-use crate::dialect::layout::Layout;
-use crate::spec::HandlerSpec;
 
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -20,9 +14,95 @@ mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
+/// The connection traits' methods, in a trait no other crate can name: only this crate's
+/// connections implement it (sealed), and its methods are not reachable from outside — a
+/// `PgConnection` gains none of them for a user who imports `InboxConnection`.
 pub(crate) mod sealed {
-    /// Only this crate's connections are inbox connections.
-    pub trait Sealed {}
+    #[cfg(feature = "async")]
+    pub use super::asynchronous::sealed::AsyncConnection;
+    use diesel::QueryResult;
+    use diesel::connection::{AnsiTransactionManager, TransactionManager};
+    use inbox_core::{InboxSchema, MessageKey};
+    use uuid::Uuid;
+
+    use super::refuse_open_transaction;
+    use crate::dialect::layout::Layout;
+    use crate::spec::HandlerSpec;
+
+    /// What the runtime asks of a sync connection.
+    pub trait Connection:
+        diesel::connection::LoadConnection<
+            TransactionManager = AnsiTransactionManager,
+            Backend: crate::dialect::Dialect,
+        >
+    {
+        /// Opens the handler's transaction; `mariadb`: the startup check found a MariaDB server.
+        fn begin_inbox_transaction(&mut self, spec: &HandlerSpec, mariadb: bool)
+        -> QueryResult<()>;
+
+        /// After the handler's transaction ended (committed or rolled back): puts back what
+        /// [`begin_inbox_transaction`](Self::begin_inbox_transaction) set for the session.
+        fn end_inbox_transaction(
+            &mut self,
+            _spec: &HandlerSpec,
+            _mariadb: bool,
+        ) -> QueryResult<()> {
+            Ok(())
+        }
+
+        /// `on_locked = "in_flight"`: lock waits as the session had them, after the marker's claim.
+        fn wait_for_locks(&mut self, _spec: &HandlerSpec, _claimed: bool) -> QueryResult<()> {
+            Ok(())
+        }
+
+        /// Inserts the marker unless it exists; `Ok(false)` when it already did. `text`: the
+        /// key's text, written to `key_text`.
+        fn claim_marker(
+            &mut self,
+            schema: &InboxSchema,
+            consumer: &str,
+            key: &MessageKey,
+            layout: Layout,
+        ) -> QueryResult<bool>;
+
+        /// Inserts the markers of `ids` (distinct) that do not exist yet; returns those it
+        /// inserted. `texts`: the keys' texts, in the order of `ids`, written to `key_text`.
+        fn claim_markers(
+            &mut self,
+            schema: &InboxSchema,
+            consumer: &str,
+            ids: &[Uuid],
+            texts: Option<&[String]>,
+            layout: Layout,
+        ) -> QueryResult<Vec<Uuid>>;
+
+        /// Claim mode: checks that no transaction is open — each claim statement must commit on
+        /// its own — and prepares the connection for them.
+        fn prepare_claim(&mut self, _spec: &HandlerSpec) -> QueryResult<()> {
+            refuse_open_transaction(AnsiTransactionManager::transaction_manager_status_mut(self))
+        }
+
+        /// Commits the handler's transaction, failing if the transaction had been aborted.
+        fn commit_inbox_transaction(&mut self) -> QueryResult<()> {
+            AnsiTransactionManager::commit_transaction(self)
+        }
+
+        /// Opens the transaction of [`unique::serialize_on`](crate::unique::serialize_on): one
+        /// that holds the database's write lock from its start where the backend has one
+        /// (SQLite's `BEGIN IMMEDIATE`), one whose statements each see what committed before them
+        /// on PostgreSQL (READ COMMITTED), a plain one elsewhere.
+        fn begin_write_transaction(&mut self) -> QueryResult<()> {
+            AnsiTransactionManager::begin_transaction(self)
+        }
+
+        /// Rolls the handler's transaction back if it is open; `Ok` when none is.
+        fn roll_back_inbox_transaction(&mut self) -> QueryResult<()> {
+            match AnsiTransactionManager::rollback_transaction(self) {
+                Err(diesel::result::Error::NotInTransaction) => Ok(()),
+                other => other,
+            }
+        }
+    }
 }
 
 /// A diesel connection an `#[idempotent]` handler can run on.
@@ -33,7 +113,7 @@ pub(crate) mod sealed {
 /// (`r2d2::PooledConnection`, …) derefs to it, so `handler(&mut pooled, &msg)` compiles as it
 /// is.
 ///
-/// The methods are the runtime's; they are not meant to be called directly.
+/// Sealed: its methods are the runtime's, and not reachable from outside the crate.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a connection an #[idempotent] handler can run on",
     label = "declare this parameter as `&mut PgConnection`, `&mut MysqlConnection` or `&mut SqliteConnection`",
@@ -42,86 +122,9 @@ pub(crate) mod sealed {
     note = "the handler's connection is its first `&mut …Connection` parameter; if that one is \
             another client, name the database connection with `conn = …`"
 )]
-pub trait InboxConnection:
-    diesel::connection::LoadConnection<
-        TransactionManager = AnsiTransactionManager,
-        Backend: crate::dialect::Dialect,
-    > + sealed::Sealed
-{
-    /// Opens the handler's transaction; `mariadb`: the startup check found a MariaDB server.
-    #[doc(hidden)]
-    fn begin_inbox_transaction(&mut self, spec: &HandlerSpec, mariadb: bool) -> QueryResult<()>;
-
-    /// After the handler's transaction ended (committed or rolled back): puts back what
-    /// [`begin_inbox_transaction`](Self::begin_inbox_transaction) set for the session.
-    #[doc(hidden)]
-    fn end_inbox_transaction(&mut self, _spec: &HandlerSpec, _mariadb: bool) -> QueryResult<()> {
-        Ok(())
-    }
-
-    /// `on_locked = "in_flight"`: lock waits as the session had them, after the marker's claim.
-    #[doc(hidden)]
-    fn wait_for_locks(&mut self, _spec: &HandlerSpec, _claimed: bool) -> QueryResult<()> {
-        Ok(())
-    }
-
-    /// Inserts the marker unless it exists; `Ok(false)` when it already did. `text`: the
-    /// key's text, written to `key_text`.
-    #[doc(hidden)]
-    fn claim_marker(
-        &mut self,
-        schema: &InboxSchema,
-        consumer: &str,
-        key: &MessageKey,
-        layout: Layout,
-    ) -> QueryResult<bool>;
-
-    /// Inserts the markers of `ids` (distinct) that do not exist yet; returns those it
-    /// inserted. `texts`: the keys' texts, in the order of `ids`, written to `key_text`.
-    #[doc(hidden)]
-    fn claim_markers(
-        &mut self,
-        schema: &InboxSchema,
-        consumer: &str,
-        ids: &[Uuid],
-        texts: Option<&[String]>,
-        layout: Layout,
-    ) -> QueryResult<Vec<Uuid>>;
-
-    /// Claim mode: checks that no transaction is open — each claim statement must commit on
-    /// its own — and prepares the connection for them.
-    #[doc(hidden)]
-    fn prepare_claim(&mut self, _spec: &HandlerSpec) -> QueryResult<()> {
-        refuse_open_transaction(AnsiTransactionManager::transaction_manager_status_mut(self))
-    }
-
-    /// The backend, for the SQL that is not written once.
-    #[doc(hidden)]
-    const BACKEND: crate::dialect::Backend = <Self::Backend as crate::dialect::Dialect>::BACKEND;
-
-    /// Commits the handler's transaction, failing if the transaction had been aborted.
-    #[doc(hidden)]
-    fn commit_inbox_transaction(&mut self) -> QueryResult<()> {
-        AnsiTransactionManager::commit_transaction(self)
-    }
-
-    /// Opens the transaction of [`unique::serialize_on`](crate::unique::serialize_on): one
-    /// that holds the database's write lock from its start where the backend has one
-    /// (SQLite's `BEGIN IMMEDIATE`), one whose statements each see what committed before them
-    /// on PostgreSQL (READ COMMITTED), a plain one elsewhere.
-    #[doc(hidden)]
-    fn begin_write_transaction(&mut self) -> QueryResult<()> {
-        AnsiTransactionManager::begin_transaction(self)
-    }
-
-    /// Rolls the handler's transaction back if it is open; `Ok` when none is.
-    #[doc(hidden)]
-    fn roll_back_inbox_transaction(&mut self) -> QueryResult<()> {
-        match AnsiTransactionManager::rollback_transaction(self) {
-            Err(diesel::result::Error::NotInTransaction) => Ok(()),
-            other => other,
-        }
-    }
+pub trait InboxConnection: sealed::Connection {
+    /// The connection's backend: which SQL dialect, DDL and error codes apply.
+    const BACKEND: crate::schema::Backend = <Self::Backend as crate::dialect::Dialect>::BACKEND;
 }
 
 /// `AlreadyInTransaction` when the transaction manager whose `status` this is — diesel's or
@@ -141,16 +144,6 @@ pub use asynchronous::AsyncInboxConnection;
 
 #[cfg(feature = "async")]
 mod asynchronous {
-    use std::future::Future;
-
-    use diesel::QueryResult;
-    use diesel_async::{AsyncConnection, TransactionManager};
-
-    use super::sealed;
-    use crate::dialect::layout::Layout;
-    use crate::spec::HandlerSpec;
-    use inbox_core::MessageKey;
-
     /// A diesel-async connection an `async fn` `#[idempotent]` handler can run on.
     ///
     /// Implemented for `AsyncPgConnection` (features `async` and `postgres`),
@@ -160,7 +153,7 @@ mod asynchronous {
     /// deadpool, bb8 or mobc support) derefs to it, so `handler(&mut pooled, &msg).await`
     /// compiles as it is.
     ///
-    /// The methods are the runtime's; they are not meant to be called directly.
+    /// Sealed: its methods are the runtime's, and not reachable from outside the crate.
     ///
     /// # Cancellation
     ///
@@ -191,97 +184,103 @@ mod asynchronous {
         note = "the handler's connection is its first `&mut …Connection` parameter; if that one is \
                 another client, name the database connection with `conn = …`"
     )]
-    pub trait AsyncInboxConnection:
-        AsyncConnection<Backend: crate::dialect::Dialect> + Send + sealed::Sealed
-    {
-        /// Opens the handler's transaction.
-        #[doc(hidden)]
-        fn begin_inbox_transaction(
-            &mut self,
-            spec: &'static HandlerSpec,
-            mariadb: bool,
-        ) -> impl Future<Output = QueryResult<()>> + Send;
+    pub trait AsyncInboxConnection: sealed::AsyncConnection {
+        /// The connection's backend: which SQL dialect, DDL and error codes apply.
+        const BACKEND: crate::schema::Backend = <Self::Backend as crate::dialect::Dialect>::BACKEND;
+    }
 
-        /// After the handler's transaction ended: puts back what `begin_inbox_transaction` set
-        /// for the session.
-        #[doc(hidden)]
-        fn end_inbox_transaction(
-            &mut self,
-            _spec: &'static HandlerSpec,
-            _mariadb: bool,
-        ) -> impl Future<Output = QueryResult<()>> + Send {
-            async { Ok(()) }
-        }
+    /// The async connection trait's methods, sealed like the sync one's.
+    pub(crate) mod sealed {
+        use std::future::Future;
 
-        /// `on_locked = "in_flight"`: lock waits as the session had them, after the marker's claim.
-        #[doc(hidden)]
-        fn wait_for_locks(
-            &mut self,
-            _spec: &'static HandlerSpec,
-            _claimed: bool,
-        ) -> impl Future<Output = QueryResult<()>> + Send {
-            async { Ok(()) }
-        }
+        use diesel::QueryResult;
+        use diesel_async::TransactionManager;
+        use inbox_core::MessageKey;
 
-        /// Inserts the marker unless it exists; `Ok(false)` when it already did. `text`: the
-        /// key's text, written to `key_text`.
-        #[doc(hidden)]
-        fn claim_marker(
-            &mut self,
-            spec: &'static HandlerSpec,
-            key: &MessageKey,
-            layout: Layout,
-        ) -> impl Future<Output = QueryResult<bool>> + Send;
+        use crate::dialect::layout::Layout;
+        use crate::spec::HandlerSpec;
 
-        /// Inserts the markers of `ids` that do not exist; returns those it inserted. `texts`:
-        /// the keys' texts, in the order of `ids`, written to `key_text`.
-        #[doc(hidden)]
-        fn claim_markers(
-            &mut self,
-            spec: &'static HandlerSpec,
-            ids: &[uuid::Uuid],
-            texts: Option<&[String]>,
-            layout: Layout,
-        ) -> impl Future<Output = QueryResult<Vec<uuid::Uuid>>> + Send;
+        /// What the runtime asks of a diesel-async connection.
+        pub trait AsyncConnection:
+            diesel_async::AsyncConnection<Backend: crate::dialect::Dialect> + Send
+        {
+            /// Opens the handler's transaction.
+            fn begin_inbox_transaction(
+                &mut self,
+                spec: &'static HandlerSpec,
+                mariadb: bool,
+            ) -> impl Future<Output = QueryResult<()>> + Send;
 
-        /// Commits the handler's transaction, failing if it had been aborted.
-        #[doc(hidden)]
-        fn commit_inbox_transaction(&mut self) -> impl Future<Output = QueryResult<()>> + Send;
+            /// After the handler's transaction ended: puts back what `begin_inbox_transaction` set
+            /// for the session.
+            fn end_inbox_transaction(
+                &mut self,
+                _spec: &'static HandlerSpec,
+                _mariadb: bool,
+            ) -> impl Future<Output = QueryResult<()>> + Send {
+                async { Ok(()) }
+            }
 
-        /// Rolls the handler's transaction back if it is open; `Ok` when none is.
-        #[doc(hidden)]
-        fn roll_back_inbox_transaction(&mut self) -> impl Future<Output = QueryResult<()>> + Send {
-            async {
-                match Self::TransactionManager::rollback_transaction(self).await {
-                    Err(diesel::result::Error::NotInTransaction) => Ok(()),
-                    other => other,
+            /// `on_locked = "in_flight"`: lock waits as the session had them, after the marker's claim.
+            fn wait_for_locks(
+                &mut self,
+                _spec: &'static HandlerSpec,
+                _claimed: bool,
+            ) -> impl Future<Output = QueryResult<()>> + Send {
+                async { Ok(()) }
+            }
+
+            /// Inserts the marker unless it exists; `Ok(false)` when it already did. `text`: the
+            /// key's text, written to `key_text`.
+            fn claim_marker(
+                &mut self,
+                spec: &'static HandlerSpec,
+                key: &MessageKey,
+                layout: Layout,
+            ) -> impl Future<Output = QueryResult<bool>> + Send;
+
+            /// Inserts the markers of `ids` that do not exist; returns those it inserted. `texts`:
+            /// the keys' texts, in the order of `ids`, written to `key_text`.
+            fn claim_markers(
+                &mut self,
+                spec: &'static HandlerSpec,
+                ids: &[uuid::Uuid],
+                texts: Option<&[String]>,
+                layout: Layout,
+            ) -> impl Future<Output = QueryResult<Vec<uuid::Uuid>>> + Send;
+
+            /// Commits the handler's transaction, failing if it had been aborted.
+            fn commit_inbox_transaction(&mut self) -> impl Future<Output = QueryResult<()>> + Send;
+
+            /// Rolls the handler's transaction back if it is open; `Ok` when none is.
+            fn roll_back_inbox_transaction(
+                &mut self,
+            ) -> impl Future<Output = QueryResult<()>> + Send {
+                async {
+                    match Self::TransactionManager::rollback_transaction(self).await {
+                        Err(diesel::result::Error::NotInTransaction) => Ok(()),
+                        other => other,
+                    }
                 }
             }
-        }
 
-        /// Opens a transaction holding the write lock from its start where the backend has one
-        /// (SQLite's `BEGIN IMMEDIATE`), READ COMMITTED on PostgreSQL, a plain one elsewhere.
-        #[doc(hidden)]
-        fn begin_write_transaction(&mut self) -> impl Future<Output = QueryResult<()>> + Send {
-            Self::TransactionManager::begin_transaction(self)
-        }
+            /// Opens a transaction holding the write lock from its start where the backend has one
+            /// (SQLite's `BEGIN IMMEDIATE`), READ COMMITTED on PostgreSQL, a plain one elsewhere.
+            fn begin_write_transaction(&mut self) -> impl Future<Output = QueryResult<()>> + Send {
+                Self::TransactionManager::begin_transaction(self)
+            }
 
-        /// Claim mode: checks that no transaction is open — each claim statement must commit
-        /// on its own — and prepares the connection for them.
-        #[doc(hidden)]
-        fn prepare_claim(
-            &mut self,
-            _spec: &'static HandlerSpec,
-        ) -> impl Future<Output = QueryResult<()>> + Send {
-            let open = super::refuse_open_transaction(
-                Self::TransactionManager::transaction_manager_status_mut(self),
-            );
-            async move { open }
+            /// Claim mode: checks that no transaction is open — each claim statement must commit
+            /// on its own — and prepares the connection for them.
+            fn prepare_claim(
+                &mut self,
+                _spec: &'static HandlerSpec,
+            ) -> impl Future<Output = QueryResult<()>> + Send {
+                let open = crate::backends::refuse_open_transaction(
+                    Self::TransactionManager::transaction_manager_status_mut(self),
+                );
+                async move { open }
+            }
         }
-
-        /// The backend, for the SQL that is not written once.
-        #[doc(hidden)]
-        const BACKEND: crate::dialect::Backend =
-            <Self::Backend as crate::dialect::Dialect>::BACKEND;
     }
 }

@@ -184,9 +184,9 @@ mod sync {
     use diesel::connection::SimpleConnection;
     use diesel::mysql::{Mysql, MysqlConnection};
 
-    impl sealed::Sealed for MysqlConnection {}
+    impl InboxConnection for MysqlConnection {}
 
-    impl InboxConnection for MysqlConnection {
+    impl sealed::Connection for MysqlConnection {
         fn begin_inbox_transaction(
             &mut self,
             spec: &HandlerSpec,
@@ -273,9 +273,9 @@ mod asynchronous {
 
     use crate::dialect::marker::{ClaimMarker, inserted_unless_duplicate};
 
-    impl sealed::Sealed for AsyncMysqlConnection {}
+    impl AsyncInboxConnection for AsyncMysqlConnection {}
 
-    impl AsyncInboxConnection for AsyncMysqlConnection {
+    impl sealed::AsyncConnection for AsyncMysqlConnection {
         async fn begin_inbox_transaction(
             &mut self,
             spec: &'static HandlerSpec,

@@ -182,9 +182,9 @@ mod sync {
     use diesel::connection::SimpleConnection;
     use diesel::pg::{Pg, PgConnection};
 
-    impl sealed::Sealed for PgConnection {}
+    impl InboxConnection for PgConnection {}
 
-    impl InboxConnection for PgConnection {
+    impl sealed::Connection for PgConnection {
         fn begin_inbox_transaction(&mut self, spec: &HandlerSpec, _: bool) -> QueryResult<()> {
             AnsiTransactionManager::begin_transaction_sql(self, &spec.postgres_begin_sql())
         }
@@ -254,9 +254,9 @@ mod asynchronous {
 
     use crate::dialect::marker::ClaimMarker;
 
-    impl sealed::Sealed for AsyncPgConnection {}
+    impl AsyncInboxConnection for AsyncPgConnection {}
 
-    impl AsyncInboxConnection for AsyncPgConnection {
+    impl sealed::AsyncConnection for AsyncPgConnection {
         /// READ COMMITTED, so that each statement sees what committed before it.
         async fn begin_write_transaction(&mut self) -> QueryResult<()> {
             AnsiTransactionManager::begin_transaction_sql(

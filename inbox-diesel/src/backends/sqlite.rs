@@ -165,9 +165,9 @@ mod sync {
 
     use diesel::sqlite::{Sqlite, SqliteConnection};
 
-    impl sealed::Sealed for SqliteConnection {}
+    impl InboxConnection for SqliteConnection {}
 
-    impl InboxConnection for SqliteConnection {
+    impl sealed::Connection for SqliteConnection {
         /// `BEGIN IMMEDIATE` takes the write lock at once, so two deliveries queue on the busy
         /// timeout instead of both reading and then failing to upgrade to a writer.
         fn begin_inbox_transaction(&mut self, spec: &HandlerSpec, _: bool) -> QueryResult<()> {
@@ -237,12 +237,12 @@ mod asynchronous {
     use diesel::SqliteConnection;
     use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 
-    use crate::InboxConnection;
+    use crate::backends::sealed::Connection as _;
 
-    impl sealed::Sealed for SyncConnectionWrapper<SqliteConnection> {}
+    impl AsyncInboxConnection for SyncConnectionWrapper<SqliteConnection> {}
 
     /// SQLite runs on a blocking thread: each step is the sync runtime's own, sent there.
-    impl AsyncInboxConnection for SyncConnectionWrapper<SqliteConnection> {
+    impl sealed::AsyncConnection for SyncConnectionWrapper<SqliteConnection> {
         async fn begin_inbox_transaction(
             &mut self,
             spec: &'static HandlerSpec,
