@@ -25,6 +25,7 @@
 mod class;
 mod consumer;
 mod ident;
+mod isolation;
 mod key;
 mod outcome;
 mod retention;
@@ -34,6 +35,7 @@ pub mod server_message;
 pub use class::{Action, ErrorClass, TransientKind};
 pub use consumer::{Consumer, ConsumerError};
 pub use ident::{IdentifierError, InboxSchema};
+pub use isolation::Isolation;
 pub use key::{KeyError, MessageKey, ToMessageKey};
 pub use outcome::{BatchOutcome, HandlerOutcome, InFlightOutcome, Outcome, StaleClaimOutcome};
 pub use retention::Retention;

@@ -495,9 +495,8 @@ pub use error::classify;
 pub use guard::NoConnection;
 pub use inbox_core::{
     Action, BatchOutcome, Consumer, ConsumerError, ErrorClass, HandlerOutcome, IdentifierError,
-    InFlightOutcome, InboxSchema, KeyError, MessageKey, Outcome, Retention, RetryDecision,
-    RetryPolicy, StaleClaimOutcome, ToMessageKey, TransientKind, server_message,
+    InFlightOutcome, InboxSchema, Isolation, KeyError, MessageKey, Outcome, Retention,
+    RetryDecision, RetryPolicy, StaleClaimOutcome, ToMessageKey, TransientKind,
 };
 pub use schema::migration;
-pub use spec::Isolation;
 pub use uuid::Uuid;

@@ -2,50 +2,7 @@
 //! [`handler::Handler`](crate::handler::Handler)) writes them: what every layer below the
 //! runtime reads.
 
-use inbox_core::{Consumer, InboxSchema, RetryPolicy};
-
-/// The isolation level of a handler's transaction on PostgreSQL, MySQL and MariaDB
-/// (`isolation = "…"`).
-///
-/// The inbox is correct at every level: the unique index, not a snapshot, decides who
-/// processes a message. Choose the level the body's own work needs; at `repeatable read` and
-/// `serializable`, concurrent deliveries of one message end in a serialization failure that
-/// the runtime retries, and the retry then sees the duplicate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Isolation {
-    /// The server's `default_transaction_isolation` (`read committed` unless configured).
-    #[default]
-    ServerDefault,
-    /// `READ COMMITTED`.
-    ReadCommitted,
-    /// `REPEATABLE READ`.
-    RepeatableRead,
-    /// `SERIALIZABLE`.
-    Serializable,
-}
-
-impl Isolation {
-    /// The statement that sets the level of the next transaction, before it begins (MySQL,
-    /// MariaDB); `None` for the server's default.
-    pub fn set_transaction_sql(self) -> Option<&'static str> {
-        match self {
-            Isolation::ServerDefault => None,
-            Isolation::ReadCommitted => Some("SET TRANSACTION ISOLATION LEVEL READ COMMITTED"),
-            Isolation::RepeatableRead => Some("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"),
-            Isolation::Serializable => Some("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE"),
-        }
-    }
-
-    /// The statement that opens a transaction at this level (PostgreSQL).
-    pub fn begin_sql(self) -> &'static str {
-        match self {
-            Isolation::ServerDefault => "BEGIN",
-            Isolation::ReadCommitted => "BEGIN ISOLATION LEVEL READ COMMITTED",
-            Isolation::RepeatableRead => "BEGIN ISOLATION LEVEL REPEATABLE READ",
-            Isolation::Serializable => "BEGIN ISOLATION LEVEL SERIALIZABLE",
-        }
-    }
-}
+use inbox_core::{Consumer, InboxSchema, Isolation, RetryPolicy};
 
 /// A handler's constant settings, written by the macro into a `static`.
 #[doc(hidden)]

@@ -3,6 +3,7 @@
 //! and its body moves into a closure
 //! handed to the runtime, which owns the transaction.
 
+use inbox_core::Isolation;
 use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
 use syn::spanned::Spanned;
@@ -10,7 +11,7 @@ use syn::{GenericArgument, ItemFn, PathArguments, ReturnType, Type};
 
 use crate::attr::Args;
 use crate::guard;
-use crate::valid::{self, Handler, Isolation, Mode};
+use crate::valid::{self, Handler, Mode};
 
 /// The whole attribute: parse, validate, expand; on error the errors and the [`fallback`],
 /// so that only the real error shows.

@@ -3,7 +3,7 @@
 //! Independent problems are all reported at once (`syn::Error::combine`), each spanned at the
 //! token it is about.
 
-use inbox_core::{Consumer, ConsumerError, InboxSchema, RetryPolicy};
+use inbox_core::{Consumer, ConsumerError, InboxSchema, Isolation, RetryPolicy};
 use proc_macro2::{Span, TokenStream, TokenTree};
 use quote::ToTokens;
 use syn::spanned::Spanned;
@@ -51,14 +51,6 @@ pub enum Mode {
         /// `on_expired = "report"`.
         report: bool,
     },
-}
-
-#[derive(Clone, Copy)]
-pub enum Isolation {
-    ServerDefault,
-    ReadCommitted,
-    RepeatableRead,
-    Serializable,
 }
 
 /// The longest claim lease, 30 days in milliseconds: far beyond any side effect, and far
@@ -361,16 +353,13 @@ fn consumer(lit: &LitStr) -> syn::Result<String> {
 }
 
 fn isolation(lit: &LitStr) -> syn::Result<Isolation> {
-    match lit.value().to_ascii_lowercase().as_str() {
-        "read committed" => Ok(Isolation::ReadCommitted),
-        "repeatable read" => Ok(Isolation::RepeatableRead),
-        "serializable" => Ok(Isolation::Serializable),
-        _ => Err(syn::Error::new(
+    Isolation::from_name(&lit.value()).ok_or_else(|| {
+        syn::Error::new(
             lit.span(),
             "`isolation` is one of \"read committed\", \"repeatable read\", \"serializable\": \
              `isolation = \"serializable\"`",
-        )),
-    }
+        )
+    })
 }
 
 /// The names the handler's parameters bind (`self` included).

@@ -124,7 +124,7 @@ pub(crate) mod sealed {
 )]
 pub trait InboxConnection: sealed::Connection {
     /// The connection's backend: which SQL dialect, DDL and error codes apply.
-    const BACKEND: crate::schema::Backend = <Self::Backend as crate::dialect::Dialect>::BACKEND;
+    const BACKEND: crate::dialect::Backend = <Self::Backend as crate::dialect::Dialect>::BACKEND;
 }
 
 /// `AlreadyInTransaction` when the transaction manager whose `status` this is — diesel's or
@@ -186,7 +186,8 @@ mod asynchronous {
     )]
     pub trait AsyncInboxConnection: sealed::AsyncConnection {
         /// The connection's backend: which SQL dialect, DDL and error codes apply.
-        const BACKEND: crate::schema::Backend = <Self::Backend as crate::dialect::Dialect>::BACKEND;
+        const BACKEND: crate::dialect::Backend =
+            <Self::Backend as crate::dialect::Dialect>::BACKEND;
     }
 
     /// The async connection trait's methods, sealed like the sync one's.
