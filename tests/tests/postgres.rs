@@ -22,11 +22,15 @@ mod get_or_create {
 
     include!("behaviour/unique.rs");
 }
-inbox_tests::partial_index_test!(
-    inbox_tests::postgres::PgDb,
-    "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
-    "there is no unique or exclusion constraint matching the ON CONFLICT specification"
-);
+/// Get-or-create on a partial unique index.
+mod partial_index {
+    type Db = inbox_tests::postgres::PgDb;
+    const ID_SQL: &str = "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY";
+    const NO_MATCH: &str =
+        "there is no unique or exclusion constraint matching the ON CONFLICT specification";
+
+    include!("behaviour/unique_partial.rs");
+}
 include!("behaviour/server.rs");
 /// Claim mode, sync.
 mod claim_mode {

@@ -21,11 +21,14 @@ mod get_or_create {
 
     include!("behaviour/unique.rs");
 }
-inbox_tests::partial_index_test!(
-    inbox_tests::sqlite::SqliteDb,
-    "INTEGER PRIMARY KEY",
-    "ON CONFLICT clause does not match any PRIMARY KEY or UNIQUE constraint"
-);
+/// Get-or-create on a partial unique index.
+mod partial_index {
+    type Db = inbox_tests::sqlite::SqliteDb;
+    const ID_SQL: &str = "INTEGER PRIMARY KEY";
+    const NO_MATCH: &str = "ON CONFLICT clause does not match any PRIMARY KEY or UNIQUE constraint";
+
+    include!("behaviour/unique_partial.rs");
+}
 /// Claim mode, sync.
 mod claim_mode {
     use inbox_diesel::schema::sqlite::inbox;
