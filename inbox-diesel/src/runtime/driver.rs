@@ -1057,6 +1057,18 @@ mod tests {
         );
     }
 
+    /// Message 1 in claim mode, against the script, answered in the outcome type `A`.
+    fn claim<A: HandlerOutcome<(), InFlight = ()>>(script: &mut Script) -> Result<A, Error> {
+        complete_now(drive_claim(
+            script,
+            &SPEC,
+            CLAIM,
+            MessageKey::integer(1),
+            Immediate(body),
+            std::convert::identity,
+        ))
+    }
+
     #[test]
     fn a_claim_taken_over_between_the_read_and_the_takeover_is_in_flight() {
         let mut script = Script {
@@ -1070,14 +1082,7 @@ mod tests {
             ]),
             ..Script::default()
         };
-        let outcome = complete_now(drive_claim(
-            &mut script,
-            &SPEC,
-            CLAIM,
-            MessageKey::integer(1),
-            Immediate(body),
-            std::convert::identity,
-        ));
+        let outcome = claim(&mut script);
         assert!(
             matches!(outcome, Ok(InFlightOutcome::InFlight { .. })),
             "{outcome:?}"
@@ -1099,14 +1104,7 @@ mod tests {
             ]),
             ..Script::default()
         };
-        let outcome = complete_now(drive_claim(
-            &mut script,
-            &SPEC,
-            CLAIM,
-            MessageKey::integer(1),
-            Immediate(body),
-            std::convert::identity,
-        ));
+        let outcome = claim(&mut script);
         assert!(
             matches!(outcome, Ok(InFlightOutcome::Processed(()))),
             "{outcome:?}"
@@ -1123,14 +1121,7 @@ mod tests {
             claim_steps: VecDeque::from([ClaimAnswer::Rows(1), ClaimAnswer::Rows(0)]),
             ..Script::default()
         };
-        let outcome: Result<InFlightOutcome<()>, _> = complete_now(drive_claim(
-            &mut script,
-            &SPEC,
-            CLAIM,
-            MessageKey::integer(1),
-            Immediate(body),
-            std::convert::identity,
-        ));
+        let outcome: Result<InFlightOutcome<()>, _> = claim(&mut script);
         assert!(
             matches!(outcome, Err(Error::ClaimLost { attempt: 1 })),
             "{outcome:?}"
@@ -1154,14 +1145,7 @@ mod tests {
     #[test]
     fn an_expired_claim_is_reported_when_the_outcome_type_holds_stale_claims() {
         let mut script = expired_claim();
-        let outcome = complete_now(drive_claim(
-            &mut script,
-            &SPEC,
-            CLAIM,
-            MessageKey::integer(1),
-            Immediate(body),
-            std::convert::identity,
-        ));
+        let outcome = claim(&mut script);
         assert!(
             matches!(
                 outcome,
@@ -1175,14 +1159,7 @@ mod tests {
     #[test]
     fn an_expired_claim_is_taken_over_when_the_outcome_type_has_no_stale_claims() {
         let mut script = expired_claim();
-        let outcome = complete_now(drive_claim(
-            &mut script,
-            &SPEC,
-            CLAIM,
-            MessageKey::integer(1),
-            Immediate(body),
-            std::convert::identity,
-        ));
+        let outcome = claim(&mut script);
         assert!(
             matches!(outcome, Ok(InFlightOutcome::Processed(()))),
             "{outcome:?}"
