@@ -21,29 +21,6 @@ pub enum Isolation {
 }
 
 impl Isolation {
-    /// The statement that sets the level of the next transaction, before it begins (MySQL,
-    /// MariaDB); `None` for the server's default.
-    pub fn set_transaction_sql(self) -> Option<&'static str> {
-        match self {
-            Isolation::ServerDefault => None,
-            Isolation::ReadCommitted => Some("SET TRANSACTION ISOLATION LEVEL READ COMMITTED"),
-            Isolation::RepeatableRead => Some("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"),
-            Isolation::Serializable => Some("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE"),
-        }
-    }
-
-    /// The statement that opens a transaction at this level (PostgreSQL).
-    pub fn begin_sql(self) -> &'static str {
-        match self {
-            Isolation::ServerDefault => "BEGIN",
-            Isolation::ReadCommitted => "BEGIN ISOLATION LEVEL READ COMMITTED",
-            Isolation::RepeatableRead => "BEGIN ISOLATION LEVEL REPEATABLE READ",
-            Isolation::Serializable => "BEGIN ISOLATION LEVEL SERIALIZABLE",
-        }
-    }
-}
-
-impl Isolation {
     /// The level an attribute's `isolation = "…"` names, in any case; `None` for any other
     /// text (the server's default is the option left out).
     pub fn from_name(name: &str) -> Option<Self> {

@@ -6,7 +6,10 @@
 //! - [`MessageKey`]: the deduplication key of a message, with a length limit checked before
 //!   any SQL runs, and the 128-bit id it is stored under;
 //! - [`Consumer`]: the validated name of the handler that consumes a message;
-//! - [`Outcome`]: what an idempotent handler reports to the message pump;
+//! - [`Outcome`], [`InFlightOutcome`], [`StaleClaimOutcome`] and [`BatchOutcome`]: what an
+//!   idempotent handler reports to the message pump, each mode the type that holds only
+//!   what it can answer;
+//! - [`Isolation`]: the isolation level of a handler's transaction;
 //! - [`ErrorClass`] and [`server_message`]: how a database error is read;
 //! - [`RetryPolicy`]: which failures are retried and after how long;
 //! - [`Retention`]: how long a marker must outlive its message's last possible delivery.

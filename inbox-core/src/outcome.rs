@@ -40,7 +40,7 @@ use crate::{Consumer, MessageKey};
 #[must_use = "an Outcome says whether the message was processed or was a duplicate"]
 // Deliberately exhaustive: a pump that matches every variant is told by the compiler when a
 // new one (one it must not ack) appears.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Outcome<T> {
     /// The handler ran and its work committed together with the inbox marker.
     Processed(T),
@@ -70,7 +70,7 @@ pub enum Outcome<T> {
 /// assert_eq!(settle(InFlightOutcome::Processed(())), "ack");
 /// ```
 #[must_use = "an InFlightOutcome says whether the message was processed, a duplicate or in flight"]
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum InFlightOutcome<T> {
     /// The handler ran: its work committed together with the inbox marker (transaction
     /// mode), or its side effect ran and its claim was stamped complete (claim mode).
@@ -115,7 +115,7 @@ pub enum InFlightOutcome<T> {
 /// assert_eq!(settle(StaleClaimOutcome::Processed(())), "ack");
 /// ```
 #[must_use = "a StaleClaimOutcome says whether the message was processed, a duplicate, in flight or needs reconciling"]
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum StaleClaimOutcome<T> {
     /// The side effect ran and its claim was stamped complete.
     Processed(T),
@@ -319,34 +319,70 @@ impl<T> From<Outcome<T>> for StaleClaimOutcome<T> {
     }
 }
 
-/// The outcome types a handler's runtime builds: [`Outcome`], [`InFlightOutcome`] and
-/// [`StaleClaimOutcome`]. Sealed.
+/// What the outcome types of the handler modes have in common — [`Outcome`],
+/// [`InFlightOutcome`] and [`StaleClaimOutcome`] — for code generic over them (a pump that
+/// serves handlers of several modes, or `inbox_diesel::handler::run_once` over any `Handler`).
+/// Sealed.
 ///
-/// The answers a type cannot hold are in its types, not in a check: `InFlight` is the type
-/// of the witness an `InFlight` answer needs — `()` for a type with that variant,
-/// [`Infallible`] for one without — and `IN_FLIGHT` the witness, if there is one. The
-/// runtime answers `InFlight` only with a witness in hand; for `Outcome` it has none.
-pub trait HandlerOutcome<T>: Sized + sealed::Sealed {
-    /// The witness an `InFlight` answer needs: `()` or [`Infallible`].
-    type InFlight: Copy;
-    /// The witness a `StaleClaim` answer needs: `()` or [`Infallible`].
-    type StaleClaim: Copy;
-    /// `Some` when the type holds `InFlight`.
-    const IN_FLIGHT: Option<Self::InFlight>;
-    /// `Some` when the type holds `StaleClaim`.
-    const STALE_CLAIM: Option<Self::StaleClaim>;
-    /// `Processed(value)`.
+/// ```
+/// use inbox_core::{HandlerOutcome, InFlightOutcome, Outcome, StaleClaimOutcome};
+///
+/// fn settle<T, O: HandlerOutcome<T>>(outcome: O) -> &'static str {
+///     match outcome.into() {
+///         StaleClaimOutcome::Processed(_) | StaleClaimOutcome::Duplicate { .. } => "ack",
+///         StaleClaimOutcome::InFlight { .. } => "nack with a delay",
+///         StaleClaimOutcome::StaleClaim { .. } => "dead-letter",
+///     }
+/// }
+/// assert_eq!(settle(Outcome::Processed(1)), "ack");
+/// assert_eq!(settle(InFlightOutcome::<()>::Processed(())), "ack");
+///
+/// fn acked<T, O: HandlerOutcome<T>>(outcome: &O) -> bool {
+///     outcome.should_ack()
+/// }
+/// assert!(acked(&Outcome::Processed(())));
+/// assert!(!acked(&StaleClaimOutcome::<()>::StaleClaim {
+///     consumer: inbox_core::Consumer::new("mail")?,
+///     key: inbox_core::MessageKey::integer(1),
+///     attempts: 1,
+/// }));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// The answers a type cannot hold are in its types, not in a check: an `InFlight` answer
+/// needs a witness of type `InFlightWitness` — `()` for a type with that variant,
+/// [`Infallible`] for one without — and the runtime answers `InFlight` only with a witness in
+/// hand; for `Outcome` there is none. The same for `StaleClaim`.
+pub trait HandlerOutcome<T>: Into<StaleClaimOutcome<T>> + Sized + sealed::Sealed {
+    /// Whether the message pump should acknowledge the message: the work is done.
+    fn should_ack(&self) -> bool;
+    /// The handler ran now.
+    fn is_processed(&self) -> bool;
+    /// The work was done before; the body did not run.
+    fn is_duplicate(&self) -> bool;
+    /// The handler's value, if it ran.
+    fn processed(self) -> Option<T>;
+
+    #[doc(hidden)]
+    type InFlightWitness: Copy;
+    #[doc(hidden)]
+    type StaleClaimWitness: Copy;
+    #[doc(hidden)]
+    const IN_FLIGHT: Option<Self::InFlightWitness>;
+    #[doc(hidden)]
+    const STALE_CLAIM: Option<Self::StaleClaimWitness>;
+    #[doc(hidden)]
     fn from_processed(value: T) -> Self;
-    /// `Duplicate { consumer, key }`.
+    #[doc(hidden)]
     fn from_duplicate(consumer: Consumer, key: MessageKey) -> Self;
-    /// `InFlight { consumer, key }`.
-    fn from_in_flight(consumer: Consumer, key: MessageKey, witness: Self::InFlight) -> Self;
-    /// `StaleClaim { consumer, key, attempts }`.
+    #[doc(hidden)]
+    fn from_in_flight(consumer: Consumer, key: MessageKey, witness: Self::InFlightWitness) -> Self;
+    #[doc(hidden)]
     fn from_stale_claim(
         consumer: Consumer,
         key: MessageKey,
         attempts: u32,
-        witness: Self::StaleClaim,
+        witness: Self::StaleClaimWitness,
     ) -> Self;
 }
 
@@ -358,8 +394,20 @@ mod sealed {
 }
 
 impl<T> HandlerOutcome<T> for Outcome<T> {
-    type InFlight = Infallible;
-    type StaleClaim = Infallible;
+    fn should_ack(&self) -> bool {
+        self.should_ack()
+    }
+    fn is_processed(&self) -> bool {
+        self.is_processed()
+    }
+    fn is_duplicate(&self) -> bool {
+        self.is_duplicate()
+    }
+    fn processed(self) -> Option<T> {
+        self.processed()
+    }
+    type InFlightWitness = Infallible;
+    type StaleClaimWitness = Infallible;
     const IN_FLIGHT: Option<Infallible> = None;
     const STALE_CLAIM: Option<Infallible> = None;
     fn from_processed(value: T) -> Self {
@@ -377,8 +425,20 @@ impl<T> HandlerOutcome<T> for Outcome<T> {
 }
 
 impl<T> HandlerOutcome<T> for InFlightOutcome<T> {
-    type InFlight = ();
-    type StaleClaim = Infallible;
+    fn should_ack(&self) -> bool {
+        self.should_ack()
+    }
+    fn is_processed(&self) -> bool {
+        self.is_processed()
+    }
+    fn is_duplicate(&self) -> bool {
+        self.is_duplicate()
+    }
+    fn processed(self) -> Option<T> {
+        self.processed()
+    }
+    type InFlightWitness = ();
+    type StaleClaimWitness = Infallible;
     const IN_FLIGHT: Option<()> = Some(());
     const STALE_CLAIM: Option<Infallible> = None;
     fn from_processed(value: T) -> Self {
@@ -396,8 +456,20 @@ impl<T> HandlerOutcome<T> for InFlightOutcome<T> {
 }
 
 impl<T> HandlerOutcome<T> for StaleClaimOutcome<T> {
-    type InFlight = ();
-    type StaleClaim = ();
+    fn should_ack(&self) -> bool {
+        self.should_ack()
+    }
+    fn is_processed(&self) -> bool {
+        self.is_processed()
+    }
+    fn is_duplicate(&self) -> bool {
+        self.is_duplicate()
+    }
+    fn processed(self) -> Option<T> {
+        self.processed()
+    }
+    type InFlightWitness = ();
+    type StaleClaimWitness = ();
     const IN_FLIGHT: Option<()> = Some(());
     const STALE_CLAIM: Option<()> = Some(());
     fn from_processed(value: T) -> Self {

@@ -2,7 +2,7 @@
 //! trait method, a framework's callback, a handler chosen at run time.
 //!
 //! A [`Handler`] holds what the attribute's options say; [`run_once`] (and, with the feature
-//! `async`, [`run_once_async`]) runs a body once per message key and consumer, through the
+//! `async`, `run_once_async`) runs a body once per message key and consumer, through the
 //! same runtime the attribute's expansion calls: the marker first, in the body's transaction,
 //! a duplicate recognised by the inbox's own unique index, transient failures retried.
 //!
@@ -38,6 +38,16 @@ use crate::{Error, HasDieselError, InboxConnection, Isolation, classify};
 pub struct Handler<L: OnLocked = Wait> {
     spec: HandlerSpec,
     on_locked: PhantomData<L>,
+}
+
+/// One handler's settings as the start of another's: `CREDIT.clone().retries(5)`.
+impl<L: OnLocked> Clone for Handler<L> {
+    fn clone(&self) -> Self {
+        Handler {
+            spec: self.spec.clone(),
+            on_locked: PhantomData,
+        }
+    }
 }
 
 /// What a delivery does when another one holds the message's marker, uncommitted: the type

@@ -6,7 +6,7 @@ use inbox_core::{Consumer, InboxSchema, Isolation, RetryPolicy};
 
 /// A handler's constant settings, written by the macro into a `static`.
 #[doc(hidden)]
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct HandlerSpec {
     /// The consumer the markers are written for.
     pub consumer: Consumer,
@@ -39,7 +39,7 @@ impl HandlerSpec {
 
     /// `BEGIN` at the handler's isolation level, and the idle bound, in one round trip.
     pub fn postgres_begin_sql(&self) -> std::borrow::Cow<'static, str> {
-        let mut sql: std::borrow::Cow<'static, str> = self.isolation.begin_sql().into();
+        let mut sql: std::borrow::Cow<'static, str> = begin_sql(self.isolation).into();
         if self.idle_in_transaction_ms > 0 {
             let ms = self.idle_in_transaction_ms;
             sql = format!("{sql}; SET LOCAL idle_in_transaction_session_timeout = {ms}").into();
@@ -74,12 +74,12 @@ impl HandlerSpec {
         let idle_bound = mariadb && self.idle_in_transaction_ms > 0;
         if !idle_bound
             && !self.in_flight_when_locked
-            && self.isolation.set_transaction_sql().is_none()
+            && set_transaction_sql(self.isolation).is_none()
         {
             return "START TRANSACTION".into();
         }
         let mut sql = String::new();
-        if let Some(level) = self.isolation.set_transaction_sql() {
+        if let Some(level) = set_transaction_sql(self.isolation) {
             sql.push_str(level);
             sql.push_str("; ");
         }
@@ -103,4 +103,25 @@ impl HandlerSpec {
     /// bound, and the server ends it.
     pub const MARIADB_IDLE_RESTORE: &'static str =
         "SET SESSION idle_transaction_timeout = @inbox_idle_transaction_timeout";
+}
+
+/// The statement that sets the level of the next transaction, before it begins (MySQL,
+/// MariaDB); `None` for the server's default.
+fn set_transaction_sql(level: Isolation) -> Option<&'static str> {
+    match level {
+        Isolation::ServerDefault => None,
+        Isolation::ReadCommitted => Some("SET TRANSACTION ISOLATION LEVEL READ COMMITTED"),
+        Isolation::RepeatableRead => Some("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"),
+        Isolation::Serializable => Some("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE"),
+    }
+}
+
+/// The statement that opens a transaction at this level (PostgreSQL).
+fn begin_sql(level: Isolation) -> &'static str {
+    match level {
+        Isolation::ServerDefault => "BEGIN",
+        Isolation::ReadCommitted => "BEGIN ISOLATION LEVEL READ COMMITTED",
+        Isolation::RepeatableRead => "BEGIN ISOLATION LEVEL REPEATABLE READ",
+        Isolation::Serializable => "BEGIN ISOLATION LEVEL SERIALIZABLE",
+    }
 }

@@ -236,8 +236,11 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
                 Some(_) => quote!(run_async),
                 None => quote!(run),
             };
+            // The outcome type named here, not inferred from the declared return type: it is
+            // what the runtime answers by (`InFlight` only with `on_locked = "in_flight"`).
+            let wrapper = form.wrapper();
             quote! {
-                ::inbox_diesel::__private::#runtime(
+                ::inbox_diesel::__private::#runtime::<_, _, _, _, _, #wrapper<_>>(
                     #conn,
                     &__INBOX_SPEC,
                     #message_key,
@@ -257,9 +260,11 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
                 None => quote!(::inbox_diesel::__private::ClaimSpec::DEFAULT_LEASE_MS),
             };
             // The body is handed `NoConnection` in place of the connection: it runs outside
-            // any transaction, and the guard asks about every mention of it.
+            // any transaction, and the guard asks about every mention of it. The outcome type
+            // is named: whether an expired claim is reported follows from it.
+            let wrapper = form.wrapper();
             quote! {
-                ::inbox_diesel::__private::#runtime(
+                ::inbox_diesel::__private::#runtime::<_, _, _, _, #wrapper<_>>(
                     #conn,
                     &__INBOX_SPEC,
                     ::inbox_diesel::__private::ClaimSpec { lease_ms: #lease_ms },

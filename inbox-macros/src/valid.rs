@@ -557,7 +557,8 @@ fn return_type(item: &ItemFn) -> syn::Result<Type> {
         syn::Error::new_spanned(
             at,
             "an #[idempotent] handler must return a `Result`, e.g. `-> Result<Receipt, AppError>` \
-             or `-> QueryResult<Receipt>`; it then returns `Result<Outcome<Receipt>, AppError>`",
+             or `-> QueryResult<Receipt>`; it then returns `Result<Outcome<Receipt>, AppError>` \
+             (the outcome type of its mode in place of `Receipt`)",
         )
     };
     let ReturnType::Type(_, ty) = &item.sig.output else {

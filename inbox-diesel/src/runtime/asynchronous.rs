@@ -155,7 +155,7 @@ pub async fn run_claim_async<C, T, E, B, A>(
 where
     C: AsyncInboxConnection,
     B: Clone + for<'c> AsyncBody<&'c mut NoConnection, Result<T, E>, Fut: Send>,
-    A: HandlerOutcome<T, InFlight = ()>,
+    A: HandlerOutcome<T, InFlightWitness = ()>,
 {
     let key = key.map_err(|e| inbox_error(Error::InvalidKey(e)))?;
     let span = tracing::info_span!("inbox", consumer = spec.consumer.as_str(), mode = "claim");

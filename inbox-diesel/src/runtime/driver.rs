@@ -98,7 +98,7 @@ enum Step<T, W> {
     Processed(T),
     Duplicate,
     /// `on_locked = "in_flight"`: another delivery holds the marker, uncommitted. `W` is
-    /// the outcome type's witness that it can say so ([`HandlerOutcome::InFlight`]).
+    /// the outcome type's witness that it can say so ([`HandlerOutcome::InFlightWitness`]).
     InFlight(W),
 }
 
@@ -324,7 +324,7 @@ thread_local! {
 pub(crate) fn outcome<T, A: HandlerOutcome<T>>(
     spec: &'static HandlerSpec,
     key: MessageKey,
-    decided: Decided<T, A::InFlight>,
+    decided: Decided<T, A::InFlightWitness>,
 ) -> A {
     let consumer = spec.consumer.clone();
     match decided {
@@ -513,7 +513,7 @@ pub(crate) async fn drive_claim<S, T, E, B, A>(
 where
     S: Steps,
     B: Body<S::Conn, Result<T, E>>,
-    A: HandlerOutcome<T, InFlight = ()>,
+    A: HandlerOutcome<T, InFlightWitness = ()>,
 {
     tracing::debug!(key = ?key.to_string(), "handling message");
     let mut layout = schema_checked(&mut steps, spec, inbox_error).await?;
@@ -1058,7 +1058,7 @@ mod tests {
     }
 
     /// Message 1 in claim mode, against the script, answered in the outcome type `A`.
-    fn claim<A: HandlerOutcome<(), InFlight = ()>>(script: &mut Script) -> Result<A, Error> {
+    fn claim<A: HandlerOutcome<(), InFlightWitness = ()>>(script: &mut Script) -> Result<A, Error> {
         complete_now(drive_claim(
             script,
             &SPEC,

@@ -107,7 +107,7 @@ pub fn run_claim<C, T, E, B, A>(
 where
     C: InboxConnection,
     B: FnMut(&mut NoConnection) -> Result<T, E>,
-    A: HandlerOutcome<T, InFlight = ()>,
+    A: HandlerOutcome<T, InFlightWitness = ()>,
 {
     let key = key.map_err(|e| inbox_error(Error::InvalidKey(e)))?;
     let span = tracing::info_span!("inbox", consumer = spec.consumer.as_str(), mode = "claim");
