@@ -234,6 +234,7 @@ where
 {
     let spec = &handler.spec;
     crate::runtime::sync::run(
+        PhantomData,
         conn,
         spec,
         key.to_message_key(),
@@ -264,6 +265,7 @@ where
 {
     let spec = &handler.spec;
     crate::runtime::asynchronous::run_async(
+        PhantomData,
         conn,
         spec,
         key.to_message_key(),

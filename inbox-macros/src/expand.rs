@@ -240,7 +240,8 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
             // what the runtime answers by (`InFlight` only with `on_locked = "in_flight"`).
             let wrapper = form.wrapper();
             quote! {
-                ::inbox_diesel::__private::#runtime::<_, _, _, _, _, #wrapper<_>>(
+                ::inbox_diesel::__private::#runtime(
+                    ::core::marker::PhantomData::<#wrapper<_>>,
                     #conn,
                     &__INBOX_SPEC,
                     #message_key,
@@ -264,7 +265,8 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
             // is named: whether an expired claim is reported follows from it.
             let wrapper = form.wrapper();
             quote! {
-                ::inbox_diesel::__private::#runtime::<_, _, _, _, #wrapper<_>>(
+                ::inbox_diesel::__private::#runtime(
+                    ::core::marker::PhantomData::<#wrapper<_>>,
                     #conn,
                     &__INBOX_SPEC,
                     ::inbox_diesel::__private::ClaimSpec { lease_ms: #lease_ms },

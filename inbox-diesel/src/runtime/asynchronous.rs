@@ -5,6 +5,7 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::time::Duration;
 
 use diesel::QueryResult;
@@ -67,6 +68,7 @@ where
 /// Runs `body` once per message key and consumer, on a diesel-async connection; see
 /// `driver::drive` for the steps.
 pub async fn run_async<C, T, E, B, P, A>(
+    _outcome: PhantomData<A>,
     conn: &mut C,
     spec: &'static HandlerSpec,
     key: Result<MessageKey, KeyError>,
@@ -145,6 +147,7 @@ where
 /// Runs `body` in claim mode, on a diesel-async connection; see `driver::drive_claim` for
 /// the steps.
 pub async fn run_claim_async<C, T, E, B, A>(
+    _outcome: PhantomData<A>,
     conn: &mut C,
     spec: &'static HandlerSpec,
     claim: ClaimSpec,

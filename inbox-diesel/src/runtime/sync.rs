@@ -1,6 +1,7 @@
 //! The sync runtime: the expansion of `#[idempotent]` on a `fn`.
 
 use std::convert::Infallible;
+use std::marker::PhantomData;
 use std::time::Duration;
 
 use diesel::QueryResult;
@@ -15,9 +16,11 @@ use crate::runtime::driver::{self, BatchClaims, NewMessages, Steps};
 use crate::spec::HandlerSpec;
 use crate::{Error, InboxConnection, NoConnection};
 
-/// Runs `body` once per message key and consumer, on a sync connection; see
+/// Runs `body` once per message key and consumer, on a sync connection, answering in the
+/// outcome type `A` the caller names (`_outcome`); see
 /// `driver::drive` for the steps.
 pub fn run<C, T, E, B, P, A>(
+    _outcome: PhantomData<A>,
     conn: &mut C,
     spec: &'static HandlerSpec,
     key: Result<MessageKey, KeyError>,
@@ -97,6 +100,7 @@ where
 
 /// Runs `body` in claim mode, on a sync connection; see `driver::drive_claim` for the steps.
 pub fn run_claim<C, T, E, B, A>(
+    _outcome: PhantomData<A>,
     conn: &mut C,
     spec: &'static HandlerSpec,
     claim: ClaimSpec,
