@@ -10,7 +10,7 @@
 
 use diesel::connection::{AnsiTransactionManager, SimpleConnection, TransactionManager};
 use diesel::result::Error as DieselError;
-use inbox_diesel::{Action, Error, ErrorClass, InboxSchema, classify};
+use inbox_diesel::{Action, Error, ErrorClass, InboxSchema, Outcome, classify};
 
 /// The inbox's own error inside a `QueryResult` handler's diesel error.
 fn inbox_error(error: DieselError) -> Error {
@@ -27,49 +27,52 @@ fn body_action(error: &DieselError) -> Action {
     classify(error, &InboxSchema::DEFAULT).action()
 }
 
-/// The faults every backend shares: misuse, a drifted table, a business constraint.
-macro_rules! shared_faults {
-    ($db:expr, $run:ident) => {{
-        let db = $db;
-        // Called inside the caller's open transaction: nothing runs.
-        let mut conn = db.connect();
-        AnsiTransactionManager::begin_transaction(&mut conn).unwrap();
-        let misuse = inbox_error($run(&mut conn, &1, "SELECT 1").unwrap_err());
-        assert!(
-            matches!(misuse, Error::CalledInsideTransaction),
-            "{misuse:?}"
-        );
-        assert_eq!(misuse.action(), Action::Alert);
-        AnsiTransactionManager::rollback_transaction(&mut conn).unwrap();
+/// The faults every backend shares: misuse, a drifted table, a business constraint. `run`
+/// is the backend's handler running `sql` in its body for message `id`.
+fn shared_faults<C>(
+    connect: impl Fn() -> C,
+    run: fn(&mut C, &u64, &str) -> diesel::QueryResult<Outcome<()>>,
+) where
+    C: diesel::Connection<TransactionManager = AnsiTransactionManager> + SimpleConnection,
+{
+    // Called inside the caller's open transaction: nothing runs.
+    let mut conn = connect();
+    AnsiTransactionManager::begin_transaction(&mut conn).unwrap();
+    let misuse = inbox_error(run(&mut conn, &1, "SELECT 1").unwrap_err());
+    assert!(
+        matches!(misuse, Error::CalledInsideTransaction),
+        "{misuse:?}"
+    );
+    assert_eq!(misuse.action(), Action::Alert);
+    AnsiTransactionManager::rollback_transaction(&mut conn).unwrap();
 
-        // A business unique violation in the body.
-        let mut conn = db.connect();
-        conn.batch_execute("INSERT INTO users (email) VALUES ('a@example.com')")
-            .unwrap();
-        let business = $run(
-            &mut conn,
-            &2,
-            "INSERT INTO users (email) VALUES ('a@example.com')",
-        )
-        .unwrap_err();
-        assert_eq!(body_action(&business), Action::DeadLetter, "{business:?}");
+    // A business unique violation in the body.
+    let mut conn = connect();
+    conn.batch_execute("INSERT INTO users (email) VALUES ('a@example.com')")
+        .unwrap();
+    let business = run(
+        &mut conn,
+        &2,
+        "INSERT INTO users (email) VALUES ('a@example.com')",
+    )
+    .unwrap_err();
+    assert_eq!(body_action(&business), Action::DeadLetter, "{business:?}");
 
-        // A body that reads a table dropped under it.
-        let missing = $run(&mut conn, &3, "SELECT * FROM no_such_table").unwrap_err();
-        assert_eq!(
-            classify(&missing, &InboxSchema::DEFAULT),
-            ErrorClass::Schema,
-            "{missing:?}"
-        );
-        assert_eq!(body_action(&missing), Action::Alert);
+    // A body that reads a table dropped under it.
+    let missing = run(&mut conn, &3, "SELECT * FROM no_such_table").unwrap_err();
+    assert_eq!(
+        classify(&missing, &InboxSchema::DEFAULT),
+        ErrorClass::Schema,
+        "{missing:?}"
+    );
+    assert_eq!(body_action(&missing), Action::Alert);
 
-        // The inbox table itself dropped: refused before any marker, on a fresh connection.
-        conn.batch_execute("DROP TABLE inbox").unwrap();
-        let mut fresh = db.connect();
-        let schema = inbox_error($run(&mut fresh, &4, "SELECT 1").unwrap_err());
-        assert!(matches!(schema, Error::Schema(_)), "{schema:?}");
-        assert_eq!(schema.action(), Action::Alert);
-    }};
+    // The inbox table itself dropped: refused before any marker, on a fresh connection.
+    conn.batch_execute("DROP TABLE inbox").unwrap();
+    let mut fresh = connect();
+    let schema = inbox_error(run(&mut fresh, &4, "SELECT 1").unwrap_err());
+    assert!(matches!(schema, Error::Schema(_)), "{schema:?}");
+    assert_eq!(schema.action(), Action::Alert);
 }
 
 mod sqlite {
@@ -109,7 +112,7 @@ mod sqlite {
         assert_eq!((busy.action(), busy.attempts()), (Action::RetryLater, 2));
         holder.batch_execute("ROLLBACK").unwrap();
 
-        shared_faults!(db, run);
+        shared_faults(|| db.connect(), run);
     }
 }
 
@@ -198,7 +201,7 @@ mod postgres {
                 .is_processed()
         );
 
-        shared_faults!(db, run);
+        shared_faults(|| db.connect(), run);
     }
 
     #[idempotent(consumer = "fault", key = *id, retries = 0)]
@@ -313,6 +316,6 @@ mod mysql {
         let ended = run(&mut db.connect(), &12, "KILL CONNECTION_ID()").unwrap_err();
         assert_eq!(body_action(&ended), Action::Reconnect, "{ended:?}");
 
-        shared_faults!(db, run);
+        shared_faults(|| db.connect(), run);
     }
 }

@@ -5,85 +5,26 @@
 
 #![cfg(any(feature = "postgres", feature = "mysql"))]
 
-/// A holds the marker of message 1 in its body until told to go on; B's delivery of message 1
-/// answers `InFlight` while A holds it, and `Duplicate` once A has committed.
-macro_rules! in_flight_test {
-    ($db:expr, $conn:ty, $session_lock_wait:expr, $lock_wait_restored:expr) => {{
-        use std::sync::mpsc;
-        use std::time::{Duration, Instant};
-
-        use diesel::connection::SimpleConnection;
-        use inbox_diesel::{InFlightOutcome, idempotent};
-
-        #[idempotent(consumer = "credit", key = *id, on_locked = "in_flight")]
-        fn credit(conn: &mut $conn, id: &u64, hold: &dyn Fn()) -> diesel::QueryResult<()> {
-            conn.batch_execute("UPDATE accounts SET balance = balance + 1 WHERE id = 1")?;
-            // Fails unless the body waits for locks as the session had it.
-            conn.batch_execute($lock_wait_restored)?;
-            hold();
-            Ok(())
-        }
-
-        let db = $db;
-        let (held_tx, held) = mpsc::channel();
-        let (go_tx, go) = mpsc::channel::<()>();
-        std::thread::scope(|scope| {
-            let mut a = db.connect();
-            a.batch_execute($session_lock_wait).unwrap();
-            let first = scope.spawn(move || {
-                credit(&mut a, &1, &|| {
-                    held_tx.send(()).unwrap();
-                    go.recv().unwrap();
-                })
-            });
-            held.recv().unwrap();
-            let mut b = db.connect();
-            b.batch_execute($session_lock_wait).unwrap();
-            let started = Instant::now();
-            let answer = credit(&mut b, &1, &|| {}).unwrap();
-            assert!(
-                matches!(answer, InFlightOutcome::InFlight { .. }),
-                "{answer:?}"
-            );
-            assert!(!answer.should_ack());
-            assert!(
-                started.elapsed() < Duration::from_secs(3),
-                "{:?}",
-                started.elapsed()
-            );
-            go_tx.send(()).unwrap();
-            assert!(first.join().unwrap().unwrap().is_processed());
-            assert!(credit(&mut b, &1, &|| {}).unwrap().is_duplicate());
-        });
-        let balance = inbox_tests::server::count(
-            &mut db.connect(),
-            "SELECT balance AS n FROM accounts WHERE id = 1",
-        );
-        assert_eq!(balance, 1, "message 1, once");
-    }};
-}
-
 #[cfg(feature = "postgres")]
-#[test]
-fn postgres_answers_in_flight_instead_of_waiting() {
-    in_flight_test!(
-        inbox_tests::postgres::PgDb::new("in_flight"),
-        diesel::PgConnection,
-        "SET lock_timeout = '7s'",
-        "DO $$ BEGIN IF current_setting('lock_timeout') <> '7s' THEN \
-         RAISE 'the body kept the marker''s short lock wait'; END IF; END $$"
-    );
+mod postgres {
+    type Db = inbox_tests::postgres::PgDb;
+    type Conn = diesel::PgConnection;
+    const SESSION_LOCK_WAIT: &str = "SET lock_timeout = '7s'";
+    const LOCK_WAIT_RESTORED: &str = "DO $$ BEGIN IF current_setting('lock_timeout') <> '7s' THEN \
+         RAISE 'the body kept the marker''s short lock wait'; END IF; END $$";
+
+    include!("behaviour/in_flight.rs");
 }
 
 #[cfg(feature = "mysql")]
-#[test]
-fn mariadb_answers_in_flight_instead_of_waiting() {
-    in_flight_test!(
-        inbox_tests::mysql::MysqlDb::new("in_flight"),
-        diesel::MysqlConnection,
-        "SET SESSION innodb_lock_wait_timeout = 7",
-        "SELECT IF(@@SESSION.innodb_lock_wait_timeout <> 7, (SELECT 1 UNION SELECT 2), 1)"
-    );
+mod mariadb {
+    type Db = inbox_tests::mysql::MysqlDb;
+    type Conn = diesel::MysqlConnection;
+    const SESSION_LOCK_WAIT: &str = "SET SESSION innodb_lock_wait_timeout = 7";
+    const LOCK_WAIT_RESTORED: &str =
+        "SELECT IF(@@SESSION.innodb_lock_wait_timeout <> 7, (SELECT 1 UNION SELECT 2), 1)";
+
+    include!("behaviour/in_flight.rs");
 }
 
 /// The same through diesel-async: B answers `InFlight` while A's body holds the marker, and
