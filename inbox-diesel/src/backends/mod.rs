@@ -113,7 +113,8 @@ pub(crate) mod sealed {
 /// (`r2d2::PooledConnection`, …) derefs to it, so `handler(&mut pooled, &msg)` compiles as it
 /// is.
 ///
-/// Sealed: its methods are the runtime's, and not reachable from outside the crate.
+/// Sealed: only this crate's connections implement it, and what the runtime calls on them is
+/// not reachable from outside the crate.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a connection an #[idempotent] handler can run on",
     label = "declare this parameter as `&mut PgConnection`, `&mut MysqlConnection` or `&mut SqliteConnection`",
@@ -153,7 +154,8 @@ mod asynchronous {
     /// deadpool, bb8 or mobc support) derefs to it, so `handler(&mut pooled, &msg).await`
     /// compiles as it is.
     ///
-    /// Sealed: its methods are the runtime's, and not reachable from outside the crate.
+    /// Sealed: only this crate's connections implement it, and what the runtime calls on them is
+    /// not reachable from outside the crate.
     ///
     /// # Cancellation
     ///
