@@ -172,7 +172,8 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
         block,
         ..
     } = function;
-    sig.output = outcome_return_type(&ret, form.wrapper());
+    let wrapper = form.wrapper();
+    sig.output = outcome_return_type(&ret, wrapper.clone());
 
     let busy_timeout_ms = match busy_timeout_ms {
         Some(ms) => quote!(#ms),
@@ -238,7 +239,6 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
             };
             // The outcome type named here, not inferred from the declared return type: it is
             // what the runtime answers by (`InFlight` only with `on_locked = "in_flight"`).
-            let wrapper = form.wrapper();
             quote! {
                 ::inbox_diesel::__private::#runtime(
                     ::core::marker::PhantomData::<#wrapper<_>>,
@@ -263,7 +263,6 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
             // The body is handed `NoConnection` in place of the connection: it runs outside
             // any transaction, and the guard asks about every mention of it. The outcome type
             // is named: whether an expired claim is reported follows from it.
-            let wrapper = form.wrapper();
             quote! {
                 ::inbox_diesel::__private::#runtime(
                     ::core::marker::PhantomData::<#wrapper<_>>,

@@ -93,19 +93,12 @@ pub(crate) trait Body<C, R> {
     async fn call(&mut self, conn: &mut C) -> R;
 }
 
-/// What one attempt ended with.
-enum Step<T, W> {
+/// What an attempt ended with, and so what [`drive`] decided for the message (or the batch).
+pub(crate) enum Decided<T, W> {
     Processed(T),
     Duplicate,
     /// `on_locked = "in_flight"`: another delivery holds the marker, uncommitted. `W` is
     /// the outcome type's witness that it can say so ([`HandlerOutcome::InFlightWitness`]).
-    InFlight(W),
-}
-
-/// What [`drive`] decided for the message (or the batch).
-pub(crate) enum Decided<T, W> {
-    Processed(T),
-    Duplicate,
     InFlight(W),
 }
 
@@ -172,20 +165,20 @@ where
         let attempted = attempt(&mut steps, spec, layout, claims, &mut body, in_flight).await;
         end(&mut steps, spec, layout).await;
         let failure = match attempted {
-            Ok(Step::Processed(value)) => {
-                tracing::debug!(outcome = "processed", "committed with its marker");
-                return Ok(Decided::Processed(value));
-            }
-            Ok(Step::Duplicate) => {
-                tracing::info!(outcome = "duplicate", "marker exists; body not run");
-                return Ok(Decided::Duplicate);
-            }
-            Ok(Step::InFlight(witness)) => {
-                tracing::info!(
-                    outcome = "in_flight",
-                    "another delivery holds the marker; body not run"
-                );
-                return Ok(Decided::InFlight(witness));
+            Ok(decided) => {
+                match &decided {
+                    Decided::Processed(_) => {
+                        tracing::debug!(outcome = "processed", "committed with its marker")
+                    }
+                    Decided::Duplicate => {
+                        tracing::info!(outcome = "duplicate", "marker exists; body not run")
+                    }
+                    Decided::InFlight(_) => tracing::info!(
+                        outcome = "in_flight",
+                        "another delivery holds the marker; body not run"
+                    ),
+                }
+                return Ok(decided);
             }
             Err(failure) => failure,
         };
@@ -778,7 +771,7 @@ async fn attempt<S, K, T, E, B, W: Copy>(
     claims: &K,
     body: &mut B,
     in_flight: Option<W>,
-) -> Result<Step<T, W>, Failure<T, E>>
+) -> Result<Decided<T, W>, Failure<T, E>>
 where
     S: Steps,
     K: Claims,
@@ -799,7 +792,7 @@ where
             // ROLLBACK, not COMMIT: nothing was written, and on PostgreSQL a commit would
             // flush the WAL for the sequence value the conflicting insert consumed.
             roll_back(steps).await;
-            return Ok(Step::Duplicate);
+            return Ok(Decided::Duplicate);
         }
         Err(e) => {
             roll_back(steps).await;
@@ -810,7 +803,7 @@ where
                 && classify(&e, &spec.schema)
                     == ErrorClass::Transient(inbox_core::TransientKind::LockWaitTimeout)
             {
-                return Ok(Step::InFlight(witness));
+                return Ok(Decided::InFlight(witness));
             }
             return Err(Failure::Database(e));
         }
@@ -831,7 +824,7 @@ where
     };
     match result {
         Ok(value) => match steps.commit().await {
-            Ok(()) => Ok(Step::Processed(value)),
+            Ok(()) => Ok(Decided::Processed(value)),
             Err(e) => {
                 // A failed COMMIT may or may not have ended the transaction.
                 roll_back(steps).await;
