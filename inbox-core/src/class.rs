@@ -24,6 +24,20 @@ pub enum ErrorClass {
     /// The connection to the server is gone, or its state is unknown (a rollback that
     /// failed): take a fresh connection.
     ConnectionLost,
+    /// The session can only read: a replica, a primary demoted by a failover, a session or
+    /// transaction set `READ ONLY` (PostgreSQL `25006`, MySQL and MariaDB `1792`, `1290` —
+    /// `--read-only`). The message is fine and so is the table: a fresh connection (to the
+    /// new primary) processes it.
+    ReadOnly,
+    /// The database refused the statement for want of a privilege (PostgreSQL `42501`, MySQL
+    /// and MariaDB `1142`/`1143`, a SQLite file opened read-only): a deployment to fix, not a
+    /// message to retry or dead-letter.
+    PermissionDenied,
+    /// The server no longer knows a statement the connection prepared: a pooler's reset
+    /// (`DISCARD ALL`, `DEALLOCATE ALL`) ran under it (PostgreSQL `26000`, MySQL and MariaDB
+    /// `1243`). The connection caches the statement and fails the same way every time: drop it
+    /// and take a fresh one.
+    StatementLost,
     /// The handler was used in a way it cannot work: called inside the caller's open
     /// transaction. A bug to fix, not a message to retry.
     Misuse,
@@ -42,8 +56,8 @@ pub enum ErrorClass {
 /// | action | classes | the pump |
 /// |---|---|---|
 /// | `RetryLater` | transient (deadlock, serialization failure, lock or statement timeout, busy) — after the handler's own retries were used up | nacks with a delay; the broker redelivers |
-/// | `Reconnect` | connection lost | drops the connection (a pool discards it), nacks; the redelivery runs on a fresh one |
-/// | `Alert` | misuse, schema, a swallowed error (`TransactionAborted`) | stops consuming or parks the message and alerts: every redelivery would fail the same way |
+/// | `Reconnect` | connection lost, a read-only session (a replica, a demoted primary), a prepared statement lost under the connection | drops the connection (a pool discards it), nacks; the redelivery runs on a fresh one |
+/// | `Alert` | misuse, schema, a missing privilege, a swallowed error (`TransactionAborted`) | stops consuming or parks the message and alerts: every redelivery would fail the same way |
 /// | `DeadLetter` | a business constraint, any other error | dead-letters the message: it fails on its own merits |
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -84,12 +98,15 @@ impl ErrorClass {
     pub fn action(&self) -> Action {
         match self {
             ErrorClass::Transient(_) => Action::RetryLater,
-            ErrorClass::ConnectionLost => Action::Reconnect,
+            ErrorClass::ConnectionLost | ErrorClass::ReadOnly | ErrorClass::StatementLost => {
+                Action::Reconnect
+            }
             // A duplicate is never an error the runtime returns: met as one, something read
             // it wrongly.
             ErrorClass::Misuse
             | ErrorClass::Schema
             | ErrorClass::TransactionAborted
+            | ErrorClass::PermissionDenied
             | ErrorClass::InboxDuplicate => Action::Alert,
             ErrorClass::UniqueViolation { .. } | ErrorClass::Other => Action::DeadLetter,
         }
@@ -107,6 +124,9 @@ impl fmt::Display for ErrorClass {
             ErrorClass::Transient(kind) => write!(f, "transient failure ({kind:?})"),
             ErrorClass::TransactionAborted => f.write_str("transaction aborted"),
             ErrorClass::ConnectionLost => f.write_str("connection lost"),
+            ErrorClass::ReadOnly => f.write_str("read-only session"),
+            ErrorClass::PermissionDenied => f.write_str("permission denied"),
+            ErrorClass::StatementLost => f.write_str("prepared statement lost"),
             ErrorClass::Misuse => f.write_str("misuse"),
             ErrorClass::Schema => f.write_str("schema mismatch"),
             ErrorClass::Other => f.write_str("other error"),

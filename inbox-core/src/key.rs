@@ -81,6 +81,9 @@ impl MessageKey {
     /// id was meant.
     pub const MAX_LEN: usize = 64 * 1024;
 
+    /// How many characters of a key its `Debug` shows, escaped, before it is cut.
+    pub const DEBUG_CHARS: usize = 128;
+
     /// The namespace under which non-UUID keys are turned into their stored id.
     pub const NAMESPACE: Uuid = Uuid::from_u128(0x6a1f_0e3c_9d7b_4f4e_b1c2_5e8d_2a70_c913);
 
@@ -250,9 +253,35 @@ impl fmt::Display for MessageKey {
     }
 }
 
+/// The key for logs: its text quoted and escaped as Rust escapes a string (a newline is `\n`,
+/// an escape sequence `\u{1b}`), and cut after [`MessageKey::DEBUG_CHARS`] characters with the
+/// length of the whole, so that a key a sender chose cannot forge log lines, drive a
+/// terminal, or write 64 KiB into one line. `Display` is the key's text as it is.
+///
+/// ```
+/// use inbox_core::MessageKey;
+///
+/// let key = MessageKey::text("a\nINFO forged line\u{1b}[2J")?;
+/// assert_eq!(format!("{key:?}"), r#"MessageKey("a\nINFO forged line\u{1b}[2J")"#);
+///
+/// let long = MessageKey::text("x".repeat(MessageKey::MAX_LEN))?;
+/// let logged = format!("{long:?}");
+/// assert!(logged.len() < 200);
+/// assert!(logged.ends_with("… (65536 bytes))"));
+/// # Ok::<(), inbox_core::KeyError>(())
+/// ```
 impl fmt::Debug for MessageKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "MessageKey({self})")
+        let text = self.to_string();
+        f.write_str("MessageKey(\"")?;
+        let mut chars = text.chars();
+        for c in chars.by_ref().take(Self::DEBUG_CHARS) {
+            write!(f, "{}", c.escape_debug())?;
+        }
+        match chars.next() {
+            None => f.write_str("\")"),
+            Some(_) => write!(f, "\"… ({} bytes))", text.len()),
+        }
     }
 }
 

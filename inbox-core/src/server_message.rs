@@ -394,6 +394,40 @@ fn classify_message(message: &str) -> ErrorClass {
         "Connection reset by peer",
         "broken pipe",
     ];
+    // Before the schema's "does not exist": PostgreSQL 26000 reads `prepared statement "…"
+    // does not exist`; MySQL and MariaDB 1243.
+    if (message.starts_with("prepared statement \"") && message.ends_with("\" does not exist"))
+        || message.starts_with("Unknown prepared statement handler")
+    {
+        return ErrorClass::StatementLost;
+    }
+    const READ_ONLY: [&str; 4] = [
+        // PostgreSQL 25006: a replica, `default_transaction_read_only`, `SET TRANSACTION
+        // READ ONLY`.
+        "in a read-only transaction",
+        // MySQL and MariaDB 1792.
+        "Cannot execute statement in a READ ONLY transaction",
+        // MySQL and MariaDB 1290 (`--read-only`, `--super-read-only`).
+        "server is running with the --read-only option",
+        "server is running with the --super-read-only option",
+    ];
+    if READ_ONLY.iter().any(|m| message.contains(m)) {
+        return ErrorClass::ReadOnly;
+    }
+    const PERMISSION_DENIED: [&str; 5] = [
+        // PostgreSQL 42501 (`permission denied for table inbox`, `… for schema …`).
+        "permission denied for ",
+        // MySQL and MariaDB 1142, 1143, 1044.
+        " command denied to user ",
+        "Access denied for user",
+        // SQLite SQLITE_READONLY: a file the process may not write, or opened read-only.
+        "attempt to write a readonly database",
+        // SQLite SQLITE_AUTH.
+        "not authorized",
+    ];
+    if PERMISSION_DENIED.iter().any(|m| message.contains(m)) {
+        return ErrorClass::PermissionDenied;
+    }
     let lower = message.to_ascii_lowercase();
     if CONNECTION_LOST
         .iter()
@@ -605,5 +639,50 @@ mod tests {
             other("syntax error at or near \"SELEC\""),
             ErrorClass::Other
         );
+        // Captured from PostgreSQL 15 and MariaDB 10.11; 1290 and 1243 as MySQL writes them.
+        for (message, class) in [
+            (
+                "cannot execute INSERT in a read-only transaction",
+                ErrorClass::ReadOnly,
+            ),
+            (
+                "Cannot execute statement in a READ ONLY transaction",
+                ErrorClass::ReadOnly,
+            ),
+            (
+                "The MySQL server is running with the --read-only option so it cannot \
+                 execute this statement",
+                ErrorClass::ReadOnly,
+            ),
+            (
+                "The MariaDB server is running with the --read-only option so it cannot \
+                 execute this statement",
+                ErrorClass::ReadOnly,
+            ),
+            (
+                "permission denied for table inbox",
+                ErrorClass::PermissionDenied,
+            ),
+            (
+                "INSERT command denied to user 'app'@'127.0.0.1' for table `test`.`inbox`",
+                ErrorClass::PermissionDenied,
+            ),
+            (
+                "attempt to write a readonly database",
+                ErrorClass::PermissionDenied,
+            ),
+            (
+                "prepared statement \"__diesel_stmt_3\" does not exist",
+                ErrorClass::StatementLost,
+            ),
+            (
+                "Unknown prepared statement handler (7) given to mysqld_stmt_execute",
+                ErrorClass::StatementLost,
+            ),
+            // Not a statement: a table, which is the schema's.
+            ("relation \"inbox\" does not exist", ErrorClass::Schema),
+        ] {
+            assert_eq!(other(message), class, "{message}");
+        }
     }
 }

@@ -30,6 +30,26 @@ pub enum Error {
         /// The attempt whose claim was taken over.
         attempt: u32,
     },
+    /// Claim mode: the body succeeded — its side effect happened — but stamping the claim
+    /// complete failed (after `attempts` attempts, when the failure was transient): a
+    /// privilege missing, a failover, a connection lost. The claim stays open until its lease
+    /// ends, and then a redelivery would take it over and run the side effect again, unless
+    /// `on_expired = "report"`. Do not retry blindly: record that the effect happened (stamp
+    /// the row by hand, see [`purge::stale_claims`](crate::purge::stale_claims)), or make the
+    /// downstream call idempotent by the message key. [`Error::action`] is `Alert`.
+    EffectNotRecorded {
+        /// The attempt whose stamp failed.
+        attempt: u32,
+        /// How many times the stamp was tried.
+        attempts: u32,
+        /// The stamp's error.
+        source: diesel::result::Error,
+    },
+    /// A setting of the server session that the runtime cannot work with, found before
+    /// anything was written: MySQL and MariaDB `autocommit = 0` under claim mode or the purge,
+    /// whose statements must each commit on their own. Fix the pool's session setup; alert,
+    /// do not retry.
+    Session(SessionProblem),
     /// The handler was called inside an open transaction of the caller's. The inbox writes
     /// the marker in a transaction of its own, committed with the body's work; inside
     /// another transaction it could not commit or roll back the marker with the body, so
@@ -67,6 +87,10 @@ impl Error {
             Error::InvalidKey(_) => ErrorClass::Other,
             Error::TransactionAborted => ErrorClass::TransactionAborted,
             Error::ClaimLost { .. } => ErrorClass::Other,
+            Error::EffectNotRecorded { source, .. } => {
+                crate::classify::class_of(source, &inbox_core::InboxSchema::DEFAULT)
+            }
+            Error::Session(_) => ErrorClass::Misuse,
             Error::Schema(_) => ErrorClass::Schema,
             Error::CalledInsideTransaction => ErrorClass::Misuse,
             Error::Database { class, .. } => class.clone(),
@@ -87,6 +111,9 @@ impl Error {
     pub fn action(&self) -> Action {
         match self {
             Error::ClaimLost { .. } => Action::RetryLater,
+            // Whatever the stamp's failure: the effect happened and only a person (or the
+            // lease's report) can say so; a redelivery would run it again.
+            Error::EffectNotRecorded { .. } => Action::Alert,
             Error::InvalidKey(_) => Action::DeadLetter,
             other => other.class().action(),
         }
@@ -96,7 +123,9 @@ impl Error {
     /// was retried until the handler's retries were used up.
     pub fn attempts(&self) -> u32 {
         match self {
-            Error::Database { attempts, .. } => *attempts,
+            Error::Database { attempts, .. } | Error::EffectNotRecorded { attempts, .. } => {
+                *attempts
+            }
             _ => 1,
         }
     }
@@ -125,6 +154,16 @@ impl fmt::Display for Error {
                  its lease ended; this attempt's side effect ran, and it is the other delivery \
                  that completes the work"
             ),
+            Error::EffectNotRecorded {
+                attempt, attempts, ..
+            } => write!(
+                f,
+                "inbox: the side effect of attempt {attempt} ran, but stamping its claim \
+                 complete failed ({attempts} tries); the claim stays open until its lease \
+                 ends, and a delivery that takes it over would run the effect again: record \
+                 the effect by hand"
+            ),
+            Error::Session(problem) => write!(f, "inbox: {problem}"),
             // The server's message is the `source()`: reporters print it after this.
             Error::Database {
                 class, attempts: 1, ..
@@ -143,8 +182,38 @@ impl std::error::Error for Error {
             Error::Schema(e) => Some(e),
             Error::TransactionAborted
             | Error::ClaimLost { .. }
+            | Error::Session(_)
             | Error::CalledInsideTransaction => None,
-            Error::Database { source, .. } => Some(source),
+            Error::Database { source, .. } | Error::EffectNotRecorded { source, .. } => {
+                Some(source)
+            }
+        }
+    }
+}
+
+/// A server-session setting the runtime cannot work with ([`Error::Session`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SessionProblem {
+    /// MySQL and MariaDB: `autocommit` is off on the session. Claim mode commits its claim
+    /// and its stamp each on its own, and the purge each batch: with `autocommit = 0` none
+    /// of them would commit, and the claim would vanish with the connection — after the
+    /// side effect ran.
+    AutocommitOff {
+        /// What needed it: `"claim mode"` or `"purge"`.
+        needed_by: &'static str,
+    },
+}
+
+impl fmt::Display for SessionProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SessionProblem::AutocommitOff { needed_by } => write!(
+                f,
+                "autocommit is off on this MySQL/MariaDB session, and {needed_by} commits each \
+                 of its statements on its own: nothing was written; give it connections with \
+                 autocommit on (remove `SET autocommit = 0` from the pool's connection setup)"
+            ),
         }
     }
 }

@@ -489,9 +489,9 @@ pub use inbox_macros::idempotent;
 #[cfg(feature = "async")]
 pub use backends::AsyncInboxConnection;
 pub use backends::InboxConnection;
-pub use error::Error;
 pub use error::HasDieselError;
 pub use error::classify;
+pub use error::{Error, SessionProblem};
 pub use guard::NoConnection;
 pub use inbox_core::{
     Action, BatchOutcome, Consumer, ConsumerError, ErrorClass, HandlerOutcome, IdentifierError,

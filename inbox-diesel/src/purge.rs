@@ -189,7 +189,9 @@ struct N {
 ///
 /// # Errors
 /// A database error, or diesel's `AlreadyInTransaction` when `conn` is inside a transaction
-/// (the batches would then form one long transaction).
+/// (the batches would then form one long transaction). On MySQL and MariaDB a session with
+/// `autocommit = 0` is refused before anything is deleted: a `QueryBuilderError` carrying
+/// [`Error::Session`](crate::Error::Session) (`inbox_diesel::Error::from` takes it out).
 pub fn purge<C: InboxConnection>(
     conn: &mut C,
     schema: &InboxSchema,
@@ -248,6 +250,12 @@ async fn run<S: Io>(io: &mut S, schema: &InboxSchema, purge: &Purge) -> QueryRes
     if let Some(sql) = S::Backend::try_lock(table) {
         let sql = Sql::new(sql).bind_text(&lock_name).bind_text(&lock_name);
         let locked = one_n(io.load(&sql).await?);
+        if locked == -1 {
+            return Err(crate::Error::Session(crate::SessionProblem::AutocommitOff {
+                needed_by: "the purge",
+            })
+            .into());
+        }
         if locked != 1 {
             let mut report = PurgeReport::default();
             if let Some(sql) = S::Backend::lock_holder_idle(table) {

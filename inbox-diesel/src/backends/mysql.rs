@@ -11,14 +11,16 @@ use crate::dialect::claim::{ClaimRead, ClaimSql};
 use crate::dialect::{self, Backend, Dialect, Row, Sql};
 
 impl Dialect for diesel::mysql::Mysql {
-    const NOW: &'static str = "CURRENT_TIMESTAMP(6)";
+    /// UTC, whatever the session's `time_zone`: `DATETIME` stores what it is given, and
+    /// instances whose pools set different time zones must agree on every lease and cutoff.
+    const NOW: &'static str = "UTC_TIMESTAMP(6)";
     /// None: the plain insert fails with 1062 on a duplicate
     /// ([`inserted_unless_duplicate`]).
     const ON_CONFLICT: &'static str = "";
     const CLAIM_ON_CONFLICT: &'static str = "";
-    const LEASE_NOW: &'static str = "CURRENT_TIMESTAMP(6)";
+    const LEASE_NOW: &'static str = "UTC_TIMESTAMP(6)";
     const LEASE_UNTIL: (&'static str, &'static str) =
-        ("CURRENT_TIMESTAMP(6) + INTERVAL (", " * 1000) MICROSECOND");
+        ("UTC_TIMESTAMP(6) + INTERVAL (", " * 1000) MICROSECOND");
     const BIGINT: &'static str = "SIGNED";
 
     fn bind_id<'b>(out: &mut AstPass<'_, 'b, Self>, id: &'b Uuid) -> QueryResult<()> {
@@ -119,7 +121,7 @@ impl Dialect for diesel::mysql::Mysql {
 
     fn delete_batch(table: &str) -> String {
         format!(
-            "DELETE FROM {table} WHERE processed_at < NOW(6) - INTERVAL ? SECOND \
+            "DELETE FROM {table} WHERE processed_at < UTC_TIMESTAMP(6) - INTERVAL ? SECOND \
              ORDER BY processed_at LIMIT ?"
         )
     }
@@ -127,14 +129,14 @@ impl Dialect for diesel::mysql::Mysql {
     fn count_stale(table: &str) -> String {
         format!(
             "SELECT count(*) AS n FROM {table} WHERE processed_at IS NULL \
-             AND received_at < NOW(6) - INTERVAL ? SECOND"
+             AND received_at < UTC_TIMESTAMP(6) - INTERVAL ? SECOND"
         )
     }
 
     fn list_stale(table: &str) -> String {
         format!(
             "SELECT message_id, consumer, CAST(attempts AS SIGNED) AS attempts FROM {table} \
-             WHERE processed_at IS NULL AND received_at < NOW(6) - INTERVAL ? SECOND \
+             WHERE processed_at IS NULL AND received_at < UTC_TIMESTAMP(6) - INTERVAL ? SECOND \
              ORDER BY id LIMIT ?"
         )
     }
@@ -144,10 +146,14 @@ impl Dialect for diesel::mysql::Mysql {
     /// database already). The lock is the session's; one this session still holds — left by a
     /// purge dropped before its release — is released first, so that it is held once, not
     /// once more per purge.
+    ///
+    /// A session with `autocommit = 0` answers -1 without taking the lock: none of its
+    /// batches would commit.
     fn try_lock(_: &str) -> Option<String> {
         Some(
-            "SELECT CAST(COALESCE(CASE WHEN IS_USED_LOCK(CONCAT(DATABASE(), ' ', ?)) = \
-             CONNECTION_ID() THEN 1 ELSE GET_LOCK(CONCAT(DATABASE(), ' ', ?), 0) END, 0) \
+            "SELECT CAST(CASE WHEN @@SESSION.autocommit = 0 THEN -1 ELSE \
+             COALESCE(CASE WHEN IS_USED_LOCK(CONCAT(DATABASE(), ' ', ?)) = \
+             CONNECTION_ID() THEN 1 ELSE GET_LOCK(CONCAT(DATABASE(), ' ', ?), 0) END, 0) END \
              AS SIGNED) AS n"
                 .into(),
         )

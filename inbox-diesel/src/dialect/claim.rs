@@ -36,6 +36,9 @@ pub enum ClaimState {
     Released,
     Live,
     Expired,
+    /// Not read: the session would read rows not yet committed (MySQL and MariaDB
+    /// `READ UNCOMMITTED`), where a marker seen might still roll back.
+    Unread,
 }
 
 impl ClaimState {
@@ -44,7 +47,8 @@ impl ClaimState {
             0 => ClaimState::Completed,
             1 => ClaimState::Released,
             2 => ClaimState::Live,
-            _ => ClaimState::Expired,
+            3 => ClaimState::Expired,
+            _ => ClaimState::Unread,
         }
     }
 }
@@ -58,6 +62,9 @@ pub enum ClaimStep {
     Insert { lease_ms: u64, layout: Layout },
     /// Reads the row's state and attempt counter.
     Read,
+    /// `precheck = true`: [`ClaimStep::Read`] outside any transaction, which on MySQL and
+    /// MariaDB answers [`ClaimState::Unread`] on a session that reads uncommitted rows.
+    Precheck { layout: Layout },
     /// Takes over a released claim — or with `expired` an expired one too — whose counter
     /// still is `seen`: 1 row or 0.
     TakeOver {
@@ -97,6 +104,11 @@ enum Part {
     MarkedConsumer(SessionMark),
     /// The key's text (`key_text`).
     KeyText,
+    /// The id, required to come with `autocommit` on (MySQL, MariaDB): claim mode's
+    /// statements each commit on their own, and with `autocommit = 0` none would. The insert
+    /// of a session without it fails (1048 on `message_id`) before anything is written
+    /// ([`autocommit_off`]).
+    AutocommittedId,
     Int(i64),
 }
 
@@ -131,7 +143,7 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB> {
         key: &MessageKey,
         step: ClaimStep,
     ) -> Self {
-        use Part::{Consumer, Id, Int, KeyText, MarkedConsumer, Sql, Table};
+        use Part::{AutocommittedId, Consumer, Id, Int, KeyText, MarkedConsumer, Sql, Table};
         let lease = |ms: u64| {
             [
                 Sql(DB::LEASE_UNTIL.0),
@@ -143,11 +155,19 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB> {
         match step {
             ClaimStep::Insert { lease_ms, layout } => {
                 let consumer = layout.session_mark.map_or(Consumer, MarkedConsumer);
+                // MySQL and MariaDB: the session's mark, and autocommit on.
+                let id = match layout.session_mark {
+                    Some(_) => AutocommittedId,
+                    None => Id,
+                };
                 parts.extend([Sql("INSERT INTO "), Table]);
                 match layout.key_text {
                     true => parts.extend([
-                        Sql(" (message_id, consumer, key_text, claimed_until, attempts) VALUES ("),
-                        Id,
+                        Sql(
+                            " (message_id, consumer, key_text, received_at, claimed_until, \
+                             attempts) VALUES (",
+                        ),
+                        id,
                         Sql(", "),
                         consumer,
                         Sql(", "),
@@ -155,17 +175,23 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB> {
                         Sql(", "),
                     ]),
                     false => parts.extend([
-                        Sql(" (message_id, consumer, claimed_until, attempts) VALUES ("),
-                        Id,
+                        Sql(
+                            " (message_id, consumer, received_at, claimed_until, attempts) \
+                             VALUES (",
+                        ),
+                        id,
                         Sql(", "),
                         consumer,
                         Sql(", "),
                     ]),
                 }
+                parts.extend([Sql(DB::NOW), Sql(", ")]);
                 parts.extend(lease(lease_ms));
                 parts.extend([Sql(", 1)"), Sql(DB::CLAIM_ON_CONFLICT)]);
             }
-            ClaimStep::Read => unreachable!("a read is built by ClaimSql::read"),
+            ClaimStep::Read | ClaimStep::Precheck { .. } => {
+                unreachable!("a read is built by ClaimSql::read")
+            }
             ClaimStep::TakeOver {
                 seen,
                 lease_ms,
@@ -224,16 +250,35 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB> {
         }
     }
 
-    /// `SELECT <state code>, attempts … WHERE message_id = ? AND consumer = ?`.
+    /// `SELECT <state code>, attempts … WHERE message_id = ? AND consumer = ?`. With
+    /// `committed_only` (a precheck, with the layout's server flavour) on MySQL and MariaDB,
+    /// a session at `READ UNCOMMITTED` reads code 4 ([`ClaimState::Unread`]): there a marker
+    /// another delivery has not committed yet would read as completed, and the message would
+    /// be acknowledged before its first delivery rolled back.
     pub(crate) fn read(
         schema: &'a InboxSchema,
         consumer: &'a str,
         key: &MessageKey,
+        committed_only: Option<Layout>,
     ) -> ClaimSql<'a, DB, (BigInt, BigInt)> {
         use Part::{Sql, Table};
+        let isolation = match committed_only {
+            Some(layout) if DB::BACKEND == super::Backend::Mysql => Some(match layout.mariadb {
+                // MariaDB before 11.1 has only `tx_isolation`; MySQL 8 only this.
+                true => {
+                    "SELECT CAST(CASE WHEN @@SESSION.tx_isolation = 'READ-UNCOMMITTED' \
+                         THEN 4 WHEN processed_at IS NOT NULL THEN 0 "
+                }
+                false => {
+                    "SELECT CAST(CASE WHEN @@SESSION.transaction_isolation = \
+                          'READ-UNCOMMITTED' THEN 4 WHEN processed_at IS NOT NULL THEN 0 "
+                }
+            }),
+            _ => None,
+        };
         let mut parts = vec![
-            Sql("SELECT CAST(CASE WHEN processed_at IS NOT NULL THEN 0 \
-                 WHEN claimed_until IS NULL THEN 1 WHEN claimed_until > "),
+            Sql(isolation.unwrap_or("SELECT CAST(CASE WHEN processed_at IS NOT NULL THEN 0 ")),
+            Sql("WHEN claimed_until IS NULL THEN 1 WHEN claimed_until > "),
             Sql(DB::LEASE_NOW),
             Sql(" THEN 2 ELSE 3 END AS "),
             Sql(DB::BIGINT),
@@ -293,9 +338,25 @@ where
                     out.push_sql(after);
                 }
                 Part::KeyText => out.push_bind_param::<Text, str>(&self.key_text)?,
+                Part::AutocommittedId => {
+                    out.push_sql("IF(@@SESSION.autocommit = 1, ");
+                    DB::bind_id(&mut out, &self.id)?;
+                    out.push_sql(", NULL)");
+                }
                 Part::Int(value) => DB::bind_int(&mut out, value)?,
             }
         }
         Ok(())
     }
+}
+
+/// Whether a failed claim insert says that `autocommit` is off on the session (MySQL and
+/// MariaDB): error 1048 on `message_id`, which only [`Part::AutocommittedId`] makes NULL.
+pub(crate) fn autocommit_off(error: &diesel::result::Error) -> bool {
+    crate::classify::with_server_error(error, |server| {
+        server
+            .message
+            .contains("Column 'message_id' cannot be null")
+    })
+    .unwrap_or(false)
 }

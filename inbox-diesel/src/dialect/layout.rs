@@ -18,8 +18,9 @@ pub struct Layout {
 }
 
 /// MySQL and MariaDB: a session variable, `@inbox_checked_<digest of table and index>`, set
-/// by the startup check on the server session it ran on, and required by each marker insert
-/// (`IF(@… = 1, <consumer>, NULL)` into the `NOT NULL` consumer). The runtime remembers a
+/// by the startup check on the server session it ran on to the session's database, and
+/// required by each marker insert (`IF(@… = <database>, <consumer>, NULL)` into the
+/// `NOT NULL` consumer). The runtime remembers a
 /// check by the connection's address, and a new connection can take a dropped one's
 /// address; there a plain `INSERT` would not notice a table without its unique index, and a
 /// message would be applied twice. The server, which knows its sessions, refuses the insert
@@ -40,14 +41,24 @@ impl SessionMark {
         format!("@inbox_checked_{:016x}", self.0)
     }
 
-    /// Sets the variable on the session: after the check passed there.
+    /// Sets the variable on the session, to the session's default database: after the check
+    /// passed there. `USE other` afterwards makes an unqualified table another table, which
+    /// was never checked: the mark then no longer matches.
     pub(crate) fn set_sql(self) -> String {
-        format!("SET {} = 1", self.variable())
+        format!("SET {} = {}", self.variable(), Self::DATABASE)
     }
 
-    /// The consumer's bind, wrapped: `IF(@… = 1, ` before it, `, NULL)` after it.
+    /// The session's default database, never NULL (a session may have none), and without an
+    /// empty string literal (which `EMPTY_STRING_IS_NULL` would make NULL).
+    const DATABASE: &'static str = "IFNULL(CONCAT('+', DATABASE()), '-')";
+
+    /// The consumer's bind, wrapped: `IF(@… = <database>, ` before it, `, NULL)` after it,
+    /// compared byte by byte (database names are case-sensitive where files are).
     pub(crate) fn guard(self) -> (String, &'static str) {
-        (format!("IF({} = 1, ", self.variable()), ", NULL)")
+        (
+            format!("IF(BINARY {} = {}, ", self.variable(), Self::DATABASE),
+            ", NULL)",
+        )
     }
 }
 

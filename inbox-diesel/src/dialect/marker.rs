@@ -14,11 +14,13 @@ use super::layout::SessionMark;
 /// The marker insert, written once for every backend:
 ///
 /// ```sql
-/// INSERT INTO <table> (message_id, consumer, processed_at) VALUES (?, ?, <now>)
+/// INSERT INTO <table> (message_id, consumer, received_at, processed_at) VALUES (?, ?, <now>, <now>)
 ///     ON CONFLICT (message_id, consumer) DO NOTHING RETURNING 1    -- PostgreSQL, SQLite
 /// ```
 ///
-/// On a table with `key_text`, the key's text is a third column and bind.
+/// On a table with `key_text`, the key's text is a third column and bind. `received_at` is
+/// written, not left to the column's default: an older MySQL table's default is the session's
+/// local time, and the runtime's times are UTC ([`Dialect::NOW`]).
 ///
 /// `DO NOTHING` suppresses only a conflict on the `(message_id, consumer)` index, so any other
 /// violation still raises; no error is raised for a duplicate, so a PostgreSQL transaction is
@@ -79,8 +81,8 @@ where
         out.push_sql("INSERT INTO ");
         push_table(&mut out, self.table)?;
         out.push_sql(match self.text {
-            Some(_) => " (message_id, consumer, key_text, processed_at) VALUES (",
-            None => " (message_id, consumer, processed_at) VALUES (",
+            Some(_) => " (message_id, consumer, key_text, received_at, processed_at) VALUES (",
+            None => " (message_id, consumer, received_at, processed_at) VALUES (",
         });
         DB::bind_id(&mut out, self.id)?;
         out.push_sql(", ");
@@ -99,6 +101,8 @@ where
             out.push_sql(", ");
         }
         out.push_sql(DB::NOW);
+        out.push_sql(", ");
+        out.push_sql(DB::NOW);
         out.push_sql(")");
         out.push_sql(DB::ON_CONFLICT);
         Ok(())
@@ -108,7 +112,7 @@ where
 /// The markers of a batch in one statement, returning the ids of those inserted:
 ///
 /// ```sql
-/// INSERT INTO <table> (message_id, consumer, processed_at) VALUES (?, ?, <now>), …
+/// INSERT INTO <table> (message_id, consumer, received_at, processed_at) VALUES (?, ?, <now>, <now>), …
 ///     ON CONFLICT (message_id, consumer) DO NOTHING RETURNING message_id
 /// ```
 ///
@@ -164,8 +168,8 @@ where
         out.push_sql("INSERT INTO ");
         push_table(&mut out, self.table)?;
         out.push_sql(match self.texts {
-            Some(_) => " (message_id, consumer, key_text, processed_at) VALUES ",
-            None => " (message_id, consumer, processed_at) VALUES ",
+            Some(_) => " (message_id, consumer, key_text, received_at, processed_at) VALUES ",
+            None => " (message_id, consumer, received_at, processed_at) VALUES ",
         });
         for (n, id) in self.ids.iter().enumerate() {
             if n > 0 {
@@ -180,6 +184,8 @@ where
                 out.push_bind_param::<Text, str>(&texts[n])?;
                 out.push_sql(", ");
             }
+            out.push_sql(DB::NOW);
+            out.push_sql(", ");
             out.push_sql(DB::NOW);
             out.push_sql(")");
         }

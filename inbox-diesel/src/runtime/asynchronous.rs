@@ -231,8 +231,9 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
     async fn verify(
         &mut self,
         spec: &'static HandlerSpec,
+        claim: bool,
     ) -> Result<Layout, crate::schema::check::SchemaError> {
-        crate::schema::verify_layout_async(self.0, &spec.schema).await
+        crate::schema::verify_layout_async(self.0, &spec.schema, claim).await
     }
 
     async fn claim_step(

@@ -32,12 +32,25 @@ pub(crate) async fn step<S: Io>(
 ) -> QueryResult<ClaimAnswer> {
     match step {
         ClaimStep::Read => Ok(read_answer(
-            io.read_claim(ClaimSql::read(schema, consumer, key)).await?,
+            io.read_claim(ClaimSql::read(schema, consumer, key, None))
+                .await?,
+        )),
+        ClaimStep::Precheck { layout } => Ok(read_answer(
+            io.read_claim(ClaimSql::read(schema, consumer, key, Some(layout)))
+                .await?,
         )),
         ClaimStep::Insert { .. } => {
             let inserted = io
                 .execute_claim(ClaimSql::new(schema, consumer, key, step))
                 .await;
+            if let Err(e) = &inserted
+                && crate::dialect::claim::autocommit_off(e)
+            {
+                return Err(crate::Error::Session(crate::SessionProblem::AutocommitOff {
+                    needed_by: "claim mode",
+                })
+                .into());
+            }
             crate::dialect::marker::inserted_unless_duplicate(inserted, schema)
                 .map(ClaimAnswer::Rows)
         }

@@ -63,7 +63,11 @@ pub(crate) trait Steps {
     async fn roll_back(&mut self) -> QueryResult<()>;
 
     /// Reads the inbox table's definition from the catalog and checks it (`schema::verify`).
-    async fn verify(&mut self, spec: &'static HandlerSpec) -> Result<Layout, SchemaError>;
+    async fn verify(
+        &mut self,
+        spec: &'static HandlerSpec,
+        claim: bool,
+    ) -> Result<Layout, SchemaError>;
 
     /// `on_locked = "in_flight"`: after the marker's claim, lock waits as the session had them
     /// (`claimed`: the claim's statement succeeded, so the transaction is usable).
@@ -152,8 +156,8 @@ where
     B: Body<S::Conn, Result<T, E>>,
     P: Fn(&Result<T, E>) -> Option<ErrorClass>,
 {
-    let mut layout = schema_checked(&mut steps, spec, inbox_error).await?;
-    if spec.precheck && claims.completed_before(&mut steps, spec).await {
+    let mut layout = schema_checked(&mut steps, spec, false, inbox_error).await?;
+    if spec.precheck && claims.completed_before(&mut steps, spec, layout).await {
         tracing::info!(
             outcome = "duplicate",
             "completed marker found before the transaction"
@@ -187,7 +191,7 @@ where
             && needs_recheck(e, spec)
         {
             rechecked = true;
-            layout = rechecked_layout(&mut steps, spec, inbox_error).await?;
+            layout = rechecked_layout(&mut steps, spec, false, inbox_error).await?;
             continue;
         }
         let class = match &failure {
@@ -229,6 +233,7 @@ where
 async fn schema_checked<S: Steps, E>(
     steps: &mut S,
     spec: &'static HandlerSpec,
+    claim: bool,
     inbox_error: fn(Error) -> E,
 ) -> Result<Layout, E> {
     let key = check_key(steps, spec);
@@ -241,7 +246,7 @@ async fn schema_checked<S: Steps, E>(
     if let Some(layout) = known {
         return Ok(layout);
     }
-    match steps.verify(spec).await {
+    match steps.verify(spec, claim).await {
         Ok(layout) => {
             CHECKED.with_borrow_mut(|checked| {
                 // Bounded: connections come and go in a pool; forgetting them all costs one
@@ -298,11 +303,12 @@ fn needs_recheck(error: &DieselError, spec: &HandlerSpec) -> bool {
 async fn rechecked_layout<S: Steps, E>(
     steps: &mut S,
     spec: &'static HandlerSpec,
+    claim: bool,
     inbox_error: fn(Error) -> E,
 ) -> Result<Layout, E> {
     tracing::info!("a statement found the inbox table not as checked; checking it again");
     forget_check(steps, spec);
-    schema_checked(steps, spec, inbox_error).await
+    schema_checked(steps, spec, claim, inbox_error).await
 }
 
 /// How many (connection, handler) pairs a thread remembers as checked.
@@ -362,6 +368,7 @@ pub(crate) trait Claims {
         &self,
         _steps: &mut S,
         _spec: &'static HandlerSpec,
+        _layout: Layout,
     ) -> bool {
         false
     }
@@ -377,8 +384,16 @@ impl Claims for MessageKey {
         steps.claim(spec, self, layout).await
     }
 
-    async fn completed_before<S: Steps>(&self, steps: &mut S, spec: &'static HandlerSpec) -> bool {
-        match steps.claim_step(spec, self, ClaimStep::Read).await {
+    async fn completed_before<S: Steps>(
+        &self,
+        steps: &mut S,
+        spec: &'static HandlerSpec,
+        layout: Layout,
+    ) -> bool {
+        match steps
+            .claim_step(spec, self, ClaimStep::Precheck { layout })
+            .await
+        {
             Ok(ClaimAnswer::Read(Some((ClaimState::Completed, _)))) => true,
             Ok(_) => false,
             Err(e) => {
@@ -508,8 +523,8 @@ where
     B: Body<S::Conn, Result<T, E>>,
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
-    tracing::debug!(key = ?key.to_string(), "handling message");
-    let mut layout = schema_checked(&mut steps, spec, inbox_error).await?;
+    tracing::debug!(key = ?key, "handling message");
+    let mut layout = schema_checked(&mut steps, spec, true, inbox_error).await?;
     let (mut retries, mut rechecked) = (0, false);
     let attempt = loop {
         match acquire(&mut steps, spec, claim, layout, &key, A::STALE_CLAIM).await {
@@ -540,7 +555,7 @@ where
             }
             Err(e) if !rechecked && needs_recheck(&e, spec) => {
                 rechecked = true;
-                layout = rechecked_layout(&mut steps, spec, inbox_error).await?;
+                layout = rechecked_layout(&mut steps, spec, true, inbox_error).await?;
             }
             Err(e) => wait_or_give_up(&mut steps, spec, e, &mut retries, inbox_error).await?,
         }
@@ -610,7 +625,27 @@ where
                 );
                 return Err(inbox_error(Error::ClaimLost { attempt }));
             }
-            Err(e) => wait_or_give_up(&mut steps, spec, e, &mut retries, inbox_error).await?,
+            Err(e) => match retry_after(spec, &e, retries) {
+                Some(after) => {
+                    retries += 1;
+                    steps.pause(after).await;
+                }
+                // The effect happened: an error of its own, which says so, rather than the
+                // database's, which a pump would retry or dead-letter.
+                None => {
+                    tracing::error!(
+                        outcome = "effect_not_recorded",
+                        attempt,
+                        error = %e,
+                        "the side effect ran, but stamping its claim complete failed"
+                    );
+                    return Err(inbox_error(Error::EffectNotRecorded {
+                        attempt,
+                        attempts: retries + 1,
+                        source: e,
+                    }));
+                }
+            },
         }
     }
 }
@@ -663,6 +698,8 @@ async fn acquire<S: Steps, W: Copy>(
             (ClaimState::Expired, Some(witness)) => return Ok(Acquired::Stale(seen, witness)),
             (ClaimState::Expired, None) => true,
             (ClaimState::Released, _) => false,
+            // A plain read never answers it; were it to, waiting is safe.
+            (ClaimState::Unread, _) => return Ok(Acquired::Live),
         };
         let take_over = ClaimStep::TakeOver {
             seen,
@@ -751,6 +788,12 @@ fn give_up<T, E>(
                 "the handler was called inside an open transaction; nothing ran"
             );
             inbox_error(Error::CalledInsideTransaction)
+        }
+        // The inbox's own error, carried through a statement's `QueryResult`: as it is.
+        Failure::Database(DieselError::QueryBuilderError(inner)) if inner.is::<Error>() => {
+            let error = *inner.downcast::<Error>().expect("checked by `is`");
+            tracing::error!(outcome = "failed", error = %error, "refused");
+            inbox_error(error)
         }
         Failure::Database(source) => {
             let class = class.unwrap_or(ErrorClass::Other);
@@ -972,7 +1015,11 @@ mod tests {
             Ok(())
         }
 
-        async fn verify(&mut self, _: &'static HandlerSpec) -> Result<Layout, SchemaError> {
+        async fn verify(
+            &mut self,
+            _: &'static HandlerSpec,
+            _: bool,
+        ) -> Result<Layout, SchemaError> {
             Ok(Layout::default())
         }
 
@@ -992,7 +1039,7 @@ mod tests {
         ) -> QueryResult<ClaimAnswer> {
             let name = match step {
                 ClaimStep::Insert { .. } => "insert".to_owned(),
-                ClaimStep::Read => "read".to_owned(),
+                ClaimStep::Read | ClaimStep::Precheck { .. } => "read".to_owned(),
                 ClaimStep::TakeOver { seen, .. } => format!("take over {seen}"),
                 ClaimStep::Stamp { attempt } => format!("stamp {attempt}"),
                 ClaimStep::Release { attempt } => format!("release {attempt}"),

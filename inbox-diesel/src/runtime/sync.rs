@@ -205,8 +205,9 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
     async fn verify(
         &mut self,
         spec: &'static HandlerSpec,
+        claim: bool,
     ) -> Result<Layout, crate::schema::check::SchemaError> {
-        crate::schema::verify_layout(self.0, &spec.schema)
+        crate::schema::verify_layout(self.0, &spec.schema, claim)
     }
 
     async fn claim_step(

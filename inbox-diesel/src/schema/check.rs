@@ -36,6 +36,13 @@ pub enum SchemaProblem {
         /// What it should be.
         expected: &'static str,
     },
+    /// A key column may hold NULL. On MySQL and MariaDB the runtime relies on `consumer`
+    /// being `NOT NULL` to refuse a marker from a session that did not check the table; a
+    /// NULL in a unique index is distinct from every other, so no duplicate would be seen.
+    Nullable {
+        /// The column.
+        column: &'static str,
+    },
     /// No index of the name the runtime recognises duplicates by. Without it, two
     /// deliveries both insert their marker and both run the body.
     MissingUniqueIndex {
@@ -51,8 +58,21 @@ pub enum SchemaProblem {
     IndexColumns {
         /// The index.
         index: String,
-        /// Its columns, in order.
+        /// Its columns, in order (`(expression)` for an expression).
         found: Vec<String>,
+    },
+    /// The table or its index has a property that breaks an assumption of the runtime: a
+    /// trigger or rule that can swallow or rewrite the marker, an inheritance child, a
+    /// table that is not crash-safe or not transactional, an index that is invalid, partial,
+    /// on a prefix or deferrable, a missing privilege, a name that means different tables on
+    /// different sessions.
+    Unsupported {
+        /// What was found, e.g. ``trigger `audit_inbox` ``.
+        found: String,
+        /// What it breaks.
+        why: &'static str,
+        /// How to fix it.
+        fix: String,
     },
 }
 
@@ -66,6 +86,11 @@ impl fmt::Display for SchemaProblem {
                 found,
                 expected,
             } => write!(f, "column `{column}` is {found}, expected {expected}"),
+            SchemaProblem::Nullable { column } => write!(
+                f,
+                "column `{column}` allows NULL: a NULL key is distinct from every other in the \
+                 unique index, so duplicates would not be recognised; make it NOT NULL"
+            ),
             SchemaProblem::MissingUniqueIndex { index } => write!(
                 f,
                 "unique index `{index}` on (message_id, consumer) is missing: without it \
@@ -80,6 +105,9 @@ impl fmt::Display for SchemaProblem {
                 "index `{index}` is on ({}), expected (message_id, consumer)",
                 found.join(", ")
             ),
+            SchemaProblem::Unsupported { found, why, fix } => {
+                write!(f, "{found}: {why}; {fix}")
+            }
         }
     }
 }
@@ -90,8 +118,11 @@ impl fmt::Display for SchemaProblem {
 pub enum SchemaError {
     /// The table differs from what the runtime needs, in each of these ways.
     Mismatch {
-        /// The table checked.
+        /// The table checked, as the handler names it.
         table: &'static str,
+        /// The table the name resolved to on the session checked, with its schema or
+        /// database (`public.inbox`, `shop.inbox`); `None` where it did not resolve.
+        resolved: Option<String>,
         /// Everything found wrong.
         problems: Vec<SchemaProblem>,
     },
@@ -102,11 +133,22 @@ pub enum SchemaError {
 impl fmt::Display for SchemaError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            SchemaError::Mismatch { table, problems } => {
-                write!(
-                    f,
-                    "the inbox table `{table}` is not as the runtime needs it: "
-                )?;
+            SchemaError::Mismatch {
+                table,
+                resolved,
+                problems,
+            } => {
+                match resolved {
+                    Some(resolved) if resolved != table => write!(
+                        f,
+                        "the inbox table `{table}` (`{resolved}` on this session) is not as \
+                         the runtime needs it: "
+                    )?,
+                    _ => write!(
+                        f,
+                        "the inbox table `{table}` is not as the runtime needs it: "
+                    )?,
+                }
                 for (n, problem) in problems.iter().enumerate() {
                     if n > 0 {
                         f.write_str("; ")?;
@@ -129,11 +171,13 @@ impl std::error::Error for SchemaError {
     }
 }
 
-/// The catalog's view of the inbox table: its columns and the named index.
+/// The catalog's view of the inbox table: its columns, the named index, and the facts of
+/// [`facts_sql`].
 #[derive(Debug, Default)]
 pub(crate) struct Catalog {
     columns: Vec<ColumnRow>,
     index: Vec<IndexRow>,
+    facts: Vec<FactRow>,
     /// `VERSION()` on MySQL and MariaDB; empty elsewhere.
     server: String,
 }
@@ -144,6 +188,8 @@ pub(crate) struct ColumnRow {
     name: String,
     #[diesel(sql_type = Text)]
     type_name: String,
+    #[diesel(sql_type = BigInt)]
+    nullable: i64,
 }
 
 #[derive(Debug, diesel::QueryableByName)]
@@ -163,64 +209,238 @@ pub(crate) struct IndexRow {
     name: String,
 }
 
-/// The catalog queries of each backend. Binds: the table's qualifier (`''` when none) and
-/// its name; the index query then the index name.
-pub(crate) fn catalog_sql(backend: Backend) -> (&'static str, &'static str) {
+/// One fact about the table that the check refuses or reports: its kind and a detail.
+#[derive(Debug, diesel::QueryableByName)]
+pub(crate) struct FactRow {
+    #[diesel(sql_type = Text)]
+    kind: String,
+    #[diesel(sql_type = Text)]
+    detail: String,
+}
+
+/// PostgreSQL: the table's oid, resolved as the runtime's statements resolve its name. Binds
+/// `$1` (qualifier, `''` when none) and `$2` (name).
+const PG_REL: &str = "to_regclass(CASE WHEN $1 = '' THEN quote_ident($2) \
+     ELSE quote_ident($1) || '.' || quote_ident($2) END)";
+
+/// MySQL and MariaDB: the table's database, without an empty-string literal (which
+/// `EMPTY_STRING_IS_NULL` reads as NULL). Binds the qualifier twice.
+const MYSQL_SCHEMA: &str = "IF(IFNULL(CHAR_LENGTH(?), 0) = 0, DATABASE(), ?)";
+
+/// The catalog queries of each backend: the columns (binds: the table's qualifier, `''`
+/// when none, and its name) and the index (binds: qualifier, name, index name).
+pub(crate) fn catalog_sql(backend: Backend) -> (String, String) {
     match backend {
         Backend::Postgres => (
-            "SELECT a.attname::text AS name, format_type(a.atttypid, a.atttypmod) AS type_name \
-             FROM pg_attribute a WHERE a.attrelid = to_regclass(CASE WHEN $1 = '' \
-             THEN quote_ident($2) ELSE quote_ident($1) || '.' || quote_ident($2) END) \
-             AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
-            "SELECT CASE WHEN i.indisunique THEN 1 ELSE 0 END::int8 AS is_unique, \
-             a.attname::text AS name FROM pg_index i \
-             JOIN pg_class c ON c.oid = i.indexrelid \
-             CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord) \
-             JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum \
-             WHERE i.indrelid = to_regclass(CASE WHEN $1 = '' THEN quote_ident($2) \
-             ELSE quote_ident($1) || '.' || quote_ident($2) END) AND c.relname = $3 \
-             ORDER BY k.ord",
+            format!(
+                "SELECT a.attname::text AS name, format_type(a.atttypid, a.atttypmod) AS type_name, \
+                 CASE WHEN a.attnotnull THEN 0 ELSE 1 END::int8 AS nullable \
+                 FROM pg_attribute a WHERE a.attrelid = {PG_REL} \
+                 AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum"
+            ),
+            // Key columns only (not `INCLUDE`d ones); an expression is named `(expression)`,
+            // so that an index on (message_id, consumer, lower(x)) is not taken for the key.
+            format!(
+                "SELECT CASE WHEN i.indisunique THEN 1 ELSE 0 END::int8 AS is_unique, \
+                 COALESCE(a.attname::text, '(expression)') AS name FROM pg_index i \
+                 JOIN pg_class c ON c.oid = i.indexrelid \
+                 CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord) \
+                 LEFT JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum \
+                 AND k.attnum > 0 \
+                 WHERE i.indrelid = {PG_REL} AND c.relname = $3 AND k.ord <= i.indnkeyatts \
+                 ORDER BY k.ord"
+            ),
         ),
         Backend::Mysql => (
-            "SELECT CAST(column_name AS CHAR) AS name, CAST(CONCAT(column_type, \
-             IFNULL(CONCAT(' collate ', collation_name), '')) AS CHAR) AS type_name \
-             FROM information_schema.columns \
-             WHERE table_schema = COALESCE(NULLIF(?, ''), DATABASE()) AND table_name = ? \
-             ORDER BY ordinal_position",
-            "SELECT CAST(1 - non_unique AS SIGNED) AS is_unique, \
-             CAST(column_name AS CHAR) AS name FROM information_schema.statistics \
-             WHERE table_schema = COALESCE(NULLIF(?, ''), DATABASE()) AND table_name = ? \
-             AND index_name = ? ORDER BY seq_in_index",
+            format!(
+                "SELECT CAST(column_name AS CHAR) AS name, \
+                 CAST(CONCAT_WS(' collate ', column_type, collation_name) AS CHAR) AS type_name, \
+                 CAST(is_nullable = 'YES' AS SIGNED) AS nullable \
+                 FROM information_schema.columns \
+                 WHERE table_schema = {MYSQL_SCHEMA} AND table_name = ? \
+                 ORDER BY ordinal_position"
+            ),
+            format!(
+                "SELECT CAST(1 - non_unique AS SIGNED) AS is_unique, \
+                 CAST(IFNULL(column_name, '(expression)') AS CHAR) AS name \
+                 FROM information_schema.statistics \
+                 WHERE table_schema = {MYSQL_SCHEMA} AND table_name = ? \
+                 AND index_name = ? ORDER BY seq_in_index"
+            ),
         ),
         Backend::Sqlite => (
-            "SELECT name, type AS type_name \
-             FROM pragma_table_info(?2, COALESCE(NULLIF(?1, ''), 'main')) ORDER BY cid",
-            "SELECT CAST(l.\"unique\" AS BIGINT) AS is_unique, i.name AS name \
+            "SELECT name, type AS type_name, CAST(\"notnull\" = 0 AS BIGINT) AS nullable \
+             FROM pragma_table_info(?2, COALESCE(NULLIF(?1, ''), 'main')) ORDER BY cid"
+                .into(),
+            "SELECT CAST(l.\"unique\" AS BIGINT) AS is_unique, \
+             COALESCE(i.name, '(expression)') AS name \
              FROM pragma_index_list(?2, COALESCE(NULLIF(?1, ''), 'main')) AS l, \
              pragma_index_info(l.name, COALESCE(NULLIF(?1, ''), 'main')) AS i \
-             WHERE l.name = ?3 ORDER BY i.seqno",
+             WHERE l.name = ?3 ORDER BY i.seqno"
+                .into(),
         ),
     }
 }
 
+/// The facts query: rows of (kind, detail) for what the table is (`table`: its name with
+/// its schema or database) and what the check refuses. Binds: qualifier, name, index name
+/// (each twice on MySQL, where `?` is positional: see the query). `schema` is the qualifier
+/// itself on SQLite, whose catalog of an attached database is named, not bound; `needs` the
+/// privileges the handler's statements take (PostgreSQL).
+fn facts_sql(backend: Backend, qualifier: &str, needs: &[(&str, &str)]) -> String {
+    match backend {
+        Backend::Postgres => {
+            let privileges = needs
+                .iter()
+                .map(|(privilege, column)| format!("('{privilege}', '{column}')"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            format!(
+                "WITH t AS (SELECT {PG_REL} AS rel), \
+                 ix AS (SELECT i.* FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid \
+                        JOIN t ON i.indrelid = t.rel WHERE c.relname = $3) \
+                 SELECT 'table' AS kind, n.nspname::text || '.' || c.relname::text AS detail \
+                 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 JOIN t ON c.oid = t.rel \
+                 UNION ALL SELECT 'persistence', c.relpersistence::text FROM pg_class c \
+                 JOIN t ON c.oid = t.rel WHERE c.relpersistence <> 'p' \
+                 UNION ALL SELECT 'relkind', c.relkind::text FROM pg_class c \
+                 JOIN t ON c.oid = t.rel WHERE c.relkind NOT IN ('r', 'p') \
+                 UNION ALL SELECT 'trigger', tg.tgname::text FROM pg_trigger tg \
+                 JOIN t ON tg.tgrelid = t.rel WHERE NOT tg.tgisinternal \
+                 UNION ALL SELECT 'rule', r.rulename::text FROM pg_rewrite r \
+                 JOIN t ON r.ev_class = t.rel WHERE r.rulename <> '_RETURN' \
+                 UNION ALL SELECT 'child', h.inhrelid::regclass::text FROM pg_inherits h \
+                 JOIN pg_class k ON k.oid = h.inhrelid JOIN t ON h.inhparent = t.rel \
+                 WHERE NOT k.relispartition \
+                 UNION ALL SELECT 'index invalid', 'invalid' FROM ix \
+                 WHERE NOT (ix.indisvalid AND ix.indisready AND ix.indislive) \
+                 UNION ALL SELECT 'index partial', pg_get_expr(ix.indpred, ix.indrelid) FROM ix \
+                 WHERE ix.indpred IS NOT NULL \
+                 UNION ALL SELECT 'index deferrable', co.conname::text FROM pg_constraint co \
+                 JOIN ix ON co.conindid = ix.indexrelid AND co.conrelid = ix.indrelid \
+                 WHERE co.condeferrable \
+                 UNION ALL SELECT 'collation', co.collname::text FROM pg_attribute a \
+                 JOIN pg_collation co ON co.oid = a.attcollation JOIN t ON a.attrelid = t.rel \
+                 WHERE a.attname = 'consumer' AND NOT co.collisdeterministic \
+                 UNION ALL SELECT 'encoding', pg_encoding_to_char(d.encoding)::text \
+                 FROM pg_database d WHERE d.datname = current_database() \
+                 AND d.encoding <> pg_char_to_encoding('UTF8') \
+                 UNION ALL SELECT 'same name', n.nspname::text FROM pg_class c \
+                 JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE $1 = '' AND c.relname = $2 AND c.relkind IN ('r', 'p', 'v', 'm', 'f') \
+                 AND n.nspname NOT LIKE 'pg\\_temp\\_%' \
+                 UNION ALL SELECT 'privilege', p.privilege || ' on ' || p.col \
+                 FROM (VALUES {privileges}) AS p(privilege, col) JOIN t ON true \
+                 JOIN pg_attribute a ON a.attrelid = t.rel AND a.attname = p.col \
+                 AND NOT a.attisdropped \
+                 WHERE NOT has_column_privilege(t.rel, a.attnum, p.privilege)"
+            )
+        }
+        Backend::Mysql => format!(
+            "WITH w AS (SELECT CAST({MYSQL_SCHEMA} AS CHAR) AS s, CAST(? AS CHAR) AS t, \
+                        CAST(? AS CHAR) AS ix) \
+             SELECT CAST(f.kind AS CHAR) AS kind, CAST(f.detail AS CHAR) AS detail FROM ( \
+             SELECT 'table' AS kind, CONCAT(tb.table_schema, '.', tb.table_name) AS detail \
+             FROM information_schema.tables tb JOIN w \
+             ON tb.table_schema = w.s AND tb.table_name = w.t \
+             UNION ALL SELECT 'engine', IFNULL(tb.engine, tb.table_type) \
+             FROM information_schema.tables tb JOIN w \
+             ON tb.table_schema = w.s AND tb.table_name = w.t \
+             WHERE tb.table_type <> 'BASE TABLE' OR tb.engine IS NULL OR tb.engine <> 'InnoDB' \
+             UNION ALL SELECT 'trigger', tr.trigger_name FROM information_schema.triggers tr \
+             JOIN w ON tr.event_object_schema = w.s AND tr.event_object_table = w.t \
+             UNION ALL SELECT 'index prefix', \
+             CONCAT(IFNULL(st.column_name, '(expression)'), '(', st.sub_part, ')') \
+             FROM information_schema.statistics st JOIN w \
+             ON st.table_schema = w.s AND st.table_name = w.t AND st.index_name = w.ix \
+             WHERE st.sub_part IS NOT NULL) AS f"
+        ),
+        Backend::Sqlite => {
+            let schema = match qualifier {
+                "" => "main",
+                qualifier => qualifier,
+            };
+            // A temporary table of the same name shadows an unqualified one: statements
+            // would write the marker there, and it is gone with the connection.
+            format!(
+                "SELECT 'table' AS kind, '{schema}.' || name AS detail \
+                 FROM \"{schema}\".sqlite_master WHERE type = 'table' AND name = ?2 COLLATE NOCASE \
+                 UNION ALL SELECT 'trigger', name FROM \"{schema}\".sqlite_master \
+                 WHERE type = 'trigger' AND tbl_name = ?2 COLLATE NOCASE \
+                 UNION ALL SELECT 'trigger', name FROM temp.sqlite_master \
+                 WHERE type = 'trigger' AND tbl_name = ?2 COLLATE NOCASE \
+                 UNION ALL SELECT 'relkind', type FROM \"{schema}\".sqlite_master \
+                 WHERE name = ?2 COLLATE NOCASE AND type NOT IN ('table', 'index', 'trigger') \
+                 UNION ALL SELECT 'shadowed', name FROM temp.sqlite_master \
+                 WHERE ?1 = '' AND '{schema}' <> 'temp' AND type = 'table' \
+                 AND name = ?2 COLLATE NOCASE \
+                 UNION ALL SELECT 'index partial', name \
+                 FROM pragma_index_list(?2, '{schema}') WHERE name = ?3 AND partial = 1"
+            )
+        }
+    }
+}
+
+/// The privileges a handler's statements take, by column (PostgreSQL): reading and writing
+/// the marker; in claim mode also updating the claim.
+fn needed_privileges(claim: bool, key_text: bool) -> Vec<(&'static str, &'static str)> {
+    let mut needs = vec![
+        ("SELECT", "message_id"),
+        ("SELECT", "consumer"),
+        ("SELECT", "processed_at"),
+        ("INSERT", "message_id"),
+        ("INSERT", "consumer"),
+        ("INSERT", "received_at"),
+        ("INSERT", "processed_at"),
+    ];
+    if key_text {
+        needs.push(("INSERT", "key_text"));
+    }
+    if claim {
+        needs.extend([
+            ("SELECT", "claimed_until"),
+            ("SELECT", "attempts"),
+            ("INSERT", "claimed_until"),
+            ("INSERT", "attempts"),
+            ("UPDATE", "claimed_until"),
+            ("UPDATE", "processed_at"),
+            ("UPDATE", "attempts"),
+        ]);
+    }
+    needs
+}
+
 /// Reads the [`Catalog`] of `schema`'s table.
-async fn read_catalog<S: Io>(io: &mut S, schema: &InboxSchema) -> QueryResult<Catalog> {
+async fn read_catalog<S: Io>(
+    io: &mut S,
+    schema: &InboxSchema,
+    claim: bool,
+) -> QueryResult<Catalog> {
     let backend = S::Backend::BACKEND;
     let (columns_sql, index_sql) = catalog_sql(backend);
     let (qualifier, name) = match schema.table().rsplit_once('.') {
         Some((qualifier, name)) => (qualifier, name),
         None => ("", schema.table()),
     };
-    let columns = io
-        .load(&Sql::new(columns_sql).bind_text(qualifier).bind_text(name))
-        .await?;
+    let mysql = backend == Backend::Mysql;
+    // MySQL binds are positional: the qualifier is bound twice.
+    let with_table = |sql: String| {
+        let sql = Sql::new(sql).bind_text(qualifier);
+        match mysql {
+            true => sql.bind_text(qualifier),
+            false => sql,
+        }
+        .bind_text(name)
+    };
+    let columns: Vec<ColumnRow> = io.load(&with_table(columns_sql)).await?;
     let index = io
-        .load(
-            &Sql::new(index_sql)
-                .bind_text(qualifier)
-                .bind_text(name)
-                .bind_text(schema.constraint()),
-        )
+        .load(&with_table(index_sql).bind_text(schema.constraint()))
+        .await?;
+    let key_text = columns.iter().any(|c| c.name == KEY_TEXT.0);
+    let needs = needed_privileges(claim, key_text);
+    let facts = io
+        .load(&with_table(facts_sql(backend, qualifier, &needs)).bind_text(schema.constraint()))
         .await?;
     let server = match backend {
         Backend::Mysql => io
@@ -235,17 +455,20 @@ async fn read_catalog<S: Io>(io: &mut S, schema: &InboxSchema) -> QueryResult<Ca
     Ok(Catalog {
         columns,
         index,
+        facts,
         server,
     })
 }
 
 /// The startup check on one connection: reads the catalog, compares, and on MySQL and
-/// MariaDB marks the session as checked ([`SessionMark`]).
+/// MariaDB marks the session as checked ([`SessionMark`]). `claim`: the handler runs in
+/// claim mode, whose statements take more privileges.
 pub(crate) async fn check_table<S: Io>(
     io: &mut S,
     schema: &InboxSchema,
+    claim: bool,
 ) -> Result<Layout, SchemaError> {
-    let catalog = read_catalog(io, schema)
+    let catalog = read_catalog(io, schema, claim)
         .await
         .map_err(SchemaError::Database)?;
     let layout = check(S::Backend::BACKEND, schema, catalog)?;
@@ -258,7 +481,10 @@ pub(crate) async fn check_table<S: Io>(
 }
 
 /// Each column the runtime uses, and the types it works with on each backend: a prefix of
-/// the catalog's type name, compared case-insensitively.
+/// the catalog's type name, compared case-insensitively. Times are UTC everywhere: on
+/// PostgreSQL `timestamp with time zone` (a `timestamp` column is compared in each session's
+/// `TimeZone`), on MySQL and MariaDB `DATETIME` written with `UTC_TIMESTAMP()` (a `TIMESTAMP`
+/// column converts from and to each session's `time_zone`).
 const COLUMNS: [(&str, [&[&str]; 3], &str); 7] = [
     // (column, [postgres, mysql, sqlite], expected)
     (
@@ -275,37 +501,37 @@ const COLUMNS: [(&str, [&[&str]; 3], &str); 7] = [
         "consumer",
         [
             &["text", "character varying"],
-            &["varchar", "text"],
+            &["varchar", "text", "mediumtext", "longtext"],
             &["text"],
         ],
-        "text",
+        "text of at least 200 characters",
     ),
     (
         "received_at",
         [
-            &["timestamp"],
-            &["datetime", "timestamp"],
+            &["timestamp with time zone", "timestamp("],
+            &["datetime"],
             &["timestamp", "datetime", "text"],
         ],
-        "a timestamp",
+        TIMESTAMP,
     ),
     (
         "processed_at",
         [
-            &["timestamp"],
-            &["datetime", "timestamp"],
+            &["timestamp with time zone", "timestamp("],
+            &["datetime"],
             &["timestamp", "datetime", "text"],
         ],
-        "a timestamp",
+        TIMESTAMP,
     ),
     (
         "claimed_until",
         [
-            &["timestamp"],
-            &["datetime", "timestamp"],
+            &["timestamp with time zone", "timestamp("],
+            &["datetime"],
             &["timestamp", "datetime", "text"],
         ],
-        "a timestamp",
+        TIMESTAMP,
     ),
     (
         "attempts",
@@ -318,18 +544,54 @@ const COLUMNS: [(&str, [&[&str]; 3], &str); 7] = [
     ),
 ];
 
+const TIMESTAMP: &str = "a time the runtime writes and compares in UTC: TIMESTAMPTZ \
+    (PostgreSQL; `timestamp without time zone` is read in each session's TimeZone), DATETIME \
+    (MySQL, MariaDB; `TIMESTAMP` converts with each session's time_zone), TIMESTAMP (SQLite)";
+
 /// The optional column the runtime fills when the table has it, and the types it accepts:
 /// the key as text, for operators and for migrating from a table of text ids
-/// (`inbox-diesel migration generate --with key_text`).
+/// (`inbox-diesel migration generate --with key_text`). A key is up to 64 KiB of text, a
+/// bytes key twice that in hex: no bounded type holds every key.
 const KEY_TEXT: (&str, [&[&str]; 3], &str) = (
     "key_text",
     [
         &["text", "character varying"],
-        &["text", "mediumtext", "longtext", "varchar"],
+        &["mediumtext", "longtext"],
         &["text"],
     ],
-    "text",
+    "unbounded text in UTF-8: TEXT (PostgreSQL, SQLite), MEDIUMTEXT with a utf8mb4 collation \
+     (MySQL, MariaDB)",
 );
+
+/// The longest consumer name, in characters: what `consumer` must hold.
+const CONSUMER_CHARS: u64 = inbox_core::Consumer::MAX_LEN as u64;
+
+/// The length a type name bounds a text to, `varchar(50)` → 50; `None` when unbounded.
+fn bound(type_name: &str) -> Option<u64> {
+    let (_, rest) = type_name.split_once('(')?;
+    rest.split_once(')')?.0.trim().parse().ok()
+}
+
+/// Whether the column `found` (its type name lower-cased, with MySQL's collation) can hold
+/// what the runtime writes into `column`, beyond the type's name.
+fn holds(backend: Backend, column: &str, type_name: &str) -> bool {
+    let timestamp = matches!(column, "received_at" | "processed_at" | "claimed_until");
+    match (backend, column) {
+        (Backend::Postgres, _) if timestamp => {
+            type_name.contains("with time zone") && !type_name.contains("without")
+        }
+        (Backend::Postgres, "consumer") => bound(type_name).is_none_or(|n| n >= CONSUMER_CHARS),
+        (Backend::Postgres, "key_text") => bound(type_name).is_none(),
+        // Any character of a UTF-8 name, compared byte by byte.
+        (Backend::Mysql, "consumer") => {
+            type_name.contains("collate utf8mb4_")
+                && type_name.contains("_bin")
+                && bound(type_name).is_none_or(|n| n >= CONSUMER_CHARS)
+        }
+        (Backend::Mysql, "key_text") => type_name.contains("collate utf8mb4_"),
+        _ => true,
+    }
+}
 
 /// Compares what the catalog says with what the runtime needs, and says which optional
 /// columns the table has.
@@ -343,6 +605,11 @@ pub(crate) fn check(
         mariadb: backend == Backend::Mysql && catalog.server.contains("MariaDB"),
         session_mark: (backend == Backend::Mysql).then(|| SessionMark::new(schema)),
     };
+    let resolved = catalog
+        .facts
+        .iter()
+        .find(|fact| fact.kind == "table")
+        .map(|fact| fact.detail.clone());
     let mut problems = Vec::new();
     if catalog.columns.is_empty() {
         problems.push(SchemaProblem::MissingTable {
@@ -362,24 +629,26 @@ pub(crate) fn check(
                 None => problems.push(SchemaProblem::MissingColumn { column }),
                 Some(found) => {
                     let type_name = found.type_name.to_ascii_lowercase();
-                    if !types[slot].iter().any(|t| type_name.starts_with(t)) {
-                        problems.push(SchemaProblem::WrongType {
-                            column,
-                            found: found.type_name.clone(),
-                            expected,
-                        });
-                    } else if backend == Backend::Mysql
-                        && column == "consumer"
-                        && !type_name.contains("_bin")
+                    if !types[slot].iter().any(|t| type_name.starts_with(t))
+                        || !holds(backend, column, &type_name)
                     {
-                        // A case- or accent-insensitive collation would let `Credit` share the
-                        // markers of `credit`.
                         problems.push(SchemaProblem::WrongType {
                             column,
                             found: found.type_name.clone(),
-                            expected: "VARCHAR(200) with a binary collation (utf8mb4_bin), so \
-                                       that consumer names compare byte by byte",
+                            expected: match (backend, column) {
+                                // A case- or accent-insensitive collation would let `Credit`
+                                // share the markers of `credit`; another character set would
+                                // turn names it cannot hold into `?`s that compare equal.
+                                (Backend::Mysql, "consumer") => {
+                                    "VARCHAR(200) with a binary utf8mb4 collation \
+                                     (utf8mb4_bin), so that every consumer name fits and \
+                                     compares byte by byte"
+                                }
+                                _ => expected,
+                            },
                         });
+                    } else if found.nullable != 0 && matches!(column, "message_id" | "consumer") {
+                        problems.push(SchemaProblem::Nullable { column });
                     }
                 }
             }
@@ -396,12 +665,162 @@ pub(crate) fn check(
                 found: columns,
             });
         }
+        problems.extend(refusals(backend, schema, &catalog.facts, layout.key_text));
     }
     match problems.is_empty() {
         true => Ok(layout),
         false => Err(SchemaError::Mismatch {
             table: schema.table(),
+            resolved,
             problems,
         }),
     }
+}
+
+/// The facts the check refuses, each with what it breaks and the fix.
+fn refusals(
+    backend: Backend,
+    schema: &InboxSchema,
+    facts: &[FactRow],
+    key_text: bool,
+) -> Vec<SchemaProblem> {
+    let table = schema.table();
+    let index = schema.constraint();
+    let mut problems = Vec::new();
+    let mut privileges = Vec::new();
+    let same_name: Vec<&str> = facts
+        .iter()
+        .filter(|f| f.kind == "same name")
+        .map(|f| f.detail.as_str())
+        .collect();
+    if same_name.len() > 1 {
+        problems.push(SchemaProblem::Unsupported {
+            found: format!(
+                "tables named `{table}` in the schemas {}",
+                same_name.join(", ")
+            ),
+            why: "which one an unqualified name means depends on each session's search_path: \
+                  instances with different settings would each keep markers in their own \
+                  table and apply a message once in each",
+            fix: format!(
+                "name the table with its schema (`table = \"{}.{table}\"`)",
+                same_name[0]
+            ),
+        });
+    }
+    for fact in facts {
+        let detail = fact.detail.as_str();
+        let problem = |found: String, why: &'static str, fix: String| SchemaProblem::Unsupported {
+            found,
+            why,
+            fix,
+        };
+        match fact.kind.as_str() {
+            "persistence" => problems.push(match detail {
+                "u" => problem(
+                    "an UNLOGGED table".into(),
+                    "a crash empties it and replicas do not have it, so every message \
+                     processed before a crash or failover would be applied again",
+                    format!("ALTER TABLE {table} SET LOGGED"),
+                ),
+                _ => problem(
+                    "a temporary table".into(),
+                    "its markers are gone with the session (and it hides the table of that \
+                     name from this session)",
+                    format!("drop the temporary table `{table}`"),
+                ),
+            }),
+            "relkind" | "engine" => problems.push(problem(
+                match (backend, detail) {
+                    (Backend::Mysql, "VIEW") | (_, "v") | (_, "view") => "a view".into(),
+                    (Backend::Mysql, engine) => format!("the {engine} storage engine"),
+                    (_, "f") => "a foreign table".into(),
+                    (_, "m") => "a materialized view".into(),
+                    (_, other) => format!("a relation of kind `{other}`"),
+                },
+                "the marker must be a row of a transactional table, written and rolled back \
+                 with the business change (MyISAM and Aria keep a marker whose transaction \
+                 rolled back: the message would never be applied)",
+                match backend {
+                    Backend::Mysql => format!("ALTER TABLE {table} ENGINE = InnoDB"),
+                    _ => "use a plain table (`inbox-diesel migration generate`)".into(),
+                },
+            )),
+            "trigger" => problems.push(problem(
+                format!("trigger `{detail}`"),
+                "a trigger can swallow, rewrite or move the marker row, and a new message \
+                 would then be answered Duplicate and never applied, or two consumers share \
+                 markers",
+                format!("drop it (`DROP TRIGGER {detail}`); keep audit triggers off the inbox"),
+            )),
+            "rule" => problems.push(problem(
+                format!("rule `{detail}`"),
+                "a rule can rewrite or swallow the marker's insert",
+                format!("DROP RULE {detail} ON {table}"),
+            )),
+            "child" => problems.push(problem(
+                format!("inheritance child `{detail}`"),
+                "the unique index does not cover a child's rows, and statements on the \
+                 parent read them",
+                format!("ALTER TABLE {detail} NO INHERIT {table}"),
+            )),
+            "index invalid" => problems.push(problem(
+                format!("index `{index}` is invalid"),
+                "an index left by a failed CREATE UNIQUE INDEX CONCURRENTLY enforces nothing \
+                 reliably and cannot serve ON CONFLICT",
+                format!("REINDEX INDEX CONCURRENTLY {index}"),
+            )),
+            "index partial" => problems.push(problem(
+                format!("index `{index}` is partial"),
+                "ON CONFLICT (message_id, consumer) does not match a partial index, and it \
+                 would not cover rows outside its predicate: every delivery would fail",
+                format!("recreate it without WHERE (`CREATE UNIQUE INDEX … ON {table} (message_id, consumer)`)"),
+            )),
+            "index deferrable" => problems.push(problem(
+                format!("constraint `{detail}` is DEFERRABLE"),
+                "ON CONFLICT does not work with a deferrable constraint, and a deferred check \
+                 would find a duplicate only at COMMIT, after the body ran",
+                format!("ALTER TABLE {table} ALTER CONSTRAINT {detail} NOT DEFERRABLE"),
+            )),
+            "index prefix" => problems.push(problem(
+                format!("index `{index}` is on a prefix of `{detail}`"),
+                "keys (or consumer names) that share the prefix would share one marker",
+                format!("recreate it on the whole columns (`UNIQUE KEY {index} (message_id, consumer)`)"),
+            )),
+            "collation" => problems.push(problem(
+                format!("`consumer` has the nondeterministic collation `{detail}`"),
+                "names that the collation calls equal (`Credit`, `credit`) would share \
+                 markers",
+                format!("ALTER TABLE {table} ALTER COLUMN consumer TYPE TEXT COLLATE \"C\""),
+            )),
+            "encoding" if key_text => problems.push(problem(
+                format!("the database encoding {detail}"),
+                "`key_text` must hold any key's text, and a key with a character the \
+                 encoding lacks would fail on every delivery",
+                "drop `key_text` (nothing reads it) or use a UTF8 database".into(),
+            )),
+            "shadowed" => problems.push(problem(
+                format!("a temporary table `{detail}`"),
+                "it hides the table from this connection's statements; its markers are gone \
+                 with the connection",
+                format!("drop the temporary table, or name the table `main.{table}`"),
+            )),
+            "privilege" => privileges.push(detail.to_owned()),
+            _ => {}
+        }
+    }
+    if !privileges.is_empty() {
+        problems.push(SchemaProblem::Unsupported {
+            found: format!("no privilege {}", privileges.join(", ")),
+            why: "the handler's statements would be refused on every delivery",
+            fix: format!(
+                "GRANT SELECT, INSERT{} ON {table} TO the handler's role",
+                match privileges.iter().any(|p| p.starts_with("UPDATE")) {
+                    true => ", UPDATE",
+                    false => "",
+                }
+            ),
+        });
+    }
+    problems
 }

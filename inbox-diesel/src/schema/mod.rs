@@ -80,17 +80,20 @@ pub fn verify<C: crate::InboxConnection>(
     conn: &mut C,
     schema: &InboxSchema,
 ) -> Result<(), SchemaError> {
-    verify_layout(conn, schema).map(drop)
+    verify_layout(conn, schema, false).map(drop)
 }
 
-/// [`verify`], saying which optional columns the table has.
+/// [`verify`], saying which optional columns the table has; `claim` for a claim-mode
+/// handler's privileges.
 pub(crate) fn verify_layout<C: crate::InboxConnection>(
     conn: &mut C,
     schema: &InboxSchema,
+    claim: bool,
 ) -> Result<crate::dialect::layout::Layout, SchemaError> {
     crate::io::complete_now(crate::schema::check::check_table(
         &mut crate::io::Blocking(conn),
         schema,
+        claim,
     ))
 }
 
@@ -103,7 +106,7 @@ pub async fn verify_async<C: crate::AsyncInboxConnection>(
     conn: &mut C,
     schema: &InboxSchema,
 ) -> Result<(), SchemaError> {
-    verify_layout_async(conn, schema).await.map(drop)
+    verify_layout_async(conn, schema, false).await.map(drop)
 }
 
 /// [`verify_async`], saying which optional columns the table has.
@@ -111,8 +114,9 @@ pub async fn verify_async<C: crate::AsyncInboxConnection>(
 pub(crate) async fn verify_layout_async<C: crate::AsyncInboxConnection>(
     conn: &mut C,
     schema: &InboxSchema,
+    claim: bool,
 ) -> Result<crate::dialect::layout::Layout, SchemaError> {
-    crate::schema::check::check_table(&mut crate::io::Awaiting(conn), schema).await
+    crate::schema::check::check_table(&mut crate::io::Awaiting(conn), schema, claim).await
 }
 
 pub use crate::dialect::{Backend, UnknownBackend};
