@@ -61,8 +61,12 @@ pub enum Error {
     CalledInsideTransaction,
     /// The inbox table cannot recognise a duplicate — its unique index on
     /// `(message_id, consumer)` is missing, not unique, on other columns or under another
-    /// name than `constraint` says — or the table or a column is missing or of a type the
-    /// runtime cannot write (the optional `key_text` included). Found the first time
+    /// name than `constraint` says, partial, on a prefix, deferrable or invalid — or the table
+    /// or a column is missing or of a type the runtime cannot write (the optional `key_text`
+    /// included), or the table has what the runtime cannot rely on: a trigger, a rule, an
+    /// inheritance child, an `UNLOGGED`, temporary or non-InnoDB table, missing privileges, a
+    /// name that means different tables on different `search_path`s
+    /// ([`SchemaProblem`](crate::schema::SchemaProblem) names each, with the fix). Found the first time
     /// a connection runs the handler, before any marker is written: nothing was processed, and
     /// no delivery will be until the table is fixed. Alert; do not retry.
     Schema(crate::schema::SchemaError),

@@ -243,11 +243,14 @@ fn key_text_with_the_table_or_added_to_it() {
         std::fs::read_to_string(dir.join(name).join(file)).unwrap()
     };
     let create = read("_create_inbox", "up.sql");
-    assert!(create.contains("key_text      MEDIUMTEXT,"), "{create}");
     assert!(
-        read("_add_key_text_to_inbox", "up.sql")
-            .contains("ALTER TABLE `inbox` ADD COLUMN key_text MEDIUMTEXT;")
+        create.contains("key_text      MEDIUMTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,"),
+        "{create}"
     );
+    assert!(read("_add_key_text_to_inbox", "up.sql").contains(
+        "ALTER TABLE `inbox` ADD COLUMN key_text MEDIUMTEXT CHARACTER SET utf8mb4 \
+                 COLLATE utf8mb4_bin;"
+    ));
     assert!(
         read("_add_key_text_to_inbox", "down.sql")
             .contains("ALTER TABLE `inbox` DROP COLUMN key_text;")

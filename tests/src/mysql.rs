@@ -36,13 +36,13 @@ impl Server for Mysql {
             "INSERT INTO digits VALUES (0), (1), (2), (3), (4), (5), (6), (7), (8), (9)".into(),
             format!(
                 "INSERT INTO inbox (message_id, consumer, received_at, processed_at) \
-                 SELECT UNHEX(MD5(i)), 'archive', NOW(6) - INTERVAL 10 DAY, NOW(6) - INTERVAL 10 DAY \
+                 SELECT UNHEX(MD5(i)), 'archive', UTC_TIMESTAMP(6) - INTERVAL 10 DAY, UTC_TIMESTAMP(6) - INTERVAL 10 DAY \
                  FROM (SELECT a.d + 10 * b.d + 100 * c.d + 1000 * e.d + 10000 * f.d + 100000 * g.d AS i \
                        FROM digits a, digits b, digits c, digits e, digits f, digits g) AS seq \
                  WHERE i < {n}"
             ),
             "INSERT INTO inbox (message_id, consumer, received_at) \
-             SELECT UNHEX(MD5(CONCAT('stale', d))), 'archive', NOW(6) - INTERVAL 10 DAY \
+             SELECT UNHEX(MD5(CONCAT('stale', d))), 'archive', UTC_TIMESTAMP(6) - INTERVAL 10 DAY \
              FROM digits WHERE d < 3"
                 .into(),
         ]

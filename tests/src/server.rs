@@ -92,6 +92,25 @@ impl<S: Server> ServerDb<S> {
         &self.url
     }
 
+    /// The database's name on the server.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The database's URL with another user (no password: the test servers trust local
+    /// connections).
+    pub fn url_as(&self, user: &str) -> String {
+        let (scheme, rest) = self.url.split_once("://").expect("a URL");
+        let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+        format!("{scheme}://{user}@{host}")
+    }
+
+    /// A connection as another user ([`url_as`](Self::url_as)).
+    pub fn connect_as(&self, user: &str) -> S::Conn {
+        let url = self.url_as(user);
+        S::Conn::establish(&url).unwrap_or_else(|e| panic!("connect as {user}: {e}"))
+    }
+
     pub fn connect(&self) -> S::Conn {
         S::Conn::establish(&self.url).expect("connect to the test database")
     }

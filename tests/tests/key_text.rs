@@ -26,7 +26,7 @@ mod sqlite {
         let error = by_text(&mut conn, &"a".to_owned()).unwrap_err();
         let chain = inbox_tests::error_chain(&error);
         assert!(
-            chain.contains("column `key_text` is INTEGER, expected text"),
+            chain.contains("column `key_text` is INTEGER, expected unbounded text"),
             "{chain}"
         );
         assert_eq!(stored_text(&mut conn, "activities", "a"), None);

@@ -104,6 +104,8 @@ enum Part {
     MarkedConsumer(SessionMark),
     /// The key's text (`key_text`).
     KeyText,
+    /// The ids of [`ClaimSql::present`], separated by commas.
+    Ids,
     /// The id, required to come with `autocommit` on (MySQL, MariaDB): claim mode's
     /// statements each commit on their own, and with `autocommit = 0` none would. The insert
     /// of a session without it fails (1048 on `message_id`) before anything is written
@@ -123,6 +125,8 @@ pub struct ClaimSql<'a, DB, ST = ()> {
     consumer: &'a str,
     /// The key's text, when a part binds it.
     key_text: String,
+    /// The ids of [`Part::Ids`].
+    ids: &'a [Uuid],
     parts: Vec<Part>,
     types: PhantomData<(DB, ST)>,
 }
@@ -245,6 +249,7 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB> {
             id: key.stored_id(),
             consumer,
             key_text,
+            ids: &[],
             parts,
             types: PhantomData,
         }
@@ -293,7 +298,50 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB> {
             id: key.stored_id(),
             consumer,
             key_text: String::new(),
+            ids: &[],
             parts,
+            types: PhantomData,
+        }
+    }
+}
+
+impl<'a, DB: Dialect> ClaimSql<'a, DB, (BigInt, BigInt)> {
+    /// How many of `ids` have a row for `consumer` (twice: the row type of a read):
+    ///
+    /// ```sql
+    /// SELECT count(*), count(*) FROM ONLY <table> WHERE consumer = ? AND message_id IN (?, …)
+    /// ```
+    ///
+    /// The evidence of a duplicate where the insert reports one by writing nothing
+    /// (`ON CONFLICT DO NOTHING`): a row the insert did not write may also have been
+    /// swallowed (a trigger, a rule), and then it is not there. `ONLY` on PostgreSQL: an
+    /// inheritance child's row is not the inbox's.
+    pub(crate) fn present(schema: &'a InboxSchema, consumer: &'a str, ids: &'a [Uuid]) -> Self {
+        use Part::{Consumer, Ids, Sql, Table};
+        let only = match DB::BACKEND {
+            super::Backend::Postgres => "ONLY ",
+            _ => "",
+        };
+        ClaimSql {
+            table: schema.table(),
+            id: Uuid::nil(),
+            consumer,
+            key_text: String::new(),
+            ids,
+            parts: vec![
+                Sql("SELECT CAST(count(*) AS "),
+                Sql(DB::BIGINT),
+                Sql("), CAST(count(*) AS "),
+                Sql(DB::BIGINT),
+                Sql(") FROM "),
+                Sql(only),
+                Table,
+                Sql(" WHERE consumer = "),
+                Consumer,
+                Sql(" AND message_id IN ("),
+                Ids,
+                Sql(")"),
+            ],
             types: PhantomData,
         }
     }
@@ -338,6 +386,14 @@ where
                     out.push_sql(after);
                 }
                 Part::KeyText => out.push_bind_param::<Text, str>(&self.key_text)?,
+                Part::Ids => {
+                    for (n, id) in self.ids.iter().enumerate() {
+                        if n > 0 {
+                            out.push_sql(", ");
+                        }
+                        DB::bind_id(&mut out, id)?;
+                    }
+                }
                 Part::AutocommittedId => {
                     out.push_sql("IF(@@SESSION.autocommit = 1, ");
                     DB::bind_id(&mut out, &self.id)?;

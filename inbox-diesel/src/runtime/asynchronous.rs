@@ -245,6 +245,14 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
         crate::runtime::claim::step(self, &spec.schema, spec.consumer.as_str(), key, step).await
     }
 
+    async fn markers_present(
+        &mut self,
+        spec: &'static HandlerSpec,
+        ids: &[uuid::Uuid],
+    ) -> QueryResult<usize> {
+        crate::runtime::claim::present(self, &spec.schema, spec.consumer.as_str(), ids).await
+    }
+
     async fn pause(&mut self, delay: Duration) {
         tokio::time::sleep(delay).await;
     }

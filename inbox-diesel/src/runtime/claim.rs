@@ -4,6 +4,7 @@
 use diesel::QueryResult;
 use inbox_core::{InboxSchema, MessageKey};
 
+use crate::dialect::Dialect;
 use crate::dialect::claim::{ClaimAnswer, ClaimSql, ClaimStep, read_answer};
 use crate::io::Io;
 
@@ -59,4 +60,24 @@ pub(crate) async fn step<S: Io>(
             .await
             .map(ClaimAnswer::Rows),
     }
+}
+
+/// How many of `ids` have a marker for `consumer`: the evidence that an insert which wrote
+/// nothing met a duplicate ([`ClaimSql::present`]). MySQL and MariaDB report a duplicate by
+/// an error naming the inbox's index, which is evidence already: no statement there.
+pub(crate) async fn present<S: Io>(
+    io: &mut S,
+    schema: &InboxSchema,
+    consumer: &str,
+    ids: &[uuid::Uuid],
+) -> QueryResult<usize> {
+    if ids.is_empty() || S::Backend::BACKEND == crate::dialect::Backend::Mysql {
+        return Ok(ids.len());
+    }
+    let rows = io
+        .read_claim(ClaimSql::present(schema, consumer, ids))
+        .await?;
+    Ok(rows
+        .first()
+        .map_or(0, |&(n, _)| usize::try_from(n).unwrap_or(0)))
 }

@@ -88,8 +88,47 @@ pub(crate) trait Steps {
         step: ClaimStep,
     ) -> QueryResult<ClaimAnswer>;
 
+    /// How many of `ids` have a marker of the handler's consumer, inside the open
+    /// transaction: the evidence of the duplicates an insert reported by writing nothing.
+    async fn markers_present(
+        &mut self,
+        spec: &'static HandlerSpec,
+        ids: &[uuid::Uuid],
+    ) -> QueryResult<usize>;
+
     /// Waits before a retry.
     async fn pause(&mut self, delay: Duration);
+}
+
+/// Confirms that each of `ids`, which an insert did not write, has its marker: a duplicate
+/// is answered on the evidence that the other row exists, not on the absence of this one. A
+/// trigger, rule or inheritance child can swallow an insert; a new message would then be
+/// answered `Duplicate` and never applied. Without the evidence, the delivery fails as a
+/// schema fault (the driver checks the table again, which names the cause).
+async fn confirm_duplicates<S: Steps>(
+    steps: &mut S,
+    spec: &'static HandlerSpec,
+    ids: &[uuid::Uuid],
+) -> QueryResult<()> {
+    let present = steps.markers_present(spec, ids).await?;
+    if present == ids.len() {
+        return Ok(());
+    }
+    tracing::error!(
+        missing = ids.len() - present,
+        "a marker insert wrote no row, and no marker is there: the table swallows inserts"
+    );
+    Err(Error::Schema(SchemaError::Mismatch {
+        table: spec.schema.table(),
+        resolved: None,
+        problems: vec![crate::schema::SchemaProblem::Unsupported {
+            found: "a marker insert that wrote no row, where no marker exists".into(),
+            why: "something on the table (a trigger, a rule, an inheritance child) swallows \
+                  inserts, and a new message would be answered Duplicate and never applied",
+            fix: "remove it; `inbox_diesel::schema::verify` names what the check finds".into(),
+        }],
+    })
+    .into())
 }
 
 /// The handler's body, run once per attempt.
@@ -381,7 +420,11 @@ impl Claims for MessageKey {
         spec: &'static HandlerSpec,
         layout: Layout,
     ) -> QueryResult<bool> {
-        steps.claim(spec, self, layout).await
+        let claimed = steps.claim(spec, self, layout).await?;
+        if !claimed {
+            confirm_duplicates(steps, spec, &[self.stored_id()]).await?;
+        }
+        Ok(claimed)
     }
 
     async fn completed_before<S: Steps>(
@@ -456,6 +499,14 @@ impl Claims for BatchClaims<'_> {
             inserted.extend(steps.claim_batch(spec, chunk, texts, layout).await?);
         }
         inserted.sort_unstable();
+        let existing: Vec<uuid::Uuid> = ids
+            .iter()
+            .filter(|id| inserted.binary_search(id).is_err())
+            .copied()
+            .collect();
+        for chunk in existing.chunks(MARKERS_PER_STATEMENT) {
+            confirm_duplicates(steps, spec, chunk).await?;
+        }
         let mut new: Vec<usize> = self
             .ids
             .iter()
@@ -1046,6 +1097,15 @@ mod tests {
             };
             self.did.push(name);
             Ok(self.claim_steps.pop_front().expect("scripted"))
+        }
+
+        async fn markers_present(
+            &mut self,
+            _: &'static HandlerSpec,
+            ids: &[uuid::Uuid],
+        ) -> QueryResult<usize> {
+            self.did.push("confirm".into());
+            Ok(ids.len())
         }
 
         async fn pause(&mut self, _: Duration) {

@@ -219,6 +219,14 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
         crate::runtime::claim::step(self, &spec.schema, spec.consumer.as_str(), key, step).await
     }
 
+    async fn markers_present(
+        &mut self,
+        spec: &'static HandlerSpec,
+        ids: &[uuid::Uuid],
+    ) -> QueryResult<usize> {
+        crate::runtime::claim::present(self, &spec.schema, spec.consumer.as_str(), ids).await
+    }
+
     async fn pause(&mut self, delay: Duration) {
         std::thread::sleep(delay);
     }

@@ -5,11 +5,11 @@
 //! | `id` | `BIGINT GENERATED ALWAYS AS IDENTITY` primary key | `BIGINT AUTO_INCREMENT` primary key | `INTEGER PRIMARY KEY NOT NULL` (the rowid) | new rows land at the end of the primary-key (on InnoDB, clustered) index |
 //! | `message_id` | `UUID` | `BINARY(16)` | `BLOB` (16 bytes) | [`MessageKey::stored_id`](crate::MessageKey::stored_id): a fixed 16 bytes keeps the unique index narrow (37 bytes as text) and compares as memory, not by collation |
 //! | `consumer` | `TEXT COLLATE "C"` | `VARCHAR(200)` `utf8mb4_bin` | `TEXT` | byte-wise comparison: the name is an identifier, not prose, so locale-aware collation would only cost time; 200 bytes is the name's limit |
-//! | `received_at` | `TIMESTAMPTZ DEFAULT now()` | `DATETIME(6) DEFAULT CURRENT_TIMESTAMP(6)` | `TIMESTAMP DEFAULT CURRENT_TIMESTAMP` (text) | when the marker was written |
+//! | `received_at` | `TIMESTAMPTZ DEFAULT now()` | `DATETIME(6) DEFAULT (UTC_TIMESTAMP(6))` | `TIMESTAMP DEFAULT CURRENT_TIMESTAMP` (text, UTC) | when the marker was written; every time the runtime writes or compares is UTC, taken from the database's clock, whatever a session's time zone |
 //! | `processed_at` | `TIMESTAMPTZ` | `DATETIME(6)` | `TIMESTAMP` | when the work committed; written in the same statement in transaction mode; NULL while a claim is open |
 //! | `claimed_until` | `TIMESTAMPTZ` | `DATETIME(6)` | `TIMESTAMP` (text, milliseconds) | claim mode: the end of the claim's lease; NULL once completed, or when a failed attempt released the claim |
 //! | `attempts` | `INTEGER DEFAULT 1` | `INT DEFAULT 1` | `INTEGER DEFAULT 1` | claim mode: how many deliveries claimed the key; each claim-mode statement names its attempt, so a claim taken over is never stamped by the delivery that lost it |
-//! | `key_text` (optional) | `TEXT` | `MEDIUMTEXT` | `TEXT` | the key as text, for operators; written when the table has it (`--with key_text`, [`Backend::add_key_text_sql`]) |
+//! | `key_text` (optional) | `TEXT` | `MEDIUMTEXT` `utf8mb4` | `TEXT` | the key as text, for operators; written when the table has it (`--with key_text`, [`Backend::add_key_text_sql`]) |
 //!
 //! and the unique index `ux_inbox_message_consumer` on `(message_id, consumer)`, whose
 //! violation — and no other — means "already processed". `message_id` leads the index: it is
@@ -149,7 +149,7 @@ impl Backend {
     /// Adds the optional `key_text` column to an existing inbox table:
     ///
     /// ```sql
-    /// ALTER TABLE inbox ADD COLUMN key_text TEXT;   -- MEDIUMTEXT on MySQL and MariaDB
+    /// ALTER TABLE inbox ADD COLUMN key_text TEXT;   -- MEDIUMTEXT (utf8mb4) on MySQL and MariaDB
     /// ```
     ///
     /// The runtime's startup check finds the column and from then on writes each new marker's
@@ -195,7 +195,8 @@ impl Backend {
     /// past MySQL's `TEXT` (64 KiB).
     fn key_text_type(self) -> &'static str {
         match self {
-            Backend::Mysql => "MEDIUMTEXT",
+            // Any key's text, whatever the database's default character set.
+            Backend::Mysql => "MEDIUMTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
             Backend::Postgres | Backend::Sqlite => "TEXT",
         }
     }
@@ -339,7 +340,7 @@ fn mysql_create(schema: &InboxSchema, key_text: &str) -> String {
              message_id    BINARY(16)   NOT NULL,\n    \
              consumer      VARCHAR(200) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,\n\
              {key_text}    \
-             received_at   DATETIME(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6),\n    \
+             received_at   DATETIME(6)  NOT NULL DEFAULT (UTC_TIMESTAMP(6)),\n    \
              processed_at  DATETIME(6)  NULL,\n    \
              claimed_until DATETIME(6)  NULL,\n    \
              attempts      INT          NOT NULL DEFAULT 1,\n    \

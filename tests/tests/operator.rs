@@ -1,0 +1,917 @@
+//! What an operator controls, provoked for real: tables altered the way schemas drift,
+//! session settings pools set, roles with privileges revoked, a pooler's reset, time zones.
+//! Nothing may be lost or applied twice: each shape the runtime cannot rely on is refused by
+//! the startup check (naming the table and the fix) before any marker is written, and each
+//! fault comes back with the `Action` a pump takes.
+//!
+//! SQLite always; PostgreSQL and MariaDB with their features (`INBOX_TEST_PG`,
+//! `INBOX_TEST_MYSQL`).
+
+use diesel::connection::SimpleConnection;
+use inbox_diesel::{Action, Error, Outcome};
+use inbox_tests::AppError;
+
+/// The inbox's error out of a handler's `AppError`.
+fn inbox_error<T: std::fmt::Debug>(result: Result<T, AppError>) -> Error {
+    match result {
+        Err(AppError::Inbox(error)) => error,
+        other => panic!("expected an inbox error, got {other:?}"),
+    }
+}
+
+/// The schema refusal of a handler's result: its whole text.
+fn refusal<T: std::fmt::Debug>(result: Result<T, AppError>) -> String {
+    match inbox_error(result) {
+        error @ Error::Schema(_) => {
+            assert_eq!(error.action(), Action::Alert);
+            inbox_tests::error_chain(&error)
+        }
+        other => panic!("expected a schema refusal, got {other:?}"),
+    }
+}
+
+/// A name for one more database of this test process: tests run in parallel, each
+/// database under a name of its own.
+fn next_name(prefix: &str) -> String {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    format!("{prefix}{n}")
+}
+
+/// Runs `alter` on the table, then a delivery on a fresh connection: it must be refused
+/// with a text containing each of `expected`, and its body must not have run.
+fn refused<C: SimpleConnection>(
+    connect: impl Fn() -> C,
+    run: fn(&mut C, &u64) -> Result<Outcome<()>, AppError>,
+    balance: fn(&mut C) -> i64,
+    alter: &str,
+    expected: &[&str],
+) {
+    connect()
+        .batch_execute(alter)
+        .unwrap_or_else(|e| panic!("{alter}: {e}"));
+    let mut conn = connect();
+    let text = refusal(run(&mut conn, &1));
+    for part in expected {
+        assert!(
+            text.contains(part),
+            "{alter}\nrefused with: {text}\nmissing: {part}"
+        );
+    }
+    assert_eq!(balance(&mut conn), 0, "{alter}: the body ran");
+}
+
+mod sqlite {
+    use super::*;
+    use diesel::prelude::*;
+    use inbox_diesel::idempotent;
+    use inbox_tests::sqlite::SqliteDb as Db;
+
+    type Conn = diesel::SqliteConnection;
+
+    #[idempotent(consumer = "operator", key = *id)]
+    fn apply(conn: &mut Conn, id: &u64) -> Result<(), AppError> {
+        diesel::sql_query("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
+            .execute(conn)?;
+        Ok(())
+    }
+
+    #[idempotent(consumer = "operator", batch = ids, key = |id| *id)]
+    fn apply_batch(conn: &mut Conn, ids: &[u64]) -> Result<(), AppError> {
+        for _ in ids {
+            diesel::sql_query("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
+                .execute(conn)?;
+        }
+        Ok(())
+    }
+
+    fn balance(conn: &mut Conn) -> i64 {
+        #[derive(diesel::QueryableByName)]
+        struct Balance {
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            n: i64,
+        }
+        diesel::sql_query("SELECT balance AS n FROM accounts WHERE id = 1")
+            .get_result::<Balance>(conn)
+            .unwrap()
+            .n
+    }
+
+    fn shape(alter: &str, expected: &[&str]) {
+        let db = Db::new(&next_name("shape"));
+        refused(|| db.connect(), apply, balance, alter, expected);
+    }
+
+    #[test]
+    fn a_trigger_that_swallows_the_marker_is_refused() {
+        shape(
+            "CREATE TRIGGER swallow BEFORE INSERT ON inbox BEGIN SELECT RAISE(IGNORE); END",
+            &["trigger `swallow`", "DROP TRIGGER swallow", "main.inbox"],
+        );
+    }
+
+    /// A trigger created under a connection that had checked the table: the insert writes
+    /// nothing, and without the evidence of an existing marker the message is not a
+    /// duplicate — the table is checked again and refused. (Before, the new message was
+    /// answered `Duplicate` and never applied.)
+    #[test]
+    fn an_insert_swallowed_under_a_checked_connection_is_not_a_duplicate() {
+        let db = Db::new("swallowed");
+        let mut conn = db.connect();
+        assert!(apply(&mut conn, &1).unwrap().is_processed());
+        db.connect()
+            .batch_execute(
+                "CREATE TRIGGER swallow BEFORE INSERT ON inbox BEGIN SELECT RAISE(IGNORE); END",
+            )
+            .unwrap();
+        let text = refusal(apply(&mut conn, &2));
+        assert!(text.contains("trigger `swallow`"), "{text}");
+        let text = refusal(apply_batch(&mut db.connect(), &[3, 4]));
+        assert!(text.contains("trigger `swallow`"), "{text}");
+        // The evidence itself, on a connection whose check is remembered: the batch's
+        // duplicate (1) is confirmed, the swallowed new one (5) is not.
+        assert_eq!(balance(&mut conn), 1);
+        // A redelivery of the processed message is still a duplicate once the trigger goes.
+        db.connect().batch_execute("DROP TRIGGER swallow").unwrap();
+        assert!(apply(&mut conn, &1).unwrap().is_duplicate());
+        assert!(apply(&mut conn, &2).unwrap().is_processed());
+        assert_eq!(balance(&mut conn), 2);
+    }
+
+    #[test]
+    fn a_partial_or_expression_index_is_refused() {
+        shape(
+            "DROP INDEX ux_inbox_message_consumer; CREATE UNIQUE INDEX ux_inbox_message_consumer \
+             ON inbox (message_id, consumer) WHERE processed_at IS NOT NULL",
+            &["is partial"],
+        );
+        shape(
+            "DROP INDEX ux_inbox_message_consumer; CREATE UNIQUE INDEX ux_inbox_message_consumer \
+             ON inbox (message_id, consumer, lower(consumer))",
+            &["(message_id, consumer, (expression))"],
+        );
+    }
+
+    #[test]
+    fn a_view_in_the_tables_place_is_refused() {
+        shape(
+            "ALTER TABLE inbox RENAME TO inbox_rows; CREATE VIEW inbox AS SELECT * FROM inbox_rows",
+            &["a view"],
+        );
+    }
+
+    /// A temporary table of the name hides the real one from the connection that made it:
+    /// its markers would be gone with the connection.
+    #[test]
+    fn a_temporary_table_that_shadows_the_inbox_is_refused() {
+        let db = Db::new("shadowed");
+        let mut conn = db.connect();
+        conn.batch_execute(
+            "CREATE TEMP TABLE inbox AS SELECT * FROM main.inbox WHERE 0; \
+             CREATE UNIQUE INDEX temp.ux_inbox_message_consumer ON inbox (message_id, consumer)",
+        )
+        .unwrap();
+        let text = refusal(apply(&mut conn, &1));
+        assert!(text.contains("a temporary table `inbox`"), "{text}");
+        assert_eq!(balance(&mut conn), 0);
+    }
+
+    /// A database file the process may only read: refused by the server, routed to `Alert`
+    /// (a deployment to fix), not dead-lettered.
+    #[test]
+    fn a_read_only_database_is_a_permission_fault() {
+        let db = Db::new("read_only");
+        let mut conn =
+            Conn::establish(&format!("file:{}?mode=ro", db.url())).expect("open read-only");
+        let error = inbox_error(apply(&mut conn, &1));
+        assert_eq!(
+            error.class(),
+            inbox_diesel::ErrorClass::PermissionDenied,
+            "{error:?}"
+        );
+        assert_eq!(error.action(), Action::Alert);
+        assert_eq!(balance(&mut db.connect()), 0);
+    }
+
+    /// A key a sender chose is logged escaped and bounded: no forged lines, no terminal
+    /// escapes, no 64 KiB line.
+    #[test]
+    fn a_hostile_key_is_escaped_in_debug() {
+        let key = inbox_diesel::MessageKey::text(format!(
+            "a\nERROR forged\u{1b}[31m{}",
+            "x".repeat(60_000)
+        ))
+        .unwrap();
+        let outcome: Outcome<()> = Outcome::Duplicate {
+            consumer: inbox_diesel::Consumer::new("operator").unwrap(),
+            key,
+        };
+        let logged = format!("{outcome:?}");
+        assert!(
+            !logged.contains('\n') && !logged.contains('\u{1b}'),
+            "{logged}"
+        );
+        assert!(logged.contains(r"a\nERROR forged\u{1b}[31m"), "{logged}");
+        assert!(logged.len() < 400, "{} bytes", logged.len());
+    }
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use diesel::prelude::*;
+    use inbox_diesel::{ErrorClass, idempotent};
+    use inbox_tests::postgres::PgDb as Db;
+
+    type Conn = diesel::PgConnection;
+
+    #[idempotent(consumer = "operator", key = *id)]
+    fn apply(conn: &mut Conn, id: &u64) -> Result<(), AppError> {
+        diesel::sql_query("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
+            .execute(conn)?;
+        Ok(())
+    }
+
+    #[idempotent(consumer = "operator", key = *id, table = "public.inbox")]
+    fn apply_qualified(conn: &mut Conn, id: &u64) -> Result<(), AppError> {
+        diesel::sql_query("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
+            .execute(conn)?;
+        Ok(())
+    }
+
+    #[idempotent(consumer = "operator", key = *id, mode = "claim")]
+    fn send(
+        conn: &mut Conn,
+        id: &u64,
+        sent: &AtomicUsize,
+        effect: &dyn Fn(),
+    ) -> Result<(), AppError> {
+        effect();
+        sent.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    #[idempotent(consumer = "operator", key = *id)]
+    async fn apply_async(
+        conn: &mut diesel_async::AsyncPgConnection,
+        id: &u64,
+    ) -> Result<(), AppError> {
+        diesel_async::RunQueryDsl::execute(
+            diesel::sql_query("UPDATE accounts SET balance = balance + 1 WHERE id = 1"),
+            conn,
+        )
+        .await?;
+        Ok(())
+    }
+
+    fn balance(conn: &mut Conn) -> i64 {
+        inbox_tests::server::count(conn, "SELECT balance::int8 AS n FROM accounts WHERE id = 1")
+    }
+
+    fn shape(alter: &str, expected: &[&str]) {
+        let db = Db::new(&next_name("shape"));
+        refused(|| db.connect(), apply, balance, alter, expected);
+    }
+
+    #[test]
+    fn triggers_rules_and_children_are_refused() {
+        shape(
+            "CREATE FUNCTION swallow() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN RETURN NULL; END $$; \
+             CREATE TRIGGER swallow BEFORE INSERT ON inbox FOR EACH ROW EXECUTE FUNCTION swallow()",
+            &[
+                "`inbox` (`public.inbox` on this session)",
+                "trigger `swallow`",
+            ],
+        );
+        shape(
+            "CREATE RULE swallow AS ON INSERT TO inbox DO INSTEAD NOTHING",
+            &["rule `swallow`", "DROP RULE swallow ON inbox"],
+        );
+        shape(
+            "CREATE TABLE inbox_2026 () INHERITS (inbox)",
+            &["inheritance child `inbox_2026`"],
+        );
+    }
+
+    /// A trigger created under a checked connection swallows the next insert: not a
+    /// duplicate, refused once the table is checked again.
+    #[test]
+    fn an_insert_swallowed_under_a_checked_connection_is_not_a_duplicate() {
+        let db = Db::new("swallowed");
+        let mut conn = db.connect();
+        assert!(apply(&mut conn, &1).unwrap().is_processed());
+        db.connect()
+            .batch_execute(
+                "CREATE FUNCTION swallow() RETURNS trigger LANGUAGE plpgsql AS \
+                 $$ BEGIN RETURN NULL; END $$; \
+                 CREATE TRIGGER swallow BEFORE INSERT ON inbox FOR EACH ROW \
+                 EXECUTE FUNCTION swallow()",
+            )
+            .unwrap();
+        let text = refusal(apply(&mut conn, &2));
+        assert!(text.contains("trigger `swallow`"), "{text}");
+        assert_eq!(balance(&mut conn), 1);
+    }
+
+    #[test]
+    fn unlogged_and_temporary_tables_are_refused() {
+        shape(
+            "ALTER TABLE inbox SET UNLOGGED",
+            &["UNLOGGED", "SET LOGGED"],
+        );
+        let db = Db::new("temporary");
+        let mut conn = db.connect();
+        conn.batch_execute(
+            "CREATE TEMP TABLE inbox (LIKE public.inbox INCLUDING ALL); \
+             CREATE UNIQUE INDEX ux_inbox_message_consumer ON pg_temp.inbox (message_id, consumer)",
+        )
+        .unwrap();
+        let text = refusal(apply(&mut conn, &1));
+        assert!(text.contains("a temporary table"), "{text}");
+    }
+
+    #[test]
+    fn indexes_the_runtime_cannot_rely_on_are_refused() {
+        let drop = "DROP INDEX ux_inbox_message_consumer; ";
+        shape(
+            &format!(
+                "{drop}ALTER TABLE inbox ADD CONSTRAINT ux_inbox_message_consumer \
+                 UNIQUE (message_id, consumer) DEFERRABLE INITIALLY IMMEDIATE"
+            ),
+            &["DEFERRABLE"],
+        );
+        shape(
+            &format!(
+                "{drop}CREATE UNIQUE INDEX ux_inbox_message_consumer ON inbox \
+                 (message_id, consumer) WHERE processed_at IS NOT NULL"
+            ),
+            &["is partial"],
+        );
+        shape(
+            &format!(
+                "{drop}CREATE UNIQUE INDEX ux_inbox_message_consumer ON inbox \
+                 (message_id, consumer, lower(consumer))"
+            ),
+            &["(message_id, consumer, (expression))"],
+        );
+        // A failed CREATE UNIQUE INDEX CONCURRENTLY leaves an invalid index behind.
+        let db = Db::new("invalid_index");
+        let mut admin = db.connect();
+        admin
+            .batch_execute(&format!(
+                "{drop}INSERT INTO inbox (message_id, consumer) VALUES \
+                 ('00000000-0000-0000-0000-000000000001', 'x'), \
+                 ('00000000-0000-0000-0000-000000000001', 'x')"
+            ))
+            .unwrap();
+        admin
+            .batch_execute(
+                "CREATE UNIQUE INDEX CONCURRENTLY ux_inbox_message_consumer \
+                 ON inbox (message_id, consumer)",
+            )
+            .unwrap_err();
+        let text = refusal(apply(&mut db.connect(), &1));
+        assert!(text.contains("is invalid"), "{text}");
+        // An index that also INCLUDEs a column is still the key: accepted.
+        let db = Db::new("include");
+        db.connect()
+            .batch_execute(&format!(
+                "{drop}CREATE UNIQUE INDEX ux_inbox_message_consumer ON inbox \
+                 (message_id, consumer) INCLUDE (processed_at)"
+            ))
+            .unwrap();
+        assert!(apply(&mut db.connect(), &1).unwrap().is_processed());
+    }
+
+    #[test]
+    fn columns_that_cannot_hold_what_the_runtime_writes_are_refused() {
+        shape(
+            "ALTER TABLE inbox ALTER COLUMN claimed_until TYPE timestamp",
+            &["`claimed_until` is timestamp without time zone", "UTC"],
+        );
+        shape(
+            "ALTER TABLE inbox ADD COLUMN key_text varchar(20)",
+            &["`key_text` is character varying(20)"],
+        );
+        shape(
+            "ALTER TABLE inbox ALTER COLUMN consumer TYPE varchar(20)",
+            &["`consumer` is character varying(20)"],
+        );
+        shape(
+            "CREATE COLLATION ci (provider = icu, locale = 'und-u-ks-level2', \
+             deterministic = false); \
+             ALTER TABLE inbox ALTER COLUMN consumer TYPE text COLLATE ci",
+            &["nondeterministic collation `ci`"],
+        );
+    }
+
+    /// Two schemas with a table of the name: which one an unqualified name means depends on
+    /// each session's `search_path`. Refused; the qualified name is accepted.
+    #[test]
+    fn a_name_that_depends_on_the_search_path_is_refused() {
+        let db = Db::new("search_path");
+        db.connect()
+            .batch_execute(
+                "CREATE SCHEMA other; CREATE TABLE other.inbox (LIKE public.inbox INCLUDING ALL)",
+            )
+            .unwrap();
+        let mut conn = db.connect();
+        let text = refusal(apply(&mut conn, &1));
+        assert!(
+            text.contains("tables named `inbox` in the schemas") && text.contains("public.inbox"),
+            "{text}"
+        );
+        assert!(apply_qualified(&mut conn, &1).unwrap().is_processed());
+        conn.batch_execute("SET search_path = other").unwrap();
+        assert!(apply_qualified(&mut conn, &1).unwrap().is_duplicate());
+    }
+
+    /// A role that may read the table but not insert: the check refuses before any
+    /// delivery; a privilege revoked under a checked connection is a permission fault
+    /// (`Alert`), not dead-lettered.
+    #[test]
+    fn privileges_are_checked_and_their_loss_is_a_permission_fault() {
+        let db = Db::new("privileges");
+        let role = Role::new(&db, "SELECT ON inbox, accounts");
+        let text = refusal(apply(&mut db.connect_as(&role.0), &1));
+        assert!(text.contains("no privilege INSERT"), "{text}");
+
+        role.grant("INSERT ON inbox");
+        let mut conn = db.connect_as(&role.0);
+        role.grant("UPDATE ON accounts");
+        assert!(apply(&mut conn, &1).unwrap().is_processed());
+        // Claim mode also updates its claims.
+        let sent = AtomicUsize::new(0);
+        let text = refusal(send(&mut conn, &2, &sent, &|| ()));
+        assert!(text.contains("UPDATE"), "{text}");
+        assert_eq!(sent.load(Ordering::SeqCst), 0);
+
+        role.revoke("INSERT ON inbox");
+        let error = inbox_error(apply(&mut conn, &3));
+        assert_eq!(error.class(), ErrorClass::PermissionDenied, "{error:?}");
+        assert_eq!(error.action(), Action::Alert);
+        assert_eq!(balance(&mut db.connect()), 1);
+    }
+
+    /// The side effect ran, and then the stamp was refused: an error that says the effect
+    /// happened (`Alert`), not a database error a pump would retry.
+    #[test]
+    fn a_stamp_refused_after_the_side_effect_says_the_effect_happened() {
+        let db = Db::new("stamp_refused");
+        let role = Role::new(&db, "SELECT, INSERT, UPDATE ON inbox");
+        let mut conn = db.connect_as(&role.0);
+        let sent = AtomicUsize::new(0);
+        let outcome = send(&mut conn, &1, &sent, &|| role.revoke("UPDATE ON inbox"));
+        match inbox_error(outcome) {
+            error @ Error::EffectNotRecorded { attempt: 1, .. } => {
+                assert_eq!(error.action(), Action::Alert);
+                assert!(error.to_string().contains("side effect of attempt 1 ran"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(sent.load(Ordering::SeqCst), 1);
+    }
+
+    /// A replica, a demoted primary, `default_transaction_read_only`: the session can only
+    /// read. `Reconnect` (a fresh connection finds the writable primary), never dead-lettered
+    /// — in transaction mode, claim mode and async.
+    #[tokio::test]
+    async fn a_read_only_session_is_reconnected_not_dead_lettered() {
+        let db = Db::new("read_only");
+        let mut conn = db.connect();
+        conn.batch_execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
+            .unwrap();
+        let error = inbox_error(apply(&mut conn, &1));
+        assert_eq!(error.class(), ErrorClass::ReadOnly, "{error:?}");
+        assert_eq!(error.action(), Action::Reconnect);
+        let sent = AtomicUsize::new(0);
+        let error = inbox_error(send(&mut conn, &2, &sent, &|| ()));
+        assert_eq!(error.action(), Action::Reconnect, "{error:?}");
+        assert_eq!(sent.load(Ordering::SeqCst), 0);
+
+        let mut conn = db.connect_async().await;
+        diesel_async::SimpleAsyncConnection::batch_execute(
+            &mut conn,
+            "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY",
+        )
+        .await
+        .unwrap();
+        let error = inbox_error(apply_async(&mut conn, &3).await);
+        assert_eq!(error.action(), Action::Reconnect, "{error:?}");
+        assert_eq!(balance(&mut db.connect()), 0);
+    }
+
+    /// A transaction-mode pooler's reset (`DISCARD ALL`) drops the statements the
+    /// connection prepared: `Reconnect`, not a schema fault for ever.
+    #[tokio::test]
+    async fn prepared_statements_dropped_under_the_connection_mean_reconnect() {
+        let db = Db::new("discard_all");
+        let mut conn = db.connect();
+        assert!(apply(&mut conn, &1).unwrap().is_processed());
+        conn.batch_execute("DISCARD ALL").unwrap();
+        let error = inbox_error(apply(&mut conn, &2));
+        assert_eq!(error.class(), ErrorClass::StatementLost, "{error:?}");
+        assert_eq!(error.action(), Action::Reconnect);
+        assert!(apply(&mut db.connect(), &2).unwrap().is_processed());
+
+        let mut conn = db.connect_async().await;
+        assert!(apply_async(&mut conn, &3).await.unwrap().is_processed());
+        diesel_async::SimpleAsyncConnection::batch_execute(&mut conn, "DEALLOCATE ALL")
+            .await
+            .unwrap();
+        let error = inbox_error(apply_async(&mut conn, &4).await);
+        assert_eq!(error.action(), Action::Reconnect, "{error:?}");
+        assert_eq!(balance(&mut db.connect()), 3);
+    }
+
+    /// A role made for one test, dropped after it.
+    struct Role<'d>(String, &'d Db);
+
+    impl<'d> Role<'d> {
+        fn new(db: &'d Db, grants: &str) -> Self {
+            static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+            let n = NEXT.fetch_add(1, Ordering::SeqCst);
+            let role = Role(format!("inbox_role_{}_{n}", std::process::id()), db);
+            role.admin(&format!(
+                "CREATE ROLE {0} LOGIN; GRANT USAGE ON SCHEMA public TO {0}",
+                role.0
+            ));
+            role.grant(grants);
+            role
+        }
+
+        fn admin(&self, sql: &str) {
+            self.1
+                .connect()
+                .batch_execute(sql)
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        }
+
+        fn grant(&self, what: &str) {
+            self.admin(&format!("GRANT {what} TO {}", self.0));
+        }
+
+        fn revoke(&self, what: &str) {
+            self.admin(&format!("REVOKE {what} FROM {}", self.0));
+        }
+    }
+
+    impl Drop for Role<'_> {
+        fn drop(&mut self) {
+            let mut admin = self.1.connect();
+            let _ = admin.batch_execute(&format!(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{0}'; \
+                 DROP OWNED BY {0}",
+                self.0
+            ));
+            let _ = admin.batch_execute(&format!("DROP ROLE {}", self.0));
+        }
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use super::*;
+    use diesel::prelude::*;
+    use inbox_diesel::purge::{Purge, purge};
+    use inbox_diesel::{ErrorClass, InFlightOutcome, InboxSchema, idempotent};
+    use inbox_tests::claim::Gate;
+    use inbox_tests::mysql::MysqlDb as Db;
+
+    type Conn = diesel::MysqlConnection;
+
+    #[idempotent(consumer = "operator", key = *id)]
+    fn apply(conn: &mut Conn, id: &u64) -> Result<(), AppError> {
+        diesel::sql_query("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
+            .execute(conn)?;
+        Ok(())
+    }
+
+    /// `apply` that first waits at `gate`, then fails when `fail`.
+    #[idempotent(consumer = "operator", key = *id)]
+    fn apply_gated(conn: &mut Conn, id: &u64, gate: &Gate, fail: bool) -> Result<(), AppError> {
+        diesel::sql_query("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
+            .execute(conn)?;
+        gate.pass();
+        if fail {
+            return Err(AppError::Rejected);
+        }
+        Ok(())
+    }
+
+    #[idempotent(consumer = "operator", key = *id, precheck = true)]
+    fn apply_prechecked(conn: &mut Conn, id: &u64) -> Result<(), AppError> {
+        diesel::sql_query("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
+            .execute(conn)?;
+        Ok(())
+    }
+
+    #[idempotent(consumer = "operator", key = *id, mode = "claim")]
+    fn send(
+        conn: &mut Conn,
+        id: &u64,
+        sent: &AtomicUsize,
+        effect: &dyn Fn(),
+    ) -> Result<(), AppError> {
+        effect();
+        sent.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn balance(conn: &mut Conn) -> i64 {
+        inbox_tests::server::count(
+            conn,
+            "SELECT CAST(balance AS SIGNED) AS n FROM accounts WHERE id = 1",
+        )
+    }
+
+    fn markers(conn: &mut Conn) -> i64 {
+        inbox_tests::server::count(conn, "SELECT COUNT(*) AS n FROM inbox")
+    }
+
+    fn shape(alter: &str, expected: &[&str]) {
+        let db = Db::new(&next_name("shape"));
+        refused(|| db.connect(), apply, balance, alter, expected);
+    }
+
+    /// Two sessions whose pools set different time zones: the lease is UTC on both, so the
+    /// second sees the first's claim live and answers `InFlight` instead of taking it over
+    /// and running the side effect again (which it did while leases were local times).
+    #[test]
+    fn a_live_claim_is_live_in_every_time_zone() {
+        let db = Db::new("tz_claim");
+        let gate = Gate::default();
+        let sent = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            let first = s.spawn(|| {
+                let mut conn = db.connect();
+                conn.batch_execute("SET time_zone = '-10:00'").unwrap();
+                send(&mut conn, &1, &sent, &|| gate.pass())
+            });
+            gate.wait_inside();
+            let mut conn = db.connect();
+            conn.batch_execute("SET time_zone = '+09:00'").unwrap();
+            let second: InFlightOutcome<()> = send(&mut conn, &1, &sent, &|| ()).unwrap();
+            assert!(second.is_in_flight(), "{second:?}");
+            gate.open();
+            assert!(first.join().unwrap().unwrap().is_processed());
+        });
+        assert_eq!(sent.load(Ordering::SeqCst), 1);
+    }
+
+    /// A marker written by a session twelve hours behind UTC is not older than an hour to a
+    /// purge running in UTC (it was, and a redelivery applied the message again).
+    #[test]
+    fn the_purge_cutoff_is_the_same_in_every_time_zone() {
+        let db = Db::new("tz_purge");
+        let mut conn = db.connect();
+        conn.batch_execute("SET time_zone = '-12:00'").unwrap();
+        assert!(apply(&mut conn, &1).unwrap().is_processed());
+        let mut purger = db.connect();
+        purger.batch_execute("SET time_zone = '+13:00'").unwrap();
+        let report = purge(
+            &mut purger,
+            &InboxSchema::DEFAULT,
+            &Purge::older_than(Duration::from_secs(3600)),
+        )
+        .unwrap();
+        assert_eq!(report.removed, 0);
+        assert!(apply(&mut conn, &1).unwrap().is_duplicate());
+        assert_eq!(balance(&mut conn), 1);
+    }
+
+    #[test]
+    fn storage_engines_prefixes_triggers_and_views_are_refused() {
+        shape(
+            "ALTER TABLE inbox ENGINE = MyISAM",
+            &["`inbox` (`", "the MyISAM storage engine", "ENGINE = InnoDB"],
+        );
+        shape(
+            "ALTER TABLE inbox ENGINE = Aria",
+            &["the Aria storage engine"],
+        );
+        shape(
+            "ALTER TABLE inbox DROP INDEX ux_inbox_message_consumer, \
+             ADD UNIQUE KEY ux_inbox_message_consumer (message_id(8), consumer(10))",
+            &["on a prefix of `message_id(8)`"],
+        );
+        shape(
+            "CREATE TRIGGER rewrite BEFORE INSERT ON inbox FOR EACH ROW \
+             SET NEW.consumer = 'shared'",
+            &["trigger `rewrite`"],
+        );
+        shape(
+            "RENAME TABLE inbox TO inbox_rows; CREATE VIEW inbox AS SELECT * FROM inbox_rows",
+            &["a view"],
+        );
+    }
+
+    #[test]
+    fn columns_that_cannot_hold_what_the_runtime_writes_are_refused() {
+        shape(
+            "ALTER TABLE inbox MODIFY claimed_until TIMESTAMP(6) NULL",
+            &["`claimed_until` is timestamp(6)", "UTC"],
+        );
+        shape(
+            "ALTER TABLE inbox MODIFY consumer VARCHAR(20) \
+             CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL",
+            &["`consumer` is varchar(20)"],
+        );
+        shape(
+            "ALTER TABLE inbox MODIFY consumer VARCHAR(200) \
+             CHARACTER SET latin1 COLLATE latin1_bin NOT NULL",
+            &["`consumer` is varchar(200) collate latin1_bin"],
+        );
+        shape(
+            "ALTER TABLE inbox MODIFY consumer VARCHAR(200) \
+             CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL",
+            &["column `consumer` allows NULL"],
+        );
+        shape(
+            "ALTER TABLE inbox ADD COLUMN key_text MEDIUMTEXT CHARACTER SET latin1",
+            &["`key_text` is mediumtext collate latin1"],
+        );
+        shape(
+            "ALTER TABLE inbox ADD COLUMN key_text TEXT",
+            &["`key_text` is text"],
+        );
+    }
+
+    /// `autocommit = 0`, as some pools set it: transaction mode commits its own
+    /// transaction; claim mode and the purge, whose statements each commit on their own,
+    /// refuse the session before writing anything (their writes would never commit, and the
+    /// claim would vanish after the side effect ran).
+    #[test]
+    fn autocommit_off_is_refused_where_statements_commit_on_their_own() {
+        let db = Db::new("autocommit");
+        let mut conn = db.connect();
+        conn.batch_execute("SET autocommit = 0").unwrap();
+        assert!(apply(&mut conn, &1).unwrap().is_processed());
+        assert_eq!(
+            markers(&mut db.connect()),
+            1,
+            "committed, seen by another session"
+        );
+
+        let sent = AtomicUsize::new(0);
+        let error = inbox_error(send(&mut conn, &2, &sent, &|| ()));
+        assert!(
+            matches!(
+                &error,
+                Error::Session(inbox_diesel::SessionProblem::AutocommitOff { .. })
+            ),
+            "{error:?}"
+        );
+        assert_eq!(error.action(), Action::Alert);
+        assert_eq!(sent.load(Ordering::SeqCst), 0);
+        assert_eq!(
+            markers(&mut conn),
+            1,
+            "nothing written, not even uncommitted"
+        );
+
+        db.seed_archive(5);
+        let purged = purge(
+            &mut conn,
+            &InboxSchema::DEFAULT,
+            &Purge::older_than(Duration::from_secs(3600)),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(Error::from(purged), Error::Session(_)),
+            "the purge refuses the session"
+        );
+        assert_eq!(markers(&mut db.connect()), 9);
+
+        conn.batch_execute("SET autocommit = 1").unwrap();
+        assert!(send(&mut conn, &2, &sent, &|| ()).unwrap().is_processed());
+        assert_eq!(sent.load(Ordering::SeqCst), 1);
+    }
+
+    /// `precheck = true` on a session at READ UNCOMMITTED: another delivery's marker, not
+    /// committed, is not read as done (the message was acknowledged, then lost when the
+    /// first delivery rolled back). The transaction decides: it waits, and processes.
+    #[test]
+    fn a_precheck_does_not_read_an_uncommitted_marker() {
+        let db = Db::new("read_uncommitted");
+        let gate = Gate::default();
+        std::thread::scope(|s| {
+            let first = s.spawn(|| apply_gated(&mut db.connect(), &1, &gate, true));
+            gate.wait_inside();
+            let second = s.spawn(|| {
+                let mut conn = db.connect();
+                conn.batch_execute("SET SESSION TRANSACTION ISOLATION LEVEL READ UNCOMMITTED")
+                    .unwrap();
+                apply_prechecked(&mut conn, &1)
+            });
+            // Until it waits for the first's marker — or, read as done, has returned.
+            inbox_tests::wait_until("the second delivery waits for the marker's lock", || {
+                second.is_finished()
+                    || inbox_tests::server::count(
+                        &mut db.connect(),
+                        "SELECT COUNT(*) AS n FROM information_schema.innodb_trx \
+                         WHERE trx_state = 'LOCK WAIT'",
+                    ) == 1
+            });
+            gate.open();
+            assert!(matches!(first.join().unwrap(), Err(AppError::Rejected)));
+            assert!(second.join().unwrap().unwrap().is_processed());
+        });
+        assert_eq!(balance(&mut db.connect()), 1);
+    }
+
+    /// `USE other` after the check: the marker's statement stays with the table that was
+    /// checked (a prepared statement keeps the database it was prepared in, and the
+    /// session's mark names it), so no delivery writes a marker into the other database's
+    /// table, which was never checked — and which here has no unique index.
+    #[test]
+    fn another_database_on_a_checked_session_does_not_take_markers() {
+        let (checked, other) = (Db::new("use_checked"), Db::new("use_other"));
+        other
+            .connect()
+            .batch_execute("ALTER TABLE inbox DROP INDEX ux_inbox_message_consumer")
+            .unwrap();
+        let mut conn = checked.connect();
+        assert!(apply(&mut conn, &1).unwrap().is_processed());
+        conn.batch_execute(&format!("USE {}", other.name()))
+            .unwrap();
+        assert!(apply(&mut conn, &1).unwrap().is_duplicate());
+        assert!(apply(&mut conn, &2).unwrap().is_processed());
+        assert!(apply(&mut conn, &2).unwrap().is_duplicate());
+        assert_eq!(markers(&mut checked.connect()), 2);
+        assert_eq!(markers(&mut other.connect()), 0);
+        // A session whose database is the other one checks that table, and refuses it.
+        let text = refusal(apply(&mut other.connect(), &3));
+        assert!(text.contains("is missing"), "{text}");
+    }
+
+    /// `SET SESSION TRANSACTION READ ONLY` (and a server started `--read-only`, its
+    /// neighbour): `Reconnect`, never dead-lettered.
+    #[test]
+    fn a_read_only_session_is_reconnected_not_dead_lettered() {
+        let db = Db::new("read_only");
+        let mut conn = db.connect();
+        conn.batch_execute("SET SESSION TRANSACTION READ ONLY")
+            .unwrap();
+        let error = inbox_error(apply(&mut conn, &1));
+        assert_eq!(error.class(), ErrorClass::ReadOnly, "{error:?}");
+        assert_eq!(error.action(), Action::Reconnect);
+        let sent = AtomicUsize::new(0);
+        let error = inbox_error(send(&mut conn, &2, &sent, &|| ()));
+        assert_eq!(error.action(), Action::Reconnect, "{error:?}");
+        assert_eq!(sent.load(Ordering::SeqCst), 0);
+        assert_eq!(markers(&mut db.connect()), 0);
+    }
+
+    /// A user that may read the inbox but not write it: a permission fault, `Alert`.
+    #[test]
+    fn a_missing_privilege_is_a_permission_fault() {
+        let db = Db::new("privilege");
+        let user = format!("inbox_ro_{}", std::process::id());
+        let mut admin = db.connect();
+        admin
+            .batch_execute(&format!(
+                "CREATE USER IF NOT EXISTS '{user}'@'%'; \
+                 GRANT SELECT ON {}.* TO '{user}'@'%'",
+                db.name()
+            ))
+            .unwrap();
+        let result = apply(&mut db.connect_as(&user), &1);
+        admin
+            .batch_execute(&format!("DROP USER '{user}'@'%'"))
+            .unwrap();
+        let error = inbox_error(result);
+        assert_eq!(error.class(), ErrorClass::PermissionDenied, "{error:?}");
+        assert_eq!(error.action(), Action::Alert);
+    }
+
+    /// `sql_mode`s frameworks set, `EMPTY_STRING_IS_NULL` among them: the check reads the
+    /// catalog (it dead-lettered every delivery) and the purge runs.
+    #[test]
+    fn sql_modes_do_not_change_what_the_runtime_reads() {
+        let db = Db::new("sql_mode");
+        let mut conn = db.connect();
+        conn.batch_execute(
+            "SET SESSION sql_mode = 'EMPTY_STRING_IS_NULL,PIPES_AS_CONCAT,ANSI_QUOTES,\
+             NO_BACKSLASH_ESCAPES,STRICT_ALL_TABLES'",
+        )
+        .unwrap();
+        assert!(apply(&mut conn, &1).unwrap().is_processed());
+        assert!(apply(&mut conn, &1).unwrap().is_duplicate());
+        let sent = AtomicUsize::new(0);
+        assert!(send(&mut conn, &2, &sent, &|| ()).unwrap().is_processed());
+        purge(
+            &mut conn,
+            &InboxSchema::DEFAULT,
+            &Purge::older_than(Duration::from_secs(3600)),
+        )
+        .unwrap();
+        assert_eq!(balance(&mut conn), 1);
+    }
+}
