@@ -72,6 +72,10 @@ enum KeyKind {
         id: String,
     },
     Bytes(Vec<u8>),
+    Sequence {
+        stream: String,
+        sequence: u64,
+    },
 }
 
 impl MessageKey {
@@ -206,6 +210,25 @@ impl MessageKey {
         })
     }
 
+    /// A message's position in a stream that numbers its messages once and for all — a
+    /// NATS JetStream stream and its stream sequence — tagged apart from every other kind.
+    ///
+    /// # Errors
+    /// [`KeyError::Empty`] for an empty stream name, [`KeyError::TooLong`] past
+    /// [`MessageKey::MAX_LEN`].
+    pub fn sequence(stream: impl Into<String>, sequence: u64) -> Result<Self, KeyError> {
+        let stream = stream.into();
+        if stream.is_empty() {
+            return Err(KeyError::Empty);
+        }
+        check_len(stream.len())?;
+        let stored_id = derive(b'q', &[stream.as_bytes(), &sequence.to_be_bytes()]);
+        Ok(Self {
+            kind: KeyKind::Sequence { stream, sequence },
+            stored_id,
+        })
+    }
+
     /// The 128-bit id the inbox row is stored under (see "Stored form" above).
     pub fn stored_id(&self) -> Uuid {
         self.stored_id
@@ -249,6 +272,7 @@ impl fmt::Display for MessageKey {
             } => write!(f, "{topic}/{partition}@{offset}"),
             KeyKind::CloudEvent { source, id } => write!(f, "{source}#{id}"),
             KeyKind::Bytes(bytes) => bytes.iter().try_for_each(|b| write!(f, "{b:02x}")),
+            KeyKind::Sequence { stream, sequence } => write!(f, "{stream}:{sequence}"),
         }
     }
 }
@@ -439,6 +463,13 @@ pub enum KeyError {
     },
     /// [`MessageKey::uuid_text`] was given text that is not a UUID.
     NotAUuid,
+    /// The message carries no id where its broker's key is read from (an AMQP message
+    /// without `message_id`, say). The consumer must not make one up: every redelivery of
+    /// the message would get another and be processed again. The publisher sets it.
+    Missing {
+        /// What is missing, e.g. `"AMQP message_id"`.
+        field: &'static str,
+    },
 }
 
 impl fmt::Display for KeyError {
@@ -452,6 +483,11 @@ impl fmt::Display for KeyError {
                 )
             }
             KeyError::NotAUuid => f.write_str("message key is not a UUID"),
+            KeyError::Missing { field } => write!(
+                f,
+                "the message has no {field}: the publisher must set it (an id the consumer \
+                 made up would be new on every redelivery)"
+            ),
         }
     }
 }

@@ -12,7 +12,11 @@
 //! - [`Isolation`]: the isolation level of a handler's transaction;
 //! - [`ErrorClass`] and [`server_message`]: how a database error is read;
 //! - [`RetryPolicy`]: which failures are retried and after how long;
-//! - [`Retention`]: how long a marker must outlive its message's last possible delivery.
+//! - [`Retention`]: how long a marker must outlive its message's last possible delivery;
+//! - [`Settlement`] and [`Settle`]: how a message pump settles a delivery with its broker,
+//!   for every outcome and every failure, and [`Redelivery`], how long a retried message
+//!   waits;
+//! - [`broker`]: each broker's message id as a key, its redelivery settings as a retention.
 //!
 //! ```
 //! use inbox_core::{Consumer, MessageKey, Outcome};
@@ -25,6 +29,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod broker;
 mod class;
 mod consumer;
 mod ident;
@@ -34,6 +39,7 @@ mod outcome;
 mod retention;
 mod retry;
 pub mod server_message;
+mod settle;
 
 pub use class::{Action, ErrorClass, TransientKind};
 pub use consumer::{Consumer, ConsumerError};
@@ -43,3 +49,4 @@ pub use key::{KeyError, MessageKey, ToMessageKey};
 pub use outcome::{BatchOutcome, HandlerOutcome, InFlightOutcome, Outcome, StaleClaimOutcome};
 pub use retention::Retention;
 pub use retry::{RetryDecision, RetryPolicy};
+pub use settle::{Redelivery, Settle, Settlement};

@@ -222,6 +222,13 @@ impl fmt::Display for SessionProblem {
     }
 }
 
+/// Settled by its [`action`](Error::action) ([`Settlement::of_action`](inbox_core::Settlement::of_action)).
+impl inbox_core::Settle for Error {
+    fn settlement(&self) -> inbox_core::Settlement {
+        inbox_core::Settlement::of_action(self.action())
+    }
+}
+
 impl From<KeyError> for Error {
     fn from(e: KeyError) -> Self {
         Error::InvalidKey(e)

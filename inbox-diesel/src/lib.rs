@@ -495,8 +495,9 @@ pub use error::{Error, SessionProblem};
 pub use guard::NoConnection;
 pub use inbox_core::{
     Action, BatchOutcome, Consumer, ConsumerError, ErrorClass, HandlerOutcome, IdentifierError,
-    InFlightOutcome, InboxSchema, Isolation, KeyError, MessageKey, Outcome, Retention,
-    RetryDecision, RetryPolicy, StaleClaimOutcome, ToMessageKey, TransientKind,
+    InFlightOutcome, InboxSchema, Isolation, KeyError, MessageKey, Outcome, Redelivery, Retention,
+    RetryDecision, RetryPolicy, Settle, Settlement, StaleClaimOutcome, ToMessageKey, TransientKind,
+    broker,
 };
 pub use schema::migration;
 pub use uuid::Uuid;

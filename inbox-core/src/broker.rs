@@ -1,0 +1,174 @@
+//! Each broker's message id as a [`MessageKey`], and its redelivery settings as a
+//! [`Retention`]: what a consumer reads off a delivery to deduplicate it, and how long the
+//! marker must then be kept.
+//!
+//! | broker | key | when it is missing |
+//! |---|---|---|
+//! | RabbitMQ (AMQP 0-9-1) | the `message_id` property, set by the publisher ([`amqp`]) | refused: [`KeyError::Missing`], dead-lettered |
+//! | NATS JetStream | the `Nats-Msg-Id` header (the publisher's deduplication id), else the stream and its stream sequence ([`jetstream`]) | never: a stream numbers every message |
+//! | Kafka | topic, partition, offset ([`MessageKey::kafka`]) | never |
+//! | Amazon SQS | `MessageId` ([`sqs`]); on FIFO queues with publisher retries, `MessageDeduplicationId` | refused |
+//! | Azure Service Bus | `MessageId` ([`service_bus`]) | refused |
+//! | CloudEvents | `source` and `id` ([`MessageKey::cloud_event`]) | refused: [`KeyError::Empty`] |
+//!
+//! A key the consumer makes up (a fresh UUID when the id is missing) is a new key on every
+//! redelivery, and deduplicates nothing: a missing id is refused, so that the message is
+//! dead-lettered and its publisher fixed. Where the broker assigns the id on each send (SQS's
+//! `MessageId`, a stream sequence), a publisher that retries a send publishes a second
+//! message with a new id: key such messages on an id the publisher sets (`Nats-Msg-Id`, an AMQP
+//! `message_id`, a business id in the body).
+//!
+//! ```
+//! use std::time::Duration;
+//! use inbox_core::{KeyError, MessageKey, broker};
+//!
+//! assert_eq!(broker::amqp(Some("order-7"))?, MessageKey::text("order-7")?);
+//! assert!(matches!(broker::amqp(None), Err(KeyError::Missing { .. })));
+//!
+//! // JetStream: the publisher's id when it set one, else the stream's numbering.
+//! assert_eq!(broker::jetstream(Some("order-7"), "ORDERS", 42)?, MessageKey::text("order-7")?);
+//! assert_eq!(broker::jetstream(None, "ORDERS", 42)?, MessageKey::sequence("ORDERS", 42)?);
+//!
+//! // How long markers must be kept: ack_wait 30 s, max_deliver 5, and a week for replays.
+//! let retention = broker::jetstream_retention(Duration::from_secs(30), 5)
+//!     .replay_margin(Duration::from_secs(7 * 86_400));
+//! assert_eq!(retention.keep_for(), Duration::from_secs(7 * 86_400 + 150));
+//! # Ok::<(), KeyError>(())
+//! ```
+
+use std::time::Duration;
+
+use crate::{KeyError, MessageKey, Retention};
+
+/// An AMQP 0-9-1 message's key (RabbitMQ): its `message_id` property, as text.
+///
+/// # Errors
+/// [`KeyError::Missing`] when the publisher left `message_id` unset or empty;
+/// [`KeyError::TooLong`] past [`MessageKey::MAX_LEN`].
+pub fn amqp(message_id: Option<&str>) -> Result<MessageKey, KeyError> {
+    required(message_id, "AMQP message_id")
+}
+
+/// A NATS JetStream message's key: the `Nats-Msg-Id` header when the publisher set one
+/// (JetStream itself deduplicates by it within the stream's duplicate window; this keeps
+/// deduplicating after the window), else `(stream, stream sequence)` from the message's
+/// metadata.
+///
+/// # Errors
+/// [`KeyError::Empty`] for an empty stream name; [`KeyError::TooLong`] past
+/// [`MessageKey::MAX_LEN`].
+pub fn jetstream(
+    msg_id: Option<&str>,
+    stream: &str,
+    stream_sequence: u64,
+) -> Result<MessageKey, KeyError> {
+    match msg_id {
+        Some(id) if !id.is_empty() => MessageKey::text(id),
+        _ => MessageKey::sequence(stream, stream_sequence),
+    }
+}
+
+/// An Amazon SQS message's key: its `MessageId`. SQS assigns it on each `SendMessage`, so a
+/// publisher's retried send is another message: on FIFO queues key on
+/// `MessageDeduplicationId`, elsewhere on an id the publisher puts in the body or an
+/// attribute.
+///
+/// # Errors
+/// [`KeyError::Missing`] for an empty id; [`KeyError::TooLong`] past [`MessageKey::MAX_LEN`].
+pub fn sqs(message_id: &str) -> Result<MessageKey, KeyError> {
+    required(Some(message_id), "SQS MessageId")
+}
+
+/// An Azure Service Bus message's key: its `MessageId`, which the sender sets (and which
+/// duplicate detection, where enabled, also uses).
+///
+/// # Errors
+/// [`KeyError::Missing`] for an empty id; [`KeyError::TooLong`] past [`MessageKey::MAX_LEN`].
+pub fn service_bus(message_id: &str) -> Result<MessageKey, KeyError> {
+    required(Some(message_id), "Service Bus MessageId")
+}
+
+fn required(id: Option<&str>, field: &'static str) -> Result<MessageKey, KeyError> {
+    match id {
+        Some(id) if !id.is_empty() => MessageKey::text(id),
+        _ => Err(KeyError::Missing { field }),
+    }
+}
+
+/// A RabbitMQ quorum queue's redelivery window: a delivery unacknowledged for
+/// `consumer_timeout` (30 minutes by default) is returned to the queue, at most
+/// `delivery_limit` times (`x-delivery-limit`; 20 by default since RabbitMQ 4.0). Add the
+/// queue's `x-message-ttl` ([`Retention::message_ttl`]) and a replay margin.
+pub const fn rabbitmq_quorum_retention(
+    consumer_timeout: Duration,
+    delivery_limit: u32,
+) -> Retention {
+    Retention::redeliveries(consumer_timeout, delivery_limit)
+}
+
+/// A JetStream consumer's redelivery window: `ack_wait` × `max_deliver`. `max_deliver` of
+/// -1 (or 0) is JetStream's "unlimited": the window has no end, and the retention is the
+/// longest there is (the purge then removes nothing) — set `max_deliver`.
+pub const fn jetstream_retention(ack_wait: Duration, max_deliver: i64) -> Retention {
+    let deliveries = match max_deliver {
+        n if n <= 0 => u32::MAX,
+        n if n > u32::MAX as i64 => u32::MAX,
+        n => n as u32,
+    };
+    Retention::redeliveries(ack_wait, deliveries)
+}
+
+/// An SQS queue's redelivery window: the visibility timeout × `maxReceiveCount` of the
+/// redrive policy. Add the queue's retention period as the message TTL.
+pub const fn sqs_retention(visibility_timeout: Duration, max_receive_count: u32) -> Retention {
+    Retention::redeliveries(visibility_timeout, max_receive_count)
+}
+
+/// An Azure Service Bus queue's redelivery window: the lock duration × `MaxDeliveryCount`.
+pub const fn service_bus_retention(lock_duration: Duration, max_delivery_count: u32) -> Retention {
+    Retention::redeliveries(lock_duration, max_delivery_count)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_ids_are_refused_never_made_up() {
+        for missing in [amqp(None), amqp(Some("")), sqs(""), service_bus("")] {
+            assert!(
+                matches!(missing, Err(KeyError::Missing { .. })),
+                "{missing:?}"
+            );
+        }
+        let message = KeyError::Missing {
+            field: "AMQP message_id",
+        }
+        .to_string();
+        assert!(message.contains("publisher must set it"), "{message}");
+    }
+
+    #[test]
+    fn jetstream_keys_are_tagged_apart_from_text() {
+        let by_sequence = jetstream(None, "ORDERS", 42).unwrap();
+        assert_eq!(jetstream(Some(""), "ORDERS", 42).unwrap(), by_sequence);
+        assert_ne!(by_sequence, MessageKey::text("ORDERS:42").unwrap());
+        assert_ne!(by_sequence, jetstream(None, "ORDERS", 43).unwrap());
+        assert_ne!(by_sequence, jetstream(None, "ORDERS2", 42).unwrap());
+        assert_eq!(by_sequence.to_string(), "ORDERS:42");
+    }
+
+    #[test]
+    fn unlimited_redeliveries_keep_markers_for_ever() {
+        let unlimited = jetstream_retention(Duration::from_secs(30), -1);
+        assert_eq!(unlimited.keep_for(), Duration::from_secs(30) * u32::MAX);
+        assert_eq!(
+            rabbitmq_quorum_retention(Duration::from_secs(1800), 20).keep_for(),
+            Duration::from_secs(36_000)
+        );
+        assert_eq!(
+            sqs_retention(Duration::from_secs(30), 5).keep_for(),
+            Duration::from_secs(150)
+        );
+    }
+}

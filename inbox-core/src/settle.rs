@@ -1,0 +1,294 @@
+//! How a delivery is settled with its broker, decided once for every outcome and every
+//! failure — the `match` each message pump would otherwise write by hand.
+
+use std::time::Duration;
+
+use crate::{
+    Action, BatchOutcome, ErrorClass, InFlightOutcome, KeyError, Outcome, StaleClaimOutcome,
+};
+
+/// What a message pump does with a delivery once the handler answered.
+///
+/// | answer | settlement | RabbitMQ | NATS JetStream | SQS |
+/// |---|---|---|---|---|
+/// | `Processed`, `Duplicate`, a batch | [`Ack`](Settlement::Ack) | `basic.ack` | `Ack` | `DeleteMessage` |
+/// | `InFlight` (another delivery holds the message), a transient failure (`Action::RetryLater`) | [`Retry`](Settlement::Retry) | requeue after a delay | `Nak(delay)` | leave it; `ChangeMessageVisibility(delay)` |
+/// | a connection that must go (`Action::Reconnect`: connection lost, read-only session, a lost prepared statement) | [`Retry`](Settlement::Retry) `{ reconnect: true }` | drop the connection, then as above | as above | as above |
+/// | a business constraint, an invalid key, a poison message (`Action::DeadLetter`); a `StaleClaim` left for reconciliation | [`DeadLetter`](Settlement::DeadLetter) | `basic.reject`, no requeue (to the dead-letter exchange) | `Term` | to the DLQ by the redrive policy |
+/// | misuse, a schema fault, a missing privilege, a claim whose effect was not recorded (`Action::Alert`) | [`Halt`](Settlement::Halt) | stop consuming, requeue | stop consuming, `Nak` | stop receiving |
+///
+/// ```
+/// use inbox_core::{Action, Outcome, Settle, Settlement};
+///
+/// assert_eq!(Outcome::Processed(()).settlement(), Settlement::Ack);
+/// assert_eq!(Action::Reconnect.settlement(), Settlement::Retry { reconnect: true });
+/// assert_eq!(Action::Alert.settlement(), Settlement::Halt);
+///
+/// // A handler's whole answer: its outcome, or its error's.
+/// let answer: Result<Outcome<()>, Action> = Err(Action::DeadLetter);
+/// assert_eq!(answer.settlement(), Settlement::DeadLetter);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Settlement {
+    /// Acknowledge: the work is done, by this delivery or an earlier one.
+    Ack,
+    /// Hand the message back to be delivered again after a delay ([`Redelivery`]): it may
+    /// succeed then. With `reconnect`, drop the database connection first (a pool discards
+    /// it): the failure was the connection's.
+    Retry {
+        /// Drop the database connection before the next attempt.
+        reconnect: bool,
+    },
+    /// Never deliver it to this consumer again: dead-letter it (or terminate it). It fails
+    /// on its own merits, or waits for a person (a stale claim).
+    DeadLetter,
+    /// Stop consuming and alert: every delivery would fail the same way until someone fixes
+    /// the deployment. The message is handed back, not acknowledged.
+    Halt,
+}
+
+impl Settlement {
+    /// The settlement of a failure a pump routes by its [`Action`].
+    pub const fn of_action(action: Action) -> Self {
+        match action {
+            Action::RetryLater => Settlement::Retry { reconnect: false },
+            Action::Reconnect => Settlement::Retry { reconnect: true },
+            Action::Alert => Settlement::Halt,
+            Action::DeadLetter => Settlement::DeadLetter,
+        }
+    }
+
+    /// The label of this settlement in logs and metrics: `ack`, `retry`, `dead_letter`,
+    /// `halt`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Settlement::Ack => "ack",
+            Settlement::Retry { .. } => "retry",
+            Settlement::DeadLetter => "dead_letter",
+            Settlement::Halt => "halt",
+        }
+    }
+}
+
+/// Something a message pump can settle a delivery by: each outcome type, each failure (an
+/// [`Action`], an [`ErrorClass`], a [`KeyError`]; `inbox_diesel::Error` in its crate), and a
+/// handler's `Result` of one and the other. An application's error type implements it by
+/// its inbox error's action, or its own judgement:
+///
+/// ```
+/// use inbox_core::{Action, Settle, Settlement};
+///
+/// enum AppError {
+///     Inbox(Action),
+///     Rejected,
+/// }
+///
+/// impl Settle for AppError {
+///     fn settlement(&self) -> Settlement {
+///         match self {
+///             AppError::Inbox(action) => action.settlement(),
+///             AppError::Rejected => Settlement::DeadLetter,
+///         }
+///     }
+/// }
+/// ```
+pub trait Settle {
+    /// How the delivery is settled.
+    fn settlement(&self) -> Settlement;
+}
+
+impl Settle for Settlement {
+    fn settlement(&self) -> Settlement {
+        *self
+    }
+}
+
+impl Settle for Action {
+    fn settlement(&self) -> Settlement {
+        Settlement::of_action(*self)
+    }
+}
+
+impl Settle for ErrorClass {
+    fn settlement(&self) -> Settlement {
+        Settlement::of_action(self.action())
+    }
+}
+
+/// A key the message cannot give (empty, too long, missing): it will never be processed.
+impl Settle for KeyError {
+    fn settlement(&self) -> Settlement {
+        Settlement::DeadLetter
+    }
+}
+
+impl<T> Settle for Outcome<T> {
+    fn settlement(&self) -> Settlement {
+        Settlement::Ack
+    }
+}
+
+impl<T> Settle for InFlightOutcome<T> {
+    fn settlement(&self) -> Settlement {
+        match self {
+            InFlightOutcome::InFlight { .. } => Settlement::Retry { reconnect: false },
+            InFlightOutcome::Processed(_) | InFlightOutcome::Duplicate { .. } => Settlement::Ack,
+        }
+    }
+}
+
+impl<T> Settle for StaleClaimOutcome<T> {
+    fn settlement(&self) -> Settlement {
+        match self {
+            StaleClaimOutcome::InFlight { .. } => Settlement::Retry { reconnect: false },
+            // Whether the side effect happened is for a person to find out: parked, not
+            // retried (a retry would take the claim over and might run it again).
+            StaleClaimOutcome::StaleClaim { .. } => Settlement::DeadLetter,
+            StaleClaimOutcome::Processed(_) | StaleClaimOutcome::Duplicate { .. } => {
+                Settlement::Ack
+            }
+        }
+    }
+}
+
+/// A batch settles as one: its transaction committed (or every message was a duplicate).
+impl<T> Settle for BatchOutcome<T> {
+    fn settlement(&self) -> Settlement {
+        Settlement::Ack
+    }
+}
+
+impl<O: Settle, E: Settle> Settle for Result<O, E> {
+    fn settlement(&self) -> Settlement {
+        match self {
+            Ok(outcome) => outcome.settlement(),
+            Err(error) => error.settlement(),
+        }
+    }
+}
+
+impl<S: Settle + ?Sized> Settle for &S {
+    fn settlement(&self) -> Settlement {
+        (**self).settlement()
+    }
+}
+
+/// How long a message handed back ([`Settlement::Retry`]) waits before its next delivery:
+/// doubling from `first` with each delivery, up to `max`, so that a dependency that is down
+/// is not hammered and a message in flight elsewhere has time to finish.
+///
+/// ```
+/// use std::time::Duration;
+/// use inbox_core::Redelivery;
+///
+/// let policy = Redelivery::DEFAULT;
+/// assert_eq!(policy.delay(1), Duration::from_secs(1));
+/// assert_eq!(policy.delay(3), Duration::from_secs(4));
+/// assert_eq!(policy.delay(60), Duration::from_secs(300));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Redelivery {
+    first: Duration,
+    max: Duration,
+}
+
+impl Redelivery {
+    /// 1 s after the first delivery, doubling, at most 5 minutes.
+    pub const DEFAULT: Redelivery =
+        Redelivery::exponential(Duration::from_secs(1), Duration::from_secs(5 * 60));
+
+    /// `first` after the first delivery, doubling with each delivery after it, at most `max`.
+    pub const fn exponential(first: Duration, max: Duration) -> Self {
+        Self { first, max }
+    }
+
+    /// The delay after delivery number `delivery` (1 for the first) failed or found the
+    /// message in flight.
+    pub fn delay(&self, delivery: u32) -> Duration {
+        let doublings = delivery.saturating_sub(1).min(32);
+        self.first
+            .saturating_mul(1u32 << doublings.min(31))
+            .min(self.max)
+    }
+}
+
+impl Default for Redelivery {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Consumer, MessageKey, TransientKind};
+
+    #[test]
+    fn every_outcome_and_every_action_settles() {
+        let consumer = || Consumer::new("c").unwrap();
+        let key = || MessageKey::integer(1);
+        assert_eq!(Outcome::Processed(()).settlement(), Settlement::Ack);
+        assert_eq!(
+            Outcome::<()>::Duplicate {
+                consumer: consumer(),
+                key: key()
+            }
+            .settlement(),
+            Settlement::Ack
+        );
+        assert_eq!(
+            InFlightOutcome::<()>::InFlight {
+                consumer: consumer(),
+                key: key()
+            }
+            .settlement(),
+            Settlement::Retry { reconnect: false }
+        );
+        assert_eq!(
+            StaleClaimOutcome::<()>::StaleClaim {
+                consumer: consumer(),
+                key: key(),
+                attempts: 2
+            }
+            .settlement(),
+            Settlement::DeadLetter
+        );
+        for (class, settlement) in [
+            (
+                ErrorClass::Transient(TransientKind::Deadlock),
+                Settlement::Retry { reconnect: false },
+            ),
+            (
+                ErrorClass::ConnectionLost,
+                Settlement::Retry { reconnect: true },
+            ),
+            (ErrorClass::ReadOnly, Settlement::Retry { reconnect: true }),
+            (
+                ErrorClass::StatementLost,
+                Settlement::Retry { reconnect: true },
+            ),
+            (ErrorClass::Schema, Settlement::Halt),
+            (ErrorClass::Misuse, Settlement::Halt),
+            (ErrorClass::PermissionDenied, Settlement::Halt),
+            (ErrorClass::TransactionAborted, Settlement::Halt),
+            (
+                ErrorClass::UniqueViolation { constraint: None },
+                Settlement::DeadLetter,
+            ),
+            (ErrorClass::Other, Settlement::DeadLetter),
+        ] {
+            assert_eq!(class.settlement(), settlement, "{class:?}");
+        }
+        assert_eq!(KeyError::Empty.settlement(), Settlement::DeadLetter);
+    }
+
+    #[test]
+    fn redelivery_doubles_and_caps_without_overflow() {
+        let policy = Redelivery::exponential(Duration::from_millis(100), Duration::from_secs(1));
+        assert_eq!(policy.delay(0), Duration::from_millis(100));
+        assert_eq!(policy.delay(2), Duration::from_millis(200));
+        assert_eq!(policy.delay(5), Duration::from_secs(1));
+        assert_eq!(policy.delay(u32::MAX), Duration::from_secs(1));
+    }
+}
