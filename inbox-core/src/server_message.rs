@@ -338,7 +338,13 @@ fn is_deadlock(message: &str) -> bool {
 /// Errors that drivers report without a kind of their own, recognised by the server's
 /// (English) message. Checked against messages captured from the servers in the tests.
 fn classify_message(message: &str) -> ErrorClass {
-    const TRANSIENT: [(&str, TransientKind); 9] = [
+    const TRANSIENT: [(&str, TransientKind); 10] = [
+        // MariaDB 1020 with `innodb_snapshot_isolation` (the default from 11.6): a row read
+        // by the transaction changed under it — MariaDB's serialization failure.
+        (
+            "Record has changed since last read",
+            TransientKind::SerializationFailure,
+        ),
         // PostgreSQL 40P01 (diesel reports no kind for it).
         ("deadlock detected", TransientKind::Deadlock),
         // MySQL / MariaDB 1213.
@@ -678,6 +684,10 @@ mod tests {
             (
                 "Unknown prepared statement handler (7) given to mysqld_stmt_execute",
                 ErrorClass::StatementLost,
+            ),
+            (
+                "Record has changed since last read in table 'accounts'",
+                ErrorClass::Transient(TransientKind::SerializationFailure),
             ),
             // Not a statement: a table, which is the schema's.
             ("relation \"inbox\" does not exist", ErrorClass::Schema),

@@ -207,6 +207,9 @@ pub enum SessionProblem {
         /// What needed it: `"claim mode"` or `"purge"`.
         needed_by: &'static str,
     },
+    /// MySQL and MariaDB: the session's clock is set (`SET timestamp = …`), and the
+    /// purge's cutoff would be computed from it: a marker written a moment ago could go.
+    ClockSet,
 }
 
 impl fmt::Display for SessionProblem {
@@ -217,6 +220,10 @@ impl fmt::Display for SessionProblem {
                 "autocommit is off on this MySQL/MariaDB session, and {needed_by} commits each \
                  of its statements on its own: nothing was written; give it connections with \
                  autocommit on (remove `SET autocommit = 0` from the pool's connection setup)"
+            ),
+            SessionProblem::ClockSet => f.write_str(
+                "the session's clock is set (`SET timestamp`), and times the runtime writes or \
+                 compares must be the server's: nothing was done; `SET timestamp = DEFAULT`",
             ),
         }
     }

@@ -256,6 +256,9 @@ async fn run<S: Io>(io: &mut S, schema: &InboxSchema, purge: &Purge) -> QueryRes
             })
             .into());
         }
+        if locked == -2 {
+            return Err(crate::Error::Session(crate::SessionProblem::ClockSet).into());
+        }
         if locked != 1 {
             let mut report = PurgeReport::default();
             if let Some(sql) = S::Backend::lock_holder_idle(table) {

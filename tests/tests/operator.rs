@@ -527,6 +527,131 @@ mod postgres {
         assert_eq!(balance(&mut db.connect()), 3);
     }
 
+    /// A partitioned inbox: each partition's rows are the inbox's. A redelivery is a
+    /// duplicate (the evidence is read through the partitioned table), and what the check
+    /// refuses on the table it refuses on a partition: a trigger, an UNLOGGED partition.
+    #[test]
+    fn a_partitioned_inbox_works_and_its_partitions_are_checked() {
+        let partitioned = "DROP TABLE inbox; \
+             CREATE TABLE inbox (id BIGINT GENERATED ALWAYS AS IDENTITY, \
+             message_id UUID NOT NULL, consumer TEXT COLLATE \"C\" NOT NULL, \
+             received_at TIMESTAMPTZ NOT NULL DEFAULT now(), processed_at TIMESTAMPTZ, \
+             claimed_until TIMESTAMPTZ, attempts INTEGER NOT NULL DEFAULT 1) \
+             PARTITION BY LIST (consumer); \
+             CREATE UNIQUE INDEX ux_inbox_message_consumer ON inbox (message_id, consumer); \
+             CREATE TABLE inbox_operator PARTITION OF inbox FOR VALUES IN ('operator'); \
+             CREATE TABLE inbox_default PARTITION OF inbox DEFAULT";
+        let db = Db::new("partitioned");
+        db.connect().batch_execute(partitioned).unwrap();
+        let mut conn = db.connect();
+        assert!(apply(&mut conn, &1).unwrap().is_processed());
+        assert!(apply(&mut conn, &1).unwrap().is_duplicate());
+        assert!(apply(&mut db.connect(), &1).unwrap().is_duplicate());
+        assert_eq!(balance(&mut conn), 1);
+
+        shape(
+            &format!(
+                "{partitioned}; CREATE FUNCTION forget() RETURNS trigger LANGUAGE plpgsql AS \
+                 $$ BEGIN DELETE FROM inbox WHERE id = NEW.id; RETURN NULL; END $$; \
+                 CREATE TRIGGER archive AFTER INSERT ON inbox_operator FOR EACH ROW \
+                 EXECUTE FUNCTION forget()"
+            ),
+            &["trigger `archive` on `inbox_operator`"],
+        );
+        shape(
+            &format!(
+                "{partitioned}; CREATE UNLOGGED TABLE inbox_fast PARTITION OF inbox \
+                 FOR VALUES IN ('fast')"
+            ),
+            &["UNLOGGED"],
+        );
+    }
+
+    /// Another unique index that a marker can violate where the inbox's does not: refused.
+    /// One that covers (message_id, consumer) cannot be violated alone: accepted.
+    #[test]
+    fn other_unique_indexes_are_refused_unless_they_cover_the_key() {
+        shape(
+            "CREATE UNIQUE INDEX ux_inbox_message_only ON inbox (message_id)",
+            &["the unique index `ux_inbox_message_only (message_id)`"],
+        );
+        let db = Db::new("covering_unique");
+        db.connect()
+            .batch_execute(
+                "CREATE UNIQUE INDEX ux_inbox_wide ON inbox (consumer, message_id, received_at)",
+            )
+            .unwrap();
+        let mut conn = db.connect();
+        assert!(apply(&mut conn, &1).unwrap().is_processed());
+        assert!(apply(&mut conn, &1).unwrap().is_duplicate());
+    }
+
+    /// The unique index compares consumers with a nondeterministic collation (the column's
+    /// own is "C"): refused, where it made a new consumer's every message an error.
+    #[test]
+    fn an_index_with_a_nondeterministic_collation_is_refused() {
+        shape(
+            "CREATE COLLATION ci (provider = icu, locale = 'und-u-ks-level2', \
+             deterministic = false); DROP INDEX ux_inbox_message_consumer; \
+             CREATE UNIQUE INDEX ux_inbox_message_consumer ON inbox (message_id, consumer COLLATE ci)",
+            &["nondeterministic collation `ci`"],
+        );
+    }
+
+    /// The inbox table refuses the marker for a reason of its own — a column added without
+    /// a default, a check, an exhausted sequence — which the check cannot foresee: a schema
+    /// fault (`Alert`), never the message's dead letter.
+    #[test]
+    fn a_marker_the_table_refuses_is_a_schema_fault_not_a_dead_letter() {
+        for alter in [
+            "ALTER TABLE inbox ADD COLUMN tenant TEXT NOT NULL",
+            "ALTER TABLE inbox ADD CONSTRAINT known CHECK (consumer IN ('credit'))",
+            "ALTER SEQUENCE inbox_id_seq MAXVALUE 2; SELECT nextval('inbox_id_seq'); \
+             SELECT nextval('inbox_id_seq')",
+        ] {
+            let db = Db::new(&next_name("refuses"));
+            db.connect().batch_execute(alter).unwrap();
+            let mut conn = db.connect();
+            let error = inbox_error(apply(&mut conn, &1));
+            assert_eq!(error.class(), ErrorClass::Schema, "{alter}: {error:?}");
+            assert_eq!(error.action(), Action::Alert, "{alter}");
+            assert_eq!(balance(&mut conn), 0);
+        }
+    }
+
+    /// A session that commits without waiting for the WAL flush can lose an acknowledged
+    /// message in a crash: refused.
+    #[test]
+    fn synchronous_commit_off_is_refused() {
+        let db = Db::new("synchronous_commit");
+        let mut conn = db.connect();
+        conn.batch_execute("SET synchronous_commit = off").unwrap();
+        let text = refusal(apply(&mut conn, &1));
+        assert!(text.contains("synchronous_commit = off"), "{text}");
+    }
+
+    /// A `now()` of the application's earlier on the search path (a test clock) does not
+    /// move the purge's cutoff.
+    #[test]
+    fn the_purge_cutoff_is_the_servers_clock() {
+        let db = Db::new("purge_clock");
+        let mut conn = db.connect();
+        assert!(apply(&mut conn, &1).unwrap().is_processed());
+        conn.batch_execute(
+            "CREATE FUNCTION public.now() RETURNS timestamptz LANGUAGE sql \
+             AS $$ SELECT pg_catalog.now() + interval '30 days' $$; \
+             SET search_path = public, pg_catalog",
+        )
+        .unwrap();
+        let report = inbox_diesel::purge::purge(
+            &mut conn,
+            &inbox_diesel::InboxSchema::DEFAULT,
+            &inbox_diesel::purge::Purge::older_than(std::time::Duration::from_secs(7 * 86_400)),
+        )
+        .unwrap();
+        assert_eq!(report.removed, 0);
+    }
+
     /// A role made for one test, dropped after it.
     struct Role<'d>(String, &'d Db);
 
@@ -889,6 +1014,118 @@ mod mysql {
         let error = inbox_error(result);
         assert_eq!(error.class(), ErrorClass::PermissionDenied, "{error:?}");
         assert_eq!(error.action(), Action::Alert);
+    }
+
+    /// A primary key on (message_id, consumer), another unique index on message_id: MariaDB
+    /// reports whichever index a duplicate meets first, and a redelivery would read as a
+    /// business violation. Refused.
+    #[test]
+    fn other_unique_indexes_are_refused() {
+        shape(
+            "ALTER TABLE inbox MODIFY id BIGINT NOT NULL, DROP PRIMARY KEY, \
+             ADD PRIMARY KEY (message_id, consumer), ADD UNIQUE KEY ux_id (id)",
+            &["the unique index `PRIMARY (message_id, consumer)`"],
+        );
+        shape(
+            "ALTER TABLE inbox ADD UNIQUE KEY ux_inbox_message_only (message_id)",
+            &["the unique index `ux_inbox_message_only (message_id)`"],
+        );
+    }
+
+    /// A column added without a default refuses every marker: a schema fault (`Alert`),
+    /// not the message's dead letter.
+    #[test]
+    fn a_marker_the_table_refuses_is_a_schema_fault_not_a_dead_letter() {
+        let db = Db::new("refuses");
+        db.connect()
+            .batch_execute("ALTER TABLE inbox ADD COLUMN tenant VARCHAR(20) NOT NULL")
+            .unwrap();
+        let mut conn = db.connect();
+        let error = inbox_error(apply(&mut conn, &1));
+        assert_eq!(error.class(), ErrorClass::Schema, "{error:?}");
+        assert_eq!(error.action(), Action::Alert);
+        let sent = AtomicUsize::new(0);
+        let error = inbox_error(send(&mut conn, &2, &sent, &|| ()));
+        assert_eq!(error.action(), Action::Alert, "{error:?}");
+        assert_eq!(sent.load(Ordering::SeqCst), 0);
+    }
+
+    /// `SET timestamp = …` moves the session's clock, and with it leases and
+    /// `processed_at`: a handler's session and the purge's are refused before they write.
+    #[test]
+    fn a_session_clock_that_is_set_is_refused() {
+        let db = Db::new("session_clock");
+        let mut conn = db.connect();
+        conn.batch_execute("SET timestamp = UNIX_TIMESTAMP() - 30 * 86400")
+            .unwrap();
+        let text = refusal(apply(&mut conn, &1));
+        assert!(text.contains("SET timestamp"), "{text}");
+        let purged = purge(
+            &mut conn,
+            &InboxSchema::DEFAULT,
+            &Purge::older_than(Duration::from_secs(3600)),
+        )
+        .unwrap_err();
+        assert!(matches!(
+            Error::from(purged),
+            Error::Session(inbox_diesel::SessionProblem::ClockSet)
+        ));
+        // Set after a check: the marker's insert refuses it, and the check names it.
+        let mut conn = db.connect();
+        assert!(apply(&mut conn, &2).unwrap().is_processed());
+        conn.batch_execute("SET timestamp = UNIX_TIMESTAMP() + 86400")
+            .unwrap();
+        let text = refusal(apply(&mut conn, &3));
+        assert!(text.contains("SET timestamp"), "{text}");
+        assert_eq!(markers(&mut db.connect()), 1);
+    }
+
+    /// MariaDB's snapshot isolation (`innodb_snapshot_isolation`, the default from 11.6):
+    /// a row the body read changed under it (1020). Retried in a fresh transaction, as a
+    /// serialization failure is, and processed — not dead-lettered.
+    #[test]
+    fn a_snapshot_conflict_is_retried() {
+        let db = Db::new("snapshot");
+        let gate = Gate::default();
+        let runs = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            let first = s.spawn(|| {
+                let mut conn = db.connect();
+                conn.batch_execute("SET SESSION innodb_snapshot_isolation = ON")
+                    .unwrap();
+                conn.batch_execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                    .unwrap();
+                read_then_write(&mut conn, &1, &gate, &runs)
+            });
+            gate.wait_inside();
+            db.connect()
+                .batch_execute("UPDATE accounts SET balance = balance + 100 WHERE id = 1")
+                .unwrap();
+            gate.open();
+            assert!(first.join().unwrap().unwrap().is_processed());
+        });
+        assert_eq!(runs.load(Ordering::SeqCst), 2, "retried once");
+        assert_eq!(balance(&mut db.connect()), 101);
+    }
+
+    /// Reads the balance, waits at `gate` the first time, then writes it.
+    #[idempotent(consumer = "operator", key = *id)]
+    fn read_then_write(
+        conn: &mut Conn,
+        id: &u64,
+        gate: &Gate,
+        runs: &AtomicUsize,
+    ) -> Result<(), AppError> {
+        let read = balance(conn);
+        if runs.fetch_add(1, Ordering::SeqCst) == 0 {
+            gate.pass();
+        }
+        diesel::sql_query(format!(
+            "UPDATE accounts SET balance = {} WHERE id = 1",
+            read + 1
+        ))
+        .execute(conn)?;
+        Ok(())
     }
 
     /// `sql_mode`s frameworks set, `EMPTY_STRING_IS_NULL` among them: the check reads the

@@ -148,10 +148,12 @@ impl Dialect for diesel::mysql::Mysql {
     /// once more per purge.
     ///
     /// A session with `autocommit = 0` answers -1 without taking the lock: none of its
-    /// batches would commit.
+    /// batches would commit; one whose clock is set (`SET timestamp`) -2: its cutoff would
+    /// not be the server's.
     fn try_lock(_: &str) -> Option<String> {
         Some(
-            "SELECT CAST(CASE WHEN @@SESSION.autocommit = 0 THEN -1 ELSE \
+            "SELECT CAST(CASE WHEN @@SESSION.autocommit = 0 THEN -1 \
+             WHEN NOT (ABS(TIMESTAMPDIFF(SECOND, NOW(), SYSDATE())) < 60) THEN -2 ELSE \
              COALESCE(CASE WHEN IS_USED_LOCK(CONCAT(DATABASE(), ' ', ?)) = \
              CONNECTION_ID() THEN 1 ELSE GET_LOCK(CONCAT(DATABASE(), ' ', ?), 0) END, 0) END \
              AS SIGNED) AS n"

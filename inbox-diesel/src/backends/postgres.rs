@@ -120,7 +120,7 @@ impl Dialect for diesel::pg::Pg {
     fn delete_batch(table: &str) -> String {
         format!(
             "DELETE FROM {table} WHERE id = ANY(ARRAY(SELECT id FROM {table} \
-             WHERE processed_at < now() - ($1::bigint * interval '1 second') \
+             WHERE processed_at < CURRENT_TIMESTAMP - ($1::bigint * interval '1 second') \
              ORDER BY processed_at LIMIT $2))"
         )
     }
@@ -128,7 +128,7 @@ impl Dialect for diesel::pg::Pg {
     fn count_stale(table: &str) -> String {
         format!(
             "SELECT count(*) AS n FROM {table} WHERE processed_at IS NULL \
-             AND received_at < now() - ($1::bigint * interval '1 second')"
+             AND received_at < CURRENT_TIMESTAMP - ($1::bigint * interval '1 second')"
         )
     }
 
@@ -137,7 +137,7 @@ impl Dialect for diesel::pg::Pg {
         format!(
             "SELECT uuid_send(message_id) AS message_id, consumer, attempts::int8 AS attempts \
              FROM {table} WHERE processed_at IS NULL \
-             AND received_at < now() - ($1::bigint * interval '1 second') ORDER BY id LIMIT $2"
+             AND received_at < CURRENT_TIMESTAMP - ($1::bigint * interval '1 second') ORDER BY id LIMIT $2"
         )
     }
 
@@ -158,7 +158,7 @@ impl Dialect for diesel::pg::Pg {
             "WITH lock AS (SELECT pg_try_advisory_xact_lock(hashtext($3)) AS ok), \
              deleted AS (DELETE FROM {table} WHERE (SELECT ok FROM lock) \
              AND id = ANY(ARRAY(SELECT id FROM {table} \
-             WHERE processed_at < now() - ($1::bigint * interval '1 second') \
+             WHERE processed_at < CURRENT_TIMESTAMP - ($1::bigint * interval '1 second') \
              ORDER BY processed_at LIMIT $2)) RETURNING 1) \
              SELECT CASE WHEN (SELECT ok FROM lock) THEN 1 ELSE 0 END::int8 AS locked, \
              (SELECT count(*) FROM deleted)::int8 AS n"

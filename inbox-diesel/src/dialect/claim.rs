@@ -309,19 +309,15 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB, (BigInt, BigInt)> {
     /// How many of `ids` have a row for `consumer` (twice: the row type of a read):
     ///
     /// ```sql
-    /// SELECT count(*), count(*) FROM ONLY <table> WHERE consumer = ? AND message_id IN (?, …)
+    /// SELECT count(*), count(*) FROM <table> WHERE consumer = ? AND message_id IN (?, …)
     /// ```
     ///
     /// The evidence of a duplicate where the insert reports one by writing nothing
     /// (`ON CONFLICT DO NOTHING`): a row the insert did not write may also have been
-    /// swallowed (a trigger, a rule), and then it is not there. `ONLY` on PostgreSQL: an
-    /// inheritance child's row is not the inbox's.
+    /// swallowed (a trigger, a rule), and then it is not there. (Not `ONLY`: a partitioned
+    /// table's rows are in its partitions; inheritance children are refused by the check.)
     pub(crate) fn present(schema: &'a InboxSchema, consumer: &'a str, ids: &'a [Uuid]) -> Self {
         use Part::{Consumer, Ids, Sql, Table};
-        let only = match DB::BACKEND {
-            super::Backend::Postgres => "ONLY ",
-            _ => "",
-        };
         ClaimSql {
             table: schema.table(),
             id: Uuid::nil(),
@@ -334,7 +330,6 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB, (BigInt, BigInt)> {
                 Sql("), CAST(count(*) AS "),
                 Sql(DB::BIGINT),
                 Sql(") FROM "),
-                Sql(only),
                 Table,
                 Sql(" WHERE consumer = "),
                 Consumer,

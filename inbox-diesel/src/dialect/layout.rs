@@ -56,10 +56,21 @@ impl SessionMark {
     /// compared byte by byte (database names are case-sensitive where files are).
     pub(crate) fn guard(self) -> (String, &'static str) {
         (
-            format!("IF(BINARY {} = {}, ", self.variable(), Self::DATABASE),
+            format!(
+                "IF(BINARY {} = {} AND {}, ",
+                self.variable(),
+                Self::DATABASE,
+                Self::CLOCK
+            ),
             ", NULL)",
         )
     }
+
+    /// The session's clock is the server's: `SET timestamp = …` moves `NOW()` and
+    /// `UTC_TIMESTAMP()` for the session (not `SYSDATE()`), and with them every lease and
+    /// `processed_at` it writes — a claim it takes over while live, a marker the purge
+    /// removes early. A minute of slack for a statement's own run.
+    pub(crate) const CLOCK: &'static str = "ABS(TIMESTAMPDIFF(SECOND, NOW(), SYSDATE())) < 60";
 }
 
 /// Whether a failed statement of the claim says that this server session has not checked the

@@ -7,6 +7,7 @@ use inbox_core::{InboxSchema, MessageKey};
 use crate::dialect::Dialect;
 use crate::dialect::claim::{ClaimAnswer, ClaimSql, ClaimStep, read_answer};
 use crate::io::Io;
+use crate::runtime::driver::refused_marker;
 
 /// A claim-mode handler's lease. What a delivery does with an expired claim is in the
 /// handler's outcome type: reported if it can hold `StaleClaim` (`on_expired = "report"`),
@@ -54,7 +55,13 @@ pub(crate) async fn step<S: Io>(
             }
             crate::dialect::marker::inserted_unless_duplicate(inserted, schema)
                 .map(ClaimAnswer::Rows)
+                .map_err(|e| refused_marker(e, schema))
         }
+        ClaimStep::TakeOver { .. } => io
+            .execute_claim(ClaimSql::new(schema, consumer, key, step))
+            .await
+            .map(ClaimAnswer::Rows)
+            .map_err(|e| refused_marker(e, schema)),
         _ => io
             .execute_claim(ClaimSql::new(schema, consumer, key, step))
             .await

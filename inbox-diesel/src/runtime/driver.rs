@@ -100,6 +100,25 @@ pub(crate) trait Steps {
     async fn pause(&mut self, delay: Duration);
 }
 
+/// The error of the runtime's own marker or claim insert (or a claim's takeover): a
+/// violation of another unique index, a check or a foreign key, a column without a default,
+/// an exhausted sequence, row-level security — anything neither transient nor the
+/// connection's — says the inbox table refuses markers, not that the message is bad: a
+/// schema fault (`Alert`, and the table checked again), never dead-lettered with the
+/// message. The server's error stays the source.
+pub(crate) fn refused_marker(error: DieselError, schema: &inbox_core::InboxSchema) -> DieselError {
+    match classify(&error, schema) {
+        ErrorClass::UniqueViolation { .. } | ErrorClass::Other => {
+            DieselError::QueryBuilderError(Box::new(Error::Database {
+                class: ErrorClass::Schema,
+                attempts: 1,
+                source: error,
+            }))
+        }
+        _ => error,
+    }
+}
+
 /// Confirms that each of `ids`, which an insert did not write, has its marker: a duplicate
 /// is answered on the evidence that the other row exists, not on the absence of this one. A
 /// trigger, rule or inheritance child can swallow an insert; a new message would then be
@@ -899,7 +918,7 @@ where
             {
                 return Ok(Decided::InFlight(witness));
             }
-            return Err(Failure::Database(e));
+            return Err(Failure::Database(refused_marker(e, &spec.schema)));
         }
     }
     let result = match run_body(spec, body, steps.conn()).await {

@@ -298,21 +298,38 @@ fn facts_sql(backend: Backend, qualifier: &str, needs: &[(&str, &str)]) -> Strin
             format!(
                 "WITH t AS (SELECT {PG_REL} AS rel), \
                  ix AS (SELECT i.* FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid \
-                        JOIN t ON i.indrelid = t.rel WHERE c.relname = $3) \
+                        JOIN t ON i.indrelid = t.rel WHERE c.relname = $3), \
+                 parts AS (SELECT t.rel AS relid FROM t WHERE t.rel IS NOT NULL \
+                           UNION SELECT p.relid FROM t, pg_partition_tree(t.rel) AS p) \
                  SELECT 'table' AS kind, n.nspname::text || '.' || c.relname::text AS detail \
                  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
                  JOIN t ON c.oid = t.rel \
                  UNION ALL SELECT 'persistence', c.relpersistence::text FROM pg_class c \
-                 JOIN t ON c.oid = t.rel WHERE c.relpersistence <> 'p' \
+                 JOIN parts ON c.oid = parts.relid WHERE c.relpersistence <> 'p' \
                  UNION ALL SELECT 'relkind', c.relkind::text FROM pg_class c \
-                 JOIN t ON c.oid = t.rel WHERE c.relkind NOT IN ('r', 'p') \
-                 UNION ALL SELECT 'trigger', tg.tgname::text FROM pg_trigger tg \
-                 JOIN t ON tg.tgrelid = t.rel WHERE NOT tg.tgisinternal \
+                 JOIN parts ON c.oid = parts.relid WHERE c.relkind NOT IN ('r', 'p') \
+                 UNION ALL SELECT 'trigger', tg.tgname::text || ' ON ' || \
+                 tg.tgrelid::regclass::text FROM pg_trigger tg \
+                 JOIN parts ON tg.tgrelid = parts.relid WHERE NOT tg.tgisinternal \
                  UNION ALL SELECT 'rule', r.rulename::text FROM pg_rewrite r \
-                 JOIN t ON r.ev_class = t.rel WHERE r.rulename <> '_RETURN' \
+                 JOIN parts ON r.ev_class = parts.relid WHERE r.rulename <> '_RETURN' \
                  UNION ALL SELECT 'child', h.inhrelid::regclass::text FROM pg_inherits h \
-                 JOIN pg_class k ON k.oid = h.inhrelid JOIN t ON h.inhparent = t.rel \
+                 JOIN pg_class k ON k.oid = h.inhrelid JOIN parts ON h.inhparent = parts.relid \
                  WHERE NOT k.relispartition \
+                 UNION ALL SELECT 'other unique', c.relname::text || ' (' || \
+                 string_agg(COALESCE(a.attname::text, '(expression)'), ', ' ORDER BY k.ord) || ')' \
+                 FROM pg_index i JOIN t ON i.indrelid = t.rel \
+                 JOIN pg_class c ON c.oid = i.indexrelid \
+                 CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord) \
+                 LEFT JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum \
+                 AND k.attnum > 0 \
+                 WHERE (i.indisunique OR i.indisexclusion) AND c.relname <> $3 \
+                 AND k.ord <= i.indnkeyatts GROUP BY c.relname \
+                 UNION ALL SELECT 'index collation', co.collname::text FROM ix \
+                 CROSS JOIN LATERAL unnest(ix.indcollation::oid[]) AS ic(oid) \
+                 JOIN pg_collation co ON co.oid = ic.oid WHERE NOT co.collisdeterministic \
+                 UNION ALL SELECT 'synchronous_commit', current_setting('synchronous_commit') \
+                 WHERE current_setting('synchronous_commit') = 'off' \
                  UNION ALL SELECT 'index invalid', 'invalid' FROM ix \
                  WHERE NOT (ix.indisvalid AND ix.indisready AND ix.indislive) \
                  UNION ALL SELECT 'index partial', pg_get_expr(ix.indpred, ix.indrelid) FROM ix \
@@ -354,7 +371,15 @@ fn facts_sql(backend: Backend, qualifier: &str, needs: &[(&str, &str)]) -> Strin
              CONCAT(IFNULL(st.column_name, '(expression)'), '(', st.sub_part, ')') \
              FROM information_schema.statistics st JOIN w \
              ON st.table_schema = w.s AND st.table_name = w.t AND st.index_name = w.ix \
-             WHERE st.sub_part IS NOT NULL) AS f"
+             WHERE st.sub_part IS NOT NULL \
+             UNION ALL SELECT 'other unique', CONCAT(st.index_name, ' (', \
+             GROUP_CONCAT(IFNULL(st.column_name, '(expression)') ORDER BY st.seq_in_index \
+             SEPARATOR ', '), ')') FROM information_schema.statistics st JOIN w \
+             ON st.table_schema = w.s AND st.table_name = w.t \
+             WHERE st.non_unique = 0 AND st.index_name <> w.ix GROUP BY st.index_name \
+             UNION ALL SELECT 'clock', CAST(NOW(6) AS CHAR) FROM DUAL \
+             WHERE NOT ({clock})) AS f",
+            clock = crate::dialect::layout::SessionMark::CLOCK
         ),
         Backend::Sqlite => {
             let schema = match qualifier {
@@ -665,7 +690,17 @@ pub(crate) fn check(
                 found: columns,
             });
         }
-        problems.extend(refusals(backend, schema, &catalog.facts, layout.key_text));
+        let index_missing = catalog.index.is_empty();
+        problems.extend(
+            refusals(backend, schema, &catalog.facts, layout.key_text)
+                .into_iter()
+                // The inbox's index under another name: the missing index's problem says so.
+                .filter(|problem| {
+                    !(index_missing
+                        && matches!(problem, SchemaProblem::Unsupported { found, .. }
+                            if found.ends_with(" (message_id, consumer)`")))
+                }),
+        );
     }
     match problems.is_empty() {
         true => Ok(layout),
@@ -674,6 +709,25 @@ pub(crate) fn check(
             resolved,
             problems,
         }),
+    }
+}
+
+/// Whether another unique index of the inbox table (`name (columns)`) is harmless: on
+/// PostgreSQL the primary key on `id`, or an index covering `(message_id, consumer)` (it
+/// cannot be violated unless the inbox's index is, and `ON CONFLICT` names the columns); on
+/// MySQL and MariaDB, which report whichever index a duplicate meets first, the primary key
+/// on `id` alone.
+fn harmless_unique(backend: Backend, detail: &str) -> bool {
+    let columns: Vec<&str> = detail
+        .rsplit_once(" (")
+        .and_then(|(_, columns)| columns.strip_suffix(')'))
+        .map(|columns| columns.split(", ").collect())
+        .unwrap_or_default();
+    match backend {
+        Backend::Mysql => detail.starts_with("PRIMARY ") && columns == ["id"],
+        _ => {
+            columns == ["id"] || (columns.contains(&"message_id") && columns.contains(&"consumer"))
+        }
     }
 }
 
@@ -747,11 +801,17 @@ fn refusals(
                 },
             )),
             "trigger" => problems.push(problem(
-                format!("trigger `{detail}`"),
+                match detail.split_once(" ON ") {
+                    Some((name, on)) => format!("trigger `{name}` on `{on}`"),
+                    None => format!("trigger `{detail}`"),
+                },
                 "a trigger can swallow, rewrite or move the marker row, and a new message \
                  would then be answered Duplicate and never applied, or two consumers share \
                  markers",
-                format!("drop it (`DROP TRIGGER {detail}`); keep audit triggers off the inbox"),
+                format!(
+                    "drop it (`DROP TRIGGER {detail}`); keep audit triggers off the inbox and \
+                     its partitions"
+                ),
             )),
             "rule" => problems.push(problem(
                 format!("rule `{detail}`"),
@@ -786,6 +846,36 @@ fn refusals(
                 format!("index `{index}` is on a prefix of `{detail}`"),
                 "keys (or consumer names) that share the prefix would share one marker",
                 format!("recreate it on the whole columns (`UNIQUE KEY {index} (message_id, consumer)`)"),
+            )),
+            "other unique" if !harmless_unique(backend, detail) => problems.push(problem(
+                format!("the unique index `{detail}`"),
+                "a marker insert that violates another unique index is not a duplicate to the \
+                 runtime: every delivery (or every redelivery) of such a message would fail, \
+                 where the inbox's index alone decides",
+                match backend {
+                    Backend::Mysql => "drop it; the primary key belongs on `id` alone".into(),
+                    _ => "drop it, or make it cover (message_id, consumer)".into(),
+                },
+            )),
+            "index collation" => problems.push(problem(
+                format!("index `{index}` compares with the nondeterministic collation `{detail}`"),
+                "the index would call a new consumer's marker a conflict that no row of that \
+                 consumer explains (`Credit` and `credit`): its messages could never be \
+                 processed",
+                format!("recreate it without COLLATE (`CREATE UNIQUE INDEX {index} ON {table} (message_id, consumer)`)"),
+            )),
+            "clock" => problems.push(problem(
+                format!("the session's clock set to {detail} (`SET timestamp`)"),
+                "leases and processed_at are written with the session's clock: a live claim \
+                 would be taken over, a fresh marker purged",
+                "SET timestamp = DEFAULT on the session".into(),
+            )),
+            "synchronous_commit" => problems.push(problem(
+                "synchronous_commit = off on this session".into(),
+                "a commit the server acknowledged can vanish in a crash: a message acknowledged \
+                 to the broker would be lost, a claim would vanish after its side effect ran",
+                "remove it from the role, database or pool setup (`SET synchronous_commit = on`)"
+                    .into(),
             )),
             "collation" => problems.push(problem(
                 format!("`consumer` has the nondeterministic collation `{detail}`"),
