@@ -1,0 +1,404 @@
+//! RabbitMQ consumers for `inbox-diesel` handlers, through [lapin]: each delivery is settled
+//! by what the handler answered ([`Settle`]), with manual acknowledgements.
+//!
+//! ```no_run
+//! use inbox_diesel::{Outcome, Settle, Settlement};
+//! use inbox_lapin::{Pump, key};
+//!
+//! # async fn credit(key: inbox_diesel::MessageKey, body: &[u8]) -> Result<Outcome<()>, inbox_diesel::Error> { Ok(Outcome::Processed(())) }
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let connection =
+//!     lapin::Connection::connect("amqp://127.0.0.1:5672/%2f", Default::default()).await?;
+//! let channel = connection.create_channel().await?;
+//! let pump = Pump::new().prefetch(32);
+//! let consumer = pump.subscribe(&channel, "credits", "credit-service").await?;
+//! // Until the process is asked to stop (`tokio::signal::ctrl_c()`, say).
+//! let shutdown = std::future::pending::<()>();
+//! let report = pump
+//!     .run(&channel, consumer, shutdown, |delivery| async move {
+//!         // The publisher's message_id; a message without one is dead-lettered.
+//!         let key = match key(&delivery) {
+//!             Ok(key) => key,
+//!             Err(missing) => return Err(inbox_diesel::Error::InvalidKey(missing)),
+//!         };
+//!         credit(key, &delivery.data).await // an #[idempotent] handler, say
+//!     })
+//!     .await?;
+//! println!("{report:?}");
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! | the handler answered | [`Settlement`] | what the pump does |
+//! |---|---|---|
+//! | `Processed`, `Duplicate` | `Ack` | `basic.ack` |
+//! | `InFlight`, a transient failure | `Retry` | holds the delivery for [`Redelivery`]'s delay, then `basic.nack` with requeue |
+//! | a failure of the connection (`Action::Reconnect`) | `Retry { reconnect: true }` | as `Retry`: the handler's pool replaces the connection |
+//! | a business constraint, a missing or invalid key, a stale claim | `DeadLetter` | `basic.reject` without requeue: to the queue's dead-letter exchange, if it has one |
+//! | misuse, a schema fault, a missing privilege | `Halt` | requeues it, stops taking deliveries, finishes those in hand, and returns [`Stopped::Halted`] |
+//!
+//! **Delays.** RabbitMQ has no delayed redelivery. The pump keeps a message it retries for
+//! the delay, then requeues it: no topology to declare, and the delay is exact, but the
+//! delivery holds one of the channel's `prefetch` slots while it waits (size `prefetch`
+//! above the number of messages you expect to be retrying at once). The delivery count
+//! comes from the quorum queue's `x-delivery-count` header (classic queues only say whether
+//! the message was redelivered); bound redeliveries with the quorum queue's
+//! `x-delivery-limit`, and keep markers that long
+//! ([`broker::rabbitmq_quorum_retention`](inbox_diesel::broker::rabbitmq_quorum_retention)).
+//!
+//! **Shutdown.** When `shutdown` completes (or the pump halts), the pump cancels its
+//! consumer, lets the deliveries in hand finish and settle, and requeues those the channel
+//! had buffered but no handler had started.
+//!
+//! [lapin]: https://docs.rs/lapin
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use futures_util::future::select;
+use inbox_diesel::{KeyError, MessageKey, Redelivery, Settle, Settlement};
+use lapin::message::Delivery;
+use lapin::options::{
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
+    BasicRejectOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{Channel, Consumer};
+
+/// The key of a delivery: its `message_id` property ([`inbox_diesel::broker::amqp`]).
+///
+/// # Errors
+/// [`KeyError::Missing`] when the publisher left `message_id` unset or empty: the message
+/// cannot be deduplicated, and is refused rather than given an id that would be new on every
+/// redelivery.
+pub fn key(delivery: &Delivery) -> Result<MessageKey, KeyError> {
+    inbox_diesel::broker::amqp(
+        delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|id| id.as_str()),
+    )
+}
+
+/// How many times this message has been delivered, this time included: the quorum queue's
+/// `x-delivery-count` (the deliveries before this one) plus one; on a classic queue 2 for a
+/// redelivery, 1 otherwise.
+pub fn delivery_count(delivery: &Delivery) -> u32 {
+    let before = delivery
+        .properties
+        .headers()
+        .as_ref()
+        .and_then(|headers| headers.inner().get("x-delivery-count"))
+        .and_then(|count| match count {
+            AMQPValue::LongLongInt(n) => u32::try_from(*n).ok(),
+            AMQPValue::LongInt(n) => u32::try_from(*n).ok(),
+            AMQPValue::LongUInt(n) => Some(*n),
+            AMQPValue::ShortInt(n) => u32::try_from(*n).ok(),
+            AMQPValue::ShortUInt(n) => Some(u32::from(*n)),
+            _ => None,
+        });
+    match before {
+        Some(n) => n.saturating_add(1),
+        None if delivery.redelivered => 2,
+        None => 1,
+    }
+}
+
+/// A consumer loop's settings: how many deliveries it has in hand at once, and how long a
+/// retried message waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pump {
+    prefetch: u16,
+    redelivery: Redelivery,
+}
+
+impl Default for Pump {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Pump {
+    /// 16 deliveries in hand, [`Redelivery::DEFAULT`].
+    pub const fn new() -> Self {
+        Self {
+            prefetch: 16,
+            redelivery: Redelivery::DEFAULT,
+        }
+    }
+
+    /// How many unacknowledged deliveries the broker sends the consumer (`basic.qos`), and
+    /// how many handlers run at once. At least 1.
+    pub const fn prefetch(self, prefetch: u16) -> Self {
+        Self {
+            prefetch: if prefetch == 0 { 1 } else { prefetch },
+            ..self
+        }
+    }
+
+    /// How long a retried message waits before it is requeued.
+    pub const fn redelivery(self, redelivery: Redelivery) -> Self {
+        Self { redelivery, ..self }
+    }
+
+    /// Sets the channel's prefetch and starts a consumer of `queue` with manual
+    /// acknowledgements.
+    ///
+    /// # Errors
+    /// The broker's refusal (no such queue, a closed channel).
+    pub async fn subscribe(
+        &self,
+        channel: &Channel,
+        queue: &str,
+        consumer_tag: &str,
+    ) -> lapin::Result<Consumer> {
+        channel
+            .basic_qos(self.prefetch, BasicQosOptions::default())
+            .await?;
+        channel
+            .basic_consume(
+                queue.into(),
+                consumer_tag.into(),
+                BasicConsumeOptions {
+                    no_ack: false,
+                    ..BasicConsumeOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+    }
+
+    /// Runs `handler` on each delivery of `consumer`, up to `prefetch` at once, and settles
+    /// each by its answer, until `shutdown` completes, the handler's answer says
+    /// [`Settlement::Halt`], or the consumer ends.
+    ///
+    /// # Errors
+    /// [`Stopped::Halted`] when an answer halted the pump; [`Stopped::Broker`] when the
+    /// channel failed (deliveries not acknowledged are redelivered by the broker).
+    pub async fn run<H, F, A, S>(
+        &self,
+        channel: &Channel,
+        consumer: Consumer,
+        shutdown: S,
+        handler: H,
+    ) -> Result<Report, Stopped>
+    where
+        H: Fn(Delivery) -> F,
+        F: Future<Output = A>,
+        A: Settle + std::fmt::Debug,
+        S: Future<Output = ()>,
+    {
+        let tag = consumer.tag();
+        let counts = Counts::default();
+        let (halt, mut halted) = tokio::sync::watch::channel(None::<String>);
+        let (failed, mut broker_failure) = tokio::sync::watch::channel(None::<String>);
+        let stop = select(
+            Box::pin(shutdown),
+            Box::pin(async move {
+                let _ = halted.wait_for(Option::is_some).await;
+            }),
+        );
+        let mut stream = consumer;
+        let mut stop = Some(stop);
+        let handler = &handler;
+        let (counts_ref, halt_ref, failed_ref) = (&counts, &halt, &failed);
+        // Deliveries are taken until the stop; each runs its handler and settles.
+        let taken = async {
+            let deliveries = futures_util::stream::poll_fn(|cx| {
+                if let Some(stop_future) = stop.as_mut()
+                    && std::pin::Pin::new(stop_future).poll(cx).is_ready()
+                {
+                    stop = None;
+                    return std::task::Poll::Ready(None);
+                }
+                if stop.is_none() {
+                    return std::task::Poll::Ready(None);
+                }
+                stream.poll_next_unpin(cx)
+            });
+            deliveries
+                .for_each_concurrent(usize::from(self.prefetch), |delivery| async move {
+                    let delivery = match delivery {
+                        Ok(delivery) => delivery,
+                        Err(e) => {
+                            let _ = failed_ref.send(Some(e.to_string()));
+                            let _ = halt_ref.send(Some(format!("the channel failed: {e}")));
+                            return;
+                        }
+                    };
+                    let acker = delivery.acker.clone();
+                    let count = delivery_count(&delivery);
+                    let answer = handler(delivery).await;
+                    let settlement = answer.settlement();
+                    if settlement == Settlement::Halt {
+                        tracing::error!(answer = ?answer, "the handler's answer halts the consumer");
+                        let _ = halt_ref.send(Some(format!("{answer:?}")));
+                    }
+                    let settled = settle(&acker, settlement, count, &self.redelivery).await;
+                    counts_ref.count(settlement);
+                    if let Err(e) = settled {
+                        let _ = failed_ref.send(Some(e.to_string()));
+                        let _ = halt_ref.send(Some(format!("settling failed: {e}")));
+                    }
+                })
+                .await;
+        };
+        taken.await;
+        // Stop the broker's deliveries, then hand back what the channel had buffered.
+        let cancelled = channel
+            .basic_cancel(tag.clone(), BasicCancelOptions::default())
+            .await;
+        let requeued = requeue_buffered(&mut stream).await;
+        let report = Report {
+            acked: counts.ack.load(Ordering::Relaxed),
+            retried: counts.retry.load(Ordering::Relaxed),
+            dead_lettered: counts.dead_letter.load(Ordering::Relaxed),
+            halted: counts.halt.load(Ordering::Relaxed),
+            requeued_unstarted: requeued,
+        };
+        if let Some(failure) = broker_failure.borrow_and_update().clone() {
+            return Err(Stopped::Broker { failure, report });
+        }
+        if let Some(answer) = halt.borrow().clone() {
+            return Err(Stopped::Halted { answer, report });
+        }
+        if let Err(e) = cancelled {
+            tracing::warn!(error = %e, "cancelling the consumer failed");
+        }
+        Ok(report)
+    }
+}
+
+/// Requeues the deliveries the channel had buffered when the pump stopped: the consumer was
+/// cancelled, so the stream ends once they are out.
+async fn requeue_buffered(stream: &mut Consumer) -> u64 {
+    let mut requeued = 0;
+    let drain = async {
+        while let Some(Ok(delivery)) = stream.next().await {
+            if delivery
+                .acker
+                .nack(BasicNackOptions {
+                    requeue: true,
+                    ..BasicNackOptions::default()
+                })
+                .await
+                .is_ok()
+            {
+                requeued += 1;
+            }
+        }
+    };
+    // A consumer the broker did not confirm cancelled may not end: what is left is returned
+    // to the queue when the channel closes.
+    let _ = tokio::time::timeout(Duration::from_secs(5), drain).await;
+    requeued
+}
+
+async fn settle(
+    acker: &lapin::Acker,
+    settlement: Settlement,
+    delivery: u32,
+    redelivery: &Redelivery,
+) -> lapin::Result<bool> {
+    match settlement {
+        Settlement::Ack => acker.ack(BasicAckOptions::default()).await,
+        Settlement::Retry { .. } => {
+            tokio::time::sleep(redelivery.delay(delivery)).await;
+            acker
+                .nack(BasicNackOptions {
+                    requeue: true,
+                    ..BasicNackOptions::default()
+                })
+                .await
+        }
+        Settlement::DeadLetter => acker.reject(BasicRejectOptions { requeue: false }).await,
+        // Back to the queue, for when the deployment is fixed; and `Settlement` is
+        // non-exhaustive: what a later version adds is not acknowledged blindly.
+        _ => {
+            acker
+                .nack(BasicNackOptions {
+                    requeue: true,
+                    ..BasicNackOptions::default()
+                })
+                .await
+        }
+    }
+}
+
+#[derive(Default)]
+struct Counts {
+    ack: AtomicU64,
+    retry: AtomicU64,
+    dead_letter: AtomicU64,
+    halt: AtomicU64,
+}
+
+impl Counts {
+    fn count(&self, settlement: Settlement) {
+        let counter = match settlement {
+            Settlement::Ack => &self.ack,
+            Settlement::Retry { .. } => &self.retry,
+            Settlement::DeadLetter => &self.dead_letter,
+            _ => &self.halt,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// What a pump did before it stopped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Report {
+    /// Deliveries acknowledged (processed, or duplicates).
+    pub acked: u64,
+    /// Deliveries requeued to be retried after a delay.
+    pub retried: u64,
+    /// Deliveries rejected without requeue (to the dead-letter exchange, if any).
+    pub dead_lettered: u64,
+    /// Deliveries whose answer halted the pump (requeued).
+    pub halted: u64,
+    /// Deliveries the channel had buffered when the pump stopped, requeued unstarted.
+    pub requeued_unstarted: u64,
+}
+
+/// Why a pump stopped before its shutdown.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Stopped {
+    /// A handler's answer was [`Settlement::Halt`]: a deployment fault that every delivery
+    /// would meet. That delivery was requeued; the pump finished the others in hand.
+    Halted {
+        /// The answer, as `Debug` prints it.
+        answer: String,
+        /// What the pump did before.
+        report: Report,
+    },
+    /// The channel or the connection failed; the broker redelivers what was not
+    /// acknowledged.
+    Broker {
+        /// The failure.
+        failure: String,
+        /// What the pump did before.
+        report: Report,
+    },
+}
+
+impl std::fmt::Display for Stopped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Stopped::Halted { answer, .. } => write!(
+                f,
+                "the consumer halted: a handler answered {answer}, which every delivery would \
+                 meet until the deployment is fixed"
+            ),
+            Stopped::Broker { failure, .. } => {
+                write!(f, "the consumer's channel failed: {failure}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for Stopped {}

@@ -1,0 +1,425 @@
+//! The pump against a real RabbitMQ (`INBOX_TEST_AMQP`, by default the local broker with
+//! guest/guest) and a real SQLite inbox: every message applied once though published twice,
+//! each settlement done by the broker, a graceful shutdown that loses nothing. Each test
+//! declares queues of its own and deletes them. An unreachable broker fails the suite.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
+use inbox_diesel::{
+    Action, InboxSchema, MessageKey, Outcome, Redelivery, Settle, Settlement, idempotent,
+};
+use inbox_lapin::{Pump, Stopped, key};
+use lapin::options::{BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+
+fn broker_url() -> String {
+    std::env::var("INBOX_TEST_AMQP")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+}
+
+async fn channel() -> (Connection, Channel) {
+    let url = broker_url();
+    let connection = Connection::connect(&url, ConnectionProperties::default())
+        .await
+        .unwrap_or_else(|e| panic!("RabbitMQ is not reachable at {url} (INBOX_TEST_AMQP): {e}"));
+    let channel = connection.create_channel().await.unwrap();
+    (connection, channel)
+}
+
+/// A quorum queue (delivery counts, a delivery limit) with a dead-letter queue, both named
+/// for the test and the process.
+struct Queues {
+    name: String,
+    dead: String,
+}
+
+impl Queues {
+    async fn declare(channel: &Channel, test: &str) -> Self {
+        let name = format!("inbox-lapin-{test}-{}", std::process::id());
+        let dead = format!("{name}-dead");
+        let durable = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        channel
+            .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+            .await
+            .unwrap();
+        channel
+            .queue_delete(dead.as_str().into(), QueueDeleteOptions::default())
+            .await
+            .unwrap();
+        channel
+            .queue_declare(dead.as_str().into(), durable, FieldTable::default())
+            .await
+            .unwrap();
+        let mut arguments = FieldTable::default();
+        arguments.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString("quorum".into()),
+        );
+        arguments.insert("x-delivery-limit".into(), AMQPValue::LongInt(10));
+        arguments.insert(
+            "x-dead-letter-exchange".into(),
+            AMQPValue::LongString("".into()),
+        );
+        arguments.insert(
+            "x-dead-letter-routing-key".into(),
+            AMQPValue::LongString(dead.as_str().into()),
+        );
+        channel
+            .queue_declare(name.as_str().into(), durable, arguments)
+            .await
+            .unwrap();
+        Self { name, dead }
+    }
+
+    async fn publish(&self, channel: &Channel, message_id: Option<&str>, body: &str) {
+        let mut properties = BasicProperties::default();
+        if let Some(id) = message_id {
+            properties = properties.with_message_id(id.into());
+        }
+        channel
+            .basic_publish(
+                "".into(),
+                self.name.as_str().into(),
+                BasicPublishOptions::default(),
+                body.as_bytes(),
+                properties,
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+
+    async fn depth(&self, channel: &Channel, queue: &str) -> u32 {
+        channel
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap()
+            .message_count()
+    }
+
+    async fn delete(self, channel: &Channel) {
+        for queue in [&self.name, &self.dead] {
+            let _ = channel
+                .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                .await;
+        }
+    }
+}
+
+/// The business side: an SQLite file with the inbox and one row per applied message.
+struct Store {
+    _dir: tempfile::TempDir,
+    url: String,
+}
+
+impl Store {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let url = dir.path().join("effects.sqlite").display().to_string();
+        let mut conn = <SqliteConnection as diesel::Connection>::establish(&url).unwrap();
+        conn.batch_execute(&inbox_diesel::schema::sqlite::create_table_sql(
+            &InboxSchema::DEFAULT,
+        ))
+        .unwrap();
+        conn.batch_execute("CREATE TABLE effects (message TEXT NOT NULL)")
+            .unwrap();
+        Self { _dir: dir, url }
+    }
+
+    fn connect(&self) -> SqliteConnection {
+        <SqliteConnection as diesel::Connection>::establish(&self.url).unwrap()
+    }
+
+    /// How many times each message was applied, by message.
+    fn effects(&self) -> Vec<(String, i64)> {
+        #[derive(QueryableByName)]
+        struct Row {
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            message: String,
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            n: i64,
+        }
+        diesel::sql_query(
+            "SELECT message, count(*) AS n FROM effects GROUP BY message ORDER BY message",
+        )
+        .load::<Row>(&mut self.connect())
+        .unwrap()
+        .into_iter()
+        .map(|row| (row.message, row.n))
+        .collect()
+    }
+}
+
+#[idempotent(consumer = "credits", key = key)]
+fn apply(
+    conn: &mut SqliteConnection,
+    key: &MessageKey,
+    body: &str,
+) -> Result<(), inbox_diesel::Error> {
+    diesel::sql_query("INSERT INTO effects (message) VALUES (?)")
+        .bind::<diesel::sql_types::Text, _>(body)
+        .execute(conn)?;
+    Ok(())
+}
+
+/// The handler as a pump calls it: the key off the delivery (a missing one is the inbox's
+/// invalid key), the effect in SQLite.
+fn handle(
+    store: &Store,
+    delivery: &lapin::message::Delivery,
+) -> Result<Outcome<()>, inbox_diesel::Error> {
+    let key = key(delivery).map_err(inbox_diesel::Error::InvalidKey)?;
+    let body = String::from_utf8_lossy(&delivery.data).into_owned();
+    apply(&mut store.connect(), &key, &body)
+}
+
+/// Every message published twice, as a publisher's retry does: each applied once, every
+/// delivery acknowledged, the queue empty.
+#[tokio::test]
+async fn each_message_published_twice_is_applied_once() {
+    let (_connection, channel) = channel().await;
+    let queues = Queues::declare(&channel, "twice").await;
+    for n in 0..20 {
+        let id = format!("m{n:02}");
+        queues.publish(&channel, Some(&id), &id).await;
+        queues.publish(&channel, Some(&id), &id).await;
+    }
+    let store = Store::new();
+    let pump = Pump::new().prefetch(8);
+    let consumer = pump
+        .subscribe(&channel, &queues.name, "twice")
+        .await
+        .unwrap();
+    let acked = Arc::new(AtomicU32::new(0));
+    let done = {
+        let acked = acked.clone();
+        async move {
+            while acked.load(Ordering::SeqCst) < 40 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    let report = pump
+        .run(&channel, consumer, done, |delivery| {
+            let answer = handle(&store, &delivery);
+            acked.fetch_add(1, Ordering::SeqCst);
+            async move { answer }
+        })
+        .await
+        .unwrap();
+    assert_eq!(report.acked, 40, "{report:?}");
+    let effects = store.effects();
+    assert_eq!(effects.len(), 20);
+    assert!(effects.iter().all(|(_, n)| *n == 1), "{effects:?}");
+    assert_eq!(queues.depth(&channel, &queues.name).await, 0);
+    queues.delete(&channel).await;
+}
+
+/// A message whose publisher set no `message_id` is refused (never given an id by the
+/// consumer) and dead-lettered; the others are processed.
+#[tokio::test]
+async fn a_message_without_an_id_is_dead_lettered() {
+    let (_connection, channel) = channel().await;
+    let queues = Queues::declare(&channel, "no-id").await;
+    queues.publish(&channel, None, "anonymous").await;
+    queues.publish(&channel, Some("named"), "named").await;
+    let store = Store::new();
+    let pump = Pump::new();
+    let consumer = pump
+        .subscribe(&channel, &queues.name, "no-id")
+        .await
+        .unwrap();
+    let seen = Arc::new(AtomicU32::new(0));
+    let done = {
+        let seen = seen.clone();
+        async move {
+            while seen.load(Ordering::SeqCst) < 2 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    let report = pump
+        .run(&channel, consumer, done, |delivery| {
+            let answer = handle(&store, &delivery);
+            if let Err(e) = &answer {
+                assert_eq!(e.settlement(), Settlement::DeadLetter);
+                assert!(e.to_string().contains("invalid message key"));
+            }
+            seen.fetch_add(1, Ordering::SeqCst);
+            async move { answer }
+        })
+        .await
+        .unwrap();
+    assert_eq!((report.acked, report.dead_lettered), (1, 1), "{report:?}");
+    assert_eq!(store.effects(), [("named".to_owned(), 1)]);
+    wait_for_depth(&queues, &channel, &queues.dead, 1).await;
+    assert_eq!(queues.depth(&channel, &queues.name).await, 0);
+    queues.delete(&channel).await;
+}
+
+/// A transient failure is requeued after the redelivery delay, counted by the quorum
+/// queue, and processed on a later delivery.
+#[tokio::test]
+async fn a_transient_failure_is_retried_after_a_delay() {
+    let (_connection, channel) = channel().await;
+    let queues = Queues::declare(&channel, "retry").await;
+    queues.publish(&channel, Some("flaky"), "flaky").await;
+    let store = Store::new();
+    let pump = Pump::new().redelivery(Redelivery::exponential(
+        Duration::from_millis(200),
+        Duration::from_secs(1),
+    ));
+    let consumer = pump
+        .subscribe(&channel, &queues.name, "retry")
+        .await
+        .unwrap();
+    let deliveries = Arc::new(AtomicU32::new(0));
+    let counts = std::sync::Mutex::new(Vec::new());
+    let done = {
+        let store = &store;
+        async move {
+            while store.effects().is_empty() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let started = std::time::Instant::now();
+    let report = pump
+        .run(&channel, consumer, done, |delivery| {
+            counts
+                .lock()
+                .unwrap()
+                .push(inbox_lapin::delivery_count(&delivery));
+            let answer: Result<Outcome<()>, Action> =
+                match deliveries.fetch_add(1, Ordering::SeqCst) {
+                    0 | 1 => Err(Action::RetryLater),
+                    _ => handle(&store, &delivery).map_err(|e| e.action()),
+                };
+            async move { answer }
+        })
+        .await
+        .unwrap();
+    assert_eq!((report.retried, report.acked), (2, 1), "{report:?}");
+    assert_eq!(*counts.lock().unwrap(), [1, 2, 3]);
+    // 200 ms after the first delivery, 400 ms after the second.
+    assert!(started.elapsed() >= Duration::from_millis(600));
+    assert_eq!(store.effects(), [("flaky".to_owned(), 1)]);
+    queues.delete(&channel).await;
+}
+
+/// A deployment fault halts the pump: that message goes back to the queue, unprocessed,
+/// for when the fault is fixed.
+#[tokio::test]
+async fn a_deployment_fault_halts_and_keeps_the_message() {
+    let (_connection, channel) = channel().await;
+    let queues = Queues::declare(&channel, "halt").await;
+    queues.publish(&channel, Some("one"), "one").await;
+    let store = Store::new();
+    store.connect().batch_execute("DROP TABLE inbox").unwrap();
+    let pump = Pump::new();
+    let consumer = pump
+        .subscribe(&channel, &queues.name, "halt")
+        .await
+        .unwrap();
+    let stopped = pump
+        .run(&channel, consumer, std::future::pending(), |delivery| {
+            let answer = handle(&store, &delivery);
+            async move { answer }
+        })
+        .await
+        .unwrap_err();
+    match &stopped {
+        Stopped::Halted { answer, report } => {
+            assert!(answer.contains("Schema"), "{answer}");
+            assert_eq!(report.halted, 1);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(store.effects_table_is_empty());
+    wait_for_depth(&queues, &channel, &queues.name, 1).await;
+    queues.delete(&channel).await;
+}
+
+/// A shutdown while a handler runs: the handler finishes and its delivery is acknowledged;
+/// what the channel had buffered goes back to the queue; nothing is lost.
+#[tokio::test]
+async fn a_shutdown_finishes_the_deliveries_in_hand() {
+    let (_connection, channel) = channel().await;
+    let queues = Queues::declare(&channel, "shutdown").await;
+    for n in 0..10 {
+        let id = format!("s{n}");
+        queues.publish(&channel, Some(&id), &id).await;
+    }
+    let store = Store::new();
+    let pump = Pump::new().prefetch(4);
+    let consumer = pump
+        .subscribe(&channel, &queues.name, "shutdown")
+        .await
+        .unwrap();
+    let inside = Arc::new(tokio::sync::Notify::new());
+    let shutdown = {
+        let inside = inside.clone();
+        async move { inside.notified().await }
+    };
+    let started = AtomicU32::new(0);
+    let report = pump
+        .run(&channel, consumer, shutdown, |delivery| {
+            let first = started.fetch_add(1, Ordering::SeqCst) == 0;
+            let inside = inside.clone();
+            let store = &store;
+            async move {
+                if first {
+                    // The shutdown comes while this handler is in hand.
+                    inside.notify_one();
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                handle(store, &delivery)
+            }
+        })
+        .await
+        .unwrap();
+    let processed = store.effects();
+    assert!(!processed.is_empty());
+    assert!(processed.iter().all(|(_, n)| *n == 1));
+    assert_eq!(report.acked as usize, processed.len(), "{report:?}");
+    wait_for_depth(&queues, &channel, &queues.name, 10 - processed.len() as u32).await;
+    queues.delete(&channel).await;
+}
+
+impl Store {
+    fn effects_table_is_empty(&self) -> bool {
+        self.effects().is_empty()
+    }
+}
+
+/// Waits until `queue` holds `n` messages (a settlement reaches the queue asynchronously).
+async fn wait_for_depth(queues: &Queues, channel: &Channel, queue: &str, n: u32) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let depth = queues.depth(channel, queue).await;
+        if depth == n {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{queue} holds {depth} messages, expected {n}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
