@@ -52,7 +52,9 @@ pub fn amqp(message_id: Option<&str>) -> Result<MessageKey, KeyError> {
 /// A NATS JetStream message's key: the `Nats-Msg-Id` header when the publisher set one
 /// (JetStream itself deduplicates by it within the stream's duplicate window; this keeps
 /// deduplicating after the window), else `(stream, stream sequence)` from the message's
-/// metadata.
+/// metadata. A stream deleted and created again under its name numbers from 1 again: its
+/// messages would meet the old stream's markers and be answered `Duplicate` — give the new
+/// stream a new name, or have publishers set `Nats-Msg-Id`.
 ///
 /// # Errors
 /// [`KeyError::Empty`] for an empty stream name; [`KeyError::TooLong`] past

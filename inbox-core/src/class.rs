@@ -38,6 +38,13 @@ pub enum ErrorClass {
     /// `1243`). The connection caches the statement and fails the same way every time: drop it
     /// and take a fresh one.
     StatementLost,
+    /// Claim mode: the side effect ran, and its claim could not be stamped complete. A
+    /// person decides whether it happened (`Alert`); the message is parked, not retried: a
+    /// redelivery that took the claim over would run the effect again.
+    EffectNotRecorded,
+    /// Claim mode: the side effect ran, but the claim had been taken over by another
+    /// delivery after its lease ended; that one completes the work. Redeliver later.
+    ClaimLost,
     /// The handler was used in a way it cannot work: called inside the caller's open
     /// transaction. A bug to fix, not a message to retry.
     Misuse,
@@ -55,9 +62,9 @@ pub enum ErrorClass {
 ///
 /// | action | classes | the pump |
 /// |---|---|---|
-/// | `RetryLater` | transient (deadlock, serialization failure, lock or statement timeout, busy) — after the handler's own retries were used up | nacks with a delay; the broker redelivers |
+/// | `RetryLater` | transient (deadlock, serialization failure, lock or statement timeout, busy) — after the handler's own retries were used up; a claim lost to another delivery | nacks with a delay; the broker redelivers |
 /// | `Reconnect` | connection lost, a read-only session (a replica, a demoted primary), a prepared statement lost under the connection | drops the connection (a pool discards it), nacks; the redelivery runs on a fresh one |
-/// | `Alert` | misuse, schema, a missing privilege, a swallowed error (`TransactionAborted`) | stops consuming or parks the message and alerts: every redelivery would fail the same way |
+/// | `Alert` | misuse, schema, a missing privilege, a swallowed error (`TransactionAborted`), a claim-mode effect not recorded | stops consuming or parks the message and alerts: every redelivery would fail the same way (an effect not recorded is parked: see `Settlement`) |
 /// | `DeadLetter` | a business constraint, any other error | dead-letters the message: it fails on its own merits |
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -97,7 +104,7 @@ impl ErrorClass {
     /// What a message pump does with a delivery that failed with this class ([`Action`]).
     pub fn action(&self) -> Action {
         match self {
-            ErrorClass::Transient(_) => Action::RetryLater,
+            ErrorClass::Transient(_) | ErrorClass::ClaimLost => Action::RetryLater,
             ErrorClass::ConnectionLost | ErrorClass::ReadOnly | ErrorClass::StatementLost => {
                 Action::Reconnect
             }
@@ -107,6 +114,7 @@ impl ErrorClass {
             | ErrorClass::Schema
             | ErrorClass::TransactionAborted
             | ErrorClass::PermissionDenied
+            | ErrorClass::EffectNotRecorded
             | ErrorClass::InboxDuplicate => Action::Alert,
             ErrorClass::UniqueViolation { .. } | ErrorClass::Other => Action::DeadLetter,
         }
@@ -128,6 +136,8 @@ impl fmt::Display for ErrorClass {
             ErrorClass::PermissionDenied => f.write_str("permission denied"),
             ErrorClass::StatementLost => f.write_str("prepared statement lost"),
             ErrorClass::Misuse => f.write_str("misuse"),
+            ErrorClass::EffectNotRecorded => f.write_str("side effect not recorded"),
+            ErrorClass::ClaimLost => f.write_str("claim lost"),
             ErrorClass::Schema => f.write_str("schema mismatch"),
             ErrorClass::Other => f.write_str("other error"),
         }

@@ -210,8 +210,9 @@ impl MessageKey {
         })
     }
 
-    /// A message's position in a stream that numbers its messages once and for all — a
-    /// NATS JetStream stream and its stream sequence — tagged apart from every other kind.
+    /// A message's position in a stream that numbers its messages once — a NATS JetStream
+    /// stream and its stream sequence — tagged apart from every other kind. (A stream
+    /// recreated under the same name numbers from 1 again: see `broker::jetstream`.)
     ///
     /// # Errors
     /// [`KeyError::Empty`] for an empty stream name, [`KeyError::TooLong`] past

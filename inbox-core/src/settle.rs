@@ -15,7 +15,8 @@ use crate::{
 /// | `InFlight` (another delivery holds the message), a transient failure (`Action::RetryLater`) | [`Retry`](Settlement::Retry) | requeue after a delay | `Nak(delay)` | leave it; `ChangeMessageVisibility(delay)` |
 /// | a connection that must go (`Action::Reconnect`: connection lost, read-only session, a lost prepared statement) | [`Retry`](Settlement::Retry) `{ reconnect: true }` | drop the connection, then as above | as above | as above |
 /// | a business constraint, an invalid key, a poison message (`Action::DeadLetter`); a `StaleClaim` left for reconciliation | [`DeadLetter`](Settlement::DeadLetter) | `basic.reject`, no requeue (to the dead-letter exchange) | `Term` | to the DLQ by the redrive policy |
-/// | misuse, a schema fault, a missing privilege, a claim whose effect was not recorded (`Action::Alert`) | [`Halt`](Settlement::Halt) | stop consuming, requeue | stop consuming, `Nak` | stop receiving |
+/// | misuse, a schema fault, a missing privilege (`Action::Alert`) | [`Halt`](Settlement::Halt) | stop consuming, requeue | stop consuming, `Nak` | stop receiving |
+/// | a claim-mode side effect that ran but could not be recorded (`ErrorClass::EffectNotRecorded`, also `Action::Alert`) | [`DeadLetter`](Settlement::DeadLetter), and alert | as dead-letter | as dead-letter | as dead-letter |
 ///
 /// ```
 /// use inbox_core::{Action, Outcome, Settle, Settlement};
@@ -112,7 +113,12 @@ impl Settle for Action {
 
 impl Settle for ErrorClass {
     fn settlement(&self) -> Settlement {
-        Settlement::of_action(self.action())
+        match self {
+            // Parked for a person, and alerted on (`Action::Alert`): requeued, it would be
+            // taken over when the lease ends and the effect run again.
+            ErrorClass::EffectNotRecorded => Settlement::DeadLetter,
+            other => Settlement::of_action(other.action()),
+        }
     }
 }
 
@@ -277,6 +283,11 @@ mod tests {
                 Settlement::DeadLetter,
             ),
             (ErrorClass::Other, Settlement::DeadLetter),
+            (ErrorClass::EffectNotRecorded, Settlement::DeadLetter),
+            (
+                ErrorClass::ClaimLost,
+                Settlement::Retry { reconnect: false },
+            ),
         ] {
             assert_eq!(class.settlement(), settlement, "{class:?}");
         }

@@ -21,7 +21,8 @@ pub enum Error {
     TransactionAborted,
     /// Claim mode: the body succeeded, but its claim was no longer this delivery's when the
     /// runtime came to stamp it: the lease had run out and another delivery took the claim
-    /// over (or it was resolved by hand). This delivery's side effect happened; the claim's
+    /// over (or it was resolved by hand). Its class is [`ErrorClass::ClaimLost`]
+    /// (`RetryLater`). This delivery's side effect happened; the claim's
     /// current holder runs its own and stamps the work, so the stamp of this attempt is never
     /// written. Do not acknowledge: the redelivery finds the work in flight or completed.
     /// Pass the message key downstream so that the two side effects are one; raise the lease
@@ -36,7 +37,9 @@ pub enum Error {
     /// ends, and then a redelivery would take it over and run the side effect again, unless
     /// `on_expired = "report"`. Do not retry blindly: record that the effect happened (stamp
     /// the row by hand, see [`purge::stale_claims`](crate::purge::stale_claims)), or make the
-    /// downstream call idempotent by the message key. [`Error::action`] is `Alert`.
+    /// downstream call idempotent by the message key. Its class is
+    /// [`ErrorClass::EffectNotRecorded`]: [`Error::action`] is `Alert`, and its settlement
+    /// parks the message (`DeadLetter`) rather than requeueing it.
     EffectNotRecorded {
         /// The attempt whose stamp failed.
         attempt: u32,
@@ -90,10 +93,8 @@ impl Error {
         match self {
             Error::InvalidKey(_) => ErrorClass::Other,
             Error::TransactionAborted => ErrorClass::TransactionAborted,
-            Error::ClaimLost { .. } => ErrorClass::Other,
-            Error::EffectNotRecorded { source, .. } => {
-                crate::classify::class_of(source, &inbox_core::InboxSchema::DEFAULT)
-            }
+            Error::ClaimLost { .. } => ErrorClass::ClaimLost,
+            Error::EffectNotRecorded { .. } => ErrorClass::EffectNotRecorded,
             Error::Session(_) => ErrorClass::Misuse,
             Error::Schema(_) => ErrorClass::Schema,
             Error::CalledInsideTransaction => ErrorClass::Misuse,
@@ -104,8 +105,7 @@ impl Error {
 
 impl Error {
     /// What a message pump does with this failure ([`Action`]): the class's action, except
-    /// that a claim lost to another delivery is redelivered later (it finds the work in
-    /// flight or completed) and an invalid key is dead-lettered (it can never be processed).
+    /// that an invalid key is dead-lettered (it can never be processed).
     ///
     /// ```
     /// use inbox_diesel::{Action, Error};
@@ -114,10 +114,6 @@ impl Error {
     /// ```
     pub fn action(&self) -> Action {
         match self {
-            Error::ClaimLost { .. } => Action::RetryLater,
-            // Whatever the stamp's failure: the effect happened and only a person (or the
-            // lease's report) can say so; a redelivery would run it again.
-            Error::EffectNotRecorded { .. } => Action::Alert,
             Error::InvalidKey(_) => Action::DeadLetter,
             other => other.class().action(),
         }
@@ -229,10 +225,15 @@ impl fmt::Display for SessionProblem {
     }
 }
 
-/// Settled by its [`action`](Error::action) ([`Settlement::of_action`](inbox_core::Settlement::of_action)).
+/// Settled by its [`action`](Error::action) ([`Settlement::of_action`](inbox_core::Settlement::of_action)),
+/// except [`Error::EffectNotRecorded`]: parked (`DeadLetter`) as well as alerted on, since a
+/// redelivery would run the effect again.
 impl inbox_core::Settle for Error {
     fn settlement(&self) -> inbox_core::Settlement {
-        inbox_core::Settlement::of_action(self.action())
+        match self {
+            Error::InvalidKey(_) => inbox_core::Settlement::DeadLetter,
+            other => inbox_core::Settle::settlement(&other.class()),
+        }
     }
 }
 

@@ -211,7 +211,7 @@ pub fn purge<C: InboxConnection>(
 /// take it over (or `on_expired = "report"` told redeliveries not to). Reconcile each with
 /// the downstream system: if the side effect happened, stamp the row
 /// (`UPDATE inbox SET processed_at = now(), claimed_until = NULL WHERE message_id = … AND
-/// consumer = …`); if not, redeliver the message after releasing the row
+/// consumer = …`; on MySQL and MariaDB `UTC_TIMESTAMP(6)`, the runtime's times being UTC); if not, redeliver the message after releasing the row
 /// (`… SET claimed_until = NULL …`), which a delivery then takes over.
 ///
 /// # Errors

@@ -33,7 +33,7 @@
 //! |---|---|---|
 //! | `Processed`, `Duplicate` | `Ack` | `basic.ack` |
 //! | `InFlight`, a transient failure | `Retry` | holds the delivery for [`Redelivery`]'s delay, then `basic.nack` with requeue |
-//! | a failure of the connection (`Action::Reconnect`) | `Retry { reconnect: true }` | as `Retry`: the handler's pool replaces the connection |
+//! | a failure of the connection (`Action::Reconnect`) | `Retry { reconnect: true }` | as `Retry`; the connection is the handler's, and the handler drops it (see below) |
 //! | a business constraint, a missing or invalid key, a stale claim | `DeadLetter` | `basic.reject` without requeue: to the queue's dead-letter exchange, if it has one |
 //! | misuse, a schema fault, a missing privilege | `Halt` | requeues it, stops taking deliveries, finishes those in hand, and returns [`Stopped::Halted`] |
 //!
@@ -46,9 +46,17 @@
 //! `x-delivery-limit`, and keep markers that long
 //! ([`broker::rabbitmq_quorum_retention`](inbox_diesel::broker::rabbitmq_quorum_retention)).
 //!
+//! **Reconnect.** The database connection is the handler's, which the pump cannot reach: on
+//! an error whose action is `Action::Reconnect` (a connection lost, a read-only session after
+//! a failover, prepared statements dropped by a pooler) the handler must not give that
+//! connection back for reuse — with a pool, drop it detached or mark it broken — or every
+//! redelivery meets the same connection and fails the same way until the queue's
+//! `x-delivery-limit` dead-letters the message.
+//!
 //! **Shutdown.** When `shutdown` completes (or the pump halts), the pump cancels its
-//! consumer, lets the deliveries in hand finish and settle, and requeues those the channel
-//! had buffered but no handler had started.
+//! consumer, lets the deliveries in hand finish and settle (a retry's delay cut short), and
+//! requeues those the channel had buffered but no handler had started. A consumer the broker
+//! ends (its queue deleted) stops the pump with [`Stopped::Cancelled`].
 //!
 //! [lapin]: https://docs.rs/lapin
 
@@ -195,6 +203,9 @@ impl Pump {
         let counts = Counts::default();
         let (halt, mut halted) = tokio::sync::watch::channel(None::<String>);
         let (failed, mut broker_failure) = tokio::sync::watch::channel(None::<String>);
+        // Set once the pump stops taking deliveries: a retry's delay is cut short by it.
+        let (stopping, stopping_rx) = tokio::sync::watch::channel(false);
+        let ended_by_broker = std::sync::atomic::AtomicBool::new(false);
         let stop = select(
             Box::pin(shutdown),
             Box::pin(async move {
@@ -205,6 +216,8 @@ impl Pump {
         let mut stop = Some(stop);
         let handler = &handler;
         let (counts_ref, halt_ref, failed_ref) = (&counts, &halt, &failed);
+        let (stopping_ref, stopping_rx_ref, ended_ref) =
+            (&stopping, &stopping_rx, &ended_by_broker);
         // Deliveries are taken until the stop; each runs its handler and settles.
         let taken = async {
             let deliveries = futures_util::stream::poll_fn(|cx| {
@@ -212,12 +225,19 @@ impl Pump {
                     && std::pin::Pin::new(stop_future).poll(cx).is_ready()
                 {
                     stop = None;
+                    let _ = stopping_ref.send(true);
                     return std::task::Poll::Ready(None);
                 }
                 if stop.is_none() {
                     return std::task::Poll::Ready(None);
                 }
-                stream.poll_next_unpin(cx)
+                let next = stream.poll_next_unpin(cx);
+                if let std::task::Poll::Ready(None) = next {
+                    // The broker cancelled the consumer (its queue deleted, say).
+                    ended_ref.store(true, Ordering::SeqCst);
+                    let _ = stopping_ref.send(true);
+                }
+                next
             });
             deliveries
                 .for_each_concurrent(usize::from(self.prefetch), |delivery| async move {
@@ -236,8 +256,11 @@ impl Pump {
                     if settlement == Settlement::Halt {
                         tracing::error!(answer = ?answer, "the handler's answer halts the consumer");
                         let _ = halt_ref.send(Some(format!("{answer:?}")));
+                        let _ = stopping_ref.send(true);
                     }
-                    let settled = settle(&acker, settlement, count, &self.redelivery).await;
+                    let delay = self.redelivery.delay(count);
+                    let settled =
+                        settle(&acker, settlement, delay, stopping_rx_ref.clone()).await;
                     counts_ref.count(settlement);
                     if let Err(e) = settled {
                         let _ = failed_ref.send(Some(e.to_string()));
@@ -264,6 +287,9 @@ impl Pump {
         }
         if let Some(answer) = halt.borrow().clone() {
             return Err(Stopped::Halted { answer, report });
+        }
+        if ended_by_broker.load(Ordering::SeqCst) {
+            return Err(Stopped::Cancelled { report });
         }
         if let Err(e) = cancelled {
             tracing::warn!(error = %e, "cancelling the consumer failed");
@@ -297,16 +323,21 @@ async fn requeue_buffered(stream: &mut Consumer) -> u64 {
     requeued
 }
 
+/// Settles one delivery. A retry waits out its delay before the requeue — or less, when the
+/// pump stops meanwhile (`stopping`): a shutdown does not wait for it.
 async fn settle(
     acker: &lapin::Acker,
     settlement: Settlement,
-    delivery: u32,
-    redelivery: &Redelivery,
+    delay: Duration,
+    mut stopping: tokio::sync::watch::Receiver<bool>,
 ) -> lapin::Result<bool> {
     match settlement {
         Settlement::Ack => acker.ack(BasicAckOptions::default()).await,
         Settlement::Retry { .. } => {
-            tokio::time::sleep(redelivery.delay(delivery)).await;
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                _ = stopping.wait_for(|stopping| *stopping) => {}
+            }
             acker
                 .nack(BasicNackOptions {
                     requeue: true,
@@ -376,6 +407,12 @@ pub enum Stopped {
         /// What the pump did before.
         report: Report,
     },
+    /// The broker ended the consumer (its queue was deleted, the consumer cancelled): the
+    /// deliveries in hand were finished and settled.
+    Cancelled {
+        /// What the pump did before.
+        report: Report,
+    },
     /// The channel or the connection failed; the broker redelivers what was not
     /// acknowledged.
     Broker {
@@ -397,6 +434,7 @@ impl std::fmt::Display for Stopped {
             Stopped::Broker { failure, .. } => {
                 write!(f, "the consumer's channel failed: {failure}")
             }
+            Stopped::Cancelled { .. } => f.write_str("the broker ended the consumer"),
         }
     }
 }

@@ -423,3 +423,78 @@ async fn wait_for_depth(queues: &Queues, channel: &Channel, queue: &str, n: u32)
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A shutdown while a retried delivery waits out its delay: requeued at once, not after
+/// the delay.
+#[tokio::test]
+async fn a_shutdown_cuts_a_retry_delay_short() {
+    let (_connection, channel) = channel().await;
+    let queues = Queues::declare(&channel, "retry-shutdown").await;
+    queues.publish(&channel, Some("slow"), "slow").await;
+    let pump = Pump::new().redelivery(Redelivery::exponential(
+        Duration::from_secs(60),
+        Duration::from_secs(60),
+    ));
+    let consumer = pump
+        .subscribe(&channel, &queues.name, "retry-shutdown")
+        .await
+        .unwrap();
+    let answered = Arc::new(tokio::sync::Notify::new());
+    let shutdown = {
+        let answered = answered.clone();
+        async move {
+            answered.notified().await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let started = std::time::Instant::now();
+    let report = pump
+        .run(&channel, consumer, shutdown, |_delivery| {
+            answered.notify_one();
+            async { Err::<Outcome<()>, Action>(Action::RetryLater) }
+        })
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(report.retried, 1, "{report:?}");
+    wait_for_depth(&queues, &channel, &queues.name, 1).await;
+    queues.delete(&channel).await;
+}
+
+/// The broker ends the consumer (its queue deleted): the pump says so rather than report a
+/// shutdown nobody asked for.
+#[tokio::test]
+async fn a_consumer_the_broker_ends_stops_the_pump() {
+    let (_connection, channel) = channel().await;
+    let queues = Queues::declare(&channel, "deleted").await;
+    let pump = Pump::new();
+    let consumer = pump
+        .subscribe(&channel, &queues.name, "deleted")
+        .await
+        .unwrap();
+    let (_admin, admin) = self::channel().await;
+    let name = queues.name.clone();
+    let deleter = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        admin
+            .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+            .await
+            .unwrap();
+    });
+    let stopped = pump
+        .run(
+            &channel,
+            consumer,
+            std::future::pending(),
+            |_delivery| async { Ok::<Outcome<()>, Action>(Outcome::Processed(())) },
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(stopped, Stopped::Cancelled { .. }), "{stopped:?}");
+    deleter.await.unwrap();
+    queues.delete(&channel).await;
+}

@@ -15,6 +15,12 @@ pub struct Layout {
     /// MySQL and MariaDB: the session variable the check set on the server session it ran
     /// on ([`SessionMark`]).
     pub(crate) session_mark: Option<SessionMark>,
+    /// PostgreSQL and SQLite, for a table named without its schema: the table the check
+    /// found (`public.inbox`, `main.inbox`), which the handler's statements then name — a
+    /// temporary table of the name created on the session later, or a `search_path` changed
+    /// under it, does not take the markers. (MySQL and MariaDB keep the table a statement was
+    /// prepared on.)
+    pub(crate) pinned: Option<&'static str>,
 }
 
 /// MySQL and MariaDB: a session variable, `@inbox_checked_<digest of table and index>`, set
@@ -56,12 +62,7 @@ impl SessionMark {
     /// compared byte by byte (database names are case-sensitive where files are).
     pub(crate) fn guard(self) -> (String, &'static str) {
         (
-            format!(
-                "IF(BINARY {} = {} AND {}, ",
-                self.variable(),
-                Self::DATABASE,
-                Self::CLOCK
-            ),
+            format!("IF(BINARY {} = {}, ", self.variable(), Self::DATABASE),
             ", NULL)",
         )
     }
@@ -69,7 +70,10 @@ impl SessionMark {
     /// The session's clock is the server's: `SET timestamp = …` moves `NOW()` and
     /// `UTC_TIMESTAMP()` for the session (not `SYSDATE()`), and with them every lease and
     /// `processed_at` it writes — a claim it takes over while live, a marker the purge
-    /// removes early. A minute of slack for a statement's own run.
+    /// removes early. A minute of slack for a statement's own run. Read by the check and the
+    /// purge (queries, never replicated), not in the marker's insert: a replica of
+    /// statement-based replication runs the insert with the source's `NOW()` and its own
+    /// `SYSDATE()`, and a lagging one would stop.
     pub(crate) const CLOCK: &'static str = "ABS(TIMESTAMPDIFF(SECOND, NOW(), SYSDATE())) < 60";
 }
 

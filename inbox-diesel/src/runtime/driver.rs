@@ -215,7 +215,8 @@ where
     P: Fn(&Result<T, E>) -> Option<ErrorClass>,
 {
     let mut layout = schema_checked(&mut steps, spec, false, inbox_error).await?;
-    if spec.precheck && claims.completed_before(&mut steps, spec, layout).await {
+    let mut run = pinned(spec, layout);
+    if spec.precheck && claims.completed_before(&mut steps, run, layout).await {
         tracing::info!(
             outcome = "duplicate",
             "completed marker found before the transaction"
@@ -224,8 +225,8 @@ where
     }
     let (mut retries, mut rechecked) = (0, false);
     loop {
-        let attempted = attempt(&mut steps, spec, layout, claims, &mut body, in_flight).await;
-        end(&mut steps, spec, layout).await;
+        let attempted = attempt(&mut steps, run, layout, claims, &mut body, in_flight).await;
+        end(&mut steps, run, layout).await;
         let failure = match attempted {
             Ok(decided) => {
                 match &decided {
@@ -250,6 +251,7 @@ where
         {
             rechecked = true;
             layout = rechecked_layout(&mut steps, spec, false, inbox_error).await?;
+            run = pinned(spec, layout);
             continue;
         }
         let class = match &failure {
@@ -329,6 +331,32 @@ async fn schema_checked<S: Steps, E>(
             Err(inbox_error(Error::Schema(problem)))
         }
     }
+}
+
+/// The handler's settings with its table named as the check found it ([`Layout::pinned`]):
+/// what its statements run with. The check itself, and what is remembered of it, go by the
+/// handler's own settings.
+fn pinned(spec: &'static HandlerSpec, layout: Layout) -> &'static HandlerSpec {
+    type Pinned = (usize, &'static str, &'static HandlerSpec);
+    static PINNED: std::sync::Mutex<Vec<Pinned>> = std::sync::Mutex::new(Vec::new());
+    let Some(table) = layout.pinned else {
+        return spec;
+    };
+    let address = std::ptr::from_ref(spec) as usize;
+    let mut pinned = PINNED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(&(_, _, found)) = pinned
+        .iter()
+        .find(|&&(at, name, _)| at == address && name == table)
+    {
+        return found;
+    }
+    // One per handler and table, for the life of the process.
+    let found: &'static HandlerSpec = Box::leak(Box::new(HandlerSpec {
+        schema: inbox_core::InboxSchema::new_unchecked(table, spec.schema.constraint()),
+        ..spec.clone()
+    }));
+    pinned.push((address, table, found));
+    found
 }
 
 /// The connection (by its address) and the handler a check is remembered for.
@@ -595,9 +623,10 @@ where
 {
     tracing::debug!(key = ?key, "handling message");
     let mut layout = schema_checked(&mut steps, spec, true, inbox_error).await?;
+    let mut run = pinned(spec, layout);
     let (mut retries, mut rechecked) = (0, false);
     let attempt = loop {
-        match acquire(&mut steps, spec, claim, layout, &key, A::STALE_CLAIM).await {
+        match acquire(&mut steps, run, claim, layout, &key, A::STALE_CLAIM).await {
             Ok(Acquired::Attempt(attempt)) => break attempt,
             Ok(Acquired::Completed) => {
                 tracing::info!(outcome = "duplicate", "work completed before; body not run");
@@ -626,6 +655,7 @@ where
             Err(e) if !rechecked && needs_recheck(&e, spec) => {
                 rechecked = true;
                 layout = rechecked_layout(&mut steps, spec, true, inbox_error).await?;
+                run = pinned(spec, layout);
             }
             Err(e) => wait_or_give_up(&mut steps, spec, e, &mut retries, inbox_error).await?,
         }
@@ -650,7 +680,7 @@ where
         Ok(value) => value,
         Err(e) => {
             match steps
-                .claim_step(spec, &key, ClaimStep::Release { attempt })
+                .claim_step(run, &key, ClaimStep::Release { attempt })
                 .await
             {
                 Ok(answer) if answer.changed() => {
@@ -680,7 +710,7 @@ where
     let mut retries = 0;
     loop {
         match steps
-            .claim_step(spec, &key, ClaimStep::Stamp { attempt })
+            .claim_step(run, &key, ClaimStep::Stamp { attempt })
             .await
         {
             Ok(answer) if answer.changed() => {

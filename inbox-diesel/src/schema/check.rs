@@ -284,7 +284,7 @@ pub(crate) fn catalog_sql(backend: Backend) -> (String, String) {
 
 /// The facts query: rows of (kind, detail) for what the table is (`table`: its name with
 /// its schema or database) and what the check refuses. Binds: qualifier, name, index name
-/// (each twice on MySQL, where `?` is positional: see the query). `schema` is the qualifier
+/// (on MySQL, where `?` is positional, the qualifier twice). `schema` is the qualifier
 /// itself on SQLite, whose catalog of an attached database is named, not bound; `needs` the
 /// privileges the handler's statements take (PostgreSQL).
 fn facts_sql(backend: Backend, qualifier: &str, needs: &[(&str, &str)]) -> String {
@@ -401,7 +401,9 @@ fn facts_sql(backend: Backend, qualifier: &str, needs: &[(&str, &str)]) -> Strin
                  WHERE ?1 = '' AND '{schema}' <> 'temp' AND type = 'table' \
                  AND name = ?2 COLLATE NOCASE \
                  UNION ALL SELECT 'index partial', name \
-                 FROM pragma_index_list(?2, '{schema}') WHERE name = ?3 AND partial = 1"
+                 FROM pragma_index_list(?2, '{schema}') WHERE name = ?3 AND partial = 1 \
+                 UNION ALL SELECT 'index collation', coll \
+                 FROM pragma_index_xinfo(?3, '{schema}') WHERE key = 1 AND coll <> 'BINARY'"
             )
         }
     }
@@ -629,6 +631,7 @@ pub(crate) fn check(
         key_text: false,
         mariadb: backend == Backend::Mysql && catalog.server.contains("MariaDB"),
         session_mark: (backend == Backend::Mysql).then(|| SessionMark::new(schema)),
+        pinned: None,
     };
     let resolved = catalog
         .facts
@@ -702,6 +705,12 @@ pub(crate) fn check(
                 }),
         );
     }
+    if backend != Backend::Mysql && !schema.table().contains('.') {
+        layout.pinned = resolved
+            .as_deref()
+            .filter(|name| InboxSchema::validate_table(name).is_ok())
+            .map(intern);
+    }
     match problems.is_empty() {
         true => Ok(layout),
         false => Err(SchemaError::Mismatch {
@@ -712,21 +721,23 @@ pub(crate) fn check(
     }
 }
 
-/// Whether another unique index of the inbox table (`name (columns)`) is harmless: on
-/// PostgreSQL the primary key on `id`, or an index covering `(message_id, consumer)` (it
-/// cannot be violated unless the inbox's index is, and `ON CONFLICT` names the columns); on
-/// MySQL and MariaDB, which report whichever index a duplicate meets first, the primary key
-/// on `id` alone.
+/// Whether another unique index of the inbox table (`name (columns)`) is harmless: one with
+/// `id`; on PostgreSQL also one covering `(message_id, consumer)` (it cannot be violated
+/// unless the inbox's index is, and `ON CONFLICT` names the columns) — not on MySQL and
+/// MariaDB, which report whichever index a duplicate meets first.
 fn harmless_unique(backend: Backend, detail: &str) -> bool {
     let columns: Vec<&str> = detail
         .rsplit_once(" (")
         .and_then(|(_, columns)| columns.strip_suffix(')'))
         .map(|columns| columns.split(", ").collect())
         .unwrap_or_default();
+    // `id` is unique by itself (generated): an index with it is never violated first — the
+    // primary key a partitioned table needs, `(id, message_id)`, included.
     match backend {
-        Backend::Mysql => detail.starts_with("PRIMARY ") && columns == ["id"],
+        Backend::Mysql => columns.contains(&"id"),
         _ => {
-            columns == ["id"] || (columns.contains(&"message_id") && columns.contains(&"consumer"))
+            columns.contains(&"id")
+                || (columns.contains(&"message_id") && columns.contains(&"consumer"))
         }
     }
 }
@@ -858,10 +869,9 @@ fn refusals(
                 },
             )),
             "index collation" => problems.push(problem(
-                format!("index `{index}` compares with the nondeterministic collation `{detail}`"),
-                "the index would call a new consumer's marker a conflict that no row of that \
-                 consumer explains (`Credit` and `credit`): its messages could never be \
-                 processed",
+                format!("index `{index}` compares with the collation `{detail}`, not byte by byte"),
+                "the index would call a new consumer's marker (`Credit`) a duplicate of \
+                 another's (`credit`): its messages answered Duplicate, or never processed",
                 format!("recreate it without COLLATE (`CREATE UNIQUE INDEX {index} ON {table} (message_id, consumer)`)"),
             )),
             "clock" => problems.push(problem(
@@ -913,4 +923,19 @@ fn refusals(
         });
     }
     problems
+}
+
+/// A resolved table name, kept for the life of the process: one per table a handler's name
+/// resolved to, a handful.
+fn intern(name: &str) -> &'static str {
+    static NAMES: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+    let mut names = NAMES.lock().unwrap_or_else(|e| e.into_inner());
+    match names.iter().find(|known| **known == name) {
+        Some(known) => known,
+        None => {
+            let leaked: &'static str = Box::leak(name.to_owned().into_boxed_str());
+            names.push(leaked);
+            leaked
+        }
+    }
 }
