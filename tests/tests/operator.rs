@@ -69,12 +69,7 @@ mod sqlite {
 
     type Conn = diesel::SqliteConnection;
 
-    #[idempotent(consumer = "operator", key = *id)]
-    fn apply(conn: &mut Conn, id: &u64) -> Result<(), AppError> {
-        diesel::sql_query("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
-            .execute(conn)?;
-        Ok(())
-    }
+    include!("behaviour/operator_handlers.rs");
 
     #[idempotent(consumer = "operator", batch = ids, key = |id| *id)]
     fn apply_batch(conn: &mut Conn, ids: &[u64]) -> Result<(), AppError> {
@@ -256,29 +251,12 @@ mod postgres {
 
     type Conn = diesel::PgConnection;
 
-    #[idempotent(consumer = "operator", key = *id)]
-    fn apply(conn: &mut Conn, id: &u64) -> Result<(), AppError> {
-        diesel::sql_query("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
-            .execute(conn)?;
-        Ok(())
-    }
+    include!("behaviour/operator_handlers.rs");
 
     #[idempotent(consumer = "operator", key = *id, table = "public.inbox")]
     fn apply_qualified(conn: &mut Conn, id: &u64) -> Result<(), AppError> {
         diesel::sql_query("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
             .execute(conn)?;
-        Ok(())
-    }
-
-    #[idempotent(consumer = "operator", key = *id, mode = "claim")]
-    fn send(
-        conn: &mut Conn,
-        id: &u64,
-        sent: &AtomicUsize,
-        effect: &dyn Fn(),
-    ) -> Result<(), AppError> {
-        effect();
-        sent.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
 
@@ -765,12 +743,7 @@ mod mysql {
 
     type Conn = diesel::MysqlConnection;
 
-    #[idempotent(consumer = "operator", key = *id)]
-    fn apply(conn: &mut Conn, id: &u64) -> Result<(), AppError> {
-        diesel::sql_query("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
-            .execute(conn)?;
-        Ok(())
-    }
+    include!("behaviour/operator_handlers.rs");
 
     /// `apply` that first waits at `gate`, then fails when `fail`.
     #[idempotent(consumer = "operator", key = *id)]
@@ -788,18 +761,6 @@ mod mysql {
     fn apply_prechecked(conn: &mut Conn, id: &u64) -> Result<(), AppError> {
         diesel::sql_query("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
             .execute(conn)?;
-        Ok(())
-    }
-
-    #[idempotent(consumer = "operator", key = *id, mode = "claim")]
-    fn send(
-        conn: &mut Conn,
-        id: &u64,
-        sent: &AtomicUsize,
-        effect: &dyn Fn(),
-    ) -> Result<(), AppError> {
-        effect();
-        sent.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
 
