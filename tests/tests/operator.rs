@@ -1009,26 +1009,45 @@ mod mysql {
         assert_eq!(markers(&mut db.connect()), 0);
     }
 
-    /// A user that may read the inbox but not write it: a permission fault, `Alert`.
+    /// Privileges, asked of the server by the check (`EXPLAIN` of the handler's statements):
+    /// a user that may read the inbox but not insert is refused before any delivery; one
+    /// that may insert but not update, in claim mode (the stamp would fail after the side
+    /// effect); a privilege revoked under a checked session is a permission fault (`Alert`).
     #[test]
-    fn a_missing_privilege_is_a_permission_fault() {
+    fn privileges_are_checked_and_their_loss_is_a_permission_fault() {
         let db = Db::new("privilege");
-        let user = format!("inbox_ro_{}", std::process::id());
-        let mut admin = db.connect();
-        admin
-            .batch_execute(&format!(
-                "CREATE USER IF NOT EXISTS '{user}'@'%'; \
-                 GRANT SELECT ON {}.* TO '{user}'@'%'",
-                db.name()
-            ))
-            .unwrap();
-        let result = apply(&mut db.connect_as(&user), &1);
-        admin
-            .batch_execute(&format!("DROP USER '{user}'@'%'"))
-            .unwrap();
-        let error = inbox_error(result);
-        assert_eq!(error.class(), ErrorClass::PermissionDenied, "{error:?}");
-        assert_eq!(error.action(), Action::Alert);
+        let user = format!("inbox_app_{}", std::process::id());
+        let admin = |sql: String| db.connect().batch_execute(&sql).unwrap();
+        admin(format!(
+            "CREATE USER IF NOT EXISTS '{user}'@'%'; GRANT SELECT ON {}.* TO '{user}'@'%'",
+            db.name()
+        ));
+        let refused = refusal(apply(&mut db.connect_as(&user), &1));
+        admin(format!(
+            "GRANT INSERT ON {0}.inbox TO '{user}'@'%'; GRANT UPDATE ON {0}.accounts TO '{user}'@'%'",
+            db.name()
+        ));
+        let mut conn = db.connect_as(&user);
+        let processed = apply(&mut conn, &1);
+        let sent = AtomicUsize::new(0);
+        let claim_refused = refusal(send(&mut conn, &2, &sent, &|| ()));
+        admin(format!(
+            "REVOKE INSERT ON {}.inbox FROM '{user}'@'%'",
+            db.name()
+        ));
+        let lost = inbox_error(apply(&mut conn, &3));
+        admin(format!("DROP USER '{user}'@'%'"));
+
+        assert!(refused.contains("no privilege INSERT"), "{refused}");
+        assert!(processed.unwrap().is_processed());
+        assert!(
+            claim_refused.contains("no privilege UPDATE"),
+            "{claim_refused}"
+        );
+        assert_eq!(sent.load(Ordering::SeqCst), 0);
+        assert_eq!(lost.class(), ErrorClass::PermissionDenied, "{lost:?}");
+        assert_eq!(lost.action(), Action::Alert);
+        assert_eq!(markers(&mut db.connect()), 1);
     }
 
     /// A primary key on (message_id, consumer), another unique index on message_id: MariaDB

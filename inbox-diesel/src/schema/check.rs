@@ -409,6 +409,62 @@ fn facts_sql(backend: Backend, qualifier: &str, needs: &[(&str, &str)]) -> Strin
     }
 }
 
+/// MySQL and MariaDB: the privileges the handler's statements take, asked of the server by
+/// `EXPLAIN`ing them — which needs the statement's privileges and writes nothing — rather
+/// than read from grants (roles, wildcard databases and column grants are the server's to
+/// weigh). A `privilege` fact for each refused; any other failure of an `EXPLAIN` is no
+/// answer, and the check goes on without it.
+async fn mysql_privileges<S: Io>(
+    io: &mut S,
+    schema: &InboxSchema,
+    claim: bool,
+    key_text: bool,
+) -> Vec<FactRow> {
+    let table = Backend::Mysql.quote_table(schema.table());
+    let mut columns = String::from("message_id, consumer, received_at, processed_at");
+    if claim {
+        columns.push_str(", claimed_until, attempts");
+    }
+    if key_text {
+        columns.push_str(", key_text");
+    }
+    let mut statements = vec![(
+        "INSERT",
+        format!(
+            "EXPLAIN INSERT INTO {table} ({columns}) SELECT {columns} FROM {table} WHERE 1 = 0"
+        ),
+    )];
+    if claim {
+        statements.push((
+            "UPDATE",
+            format!(
+                "EXPLAIN UPDATE {table} SET claimed_until = NULL, processed_at = NULL, \
+                 attempts = attempts WHERE id = 0"
+            ),
+        ));
+    }
+    let mut refused = Vec::new();
+    for (privilege, sql) in statements {
+        if let Err(e) = io.load::<ExplainRow>(&Sql::new(sql)).await
+            && crate::classify::class_of(&e, schema) == inbox_core::ErrorClass::PermissionDenied
+        {
+            refused.push(FactRow {
+                kind: "privilege".into(),
+                detail: privilege.into(),
+            });
+        }
+    }
+    refused
+}
+
+/// A row of MySQL's `EXPLAIN`, of which only its being there matters.
+#[derive(Debug, diesel::QueryableByName)]
+pub(crate) struct ExplainRow {
+    #[diesel(sql_type = diesel::sql_types::Nullable<Text>)]
+    #[allow(dead_code)]
+    select_type: Option<String>,
+}
+
 /// The privileges a handler's statements take, by column (PostgreSQL): reading and writing
 /// the marker; in claim mode also updating the claim.
 fn needed_privileges(claim: bool, key_text: bool) -> Vec<(&'static str, &'static str)> {
@@ -466,9 +522,12 @@ async fn read_catalog<S: Io>(
         .await?;
     let key_text = columns.iter().any(|c| c.name == KEY_TEXT.0);
     let needs = needed_privileges(claim, key_text);
-    let facts = io
+    let mut facts: Vec<FactRow> = io
         .load(&with_table(facts_sql(backend, qualifier, &needs)).bind_text(schema.constraint()))
         .await?;
+    if backend == Backend::Mysql && !columns.is_empty() {
+        facts.extend(mysql_privileges(io, schema, claim, key_text).await);
+    }
     let server = match backend {
         Backend::Mysql => io
             .load::<ServerRow>(&Sql::new(SERVER_VERSION_SQL))
