@@ -214,8 +214,7 @@ where
     B: Body<S::Conn, Result<T, E>>,
     P: Fn(&Result<T, E>) -> Option<ErrorClass>,
 {
-    let mut layout = schema_checked(&mut steps, spec, false, inbox_error).await?;
-    let mut run = pinned(spec, layout);
+    let (mut layout, mut run) = schema_checked(&mut steps, spec, false, inbox_error).await?;
     if spec.precheck && claims.completed_before(&mut steps, run, layout).await {
         tracing::info!(
             outcome = "duplicate",
@@ -250,8 +249,7 @@ where
             && needs_recheck(e, spec)
         {
             rechecked = true;
-            layout = rechecked_layout(&mut steps, spec, false, inbox_error).await?;
-            run = pinned(spec, layout);
+            (layout, run) = rechecked_layout(&mut steps, spec, false, inbox_error).await?;
             continue;
         }
         let class = match &failure {
@@ -289,34 +287,37 @@ where
 /// does not say what to fix. The check reads the catalog, outside any transaction; it is
 /// remembered per thread for the connection (by its address) and the handler, so later
 /// deliveries pay a lookup in a short list — until a statement fails for a missing table or
-/// column ([`forget_check`]), when the next delivery reads the catalog again.
+/// column ([`forget_check`]), when the next delivery reads the catalog again. Returns the
+/// layout and the settings the handler's statements run with ([`pinned`]), both remembered
+/// with the check.
 async fn schema_checked<S: Steps, E>(
     steps: &mut S,
     spec: &'static HandlerSpec,
     claim: bool,
     inbox_error: fn(Error) -> E,
-) -> Result<Layout, E> {
+) -> Result<(Layout, &'static HandlerSpec), E> {
     let key = check_key(steps, spec);
     let known = CHECKED.with_borrow(|checked| {
         checked
             .iter()
-            .find(|(checked, _)| *checked == key)
-            .map(|&(_, layout)| layout)
+            .find(|(checked, _, _)| *checked == key)
+            .map(|&(_, layout, run)| (layout, run))
     });
-    if let Some(layout) = known {
-        return Ok(layout);
+    if let Some(known) = known {
+        return Ok(known);
     }
     match steps.verify(spec, claim).await {
         Ok(layout) => {
+            let run = pinned(spec, layout);
             CHECKED.with_borrow_mut(|checked| {
                 // Bounded: connections come and go in a pool; forgetting them all costs one
                 // check each of those still in use.
                 if checked.len() == CHECKED_MAX {
                     checked.clear();
                 }
-                checked.push((key, layout));
+                checked.push((key, layout, run));
             });
-            Ok(layout)
+            Ok((layout, run))
         }
         Err(SchemaError::Database(source)) => {
             let class = classify(&source, &spec.schema);
@@ -335,7 +336,8 @@ async fn schema_checked<S: Steps, E>(
 
 /// The handler's settings with its table named as the check found it ([`Layout::pinned`]):
 /// what its statements run with. The check itself, and what is remembered of it, go by the
-/// handler's own settings.
+/// handler's own settings. Looked up once per check ([`schema_checked`] remembers it), not
+/// per delivery.
 fn pinned(spec: &'static HandlerSpec, layout: Layout) -> &'static HandlerSpec {
     type Pinned = (usize, &'static str, &'static HandlerSpec);
     static PINNED: std::sync::Mutex<Vec<Pinned>> = std::sync::Mutex::new(Vec::new());
@@ -372,7 +374,7 @@ fn check_key<S: Steps>(steps: &mut S, spec: &HandlerSpec) -> (usize, usize) {
 /// and the next delivery reads the catalog again rather than writing what it remembered.
 fn forget_check<S: Steps>(steps: &mut S, spec: &HandlerSpec) {
     let key = check_key(steps, spec);
-    CHECKED.with_borrow_mut(|checked| checked.retain(|(checked, _)| *checked != key));
+    CHECKED.with_borrow_mut(|checked| checked.retain(|(checked, _, _)| *checked != key));
 }
 
 /// Whether a failed statement of the handler's own (begin, claim, commit) says that the table
@@ -391,17 +393,21 @@ async fn rechecked_layout<S: Steps, E>(
     spec: &'static HandlerSpec,
     claim: bool,
     inbox_error: fn(Error) -> E,
-) -> Result<Layout, E> {
+) -> Result<(Layout, &'static HandlerSpec), E> {
     tracing::info!("a statement found the inbox table not as checked; checking it again");
     forget_check(steps, spec);
     schema_checked(steps, spec, claim, inbox_error).await
 }
 
+/// A check remembered: the connection and handler, the layout found, the settings the
+/// handler's statements run with.
+type Checked = ((usize, usize), Layout, &'static HandlerSpec);
+
 /// How many (connection, handler) pairs a thread remembers as checked.
 const CHECKED_MAX: usize = 256;
 
 thread_local! {
-    static CHECKED: std::cell::RefCell<Vec<((usize, usize), Layout)>> =
+    static CHECKED: std::cell::RefCell<Vec<Checked>> =
         const { std::cell::RefCell::new(Vec::new()) };
 }
 
@@ -622,8 +628,7 @@ where
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
     tracing::debug!(key = ?key, "handling message");
-    let mut layout = schema_checked(&mut steps, spec, true, inbox_error).await?;
-    let mut run = pinned(spec, layout);
+    let (mut layout, mut run) = schema_checked(&mut steps, spec, true, inbox_error).await?;
     let (mut retries, mut rechecked) = (0, false);
     let attempt = loop {
         match acquire(&mut steps, run, claim, layout, &key, A::STALE_CLAIM).await {
@@ -654,8 +659,7 @@ where
             }
             Err(e) if !rechecked && needs_recheck(&e, spec) => {
                 rechecked = true;
-                layout = rechecked_layout(&mut steps, spec, true, inbox_error).await?;
-                run = pinned(spec, layout);
+                (layout, run) = rechecked_layout(&mut steps, spec, true, inbox_error).await?;
             }
             Err(e) => wait_or_give_up(&mut steps, spec, e, &mut retries, inbox_error).await?,
         }
