@@ -42,6 +42,12 @@ impl<S: Server> ServerDb<S> {
     }
 
     pub fn new(test: &str) -> Self {
+        Self::with_options(test, "")
+    }
+
+    /// A fresh database created with `options` after `CREATE DATABASE name` (an encoding,
+    /// say).
+    pub fn with_options(test: &str, options: &str) -> Self {
         let admin_url = Self::server_url();
         let name = format!(
             "inbox_{}_{}",
@@ -63,7 +69,7 @@ impl<S: Server> ServerDb<S> {
             .batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
             .unwrap();
         admin
-            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .batch_execute(&format!("CREATE DATABASE {name} {options}"))
             .unwrap();
         let db = Self {
             admin_url,

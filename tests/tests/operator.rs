@@ -440,6 +440,27 @@ mod postgres {
         );
     }
 
+    /// A database in LATIN1 cannot hold every key's text: with `key_text` the check
+    /// refuses it (a key outside LATIN1 would fail on every delivery); without, it is accepted.
+    #[test]
+    fn a_database_encoding_that_cannot_hold_keys_is_refused_with_key_text() {
+        let db = Db::with_options(
+            &next_name("latin1"),
+            "ENCODING 'LATIN1' TEMPLATE template0 LC_COLLATE 'C' LC_CTYPE 'C'",
+        );
+        let mut conn = db.connect();
+        assert!(apply(&mut conn, &1).unwrap().is_processed());
+        conn.batch_execute("ALTER TABLE inbox ADD COLUMN key_text text")
+            .unwrap();
+        let mut conn = db.connect();
+        let text = refusal(apply(&mut conn, &2));
+        assert!(
+            text.contains("the database encoding LATIN1") && text.contains("UTF8 database"),
+            "{text}"
+        );
+        assert_eq!(balance(&mut conn), 1, "the refused delivery's body ran");
+    }
+
     /// Two schemas with a table of the name: which one an unqualified name means depends on
     /// each session's `search_path`. Refused; the qualified name is accepted.
     #[test]
