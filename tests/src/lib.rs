@@ -21,6 +21,9 @@ pub mod postgres;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub mod private;
+
 diesel::table! {
     accounts (id) {
         id -> Integer,

@@ -1030,6 +1030,42 @@ mod mysql {
         assert_eq!(markers(&mut db.connect()), 0);
     }
 
+    /// A server made read-only (`read_only = 1`, as a demoted primary is during a
+    /// failover): a checked session's next delivery is refused with 1290, answered
+    /// `ReadOnly`/`Reconnect` (the pool's next connection may reach the new primary), never
+    /// dead-lettered; nothing is written, and the delivery is applied once the server takes
+    /// writes again. On a private server: the shared one is never made read-only.
+    #[test]
+    fn a_read_only_server_is_reconnected_not_dead_lettered() {
+        use inbox_tests::server::Server as _;
+        let server = inbox_tests::private::PrivateMariadb::start(&[]);
+        let mut admin = server.admin();
+        for statement in inbox_tests::mysql::Mysql::schema() {
+            admin.batch_execute(&statement).unwrap();
+        }
+        admin.batch_execute("CREATE USER app@'127.0.0.1'").unwrap();
+        admin
+            .batch_execute("GRANT SELECT, INSERT, UPDATE, DELETE ON test.* TO app@'127.0.0.1'")
+            .unwrap();
+        let mut conn = Conn::establish(&server.url("app")).unwrap();
+        assert!(apply(&mut conn, &1).unwrap().is_processed());
+        admin.batch_execute("SET GLOBAL read_only = 1").unwrap();
+        let error = inbox_error(apply(&mut conn, &2));
+        assert!(
+            inbox_tests::error_chain(&error).contains("read-only"),
+            "{error:?}"
+        );
+        assert_eq!(error.class(), ErrorClass::ReadOnly, "{error:?}");
+        assert_eq!(error.action(), Action::Reconnect);
+        assert_eq!(balance(&mut admin), 1);
+        assert_eq!(markers(&mut admin), 1);
+        admin.batch_execute("SET GLOBAL read_only = 0").unwrap();
+        let mut conn = Conn::establish(&server.url("app")).unwrap();
+        assert!(apply(&mut conn, &2).unwrap().is_processed());
+        assert!(apply(&mut conn, &1).unwrap().is_duplicate());
+        assert_eq!(balance(&mut admin), 2);
+    }
+
     /// Privileges, asked of the server by the check (`EXPLAIN` of the handler's statements):
     /// a user that may read the inbox but not insert is refused before any delivery; one
     /// that may insert but not update, in claim mode (the stamp would fail after the side
