@@ -96,6 +96,32 @@ pub enum TransientKind {
 }
 
 impl ErrorClass {
+    /// A short, fixed name of the class, for an `error.type` attribute or a metric label
+    /// (`transient`, `unique_violation`, `read_only`, …): a constraint's name or a
+    /// transient failure's kind is left out, so that the set of values stays small.
+    ///
+    /// ```
+    /// use inbox_core::ErrorClass;
+    /// assert_eq!(ErrorClass::ReadOnly.label(), "read_only");
+    /// ```
+    pub const fn label(&self) -> &'static str {
+        match self {
+            ErrorClass::InboxDuplicate => "inbox_duplicate",
+            ErrorClass::UniqueViolation { .. } => "unique_violation",
+            ErrorClass::Transient(_) => "transient",
+            ErrorClass::TransactionAborted => "transaction_aborted",
+            ErrorClass::ConnectionLost => "connection_lost",
+            ErrorClass::ReadOnly => "read_only",
+            ErrorClass::PermissionDenied => "permission_denied",
+            ErrorClass::StatementLost => "statement_lost",
+            ErrorClass::EffectNotRecorded => "effect_not_recorded",
+            ErrorClass::ClaimLost => "claim_lost",
+            ErrorClass::Misuse => "misuse",
+            ErrorClass::Schema => "schema",
+            ErrorClass::Other => "other",
+        }
+    }
+
     /// Whether the failure is worth another attempt in a fresh transaction.
     pub fn is_transient(&self) -> bool {
         matches!(self, ErrorClass::Transient(_))

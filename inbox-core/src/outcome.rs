@@ -362,6 +362,10 @@ pub trait HandlerOutcome<T>: Into<StaleClaimOutcome<T>> + Sized + sealed::Sealed
     fn is_duplicate(&self) -> bool;
     /// The handler's value, if it ran.
     fn processed(self) -> Option<T>;
+    #[doc(hidden)]
+    /// `processed`, `duplicate`, `in_flight` or `stale_claim`: the outcome's label in traces
+    /// and metrics.
+    fn label(&self) -> &'static str;
 
     #[doc(hidden)]
     type InFlightWitness: Copy;
@@ -394,6 +398,12 @@ mod sealed {
 }
 
 impl<T> HandlerOutcome<T> for Outcome<T> {
+    fn label(&self) -> &'static str {
+        match self {
+            Outcome::Processed(_) => "processed",
+            Outcome::Duplicate { .. } => "duplicate",
+        }
+    }
     fn should_ack(&self) -> bool {
         self.should_ack()
     }
@@ -425,6 +435,13 @@ impl<T> HandlerOutcome<T> for Outcome<T> {
 }
 
 impl<T> HandlerOutcome<T> for InFlightOutcome<T> {
+    fn label(&self) -> &'static str {
+        match self {
+            InFlightOutcome::Processed(_) => "processed",
+            InFlightOutcome::Duplicate { .. } => "duplicate",
+            InFlightOutcome::InFlight { .. } => "in_flight",
+        }
+    }
     fn should_ack(&self) -> bool {
         self.should_ack()
     }
@@ -456,6 +473,14 @@ impl<T> HandlerOutcome<T> for InFlightOutcome<T> {
 }
 
 impl<T> HandlerOutcome<T> for StaleClaimOutcome<T> {
+    fn label(&self) -> &'static str {
+        match self {
+            StaleClaimOutcome::Processed(_) => "processed",
+            StaleClaimOutcome::Duplicate { .. } => "duplicate",
+            StaleClaimOutcome::InFlight { .. } => "in_flight",
+            StaleClaimOutcome::StaleClaim { .. } => "stale_claim",
+        }
+    }
     fn should_ack(&self) -> bool {
         self.should_ack()
     }

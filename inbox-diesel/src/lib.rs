@@ -296,6 +296,7 @@ pub mod purge;
 mod runtime;
 pub mod schema;
 mod spec;
+pub mod telemetry;
 pub mod tripwire;
 pub mod unique;
 

@@ -201,6 +201,7 @@ pub fn purge<C: InboxConnection>(
     let _entered = span.enter();
     let report = complete_now(run(&mut Blocking(conn), schema, purge))?;
     report.log();
+    crate::telemetry::purged(schema.table(), report.removed);
     Ok(report)
 }
 
@@ -364,6 +365,7 @@ mod asynchronous {
             .instrument(span.clone())
             .await?;
         span.in_scope(|| report.log());
+        crate::telemetry::purged(schema.table(), report.removed);
         Ok(report)
     }
 

@@ -18,6 +18,7 @@ use crate::io::Awaiting;
 use crate::runtime::claim::ClaimSpec;
 use crate::runtime::driver::{self, BatchClaims, NewMessages, Steps};
 use crate::spec::HandlerSpec;
+use crate::telemetry::Run;
 use crate::{AsyncInboxConnection, Error, NoConnection};
 
 /// An async closure taking the connection, whose future can be named — and so be required
@@ -82,15 +83,11 @@ where
     P: Fn(&Result<T, E>) -> Option<ErrorClass>,
     A: HandlerOutcome<T>,
 {
-    let key = key.map_err(|e| inbox_error(Error::InvalidKey(e)))?;
+    let key = key.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
     // The stored id, not the key: a key can be business data (an e-mail address) or carry
     // control characters; the key itself is logged escaped, at DEBUG (`driver`).
-    let span = tracing::info_span!(
-        "inbox",
-        consumer = spec.consumer.as_str(),
-        message_id = %key.stored_id()
-    );
-    let value = driver::drive(
+    let run = Run::message(spec, &key, false);
+    let result = driver::drive(
         Awaiting(conn),
         spec,
         &key,
@@ -99,9 +96,11 @@ where
         A::IN_FLIGHT,
         inbox_error,
     )
-    .instrument(span)
-    .await?;
-    Ok(driver::outcome(spec, key, value))
+    .instrument(run.instrument_span())
+    .await
+    .map(|value| driver::outcome(spec, key, value));
+    run.finish(&result);
+    result
 }
 
 /// Runs `body` once for the messages of a batch that are new, in one transaction, on a
@@ -120,17 +119,13 @@ where
     B: Clone + for<'c> AsyncBody<&'c mut C, Result<T, E>, Fut: Send>,
     P: Fn(&Result<T, E>) -> Option<ErrorClass>,
 {
-    let keys = keys.map_err(|e| inbox_error(Error::InvalidKey(e)))?;
+    let keys = keys.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
     if keys.is_empty() {
         return Ok(driver::batch_outcome(0, None, new));
     }
-    let span = tracing::info_span!(
-        "inbox",
-        consumer = spec.consumer.as_str(),
-        batch = keys.len()
-    );
+    let run = Run::batch(spec, keys.len());
     let claims = BatchClaims::new(&keys, new);
-    let value = driver::drive(
+    let result = driver::drive(
         Awaiting(conn),
         spec,
         &claims,
@@ -139,9 +134,11 @@ where
         None::<Infallible>,
         inbox_error,
     )
-    .instrument(span)
-    .await?;
-    Ok(driver::batch_outcome(keys.len(), value.value(), new))
+    .instrument(run.instrument_span())
+    .await
+    .map(|value| driver::batch_outcome(keys.len(), value.value(), new));
+    run.finish_batch(&result);
+    result
 }
 
 /// Runs `body` in claim mode, on a diesel-async connection; see `driver::drive_claim` for
@@ -160,9 +157,9 @@ where
     B: Clone + for<'c> AsyncBody<&'c mut NoConnection, Result<T, E>, Fut: Send>,
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
-    let key = key.map_err(|e| inbox_error(Error::InvalidKey(e)))?;
-    let span = tracing::info_span!("inbox", consumer = spec.consumer.as_str(), mode = "claim");
-    driver::drive_claim(
+    let key = key.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
+    let run = Run::message(spec, &key, true);
+    let result = driver::drive_claim(
         Awaiting(conn),
         spec,
         claim,
@@ -170,8 +167,10 @@ where
         ClonedWithoutConnection(body),
         inbox_error,
     )
-    .instrument(span)
-    .await
+    .instrument(run.instrument_span())
+    .await;
+    run.finish(&result);
+    result
 }
 
 impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {

@@ -22,6 +22,7 @@ use crate::dialect::layout::{Layout, key_text};
 use crate::runtime::claim::ClaimSpec;
 use crate::schema::check::SchemaError;
 use crate::spec::HandlerSpec;
+use crate::telemetry;
 use crate::{Error, classify, tripwire};
 
 /// What a connection does for the driver: open, claim, commit, roll back, wait.
@@ -228,6 +229,7 @@ where
         end(&mut steps, run, layout).await;
         let failure = match attempted {
             Ok(decided) => {
+                telemetry::attempt(retries + 1);
                 match &decided {
                     Decided::Processed(_) => {
                         tracing::debug!(outcome = "processed", "committed with its marker")
@@ -267,6 +269,7 @@ where
         match decision {
             RetryDecision::Retry { after } => {
                 retries += 1;
+                telemetry::retried(spec, class.as_ref().unwrap_or(&ErrorClass::Other));
                 tracing::warn!(
                     class = %class.unwrap_or(ErrorClass::Other),
                     retry = retries,
@@ -275,7 +278,9 @@ where
                 );
                 steps.pause(after).await;
             }
-            RetryDecision::GiveUp => return Err(give_up(failure, class, retries + 1, inbox_error)),
+            RetryDecision::GiveUp => {
+                return Err(give_up(spec, failure, class, retries + 1, inbox_error));
+            }
         }
     }
 }
@@ -321,6 +326,7 @@ async fn schema_checked<S: Steps, E>(
         }
         Err(SchemaError::Database(source)) => {
             let class = classify(&source, &spec.schema);
+            telemetry::failed(spec, class.label());
             Err(inbox_error(Error::Database {
                 class,
                 attempts: 1,
@@ -329,6 +335,7 @@ async fn schema_checked<S: Steps, E>(
         }
         Err(problem) => {
             tracing::error!(error = %problem, "the inbox table is not as the runtime needs it; refusing to process");
+            telemetry::failed(spec, ErrorClass::Schema.label());
             Err(inbox_error(Error::Schema(problem)))
         }
     }
@@ -645,6 +652,7 @@ where
                 return Ok(A::from_in_flight(spec.consumer.clone(), key, ()));
             }
             Ok(Acquired::Stale(attempts, witness)) => {
+                telemetry::stale_claim(spec, "reported");
                 tracing::warn!(
                     outcome = "stale_claim",
                     attempts,
@@ -666,6 +674,7 @@ where
     };
 
     tracing::debug!(attempt, "claimed; running the body");
+    telemetry::attempt(attempt);
     let result = match run_body(spec, &mut body, steps.conn()).await {
         Ok(result) => result,
         // No transaction is open while a claim-mode body runs. A panic leaves the outcome of
@@ -707,6 +716,7 @@ where
                     "handler returned an error; releasing its claim failed"
                 ),
             }
+            telemetry::failed(spec, telemetry::error_type(None));
             return Err(e);
         }
     };
@@ -727,6 +737,7 @@ where
                     attempt,
                     "the side effect ran, but the claim had been taken over: not stamped"
                 );
+                telemetry::failed(spec, ErrorClass::ClaimLost.label());
                 return Err(inbox_error(Error::ClaimLost { attempt }));
             }
             Err(e) => match retry_after(spec, &e, retries) {
@@ -743,6 +754,7 @@ where
                         error = %e,
                         "the side effect ran, but stamping its claim complete failed"
                     );
+                    telemetry::failed(spec, ErrorClass::EffectNotRecorded.label());
                     return Err(inbox_error(Error::EffectNotRecorded {
                         attempt,
                         attempts: retries + 1,
@@ -812,6 +824,7 @@ async fn acquire<S: Steps, W: Copy>(
         };
         if steps.claim_step(spec, key, take_over).await?.changed() {
             if expired {
+                telemetry::stale_claim(spec, "taken_over");
                 tracing::warn!(
                     attempt = seen + 1,
                     "took over a claim whose lease had ended without completion"
@@ -844,7 +857,13 @@ async fn wait_or_give_up<S: Steps, E>(
                 forget_check(steps, spec);
             }
             let failure = Failure::<(), E>::Database(error);
-            Err(give_up(failure, Some(class), *retries + 1, inbox_error))
+            Err(give_up(
+                spec,
+                failure,
+                Some(class),
+                *retries + 1,
+                inbox_error,
+            ))
         }
     }
 }
@@ -854,6 +873,7 @@ fn retry_after(spec: &HandlerSpec, error: &DieselError, retries: u32) -> Option<
     let class = classify(error, &spec.schema);
     match spec.retry.decide(&class, retries, fastrand::f64()) {
         RetryDecision::Retry { after } => {
+            telemetry::retried(spec, &class);
             tracing::warn!(
                 class = %class,
                 retry = retries + 1,
@@ -866,12 +886,26 @@ fn retry_after(spec: &HandlerSpec, error: &DieselError, retries: u32) -> Option<
     }
 }
 
+/// The error a run gives up with, recorded on its span (`error.type`, `inbox.attempt`) and
+/// counted.
 fn give_up<T, E>(
+    spec: &HandlerSpec,
     failure: Failure<T, E>,
     class: Option<ErrorClass>,
     attempts: u32,
     inbox_error: fn(Error) -> E,
 ) -> E {
+    telemetry::attempt(attempts);
+    let error_type = match &failure {
+        Failure::Body(_) => telemetry::error_type(class.as_ref()),
+        Failure::Aborted => ErrorClass::TransactionAborted.label(),
+        Failure::Database(DieselError::AlreadyInTransaction) => ErrorClass::Misuse.label(),
+        Failure::Database(DieselError::QueryBuilderError(inner)) if inner.is::<Error>() => inner
+            .downcast_ref::<Error>()
+            .map_or("other", |error| error.class().label()),
+        Failure::Database(_) => class.as_ref().unwrap_or(&ErrorClass::Other).label(),
+    };
+    telemetry::failed(spec, error_type);
     match failure {
         Failure::Body(Err(e)) => {
             tracing::debug!(outcome = "failed", "handler returned an error; rolled back");

@@ -14,6 +14,7 @@ use crate::io::{Blocking, complete_now};
 use crate::runtime::claim::ClaimSpec;
 use crate::runtime::driver::{self, BatchClaims, NewMessages, Steps};
 use crate::spec::HandlerSpec;
+use crate::telemetry::Run;
 use crate::{Error, InboxConnection, NoConnection};
 
 /// Runs `body` once per message key and consumer, on a sync connection, answering in the
@@ -34,15 +35,11 @@ where
     P: Fn(&Result<T, E>) -> Option<ErrorClass>,
     A: HandlerOutcome<T>,
 {
-    let key = key.map_err(|e| inbox_error(Error::InvalidKey(e)))?;
+    let key = key.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
     // The stored id, not the key: a key can be business data (an e-mail address) or carry
     // control characters; the key itself is logged escaped, at DEBUG (`driver`).
-    let span = tracing::info_span!(
-        "inbox",
-        consumer = spec.consumer.as_str(),
-        message_id = %key.stored_id()
-    );
-    let value = complete_now(
+    let run = Run::message(spec, &key, false);
+    let result = complete_now(
         driver::drive(
             Blocking(conn),
             spec,
@@ -52,9 +49,11 @@ where
             A::IN_FLIGHT,
             inbox_error,
         )
-        .instrument(span),
-    )?;
-    Ok(driver::outcome(spec, key, value))
+        .instrument(run.instrument_span()),
+    )
+    .map(|value| driver::outcome(spec, key, value));
+    run.finish(&result);
+    result
 }
 
 /// Runs `body` once for the messages of a batch that are new, in one transaction; see
@@ -73,17 +72,13 @@ where
     B: FnMut(&mut C) -> Result<T, E>,
     P: Fn(&Result<T, E>) -> Option<ErrorClass>,
 {
-    let keys = keys.map_err(|e| inbox_error(Error::InvalidKey(e)))?;
+    let keys = keys.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
     if keys.is_empty() {
         return Ok(driver::batch_outcome(0, None, new));
     }
-    let span = tracing::info_span!(
-        "inbox",
-        consumer = spec.consumer.as_str(),
-        batch = keys.len()
-    );
+    let run = Run::batch(spec, keys.len());
     let claims = BatchClaims::new(&keys, new);
-    let value = complete_now(
+    let result = complete_now(
         driver::drive(
             Blocking(conn),
             spec,
@@ -93,9 +88,11 @@ where
             None::<Infallible>,
             inbox_error,
         )
-        .instrument(span),
-    )?;
-    Ok(driver::batch_outcome(keys.len(), value.value(), new))
+        .instrument(run.instrument_span()),
+    )
+    .map(|value| driver::batch_outcome(keys.len(), value.value(), new));
+    run.finish_batch(&result);
+    result
 }
 
 /// Runs `body` in claim mode, on a sync connection; see `driver::drive_claim` for the steps.
@@ -113,9 +110,9 @@ where
     B: FnMut(&mut NoConnection) -> Result<T, E>,
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
-    let key = key.map_err(|e| inbox_error(Error::InvalidKey(e)))?;
-    let span = tracing::info_span!("inbox", consumer = spec.consumer.as_str(), mode = "claim");
-    complete_now(
+    let key = key.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
+    let run = Run::message(spec, &key, true);
+    let result = complete_now(
         driver::drive_claim(
             Blocking(conn),
             spec,
@@ -124,8 +121,10 @@ where
             WithoutConnection(body),
             inbox_error,
         )
-        .instrument(span),
-    )
+        .instrument(run.instrument_span()),
+    );
+    run.finish(&result);
+    result
 }
 
 /// A sync body: it runs to its end when called.
