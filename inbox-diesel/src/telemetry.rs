@@ -15,6 +15,7 @@
 //! | `inbox.outcome` | `processed`, `duplicate`, `in_flight`, `stale_claim` or `failed` |
 //! | `inbox.attempt` | transactions run (marker mode: 1 + the retries of transient failures); the claim's attempt (claim mode) |
 //! | `inbox.delivery_count` | the broker's delivery count, under a pump's span |
+//! | `inbox.settlement` | how the pump settled the delivery: `ack`, `retry`, `dead_letter`, `halt` ([`record_settlement`]) |
 //! | `error.type`, `otel.status_code` | on failure: the [`ErrorClass`] label (`transient`, `read_only`, …) or `handler` for the handler's own error, and `ERROR` |
 //!
 //! The spans are [`tracing`] spans: with [`tracing-opentelemetry`] as a layer they become
@@ -80,8 +81,15 @@ pub fn process_span(system: &'static str, destination: &str, delivery_count: u32
         inbox.delivery_count = i64::from(delivery_count),
         inbox.outcome = Empty,
         inbox.attempt = Empty,
+        inbox.settlement = Empty,
         error.type = Empty,
     )
+}
+
+/// Records on a delivery's span ([`process_span`]) how the pump settled it: `ack`, `retry`,
+/// `dead_letter` or `halt` ([`Settlement::as_str`](crate::Settlement::as_str)).
+pub fn record_settlement(span: &Span, settlement: crate::Settlement) {
+    span.record("inbox.settlement", settlement.as_str());
 }
 
 /// Whether `span` is a delivery's span ([`process_span`], or the runtime's own).

@@ -58,6 +58,11 @@
 //! requeues those the channel had buffered but no handler had started. A consumer the broker
 //! ends (its queue deleted) stops the pump with [`Stopped::Cancelled`].
 //!
+//! **Traces.** Each delivery is handled and settled in one span,
+//! [`process_span`]`("rabbitmq", queue, delivery_count)`: named `process {queue}` in the
+//! OpenTelemetry messaging conventions, with the handler's consumer, the stored id, the
+//! outcome and the settlement recorded on it ([`inbox_diesel::telemetry`]).
+//!
 //! [lapin]: https://docs.rs/lapin
 
 use std::future::Future;
@@ -66,6 +71,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use futures_util::future::select;
+use inbox_diesel::telemetry::{process_span, record_settlement};
 use inbox_diesel::{KeyError, MessageKey, Redelivery, Settle, Settlement};
 use lapin::message::Delivery;
 use lapin::options::{
@@ -74,6 +80,7 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Consumer};
+use tracing::Instrument;
 
 /// The key of a delivery: its `message_id` property ([`inbox_diesel::broker::amqp`]).
 ///
@@ -200,6 +207,8 @@ impl Pump {
         S: Future<Output = ()>,
     {
         let tag = consumer.tag();
+        let queue = consumer.queue();
+        let queue = queue.as_str();
         let counts = Counts::default();
         let (halt, mut halted) = tokio::sync::watch::channel(None::<String>);
         let (failed, mut broker_failure) = tokio::sync::watch::channel(None::<String>);
@@ -251,16 +260,26 @@ impl Pump {
                     };
                     let acker = delivery.acker.clone();
                     let count = delivery_count(&delivery);
-                    let answer = handler(delivery).await;
+                    let span = process_span("rabbitmq", queue, count);
+                    // The handler is called in the span as well as polled in it: a sync
+                    // handler runs when called.
+                    let answer = span
+                        .in_scope(|| handler(delivery))
+                        .instrument(span.clone())
+                        .await;
                     let settlement = answer.settlement();
+                    record_settlement(&span, settlement);
                     if settlement == Settlement::Halt {
-                        tracing::error!(answer = ?answer, "the handler's answer halts the consumer");
+                        span.in_scope(|| {
+                            tracing::error!(answer = ?answer, "the handler's answer halts the consumer");
+                        });
                         let _ = halt_ref.send(Some(format!("{answer:?}")));
                         let _ = stopping_ref.send(true);
                     }
                     let delay = self.redelivery.delay(count);
-                    let settled =
-                        settle(&acker, settlement, delay, stopping_rx_ref.clone()).await;
+                    let settled = settle(&acker, settlement, delay, stopping_rx_ref.clone())
+                        .instrument(span)
+                        .await;
                     counts_ref.count(settlement);
                     if let Err(e) = settled {
                         let _ = failed_ref.send(Some(e.to_string()));

@@ -498,3 +498,86 @@ async fn a_consumer_the_broker_ends_stops_the_pump() {
     deleter.await.unwrap();
     queues.delete(&channel).await;
 }
+
+/// Each delivery is one span in the OpenTelemetry messaging conventions, exported through
+/// `tracing-opentelemetry`: `process {queue}`, the system, the queue, the delivery count,
+/// the consumer, the stored id, the handler's outcome and the pump's settlement.
+#[tokio::test]
+async fn each_delivery_is_one_process_span() {
+    use opentelemetry::trace::{SpanKind, TracerProvider as _};
+    use tracing_subscriber::layer::SubscriberExt;
+
+    let exporter = opentelemetry_sdk::trace::InMemorySpanExporter::default();
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_simple_exporter(exporter.clone())
+        .build();
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("inbox-lapin")));
+    let _default = tracing::subscriber::set_default(subscriber);
+
+    let (_connection, channel) = channel().await;
+    let queues = Queues::declare(&channel, "spans").await;
+    queues.publish(&channel, Some("s1"), "s1").await;
+    queues.publish(&channel, Some("s1"), "s1").await;
+    let store = Store::new();
+    let pump = Pump::new().prefetch(1);
+    let consumer = pump
+        .subscribe(&channel, &queues.name, "spans")
+        .await
+        .unwrap();
+    let seen = Arc::new(AtomicU32::new(0));
+    let done = {
+        let seen = seen.clone();
+        async move {
+            while seen.load(Ordering::SeqCst) < 2 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    let report = pump
+        .run(&channel, consumer, done, |delivery| {
+            let answer = handle(&store, &delivery);
+            seen.fetch_add(1, Ordering::SeqCst);
+            async move { answer }
+        })
+        .await
+        .unwrap();
+    assert_eq!(report.acked, 2, "{report:?}");
+    let queue = queues.name.clone();
+    queues.delete(&channel).await;
+    provider.force_flush().unwrap();
+
+    let spans: Vec<_> = exporter
+        .get_finished_spans()
+        .unwrap()
+        .into_iter()
+        .filter(|span| span.name.starts_with("process"))
+        .collect();
+    assert_eq!(spans.len(), 2, "{spans:#?}");
+    let stored = inbox_diesel::MessageKey::try_from("s1")
+        .unwrap()
+        .stored_id()
+        .to_string();
+    let mut outcomes = Vec::new();
+    for span in &spans {
+        assert_eq!(span.name, format!("process {queue}"));
+        assert_eq!(span.span_kind, SpanKind::Consumer);
+        let attribute = |key: &str| {
+            span.attributes
+                .iter()
+                .find(|kv| kv.key.as_str() == key)
+                .map(|kv| kv.value.as_str().into_owned())
+                .unwrap_or_else(|| panic!("no {key} in {:?}", span.attributes))
+        };
+        assert_eq!(attribute("messaging.system"), "rabbitmq");
+        assert_eq!(attribute("messaging.destination.name"), queue);
+        assert_eq!(attribute("messaging.operation.type"), "process");
+        assert_eq!(attribute("messaging.consumer.group.name"), "credits");
+        assert_eq!(attribute("messaging.message.id"), stored);
+        assert_eq!(attribute("inbox.delivery_count"), "1");
+        assert_eq!(attribute("inbox.settlement"), "ack");
+        outcomes.push(attribute("inbox.outcome"));
+    }
+    outcomes.sort();
+    assert_eq!(outcomes, ["duplicate", "processed"]);
+}
