@@ -496,3 +496,27 @@ fn stale_claims_and_purged_rows_are_counted() {
         6
     );
 }
+
+/// The series as a Prometheus exporter renders them (the names the README lists).
+#[test]
+fn a_prometheus_exporter_renders_the_series() {
+    let db = Db::new("telemetry");
+    let mut conn = db.connect();
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, || {
+        inbox_diesel::telemetry::describe_metrics();
+        let _ = credit(&mut conn, &1, false).unwrap();
+        let _ = credit(&mut conn, &1, false).unwrap();
+    });
+    let text = handle.render();
+    for series in [
+        "# TYPE messaging_process_duration summary",
+        "messaging_process_duration_count{messaging_consumer_group_name=\"telemetry\",inbox_outcome=\"processed\"} 1",
+        "# TYPE messaging_client_consumed_messages counter",
+        "messaging_client_consumed_messages{messaging_consumer_group_name=\"telemetry\"} 2",
+        "inbox_outcomes{messaging_consumer_group_name=\"telemetry\",inbox_outcome=\"duplicate\"} 1",
+    ] {
+        assert!(text.contains(series), "missing {series} in\n{text}");
+    }
+}
