@@ -873,6 +873,62 @@ mod mysql {
         );
     }
 
+    /// Inserts a member: a business table with a unique index of its own.
+    #[idempotent(consumer = "operator", key = *id)]
+    fn join(conn: &mut Conn, id: &u64, email: &str) -> Result<(), AppError> {
+        diesel::sql_query("INSERT INTO members (email) VALUES (?)")
+            .bind::<diesel::sql_types::Text, _>(email)
+            .execute(conn)?;
+        Ok(())
+    }
+
+    /// MariaDB's duplicate-key error names the index, not its table: a business table with a
+    /// unique index named like the inbox's would have its violation taken for the inbox's
+    /// duplicate, and the message acknowledged without its change. Refused by the check;
+    /// renamed, the violation is the business constraint it is.
+    #[test]
+    fn an_index_named_like_the_inboxs_on_another_table_is_refused() {
+        let db = Db::new("index_name");
+        db.connect()
+            .batch_execute(
+                "CREATE TABLE members (id INT AUTO_INCREMENT PRIMARY KEY, \
+                 email VARCHAR(100) NOT NULL, UNIQUE KEY ux_inbox_message_consumer (email)); \
+                 INSERT INTO members (email) VALUES ('taken@example.com')",
+            )
+            .unwrap();
+        let mut conn = db.connect();
+        let text = refusal(join(&mut conn, &1, "taken@example.com"));
+        assert!(
+            text.contains(&format!(
+                "`{}.members` has a unique index named `ux_inbox_message_consumer` too",
+                db.name()
+            )),
+            "{text}"
+        );
+        assert_eq!(markers(&mut conn), 0);
+        conn.batch_execute(
+            "ALTER TABLE members RENAME INDEX ux_inbox_message_consumer TO ux_members_email",
+        )
+        .unwrap();
+        let mut conn = db.connect();
+        let error = match join(&mut conn, &1, "taken@example.com") {
+            Err(AppError::Db(error)) => error,
+            other => panic!("expected the business violation, got {other:?}"),
+        };
+        let class = inbox_diesel::classify(&error, &InboxSchema::DEFAULT);
+        assert!(
+            matches!(class, ErrorClass::UniqueViolation { .. }),
+            "{class:?}"
+        );
+        assert_eq!(class.action(), Action::DeadLetter);
+        assert_eq!(markers(&mut conn), 0);
+        assert!(
+            join(&mut conn, &2, "new@example.com")
+                .unwrap()
+                .is_processed()
+        );
+    }
+
     #[test]
     fn columns_that_cannot_hold_what_the_runtime_writes_are_refused() {
         shape(

@@ -377,6 +377,10 @@ fn facts_sql(backend: Backend, qualifier: &str, needs: &[(&str, &str)]) -> Strin
              SEPARATOR ', '), ')') FROM information_schema.statistics st JOIN w \
              ON st.table_schema = w.s AND st.table_name = w.t \
              WHERE st.non_unique = 0 AND st.index_name <> w.ix GROUP BY st.index_name \
+             UNION ALL SELECT DISTINCT 'index name elsewhere', \
+             CONCAT(st.table_schema, '.', st.table_name) FROM information_schema.statistics st \
+             JOIN w ON st.table_schema = w.s AND st.table_name <> w.t AND st.index_name = w.ix \
+             WHERE st.non_unique = 0 AND VERSION() LIKE '%MariaDB%' \
              UNION ALL SELECT 'clock', CAST(NOW(6) AS CHAR) FROM DUAL \
              WHERE NOT ({clock})) AS f",
             clock = crate::dialect::layout::SessionMark::CLOCK
@@ -926,6 +930,16 @@ fn refusals(
                     Backend::Mysql => "drop it; the primary key belongs on `id` alone".into(),
                     _ => "drop it, or make it cover (message_id, consumer)".into(),
                 },
+            )),
+            // MariaDB's duplicate-key error names the index but not its table: a business
+            // table's violation of an index of the same name would read as the inbox's own,
+            // and the message be acknowledged as a duplicate and lost.
+            "index name elsewhere" => problems.push(problem(
+                format!("`{detail}` has a unique index named `{index}` too"),
+                "MariaDB's duplicate-key error names the index, not its table: a violation of \
+                 that table's index inside a handler would be taken for the inbox's duplicate, \
+                 and the message acknowledged without its change",
+                format!("rename one of them (`ALTER TABLE {detail} RENAME INDEX {index} TO …`), or give the inbox's another name (`constraint = \"…\"` on the handler and in the migration)"),
             )),
             "index collation" => problems.push(problem(
                 format!("index `{index}` compares with the collation `{detail}`, not byte by byte"),
