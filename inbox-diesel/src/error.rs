@@ -85,6 +85,12 @@ pub enum Error {
         /// The error diesel reported.
         source: diesel::result::Error,
     },
+    /// A message was not written to the outbox ([`outbox::Outbox::publish`](crate::outbox::Outbox::publish)):
+    /// refused before any SQL because its sink could not carry it (class
+    /// [`ErrorClass::Other`]: dead-lettered, as the message that asked for it would fail on
+    /// every delivery), or published outside a handler's body (class
+    /// [`ErrorClass::Misuse`]).
+    Outbox(crate::outbox::OutboxProblem),
 }
 
 impl Error {
@@ -99,6 +105,8 @@ impl Error {
             Error::Schema(_) => ErrorClass::Schema,
             Error::CalledInsideTransaction => ErrorClass::Misuse,
             Error::Database { class, .. } => class.clone(),
+            Error::Outbox(crate::outbox::OutboxProblem::OutsideHandler) => ErrorClass::Misuse,
+            Error::Outbox(_) => ErrorClass::Other,
         }
     }
 }
@@ -164,6 +172,7 @@ impl fmt::Display for Error {
                  the effect by hand"
             ),
             Error::Session(problem) => write!(f, "inbox: {problem}"),
+            Error::Outbox(problem) => write!(f, "inbox {problem}"),
             // The server's message is the `source()`: reporters print it after this.
             Error::Database {
                 class, attempts: 1, ..
@@ -183,6 +192,7 @@ impl std::error::Error for Error {
             Error::TransactionAborted
             | Error::ClaimLost { .. }
             | Error::Session(_)
+            | Error::Outbox(_)
             | Error::CalledInsideTransaction => None,
             Error::Database { source, .. } | Error::EffectNotRecorded { source, .. } => {
                 Some(source)

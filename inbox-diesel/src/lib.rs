@@ -292,6 +292,7 @@ mod error;
 mod guard;
 pub mod handler;
 mod io;
+pub mod outbox;
 pub mod purge;
 mod runtime;
 pub mod schema;

@@ -1,7 +1,7 @@
 //! Mysql: what the runtime writes differently for it.
 
 use diesel::query_builder::{AstPass, BoxedSqlQuery, SqlQuery};
-use diesel::sql_types::{BigInt, Text};
+use diesel::sql_types::{BigInt, Binary, Text};
 
 use diesel::QueryResult;
 
@@ -45,6 +45,13 @@ impl Dialect for diesel::mysql::Mysql {
         value: &'f str,
     ) -> BoxedSqlQuery<'f, Self, SqlQuery> {
         query.bind::<Text, _>(value)
+    }
+
+    fn bind_bytes<'f>(
+        query: BoxedSqlQuery<'f, Self, SqlQuery>,
+        value: &'f [u8],
+    ) -> BoxedSqlQuery<'f, Self, SqlQuery> {
+        query.bind::<Binary, _>(value)
     }
 
     fn execute_claim<C>(conn: &mut C, sql: ClaimSql<'_, Self>) -> QueryResult<usize>

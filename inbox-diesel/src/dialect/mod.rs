@@ -62,6 +62,12 @@ pub trait Dialect:
         value: &'f str,
     ) -> BoxedSqlQuery<'f, Self, SqlQuery>;
 
+    /// Binds bytes.
+    fn bind_bytes<'f>(
+        query: BoxedSqlQuery<'f, Self, SqlQuery>,
+        value: &'f [u8],
+    ) -> BoxedSqlQuery<'f, Self, SqlQuery>;
+
     /// Runs a claim-mode statement on a sync connection.
     fn execute_claim<C>(conn: &mut C, sql: ClaimSql<'_, Self>) -> QueryResult<usize>
     where

@@ -12,6 +12,7 @@ use super::Dialect;
 pub enum Bind {
     BigInt(i64),
     Text(String),
+    Bytes(Vec<u8>),
 }
 
 /// A statement: SQL text with `?` (or `$n`) placeholders, and the values bound to them.
@@ -39,6 +40,11 @@ impl Sql {
         self
     }
 
+    pub(crate) fn bind_bytes(mut self, value: impl Into<Vec<u8>>) -> Self {
+        self.binds.push(Bind::Bytes(value.into()));
+        self
+    }
+
     /// The statement as diesel runs it: a boxed `sql_query`, prepared and cached by its text.
     pub(crate) fn query<DB: Dialect>(&self) -> BoxedSqlQuery<'_, DB, SqlQuery> {
         self.binds.iter().fold(
@@ -46,6 +52,7 @@ impl Sql {
             |query, bind| match bind {
                 Bind::BigInt(value) => DB::bind_i64(query, value),
                 Bind::Text(value) => DB::bind_text(query, value),
+                Bind::Bytes(value) => DB::bind_bytes(query, value),
             },
         )
     }

@@ -461,6 +461,10 @@ pub(crate) trait Claims {
         layout: Layout,
     ) -> QueryResult<bool>;
 
+    /// The origin of the messages the body publishes to the outbox: the keys and the
+    /// consumer ([`crate::outbox`]).
+    fn origin(&self, spec: &HandlerSpec) -> uuid::Uuid;
+
     /// `precheck = true`: whether the work was completed before, read outside any
     /// transaction. A failed read is not an answer: the transaction then decides.
     async fn completed_before<S: Steps>(
@@ -474,6 +478,10 @@ pub(crate) trait Claims {
 }
 
 impl Claims for MessageKey {
+    fn origin(&self, spec: &HandlerSpec) -> uuid::Uuid {
+        crate::outbox::origin([self.stored_id()], spec.consumer.as_str())
+    }
+
     async fn claim<S: Steps>(
         &self,
         steps: &mut S,
@@ -534,6 +542,10 @@ impl<'n> BatchClaims<'n> {
 }
 
 impl Claims for BatchClaims<'_> {
+    fn origin(&self, spec: &HandlerSpec) -> uuid::Uuid {
+        crate::outbox::origin(self.ids.iter().map(|&(id, _)| id), spec.consumer.as_str())
+    }
+
     async fn claim<S: Steps>(
         &self,
         steps: &mut S,
@@ -675,7 +687,7 @@ where
 
     tracing::debug!(attempt, "claimed; running the body");
     telemetry::attempt(attempt);
-    let result = match run_body(spec, &mut body, steps.conn()).await {
+    let result = match run_body(spec, &mut body, steps.conn(), None).await {
         Ok(result) => result,
         // No transaction is open while a claim-mode body runs. A panic leaves the outcome of
         // the side effect unknown, as a crash does, and is left as one: the claim stays
@@ -989,7 +1001,7 @@ where
             return Err(Failure::Database(refused_marker(e, &spec.schema)));
         }
     }
-    let result = match run_body(spec, body, steps.conn()).await {
+    let result = match run_body(spec, body, steps.conn(), Some(claims.origin(spec))).await {
         Ok(result) => result,
         Err(Panicked(payload)) => {
             // Before the panic goes on: roll back, so that the connection is usable again and
@@ -1031,14 +1043,18 @@ where
 /// (or release the claim) before the panic goes on: unwinding past an open transaction would
 /// leave it open on the connection — refusing every later call with `AlreadyInTransaction`
 /// and holding the marker's lock against every redelivery — until the connection is dropped.
+///
+/// `origin` names the run's messages in the outbox ([`crate::outbox`]): `None` in claim
+/// mode, whose body has no transaction to publish in.
 async fn run_body<C, R, B: Body<C, R>>(
     spec: &'static HandlerSpec,
     body: &mut B,
     conn: &mut C,
+    origin: Option<uuid::Uuid>,
 ) -> Result<R, Panicked> {
     let mut future = pin!(tripwire::marked(
         Some(spec.consumer.as_str()),
-        body.call(conn)
+        crate::outbox::originating(origin, body.call(conn))
     ));
     std::future::poll_fn(|cx| {
         // The body's future is not polled again after a panic: it is dropped with the rest.

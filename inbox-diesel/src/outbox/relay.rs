@@ -1,0 +1,538 @@
+//! The relay: publishes the outbox's committed rows through a [`Sink`] and marks each sent.
+//!
+//! Each round is three short steps, each its own statement and transaction:
+//!
+//! 1. **claim** up to `batch` rows that are unsent, not parked and not claimed by a live
+//!    relay, oldest first — of a destination and key, only the oldest unsent row (so that
+//!    rows of one key are never out in two relays at once) — by writing a lease and this
+//!    round's token on them (PostgreSQL: `FOR UPDATE SKIP LOCKED`, so that relays side by side
+//!    claim different rows without waiting; MySQL and MariaDB: the row locks of one `UPDATE`;
+//!    SQLite: its one writer);
+//! 2. **send** them through the sink, in order;
+//! 3. **mark** each sent row `sent_at`, where the token is still this round's.
+//!
+//! **What is guaranteed.** Every committed message is published at least once, with its id:
+//! a relay killed between the send and the mark leaves a claim whose lease ends, and the
+//! next round sends the message again, with the same id — a downstream inbox (or JetStream's
+//! deduplication window) drops the second. Messages of one destination and ordering key are
+//! published in the order they were written: the next is claimed only once the previous one
+//! is marked sent. Messages with the empty key (`''`) have no order among themselves. A relay
+//! that outlives its lease (paused, cut off from the database) may send a message another
+//! relay sends again: the lease should be well above the sink's longest send.
+//!
+//! **Failures.** A sink that is [`SinkError::Unavailable`] (the broker down, a connection
+//! lost) hands the round's rows back unclaimed and the relay waits, doubling its pause up to
+//! a limit, without counting an attempt against any message. A message the sink
+//! [`SinkError::Rejected`] (too large for the server's actual limit, an unroutable
+//! destination) has its attempt counted and is tried again after a pause; after
+//! `max_attempts` it is **parked**: `parked_at` and `last_error` say why, it is never
+//! purged, and the messages behind it *of the same destination and key* wait — their order
+//! forbids sending them first — until an operator deletes the parked row or clears its
+//! `parked_at`. Messages of other keys go on.
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use diesel::QueryResult;
+use diesel::sql_types::{BigInt, Binary, Integer, Text};
+use uuid::Uuid;
+
+use super::Outbox;
+use crate::dialect::{Backend, Dialect, Sql};
+use crate::io::{Awaiting, Io};
+
+/// A message the relay hands to its sink.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outgoing {
+    /// Its position in the outbox.
+    pub seq: i64,
+    /// Its id: send it as the broker's message id (AMQP `message_id`, `Nats-Msg-Id`).
+    pub id: Uuid,
+    /// Where to.
+    pub destination: String,
+    /// Its ordering key (`""`: none).
+    pub key: String,
+    /// Its headers.
+    pub headers: Vec<(String, String)>,
+    /// Its payload.
+    pub payload: Vec<u8>,
+    /// The sends the sink rejected before this one.
+    pub attempts: u32,
+}
+
+/// Why a sink did not publish a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SinkError {
+    /// The broker cannot be reached now: no attempt is counted, and the relay pauses.
+    Unavailable(String),
+    /// The broker refused this message: its attempt is counted, and after the relay's
+    /// `max_attempts` it is parked.
+    Rejected(String),
+}
+
+impl fmt::Display for SinkError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SinkError::Unavailable(why) => write!(f, "the broker is unavailable: {why}"),
+            SinkError::Rejected(why) => write!(f, "the broker rejected the message: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for SinkError {}
+
+/// Where the relay publishes: a broker client, confirmed. `send` returns once the broker has
+/// the message (a publisher confirm, a JetStream ack): the row is marked sent after it.
+pub trait Sink {
+    /// Publishes one message.
+    fn send(&mut self, message: &Outgoing) -> impl Future<Output = Result<(), SinkError>> + Send;
+}
+
+/// What one round did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Round {
+    /// Rows claimed.
+    pub claimed: usize,
+    /// Messages sent and marked sent.
+    pub sent: usize,
+    /// Messages sent whose mark found the claim taken over (sent again by another round).
+    pub sent_unmarked: usize,
+    /// Messages the sink rejected (their attempt counted).
+    pub rejected: usize,
+    /// Of those, parked now.
+    pub parked: usize,
+    /// Whether the sink was unavailable (the remaining rows handed back).
+    pub unavailable: bool,
+}
+
+/// A relay's settings.
+#[derive(Debug, Clone, Copy)]
+pub struct Relay {
+    outbox: Outbox,
+    batch: u32,
+    lease: Duration,
+    max_attempts: u32,
+    idle: Duration,
+    backoff: (Duration, Duration),
+}
+
+impl Relay {
+    /// A relay of `outbox`: batches of 100, a 30 s lease, parked after 10 rejections, a
+    /// 200 ms pause when there is nothing to send, 100 ms to 30 s when the sink is down.
+    pub const fn new(outbox: Outbox) -> Self {
+        Self {
+            outbox,
+            batch: 100,
+            lease: Duration::from_secs(30),
+            max_attempts: 10,
+            idle: Duration::from_millis(200),
+            backoff: (Duration::from_millis(100), Duration::from_secs(30)),
+        }
+    }
+
+    /// Rows claimed per round (at least 1).
+    pub const fn batch(self, batch: u32) -> Self {
+        Self {
+            batch: if batch == 0 { 1 } else { batch },
+            ..self
+        }
+    }
+
+    /// How long a claim holds its rows: above the sink's longest send of a batch.
+    pub const fn lease(self, lease: Duration) -> Self {
+        Self { lease, ..self }
+    }
+
+    /// Rejections before a message is parked (at least 1).
+    pub const fn max_attempts(self, max_attempts: u32) -> Self {
+        Self {
+            max_attempts: if max_attempts == 0 { 1 } else { max_attempts },
+            ..self
+        }
+    }
+
+    /// The pause when a round found nothing to send.
+    pub const fn idle(self, idle: Duration) -> Self {
+        Self { idle, ..self }
+    }
+
+    /// The first and the longest pause while the sink is unavailable.
+    pub const fn backoff(self, first: Duration, max: Duration) -> Self {
+        Self {
+            backoff: (first, max),
+            ..self
+        }
+    }
+
+    /// Runs rounds until `shutdown` completes: pausing when there was nothing to send, or
+    /// while the sink is unavailable. The round in progress when `shutdown` completes is
+    /// finished first.
+    ///
+    /// # Errors
+    /// A database error: the connection may be broken — run the relay again on a new one
+    /// (the rows this round claimed are claimed again when their lease ends).
+    pub async fn run<C, S, F>(&self, conn: &mut C, sink: &mut S, shutdown: F) -> QueryResult<Report>
+    where
+        C: crate::AsyncInboxConnection,
+        S: Sink,
+        F: Future<Output = ()>,
+    {
+        let mut shutdown = std::pin::pin!(shutdown);
+        let mut report = Report::default();
+        let mut pause = self.backoff.0;
+        loop {
+            let round = self.run_once(conn, sink).await?;
+            report.add(&round);
+            let wait = if round.unavailable {
+                let wait = pause;
+                pause = (pause * 2).min(self.backoff.1);
+                tracing::warn!(
+                    pause_ms = wait.as_millis() as u64,
+                    "outbox relay: the sink is unavailable; pausing"
+                );
+                Some(wait)
+            } else {
+                pause = self.backoff.0;
+                (round.claimed == 0).then_some(self.idle)
+            };
+            let stop = match wait {
+                Some(wait) => sleep_unless(&mut shutdown, wait).await,
+                None => is_ready(&mut shutdown).await,
+            };
+            if stop {
+                return Ok(report);
+            }
+        }
+    }
+
+    /// One round: claim, send, mark.
+    ///
+    /// # Errors
+    /// A database error (see [`run`](Self::run)).
+    pub async fn run_once<C, S>(&self, conn: &mut C, sink: &mut S) -> QueryResult<Round>
+    where
+        C: crate::AsyncInboxConnection,
+        S: Sink,
+    {
+        let io = &mut Awaiting(conn);
+        crate::backends::refuse_open_transaction(io.transaction_status())?;
+        let token = Uuid::from_u128(fastrand::u128(..)).to_string();
+        let claimed = self.claim(io, &token).await?;
+        let mut round = Round {
+            claimed: claimed.len(),
+            ..Round::default()
+        };
+        // The keys whose message was not sent in this round: the ones behind it wait.
+        let mut held: Vec<(String, String)> = Vec::new();
+        let mut rows = claimed.into_iter();
+        for message in rows.by_ref() {
+            if !message.key.is_empty()
+                && held
+                    .iter()
+                    .any(|(d, k)| *d == message.destination && *k == message.key)
+            {
+                self.release(io, &message, &token).await?;
+                continue;
+            }
+            match sink.send(&message).await {
+                Ok(()) => {
+                    if self.mark_sent(io, &message, &token).await? {
+                        round.sent += 1;
+                    } else {
+                        round.sent_unmarked += 1;
+                    }
+                }
+                Err(SinkError::Rejected(why)) => {
+                    round.rejected += 1;
+                    let parked = message.attempts + 1 >= self.max_attempts;
+                    round.parked += usize::from(parked);
+                    tracing::warn!(
+                        message_id = %message.id,
+                        destination = %message.destination,
+                        attempt = message.attempts + 1,
+                        parked,
+                        error = %why,
+                        "outbox relay: the sink rejected a message"
+                    );
+                    self.reject(io, &message, &token, &why, parked).await?;
+                    held.push((message.destination, message.key));
+                }
+                Err(SinkError::Unavailable(why)) => {
+                    tracing::warn!(error = %why, "outbox relay: the sink is unavailable");
+                    round.unavailable = true;
+                    self.release(io, &message, &token).await?;
+                    break;
+                }
+            }
+        }
+        for message in rows {
+            self.release(io, &message, &token).await?;
+        }
+        Ok(round)
+    }
+
+    /// Step 1: claims the round's rows; returns them in order.
+    async fn claim<S: Io>(&self, io: &mut S, token: &str) -> QueryResult<Vec<Outgoing>> {
+        let backend = S::Backend::BACKEND;
+        let table = backend.quote_table(self.outbox.table);
+        let now = S::Backend::LEASE_NOW;
+        let (until_before, until_after) = S::Backend::LEASE_UNTIL;
+        let free = |alias: &str| {
+            format!(
+                "{alias}sent_at IS NULL AND {alias}parked_at IS NULL \
+                 AND ({alias}claimed_until IS NULL OR {alias}claimed_until < {now})"
+            )
+        };
+        let heads = format!(
+            "SELECT o.seq FROM {table} o WHERE {free_o} \
+             AND (o.ordering_key = '' OR NOT EXISTS (SELECT 1 FROM {table} e \
+             WHERE e.destination = o.destination AND e.ordering_key = o.ordering_key \
+             AND e.seq < o.seq AND e.sent_at IS NULL)) ORDER BY o.seq LIMIT {batch}",
+            free_o = free("o."),
+            batch = self.batch,
+        );
+        let free = free("");
+        let lease_ms = i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX);
+        let lease = |sql: String| Sql::new(sql).bind_i64(lease_ms).bind_text(token);
+        match backend {
+            Backend::Postgres => {
+                let sql = format!(
+                    "UPDATE {table} SET claimed_until = {until_before}$1{until_after}, \
+                     claimed_by = $2 WHERE seq IN ({heads} FOR UPDATE OF o SKIP LOCKED) AND {free}"
+                );
+                io.execute(&lease(sql)).await?;
+            }
+            // MySQL and MariaDB refuse the table in a subquery of its own UPDATE: the heads
+            // are read and locked first (`SKIP LOCKED`: rows another relay is claiming are
+            // passed over, not waited for, and never deadlocked on), then claimed by their
+            // `seq`, in one transaction.
+            Backend::Mysql => {
+                io.execute(&Sql::new("START TRANSACTION")).await?;
+                let claimed = async {
+                    let seqs: Vec<Seq> = io
+                        .load(&Sql::new(format!("{heads} FOR UPDATE SKIP LOCKED")))
+                        .await?;
+                    if !seqs.is_empty() {
+                        let list = seqs
+                            .iter()
+                            .map(|row| row.seq.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ");
+                        let sql = format!(
+                            "UPDATE {table} SET claimed_until = {until_before}?{until_after}, \
+                             claimed_by = ? WHERE seq IN ({list}) AND {free}"
+                        );
+                        io.execute(&lease(sql)).await?;
+                    }
+                    io.execute(&Sql::new("COMMIT")).await
+                }
+                .await;
+                if let Err(e) = claimed {
+                    let _ = io.execute(&Sql::new("ROLLBACK")).await;
+                    return Err(e);
+                }
+            }
+            Backend::Sqlite => {
+                let sql = format!(
+                    "UPDATE {table} SET claimed_until = {until_before}?{until_after}, \
+                     claimed_by = ? WHERE seq IN ({heads}) AND {free}"
+                );
+                io.execute(&lease(sql)).await?;
+            }
+        }
+        let id = match backend {
+            Backend::Postgres => "CAST(id AS text)",
+            _ => "id",
+        };
+        let select = format!(
+            "SELECT seq, {id} AS id, destination, ordering_key, headers, payload, attempts \
+             FROM {table} WHERE claimed_by = {p} AND sent_at IS NULL ORDER BY seq",
+            p = placeholder(backend, 1),
+        );
+        let rows: Vec<ClaimedRow> = io.load(&Sql::new(select).bind_text(token)).await?;
+        Ok(rows.into_iter().map(Outgoing::from).collect())
+    }
+
+    /// Step 3: marks a message sent; `false` when its claim was no longer this round's.
+    async fn mark_sent<S: Io>(
+        &self,
+        io: &mut S,
+        message: &Outgoing,
+        token: &str,
+    ) -> QueryResult<bool> {
+        let backend = S::Backend::BACKEND;
+        let sql = format!(
+            "UPDATE {table} SET sent_at = {now}, claimed_until = NULL, claimed_by = NULL \
+             WHERE seq = {p1} AND claimed_by = {p2}",
+            table = backend.quote_table(self.outbox.table),
+            now = S::Backend::LEASE_NOW,
+            p1 = placeholder(backend, 1),
+            p2 = placeholder(backend, 2),
+        );
+        let changed = io
+            .execute(&Sql::new(sql).bind_i64(message.seq).bind_text(token))
+            .await?;
+        Ok(changed == 1)
+    }
+
+    /// Counts a rejection; parks the message, or holds it back for a pause.
+    async fn reject<S: Io>(
+        &self,
+        io: &mut S,
+        message: &Outgoing,
+        token: &str,
+        why: &str,
+        parked: bool,
+    ) -> QueryResult<()> {
+        let backend = S::Backend::BACKEND;
+        let (until_before, until_after) = S::Backend::LEASE_UNTIL;
+        let pause_ms = i64::try_from(
+            (self.backoff.0 * 2u32.saturating_pow(message.attempts.min(16)))
+                .min(self.backoff.1)
+                .as_millis(),
+        )
+        .unwrap_or(i64::MAX);
+        let parked_at = if parked {
+            S::Backend::LEASE_NOW
+        } else {
+            "NULL"
+        };
+        let sql = format!(
+            "UPDATE {table} SET attempts = attempts + 1, last_error = {p1}, \
+             parked_at = {parked_at}, claimed_by = NULL, \
+             claimed_until = {until_before}{p2}{until_after} \
+             WHERE seq = {p3} AND claimed_by = {p4}",
+            table = backend.quote_table(self.outbox.table),
+            p1 = placeholder(backend, 1),
+            p2 = placeholder(backend, 2),
+            p3 = placeholder(backend, 3),
+            p4 = placeholder(backend, 4),
+        );
+        let why: String = why.chars().take(2000).collect();
+        io.execute(
+            &Sql::new(sql)
+                .bind_text(why)
+                .bind_i64(pause_ms)
+                .bind_i64(message.seq)
+                .bind_text(token),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Hands a claimed row back unsent, for the next round.
+    async fn release<S: Io>(&self, io: &mut S, message: &Outgoing, token: &str) -> QueryResult<()> {
+        let backend = S::Backend::BACKEND;
+        let sql = format!(
+            "UPDATE {table} SET claimed_until = NULL, claimed_by = NULL \
+             WHERE seq = {p1} AND claimed_by = {p2}",
+            table = backend.quote_table(self.outbox.table),
+            p1 = placeholder(backend, 1),
+            p2 = placeholder(backend, 2),
+        );
+        io.execute(&Sql::new(sql).bind_i64(message.seq).bind_text(token))
+            .await?;
+        Ok(())
+    }
+}
+
+/// What a relay did until it stopped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Report {
+    /// Rounds run.
+    pub rounds: u64,
+    /// Messages sent and marked.
+    pub sent: u64,
+    /// Messages rejected by the sink (attempts counted).
+    pub rejected: u64,
+    /// Messages parked.
+    pub parked: u64,
+}
+
+impl Report {
+    fn add(&mut self, round: &Round) {
+        self.rounds += 1;
+        self.sent += (round.sent + round.sent_unmarked) as u64;
+        self.rejected += round.rejected as u64;
+        self.parked += round.parked as u64;
+    }
+}
+
+/// Whether `future` is complete now, without waiting for it.
+async fn is_ready<F: Future<Output = ()>>(future: &mut std::pin::Pin<&mut F>) -> bool {
+    std::future::poll_fn(|cx| std::task::Poll::Ready(future.as_mut().poll(cx).is_ready())).await
+}
+
+/// Waits `pause`, or less if `stop` completes first: whether it did.
+async fn sleep_unless<F: Future<Output = ()>>(
+    stop: &mut std::pin::Pin<&mut F>,
+    pause: Duration,
+) -> bool {
+    let mut sleep = std::pin::pin!(tokio::time::sleep(pause));
+    std::future::poll_fn(|cx| {
+        if stop.as_mut().poll(cx).is_ready() {
+            return std::task::Poll::Ready(true);
+        }
+        sleep.as_mut().poll(cx).map(|()| false)
+    })
+    .await
+}
+
+/// The `n`th placeholder of a statement.
+fn placeholder(backend: Backend, n: usize) -> String {
+    match backend {
+        Backend::Postgres => format!("${n}"),
+        Backend::Mysql | Backend::Sqlite => "?".to_owned(),
+    }
+}
+
+#[derive(diesel::QueryableByName)]
+struct Seq {
+    #[diesel(sql_type = BigInt)]
+    seq: i64,
+}
+
+#[derive(diesel::QueryableByName)]
+struct ClaimedRow {
+    #[diesel(sql_type = BigInt)]
+    seq: i64,
+    #[diesel(sql_type = Text)]
+    id: String,
+    #[diesel(sql_type = Text)]
+    destination: String,
+    #[diesel(sql_type = Text)]
+    ordering_key: String,
+    #[diesel(sql_type = Text)]
+    headers: String,
+    #[diesel(sql_type = Binary)]
+    payload: Vec<u8>,
+    #[diesel(sql_type = Integer)]
+    attempts: i32,
+}
+
+impl From<ClaimedRow> for Outgoing {
+    fn from(row: ClaimedRow) -> Self {
+        let headers = match serde_json::from_str::<serde_json::Value>(&row.headers) {
+            Ok(serde_json::Value::Object(object)) => object
+                .into_iter()
+                .map(|(name, value)| match value {
+                    serde_json::Value::String(text) => (name, text),
+                    other => (name, other.to_string()),
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        Self {
+            seq: row.seq,
+            id: Uuid::parse_str(row.id.trim()).unwrap_or_default(),
+            destination: row.destination,
+            key: row.ordering_key,
+            headers,
+            payload: row.payload,
+            attempts: u32::try_from(row.attempts).unwrap_or(0),
+        }
+    }
+}
