@@ -65,6 +65,8 @@
 //!
 //! [lapin]: https://docs.rs/lapin
 
+pub mod outbox;
+
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

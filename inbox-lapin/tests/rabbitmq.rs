@@ -581,3 +581,250 @@ async fn each_delivery_is_one_process_span() {
     outcomes.sort();
     assert_eq!(outcomes, ["duplicate", "processed"]);
 }
+
+/// The outbox's side: a SQLite database whose handler publishes, relayed to RabbitMQ.
+mod outbox {
+    use super::*;
+    use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+    use inbox_diesel::outbox::relay::Relay;
+    use inbox_diesel::outbox::{Message, Outbox};
+    use inbox_lapin::outbox::{LIMITS, OutboxSink};
+    use lapin::options::BasicGetOptions;
+
+    static OUTBOX: Outbox = Outbox::new("outbox").limits(LIMITS);
+
+    /// Publishes `n` messages to `queue`, the business change beside them.
+    #[idempotent(consumer = "orders", key = key)]
+    fn place(
+        conn: &mut SqliteConnection,
+        key: &MessageKey,
+        queue: &str,
+        n: u32,
+    ) -> Result<(), inbox_diesel::Error> {
+        diesel::sql_query("INSERT INTO effects (message) VALUES ('placed')").execute(conn)?;
+        for at in 0..n {
+            OUTBOX.publish(
+                conn,
+                Message::new(queue, format!("event {at}")).header("at", at.to_string()),
+            )?;
+        }
+        Ok(())
+    }
+
+    fn store() -> Store {
+        let store = Store::new();
+        store
+            .connect()
+            .batch_execute(&OUTBOX.create_table_sql(inbox_diesel::schema::Backend::Sqlite))
+            .unwrap();
+        store
+    }
+
+    async fn relay_conn(store: &Store) -> SyncConnectionWrapper<SqliteConnection> {
+        SyncConnectionWrapper::new(store.connect())
+    }
+
+    /// Every message on the queue now: (message_id, body, header `at`).
+    async fn drain(channel: &Channel, queue: &str) -> Vec<(String, String, String)> {
+        let mut messages = Vec::new();
+        while let Some(message) = channel
+            .basic_get(queue.into(), BasicGetOptions { no_ack: true })
+            .await
+            .unwrap()
+        {
+            let delivery = &message.delivery;
+            let at = delivery
+                .properties
+                .headers()
+                .as_ref()
+                .and_then(|h| h.inner().get("at").cloned())
+                .map(|v| match v {
+                    AMQPValue::LongString(s) => s.to_string(),
+                    other => format!("{other:?}"),
+                })
+                .unwrap_or_default();
+            messages.push((
+                delivery
+                    .properties
+                    .message_id()
+                    .as_ref()
+                    .map(|id| id.to_string())
+                    .unwrap_or_default(),
+                String::from_utf8_lossy(&delivery.data).into_owned(),
+                at,
+            ));
+        }
+        messages
+    }
+
+    /// Published in the handler, relayed with confirms: each message on the queue once, its
+    /// outbox id as `message_id` (the key a downstream pump reads), its headers; a
+    /// duplicate delivery of the handler publishes nothing.
+    #[tokio::test]
+    async fn relayed_messages_reach_the_queue_once_with_their_ids() {
+        let (_connection, channel) = channel().await;
+        let queues = Queues::declare(&channel, "outbox").await;
+        let store = store();
+        let key = MessageKey::text("order-1").unwrap();
+        assert!(
+            place(&mut store.connect(), &key, &queues.name, 3)
+                .unwrap()
+                .is_processed()
+        );
+        assert!(
+            place(&mut store.connect(), &key, &queues.name, 3)
+                .unwrap()
+                .is_duplicate()
+        );
+        let mut sink = OutboxSink::new(broker_url(), "");
+        let mut conn = relay_conn(&store).await;
+        let relay = Relay::new(OUTBOX);
+        let round = relay.run_once(&mut conn, &mut sink).await.unwrap();
+        assert_eq!(round.sent, 3, "{round:?}");
+        assert_eq!(
+            relay.run_once(&mut conn, &mut sink).await.unwrap().claimed,
+            0
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let messages = drain(&channel, &queues.name).await;
+        assert_eq!(messages.len(), 3, "{messages:?}");
+        for (at, (id, body, header)) in messages.iter().enumerate() {
+            assert!(inbox_diesel::Uuid::parse_str(id).is_ok(), "{id}");
+            assert_eq!(body, &format!("event {at}"));
+            assert_eq!(header, &at.to_string());
+        }
+        queues.delete(&channel).await;
+    }
+
+    /// A destination no queue is bound for: the broker returns the message (mandatory), the
+    /// sink rejects it, and the relay parks it after its attempts — not dropped silently.
+    #[tokio::test]
+    async fn an_unroutable_message_is_parked_not_lost() {
+        let store = store();
+        let key = MessageKey::text("order-2").unwrap();
+        let nowhere = format!("inbox-lapin-nowhere-{}", std::process::id());
+        assert!(
+            place(&mut store.connect(), &key, &nowhere, 1)
+                .unwrap()
+                .is_processed()
+        );
+        let mut sink = OutboxSink::new(broker_url(), "");
+        let mut conn = relay_conn(&store).await;
+        let relay = Relay::new(OUTBOX)
+            .max_attempts(2)
+            .backoff(Duration::from_millis(1), Duration::from_millis(1));
+        let mut parked = 0;
+        for _ in 0..20 {
+            parked += relay.run_once(&mut conn, &mut sink).await.unwrap().parked;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(parked, 1);
+        #[derive(QueryableByName)]
+        struct Parked {
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            last_error: String,
+        }
+        let row: Parked = diesel::sql_query(
+            "SELECT last_error FROM outbox WHERE parked_at IS NOT NULL AND attempts = 2",
+        )
+        .get_result(&mut store.connect())
+        .unwrap();
+        assert!(row.last_error.contains("unroutable"), "{}", row.last_error);
+    }
+
+    /// A TCP relay to the broker that can be cut: the network between the outbox relay and
+    /// RabbitMQ failing for real.
+    struct Cut {
+        port: u16,
+        open: Arc<std::sync::atomic::AtomicBool>,
+        links: Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    }
+
+    impl Cut {
+        async fn start() -> Self {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let port = listener.local_addr().unwrap().port();
+            let open = Arc::new(std::sync::atomic::AtomicBool::new(true));
+            let links = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let (accepting, linked) = (open.clone(), links.clone());
+            tokio::spawn(async move {
+                while let Ok((mut inbound, _)) = listener.accept().await {
+                    if !accepting.load(Ordering::SeqCst) {
+                        continue; // dropped: refused as a cut link refuses
+                    }
+                    let link = tokio::spawn(async move {
+                        if let Ok(mut upstream) =
+                            tokio::net::TcpStream::connect("127.0.0.1:5672").await
+                        {
+                            let _ =
+                                tokio::io::copy_bidirectional(&mut inbound, &mut upstream).await;
+                        }
+                    });
+                    linked.lock().unwrap().push(link);
+                }
+            });
+            Self { port, open, links }
+        }
+
+        fn url(&self) -> String {
+            format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
+        }
+
+        fn cut(&self) {
+            self.open.store(false, Ordering::SeqCst);
+            for link in self.links.lock().unwrap().drain(..) {
+                link.abort();
+            }
+        }
+
+        fn mend(&self) {
+            self.open.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// The link to the broker cut while messages wait: the relay pauses without counting
+    /// attempts, reconnects once the link is back, and every message arrives once.
+    #[tokio::test]
+    async fn a_cut_link_to_the_broker_pauses_the_relay_and_loses_nothing() {
+        let (_connection, channel) = channel().await;
+        let queues = Queues::declare(&channel, "outbox-cut").await;
+        let store = store();
+        let cut = Cut::start().await;
+        let mut sink = OutboxSink::new(cut.url(), "");
+        let mut conn = relay_conn(&store).await;
+        let relay = Relay::new(OUTBOX)
+            .idle(Duration::from_millis(10))
+            .backoff(Duration::from_millis(20), Duration::from_millis(100));
+        // Connected and sending, then the link is cut under the open connection.
+        let first = MessageKey::text("order-3").unwrap();
+        assert!(
+            place(&mut store.connect(), &first, &queues.name, 2)
+                .unwrap()
+                .is_processed()
+        );
+        assert_eq!(relay.run_once(&mut conn, &mut sink).await.unwrap().sent, 2);
+        cut.cut();
+        let second = MessageKey::text("order-4").unwrap();
+        assert!(
+            place(&mut store.connect(), &second, &queues.name, 5)
+                .unwrap()
+                .is_processed()
+        );
+        let round = relay.run_once(&mut conn, &mut sink).await.unwrap();
+        assert!(round.unavailable && round.sent == 0, "{round:?}");
+        let stop = async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            cut.mend();
+            tokio::time::sleep(Duration::from_millis(700)).await;
+        };
+        let report = relay.run(&mut conn, &mut sink, stop).await.unwrap();
+        assert_eq!(report.sent, 5, "{report:?}");
+        assert_eq!(report.rejected, 0);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let messages = drain(&channel, &queues.name).await;
+        let ids: std::collections::HashSet<_> = messages.iter().map(|m| m.0.clone()).collect();
+        assert_eq!(messages.len(), 7, "{messages:?}");
+        assert_eq!(ids.len(), 7);
+        queues.delete(&channel).await;
+    }
+}
