@@ -168,3 +168,98 @@ fn mysql_migration_through_the_diesel_cli() {
     assert_eq!(printed_table(&printed), shipped_table("mysql"));
     handler_works!(diesel::MysqlConnection, &db.url);
 }
+
+/// A handler that publishes to the outbox, run on the migrated tables: the message is
+/// written with the first delivery, and not again with the duplicate.
+macro_rules! outbox_works {
+    ($conn:ty, $url:expr, $table:expr) => {{
+        static OUTBOX: inbox_diesel::outbox::Outbox = inbox_diesel::outbox::Outbox::new($table);
+        #[idempotent(consumer = "welcome", key = *id)]
+        fn welcome(conn: &mut $conn, id: &Uuid) -> diesel::QueryResult<()> {
+            OUTBOX.publish(conn, inbox_diesel::outbox::Message::new("welcomes", "hi"))?;
+            Ok(())
+        }
+        let mut conn = <$conn>::establish($url).unwrap();
+        let id = Uuid::from_u128($table.len() as u128);
+        assert!(welcome(&mut conn, &id).unwrap().is_processed());
+        assert!(welcome(&mut conn, &id).unwrap().is_duplicate());
+        #[derive(diesel::QueryableByName)]
+        struct N {
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            n: i64,
+        }
+        let n: N = diesel::RunQueryDsl::get_result(
+            diesel::sql_query(format!("SELECT count(*) AS n FROM {}", $table)),
+            &mut conn,
+        )
+        .unwrap();
+        assert_eq!(n.n, 1);
+    }};
+}
+
+/// `--with outbox` creates the outbox beside the inbox in one migration, `--add outbox` a
+/// second one beside an inbox that exists; both run and revert through the diesel CLI.
+fn outbox_migrations_apply(url: &str) {
+    let project = tempfile::tempdir().unwrap();
+    std::fs::write(
+        project.path().join("Cargo.toml"),
+        "[package]\nname = \"app\"\n",
+    )
+    .unwrap();
+    run("diesel", project.path(), url, &["setup"]);
+    let generate = |args: &[&str]| {
+        let mut all = vec!["migration", "generate"];
+        all.extend_from_slice(args);
+        run(
+            env!("CARGO_BIN_EXE_inbox-diesel"),
+            project.path(),
+            url,
+            &all,
+        )
+    };
+    assert!(generate(&["--with", "outbox"]).contains("_create_inbox/up.sql"));
+    assert!(
+        generate(&["--add", "outbox", "--outbox-table", "billing_outbox"])
+            .contains("_create_billing_outbox/up.sql")
+    );
+    let ran = run("diesel", project.path(), url, &["migration", "run"]);
+    assert!(ran.contains("_create_billing_outbox"), "{ran}");
+    let redone = run(
+        "diesel",
+        project.path(),
+        url,
+        &["migration", "redo", "--all"],
+    );
+    assert!(redone.contains("Rolling back migration"), "{redone}");
+    let printed = run("diesel", project.path(), url, &["print-schema"]);
+    for table in ["inbox (", "outbox (seq)", "billing_outbox (seq)"] {
+        assert!(printed.contains(table), "{table} not in\n{printed}");
+    }
+}
+
+#[test]
+fn sqlite_outbox_migrations_through_the_diesel_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = dir.path().join("app.sqlite").display().to_string();
+    outbox_migrations_apply(&url);
+    outbox_works!(diesel::SqliteConnection, &url, "outbox");
+    outbox_works!(diesel::SqliteConnection, &url, "billing_outbox");
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_outbox_migrations_through_the_diesel_cli() {
+    let db = ServerDatabase::<diesel::PgConnection>::new("INBOX_TEST_PG", "pg_outbox");
+    outbox_migrations_apply(&db.url);
+    outbox_works!(diesel::PgConnection, &db.url, "outbox");
+    outbox_works!(diesel::PgConnection, &db.url, "billing_outbox");
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_outbox_migrations_through_the_diesel_cli() {
+    let db = ServerDatabase::<diesel::MysqlConnection>::new("INBOX_TEST_MYSQL", "mysql_outbox");
+    outbox_migrations_apply(&db.url);
+    outbox_works!(diesel::MysqlConnection, &db.url, "outbox");
+    outbox_works!(diesel::MysqlConnection, &db.url, "billing_outbox");
+}

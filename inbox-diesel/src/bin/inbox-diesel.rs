@@ -23,11 +23,15 @@ options:
                                     nearest `migrations` directory)
   --table NAME                      the table, optionally qualified (default: inbox)
   --constraint NAME                 its unique index (default: ux_inbox_message_consumer)
-  --with key_text                   the optional parts: `key_text` keeps each marker's key
-                                    as text, for operators (claim mode's columns are always
-                                    included; `claim` is accepted and changes nothing)
-  --add key_text                    a migration adding the part to an existing table instead
-                                    (add_key_text_to_<table>; down.sql drops the column)
+  --with key_text,outbox            the optional parts: `key_text` keeps each marker's key
+                                    as text, for operators; `outbox` creates the outbox
+                                    table beside the inbox, in the same migration (claim
+                                    mode's columns are always included; `claim` is accepted
+                                    and changes nothing)
+  --add key_text|outbox             a migration adding the part to an existing inbox
+                                    instead (add_key_text_to_<table>, create_<outbox>;
+                                    down.sql drops what up.sql added)
+  --outbox-table NAME               the outbox table, optionally qualified (default: outbox)
   -h, --help                        this text
 ";
 
@@ -57,6 +61,7 @@ struct Options {
     constraint: Option<String>,
     with: Vec<String>,
     add: Vec<String>,
+    outbox_table: Option<String>,
 }
 
 fn usage(message: impl Into<String>) -> Failure {
@@ -99,6 +104,7 @@ fn parse(args: &[String]) -> Result<Options, Failure> {
             "--migration-dir" => options.migration_dir = Some(PathBuf::from(value()?)),
             "--table" => options.table = Some(value()?),
             "--constraint" => options.constraint = Some(value()?),
+            "--outbox-table" => options.outbox_table = Some(value()?),
             "--with" => options
                 .with
                 .extend(value()?.split(',').map(|s| s.trim().to_owned())),
@@ -114,15 +120,16 @@ fn parse(args: &[String]) -> Result<Options, Failure> {
 fn generate_migration(options: Options) -> Result<(), Failure> {
     for (flag, parts) in [("--with", &options.with), ("--add", &options.add)] {
         for part in parts {
-            if part != "key_text" && !(flag == "--with" && part == "claim") {
+            if part != "key_text" && part != "outbox" && !(flag == "--with" && part == "claim") {
                 return Err(usage(format!(
-                    "unknown part `{part}` in {flag}: the optional part is `key_text` (claim \
-                     mode's columns are always in the table)"
+                    "unknown part `{part}` in {flag}: the optional parts are `key_text` and \
+                     `outbox` (claim mode's columns are always in the table)"
                 )));
             }
         }
     }
     let key_text = options.with.iter().any(|part| part == "key_text");
+    let with_outbox = options.with.iter().any(|part| part == "outbox");
     let add = !options.add.is_empty();
     if add && !options.with.is_empty() {
         return Err(usage(
@@ -130,13 +137,35 @@ fn generate_migration(options: Options) -> Result<(), Failure> {
              table, --add for one adding to a table that exists",
         ));
     }
+    if options.add.len() > 1 {
+        return Err(usage("--add takes one part: one migration per change"));
+    }
+    let outbox_table = options.outbox_table.as_deref().unwrap_or("outbox");
+    InboxSchema::validate_table(outbox_table).map_err(|e| {
+        usage(format!(
+            "--outbox-table `{outbox_table}` is not a table name: {e}"
+        ))
+    })?;
+    let outbox_table: &'static str = Box::leak(outbox_table.to_owned().into_boxed_str());
     let schema = schema(&options)?;
     let backend = backend(&options)?;
     let dir = migrations_dir(&options)?;
-    let migration = match (add, key_text) {
-        (true, _) => InboxMigration::add_key_text(backend, schema),
-        (false, true) => InboxMigration::new(backend, schema).with_key_text(),
-        (false, false) => InboxMigration::new(backend, schema),
+    let migration = match options.add.first().map(String::as_str) {
+        Some("outbox") => InboxMigration::add_outbox(backend, schema, outbox_table),
+        Some(_) => InboxMigration::add_key_text(backend, schema),
+        None => {
+            let migration = InboxMigration::new(backend, schema);
+            let migration = if key_text {
+                migration.with_key_text()
+            } else {
+                migration
+            };
+            if with_outbox {
+                migration.with_outbox(outbox_table)
+            } else {
+                migration
+            }
+        }
     };
     let written = migration
         .write_to(&dir)

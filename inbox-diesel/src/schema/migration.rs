@@ -68,10 +68,15 @@ pub struct InboxMigration {
 /// What a migration does to the table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Change {
-    /// Creates it, with `key_text` or without.
-    Create { key_text: bool },
+    /// Creates it, with `key_text` or without, and an outbox table beside it or not.
+    Create {
+        key_text: bool,
+        outbox: Option<&'static str>,
+    },
     /// Adds `key_text` to it.
     AddKeyText,
+    /// Creates an outbox table beside it.
+    AddOutbox(&'static str),
 }
 
 /// The files [`InboxMigration::write_to`] wrote.
@@ -140,6 +145,10 @@ pub const EMBEDDED_VERSION: &str = "00000000000001";
 /// any timestamped version.
 pub const EMBEDDED_KEY_TEXT_VERSION: &str = "00000000000002";
 
+/// The version of the embedded [`InboxMigration::add_outbox`]: after the table's and its
+/// `key_text`, before any timestamped version.
+pub const EMBEDDED_OUTBOX_VERSION: &str = "00000000000003";
+
 impl<DB: diesel::backend::Backend> diesel::migration::MigrationSource<DB> for InboxMigration {
     fn migrations(
         &self,
@@ -147,6 +156,7 @@ impl<DB: diesel::backend::Backend> diesel::migration::MigrationSource<DB> for In
         let version = match self.change {
             Change::Create { .. } => EMBEDDED_VERSION,
             Change::AddKeyText => EMBEDDED_KEY_TEXT_VERSION,
+            Change::AddOutbox(_) => EMBEDDED_OUTBOX_VERSION,
         };
         Ok(vec![Box::new(Embedded {
             version,
@@ -215,7 +225,10 @@ impl InboxMigration {
         Self {
             backend,
             schema,
-            change: Change::Create { key_text: false },
+            change: Change::Create {
+                key_text: false,
+                outbox: None,
+            },
         }
     }
 
@@ -223,9 +236,57 @@ impl InboxMigration {
     /// key as text for operators (`--with key_text`; see
     /// [`Backend::add_key_text_sql`](crate::schema::Backend::add_key_text_sql)).
     pub fn with_key_text(self) -> Self {
+        let outbox = match self.change {
+            Change::Create { outbox, .. } => outbox,
+            _ => None,
+        };
         Self {
-            change: Change::Create { key_text: true },
+            change: Change::Create {
+                key_text: true,
+                outbox,
+            },
             ..self
+        }
+    }
+
+    /// The inbox table and, in the same migration, an outbox table named `table`
+    /// ([`outbox`](crate::outbox); `--with outbox`).
+    ///
+    /// ```
+    /// use inbox_diesel::InboxSchema;
+    /// use inbox_diesel::migration::InboxMigration;
+    /// use inbox_diesel::schema::Backend;
+    ///
+    /// let migration = InboxMigration::new(Backend::Postgres, InboxSchema::DEFAULT).with_outbox("outbox");
+    /// assert!(migration.up_sql().contains("CREATE TABLE \"outbox\""));
+    /// assert!(migration.down_sql().contains("DROP TABLE \"outbox\""));
+    /// ```
+    ///
+    /// # Panics
+    /// When `table` is not a table name (as [`Outbox::new`](crate::outbox::Outbox::new)).
+    pub fn with_outbox(self, table: &'static str) -> Self {
+        let _ = crate::outbox::Outbox::new(table);
+        let key_text = matches!(self.change, Change::Create { key_text: true, .. });
+        Self {
+            change: Change::Create {
+                key_text,
+                outbox: Some(table),
+            },
+            ..self
+        }
+    }
+
+    /// The migration creating an outbox table named `table` beside `schema`'s existing inbox
+    /// on `backend`, named `create_<table>` (`--add outbox`).
+    ///
+    /// # Panics
+    /// When `table` is not a table name (as [`Outbox::new`](crate::outbox::Outbox::new)).
+    pub fn add_outbox(backend: Backend, schema: InboxSchema, table: &'static str) -> Self {
+        let _ = crate::outbox::Outbox::new(table);
+        Self {
+            backend,
+            schema,
+            change: Change::AddOutbox(table),
         }
     }
 
@@ -257,6 +318,7 @@ impl InboxMigration {
         match self.change {
             Change::Create { .. } => format!("create_{table}"),
             Change::AddKeyText => format!("add_key_text_to_{table}"),
+            Change::AddOutbox(outbox) => format!("create_{}", outbox.replace('.', "_")),
         }
     }
 
@@ -272,17 +334,39 @@ impl InboxMigration {
 
     fn up(&self) -> String {
         let (backend, schema) = (self.backend, &self.schema);
+        let outbox = |table| crate::outbox::Outbox::new(table).create_table_sql(backend);
         match self.change {
-            Change::Create { key_text: false } => backend.create_table_sql(schema),
-            Change::Create { key_text: true } => backend.create_table_with_key_text_sql(schema),
+            Change::Create {
+                key_text,
+                outbox: with,
+            } => {
+                let mut sql = if key_text {
+                    backend.create_table_with_key_text_sql(schema)
+                } else {
+                    backend.create_table_sql(schema)
+                };
+                if let Some(table) = with {
+                    sql.push('\n');
+                    sql.push_str(&outbox(table));
+                }
+                sql
+            }
             Change::AddKeyText => backend.add_key_text_sql(schema),
+            Change::AddOutbox(table) => outbox(table),
         }
     }
 
     fn down(&self) -> String {
+        let drop_outbox =
+            |table: &str| format!("DROP TABLE {};\n", self.backend.quote_table(table));
         match self.change {
-            Change::Create { .. } => self.backend.drop_table_sql(&self.schema),
+            Change::Create { outbox, .. } => {
+                let mut sql = outbox.map(drop_outbox).unwrap_or_default();
+                sql.push_str(&self.backend.drop_table_sql(&self.schema));
+                sql
+            }
             Change::AddKeyText => self.backend.drop_key_text_sql(&self.schema),
+            Change::AddOutbox(table) => drop_outbox(table),
         }
     }
 
