@@ -1,0 +1,312 @@
+//! Two consumer processes share one durable RabbitMQ queue; one is killed with SIGKILL in
+//! the middle of a handler and started again; every message is published twice. Each
+//! message is still applied exactly once.
+//!
+//! ```text
+//! cargo run --example rabbitmq                 # effects in SQLite, in a temporary directory
+//! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test \
+//!     cargo run --example rabbitmq --features inbox-broker-examples/postgres
+//! DATABASE_URL=mysql://root@127.0.0.1:3306/test \
+//!     cargo run --example rabbitmq --features inbox-broker-examples/mysql
+//! ```
+//!
+//! The broker is `AMQP_URL` (by default `amqp://guest:guest@127.0.0.1:5672/%2f`). The run
+//! declares a quorum queue of its own (with a dead-letter queue), starts consumers `a` and
+//! `b` — this binary again, as `rabbitmq consume <queue> <database> <name>` — and publishes
+//! 40 messages twice each with the same `message_id`, as a publisher retrying after a lost
+//! confirm does. Each consumer runs `inbox_lapin::Pump` (prefetch 4) with an
+//! `#[idempotent]` handler that writes one row to `effects` in the inbox's transaction, then
+//! pauses 100 ms before the commit. After `a` has answered 10 deliveries, the orchestrator
+//! kills it with SIGKILL the moment it prints that a handler is in that pause: its
+//! transaction is rolled back, and the broker hands its unacknowledged deliveries to `b`
+//! (flagged redelivered), or to `a2`, the restarted `a`.
+//!
+//! The run ends when every message has its effect and the queue is empty; the consumers
+//! are stopped (their standard input closed: the pump finishes what it holds), the queues
+//! deleted, and the table printed. The exit code is non-zero unless every message has exactly one effect.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use inbox_broker_examples::events::{Answer, Event};
+use inbox_broker_examples::fleet::{self, Fleet};
+use inbox_broker_examples::scenario::Scenario;
+use inbox_broker_examples::store::{Database, Failure, Store};
+use inbox_broker_examples::without_password;
+use inbox_diesel::Redelivery;
+use inbox_lapin::{Pump, delivery_count, key};
+use lapin::options::{
+    BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+
+const SCENARIO: Scenario = Scenario {
+    messages: 40,
+    copies: 2,
+    kill_after: 10,
+    timeout: Duration::from_secs(90),
+};
+/// Deliveries each consumer holds at once, and database connections it pools.
+const PREFETCH: u16 = 4;
+/// The handler's work before its commit, in which the kill lands.
+const PAUSE: Duration = Duration::from_millis(100);
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let arguments: Vec<String> = std::env::args().skip(1).collect();
+    let arguments: Vec<&str> = arguments.iter().map(String::as_str).collect();
+    match arguments.as_slice() {
+        [] => match orchestrate().await {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        ["consume", queue, database, name] => match consume(queue, database, name).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("consumer {name}: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        _ => {
+            eprintln!("usage: rabbitmq  (the orchestrator; it starts its consumers itself)");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn amqp_url() -> String {
+    std::env::var("AMQP_URL")
+        .ok()
+        .filter(|url| !url.is_empty())
+        .unwrap_or_else(|| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+}
+
+/// A connection to the broker, or a message naming the address and what failed.
+async fn connect(url: &str) -> Result<Connection, String> {
+    let shown = without_password(url);
+    match tokio::time::timeout(
+        Duration::from_secs(10),
+        Connection::connect(url, ConnectionProperties::default()),
+    )
+    .await
+    {
+        Ok(Ok(connection)) => Ok(connection),
+        Ok(Err(e)) => Err(format!(
+            "RabbitMQ is not reachable at {shown} (set AMQP_URL to change it): {e}"
+        )),
+        Err(_) => Err(format!(
+            "RabbitMQ at {shown} (AMQP_URL) did not answer within 10 s"
+        )),
+    }
+}
+
+/// The run's quorum queue — delivery counts in `x-delivery-count`, redeliveries bounded —
+/// and its dead-letter queue, named for this process.
+struct Queues {
+    name: String,
+    dead: String,
+}
+
+impl Queues {
+    async fn declare(channel: &Channel) -> Result<Self, String> {
+        let name = format!("inbox-broker-example-{}", std::process::id());
+        let dead = format!("{name}-dead");
+        let durable = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        // Queues a run abandons (an orchestrator interrupted) go after 10 minutes unused.
+        let mut expiring = FieldTable::default();
+        expiring.insert("x-expires".into(), AMQPValue::LongInt(600_000));
+        let mut arguments = expiring.clone();
+        arguments.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString("quorum".into()),
+        );
+        arguments.insert("x-delivery-limit".into(), AMQPValue::LongInt(10));
+        arguments.insert(
+            "x-dead-letter-exchange".into(),
+            AMQPValue::LongString("".into()),
+        );
+        arguments.insert(
+            "x-dead-letter-routing-key".into(),
+            AMQPValue::LongString(dead.as_str().into()),
+        );
+        for (queue, arguments) in [(&dead, expiring), (&name, arguments)] {
+            channel
+                .queue_declare(queue.as_str().into(), durable, arguments)
+                .await
+                .map_err(|e| format!("declare the queue {queue}: {e}"))?;
+        }
+        Ok(Self { name, dead })
+    }
+
+    /// Each message `copies` times with the same `message_id`, each copy confirmed by the
+    /// broker before the next.
+    async fn publish(&self, channel: &Channel, ids: &[String], copies: u32) -> Result<(), String> {
+        for id in ids {
+            for _ in 0..copies {
+                let confirmation = channel
+                    .basic_publish(
+                        "".into(),
+                        self.name.as_str().into(),
+                        BasicPublishOptions::default(),
+                        id.as_bytes(),
+                        BasicProperties::default()
+                            .with_message_id(id.as_str().into())
+                            .with_delivery_mode(2),
+                    )
+                    .await
+                    .map_err(|e| format!("publish {id}: {e}"))?
+                    .await
+                    .map_err(|e| format!("publish {id}: {e}"))?;
+                if !confirmation.is_ack() {
+                    return Err(format!("the broker refused {id}: {confirmation:?}"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Messages waiting in `queue` for a consumer (not those delivered and unacknowledged).
+    async fn ready(channel: &Channel, queue: &str) -> Result<u64, String> {
+        let passive = QueueDeclareOptions {
+            passive: true,
+            ..QueueDeclareOptions::default()
+        };
+        channel
+            .queue_declare(queue.into(), passive, FieldTable::default())
+            .await
+            .map(|queue| u64::from(queue.message_count()))
+            .map_err(|e| format!("ask for the length of {queue}: {e}"))
+    }
+
+    async fn delete(&self, channel: &Channel) {
+        for queue in [&self.name, &self.dead] {
+            if let Err(e) = channel
+                .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                .await
+            {
+                eprintln!("delete the queue {queue}: {e}");
+            }
+        }
+    }
+}
+
+/// The orchestrator: queues, database, consumers, messages, the kill, the table.
+async fn orchestrate() -> Result<ExitCode, String> {
+    let url = amqp_url();
+    let connection = connect(&url).await?;
+    let channel = connection
+        .create_channel()
+        .await
+        .map_err(|e| format!("open a channel on {}: {e}", without_password(&url)))?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .map_err(|e| format!("publisher confirms: {e}"))?;
+    let queues = Queues::declare(&channel).await?;
+    let outcome = run(&channel, &queues).await;
+    if let Ok(n @ 1..) = Queues::ready(&channel, &queues.dead).await {
+        eprintln!("{n} messages were dead-lettered to {}", queues.dead);
+    }
+    queues.delete(&channel).await;
+    let _ = connection.close(200, "done".into()).await;
+    outcome
+}
+
+async fn run(channel: &Channel, queues: &Queues) -> Result<ExitCode, String> {
+    let store = Store::prepare().await?;
+    println!(
+        "RabbitMQ {}, quorum queue {}\neffects in {}\n\
+         {} messages, each published {} times with one message_id; consumers a and b \
+         (processes, prefetch {PREFETCH}, {} ms in each handler)\n",
+        without_password(&amqp_url()),
+        queues.name,
+        store.describe(),
+        SCENARIO.messages,
+        SCENARIO.copies,
+        PAUSE.as_millis(),
+    );
+    let mut fleet = Fleet::new(["consume", queues.name.as_str(), store.url()])
+        .map_err(|e| format!("find this program to start consumers: {e}"))?;
+    SCENARIO.start(&mut fleet).await?;
+    queues
+        .publish(channel, &SCENARIO.message_ids(), SCENARIO.copies)
+        .await?;
+    let pending = async || Queues::ready(channel, &queues.name).await;
+    let tally = SCENARIO.drive(&mut fleet, &store, pending).await;
+    let ended = fleet.stop(Duration::from_secs(15)).await;
+    let mut tally = tally?;
+    tally.stopped(ended);
+    Ok(tally.report())
+}
+
+/// A consumer process: the pump on the queue, the `#[idempotent]` handler on the database,
+/// an event line per delivery and per answer, until standard input closes.
+async fn consume(queue: &str, database: &str, name: &str) -> Result<(), String> {
+    let inbox = Database::connect(database, u32::from(PREFETCH)).await?;
+    let url = amqp_url();
+    let connection = connect(&url).await?;
+    let channel = connection
+        .create_channel()
+        .await
+        .map_err(|e| format!("open a channel: {e}"))?;
+    // A busy database: requeued after 100 ms, then 200 ms, … at most 2 s.
+    let pump = Pump::new()
+        .prefetch(PREFETCH)
+        .redelivery(Redelivery::exponential(
+            Duration::from_millis(100),
+            Duration::from_secs(2),
+        ));
+    let consumer = pump
+        .subscribe(&channel, queue, name)
+        .await
+        .map_err(|e| format!("consume {queue}: {e}"))?;
+    Event::Ready.emit();
+    let inbox = &inbox;
+    let report = pump
+        .run(
+            &channel,
+            consumer,
+            fleet::until_stdin_closes(),
+            |delivery| async move {
+                let id = delivery
+                    .properties
+                    .message_id()
+                    .as_ref()
+                    .map_or_else(|| "-".to_owned(), |id| id.as_str().to_owned());
+                Event::Delivered {
+                    id: id.clone(),
+                    redelivered: delivery.redelivered,
+                    count: delivery_count(&delivery),
+                }
+                .emit();
+                let answer = match key(&delivery) {
+                    Ok(key) => inbox.apply(&key, &id, name, PAUSE).await,
+                    Err(missing) => Err(Failure::from(inbox_diesel::Error::InvalidKey(missing))),
+                };
+                if let Err(e) = &answer {
+                    eprintln!("consumer {name}: {id}: {e}");
+                }
+                Event::Answered {
+                    answer: Answer::of(&answer),
+                    id,
+                }
+                .emit();
+                answer
+            },
+        )
+        .await
+        .map_err(|stopped| stopped.to_string())?;
+    Event::Stopped {
+        report: format!("{report:?}"),
+    }
+    .emit();
+    let _ = connection.close(200, "stopped".into()).await;
+    Ok(())
+}

@@ -1,0 +1,1015 @@
+//! NATS JetStream consumers for `inbox-diesel` handlers, through [async-nats]: each message
+//! is settled by what the handler answered ([`Settle`]), on a durable pull consumer with
+//! explicit acknowledgements.
+//!
+//! ```no_run
+//! use inbox_diesel::Outcome;
+//! use inbox_nats::{Pump, key};
+//!
+//! # async fn credit(key: inbox_diesel::MessageKey, body: &[u8]) -> Result<Outcome<()>, inbox_diesel::Error> { Ok(Outcome::Processed(())) }
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let jetstream =
+//!     inbox_nats::connect("nats://127.0.0.1:4222", async_nats::ConnectOptions::new()).await?;
+//! let pump = Pump::new().max_ack_pending(32);
+//! // The durable pull consumer `credit-service` of the stream CREDITS, created if missing.
+//! let consumer = pump.consumer(&jetstream, "CREDITS", "credit-service").await?;
+//! // Until the process is asked to stop (`tokio::signal::ctrl_c()`, say).
+//! let shutdown = std::future::pending::<()>();
+//! let report = pump
+//!     .run(&jetstream, &consumer, shutdown, |message| async move {
+//!         // The publisher's Nats-Msg-Id, else the stream and the message's stream sequence.
+//!         let key = match key(&message) {
+//!             Ok(key) => key,
+//!             Err(invalid) => return Err(inbox_diesel::Error::InvalidKey(invalid)),
+//!         };
+//!         credit(key, &message.payload).await // an #[idempotent] handler, say
+//!     })
+//!     .await?;
+//! println!("{report:?}");
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! | the handler answered | [`Settlement`] | what the pump does |
+//! |---|---|---|
+//! | `Processed`, `Duplicate` | `Ack` | `AckKind::Ack` |
+//! | `InFlight`, a transient failure | `Retry` | `AckKind::Nak` with [`Redelivery`]'s delay: JetStream redelivers the message after it |
+//! | a failure of the connection (`Action::Reconnect`) | `Retry { reconnect: true }` | as `Retry`; the connection is the handler's, and the handler drops it (see below) |
+//! | a business constraint, an invalid key, a stale claim | `DeadLetter` | `AckKind::Term`: never delivered to this consumer again |
+//! | misuse, a schema fault, a missing privilege | `Halt` | stops pulling, `AckKind::Nak` without delay, finishes the messages in hand, and returns [`Stopped::Halted`] |
+//!
+//! Every settlement is sent with a reply subject and the pump waits for the server's
+//! confirmation (async-nats' `double_ack_with`): one round trip per message, and a
+//! [`Report`] that counts what the server took. A settlement the server does not confirm
+//! (the connection was down) is counted in [`Report::unconfirmed`]; JetStream redelivers that
+//! message after `ack_wait`, and the inbox answers `Duplicate` if it had been processed.
+//!
+//! **Keys.** [`key`] is the publisher's `Nats-Msg-Id`, else the stream and the message's
+//! stream sequence. JetStream itself drops a message whose `Nats-Msg-Id` it stored within the
+//! stream's duplicate window (two minutes by default); the inbox catches what gets past it —
+//! a publisher's retry after the window, and every redelivery.
+//!
+//! **Delays.** JetStream delays a redelivery itself: a retried message is `Nak`ed with the
+//! delay for its delivery number (`delivered` in the message's metadata, see
+//! [`delivery_count`]), and its handler's slot is free at once. Until it is redelivered the
+//! message still counts against the consumer's `max_ack_pending`: a consumer whose every
+//! pending slot holds a message waiting out its delay is delivered nothing else meanwhile,
+//! so size `max_ack_pending` above the number of messages you expect to be retrying at once.
+//! The consumer's `max_deliver` bounds the deliveries: a message past it is no longer
+//! delivered, and the server publishes the advisory
+//! `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.<stream>.<consumer>`.
+//!
+//! **Heartbeats.** While a handler runs, the pump sends `AckKind::Progress` for its message
+//! every half of the consumer's `ack_wait` ([`Pump::progress_every`] to choose): the server
+//! restarts the message's ack timer each time, and does not redeliver it to another consumer
+//! while the handler works, however long that takes. A process that dies stops them, and the
+//! message is redelivered `ack_wait` later. A handler that hangs keeps its message and its
+//! slot for as long as the pump runs: give handlers timeouts of their own.
+//!
+//! **Reconnect.** The database connection is the handler's, which the pump cannot reach: on
+//! an error whose action is `Action::Reconnect` (a connection lost, a read-only session after
+//! a failover, prepared statements dropped by a pooler) the handler must not give that
+//! connection back for reuse — with a pool, drop it detached or mark it broken — or every
+//! redelivery meets the same connection and fails the same way until the consumer's
+//! `max_deliver` is used up. The NATS connection is async-nats': it reconnects by itself,
+//! and the pump carries on when it is back.
+//!
+//! **Shutdown.** When `shutdown` completes (or the pump halts), the pump stops pulling: it
+//! unsubscribes from its pull requests' replies, `Nak`s without delay the messages that had
+//! arrived but that no handler had started (another consumer takes them at once), lets the
+//! handlers in hand finish and settle, and returns. A consumer deleted on the server (or its
+//! stream) stops the pump with [`Stopped::Deleted`].
+//!
+//! **Dead letters.** JetStream has no dead-letter queue: a terminated message is never
+//! delivered to this consumer again, and the server publishes the advisory
+//! `$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.<stream>.<consumer>`, whose `stream_seq`
+//! names it. In a stream with the default limits retention the message stays there: an
+//! application that keeps dead letters subscribes to that advisory (and to
+//! `MAX_DELIVERIES`) and copies the message by its sequence.
+//!
+//! **Consumers and retention.** [`Pump::consumer`] creates a durable pull consumer with
+//! explicit acknowledgements, `ack_wait` 30 s, `max_deliver` 10 and the pump's
+//! `max_ack_pending` ([`Pump::consumer_config`] to start from those and change more). A
+//! marker must outlive every delivery of its message: JetStream redelivers a message at
+//! most `max_deliver` times, each after at most `ack_wait` or the longest `Nak` delay, and
+//! [`Pump::retention`] is that window ([`broker::jetstream_retention`] of the longer of the
+//! two). Add the stream's `max_age` ([`Retention::message_ttl`]) where a new consumer may
+//! replay the stream from its start, and a margin for replays by hand.
+//!
+//! **Traces.** Each message is handled and settled in one span,
+//! [`process_span`]`("nats", stream, delivery_count)`:
+//! named `process {stream}` in the OpenTelemetry messaging conventions, with the handler's
+//! consumer, the stored id, the outcome and the settlement recorded on it
+//! ([`inbox_diesel::telemetry`]).
+//!
+//! [async-nats]: https://docs.rs/async-nats
+
+use std::future::Future;
+use std::pin::pin;
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::pull::{self, BatchConfig};
+use async_nats::jetstream::consumer::{AckPolicy, PullConsumer};
+use async_nats::jetstream::context::{ConsumerInfoError, ConsumerInfoErrorKind};
+use async_nats::jetstream::message::Acker;
+use async_nats::jetstream::stream::{ConsumerError, ConsumerErrorKind};
+use async_nats::jetstream::{AckKind, Context, ErrorCode, Message};
+use async_nats::{ConnectOptions, StatusCode};
+use futures_util::future::{Fuse, FusedFuture, FutureExt};
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use inbox_diesel::telemetry::{process_span, record_settlement};
+use inbox_diesel::{KeyError, MessageKey, Redelivery, Retention, Settle, Settlement, broker};
+use tokio::time::Instant;
+use tracing::Instrument;
+
+/// How long one pull request waits on the server for messages before it expires and the
+/// pump sends the next. Short enough that a request lost with a server restart is replaced
+/// soon, long enough that an idle consumer costs one request every few seconds.
+const PULL_EXPIRES: Duration = Duration::from_secs(10);
+/// How long past its expiry the pump waits for a pull request's end (status 408) before it
+/// takes the request for lost.
+const PULL_GRACE: Duration = Duration::from_secs(2);
+/// The pause before pulling again after the server refused or could not take a pull request.
+const PULL_PAUSE: Duration = Duration::from_secs(1);
+/// How long a stopping pump waits for the replies still on their way once it unsubscribed.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// JetStream's `ack_wait` for a consumer created without one.
+const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(30);
+
+/// Connects to the NATS server at `address` and returns its JetStream context.
+///
+/// # Errors
+/// [`Unreachable::Server`], naming the address, when no connection could be made (nothing
+/// listens there, a TLS or authentication failure: its `source()` says which);
+/// [`Unreachable::NoJetStream`] when the server runs without JetStream.
+pub async fn connect(address: &str, options: ConnectOptions) -> Result<Context, Unreachable> {
+    let client = options
+        .connect(address)
+        .await
+        .map_err(|source| Unreachable::Server {
+            address: address.to_owned(),
+            source,
+        })?;
+    if !client.server_info().jetstream {
+        return Err(Unreachable::NoJetStream {
+            address: address.to_owned(),
+        });
+    }
+    Ok(async_nats::jetstream::new(client))
+}
+
+/// Why [`connect`] returned no JetStream context.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Unreachable {
+    /// No connection to a NATS server could be made at the address.
+    Server {
+        /// The address given to [`connect`].
+        address: String,
+        /// async-nats' error: refused, timed out, TLS, authentication.
+        source: async_nats::ConnectError,
+    },
+    /// The server answered, but runs without JetStream (`nats-server -js` enables it).
+    NoJetStream {
+        /// The address given to [`connect`].
+        address: String,
+    },
+}
+
+impl std::fmt::Display for Unreachable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            // async-nats' reason is the `source()`: reporters print it after this.
+            Unreachable::Server { address, .. } => {
+                write!(f, "cannot connect to the NATS server at {address}")
+            }
+            Unreachable::NoJetStream { address } => write!(
+                f,
+                "the NATS server at {address} runs without JetStream (start it with `-js`)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for Unreachable {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Unreachable::Server { source, .. } => Some(source),
+            Unreachable::NoJetStream { .. } => None,
+        }
+    }
+}
+
+/// The key of a JetStream message ([`inbox_diesel::broker::jetstream`]): its `Nats-Msg-Id`
+/// header when the publisher set one — the id JetStream deduplicates by within the stream's
+/// duplicate window, and the inbox after it — else the stream and the message's stream
+/// sequence.
+///
+/// # Errors
+/// [`KeyError::Missing`] for a message without JetStream metadata (one that no JetStream
+/// consumer delivered); [`KeyError::TooLong`] for an id past [`MessageKey::MAX_LEN`].
+pub fn key(message: &Message) -> Result<MessageKey, KeyError> {
+    let msg_id = message
+        .headers
+        .as_ref()
+        .and_then(|headers| headers.get(async_nats::header::NATS_MESSAGE_ID))
+        .map(|id| id.as_str());
+    let info = message.info().map_err(|_| KeyError::Missing {
+        field: "JetStream metadata (stream and sequence)",
+    })?;
+    broker::jetstream(msg_id, info.stream, info.stream_sequence)
+}
+
+/// How many times this message has been delivered, this time included: `delivered` in its
+/// metadata; 1 for a message without JetStream metadata.
+pub fn delivery_count(message: &Message) -> u32 {
+    message
+        .info()
+        .ok()
+        .and_then(|info| u32::try_from(info.delivered).ok())
+        .map_or(1, |count| count.max(1))
+}
+
+/// A consumer loop's settings: how many messages it has in hand at once, how long a retried
+/// message waits, how often a running handler's message is kept alive, and the settings of
+/// the consumers it creates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pump {
+    max_ack_pending: usize,
+    redelivery: Redelivery,
+    progress_every: Option<Duration>,
+    ack_wait: Duration,
+    max_deliver: i64,
+}
+
+impl Default for Pump {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Pump {
+    /// 16 messages in hand, [`Redelivery::DEFAULT`], progress every half `ack_wait`; consumers
+    /// created with `ack_wait` 30 s and `max_deliver` 10.
+    pub const fn new() -> Self {
+        Self {
+            max_ack_pending: 16,
+            redelivery: Redelivery::DEFAULT,
+            progress_every: None,
+            ack_wait: DEFAULT_ACK_WAIT,
+            max_deliver: 10,
+        }
+    }
+
+    /// How many handlers run at once (the pump pulls no more messages than it has free
+    /// slots), and the `max_ack_pending` of the consumers [`Pump::consumer`] creates. Several
+    /// instances sharing one durable consumer share its `max_ack_pending`: give such a
+    /// consumer the sum ([`Pump::consumer_config`]). At least 1.
+    pub const fn max_ack_pending(self, max_ack_pending: usize) -> Self {
+        Self {
+            max_ack_pending: if max_ack_pending == 0 {
+                1
+            } else {
+                max_ack_pending
+            },
+            ..self
+        }
+    }
+
+    /// How long a retried message waits before JetStream redelivers it.
+    pub const fn redelivery(self, redelivery: Redelivery) -> Self {
+        Self { redelivery, ..self }
+    }
+
+    /// How often a message whose handler runs is reported in progress (`AckKind::Progress`),
+    /// instead of half the consumer's `ack_wait`. Keep it well below `ack_wait`. At least
+    /// 1 ms.
+    pub const fn progress_every(self, interval: Duration) -> Self {
+        Self {
+            progress_every: Some(interval),
+            ..self
+        }
+    }
+
+    /// The `ack_wait` of the consumers [`Pump::consumer`] creates: how long JetStream waits
+    /// for a settlement (or a progress report) before it redelivers the message.
+    pub const fn ack_wait(self, ack_wait: Duration) -> Self {
+        Self { ack_wait, ..self }
+    }
+
+    /// The `max_deliver` of the consumers [`Pump::consumer`] creates: how many times
+    /// JetStream delivers a message at most. -1 is JetStream's "unlimited", which leaves
+    /// markers no retention short of forever ([`Pump::retention`]).
+    pub const fn max_deliver(self, max_deliver: i64) -> Self {
+        Self {
+            max_deliver,
+            ..self
+        }
+    }
+
+    /// How long the inbox must keep a marker for the consumers this pump creates: at most
+    /// `max_deliver` deliveries, each redelivered after at most `ack_wait` (no settlement) or
+    /// the longest [`Redelivery`] delay (a retry). Add the stream's `max_age`
+    /// ([`Retention::message_ttl`]) where a consumer may replay the stream, and a replay
+    /// margin.
+    pub fn retention(&self) -> Retention {
+        let longest_wait = self.ack_wait.max(self.redelivery.delay(u32::MAX));
+        broker::jetstream_retention(longest_wait, self.max_deliver)
+    }
+
+    /// The configuration [`Pump::consumer`] creates a consumer with: a durable pull consumer
+    /// named `durable` over the whole stream, explicit acknowledgements, and this pump's
+    /// `ack_wait`, `max_deliver` and `max_ack_pending`. Start from it to set more (a
+    /// `filter_subject`, a higher `max_ack_pending` for several instances) and create the
+    /// consumer with async-nats.
+    pub fn consumer_config(&self, durable: &str) -> pull::Config {
+        pull::Config {
+            durable_name: Some(durable.to_owned()),
+            ack_policy: AckPolicy::Explicit,
+            ack_wait: self.ack_wait,
+            max_deliver: self.max_deliver,
+            max_ack_pending: i64::try_from(self.max_ack_pending).unwrap_or(i64::MAX),
+            ..pull::Config::default()
+        }
+    }
+
+    /// The durable pull consumer `durable` of `stream`, created with
+    /// [`Pump::consumer_config`] if it does not exist. An existing consumer is taken as it is:
+    /// the pump's settings do not change it (its ack policy is checked by [`Pump::run`]).
+    ///
+    /// # Errors
+    /// The server's refusal (no such stream, a name in use by a push consumer), or no answer.
+    pub async fn consumer(
+        &self,
+        jetstream: &Context,
+        stream: &str,
+        durable: &str,
+    ) -> Result<PullConsumer, ConsumerError> {
+        match jetstream.get_consumer_from_stream(durable, stream).await {
+            Err(e) if is_consumer_not_found(&e) => {
+                jetstream
+                    .create_consumer_on_stream(self.consumer_config(durable), stream)
+                    .await
+            }
+            found => found,
+        }
+    }
+
+    /// Runs `handler` on each message of `consumer`, up to `max_ack_pending` at once, and
+    /// settles each by its answer, until `shutdown` completes, the handler's answer says
+    /// [`Settlement::Halt`], or the consumer is deleted.
+    ///
+    /// # Errors
+    /// [`Stopped::Halted`] when an answer halted the pump; [`Stopped::Deleted`] when the
+    /// consumer or its stream was deleted; [`Stopped::Broker`] when the client's connection
+    /// closed for good or the server refused the pump's pull requests;
+    /// [`Stopped::Unsuitable`] for a consumer whose acknowledgement policy is not
+    /// `AckPolicy::Explicit`.
+    pub async fn run<H, F, A, S>(
+        &self,
+        jetstream: &Context,
+        consumer: &PullConsumer,
+        shutdown: S,
+        handler: H,
+    ) -> Result<Report, Stopped>
+    where
+        H: Fn(Message) -> F,
+        F: Future<Output = A>,
+        A: Settle + std::fmt::Debug,
+        S: Future<Output = ()>,
+    {
+        let config = &consumer.cached_info().config;
+        if config.ack_policy != AckPolicy::Explicit {
+            // `All` would acknowledge every earlier message still in another handler's hands.
+            return Err(Stopped::Unsuitable {
+                reason: format!(
+                    "the consumer `{}` acknowledges with {:?}; the pump settles each message on \
+                     its own and needs AckPolicy::Explicit",
+                    consumer.cached_info().name,
+                    config.ack_policy
+                ),
+            });
+        }
+        let ack_wait = if config.ack_wait.is_zero() {
+            DEFAULT_ACK_WAIT
+        } else {
+            config.ack_wait
+        };
+        let settings = Settings {
+            redelivery: self.redelivery,
+            progress_every: self
+                .progress_every
+                .unwrap_or(ack_wait / 2)
+                .max(Duration::from_millis(1)),
+        };
+        // A consumer may cap what one pull request asks for; a request past a cap is refused.
+        let max_batch = usize::try_from(config.max_batch)
+            .ok()
+            .filter(|max| *max > 0)
+            .unwrap_or(usize::MAX);
+        let expires = if config.max_expires.is_zero() {
+            PULL_EXPIRES
+        } else {
+            PULL_EXPIRES.min(config.max_expires)
+        };
+
+        let client = jetstream.client();
+        // One subscription for every pull request's replies, each request answered on a
+        // subject of its own (`<inbox>.<n>`): the status ending a request given up for lost
+        // is told apart from the current request's.
+        let inbox = client.new_inbox();
+        let mut replies =
+            client
+                .subscribe(format!("{inbox}.*"))
+                .await
+                .map_err(|e| Stopped::Broker {
+                    failure: format!("subscribing to the pull replies failed: {e}"),
+                    report: Report::default(),
+                })?;
+
+        let mut tally = Tally::default();
+        let mut in_hand = FuturesUnordered::new();
+        let mut pull: Option<Pull> = None;
+        let mut requests: u64 = 0;
+        let mut pull_after = Instant::now();
+        let mut end: Option<End> = None;
+        let mut shutdown = pin!(shutdown);
+        // Whether the consumer still exists, asked when JetStream did not answer a pull.
+        let mut check = pin!(Fuse::terminated());
+        let handler = &handler;
+
+        while end.is_none() && tally.halted.is_none() {
+            if pull.is_none()
+                && check.is_terminated()
+                && in_hand.len() < self.max_ack_pending
+                && Instant::now() >= pull_after
+            {
+                let wanted = (self.max_ack_pending - in_hand.len()).min(max_batch);
+                requests += 1;
+                let request = BatchConfig {
+                    batch: wanted,
+                    expires: Some(expires),
+                    ..BatchConfig::default()
+                };
+                match consumer
+                    .request_batch(request, format!("{inbox}.{requests}").into())
+                    .await
+                {
+                    Ok(()) => {
+                        pull = Some(Pull {
+                            id: requests,
+                            wanted,
+                            received: 0,
+                            deadline: Instant::now() + expires + PULL_GRACE,
+                        });
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "sending a pull request failed");
+                        pull_after = Instant::now() + PULL_PAUSE;
+                    }
+                }
+            }
+            // When to look again without a reply: a pull request's deadline, or the end of a
+            // pause before the next one (never while the consumer's info is being asked).
+            let wake = match &pull {
+                Some(pull) => Some(pull.deadline),
+                None if check.is_terminated() && in_hand.len() < self.max_ack_pending => {
+                    Some(pull_after)
+                }
+                None => None,
+            };
+            tokio::select! {
+                // A shutdown goes before the replies waiting: what arrived is handed back.
+                biased;
+                () = &mut shutdown => break,
+                Some(done) = in_hand.next(), if !in_hand.is_empty() => tally.record(done),
+                info = &mut check, if !check.is_terminated() => match info {
+                    Ok(_) => pull_after = Instant::now() + PULL_PAUSE,
+                    Err(e) if is_gone(&e) => end = Some(End::Deleted),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "asking for the consumer's info failed");
+                        pull_after = Instant::now() + PULL_PAUSE;
+                    }
+                },
+                reply = replies.next() => {
+                    let Some(reply) = reply else {
+                        end = Some(End::Broker(
+                            "the client's connection closed for good".to_owned(),
+                        ));
+                        break;
+                    };
+                    match reply.status {
+                        None | Some(StatusCode::OK) => {
+                            // A message keeps the subject it was published on: it is counted
+                            // to the request waiting now (a late one to a request given up
+                            // for lost is rare, and only makes the next request early).
+                            if let Some(request) = pull.as_mut() {
+                                request.received += 1;
+                                if request.received >= request.wanted {
+                                    pull = None;
+                                }
+                            }
+                            let message = Message { message: reply, context: jetstream.clone() };
+                            let job = if in_hand.len() < self.max_ack_pending {
+                                Job::Handle(message)
+                            } else {
+                                // A late answer to a request given up for lost, with every
+                                // slot taken: back to the stream for another consumer.
+                                Job::Return { acker: acker(&message), halted: false }
+                            };
+                            in_hand.push(work(handler, settings, job));
+                        }
+                        Some(StatusCode::IDLE_HEARTBEAT) => {}
+                        // A status comes on the subject of the request it ends.
+                        Some(status) if pull.as_ref().is_some_and(|pull| {
+                            reply.subject.as_str().rsplit('.').next()
+                                == Some(pull.id.to_string().as_str())
+                        }) => {
+                            pull = None;
+                            let description = reply.description.unwrap_or_default();
+                            match PullEnd::of(status, &description) {
+                                PullEnd::Expired => {}
+                                PullEnd::ConsumerDeleted => end = Some(End::Deleted),
+                                PullEnd::Refused => {
+                                    end = Some(End::Broker(format!(
+                                        "the server refused the pull request: {description}"
+                                    )));
+                                }
+                                // Nobody answers for the consumer: deleted, or its stream
+                                // between leaders. The consumer's info tells which.
+                                PullEnd::NoResponders => check.set(consumer.get_info().fuse()),
+                                PullEnd::Other => {
+                                    tracing::warn!(
+                                        %status, %description, "the server ended a pull request"
+                                    );
+                                    pull_after = Instant::now() + PULL_PAUSE;
+                                }
+                            }
+                        }
+                        // The end of a request given up before.
+                        Some(_) => {}
+                    }
+                }
+                () = sleep_until(wake) => {
+                    if pull.as_ref().is_some_and(|pull| Instant::now() >= pull.deadline) {
+                        tracing::warn!("a pull request went unanswered past its expiry; pulling again");
+                        pull = None;
+                    }
+                }
+            }
+        }
+
+        // Stop pulling: the server forgets the pull requests of a subject without interest.
+        // Unsubscribing before any `Nak` below also keeps a message handed back from coming
+        // straight back to this pump.
+        if let Err(e) = replies.drain().await {
+            tracing::warn!(error = %e, "unsubscribing from the pull replies failed");
+        }
+        for acker in std::mem::take(&mut tally.to_return) {
+            in_hand.push(work(
+                handler,
+                settings,
+                Job::Return {
+                    acker,
+                    halted: true,
+                },
+            ));
+        }
+        let mut draining = true;
+        let mut drain_deadline = pin!(tokio::time::sleep(DRAIN_TIMEOUT));
+        while draining || !in_hand.is_empty() {
+            tokio::select! {
+                Some(done) = in_hand.next(), if !in_hand.is_empty() => {
+                    tally.record(done);
+                    for acker in std::mem::take(&mut tally.to_return) {
+                        in_hand.push(work(handler, settings, Job::Return { acker, halted: true }));
+                    }
+                }
+                reply = replies.next(), if draining => match reply {
+                    Some(reply) if matches!(reply.status, None | Some(StatusCode::OK)) => {
+                        let message = Message { message: reply, context: jetstream.clone() };
+                        in_hand.push(work(
+                            handler,
+                            settings,
+                            Job::Return { acker: acker(&message), halted: false },
+                        ));
+                    }
+                    Some(_) => {}
+                    None => draining = false,
+                },
+                () = &mut drain_deadline, if draining => draining = false,
+            }
+        }
+
+        let report = tally.report;
+        match (end, tally.halted) {
+            (Some(End::Broker(failure)), _) => Err(Stopped::Broker { failure, report }),
+            (_, Some(answer)) => Err(Stopped::Halted { answer, report }),
+            (Some(End::Deleted), None) => Err(Stopped::Deleted { report }),
+            (None, None) => Ok(report),
+        }
+    }
+}
+
+fn is_consumer_not_found(error: &ConsumerError) -> bool {
+    matches!(
+        error.kind(),
+        ConsumerErrorKind::JetStream(e) if e.error_code() == ErrorCode::CONSUMER_NOT_FOUND
+    )
+}
+
+fn is_gone(error: &ConsumerInfoError) -> bool {
+    matches!(
+        error.kind(),
+        ConsumerInfoErrorKind::NotFound | ConsumerInfoErrorKind::StreamNotFound
+    )
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn acker(message: &Message) -> Acker {
+    Acker::new(message.context.clone(), message.reply.clone())
+}
+
+/// The pull request waiting on the server: at most one at a time, for as many messages as
+/// the pump had free slots when it sent it.
+struct Pull {
+    id: u64,
+    wanted: usize,
+    received: usize,
+    deadline: Instant,
+}
+
+/// What a status reply ending a pull request means.
+#[derive(Debug, PartialEq, Eq)]
+enum PullEnd {
+    /// It expired (408), or found nothing (404): pull again.
+    Expired,
+    /// The consumer was deleted while the request waited (409 `Consumer Deleted`).
+    ConsumerDeleted,
+    /// Refused, and every request would be: it asks more than the consumer's `max_batch`
+    /// or `max_expires` allow, or the consumer is a push consumer (409).
+    Refused,
+    /// No one answers for the consumer (503).
+    NoResponders,
+    /// Anything else (409 `Exceeded MaxWaiting`, `Leadership Change`, …): pull again after a
+    /// pause.
+    Other,
+}
+
+impl PullEnd {
+    fn of(status: StatusCode, description: &str) -> Self {
+        match status {
+            StatusCode::TIMEOUT | StatusCode::NOT_FOUND => PullEnd::Expired,
+            StatusCode::REQUEST_TERMINATED
+                if description.eq_ignore_ascii_case("consumer deleted") =>
+            {
+                PullEnd::ConsumerDeleted
+            }
+            StatusCode::REQUEST_TERMINATED
+                if description.starts_with("Exceeded MaxRequest")
+                    || description.contains("push based") =>
+            {
+                PullEnd::Refused
+            }
+            StatusCode::NO_RESPONDERS => PullEnd::NoResponders,
+            _ => PullEnd::Other,
+        }
+    }
+}
+
+/// Why the pump stopped, other than its shutdown or a halt.
+enum End {
+    Deleted,
+    Broker(String),
+}
+
+#[derive(Clone, Copy)]
+struct Settings {
+    redelivery: Redelivery,
+    progress_every: Duration,
+}
+
+enum Job {
+    /// Run the handler, then settle by its answer.
+    Handle(Message),
+    /// Hand the message back unstarted (or, `halted`, after a halting answer): `Nak` without
+    /// delay.
+    Return { acker: Acker, halted: bool },
+}
+
+enum Done {
+    Settled {
+        settlement: Settlement,
+        confirmed: bool,
+    },
+    /// The answer halts the pump; the message is handed back once the pump stopped pulling.
+    Halted {
+        answer: String,
+        acker: Box<Acker>,
+    },
+    Returned {
+        halted: bool,
+        confirmed: bool,
+    },
+}
+
+async fn work<H, F, A>(handler: &H, settings: Settings, job: Job) -> Done
+where
+    H: Fn(Message) -> F,
+    F: Future<Output = A>,
+    A: Settle + std::fmt::Debug,
+{
+    let message = match job {
+        Job::Handle(message) => message,
+        Job::Return { acker, halted } => {
+            let confirmed = confirm(&acker, AckKind::Nak(None), "nak").await;
+            return Done::Returned { halted, confirmed };
+        }
+    };
+    let acker = acker(&message);
+    let count = delivery_count(&message);
+    // The stream, not the subject, names the destination: a subject can carry an id, and a
+    // span name should not.
+    let stream = match message.info() {
+        Ok(info) => info.stream.to_owned(),
+        Err(_) => message.subject.to_string(),
+    };
+    let span = process_span("nats", &stream, count);
+    let answer = {
+        // Called in the span as well as polled in it: a sync handler runs when called.
+        let mut answer = pin!(span.in_scope(|| handler(message)).instrument(span.clone()));
+        let every = settings.progress_every;
+        let mut progress = tokio::time::interval_at(Instant::now() + every, every);
+        progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                answer = &mut answer => break answer,
+                _ = progress.tick() => {
+                    // Sent without waiting for a confirmation: a lost one is followed by the
+                    // next well within ack_wait.
+                    if let Err(e) = acker.ack_with(AckKind::Progress).await {
+                        tracing::warn!(error = %e, "reporting a message in progress failed");
+                    }
+                }
+            }
+        }
+    };
+    let settlement = answer.settlement();
+    record_settlement(&span, settlement);
+    let _entered = span.enter();
+    let kind = match settlement {
+        Settlement::Ack => AckKind::Ack,
+        Settlement::Retry { .. } => {
+            let delay = settings.redelivery.delay(count);
+            AckKind::Nak((!delay.is_zero()).then_some(delay))
+        }
+        Settlement::DeadLetter => AckKind::Term,
+        // Back to the stream, for when the deployment is fixed; and `Settlement` is
+        // non-exhaustive: what a later version adds is not acknowledged blindly.
+        _ => {
+            tracing::error!(answer = ?answer, "the handler's answer halts the consumer");
+            return Done::Halted {
+                answer: format!("{answer:?}"),
+                acker: Box::new(acker),
+            };
+        }
+    };
+    drop(_entered);
+    let confirmed = confirm(&acker, kind, settlement.as_str())
+        .instrument(span)
+        .await;
+    Done::Settled {
+        settlement,
+        confirmed,
+    }
+}
+
+/// Sends a settlement and waits for the server's confirmation.
+async fn confirm(acker: &Acker, kind: AckKind, settlement: &'static str) -> bool {
+    match acker.double_ack_with(kind).await {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(
+                error = %e,
+                settlement,
+                "the server did not confirm a settlement; JetStream redelivers the message \
+                 after ack_wait"
+            );
+            false
+        }
+    }
+}
+
+#[derive(Default)]
+struct Tally {
+    report: Report,
+    halted: Option<String>,
+    to_return: Vec<Acker>,
+}
+
+impl Tally {
+    fn record(&mut self, done: Done) {
+        let counter = match done {
+            Done::Settled {
+                confirmed: false, ..
+            }
+            | Done::Returned {
+                confirmed: false, ..
+            } => &mut self.report.unconfirmed,
+            Done::Settled { settlement, .. } => match settlement {
+                Settlement::Ack => &mut self.report.acked,
+                Settlement::Retry { .. } => &mut self.report.retried,
+                _ => &mut self.report.dead_lettered,
+            },
+            Done::Halted { answer, acker } => {
+                self.halted.get_or_insert(answer);
+                self.to_return.push(*acker);
+                return;
+            }
+            Done::Returned { halted: true, .. } => &mut self.report.halted,
+            Done::Returned { halted: false, .. } => &mut self.report.returned_unstarted,
+        };
+        *counter += 1;
+    }
+}
+
+/// What a pump did before it stopped. Each message it took is counted once.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Report {
+    /// Messages acknowledged (processed, or duplicates).
+    pub acked: u64,
+    /// Messages handed back with a delay, to be retried.
+    pub retried: u64,
+    /// Messages terminated: never delivered to this consumer again.
+    pub dead_lettered: u64,
+    /// Messages whose answer halted the pump, handed back without delay.
+    pub halted: u64,
+    /// Messages that arrived as the pump stopped, handed back unstarted without delay.
+    pub returned_unstarted: u64,
+    /// Settlements the server did not confirm (the connection was down): JetStream
+    /// redelivers those messages after `ack_wait`.
+    pub unconfirmed: u64,
+}
+
+/// Why a pump stopped before its shutdown.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Stopped {
+    /// A handler's answer was [`Settlement::Halt`]: a deployment fault that every message
+    /// would meet. That message was handed back; the pump finished the others in hand.
+    Halted {
+        /// The answer, as `Debug` prints it.
+        answer: String,
+        /// What the pump did before.
+        report: Report,
+    },
+    /// The consumer, or its stream, was deleted on the server: the messages in hand were
+    /// finished (their settlements went nowhere).
+    Deleted {
+        /// What the pump did before.
+        report: Report,
+    },
+    /// The client's connection closed for good, or the server refused the pump's pull
+    /// requests (a consumer's `max_batch` or `max_expires` the pump cannot meet, a push
+    /// consumer); JetStream redelivers what was not settled.
+    Broker {
+        /// The failure.
+        failure: String,
+        /// What the pump did before.
+        report: Report,
+    },
+    /// The pump cannot run this consumer; nothing was pulled.
+    Unsuitable {
+        /// Why.
+        reason: String,
+    },
+}
+
+impl std::fmt::Display for Stopped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Stopped::Halted { answer, .. } => write!(
+                f,
+                "the consumer halted: a handler answered {answer}, which every message would \
+                 meet until the deployment is fixed"
+            ),
+            Stopped::Deleted { .. } => f.write_str("the JetStream consumer was deleted"),
+            Stopped::Broker { failure, .. } => write!(f, "the NATS consumer failed: {failure}"),
+            Stopped::Unsuitable { reason } => f.write_str(reason),
+        }
+    }
+}
+
+impl std::error::Error for Stopped {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pull_request_ends_are_told_apart() {
+        let of = |code: u16, description: &str| {
+            PullEnd::of(StatusCode::from_u16(code).unwrap(), description)
+        };
+        assert_eq!(of(408, "Request Timeout"), PullEnd::Expired);
+        assert_eq!(of(404, "No Messages"), PullEnd::Expired);
+        assert_eq!(of(409, "Consumer Deleted"), PullEnd::ConsumerDeleted);
+        assert_eq!(of(409, "Exceeded MaxRequestBatch of 10"), PullEnd::Refused);
+        assert_eq!(
+            of(409, "Exceeded MaxRequestExpires of 1s"),
+            PullEnd::Refused
+        );
+        assert_eq!(of(409, "Consumer is push based"), PullEnd::Refused);
+        assert_eq!(of(409, "Exceeded MaxWaiting"), PullEnd::Other);
+        assert_eq!(of(409, "Leadership Change"), PullEnd::Other);
+        assert_eq!(of(503, ""), PullEnd::NoResponders);
+    }
+
+    #[test]
+    fn consumers_are_created_for_explicit_acknowledgements() {
+        let pump = Pump::new()
+            .max_ack_pending(0)
+            .ack_wait(Duration::from_secs(20))
+            .max_deliver(5);
+        let config = pump.consumer_config("credit-service");
+        assert_eq!(config.durable_name.as_deref(), Some("credit-service"));
+        assert_eq!(config.ack_policy, AckPolicy::Explicit);
+        assert_eq!(config.ack_wait, Duration::from_secs(20));
+        assert_eq!((config.max_deliver, config.max_ack_pending), (5, 1));
+    }
+
+    /// The window is the longer of `ack_wait` and the longest retry delay, per delivery.
+    #[test]
+    fn retention_covers_the_longest_wait_between_deliveries() {
+        let pump = Pump::new()
+            .ack_wait(Duration::from_secs(30))
+            .max_deliver(10);
+        // Redelivery::DEFAULT waits up to 5 minutes.
+        assert_eq!(pump.retention().keep_for(), Duration::from_secs(10 * 300));
+        let quick = pump.redelivery(Redelivery::exponential(
+            Duration::from_millis(100),
+            Duration::from_secs(1),
+        ));
+        assert_eq!(quick.retention().keep_for(), Duration::from_secs(10 * 30));
+    }
+
+    #[test]
+    fn each_message_is_counted_once() {
+        let mut tally = Tally::default();
+        let settled = |settlement, confirmed| Done::Settled {
+            settlement,
+            confirmed,
+        };
+        tally.record(settled(Settlement::Ack, true));
+        tally.record(settled(Settlement::Retry { reconnect: true }, true));
+        tally.record(settled(Settlement::DeadLetter, true));
+        tally.record(settled(Settlement::Ack, false));
+        tally.record(Done::Returned {
+            halted: false,
+            confirmed: true,
+        });
+        tally.record(Done::Returned {
+            halted: true,
+            confirmed: true,
+        });
+        tally.record(Done::Returned {
+            halted: true,
+            confirmed: false,
+        });
+        let report = tally.report;
+        assert_eq!(
+            (report.acked, report.retried, report.dead_lettered),
+            (1, 1, 1)
+        );
+        assert_eq!(
+            (report.halted, report.returned_unstarted, report.unconfirmed),
+            (1, 1, 2)
+        );
+    }
+
+    /// A pump runs on a multi-threaded runtime (`tokio::spawn`) when its handler's futures
+    /// are `Send`.
+    #[expect(
+        dead_code,
+        reason = "compiled, never called: the `Send` bound is the test"
+    )]
+    fn run_is_send<'a>(
+        pump: &'a Pump,
+        jetstream: &'a Context,
+        consumer: &'a PullConsumer,
+    ) -> impl Future<Output = Result<Report, Stopped>> + Send + 'a {
+        pump.run(
+            jetstream,
+            consumer,
+            std::future::pending(),
+            |_message| async { Ok::<Settlement, Settlement>(Settlement::Ack) },
+        )
+    }
+}
