@@ -42,7 +42,17 @@ pub const LIMITS: Limits = Limits {
     max_destination: 255,
     max_key: 255,
     destination: routing_key,
+    header: amqp_header,
 };
+
+fn amqp_header(name: &str, _: &str) -> Result<(), &'static str> {
+    // A header's name is an AMQP short string.
+    if name.len() > 255 {
+        Err("an AMQP header name has at most 255 bytes")
+    } else {
+        Ok(())
+    }
+}
 
 fn routing_key(_: &str) -> Result<(), &'static str> {
     // Any text of up to 255 bytes is a routing key (the length is checked by the limits);

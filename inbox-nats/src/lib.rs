@@ -104,6 +104,8 @@
 //!
 //! [async-nats]: https://docs.rs/async-nats
 
+pub mod outbox;
+
 use std::future::Future;
 use std::pin::pin;
 use std::time::Duration;

@@ -823,3 +823,190 @@ async fn each_message_is_one_process_span() {
     outcomes.sort();
     assert_eq!(outcomes, ["duplicate", "processed"]);
 }
+
+/// The outbox's side: a SQLite database whose handler publishes, relayed to JetStream.
+mod outbox {
+    use super::*;
+    use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+    use inbox_diesel::outbox::relay::Relay;
+    use inbox_diesel::outbox::{Message, Outbox};
+    use inbox_nats::outbox::{LIMITS, OutboxSink};
+
+    static OUTBOX: Outbox = Outbox::new("outbox").limits(LIMITS);
+
+    /// Publishes `n` messages to `subject`, the business change beside them.
+    #[idempotent(consumer = "orders", key = key)]
+    fn place(
+        conn: &mut SqliteConnection,
+        key: &MessageKey,
+        subject: &str,
+        n: u32,
+    ) -> Result<(), inbox_diesel::Error> {
+        diesel::sql_query("INSERT INTO effects (message) VALUES ('placed')").execute(conn)?;
+        for at in 0..n {
+            OUTBOX.publish(
+                conn,
+                Message::new(subject, format!("event {at}")).header("at", at.to_string()),
+            )?;
+        }
+        Ok(())
+    }
+
+    fn store() -> Store {
+        let store = Store::new();
+        store
+            .connect()
+            .batch_execute(&OUTBOX.create_table_sql(inbox_diesel::schema::Backend::Sqlite))
+            .unwrap();
+        store
+    }
+
+    fn outbox_ids(store: &Store) -> Vec<String> {
+        #[derive(QueryableByName)]
+        struct Id {
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            id: String,
+        }
+        diesel::sql_query("SELECT id FROM outbox ORDER BY seq")
+            .load::<Id>(&mut store.connect())
+            .unwrap()
+            .into_iter()
+            .map(|row| row.id)
+            .collect()
+    }
+
+    /// Relayed with the stream's acknowledgement, each message keyed downstream by its outbox
+    /// id; sent again after a lost mark, JetStream keeps one copy (the same `Nats-Msg-Id`
+    /// inside its window), and a downstream inbox applies each once.
+    #[tokio::test]
+    async fn relayed_messages_reach_the_stream_once_with_their_ids() {
+        let stream = Stream::create("outbox", Duration::from_secs(120)).await;
+        let subject = format!("{}.credits", stream.name);
+        let upstream = store();
+        let key = MessageKey::text("order-1").unwrap();
+        assert!(
+            place(&mut upstream.connect(), &key, &subject, 3)
+                .unwrap()
+                .is_processed()
+        );
+        assert!(
+            place(&mut upstream.connect(), &key, &subject, 3)
+                .unwrap()
+                .is_duplicate()
+        );
+        let mut sink = OutboxSink::new(stream.jetstream.clone());
+        let mut conn = SyncConnectionWrapper::new(upstream.connect());
+        let relay = Relay::new(OUTBOX);
+        assert_eq!(relay.run_once(&mut conn, &mut sink).await.unwrap().sent, 3);
+        // As if the relay had stopped before its marks: the same messages go again.
+        upstream
+            .connect()
+            .batch_execute("UPDATE outbox SET sent_at = NULL")
+            .unwrap();
+        assert_eq!(relay.run_once(&mut conn, &mut sink).await.unwrap().sent, 3);
+        assert_eq!(stream.messages().await, 3);
+
+        let downstream = Store::new();
+        let pump = Pump::new();
+        let consumer = stream.consumer(&pump, "outbox").await;
+        let seen = Mutex::new(Vec::new());
+        let answered = AtomicU32::new(0);
+        within(
+            Duration::from_secs(30),
+            "the pump",
+            pump.run(
+                &stream.jetstream,
+                &consumer,
+                counted(&answered, 3),
+                |message| {
+                    let id = message
+                        .headers
+                        .as_ref()
+                        .and_then(|h| h.get("Nats-Msg-Id"))
+                        .map(|v| v.to_string())
+                        .unwrap_or_default();
+                    seen.lock().unwrap().push(id);
+                    let answer = handle(&downstream, &message);
+                    answered.fetch_add(1, Ordering::SeqCst);
+                    async move { answer }
+                },
+            ),
+        )
+        .await
+        .unwrap();
+        assert_eq!(*seen.lock().unwrap(), outbox_ids(&upstream));
+        let effects = downstream.effects();
+        assert_eq!(effects.len(), 3, "{effects:?}");
+        assert!(effects.iter().all(|(_, n)| *n == 1));
+        stream.delete().await;
+    }
+
+    /// A subject no stream takes: rejected by the server, parked after the relay's attempts
+    /// with the reason, not lost.
+    #[tokio::test]
+    async fn a_subject_no_stream_takes_is_parked() {
+        let upstream = store();
+        let key = MessageKey::text("order-2").unwrap();
+        let nowhere = format!("inbox-nats-nowhere-{}.x", std::process::id());
+        assert!(
+            place(&mut upstream.connect(), &key, &nowhere, 1)
+                .unwrap()
+                .is_processed()
+        );
+        let mut sink = OutboxSink::new(connect().await);
+        let mut conn = SyncConnectionWrapper::new(upstream.connect());
+        let relay = Relay::new(OUTBOX)
+            .max_attempts(2)
+            .backoff(Duration::from_millis(1), Duration::from_millis(1));
+        let mut parked = 0;
+        for _ in 0..20 {
+            parked += relay.run_once(&mut conn, &mut sink).await.unwrap().parked;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(parked, 1);
+        #[derive(QueryableByName)]
+        struct Parked {
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            last_error: String,
+        }
+        let row: Parked = diesel::sql_query(
+            "SELECT last_error FROM outbox WHERE parked_at IS NOT NULL AND attempts = 2",
+        )
+        .get_result(&mut upstream.connect())
+        .unwrap();
+        assert!(row.last_error.contains("no stream"), "{}", row.last_error);
+    }
+
+    /// What NATS cannot carry is refused in the handler, before any SQL: its work rolls back.
+    #[test]
+    fn what_nats_cannot_carry_is_refused_in_the_handler() {
+        #[idempotent(consumer = "orders", key = key)]
+        fn publish(
+            conn: &mut SqliteConnection,
+            key: &MessageKey,
+            message: &Message,
+        ) -> Result<(), inbox_diesel::Error> {
+            diesel::sql_query("INSERT INTO effects (message) VALUES ('placed')").execute(conn)?;
+            OUTBOX.publish(conn, message.clone())?;
+            Ok(())
+        }
+        let upstream = store();
+        let key = MessageKey::text("order-3").unwrap();
+        for (message, why) in [
+            (Message::new("orders.*", "x"), "without wildcards"),
+            (
+                Message::new("orders", "x").header("a b", "x"),
+                "without `:` or spaces",
+            ),
+            (
+                Message::new("orders", vec![0; (1 << 20) + 1]),
+                "at most 1048576 bytes",
+            ),
+        ] {
+            let error = publish(&mut upstream.connect(), &key, &message).unwrap_err();
+            assert!(error.to_string().contains(why), "{error}");
+            assert_eq!(error.action(), Action::DeadLetter);
+        }
+        assert!(upstream.effects().is_empty());
+    }
+}

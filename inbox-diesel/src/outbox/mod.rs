@@ -92,6 +92,8 @@ pub struct Limits {
     pub max_key: usize,
     /// The destinations the sink accepts: `Err` with the reason otherwise.
     pub destination: fn(&str) -> Result<(), &'static str>,
+    /// The headers (name, value) the sink accepts: `Err` with the reason otherwise.
+    pub header: fn(&str, &str) -> Result<(), &'static str>,
 }
 
 impl Limits {
@@ -101,7 +103,12 @@ impl Limits {
         max_destination: 255,
         max_key: 255,
         destination: non_empty,
+        header: any_header,
     };
+}
+
+fn any_header(_: &str, _: &str) -> Result<(), &'static str> {
+    Ok(())
 }
 
 fn non_empty(destination: &str) -> Result<(), &'static str> {
@@ -324,6 +331,11 @@ impl Outbox {
                 format!("the destination {}", shown(&message.destination)),
                 why.to_owned(),
             );
+        }
+        for (name, value) in &message.headers {
+            if let Err(why) = (limits.header)(name, value) {
+                return refuse(format!("the header {}", shown(name)), why.to_owned());
+            }
         }
         if message.key.len() > limits.max_key.min(255) {
             return refuse(
