@@ -30,7 +30,9 @@ impl Sink for Downstream {
         let outcome = if self.down.load(Ordering::SeqCst) {
             Err(SinkError::Unavailable("connection refused".into()))
         } else if self.poison.lock().unwrap().contains(&message.id) {
-            Err(SinkError::Rejected("message too large for the server".into()))
+            Err(SinkError::Rejected(
+                "message too large for the server".into(),
+            ))
         } else {
             self.received.lock().unwrap().push(message.clone());
             Ok(())
@@ -50,7 +52,11 @@ impl Downstream {
 fn place(conn: &mut Conn, id: &u64, n: u32, fail: bool) -> Result<(), AppError> {
     diesel::sql_query("UPDATE accounts SET balance = balance + 1 WHERE id = 1").execute(conn)?;
     for at in 0..n {
-        let key = if at < 2 { format!("order-{id}") } else { String::new() };
+        let key = if at < 2 {
+            format!("order-{id}")
+        } else {
+            String::new()
+        };
         OUTBOX.publish(
             conn,
             Message::new("orders", format!("{id}/{at}"))
@@ -123,7 +129,10 @@ fn published_messages_commit_with_the_handler() {
     let db = Db::new("outbox_commit");
     setup(&db);
     let mut conn = db.connect();
-    assert!(matches!(place(&mut conn, &1, 3, true), Err(AppError::Rejected)));
+    assert!(matches!(
+        place(&mut conn, &1, 3, true),
+        Err(AppError::Rejected)
+    ));
     assert_eq!(rows(&db), 0, "a failed body published");
     assert!(place(&mut conn, &1, 3, false).unwrap().is_processed());
     assert!(place(&mut conn, &1, 3, false).unwrap().is_duplicate());
@@ -133,7 +142,11 @@ fn published_messages_commit_with_the_handler() {
     // The same delivery in another database publishes the same ids.
     let other = Db::new("outbox_commit_again");
     setup(&other);
-    assert!(place(&mut other.connect(), &1, 3, false).unwrap().is_processed());
+    assert!(
+        place(&mut other.connect(), &1, 3, false)
+            .unwrap()
+            .is_processed()
+    );
     let ids = |db: &Db| -> Vec<String> {
         #[derive(QueryableByName)]
         struct Id {
@@ -170,7 +183,9 @@ fn what_the_sink_cannot_carry_is_refused_at_append() {
     };
     let error = refused(publish_sized(&mut conn, &1, "orders", 2048));
     assert!(
-        error.to_string().contains("a payload of 2048 bytes cannot be sent: the sink takes at most 1024 bytes"),
+        error
+            .to_string()
+            .contains("a payload of 2048 bytes cannot be sent: the sink takes at most 1024 bytes"),
         "{error}"
     );
     assert_eq!(error.action(), inbox_diesel::Action::DeadLetter);
@@ -180,11 +195,18 @@ fn what_the_sink_cannot_carry_is_refused_at_append() {
     assert!(error.to_string().contains("300 bytes, over 255"), "{error}");
     assert_eq!(rows(&db), 0);
     assert_eq!(balance(&db), 0, "a refused handler's work committed");
-    assert!(publish_sized(&mut conn, &4, "orders", 1024).unwrap().is_processed());
+    assert!(
+        publish_sized(&mut conn, &4, "orders", 1024)
+            .unwrap()
+            .is_processed()
+    );
 
     let outside = OUTBOX.publish(&mut conn, Message::new("orders", "x"));
     let error = Error::from(outside.unwrap_err());
-    assert!(matches!(error, Error::Outbox(OutboxProblem::OutsideHandler)), "{error:?}");
+    assert!(
+        matches!(error, Error::Outbox(OutboxProblem::OutsideHandler)),
+        "{error:?}"
+    );
     assert_eq!(error.action(), inbox_diesel::Action::Alert);
     assert_eq!(rows(&db), 1);
 }
@@ -242,7 +264,10 @@ fn the_relay_sends_each_message_once_in_order() {
     let first = &received[0];
     assert_eq!(first.headers, [("order".to_owned(), "1".to_owned())]);
     assert_eq!(
-        count(&mut db.connect(), "SELECT count(*) AS n FROM outbox WHERE sent_at IS NULL"),
+        count(
+            &mut db.connect(),
+            "SELECT count(*) AS n FROM outbox WHERE sent_at IS NULL"
+        ),
         0
     );
 }
@@ -293,7 +318,11 @@ fn relays_side_by_side_send_each_message_once() {
     assert_eq!(ids.iter().collect::<HashSet<_>>().len(), 180);
     for (key, payloads) in by_key(&received) {
         let id = key.trim_start_matches("order-");
-        assert_eq!(payloads, [format!("{id}/0"), format!("{id}/1")], "{key} out of order");
+        assert_eq!(
+            payloads,
+            [format!("{id}/0"), format!("{id}/1")],
+            "{key} out of order"
+        );
     }
 }
 
@@ -314,7 +343,10 @@ fn a_poison_message_is_parked_and_holds_only_its_key() {
             // Read the rows without sending: a relay whose sink is down claims and hands back.
             let mut conn = connect_url(db.url()).await;
             sink.down.store(true, Ordering::SeqCst);
-            Relay::new(OUTBOX).run_once(&mut conn, &mut sink).await.unwrap();
+            Relay::new(OUTBOX)
+                .run_once(&mut conn, &mut sink)
+                .await
+                .unwrap();
             sink.down.store(false, Ordering::SeqCst);
         });
         let mut conn = db.connect();
@@ -332,7 +364,11 @@ fn a_poison_message_is_parked_and_holds_only_its_key() {
         for row in diesel::sql_query(sql).load::<Row>(&mut conn).unwrap() {
             all.push(inbox_diesel::Uuid::parse_str(&row.id).unwrap());
         }
-        assert_eq!(max_attempts(&mut conn), 0, "an unavailable broker counted attempts");
+        assert_eq!(
+            max_attempts(&mut conn),
+            0,
+            "an unavailable broker counted attempts"
+        );
         all[3]
     };
     downstream.poison.lock().unwrap().insert(poison);
@@ -353,8 +389,15 @@ fn a_poison_message_is_parked_and_holds_only_its_key() {
     let keys = by_key(&received);
     assert_eq!(keys["order-1"], ["1/0", "1/1"]);
     assert_eq!(keys["order-3"], ["3/0", "3/1"]);
-    assert!(!keys.contains_key("order-2"), "sent past a parked message: {keys:?}");
-    assert_eq!(received.len(), 7, "the keyless messages of order 2 wait for nothing");
+    assert!(
+        !keys.contains_key("order-2"),
+        "sent past a parked message: {keys:?}"
+    );
+    assert_eq!(
+        received.len(),
+        7,
+        "the keyless messages of order 2 wait for nothing"
+    );
     let mut conn = db.connect();
     assert_eq!(
         count(
@@ -425,7 +468,10 @@ fn a_send_whose_mark_was_lost_is_sent_again_with_its_id() {
     /// Sends, then never returns: the relay never gets to mark.
     struct Hangs(Downstream);
     impl Sink for Hangs {
-        fn send(&mut self, message: &Outgoing) -> impl Future<Output = Result<(), SinkError>> + Send {
+        fn send(
+            &mut self,
+            message: &Outgoing,
+        ) -> impl Future<Output = Result<(), SinkError>> + Send {
             self.0.received.lock().unwrap().push(message.clone());
             std::future::pending()
         }
@@ -445,7 +491,10 @@ fn a_send_whose_mark_was_lost_is_sent_again_with_its_id() {
         let mut conn = connect_url(db.url()).await;
         let mut sink = downstream.clone();
         // Within the lease: held by the lost round, not sent again.
-        assert_eq!(relay.run_once(&mut conn, &mut sink).await.unwrap().claimed, 0);
+        assert_eq!(
+            relay.run_once(&mut conn, &mut sink).await.unwrap().claimed,
+            0
+        );
         tokio::time::sleep(Duration::from_millis(400)).await;
         while relay.run_once(&mut conn, &mut sink).await.unwrap().claimed > 0 {}
     });
@@ -454,7 +503,10 @@ fn a_send_whose_mark_was_lost_is_sent_again_with_its_id() {
     assert_eq!(ids[0], ids[1], "the message sent again under another id");
     assert_eq!(ids.iter().collect::<HashSet<_>>().len(), 3);
     assert_eq!(
-        count(&mut db.connect(), "SELECT count(*) AS n FROM outbox WHERE sent_at IS NULL"),
+        count(
+            &mut db.connect(),
+            "SELECT count(*) AS n FROM outbox WHERE sent_at IS NULL"
+        ),
         0
     );
 }
