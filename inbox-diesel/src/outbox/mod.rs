@@ -432,6 +432,110 @@ impl Outbox {
     }
 }
 
+/// What [`Outbox::purge`] removed, and what it left for an operator.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OutboxPurge {
+    /// Sent rows removed.
+    pub removed: u64,
+    /// Short `DELETE`s run.
+    pub batches: u32,
+    /// Parked rows, never removed by a purge: delete them, or clear `parked_at` to send them
+    /// again, once their cause is known.
+    pub parked: u64,
+}
+
+impl Outbox {
+    /// Removes the rows sent more than `older_than` ago, `batch` rows per `DELETE` (each its
+    /// own transaction, oldest first through the index on `sent_at`), until none is left;
+    /// unsent and parked rows are never removed. Run it on a connection of its own, outside
+    /// any transaction, on a schedule; with change data capture, the rows can go as soon as
+    /// they are sent.
+    ///
+    /// # Errors
+    /// A database error, or diesel's `AlreadyInTransaction` inside a transaction.
+    pub fn purge<C: crate::InboxConnection>(
+        &self,
+        conn: &mut C,
+        older_than: std::time::Duration,
+        batch: u32,
+    ) -> QueryResult<OutboxPurge> {
+        complete_now(self.purge_batches(&mut Blocking(conn), older_than, batch))
+    }
+
+    /// [`purge`](Self::purge) on a diesel-async connection.
+    ///
+    /// # Errors
+    /// As [`purge`](Self::purge).
+    #[cfg(feature = "async")]
+    pub async fn purge_async<C: crate::AsyncInboxConnection>(
+        &self,
+        conn: &mut C,
+        older_than: std::time::Duration,
+        batch: u32,
+    ) -> QueryResult<OutboxPurge> {
+        self.purge_batches(&mut crate::io::Awaiting(conn), older_than, batch)
+            .await
+    }
+
+    async fn purge_batches<S: Io>(
+        &self,
+        io: &mut S,
+        older_than: std::time::Duration,
+        batch: u32,
+    ) -> QueryResult<OutboxPurge> {
+        crate::backends::refuse_open_transaction(io.transaction_status())?;
+        let backend = S::Backend::BACKEND;
+        let table = backend.quote_table(self.table);
+        let batch = batch.max(1);
+        let (before, after) = S::Backend::LEASE_UNTIL;
+        let p = if backend == Backend::Postgres {
+            "$1"
+        } else {
+            "?"
+        };
+        let cutoff = format!("{before}{p}{after}");
+        let sql = match backend {
+            Backend::Mysql => format!(
+                "DELETE FROM {table} WHERE sent_at < {cutoff} ORDER BY sent_at LIMIT {batch}"
+            ),
+            Backend::Postgres | Backend::Sqlite => format!(
+                "DELETE FROM {table} WHERE seq IN (SELECT seq FROM {table} \
+                 WHERE sent_at < {cutoff} ORDER BY sent_at LIMIT {batch})"
+            ),
+        };
+        let age_ms = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX / 2);
+        let mut report = OutboxPurge::default();
+        loop {
+            let removed = io.execute(&Sql::new(sql.clone()).bind_i64(-age_ms)).await?;
+            report.batches += 1;
+            report.removed += removed as u64;
+            if removed < batch as usize {
+                break;
+            }
+        }
+        #[derive(diesel::QueryableByName)]
+        struct N {
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            n: i64,
+        }
+        let parked: Vec<N> = io
+            .load(&Sql::new(format!(
+                "SELECT count(*) AS n FROM {table} WHERE parked_at IS NOT NULL"
+            )))
+            .await?;
+        report.parked = parked.first().map_or(0, |row| row.n.max(0) as u64);
+        if report.parked > 0 {
+            tracing::warn!(
+                table = self.table,
+                parked = report.parked,
+                "outbox: parked messages wait for an operator"
+            );
+        }
+        Ok(report)
+    }
+}
+
 /// `ux_{table}_id`, `ix_{table}_unsent`, …: within 63 bytes, as every backend takes.
 fn index_name(table: &str, suffix: &str) -> String {
     let prefix = if suffix == "id" { "ux" } else { "ix" };

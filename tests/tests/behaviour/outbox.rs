@@ -510,3 +510,52 @@ fn a_send_whose_mark_was_lost_is_sent_again_with_its_id() {
         0
     );
 }
+
+/// The purge removes sent rows older than the age, in short batches, and never an unsent or
+/// a parked one.
+#[test]
+fn the_purge_removes_sent_rows_only() {
+    let db = Db::new("outbox_purge");
+    setup(&db);
+    keyed_orders(&db, 4);
+    let downstream = Downstream::default();
+    let poison = {
+        // The keyless message of order 4: nothing waits behind it.
+        let mut conn = db.connect();
+        #[derive(QueryableByName)]
+        struct Row {
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            id: String,
+        }
+        let sql = match BACKEND {
+            inbox_diesel::schema::Backend::Postgres => {
+                "SELECT CAST(id AS text) AS id FROM outbox ORDER BY seq DESC LIMIT 1"
+            }
+            _ => "SELECT id FROM outbox ORDER BY seq DESC LIMIT 1",
+        };
+        let row: Row = diesel::sql_query(sql).get_result(&mut conn).unwrap();
+        inbox_diesel::Uuid::parse_str(&row.id).unwrap()
+    };
+    downstream.poison.lock().unwrap().insert(poison);
+    runtime().block_on(async {
+        let mut conn = connect_url(db.url()).await;
+        let relay = Relay::new(OUTBOX).max_attempts(1).batch(5);
+        let mut sink = downstream.clone();
+        while relay.run_once(&mut conn, &mut sink).await.unwrap().claimed > 0 {}
+    });
+    assert_eq!(downstream.ids().len(), 11);
+    let mut conn = db.connect();
+    // Keeps everything younger than an hour.
+    let kept = OUTBOX
+        .purge(&mut conn, Duration::from_secs(3600), 3)
+        .unwrap();
+    assert_eq!((kept.removed, kept.parked), (0, 1));
+    std::thread::sleep(Duration::from_millis(20));
+    let purged = OUTBOX
+        .purge(&mut conn, Duration::from_millis(1), 3)
+        .unwrap();
+    assert_eq!(purged.removed, 11, "{purged:?}");
+    assert_eq!(purged.batches, 4, "{purged:?}");
+    assert_eq!(purged.parked, 1);
+    assert_eq!(rows(&db), 1, "the parked row went");
+}
