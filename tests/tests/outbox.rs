@@ -41,6 +41,7 @@ mod postgres {
     }
 
     include!("behaviour/outbox.rs");
+    include!("behaviour/outbox_server.rs");
 }
 
 #[cfg(feature = "mysql")]
@@ -59,4 +60,5 @@ mod mysql {
     }
 
     include!("behaviour/outbox.rs");
+    include!("behaviour/outbox_server.rs");
 }
