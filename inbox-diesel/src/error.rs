@@ -91,6 +91,13 @@ pub enum Error {
     /// every delivery), or published outside a handler's body (class
     /// [`ErrorClass::Misuse`]).
     Outbox(crate::outbox::OutboxProblem),
+    /// The body wrote on a diesel connection that is not the handler's transaction — a
+    /// helper's own connection, a pool without a wrapper — and the
+    /// [net](crate::tripwire::net) stopped the statement before it was sent. The handler's
+    /// transaction was rolled back (in claim mode, its claim released): nothing of the
+    /// attempt is left. Class [`ErrorClass::Misuse`]: a bug to fix — pass the handler's
+    /// connection to the code that writes.
+    WriteOutsideTransaction(crate::tripwire::net::Escaped),
 }
 
 impl Error {
@@ -107,6 +114,7 @@ impl Error {
             Error::Database { class, .. } => class.clone(),
             Error::Outbox(crate::outbox::OutboxProblem::OutsideHandler) => ErrorClass::Misuse,
             Error::Outbox(_) => ErrorClass::Other,
+            Error::WriteOutsideTransaction(_) => ErrorClass::Misuse,
         }
     }
 }
@@ -173,6 +181,7 @@ impl fmt::Display for Error {
             ),
             Error::Session(problem) => write!(f, "inbox: {problem}"),
             Error::Outbox(problem) => write!(f, "inbox {problem}"),
+            Error::WriteOutsideTransaction(escaped) => write!(f, "inbox: {escaped}"),
             // The server's message is the `source()`: reporters print it after this.
             Error::Database {
                 class, attempts: 1, ..
@@ -193,6 +202,7 @@ impl std::error::Error for Error {
             | Error::ClaimLost { .. }
             | Error::Session(_)
             | Error::Outbox(_)
+            | Error::WriteOutsideTransaction(_)
             | Error::CalledInsideTransaction => None,
             Error::Database { source, .. } | Error::EffectNotRecorded { source, .. } => {
                 Some(source)

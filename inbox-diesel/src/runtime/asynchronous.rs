@@ -180,6 +180,10 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
         self.0
     }
 
+    fn net(&mut self) -> Option<usize> {
+        crate::tripwire::net::Net::id(diesel_async::AsyncConnection::instrumentation(self.0))
+    }
+
     async fn begin(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()> {
         self.0.begin_inbox_transaction(spec, layout.mariadb).await
     }

@@ -32,6 +32,10 @@ pub(crate) trait Steps {
 
     fn conn(&mut self) -> &mut Self::Conn;
 
+    /// The connection's [`Net`](crate::tripwire::net::Net), if it has one: the connection
+    /// the body may write on.
+    fn net(&mut self) -> Option<usize>;
+
     /// Opens the handler's transaction.
     async fn begin(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()>;
 
@@ -687,8 +691,22 @@ where
 
     tracing::debug!(attempt, "claimed; running the body");
     telemetry::attempt(attempt);
-    let result = match run_body(spec, &mut body, steps.conn(), None).await {
+    let net = steps.net();
+    let result = match run_body(spec, &mut body, steps.conn(), None, net).await {
         Ok(result) => result,
+        Err(Panicked(payload)) if payload.is::<tripwire::net::Escaped>() => {
+            let escaped = *payload
+                .downcast::<tripwire::net::Escaped>()
+                .expect("checked by `is`");
+            if let Err(error) = steps
+                .claim_step(run, &key, ClaimStep::Release { attempt })
+                .await
+            {
+                tracing::error!(error = %error, "releasing the claim of a stopped body failed");
+            }
+            telemetry::failed(spec, ErrorClass::Misuse.label());
+            return Err(inbox_error(Error::WriteOutsideTransaction(escaped)));
+        }
         // No transaction is open while a claim-mode body runs. A panic leaves the outcome of
         // the side effect unknown, as a crash does, and is left as one: the claim stays
         // until its lease ends, then is taken over or reported, as the outcome type says.
@@ -1001,8 +1019,20 @@ where
             return Err(Failure::Database(refused_marker(e, &spec.schema)));
         }
     }
-    let result = match run_body(spec, body, steps.conn(), Some(claims.origin(spec))).await {
+    let net = steps.net();
+    let origin = Some(claims.origin(spec));
+    let result = match run_body(spec, body, steps.conn(), origin, net).await {
         Ok(result) => result,
+        Err(Panicked(payload)) if payload.is::<tripwire::net::Escaped>() => {
+            roll_back(steps).await;
+            let escaped = *payload
+                .downcast::<tripwire::net::Escaped>()
+                .expect("checked by `is`");
+            let error = Error::WriteOutsideTransaction(escaped);
+            return Err(Failure::Database(DieselError::QueryBuilderError(Box::new(
+                error,
+            ))));
+        }
         Err(Panicked(payload)) => {
             // Before the panic goes on: roll back, so that the connection is usable again and
             // the marker's lock is released for a redelivery at once.
@@ -1051,10 +1081,11 @@ async fn run_body<C, R, B: Body<C, R>>(
     body: &mut B,
     conn: &mut C,
     origin: Option<uuid::Uuid>,
+    net: Option<usize>,
 ) -> Result<R, Panicked> {
     let mut future = pin!(tripwire::marked(
         Some(spec.consumer.as_str()),
-        crate::outbox::originating(origin, body.call(conn))
+        tripwire::net::handled_on(net, crate::outbox::originating(origin, body.call(conn)))
     ));
     std::future::poll_fn(|cx| {
         // The body's future is not polled again after a panic: it is dropped with the rest.
@@ -1125,6 +1156,10 @@ mod tests {
 
     impl Steps for &mut Script {
         type Conn = Vec<String>;
+
+        fn net(&mut self) -> Option<usize> {
+            None
+        }
 
         fn conn(&mut self) -> &mut Vec<String> {
             &mut self.did

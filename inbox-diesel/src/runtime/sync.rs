@@ -152,6 +152,10 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
         self.0
     }
 
+    fn net(&mut self) -> Option<usize> {
+        crate::tripwire::net::Net::id(diesel::Connection::instrumentation(self.0))
+    }
+
     async fn begin(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()> {
         self.0.begin_inbox_transaction(spec, layout.mariadb)
     }

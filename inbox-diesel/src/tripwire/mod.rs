@@ -106,6 +106,7 @@
 pub mod bb8;
 #[cfg(feature = "deadpool")]
 pub mod deadpool;
+pub mod net;
 #[cfg(feature = "r2d2")]
 pub mod r2d2;
 

@@ -1,0 +1,268 @@
+//! The net under every diesel connection: a write on any connection but the handler's own
+//! transaction, stopped before it reaches the server.
+//!
+//! The compile-time guard sees the handler's body; the pool wrappers see checkouts through
+//! the pools they wrap. What neither sees — a helper's own body that establishes a
+//! connection, a function passed as a value, a trait object holding a checkout, a pool
+//! without a wrapper — reaches the server through a diesel connection all the same, and
+//! every diesel connection (diesel ≥ 2.2, diesel-async ≥ 0.5) reports each statement to its
+//! [`Instrumentation`] before it sends it. [`install`] makes [`Net`] the instrumentation of
+//! every connection established afterwards; while a handler's body runs, the `Net` of any
+//! other connection stops a write (`INSERT`, `UPDATE`, `DELETE`, DDL, …) before it is sent:
+//! the body stops, the handler's transaction rolls back, and the handler returns
+//! [`Error::WriteOutsideTransaction`](crate::Error::WriteOutsideTransaction). Reads on other
+//! connections go through: handlers read through their context's pool.
+//!
+//! ```
+//! # #[cfg(feature = "sqlite")] {
+//! use diesel::connection::SimpleConnection;
+//! use diesel::prelude::*;
+//! use inbox_diesel::{Error, InboxSchema, idempotent, schema};
+//!
+//! // First thing at startup, before any connection or pool is made.
+//! inbox_diesel::tripwire::net::install()?;
+//!
+//! let dir = tempfile::tempdir()?;
+//! let url = dir.path().join("app.db").display().to_string();
+//! let mut conn = SqliteConnection::establish(&url)?;
+//! conn.batch_execute(&schema::sqlite::create_table_sql(&InboxSchema::DEFAULT))?;
+//! conn.batch_execute("CREATE TABLE audit (what TEXT)")?;
+//!
+//! /// Somewhere in a helper, out of the compiler's sight: a connection of its own.
+//! fn audit(url: &str) -> QueryResult<usize> {
+//!     let mut other = SqliteConnection::establish(url).expect("open");
+//!     diesel::sql_query("INSERT INTO audit VALUES ('credit')").execute(&mut other)
+//! }
+//!
+//! #[idempotent(consumer = "credit", key = *id)]
+//! fn credit(conn: &mut SqliteConnection, id: &u64, url: &str) -> Result<(), Error> {
+//!     audit(url)?;
+//!     Ok(())
+//! }
+//!
+//! let refused = credit(&mut conn, &1, &url).unwrap_err();
+//! assert!(matches!(refused, Error::WriteOutsideTransaction { .. }));
+//! # }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! **Limits.** The net sees the statements of the thread (a `fn` handler) or the future (an
+//! `async fn` handler) that runs the body, as the pool tripwire does: work handed to
+//! `std::thread::spawn` or `tokio::spawn`, and statements a `SyncConnectionWrapper` runs on
+//! its blocking thread, are not seen. It sees connections established after [`install`]: a
+//! pool that opened its connections before, or a connection given its own instrumentation
+//! with `set_instrumentation`, has none — give those [`Net::around`] of the instrumentation
+//! they had. A statement that writes through a function (`SELECT archive_row(…)`) reads as
+//! a read. What a write is, is decided by the statement's first keyword (and for `WITH`, by
+//! the keywords of its body).
+
+use std::cell::Cell;
+use std::fmt;
+use std::future::Future;
+use std::pin::pin;
+
+use diesel::connection::{Instrumentation, InstrumentationEvent};
+
+use super::inside_handler;
+
+/// The instrumentation that stops writes outside the handler's transaction: install it with
+/// [`install`], or give a connection one with [`Net::around`] its own instrumentation.
+#[derive(Default)]
+pub struct Net {
+    inner: Option<Box<dyn Instrumentation>>,
+}
+
+impl fmt::Debug for Net {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Net")
+            .field("around", &self.inner.is_some())
+            .finish()
+    }
+}
+
+impl Net {
+    /// A net with no other instrumentation.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A net that passes every event on to `inner` (a logger, a tracer): for a connection
+    /// that has an instrumentation of its own (`conn.set_instrumentation(Net::around(…))`).
+    pub fn around(inner: impl Instrumentation) -> Self {
+        Self {
+            inner: Some(Box::new(inner)),
+        }
+    }
+
+    /// The address this net is known by while its connection runs a handler.
+    pub(crate) fn id(instrumentation: &mut dyn Instrumentation) -> Option<usize> {
+        instrumentation
+            .downcast_ref::<Net>()
+            .map(|net| std::ptr::from_ref(net) as usize)
+    }
+}
+
+impl Instrumentation for Net {
+    fn on_connection_event(&mut self, event: InstrumentationEvent<'_>) {
+        if let InstrumentationEvent::StartQuery { query, .. } = &event
+            && let Some(inside) = inside_handler()
+            && HANDLER_NET.get() != Some(std::ptr::from_ref(self) as usize)
+        {
+            let text = query.to_string();
+            let statement = text.split("-- binds:").next().unwrap_or_default().trim();
+            if writes(statement) {
+                let escaped = Escaped {
+                    consumer: inside.consumer(),
+                    statement: statement.chars().take(120).collect(),
+                };
+                tracing::error!(consumer = escaped.consumer, "{escaped}");
+                // Not `panic!`: the hook would report a panic the runtime turns into an
+                // error. The runtime catches this payload at the body and rolls back.
+                std::panic::resume_unwind(Box::new(escaped));
+            }
+        }
+        if let Some(inner) = &mut self.inner {
+            inner.on_connection_event(event);
+        }
+    }
+}
+
+/// Makes [`Net`] the instrumentation of every diesel connection established from now on
+/// (diesel's `set_default_instrumentation`, which diesel-async's connections read too).
+/// Call it at startup, before the pools open their connections.
+///
+/// # Errors
+/// diesel's, when its global setting is poisoned.
+pub fn install() -> diesel::QueryResult<()> {
+    diesel::connection::set_default_instrumentation(|| Some(Box::new(Net::new())))
+}
+
+/// A write on another connection, stopped: what the runtime turns into
+/// [`Error::WriteOutsideTransaction`](crate::Error::WriteOutsideTransaction).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Escaped {
+    /// The handler whose body ran the write.
+    pub consumer: &'static str,
+    /// The statement, cut at 120 characters.
+    pub statement: String,
+}
+
+impl fmt::Display for Escaped {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "a write on a connection that is not the #[idempotent] handler `{}`'s transaction \
+             was stopped before it was sent (`{}`): it would commit on its own, whatever the \
+             inbox decides, and a redelivery would apply it again. Pass the handler's \
+             connection to the code that writes; if the write must commit on its own, say so \
+             with `inbox_diesel::tripwire::allow_outside_transaction(\"why\", || …)`",
+            self.consumer, self.statement
+        )
+    }
+}
+
+impl std::error::Error for Escaped {}
+
+thread_local! {
+    /// The net of the handler's own connection, while its body runs on this thread.
+    static HANDLER_NET: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// Puts back what `HANDLER_NET` held before a poll.
+struct Restore(Option<usize>);
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        HANDLER_NET.set(self.0);
+    }
+}
+
+/// Runs `body` with `net` known as the handler's own connection during each of its polls.
+pub(crate) async fn handled_on<F: Future>(net: Option<usize>, body: F) -> F::Output {
+    let mut body = pin!(body);
+    std::future::poll_fn(move |cx| {
+        let _restore = Restore(HANDLER_NET.replace(net));
+        body.as_mut().poll(cx)
+    })
+    .await
+}
+
+/// Whether `statement` writes: by its first keyword, after comments and parentheses; a
+/// `WITH` writes when its body has a data-changing keyword.
+pub(crate) fn writes(statement: &str) -> bool {
+    let words: Vec<String> = without_comments(statement)
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|word| !word.is_empty())
+        .map(str::to_ascii_uppercase)
+        .collect();
+    let Some(first) = words.first() else {
+        return false;
+    };
+    const CHANGING: [&str; 6] = ["INSERT", "UPDATE", "DELETE", "MERGE", "REPLACE", "UPSERT"];
+    match first.as_str() {
+        "WITH" => words.iter().any(|word| CHANGING.contains(&word.as_str())),
+        "SELECT" | "VALUES" | "TABLE" | "SHOW" | "EXPLAIN" | "DESCRIBE" | "DESC" | "PRAGMA"
+        | "SET" | "RESET" | "BEGIN" | "START" | "COMMIT" | "ROLLBACK" | "SAVEPOINT" | "RELEASE"
+        | "PREPARE" | "DEALLOCATE" | "DISCARD" | "LISTEN" | "UNLISTEN" | "USE" | "FETCH"
+        | "CLOSE" | "DECLARE" | "MOVE" => false,
+        _ => true,
+    }
+}
+
+/// `statement` with its `/* … */` and `-- …` comments blanked out.
+fn without_comments(statement: &str) -> String {
+    let mut out = String::with_capacity(statement.len());
+    let mut rest = statement;
+    while !rest.is_empty() {
+        if let Some(after) = rest.strip_prefix("/*") {
+            rest = after.split_once("*/").map_or("", |(_, tail)| tail);
+            out.push(' ');
+        } else if let Some(after) = rest.strip_prefix("--") {
+            rest = after.split_once('\n').map_or("", |(_, tail)| tail);
+            out.push(' ');
+        } else {
+            let mut chars = rest.chars();
+            out.extend(chars.next());
+            rest = chars.as_str();
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::writes;
+
+    #[test]
+    fn writes_are_told_from_reads() {
+        for write in [
+            "INSERT INTO audit VALUES (1)",
+            "  update accounts set n = 1",
+            "DELETE FROM x",
+            "WITH moved AS (DELETE FROM a RETURNING *) SELECT * FROM moved",
+            "CREATE TABLE t (a int)",
+            "TRUNCATE t",
+            "CALL archive()",
+            "COPY t FROM STDIN",
+            "REPLACE INTO t VALUES (1)",
+            "/* audit */ INSERT INTO audit VALUES (1)",
+            "-- a note\nDELETE FROM x",
+        ] {
+            assert!(writes(write), "{write}");
+        }
+        for read in [
+            "SELECT 1",
+            "select * from accounts where id = $1",
+            "WITH x AS (SELECT 1) SELECT * FROM x",
+            "SHOW search_path",
+            "BEGIN",
+            "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+            "",
+            "PRAGMA busy_timeout = 5000",
+            "/* report */ SELECT count(*) FROM orders",
+            "-- a note\nSELECT 1",
+        ] {
+            assert!(!writes(read), "{read}");
+        }
+    }
+}
