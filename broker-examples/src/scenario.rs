@@ -219,6 +219,9 @@ pub struct Tally {
     ids: Vec<String>,
     /// Copies published.
     pub published: u64,
+    /// Of those, copies the broker dropped on arrival as duplicates of a message it had
+    /// stored (JetStream within its duplicate window): never delivered. Printed when not 0.
+    pub deduplicated_by_broker: u64,
     consumers: Vec<(String, PerConsumer)>,
     /// Deliveries after the kill: consumer, message, the broker's redelivered flag.
     after_kill: Vec<(String, String, bool)>,
@@ -243,6 +246,7 @@ impl Tally {
         Self {
             ids,
             published,
+            deduplicated_by_broker: 0,
             consumers: [VICTIM, SURVIVOR, RESTARTED]
                 .iter()
                 .map(|name| ((*name).to_owned(), PerConsumer::default()))
@@ -392,7 +396,7 @@ impl Tally {
         match &self.kill {
             Some(kill) => println!(
                 "{VICTIM} was killed (SIGKILL) after {} answers, {} the handler of {}; \
-                 the broker took back its {} deliveries without an answer ({}); \
+                 the broker took back its {} without an answer ({}); \
                  restarted as {RESTARTED}\n",
                 kill.answered_before,
                 if kill.late {
@@ -401,7 +405,10 @@ impl Tally {
                     "in the middle of"
                 },
                 kill.id,
-                kill.in_hand.values().sum::<u32>(),
+                match kill.in_hand.values().sum::<u32>() {
+                    1 => "1 delivery".to_owned(),
+                    n => format!("{n} deliveries"),
+                },
                 kill.in_hand
                     .iter()
                     .map(|(id, n)| match n {
@@ -417,10 +424,14 @@ impl Tally {
         let problems = self.verdict();
         if problems.is_empty() {
             println!(
-                "\nOK: each of the {} messages applied exactly once ({} copies published, {} \
+                "\nOK: each of the {} messages applied exactly once ({} copies published{}, {} \
                  deliveries) in {:.1} s",
                 self.ids.len(),
                 self.published,
+                match self.deduplicated_by_broker {
+                    0 => String::new(),
+                    n => format!(", {n} dropped by the broker"),
+                },
                 self.consumers.iter().map(|(_, c)| c.delivered).sum::<u64>(),
                 self.elapsed.as_secs_f64(),
             );
@@ -451,6 +462,13 @@ impl Tally {
         };
         let blank = || vec![String::new(); names.len()];
         row("published", blank(), self.published.to_string());
+        if self.deduplicated_by_broker > 0 {
+            row(
+                "deduplicated by the broker",
+                blank(),
+                self.deduplicated_by_broker.to_string(),
+            );
+        }
         // The third field: the victim has no value, as it receives nothing after the kill.
         for (label, pick, victim_blank) in [
             (
