@@ -9,7 +9,7 @@
 //! `--schema lean` runs the inbox without its surrogate key on SQLite and PostgreSQL (the
 //! variants that need the shipped `table!` and purge are left out), to compare the two.
 //!
-//! `--instructions <plain|idempotent|hand-written> <n>` runs `n` messages of one variant on
+//! `--instructions <plain|idempotent|outbox|hand-written> <n>` runs `n` messages of one variant on
 //! SQLite, one at a time, and nothing else: for `valgrind --tool=callgrind`, whose
 //! instruction count a shared machine's load does not move (BENCHMARKS.md).
 //!
@@ -23,6 +23,7 @@
 //!
 //! - `plain`: the write in a diesel transaction, no inbox: the baseline;
 //! - `#[idempotent]`: the library;
+//! - `+ outbox`: `#[idempotent]` that also publishes one 100-byte message to the outbox;
 //! - `hand-written`: what the library does, written with diesel's query builder (claim-first
 //!   insert, then the write) — the difference is the library's own overhead;
 //! - `duplicate`: `#[idempotent]` on keys already processed;
@@ -53,6 +54,9 @@ use inbox_diesel::purge::{Purge, purge};
 use inbox_diesel::{InboxSchema, Uuid, idempotent};
 
 use designs::*;
+
+/// The outbox the `+ outbox` variant publishes to.
+static OUTBOX: inbox_diesel::outbox::Outbox = inbox_diesel::outbox::Outbox::new("outbox");
 use measure::*;
 use variants::*;
 
@@ -129,6 +133,8 @@ fn sqlite_database(dir: &std::path::Path) -> impl Fn() -> diesel::SqliteConnecti
         false => inbox_diesel::schema::sqlite::create_table_sql(&InboxSchema::DEFAULT),
     };
     conn.batch_execute(&inbox).unwrap();
+    conn.batch_execute(&OUTBOX.create_table_sql(inbox_diesel::schema::Backend::Sqlite))
+        .unwrap();
     for statement in accounts_sql() {
         conn.batch_execute(&statement).unwrap();
     }
@@ -228,6 +234,7 @@ fn bench_postgres(seconds: f64) {
         false => inbox_diesel::schema::postgres::create_table_sql(&InboxSchema::DEFAULT),
     }];
     schema.extend(accounts_sql());
+    schema.push(OUTBOX.create_table_sql(inbox_diesel::schema::Backend::Postgres));
     let (url, _drop) = server_database::<diesel::PgConnection>(&admin, &schema);
     let connect = || diesel::PgConnection::establish(&url).unwrap();
     let version: String = diesel::select(diesel::dsl::sql::<diesel::sql_types::Text>(
@@ -325,6 +332,7 @@ fn bench_mysql(seconds: f64) {
         &InboxSchema::DEFAULT,
     )];
     schema.extend(accounts_sql());
+    schema.push(OUTBOX.create_table_sql(inbox_diesel::schema::Backend::Mysql));
     let (url, _drop) = server_database::<diesel::MysqlConnection>(&admin, &schema);
     let connect = || diesel::MysqlConnection::establish(&url).unwrap();
     let version: String = diesel::select(diesel::dsl::sql::<diesel::sql_types::Text>("VERSION()"))

@@ -6,9 +6,10 @@ use super::*;
 
 pub(crate) const CONSUMER: &str = "bench";
 pub(crate) const CONCURRENCY: [usize; 3] = [1, 4, 16];
-pub(crate) const VARIANTS: [&str; 6] = [
+pub(crate) const VARIANTS: [&str; 7] = [
     "plain",
     "#[idempotent]",
+    "+ outbox",
     "hand-written",
     "duplicate",
     "naive",
@@ -114,6 +115,11 @@ pub(crate) fn report(backend: &str, cells: &[Cell]) {
             "library overhead, #[idempotent] / hand-written",
             "#[idempotent]",
             "hand-written",
+        ),
+        (
+            "#[idempotent] publishing one message to the outbox / #[idempotent]",
+            "+ outbox",
+            "#[idempotent]",
         ),
         (
             "duplicate path / processing path",

@@ -33,6 +33,18 @@ macro_rules! backend {
                 write(conn, worker)
             }
 
+            /// `handler` that also publishes one message of 100 bytes to the outbox.
+            #[idempotent(consumer = "bench", key = *id)]
+            fn publishing(conn: &mut Conn, id: &Uuid, worker: usize) -> QueryResult<()> {
+                write(conn, worker)?;
+                OUTBOX.publish(
+                    conn,
+                    inbox_diesel::outbox::Message::new("bench.credited", [7u8; 100])
+                        .key(worker.to_string()),
+                )?;
+                Ok(())
+            }
+
             /// The batch form: the same write once per new message, one transaction per batch.
             #[idempotent(consumer = "bench", batch = ids, key = |id| *id)]
             fn batch_handler(conn: &mut Conn, ids: &[Uuid], worker: usize) -> QueryResult<usize> {
@@ -147,9 +159,10 @@ macro_rules! backend {
                     match variant {
                         "plain" => conn.$begin(|c| write(c, 0)).unwrap(),
                         "idempotent" => assert!(handler(conn, &id, 0).unwrap().is_processed()),
+                        "outbox" => assert!(publishing(conn, &id, 0).unwrap().is_processed()),
                         "hand-written" => hand_written(conn, id, 0).unwrap(),
                         other => panic!(
-                            "--instructions takes plain, idempotent or hand-written, not {other}"
+                            "--instructions takes plain, idempotent, outbox or hand-written, not {other}"
                         ),
                     }
                 }
@@ -175,6 +188,11 @@ macro_rules! backend {
                                 }),
                                 "#[idempotent]" => Box::new(move |c, w, n| {
                                     let outcome = handler(c, &key(run, w, n), w).unwrap();
+                                    assert!(outcome.is_processed());
+                                    1
+                                }),
+                                "+ outbox" => Box::new(move |c, w, n| {
+                                    let outcome = publishing(c, &key(run, w, n), w).unwrap();
                                     assert!(outcome.is_processed());
                                     1
                                 }),

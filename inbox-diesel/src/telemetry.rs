@@ -89,7 +89,15 @@ pub fn process_span(system: &'static str, destination: &str, delivery_count: u32
 /// Records on a delivery's span ([`process_span`]) how the pump settled it: `ack`, `retry`,
 /// `dead_letter` or `halt` ([`Settlement::as_str`](crate::Settlement::as_str)).
 pub fn record_settlement(span: &Span, settlement: crate::Settlement) {
-    span.record("inbox.settlement", settlement.as_str());
+    record(span, "inbox.settlement", settlement.as_str());
+}
+
+/// Records `value` on `span` — unless no subscriber wants the span: a disabled span still
+/// looks each field up by name, a cost on every delivery of a process without tracing.
+fn record(span: &Span, field: &str, value: impl tracing::Value) {
+    if !span.is_disabled() {
+        span.record(field, value);
+    }
 }
 
 /// Whether `span` is a delivery's span ([`process_span`], or the runtime's own).
@@ -112,7 +120,8 @@ impl Run {
     /// A run of one message.
     pub(crate) fn message(spec: &'static HandlerSpec, key: &MessageKey, claim: bool) -> Self {
         let run = Self::start(spec, claim);
-        run.span.record(
+        record(
+            &run.span,
             "messaging.message.id",
             tracing::field::display(key.stored_id()),
         );
@@ -124,7 +133,8 @@ impl Run {
     /// A run of a batch of `len` messages.
     pub(crate) fn batch(spec: &'static HandlerSpec, len: usize) -> Self {
         let run = Self::start(spec, false);
-        run.span.record(
+        record(
+            &run.span,
             "messaging.batch.message_count",
             i64::try_from(len).unwrap_or(i64::MAX),
         );
@@ -164,7 +174,7 @@ impl Run {
             );
             (span, true)
         };
-        span.record("messaging.consumer.group.name", consumer);
+        record(&span, "messaging.consumer.group.name", consumer);
         Self {
             span,
             own,
@@ -204,7 +214,7 @@ impl Run {
     }
 
     fn end(self, outcome: &'static str) {
-        self.span.record("inbox.outcome", outcome);
+        record(&self.span, "inbox.outcome", outcome);
         #[cfg(feature = "metrics")]
         {
             let seconds = self.started.elapsed().as_secs_f64();
@@ -240,8 +250,8 @@ pub(crate) fn failed(spec: &HandlerSpec, label: &'static str) {
 }
 
 fn fail(span: &Span, spec: &HandlerSpec, label: &'static str) {
-    span.record("error.type", label);
-    span.record("otel.status_code", "ERROR");
+    record(span, "error.type", label);
+    record(span, "otel.status_code", "ERROR");
     #[cfg(feature = "metrics")]
     metrics::counter!(
         "inbox.outcomes",
@@ -258,7 +268,7 @@ fn fail(span: &Span, spec: &HandlerSpec, label: &'static str) {
 /// mode: the claim's attempt).
 pub(crate) fn attempt(attempt: u32) {
     // As i64: OpenTelemetry attributes have no unsigned integers.
-    Span::current().record("inbox.attempt", i64::from(attempt));
+    record(&Span::current(), "inbox.attempt", i64::from(attempt));
 }
 
 /// A transaction of the run is retried after a failure of `class`.

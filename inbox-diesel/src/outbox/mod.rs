@@ -275,7 +275,7 @@ impl Outbox {
         }));
         let id = message
             .id
-            .unwrap_or_else(|| message_id(origin.id, position));
+            .unwrap_or_else(|| message_id(origin.seed.origin(), position));
         let backend = S::Backend::BACKEND;
         let table = backend.quote_table(self.table);
         let headers = headers_json(&message.headers);
@@ -584,6 +584,25 @@ fn headers_json(headers: &[(String, String)]) -> String {
 /// The namespace of outbox ids (UUID v5).
 const NAMESPACE: Uuid = Uuid::from_u128(0x6f75_7462_6f78_4000_8000_696e_626f_7821);
 
+/// What the origin of a run's messages is derived from, computed when the body first
+/// publishes (most bodies publish nothing, and pay nothing).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Seed {
+    /// One message: its stored id and the consumer.
+    Key(Uuid, &'static str),
+    /// A batch: its origin, derived from all its keys.
+    Origin(Uuid),
+}
+
+impl Seed {
+    fn origin(self) -> Uuid {
+        match self {
+            Seed::Key(id, consumer) => origin([id], consumer),
+            Seed::Origin(origin) => origin,
+        }
+    }
+}
+
 /// The origin of the messages a handler run publishes: its key and consumer.
 pub(crate) fn origin(stored_ids: impl IntoIterator<Item = Uuid>, consumer: &str) -> Uuid {
     let mut name = Vec::with_capacity(16 + consumer.len() + 1);
@@ -605,7 +624,7 @@ fn message_id(origin: Uuid, position: u32) -> Uuid {
 
 #[derive(Debug, Clone, Copy)]
 struct Origin {
-    id: Uuid,
+    seed: Seed,
     next: u32,
 }
 
@@ -632,11 +651,11 @@ impl Drop for Restore<'_> {
 /// Runs `body` with its run's origin set during each of its polls (as the tripwire's mark):
 /// `publish` numbers the messages from 0 in each attempt, so that a body run again after a
 /// transient failure publishes the same ids.
-pub(crate) async fn originating<F: Future>(origin: Option<Uuid>, body: F) -> F::Output {
+pub(crate) async fn originating<F: Future>(origin: Option<Seed>, body: F) -> F::Output {
     let mut body = pin!(body);
     let mut next = 0;
     std::future::poll_fn(move |cx| {
-        let previous = RUN.replace(origin.map(|id| Origin { id, next }));
+        let previous = RUN.replace(origin.map(|seed| Origin { seed, next }));
         let _restore = Restore {
             previous,
             next: &mut next,

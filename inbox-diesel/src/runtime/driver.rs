@@ -467,7 +467,7 @@ pub(crate) trait Claims {
 
     /// The origin of the messages the body publishes to the outbox: the keys and the
     /// consumer ([`crate::outbox`]).
-    fn origin(&self, spec: &HandlerSpec) -> uuid::Uuid;
+    fn origin(&self, spec: &'static HandlerSpec) -> crate::outbox::Seed;
 
     /// `precheck = true`: whether the work was completed before, read outside any
     /// transaction. A failed read is not an answer: the transaction then decides.
@@ -482,8 +482,8 @@ pub(crate) trait Claims {
 }
 
 impl Claims for MessageKey {
-    fn origin(&self, spec: &HandlerSpec) -> uuid::Uuid {
-        crate::outbox::origin([self.stored_id()], spec.consumer.as_str())
+    fn origin(&self, spec: &'static HandlerSpec) -> crate::outbox::Seed {
+        crate::outbox::Seed::Key(self.stored_id(), spec.consumer.as_str())
     }
 
     async fn claim<S: Steps>(
@@ -546,8 +546,11 @@ impl<'n> BatchClaims<'n> {
 }
 
 impl Claims for BatchClaims<'_> {
-    fn origin(&self, spec: &HandlerSpec) -> uuid::Uuid {
-        crate::outbox::origin(self.ids.iter().map(|&(id, _)| id), spec.consumer.as_str())
+    fn origin(&self, spec: &'static HandlerSpec) -> crate::outbox::Seed {
+        crate::outbox::Seed::Origin(crate::outbox::origin(
+            self.ids.iter().map(|&(id, _)| id),
+            spec.consumer.as_str(),
+        ))
     }
 
     async fn claim<S: Steps>(
@@ -1080,7 +1083,7 @@ async fn run_body<C, R, B: Body<C, R>>(
     spec: &'static HandlerSpec,
     body: &mut B,
     conn: &mut C,
-    origin: Option<uuid::Uuid>,
+    origin: Option<crate::outbox::Seed>,
     net: Option<usize>,
 ) -> Result<R, Panicked> {
     let mut future = pin!(tripwire::marked(
