@@ -42,6 +42,53 @@ mod postgres {
 
     include!("behaviour/outbox.rs");
     include!("behaviour/outbox_server.rs");
+
+    /// `notify_on_commit`: a relay idling for a minute wakes when a handler's transaction
+    /// commits a message, rather than at the end of its pause.
+    #[test]
+    fn a_relay_wakes_on_the_commit_where_the_server_notifies() {
+        static NOTIFYING: Outbox = Outbox::new("outbox").notify_on_commit();
+
+        #[idempotent(consumer = "notify", key = *id)]
+        fn announce(conn: &mut Conn, id: &u64) -> Result<(), AppError> {
+            NOTIFYING.publish(conn, Message::new("orders", format!("{id}")))?;
+            Ok(())
+        }
+
+        let db = Db::new("outbox_notify");
+        setup(&db);
+        let downstream = Downstream::default();
+        let received = downstream.received.clone();
+        let url = db.url().to_owned();
+        let started = std::time::Instant::now();
+        let report = runtime().block_on(async {
+            let mut conn = connect_url(&url).await;
+            let relay = Relay::new(NOTIFYING).idle(Duration::from_secs(60));
+            let mut sink = downstream.clone();
+            let publisher = tokio::task::spawn_blocking({
+                let url = url.clone();
+                move || {
+                    // After the relay found nothing and went idle.
+                    std::thread::sleep(Duration::from_millis(300));
+                    let mut conn = <Conn as diesel::Connection>::establish(&url).unwrap();
+                    assert!(announce(&mut conn, &1).unwrap().is_processed());
+                }
+            });
+            let stop = async move {
+                while received.lock().unwrap().is_empty() {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            };
+            let report = relay.run(&mut conn, &mut sink, stop).await.unwrap();
+            publisher.await.unwrap();
+            report
+        });
+        assert_eq!(report.sent, 1, "{report:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the relay waited out its idle pause: no notification"
+        );
+    }
 }
 
 #[cfg(feature = "mysql")]

@@ -202,6 +202,7 @@ impl fmt::Display for OutboxProblem {
 pub struct Outbox {
     table: &'static str,
     limits: Limits,
+    notify: bool,
 }
 
 impl Outbox {
@@ -218,12 +219,31 @@ impl Outbox {
         Self {
             table,
             limits: Limits::TABLE,
+            notify: false,
         }
     }
 
     /// The sink's limits (each broker crate exports its own, e.g. `inbox_nats::LIMITS`).
     pub const fn limits(self, limits: Limits) -> Self {
         Self { limits, ..self }
+    }
+
+    /// PostgreSQL: each publish also sends `NOTIFY` on [`channel`](Self::channel), delivered
+    /// when the handler's transaction commits, and a relay on an `AsyncPgConnection` wakes on
+    /// it instead of waiting out its idle pause — a hint: the relay still polls, and a lost
+    /// notification only delays a message. The other backends have no such signal, and ignore
+    /// it. `NOTIFY` serialises the commits that send it on a server-wide lock: leave it off
+    /// where many handlers commit at once and the idle pause is short enough.
+    pub const fn notify_on_commit(self) -> Self {
+        Self {
+            notify: true,
+            ..self
+        }
+    }
+
+    /// The channel of [`notify_on_commit`](Self::notify_on_commit): `outbox:` and the table.
+    pub fn channel(&self) -> String {
+        format!("outbox:{}", self.table)
     }
 
     /// The table's name.
@@ -280,6 +300,12 @@ impl Outbox {
         let table = backend.quote_table(self.table);
         let headers = headers_json(&message.headers);
         let sql = match backend {
+            // The notification in the same statement: no round trip of its own.
+            Backend::Postgres if self.notify => format!(
+                "WITH appended AS (INSERT INTO {table} (id, destination, ordering_key, headers, \
+                 payload) VALUES (CAST($1 AS uuid), $2, $3, $4, $5) RETURNING seq) \
+                 SELECT pg_notify($6, '') FROM appended"
+            ),
             Backend::Postgres => format!(
                 "INSERT INTO {table} (id, destination, ordering_key, headers, payload) \
                  VALUES (CAST($1 AS uuid), $2, $3, $4, $5)"
@@ -293,15 +319,16 @@ impl Outbox {
                  VALUES (?, ?, ?, ?, ?)"
             ),
         };
-        io.execute(
-            &Sql::new(sql)
-                .bind_text(id.to_string())
-                .bind_text(message.destination)
-                .bind_text(message.key)
-                .bind_text(headers)
-                .bind_bytes(message.payload),
-        )
-        .await?;
+        let mut sql = Sql::new(sql)
+            .bind_text(id.to_string())
+            .bind_text(message.destination)
+            .bind_text(message.key)
+            .bind_text(headers)
+            .bind_bytes(message.payload);
+        if self.notify && backend == Backend::Postgres {
+            sql = sql.bind_text(self.channel());
+        }
+        io.execute(&sql).await?;
         Ok(id)
     }
 

@@ -175,13 +175,14 @@ impl Relay {
     /// (the rows this round claimed are claimed again when their lease ends).
     pub async fn run<C, S, F>(&self, conn: &mut C, sink: &mut S, shutdown: F) -> QueryResult<Report>
     where
-        C: crate::AsyncInboxConnection,
+        C: crate::AsyncInboxConnection + 'static,
         S: Sink,
         F: Future<Output = ()>,
     {
         let mut shutdown = std::pin::pin!(shutdown);
         let mut report = Report::default();
         let mut pause = self.backoff.0;
+        let listening = self.listen(conn).await?;
         loop {
             let round = self.run_once(conn, sink).await?;
             report.add(&round);
@@ -198,6 +199,9 @@ impl Relay {
                 (round.claimed == 0).then_some(self.idle)
             };
             let stop = match wait {
+                Some(wait) if listening && !round.unavailable => {
+                    woken_unless(conn, &mut shutdown, wait).await
+                }
                 Some(wait) => sleep_unless(&mut shutdown, wait).await,
                 None => is_ready(&mut shutdown).await,
             };
@@ -205,6 +209,29 @@ impl Relay {
                 return Ok(report);
             }
         }
+    }
+
+    /// PostgreSQL, an outbox that notifies on commit, an `AsyncPgConnection`: `LISTEN` on its
+    /// channel; whether the relay listens.
+    async fn listen<C: crate::AsyncInboxConnection + 'static>(
+        &self,
+        conn: &mut C,
+    ) -> QueryResult<bool> {
+        #[cfg(feature = "postgres")]
+        if self.outbox.notify
+            && let Some(pg) =
+                (conn as &mut dyn std::any::Any).downcast_mut::<diesel_async::AsyncPgConnection>()
+        {
+            let channel = self.outbox.channel().replace('"', "\"\"");
+            diesel_async::SimpleAsyncConnection::batch_execute(
+                pg,
+                &format!("LISTEN \"{channel}\""),
+            )
+            .await?;
+            return Ok(true);
+        }
+        let _ = conn;
+        Ok(false)
     }
 
     /// One round: claim, send, mark.
@@ -464,6 +491,35 @@ impl Report {
 /// Whether `future` is complete now, without waiting for it.
 async fn is_ready<F: Future<Output = ()>>(future: &mut std::pin::Pin<&mut F>) -> bool {
     std::future::poll_fn(|cx| std::task::Poll::Ready(future.as_mut().poll(cx).is_ready())).await
+}
+
+/// Waits `pause`, or less if a notification arrives on `conn` (an `AsyncPgConnection` that
+/// listens) or `stop` completes first: whether `stop` did.
+async fn woken_unless<C: 'static, F: Future<Output = ()>>(
+    conn: &mut C,
+    stop: &mut std::pin::Pin<&mut F>,
+    pause: Duration,
+) -> bool {
+    #[cfg(feature = "postgres")]
+    if let Some(pg) =
+        (conn as &mut dyn std::any::Any).downcast_mut::<diesel_async::AsyncPgConnection>()
+    {
+        use futures_core::Stream;
+        let mut notified = std::pin::pin!(pg.notifications_stream());
+        let mut sleep = std::pin::pin!(tokio::time::sleep(pause));
+        return std::future::poll_fn(|cx| {
+            if stop.as_mut().poll(cx).is_ready() {
+                return std::task::Poll::Ready(true);
+            }
+            if notified.as_mut().poll_next(cx).is_ready() || sleep.as_mut().poll(cx).is_ready() {
+                return std::task::Poll::Ready(false);
+            }
+            std::task::Poll::Pending
+        })
+        .await;
+    }
+    let _ = conn;
+    sleep_unless(stop, pause).await
 }
 
 /// Waits `pause`, or less if `stop` completes first: whether it did.
