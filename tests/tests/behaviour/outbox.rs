@@ -110,6 +110,27 @@ fn max_attempts(conn: &mut Conn) -> i64 {
     )
 }
 
+/// The outbox's message ids, in the order they were written.
+fn outbox_ids(db: &Db) -> Vec<inbox_diesel::Uuid> {
+    #[derive(QueryableByName)]
+    struct Id {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        id: String,
+    }
+    let sql = match BACKEND {
+        inbox_diesel::schema::Backend::Postgres => {
+            "SELECT CAST(id AS text) AS id FROM outbox ORDER BY seq"
+        }
+        _ => "SELECT id FROM outbox ORDER BY seq",
+    };
+    diesel::sql_query(sql)
+        .load::<Id>(&mut db.connect())
+        .unwrap()
+        .into_iter()
+        .map(|row| inbox_diesel::Uuid::parse_str(&row.id).unwrap())
+        .collect()
+}
+
 fn rows(db: &Db) -> i64 {
     count(&mut db.connect(), "SELECT count(*) AS n FROM outbox")
 }
@@ -147,27 +168,8 @@ fn published_messages_commit_with_the_handler() {
             .unwrap()
             .is_processed()
     );
-    let ids = |db: &Db| -> Vec<String> {
-        #[derive(QueryableByName)]
-        struct Id {
-            #[diesel(sql_type = diesel::sql_types::Text)]
-            id: String,
-        }
-        let sql = match BACKEND {
-            inbox_diesel::schema::Backend::Postgres => {
-                "SELECT CAST(id AS text) AS id FROM outbox ORDER BY seq"
-            }
-            _ => "SELECT id FROM outbox ORDER BY seq",
-        };
-        diesel::sql_query(sql)
-            .load::<Id>(&mut db.connect())
-            .unwrap()
-            .into_iter()
-            .map(|row| row.id)
-            .collect()
-    };
-    assert_eq!(ids(&db), ids(&other));
-    assert_eq!(ids(&db).iter().collect::<HashSet<_>>().len(), 3);
+    assert_eq!(outbox_ids(&db), outbox_ids(&other));
+    assert_eq!(outbox_ids(&db).iter().collect::<HashSet<_>>().len(), 3);
 }
 
 /// What the sink cannot carry is refused inside the handler, before any SQL: the handler's
@@ -350,20 +352,7 @@ fn a_poison_message_is_parked_and_holds_only_its_key() {
             sink.down.store(false, Ordering::SeqCst);
         });
         let mut conn = db.connect();
-        #[derive(QueryableByName)]
-        struct Row {
-            #[diesel(sql_type = diesel::sql_types::Text)]
-            id: String,
-        }
-        let sql = match BACKEND {
-            inbox_diesel::schema::Backend::Postgres => {
-                "SELECT CAST(id AS text) AS id FROM outbox ORDER BY seq"
-            }
-            _ => "SELECT id FROM outbox ORDER BY seq",
-        };
-        for row in diesel::sql_query(sql).load::<Row>(&mut conn).unwrap() {
-            all.push(inbox_diesel::Uuid::parse_str(&row.id).unwrap());
-        }
+        all.extend(outbox_ids(&db));
         assert_eq!(
             max_attempts(&mut conn),
             0,
@@ -521,20 +510,7 @@ fn the_purge_removes_sent_rows_only() {
     let downstream = Downstream::default();
     let poison = {
         // The keyless message of order 4: nothing waits behind it.
-        let mut conn = db.connect();
-        #[derive(QueryableByName)]
-        struct Row {
-            #[diesel(sql_type = diesel::sql_types::Text)]
-            id: String,
-        }
-        let sql = match BACKEND {
-            inbox_diesel::schema::Backend::Postgres => {
-                "SELECT CAST(id AS text) AS id FROM outbox ORDER BY seq DESC LIMIT 1"
-            }
-            _ => "SELECT id FROM outbox ORDER BY seq DESC LIMIT 1",
-        };
-        let row: Row = diesel::sql_query(sql).get_result(&mut conn).unwrap();
-        inbox_diesel::Uuid::parse_str(&row.id).unwrap()
+        *outbox_ids(&db).last().unwrap()
     };
     downstream.poison.lock().unwrap().insert(poison);
     runtime().block_on(async {
