@@ -35,6 +35,7 @@
 //! | `inbox.retries` | counter (transactions retried in the run) | `messaging.consumer.group.name`, `error.type` |
 //! | `inbox.stale_claims` | counter (claims whose lease ended without completion) | `messaging.consumer.group.name`, `inbox.action` (`taken_over`, `reported`) |
 //! | `inbox.purged` | counter (rows) | `inbox.table` |
+//! | `inbox.settlements` | counter (deliveries a pump settled) | `messaging.system`, `inbox.settlement` (`ack`, `retry`, `dead_letter`, `halt`) |
 //!
 //! [semconv]: https://opentelemetry.io/docs/specs/semconv/messaging/messaging-spans/
 //! [`tracing-opentelemetry`]: https://docs.rs/tracing-opentelemetry
@@ -88,8 +89,30 @@ pub fn process_span(system: &'static str, destination: &str, delivery_count: u32
 
 /// Records on a delivery's span ([`process_span`]) how the pump settled it: `ack`, `retry`,
 /// `dead_letter` or `halt` ([`Settlement::as_str`](crate::Settlement::as_str)).
-pub fn record_settlement(span: &Span, settlement: crate::Settlement) {
+///
+/// A delivery dead-lettered (never delivered again) is also logged as a warning in the span,
+/// and with the feature `metrics` each settlement is counted in `inbox.settlements`, labelled
+/// `messaging.system` and `inbox.settlement`: dead letters can be alerted on apart from
+/// retries.
+pub fn record_settlement(span: &Span, system: &'static str, settlement: crate::Settlement) {
     record(span, "inbox.settlement", settlement.as_str());
+    if settlement == crate::Settlement::DeadLetter {
+        span.in_scope(|| {
+            tracing::warn!(
+                settlement = settlement.as_str(),
+                "the delivery is dead-lettered: it will not be delivered to this consumer again"
+            );
+        });
+    }
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "inbox.settlements",
+        "messaging.system" => system,
+        "inbox.settlement" => settlement.as_str(),
+    )
+    .increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = system;
 }
 
 /// Records `value` on `span` — unless no subscriber wants the span: a disabled span still
@@ -347,4 +370,9 @@ pub fn describe_metrics() {
         "Claims whose lease ended without completion, taken over or reported"
     );
     describe_counter!("inbox.purged", Unit::Count, "Inbox rows removed by purges");
+    describe_counter!(
+        "inbox.settlements",
+        Unit::Count,
+        "Deliveries a message pump settled, by settlement (ack, retry, dead_letter, halt)"
+    );
 }

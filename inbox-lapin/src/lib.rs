@@ -270,7 +270,7 @@ impl Pump {
                         .instrument(span.clone())
                         .await;
                     let settlement = answer.settlement();
-                    record_settlement(&span, settlement);
+                    record_settlement(&span, "rabbitmq", settlement);
                     if settlement == Settlement::Halt {
                         span.in_scope(|| {
                             tracing::error!(answer = ?answer, "the handler's answer halts the consumer");

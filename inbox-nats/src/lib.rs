@@ -207,6 +207,10 @@ impl std::error::Error for Unreachable {
 /// duplicate window, and the inbox after it — else the stream and the message's stream
 /// sequence.
 ///
+/// Without `Nats-Msg-Id`, a publisher's retry is stored as a new message with a sequence of
+/// its own, and the inbox applies it again: only redeliveries of one stored message are
+/// recognised. Publishers that retry must set `Nats-Msg-Id` (the outbox's sink does).
+///
 /// # Errors
 /// [`KeyError::Missing`] for a message without JetStream metadata (one that no JetStream
 /// consumer delivered); [`KeyError::TooLong`] for an id past [`MessageKey::MAX_LEN`].
@@ -763,7 +767,7 @@ where
         }
     };
     let settlement = answer.settlement();
-    record_settlement(&span, settlement);
+    record_settlement(&span, "nats", settlement);
     let _entered = span.enter();
     let kind = match settlement {
         Settlement::Ack => AckKind::Ack,

@@ -520,3 +520,28 @@ fn a_prometheus_exporter_renders_the_series() {
         assert!(text.contains(series), "missing {series} in\n{text}");
     }
 }
+
+/// A pump's settlements are counted by system and kind: a dead letter apart from a retry.
+#[test]
+fn settlements_are_counted_by_kind() {
+    use inbox_diesel::Settlement;
+    use inbox_diesel::telemetry::record_settlement;
+    let series = measured(|| {
+        let span = process_span("rabbitmq", "credits", 1);
+        record_settlement(&span, "rabbitmq", Settlement::DeadLetter);
+        record_settlement(&span, "rabbitmq", Settlement::Retry { reconnect: false });
+        record_settlement(&span, "rabbitmq", Settlement::Retry { reconnect: true });
+    });
+    let of = |settlement| {
+        counter(
+            &series,
+            "inbox.settlements",
+            &[
+                ("messaging.system", "rabbitmq"),
+                ("inbox.settlement", settlement),
+            ],
+        )
+    };
+    assert_eq!(of("dead_letter"), 1);
+    assert_eq!(of("retry"), 2);
+}

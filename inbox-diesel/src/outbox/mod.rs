@@ -223,7 +223,8 @@ impl Outbox {
         }
     }
 
-    /// The sink's limits (each broker crate exports its own, e.g. `inbox_nats::LIMITS`).
+    /// The sink's limits (each broker crate exports its own, `inbox_lapin::outbox::LIMITS`,
+    /// `inbox_nats::outbox::LIMITS`).
     pub const fn limits(self, limits: Limits) -> Self {
         Self { limits, ..self }
     }
