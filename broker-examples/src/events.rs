@@ -35,6 +35,13 @@ pub enum Event {
         /// What it answered.
         answer: Answer,
     },
+    /// An outbox relay's sink sent message `id` and the broker confirmed it; the relay marks
+    /// its row sent next. Printed before the sink's pause, so that a kill lands between the
+    /// send and the mark.
+    Sent {
+        /// The message's id.
+        id: String,
+    },
     /// The pump stopped after a shutdown; `report` is what it did, as it prints it.
     Stopped {
         /// The pump's report.
@@ -100,6 +107,7 @@ impl fmt::Display for Event {
             } => write!(f, "delivered {id} {} {count}", u8::from(*redelivered)),
             Event::Handling { id } => write!(f, "handling {id}"),
             Event::Answered { id, answer } => write!(f, "answered {id} {}", answer.as_str()),
+            Event::Sent { id } => write!(f, "sent {id}"),
             Event::Stopped { report } => write!(f, "stopped {report}"),
         }
     }
@@ -133,6 +141,7 @@ impl FromStr for Event {
                 }
             }
             (Some("handling"), Some(id)) => Event::Handling { id: id.to_owned() },
+            (Some("sent"), Some(id)) => Event::Sent { id: id.to_owned() },
             (Some("answered"), Some(id)) => {
                 let answer = match words.next() {
                     Some("processed") => Answer::Processed,
@@ -183,6 +192,7 @@ mod tests {
                 id: "m008".into(),
                 answer: Answer::DeadLetter,
             },
+            Event::Sent { id: "m009".into() },
             Event::Stopped {
                 report: "Report { acked: 3 }".into(),
             },

@@ -315,7 +315,7 @@ impl Tally {
                     }
                 }
             }
-            Event::Ready | Event::Handling { .. } | Event::Stopped { .. } => {}
+            Event::Ready | Event::Handling { .. } | Event::Sent { .. } | Event::Stopped { .. } => {}
         }
     }
 

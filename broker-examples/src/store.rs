@@ -1,15 +1,19 @@
 //! The database the consumers write their effects to: an SQLite file in a temporary
 //! directory, or the PostgreSQL or MySQL/MariaDB server `DATABASE_URL` names. Each holds the
-//! inbox and `effects`, one row per applied message, which the orchestrator counts.
+//! inbox and `effects`, one row per applied message, which the orchestrator counts; a
+//! service that publishes also holds an outbox ([`Store::prepare_service`]).
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::future::Future;
 use std::time::Duration;
 
 use diesel::{ExpressionMethods, QueryDsl};
 use diesel_async::pooled_connection::AsyncDieselConnectionManager;
 use diesel_async::pooled_connection::bb8::Pool;
 use diesel_async::{AsyncConnection, RunQueryDsl, SimpleAsyncConnection};
+use inbox_diesel::outbox::relay::{Relay, Report as RelayReport, Sink};
+use inbox_diesel::outbox::{Message, Outbox};
 use inbox_diesel::schema::Backend;
 use inbox_diesel::{Action, InboxSchema, MessageKey, Outcome, Settle, Settlement, idempotent};
 
@@ -28,8 +32,8 @@ diesel::table! {
 const EFFECTS_TABLE: &str =
     "CREATE TABLE effects (message VARCHAR(64) NOT NULL, consumer VARCHAR(16) NOT NULL)";
 
-/// The PostgreSQL schema or MySQL database the example creates afresh on each run.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+/// The PostgreSQL schema or MySQL database the example creates afresh on each run; with
+/// `_<service>` after it, the database of each service of an example with several.
 const EXAMPLE_DATABASE: &str = "inbox_broker_example";
 
 mod sqlite {
@@ -40,6 +44,7 @@ mod sqlite {
     use super::*;
     pub(super) type Conn = SyncConnectionWrapper<SqliteConnection>;
     include!("store/effects.rs");
+    include!("store/outbox.rs");
 
     /// Connections that wait up to 5 s for another process's lock instead of failing at
     /// once: the orchestrator reads `effects` while the consumers write, and the first
@@ -66,6 +71,7 @@ mod postgres {
     use super::*;
     pub(super) type Conn = diesel_async::AsyncPgConnection;
     include!("store/effects.rs");
+    include!("store/outbox.rs");
 
     fn manager(url: &str) -> AsyncDieselConnectionManager<Conn> {
         AsyncDieselConnectionManager::new(url)
@@ -77,6 +83,7 @@ mod mysql {
     use super::*;
     pub(super) type Conn = diesel_async::AsyncMysqlConnection;
     include!("store/effects.rs");
+    include!("store/outbox.rs");
 
     fn manager(url: &str) -> AsyncDieselConnectionManager<Conn> {
         AsyncDieselConnectionManager::new(url)
@@ -172,6 +179,84 @@ impl Database {
         }
     }
 
+    /// Applies message `message` once, as [`apply`](Self::apply) does, and publishes it:
+    /// the effect row and a message to `destination` in `outbox` (its payload `message`) are
+    /// written in the transaction of the inbox marker, and committed with it after `pause`.
+    /// Prints [`Event::Handling`] once both are written.
+    ///
+    /// # Errors
+    /// As [`apply`](Self::apply); and [`Failure::Inbox`] with `Error::Outbox` when the
+    /// outbox refuses the message.
+    pub async fn apply_and_publish(
+        &self,
+        key: &MessageKey,
+        message: &str,
+        consumer: &str,
+        pause: Duration,
+        outbox: &Outbox,
+        destination: &str,
+    ) -> Result<Outcome<()>, Failure> {
+        match &self.pool {
+            Pools::Sqlite(pool) => {
+                sqlite::handle_and_publish(pool, key, message, consumer, pause, outbox, destination)
+                    .await
+            }
+            #[cfg(feature = "postgres")]
+            Pools::Postgres(pool) => {
+                postgres::handle_and_publish(
+                    pool,
+                    key,
+                    message,
+                    consumer,
+                    pause,
+                    outbox,
+                    destination,
+                )
+                .await
+            }
+            #[cfg(feature = "mysql")]
+            Pools::Mysql(pool) => {
+                mysql::handle_and_publish(pool, key, message, consumer, pause, outbox, destination)
+                    .await
+            }
+        }
+    }
+
+    /// Runs `relay` through `sink` on a connection of the pool until `shutdown` completes.
+    ///
+    /// # Errors
+    /// No connection, or a database error in a round (the connection may be broken: run the
+    /// relay again; the rows that round claimed are claimed again when their lease ends).
+    pub async fn relay<S: Sink>(
+        &self,
+        relay: &Relay,
+        sink: &mut S,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<RelayReport, String> {
+        match &self.pool {
+            Pools::Sqlite(pool) => sqlite::run_relay(pool, relay, sink, shutdown).await,
+            #[cfg(feature = "postgres")]
+            Pools::Postgres(pool) => postgres::run_relay(pool, relay, sink, shutdown).await,
+            #[cfg(feature = "mysql")]
+            Pools::Mysql(pool) => mysql::run_relay(pool, relay, sink, shutdown).await,
+        }
+    }
+
+    /// The rows of `outbox`, by state.
+    ///
+    /// # Errors
+    /// The query failed.
+    pub async fn outbox(&self, outbox: &Outbox) -> Result<OutboxRows, String> {
+        let rows = match &self.pool {
+            Pools::Sqlite(pool) => sqlite::outbox_rows(pool, outbox).await?,
+            #[cfg(feature = "postgres")]
+            Pools::Postgres(pool) => postgres::outbox_rows(pool, outbox).await?,
+            #[cfg(feature = "mysql")]
+            Pools::Mysql(pool) => mysql::outbox_rows(pool, outbox).await?,
+        };
+        Ok(OutboxRows { rows })
+    }
+
     /// The effect rows written so far.
     ///
     /// # Errors
@@ -226,7 +311,60 @@ impl Effects {
     }
 }
 
-/// The example's database, created afresh: the inbox and `effects`, nothing else.
+/// Where an outbox row is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutboxState {
+    /// Not sent yet (or sent, and not marked: a relay stopped between the two).
+    Waiting,
+    /// Sent, and marked sent.
+    Sent,
+    /// Refused by the broker `max_attempts` times: waits for an operator.
+    Parked,
+}
+
+/// One outbox row: the message it carries (its payload) and its state.
+#[derive(Debug, Clone)]
+pub struct OutboxRow {
+    /// The payload, as text.
+    pub message: String,
+    /// Its state.
+    pub state: OutboxState,
+}
+
+/// An outbox's rows.
+#[derive(Debug, Clone, Default)]
+pub struct OutboxRows {
+    rows: Vec<OutboxRow>,
+}
+
+impl OutboxRows {
+    /// How many rows carry each message.
+    pub fn per_message(&self) -> BTreeMap<&str, u64> {
+        let mut counts = BTreeMap::new();
+        for row in &self.rows {
+            *counts.entry(row.message.as_str()).or_default() += 1;
+        }
+        counts
+    }
+
+    /// How many rows are in `state`.
+    pub fn count(&self, state: OutboxState) -> u64 {
+        self.rows.iter().filter(|row| row.state == state).count() as u64
+    }
+
+    /// How many rows there are.
+    pub fn len(&self) -> u64 {
+        self.rows.len() as u64
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+}
+
+/// The example's database, created afresh: the inbox and `effects`, and an outbox for a
+/// service that publishes.
 pub struct Store {
     database: Database,
     url: String,
@@ -245,15 +383,40 @@ impl Store {
     /// The database cannot be reached or set up; the URL names a backend this build has no
     /// feature for.
     pub async fn prepare() -> Result<Self, String> {
+        Self::prepare_as("effects", EXAMPLE_DATABASE, None, false).await
+    }
+
+    /// The database of `service`, for an example with one database per service: as
+    /// [`prepare`](Self::prepare) gives it, with `outbox`'s table too when it is given, in
+    /// the SQLite file `<service>.sqlite` in a temporary directory of its own, or the
+    /// database `inbox_broker_example_<service>` on the PostgreSQL or MySQL/MariaDB server
+    /// of `DATABASE_URL` (dropped first if an earlier run left it). On PostgreSQL a database
+    /// and not a schema: the inbox refuses tables named `inbox` in two schemas of one
+    /// database, where the `search_path` decides which one a handler uses.
+    ///
+    /// # Errors
+    /// As [`prepare`](Self::prepare).
+    pub async fn prepare_service(service: &str, outbox: Option<&Outbox>) -> Result<Self, String> {
+        let database = format!("{EXAMPLE_DATABASE}_{service}");
+        Self::prepare_as(service, &database, outbox, true).await
+    }
+
+    #[cfg_attr(not(feature = "postgres"), allow(unused_variables))]
+    async fn prepare_as(
+        file: &str,
+        database: &str,
+        outbox: Option<&Outbox>,
+        own_database: bool,
+    ) -> Result<Self, String> {
         let url = std::env::var("DATABASE_URL").unwrap_or_default();
         if url.is_empty() {
-            return Self::sqlite().await;
+            return Self::sqlite(file, outbox).await;
         }
         match Backend::from_database_url(&url) {
             #[cfg(feature = "postgres")]
-            Backend::Postgres => Self::postgres(&url).await,
+            Backend::Postgres => Self::postgres(&url, database, outbox, own_database).await,
             #[cfg(feature = "mysql")]
-            Backend::Mysql => Self::mysql(&url).await,
+            Backend::Mysql => Self::mysql(&url, database, outbox).await,
             Backend::Sqlite => Err(format!(
                 "DATABASE_URL={url}: the example runs on SQLite (DATABASE_URL unset), \
                  PostgreSQL (postgres://…) or MySQL/MariaDB (mysql://…)"
@@ -263,9 +426,13 @@ impl Store {
         }
     }
 
-    async fn sqlite() -> Result<Self, String> {
+    async fn sqlite(file: &str, outbox: Option<&Outbox>) -> Result<Self, String> {
         let dir = tempfile::tempdir().map_err(|e| format!("a temporary directory: {e}"))?;
-        let path = dir.path().join("effects.sqlite").display().to_string();
+        let path = dir
+            .path()
+            .join(format!("{file}.sqlite"))
+            .display()
+            .to_string();
         let mut conn = sqlite::Conn::establish(&path)
             .await
             .map_err(|e| format!("create {path}: {e}"))?;
@@ -276,8 +443,12 @@ impl Store {
             "PRAGMA journal_mode = WAL",
             &inbox_diesel::schema::sqlite::create_table_sql(&InboxSchema::DEFAULT),
             EFFECTS_TABLE,
-        ] {
-            conn.batch_execute(statement)
+        ]
+        .into_iter()
+        .map(str::to_owned)
+        .chain(outbox.map(|outbox| outbox.create_table_sql(Backend::Sqlite)))
+        {
+            conn.batch_execute(&statement)
                 .await
                 .map_err(|e| format!("set up {path}: {e}"))?;
         }
@@ -290,63 +461,92 @@ impl Store {
     }
 
     #[cfg(feature = "postgres")]
-    async fn postgres(url: &str) -> Result<Self, String> {
+    /// The schema `name` in the database of `url`, or with `own_database` the database
+    /// `name` on its server.
+    async fn postgres(
+        url: &str,
+        name: &str,
+        outbox: Option<&Outbox>,
+        own_database: bool,
+    ) -> Result<Self, String> {
         let shown = crate::without_password(url);
         let mut conn = postgres::Conn::establish(url)
             .await
             .map_err(|e| format!("connect to {shown}: {e}"))?;
-        conn.batch_execute(&format!(
-            "DROP SCHEMA IF EXISTS {EXAMPLE_DATABASE} CASCADE; CREATE SCHEMA {EXAMPLE_DATABASE};"
-        ))
-        .await
-        .map_err(|e| format!("create the schema {EXAMPLE_DATABASE} on {shown}: {e}"))?;
-        let url = format!(
-            "{url}{}options=-csearch_path%3D{EXAMPLE_DATABASE}",
-            if url.contains('?') { '&' } else { '?' }
-        );
+        let (url, shown) = if own_database {
+            // One statement per call: PostgreSQL runs neither in a transaction block.
+            for statement in [
+                format!("DROP DATABASE IF EXISTS {name}"),
+                format!("CREATE DATABASE {name}"),
+            ] {
+                conn.batch_execute(&statement)
+                    .await
+                    .map_err(|e| format!("{statement} on {shown}: {e}"))?;
+            }
+            let url = with_database(url, name);
+            let shown = crate::without_password(&url);
+            (url, shown)
+        } else {
+            conn.batch_execute(&format!(
+                "DROP SCHEMA IF EXISTS {name} CASCADE; CREATE SCHEMA {name};"
+            ))
+            .await
+            .map_err(|e| format!("create the schema {name} on {shown}: {e}"))?;
+            let url = format!(
+                "{url}{}options=-csearch_path%3D{name}",
+                if url.contains('?') { '&' } else { '?' }
+            );
+            (url, format!("{shown}, schema {name}"))
+        };
         let mut conn = postgres::Conn::establish(&url)
             .await
             .map_err(|e| format!("connect to {shown}: {e}"))?;
         for statement in [
-            &inbox_diesel::schema::postgres::create_table_sql(&InboxSchema::DEFAULT),
-            EFFECTS_TABLE,
-        ] {
-            conn.batch_execute(statement)
+            inbox_diesel::schema::postgres::create_table_sql(&InboxSchema::DEFAULT),
+            EFFECTS_TABLE.to_owned(),
+        ]
+        .into_iter()
+        .chain(outbox.map(|outbox| outbox.create_table_sql(Backend::Postgres)))
+        {
+            conn.batch_execute(&statement)
                 .await
                 .map_err(|e| format!("set up {shown}: {e}"))?;
         }
         Ok(Self {
             database: Database::connect(&url, 1).await?,
-            shown: format!("PostgreSQL {shown}, schema {EXAMPLE_DATABASE}"),
+            shown: format!("PostgreSQL {shown}"),
             url,
             _dir: None,
         })
     }
 
     #[cfg(feature = "mysql")]
-    async fn mysql(url: &str) -> Result<Self, String> {
+    async fn mysql(url: &str, database: &str, outbox: Option<&Outbox>) -> Result<Self, String> {
         let shown = crate::without_password(url);
         let mut conn = mysql::Conn::establish(url)
             .await
             .map_err(|e| format!("connect to {shown}: {e}"))?;
         for statement in [
-            format!("DROP DATABASE IF EXISTS {EXAMPLE_DATABASE}"),
-            format!("CREATE DATABASE {EXAMPLE_DATABASE}"),
+            format!("DROP DATABASE IF EXISTS {database}"),
+            format!("CREATE DATABASE {database}"),
         ] {
             conn.batch_execute(&statement)
                 .await
                 .map_err(|e| format!("{statement} on {shown}: {e}"))?;
         }
-        let url = with_database(url, EXAMPLE_DATABASE);
+        let url = with_database(url, database);
         let mut conn = mysql::Conn::establish(&url)
             .await
             .map_err(|e| format!("connect to {}: {e}", crate::without_password(&url)))?;
         // One statement per call: MySQL runs no multi-statement strings here.
         for statement in [
-            &inbox_diesel::schema::mysql::create_table_sql(&InboxSchema::DEFAULT),
-            EFFECTS_TABLE,
-        ] {
-            conn.batch_execute(statement)
+            inbox_diesel::schema::mysql::create_table_sql(&InboxSchema::DEFAULT),
+            EFFECTS_TABLE.to_owned(),
+        ]
+        .into_iter()
+        .chain(outbox.map(|outbox| outbox.create_table_sql(Backend::Mysql)))
+        {
+            conn.batch_execute(&statement)
                 .await
                 .map_err(|e| format!("set up {shown}: {e}"))?;
         }
@@ -375,10 +575,18 @@ impl Store {
     pub async fn effects(&self) -> Result<Effects, String> {
         self.database.effects().await
     }
+
+    /// The rows of `outbox` (given to [`prepare_service`](Self::prepare_service)).
+    ///
+    /// # Errors
+    /// The query failed.
+    pub async fn outbox(&self, outbox: &Outbox) -> Result<OutboxRows, String> {
+        self.database.outbox(outbox).await
+    }
 }
 
 /// `url` with its database replaced by `database`, its query kept.
-#[cfg(feature = "mysql")]
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 fn with_database(url: &str, database: &str) -> String {
     let (path, query) = match url.split_once('?') {
         Some((path, query)) => (path, format!("?{query}")),

@@ -1,0 +1,221 @@
+//! The services' processes: service A's consumer, the relay, service B's consumer — this
+//! binary started again as `outbox serve …`, each printing its events for the orchestrator.
+
+use std::time::Duration;
+
+use async_nats::jetstream::Message;
+use inbox_broker_examples::events::{Answer, Event};
+use inbox_broker_examples::fleet;
+use inbox_broker_examples::store::{Database, Failure};
+use inbox_diesel::Redelivery;
+use inbox_diesel::outbox::relay::{Outgoing, Relay, Sink, SinkError};
+use inbox_nats::outbox::OutboxSink;
+
+use crate::brokers::{Stream, amqp_url, connect_nats, connect_rabbitmq, nats_url};
+use crate::{IN_HAND, OUTBOX, PAUSE, PREFETCH, PUMP, RELAY_BATCH, RELAY_LEASE, SEND_PAUSE};
+
+/// What every process is given: the queue, the stream and its consumer, the databases.
+pub struct Places<'a> {
+    pub queue: &'a str,
+    pub stream: &'a str,
+    pub durable: &'a str,
+    pub a: &'a str,
+    pub b: &'a str,
+}
+
+/// A process: what its name says — `a…` service A, `r…` a relay, `b…` service B.
+pub async fn serve(places: &Places<'_>, name: &str) -> Result<(), String> {
+    match name.as_bytes().first() {
+        Some(b'a') => service_a(places, name).await,
+        Some(b'r') => relay(places, name).await,
+        Some(b'b') => service_b(places, name).await,
+        _ => Err(format!("no service for the name {name}")),
+    }
+}
+
+/// Service A: the RabbitMQ pump, the `#[idempotent]` handler writing the effect and the
+/// outbox row, an event line per delivery and per answer, until standard input closes.
+async fn service_a(places: &Places<'_>, name: &str) -> Result<(), String> {
+    let database = Database::connect(places.a, u32::from(PREFETCH)).await?;
+    let subject = Stream::subject(places.stream);
+    let connection = connect_rabbitmq(&amqp_url()).await?;
+    let channel = connection
+        .create_channel()
+        .await
+        .map_err(|e| format!("open a channel: {e}"))?;
+    // A busy database: requeued after 100 ms, then 200 ms, … at most 2 s.
+    let pump = inbox_lapin::Pump::new()
+        .prefetch(PREFETCH)
+        .redelivery(Redelivery::exponential(
+            Duration::from_millis(100),
+            Duration::from_secs(2),
+        ));
+    let consumer = pump
+        .subscribe(&channel, places.queue, name)
+        .await
+        .map_err(|e| format!("consume {}: {e}", places.queue))?;
+    Event::Ready.emit();
+    let (database, subject) = (&database, subject.as_str());
+    let report = pump
+        .run(
+            &channel,
+            consumer,
+            fleet::until_stdin_closes(),
+            |delivery| async move {
+                let id = delivery
+                    .properties
+                    .message_id()
+                    .as_ref()
+                    .map_or_else(|| "-".to_owned(), |id| id.as_str().to_owned());
+                Event::Delivered {
+                    id: id.clone(),
+                    redelivered: delivery.redelivered,
+                    count: inbox_lapin::delivery_count(&delivery),
+                }
+                .emit();
+                let answer = match inbox_lapin::key(&delivery) {
+                    Ok(key) => {
+                        database
+                            .apply_and_publish(&key, &id, name, PAUSE, &OUTBOX, subject)
+                            .await
+                    }
+                    Err(missing) => Err(Failure::from(inbox_diesel::Error::InvalidKey(missing))),
+                };
+                if let Err(e) = &answer {
+                    eprintln!("{name}: {id}: {e}");
+                }
+                Event::Answered {
+                    answer: Answer::of(&answer),
+                    id,
+                }
+                .emit();
+                answer
+            },
+        )
+        .await
+        .map_err(|stopped| stopped.to_string())?;
+    Event::Stopped {
+        report: format!("{report:?}"),
+    }
+    .emit();
+    let _ = connection.close(200, "stopped".into()).await;
+    Ok(())
+}
+
+/// The relay's sink, announced: each message JetStream confirmed is printed as
+/// [`Event::Sent`] (by its payload, the id of the message A applied), then the relay waits
+/// [`SEND_PAUSE`] before it marks the row — the moment a kill leaves a message sent and not
+/// marked.
+struct Announced<'a> {
+    sink: OutboxSink,
+    relay: &'a str,
+}
+
+impl Sink for Announced<'_> {
+    async fn send(&mut self, message: &Outgoing) -> Result<(), SinkError> {
+        let sent = self.sink.send(message).await;
+        let id = String::from_utf8_lossy(&message.payload).into_owned();
+        match &sent {
+            Ok(()) => {
+                Event::Sent { id }.emit();
+                tokio::time::sleep(SEND_PAUSE).await;
+            }
+            Err(e) => eprintln!("{}: {id}: {e}", self.relay),
+        }
+        sent
+    }
+}
+
+/// A relay: `Relay::run` on A's database through the announced JetStream sink, until
+/// standard input closes; run again after a database error (a busy SQLite file), its claimed
+/// rows taken again when their lease ends.
+async fn relay(places: &Places<'_>, name: &str) -> Result<(), String> {
+    let database = Database::connect(places.a, 1).await?;
+    let jetstream = connect_nats(&nats_url()).await?;
+    let mut sink = Announced {
+        sink: OutboxSink::new(jetstream),
+        relay: name,
+    };
+    let relay = Relay::new(OUTBOX)
+        .batch(RELAY_BATCH)
+        .lease(RELAY_LEASE)
+        .idle(Duration::from_millis(100));
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        fleet::until_stdin_closes().await;
+        let _ = stop.send(true);
+    });
+    Event::Ready.emit();
+    loop {
+        let mut watching = stopping.clone();
+        let shutdown = async move {
+            let _ = watching.wait_for(|stop| *stop).await;
+        };
+        match database.relay(&relay, &mut sink, shutdown).await {
+            Ok(report) => {
+                Event::Stopped {
+                    report: format!("{report:?}"),
+                }
+                .emit();
+                return Ok(());
+            }
+            Err(e) if *stopping.borrow() => return Err(e),
+            Err(e) => {
+                eprintln!("{name}: {e}; running the relay again");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+/// Service B: the JetStream pump on the shared durable consumer, the `#[idempotent]` handler
+/// keyed by `Nats-Msg-Id`, an event line per delivery and per answer, until standard input
+/// closes.
+async fn service_b(places: &Places<'_>, name: &str) -> Result<(), String> {
+    let connections = u32::try_from(IN_HAND).expect("a few connections");
+    let database = Database::connect(places.b, connections).await?;
+    let jetstream = connect_nats(&nats_url()).await?;
+    let consumer = PUMP
+        .consumer(&jetstream, places.stream, places.durable)
+        .await
+        .map_err(|e| format!("the consumer {} of {}: {e}", places.durable, places.stream))?;
+    Event::Ready.emit();
+    let database = &database;
+    let report = PUMP
+        .run(
+            &jetstream,
+            &consumer,
+            fleet::until_stdin_closes(),
+            |message: Message| async move {
+                // The payload: the id of the message A applied.
+                let id = String::from_utf8_lossy(&message.payload).into_owned();
+                let count = inbox_nats::delivery_count(&message);
+                Event::Delivered {
+                    id: id.clone(),
+                    redelivered: count > 1,
+                    count,
+                }
+                .emit();
+                let answer = match inbox_nats::key(&message) {
+                    Ok(key) => database.apply(&key, &id, name, PAUSE).await,
+                    Err(invalid) => Err(Failure::from(inbox_diesel::Error::InvalidKey(invalid))),
+                };
+                if let Err(e) = &answer {
+                    eprintln!("{name}: {id}: {e}");
+                }
+                Event::Answered {
+                    answer: Answer::of(&answer),
+                    id,
+                }
+                .emit();
+                answer
+            },
+        )
+        .await
+        .map_err(|stopped| stopped.to_string())?;
+    Event::Stopped {
+        report: format!("{report:?}"),
+    }
+    .emit();
+    Ok(())
+}
