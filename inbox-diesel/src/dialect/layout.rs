@@ -23,21 +23,32 @@ pub struct Layout {
     pub(crate) pinned: Option<&'static str>,
 }
 
-/// MySQL and MariaDB: a session variable, `@inbox_checked_<digest of table and index>`, set
-/// by the startup check on the server session it ran on to the session's database, and
-/// required by each marker insert (`IF(@… = <database>, <consumer>, NULL)` into the
-/// `NOT NULL` consumer). The runtime remembers a
-/// check by the connection's address, and a new connection can take a dropped one's
-/// address; there a plain `INSERT` would not notice a table without its unique index, and a
-/// message would be applied twice. The server, which knows its sessions, refuses the insert
-/// instead (error 1048), and the runtime checks the table on that session and goes on.
-/// PostgreSQL and SQLite need no mark: their `ON CONFLICT` fails without the unique index.
+/// MySQL and MariaDB: a session variable, `@inbox_checked_<digest>`, set by the startup
+/// check on the server session it ran on to the session's database, and required by each
+/// marker insert (`IF(@… = <database>, <consumer>, NULL)` into the `NOT NULL` consumer). The
+/// digest is of the table, its index and the [`Layout`] the check found (`key_text`, MariaDB
+/// or MySQL), so that the variable says which statements this session was checked for.
+///
+/// On these backends the runtime remembers a check per handler, not per connection: a pool
+/// hands out many sessions, and nothing on the client side stays with each. A session that
+/// was never checked, or was checked for another layout, then gets the remembered one's
+/// statements, and a plain `INSERT` there would not notice a table without its unique index
+/// — a message would be applied twice. The server, which knows its sessions, refuses the
+/// insert instead (error 1048); the runtime checks the table on that session and goes on,
+/// and remembers what it found. PostgreSQL and SQLite need no mark: their `ON CONFLICT`
+/// fails without the unique index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SessionMark(u64);
 
 impl SessionMark {
-    pub(crate) fn new(schema: &InboxSchema) -> Self {
-        let name = format!("{}\0{}", schema.table(), schema.constraint());
+    pub(crate) fn new(schema: &InboxSchema, layout: Layout) -> Self {
+        let name = format!(
+            "{}\0{}\0key_text={}\0mariadb={}",
+            schema.table(),
+            schema.constraint(),
+            layout.key_text,
+            layout.mariadb
+        );
         let digest = uuid::Uuid::new_v5(&inbox_core::MessageKey::NAMESPACE, name.as_bytes());
         SessionMark(digest.as_u64_pair().0)
     }
@@ -79,7 +90,7 @@ impl SessionMark {
 
 /// Whether a failed statement of the claim says that this server session has not checked the
 /// table: MySQL's 1048 on the consumer, which only the [`SessionMark`] can make NULL, or a
-/// MariaDB setting refused by a MySQL server that took a MariaDB connection's address.
+/// MariaDB setting refused by a MySQL server given a MariaDB server's remembered check.
 pub(crate) fn unchecked_session(error: &diesel::result::Error) -> bool {
     crate::classify::with_server_error(error, |server| {
         server.message.contains("Column 'consumer' cannot be null")

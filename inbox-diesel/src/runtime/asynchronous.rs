@@ -184,6 +184,17 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
         crate::tripwire::net::Net::id(diesel_async::AsyncConnection::instrumentation(self.0))
     }
 
+    fn identity(&mut self) -> usize {
+        let instrumentation =
+            std::ptr::from_mut(diesel_async::AsyncConnection::instrumentation(self.0));
+        driver::identity(
+            <C as AsyncInboxConnection>::BACKEND,
+            std::ptr::from_mut(self.0).cast::<u8>() as usize,
+            size_of::<C>(),
+            instrumentation.cast::<u8>() as usize,
+        )
+    }
+
     async fn begin(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()> {
         self.0.begin_inbox_transaction(spec, layout.mariadb).await
     }

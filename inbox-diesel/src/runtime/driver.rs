@@ -36,6 +36,10 @@ pub(crate) trait Steps {
     /// the body may write on.
     fn net(&mut self) -> Option<usize>;
 
+    /// What the connection's startup check is remembered by: an address that stays with the
+    /// connection while it moves between a pool and its users ([`identity`]).
+    fn identity(&mut self) -> usize;
+
     /// Opens the handler's transaction.
     async fn begin(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()>;
 
@@ -294,7 +298,7 @@ where
 /// on a table whose unique index was dropped or made non-unique, and the body would run
 /// twice; PostgreSQL and SQLite refuse `ON CONFLICT` without the index, but with an error that
 /// does not say what to fix. The check reads the catalog, outside any transaction; it is
-/// remembered per thread for the connection (by its address) and the handler, so later
+/// remembered per thread for the connection (by its [`identity`]) and the handler, so later
 /// deliveries pay a lookup in a short list — until a statement fails for a missing table or
 /// column ([`forget_check`]), when the next delivery reads the catalog again. Returns the
 /// layout and the settings the handler's statements run with ([`pinned`]), both remembered
@@ -317,6 +321,12 @@ async fn schema_checked<S: Steps, E>(
     }
     match steps.verify(spec, claim).await {
         Ok(layout) => {
+            tracing::debug!(
+                target: "inbox::check",
+                table = spec.schema.table(),
+                consumer = %spec.consumer,
+                "checked the inbox table on this connection"
+            );
             let run = pinned(spec, layout);
             CHECKED.with_borrow_mut(|checked| {
                 // Bounded: connections come and go in a pool; forgetting them all costs one
@@ -372,12 +382,38 @@ fn pinned(spec: &'static HandlerSpec, layout: Layout) -> &'static HandlerSpec {
     found
 }
 
-/// The connection (by its address) and the handler a check is remembered for.
+/// The connection (by its [`identity`]) and the handler a check is remembered for.
 fn check_key<S: Steps>(steps: &mut S, spec: &HandlerSpec) -> (usize, usize) {
-    (
-        std::ptr::from_mut(steps.conn()).cast::<()>() as usize,
-        std::ptr::from_ref(spec) as usize,
-    )
+    (steps.identity(), std::ptr::from_ref(spec) as usize)
+}
+
+/// What a check is remembered by for a connection of `backend` at `at`, `size` bytes long,
+/// whose diesel instrumentation is at `instrumentation`. MySQL and MariaDB: nothing (`0`),
+/// the check is remembered per handler — the server refuses the marker of a session that was
+/// not checked for the statements it is given ([`SessionMark`](crate::dialect::layout::SessionMark)),
+/// and that session is checked then. PostgreSQL and SQLite: the instrumentation's address where it lives
+/// outside the connection's own bytes — on the heap, where it stays while the connection
+/// moves (diesel-async's `AsyncPgConnection` and `SyncConnectionWrapper` keep it behind an
+/// `Arc`; any connection given one with `set_instrumentation`, or by
+/// `set_default_instrumentation`, such as the [`Net`](crate::tripwire::net::Net), keeps it
+/// in a `Box`) — and otherwise the connection's own address. A pool moves its connections
+/// in and out of its idle list, so a connection's address changes with each checkout; keyed
+/// by it, the check ran again on most deliveries of a busy pool. A heap address, like a
+/// connection's, can be taken by a new connection after the old one is dropped; there
+/// `ON CONFLICT` still fails without the unique index, and the connection is checked then.
+pub(crate) fn identity(
+    backend: crate::dialect::Backend,
+    at: usize,
+    size: usize,
+    instrumentation: usize,
+) -> usize {
+    if backend == crate::dialect::Backend::Mysql {
+        return 0;
+    }
+    match (at..=at.saturating_add(size)).contains(&instrumentation) {
+        true => at,
+        false => instrumentation,
+    }
 }
 
 /// Forgets the check of this connection and handler: a statement failed for a missing table
@@ -390,11 +426,19 @@ fn forget_check<S: Steps>(steps: &mut S, spec: &HandlerSpec) {
 
 /// Whether a failed statement of the handler's own (begin, claim, commit) says that the table
 /// is not what this connection's check found — a column or the unique index gone, the table
-/// recreated — or that the server session is not the one checked: a new connection at a
-/// dropped one's address ([`SessionMark`](crate::dialect::layout::SessionMark)).
+/// recreated — or that the server session was not checked for the statements it was given
+/// ([`SessionMark`](crate::dialect::layout::SessionMark)).
 fn needs_recheck(error: &DieselError, spec: &HandlerSpec) -> bool {
-    classify(error, &spec.schema) == ErrorClass::Schema
-        || crate::dialect::layout::unchecked_session(error)
+    if crate::dialect::layout::unchecked_session(error) {
+        // Every session a MySQL pool opens, once: not news.
+        tracing::debug!("this session has not checked the inbox table; checking it");
+        return true;
+    }
+    let changed = classify(error, &spec.schema) == ErrorClass::Schema;
+    if changed {
+        tracing::info!("a statement found the inbox table not as checked; checking it again");
+    }
+    changed
 }
 
 /// Checks the table again on this connection, once per delivery: the attempt then runs
@@ -405,7 +449,6 @@ async fn rechecked_layout<S: Steps, E>(
     claim: bool,
     inbox_error: fn(Error) -> E,
 ) -> Result<(Layout, &'static HandlerSpec), E> {
-    tracing::info!("a statement found the inbox table not as checked; checking it again");
     forget_check(steps, spec);
     schema_checked(steps, spec, claim, inbox_error).await
 }
@@ -1135,6 +1178,26 @@ mod tests {
     use crate::io::complete_now;
     use crate::runtime::sync::Immediate;
 
+    #[test]
+    fn a_check_is_remembered_by_what_stays_with_the_connection() {
+        // Inside the connection's bytes (an inline `NoInstrumentation`, at its end for a
+        // zero-sized one): the connection's address.
+        let pg = crate::dialect::Backend::Postgres;
+        assert_eq!(identity(pg, 1000, 64, 1000), 1000);
+        assert_eq!(identity(pg, 1000, 64, 1032), 1000);
+        assert_eq!(identity(pg, 1000, 64, 1064), 1000);
+        // Elsewhere (a box, an `Arc`): the instrumentation's, wherever the connection is.
+        assert_eq!(identity(pg, 1000, 64, 5000), 5000);
+        assert_eq!(identity(pg, 2000, 64, 5000), 5000);
+        assert_eq!(identity(pg, 1000, 64, 999), 999);
+        // MySQL and MariaDB: per handler; the session mark checks each session.
+        let mysql = crate::dialect::Backend::Mysql;
+        assert_eq!(
+            identity(mysql, 1000, 64, 5000),
+            identity(mysql, 2000, 64, 7000)
+        );
+    }
+
     static SPEC: HandlerSpec = HandlerSpec {
         consumer: Consumer::from_validated("credit"),
         schema: InboxSchema::DEFAULT,
@@ -1162,6 +1225,10 @@ mod tests {
 
         fn net(&mut self) -> Option<usize> {
             None
+        }
+
+        fn identity(&mut self) -> usize {
+            std::ptr::from_mut(&mut self.did) as usize
         }
 
         fn conn(&mut self) -> &mut Vec<String> {

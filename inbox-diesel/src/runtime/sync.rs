@@ -156,6 +156,16 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
         crate::tripwire::net::Net::id(diesel::Connection::instrumentation(self.0))
     }
 
+    fn identity(&mut self) -> usize {
+        let instrumentation = std::ptr::from_mut(diesel::Connection::instrumentation(self.0));
+        driver::identity(
+            <C as InboxConnection>::BACKEND,
+            std::ptr::from_mut(self.0).cast::<u8>() as usize,
+            size_of::<C>(),
+            instrumentation.cast::<u8>() as usize,
+        )
+    }
+
     async fn begin(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()> {
         self.0.begin_inbox_transaction(spec, layout.mariadb)
     }

@@ -693,7 +693,7 @@ pub(crate) fn check(
     let mut layout = Layout {
         key_text: false,
         mariadb: backend == Backend::Mysql && catalog.server.contains("MariaDB"),
-        session_mark: (backend == Backend::Mysql).then(|| SessionMark::new(schema)),
+        session_mark: None,
         pinned: None,
     };
     let resolved = catalog
@@ -773,6 +773,9 @@ pub(crate) fn check(
             .as_deref()
             .filter(|name| InboxSchema::validate_table(name).is_ok())
             .map(intern);
+    }
+    if backend == Backend::Mysql {
+        layout.session_mark = Some(SessionMark::new(schema, layout));
     }
     match problems.is_empty() {
         true => Ok(layout),

@@ -29,8 +29,9 @@ fn class(result: &QueryResult<inbox_diesel::Outcome<()>>) -> Option<ErrorClass> 
         .map(|e| inbox_diesel::classify(e, &InboxSchema::DEFAULT))
 }
 
-/// A connection is checked once, and remembered by its address; a new connection can take
-/// a dropped one's address. One connection at a time, each in the same place: a checked
+/// A connection is checked once, and remembered by its address (a sync connection without an
+/// instrumentation; on MySQL and MariaDB, per handler); a new connection can take a dropped
+/// one's address, or find a check remembered for another. One connection at a time, each in the same place: a checked
 /// database, one whose table lost its unique index, another checked one, the broken one
 /// again. The broken table is refused every time and its body never runs — on MySQL and
 /// MariaDB, where a plain insert would not notice the missing index, too — and the good
