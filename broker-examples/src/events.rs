@@ -89,10 +89,22 @@ impl Answer {
     }
 }
 
+/// Whether [`Event::emit`] prints: a process that no orchestrator reads (a bench) turns it
+/// off with [`silence`].
+static EMITTING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Stops [`Event::emit`] printing, for the rest of the process.
+pub fn silence() {
+    EMITTING.store(false, std::sync::atomic::Ordering::Relaxed);
+}
+
 impl Event {
-    /// Prints the event on standard output, where the orchestrator reads it.
+    /// Prints the event on standard output, where the orchestrator reads it (unless
+    /// [`silence`]d).
     pub fn emit(&self) {
-        println!("{self}");
+        if EMITTING.load(std::sync::atomic::Ordering::Relaxed) {
+            println!("{self}");
+        }
     }
 }
 

@@ -126,6 +126,15 @@ impl fmt::Display for Failure {
 
 impl std::error::Error for Failure {}
 
+/// Where a handler publishes: into `outbox`, to `destination`, under `ordering_key` (`""`:
+/// none).
+#[derive(Debug, Clone, Copy)]
+pub struct Publish<'a> {
+    pub outbox: &'a Outbox,
+    pub destination: &'a str,
+    pub ordering_key: &'a str,
+}
+
 /// A pool of connections to the example's database, on the backend its URL names.
 pub struct Database {
     pool: Pools,
@@ -180,7 +189,7 @@ impl Database {
     }
 
     /// Applies message `message` once, as [`apply`](Self::apply) does, and publishes it:
-    /// the effect row and a message to `destination` in `outbox` (its payload `message`) are
+    /// the effect row and a message as `to` says (its payload `message`) are
     /// written in the transaction of the inbox marker, and committed with it after `pause`.
     /// Prints [`Event::Handling`] once both are written.
     ///
@@ -193,31 +202,19 @@ impl Database {
         message: &str,
         consumer: &str,
         pause: Duration,
-        outbox: &Outbox,
-        destination: &str,
+        to: Publish<'_>,
     ) -> Result<Outcome<()>, Failure> {
         match &self.pool {
             Pools::Sqlite(pool) => {
-                sqlite::handle_and_publish(pool, key, message, consumer, pause, outbox, destination)
-                    .await
+                sqlite::handle_and_publish(pool, key, message, consumer, pause, to).await
             }
             #[cfg(feature = "postgres")]
             Pools::Postgres(pool) => {
-                postgres::handle_and_publish(
-                    pool,
-                    key,
-                    message,
-                    consumer,
-                    pause,
-                    outbox,
-                    destination,
-                )
-                .await
+                postgres::handle_and_publish(pool, key, message, consumer, pause, to).await
             }
             #[cfg(feature = "mysql")]
             Pools::Mysql(pool) => {
-                mysql::handle_and_publish(pool, key, message, consumer, pause, outbox, destination)
-                    .await
+                mysql::handle_and_publish(pool, key, message, consumer, pause, to).await
             }
         }
     }
@@ -239,6 +236,23 @@ impl Database {
             Pools::Postgres(pool) => postgres::run_relay(pool, relay, sink, shutdown).await,
             #[cfg(feature = "mysql")]
             Pools::Mysql(pool) => mysql::run_relay(pool, relay, sink, shutdown).await,
+        }
+    }
+
+    /// Updates the planner's statistics of `outbox`'s table (`ANALYZE`), as the server's
+    /// own maintenance does once a table has grown: for a bench that fills a fresh table and
+    /// reads it at once.
+    ///
+    /// # Errors
+    /// The statement failed.
+    pub async fn analyze(&self, outbox: &Outbox) -> Result<(), String> {
+        let table = outbox.table();
+        match &self.pool {
+            Pools::Sqlite(pool) => sqlite::execute(pool, &format!("ANALYZE {table}")).await,
+            #[cfg(feature = "postgres")]
+            Pools::Postgres(pool) => postgres::execute(pool, &format!("ANALYZE {table}")).await,
+            #[cfg(feature = "mysql")]
+            Pools::Mysql(pool) => mysql::execute(pool, &format!("ANALYZE TABLE {table}")).await,
         }
     }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_nats::jetstream::Message;
 use inbox_broker_examples::events::{Answer, Event};
 use inbox_broker_examples::fleet;
-use inbox_broker_examples::store::{Database, Failure};
+use inbox_broker_examples::store::{Database, Failure, Publish};
 use inbox_diesel::Redelivery;
 use inbox_diesel::outbox::relay::{Outgoing, Relay, Sink, SinkError};
 use inbox_nats::outbox::OutboxSink;
@@ -76,7 +76,17 @@ async fn service_a(places: &Places<'_>, name: &str) -> Result<(), String> {
                 let answer = match inbox_lapin::key(&delivery) {
                     Ok(key) => {
                         database
-                            .apply_and_publish(&key, &id, name, PAUSE, &OUTBOX, subject)
+                            .apply_and_publish(
+                                &key,
+                                &id,
+                                name,
+                                PAUSE,
+                                Publish {
+                                    outbox: &OUTBOX,
+                                    destination: subject,
+                                    ordering_key: "",
+                                },
+                            )
                             .await
                     }
                     Err(missing) => Err(Failure::from(inbox_diesel::Error::InvalidKey(missing))),

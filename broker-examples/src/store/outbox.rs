@@ -3,7 +3,7 @@
 // module in `store.rs` includes this file after `effects.rs`.
 
 /// The effect of message `message` and what it publishes: one row in `effects` and one
-/// message to `destination` in `outbox`, its payload the message's id, both in the
+/// message as `to` says, its payload the message's id, both in the
 /// transaction of the inbox marker; then a pause — work that takes a while — in which the
 /// orchestrator kills one consumer. A kill there rolls back the marker, the row and the
 /// outbox row together: nothing is relayed for a message that was not applied.
@@ -14,15 +14,17 @@ async fn apply_and_publish(
     message: &str,
     consumer: &str,
     pause: Duration,
-    outbox: &Outbox,
-    destination: &str,
+    to: &Publish<'_>,
 ) -> Result<(), inbox_diesel::Error> {
     diesel::insert_into(effects::table)
         .values((effects::message.eq(message), effects::consumer.eq(consumer)))
         .execute(conn)
         .await?;
-    outbox
-        .publish_async(conn, Message::new(destination, message))
+    to.outbox
+        .publish_async(
+            conn,
+            Message::new(to.destination, message).key(to.ordering_key),
+        )
         .await?;
     Event::Handling {
         id: message.to_owned(),
@@ -39,20 +41,10 @@ pub(super) async fn handle_and_publish(
     message: &str,
     consumer: &str,
     pause: Duration,
-    outbox: &Outbox,
-    destination: &str,
+    to: Publish<'_>,
 ) -> Result<Outcome<()>, Failure> {
     let mut conn = pool.get().await.map_err(|e| Failure::Pool(e.to_string()))?;
-    Ok(apply_and_publish(
-        &mut conn,
-        key,
-        message,
-        consumer,
-        pause,
-        outbox,
-        destination,
-    )
-    .await?)
+    Ok(apply_and_publish(&mut conn, key, message, consumer, pause, &to).await?)
 }
 
 /// `relay` on a connection of the pool until `shutdown` completes.
@@ -102,4 +94,12 @@ pub(super) async fn outbox_rows(
         .chain(parked.into_iter().map(row(OutboxState::Parked)))
         .chain(waiting.into_iter().map(row(OutboxState::Waiting)))
         .collect())
+}
+
+/// Runs `sql` on a connection of the pool.
+pub(super) async fn execute(pool: &Pool<Conn>, sql: &str) -> Result<(), String> {
+    let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+    conn.batch_execute(sql)
+        .await
+        .map_err(|e| format!("{sql}: {e}"))
 }

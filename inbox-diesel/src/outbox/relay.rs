@@ -3,22 +3,25 @@
 //! Each round is three short steps, each its own statement and transaction:
 //!
 //! 1. **claim** up to `batch` rows that are unsent, not parked and not claimed by a live
-//!    relay, oldest first — of a destination and key, only the oldest unsent row (so that
-//!    rows of one key are never out in two relays at once) — by writing a lease and this
-//!    round's token on them (PostgreSQL: `FOR UPDATE SKIP LOCKED`, so that relays side by side
-//!    claim different rows without waiting; MySQL and MariaDB: the row locks of one `UPDATE`;
-//!    SQLite: its one writer);
+//!    relay, oldest first — of a destination and key, only rows from its oldest unsent one
+//!    on (so that rows of one key are never out in two relays at once) — by writing a lease
+//!    and this round's token on them (PostgreSQL, MariaDB ≥ 10.6 and MySQL 8: `FOR UPDATE
+//!    SKIP LOCKED`, so that relays side by side claim different rows without waiting;
+//!    SQLite: its one writer), and reading them back from the same statement;
 //! 2. **send** them through the sink, in order;
-//! 3. **mark** each sent row `sent_at`, where the token is still this round's.
+//! 3. **mark** the rows the sink took `sent_at`, in one statement at the end of the round,
+//!    where the token is still this round's.
 //!
 //! **What is guaranteed.** Every committed message is published at least once, with its id:
-//! a relay killed between the send and the mark leaves a claim whose lease ends, and the
-//! next round sends the message again, with the same id — a downstream inbox (or JetStream's
-//! deduplication window) drops the second. Messages of one destination and ordering key are
-//! published in the order they were written: the next is claimed only once the previous one
-//! is marked sent. Messages with the empty key (`''`) have no order among themselves. A relay
-//! that outlives its lease (paused, cut off from the database) may send a message another
-//! relay sends again: the lease should be well above the sink's longest send.
+//! a relay killed between a send and the round's mark leaves a claim whose lease ends, and
+//! a later round sends the round's messages again, with the same ids — a downstream inbox
+//! (or JetStream's deduplication window) drops the second. Messages of one destination and
+//! ordering key are published in the order they were written: a relay sends a key's claimed
+//! rows in order and stops at the first it could not send, and no other relay claims that
+//! key's rows until they are marked sent. Messages with the empty key (`''`) have no order
+//! among themselves. A relay that outlives its lease (paused, cut off from the database) may
+//! send messages another relay sends again, and then the two interleave them: the lease
+//! should be well above the time the sink takes for a batch.
 //!
 //! **Failures.** A sink that is [`SinkError::Unavailable`] (the broker down, a connection
 //! lost) hands the round's rows back unclaimed and the relay waits, doubling its pause up to
@@ -196,7 +199,13 @@ impl Relay {
                 Some(wait)
             } else {
                 pause = self.backoff.0;
-                (round.claimed == 0).then_some(self.idle)
+                match round.claimed {
+                    0 if self.claimable(&mut Awaiting(&mut *conn)).await? => {
+                        Some(Duration::from_millis(fastrand::u64(1..=10)).min(self.idle))
+                    }
+                    0 => Some(self.idle),
+                    _ => None,
+                }
             };
             let stop = match wait {
                 Some(wait) if listening && !round.unavailable => {
@@ -253,6 +262,8 @@ impl Relay {
         };
         // The keys whose message was not sent in this round: the ones behind it wait.
         let mut held: Vec<(String, String)> = Vec::new();
+        // The messages the sink took, marked sent together at the end of the round.
+        let mut sent = Vec::with_capacity(claimed.len());
         let mut rows = claimed.into_iter();
         for message in rows.by_ref() {
             if !message.key.is_empty()
@@ -264,13 +275,7 @@ impl Relay {
                 continue;
             }
             match sink.send(&message).await {
-                Ok(()) => {
-                    if self.mark_sent(io, &message, &token).await? {
-                        round.sent += 1;
-                    } else {
-                        round.sent_unmarked += 1;
-                    }
-                }
+                Ok(()) => sent.push(message.seq),
                 Err(SinkError::Rejected(why)) => {
                     round.rejected += 1;
                     let parked = message.attempts + 1 >= self.max_attempts;
@@ -294,6 +299,9 @@ impl Relay {
                 }
             }
         }
+        let marked = self.mark_sent(io, &sent, &token).await?;
+        round.sent = marked;
+        round.sent_unmarked = sent.len() - marked.min(sent.len());
         for message in rows {
             self.release(io, &message, &token).await?;
         }
@@ -301,6 +309,20 @@ impl Relay {
     }
 
     /// Step 1: claims the round's rows; returns them in order.
+    ///
+    /// The candidates are the oldest `batch` rows that are free (unsent, not parked, not
+    /// claimed by a live relay) and whose key is free too: the oldest unsent row of their
+    /// destination and key is free (a claimed, paused or parked one holds the rows behind
+    /// it, which are passed over, not taken into the batch). PostgreSQL, MariaDB ≥ 10.6 and
+    /// MySQL 8 lock them `FOR UPDATE SKIP LOCKED`, so that relays side by side take different
+    /// candidates without waiting; SQLite has one writer. Of the candidates, a row is claimed
+    /// when every unsent row before it of its destination and key is a candidate too: a
+    /// relay takes a key's rows from its oldest on, as many as the batch holds, and another
+    /// relay takes none of that key's rows until they are marked sent. (A candidate whose key
+    /// another relay is claiming at the same moment is left for a later round.)
+    ///
+    /// The claim returns the rows it took (PostgreSQL and SQLite: `UPDATE … RETURNING`;
+    /// MySQL and MariaDB: a `SELECT` of the locked rows, in the claim's transaction).
     async fn claim<S: Io>(&self, io: &mut S, token: &str) -> QueryResult<Vec<Outgoing>> {
         let backend = S::Backend::BACKEND;
         let table = backend.quote_table(self.outbox.table);
@@ -308,100 +330,150 @@ impl Relay {
         let (until_before, until_after) = S::Backend::LEASE_UNTIL;
         let free = |alias: &str| {
             format!(
-                "{alias}sent_at IS NULL AND {alias}parked_at IS NULL \
+                "{alias}parked_at IS NULL \
                  AND ({alias}claimed_until IS NULL OR {alias}claimed_until < {now})"
             )
         };
-        let heads = format!(
-            "SELECT o.seq FROM {table} o WHERE {free_o} \
-             AND (o.ordering_key = '' OR NOT EXISTS (SELECT 1 FROM {table} e \
-             WHERE e.destination = o.destination AND e.ordering_key = o.ordering_key \
-             AND e.seq < o.seq AND e.sent_at IS NULL)) ORDER BY o.seq LIMIT {batch}",
-            free_o = free("o."),
-            batch = self.batch,
-        );
-        let free = free("");
+        let candidates = self.candidates::<S::Backend>(self.batch, true);
+        // A candidate `c` of `candidates` whose unsent predecessors of its key are all
+        // candidates (`within`: the candidates' seqs). Both lookups of a key's rows are
+        // ordered as the `unsent` index is, so that they walk it from the key's oldest row
+        // and stop at the first that answers.
+        let whole_prefix = |within: &str| {
+            format!(
+                "(c.ordering_key = '' OR (SELECT e.seq FROM {table} e \
+                 WHERE e.destination = c.destination AND e.ordering_key = c.ordering_key \
+                 AND e.sent_at IS NULL AND e.seq < c.seq AND e.seq NOT IN ({within}) \
+                 ORDER BY e.destination, e.ordering_key, e.seq LIMIT 1) IS NULL)"
+            )
+        };
+        let free = format!("sent_at IS NULL AND {}", free(""));
         let lease_ms = i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX);
         let lease = |sql: String| Sql::new(sql).bind_i64(lease_ms).bind_text(token);
-        match backend {
-            Backend::Postgres => {
+        let columns = |alias: &str| {
+            let id = match backend {
+                Backend::Postgres => format!("CAST({alias}id AS text)"),
+                _ => format!("{alias}id"),
+            };
+            format!(
+                "{alias}seq, {id} AS id, {alias}destination, {alias}ordering_key, \
+                 {alias}headers, {alias}payload, {alias}attempts"
+            )
+        };
+        let mut rows: Vec<ClaimedRow> = match backend {
+            Backend::Postgres | Backend::Sqlite => {
+                let (p1, p2) = match backend {
+                    Backend::Postgres => ("$1", "$2"),
+                    _ => ("?", "?"),
+                };
                 let sql = format!(
-                    "UPDATE {table} SET claimed_until = {until_before}$1{until_after}, \
-                     claimed_by = $2 WHERE seq IN ({heads} FOR UPDATE OF o SKIP LOCKED) AND {free}"
+                    "WITH c AS ({candidates}) \
+                     UPDATE {table} SET claimed_until = {until_before}{p1}{until_after}, \
+                     claimed_by = {p2} WHERE seq IN (SELECT c.seq FROM c WHERE {claimable}) \
+                     AND {free} RETURNING {columns}",
+                    claimable = whole_prefix("SELECT seq FROM c"),
+                    columns = columns(""),
                 );
-                io.execute(&lease(sql)).await?;
+                io.load(&lease(sql)).await?
             }
-            // MySQL and MariaDB refuse the table in a subquery of its own UPDATE: the heads
-            // are read and locked first (`SKIP LOCKED`: rows another relay is claiming are
-            // passed over, not waited for, and never deadlocked on), then claimed by their
-            // `seq`, in one transaction.
+            // MySQL and MariaDB refuse the table in a subquery of its own UPDATE: the
+            // candidates are read and locked first, then the claimable ones read whole, then
+            // claimed by their `seq`, in one transaction.
             Backend::Mysql => {
                 io.execute(&Sql::new("START TRANSACTION")).await?;
                 let claimed = async {
-                    let seqs: Vec<Seq> = io
-                        .load(&Sql::new(format!("{heads} FOR UPDATE SKIP LOCKED")))
+                    let seqs: Vec<Seq> = io.load(&Sql::new(candidates)).await?;
+                    if seqs.is_empty() {
+                        io.execute(&Sql::new("COMMIT")).await?;
+                        return Ok(Vec::new());
+                    }
+                    let within = seq_list(seqs.iter().map(|row| row.seq));
+                    let rows: Vec<ClaimedRow> = io
+                        .load(&Sql::new(format!(
+                            "SELECT {columns} FROM {table} c WHERE c.seq IN ({within}) \
+                             AND {claimable}",
+                            columns = columns("c."),
+                            claimable = whole_prefix(&within),
+                        )))
                         .await?;
-                    if !seqs.is_empty() {
-                        let list = seqs
-                            .iter()
-                            .map(|row| row.seq.to_string())
-                            .collect::<Vec<_>>()
-                            .join(", ");
+                    if !rows.is_empty() {
                         let sql = format!(
                             "UPDATE {table} SET claimed_until = {until_before}?{until_after}, \
-                             claimed_by = ? WHERE seq IN ({list}) AND {free}"
+                             claimed_by = ? WHERE seq IN ({list}) AND {free}",
+                            list = seq_list(rows.iter().map(|row| row.seq)),
                         );
                         io.execute(&lease(sql)).await?;
                     }
-                    io.execute(&Sql::new("COMMIT")).await
+                    io.execute(&Sql::new("COMMIT")).await?;
+                    Ok::<_, diesel::result::Error>(rows)
                 }
                 .await;
-                if let Err(e) = claimed {
+                if claimed.is_err() {
                     let _ = io.execute(&Sql::new("ROLLBACK")).await;
-                    return Err(e);
                 }
+                claimed?
             }
-            Backend::Sqlite => {
-                let sql = format!(
-                    "UPDATE {table} SET claimed_until = {until_before}?{until_after}, \
-                     claimed_by = ? WHERE seq IN ({heads}) AND {free}"
-                );
-                io.execute(&lease(sql)).await?;
-            }
-        }
-        let id = match backend {
-            Backend::Postgres => "CAST(id AS text)",
-            _ => "id",
         };
-        let select = format!(
-            "SELECT seq, {id} AS id, destination, ordering_key, headers, payload, attempts \
-             FROM {table} WHERE claimed_by = {p} AND sent_at IS NULL ORDER BY seq",
-            p = placeholder(backend, 1),
-        );
-        let rows: Vec<ClaimedRow> = io.load(&Sql::new(select).bind_text(token)).await?;
+        rows.sort_by_key(|row| row.seq);
         Ok(rows.into_iter().map(Outgoing::from).collect())
     }
 
-    /// Step 3: marks a message sent; `false` when its claim was no longer this round's.
-    async fn mark_sent<S: Io>(
-        &self,
-        io: &mut S,
-        message: &Outgoing,
-        token: &str,
-    ) -> QueryResult<bool> {
+    /// The claim's candidates (see [`claim`](Self::claim)): the oldest `limit` free rows
+    /// whose key is free, locked `FOR UPDATE SKIP LOCKED` when `lock` (and the backend has
+    /// it).
+    fn candidates<D: Dialect>(&self, limit: u32, lock: bool) -> String {
+        let backend = D::BACKEND;
+        let table = backend.quote_table(self.outbox.table);
+        let free = |alias: &str| {
+            format!(
+                "{alias}parked_at IS NULL AND ({alias}claimed_until IS NULL \
+                 OR {alias}claimed_until < {now})",
+                now = D::LEASE_NOW
+            )
+        };
+        let lock = match (lock, backend) {
+            (true, Backend::Postgres) => " FOR UPDATE OF o SKIP LOCKED",
+            (true, Backend::Mysql) => " FOR UPDATE SKIP LOCKED",
+            _ => "",
+        };
+        format!(
+            "SELECT o.seq, o.destination, o.ordering_key FROM {table} o \
+             WHERE o.sent_at IS NULL AND {free_o} AND (o.ordering_key = '' OR \
+             (SELECT {free_f} FROM {table} f WHERE f.destination = o.destination \
+             AND f.ordering_key = o.ordering_key AND f.sent_at IS NULL \
+             ORDER BY f.destination, f.ordering_key, f.seq LIMIT 1)) \
+             ORDER BY o.seq LIMIT {limit}{lock}",
+            free_o = free("o."),
+            free_f = free("f."),
+        )
+    }
+
+    /// Whether a round could claim something now: after a round that claimed nothing while
+    /// candidates were there — another relay was claiming the same keys at that moment —
+    /// the relay tries again after a short pause instead of its idle one.
+    async fn claimable<S: Io>(&self, io: &mut S) -> QueryResult<bool> {
+        let rows: Vec<Seq> = io
+            .load(&Sql::new(self.candidates::<S::Backend>(1, false)))
+            .await?;
+        Ok(!rows.is_empty())
+    }
+
+    /// Step 3: marks the messages at `seqs` sent, in one statement; how many were still this
+    /// round's (the others' claims were taken over: another round sends them again).
+    async fn mark_sent<S: Io>(&self, io: &mut S, seqs: &[i64], token: &str) -> QueryResult<usize> {
+        if seqs.is_empty() {
+            return Ok(0);
+        }
         let backend = S::Backend::BACKEND;
         let sql = format!(
             "UPDATE {table} SET sent_at = {now}, claimed_until = NULL, claimed_by = NULL \
-             WHERE seq = {p1} AND claimed_by = {p2}",
+             WHERE seq IN ({list}) AND claimed_by = {p1}",
             table = backend.quote_table(self.outbox.table),
             now = S::Backend::LEASE_NOW,
+            list = seq_list(seqs.iter().copied()),
             p1 = placeholder(backend, 1),
-            p2 = placeholder(backend, 2),
         );
-        let changed = io
-            .execute(&Sql::new(sql).bind_i64(message.seq).bind_text(token))
-            .await?;
-        Ok(changed == 1)
+        io.execute(&Sql::new(sql).bind_text(token)).await
     }
 
     /// Counts a rejection; parks the message, or holds it back for a pause.
@@ -535,6 +607,13 @@ async fn sleep_unless<F: Future<Output = ()>>(
         sleep.as_mut().poll(cx).map(|()| false)
     })
     .await
+}
+
+/// `seqs` as a list for `IN (…)`: integers, never text from a row.
+fn seq_list(seqs: impl Iterator<Item = i64>) -> String {
+    seqs.map(|seq| seq.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The `n`th placeholder of a statement.

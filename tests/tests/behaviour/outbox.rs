@@ -328,6 +328,108 @@ fn relays_side_by_side_send_each_message_once() {
     }
 }
 
+/// Publishes message `at` of a run of `n` under `key`.
+#[idempotent(consumer = "bursts", key = *id)]
+fn burst(conn: &mut Conn, id: &u64, key: &str, n: u32) -> Result<(), AppError> {
+    diesel::sql_query("UPDATE accounts SET balance = balance + 1 WHERE id = 1").execute(conn)?;
+    for at in 0..n {
+        OUTBOX.publish(
+            conn,
+            Message::new("bursts", format!("{id}/{at}")).key(key.to_owned()),
+        )?;
+    }
+    Ok(())
+}
+
+/// A sink that takes its time — so that relays side by side overlap — and refuses the first
+/// attempt of every fifth message.
+#[derive(Clone, Default)]
+struct Unsteady(Downstream);
+
+impl Sink for Unsteady {
+    fn send(&mut self, message: &Outgoing) -> impl Future<Output = Result<(), SinkError>> + Send {
+        let refuse = message.attempts == 0 && message.seq % 5 == 0;
+        let outcome = match refuse {
+            true => Err(SinkError::Rejected("the broker is busy".into())),
+            false => Ok(()),
+        };
+        let mut sink = self.0.clone();
+        let message = message.clone();
+        async move {
+            tokio::time::sleep(Duration::from_micros(200 * (message.seq as u64 % 4))).await;
+            match outcome {
+                Ok(()) => sink.send(&message).await,
+                refused => refused,
+            }
+        }
+    }
+}
+
+/// Three hot keys, twenty messages each, written in runs that span batches; four relays side
+/// by side, with a sink that refuses some first attempts. Every message arrives once, and
+/// each key's in the order written: a relay takes a key's rows from its oldest unsent on,
+/// stops at a refused one, and no other relay takes that key meanwhile.
+#[test]
+fn hot_keys_stay_in_order_across_relays_and_refusals() {
+    let db = Db::new("outbox_hot_keys");
+    setup(&db);
+    {
+        let mut conn = db.connect();
+        for id in 0..30u64 {
+            let key = format!("hot-{}", id % 3);
+            assert!(burst(&mut conn, &id, &key, 2).unwrap().is_processed());
+        }
+    }
+    let downstream = Downstream::default();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let barrier = Arc::new(tokio::sync::Barrier::new(4));
+        let mut relays = Vec::new();
+        for _ in 0..4 {
+            let barrier = barrier.clone();
+            let mut sink = Unsteady(downstream.clone());
+            let url = db.url().to_owned();
+            relays.push(tokio::spawn(async move {
+                let mut conn = connect_url(&url).await;
+                let relay = Relay::new(OUTBOX)
+                    .batch(7)
+                    .backoff(Duration::from_millis(5), Duration::from_millis(20));
+                barrier.wait().await;
+                let mut idle = 0;
+                while idle < 10 {
+                    let round = relay.run_once(&mut conn, &mut sink).await.unwrap();
+                    assert_eq!(round.parked, 0);
+                    if round.claimed == 0 {
+                        idle += 1;
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    } else {
+                        idle = 0;
+                    }
+                }
+            }));
+        }
+        for relay in relays {
+            relay.await.unwrap();
+        }
+    });
+    let received = downstream.received.lock().unwrap().clone();
+    assert_eq!(received.len(), 60, "sent more than once or not at all");
+    let keys = by_key(&received);
+    assert_eq!(keys.len(), 3);
+    for (key, payloads) in keys {
+        let k: u64 = key.trim_start_matches("hot-").parse().unwrap();
+        let written: Vec<String> = (0..30u64)
+            .filter(|id| id % 3 == k)
+            .flat_map(|id| [format!("{id}/0"), format!("{id}/1")])
+            .collect();
+        assert_eq!(payloads, written, "{key} out of order");
+    }
+}
+
 /// A message the broker keeps refusing is parked after `max_attempts`, with its error; the
 /// message behind it under the same key waits, the other keys go on; cleared by an operator,
 /// the key resumes in order.
