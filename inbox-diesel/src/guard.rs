@@ -89,7 +89,7 @@ impl<V: ?Sized> NotTheShadowedConnection<V> for NotAConnection {}
     message = "a claim-mode body runs outside any transaction, and this `{V}` reaches the database",
     label = "a connection or pool in a claim-mode body",
     note = "the body runs after the claim has committed and before the work is stamped: a write here commits on its own and is not undone when the side effect fails and the message is redelivered",
-    note = "do the database work in a transaction-mode handler, or before or after this one, and pass the message key downstream as the provider's idempotency key; a statement that must run here is marked `#[inbox::outside_transaction(\"why\")]`"
+    note = "do the database work in a transaction-mode handler, or before or after this one, and pass the message key downstream as the provider's idempotency key; a statement that must write here uses a connection of its own (the connection parameter is `NoConnection` in claim mode) and is marked `#[inbox::outside_transaction(\"why\")]`, and with the run-time net installed also runs inside `tripwire::allow_outside_transaction`"
 )]
 pub trait OutsideAnyTransaction<V: ?Sized> {}
 

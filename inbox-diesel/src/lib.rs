@@ -389,10 +389,18 @@ pub mod __private;
 /// - **a function passed as a value** (`.map(add_one)`), **trait objects and function
 ///   pointers**: the callee calls them with values the guard does not see. Pass a closure
 ///   (`.map(|c| add_one(c))`): its parameter is asked;
-/// - **expansions of macros defined elsewhere**: their arguments are asked where they parse
-///   as expressions, what the macro does with them is not. A `macro_rules!` defined inside the
-///   handler is the handler's code, and its rules are checked like the body — except a rule
-///   whose expansion repeats (`$(…)*`), which does not parse as Rust until it is called;
+/// - **expansions of macros defined elsewhere**: their arguments are asked — an expression as
+///   a value, and in a piece that is not an expression (`audit!(db: "x")`) every name of the
+///   body's; a name bound in the macro's own statement (a `let` chain, a `match` guard) is
+///   asked in a block just before the macro — but what the macro does with them is not seen.
+///   A `macro_rules!` defined inside the handler is the handler's code, and its rules are
+///   checked like the body — except a rule whose expansion repeats (`$(…)*`), which does not
+///   parse as Rust until it is called;
+/// - **a value that holds a connection** (`Option<&mut PgConnection>`, `Arc<Mutex<…>>`, a
+///   `Vec` of checkouts) handed to a helper: a question about a container whose content is
+///   not inferred yet where it is handed on (`Vec::new()` filled later) cannot be told from
+///   one about a container of connections, so containers are not looked into; the
+///   [`tripwire::net`] stops the helper's write at run time;
 /// - **a nested `fn` item** in the body is its own world, like a helper;
 /// - **a method's receiver indexed by a call** (`conns[next()].write()`): asking about it
 ///   would run the index twice.
@@ -401,9 +409,15 @@ pub mod __private;
 ///
 /// - **the transaction reached through something the tracking does not follow** — a call
 ///   (`my_reborrow(conn)`), a collection (`vec![&mut *conn]`), the parameter of a closure
-///   handed to a function of your own (`with_retry(conn, |c| …)`), a mutable `Option` of it
-///   that is borrowed or replaced: pass the connection parameter itself, or let the helper
-///   take the connection and call the closure with it;
+///   handed to a function of your own (`with_retry(conn, |c| …)`), a mutable wrapper of it
+///   borrowed whole (`helper(&mut tx)`) or refilled: pass the connection parameter itself
+///   (`&mut *tx`), or let the helper take the connection and call the closure with it.
+///   Followed, and so never refused: `Some`, `Ok` and tuple-struct newtypes of it (`Tx(conn)`,
+///   used as `&mut *tx`); `RefCell::new`, `Mutex::new`, `Box::new` and the like of it, and
+///   what their accessors give back (`borrow_mut()`, `lock()`, `as_deref_mut()`,
+///   `unwrap()`, `take()`); an `if` or `match` whose other arms `return`, `break` or panic;
+///   a closure returned from a block, an `if` or a `match` and only called afterwards (its
+///   parameters are asked at the calls);
 /// - **a value whose type is only settled by a later statement**
 ///   (`let n = Default::default(); show(&n); let _: i64 = n;`) may be reported as `_`:
 ///   annotate it where it is bound.

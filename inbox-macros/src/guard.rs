@@ -8,8 +8,10 @@
 //!
 //! What a value *is* is decided by the compiler, not here. This module rewrites the body so
 //! that every value it hands on — a call's argument, a method's receiver, a struct, tuple or
-//! array element, an assignment's right side, a macro's argument that parses as an
-//! expression, and every parameter besides the connection — is asked, at its concrete type,
+//! array element, an assignment's right side, a macro's argument (an expression, or every
+//! name of the body's in a piece that is not one, such as `audit!(db: "x")`; a name bound in
+//! the macro's own statement, by a `let` chain or a `match` guard, asked in a block before
+//! the macro), and every parameter besides the connection — is asked, at its concrete type,
 //! whether it is a diesel connection (sync or async, owned, borrowed, pooled, behind a guard
 //! or a `Deref`) or a connection pool. `inbox_diesel::__private::vet!` does the asking (see
 //! `inbox-diesel/src/guard.rs`); a connection fails to compile, spanned at the value, with a
@@ -186,6 +188,8 @@ pub fn instrument(function: &mut ItemFn, conn: &Ident, mode: Mode) -> syn::Resul
         parameter_bound: false,
         frames: Vec::new(),
         receiver_question: None,
+        macro_questions: Vec::new(),
+        closure_tail: false,
         extending: false,
         error: None,
     };
@@ -227,6 +231,12 @@ struct Guard {
     /// The question about the receiver of the method call being rewritten, when it cannot be
     /// asked before the statement.
     receiver_question: Option<Stmt>,
+    /// Questions about a macro's arguments that are bound in the macro's own statement (a
+    /// `let` chain, a `match` guard): asked in a block of their own, `{ vet!(…); m!(…) }`.
+    macro_questions: Vec<Stmt>,
+    /// The next block visited is the value of a `let` of closures the body only calls: its
+    /// tail's closures are given their parameters' values at the calls.
+    closure_tail: bool,
     /// The expression about to be visited is an element of a literal in a `let`'s
     /// initializer (see `Handed::Extending`).
     extending: bool,
@@ -347,22 +357,48 @@ impl Guard {
             },
             // No method's result is taken for the transaction by its name: a method of the
             // application's own could return another connection under any name.
+            // A branch that diverges (`return`, `break`, `panic!`) yields nothing.
             Expr::If(branch) => match &branch.else_branch {
-                Some((_, otherwise)) => same(
-                    self.origin_of_block(&branch.then_branch),
-                    self.origin(otherwise),
-                ),
+                Some((_, otherwise)) => {
+                    let then = Expr::Block(syn::ExprBlock {
+                        attrs: Vec::new(),
+                        label: None,
+                        block: branch.then_branch.clone(),
+                    });
+                    match (diverges(&then), diverges(otherwise)) {
+                        (true, false) => self.origin(otherwise),
+                        (false, true) => self.origin_of_block(&branch.then_branch),
+                        _ => same(
+                            self.origin_of_block(&branch.then_branch),
+                            self.origin(otherwise),
+                        ),
+                    }
+                }
                 None => Origin::Unknown,
             },
             Expr::Block(block) => self.origin_of_block(&block.block),
             Expr::Match(matched) => matched
                 .arms
                 .iter()
+                .filter(|arm| !diverges(&arm.body))
                 .map(|arm| self.origin(&arm.body))
                 .reduce(same)
                 .unwrap_or(Origin::Unknown),
-            Expr::Call(call) if call.args.len() == 1 && is_variant_constructor(&call.func) => {
+            Expr::Call(call)
+                if call.args.len() == 1
+                    && (is_variant_constructor(&call.func)
+                        || is_wrapper_constructor(&call.func)) =>
+            {
                 Origin::Parts(vec![self.origin(&call.args[0])])
+            }
+            // What a wrapper built in the body from the transaction gives back is the
+            // transaction (`cell.borrow_mut()`, `slot.as_deref_mut().unwrap()`).
+            Expr::MethodCall(call)
+                if ACCESSORS.contains(&call.method.to_string().as_str())
+                    && matches!(self.origin(&call.receiver), Origin::Parts(ref parts)
+                        if parts.len() == 1 && parts[0] == Origin::Transaction) =>
+            {
+                Origin::Parts(vec![Origin::Transaction])
             }
             Expr::Macro(mac) if is_question(&mac.mac) => Origin::Asked,
             Expr::Tuple(tuple) => {
@@ -459,7 +495,7 @@ impl Guard {
                     // Bound inside the statement itself (a `let` chain, a `match` guard): the
                     // method call is asked about in a block of its own, `{ vet!(…); c.m() }`.
                     _ if handed == Handed::ByPlace => self.receiver_question = Some(question),
-                    _ => {}
+                    _ => self.macro_questions.push(question),
                 }
             }
             // Asked in place, it would be moved out of its container; asked before the
@@ -617,7 +653,38 @@ impl Guard {
                 self.macro_argument(&mut expr);
                 expr.to_token_stream()
             }
-            Err(_) => part,
+            Err(_) => {
+                self.ask_names_in(part.clone());
+                part
+            }
+        }
+    }
+
+    /// A macro's argument in syntax that is not an expression (`audit!(db: "x")`): every
+    /// name in it that is a binding of the body, neither the transaction nor settled, is
+    /// asked as a macro's argument — the macro may use it as a value, whatever surrounds it.
+    /// A name after `.` (a field or a method) or before `::` or `!` is not a binding.
+    fn ask_names_in(&mut self, tokens: TokenStream) {
+        let tokens: Vec<TokenTree> = tokens.into_iter().collect();
+        for (at, token) in tokens.iter().enumerate() {
+            match token {
+                TokenTree::Group(group) => self.ask_names_in(group.stream()),
+                TokenTree::Ident(name) => {
+                    let after_dot = at > 0
+                        && matches!(&tokens[at - 1], TokenTree::Punct(p) if p.as_char() == '.');
+                    let path_or_macro = matches!(
+                        tokens.get(at + 1),
+                        Some(TokenTree::Punct(p)) if p.as_char() == '!'
+                            || (p.as_char() == ':' && p.spacing() == Spacing::Joint)
+                    );
+                    if after_dot || path_or_macro || self.lookup(name).is_none() {
+                        continue;
+                    }
+                    let mut value: Expr = syn::parse_quote_spanned!(name.span()=> #name);
+                    self.hand(&mut value, Handed::InMacro);
+                }
+                _ => {}
+            }
         }
     }
 
@@ -706,6 +773,7 @@ impl Guard {
 impl VisitMut for Guard {
     fn visit_block_mut(&mut self, block: &mut Block) {
         let depth = self.scope.len();
+        let closure_tail = std::mem::take(&mut self.closure_tail);
         let stmts = std::mem::take(&mut block.stmts);
         for at in 0..stmts.len() {
             let mut stmt = stmts[at].clone();
@@ -724,9 +792,17 @@ impl VisitMut for Guard {
             });
             match &mut stmt {
                 Stmt::Local(local) => {
-                    let closure_called_here = match (&local.pat, local.init.as_ref()) {
-                        (Pat::Ident(p), Some(init)) if matches!(&*init.expr, Expr::Closure(_)) => {
-                            Self::only_called(&p.ident, &stmts[at + 1..])
+                    let name = match &local.pat {
+                        Pat::Ident(p) => Some(&p.ident),
+                        Pat::Type(typed) => match &*typed.pat {
+                            Pat::Ident(p) => Some(&p.ident),
+                            _ => None,
+                        },
+                        _ => None,
+                    };
+                    let closure_called_here = match (name, local.init.as_ref()) {
+                        (Some(name), Some(init)) if yields_closures(&init.expr) => {
+                            Self::only_called(name, &stmts[at + 1..])
                         }
                         _ => false,
                     };
@@ -743,6 +819,10 @@ impl VisitMut for Guard {
                     {
                         binding.origin = origin;
                     }
+                }
+                // The block's value, when it is a closure the body only calls.
+                Stmt::Expr(tail, None) if closure_tail && at + 1 == stmts.len() => {
+                    self.visit_closures_called_later(tail)
                 }
                 _ => visit_mut::visit_stmt_mut(self, &mut stmt),
             }
@@ -789,7 +869,15 @@ impl VisitMut for Guard {
                 self.extending = extending && is_variant_constructor(&call.func);
                 self.visit_call(call)
             }
-            Expr::Macro(mac) => self.visit_macro(&mut mac.mac),
+            Expr::Macro(mac) => {
+                let outer = std::mem::take(&mut self.macro_questions);
+                self.visit_macro(&mut mac.mac);
+                let asked = std::mem::replace(&mut self.macro_questions, outer);
+                if !asked.is_empty() {
+                    let call = std::mem::replace(expr, Expr::Verbatim(TokenStream::new()));
+                    *expr = syn::parse_quote!({ #(#asked)* #call });
+                }
+            }
             Expr::Struct(literal) => {
                 for field in literal.fields.iter_mut() {
                     self.extending = extending;
@@ -867,7 +955,20 @@ impl VisitMut for Guard {
     }
 
     fn visit_stmt_macro_mut(&mut self, mac: &mut syn::StmtMacro) {
+        // A macro that is a statement of its own sees only names bound before it: its
+        // arguments are asked before the statement, never in a block around it (which would
+        // scope what the macro binds).
+        let outer = std::mem::take(&mut self.macro_questions);
         self.visit_macro(&mut mac.mac);
+        let stray = std::mem::replace(&mut self.macro_questions, outer);
+        if !stray.is_empty() {
+            self.push_error(syn::Error::new_spanned(
+                &mac.mac,
+                "#[idempotent] cannot ask what this macro is given: a name in its arguments is \
+                 bound where no question can stand before the macro; bind the value with a \
+                 `let` of its own before this statement",
+            ));
+        }
         self.rebound_by(&mac.mac);
     }
 
@@ -887,9 +988,7 @@ impl Guard {
         let mut origin = Origin::Unknown;
         if let Some(init) = &mut local.init {
             match &mut *init.expr {
-                Expr::Closure(closure) if closure_called_here => {
-                    self.visit_closure_as(closure, Origin::CheckedAtCalls)
-                }
+                expr if closure_called_here => self.visit_closures_called_later(expr),
                 _ => {
                     self.extending = true;
                     self.visit_expr_mut(&mut init.expr);
@@ -901,6 +1000,55 @@ impl Guard {
             }
         }
         self.bind_pattern(&local.pat, origin);
+    }
+
+    /// The value of a `let` whose every value is a closure that the body only calls
+    /// ([`yields_closures`]): each closure's parameters are asked at the calls; the rest of
+    /// the expression is visited as usual.
+    fn visit_closures_called_later(&mut self, expr: &mut Expr) {
+        match expr {
+            Expr::Closure(closure) => self.visit_closure_as(closure, Origin::CheckedAtCalls),
+            Expr::Paren(e) => self.visit_closures_called_later(&mut e.expr),
+            Expr::Block(block) => {
+                self.closure_tail = true;
+                self.visit_block_mut(&mut block.block);
+            }
+            Expr::If(branch) => {
+                self.visit_expr_mut(&mut branch.cond);
+                self.closure_tail = true;
+                self.visit_block_mut(&mut branch.then_branch);
+                if let Some((_, otherwise)) = &mut branch.else_branch {
+                    self.visit_closures_called_later(otherwise);
+                }
+            }
+            Expr::Match(matched) => {
+                self.visit_expr_mut(&mut matched.expr);
+                let origin = self.origin(&matched.expr);
+                for arm in matched.arms.iter_mut() {
+                    let depth = self.scope.len();
+                    match &mut arm.pat {
+                        Pat::Guard(guarded) => {
+                            self.bind_pattern(&guarded.pat, origin.clone());
+                            self.in_frame(&mut guarded.guard);
+                        }
+                        pat => self.bind_pattern(pat, origin.clone()),
+                    }
+                    self.frames.push(Frame {
+                        visible: self.scope.len(),
+                        asked: Vec::new(),
+                    });
+                    self.visit_closures_called_later(&mut arm.body);
+                    let asked = self.frames.pop().map(|f| f.asked).unwrap_or_default();
+                    if !asked.is_empty() {
+                        let inner =
+                            std::mem::replace(&mut *arm.body, Expr::Verbatim(TokenStream::new()));
+                        *arm.body = syn::parse_quote!({ #(#asked)* #inner });
+                    }
+                    self.scope.truncate(depth);
+                }
+            }
+            other => self.visit_expr_mut(other),
+        }
     }
 
     fn visit_arm(&mut self, arm: &mut Arm, origin: Origin) {
@@ -1170,7 +1318,12 @@ fn replaced_whole(name: &Ident, rest: &[Stmt]) -> bool {
                 Expr::Reference(reference) => {
                     reference.mutability.is_some() && self.is_name(&reference.expr)
                 }
-                Expr::MethodCall(call) => self.is_name(&call.receiver),
+                // What the standard wrappers give back does not replace them (`take` leaves
+                // `None`, which holds no connection).
+                Expr::MethodCall(call) => {
+                    self.is_name(&call.receiver)
+                        && !ACCESSORS.contains(&call.method.to_string().as_str())
+                }
                 _ => false,
             };
             syn::visit::visit_expr(self, expr);
@@ -1204,9 +1357,106 @@ fn is_lower_case(name: &Ident) -> bool {
         .is_some_and(|c| c.is_lowercase())
 }
 
-/// `Some`, `Ok`, `Err`: the value they wrap is the value a pattern of them takes apart.
+/// `Some`, `Ok`, `Err`, and a tuple struct's or variant's constructor named in upper case
+/// (`Tx(conn)`): the value they wrap is the value a pattern of them takes apart.
 fn is_variant_constructor(func: &Expr) -> bool {
-    matches!(func, Expr::Path(path) if path.path.get_ident().is_some_and(|name| name == "Some" || name == "Ok" || name == "Err"))
+    matches!(func, Expr::Path(path) if path.qself.is_none() && path.path.get_ident().is_some_and(|name| !is_lower_case(name)))
+}
+
+/// The standard library's cells, locks and pointers, made with `new` (`RefCell::new(conn)`):
+/// a value that holds the value it is given, and gives it back through [`ACCESSORS`].
+const WRAPPERS: [&str; 8] = [
+    "Box", "Rc", "Arc", "Cell", "RefCell", "Mutex", "RwLock", "OnceCell",
+];
+
+/// Methods of the standard library's wrappers, `Option` and `Result` that give back (a guard
+/// of, a reference to) what they hold. Inherent methods of those types: a trait of the
+/// application's cannot replace them.
+const ACCESSORS: [&str; 14] = [
+    "borrow_mut",
+    "borrow",
+    "lock",
+    "read",
+    "write",
+    "get_mut",
+    "as_mut",
+    "as_deref_mut",
+    "as_ref",
+    "as_deref",
+    "unwrap",
+    "expect",
+    "take",
+    "into_inner",
+];
+
+/// `RefCell::new`, `std::sync::Mutex::new`, …: a constructor of one of [`WRAPPERS`].
+fn is_wrapper_constructor(func: &Expr) -> bool {
+    let Expr::Path(path) = func else { return false };
+    let segments: Vec<String> = path
+        .path
+        .segments
+        .iter()
+        .map(|s| s.ident.to_string())
+        .collect();
+    match segments.as_slice() {
+        [.., wrapper, new] => new == "new" && WRAPPERS.contains(&wrapper.as_str()),
+        _ => false,
+    }
+}
+
+/// Whether evaluating `expr` never yields a value: `return`, `break`, `continue`, a
+/// panicking macro, or a block that ends in one.
+fn diverges(expr: &Expr) -> bool {
+    match expr {
+        Expr::Return(_) | Expr::Break(_) | Expr::Continue(_) => true,
+        Expr::Paren(e) => diverges(&e.expr),
+        Expr::Macro(mac) => mac.mac.path.segments.last().is_some_and(|s| {
+            ["panic", "unreachable", "todo", "unimplemented"]
+                .contains(&s.ident.to_string().as_str())
+        }),
+        Expr::Block(block) => match block.block.stmts.last() {
+            Some(Stmt::Expr(tail, _)) => diverges(tail),
+            Some(Stmt::Macro(mac)) => mac.mac.path.segments.last().is_some_and(|s| {
+                ["panic", "unreachable", "todo", "unimplemented"]
+                    .contains(&s.ident.to_string().as_str())
+            }),
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+/// Whether every value `expr` can yield is a closure written there: a closure, or a block,
+/// `if` or `match` whose every value is one (or diverges).
+fn yields_closures(expr: &Expr) -> bool {
+    match expr {
+        Expr::Closure(_) => true,
+        Expr::Paren(e) => yields_closures(&e.expr),
+        Expr::Block(block) => block_yields_closures(&block.block),
+        Expr::If(branch) => {
+            block_yields_closures(&branch.then_branch)
+                && branch
+                    .else_branch
+                    .as_ref()
+                    .is_some_and(|(_, otherwise)| yields_closures(otherwise) || diverges(otherwise))
+        }
+        Expr::Match(matched) => {
+            !matched.arms.is_empty()
+                && matched
+                    .arms
+                    .iter()
+                    .all(|arm| yields_closures(&arm.body) || diverges(&arm.body))
+                && matched.arms.iter().any(|arm| yields_closures(&arm.body))
+        }
+        _ => false,
+    }
+}
+
+fn block_yields_closures(block: &Block) -> bool {
+    match block.stmts.last() {
+        Some(Stmt::Expr(tail, None)) => yields_closures(tail) || diverges(tail),
+        _ => false,
+    }
 }
 
 /// What kind of place an expression is: a receiver that is a place is auto-referenced, so

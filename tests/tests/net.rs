@@ -106,6 +106,10 @@ enum Via<'a> {
     FunctionValue(fn(&Audit, &str) -> QueryResult<usize>, &'a Audit),
     TraitObject(std::cell::RefCell<&'a mut dyn AuditSink>),
     Pool(&'a Context),
+    /// Containers the compile-time guard does not look into.
+    Optional(std::cell::RefCell<Option<&'a mut SqliteConnection>>),
+    Shared(std::sync::Arc<std::sync::Mutex<SqliteConnection>>),
+    Checkouts(std::cell::RefCell<Vec<Checkout>>),
     Read(&'a Audit),
     Allowed(&'a Audit),
 }
@@ -113,6 +117,33 @@ enum Via<'a> {
 /// What a service hands its handlers: a pool without a wrapper among other things.
 struct Context {
     pool: diesel::r2d2::Pool<ConnectionManager<SqliteConnection>>,
+}
+
+type Checkout = diesel::r2d2::PooledConnection<ConnectionManager<SqliteConnection>>;
+
+/// A best-effort audit: writes when it was given a connection.
+fn best_effort(audit: Option<&mut SqliteConnection>) -> QueryResult<usize> {
+    match audit {
+        Some(conn) => {
+            diesel::sql_query("INSERT INTO audit (what) VALUES ('optional')").execute(conn)
+        }
+        None => Ok(0),
+    }
+}
+
+/// A helper that locks a shared connection.
+fn locked(shared: &std::sync::Mutex<SqliteConnection>) -> QueryResult<usize> {
+    let mut conn = shared.lock().unwrap();
+    diesel::sql_query("INSERT INTO audit (what) VALUES ('shared')").execute(&mut *conn)
+}
+
+/// A helper given several checkouts.
+fn to_each(checkouts: &mut [Checkout]) -> QueryResult<usize> {
+    let mut written = 0;
+    for conn in checkouts {
+        written += diesel::sql_query("INSERT INTO audit (what) VALUES ('each')").execute(conn)?;
+    }
+    Ok(written)
 }
 
 /// A helper that checks a connection out of the context's pool.
@@ -129,6 +160,9 @@ fn credit(conn: &mut SqliteConnection, id: &u64, via: &Via<'_>) -> Result<(), Er
         Via::FunctionValue(write, audit) => write(audit, "function value").map(drop)?,
         Via::TraitObject(sink) => sink.borrow_mut().record("trait object").map(drop)?,
         Via::Pool(pool) => from_the_pool(pool).map(drop)?,
+        Via::Optional(audit) => best_effort(audit.borrow_mut().as_deref_mut()).map(drop)?,
+        Via::Shared(shared) => locked(shared).map(drop)?,
+        Via::Checkouts(checkouts) => to_each(&mut checkouts.borrow_mut()).map(drop)?,
         Via::Read(audit) => assert_eq!(audit.seen()?, 0),
         Via::Allowed(audit) => {
             tripwire::allow_outside_transaction("the audit trail records attempts", || {
@@ -151,11 +185,22 @@ fn writes_out_of_the_compilers_sight_are_stopped_and_rolled_back() {
             .unwrap(),
     };
     let mut conn = db.connect();
+    let mut optional = SqliteConnection::establish(&audit.url).unwrap();
+    let pool = diesel::r2d2::Pool::builder()
+        .max_size(2)
+        .build(ConnectionManager::<SqliteConnection>::new(&audit.url))
+        .unwrap();
+    let checkouts = vec![pool.get().unwrap(), pool.get().unwrap()];
     let cases = [
         Via::Helper(&audit),
         Via::FunctionValue(Audit::record, &audit),
         Via::TraitObject(std::cell::RefCell::new(&mut sink)),
         Via::Pool(&context),
+        Via::Optional(std::cell::RefCell::new(Some(&mut optional))),
+        Via::Shared(std::sync::Arc::new(std::sync::Mutex::new(
+            SqliteConnection::establish(&audit.url).unwrap(),
+        ))),
+        Via::Checkouts(std::cell::RefCell::new(checkouts)),
     ];
     for (id, via) in (1..).zip(&cases) {
         let text = stopped(credit(&mut conn, &id, via));
