@@ -131,10 +131,18 @@ pub(crate) fn designs_of(
         lean,
         &lean_schema(&backend.to_string()).replace("inbox", "{t}"),
     );
+    // The shipped DDL's `processed_at` index, as it spells it (quoted, per backend): a line
+    // of its own, or on MySQL a key inside the table, after the comma that precedes it.
+    let index_line = shipped
+        .ddl
+        .lines()
+        .find(|line| line.contains("_processed_at") && line.contains("(processed_at)"))
+        .expect("the shipped table has a `processed_at` index");
     let purge_index = match backend {
-        inbox_diesel::schema::Backend::Mysql => ",\n    KEY ix_{t}_processed_at (processed_at)",
-        _ => "CREATE INDEX IF NOT EXISTS ix_{t}_processed_at ON {t} (processed_at);\n",
+        inbox_diesel::schema::Backend::Mysql => format!(",\n{index_line}"),
+        _ => format!("{index_line}\n"),
     };
+    let purge_index = purge_index.as_str();
     let mut list = vec![edited(&shipped, "message_id as text", &[key_type]).text_key()];
     list.extend(extra(&shipped));
     list.push(edited(

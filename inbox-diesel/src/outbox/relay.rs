@@ -255,6 +255,12 @@ impl Relay {
         let io = &mut Awaiting(conn);
         crate::backends::refuse_open_transaction(io.transaction_status())?;
         let token = Uuid::from_u128(fastrand::u128(..)).to_string();
+        // SQLite's claim takes the database's one write lock even when it finds nothing, and
+        // handlers committing meanwhile wait for it (`busy_timeout`): a read first, which
+        // takes no lock, so that an idle relay polling often does not hold up the writers.
+        if C::BACKEND == Backend::Sqlite && !self.claimable(io).await? {
+            return Ok(Round::default());
+        }
         let claimed = self.claim(io, &token).await?;
         let mut round = Round {
             claimed: claimed.len(),
