@@ -223,7 +223,13 @@ impl Destination {
         }
     }
 
+    /// Deletes the queue or stream; a broker that does not answer within 5 s is left to
+    /// expire it (the queue's `x-expires`, the stream's `max_age`).
     async fn delete(self) {
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.delete_now()).await;
+    }
+
+    async fn delete_now(self) {
         match self.broker {
             Broker::RabbitMq => {
                 if let Some((connection, channel)) = self.amqp {
@@ -632,6 +638,18 @@ async fn latency(
     Ok(latencies)
 }
 
+/// `run`, or an error naming it if it has not finished within five minutes: a run that
+/// hangs fails the bench instead of stalling it.
+async fn within<T>(
+    run: impl std::future::Future<Output = Result<T, String>>,
+    what: &str,
+) -> Result<T, String> {
+    match tokio::time::timeout(Duration::from_secs(300), run).await {
+        Ok(result) => result,
+        Err(_) => Err(format!("{what} did not finish within 5 minutes")),
+    }
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     let at = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[at.min(sorted.len() - 1)]
@@ -683,9 +701,8 @@ async fn bench(settings: Settings) -> Result<(), String> {
             for &relays in &settings.relays {
                 let mut rounds = Vec::new();
                 for _ in 0..settings.rounds {
-                    rounds.push(
-                        throughput(&settings, &brokers, broker, keys, relays, &mut run).await?,
-                    );
+                    let measured = throughput(&settings, &brokers, broker, keys, relays, &mut run);
+                    rounds.push(within(measured, "a throughput run").await?);
                 }
                 let ratios: Vec<f64> = rounds.iter().map(|(d, r)| r / d).collect();
                 println!(
@@ -720,7 +737,8 @@ async fn bench(settings: Settings) -> Result<(), String> {
             let mut p99s = Vec::new();
             let mut maxes = Vec::new();
             for _ in 0..settings.rounds {
-                let latencies = latency(&settings, &brokers, broker, path, &mut run).await?;
+                let measured = latency(&settings, &brokers, broker, path, &mut run);
+                let latencies = within(measured, "a latency run").await?;
                 p50s.push(percentile(&latencies, 0.5));
                 p99s.push(percentile(&latencies, 0.99));
                 maxes.push(*latencies.last().unwrap());

@@ -46,13 +46,16 @@ use syn::{
 use crate::valid::Mode;
 
 /// Methods that hand the closure they are given the connection they are called on, inside a
-/// transaction (diesel's and diesel-async's `Connection` and `TransactionBuilder`).
-const TRANSACTION_METHODS: [&str; 5] = [
+/// transaction (diesel's and diesel-async's `Connection` and `TransactionBuilder`, and the
+/// `SyncConnectionWrapper`'s `spawn_blocking`).
+const TRANSACTION_METHODS: [&str; 6] = [
     "transaction",
     "immediate_transaction",
     "exclusive_transaction",
     "run",
     "test_transaction",
+    // diesel-async's `SyncConnectionWrapper`: the wrapped connection, on a blocking thread.
+    "spawn_blocking",
 ];
 
 /// Macros of the standard library and of `tracing`, which bind no name of the caller's.
@@ -327,7 +330,13 @@ impl Guard {
                 Origin::NotLocal => Origin::Unknown,
                 origin => origin,
             },
-            Expr::Unary(e) if matches!(e.op, UnOp::Deref(_)) => self.origin(&e.expr),
+            Expr::Unary(e) if matches!(e.op, UnOp::Deref(_)) => match self.origin(&e.expr) {
+                // What a static points to may be a pool or a connection (`*AUDIT_POOL`).
+                Origin::NotLocal => Origin::Unknown,
+                origin => origin,
+            },
+            // `&mut *conn as &mut dyn SimpleConnection`: the value cast.
+            Expr::Cast(cast) => self.origin(&cast.expr),
             Expr::Path(path) if path.qself.is_none() => match path.path.get_ident() {
                 Some(name) => match self.lookup(name) {
                     Some((_, binding)) => binding.origin.clone(),
@@ -359,6 +368,8 @@ impl Guard {
             // application's own could return another connection under any name.
             // A branch that diverges (`return`, `break`, `panic!`) yields nothing.
             Expr::If(branch) => match &branch.else_branch {
+                // `if let … = … { name }`: the branch's names may be the pattern's.
+                Some(_) if binds_names(&branch.cond) => Origin::Unknown,
                 Some((_, otherwise)) => {
                     let then = Expr::Block(syn::ExprBlock {
                         attrs: Vec::new(),
@@ -376,14 +387,23 @@ impl Guard {
                 }
                 None => Origin::Unknown,
             },
+            // A labeled block's value may also come from a `break 'label value` inside it.
+            Expr::Block(block) if block.label.is_some() && breaks_with_value(&block.block) => {
+                Origin::Unknown
+            }
             Expr::Block(block) => self.origin_of_block(&block.block),
-            Expr::Match(matched) => matched
-                .arms
-                .iter()
-                .filter(|arm| !diverges(&arm.body))
-                .map(|arm| self.origin(&arm.body))
-                .reduce(same)
-                .unwrap_or(Origin::Unknown),
+            // An arm's value is judged with the arm's own bindings: a name the pattern binds
+            // is not the outer binding of that name.
+            Expr::Match(matched) => {
+                let scrutinee = self.origin(&matched.expr);
+                matched
+                    .arms
+                    .iter()
+                    .filter(|arm| !diverges(&arm.body))
+                    .map(|arm| self.origin_in_arm(&arm.pat, &scrutinee, &arm.body))
+                    .reduce(same)
+                    .unwrap_or(Origin::Unknown)
+            }
             Expr::Call(call)
                 if call.args.len() == 1
                     && (is_variant_constructor(&call.func)
@@ -431,6 +451,38 @@ impl Guard {
         }
     }
 
+    /// Where an arm's value comes from, the arm's pattern taking `scrutinee` apart. A value
+    /// that mentions a name the pattern binds comes from that binding: the scrutinee's part
+    /// for `Some(n) => n`, `Ok(n) => n`, `n => n` (and `&mut *n`), unknown otherwise.
+    fn origin_in_arm(&self, pat: &Pat, scrutinee: &Origin, body: &Expr) -> Origin {
+        let bound = pattern_names(pat);
+        if bound.is_empty() || !mentions_any(body, &bound) {
+            return self.origin(body);
+        }
+        let pat = match pat {
+            Pat::Guard(guarded) => &*guarded.pat,
+            pat => pat,
+        };
+        let part = match (pat, scrutinee) {
+            (Pat::Ident(p), origin) if p.subpat.is_none() => Some((&p.ident, origin.clone())),
+            (Pat::TupleStruct(p), Origin::Parts(parts))
+                if p.elems.len() == 1 && parts.len() == 1 =>
+            {
+                match &p.elems[0] {
+                    Pat::Ident(inner) if inner.subpat.is_none() => {
+                        Some((&inner.ident, parts[0].clone()))
+                    }
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        match (part, place_root(body)) {
+            (Some((name, origin)), Some(root)) if root == name && bound.len() == 1 => origin,
+            _ => Origin::Unknown,
+        }
+    }
+
     /// A block that is only a value: where that value comes from.
     fn origin_of_block(&self, block: &Block) -> Origin {
         match block.stmts.as_slice() {
@@ -440,16 +492,24 @@ impl Guard {
     }
 
     /// Whether a value of this shape can only be something other than a connection: a
-    /// literal, a closure, arithmetic, a comparison, a cast, a range, an array, tuple or
+    /// literal, a closure, arithmetic, a comparison, a numeric cast, a range, an array, tuple or
     /// struct literal (whose parts are asked one by one), or one of our own questions.
     fn is_plainly_not_a_connection(&self, expr: &Expr) -> bool {
         match expr {
             Expr::Paren(e) => self.is_plainly_not_a_connection(&e.expr),
+            // A cast to a reference or a pointer (`&mut *c as &mut dyn SimpleConnection`) may
+            // be a connection; a numeric cast cannot.
+            Expr::Cast(cast) => !matches!(
+                &*cast.ty,
+                syn::Type::Reference(_)
+                    | syn::Type::Ptr(_)
+                    | syn::Type::Paren(_)
+                    | syn::Type::Group(_)
+            ),
             Expr::Lit(_)
             | Expr::Infer(_)
             | Expr::Closure(_)
             | Expr::Binary(_)
-            | Expr::Cast(_)
             | Expr::Range(_)
             | Expr::Array(_)
             | Expr::Tuple(_)
@@ -858,6 +918,20 @@ impl VisitMut for Guard {
                 }
             }
             Expr::Closure(closure) => self.visit_closure_as(closure, Origin::Unknown),
+            // What a `return` hands back leaves the body: `return Err(e.into())` runs no
+            // statement, and its type may not be settled yet (an `async fn`'s error). What
+            // is computed on the way is visited as anywhere else.
+            Expr::Return(ret) => match ret.expr.as_deref_mut() {
+                Some(Expr::Call(call))
+                    if call.args.len() == 1 && is_variant_constructor(&call.func) =>
+                {
+                    for arg in call.args.iter_mut() {
+                        self.visit_expr_mut(arg);
+                    }
+                }
+                Some(value) => self.visit_expr_mut(value),
+                None => {}
+            },
             Expr::MethodCall(call) => {
                 self.visit_method_call(call);
                 if let Some(question) = self.receiver_question.take() {
@@ -1402,6 +1476,62 @@ fn is_wrapper_constructor(func: &Expr) -> bool {
         [.., wrapper, new] => new == "new" && WRAPPERS.contains(&wrapper.as_str()),
         _ => false,
     }
+}
+
+/// Whether `expr` mentions one of `names` (as a path of one segment, or in a macro's tokens).
+fn mentions_any(expr: &Expr, names: &[Ident]) -> bool {
+    struct Mentions<'n> {
+        names: &'n [Ident],
+        found: bool,
+    }
+    impl<'ast> Visit<'ast> for Mentions<'_> {
+        fn visit_expr_path(&mut self, path: &'ast syn::ExprPath) {
+            if let Some(name) = path.path.get_ident() {
+                self.found |= self.names.contains(name);
+            }
+        }
+        fn visit_macro(&mut self, mac: &'ast syn::Macro) {
+            self.found |= mac.tokens.clone().into_iter().any(|t| match t {
+                TokenTree::Ident(ident) => self.names.contains(&ident),
+                _ => false,
+            });
+        }
+    }
+    let mut mentions = Mentions {
+        names,
+        found: false,
+    };
+    mentions.visit_expr(expr);
+    mentions.found
+}
+
+/// Whether a condition binds names (`let` in an `if` or a chain).
+fn binds_names(cond: &Expr) -> bool {
+    match cond {
+        Expr::Let(test) => !pattern_names(&test.pat).is_empty(),
+        Expr::Binary(binary) => binds_names(&binary.left) || binds_names(&binary.right),
+        Expr::Paren(e) => binds_names(&e.expr),
+        _ => false,
+    }
+}
+
+/// Whether a block has a `break` with a value (for its own label or any other).
+fn breaks_with_value(block: &Block) -> bool {
+    struct Breaks {
+        found: bool,
+    }
+    impl<'ast> Visit<'ast> for Breaks {
+        fn visit_expr_break(&mut self, brk: &'ast syn::ExprBreak) {
+            self.found |= brk.expr.is_some();
+            syn::visit::visit_expr_break(self, brk);
+        }
+        // A closure's or a nested item's breaks are their own.
+        fn visit_expr_closure(&mut self, _: &'ast ExprClosure) {}
+        fn visit_item(&mut self, _: &'ast syn::Item) {}
+    }
+    let mut breaks = Breaks { found: false };
+    breaks.visit_block(block);
+    breaks.found
 }
 
 /// Whether evaluating `expr` never yields a value: `return`, `break`, `continue`, a

@@ -20,6 +20,8 @@ pub enum Bind {
 pub struct Sql {
     text: Cow<'static, str>,
     binds: Vec<Bind>,
+    /// Prepared once per connection and kept ([`cached`](Sql::cached)).
+    cached: bool,
 }
 
 impl Sql {
@@ -27,6 +29,18 @@ impl Sql {
         Self {
             text: text.into(),
             binds: Vec::new(),
+            cached: false,
+        }
+    }
+
+    /// A statement whose text is one of a few a process runs, again and again (the outbox's
+    /// insert): each connection prepares it once and keeps it in diesel's statement cache,
+    /// by its text. Never for text that embeds values (a list of `seq`s): the cache would
+    /// keep every variant.
+    pub(crate) fn cached(self) -> Self {
+        Self {
+            cached: true,
+            ..self
         }
     }
 
@@ -45,18 +59,115 @@ impl Sql {
         self
     }
 
-    /// The statement as diesel runs it: a boxed `sql_query`, prepared and cached by its text.
-    pub(crate) fn query<DB: Dialect>(&self) -> BoxedSqlQuery<'_, DB, SqlQuery> {
-        self.binds.iter().fold(
+    /// The statement as diesel runs it: a boxed `sql_query`, prepared for each run, or, when
+    /// [`cached`](Sql::cached), kept prepared.
+    pub(crate) fn query<DB: Dialect>(&self) -> Statement<'_, DB> {
+        if self.cached {
+            return Statement::Cached(self, std::marker::PhantomData);
+        }
+        Statement::Boxed(self.binds.iter().fold(
             diesel::sql_query(self.text.as_ref()).into_boxed(),
             |query, bind| match bind {
                 Bind::BigInt(value) => DB::bind_i64(query, value),
                 Bind::Text(value) => DB::bind_text(query, value),
                 Bind::Bytes(value) => DB::bind_bytes(query, value),
             },
-        )
+        ))
     }
 }
+
+/// A [`Sql`] as diesel runs it. Diesel's `sql_query` tells diesel not to keep the prepared
+/// statement, which is right for text built from values; a [`cached`](Sql::cached) one is
+/// written out with its binds in the order of its placeholders (`?`, or `$1`, `$2`, … in
+/// order), and diesel keeps it prepared by its text.
+pub enum Statement<'f, DB: Dialect> {
+    Boxed(BoxedSqlQuery<'f, DB, SqlQuery>),
+    Cached(&'f Sql, std::marker::PhantomData<DB>),
+}
+
+impl<'f, DB> diesel::query_builder::QueryFragment<DB> for Statement<'f, DB>
+where
+    DB: Dialect
+        + diesel::sql_types::HasSqlType<diesel::sql_types::BigInt>
+        + diesel::sql_types::HasSqlType<diesel::sql_types::Binary>,
+    BoxedSqlQuery<'f, DB, SqlQuery>: diesel::query_builder::QueryFragment<DB>,
+    i64: diesel::serialize::ToSql<diesel::sql_types::BigInt, DB>,
+    str: diesel::serialize::ToSql<diesel::sql_types::Text, DB>,
+    [u8]: diesel::serialize::ToSql<diesel::sql_types::Binary, DB>,
+{
+    fn walk_ast<'b>(
+        &'b self,
+        mut out: diesel::query_builder::AstPass<'_, 'b, DB>,
+    ) -> QueryResult<()> {
+        let sql = match self {
+            Statement::Boxed(query) => return query.walk_ast(out),
+            Statement::Cached(sql, _) => sql,
+        };
+        let mut binds = sql.binds.iter();
+        for (at, segment) in placeholders(&sql.text).into_iter().enumerate() {
+            if at > 0 {
+                match binds.next() {
+                    Some(Bind::BigInt(value)) => {
+                        out.push_bind_param::<diesel::sql_types::BigInt, i64>(value)?
+                    }
+                    Some(Bind::Text(value)) => {
+                        out.push_bind_param::<diesel::sql_types::Text, str>(value.as_str())?
+                    }
+                    Some(Bind::Bytes(value)) => {
+                        out.push_bind_param::<diesel::sql_types::Binary, [u8]>(value.as_slice())?
+                    }
+                    None => {
+                        return Err(diesel::result::Error::QueryBuilderError(
+                            "a statement has more placeholders than binds".into(),
+                        ));
+                    }
+                }
+            }
+            out.push_sql(segment);
+        }
+        Ok(())
+    }
+}
+
+/// `text` split at its placeholders (`?`, `$1`…), which diesel writes back for each bind.
+/// Only for statements of the runtime's own, without `?` or `$` in a literal.
+fn placeholders(text: &str) -> Vec<&str> {
+    let mut segments = Vec::new();
+    let mut start = 0;
+    let bytes = text.as_bytes();
+    let mut at = 0;
+    while at < bytes.len() {
+        match bytes[at] {
+            b'?' => {
+                segments.push(&text[start..at]);
+                at += 1;
+                start = at;
+            }
+            b'$' if bytes.get(at + 1).is_some_and(u8::is_ascii_digit) => {
+                segments.push(&text[start..at]);
+                at += 1;
+                while bytes.get(at).is_some_and(u8::is_ascii_digit) {
+                    at += 1;
+                }
+                start = at;
+            }
+            _ => at += 1,
+        }
+    }
+    segments.push(&text[start..]);
+    segments
+}
+
+impl<DB: Dialect> diesel::query_builder::QueryId for Statement<'_, DB> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl<DB: Dialect> diesel::query_builder::Query for Statement<'_, DB> {
+    type SqlType = diesel::sql_types::Untyped;
+}
+
+impl<DB: Dialect, C> diesel::RunQueryDsl<C> for Statement<'_, DB> {}
 
 /// A row the runtime reads: one the derive `QueryableByName` reads on every enabled backend.
 pub trait Row: Send + 'static + rows::OnPostgres + rows::OnMysql + rows::OnSqlite {}
@@ -100,7 +211,7 @@ pub(crate) fn execute<DB, C>(conn: &mut C, sql: &Sql) -> QueryResult<usize>
 where
     DB: Dialect,
     C: diesel::Connection<Backend = DB>,
-    for<'f> BoxedSqlQuery<'f, DB, SqlQuery>: diesel::query_dsl::methods::ExecuteDsl<C>,
+    for<'f> Statement<'f, DB>: diesel::query_dsl::methods::ExecuteDsl<C>,
 {
     diesel::RunQueryDsl::execute(sql.query::<DB>(), conn)
 }
@@ -110,7 +221,7 @@ pub(crate) fn load<DB, C, R>(conn: &mut C, sql: &Sql) -> QueryResult<Vec<R>>
 where
     DB: Dialect,
     C: diesel::connection::LoadConnection<Backend = DB>,
-    for<'f> BoxedSqlQuery<'f, DB, SqlQuery>: diesel::query_dsl::LoadQuery<'f, C, R>,
+    for<'f> Statement<'f, DB>: diesel::query_dsl::LoadQuery<'f, C, R>,
 {
     diesel::RunQueryDsl::load(sql.query::<DB>(), conn)
 }
@@ -122,7 +233,7 @@ pub(crate) async fn execute_async<DB, C>(conn: &mut C, sql: &Sql) -> QueryResult
 where
     DB: Dialect,
     C: diesel_async::AsyncConnection<Backend = DB>,
-    for<'f> BoxedSqlQuery<'f, DB, SqlQuery>: diesel_async::methods::ExecuteDsl<C>,
+    for<'f> Statement<'f, DB>: diesel_async::methods::ExecuteDsl<C>,
 {
     diesel_async::RunQueryDsl::execute(sql.query::<DB>(), conn).await
 }
@@ -138,7 +249,26 @@ where
     DB: Dialect,
     C: diesel_async::AsyncConnection<Backend = DB>,
     R: Send + 'static,
-    BoxedSqlQuery<'c, DB, SqlQuery>: diesel_async::methods::LoadQuery<'c, C, R>,
+    Statement<'c, DB>: diesel_async::methods::LoadQuery<'c, C, R>,
 {
     diesel_async::RunQueryDsl::load(sql.query::<DB>(), conn)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::placeholders;
+
+    #[test]
+    fn a_statement_is_split_at_its_placeholders() {
+        assert_eq!(
+            placeholders("INSERT INTO t (a, b) VALUES (?, ?)"),
+            ["INSERT INTO t (a, b) VALUES (", ", ", ")"]
+        );
+        assert_eq!(
+            placeholders("SELECT CAST($1 AS uuid), $2, pg_notify($10, '')"),
+            ["SELECT CAST(", " AS uuid), ", ", pg_notify(", ", '')"]
+        );
+        assert_eq!(placeholders("SELECT 1"), ["SELECT 1"]);
+        assert_eq!(placeholders("SELECT '$'"), ["SELECT '$'"]);
+    }
 }

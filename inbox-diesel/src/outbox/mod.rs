@@ -321,6 +321,7 @@ impl Outbox {
             ),
         };
         let mut sql = Sql::new(sql)
+            .cached()
             .bind_text(id.to_string())
             .bind_text(message.destination)
             .bind_text(message.key)
