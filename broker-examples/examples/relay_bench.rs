@@ -353,6 +353,25 @@ async fn database(connections: u32) -> Result<(Store, Database), String> {
     Ok((store, database))
 }
 
+/// Message `id`'s effect and its outbox row, by the handler.
+async fn publish(
+    database: &Database,
+    id: &str,
+    outbox: &Outbox,
+    destination: &str,
+    ordering_key: &str,
+) -> Result<Outcome<()>, inbox_broker_examples::store::Failure> {
+    let key = MessageKey::text(id).map_err(inbox_diesel::Error::from)?;
+    let to = Publish {
+        outbox,
+        destination,
+        ordering_key,
+    };
+    database
+        .apply_and_publish(&key, id, "relay-bench", Duration::ZERO, to)
+        .await
+}
+
 /// Writes `messages` to the outbox through the handler, `concurrency` at a time.
 async fn fill(
     database: &Arc<Database>,
@@ -371,19 +390,7 @@ async fn fill(
             .collect();
         tasks.spawn(async move {
             for (n, id) in chunk {
-                let key = MessageKey::text(&id).map_err(|e| e.to_string())?;
-                let outcome = database
-                    .apply_and_publish(
-                        &key,
-                        &id,
-                        "relay-bench",
-                        Duration::ZERO,
-                        Publish {
-                            outbox: &OUTBOX,
-                            destination: &destination,
-                            ordering_key: &keys.of(n),
-                        },
-                    )
+                let outcome = publish(&database, &id, &OUTBOX, &destination, &keys.of(n))
                     .await
                     .map_err(|e| e.to_string())?;
                 if !matches!(outcome, Outcome::Processed(())) {
@@ -595,19 +602,7 @@ async fn latency(
                 outcome
             }
             _ => {
-                let outcome = database
-                    .apply_and_publish(
-                        &key,
-                        &id,
-                        "relay-bench",
-                        Duration::ZERO,
-                        Publish {
-                            outbox,
-                            destination: &destination.name,
-                            ordering_key: "",
-                        },
-                    )
-                    .await;
+                let outcome = publish(&database, &id, outbox, &destination.name, "").await;
                 committed.insert(id.clone(), Instant::now());
                 outcome
             }

@@ -1157,12 +1157,7 @@ impl Guard {
         // function of the application's own named `transaction` is not trusted.
         let hands_over = match &*call.func {
             Expr::Path(path) => {
-                let segments: Vec<String> = path
-                    .path
-                    .segments
-                    .iter()
-                    .map(|s| s.ident.to_string())
-                    .collect();
+                let segments = segments(&path.path);
                 matches!(segments.as_slice(), [.., owner, method]
                     if owner.ends_with("Connection") && TRANSACTION_METHODS.contains(&method.as_str()))
                     && call
@@ -1463,16 +1458,15 @@ const ACCESSORS: [&str; 14] = [
     "into_inner",
 ];
 
+/// The names of a path's segments.
+fn segments(path: &syn::Path) -> Vec<String> {
+    path.segments.iter().map(|s| s.ident.to_string()).collect()
+}
+
 /// `RefCell::new`, `std::sync::Mutex::new`, …: a constructor of one of [`WRAPPERS`].
 fn is_wrapper_constructor(func: &Expr) -> bool {
     let Expr::Path(path) = func else { return false };
-    let segments: Vec<String> = path
-        .path
-        .segments
-        .iter()
-        .map(|s| s.ident.to_string())
-        .collect();
-    match segments.as_slice() {
+    match segments(&path.path).as_slice() {
         [.., wrapper, new] => new == "new" && WRAPPERS.contains(&wrapper.as_str()),
         _ => false,
     }
