@@ -408,3 +408,100 @@ mod postgres {
         );
     }
 }
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    use super::{Error, idempotent, install, stopped};
+    use diesel::prelude::*;
+    use inbox_tests::mysql::MysqlDb;
+    use inbox_tests::server::count;
+
+    /// A helper with its own connection to the server, established inside the handler.
+    fn record(url: &str, email: &str) -> QueryResult<usize> {
+        let mut own = MysqlConnection::establish(url).expect("connect");
+        diesel::sql_query("INSERT INTO users (email) VALUES (?)")
+            .bind::<diesel::sql_types::Text, _>(email)
+            .execute(&mut own)
+    }
+
+    #[idempotent(consumer = "credit-mysql", key = *id)]
+    fn credit(conn: &mut MysqlConnection, id: &u64, url: &str, write: bool) -> Result<(), Error> {
+        diesel::sql_query("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
+            .execute(conn)?;
+        if write {
+            record(url, "helper@example.com")?;
+        }
+        Ok(())
+    }
+
+    #[idempotent(consumer = "credit-mysql-async", key = *id)]
+    async fn credit_async(
+        conn: &mut diesel_async::AsyncMysqlConnection,
+        id: &u64,
+        url: &str,
+    ) -> Result<(), Error> {
+        diesel_async::RunQueryDsl::execute(
+            diesel::sql_query("UPDATE accounts SET balance = balance + 1 WHERE id = 1"),
+            conn,
+        )
+        .await?;
+        record_async(url).await?;
+        Ok(())
+    }
+
+    /// The async helper, with a connection of its own.
+    async fn record_async(url: &str) -> QueryResult<usize> {
+        let mut own =
+            <diesel_async::AsyncMysqlConnection as diesel_async::AsyncConnection>::establish(url)
+                .await
+                .expect("connect");
+        diesel_async::RunQueryDsl::execute(
+            diesel::sql_query("INSERT INTO users (email) VALUES ('async@example.com')"),
+            &mut own,
+        )
+        .await
+    }
+
+    fn rows(db: &MysqlDb) -> (i64, i64) {
+        let mut check = db.connect();
+        (
+            count(&mut check, "SELECT count(*) AS n FROM users"),
+            count(
+                &mut check,
+                "SELECT CAST(balance AS SIGNED) AS n FROM accounts WHERE id = 1",
+            ),
+        )
+    }
+
+    /// MySQL and MariaDB, sync: a helper's own connection writes inside the handler; the net
+    /// stops the write before the server sees it and the handler rolls back. Without the
+    /// write, the redelivery applies.
+    #[test]
+    fn a_helpers_write_on_its_own_mysql_connection_is_stopped() {
+        install();
+        let db = MysqlDb::new("net_mysql");
+        let mut conn = db.connect();
+        let text = stopped(credit(&mut conn, &1, db.url(), true));
+        assert!(
+            text.contains("`credit-mysql`") && text.contains("INSERT INTO users"),
+            "{text}"
+        );
+        assert_eq!(rows(&db), (0, 0), "a stopped handler's work committed");
+        assert!(
+            credit(&mut conn, &1, db.url(), false)
+                .unwrap()
+                .is_processed()
+        );
+        assert_eq!(rows(&db), (0, 1));
+    }
+
+    /// The same from an `async fn` handler on diesel-async's MySQL connection.
+    #[tokio::test]
+    async fn an_async_handlers_write_on_its_own_mysql_connection_is_stopped() {
+        install();
+        let db = MysqlDb::new("net_mysql_async");
+        let mut conn = db.connect_async().await;
+        stopped(credit_async(&mut conn, &1, db.url()).await);
+        assert_eq!(rows(&db), (0, 0), "a stopped handler's work committed");
+    }
+}
