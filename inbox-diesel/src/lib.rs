@@ -392,7 +392,9 @@ pub mod __private;
 /// - **expansions of macros defined elsewhere**: their arguments are asked — an expression as
 ///   a value, and in a piece that is not an expression (`audit!(db: "x")`) every name of the
 ///   body's; a name bound in the macro's own statement (a `let` chain, a `match` guard) is
-///   asked in a block just before the macro — but what the macro does with them is not seen.
+///   asked in a block just before the macro; the blocks in a piece (`tokio::select!` arms
+///   without commas) and a `matches!` pattern's guard are the body's code — but what the
+///   macro does with them is not seen. A `const` or `static` of the body is checked like it;
 ///   A `macro_rules!` defined inside the handler is the handler's code, and its rules are
 ///   checked like the body — except a rule whose expansion repeats (`$(…)*`), which does not
 ///   parse as Rust until it is called;
@@ -400,7 +402,12 @@ pub mod __private;
 ///   `Vec` of checkouts) handed to a helper: a question about a container whose content is
 ///   not inferred yet where it is handed on (`Vec::new()` filled later) cannot be told from
 ///   one about a container of connections, so containers are not looked into; the
-///   [`tripwire::net`] stops the helper's write at run time;
+///   [`tripwire::net`] stops the helper's write at run time. Nor is another connection
+///   swapped into the transaction's place through a container (`slice::from_mut(conn)
+///   .swap_with_slice(…)`, `RefCell::swap` of a wrapper, raw pointers);
+/// - **a handler parameter of a generic type bounded only by the application's own trait**
+///   (`w: &mut W where W: AuditSink`): the guard cannot say whether the caller's type is a
+///   connection, as with trait objects; the net stops its writes;
 /// - **a nested `fn` item** in the body is its own world, like a helper;
 /// - **a method's receiver indexed by a call** (`conns[next()].write()`): asking about it
 ///   would run the index twice.

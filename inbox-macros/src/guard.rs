@@ -516,7 +516,7 @@ impl Guard {
             | Expr::Struct(_)
             | Expr::Async(_) => true,
             Expr::Unary(e) => !matches!(e.op, UnOp::Deref(_)),
-            Expr::Macro(mac) => is_question(&mac.mac),
+            Expr::Macro(mac) => is_question(&mac.mac) || is_literal_macro(&mac.mac),
             _ => false,
         }
     }
@@ -657,7 +657,7 @@ impl Guard {
 
     /// A macro invocation: arguments that parse as expressions are visited and asked.
     fn visit_macro(&mut self, mac: &mut syn::Macro) {
-        if is_question(mac) {
+        if is_question(mac) || is_literal_macro(mac) {
             return;
         }
         let patterns = mac
@@ -685,7 +685,21 @@ impl Guard {
             .enumerate()
         {
             match patterns && at > 0 {
-                true => out.extend(piece),
+                // A pattern, left as written, and its guard (`n if …`), which is code.
+                true => {
+                    let tokens: Vec<TokenTree> = piece.into_iter().collect();
+                    let guard = tokens
+                        .iter()
+                        .position(|t| matches!(t, TokenTree::Ident(i) if i == "if"));
+                    match guard {
+                        Some(at) => {
+                            out.extend(tokens[..=at].iter().cloned());
+                            let rest: TokenStream = tokens[at + 1..].iter().cloned().collect();
+                            out.extend(self.macro_part(rest));
+                        }
+                        None => out.extend(tokens),
+                    }
+                }
                 // Before a first `=` stands a pattern or a name (`Ok(v) = future => …`,
                 // `field = value`): it is left as written.
                 false => {
@@ -715,9 +729,36 @@ impl Guard {
             }
             Err(_) => {
                 self.ask_names_in(part.clone());
-                part
+                self.rewrite_blocks(part)
             }
         }
+    }
+
+    /// A macro's piece that is not an expression, with each `{ … }` in it that parses as a
+    /// block visited as the body's code: the arms of `tokio::select!` written without commas
+    /// (`_ = a => { … } _ = b => { … }`).
+    fn rewrite_blocks(&mut self, tokens: TokenStream) -> TokenStream {
+        tokens
+            .into_iter()
+            .map(|token| match token {
+                TokenTree::Group(group) if group.delimiter() == Delimiter::Brace => {
+                    match syn::parse2::<Block>(TokenTree::Group(group.clone()).into()) {
+                        Ok(mut block) => {
+                            self.visit_block_mut(&mut block);
+                            block.to_token_stream()
+                        }
+                        Err(_) => TokenTree::Group(group).into(),
+                    }
+                }
+                TokenTree::Group(group) => {
+                    let mut inner =
+                        Group::new(group.delimiter(), self.rewrite_blocks(group.stream()));
+                    inner.set_span(group.span());
+                    TokenTree::Group(inner).into()
+                }
+                other => other.into(),
+            })
+            .collect()
     }
 
     /// A macro's argument in syntax that is not an expression (`audit!(db: "x")`): every
@@ -986,7 +1027,14 @@ impl VisitMut for Guard {
             // neither `Copy` nor made in a constant.
             Expr::Repeat(repeat) => self.visit_expr_mut(&mut repeat.expr),
             Expr::Assign(assign) => {
-                self.visit_expr_mut(&mut assign.left);
+                // A destructuring assignee (`(a, b) = …`, `[x, y] = …`, `P { x, y } = …`) is
+                // places, not values handed on: only what it computes (an index) is visited.
+                match &mut *assign.left {
+                    Expr::Tuple(_) | Expr::Array(_) | Expr::Struct(_) | Expr::Call(_) => {
+                        self.visit_assignee(&mut assign.left)
+                    }
+                    left => self.visit_expr_mut(left),
+                }
                 self.visit_expr_mut(&mut assign.right);
                 self.hand(&mut assign.right, Handed::ByValue);
             }
@@ -1049,15 +1097,39 @@ impl VisitMut for Guard {
     /// A nested item is its own world: its statements run wherever its caller says. A
     /// `macro_rules!` defined in the body is the body's code: its transcribers are rewritten.
     fn visit_item_mut(&mut self, item: &mut syn::Item) {
-        if let syn::Item::Macro(item) = item
-            && item.mac.path.is_ident("macro_rules")
-        {
-            item.mac.tokens = self.macro_rules(item.mac.tokens.clone());
+        match item {
+            syn::Item::Macro(item) if item.mac.path.is_ident("macro_rules") => {
+                item.mac.tokens = self.macro_rules(item.mac.tokens.clone());
+            }
+            // A `const` or `static` of the body may hold a closure the body calls: its code is
+            // the body's (it can name no local, only what a `fn` item could).
+            syn::Item::Const(constant) => self.in_frame(&mut constant.expr),
+            syn::Item::Static(global) => self.in_frame(&mut global.expr),
+            _ => {}
         }
     }
 }
 
 impl Guard {
+    /// The places of a destructuring assignment: their parts, not asked.
+    fn visit_assignee(&mut self, expr: &mut Expr) {
+        match expr {
+            Expr::Tuple(tuple) => tuple.elems.iter_mut().for_each(|e| self.visit_assignee(e)),
+            Expr::Array(array) => array.elems.iter_mut().for_each(|e| self.visit_assignee(e)),
+            Expr::Struct(literal) => literal
+                .fields
+                .iter_mut()
+                .for_each(|f| self.visit_assignee(&mut f.expr)),
+            Expr::Call(call) => call.args.iter_mut().for_each(|e| self.visit_assignee(e)),
+            Expr::Paren(e) => self.visit_assignee(&mut e.expr),
+            Expr::Index(index) => {
+                self.visit_assignee(&mut index.expr);
+                self.visit_expr_mut(&mut index.index);
+            }
+            _ => {}
+        }
+    }
+
     fn visit_local_as(&mut self, local: &mut Local, closure_called_here: bool) {
         let mut origin = Origin::Unknown;
         if let Some(init) = &mut local.init {
@@ -1457,6 +1529,29 @@ const ACCESSORS: [&str; 14] = [
     "take",
     "into_inner",
 ];
+
+/// The standard library's macros that expand to a literal (`concat!`, `env!`,
+/// `include_str!`, …): never a connection, and the macros around them (`include_str!`,
+/// `println!`'s format string) need them left as they are.
+fn is_literal_macro(mac: &syn::Macro) -> bool {
+    const LITERAL_MACROS: [&str; 11] = [
+        "concat",
+        "stringify",
+        "env",
+        "option_env",
+        "include_str",
+        "include_bytes",
+        "include",
+        "file",
+        "line",
+        "column",
+        "module_path",
+    ];
+    mac.path
+        .segments
+        .last()
+        .is_some_and(|s| LITERAL_MACROS.contains(&s.ident.to_string().as_str()))
+}
 
 /// The names of a path's segments.
 fn segments(path: &syn::Path) -> Vec<String> {
