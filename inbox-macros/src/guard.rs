@@ -406,10 +406,18 @@ impl Guard {
             }
             Expr::Call(call)
                 if call.args.len() == 1
-                    && (is_variant_constructor(&call.func)
-                        || is_wrapper_constructor(&call.func)) =>
+                    && (is_std_variant(&call.func) || is_wrapper_constructor(&call.func)) =>
             {
                 Origin::Parts(vec![self.origin(&call.args[0])])
+            }
+            // A newtype of the application's (`Tx(conn)`) is followed only around the
+            // transaction: an upper-case name may also be a function that returns anything.
+            Expr::Call(call)
+                if call.args.len() == 1
+                    && is_variant_constructor(&call.func)
+                    && self.origin(&call.args[0]) == Origin::Transaction =>
+            {
+                Origin::Parts(vec![Origin::Transaction])
             }
             // What a wrapper built in the body from the transaction gives back is the
             // transaction (`cell.borrow_mut()`, `slot.as_deref_mut().unwrap()`).
@@ -1496,6 +1504,11 @@ fn is_lower_case(name: &Ident) -> bool {
         .chars()
         .find(|c| *c != '_')
         .is_some_and(|c| c.is_lowercase())
+}
+
+/// `Some`, `Ok`, `Err`: the standard library's, whatever they wrap.
+fn is_std_variant(func: &Expr) -> bool {
+    matches!(func, Expr::Path(path) if path.path.get_ident().is_some_and(|name| name == "Some" || name == "Ok" || name == "Err"))
 }
 
 /// `Some`, `Ok`, `Err`, and a tuple struct's or variant's constructor named in upper case

@@ -73,4 +73,25 @@ fn f07(conn: &mut SqliteConnection, msg: &Msg) -> QueryResult<()> {
     Ok(())
 }
 
+// F08: an upper-case function that returns a checkout, called like a constructor
+#[allow(non_snake_case)]
+fn Audit(_: i64) -> Checkout {
+    checkout()
+}
+
+#[idempotent(consumer = "f08", key = msg.id)]
+fn f08(conn: &mut SqliteConnection, msg: &Msg) -> QueryResult<()> {
+    let audit = Audit(1);
+    let holder = (audit,);
+    Ok(())
+}
+
+// F09: the same, handed on whole
+#[idempotent(consumer = "f09", key = msg.id)]
+fn f09(conn: &mut SqliteConnection, msg: &Msg) -> QueryResult<()> {
+    let audit = Audit(1);
+    std::mem::drop(audit);
+    Ok(())
+}
+
 fn main() {}
