@@ -1512,14 +1512,8 @@ async fn bench() -> Result<ExitCode, String> {
         .connections
         .unwrap_or_else(|| target.default_connections());
     let brokers = options.brokers();
-    let amqp = std::env::var("AMQP_URL")
-        .ok()
-        .filter(|url| !url.is_empty())
-        .unwrap_or_else(|| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
-    let nats_url = std::env::var("NATS_URL")
-        .ok()
-        .filter(|url| !url.is_empty())
-        .unwrap_or_else(|| "nats://127.0.0.1:4222".to_owned());
+    let amqp = inbox_broker_examples::amqp_url();
+    let nats_url = inbox_broker_examples::nats_url();
     let rabbit = match brokers.contains(&Broker::RabbitMq) {
         true => Some(Rabbit::connect(amqp.clone()).await?),
         false => None,

@@ -54,7 +54,7 @@ use inbox_broker_examples::events::{Answer, Event};
 use inbox_broker_examples::fleet::{self, Fleet};
 use inbox_broker_examples::scenario::Scenario;
 use inbox_broker_examples::store::{Database, Failure, Store};
-use inbox_broker_examples::without_password;
+use inbox_broker_examples::{nats_url, without_password};
 use inbox_diesel::Redelivery;
 use inbox_nats::{Pump, Unreachable, delivery_count, key};
 use tokio::time::Instant;
@@ -123,13 +123,6 @@ async fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
-}
-
-fn nats_url() -> String {
-    std::env::var("NATS_URL")
-        .ok()
-        .filter(|url| !url.is_empty())
-        .unwrap_or_else(|| "nats://127.0.0.1:4222".to_owned())
 }
 
 /// JetStream on the server at `url`, or a message naming the address and what failed.

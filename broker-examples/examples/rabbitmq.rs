@@ -32,7 +32,7 @@ use inbox_broker_examples::events::{Answer, Event};
 use inbox_broker_examples::fleet::{self, Fleet};
 use inbox_broker_examples::scenario::Scenario;
 use inbox_broker_examples::store::{Database, Failure, Store};
-use inbox_broker_examples::without_password;
+use inbox_broker_examples::{amqp_url, without_password};
 use inbox_diesel::Redelivery;
 use inbox_lapin::{Pump, delivery_count, key};
 use lapin::options::{
@@ -76,13 +76,6 @@ async fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
-}
-
-fn amqp_url() -> String {
-    std::env::var("AMQP_URL")
-        .ok()
-        .filter(|url| !url.is_empty())
-        .unwrap_or_else(|| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
 }
 
 /// A connection to the broker, or a message naming the address and what failed.

@@ -662,14 +662,8 @@ fn range(values: &[f64]) -> String {
 }
 
 async fn bench(settings: Settings) -> Result<(), String> {
-    let amqp_url = std::env::var("AMQP_URL")
-        .ok()
-        .filter(|url| !url.is_empty())
-        .unwrap_or_else(|| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
-    let nats_url = std::env::var("NATS_URL")
-        .ok()
-        .filter(|url| !url.is_empty())
-        .unwrap_or_else(|| "nats://127.0.0.1:4222".to_owned());
+    let amqp_url = inbox_broker_examples::amqp_url();
+    let nats_url = inbox_broker_examples::nats_url();
     let jetstream = inbox_nats::connect(&nats_url, async_nats::ConnectOptions::new())
         .await
         .map_err(|e| format!("NATS at {}: {e}", without_password(&nats_url)))?;

@@ -42,6 +42,23 @@ pub mod fleet;
 pub mod scenario;
 pub mod store;
 
+/// The RabbitMQ broker the examples use: `AMQP_URL`, by default the local one.
+pub fn amqp_url() -> String {
+    env_or("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f")
+}
+
+/// The NATS server (with JetStream) the examples use: `NATS_URL`, by default the local one.
+pub fn nats_url() -> String {
+    env_or("NATS_URL", "nats://127.0.0.1:4222")
+}
+
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name)
+        .ok()
+        .filter(|url| !url.is_empty())
+        .unwrap_or_else(|| default.to_owned())
+}
+
 /// `url` with the password of its user replaced by `***`, for messages and logs.
 ///
 /// ```

@@ -1636,22 +1636,23 @@ fn breaks_with_value(block: &Block) -> bool {
     breaks.found
 }
 
+/// Whether a macro call panics (`panic!`, `unreachable!`, `todo!`, `unimplemented!`).
+fn panics(mac: &syn::Macro) -> bool {
+    mac.path.segments.last().is_some_and(|s| {
+        ["panic", "unreachable", "todo", "unimplemented"].contains(&s.ident.to_string().as_str())
+    })
+}
+
 /// Whether evaluating `expr` never yields a value: `return`, `break`, `continue`, a
 /// panicking macro, or a block that ends in one.
 fn diverges(expr: &Expr) -> bool {
     match expr {
         Expr::Return(_) | Expr::Break(_) | Expr::Continue(_) => true,
         Expr::Paren(e) => diverges(&e.expr),
-        Expr::Macro(mac) => mac.mac.path.segments.last().is_some_and(|s| {
-            ["panic", "unreachable", "todo", "unimplemented"]
-                .contains(&s.ident.to_string().as_str())
-        }),
+        Expr::Macro(mac) => panics(&mac.mac),
         Expr::Block(block) => match block.block.stmts.last() {
             Some(Stmt::Expr(tail, _)) => diverges(tail),
-            Some(Stmt::Macro(mac)) => mac.mac.path.segments.last().is_some_and(|s| {
-                ["panic", "unreachable", "todo", "unimplemented"]
-                    .contains(&s.ident.to_string().as_str())
-            }),
+            Some(Stmt::Macro(mac)) => panics(&mac.mac),
             _ => false,
         },
         _ => false,

@@ -14,20 +14,6 @@ use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 
 use crate::{ABANDONED_AFTER, COPIES, DUPLICATE_WINDOW, IN_HAND, PUMP};
 
-pub fn amqp_url() -> String {
-    std::env::var("AMQP_URL")
-        .ok()
-        .filter(|url| !url.is_empty())
-        .unwrap_or_else(|| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
-}
-
-pub fn nats_url() -> String {
-    std::env::var("NATS_URL")
-        .ok()
-        .filter(|url| !url.is_empty())
-        .unwrap_or_else(|| "nats://127.0.0.1:4222".to_owned())
-}
-
 /// A connection to RabbitMQ, or a message naming the address and what failed.
 pub async fn connect_rabbitmq(url: &str) -> Result<Connection, String> {
     let shown = without_password(url);

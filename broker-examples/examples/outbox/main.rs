@@ -80,9 +80,10 @@ use inbox_nats::outbox::LIMITS;
 use lapin::Channel;
 use lapin::options::ConfirmSelectOptions;
 
-use crate::brokers::{Queues, Stream, amqp_url, connect_nats, connect_rabbitmq, nats_url};
+use crate::brokers::{Queues, Stream, connect_nats, connect_rabbitmq};
 use crate::services::{Places, serve};
 use crate::tally::Tally;
+use inbox_broker_examples::{amqp_url, nats_url};
 
 /// Distinct messages (ids `m001`, `m002`, …).
 const MESSAGES: u32 = 40;

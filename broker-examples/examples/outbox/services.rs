@@ -11,8 +11,9 @@ use inbox_diesel::Redelivery;
 use inbox_diesel::outbox::relay::{Outgoing, Relay, Sink, SinkError};
 use inbox_nats::outbox::OutboxSink;
 
-use crate::brokers::{Stream, amqp_url, connect_nats, connect_rabbitmq, nats_url};
+use crate::brokers::{Stream, connect_nats, connect_rabbitmq};
 use crate::{IN_HAND, OUTBOX, PAUSE, PREFETCH, PUMP, RELAY_BATCH, RELAY_LEASE, SEND_PAUSE};
+use inbox_broker_examples::{amqp_url, nats_url};
 
 /// What every process is given: the queue, the stream and its consumer, the databases.
 pub struct Places<'a> {

@@ -332,14 +332,7 @@ impl Relay {
     async fn claim<S: Io>(&self, io: &mut S, token: &str) -> QueryResult<Vec<Outgoing>> {
         let backend = S::Backend::BACKEND;
         let table = backend.quote_table(self.outbox.table);
-        let now = S::Backend::LEASE_NOW;
         let (until_before, until_after) = S::Backend::LEASE_UNTIL;
-        let free = |alias: &str| {
-            format!(
-                "{alias}parked_at IS NULL \
-                 AND ({alias}claimed_until IS NULL OR {alias}claimed_until < {now})"
-            )
-        };
         let candidates = self.candidates::<S::Backend>(self.batch, true);
         // A candidate `c` of `candidates` whose unsent predecessors of its key are all
         // candidates (`within`: the candidates' seqs). Both lookups of a key's rows are
@@ -353,7 +346,7 @@ impl Relay {
                  ORDER BY e.destination, e.ordering_key, e.seq LIMIT 1) IS NULL)"
             )
         };
-        let free = format!("sent_at IS NULL AND {}", free(""));
+        let free = format!("sent_at IS NULL AND {}", free::<S::Backend>(""));
         let lease_ms = i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX);
         let lease = |sql: String| Sql::new(sql).bind_i64(lease_ms).bind_text(token);
         let columns = |alias: &str| {
@@ -430,13 +423,7 @@ impl Relay {
     fn candidates<D: Dialect>(&self, limit: u32, lock: bool) -> String {
         let backend = D::BACKEND;
         let table = backend.quote_table(self.outbox.table);
-        let free = |alias: &str| {
-            format!(
-                "{alias}parked_at IS NULL AND ({alias}claimed_until IS NULL \
-                 OR {alias}claimed_until < {now})",
-                now = D::LEASE_NOW
-            )
-        };
+        let free = free::<D>;
         let lock = match (lock, backend) {
             (true, Backend::Postgres) => " FOR UPDATE OF o SKIP LOCKED",
             (true, Backend::Mysql) => " FOR UPDATE SKIP LOCKED",
@@ -613,6 +600,16 @@ async fn sleep_unless<F: Future<Output = ()>>(
         sleep.as_mut().poll(cx).map(|()| false)
     })
     .await
+}
+
+/// Where a row (its columns prefixed by `alias`) is free to claim: not parked, and not
+/// claimed by a live relay (a paused rejection counts as claimed).
+fn free<D: Dialect>(alias: &str) -> String {
+    format!(
+        "{alias}parked_at IS NULL AND ({alias}claimed_until IS NULL \
+         OR {alias}claimed_until < {now})",
+        now = D::LEASE_NOW
+    )
 }
 
 /// `seqs` as a list for `IN (…)`: integers, never text from a row.
