@@ -13,8 +13,9 @@
 //! The broker is `AMQP_URL` (by default `amqp://guest:guest@127.0.0.1:5672/%2f`). The run
 //! declares a quorum queue of its own (with a dead-letter queue), starts consumers `a` and
 //! `b` — this binary again, as `rabbitmq consume <queue> <database> <name>` — and publishes
-//! 40 messages twice each with the same `message_id`, as a publisher retrying after a lost
-//! confirm does. Each consumer runs `inbox_lapin::Pump` (prefetch 4) with an
+//! 40 messages twice each with the same `message_id` (all once, then all again), as a
+//! publisher retrying after a lost confirm does; the retries reach the consumers while the
+//! first copies are still in their handlers. Each consumer runs `inbox_lapin::Pump` (prefetch 4) with an
 //! `#[idempotent]` handler that writes one row to `effects` in the inbox's transaction, then
 //! pauses 100 ms before the commit. After `a` has answered 10 deliveries, the orchestrator
 //! kills it with SIGKILL the moment it prints that a handler is in that pause: its
@@ -139,10 +140,13 @@ impl Queues {
     }
 
     /// Each message `copies` times with the same `message_id`, each copy confirmed by the
-    /// broker before the next.
+    /// broker before the next: every message once, then every message again, as a publisher
+    /// that retries what it has not seen confirmed. (Copies published back to back would go
+    /// to the two consumers in turn, and `a` could be handed only second copies: it would
+    /// wait for `b`'s lock, answer duplicates, and never start a handler to be killed in.)
     async fn publish(&self, channel: &Channel, ids: &[String], copies: u32) -> Result<(), String> {
-        for id in ids {
-            for _ in 0..copies {
+        for _ in 0..copies {
+            for id in ids {
                 let confirmation = channel
                     .basic_publish(
                         "".into(),

@@ -409,8 +409,9 @@ pub mod __private;
 ///   (`w: &mut W where W: AuditSink`): the guard cannot say whether the caller's type is a
 ///   connection, as with trait objects; the net stops its writes;
 /// - **a nested `fn` item** in the body is its own world, like a helper;
-/// - **a method's receiver indexed by a call** (`conns[next()].write()`): asking about it
-///   would run the index twice.
+/// - **a macro's argument indexed by a call** (`audit!(conns[next()])`): asking about it
+///   before the macro would run the index where the macro may not. (A method's receiver so
+///   indexed is asked: `conns[next()].execute(…)` computes `next()` once, then asks.)
 ///
 /// What is refused although it is correct, and how to write it instead:
 ///
@@ -424,7 +425,8 @@ pub mod __private;
 ///   what their accessors give back (`borrow_mut()`, `lock()`, `as_deref_mut()`,
 ///   `unwrap()`, `take()`); an `if` or `match` whose other arms `return`, `break` or panic;
 ///   a closure returned from a block, an `if` or a `match` and only called afterwards (its
-///   parameters are asked at the calls);
+///   parameters are asked at the calls), or handed to the transaction's own `transaction`
+///   (`let work = |c| …; conn.transaction(work)`: a savepoint on the handler's connection);
 /// - **a value whose type is only settled by a later statement**
 ///   (`let n = Default::default(); show(&n); let _: i64 = n;`) may be reported as `_`:
 ///   annotate it where it is bound.

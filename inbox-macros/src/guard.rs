@@ -102,6 +102,10 @@ enum Origin {
     /// A parameter of a closure that is only ever called in the body, so what it is given is
     /// asked where it is called.
     CheckedAtCalls,
+    /// A closure whose parameters are [`Origin::CheckedAtCalls`]: the body only calls it,
+    /// or hands it to a transaction method of the transaction, which gives it the
+    /// transaction.
+    CalledClosure,
     /// A handler parameter, asked once at the top of the body.
     Parameter,
     /// Claim mode: the `NoConnection` the body is given; every mention of it is asked.
@@ -129,6 +133,7 @@ impl Origin {
             self,
             Origin::Transaction
                 | Origin::CheckedAtCalls
+                | Origin::CalledClosure
                 | Origin::Parameter
                 | Origin::Parts(_)
                 | Origin::Fields(_)
@@ -232,8 +237,8 @@ struct Guard {
     parameter_bound: bool,
     frames: Vec<Frame>,
     /// The question about the receiver of the method call being rewritten, when it cannot be
-    /// asked before the statement.
-    receiver_question: Option<Stmt>,
+    /// asked before the statement, and the `let`s of the receiver's indexes it needs.
+    receiver_question: Option<Vec<Stmt>>,
     /// Questions about a macro's arguments that are bound in the macro's own statement (a
     /// `let` chain, a `match` guard): asked in a block of their own, `{ vet!(…); m!(…) }`.
     macro_questions: Vec<Stmt>,
@@ -562,13 +567,23 @@ impl Guard {
                     }
                     // Bound inside the statement itself (a `let` chain, a `match` guard): the
                     // method call is asked about in a block of its own, `{ vet!(…); c.m() }`.
-                    _ if handed == Handed::ByPlace => self.receiver_question = Some(question),
+                    _ if handed == Handed::ByPlace => self.receiver_question = Some(vec![question]),
                     _ => self.macro_questions.push(question),
                 }
             }
+            // A receiver indexed by a call (`conns[next()].execute(…)`): each index is
+            // computed once, in a `let` of the block around the call, and the place asked
+            // with those values.
+            Handed::ByPlace if place(expr) == Place::Indexed => {
+                let mut lets = Vec::new();
+                hoist_indexes(expr, &mut lets);
+                lets.push(self.ask_place(expr, shadowed));
+                self.receiver_question = Some(lets);
+            }
             // Asked in place, it would be moved out of its container; asked before the
-            // statement, its index would run twice. See the limits on `idempotent`.
-            Handed::ByPlace | Handed::InMacro if place(expr) == Place::Indexed => {}
+            // macro, its index would run where the macro may not run it. See the limits on
+            // `idempotent`.
+            Handed::InMacro if place(expr) == Place::Indexed => {}
             // `&value`: the value is asked and the reference kept outside, so that a
             // temporary it borrows lives as long as it did (`S { f: &format!(…) }` in a `let`).
             _ => match expr {
@@ -653,6 +668,24 @@ impl Guard {
                         false => Origin::Unknown,
                     };
                     self.visit_closure_as(closure, origin);
+                }
+                Expr::Path(path)
+                    if !hands_over
+                        && let Some(name) = path.path.get_ident()
+                        && self
+                            .lookup(name)
+                            .is_some_and(|(_, b)| b.origin == Origin::CalledClosure) =>
+                {
+                    self.push_error(syn::Error::new_spanned(
+                        &*path,
+                        format!(
+                            "#[idempotent] trusts the parameters of `{name}` because each call \
+                             hands it a connection the guard checks; here it is handed to a \
+                             call that is not a transaction method of the handler's transaction \
+                             and may give it another connection: call it, or hand it to \
+                             `conn.transaction({name})` on the handler's connection"
+                        ),
+                    ));
                 }
                 _ => {
                     self.extending = extending;
@@ -812,20 +845,29 @@ impl Guard {
     }
 
     /// A macro called as a statement may bind the names it is given (`lease!(c);` expanding
-    /// to `let mut c = pool.get()?;`): a name of the transaction given bare to a macro that is
-    /// not one of the standard library's is no longer taken for the transaction after it.
+    /// to `let mut c = pool.get()?;`, or `lease!((c) = pool)` to a pattern): a name of the
+    /// transaction given to a macro that is not one of the standard library's, bare or inside
+    /// brackets, is no longer taken for the transaction after it.
     fn rebound_by(&mut self, mac: &syn::Macro) {
         let name = mac.path.segments.last().map(|s| s.ident.to_string());
         if name.is_some_and(|n| STANDARD_MACROS.contains(&n.as_str())) {
             return;
         }
-        for token in mac.tokens.clone() {
-            if let TokenTree::Ident(ident) = token
-                && self
-                    .lookup(&ident)
-                    .is_some_and(|(_, b)| b.origin != Origin::Unknown)
-            {
-                self.bind(ident, Origin::Unknown);
+        self.rebound_in(mac.tokens.clone());
+    }
+
+    fn rebound_in(&mut self, tokens: TokenStream) {
+        for token in tokens {
+            match token {
+                TokenTree::Ident(ident)
+                    if self
+                        .lookup(&ident)
+                        .is_some_and(|(_, b)| b.origin != Origin::Unknown) =>
+                {
+                    self.bind(ident, Origin::Unknown);
+                }
+                TokenTree::Group(group) => self.rebound_in(group.stream()),
+                _ => {}
             }
         }
     }
@@ -838,6 +880,11 @@ impl Guard {
             called: usize,
             all: usize,
         }
+        impl Mentions<'_> {
+            fn is_name(&self, expr: Option<&Expr>) -> bool {
+                matches!(expr, Some(Expr::Path(path)) if path.path.is_ident(self.name))
+            }
+        }
         impl<'ast> Visit<'ast> for Mentions<'_> {
             fn visit_expr_call(&mut self, call: &'ast ExprCall) {
                 if let Expr::Path(path) = &*call.func
@@ -845,7 +892,28 @@ impl Guard {
                 {
                     self.called += 1;
                 }
+                // `Connection::transaction(conn, name)`: whether `conn` is the transaction is
+                // checked where the call is visited.
+                if let Expr::Path(path) = &*call.func
+                    && let [.., owner, method] = segments(&path.path).as_slice()
+                    && owner.ends_with("Connection")
+                    && TRANSACTION_METHODS.contains(&method.as_str())
+                    && call.args.len() == 2
+                    && self.is_name(call.args.last())
+                {
+                    self.called += 1;
+                }
                 syn::visit::visit_expr_call(self, call);
+            }
+            fn visit_expr_method_call(&mut self, call: &'ast ExprMethodCall) {
+                // `conn.transaction(name)`, checked where the call is visited.
+                if TRANSACTION_METHODS.contains(&call.method.to_string().as_str())
+                    && call.args.len() == 1
+                    && self.is_name(call.args.first())
+                {
+                    self.called += 1;
+                }
+                syn::visit::visit_expr_method_call(self, call);
             }
             fn visit_expr_path(&mut self, path: &'ast syn::ExprPath) {
                 if path.path.is_ident(self.name) {
@@ -985,7 +1053,7 @@ impl VisitMut for Guard {
                 self.visit_method_call(call);
                 if let Some(question) = self.receiver_question.take() {
                     let call = std::mem::replace(expr, Expr::Verbatim(TokenStream::new()));
-                    *expr = syn::parse_quote!({ #question #call });
+                    *expr = syn::parse_quote!({ #(#question)* #call });
                 }
             }
             Expr::Call(call) => {
@@ -1148,7 +1216,10 @@ impl Guard {
                     self.visit_expr_mut(&mut init.expr);
                 }
             }
-            origin = self.origin(&init.expr);
+            origin = match closure_called_here {
+                true => Origin::CalledClosure,
+                false => self.origin(&init.expr),
+            };
             if let Some((_, diverge)) = &mut init.diverge {
                 self.visit_expr_mut(diverge);
             }
@@ -1720,6 +1791,28 @@ fn place(expr: &Expr) -> Place {
             _ => Place::Indexed,
         },
         _ => Place::No,
+    }
+}
+
+/// Replaces each index of the place `expr` that [`is_pure`] does not accept by a name, bound
+/// to it by a `let` pushed on `lets`, in the order the place evaluates them.
+fn hoist_indexes(expr: &mut Expr, lets: &mut Vec<Stmt>) {
+    match expr {
+        Expr::Paren(e) => hoist_indexes(&mut e.expr, lets),
+        Expr::Group(e) => hoist_indexes(&mut e.expr, lets),
+        Expr::Field(field) => hoist_indexes(&mut field.base, lets),
+        Expr::Unary(e) if matches!(e.op, UnOp::Deref(_)) => hoist_indexes(&mut e.expr, lets),
+        Expr::Index(index) => {
+            hoist_indexes(&mut index.expr, lets);
+            if !is_pure(&index.index) {
+                let name =
+                    quote::format_ident!("__inbox_index_{}", lets.len(), span = Span::mixed_site());
+                let value = &index.index;
+                lets.push(syn::parse_quote!(let #name = #value;));
+                *index.index = syn::parse_quote!(#name);
+            }
+        }
+        _ => {}
     }
 }
 

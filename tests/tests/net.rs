@@ -110,6 +110,9 @@ enum Via<'a> {
     Optional(std::cell::RefCell<Option<&'a mut SqliteConnection>>),
     Shared(std::sync::Arc<std::sync::Mutex<SqliteConnection>>),
     Checkouts(std::cell::RefCell<Vec<Checkout>>),
+    /// Another connection put in the transaction's place by a helper, written to through
+    /// the handler's own `conn`, and put back.
+    Swapped(std::cell::RefCell<SqliteConnection>),
     Read(&'a Audit),
     Allowed(&'a Audit),
 }
@@ -146,6 +149,11 @@ fn to_each(checkouts: &mut [Checkout]) -> QueryResult<usize> {
     Ok(written)
 }
 
+/// A helper that trades the connection it is given for a spare one (a "failover").
+fn trade(conn: &mut SqliteConnection, spare: &std::cell::RefCell<SqliteConnection>) {
+    std::mem::swap(conn, &mut spare.borrow_mut());
+}
+
 /// A helper that checks a connection out of the context's pool.
 fn from_the_pool(context: &Context) -> QueryResult<usize> {
     let mut checkout = context.pool.get().expect("checkout");
@@ -163,6 +171,13 @@ fn credit(conn: &mut SqliteConnection, id: &u64, via: &Via<'_>) -> Result<(), Er
         Via::Optional(audit) => best_effort(audit.borrow_mut().as_deref_mut()).map(drop)?,
         Via::Shared(shared) => locked(shared).map(drop)?,
         Via::Checkouts(checkouts) => to_each(&mut checkouts.borrow_mut()).map(drop)?,
+        Via::Swapped(spare) => {
+            trade(conn, spare);
+            let written =
+                diesel::sql_query("INSERT INTO audit (what) VALUES ('swapped')").execute(conn);
+            trade(conn, spare);
+            written.map(drop)?
+        }
         Via::Read(audit) => assert_eq!(audit.seen()?, 0),
         Via::Allowed(audit) => {
             tripwire::allow_outside_transaction("the audit trail records attempts", || {
@@ -214,6 +229,33 @@ fn writes_out_of_the_compilers_sight_are_stopped_and_rolled_back() {
     // The stopped deliveries were not recorded: each applies on its redelivery.
     assert!(
         credit(&mut conn, &1, &Via::Read(&audit))
+            .unwrap()
+            .is_processed()
+    );
+    assert_eq!(balance(&db), 1);
+}
+
+/// Another connection put in the transaction's place (through a container the compiler does
+/// not look into) and written to through the handler's own `conn`: stopped. The stop unwinds
+/// past the helper's swap back, so `conn` is left holding the spare connection, and the
+/// handler's connection — still in its transaction — is in the spare's cell: dropped with it,
+/// it rolls back.
+#[test]
+fn a_connection_swapped_into_the_transactions_place_is_stopped() {
+    let (db, audit) = db();
+    let mut conn = db.connect();
+    let spare = std::cell::RefCell::new(SqliteConnection::establish(&audit.url).unwrap());
+    let text = stopped(credit(&mut conn, &1, &Via::Swapped(spare)));
+    assert!(text.contains("INSERT INTO audit"), "{text}");
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) AS n FROM audit"),
+        0,
+        "`conn` is the spare now, and the write did not reach it"
+    );
+    assert_eq!(audits(&audit), 0, "a write reached the server");
+    assert_eq!(balance(&db), 0, "a stopped handler's work committed");
+    assert!(
+        credit(&mut db.connect(), &1, &Via::Read(&audit))
             .unwrap()
             .is_processed()
     );

@@ -116,3 +116,47 @@ fn a_batch_larger_than_one_statement_takes() {
     let again = count(&mut conn, &msgs).unwrap();
     assert_eq!((again.value, again.duplicates.len()), (None, 100_000));
 }
+
+/// A method's receiver indexed by a call is asked about with the index computed once: the
+/// call runs once per statement, as written, and the statement's effect is the body's.
+#[test]
+fn a_receiver_indexed_by_a_call_computes_its_index_once() {
+    use std::cell::Cell;
+
+    #[idempotent(consumer = "indexed", key = msg.id)]
+    fn sort_in(
+        conn: &mut DbConnection,
+        msg: &Credit,
+        lanes: &mut Vec<Vec<i64>>,
+        calls: &Cell<u32>,
+    ) -> Result<(), AppError> {
+        let pick = || {
+            calls.set(calls.get() + 1);
+            (msg.amount % 3) as usize
+        };
+        lanes[pick()].push(msg.amount);
+        let route = [0, 1, 0];
+        lanes[route[pick()]].push(-msg.amount);
+        apply_credit(conn, msg)?;
+        Ok(())
+    }
+
+    let db = SqliteDb::new("indexed");
+    let mut conn = db.connect();
+    let mut lanes = vec![Vec::new(), Vec::new()];
+    let calls = Cell::new(0);
+    let msg = Credit::new(3); // amount 10: lane 1, then route[1] = 1
+    assert!(
+        sort_in(&mut conn, &msg, &mut lanes, &calls)
+            .unwrap()
+            .is_processed()
+    );
+    assert_eq!(calls.get(), 2);
+    assert_eq!(lanes, vec![vec![], vec![10, -10]]);
+    assert!(
+        sort_in(&mut conn, &msg, &mut lanes, &calls)
+            .unwrap()
+            .is_duplicate()
+    );
+    assert_eq!(calls.get(), 2, "a duplicate runs no body");
+}

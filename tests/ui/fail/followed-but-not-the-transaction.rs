@@ -94,4 +94,29 @@ fn f09(conn: &mut SqliteConnection, msg: &Msg) -> QueryResult<()> {
     Ok(())
 }
 
+// F10: a named closure, trusted because the transaction is what calls it, handed to a
+// connection of its own's transaction
+#[idempotent(consumer = "f10", key = msg.id)]
+fn f10(conn: &mut SqliteConnection, msg: &Msg) -> QueryResult<()> {
+    let work = |c: &mut SqliteConnection| add(c, 1).map(drop);
+    conn.transaction(work)?;
+    let mut other = SqliteConnection::establish(":memory:").unwrap();
+    other.transaction(work)?;
+    Ok(())
+}
+
+fn twice(work: impl Fn(&mut SqliteConnection) -> QueryResult<()>) -> QueryResult<()> {
+    work(&mut checkout())?;
+    work(&mut checkout())
+}
+
+// F11: the same closure handed to a function of the application's own
+#[idempotent(consumer = "f11", key = msg.id)]
+fn f11(conn: &mut SqliteConnection, msg: &Msg) -> QueryResult<()> {
+    let work = |c: &mut SqliteConnection| add(c, 1).map(drop);
+    work(conn)?;
+    twice(work)?;
+    Ok(())
+}
+
 fn main() {}

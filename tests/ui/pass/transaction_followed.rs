@@ -1,6 +1,7 @@
 #![allow(unused_variables, dead_code, unused_mut, clippy::all)]
 // The handler's transaction followed where real code takes it: a closure returned from a
-// block or chosen by an `if` or a `match` and then called with it, a `match` that returns in
+// block or chosen by an `if` or a `match` and then called with it or handed to its
+// `transaction` (a savepoint), a `match` that returns in
 // one arm, a `Deref` newtype, a `RefCell` shared by closures, `Option` of it unwrapped, a
 // mutex around it. None of these is refused.
 include!("../common/sync.rs");
@@ -28,6 +29,16 @@ fn closure_from_a_block(conn: &mut SqliteConnection, msg: &Msg) -> QueryResult<(
         move |c: &mut SqliteConnection| add(c, amount)
     };
     apply(conn)?;
+    Ok(())
+}
+
+#[idempotent(consumer = "named-closure-to-a-savepoint", key = msg.id)]
+fn named_closure_to_a_savepoint(conn: &mut SqliteConnection, msg: &Msg) -> QueryResult<()> {
+    let amount = msg.amounts.len() as i64;
+    let work = |c: &mut SqliteConnection| add(c, amount).map(drop);
+    conn.transaction(work)?;
+    diesel::Connection::transaction(conn, work)?;
+    work(conn)?;
     Ok(())
 }
 
