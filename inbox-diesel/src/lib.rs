@@ -298,6 +298,8 @@ mod runtime;
 pub mod schema;
 mod spec;
 pub mod telemetry;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod tripwire;
 pub mod unique;
 

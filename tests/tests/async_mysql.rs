@@ -22,6 +22,13 @@ mod async_get_or_create {
     include!("behaviour/unique_async.rs");
 }
 include!("behaviour/server_async.rs");
+/// `inbox_diesel::testing`'s async helpers.
+mod async_testing_kit {
+    type Db = inbox_tests::mysql::MysqlDb;
+    type AsyncConnection = diesel_async::AsyncMysqlConnection;
+
+    include!("behaviour/testing_async.rs");
+}
 /// Claim mode, async.
 mod async_claim_mode {
     use inbox_diesel::schema::mysql::inbox;

@@ -22,6 +22,14 @@ mod async_get_or_create {
 
     include!("behaviour/unique_async.rs");
 }
+/// `inbox_diesel::testing`'s async helpers.
+mod async_testing_kit {
+    type Db = inbox_tests::sqlite::SqliteDb;
+    type AsyncConnection =
+        diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>;
+
+    include!("behaviour/testing_async.rs");
+}
 /// Claim mode, async.
 mod async_claim_mode {
     use inbox_diesel::schema::sqlite::inbox;

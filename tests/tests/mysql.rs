@@ -24,6 +24,15 @@ mod get_or_create {
     include!("behaviour/unique.rs");
 }
 include!("behaviour/server.rs");
+/// `inbox_diesel::testing`, as a user's suite uses it.
+mod testing_kit {
+    type Db = inbox_tests::mysql::MysqlDb;
+    type DbConnection = diesel::MysqlConnection;
+    /// Locks account 1 until the transaction ends.
+    const LOCK_ROW: &str = "SELECT balance FROM accounts WHERE id = 1 FOR UPDATE";
+
+    include!("behaviour/testing.rs");
+}
 /// Claim mode, sync.
 mod claim_mode {
     use inbox_diesel::schema::mysql::inbox;

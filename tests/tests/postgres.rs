@@ -32,6 +32,15 @@ mod partial_index {
     include!("behaviour/unique_partial.rs");
 }
 include!("behaviour/server.rs");
+/// `inbox_diesel::testing`, as a user's suite uses it.
+mod testing_kit {
+    type Db = inbox_tests::postgres::PgDb;
+    type DbConnection = diesel::PgConnection;
+    /// Locks account 1 until the transaction ends.
+    const LOCK_ROW: &str = "SELECT balance FROM accounts WHERE id = 1 FOR UPDATE";
+
+    include!("behaviour/testing.rs");
+}
 /// Claim mode, sync.
 mod claim_mode {
     use inbox_diesel::schema::postgres::inbox;

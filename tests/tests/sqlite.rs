@@ -29,6 +29,15 @@ mod partial_index {
 
     include!("behaviour/unique_partial.rs");
 }
+/// `inbox_diesel::testing`, as a user's suite uses it.
+mod testing_kit {
+    type Db = inbox_tests::sqlite::SqliteDb;
+    type DbConnection = diesel::SqliteConnection;
+    /// Locks account 1 until the transaction ends.
+    const LOCK_ROW: &str = "UPDATE accounts SET balance = balance WHERE id = 1";
+
+    include!("behaviour/testing.rs");
+}
 /// Claim mode, sync.
 mod claim_mode {
     use inbox_diesel::schema::sqlite::inbox;

@@ -13,6 +13,14 @@ use std::pin::pin;
 use std::task::Poll;
 use std::time::Duration;
 
+/// Where `inbox_diesel::testing::crash` may stop the handler; nothing without the feature.
+macro_rules! crash_point {
+    ($point:ident) => {
+        #[cfg(feature = "testing")]
+        crate::testing::reached(crate::testing::Crash::$point);
+    };
+}
+
 use diesel::QueryResult;
 use diesel::result::Error as DieselError;
 use inbox_core::{BatchOutcome, ErrorClass, HandlerOutcome, MessageKey, RetryDecision};
@@ -736,6 +744,7 @@ where
     };
 
     tracing::debug!(attempt, "claimed; running the body");
+    crash_point!(AfterClaim);
     telemetry::attempt(attempt);
     let net = steps.net();
     let result = match run_body(spec, &mut body, steps.conn(), None, net).await {
@@ -797,6 +806,7 @@ where
         }
     };
 
+    crash_point!(BeforeStamp);
     let mut retries = 0;
     loop {
         match steps
@@ -1091,9 +1101,15 @@ where
             std::panic::resume_unwind(payload)
         }
     };
+    if result.is_ok() {
+        crash_point!(BeforeCommit);
+    }
     match result {
         Ok(value) => match steps.commit().await {
-            Ok(()) => Ok(Decided::Processed(value)),
+            Ok(()) => {
+                crash_point!(AfterCommit);
+                Ok(Decided::Processed(value))
+            }
             Err(e) => {
                 // A failed COMMIT may or may not have ended the transaction.
                 roll_back(steps).await;

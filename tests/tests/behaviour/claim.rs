@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use diesel::prelude::*;
+use inbox_diesel::testing::{self, Crash};
 use inbox_diesel::{InFlightOutcome, StaleClaimOutcome, idempotent};
 use inbox_tests::claim::Gate;
 use inbox_tests::{AppError, Credit};
@@ -87,18 +88,13 @@ type Sender<O> = fn(
     &dyn Fn() -> Result<(), AppError>,
 ) -> Result<O, AppError>;
 
-/// A crash after the claim committed and before the side effect: the body
-/// panics, and the handler never gets to stamp or release.
-fn crash_after_claim<O>(
-    conn: &mut DbConnection,
-    msg: &Credit,
-    sent: &AtomicUsize,
-    handler: Sender<O>,
-) {
-    let crashed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        handler(conn, msg, sent, &|| panic!("the process dies here"))
-    }));
-    assert!(crashed.is_err());
+/// A crash after the claim committed and before the side effect (`testing::crash`): the
+/// handler stops there and its connection is closed; it never gets to stamp or release.
+fn crash_after_claim<O>(db: &Db, msg: &Credit, sent: &AtomicUsize, handler: Sender<O>) {
+    testing::crash(db.connect(), Crash::AfterClaim, |conn| {
+        handler(conn, msg, sent, &ok)
+    });
+    assert_eq!(sent.load(Ordering::SeqCst), 0, "the side effect ran");
 }
 
 /// Four instances on their own connections receive each of 50 messages at once,
@@ -199,7 +195,7 @@ fn crash_after_claim_is_in_flight_until_the_lease_ends_then_reclaimed() {
     let db = <Db>::new("claim_crash");
     let mut conn = db.connect();
     let (msg, sent) = (Credit::new(1), AtomicUsize::new(0));
-    crash_after_claim(&mut conn, &msg, &sent, send_short_lease);
+    crash_after_claim(&db, &msg, &sent, send_short_lease);
     assert_eq!(
         row(&mut conn),
         (false, true, 1),
@@ -222,7 +218,7 @@ fn expired_claim_is_reported_not_rerun_under_the_report_policy() {
     let db = <Db>::new("claim_report");
     let mut conn = db.connect();
     let (msg, sent) = (Credit::new(1), AtomicUsize::new(0));
-    crash_after_claim(&mut conn, &msg, &sent, send_or_report);
+    crash_after_claim(&db, &msg, &sent, send_or_report);
     assert!(
         send_or_report(&mut conn, &msg, &sent, &ok)
             .unwrap()
@@ -304,4 +300,31 @@ fn claim_inside_an_open_transaction_is_refused() {
     assert_eq!(sent.load(Ordering::SeqCst), 0);
     let markers: i64 = inbox::table.count().get_result(&mut conn).unwrap();
     assert_eq!(markers, 0);
+}
+
+/// The process dies after the side effect, before its claim is stamped complete: the side
+/// effect happened once; the claim is in flight until its lease ends, then reported (under
+/// `on_expired = "report"`) and the side effect is not run again.
+#[test]
+fn crash_before_the_stamp_is_reported_after_the_lease_not_rerun() {
+    let db = <Db>::new("claim_before_stamp");
+    let (msg, sent) = (Credit::new(1), AtomicUsize::new(0));
+    testing::crash(db.connect(), Crash::BeforeStamp, |conn| {
+        send_or_report(conn, &msg, &sent, &ok)
+    });
+    assert_eq!(sent.load(Ordering::SeqCst), 1);
+    let mut conn = db.connect();
+    assert_eq!(row(&mut conn), (false, true, 1), "not stamped");
+    assert!(
+        send_or_report(&mut conn, &msg, &sent, &ok)
+            .unwrap()
+            .is_in_flight()
+    );
+    std::thread::sleep(PAST_THE_LEASE);
+    let reported = send_or_report(&mut conn, &msg, &sent, &ok).unwrap();
+    assert!(
+        matches!(reported, StaleClaimOutcome::StaleClaim { attempts: 1, .. }),
+        "{reported:?}"
+    );
+    assert_eq!(sent.load(Ordering::SeqCst), 1, "the side effect ran again");
 }

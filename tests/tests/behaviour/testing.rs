@@ -1,0 +1,147 @@
+// `inbox_diesel::testing` on one backend, as a user's own test suite uses it: included by each
+// backend's suite into a module that names `Db` (the fixture), `DbConnection` (what
+// `Db::connect` returns) and `LOCK_ROW` (a statement that locks account 1 until its
+// transaction ends).
+use std::time::Duration;
+
+use diesel::prelude::*;
+use inbox_diesel::testing::{self, Crash};
+use inbox_diesel::{Outcome, idempotent};
+use inbox_tests::{AppError, Credit, accounts, credits};
+
+/// The user's handler: a credit row and the balance, in the inbox's transaction.
+#[idempotent(consumer = "credit", key = msg.id)]
+fn credit(conn: &mut DbConnection, msg: &Credit) -> Result<(), AppError> {
+    diesel::insert_into(credits::table)
+        .values((
+            credits::message.eq(msg.id.to_string()),
+            credits::account.eq(msg.account),
+            credits::amount.eq(msg.amount),
+        ))
+        .execute(conn)?;
+    diesel::update(accounts::table.find(msg.account))
+        .set(accounts::balance.eq(accounts::balance + msg.amount))
+        .execute(conn)?;
+    Ok(())
+}
+
+/// The handler as it is often written by hand: look for an earlier credit, then write one.
+/// Two deliveries at once both find none.
+fn check_then_insert(conn: &mut DbConnection, msg: &Credit) -> Result<(), AppError> {
+    let seen: i64 = credits::table
+        .filter(credits::message.eq(msg.id.to_string()))
+        .count()
+        .get_result(conn)?;
+    if seen == 0 {
+        diesel::insert_into(credits::table)
+            .values((
+                credits::message.eq(msg.id.to_string()),
+                credits::account.eq(msg.account),
+                credits::amount.eq(msg.amount),
+            ))
+            .execute(conn)?;
+    }
+    Ok(())
+}
+
+fn credits_of(msg: &Credit) -> String {
+    format!("SELECT count(*) FROM credits WHERE message = '{}'", msg.id)
+}
+
+/// The user's test: 200 messages, each delivered by 8 connections at once; each must have
+/// exactly one credit afterwards. (Who wins a race is chance: one round may not show a
+/// doubled credit where two hundred do.)
+fn applies_once_under_races(db: &Db, deliver: impl Fn(&mut DbConnection, &Credit) + Sync) {
+    let mut connections: Vec<DbConnection> = (0..8).map(|_| db.connect()).collect();
+    let mut check = db.connect();
+    for n in 0..200 {
+        let msg = Credit::new(n);
+        testing::race(&mut connections, |conn| deliver(conn, &msg));
+        testing::assert_once(&mut check, &credits_of(&msg));
+    }
+}
+
+/// The same user test fails on the hand-written check and passes on `#[idempotent]`.
+#[test]
+fn a_race_test_fails_on_check_then_insert_and_passes_on_idempotent() {
+    let naive = Db::new("testing_naive");
+    let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        applies_once_under_races(&naive, |conn, msg| {
+            // A busy database is an error the broker retries; only doubled credits count.
+            let _ = check_then_insert(conn, msg);
+        })
+    }));
+    assert!(
+        failed.is_err(),
+        "eight deliveries at once never doubled a credit of the check-then-insert handler"
+    );
+    let guarded = Db::new("testing_idempotent");
+    applies_once_under_races(&guarded, |conn, msg| {
+        let _ = credit(conn, msg).expect("a delivery failed");
+    });
+}
+
+/// A crash after the body, before the commit: nothing of it stays, and the redelivery
+/// applies the message once.
+#[test]
+fn a_crash_before_the_commit_leaves_nothing_and_the_redelivery_applies() {
+    let db = Db::new("testing_before_commit");
+    let msg = Credit::new(1);
+    let crashed = testing::crash(db.connect(), Crash::BeforeCommit, |conn| credit(conn, &msg));
+    assert_eq!(crashed, testing::Crashed(Crash::BeforeCommit));
+    assert_eq!(testing::count(&mut db.connect(), &credits_of(&msg)), 0);
+    assert_eq!(
+        testing::count(&mut db.connect(), "SELECT count(*) FROM inbox"),
+        0,
+        "the marker went with the body"
+    );
+    let redelivered = credit(&mut db.connect(), &msg).unwrap();
+    assert!(redelivered.is_processed(), "{redelivered:?}");
+    testing::assert_once(&mut db.connect(), &credits_of(&msg));
+}
+
+/// A crash after the commit (the acknowledgement lost): the redelivery is a duplicate.
+#[test]
+fn a_crash_after_the_commit_makes_the_redelivery_a_duplicate() {
+    let db = Db::new("testing_after_commit");
+    let msg = Credit::new(1);
+    testing::crash(db.connect(), Crash::AfterCommit, |conn| credit(conn, &msg));
+    testing::assert_once(&mut db.connect(), &credits_of(&msg));
+    let [first, second] = testing::twice(&mut db.connect(), |conn| credit(conn, &msg));
+    assert!(first.unwrap().is_duplicate());
+    assert!(second.unwrap().is_duplicate());
+    testing::assert_once(&mut db.connect(), &credits_of(&msg));
+}
+
+/// A crash point the handler never reaches is a failed test, not a silent pass.
+#[test]
+fn a_crash_point_not_reached_fails_the_test() {
+    let db = Db::new("testing_not_reached");
+    let msg = Credit::new(1);
+    assert!(credit(&mut db.connect(), &msg).unwrap().is_processed());
+    let duplicate = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        testing::crash(db.connect(), Crash::BeforeCommit, |conn| credit(conn, &msg))
+    }));
+    let message = duplicate.expect_err("a duplicate never reaches the commit");
+    let text = message
+        .downcast_ref::<String>()
+        .cloned()
+        .unwrap_or_default();
+    assert!(text.contains("without reaching BeforeCommit"), "{text}");
+}
+
+/// The handler waits for a lock another connection holds on the row it updates, then
+/// applies the message once.
+#[test]
+fn a_handler_under_a_held_lock_waits_and_applies_once() {
+    let db = Db::new("testing_locked");
+    let msg = Credit::new(1);
+    let hold = Duration::from_millis(300);
+    let locked = testing::while_locked(&mut db.connect(), LOCK_ROW, hold, &mut db.connect(), |conn| {
+        credit(conn, &msg)
+    });
+    assert!(matches!(locked.answer, Ok(Outcome::Processed(()))), "{:?}", locked.answer);
+    // It could not finish before the holder let go.
+    assert!(locked.took >= hold / 2, "{:?}", locked.took);
+    testing::assert_once(&mut db.connect(), &credits_of(&msg));
+}
