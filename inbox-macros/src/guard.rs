@@ -58,6 +58,33 @@ const TRANSACTION_METHODS: [&str; 6] = [
     "spawn_blocking",
 ];
 
+/// diesel's and diesel-async's connection traits and types, whose transaction methods
+/// (`Connection::transaction(conn, |c| …)`) hand the closure the connection they are given.
+/// A type of the application's own, whatever its name, is not trusted.
+const CONNECTION_TYPES: [&str; 8] = [
+    "Connection",
+    "AsyncConnection",
+    "SqliteConnection",
+    "PgConnection",
+    "MysqlConnection",
+    "AsyncPgConnection",
+    "AsyncMysqlConnection",
+    "SyncConnectionWrapper",
+];
+
+/// The methods of diesel's `TransactionBuilder` between `conn.build_transaction()` and its
+/// `run(…)`.
+const BUILDER_METHODS: [&str; 8] = [
+    "build_transaction",
+    "read_only",
+    "read_write",
+    "deferrable",
+    "not_deferrable",
+    "serializable",
+    "repeatable_read",
+    "read_committed",
+];
+
 /// Macros of the standard library and of `tracing`, which bind no name of the caller's.
 const STANDARD_MACROS: [&str; 26] = [
     "assert",
@@ -114,6 +141,9 @@ enum Origin {
     Parts(Vec<Origin>),
     /// A struct literal: where each field comes from.
     Fields(Vec<(String, Origin)>),
+    /// A tuple struct of the application's around one value (`Tx(conn)`): `.0`, its
+    /// pattern and its `Deref` give the value back; its methods are the application's code.
+    Newtype(Box<Origin>),
     /// A path that names no local binding: a static, a constant, a unit struct, a function.
     /// None of them can be a connection value.
     NotLocal,
@@ -137,6 +167,7 @@ impl Origin {
                 | Origin::Parameter
                 | Origin::Parts(_)
                 | Origin::Fields(_)
+                | Origin::Newtype(_)
                 | Origin::NotLocal
                 | Origin::Asked
                 | Origin::Metavariable
@@ -287,7 +318,9 @@ impl Guard {
                 // itself a connection (`o = other.as_deref_mut()`): only the parts of an
                 // immutable one stay what they were bound to.
                 let origin = match (&origin, p.mutability.is_some() || p.by_ref.is_some()) {
-                    (Origin::Parts(_) | Origin::Fields(_), true) => Origin::Unknown,
+                    (Origin::Parts(_) | Origin::Fields(_) | Origin::Newtype(_), true) => {
+                        Origin::Unknown
+                    }
                     _ => origin,
                 };
                 self.bind(p.ident.clone(), origin);
@@ -304,6 +337,9 @@ impl Guard {
                 for (elem, part) in p.elems.iter().zip(parts) {
                     self.bind_pattern(elem, part.clone());
                 }
+            }
+            (Pat::TupleStruct(p), Origin::Newtype(inner)) if p.elems.len() == 1 => {
+                self.bind_pattern(&p.elems[0], (**inner).clone());
             }
             (Pat::Struct(p), Origin::Fields(fields)) => {
                 for field in &p.fields {
@@ -327,22 +363,32 @@ impl Guard {
 
     /// Where a value comes from.
     fn origin(&self, expr: &Expr) -> Origin {
+        self.origin_in(expr, None)
+    }
+
+    /// Where a value comes from, a name bound by an arm's pattern (`over`) taking the
+    /// origin of the part of the scrutinee it binds.
+    fn origin_in(&self, expr: &Expr, over: Option<(&Ident, &Origin)>) -> Origin {
         match expr {
-            Expr::Paren(e) => self.origin(&e.expr),
-            Expr::Group(e) => self.origin(&e.expr),
-            Expr::Reference(e) => match self.origin(&e.expr) {
+            Expr::Paren(e) => self.origin_in(&e.expr, over),
+            Expr::Group(e) => self.origin_in(&e.expr, over),
+            Expr::Reference(e) => match self.origin_in(&e.expr, over) {
                 // A reference to a static may be to a pool or a connection behind a lock.
                 Origin::NotLocal => Origin::Unknown,
                 origin => origin,
             },
-            Expr::Unary(e) if matches!(e.op, UnOp::Deref(_)) => match self.origin(&e.expr) {
+            Expr::Unary(e) if matches!(e.op, UnOp::Deref(_)) => match self.origin_in(&e.expr, over)
+            {
                 // What a static points to may be a pool or a connection (`*AUDIT_POOL`).
                 Origin::NotLocal => Origin::Unknown,
                 origin => origin,
             },
             // `&mut *conn as &mut dyn SimpleConnection`: the value cast.
-            Expr::Cast(cast) => self.origin(&cast.expr),
+            Expr::Cast(cast) => self.origin_in(&cast.expr, over),
             Expr::Path(path) if path.qself.is_none() => match path.path.get_ident() {
+                Some(name) if over.is_some_and(|(bound, _)| bound == name) => {
+                    over.map(|(_, origin)| origin.clone()).expect("checked")
+                }
                 Some(name) => match self.lookup(name) {
                     Some((_, binding)) => binding.origin.clone(),
                     // A lower-case name bound nowhere the guard sees may be a local a macro
@@ -352,13 +398,17 @@ impl Guard {
                 },
                 None => Origin::NotLocal,
             },
-            Expr::Field(field) => match self.origin(&field.base) {
+            Expr::Field(field) => match self.origin_in(&field.base, over) {
                 Origin::Parts(parts) => match &field.member {
                     Member::Unnamed(index) => parts
                         .get(index.index as usize)
                         .cloned()
                         .unwrap_or(Origin::Unknown),
                     Member::Named(_) => Origin::Unknown,
+                },
+                Origin::Newtype(inner) => match &field.member {
+                    Member::Unnamed(index) if index.index == 0 => *inner,
+                    _ => Origin::Unknown,
                 },
                 Origin::Fields(fields) => match &field.member {
                     Member::Named(name) => fields
@@ -382,11 +432,11 @@ impl Guard {
                         block: branch.then_branch.clone(),
                     });
                     match (diverges(&then), diverges(otherwise)) {
-                        (true, false) => self.origin(otherwise),
-                        (false, true) => self.origin_of_block(&branch.then_branch),
+                        (true, false) => self.origin_in(otherwise, over),
+                        (false, true) => self.origin_of_block(&branch.then_branch, over),
                         _ => same(
-                            self.origin_of_block(&branch.then_branch),
-                            self.origin(otherwise),
+                            self.origin_of_block(&branch.then_branch, over),
+                            self.origin_in(otherwise, over),
                         ),
                     }
                 }
@@ -396,11 +446,11 @@ impl Guard {
             Expr::Block(block) if block.label.is_some() && breaks_with_value(&block.block) => {
                 Origin::Unknown
             }
-            Expr::Block(block) => self.origin_of_block(&block.block),
+            Expr::Block(block) => self.origin_of_block(&block.block, over),
             // An arm's value is judged with the arm's own bindings: a name the pattern binds
             // is not the outer binding of that name.
             Expr::Match(matched) => {
-                let scrutinee = self.origin(&matched.expr);
+                let scrutinee = self.origin_in(&matched.expr, over);
                 matched
                     .arms
                     .iter()
@@ -413,40 +463,50 @@ impl Guard {
                 if call.args.len() == 1
                     && (is_std_variant(&call.func) || is_wrapper_constructor(&call.func)) =>
             {
-                Origin::Parts(vec![self.origin(&call.args[0])])
+                Origin::Parts(vec![self.origin_in(&call.args[0], over)])
             }
             // A newtype of the application's (`Tx(conn)`) is followed only around the
             // transaction: an upper-case name may also be a function that returns anything.
             Expr::Call(call)
                 if call.args.len() == 1
                     && is_variant_constructor(&call.func)
-                    && self.origin(&call.args[0]) == Origin::Transaction =>
+                    && self.origin_in(&call.args[0], over) == Origin::Transaction =>
             {
-                Origin::Parts(vec![Origin::Transaction])
+                Origin::Newtype(Box::new(Origin::Transaction))
             }
             // What a wrapper built in the body from the transaction gives back is the
             // transaction (`cell.borrow_mut()`, `slot.as_deref_mut().unwrap()`).
             Expr::MethodCall(call)
                 if ACCESSORS.contains(&call.method.to_string().as_str())
-                    && matches!(self.origin(&call.receiver), Origin::Parts(ref parts)
+                    && matches!(self.origin_in(&call.receiver, over), Origin::Parts(ref parts)
                         if parts.len() == 1 && parts[0] == Origin::Transaction) =>
             {
                 Origin::Parts(vec![Origin::Transaction])
             }
             Expr::Macro(mac) if is_question(&mac.mac) => Origin::Asked,
-            Expr::Tuple(tuple) => {
-                Origin::Parts(tuple.elems.iter().map(|e| self.origin(e)).collect())
-            }
+            Expr::Tuple(tuple) => Origin::Parts(
+                tuple
+                    .elems
+                    .iter()
+                    .map(|e| self.origin_in(e, over))
+                    .collect(),
+            ),
             Expr::Struct(literal) => {
                 let mut fields: Vec<(String, Origin)> = literal
                     .fields
                     .iter()
                     .filter_map(|field| match &field.member {
-                        Member::Named(name) => Some((name.to_string(), self.origin(&field.expr))),
+                        Member::Named(name) => {
+                            Some((name.to_string(), self.origin_in(&field.expr, over)))
+                        }
                         Member::Unnamed(_) => None,
                     })
                     .collect();
-                match literal.rest.as_deref().map(|rest| self.origin(rest)) {
+                match literal
+                    .rest
+                    .as_deref()
+                    .map(|rest| self.origin_in(rest, over))
+                {
                     None => Origin::Fields(fields),
                     // `..base`: the fields not written come from `base`.
                     Some(Origin::Fields(base)) => {
@@ -488,18 +548,28 @@ impl Guard {
                     _ => None,
                 }
             }
+            (Pat::TupleStruct(p), Origin::Newtype(inner)) if p.elems.len() == 1 => {
+                match &p.elems[0] {
+                    Pat::Ident(name) if name.subpat.is_none() => {
+                        Some((&name.ident, (**inner).clone()))
+                    }
+                    _ => None,
+                }
+            }
             _ => None,
         };
-        match (part, place_root(body)) {
-            (Some((name, origin)), Some(root)) if root == name && bound.len() == 1 => origin,
+        // The value judged as anywhere else, the bound name standing for its part: `d =>
+        // d` is the scrutinee's, `d => d.checkout()` is a method's result.
+        match part {
+            Some((name, origin)) if bound.len() == 1 => self.origin_in(body, Some((name, &origin))),
             _ => Origin::Unknown,
         }
     }
 
     /// A block that is only a value: where that value comes from.
-    fn origin_of_block(&self, block: &Block) -> Origin {
+    fn origin_of_block(&self, block: &Block, over: Option<(&Ident, &Origin)>) -> Origin {
         match block.stmts.as_slice() {
-            [Stmt::Expr(tail, None)] => self.origin(tail),
+            [Stmt::Expr(tail, None)] => self.origin_in(tail, over),
             _ => Origin::Unknown,
         }
     }
@@ -896,7 +966,7 @@ impl Guard {
                 // checked where the call is visited.
                 if let Expr::Path(path) = &*call.func
                     && let [.., owner, method] = segments(&path.path).as_slice()
-                    && owner.ends_with("Connection")
+                    && CONNECTION_TYPES.contains(&owner.as_str())
                     && TRANSACTION_METHODS.contains(&method.as_str())
                     && call.args.len() == 2
                     && self.is_name(call.args.last())
@@ -989,7 +1059,7 @@ impl VisitMut for Guard {
                     if let Pat::Ident(p) = &local.pat
                         && p.mutability.is_some()
                         && let Some(init) = &local.init
-                        && let origin @ (Origin::Parts(_) | Origin::Fields(_)) =
+                        && let origin @ (Origin::Parts(_) | Origin::Fields(_) | Origin::Newtype(_)) =
                             self.origin(&init.expr)
                         && !replaced_whole(&p.ident, &stmts[at + 1..])
                         && let Some(binding) = self.scope.last_mut()
@@ -1293,7 +1363,8 @@ impl Guard {
         self.visit_expr_mut(&mut call.receiver);
         let method = call.method.to_string();
         let hands_over = TRANSACTION_METHODS.contains(&method.as_str())
-            && self.origin(receiver_root(&call.receiver)) == Origin::Transaction;
+            && transaction_receiver(&call.receiver, &method)
+                .is_some_and(|root| self.origin(root) == Origin::Transaction);
         self.hand(&mut call.receiver, Handed::ByPlace);
         // The arguments' own method calls must not take this call's question.
         let question = self.receiver_question.take();
@@ -1310,7 +1381,8 @@ impl Guard {
             Expr::Path(path) => {
                 let segments = segments(&path.path);
                 matches!(segments.as_slice(), [.., owner, method]
-                    if owner.ends_with("Connection") && TRANSACTION_METHODS.contains(&method.as_str()))
+                    if CONNECTION_TYPES.contains(&owner.as_str())
+                        && TRANSACTION_METHODS.contains(&method.as_str()))
                     && call
                         .args
                         .first()
@@ -1845,12 +1917,24 @@ fn place_root(expr: &Expr) -> Option<&Ident> {
     }
 }
 
-/// The expression a method chain starts from: `conn` in `conn.build_transaction().run(…)`.
-fn receiver_root(expr: &Expr) -> &Expr {
-    match expr {
-        Expr::MethodCall(call) => receiver_root(&call.receiver),
-        Expr::Paren(e) => receiver_root(&e.expr),
-        _ => expr,
+/// The connection a transaction method `method` is called on, when the call is diesel's:
+/// `conn` in `conn.transaction(…)` and in `conn.build_transaction().read_only().run(…)`;
+/// `None` for `conn.scope().run(…)`, whose `scope` is the application's own method.
+fn transaction_receiver<'e>(receiver: &'e Expr, method: &str) -> Option<&'e Expr> {
+    match receiver {
+        Expr::Paren(e) => transaction_receiver(&e.expr, method),
+        Expr::MethodCall(call) if BUILDER_METHODS.contains(&call.method.to_string().as_str()) => {
+            match call.method == "build_transaction" {
+                true => {
+                    transaction_receiver(&call.receiver, "transaction").filter(|_| method == "run")
+                }
+                false => transaction_receiver(&call.receiver, method),
+            }
+        }
+        Expr::MethodCall(_) => None,
+        // `run` is a method of the builder, not of a connection.
+        _ if method == "run" => None,
+        root => Some(root),
     }
 }
 
@@ -1871,6 +1955,7 @@ fn collect_pattern_names(pat: &Pat, out: &mut Vec<Ident>) {
         Pat::Type(p) => collect_pattern_names(&p.pat, out),
         Pat::Reference(p) => collect_pattern_names(&p.pat, out),
         Pat::Paren(p) => collect_pattern_names(&p.pat, out),
+        Pat::Guard(p) => collect_pattern_names(&p.pat, out),
         Pat::Tuple(p) => p.elems.iter().for_each(|e| collect_pattern_names(e, out)),
         Pat::TupleStruct(p) => p.elems.iter().for_each(|e| collect_pattern_names(e, out)),
         Pat::Slice(p) => p.elems.iter().for_each(|e| collect_pattern_names(e, out)),

@@ -110,6 +110,10 @@ enum Via<'a> {
     Optional(std::cell::RefCell<Option<&'a mut SqliteConnection>>),
     Shared(std::sync::Arc<std::sync::Mutex<SqliteConnection>>),
     Checkouts(std::cell::RefCell<Vec<Checkout>>),
+    /// A helper that catches the stop's unwind and goes on as if its write had failed.
+    Swallowed(&'a Audit),
+    /// A batch whose first statement reads and whose second writes.
+    Batch(&'a Audit),
     /// Another connection put in the transaction's place by a helper, written to through
     /// the handler's own `conn`, and put back.
     Swapped(std::cell::RefCell<SqliteConnection>),
@@ -149,6 +153,20 @@ fn to_each(checkouts: &mut [Checkout]) -> QueryResult<usize> {
     Ok(written)
 }
 
+/// A helper that guards against panics in what it calls, and logs and goes on.
+fn best_effort_audit(audit: &Audit) {
+    let caught =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| audit.record("swallowed")));
+    assert!(caught.is_err(), "the write was stopped");
+}
+
+/// A helper that sends a batch of statements on its own connection.
+fn audit_batch(audit: &Audit) -> QueryResult<()> {
+    SqliteConnection::establish(&audit.url)
+        .expect("open")
+        .batch_execute("BEGIN; INSERT INTO audit (what) VALUES ('batch'); COMMIT;")
+}
+
 /// A helper that trades the connection it is given for a spare one (a "failover").
 fn trade(conn: &mut SqliteConnection, spare: &std::cell::RefCell<SqliteConnection>) {
     std::mem::swap(conn, &mut spare.borrow_mut());
@@ -171,6 +189,8 @@ fn credit(conn: &mut SqliteConnection, id: &u64, via: &Via<'_>) -> Result<(), Er
         Via::Optional(audit) => best_effort(audit.borrow_mut().as_deref_mut()).map(drop)?,
         Via::Shared(shared) => locked(shared).map(drop)?,
         Via::Checkouts(checkouts) => to_each(&mut checkouts.borrow_mut()).map(drop)?,
+        Via::Swallowed(audit) => best_effort_audit(audit),
+        Via::Batch(audit) => audit_batch(audit)?,
         Via::Swapped(spare) => {
             trade(conn, spare);
             let written =
@@ -216,6 +236,8 @@ fn writes_out_of_the_compilers_sight_are_stopped_and_rolled_back() {
             SqliteConnection::establish(&audit.url).unwrap(),
         ))),
         Via::Checkouts(std::cell::RefCell::new(checkouts)),
+        Via::Swallowed(&audit),
+        Via::Batch(&audit),
     ];
     for (id, via) in (1..).zip(&cases) {
         let text = stopped(credit(&mut conn, &id, via));

@@ -53,13 +53,22 @@
 //! pool that opened its connections before, or a connection given its own instrumentation
 //! with `set_instrumentation`, has none — give those [`Net::around`] of the instrumentation
 //! they had. A statement that writes through a function (`SELECT archive_row(…)`) reads as
-//! a read. What a write is, is decided by the statement's first keyword (and for `WITH`, by
-//! the keywords of its body).
+//! a read. What a write is, is decided by each statement's first keyword, in a batch of several
+//! too (and for `WITH`, by the keywords of its body; for `EXPLAIN ANALYZE`, which runs its
+//! statement, by that statement's; a `SELECT … INTO` writes).
+//!
+//! The stop is an unwind from the statement to the handler's body. A helper on the way that
+//! catches it (`catch_unwind`) does not make the handler succeed: the stop is raised again
+//! when the body ends. What the unwind passes through is left as an unwind leaves it: a
+//! `std::sync::Mutex` held across the write is poisoned, and a transaction opened by a
+//! helper on its own connection stays open there (diesel does not roll back on an unwind)
+//! until the connection is dropped.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::future::Future;
 use std::pin::pin;
+use std::task::Poll;
 
 use diesel::connection::{Instrumentation, InstrumentationEvent};
 
@@ -116,6 +125,11 @@ impl Instrumentation for Net {
                     statement: statement.chars().take(120).collect(),
                 };
                 tracing::error!(consumer = escaped.consumer, "{escaped}");
+                // Kept for the body's end too: code between here and the body that catches
+                // the unwind (`catch_unwind` in a helper) does not make the handler succeed.
+                STOPPED.with_borrow_mut(|stopped| {
+                    stopped.get_or_insert_with(|| escaped.clone());
+                });
                 // Not `panic!`: the hook would report a panic the runtime turns into an
                 // error. The runtime catches this payload at the body and rolls back.
                 std::panic::resume_unwind(Box::new(escaped));
@@ -166,6 +180,8 @@ impl std::error::Error for Escaped {}
 thread_local! {
     /// The net of the handler's own connection, while its body runs on this thread.
     static HANDLER_NET: Cell<Option<usize>> = const { Cell::new(None) };
+    /// The first write stopped during the current poll of a handler's body.
+    static STOPPED: RefCell<Option<Escaped>> = const { RefCell::new(None) };
 }
 
 /// Puts back what `HANDLER_NET` held before a poll.
@@ -177,56 +193,195 @@ impl Drop for Restore {
     }
 }
 
+/// Forgets a stop recorded during a poll that unwinds: the unwind carries it.
+struct Forget;
+
+impl Drop for Forget {
+    fn drop(&mut self) {
+        STOPPED.take();
+    }
+}
+
 /// Runs `body` with `net` known as the handler's own connection during each of its polls.
+/// A write stopped in the body stops the body, even if the unwind was caught on its way
+/// (a helper's `catch_unwind`, a framework's panic guard): when the body ends after a stop,
+/// the stop is raised again there, for the runtime to roll back.
 pub(crate) async fn handled_on<F: Future>(net: Option<usize>, body: F) -> F::Output {
     let mut body = pin!(body);
+    let mut stopped = None;
     std::future::poll_fn(move |cx| {
         let _restore = Restore(HANDLER_NET.replace(net));
-        body.as_mut().poll(cx)
+        let _forget = Forget;
+        let poll = body.as_mut().poll(cx);
+        if let Some(escaped) = STOPPED.take() {
+            stopped.get_or_insert(escaped);
+        }
+        match (poll, stopped.take()) {
+            (Poll::Ready(_), Some(escaped)) => std::panic::resume_unwind(Box::new(escaped)),
+            (poll, kept) => {
+                stopped = kept;
+                poll
+            }
+        }
     })
     .await
 }
 
-/// Whether `statement` writes: by its first keyword, after comments and parentheses; a
-/// `WITH` writes when its body has a data-changing keyword.
-pub(crate) fn writes(statement: &str) -> bool {
-    let words: Vec<String> = without_comments(statement)
-        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-        .filter(|word| !word.is_empty())
-        .map(str::to_ascii_uppercase)
-        .collect();
+/// Whether `text` writes: any of its statements (separated by `;` outside quotes and
+/// comments) does, by its first keyword; a `WITH` when its body has a data-changing keyword,
+/// an `EXPLAIN ANALYZE` (which runs its statement) when its statement does, a `SELECT … INTO`
+/// (PostgreSQL's `CREATE TABLE … AS`).
+pub(crate) fn writes(text: &str) -> bool {
+    statements(text).iter().any(|words| statement_writes(words))
+}
+
+fn statement_writes(words: &[String]) -> bool {
+    const CHANGING: [&str; 6] = ["INSERT", "UPDATE", "DELETE", "MERGE", "REPLACE", "UPSERT"];
     let Some(first) = words.first() else {
         return false;
     };
-    const CHANGING: [&str; 6] = ["INSERT", "UPDATE", "DELETE", "MERGE", "REPLACE", "UPSERT"];
+    let has = |word: &str| words.iter().any(|w| w == word);
     match first.as_str() {
         "WITH" => words.iter().any(|word| CHANGING.contains(&word.as_str())),
-        "SELECT" | "VALUES" | "TABLE" | "SHOW" | "EXPLAIN" | "DESCRIBE" | "DESC" | "PRAGMA"
-        | "SET" | "RESET" | "BEGIN" | "START" | "COMMIT" | "ROLLBACK" | "SAVEPOINT" | "RELEASE"
+        "EXPLAIN" if has("ANALYZE") || has("ANALYSE") => {
+            let statement = words
+                .iter()
+                .position(|w| {
+                    !matches!(
+                        w.as_str(),
+                        "EXPLAIN"
+                            | "ANALYZE"
+                            | "ANALYSE"
+                            | "VERBOSE"
+                            | "FORMAT"
+                            | "TRUE"
+                            | "FALSE"
+                            | "ON"
+                            | "OFF"
+                            | "JSON"
+                            | "TEXT"
+                            | "XML"
+                            | "YAML"
+                            | "TREE"
+                            | "TRADITIONAL"
+                            | "BUFFERS"
+                            | "COSTS"
+                            | "SETTINGS"
+                            | "WAL"
+                            | "TIMING"
+                            | "SUMMARY"
+                            | "MEMORY"
+                            | "SERIALIZE"
+                    )
+                })
+                .map_or(&words[..0], |at| &words[at..]);
+            statement_writes(statement)
+        }
+        "SELECT" => has("INTO"),
+        "VALUES" | "TABLE" | "SHOW" | "EXPLAIN" | "DESCRIBE" | "DESC" | "PRAGMA" | "SET"
+        | "RESET" | "BEGIN" | "START" | "COMMIT" | "ROLLBACK" | "SAVEPOINT" | "RELEASE"
         | "PREPARE" | "DEALLOCATE" | "DISCARD" | "LISTEN" | "UNLISTEN" | "USE" | "FETCH"
-        | "CLOSE" | "DECLARE" | "MOVE" => false,
+        | "CLOSE" | "DECLARE" | "MOVE" | "END" | "ABORT" => false,
         _ => true,
     }
 }
 
-/// `statement` with its `/* … */` and `-- …` comments blanked out.
-fn without_comments(statement: &str) -> String {
-    let mut out = String::with_capacity(statement.len());
-    let mut rest = statement;
-    while !rest.is_empty() {
-        if let Some(after) = rest.strip_prefix("/*") {
-            rest = after.split_once("*/").map_or("", |(_, tail)| tail);
-            out.push(' ');
-        } else if let Some(after) = rest.strip_prefix("--") {
-            rest = after.split_once('\n').map_or("", |(_, tail)| tail);
-            out.push(' ');
-        } else {
-            let mut chars = rest.chars();
-            out.extend(chars.next());
-            rest = chars.as_str();
+/// The statements of `text`, each as its words in upper case: what is inside quotes
+/// (`'…'`, `"…"`, `` `…` ``, `$tag$…$tag$`) and comments (`-- …`, `# …` is not one, `/* … */`,
+/// nested) is no word, and a `;` inside them ends no statement.
+fn statements(text: &str) -> Vec<Vec<String>> {
+    let chars: Vec<char> = text.chars().collect();
+    let mut statements = vec![Vec::new()];
+    let mut word = String::new();
+    let mut at = 0;
+    let end_word = |word: &mut String, statements: &mut Vec<Vec<String>>| {
+        if !word.is_empty() {
+            let done = std::mem::take(word).to_ascii_uppercase();
+            statements.last_mut().expect("one at least").push(done);
+        }
+    };
+    while at < chars.len() {
+        let c = chars[at];
+        let next = chars.get(at + 1).copied();
+        match c {
+            '\'' | '"' | '`' => {
+                end_word(&mut word, &mut statements);
+                at += 1;
+                while at < chars.len() {
+                    match chars[at] {
+                        // MySQL's backslash escape; harmless elsewhere.
+                        '\\' if c == '\'' => at += 2,
+                        q if q == c && chars.get(at + 1) == Some(&c) => at += 2,
+                        q if q == c => break,
+                        _ => at += 1,
+                    }
+                }
+                at += 1;
+            }
+            '-' if next == Some('-') => {
+                end_word(&mut word, &mut statements);
+                while at < chars.len() && chars[at] != '\n' {
+                    at += 1;
+                }
+            }
+            '/' if next == Some('*') => {
+                end_word(&mut word, &mut statements);
+                let mut depth = 0;
+                while at < chars.len() {
+                    if chars[at] == '/' && chars.get(at + 1) == Some(&'*') {
+                        depth += 1;
+                        at += 2;
+                    } else if chars[at] == '*' && chars.get(at + 1) == Some(&'/') {
+                        depth -= 1;
+                        at += 2;
+                        if depth == 0 {
+                            break;
+                        }
+                    } else {
+                        at += 1;
+                    }
+                }
+            }
+            // `$tag$ … $tag$` (PostgreSQL); `$1` is a parameter.
+            '$' if word.is_empty() && !next.is_some_and(|n| n.is_ascii_digit()) => {
+                let tag_end = chars[at + 1..]
+                    .iter()
+                    .position(|&t| t == '$')
+                    .map(|p| at + 1 + p)
+                    .filter(|&e| {
+                        chars[at + 1..e]
+                            .iter()
+                            .all(|&t| t.is_alphanumeric() || t == '_')
+                    });
+                match tag_end {
+                    Some(tag_end) => {
+                        let tag: Vec<char> = chars[at..=tag_end].to_vec();
+                        at = tag_end + 1;
+                        while at < chars.len() && !chars[at..].starts_with(&tag) {
+                            at += 1;
+                        }
+                        at += tag.len();
+                    }
+                    None => at += 1,
+                }
+            }
+            ';' => {
+                end_word(&mut word, &mut statements);
+                statements.push(Vec::new());
+                at += 1;
+            }
+            c if c.is_alphanumeric() || c == '_' => {
+                word.push(c);
+                at += 1;
+            }
+            _ => {
+                end_word(&mut word, &mut statements);
+                at += 1;
+            }
         }
     }
-    out
+    end_word(&mut word, &mut statements);
+    statements
 }
 
 #[cfg(test)]
@@ -247,6 +402,21 @@ mod tests {
             "REPLACE INTO t VALUES (1)",
             "/* audit */ INSERT INTO audit VALUES (1)",
             "-- a note\nDELETE FROM x",
+            // A batch writes when any of its statements does.
+            "BEGIN; INSERT INTO t VALUES ('escaped'); COMMIT;",
+            "PRAGMA foreign_keys = ON; INSERT INTO t VALUES (1)",
+            "SELECT '--'; INSERT INTO t VALUES (1)",
+            "SELECT ';' AS x; DELETE FROM t",
+            "SELECT $$;$$; UPDATE t SET a = 1",
+            "SELECT $body$ ' $body$; UPDATE t SET a = 1",
+            "/* a /* nested */ comment */ INSERT INTO t VALUES (1)",
+            "SELECT 'it''s'; DELETE FROM t",
+            // Runs its statement.
+            "EXPLAIN ANALYZE INSERT INTO t VALUES (1)",
+            "EXPLAIN (ANALYZE, FORMAT JSON) DELETE FROM t",
+            // PostgreSQL's CREATE TABLE AS.
+            "SELECT * INTO t_copy FROM t",
+            "DO $$ BEGIN INSERT INTO t VALUES (1); END $$",
         ] {
             assert!(writes(write), "{write}");
         }
@@ -261,6 +431,12 @@ mod tests {
             "PRAGMA busy_timeout = 5000",
             "/* report */ SELECT count(*) FROM orders",
             "-- a note\nSELECT 1",
+            "SELECT 'INSERT INTO t'; SELECT 2",
+            "SELECT $1, $2",
+            "EXPLAIN INSERT INTO t VALUES (1)",
+            "EXPLAIN ANALYZE SELECT 1",
+            "SELECT \"delete\" FROM t; -- ; DELETE FROM t",
+            "BEGIN; SELECT 1; COMMIT",
         ] {
             assert!(!writes(read), "{read}");
         }

@@ -119,4 +119,96 @@ fn f11(conn: &mut SqliteConnection, msg: &Msg) -> QueryResult<()> {
     Ok(())
 }
 
+pub struct Deps {
+    pub audit: Checkout,
+    pub shards: Vec<Checkout>,
+}
+
+impl Deps {
+    pub fn checkout(&self) -> Checkout {
+        checkout()
+    }
+}
+
+// F12: a `match` arm's binding is the scrutinee; what its method returns is not
+#[idempotent(consumer = "f12", key = msg.id)]
+fn f12(conn: &mut SqliteConnection, msg: &Msg, deps: &Deps) -> QueryResult<()> {
+    let mut audit = match deps {
+        d if msg.amounts.is_empty() => return Ok(()),
+        d => d.checkout(),
+    };
+    audit.batch_execute("DELETE FROM accounts")?;
+    let held = &mut *GLOBAL.lock().unwrap();
+    let mut other = match held {
+        h => &mut *h,
+    };
+    other.batch_execute("DELETE FROM accounts")?;
+    Ok(())
+}
+
+// F13: nor its fields and indexes
+#[idempotent(consumer = "f13", key = msg.id)]
+fn f13(conn: &mut SqliteConnection, msg: &Msg, deps: &mut Deps) -> QueryResult<()> {
+    let audit = match &mut *deps {
+        d => &mut d.audit,
+    };
+    audit.batch_execute("DELETE FROM accounts")?;
+    let first = match &mut deps.shards {
+        s => &mut s[0],
+    };
+    first.batch_execute("DELETE FROM accounts")?;
+    Ok(())
+}
+
+pub trait Scoped {
+    fn audit_scope(&mut self) -> AuditScope;
+}
+
+impl Scoped for SqliteConnection {
+    fn audit_scope(&mut self) -> AuditScope {
+        AuditScope
+    }
+}
+
+pub struct AuditScope;
+
+impl AuditScope {
+    pub fn run<T>(self, f: impl FnOnce(&mut SqliteConnection) -> T) -> T {
+        f(&mut SqliteConnection::establish(":memory:").unwrap())
+    }
+}
+
+pub struct AuditConnection;
+
+impl AuditConnection {
+    pub fn transaction<T>(_: &mut SqliteConnection, f: impl FnOnce(&mut SqliteConnection) -> T) -> T {
+        f(&mut SqliteConnection::establish(":memory:").unwrap())
+    }
+}
+
+// F14: a `run` reached through a method of the application's own, and a `transaction` of a
+// type of its own named `…Connection`, may hand their closures another connection
+#[idempotent(consumer = "f14", key = msg.id)]
+fn f14(conn: &mut SqliteConnection, msg: &Msg) -> QueryResult<()> {
+    conn.audit_scope().run(|c| c.batch_execute("DELETE FROM accounts"))?;
+    AuditConnection::transaction(conn, |c| c.batch_execute("DELETE FROM accounts"))?;
+    Ok(())
+}
+
+pub struct Tx2<'c>(&'c mut SqliteConnection);
+
+impl Tx2<'_> {
+    pub fn lock(&self) -> Checkout {
+        checkout()
+    }
+}
+
+// F15: the methods of the application's newtype around the transaction are its own code
+#[idempotent(consumer = "f15", key = msg.id)]
+fn f15(conn: &mut SqliteConnection, msg: &Msg) -> QueryResult<()> {
+    let tx = Tx2(conn);
+    tx.lock().batch_execute("DELETE FROM accounts")?;
+    Ok(())
+}
+
 fn main() {}

@@ -115,4 +115,18 @@ fn mutex_around_it(conn: &mut SqliteConnection, msg: &Msg) -> QueryResult<()> {
     Ok(())
 }
 
+#[idempotent(consumer = "arms-bound-to-it", key = msg.id)]
+fn arms_bound_to_it(conn: &mut SqliteConnection, msg: &Msg) -> QueryResult<()> {
+    let c = match &mut *conn {
+        c if msg.amounts.is_empty() => c,
+        c => &mut *c,
+    };
+    add(c, 1)?;
+    let mut tx = Tx(conn);
+    add(&mut tx.0, 1)?;
+    let Tx(inner) = tx;
+    add(inner, 1)?;
+    Ok(())
+}
+
 fn main() {}
