@@ -569,3 +569,53 @@ mod mysql {
         assert_eq!(rows(&db), (0, 0), "a stopped handler's work committed");
     }
 }
+
+/// diesel-async's `SyncConnectionWrapper` runs its statements on a blocking thread: with the
+/// net's `Blocking` as the spawner of the application's other wrapped connections, the mark
+/// goes there, and a write on one of them is stopped and the handler rolled back.
+mod blocking {
+    use super::{Audit, Error, balance, db, idempotent, stopped};
+    use diesel::SqliteConnection;
+    use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+    use diesel_async::{AsyncConnection, RunQueryDsl};
+    use inbox_diesel::tripwire::net::Blocking;
+
+    type Conn = SyncConnectionWrapper<SqliteConnection>;
+    type Other = SyncConnectionWrapper<SqliteConnection, Blocking>;
+
+    /// A helper with a wrapped connection of its own.
+    async fn record(url: &str, write: bool) -> diesel::QueryResult<usize> {
+        let mut own = Other::establish(url).await.expect("open");
+        let sql = match write {
+            true => "INSERT INTO audit (what) VALUES ('blocking')",
+            false => "SELECT 1",
+        };
+        diesel::sql_query(sql).execute(&mut own).await
+    }
+
+    #[idempotent(consumer = "credit-blocking", key = *id)]
+    async fn credit(conn: &mut Conn, id: &u64, audit: &Audit, write: bool) -> Result<(), Error> {
+        diesel::sql_query("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
+            .execute(conn)
+            .await?;
+        record(&audit.url, write).await?;
+        Ok(())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_on_another_wrapped_connection_is_stopped() {
+        let (db, audit) = db();
+        let mut conn = Conn::establish(db.url()).await.unwrap();
+        let text = stopped(credit(&mut conn, &1, &audit, true).await);
+        assert!(text.contains("INSERT INTO audit"), "{text}");
+        assert_eq!(super::audits(&audit), 0, "a write reached the server");
+        assert_eq!(balance(&db), 0, "a stopped handler's work committed");
+        assert!(
+            credit(&mut conn, &1, &audit, false)
+                .await
+                .unwrap()
+                .is_processed()
+        );
+        assert_eq!(balance(&db), 1);
+    }
+}

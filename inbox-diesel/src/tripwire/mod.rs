@@ -144,6 +144,19 @@ impl Drop for Mark {
     }
 }
 
+/// The mark of this thread: what [`carried`](net::Blocking) takes to a blocking thread.
+#[cfg(all(feature = "async", feature = "sqlite"))]
+pub(crate) fn current_mark() -> Option<&'static str> {
+    MARK.get()
+}
+
+/// Runs `f` with the mark set to `consumer`, then puts back the one before.
+#[cfg(all(feature = "async", feature = "sqlite"))]
+pub(crate) fn with_mark<R>(consumer: Option<&'static str>, f: impl FnOnce() -> R) -> R {
+    let _mark = Mark::set(consumer);
+    f()
+}
+
 /// Runs `future` with the mark set to `consumer` during each of its polls, and only then.
 ///
 /// A thread-local held across an `.await` would stay set while the thread polls other tasks

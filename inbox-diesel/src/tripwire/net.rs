@@ -49,7 +49,8 @@
 //! **Limits.** The net sees the statements of the thread (a `fn` handler) or the future (an
 //! `async fn` handler) that runs the body, as the pool tripwire does: work handed to
 //! `std::thread::spawn` or `tokio::spawn`, and statements a `SyncConnectionWrapper` runs on
-//! its blocking thread, are not seen. It sees connections established after [`install`]: a
+//! its blocking thread, are not seen — unless the wrapper's spawner is `net::Blocking`, which
+//! takes the mark there. It sees connections established after [`install`]: a
 //! pool that opened its connections before, or a connection given its own instrumentation
 //! with `set_instrumentation`, has none — give those [`Net::around`] of the instrumentation
 //! they had. A statement that writes through a function (`SELECT archive_row(…)`) reads as
@@ -225,6 +226,110 @@ pub(crate) async fn handled_on<F: Future>(net: Option<usize>, body: F) -> F::Out
         }
     })
     .await
+}
+
+/// The net on diesel-async's `SyncConnectionWrapper`, whose statements run on a blocking
+/// thread: a [`SpawnBlocking`](diesel_async::sync_connection_wrapper::SpawnBlocking) that
+/// takes the handler's mark there, so that a write on such a connection — while a handler's
+/// body runs, other than the handler's — is stopped like any other. Name it as the second
+/// parameter of the application's other wrapped connections (a helper's own, a pool's):
+///
+/// ```
+/// # #[cfg(feature = "sqlite")] {
+/// use diesel::SqliteConnection;
+/// use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+/// use inbox_diesel::tripwire::net::Blocking;
+///
+/// type AuditConnection = SyncConnectionWrapper<SqliteConnection, Blocking>;
+/// # }
+/// ```
+///
+/// The handler's own connection is the plain `SyncConnectionWrapper<SqliteConnection>`.
+/// With diesel-async's default spawner the net does not see a wrapped connection's
+/// statements. Dropped while its statement runs (a cancelled handler), it waits for the
+/// statement to end, as diesel-async's own does.
+#[cfg(all(feature = "async", feature = "sqlite"))]
+#[derive(Debug, Clone)]
+pub struct Blocking(tokio::runtime::Handle);
+
+#[cfg(all(feature = "async", feature = "sqlite"))]
+impl diesel_async::sync_connection_wrapper::SpawnBlocking for Blocking {
+    fn spawn_blocking<'a, R>(
+        &mut self,
+        task: impl FnOnce() -> R + Send + 'static,
+    ) -> std::pin::Pin<
+        Box<
+            dyn Future<Output = Result<R, Box<dyn std::error::Error + Send + Sync + 'static>>>
+                + Send
+                + 'a,
+        >,
+    >
+    where
+        R: Send + 'static,
+    {
+        let (consumer, net) = (super::current_mark(), HANDLER_NET.get());
+        let running = Running {
+            task: Some(self.0.spawn_blocking(move || {
+                let _restore = Restore(HANDLER_NET.replace(net));
+                let result = super::with_mark(consumer, || {
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(task))
+                });
+                STOPPED.take();
+                result
+            })),
+            handle: self.0.clone(),
+        };
+        Box::pin(async move {
+            match running.await {
+                Ok(Ok(value)) => Ok(value),
+                // A stopped write (or a panic) goes on where the statement was awaited, in
+                // the body's poll, as it would from a statement run in place.
+                Ok(Err(payload)) => std::panic::resume_unwind(payload),
+                Err(join) => Err(Box::new(join) as Box<dyn std::error::Error + Send + Sync>),
+            }
+        })
+    }
+
+    fn get_runtime() -> Self {
+        Blocking(tokio::runtime::Handle::current())
+    }
+}
+
+/// A statement on its blocking thread; dropped early, it waits for the statement to end.
+#[cfg(all(feature = "async", feature = "sqlite"))]
+struct Running<R> {
+    task: Option<tokio::task::JoinHandle<R>>,
+    handle: tokio::runtime::Handle,
+}
+
+#[cfg(all(feature = "async", feature = "sqlite"))]
+impl<R> Future for Running<R> {
+    type Output = Result<R, tokio::task::JoinError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<Self::Output> {
+        let task = self.task.as_mut().expect("polled after its end");
+        let done = std::pin::Pin::new(task).poll(cx);
+        if done.is_ready() {
+            self.task = None;
+        }
+        done
+    }
+}
+
+#[cfg(all(feature = "async", feature = "sqlite"))]
+impl<R> Drop for Running<R> {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take()
+            && !task.is_finished()
+        {
+            tokio::task::block_in_place(|| {
+                let _ = self.handle.block_on(task);
+            });
+        }
+    }
 }
 
 /// Whether `text` writes: any of its statements (separated by `;` outside quotes and
