@@ -64,7 +64,7 @@ pub struct NotAConnection(());
     label = "a connection or pool other than the handler's transaction",
     note = "an #[idempotent] body runs inside the inbox transaction; a write through another connection commits whatever the inbox decides, so a redelivered message is recognised as a duplicate and the write happens again",
     note = "run the statement on the handler's connection parameter (or `&mut *conn`), give helpers that connection rather than a pool, or, if it must commit on its own, mark the statement `#[inbox::outside_transaction(\"why\")]`",
-    note = "if this is the handler's connection reached through a call, a closure's parameter or a branch, pass the parameter itself; if the value's type is only settled later in the body, annotate it where it is bound"
+    note = "if this is the handler's connection reached through a call, a closure's parameter (a closure kept in a struct or a `Box` is not followed) or a branch (an `Option` that is `None` in another arm is not), pass the parameter itself; if the value's type is only settled later in the body, annotate it where it is bound"
 )]
 pub trait OnTheTransaction<V: ?Sized> {}
 

@@ -419,9 +419,11 @@ pub mod __private;
 ///
 /// - **the transaction reached through something the tracking does not follow** — a call
 ///   (`my_reborrow(conn)`), a collection (`vec![&mut *conn]`), the parameter of a closure
-///   handed to a function of your own (`with_retry(conn, |c| …)`), a mutable wrapper of it
-///   borrowed whole (`helper(&mut tx)`) or refilled: pass the connection parameter itself
-///   (`&mut *tx`), or let the helper take the connection and call the closure with it.
+///   handed to a function of your own (`with_retry(conn, |c| …)`) or kept in a struct field
+///   or a `Box<dyn Fn…>`, a mutable wrapper of it borrowed whole (`helper(&mut tx)`) or
+///   refilled, an `Option` of it that another branch makes `None`: pass the connection
+///   parameter itself (`&mut *tx`), let the helper take the connection and call the closure
+///   with it, keep `fn` items rather than boxed closures, or make the other branch return.
 ///   Followed, and so never refused: `Some`, `Ok` and tuple-struct newtypes of it (`Tx(conn)`,
 ///   used as `&mut *tx`); `RefCell::new`, `Mutex::new`, `Box::new` and the like of it, and
 ///   what their accessors give back (`borrow_mut()`, `lock()`, `as_deref_mut()`,
