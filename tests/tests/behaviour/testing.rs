@@ -137,10 +137,18 @@ fn a_handler_under_a_held_lock_waits_and_applies_once() {
     let db = Db::new("testing_locked");
     let msg = Credit::new(1);
     let hold = Duration::from_millis(300);
-    let locked = testing::while_locked(&mut db.connect(), LOCK_ROW, hold, &mut db.connect(), |conn| {
-        credit(conn, &msg)
-    });
-    assert!(matches!(locked.answer, Ok(Outcome::Processed(()))), "{:?}", locked.answer);
+    let locked = testing::while_locked(
+        &mut db.connect(),
+        LOCK_ROW,
+        hold,
+        &mut db.connect(),
+        |conn| credit(conn, &msg),
+    );
+    assert!(
+        matches!(locked.answer, Ok(Outcome::Processed(()))),
+        "{:?}",
+        locked.answer
+    );
     // It could not finish before the holder let go.
     assert!(locked.took >= hold / 2, "{:?}", locked.took);
     testing::assert_once(&mut db.connect(), &credits_of(&msg));

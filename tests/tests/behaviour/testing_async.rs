@@ -40,7 +40,8 @@ async fn races_and_crashes_of_an_async_handler_leave_one_effect() {
     let mut check = db.connect_async().await;
     for n in 0..20 {
         let msg = Credit::new(n);
-        let answers = testing::race_async(&mut connections, async |conn| credit(conn, &msg).await).await;
+        let answers =
+            testing::race_async(&mut connections, async |conn| credit(conn, &msg).await).await;
         let processed = answers
             .iter()
             .filter(|a| a.as_ref().is_ok_and(|o| o.is_processed()))
@@ -50,12 +51,17 @@ async fn races_and_crashes_of_an_async_handler_leave_one_effect() {
     }
 
     let before = Credit::new(100);
-    let crashed = testing::crash_async(db.connect_async().await, Crash::BeforeCommit, async |conn| {
-        credit(conn, &before).await
-    })
+    let crashed = testing::crash_async(
+        db.connect_async().await,
+        Crash::BeforeCommit,
+        async |conn| credit(conn, &before).await,
+    )
     .await;
     assert_eq!(crashed, testing::Crashed(Crash::BeforeCommit));
-    assert_eq!(testing::count_async(&mut check, &credits_of(&before)).await, 0);
+    assert_eq!(
+        testing::count_async(&mut check, &credits_of(&before)).await,
+        0
+    );
     assert!(credit(&mut check, &before).await.unwrap().is_processed());
     testing::assert_once_async(&mut check, &credits_of(&before)).await;
 

@@ -1,0 +1,483 @@
+//! A consumer process: deliveries in on standard input, answers out on standard output, each
+//! acknowledgement written to this process's ack log and flushed to disk (`fsync`) before it
+//! is sent. The handler is `#[idempotent]`: one effect row per message, in the inbox's
+//! transaction, with the faults the orchestrator asks for in its body.
+
+use std::fs::File;
+use std::future::Future;
+use std::io::{BufRead, Write};
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
+
+use diesel::prelude::*;
+use inbox_diesel::{Outcome, idempotent};
+
+use crate::protocol::{Answer, Backend, Delivery, Fault, Mode};
+
+diesel::table! {
+    /// The business effect: one row per applied delivery. No unique index: a message
+    /// applied twice shows as two rows.
+    effects (id) {
+        id -> BigInt,
+        message -> BigInt,
+        delivery -> BigInt,
+        consumer -> Text,
+    }
+}
+
+/// Why a delivery was not acknowledged.
+#[derive(Debug)]
+pub enum Failure {
+    Inbox(inbox_diesel::Error),
+    /// The orchestrator asked the body to fail.
+    Injected,
+}
+
+impl From<inbox_diesel::Error> for Failure {
+    fn from(e: inbox_diesel::Error) -> Self {
+        Failure::Inbox(e)
+    }
+}
+
+impl From<diesel::result::Error> for Failure {
+    fn from(e: diesel::result::Error) -> Self {
+        Failure::Inbox(e.into())
+    }
+}
+
+impl Failure {
+    fn class(&self) -> String {
+        match self {
+            Failure::Inbox(e) => e.class().label().to_owned(),
+            Failure::Injected => "injected".to_owned(),
+        }
+    }
+
+    /// Whether the connection may be unusable (lost, broken): it is established again.
+    fn reconnect(&self) -> bool {
+        matches!(self, Failure::Inbox(_))
+    }
+}
+
+const SLOW: Duration = Duration::from_millis(20);
+
+/// The handlers, sync and async, on one backend's connections. `$timeout`: statements that
+/// end in a statement timeout on that backend, if it has one the body can set.
+macro_rules! handlers {
+    ($sync:ident, $Conn:ty, $async_fn:ident, $AsyncConn:ty, $timeout:expr) => {
+        #[idempotent(consumer = "chaos", key = *message)]
+        pub fn $sync(
+            conn: &mut $Conn,
+            message: &u64,
+            delivery: u64,
+            name: &str,
+            fault: Fault,
+        ) -> Result<(), Failure> {
+            diesel::insert_into(effects::table)
+                .values((
+                    effects::message.eq(*message as i64),
+                    effects::delivery.eq(delivery as i64),
+                    effects::consumer.eq(name),
+                ))
+                .execute(conn)?;
+            match fault {
+                Fault::Panic => panic!("chaos: a panic in the body"),
+                Fault::Error => return Err(Failure::Injected),
+                Fault::Slow | Fault::Cancel => std::thread::sleep(SLOW),
+                Fault::Timeout => {
+                    let statements: &[&str] = $timeout;
+                    for sql in statements {
+                        diesel::sql_query(*sql).execute(conn)?;
+                    }
+                }
+                Fault::None => {}
+            }
+            Ok(())
+        }
+
+        #[idempotent(consumer = "chaos", key = *message)]
+        pub async fn $async_fn(
+            conn: &mut $AsyncConn,
+            message: &u64,
+            delivery: u64,
+            name: &str,
+            fault: Fault,
+        ) -> Result<(), Failure> {
+            let insert = diesel::insert_into(effects::table).values((
+                effects::message.eq(*message as i64),
+                effects::delivery.eq(delivery as i64),
+                effects::consumer.eq(name),
+            ));
+            diesel_async::RunQueryDsl::execute(insert, conn).await?;
+            match fault {
+                Fault::Panic => panic!("chaos: a panic in the body"),
+                Fault::Error => return Err(Failure::Injected),
+                Fault::Slow | Fault::Cancel => tokio::time::sleep(SLOW).await,
+                Fault::Timeout => {
+                    let statements: &[&str] = $timeout;
+                    for sql in statements {
+                        diesel_async::RunQueryDsl::execute(diesel::sql_query(*sql), conn).await?;
+                    }
+                }
+                Fault::None => {}
+            }
+            Ok(())
+        }
+    };
+}
+
+handlers!(
+    apply_sqlite,
+    diesel::SqliteConnection,
+    apply_sqlite_async,
+    diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>,
+    &[]
+);
+
+#[cfg(feature = "postgres")]
+handlers!(
+    apply_postgres,
+    diesel::PgConnection,
+    apply_postgres_async,
+    diesel_async::AsyncPgConnection,
+    &["SET LOCAL statement_timeout = 5", "SELECT pg_sleep(0.05)"]
+);
+
+#[cfg(feature = "mysql")]
+handlers!(
+    apply_mysql,
+    diesel::MysqlConnection,
+    apply_mysql_async,
+    diesel_async::AsyncMysqlConnection,
+    &[]
+);
+
+/// The ack log: one line per acknowledgement, on disk before the broker hears of it.
+struct AckLog(Mutex<File>);
+
+impl AckLog {
+    fn open(dir: &Path, name: &str) -> std::io::Result<Self> {
+        let path = dir.join(format!("{name}-{}.acks", std::process::id()));
+        Ok(AckLog(Mutex::new(
+            File::options().create(true).append(true).open(path)?,
+        )))
+    }
+
+    fn write(&self, delivery: &Delivery, outcome: &str) {
+        let mut file = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        writeln!(file, "{} {} {outcome}", delivery.id, delivery.message)
+            .expect("write the ack log");
+        file.sync_data().expect("fsync the ack log");
+    }
+}
+
+fn say(answer: Answer) {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{answer}").expect("write to the orchestrator");
+    out.flush().expect("flush to the orchestrator");
+}
+
+fn answer(
+    log: &AckLog,
+    delivery: &Delivery,
+    result: std::thread::Result<Result<Outcome<()>, Failure>>,
+) -> bool {
+    match result {
+        Ok(Ok(outcome)) => {
+            let outcome = match outcome.is_processed() {
+                true => "processed",
+                false => "duplicate",
+            };
+            log.write(delivery, outcome);
+            say(Answer::Ack {
+                delivery: delivery.id,
+                outcome: outcome.to_owned(),
+            });
+            false
+        }
+        Ok(Err(failure)) => {
+            // The classes the runtime names are expected here; an unclassified error is
+            // shown, for the run's reader to judge.
+            if let Failure::Inbox(e) = &failure
+                && e.class() == inbox_diesel::ErrorClass::Other
+            {
+                eprintln!("consumer: delivery {}: {e}", delivery.id);
+            }
+            say(Answer::Nack {
+                delivery: delivery.id,
+                class: failure.class(),
+            });
+            failure.reconnect()
+        }
+        Err(_) => {
+            say(Answer::Nack {
+                delivery: delivery.id,
+                class: "panic".to_owned(),
+            });
+            false
+        }
+    }
+}
+
+/// The deliveries read from standard input, for the workers to take; closed at its end.
+fn deliveries() -> mpsc::Receiver<Delivery> {
+    let (send, receive) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lock().lines() {
+            let Ok(line) = line else { break };
+            match line.parse::<Delivery>() {
+                Ok(delivery) => {
+                    if send.send(delivery).is_err() {
+                        break;
+                    }
+                }
+                Err(e) => eprintln!("consumer: {e}"),
+            }
+        }
+    });
+    receive
+}
+
+/// Runs the consumer until its standard input closes and what it holds is answered.
+pub fn run(backend: Backend, mode: Mode, url: &str, name: &str, log_dir: &Path, workers: usize) {
+    // The body's panics are expected: they are answered as nacks, not printed.
+    std::panic::set_hook(Box::new(|_| {}));
+    let log = Arc::new(AckLog::open(log_dir, name).expect("open the ack log"));
+    say(Answer::Ready);
+    match (backend, mode) {
+        (Backend::Sqlite, Mode::Sync) => {
+            run_sync(url, name, workers, log, connect_sqlite, apply_sqlite)
+        }
+        (Backend::Sqlite, Mode::Async) => run_async(
+            url,
+            name,
+            workers,
+            log,
+            connect_sqlite_async,
+            |c, m, d, n, f| Box::pin(apply_sqlite_async(c, m, d, n, f)),
+        ),
+        #[cfg(feature = "postgres")]
+        (Backend::Postgres, Mode::Sync) => run_sync(
+            url,
+            name,
+            workers,
+            log,
+            connect::<diesel::PgConnection>,
+            apply_postgres,
+        ),
+        #[cfg(feature = "postgres")]
+        (Backend::Postgres, Mode::Async) => run_async(
+            url,
+            name,
+            workers,
+            log,
+            connect_async::<diesel_async::AsyncPgConnection>,
+            |c, m, d, n, f| Box::pin(apply_postgres_async(c, m, d, n, f)),
+        ),
+        #[cfg(feature = "mysql")]
+        (Backend::Mysql, Mode::Sync) => run_sync(
+            url,
+            name,
+            workers,
+            log,
+            connect::<diesel::MysqlConnection>,
+            apply_mysql,
+        ),
+        #[cfg(feature = "mysql")]
+        (Backend::Mysql, Mode::Async) => run_async(
+            url,
+            name,
+            workers,
+            log,
+            connect_async::<diesel_async::AsyncMysqlConnection>,
+            |c, m, d, n, f| Box::pin(apply_mysql_async(c, m, d, n, f)),
+        ),
+        #[allow(unreachable_patterns)]
+        (backend, _) => panic!("this build has no {backend:?} backend: build with its feature"),
+    }
+}
+
+fn connect_sqlite(url: &str) -> Result<diesel::SqliteConnection, String> {
+    let mut conn = diesel::SqliteConnection::establish(url).map_err(|e| e.to_string())?;
+    diesel::connection::SimpleConnection::batch_execute(&mut conn, "PRAGMA busy_timeout = 10000")
+        .map_err(|e| e.to_string())?;
+    Ok(conn)
+}
+
+#[allow(dead_code)]
+fn connect<C: diesel::Connection>(url: &str) -> Result<C, String> {
+    C::establish(url).map_err(|e| e.to_string())
+}
+
+async fn connect_sqlite_async(
+    url: String,
+) -> Result<
+    diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>,
+    String,
+> {
+    let conn = connect_sqlite(&url)?;
+    Ok(diesel_async::sync_connection_wrapper::SyncConnectionWrapper::new(conn))
+}
+
+#[allow(dead_code)]
+async fn connect_async<C: diesel_async::AsyncConnection>(url: String) -> Result<C, String> {
+    C::establish(&url).await.map_err(|e| e.to_string())
+}
+
+type SyncApply<C> = fn(&mut C, &u64, u64, &str, Fault) -> Result<Outcome<()>, Failure>;
+
+/// Establishes a connection, again and again while the server is away (a crash, a restart).
+fn established<C>(url: &str, connect: fn(&str) -> Result<C, String>) -> C {
+    loop {
+        match connect(url) {
+            Ok(conn) => return conn,
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}
+
+fn run_sync<C: Send + 'static>(
+    url: &str,
+    name: &str,
+    workers: usize,
+    log: Arc<AckLog>,
+    connect: fn(&str) -> Result<C, String>,
+    apply: SyncApply<C>,
+) {
+    let deliveries = Arc::new(Mutex::new(deliveries()));
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            let (deliveries, log) = (deliveries.clone(), log.clone());
+            scope.spawn(move || {
+                let mut conn = established(url, connect);
+                loop {
+                    let next = deliveries.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                    let Ok(delivery) = next else { break };
+                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        apply(
+                            &mut conn,
+                            &delivery.message,
+                            delivery.id,
+                            name,
+                            delivery.fault,
+                        )
+                    }));
+                    if answer(&log, &delivery, result) {
+                        conn = established(url, connect);
+                    }
+                }
+            });
+        }
+    });
+}
+
+type AsyncApply<C> =
+    for<'a> fn(
+        &'a mut C,
+        &'a u64,
+        u64,
+        &'a str,
+        Fault,
+    ) -> Pin<Box<dyn Future<Output = Result<Outcome<()>, Failure>> + Send + 'a>>;
+
+fn run_async<C, F>(
+    url: &str,
+    name: &str,
+    workers: usize,
+    log: Arc<AckLog>,
+    connect: fn(String) -> F,
+    apply: AsyncApply<C>,
+) where
+    C: Send + 'static,
+    F: Future<Output = Result<C, String>> + Send + 'static,
+{
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let deliveries = Arc::new(Mutex::new(deliveries()));
+    runtime.block_on(async {
+        let mut tasks = Vec::new();
+        for worker in 0..workers {
+            let (deliveries, log) = (deliveries.clone(), log.clone());
+            let (url, name) = (url.to_owned(), name.to_owned());
+            tasks.push(tokio::spawn(async move {
+                let established = async || loop {
+                    match connect(url.clone()).await {
+                        Ok(conn) => break conn,
+                        Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                    }
+                };
+                let mut conn = established().await;
+                let mut rng =
+                    fastrand::Rng::with_seed(worker as u64 ^ u64::from(std::process::id()));
+                loop {
+                    let receiver = deliveries.clone();
+                    let next = tokio::task::spawn_blocking(move || {
+                        receiver.lock().unwrap_or_else(|p| p.into_inner()).recv()
+                    })
+                    .await
+                    .expect("the reader");
+                    let Ok(delivery) = next else { break };
+                    let call = apply(
+                        &mut conn,
+                        &delivery.message,
+                        delivery.id,
+                        &name,
+                        delivery.fault,
+                    );
+                    let result = match delivery.fault {
+                        // Cut off mid-call, as a request timeout or a shutdown does.
+                        Fault::Cancel => {
+                            let limit = Duration::from_millis(rng.u64(1..15));
+                            match tokio::time::timeout(limit, CatchUnwind(call)).await {
+                                Ok(result) => result,
+                                Err(_) => {
+                                    say(Answer::Nack {
+                                        delivery: delivery.id,
+                                        class: "cancelled".to_owned(),
+                                    });
+                                    // Cut off mid-transaction, the connection is in no state
+                                    // to go on: a pool would discard it too.
+                                    conn = established().await;
+                                    continue;
+                                }
+                            }
+                        }
+                        _ => CatchUnwind(call).await,
+                    };
+                    if answer(&log, &delivery, result) {
+                        conn = established().await;
+                    }
+                }
+            }));
+        }
+        for task in tasks {
+            task.await.expect("a worker");
+        }
+    });
+}
+
+/// A future whose panic is returned, as `catch_unwind` does for a call.
+struct CatchUnwind<F>(F);
+
+impl<F: Future + Unpin> Future for CatchUnwind<F> {
+    type Output = std::thread::Result<F::Output>;
+
+    fn poll(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let inner = &mut self.0;
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            Pin::new(&mut *inner).poll(cx)
+        })) {
+            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
+            Ok(std::task::Poll::Ready(value)) => std::task::Poll::Ready(Ok(value)),
+            Err(payload) => std::task::Poll::Ready(Err(payload)),
+        }
+    }
+}

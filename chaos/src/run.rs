@@ -1,0 +1,722 @@
+//! The orchestrator: the simulated broker, the consumer processes, the faults, the check.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, Command, ExitCode, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use crate::protocol::{Answer, Backend, Delivery, Fault, Mode};
+use crate::server::Database;
+
+pub const USAGE: &str =
+    "inbox-chaos [--backends sqlite,postgres,mysql] [--deliveries N] [--seed N] [--timeout SECONDS]
+
+  --backends    the backends to run, one after the other (default: each this build has)
+  --deliveries  deliveries per backend, at least (default: 20000: the short run)
+  --seed        the seed of every random choice (default: from the clock; printed)
+  --timeout     the time one backend's run may take (default: 240)";
+
+/// Consumer processes per backend, and their modes.
+const CONSUMERS: [Mode; 4] = [Mode::Sync, Mode::Async, Mode::Sync, Mode::Async];
+/// Connections (workers) per consumer process.
+const WORKERS: usize = 4;
+/// Deliveries a consumer holds at once, as a broker's prefetch.
+const PREFETCH: usize = 8;
+/// Copies published but not yet handed out: small, so that copies of one message are handed
+/// out close together, to different consumers, and run at once.
+const WINDOW: usize = 24;
+
+pub struct Config {
+    backends: Vec<Backend>,
+    deliveries: u64,
+    seed: u64,
+    timeout: Duration,
+}
+
+impl Config {
+    pub fn parse(args: &[String]) -> Result<Self, String> {
+        let mut config = Config {
+            backends: default_backends(),
+            deliveries: 20_000,
+            seed: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64 % 1_000_000),
+            timeout: Duration::from_secs(240),
+        };
+        let mut args = args.iter();
+        while let Some(flag) = args.next() {
+            let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
+            match flag.as_str() {
+                "--backends" => {
+                    config.backends = value()?
+                        .split(',')
+                        .map(str::parse)
+                        .collect::<Result<_, _>>()?
+                }
+                "--deliveries" => {
+                    config.deliveries =
+                        value()?.parse().map_err(|e| format!("--deliveries: {e}"))?
+                }
+                "--seed" => config.seed = value()?.parse().map_err(|e| format!("--seed: {e}"))?,
+                "--timeout" => {
+                    config.timeout = Duration::from_secs(
+                        value()?.parse().map_err(|e| format!("--timeout: {e}"))?,
+                    )
+                }
+                other => return Err(format!("unknown argument {other:?}")),
+            }
+        }
+        Ok(config)
+    }
+}
+
+fn default_backends() -> Vec<Backend> {
+    let mut backends = vec![Backend::Sqlite];
+    if cfg!(feature = "postgres") {
+        backends.push(Backend::Postgres);
+    }
+    if cfg!(feature = "mysql") {
+        backends.push(Backend::Mysql);
+    }
+    backends
+}
+
+pub fn run(config: Config) -> ExitCode {
+    println!(
+        "inbox-chaos: seed {}, {} deliveries at least per backend, {} consumer processes \
+         ({} connections each, prefetch {PREFETCH}) per backend",
+        config.seed,
+        config.deliveries,
+        CONSUMERS.len(),
+        WORKERS
+    );
+    let mut reports = Vec::new();
+    for (at, backend) in config.backends.iter().enumerate() {
+        let seed = config.seed.wrapping_add(at as u64);
+        println!("\n== {}", backend.name());
+        let report = match Run::new(*backend, seed, &config) {
+            Ok(mut run) => run.drive(),
+            Err(e) => Report::failed(*backend, format!("could not start: {e}")),
+        };
+        reports.push(report);
+    }
+    print_table(&reports);
+    let violations: Vec<String> = reports.iter().flat_map(Report::violations).collect();
+    match violations.is_empty() {
+        true => {
+            println!(
+                "\nOK: every message of every backend applied exactly once ({} deliveries)",
+                reports.iter().map(|r| r.deliveries).sum::<u64>()
+            );
+            ExitCode::SUCCESS
+        }
+        false => {
+            println!("\nFAILED:");
+            for v in &violations {
+                println!("  {v}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// One copy of a message, published once, settled by one acknowledgement.
+#[derive(Debug, Clone, Copy)]
+struct Copy {
+    message: u64,
+}
+
+/// A consumer process's slot: started again under the same name after a kill.
+struct Slot {
+    name: String,
+    mode: Mode,
+    child: Option<Child>,
+    stdin: Option<ChildStdin>,
+    generation: u64,
+    ready: bool,
+    held: HashSet<u64>,
+}
+
+enum Heard {
+    Line(String),
+    Closed,
+}
+
+/// What a consumer slot's reader heard, and from which start of the slot's process.
+type Event = (usize, u64, Heard);
+
+struct Run<'c> {
+    backend: Backend,
+    config: &'c Config,
+    db: Database,
+    rng: fastrand::Rng,
+    slots: Vec<Slot>,
+    events: (mpsc::Sender<Event>, mpsc::Receiver<Event>),
+    // The broker.
+    messages: u64,
+    published: u64,
+    copies: u64,
+    settled: u64,
+    pending: Vec<Copy>,
+    in_flight: HashMap<u64, (usize, Copy, Instant, Fault)>,
+    next_delivery: u64,
+    report: Report,
+    latencies: Vec<Duration>,
+}
+
+impl<'c> Run<'c> {
+    fn new(backend: Backend, seed: u64, config: &'c Config) -> Result<Self, String> {
+        let db = Database::create(backend, seed)?;
+        // 2–4 copies each, 3 on average: enough messages for the deliveries asked for, with
+        // redeliveries on top.
+        let messages = config.deliveries.div_ceil(3);
+        let slots = CONSUMERS
+            .iter()
+            .enumerate()
+            .map(|(at, mode)| Slot {
+                name: format!("c{at}-{}", mode.name()),
+                mode: *mode,
+                child: None,
+                stdin: None,
+                generation: 0,
+                ready: false,
+                held: HashSet::new(),
+            })
+            .collect();
+        Ok(Run {
+            backend,
+            config,
+            db,
+            rng: fastrand::Rng::with_seed(seed),
+            slots,
+            events: mpsc::channel(),
+            messages,
+            published: 0,
+            copies: 0,
+            settled: 0,
+            pending: Vec::new(),
+            in_flight: HashMap::new(),
+            next_delivery: 1,
+            report: Report::new(backend),
+            latencies: Vec::new(),
+        })
+    }
+
+    fn start(&mut self, at: usize) -> Result<(), String> {
+        let program = std::env::current_exe().map_err(|e| format!("this program: {e}"))?;
+        let slot = &mut self.slots[at];
+        slot.generation += 1;
+        let mut child = Command::new(program)
+            .args([
+                "consume",
+                self.backend.name(),
+                slot.mode.name(),
+                &self.db.url,
+                &slot.name,
+                &self.db.dir().display().to_string(),
+                &WORKERS.to_string(),
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("start {}: {e}", slot.name))?;
+        let stdout = child.stdout.take().expect("piped");
+        slot.stdin = child.stdin.take();
+        slot.child = Some(child);
+        slot.ready = false;
+        let (send, generation) = (self.events.0.clone(), slot.generation);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if send.send((at, generation, Heard::Line(line))).is_err() {
+                    return;
+                }
+            }
+            let _ = send.send((at, generation, Heard::Closed));
+        });
+        Ok(())
+    }
+
+    /// SIGKILL, then what it held is handed out again, then the consumer is started again.
+    fn kill(&mut self, at: usize) -> Result<(), String> {
+        let slot = &mut self.slots[at];
+        if let Some(mut child) = slot.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        slot.stdin = None;
+        self.report.kills += 1;
+        self.take_back(at);
+        self.start(at)
+    }
+
+    /// The deliveries a consumer held go back to the queue, as the broker does when the
+    /// consumer's channel closes.
+    fn take_back(&mut self, at: usize) {
+        for delivery in std::mem::take(&mut self.slots[at].held) {
+            if let Some((_, copy, _, _)) = self.in_flight.remove(&delivery) {
+                self.report.redelivered_after_kill += 1;
+                self.pending.push(copy);
+            }
+        }
+    }
+
+    fn fault(&mut self, mode: Mode) -> Fault {
+        let roll = self.rng.u32(0..100);
+        match roll {
+            0..3 => Fault::Panic,
+            3..6 => Fault::Error,
+            6..14 => Fault::Slow,
+            14..17 if self.backend == Backend::Postgres => Fault::Timeout,
+            17..20 if mode == Mode::Async => Fault::Cancel,
+            _ => Fault::None,
+        }
+    }
+
+    /// Publishes while the window has room, then hands out copies at random to consumers
+    /// with room.
+    fn dispatch(&mut self) {
+        while self.pending.len() < WINDOW && self.published < self.messages {
+            self.published += 1;
+            let copies = self.rng.u64(2..=4);
+            self.copies += copies;
+            for _ in 0..copies {
+                self.pending.push(Copy {
+                    message: self.published,
+                });
+            }
+        }
+        let mut order: Vec<usize> = (0..self.slots.len()).collect();
+        self.rng.shuffle(&mut order);
+        for at in order {
+            while self.slots[at].ready
+                && self.slots[at].held.len() < PREFETCH
+                && !self.pending.is_empty()
+            {
+                let pick = self.rng.usize(0..self.pending.len());
+                let copy = self.pending.swap_remove(pick);
+                let fault = self.fault(self.slots[at].mode);
+                let delivery = Delivery {
+                    id: self.next_delivery,
+                    message: copy.message,
+                    fault,
+                };
+                self.next_delivery += 1;
+                let sent = self.slots[at].stdin.as_mut().is_some_and(|stdin| {
+                    writeln!(stdin, "{delivery}")
+                        .and_then(|()| stdin.flush())
+                        .is_ok()
+                });
+                if !sent {
+                    self.pending.push(copy);
+                    break;
+                }
+                self.report.deliveries += 1;
+                if fault != Fault::None {
+                    *self.report.faults.entry(fault.name()).or_default() += 1;
+                }
+                self.slots[at].held.insert(delivery.id);
+                self.in_flight
+                    .insert(delivery.id, (at, copy, Instant::now(), fault));
+            }
+        }
+    }
+
+    fn heard(&mut self, at: usize, generation: u64, heard: Heard) -> Result<(), String> {
+        if self.slots[at].generation != generation {
+            // A line of a process killed since: what it held is handed out again already.
+            return Ok(());
+        }
+        match heard {
+            Heard::Closed => {
+                self.report.problems.push(format!(
+                    "consumer {} exited on its own (its error is above)",
+                    self.slots[at].name
+                ));
+                self.slots[at].child.take().map(|mut c| c.wait());
+                self.take_back(at);
+                self.start(at)?;
+            }
+            Heard::Line(line) => match line.parse::<Answer>()? {
+                Answer::Ready => self.slots[at].ready = true,
+                Answer::Ack { delivery, outcome } => {
+                    self.slots[at].held.remove(&delivery);
+                    if let Some((_, _, sent, _)) = self.in_flight.remove(&delivery) {
+                        self.latencies.push(sent.elapsed());
+                        self.settled += 1;
+                        *self.report.acks.entry(outcome).or_default() += 1;
+                    }
+                }
+                Answer::Nack { delivery, class } => {
+                    self.slots[at].held.remove(&delivery);
+                    if let Some((_, copy, _, _)) = self.in_flight.remove(&delivery) {
+                        self.pending.push(copy);
+                        *self.report.nacks.entry(class).or_default() += 1;
+                    }
+                }
+            },
+        }
+        Ok(())
+    }
+
+    fn inject(&mut self) -> Result<(), String> {
+        let mut kinds = vec!["kill", "kill"];
+        if self.db.can_cut() {
+            kinds.push("cut");
+        }
+        if self.db.can_crash()
+            && self
+                .report
+                .last_crash
+                .is_none_or(|t| t.elapsed() > Duration::from_secs(5))
+        {
+            kinds.push("crash");
+        }
+        match kinds[self.rng.usize(0..kinds.len())] {
+            "kill" => {
+                let at = self.rng.usize(0..self.slots.len());
+                self.kill(at)?;
+            }
+            "cut" => self.report.cuts += self.db.cut()? as u64,
+            _ => {
+                self.db.crash()?;
+                self.report.crashes += 1;
+                self.report.last_crash = Some(Instant::now());
+            }
+        }
+        Ok(())
+    }
+
+    fn drive(&mut self) -> Report {
+        let started = Instant::now();
+        if let Err(e) = self.drive_until_settled(started) {
+            self.report.problems.push(e);
+        }
+        self.stop();
+        self.report.elapsed = started.elapsed();
+        self.latencies.sort();
+        let at = |q: f64| {
+            self.latencies
+                .get(
+                    ((self.latencies.len() as f64 * q) as usize)
+                        .min(self.latencies.len().saturating_sub(1)),
+                )
+                .copied()
+                .unwrap_or_default()
+        };
+        self.report.p50 = at(0.5);
+        self.report.p99 = at(0.99);
+        self.report.messages = self.messages;
+        self.report.copies = self.copies;
+        self.check();
+        std::mem::replace(&mut self.report, Report::new(self.backend))
+    }
+
+    fn drive_until_settled(&mut self, started: Instant) -> Result<(), String> {
+        for at in 0..self.slots.len() {
+            self.start(at)?;
+        }
+        let mut next_fault = Instant::now() + Duration::from_millis(self.rng.u64(200..800));
+        let mut progress = Instant::now();
+        while !(self.published == self.messages && self.settled == self.copies) {
+            if started.elapsed() > self.config.timeout {
+                return Err(format!(
+                    "not settled after {:?}: {} of {} copies acknowledged",
+                    self.config.timeout, self.settled, self.copies
+                ));
+            }
+            self.dispatch();
+            match self.events.1.recv_timeout(Duration::from_millis(20)) {
+                Ok((at, generation, heard)) => {
+                    self.heard(at, generation, heard)?;
+                    while let Ok((at, generation, heard)) = self.events.1.try_recv() {
+                        self.heard(at, generation, heard)?;
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    unreachable!("this run holds a sender")
+                }
+            }
+            if Instant::now() >= next_fault {
+                self.inject()?;
+                next_fault = Instant::now() + Duration::from_millis(self.rng.u64(200..800));
+            }
+            if progress.elapsed() > Duration::from_secs(5) {
+                progress = Instant::now();
+                println!(
+                    "  {:>5.1} s  {} of {} messages published, {} of {} copies acknowledged",
+                    started.elapsed().as_secs_f64(),
+                    self.published,
+                    self.messages,
+                    self.settled,
+                    self.copies
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Closes the consumers' input: each answers what it holds and exits.
+    fn stop(&mut self) {
+        for slot in &mut self.slots {
+            slot.stdin = None;
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for slot in &mut self.slots {
+            if let Some(mut child) = slot.child.take() {
+                loop {
+                    match child.try_wait() {
+                        Ok(Some(_)) => break,
+                        _ if Instant::now() > deadline => {
+                            let _ = child.kill();
+                            let _ = child.wait();
+                            break;
+                        }
+                        _ => std::thread::sleep(Duration::from_millis(20)),
+                    }
+                }
+            }
+        }
+    }
+
+    /// The database and the ack logs against the invariants.
+    fn check(&mut self) {
+        let contents = match self.db.contents() {
+            Ok(contents) => contents,
+            Err(e) => {
+                self.report.problems.push(format!("read the database: {e}"));
+                return;
+            }
+        };
+        self.report.doubled = contents.doubled as u64;
+        self.report.lost = self.messages.saturating_sub(contents.messages as u64);
+        self.report.effects = contents.effects as u64;
+        self.report.markers = contents.markers as u64;
+        let mut processed: HashMap<u64, u64> = HashMap::new();
+        let mut logged = 0;
+        let entries = std::fs::read_dir(self.db.dir()).map(|d| d.flatten().collect::<Vec<_>>());
+        for entry in entries.unwrap_or_default() {
+            if entry.path().extension().is_none_or(|e| e != "acks") {
+                continue;
+            }
+            let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+            for line in text.lines() {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                let [_, message, outcome] = fields.as_slice() else {
+                    self.report
+                        .problems
+                        .push(format!("a torn ack log line: {line:?}"));
+                    continue;
+                };
+                let Ok(message) = message.parse::<u64>() else {
+                    continue;
+                };
+                logged += 1;
+                if *outcome == "processed" {
+                    *processed.entry(message).or_default() += 1;
+                }
+                if !contents.applied.contains(&message) {
+                    self.report.ack_without_effect += 1;
+                }
+            }
+        }
+        self.report.logged_acks = logged;
+        self.report.processed_twice = processed.values().filter(|n| **n > 1).count() as u64;
+    }
+}
+
+impl Drop for Run<'_> {
+    fn drop(&mut self) {
+        for slot in &mut self.slots {
+            if let Some(mut child) = slot.child.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+/// One backend's run.
+pub struct Report {
+    backend: Backend,
+    messages: u64,
+    copies: u64,
+    deliveries: u64,
+    acks: BTreeMap<String, u64>,
+    nacks: BTreeMap<String, u64>,
+    faults: BTreeMap<&'static str, u64>,
+    kills: u64,
+    cuts: u64,
+    crashes: u64,
+    last_crash: Option<Instant>,
+    redelivered_after_kill: u64,
+    effects: u64,
+    markers: u64,
+    logged_acks: u64,
+    doubled: u64,
+    lost: u64,
+    processed_twice: u64,
+    ack_without_effect: u64,
+    p50: Duration,
+    p99: Duration,
+    elapsed: Duration,
+    problems: Vec<String>,
+}
+
+impl Report {
+    fn new(backend: Backend) -> Self {
+        Report {
+            backend,
+            messages: 0,
+            copies: 0,
+            deliveries: 0,
+            acks: BTreeMap::new(),
+            nacks: BTreeMap::new(),
+            faults: BTreeMap::new(),
+            kills: 0,
+            cuts: 0,
+            crashes: 0,
+            last_crash: None,
+            redelivered_after_kill: 0,
+            effects: 0,
+            markers: 0,
+            logged_acks: 0,
+            doubled: 0,
+            lost: 0,
+            processed_twice: 0,
+            ack_without_effect: 0,
+            p50: Duration::ZERO,
+            p99: Duration::ZERO,
+            elapsed: Duration::ZERO,
+            problems: Vec::new(),
+        }
+    }
+
+    fn failed(backend: Backend, problem: String) -> Self {
+        let mut report = Report::new(backend);
+        report.problems.push(problem);
+        report
+    }
+
+    fn violations(&self) -> Vec<String> {
+        let name = self.backend.name();
+        let mut out: Vec<String> = self
+            .problems
+            .iter()
+            .map(|p| format!("{name}: {p}"))
+            .collect();
+        let mut check = |bad: bool, what: String| {
+            if bad {
+                out.push(format!("{name}: {what}"));
+            }
+        };
+        check(
+            self.doubled > 0,
+            format!("{} messages doubled", self.doubled),
+        );
+        check(self.lost > 0, format!("{} messages lost", self.lost));
+        check(
+            self.effects != self.messages,
+            format!("{} effects for {} messages", self.effects, self.messages),
+        );
+        check(
+            self.markers != self.messages,
+            format!(
+                "{} inbox markers for {} messages",
+                self.markers, self.messages
+            ),
+        );
+        check(
+            self.processed_twice > 0,
+            format!(
+                "{} messages processed twice in the ack logs",
+                self.processed_twice
+            ),
+        );
+        check(
+            self.ack_without_effect > 0,
+            format!(
+                "{} acknowledgements without their effect",
+                self.ack_without_effect
+            ),
+        );
+        out
+    }
+}
+
+fn print_table(reports: &[Report]) {
+    let mut rows: Vec<(String, Vec<String>)> = Vec::new();
+    let mut row = |label: &str, cell: &dyn Fn(&Report) -> String| {
+        rows.push((label.to_owned(), reports.iter().map(cell).collect()));
+    };
+    row("messages", &|r| r.messages.to_string());
+    row("copies published", &|r| r.copies.to_string());
+    row("deliveries", &|r| r.deliveries.to_string());
+    row("acked processed", &|r| {
+        r.acks.get("processed").copied().unwrap_or(0).to_string()
+    });
+    row("acked duplicate", &|r| {
+        r.acks.get("duplicate").copied().unwrap_or(0).to_string()
+    });
+    row("nacked (redelivered)", &|r| {
+        r.nacks.values().sum::<u64>().to_string()
+    });
+    row("  by class", &|r| {
+        r.nacks
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    });
+    row("consumers killed (SIGKILL)", &|r| r.kills.to_string());
+    row("  deliveries taken back", &|r| {
+        r.redelivered_after_kill.to_string()
+    });
+    row("sessions cut by the server", &|r| r.cuts.to_string());
+    row("server crashes", &|r| r.crashes.to_string());
+    row("faults in bodies", &|r| {
+        r.faults
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    });
+    row("acks in the logs (fsync)", &|r| r.logged_acks.to_string());
+    row("doubled", &|r| r.doubled.to_string());
+    row("lost", &|r| r.lost.to_string());
+    row("processed twice", &|r| r.processed_twice.to_string());
+    row("ack without effect", &|r| r.ack_without_effect.to_string());
+    row("delivery to ack p50", &|r| {
+        format!("{:.1} ms", r.p50.as_secs_f64() * 1000.0)
+    });
+    row("delivery to ack p99", &|r| {
+        format!("{:.1} ms", r.p99.as_secs_f64() * 1000.0)
+    });
+    row("time", &|r| format!("{:.1} s", r.elapsed.as_secs_f64()));
+    let width = rows.iter().map(|(l, _)| l.len()).max().unwrap_or(0);
+    let columns: Vec<usize> = (0..reports.len())
+        .map(|c| {
+            rows.iter()
+                .map(|(_, cells)| cells[c].len())
+                .chain([reports[c].backend.name().len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    println!();
+    print!("{:width$}", "");
+    for (c, r) in reports.iter().enumerate() {
+        print!("  {:>w$}", r.backend.name(), w = columns[c]);
+    }
+    println!();
+    for (label, cells) in &rows {
+        print!("{label:width$}");
+        for (c, cell) in cells.iter().enumerate() {
+            print!("  {cell:>w$}", w = columns[c]);
+        }
+        println!();
+    }
+}

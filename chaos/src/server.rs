@@ -1,0 +1,412 @@
+//! The database of one run: an SQLite file, a private PostgreSQL server this tool starts in
+//! a temporary directory on a port of its own (and crashes), or a database of its own on the
+//! MariaDB/MySQL server `INBOX_TEST_MYSQL` names. Never the shared PostgreSQL server.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
+use diesel::sql_types::BigInt;
+use inbox_diesel::{InboxSchema, schema};
+
+use crate::protocol::Backend;
+
+/// The name consumers give their PostgreSQL sessions, for the cuts to find them.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub const APPLICATION: &str = "inbox-chaos";
+
+pub struct Database {
+    pub backend: Backend,
+    /// What consumers connect to.
+    pub url: String,
+    admin_url: String,
+    dir: tempfile::TempDir,
+    #[allow(dead_code)]
+    private: Option<PrivatePostgres>,
+    #[allow(dead_code)]
+    mysql_db: Option<String>,
+}
+
+#[derive(QueryableByName)]
+struct Number {
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+/// What the database holds at the end of a run.
+#[derive(Debug, Default)]
+pub struct Contents {
+    /// Messages with at least one effect.
+    pub messages: i64,
+    /// Messages with more than one.
+    pub doubled: i64,
+    pub effects: i64,
+    pub markers: i64,
+    pub applied: std::collections::HashSet<u64>,
+}
+
+const EFFECTS_SQLITE: &str = "CREATE TABLE effects (id INTEGER PRIMARY KEY, message BIGINT NOT NULL, \
+                              delivery BIGINT NOT NULL, consumer TEXT NOT NULL)";
+#[cfg(feature = "postgres")]
+const EFFECTS_POSTGRES: &str = "CREATE TABLE effects (id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, \
+                                message BIGINT NOT NULL, delivery BIGINT NOT NULL, consumer TEXT NOT NULL)";
+#[cfg(feature = "mysql")]
+const EFFECTS_MYSQL: &str = "CREATE TABLE effects (id BIGINT AUTO_INCREMENT PRIMARY KEY, \
+                             message BIGINT NOT NULL, delivery BIGINT NOT NULL, consumer VARCHAR(64) NOT NULL)";
+
+impl Database {
+    /// A fresh database with the inbox table and `effects`.
+    pub fn create(backend: Backend, seed: u64) -> Result<Self, String> {
+        let dir = tempfile::Builder::new()
+            .prefix("inbox-chaos-")
+            .tempdir()
+            .map_err(|e| format!("a temporary directory: {e}"))?;
+        match backend {
+            Backend::Sqlite => {
+                let url = dir.path().join("chaos.sqlite").display().to_string();
+                let mut conn = SqliteConnection::establish(&url).map_err(|e| e.to_string())?;
+                conn.batch_execute("PRAGMA journal_mode = WAL")
+                    .and_then(|()| {
+                        conn.batch_execute(&schema::sqlite::create_table_sql(&InboxSchema::DEFAULT))
+                    })
+                    .and_then(|()| conn.batch_execute(EFFECTS_SQLITE))
+                    .map_err(|e| e.to_string())?;
+                Ok(Database {
+                    backend,
+                    admin_url: url.clone(),
+                    url,
+                    dir,
+                    private: None,
+                    mysql_db: None,
+                })
+            }
+            #[cfg(feature = "postgres")]
+            Backend::Postgres => {
+                let private = PrivatePostgres::start(dir.path())?;
+                let admin_url = private.url();
+                let mut conn = PgConnection::establish(&admin_url).map_err(|e| e.to_string())?;
+                conn.batch_execute(&schema::postgres::create_table_sql(&InboxSchema::DEFAULT))
+                    .and_then(|()| conn.batch_execute(EFFECTS_POSTGRES))
+                    .map_err(|e| e.to_string())?;
+                let url = format!("{admin_url}?application_name={APPLICATION}");
+                Ok(Database {
+                    backend,
+                    url,
+                    admin_url,
+                    dir,
+                    private: Some(private),
+                    mysql_db: None,
+                })
+            }
+            #[cfg(feature = "mysql")]
+            Backend::Mysql => {
+                let server = std::env::var("INBOX_TEST_MYSQL")
+                    .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
+                let name = format!("inbox_chaos_{seed}");
+                let mut root = MysqlConnection::establish(&server)
+                    .map_err(|e| format!("MariaDB at {server}: {e}"))?;
+                root.batch_execute(&format!(
+                    "DROP DATABASE IF EXISTS {name}; CREATE DATABASE {name}"
+                ))
+                .map_err(|e| e.to_string())?;
+                let base = server.rsplit_once('/').map_or(server.as_str(), |(b, _)| b);
+                let url = format!("{base}/{name}");
+                let mut conn = MysqlConnection::establish(&url).map_err(|e| e.to_string())?;
+                conn.batch_execute(&schema::mysql::create_table_sql(&InboxSchema::DEFAULT))
+                    .and_then(|()| conn.batch_execute(EFFECTS_MYSQL))
+                    .map_err(|e| e.to_string())?;
+                Ok(Database {
+                    backend,
+                    admin_url: url.clone(),
+                    url,
+                    dir,
+                    private: None,
+                    mysql_db: Some(name),
+                })
+            }
+            #[allow(unreachable_patterns)]
+            backend => {
+                let _ = seed;
+                Err(format!(
+                    "this build has no {} backend: build with its feature",
+                    backend.name()
+                ))
+            }
+        }
+    }
+
+    /// Where the consumers' ack logs go.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Which faults of the server this backend has: connection cuts, crashes.
+    pub fn can_cut(&self) -> bool {
+        self.backend != Backend::Sqlite
+    }
+
+    pub fn can_crash(&self) -> bool {
+        self.backend == Backend::Postgres
+    }
+
+    /// Ends about half the consumers' sessions from the server's side
+    /// (`pg_terminate_backend`, `KILL`). Returns how many.
+    pub fn cut(&self) -> Result<usize, String> {
+        match self.backend {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres => {
+                let mut conn =
+                    PgConnection::establish(&self.admin_url).map_err(|e| e.to_string())?;
+                let cut: Vec<Number> = diesel::sql_query(format!(
+                    "SELECT count(*) AS n FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                     WHERE application_name = '{APPLICATION}' AND random() < 0.5) t"
+                ))
+                .load(&mut conn)
+                .map_err(|e| e.to_string())?;
+                Ok(cut.first().map_or(0, |n| n.n as usize))
+            }
+            #[cfg(feature = "mysql")]
+            Backend::Mysql => {
+                let mut conn =
+                    MysqlConnection::establish(&self.admin_url).map_err(|e| e.to_string())?;
+                let name = self.mysql_db.as_deref().unwrap_or_default();
+                let sessions: Vec<Number> = diesel::sql_query(format!(
+                    "SELECT CAST(id AS SIGNED) AS n FROM information_schema.processlist \
+                     WHERE db = '{name}' AND id <> CONNECTION_ID() AND RAND() < 0.5"
+                ))
+                .load(&mut conn)
+                .map_err(|e| e.to_string())?;
+                let mut cut = 0;
+                for session in sessions {
+                    // Gone already (ended on its own) is no error here.
+                    if conn.batch_execute(&format!("KILL {}", session.n)).is_ok() {
+                        cut += 1;
+                    }
+                }
+                Ok(cut)
+            }
+            _ => Ok(0),
+        }
+    }
+
+    /// Crashes the private server (`pg_ctl stop -m immediate`: no checkpoint, as a power
+    /// cut) and starts it again.
+    pub fn crash(&self) -> Result<(), String> {
+        match &self.private {
+            Some(private) => private.crash_and_restart(),
+            None => Err("no private server to crash".to_owned()),
+        }
+    }
+
+    /// What the tables hold.
+    pub fn contents(&self) -> Result<Contents, String> {
+        macro_rules! read {
+            ($conn:expr) => {{
+                let conn = $conn;
+                let one = |conn: &mut _, sql: &str| -> Result<i64, String> {
+                    let rows: Vec<Number> = diesel::sql_query(sql)
+                        .load(conn)
+                        .map_err(|e| format!("{sql}: {e}"))?;
+                    Ok(rows.first().map_or(0, |r| r.n))
+                };
+                let applied: Vec<Number> =
+                    diesel::sql_query("SELECT DISTINCT message AS n FROM effects")
+                        .load(conn)
+                        .map_err(|e| e.to_string())?;
+                Contents {
+                    messages: one(conn, "SELECT count(DISTINCT message) AS n FROM effects")?,
+                    doubled: one(
+                        conn,
+                        "SELECT count(*) AS n FROM (SELECT message FROM effects GROUP BY message \
+                         HAVING count(*) > 1) d",
+                    )?,
+                    effects: one(conn, "SELECT count(*) AS n FROM effects")?,
+                    markers: one(
+                        conn,
+                        "SELECT count(*) AS n FROM inbox WHERE consumer = 'chaos'",
+                    )?,
+                    applied: applied.into_iter().map(|r| r.n as u64).collect(),
+                }
+            }};
+        }
+        Ok(match self.backend {
+            Backend::Sqlite => {
+                read!(&mut SqliteConnection::establish(&self.admin_url).map_err(|e| e.to_string())?)
+            }
+            #[cfg(feature = "postgres")]
+            Backend::Postgres => {
+                read!(&mut PgConnection::establish(&self.admin_url).map_err(|e| e.to_string())?)
+            }
+            #[cfg(feature = "mysql")]
+            Backend::Mysql => {
+                read!(&mut MysqlConnection::establish(&self.admin_url).map_err(|e| e.to_string())?)
+            }
+            #[allow(unreachable_patterns)]
+            _ => unreachable!("created above"),
+        })
+    }
+}
+
+impl Drop for Database {
+    fn drop(&mut self) {
+        #[cfg(feature = "mysql")]
+        if let Some(name) = &self.mysql_db
+            && let Ok(mut conn) = MysqlConnection::establish(&self.admin_url)
+        {
+            let _ = conn.batch_execute(&format!("DROP DATABASE IF EXISTS {name}"));
+        }
+    }
+}
+
+/// A PostgreSQL server of this run's own: `initdb` into the run's directory, its own port,
+/// as the `postgres` user when this runs as root (the server refuses root).
+pub struct PrivatePostgres {
+    data: PathBuf,
+    socket: PathBuf,
+    log: PathBuf,
+    port: u16,
+    bin: PathBuf,
+}
+
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+impl PrivatePostgres {
+    fn start(dir: &Path) -> Result<Self, String> {
+        let bin = postgres_bin()?;
+        let port = free_port()?;
+        let server = PrivatePostgres {
+            data: dir.join("pgdata"),
+            socket: dir.to_path_buf(),
+            log: dir.join("postgres.log"),
+            port,
+            bin,
+        };
+        if is_root() {
+            run(Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(dir))?;
+        }
+        server.as_owner(&[
+            server.bin.join("initdb").to_str().unwrap_or("initdb"),
+            "-D",
+            server.data.to_str().unwrap_or_default(),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--no-sync",
+        ])?;
+        server.start_server()?;
+        Ok(server)
+    }
+
+    fn start_server(&self) -> Result<(), String> {
+        let options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c max_connections=200",
+            self.port,
+            self.socket.display()
+        );
+        self.as_owner(&[
+            self.bin.join("pg_ctl").to_str().unwrap_or("pg_ctl"),
+            "-D",
+            self.data.to_str().unwrap_or_default(),
+            "-l",
+            self.log.to_str().unwrap_or_default(),
+            "-o",
+            &options,
+            "-w",
+            "start",
+        ])
+    }
+
+    fn stop(&self, mode: &str) -> Result<(), String> {
+        self.as_owner(&[
+            self.bin.join("pg_ctl").to_str().unwrap_or("pg_ctl"),
+            "-D",
+            self.data.to_str().unwrap_or_default(),
+            "-m",
+            mode,
+            "-w",
+            "stop",
+        ])
+    }
+
+    fn crash_and_restart(&self) -> Result<(), String> {
+        self.stop("immediate")?;
+        self.start_server()
+    }
+
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    fn as_owner(&self, argv: &[&str]) -> Result<(), String> {
+        let mut command = match is_root() {
+            true => {
+                let mut c = Command::new("runuser");
+                c.args(["-u", "postgres", "--"]).args(argv);
+                c
+            }
+            false => {
+                let mut c = Command::new(argv[0]);
+                c.args(&argv[1..]);
+                c
+            }
+        };
+        run(&mut command)
+    }
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        let _ = self.stop("immediate");
+    }
+}
+
+fn run(command: &mut Command) -> Result<(), String> {
+    let output = command.output().map_err(|e| format!("{command:?}: {e}"))?;
+    match output.status.success() {
+        true => Ok(()),
+        false => Err(format!(
+            "{command:?}: {}\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        )),
+    }
+}
+
+fn is_root() -> bool {
+    std::env::var("USER").is_ok_and(|u| u == "root")
+        || Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|o| o.stdout.starts_with(b"0\n"))
+}
+
+/// `initdb` and `pg_ctl`: on `PATH`, or Debian's `/usr/lib/postgresql/<version>/bin`.
+fn postgres_bin() -> Result<PathBuf, String> {
+    if let Ok(path) = std::env::var("PATH") {
+        for dir in std::env::split_paths(&path) {
+            if dir.join("initdb").is_file() && dir.join("pg_ctl").is_file() {
+                return Ok(dir);
+            }
+        }
+    }
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .map_err(|e| format!("no initdb on PATH, and /usr/lib/postgresql: {e}"))?
+        .filter_map(|entry| entry.ok().map(|e| e.path().join("bin")))
+        .filter(|bin| bin.join("initdb").is_file())
+        .collect();
+    versions.sort();
+    versions
+        .pop()
+        .ok_or_else(|| "no initdb found (install postgresql)".to_owned())
+}
+
+fn free_port() -> Result<u16, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("a free port: {e}"))
+}
