@@ -154,6 +154,49 @@ handlers!(
     &[]
 );
 
+/// The handler as it is often written by hand, for the check's negative control: look for
+/// an earlier effect, then write one; no inbox, no transaction around the two.
+macro_rules! naive {
+    ($name:ident, $Conn:ty) => {
+        pub fn $name(
+            conn: &mut $Conn,
+            message: &u64,
+            delivery: u64,
+            name: &str,
+            fault: Fault,
+        ) -> Result<Outcome<()>, Failure> {
+            let seen: i64 = effects::table
+                .filter(effects::message.eq(*message as i64))
+                .count()
+                .get_result(conn)?;
+            if seen > 0 {
+                return Ok(Outcome::Duplicate {
+                    consumer: inbox_diesel::Consumer::new("chaos").expect("a valid name"),
+                    key: (*message).into(),
+                });
+            }
+            diesel::insert_into(effects::table)
+                .values((
+                    effects::message.eq(*message as i64),
+                    effects::delivery.eq(delivery as i64),
+                    effects::consumer.eq(name),
+                ))
+                .execute(conn)?;
+            match fault {
+                Fault::Panic => panic!("chaos: a panic in the body"),
+                Fault::Error => Err(Failure::Injected),
+                _ => Ok(Outcome::Processed(())),
+            }
+        }
+    };
+}
+
+naive!(naive_sqlite, diesel::SqliteConnection);
+#[cfg(feature = "postgres")]
+naive!(naive_postgres, diesel::PgConnection);
+#[cfg(feature = "mysql")]
+naive!(naive_mysql, diesel::MysqlConnection);
+
 /// The ack log: one line per acknowledgement, on disk before the broker hears of it.
 struct AckLog(Mutex<File>);
 
@@ -241,12 +284,41 @@ fn deliveries() -> mpsc::Receiver<Delivery> {
 }
 
 /// Runs the consumer until its standard input closes and what it holds is answered.
-pub fn run(backend: Backend, mode: Mode, url: &str, name: &str, log_dir: &Path, workers: usize) {
+pub fn run(
+    backend: Backend,
+    mode: Mode,
+    url: &str,
+    name: &str,
+    log_dir: &Path,
+    workers: usize,
+    naive: bool,
+) {
     // The body's panics are expected: they are answered as nacks, not printed.
     std::panic::set_hook(Box::new(|_| {}));
     let log = Arc::new(AckLog::open(log_dir, name).expect("open the ack log"));
     say(Answer::Ready);
     match (backend, mode) {
+        (Backend::Sqlite, _) if naive => {
+            run_sync(url, name, workers, log, connect_sqlite, naive_sqlite)
+        }
+        #[cfg(feature = "postgres")]
+        (Backend::Postgres, _) if naive => run_sync(
+            url,
+            name,
+            workers,
+            log,
+            connect::<diesel::PgConnection>,
+            naive_postgres,
+        ),
+        #[cfg(feature = "mysql")]
+        (Backend::Mysql, _) if naive => run_sync(
+            url,
+            name,
+            workers,
+            log,
+            connect::<diesel::MysqlConnection>,
+            naive_mysql,
+        ),
         (Backend::Sqlite, Mode::Sync) => {
             run_sync(url, name, workers, log, connect_sqlite, apply_sqlite)
         }

@@ -25,6 +25,9 @@
 //! acknowledgement without its effect. The table goes to standard output; the exit code is
 //! non-zero on any violation, or if the run did not finish.
 //!
+//! `--handler naive` runs a hand-written check-then-insert handler instead, the check's
+//! negative control: it must find doubled messages, and exit non-zero.
+//!
 //! PostgreSQL runs on a private server this tool starts (`initdb` in a temporary directory,
 //! a port of its own; as the `postgres` user when run as root); MariaDB/MySQL on a database
 //! of its own on the server `INBOX_TEST_MYSQL` names (default
@@ -44,20 +47,25 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("consume") {
         return match args.as_slice() {
-            [_, backend, mode, url, name, dir, workers] => {
+            [_, backend, mode, url, name, dir, workers, handler] => {
                 let (Ok(backend), Ok(mode), Ok(workers)) = (
                     backend.parse::<Backend>(),
                     mode.parse::<Mode>(),
                     workers.parse::<usize>(),
                 ) else {
-                    eprintln!("consume <backend> <mode> <url> <name> <log dir> <workers>");
+                    eprintln!(
+                        "consume <backend> <mode> <url> <name> <log dir> <workers> <idempotent|naive>"
+                    );
                     return ExitCode::from(2);
                 };
-                consumer::run(backend, mode, url, name, Path::new(dir), workers);
+                let naive = handler == "naive";
+                consumer::run(backend, mode, url, name, Path::new(dir), workers, naive);
                 ExitCode::SUCCESS
             }
             _ => {
-                eprintln!("consume <backend> <mode> <url> <name> <log dir> <workers>");
+                eprintln!(
+                    "consume <backend> <mode> <url> <name> <log dir> <workers> <idempotent|naive>"
+                );
                 ExitCode::from(2)
             }
         };

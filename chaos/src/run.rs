@@ -15,7 +15,9 @@ pub const USAGE: &str =
   --backends    the backends to run, one after the other (default: each this build has)
   --deliveries  deliveries per backend, at least (default: 20000: the short run)
   --seed        the seed of every random choice (default: from the clock; printed)
-  --timeout     the time one backend's run may take (default: 240)";
+  --timeout     the time one backend's run may take (default: 240)
+  --handler     idempotent (default), or naive: a check-then-insert handler, which the check
+                must catch (its negative control)";
 
 /// Consumer processes per backend, and their modes.
 const CONSUMERS: [Mode; 4] = [Mode::Sync, Mode::Async, Mode::Sync, Mode::Async];
@@ -32,6 +34,7 @@ pub struct Config {
     deliveries: u64,
     seed: u64,
     timeout: Duration,
+    naive: bool,
 }
 
 impl Config {
@@ -43,6 +46,7 @@ impl Config {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(1, |d| d.as_nanos() as u64 % 1_000_000),
             timeout: Duration::from_secs(240),
+            naive: false,
         };
         let mut args = args.iter();
         while let Some(flag) = args.next() {
@@ -63,6 +67,13 @@ impl Config {
                     config.timeout = Duration::from_secs(
                         value()?.parse().map_err(|e| format!("--timeout: {e}"))?,
                     )
+                }
+                "--handler" => {
+                    config.naive = match value()?.as_str() {
+                        "idempotent" => false,
+                        "naive" => true,
+                        other => return Err(format!("--handler: {other:?} (idempotent, naive)")),
+                    }
                 }
                 other => return Err(format!("unknown argument {other:?}")),
             }
@@ -85,11 +96,15 @@ fn default_backends() -> Vec<Backend> {
 pub fn run(config: Config) -> ExitCode {
     println!(
         "inbox-chaos: seed {}, {} deliveries at least per backend, {} consumer processes \
-         ({} connections each, prefetch {PREFETCH}) per backend",
+         ({} connections each, prefetch {PREFETCH}) per backend, {} handlers",
         config.seed,
         config.deliveries,
         CONSUMERS.len(),
-        WORKERS
+        WORKERS,
+        match config.naive {
+            true => "naive check-then-insert",
+            false => "#[idempotent]",
+        }
     );
     let mut reports = Vec::new();
     for (at, backend) in config.backends.iter().enumerate() {
@@ -216,6 +231,10 @@ impl<'c> Run<'c> {
                 &slot.name,
                 &self.db.dir().display().to_string(),
                 &WORKERS.to_string(),
+                match self.config.naive {
+                    true => "naive",
+                    false => "idempotent",
+                },
             ])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
