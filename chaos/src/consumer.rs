@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
 use diesel::prelude::*;
-use inbox_diesel::{Outcome, idempotent};
+use inbox_diesel::idempotent;
 
 use crate::protocol::{Answer, Backend, Delivery, Fault, Mode};
 
@@ -66,7 +66,10 @@ const SLOW: Duration = Duration::from_millis(20);
 /// The handlers, sync and async, on one backend's connections. `$timeout`: statements that
 /// end in a statement timeout on that backend, if it has one the body can set.
 macro_rules! handlers {
-    ($sync:ident, $Conn:ty, $async_fn:ident, $AsyncConn:ty, $timeout:expr) => {
+    (
+        $sync:ident, $Conn:ty, $async_fn:ident, $AsyncConn:ty, $timeout:expr,
+        $claim:ident, $claim_async:ident, $any:ident, $any_async:ident
+    ) => {
         #[idempotent(consumer = "chaos", key = *message)]
         pub fn $sync(
             conn: &mut $Conn,
@@ -95,6 +98,82 @@ macro_rules! handlers {
                 Fault::None => {}
             }
             Ok(())
+        }
+
+        /// Claim mode: the side effect is a line in this process's side-effect log.
+        #[idempotent(consumer = "chaos-claim", key = *message, mode = "claim", lease_ms = 1000)]
+        pub fn $claim(
+            conn: &mut $Conn,
+            message: &u64,
+            fault: Fault,
+            side: &SideEffects,
+        ) -> Result<(), Failure> {
+            side.start(*message);
+            match fault {
+                Fault::Panic => panic!("chaos: a panic in the body"),
+                Fault::Error => {
+                    side.end(*message, "err");
+                    return Err(Failure::Injected);
+                }
+                Fault::Slow | Fault::Cancel | Fault::Timeout => std::thread::sleep(SLOW),
+                Fault::None => {}
+            }
+            side.end(*message, "ok");
+            Ok(())
+        }
+
+        #[idempotent(consumer = "chaos-claim", key = *message, mode = "claim", lease_ms = 1000)]
+        pub async fn $claim_async(
+            conn: &mut $AsyncConn,
+            message: &u64,
+            fault: Fault,
+            side: &SideEffects,
+        ) -> Result<(), Failure> {
+            side.start(*message);
+            match fault {
+                Fault::Panic => panic!("chaos: a panic in the body"),
+                Fault::Error => {
+                    side.end(*message, "err");
+                    return Err(Failure::Injected);
+                }
+                Fault::Slow | Fault::Cancel | Fault::Timeout => tokio::time::sleep(SLOW).await,
+                Fault::None => {}
+            }
+            side.end(*message, "ok");
+            Ok(())
+        }
+
+        /// Odd messages to the claim-mode handler, even ones to the transaction's.
+        pub fn $any(
+            conn: &mut $Conn,
+            d: &Delivery,
+            name: &str,
+            side: &SideEffects,
+        ) -> Result<&'static str, Failure> {
+            match d.message % 2 {
+                1 => $claim(conn, &d.message, d.fault, side)
+                    .map(|o| settled(o.is_processed(), o.is_in_flight())),
+                _ => $sync(conn, &d.message, d.id, name, d.fault)
+                    .map(|o| settled(o.is_processed(), false)),
+            }
+        }
+
+        pub fn $any_async<'a>(
+            conn: &'a mut $AsyncConn,
+            d: &'a Delivery,
+            name: &'a str,
+            side: &'a SideEffects,
+        ) -> Pin<Box<dyn Future<Output = Result<&'static str, Failure>> + Send + 'a>> {
+            Box::pin(async move {
+                match d.message % 2 {
+                    1 => $claim_async(conn, &d.message, d.fault, side)
+                        .await
+                        .map(|o| settled(o.is_processed(), o.is_in_flight())),
+                    _ => $async_fn(conn, &d.message, d.id, name, d.fault)
+                        .await
+                        .map(|o| settled(o.is_processed(), false)),
+                }
+            })
         }
 
         #[idempotent(consumer = "chaos", key = *message)]
@@ -133,7 +212,11 @@ handlers!(
     diesel::SqliteConnection,
     apply_sqlite_async,
     diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>,
-    &[]
+    &[],
+    claim_sqlite,
+    claim_sqlite_async,
+    any_sqlite,
+    any_sqlite_async
 );
 
 #[cfg(feature = "postgres")]
@@ -142,7 +225,11 @@ handlers!(
     diesel::PgConnection,
     apply_postgres_async,
     diesel_async::AsyncPgConnection,
-    &["SET LOCAL statement_timeout = 5", "SELECT pg_sleep(0.05)"]
+    &["SET LOCAL statement_timeout = 5", "SELECT pg_sleep(0.05)"],
+    claim_postgres,
+    claim_postgres_async,
+    any_postgres,
+    any_postgres_async
 );
 
 #[cfg(feature = "mysql")]
@@ -151,7 +238,11 @@ handlers!(
     diesel::MysqlConnection,
     apply_mysql_async,
     diesel_async::AsyncMysqlConnection,
-    &[]
+    &[],
+    claim_mysql,
+    claim_mysql_async,
+    any_mysql,
+    any_mysql_async
 );
 
 /// The handler as it is often written by hand, for the check's negative control: look for
@@ -160,32 +251,28 @@ macro_rules! naive {
     ($name:ident, $Conn:ty) => {
         pub fn $name(
             conn: &mut $Conn,
-            message: &u64,
-            delivery: u64,
+            d: &Delivery,
             name: &str,
-            fault: Fault,
-        ) -> Result<Outcome<()>, Failure> {
+            _: &SideEffects,
+        ) -> Result<&'static str, Failure> {
             let seen: i64 = effects::table
-                .filter(effects::message.eq(*message as i64))
+                .filter(effects::message.eq(d.message as i64))
                 .count()
                 .get_result(conn)?;
             if seen > 0 {
-                return Ok(Outcome::Duplicate {
-                    consumer: inbox_diesel::Consumer::new("chaos").expect("a valid name"),
-                    key: (*message).into(),
-                });
+                return Ok("duplicate");
             }
             diesel::insert_into(effects::table)
                 .values((
-                    effects::message.eq(*message as i64),
-                    effects::delivery.eq(delivery as i64),
+                    effects::message.eq(d.message as i64),
+                    effects::delivery.eq(d.id as i64),
                     effects::consumer.eq(name),
                 ))
                 .execute(conn)?;
-            match fault {
+            match d.fault {
                 Fault::Panic => panic!("chaos: a panic in the body"),
                 Fault::Error => Err(Failure::Injected),
-                _ => Ok(Outcome::Processed(())),
+                _ => Ok("processed"),
             }
         }
     };
@@ -196,6 +283,51 @@ naive!(naive_sqlite, diesel::SqliteConnection);
 naive!(naive_postgres, diesel::PgConnection);
 #[cfg(feature = "mysql")]
 naive!(naive_mysql, diesel::MysqlConnection);
+
+/// A handler's answer, as the orchestrator hears it.
+fn settled(processed: bool, in_flight: bool) -> &'static str {
+    match (processed, in_flight) {
+        (true, _) => "processed",
+        (false, true) => "in_flight",
+        (false, false) => "duplicate",
+    }
+}
+
+/// Claim mode's side effect, and what the checker needs to judge it: `S <message> <ns>`
+/// when it starts (the side effect itself), `E <message> ok|err <ns>` when the body ends,
+/// `T <message> <ns>` once the handler returned `Processed` (the claim stamped complete).
+/// Each line on disk (`fsync`) before the body goes on.
+pub struct SideEffects(Mutex<File>);
+
+impl SideEffects {
+    fn open(dir: &Path, name: &str) -> std::io::Result<Self> {
+        let path = dir.join(format!("{name}-{}.effects", std::process::id()));
+        Ok(SideEffects(Mutex::new(
+            File::options().create(true).append(true).open(path)?,
+        )))
+    }
+
+    fn line(&self, text: std::fmt::Arguments<'_>) {
+        let mut file = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        writeln!(file, "{text} {now}").expect("write the side-effect log");
+        file.sync_data().expect("fsync the side-effect log");
+    }
+
+    pub fn start(&self, message: u64) {
+        self.line(format_args!("S {message}"));
+    }
+
+    pub fn end(&self, message: u64, how: &str) {
+        self.line(format_args!("E {message} {how}"));
+    }
+
+    fn stamped(&self, message: u64) {
+        self.line(format_args!("T {message}"));
+    }
+}
 
 /// The ack log: one line per acknowledgement, on disk before the broker hears of it.
 struct AckLog(Mutex<File>);
@@ -224,15 +356,24 @@ fn say(answer: Answer) {
 
 fn answer(
     log: &AckLog,
+    side: &SideEffects,
     delivery: &Delivery,
-    result: std::thread::Result<Result<Outcome<()>, Failure>>,
+    result: std::thread::Result<Result<&'static str, Failure>>,
 ) -> bool {
     match result {
+        Ok(Ok("in_flight")) => {
+            // Another delivery holds the claim: redelivered a little later.
+            std::thread::sleep(Duration::from_millis(50));
+            say(Answer::Nack {
+                delivery: delivery.id,
+                class: "in_flight".to_owned(),
+            });
+            false
+        }
         Ok(Ok(outcome)) => {
-            let outcome = match outcome.is_processed() {
-                true => "processed",
-                false => "duplicate",
-            };
+            if outcome == "processed" && delivery.message % 2 == 1 {
+                side.stamped(delivery.message);
+            }
             log.write(delivery, outcome);
             say(Answer::Ack {
                 delivery: delivery.id,
@@ -246,7 +387,7 @@ fn answer(
             if let Failure::Inbox(e) = &failure
                 && e.class() == inbox_diesel::ErrorClass::Other
             {
-                eprintln!("consumer: delivery {}: {e}", delivery.id);
+                eprintln!("consumer: delivery {}: {e}: {e:?}", delivery.id);
             }
             say(Answer::Nack {
                 delivery: delivery.id,
@@ -296,17 +437,19 @@ pub fn run(
     // The body's panics are expected: they are answered as nacks, not printed.
     std::panic::set_hook(Box::new(|_| {}));
     let log = Arc::new(AckLog::open(log_dir, name).expect("open the ack log"));
+    let side = Arc::new(SideEffects::open(log_dir, name).expect("open the side-effect log"));
+    let logs = (log, side);
     say(Answer::Ready);
     match (backend, mode) {
         (Backend::Sqlite, _) if naive => {
-            run_sync(url, name, workers, log, connect_sqlite, naive_sqlite)
+            run_sync(url, name, workers, logs, connect_sqlite, naive_sqlite)
         }
         #[cfg(feature = "postgres")]
         (Backend::Postgres, _) if naive => run_sync(
             url,
             name,
             workers,
-            log,
+            logs,
             connect::<diesel::PgConnection>,
             naive_postgres,
         ),
@@ -315,61 +458,63 @@ pub fn run(
             url,
             name,
             workers,
-            log,
+            logs,
             connect::<diesel::MysqlConnection>,
             naive_mysql,
         ),
         (Backend::Sqlite, Mode::Sync) => {
-            run_sync(url, name, workers, log, connect_sqlite, apply_sqlite)
+            run_sync(url, name, workers, logs, connect_sqlite, any_sqlite)
         }
         (Backend::Sqlite, Mode::Async) => run_async(
             url,
             name,
             workers,
-            log,
+            logs,
             connect_sqlite_async,
-            |c, m, d, n, f| Box::pin(apply_sqlite_async(c, m, d, n, f)),
+            any_sqlite_async,
         ),
         #[cfg(feature = "postgres")]
         (Backend::Postgres, Mode::Sync) => run_sync(
             url,
             name,
             workers,
-            log,
+            logs,
             connect::<diesel::PgConnection>,
-            apply_postgres,
+            any_postgres,
         ),
         #[cfg(feature = "postgres")]
         (Backend::Postgres, Mode::Async) => run_async(
             url,
             name,
             workers,
-            log,
+            logs,
             connect_async::<diesel_async::AsyncPgConnection>,
-            |c, m, d, n, f| Box::pin(apply_postgres_async(c, m, d, n, f)),
+            any_postgres_async,
         ),
         #[cfg(feature = "mysql")]
         (Backend::Mysql, Mode::Sync) => run_sync(
             url,
             name,
             workers,
-            log,
+            logs,
             connect::<diesel::MysqlConnection>,
-            apply_mysql,
+            any_mysql,
         ),
         #[cfg(feature = "mysql")]
         (Backend::Mysql, Mode::Async) => run_async(
             url,
             name,
             workers,
-            log,
+            logs,
             connect_async::<diesel_async::AsyncMysqlConnection>,
-            |c, m, d, n, f| Box::pin(apply_mysql_async(c, m, d, n, f)),
+            any_mysql_async,
         ),
         #[allow(unreachable_patterns)]
         (backend, _) => panic!("this build has no {backend:?} backend: build with its feature"),
     }
 }
+
+type Logs = (Arc<AckLog>, Arc<SideEffects>);
 
 fn connect_sqlite(url: &str) -> Result<diesel::SqliteConnection, String> {
     let mut conn = diesel::SqliteConnection::establish(url).map_err(|e| e.to_string())?;
@@ -398,7 +543,7 @@ async fn connect_async<C: diesel_async::AsyncConnection>(url: String) -> Result<
     C::establish(&url).await.map_err(|e| e.to_string())
 }
 
-type SyncApply<C> = fn(&mut C, &u64, u64, &str, Fault) -> Result<Outcome<()>, Failure>;
+type SyncApply<C> = fn(&mut C, &Delivery, &str, &SideEffects) -> Result<&'static str, Failure>;
 
 /// Establishes a connection, again and again while the server is away (a crash, a restart).
 fn established<C>(url: &str, connect: fn(&str) -> Result<C, String>) -> C {
@@ -414,29 +559,23 @@ fn run_sync<C: Send + 'static>(
     url: &str,
     name: &str,
     workers: usize,
-    log: Arc<AckLog>,
+    (log, side): Logs,
     connect: fn(&str) -> Result<C, String>,
     apply: SyncApply<C>,
 ) {
     let deliveries = Arc::new(Mutex::new(deliveries()));
     std::thread::scope(|scope| {
         for _ in 0..workers {
-            let (deliveries, log) = (deliveries.clone(), log.clone());
+            let (deliveries, log, side) = (deliveries.clone(), log.clone(), side.clone());
             scope.spawn(move || {
                 let mut conn = established(url, connect);
                 loop {
                     let next = deliveries.lock().unwrap_or_else(|p| p.into_inner()).recv();
                     let Ok(delivery) = next else { break };
                     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        apply(
-                            &mut conn,
-                            &delivery.message,
-                            delivery.id,
-                            name,
-                            delivery.fault,
-                        )
+                        apply(&mut conn, &delivery, name, &side)
                     }));
-                    if answer(&log, &delivery, result) {
+                    if answer(&log, &side, &delivery, result) {
                         conn = established(url, connect);
                     }
                 }
@@ -448,17 +587,16 @@ fn run_sync<C: Send + 'static>(
 type AsyncApply<C> =
     for<'a> fn(
         &'a mut C,
-        &'a u64,
-        u64,
+        &'a Delivery,
         &'a str,
-        Fault,
-    ) -> Pin<Box<dyn Future<Output = Result<Outcome<()>, Failure>> + Send + 'a>>;
+        &'a SideEffects,
+    ) -> Pin<Box<dyn Future<Output = Result<&'static str, Failure>> + Send + 'a>>;
 
 fn run_async<C, F>(
     url: &str,
     name: &str,
     workers: usize,
-    log: Arc<AckLog>,
+    (log, side): Logs,
     connect: fn(String) -> F,
     apply: AsyncApply<C>,
 ) where
@@ -474,7 +612,7 @@ fn run_async<C, F>(
     runtime.block_on(async {
         let mut tasks = Vec::new();
         for worker in 0..workers {
-            let (deliveries, log) = (deliveries.clone(), log.clone());
+            let (deliveries, log, side) = (deliveries.clone(), log.clone(), side.clone());
             let (url, name) = (url.to_owned(), name.to_owned());
             tasks.push(tokio::spawn(async move {
                 let established = async || loop {
@@ -494,13 +632,7 @@ fn run_async<C, F>(
                     .await
                     .expect("the reader");
                     let Ok(delivery) = next else { break };
-                    let call = apply(
-                        &mut conn,
-                        &delivery.message,
-                        delivery.id,
-                        &name,
-                        delivery.fault,
-                    );
+                    let call = apply(&mut conn, &delivery, &name, &side);
                     let result = match delivery.fault {
                         // Cut off mid-call, as a request timeout or a shutdown does.
                         Fault::Cancel => {
@@ -521,7 +653,7 @@ fn run_async<C, F>(
                         }
                         _ => CatchUnwind(call).await,
                     };
-                    if answer(&log, &delivery, result) {
+                    if answer(&log, &side, &delivery, result) {
                         conn = established().await;
                     }
                 }

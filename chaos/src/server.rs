@@ -43,6 +43,8 @@ pub struct Contents {
     pub doubled: i64,
     pub effects: i64,
     pub markers: i64,
+    /// Claim-mode messages stamped complete.
+    pub claims_completed: i64,
     pub applied: std::collections::HashSet<u64>,
 }
 
@@ -225,6 +227,11 @@ impl Database {
                     markers: one(
                         conn,
                         "SELECT count(*) AS n FROM inbox WHERE consumer = 'chaos'",
+                    )?,
+                    claims_completed: one(
+                        conn,
+                        "SELECT count(*) AS n FROM inbox WHERE consumer = 'chaos-claim' \
+                         AND processed_at IS NOT NULL",
                     )?,
                     applied: applied.into_iter().map(|r| r.n as u64).collect(),
                 }

@@ -383,7 +383,7 @@ fn classify_message(message: &str) -> ErrorClass {
     if message.starts_with("current transaction is aborted") {
         return ErrorClass::TransactionAborted;
     }
-    const CONNECTION_LOST: [&str; 12] = [
+    const CONNECTION_LOST: [&str; 13] = [
         // PostgreSQL 57P01 (a terminated backend), libpq and tokio-postgres.
         "terminating connection due to administrator command",
         "server closed the connection unexpectedly",
@@ -396,9 +396,11 @@ fn classify_message(message: &str) -> ErrorClass {
         "Lost connection to",
         "Connection was killed",
         "Can't connect to",
-        // mysql_async.
+        // mysql_async: a reset, a broken pipe, and a session the server ended (`KILL`) read
+        // on its next statement.
         "Connection reset by peer",
         "broken pipe",
+        "Connection to the server is closed",
     ];
     // Before the schema's "does not exist": PostgreSQL 26000 reads `prepared statement "…"
     // does not exist`; MySQL and MariaDB 1243.
@@ -693,6 +695,34 @@ mod tests {
             ("relation \"inbox\" does not exist", ErrorClass::Schema),
         ] {
             assert_eq!(other(message), class, "{message}");
+        }
+    }
+
+    /// What each driver says when the server has ended the session (a terminated backend, a
+    /// `KILL`), as seen from the next statement: the connection is lost, never "other" (which
+    /// a pump dead-letters).
+    #[test]
+    fn a_session_ended_by_the_server_is_a_lost_connection() {
+        for message in [
+            "terminating connection due to administrator command",
+            "server closed the connection unexpectedly",
+            "Lost connection to server during query",
+            "MySQL server has gone away",
+            "Connection was killed",
+            // mysql_async (diesel-async's AsyncMysqlConnection) after a `KILL`.
+            "Input/output error: Input/output error: Driver error: `Connection to the server is closed.'",
+        ] {
+            let error = ServerError {
+                kind: ServerErrorKind::Other,
+                constraint: None,
+                table: None,
+                message,
+            };
+            assert_eq!(
+                error.classify(&InboxSchema::DEFAULT),
+                ErrorClass::ConnectionLost,
+                "{message}"
+            );
         }
     }
 }
