@@ -434,8 +434,18 @@ pub fn run(
     workers: usize,
     naive: bool,
 ) {
-    // The body's panics are expected: they are answered as nacks, not printed.
-    std::panic::set_hook(Box::new(|_| {}));
+    // The body's own panics are expected: they are answered as nacks, not printed. Any
+    // other is shown.
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let injected = info
+            .payload()
+            .downcast_ref::<&str>()
+            .is_some_and(|m| m.starts_with("chaos:"));
+        if !injected {
+            default(info);
+        }
+    }));
     let log = Arc::new(AckLog::open(log_dir, name).expect("open the ack log"));
     let side = Arc::new(SideEffects::open(log_dir, name).expect("open the side-effect log"));
     let logs = (log, side);
@@ -454,7 +464,7 @@ pub fn run(
             naive_postgres,
         ),
         #[cfg(feature = "mysql")]
-        (Backend::Mysql, _) if naive => run_sync(
+        (Backend::Mysql | Backend::Galera, _) if naive => run_sync(
             url,
             name,
             workers,
@@ -492,7 +502,7 @@ pub fn run(
             any_postgres_async,
         ),
         #[cfg(feature = "mysql")]
-        (Backend::Mysql, Mode::Sync) => run_sync(
+        (Backend::Mysql | Backend::Galera, Mode::Sync) => run_sync(
             url,
             name,
             workers,
@@ -501,7 +511,7 @@ pub fn run(
             any_mysql,
         ),
         #[cfg(feature = "mysql")]
-        (Backend::Mysql, Mode::Async) => run_async(
+        (Backend::Mysql | Backend::Galera, Mode::Async) => run_async(
             url,
             name,
             workers,
@@ -546,12 +556,16 @@ async fn connect_async<C: diesel_async::AsyncConnection>(url: String) -> Result<
 type SyncApply<C> = fn(&mut C, &Delivery, &str, &SideEffects) -> Result<&'static str, Failure>;
 
 /// Establishes a connection, again and again while the server is away (a crash, a restart).
+/// `url` may list several servers, comma-separated (a cluster's nodes): the first that
+/// answers is taken, from the first.
 fn established<C>(url: &str, connect: fn(&str) -> Result<C, String>) -> C {
     loop {
-        match connect(url) {
-            Ok(conn) => return conn,
-            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        for url in url.split(',') {
+            if let Ok(conn) = connect(url) {
+                return conn;
+            }
         }
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
@@ -616,10 +630,12 @@ fn run_async<C, F>(
             let (url, name) = (url.to_owned(), name.to_owned());
             tasks.push(tokio::spawn(async move {
                 let established = async || loop {
-                    match connect(url.clone()).await {
-                        Ok(conn) => break conn,
-                        Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                    for url in url.split(',') {
+                        if let Ok(conn) = connect(url.to_owned()).await {
+                            return conn;
+                        }
                     }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
                 };
                 let mut conn = established().await;
                 let mut rng =

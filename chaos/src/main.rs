@@ -34,6 +34,8 @@
 //! `mysql://root@127.0.0.1:3306/test`), whose sessions of that database it cuts.
 
 mod consumer;
+#[cfg(feature = "mysql")]
+mod galera;
 mod protocol;
 mod run;
 mod server;

@@ -125,6 +125,8 @@ pub enum Backend {
     Sqlite,
     Postgres,
     Mysql,
+    /// MariaDB Galera: three nodes of the run's own; the consumers run the MySQL handlers.
+    Galera,
 }
 
 impl Backend {
@@ -133,6 +135,7 @@ impl Backend {
             Backend::Sqlite => "sqlite",
             Backend::Postgres => "postgres",
             Backend::Mysql => "mysql",
+            Backend::Galera => "galera",
         }
     }
 }
@@ -144,7 +147,10 @@ impl FromStr for Backend {
             "sqlite" => Ok(Backend::Sqlite),
             "postgres" => Ok(Backend::Postgres),
             "mysql" | "mariadb" => Ok(Backend::Mysql),
-            _ => Err(format!("unknown backend {s:?} (sqlite, postgres, mysql)")),
+            "galera" => Ok(Backend::Galera),
+            _ => Err(format!(
+                "unknown backend {s:?} (sqlite, postgres, mysql, galera)"
+            )),
         }
     }
 }

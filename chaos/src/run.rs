@@ -227,7 +227,7 @@ impl<'c> Run<'c> {
                 "consume",
                 self.backend.name(),
                 slot.mode.name(),
-                &self.db.url,
+                &self.db.url_for(at),
                 &slot.name,
                 &self.db.dir().display().to_string(),
                 &WORKERS.to_string(),
@@ -413,6 +413,9 @@ impl<'c> Run<'c> {
         if let Err(e) = self.drive_until_settled(started) {
             self.report.problems.push(e);
         }
+        if let Err(e) = self.db.recover() {
+            self.report.problems.push(e);
+        }
         self.stop();
         self.report.elapsed = started.elapsed();
         self.latencies.sort();
@@ -575,6 +578,8 @@ const SLACK: Duration = Duration::from_millis(250);
 
 /// One run of a claim-mode body, from a side-effect log.
 struct Attempt {
+    /// The consumer process whose log has it.
+    by: String,
     start: u128,
     /// The body's end, when it returned: `true` for `ok`, `false` for an error (which
     /// releases the claim).
@@ -594,6 +599,7 @@ impl Run<'_> {
                 continue;
             }
             let text = complete_lines(std::fs::read_to_string(entry.path()).unwrap_or_default());
+            let by = entry.file_name().to_string_lossy().into_owned();
             // Attempts of this process not yet ended, by message.
             let mut open: HashMap<u64, usize> = HashMap::new();
             for line in text.lines() {
@@ -606,6 +612,7 @@ impl Run<'_> {
                         };
                         let list = attempts.entry(message).or_default();
                         list.push(Attempt {
+                            by: by.clone(),
                             start: t,
                             end: None,
                         });
@@ -646,9 +653,21 @@ impl Run<'_> {
                 if !released && b.start + slack < a.start + lease {
                     self.report.inside_live_lease += 1;
                     if self.report.inside_live_lease <= 5 {
+                        let end = |x: &Attempt| match x.end {
+                            Some((t, ok)) => format!(
+                                "ended {} after {} ms",
+                                if ok { "ok" } else { "in error" },
+                                (t - x.start) / 1_000_000
+                            ),
+                            None => "never ended".to_owned(),
+                        };
                         self.report.problems.push(format!(
-                            "message {message}: a side effect {} ms after another, inside its lease",
-                            (b.start - a.start) / 1_000_000
+                            "message {message}: a side effect by {} {} ms after one by {} ({}), \
+                             inside its lease",
+                            b.by,
+                            (b.start - a.start) / 1_000_000,
+                            a.by,
+                            end(a)
                         ));
                     }
                 }
@@ -852,13 +871,14 @@ fn print_table(reports: &[Report]) {
     row("nacked (redelivered)", &|r| {
         r.nacks.values().sum::<u64>().to_string()
     });
-    row("  by class", &|r| {
-        r.nacks
-            .iter()
-            .map(|(k, v)| format!("{k} {v}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    });
+    let classes: std::collections::BTreeSet<&String> =
+        reports.iter().flat_map(|r| r.nacks.keys()).collect();
+    for class in classes {
+        let label = format!("  {class}");
+        row(&label, &|r| {
+            r.nacks.get(class).copied().unwrap_or(0).to_string()
+        });
+    }
     row("consumers killed (SIGKILL)", &|r| r.kills.to_string());
     row("  deliveries taken back", &|r| {
         r.redelivered_after_kill.to_string()
@@ -866,12 +886,14 @@ fn print_table(reports: &[Report]) {
     row("sessions cut by the server", &|r| r.cuts.to_string());
     row("server crashes", &|r| r.crashes.to_string());
     row("faults in bodies", &|r| {
-        r.faults
-            .iter()
-            .map(|(k, v)| format!("{k} {v}"))
-            .collect::<Vec<_>>()
-            .join(", ")
+        r.faults.values().sum::<u64>().to_string()
     });
+    for fault in Fault::ALL.into_iter().filter(|f| *f != Fault::None) {
+        let label = format!("  {}", fault.name());
+        row(&label, &|r| {
+            r.faults.get(fault.name()).copied().unwrap_or(0).to_string()
+        });
+    }
     row("acks in the logs (fsync)", &|r| r.logged_acks.to_string());
     row("transaction mode: messages", &|r| {
         r.transactional.to_string()

@@ -26,7 +26,16 @@ pub struct Database {
     private: Option<PrivatePostgres>,
     #[allow(dead_code)]
     mysql_db: Option<String>,
+    #[cfg(feature = "mysql")]
+    galera: Option<crate::galera::Galera>,
+    /// A Galera node killed by the last crash, started again at the next one.
+    #[cfg(feature = "mysql")]
+    down: Option<usize>,
 }
+
+/// The database the Galera run creates on its cluster.
+#[cfg(feature = "mysql")]
+const GALERA_DB: &str = "inbox_chaos";
 
 #[derive(QueryableByName)]
 struct Number {
@@ -81,6 +90,10 @@ impl Database {
                     dir,
                     private: None,
                     mysql_db: None,
+                    #[cfg(feature = "mysql")]
+                    galera: None,
+                    #[cfg(feature = "mysql")]
+                    down: None,
                 })
             }
             #[cfg(feature = "postgres")]
@@ -99,6 +112,10 @@ impl Database {
                     dir,
                     private: Some(private),
                     mysql_db: None,
+                    #[cfg(feature = "mysql")]
+                    galera: None,
+                    #[cfg(feature = "mysql")]
+                    down: None,
                 })
             }
             #[cfg(feature = "mysql")]
@@ -125,6 +142,31 @@ impl Database {
                     dir,
                     private: None,
                     mysql_db: Some(name),
+                    galera: None,
+                    down: None,
+                })
+            }
+            #[cfg(feature = "mysql")]
+            Backend::Galera => {
+                let galera = crate::galera::Galera::start(dir.path())?;
+                let mut root = MysqlConnection::establish(&galera.url(0, "mysql"))
+                    .map_err(|e| e.to_string())?;
+                root.batch_execute(&format!("CREATE DATABASE {GALERA_DB}"))
+                    .map_err(|e| e.to_string())?;
+                let admin_url = galera.url(0, GALERA_DB);
+                let mut conn = MysqlConnection::establish(&admin_url).map_err(|e| e.to_string())?;
+                conn.batch_execute(&schema::mysql::create_table_sql(&InboxSchema::DEFAULT))
+                    .and_then(|()| conn.batch_execute(EFFECTS_MYSQL))
+                    .map_err(|e| e.to_string())?;
+                Ok(Database {
+                    backend,
+                    url: galera.urls(0, GALERA_DB),
+                    admin_url,
+                    dir,
+                    private: None,
+                    mysql_db: Some(GALERA_DB.to_owned()),
+                    galera: Some(galera),
+                    down: None,
                 })
             }
             #[allow(unreachable_patterns)]
@@ -149,7 +191,18 @@ impl Database {
     }
 
     pub fn can_crash(&self) -> bool {
-        self.backend == Backend::Postgres
+        matches!(self.backend, Backend::Postgres | Backend::Galera)
+    }
+
+    /// What consumer `slot` connects to: on Galera, every node, starting from its own, so
+    /// that the consumers are spread over the nodes and move on while one is down.
+    pub fn url_for(&self, slot: usize) -> String {
+        #[cfg(feature = "mysql")]
+        if let Some(galera) = &self.galera {
+            return galera.urls(slot % galera.len(), GALERA_DB);
+        }
+        let _ = slot;
+        self.url.clone()
     }
 
     /// Ends about half the consumers' sessions from the server's side
@@ -169,9 +222,17 @@ impl Database {
                 Ok(cut.first().map_or(0, |n| n.n as usize))
             }
             #[cfg(feature = "mysql")]
-            Backend::Mysql => {
-                let mut conn =
-                    MysqlConnection::establish(&self.admin_url).map_err(|e| e.to_string())?;
+            Backend::Mysql | Backend::Galera => {
+                let url = match &self.galera {
+                    Some(galera) => {
+                        let up: Vec<usize> = (0..galera.len())
+                            .filter(|n| Some(*n) != self.down)
+                            .collect();
+                        galera.url(up[fastrand::usize(0..up.len())], GALERA_DB)
+                    }
+                    None => self.admin_url.clone(),
+                };
+                let mut conn = MysqlConnection::establish(&url).map_err(|e| e.to_string())?;
                 let name = self.mysql_db.as_deref().unwrap_or_default();
                 let sessions: Vec<Number> = diesel::sql_query(format!(
                     "SELECT CAST(id AS SIGNED) AS n FROM information_schema.processlist \
@@ -194,11 +255,32 @@ impl Database {
 
     /// Crashes the private server (`pg_ctl stop -m immediate`: no checkpoint, as a power
     /// cut) and starts it again.
-    pub fn crash(&self) -> Result<(), String> {
+    /// On Galera: starts again the node the last crash killed, if any, and kills another
+    /// (SIGKILL), which stays down until the next crash.
+    pub fn crash(&mut self) -> Result<(), String> {
+        #[cfg(feature = "mysql")]
+        if let Some(galera) = &mut self.galera {
+            if let Some(n) = self.down.take() {
+                galera.rejoin(n)?;
+            }
+            let n = fastrand::usize(0..galera.len());
+            galera.kill(n);
+            self.down = Some(n);
+            return Ok(());
+        }
         match &self.private {
             Some(private) => private.crash_and_restart(),
             None => Err("no private server to crash".to_owned()),
         }
+    }
+
+    /// Brings back what a crash left down (a Galera node), before the end of the run.
+    pub fn recover(&mut self) -> Result<(), String> {
+        #[cfg(feature = "mysql")]
+        if let (Some(galera), Some(n)) = (&mut self.galera, self.down.take()) {
+            galera.rejoin(n)?;
+        }
+        Ok(())
     }
 
     /// What the tables hold.
@@ -246,7 +328,7 @@ impl Database {
                 read!(&mut PgConnection::establish(&self.admin_url).map_err(|e| e.to_string())?)
             }
             #[cfg(feature = "mysql")]
-            Backend::Mysql => {
+            Backend::Mysql | Backend::Galera => {
                 read!(&mut MysqlConnection::establish(&self.admin_url).map_err(|e| e.to_string())?)
             }
             #[allow(unreachable_patterns)]
@@ -256,13 +338,22 @@ impl Database {
 }
 
 impl Drop for Database {
+    /// The servers stop before their directory (a field dropped after this) is removed.
     fn drop(&mut self) {
         #[cfg(feature = "mysql")]
-        if let Some(name) = &self.mysql_db
-            && let Ok(mut conn) = MysqlConnection::establish(&self.admin_url)
         {
-            let _ = conn.batch_execute(&format!("DROP DATABASE IF EXISTS {name}"));
+            match self.galera.take() {
+                Some(galera) => drop(galera),
+                None => {
+                    if let Some(name) = &self.mysql_db
+                        && let Ok(mut conn) = MysqlConnection::establish(&self.admin_url)
+                    {
+                        let _ = conn.batch_execute(&format!("DROP DATABASE IF EXISTS {name}"));
+                    }
+                }
+            }
         }
+        drop(self.private.take());
     }
 }
 
@@ -371,7 +462,7 @@ impl Drop for PrivatePostgres {
     }
 }
 
-fn run(command: &mut Command) -> Result<(), String> {
+pub(crate) fn run(command: &mut Command) -> Result<(), String> {
     let output = command.output().map_err(|e| format!("{command:?}: {e}"))?;
     match output.status.success() {
         true => Ok(()),
@@ -383,7 +474,7 @@ fn run(command: &mut Command) -> Result<(), String> {
     }
 }
 
-fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     std::env::var("USER").is_ok_and(|u| u == "root")
         || Command::new("id")
             .arg("-u")
@@ -411,7 +502,7 @@ fn postgres_bin() -> Result<PathBuf, String> {
         .ok_or_else(|| "no initdb found (install postgresql)".to_owned())
 }
 
-fn free_port() -> Result<u16, String> {
+pub(crate) fn free_port() -> Result<u16, String> {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
