@@ -455,7 +455,7 @@ pub fn run(
             run_sync(url, name, workers, logs, connect_sqlite, naive_sqlite)
         }
         #[cfg(feature = "postgres")]
-        (Backend::Postgres, _) if naive => run_sync(
+        (Backend::Postgres | Backend::Failover | Backend::FailoverSync, _) if naive => run_sync(
             url,
             name,
             workers,
@@ -484,7 +484,7 @@ pub fn run(
             any_sqlite_async,
         ),
         #[cfg(feature = "postgres")]
-        (Backend::Postgres, Mode::Sync) => run_sync(
+        (Backend::Postgres | Backend::Failover | Backend::FailoverSync, Mode::Sync) => run_sync(
             url,
             name,
             workers,
@@ -493,7 +493,7 @@ pub fn run(
             any_postgres,
         ),
         #[cfg(feature = "postgres")]
-        (Backend::Postgres, Mode::Async) => run_async(
+        (Backend::Postgres | Backend::Failover | Backend::FailoverSync, Mode::Async) => run_async(
             url,
             name,
             workers,
@@ -556,11 +556,11 @@ async fn connect_async<C: diesel_async::AsyncConnection>(url: String) -> Result<
 type SyncApply<C> = fn(&mut C, &Delivery, &str, &SideEffects) -> Result<&'static str, Failure>;
 
 /// Establishes a connection, again and again while the server is away (a crash, a restart).
-/// `url` may list several servers, comma-separated (a cluster's nodes): the first that
+/// `url` may list several servers, separated by spaces (a cluster's nodes): the first that
 /// answers is taken, from the first.
 fn established<C>(url: &str, connect: fn(&str) -> Result<C, String>) -> C {
     loop {
-        for url in url.split(',') {
+        for url in url.split(' ') {
             if let Ok(conn) = connect(url) {
                 return conn;
             }
@@ -630,7 +630,7 @@ fn run_async<C, F>(
             let (url, name) = (url.to_owned(), name.to_owned());
             tasks.push(tokio::spawn(async move {
                 let established = async || loop {
-                    for url in url.split(',') {
+                    for url in url.split(' ') {
                         if let Ok(conn) = connect(url.to_owned()).await {
                             return conn;
                         }

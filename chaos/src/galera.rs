@@ -109,6 +109,9 @@ impl Galera {
                 "--wsrep-sst-method=rsync",
                 "--wsrep-node-address=127.0.0.1",
                 "--wsrep-cluster-name=inbox-chaos",
+                // Causal reads: a node waits until it has applied what the cluster committed
+                // before it reads. Claim mode needs it (RELIABILITY.md).
+                "--wsrep-sync-wait=1",
             ])
             .arg(format!("--wsrep-provider={PROVIDER}"))
             .arg(format!("--wsrep-cluster-address={address}"))
@@ -171,13 +174,13 @@ impl Galera {
         format!("mysql://root@127.0.0.1:{}/{db}", self.nodes[n].port)
     }
 
-    /// Every node's URL, comma-separated, starting at node `first`: what a consumer
+    /// Every node's URL, separated by spaces, starting at node `first`: what a consumer
     /// connects to, moving on to the next node while one is down.
     pub fn urls(&self, first: usize, db: &str) -> String {
         (0..self.nodes.len())
             .map(|k| self.url((first + k) % self.nodes.len(), db))
             .collect::<Vec<_>>()
-            .join(",")
+            .join(" ")
     }
 }
 

@@ -127,6 +127,11 @@ pub enum Backend {
     Mysql,
     /// MariaDB Galera: three nodes of the run's own; the consumers run the MySQL handlers.
     Galera,
+    /// A private PostgreSQL primary with a streaming replica, asynchronous: the primary is
+    /// crashed once and the replica promoted.
+    Failover,
+    /// The same with synchronous replication (`synchronous_standby_names = '*'`).
+    FailoverSync,
 }
 
 impl Backend {
@@ -136,6 +141,8 @@ impl Backend {
             Backend::Postgres => "postgres",
             Backend::Mysql => "mysql",
             Backend::Galera => "galera",
+            Backend::Failover => "failover",
+            Backend::FailoverSync => "failover-sync",
         }
     }
 }
@@ -148,8 +155,10 @@ impl FromStr for Backend {
             "postgres" => Ok(Backend::Postgres),
             "mysql" | "mariadb" => Ok(Backend::Mysql),
             "galera" => Ok(Backend::Galera),
+            "failover" => Ok(Backend::Failover),
+            "failover-sync" => Ok(Backend::FailoverSync),
             _ => Err(format!(
-                "unknown backend {s:?} (sqlite, postgres, mysql, galera)"
+                "unknown backend {s:?} (sqlite, postgres, mysql, galera, failover, failover-sync)"
             )),
         }
     }

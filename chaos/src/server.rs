@@ -24,6 +24,10 @@ pub struct Database {
     dir: tempfile::TempDir,
     #[allow(dead_code)]
     private: Option<PrivatePostgres>,
+    /// The failover runs' streaming replica, and whether it has been promoted.
+    #[allow(dead_code)]
+    replica: Option<PrivatePostgres>,
+    failed_over: bool,
     #[allow(dead_code)]
     mysql_db: Option<String>,
     #[cfg(feature = "mysql")]
@@ -54,6 +58,9 @@ pub struct Contents {
     pub markers: i64,
     /// Claim-mode messages stamped complete.
     pub claims_completed: i64,
+    /// Transaction-mode messages whose effect and marker disagree (one without the other),
+    /// where the markers can be read back (PostgreSQL).
+    pub torn: Option<u64>,
     pub applied: std::collections::HashSet<u64>,
 }
 
@@ -89,6 +96,8 @@ impl Database {
                     url,
                     dir,
                     private: None,
+                    replica: None,
+                    failed_over: false,
                     mysql_db: None,
                     #[cfg(feature = "mysql")]
                     galera: None,
@@ -111,6 +120,44 @@ impl Database {
                     admin_url,
                     dir,
                     private: Some(private),
+                    replica: None,
+                    failed_over: false,
+                    mysql_db: None,
+                    #[cfg(feature = "mysql")]
+                    galera: None,
+                    #[cfg(feature = "mysql")]
+                    down: None,
+                })
+            }
+            #[cfg(feature = "postgres")]
+            Backend::Failover | Backend::FailoverSync => {
+                let primary = PrivatePostgres::start_with(&dir.path().join("primary"), "")?;
+                let admin_url = primary.url();
+                let mut conn = PgConnection::establish(&admin_url).map_err(|e| e.to_string())?;
+                conn.batch_execute(&schema::postgres::create_table_sql(&InboxSchema::DEFAULT))
+                    .and_then(|()| conn.batch_execute(EFFECTS_POSTGRES))
+                    .map_err(|e| e.to_string())?;
+                let replica = primary.replica(&dir.path().join("replica"))?;
+                if backend == Backend::FailoverSync {
+                    // Once the replica streams: a commit returns when the replica has it.
+                    conn.batch_execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
+                        .and_then(|()| conn.batch_execute("SELECT pg_reload_conf()"))
+                        .map_err(|e| e.to_string())?;
+                }
+                // libpq tries the hosts in turn and keeps the one that takes writes.
+                let url = format!(
+                    "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/postgres?\
+                     target_session_attrs=read-write&connect_timeout=2&application_name={APPLICATION}",
+                    primary.port, replica.port
+                );
+                Ok(Database {
+                    backend,
+                    url,
+                    admin_url,
+                    dir,
+                    private: Some(primary),
+                    replica: Some(replica),
+                    failed_over: false,
                     mysql_db: None,
                     #[cfg(feature = "mysql")]
                     galera: None,
@@ -141,6 +188,8 @@ impl Database {
                     url,
                     dir,
                     private: None,
+                    replica: None,
+                    failed_over: false,
                     mysql_db: Some(name),
                     galera: None,
                     down: None,
@@ -164,6 +213,8 @@ impl Database {
                     admin_url,
                     dir,
                     private: None,
+                    replica: None,
+                    failed_over: false,
                     mysql_db: Some(GALERA_DB.to_owned()),
                     galera: Some(galera),
                     down: None,
@@ -191,7 +242,17 @@ impl Database {
     }
 
     pub fn can_crash(&self) -> bool {
-        matches!(self.backend, Backend::Postgres | Backend::Galera)
+        match self.backend {
+            Backend::Postgres | Backend::Galera => true,
+            // One failover per run.
+            Backend::Failover | Backend::FailoverSync => !self.failed_over,
+            _ => false,
+        }
+    }
+
+    /// Whether the run lost commits on purpose: an asynchronous replica promoted.
+    pub fn may_lose_commits(&self) -> bool {
+        self.backend == Backend::Failover
     }
 
     /// What consumer `slot` connects to: on Galera, every node, starting from its own, so
@@ -210,7 +271,7 @@ impl Database {
     pub fn cut(&self) -> Result<usize, String> {
         match self.backend {
             #[cfg(feature = "postgres")]
-            Backend::Postgres => {
+            Backend::Postgres | Backend::Failover | Backend::FailoverSync => {
                 let mut conn =
                     PgConnection::establish(&self.admin_url).map_err(|e| e.to_string())?;
                 let cut: Vec<Number> = diesel::sql_query(format!(
@@ -268,6 +329,21 @@ impl Database {
             self.down = Some(n);
             return Ok(());
         }
+        #[cfg(feature = "postgres")]
+        if let (Some(primary), Some(replica)) = (&self.private, &self.replica) {
+            // The primary stops sending for a moment (its WAL sender paused, as by a network
+            // partition) while it goes on committing; then it loses power (SIGKILL, all its
+            // processes) and the replica is promoted without what it was not sent. With
+            // synchronous replication the primary's commits wait for the replica instead.
+            let sender = primary.pid("SELECT pid::int8 AS n FROM pg_stat_replication")?;
+            run(Command::new("kill").args(["-STOP", &sender.to_string()]))?;
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            primary.power_cut()?;
+            replica.promote()?;
+            self.admin_url = replica.url();
+            self.failed_over = true;
+            return Ok(());
+        }
         match &self.private {
             Some(private) => private.crash_and_restart(),
             None => Err("no private server to crash".to_owned()),
@@ -316,6 +392,7 @@ impl Database {
                          AND processed_at IS NOT NULL",
                     )?,
                     applied: applied.into_iter().map(|r| r.n as u64).collect(),
+                    torn: None,
                 }
             }};
         }
@@ -324,8 +401,12 @@ impl Database {
                 read!(&mut SqliteConnection::establish(&self.admin_url).map_err(|e| e.to_string())?)
             }
             #[cfg(feature = "postgres")]
-            Backend::Postgres => {
-                read!(&mut PgConnection::establish(&self.admin_url).map_err(|e| e.to_string())?)
+            Backend::Postgres | Backend::Failover | Backend::FailoverSync => {
+                let mut conn =
+                    PgConnection::establish(&self.admin_url).map_err(|e| e.to_string())?;
+                let mut contents = read!(&mut conn);
+                contents.torn = Some(torn(&mut conn, &contents.applied)?);
+                contents
             }
             #[cfg(feature = "mysql")]
             Backend::Mysql | Backend::Galera => {
@@ -354,12 +435,41 @@ impl Drop for Database {
             }
         }
         drop(self.private.take());
+        drop(self.replica.take());
     }
+}
+
+#[derive(QueryableByName)]
+#[cfg(feature = "postgres")]
+struct Marker {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    id: String,
+}
+
+/// Transaction-mode messages (even) with an effect but no marker, and markers with no
+/// effect: the two are committed together or not at all, a failover included.
+#[cfg(feature = "postgres")]
+fn torn(conn: &mut PgConnection, applied: &std::collections::HashSet<u64>) -> Result<u64, String> {
+    let markers: std::collections::HashSet<String> =
+        diesel::sql_query("SELECT message_id::text AS id FROM inbox WHERE consumer = 'chaos'")
+            .load::<Marker>(conn)
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .map(|m| m.id)
+            .collect();
+    let with_effect: std::collections::HashSet<String> = applied
+        .iter()
+        .filter(|m| *m % 2 == 0)
+        .map(|m| inbox_diesel::MessageKey::from(*m).stored_id().to_string())
+        .collect();
+    Ok((markers.symmetric_difference(&with_effect).count()) as u64)
 }
 
 /// A PostgreSQL server of this run's own: `initdb` into the run's directory, its own port,
 /// as the `postgres` user when this runs as root (the server refuses root).
 pub struct PrivatePostgres {
+    /// Server options of this run (`-c name=value …`).
+    options: String,
     data: PathBuf,
     socket: PathBuf,
     log: PathBuf,
@@ -370,9 +480,15 @@ pub struct PrivatePostgres {
 #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 impl PrivatePostgres {
     fn start(dir: &Path) -> Result<Self, String> {
+        Self::start_with(dir, "")
+    }
+
+    fn start_with(dir: &Path, options: &str) -> Result<Self, String> {
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
         let bin = postgres_bin()?;
         let port = free_port()?;
         let server = PrivatePostgres {
+            options: options.to_owned(),
             data: dir.join("pgdata"),
             socket: dir.to_path_buf(),
             log: dir.join("postgres.log"),
@@ -399,11 +515,89 @@ impl PrivatePostgres {
         Ok(server)
     }
 
+    /// A streaming replica of this server in `dir` (`pg_basebackup -R`), started.
+    fn replica(&self, dir: &Path) -> Result<Self, String> {
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+        if is_root() {
+            run(Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(dir))?;
+        }
+        let replica = PrivatePostgres {
+            options: String::new(),
+            data: dir.join("pgdata"),
+            socket: dir.to_path_buf(),
+            log: dir.join("postgres.log"),
+            port: free_port()?,
+            bin: self.bin.clone(),
+        };
+        let port = self.port.to_string();
+        replica.as_owner(&[
+            self.bin
+                .join("pg_basebackup")
+                .to_str()
+                .unwrap_or("pg_basebackup"),
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-U",
+            "postgres",
+            "-D",
+            replica.data.to_str().unwrap_or_default(),
+            "-R",
+            "-X",
+            "stream",
+            "--no-sync",
+        ])?;
+        replica.start_server()?;
+        Ok(replica)
+    }
+
+    /// The process `query` names (`SELECT pid::int8 AS n FROM …`).
+    #[cfg(feature = "postgres")]
+    fn pid(&self, query: &str) -> Result<i64, String> {
+        let mut conn = PgConnection::establish(&self.url()).map_err(|e| e.to_string())?;
+        let rows: Vec<Number> = diesel::sql_query(query)
+            .load(&mut conn)
+            .map_err(|e| e.to_string())?;
+        rows.first()
+            .map(|r| r.n)
+            .ok_or_else(|| format!("no process for {query}"))
+    }
+
+    /// SIGKILL to the server and all its processes at once: nothing is flushed or sent.
+    fn power_cut(&self) -> Result<(), String> {
+        let pid_file = std::fs::read_to_string(self.data.join("postmaster.pid"))
+            .map_err(|e| format!("the server's pid file: {e}"))?;
+        let postmaster = pid_file
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .to_owned();
+        let _ = Command::new("pkill")
+            .args(["-9", "-P", &postmaster])
+            .status();
+        run(Command::new("kill").args(["-9", &postmaster]))
+    }
+
+    fn promote(&self) -> Result<(), String> {
+        self.as_owner(&[
+            self.bin.join("pg_ctl").to_str().unwrap_or("pg_ctl"),
+            "-D",
+            self.data.to_str().unwrap_or_default(),
+            "-w",
+            "promote",
+        ])
+    }
+
     fn start_server(&self) -> Result<(), String> {
         let options = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c max_connections=200",
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c max_connections=200 {}",
             self.port,
-            self.socket.display()
+            self.socket.display(),
+            self.options
         );
         self.as_owner(&[
             self.bin.join("pg_ctl").to_str().unwrap_or("pg_ctl"),
@@ -482,11 +676,15 @@ pub(crate) fn is_root() -> bool {
             .is_ok_and(|o| o.stdout.starts_with(b"0\n"))
 }
 
-/// `initdb` and `pg_ctl`: on `PATH`, or Debian's `/usr/lib/postgresql/<version>/bin`.
+/// `initdb`, `pg_ctl` and `pg_basebackup`: on `PATH`, or Debian's
+/// `/usr/lib/postgresql/<version>/bin`.
 fn postgres_bin() -> Result<PathBuf, String> {
     if let Ok(path) = std::env::var("PATH") {
         for dir in std::env::split_paths(&path) {
-            if dir.join("initdb").is_file() && dir.join("pg_ctl").is_file() {
+            if ["initdb", "pg_ctl", "pg_basebackup"]
+                .iter()
+                .all(|tool| dir.join(tool).is_file())
+            {
                 return Ok(dir);
             }
         }
@@ -494,7 +692,7 @@ fn postgres_bin() -> Result<PathBuf, String> {
     let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
         .map_err(|e| format!("no initdb on PATH, and /usr/lib/postgresql: {e}"))?
         .filter_map(|entry| entry.ok().map(|e| e.path().join("bin")))
-        .filter(|bin| bin.join("initdb").is_file())
+        .filter(|bin| bin.join("initdb").is_file() && bin.join("pg_basebackup").is_file())
         .collect();
     versions.sort();
     versions
