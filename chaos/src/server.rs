@@ -74,6 +74,47 @@ const EFFECTS_MYSQL: &str = "CREATE TABLE effects (id BIGINT AUTO_INCREMENT PRIM
                              message BIGINT NOT NULL, delivery BIGINT NOT NULL, consumer VARCHAR(64) NOT NULL)";
 
 impl Database {
+    fn new(backend: Backend, url: String, admin_url: String, dir: tempfile::TempDir) -> Self {
+        Database {
+            backend,
+            url,
+            admin_url,
+            dir,
+            private: None,
+            replica: None,
+            failed_over: false,
+            mysql_db: None,
+            #[cfg(feature = "mysql")]
+            galera: None,
+            #[cfg(feature = "mysql")]
+            down: None,
+        }
+    }
+
+    #[cfg(feature = "postgres")]
+    fn with_private(mut self, server: PrivatePostgres) -> Self {
+        self.private = Some(server);
+        self
+    }
+
+    #[cfg(feature = "postgres")]
+    fn with_replica(mut self, server: PrivatePostgres) -> Self {
+        self.replica = Some(server);
+        self
+    }
+
+    #[cfg(feature = "mysql")]
+    fn with_mysql_db(mut self, name: String) -> Self {
+        self.mysql_db = Some(name);
+        self
+    }
+
+    #[cfg(feature = "mysql")]
+    fn with_galera(mut self, galera: crate::galera::Galera) -> Self {
+        self.galera = Some(galera);
+        self
+    }
+
     /// A fresh database with the inbox table and `effects`.
     pub fn create(backend: Backend, seed: u64) -> Result<Self, String> {
         let dir = tempfile::Builder::new()
@@ -90,20 +131,7 @@ impl Database {
                     })
                     .and_then(|()| conn.batch_execute(EFFECTS_SQLITE))
                     .map_err(|e| e.to_string())?;
-                Ok(Database {
-                    backend,
-                    admin_url: url.clone(),
-                    url,
-                    dir,
-                    private: None,
-                    replica: None,
-                    failed_over: false,
-                    mysql_db: None,
-                    #[cfg(feature = "mysql")]
-                    galera: None,
-                    #[cfg(feature = "mysql")]
-                    down: None,
-                })
+                Ok(Database::new(backend, url.clone(), url, dir))
             }
             #[cfg(feature = "postgres")]
             Backend::Postgres => {
@@ -114,20 +142,7 @@ impl Database {
                     .and_then(|()| conn.batch_execute(EFFECTS_POSTGRES))
                     .map_err(|e| e.to_string())?;
                 let url = format!("{admin_url}?application_name={APPLICATION}");
-                Ok(Database {
-                    backend,
-                    url,
-                    admin_url,
-                    dir,
-                    private: Some(private),
-                    replica: None,
-                    failed_over: false,
-                    mysql_db: None,
-                    #[cfg(feature = "mysql")]
-                    galera: None,
-                    #[cfg(feature = "mysql")]
-                    down: None,
-                })
+                Ok(Database::new(backend, url, admin_url, dir).with_private(private))
             }
             #[cfg(feature = "postgres")]
             Backend::Failover | Backend::FailoverSync => {
@@ -150,20 +165,9 @@ impl Database {
                      target_session_attrs=read-write&connect_timeout=2&application_name={APPLICATION}",
                     primary.port, replica.port
                 );
-                Ok(Database {
-                    backend,
-                    url,
-                    admin_url,
-                    dir,
-                    private: Some(primary),
-                    replica: Some(replica),
-                    failed_over: false,
-                    mysql_db: None,
-                    #[cfg(feature = "mysql")]
-                    galera: None,
-                    #[cfg(feature = "mysql")]
-                    down: None,
-                })
+                Ok(Database::new(backend, url, admin_url, dir)
+                    .with_private(primary)
+                    .with_replica(replica))
             }
             #[cfg(feature = "mysql")]
             Backend::Mysql => {
@@ -182,18 +186,7 @@ impl Database {
                 conn.batch_execute(&schema::mysql::create_table_sql(&InboxSchema::DEFAULT))
                     .and_then(|()| conn.batch_execute(EFFECTS_MYSQL))
                     .map_err(|e| e.to_string())?;
-                Ok(Database {
-                    backend,
-                    admin_url: url.clone(),
-                    url,
-                    dir,
-                    private: None,
-                    replica: None,
-                    failed_over: false,
-                    mysql_db: Some(name),
-                    galera: None,
-                    down: None,
-                })
+                Ok(Database::new(backend, url.clone(), url, dir).with_mysql_db(name))
             }
             #[cfg(feature = "mysql")]
             Backend::Galera => {
@@ -207,18 +200,11 @@ impl Database {
                 conn.batch_execute(&schema::mysql::create_table_sql(&InboxSchema::DEFAULT))
                     .and_then(|()| conn.batch_execute(EFFECTS_MYSQL))
                     .map_err(|e| e.to_string())?;
-                Ok(Database {
-                    backend,
-                    url: galera.urls(0, GALERA_DB),
-                    admin_url,
-                    dir,
-                    private: None,
-                    replica: None,
-                    failed_over: false,
-                    mysql_db: Some(GALERA_DB.to_owned()),
-                    galera: Some(galera),
-                    down: None,
-                })
+                Ok(
+                    Database::new(backend, galera.urls(0, GALERA_DB), admin_url, dir)
+                        .with_mysql_db(GALERA_DB.to_owned())
+                        .with_galera(galera),
+                )
             }
             #[allow(unreachable_patterns)]
             backend => {
