@@ -110,7 +110,8 @@ impl Galera {
                 "--wsrep-node-address=127.0.0.1",
                 "--wsrep-cluster-name=inbox-chaos",
                 // Causal reads: a node waits until it has applied what the cluster committed
-                // before it reads. Claim mode needs it (RELIABILITY.md).
+                // before it reads. Claim mode fails without it, and not always with it
+                // (RELIABILITY.md).
                 "--wsrep-sync-wait=1",
             ])
             .arg(format!("--wsrep-provider={PROVIDER}"))
