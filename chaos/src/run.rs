@@ -531,12 +531,7 @@ impl<'c> Run<'c> {
         self.check_side_effects();
         let mut processed: HashMap<u64, u64> = HashMap::new();
         let mut logged = 0;
-        let entries = std::fs::read_dir(self.db.dir()).map(|d| d.flatten().collect::<Vec<_>>());
-        for entry in entries.unwrap_or_default() {
-            if entry.path().extension().is_none_or(|e| e != "acks") {
-                continue;
-            }
-            let text = complete_lines(std::fs::read_to_string(entry.path()).unwrap_or_default());
+        for (_, text) in logs(self.db.dir(), "acks") {
             for line in text.lines() {
                 let fields: Vec<&str> = line.split_whitespace().collect();
                 let [_, message, outcome] = fields.as_slice() else {
@@ -560,6 +555,24 @@ impl<'c> Run<'c> {
         self.report.logged_acks = logged;
         self.report.processed_twice = processed.values().filter(|n| **n > 1).count() as u64;
     }
+}
+
+/// The consumers' logs of one kind (`acks`, `effects`) in `dir`: each file's name and its
+/// complete lines.
+fn logs(dir: &std::path::Path, extension: &str) -> Vec<(String, String)> {
+    let entries = std::fs::read_dir(dir).map(|d| d.flatten().collect::<Vec<_>>());
+    entries
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|entry| entry.path().extension().is_some_and(|e| e == extension))
+        .map(|entry| {
+            let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+            (
+                entry.file_name().to_string_lossy().into_owned(),
+                complete_lines(text),
+            )
+        })
+        .collect()
 }
 
 /// A log without the line a SIGKILL cut short: that line's write never finished, so
@@ -595,13 +608,7 @@ impl Run<'_> {
     fn check_side_effects(&mut self) {
         let mut attempts: HashMap<u64, Vec<Attempt>> = HashMap::new();
         let mut stamped: HashMap<u64, u128> = HashMap::new();
-        let entries = std::fs::read_dir(self.db.dir()).map(|d| d.flatten().collect::<Vec<_>>());
-        for entry in entries.unwrap_or_default() {
-            if entry.path().extension().is_none_or(|e| e != "effects") {
-                continue;
-            }
-            let text = complete_lines(std::fs::read_to_string(entry.path()).unwrap_or_default());
-            let by = entry.file_name().to_string_lossy().into_owned();
+        for (by, text) in logs(self.db.dir(), "effects") {
             // Attempts of this process not yet ended, by message.
             let mut open: HashMap<u64, usize> = HashMap::new();
             for line in text.lines() {
