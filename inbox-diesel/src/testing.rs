@@ -107,7 +107,16 @@ impl Drop for Restore {
     }
 }
 
-fn crashed(payload: Box<dyn Any + Send>, at: Crash) -> Crashed {
+/// What a call of the handler under a crash plan came to: the crash at `at`, or a panic
+/// (the handler returned, or panicked, before it).
+fn crashed<R>(result: Result<R, Box<dyn Any + Send>>, at: Crash) -> Crashed {
+    let payload = match result {
+        Ok(_) => panic!(
+            "the handler returned without reaching {at:?}: it was a duplicate, failed, or \
+             runs in the other mode"
+        ),
+        Err(payload) => payload,
+    };
     match payload.downcast::<Crashed>() {
         Ok(crashed) => *crashed,
         Err(payload) => {
@@ -115,6 +124,17 @@ fn crashed(payload: Box<dyn Any + Send>, at: Crash) -> Crashed {
             std::panic::resume_unwind(payload)
         }
     }
+}
+
+/// `query` as a statement whose one column is `n` (`count(*)` is a BIGINT on every backend).
+fn counting(query: &str) -> diesel::query_builder::SqlQuery {
+    diesel::sql_query(format!("SELECT ({query}) AS n"))
+}
+
+/// The answer of [`assert_once`] and its async twin.
+#[track_caller]
+fn exactly_one(n: i64, query: &str) {
+    assert_eq!(n, 1, "expected exactly one effect, `{query}` counts {n}");
 }
 
 /// Runs `deliver` on `conn` and makes the process "die" at `at`: the handler stops there,
@@ -130,13 +150,7 @@ pub fn crash<C, R>(conn: C, at: Crash, deliver: impl FnOnce(&mut C) -> R) -> Cra
     let result = std::panic::catch_unwind(AssertUnwindSafe(|| deliver(&mut conn)));
     // The connection goes as it is: open transaction and all.
     drop(conn);
-    match result {
-        Ok(_) => panic!(
-            "the handler returned without reaching {at:?}: it was a duplicate, failed, or \
-             runs in the other mode"
-        ),
-        Err(payload) => crashed(payload, at),
-    }
+    crashed(result, at)
 }
 
 /// Delivers one message twice, one delivery after the other, on one connection: the
@@ -250,9 +264,7 @@ where
     diesel::query_builder::SqlQuery: diesel::query_dsl::LoadQuery<'static, C, Count>,
 {
     use diesel::RunQueryDsl;
-    // `count(*)` is a BIGINT on every backend; an alias gives the column a known name.
-    let sql = format!("SELECT ({query}) AS n");
-    diesel::sql_query(sql)
+    counting(query)
         .get_result::<Count>(conn)
         .unwrap_or_else(|e| panic!("`{query}` failed: {e}"))
         .n
@@ -268,8 +280,7 @@ where
     C: Connection,
     diesel::query_builder::SqlQuery: diesel::query_dsl::LoadQuery<'static, C, Count>,
 {
-    let n = count(conn, query);
-    assert_eq!(n, 1, "expected exactly one effect, `{query}` counts {n}");
+    exactly_one(count(conn, query), query);
 }
 
 /// The async helpers: [`crash_async`], [`race_async`], [`count_async`],
@@ -309,13 +320,7 @@ mod asynchronous {
             .await
         };
         drop(conn);
-        match result {
-            Ok(()) => panic!(
-                "the handler returned without reaching {at:?}: it was a duplicate, failed, \
-                 or runs in the other mode"
-            ),
-            Err(payload) => crashed(payload, at),
-        }
+        crashed(result, at)
     }
 
     /// [`race`](super::race) for an `async fn` handler: one future per connection, polled
@@ -365,8 +370,7 @@ mod asynchronous {
         diesel::query_builder::SqlQuery: for<'q> diesel_async::methods::LoadQuery<'q, C, Count>,
     {
         use diesel_async::RunQueryDsl;
-        let sql = format!("SELECT ({query}) AS n");
-        diesel::sql_query(sql)
+        super::counting(query)
             .get_result::<Count>(conn)
             .await
             .unwrap_or_else(|e| panic!("`{query}` failed: {e}"))
@@ -382,8 +386,7 @@ mod asynchronous {
         C: AsyncConnection,
         diesel::query_builder::SqlQuery: for<'q> diesel_async::methods::LoadQuery<'q, C, Count>,
     {
-        let n = count_async(conn, query).await;
-        assert_eq!(n, 1, "expected exactly one effect, `{query}` counts {n}");
+        super::exactly_one(count_async(conn, query).await, query);
     }
 }
 
