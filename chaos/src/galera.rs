@@ -109,11 +109,14 @@ impl Galera {
                 "--wsrep-sst-method=rsync",
                 "--wsrep-node-address=127.0.0.1",
                 "--wsrep-cluster-name=inbox-chaos",
-                // Causal reads: a node waits until it has applied what the cluster committed
-                // before it reads. Claim mode fails without it, and not always with it
-                // (RELIABILITY.md).
-                "--wsrep-sync-wait=1",
             ])
+            // Causal reads: a node waits until it has applied what the cluster committed
+            // before it reads (RELIABILITY.md). `INBOX_CHAOS_WSREP_SYNC_WAIT=0` runs the
+            // nodes with the server's default instead.
+            .arg(format!(
+                "--wsrep-sync-wait={}",
+                std::env::var("INBOX_CHAOS_WSREP_SYNC_WAIT").unwrap_or_else(|_| "1".into())
+            ))
             .arg(format!("--wsrep-provider={PROVIDER}"))
             .arg(format!("--wsrep-cluster-address={address}"))
             .arg(format!("--wsrep-node-name=node{}", n + 1))

@@ -186,6 +186,8 @@
 //!    `Duplicate`; claimed under a live lease → `InFlight`; released by a failed attempt →
 //!    taken over; lease ended without completion → taken over (`on_expired = "take_over"`,
 //!    the default), or reported as `StaleClaim` (`on_expired = "report"`);
+//!    A claim that took over a quarter of `lease_ms` to commit is released and claimed
+//!    again: the body starts only with three quarters of its lease ahead;
 //! 2. **the body** — the side effect, outside any transaction. Pass the message key downstream
 //!    as the provider's idempotency key: it is the same on every attempt;
 //! 3. **stamp** — set `processed_at`; or, when the body returned `Err`, release the claim so

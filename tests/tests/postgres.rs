@@ -47,6 +47,8 @@ mod claim_mode {
 
     type Db = inbox_tests::postgres::PgDb;
     type DbConnection = diesel::PgConnection;
+    /// Makes inserts into the inbox wait until the transaction ends (`SHARE` conflicts with the `ROW EXCLUSIVE` an insert takes).
+    const HOLD_INBOX_INSERTS: &str = "LOCK TABLE inbox IN SHARE MODE";
 
     include!("behaviour/claim.rs");
 }

@@ -44,6 +44,8 @@ mod claim_mode {
 
     type Db = inbox_tests::sqlite::SqliteDb;
     type DbConnection = diesel::SqliteConnection;
+    /// Makes inserts into the inbox wait until the transaction ends (any write takes the database's one write lock).
+    const HOLD_INBOX_INSERTS: &str = "UPDATE accounts SET balance = balance WHERE id = 1";
 
     include!("behaviour/claim.rs");
 }

@@ -22,6 +22,16 @@ pub struct ClaimSpec {
 impl ClaimSpec {
     /// The default lease: one minute.
     pub const DEFAULT_LEASE_MS: u64 = 60_000;
+
+    /// Whether a claim whose statement was sent at `sent` came back too late for its body to
+    /// run under it: the database started the lease no earlier than `sent`, and the body
+    /// starts only with at least three quarters of it ahead. A claim that a stalled commit
+    /// held back (a Galera cluster evicting a node, a synchronous standby away, a lock wait)
+    /// could otherwise start its body with its lease already over, beside the delivery that
+    /// took it over.
+    pub(crate) fn too_late(self, sent: std::time::Instant) -> bool {
+        sent.elapsed() > std::time::Duration::from_millis(self.lease_ms / 4)
+    }
 }
 
 /// Runs one claim-mode statement, committed on its own.

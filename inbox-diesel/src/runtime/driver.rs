@@ -11,7 +11,7 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::pin;
 use std::task::Poll;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Where `inbox_diesel::testing::crash` may stop the handler; nothing without the feature.
 macro_rules! crash_point {
@@ -883,7 +883,12 @@ async fn acquire<S: Steps, W: Copy>(
             lease_ms: claim.lease_ms,
             layout,
         };
+        let sent = Instant::now();
         if steps.claim_step(spec, key, insert).await?.changed() {
+            if claim.too_late(sent) {
+                give_back(steps, spec, key, 1).await?;
+                continue;
+            }
             return Ok(Acquired::Attempt(1));
         }
         let ClaimAnswer::Read(row) = steps.claim_step(spec, key, ClaimStep::Read).await? else {
@@ -908,7 +913,12 @@ async fn acquire<S: Steps, W: Copy>(
             lease_ms: claim.lease_ms,
             expired,
         };
+        let sent = Instant::now();
         if steps.claim_step(spec, key, take_over).await?.changed() {
+            if claim.too_late(sent) {
+                give_back(steps, spec, key, seen + 1).await?;
+                continue;
+            }
             if expired {
                 telemetry::stale_claim(spec, "taken_over");
                 tracing::warn!(
@@ -920,6 +930,25 @@ async fn acquire<S: Steps, W: Copy>(
         }
     }
     Ok(Acquired::Live)
+}
+
+/// Releases the claim of `attempt`, won too late to run the body under it
+/// ([`ClaimSpec::too_late`]): the next round takes it over again with a whole lease, unless
+/// another delivery's takeover was faster.
+async fn give_back<S: Steps>(
+    steps: &mut S,
+    spec: &'static HandlerSpec,
+    key: &MessageKey,
+    attempt: u32,
+) -> QueryResult<()> {
+    tracing::warn!(
+        attempt,
+        "the claim took over a quarter of its lease to commit; released, claimed again"
+    );
+    steps
+        .claim_step(spec, key, ClaimStep::Release { attempt })
+        .await
+        .map(drop)
 }
 
 /// Waits before retrying a database error of claim mode, or returns it as the handler's error

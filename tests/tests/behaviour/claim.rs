@@ -188,6 +188,38 @@ fn side_effect_error_releases_the_claim_and_the_retry_succeeds() {
     assert_eq!(row(&mut conn), (true, false, 2));
 }
 
+/// The claim's insert waits behind a lock (`HOLD_INBOX_INSERTS`) for over a quarter of the
+/// lease, as a commit held back by a cluster or a standby would: the lease the database
+/// started may be half over when the claim comes back. The handler releases that claim and
+/// takes it over with a whole lease before the body runs (attempt 2), rather than running
+/// the body on what is left.
+#[test]
+fn claim_held_back_past_a_quarter_of_its_lease_is_claimed_again_before_the_body() {
+    let db = <Db>::new("claim_held_back");
+    let (msg, sent) = (Credit::new(1), AtomicUsize::new(0));
+    // `send_short_lease`'s lease is 1 500 ms: a quarter is 375.
+    let hold = Duration::from_millis(800);
+    let locked = testing::while_locked(
+        &mut db.connect(),
+        HOLD_INBOX_INSERTS,
+        hold,
+        &mut db.connect(),
+        |conn| send_short_lease(conn, &msg, &sent, &ok),
+    );
+    assert!(
+        matches!(locked.answer, Ok(InFlightOutcome::Processed(()))),
+        "{:?}",
+        locked.answer
+    );
+    assert!(
+        locked.took >= hold / 2,
+        "the claim did not wait: {:?}",
+        locked.took
+    );
+    assert_eq!(sent.load(Ordering::SeqCst), 1);
+    assert_eq!(row(&mut db.connect()), (true, false, 2), "claimed twice");
+}
+
 /// The process dies between the claim and the side effect: redeliveries find the
 /// claim in flight until its lease ends, then one takes it over and completes.
 #[test]
