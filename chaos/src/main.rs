@@ -33,6 +33,8 @@
 //! of its own on the server `INBOX_TEST_MYSQL` names (default
 //! `mysql://root@127.0.0.1:3306/test`), whose sessions of that database it cuts.
 
+#[cfg(feature = "mysql")]
+mod cluster;
 mod consumer;
 #[cfg(feature = "mysql")]
 mod galera;

@@ -433,6 +433,12 @@ impl<'c> Run<'c> {
         self.report.messages = self.messages;
         self.report.copies = self.copies;
         self.check();
+        if let Some((lines, violations)) = self.db.cluster_checks() {
+            for line in lines {
+                println!("  {line}");
+            }
+            self.report.problems.extend(violations);
+        }
         std::mem::replace(&mut self.report, Report::new(self.backend))
     }
 

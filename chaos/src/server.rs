@@ -336,6 +336,17 @@ impl Database {
         }
     }
 
+    /// On Galera, the purge and the relay run on every node at once ([`crate::cluster`]);
+    /// elsewhere, nothing.
+    pub fn cluster_checks(&self) -> Option<(Vec<String>, Vec<String>)> {
+        #[cfg(feature = "mysql")]
+        if let Some(galera) = &self.galera {
+            let found = crate::cluster::check(galera, GALERA_DB);
+            return Some((found.lines, found.violations));
+        }
+        None
+    }
+
     /// Brings back what a crash left down (a Galera node), before the end of the run.
     pub fn recover(&mut self) -> Result<(), String> {
         #[cfg(feature = "mysql")]

@@ -23,7 +23,7 @@
 //!
 //! let key = MessageKey::kafka("payments", 3, 1_204)?;
 //! let consumer = Consumer::new("credit")?;
-//! let outcome: Outcome<u32> = Outcome::Duplicate { consumer, key };
+//! let outcome: Outcome<u32> = Outcome::Duplicate { consumer, key, stored: None };
 //! assert!(outcome.should_ack());
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```

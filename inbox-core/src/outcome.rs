@@ -32,6 +32,7 @@ use crate::{Consumer, MessageKey};
 /// let dup = Outcome::<u64>::Duplicate {
 ///     consumer: Consumer::new("credit")?,
 ///     key: MessageKey::integer(7),
+///     stored: None,
 /// };
 /// assert!(dup.should_ack() && dup.is_duplicate());
 /// assert_eq!(settle(Outcome::Processed(1)), "ack");
@@ -51,6 +52,11 @@ pub enum Outcome<T> {
         consumer: Consumer,
         /// The message key whose marker was found.
         key: MessageKey,
+        /// The `Ok` value the delivery that processed the message stored with its marker,
+        /// for a handler with `store_result`: a retried request or a redelivered command gets
+        /// the original answer. `None` for a handler without it, or where the marker was
+        /// written without one (before the handler stored results).
+        stored: Option<T>,
     },
 }
 
@@ -81,6 +87,11 @@ pub enum InFlightOutcome<T> {
         consumer: Consumer,
         /// The message key whose marker was found.
         key: MessageKey,
+        /// The `Ok` value the delivery that processed the message stored with its marker,
+        /// for a handler with `store_result`: a retried request or a redelivered command gets
+        /// the original answer. `None` for a handler without it, or where the marker was
+        /// written without one (before the handler stored results).
+        stored: Option<T>,
     },
     /// Another delivery holds this key — its uncommitted marker (`on_locked = "in_flight"`)
     /// or a live claim (claim mode): its work may be running right now. The body did not
@@ -125,6 +136,11 @@ pub enum StaleClaimOutcome<T> {
         consumer: Consumer,
         /// The message key whose completed claim was found.
         key: MessageKey,
+        /// The `Ok` value the delivery that processed the message stored with its marker,
+        /// for a handler with `store_result`: a retried request or a redelivered command gets
+        /// the original answer. `None` for a handler without it, or where the marker was
+        /// written without one (before the handler stored results).
+        stored: Option<T>,
     },
     /// Another delivery holds a live claim on this key — its side effect may be running
     /// right now. The body did not run. Do not acknowledge: redeliver after a delay (see
@@ -179,7 +195,15 @@ impl<T> Outcome<T> {
     pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Outcome<U> {
         match self {
             Outcome::Processed(value) => Outcome::Processed(f(value)),
-            Outcome::Duplicate { consumer, key } => Outcome::Duplicate { consumer, key },
+            Outcome::Duplicate {
+                consumer,
+                key,
+                stored,
+            } => Outcome::Duplicate {
+                consumer,
+                key,
+                stored: stored.map(f),
+            },
         }
     }
 }
@@ -218,9 +242,15 @@ impl<T> InFlightOutcome<T> {
     pub fn map<U>(self, f: impl FnOnce(T) -> U) -> InFlightOutcome<U> {
         match self {
             InFlightOutcome::Processed(value) => InFlightOutcome::Processed(f(value)),
-            InFlightOutcome::Duplicate { consumer, key } => {
-                InFlightOutcome::Duplicate { consumer, key }
-            }
+            InFlightOutcome::Duplicate {
+                consumer,
+                key,
+                stored,
+            } => InFlightOutcome::Duplicate {
+                consumer,
+                key,
+                stored: stored.map(f),
+            },
             InFlightOutcome::InFlight { consumer, key } => {
                 InFlightOutcome::InFlight { consumer, key }
             }
@@ -271,9 +301,15 @@ impl<T> StaleClaimOutcome<T> {
     pub fn map<U>(self, f: impl FnOnce(T) -> U) -> StaleClaimOutcome<U> {
         match self {
             StaleClaimOutcome::Processed(value) => StaleClaimOutcome::Processed(f(value)),
-            StaleClaimOutcome::Duplicate { consumer, key } => {
-                StaleClaimOutcome::Duplicate { consumer, key }
-            }
+            StaleClaimOutcome::Duplicate {
+                consumer,
+                key,
+                stored,
+            } => StaleClaimOutcome::Duplicate {
+                consumer,
+                key,
+                stored: stored.map(f),
+            },
             StaleClaimOutcome::InFlight { consumer, key } => {
                 StaleClaimOutcome::InFlight { consumer, key }
             }
@@ -294,7 +330,15 @@ impl<T> From<Outcome<T>> for InFlightOutcome<T> {
     fn from(outcome: Outcome<T>) -> Self {
         match outcome {
             Outcome::Processed(value) => InFlightOutcome::Processed(value),
-            Outcome::Duplicate { consumer, key } => InFlightOutcome::Duplicate { consumer, key },
+            Outcome::Duplicate {
+                consumer,
+                key,
+                stored,
+            } => InFlightOutcome::Duplicate {
+                consumer,
+                key,
+                stored,
+            },
         }
     }
 }
@@ -303,9 +347,15 @@ impl<T> From<InFlightOutcome<T>> for StaleClaimOutcome<T> {
     fn from(outcome: InFlightOutcome<T>) -> Self {
         match outcome {
             InFlightOutcome::Processed(value) => StaleClaimOutcome::Processed(value),
-            InFlightOutcome::Duplicate { consumer, key } => {
-                StaleClaimOutcome::Duplicate { consumer, key }
-            }
+            InFlightOutcome::Duplicate {
+                consumer,
+                key,
+                stored,
+            } => StaleClaimOutcome::Duplicate {
+                consumer,
+                key,
+                stored,
+            },
             InFlightOutcome::InFlight { consumer, key } => {
                 StaleClaimOutcome::InFlight { consumer, key }
             }
@@ -378,7 +428,7 @@ pub trait HandlerOutcome<T>: Into<StaleClaimOutcome<T>> + Sized + sealed::Sealed
     #[doc(hidden)]
     fn from_processed(value: T) -> Self;
     #[doc(hidden)]
-    fn from_duplicate(consumer: Consumer, key: MessageKey) -> Self;
+    fn from_duplicate(consumer: Consumer, key: MessageKey, stored: Option<T>) -> Self;
     #[doc(hidden)]
     fn from_in_flight(consumer: Consumer, key: MessageKey, witness: Self::InFlightWitness) -> Self;
     #[doc(hidden)]
@@ -423,8 +473,12 @@ impl<T> HandlerOutcome<T> for Outcome<T> {
     fn from_processed(value: T) -> Self {
         Outcome::Processed(value)
     }
-    fn from_duplicate(consumer: Consumer, key: MessageKey) -> Self {
-        Outcome::Duplicate { consumer, key }
+    fn from_duplicate(consumer: Consumer, key: MessageKey, stored: Option<T>) -> Self {
+        Outcome::Duplicate {
+            consumer,
+            key,
+            stored,
+        }
     }
     fn from_in_flight(_: Consumer, _: MessageKey, witness: Infallible) -> Self {
         match witness {}
@@ -461,8 +515,12 @@ impl<T> HandlerOutcome<T> for InFlightOutcome<T> {
     fn from_processed(value: T) -> Self {
         InFlightOutcome::Processed(value)
     }
-    fn from_duplicate(consumer: Consumer, key: MessageKey) -> Self {
-        InFlightOutcome::Duplicate { consumer, key }
+    fn from_duplicate(consumer: Consumer, key: MessageKey, stored: Option<T>) -> Self {
+        InFlightOutcome::Duplicate {
+            consumer,
+            key,
+            stored,
+        }
     }
     fn from_in_flight(consumer: Consumer, key: MessageKey, (): ()) -> Self {
         InFlightOutcome::InFlight { consumer, key }
@@ -500,8 +558,12 @@ impl<T> HandlerOutcome<T> for StaleClaimOutcome<T> {
     fn from_processed(value: T) -> Self {
         StaleClaimOutcome::Processed(value)
     }
-    fn from_duplicate(consumer: Consumer, key: MessageKey) -> Self {
-        StaleClaimOutcome::Duplicate { consumer, key }
+    fn from_duplicate(consumer: Consumer, key: MessageKey, stored: Option<T>) -> Self {
+        StaleClaimOutcome::Duplicate {
+            consumer,
+            key,
+            stored,
+        }
     }
     fn from_in_flight(consumer: Consumer, key: MessageKey, (): ()) -> Self {
         StaleClaimOutcome::InFlight { consumer, key }

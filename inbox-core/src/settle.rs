@@ -238,7 +238,8 @@ mod tests {
         assert_eq!(
             Outcome::<()>::Duplicate {
                 consumer: consumer(),
-                key: key()
+                key: key(),
+                stored: None,
             }
             .settlement(),
             Settlement::Ack

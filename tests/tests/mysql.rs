@@ -40,7 +40,8 @@ mod claim_mode {
     type Db = inbox_tests::mysql::MysqlDb;
     type DbConnection = diesel::MysqlConnection;
     /// Makes inserts into the inbox wait until the transaction ends (no index serves `consumer` alone: the scan locks every gap, the one past the last row too).
-    const HOLD_INBOX_INSERTS: &str = "SELECT message_id FROM inbox WHERE consumer = 'email' FOR UPDATE";
+    const HOLD_INBOX_INSERTS: &str =
+        "SELECT message_id FROM inbox WHERE consumer = 'email' FOR UPDATE";
 
     include!("behaviour/claim.rs");
 }

@@ -229,6 +229,7 @@ mod sqlite {
         let outcome: Outcome<()> = Outcome::Duplicate {
             consumer: inbox_diesel::Consumer::new("operator").unwrap(),
             key,
+            stored: None,
         };
         let logged = format!("{outcome:?}");
         assert!(

@@ -482,7 +482,7 @@ pub(crate) fn outcome<T, A: HandlerOutcome<T>>(
     let consumer = spec.consumer.clone();
     match decided {
         Decided::Processed(value) => A::from_processed(value),
-        Decided::Duplicate => A::from_duplicate(consumer, key),
+        Decided::Duplicate => A::from_duplicate(consumer, key, None),
         Decided::InFlight(witness) => A::from_in_flight(consumer, key, witness),
     }
 }
@@ -712,7 +712,7 @@ where
             Ok(Acquired::Attempt(attempt)) => break attempt,
             Ok(Acquired::Completed) => {
                 tracing::info!(outcome = "duplicate", "work completed before; body not run");
-                return Ok(A::from_duplicate(spec.consumer.clone(), key));
+                return Ok(A::from_duplicate(spec.consumer.clone(), key, None));
             }
             Ok(Acquired::Live) => {
                 tracing::info!(
