@@ -23,11 +23,14 @@ struct Downstream {
     poison: Arc<Mutex<HashSet<inbox_diesel::Uuid>>>,
     /// The broker is down.
     down: Arc<AtomicBool>,
+    /// Sends refused while it was down.
+    refused: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Sink for Downstream {
     fn send(&mut self, message: &Outgoing) -> impl Future<Output = Result<(), SinkError>> + Send {
         let outcome = if self.down.load(Ordering::SeqCst) {
+            self.refused.fetch_add(1, Ordering::SeqCst);
             Err(SinkError::Unavailable("connection refused".into()))
         } else if self.poison.lock().unwrap().contains(&message.id) {
             Err(SinkError::Rejected(
@@ -528,9 +531,13 @@ fn a_broker_outage_pauses_the_relay_and_loses_nothing() {
             .backoff(Duration::from_millis(5), Duration::from_millis(40));
         let mut sink = downstream.clone();
         let down = downstream.down.clone();
+        let refused = downstream.refused.clone();
         let received = downstream.received.clone();
+        // Up again after three rounds met it down, however slow the machine.
         let stop = async move {
-            tokio::time::sleep(Duration::from_millis(150)).await;
+            while refused.load(Ordering::SeqCst) < 3 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
             down.store(false, Ordering::SeqCst);
             while received.lock().unwrap().len() < 15 {
                 tokio::time::sleep(Duration::from_millis(5)).await;
