@@ -98,6 +98,54 @@ pub enum Error {
     /// attempt is left. Class [`ErrorClass::Misuse`]: a bug to fix — pass the handler's
     /// connection to the code that writes.
     WriteOutsideTransaction(crate::tripwire::net::Escaped),
+    /// A handler with `store_result`: its `Ok` value could not be stored, or a stored one
+    /// could not be read back as the handler's type ([`StoredResultProblem`]). A value that
+    /// cannot be stored is found after the body ran: in transaction mode its transaction
+    /// was rolled back (nothing of the attempt is left; class [`ErrorClass::Other`], as
+    /// every delivery of the message would fail the same way); in claim mode its side
+    /// effect happened, and its claim is stamped complete without a result, so that it is
+    /// not run again. A stored value that no longer reads as the handler's type (class
+    /// [`ErrorClass::Misuse`]: the type changed under stored rows) is a bug to fix.
+    StoredResult(StoredResultProblem),
+}
+
+/// Why a handler with `store_result` could not store its result or read one back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoredResultProblem {
+    /// The value's JSON is over the limit,
+    /// [`MAX_STORED_RESULT_BYTES`](crate::MAX_STORED_RESULT_BYTES).
+    TooLarge {
+        /// The JSON text's length.
+        bytes: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The value cannot be written as JSON (serde's error: a map with keys that are not
+    /// strings, a `Serialize` implementation that fails).
+    Encode(String),
+    /// A stored value does not read as the handler's type (serde's error).
+    Decode(String),
+}
+
+impl fmt::Display for StoredResultProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoredResultProblem::TooLarge { bytes, limit } => write!(
+                f,
+                "the handler's result is {bytes} bytes of JSON, over the {limit} a marker \
+                 stores: return less (an id to look the rest up by)"
+            ),
+            StoredResultProblem::Encode(why) => {
+                write!(f, "the handler's result cannot be stored as JSON: {why}")
+            }
+            StoredResultProblem::Decode(why) => write!(
+                f,
+                "a stored result does not read as the handler's type (changed since it was \
+                 stored?): {why}"
+            ),
+        }
+    }
 }
 
 impl Error {
@@ -115,6 +163,8 @@ impl Error {
             Error::Outbox(crate::outbox::OutboxProblem::OutsideHandler) => ErrorClass::Misuse,
             Error::Outbox(_) => ErrorClass::Other,
             Error::WriteOutsideTransaction(_) => ErrorClass::Misuse,
+            Error::StoredResult(StoredResultProblem::Decode(_)) => ErrorClass::Misuse,
+            Error::StoredResult(_) => ErrorClass::Other,
         }
     }
 }
@@ -182,6 +232,7 @@ impl fmt::Display for Error {
             Error::Session(problem) => write!(f, "inbox: {problem}"),
             Error::Outbox(problem) => write!(f, "inbox {problem}"),
             Error::WriteOutsideTransaction(escaped) => write!(f, "inbox: {escaped}"),
+            Error::StoredResult(problem) => write!(f, "inbox: {problem}"),
             // The server's message is the `source()`: reporters print it after this.
             Error::Database {
                 class, attempts: 1, ..
@@ -203,6 +254,7 @@ impl std::error::Error for Error {
             | Error::Session(_)
             | Error::Outbox(_)
             | Error::WriteOutsideTransaction(_)
+            | Error::StoredResult(_)
             | Error::CalledInsideTransaction => None,
             Error::Database { source, .. } | Error::EffectNotRecorded { source, .. } => {
                 Some(source)

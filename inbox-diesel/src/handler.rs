@@ -240,6 +240,75 @@ where
         key.to_message_key(),
         body,
         error_class(&spec.schema),
+        None,
+        E::from,
+    )
+}
+
+/// [`run_once`] for a body whose `Ok` value is kept with the marker, in the same transaction
+/// (`#[idempotent(store_result = true)]`): a later delivery of the message gets it back in
+/// `Duplicate { stored: Some(value), .. }` — the original answer to a retried request. The
+/// value is stored as JSON (serde) in the table's `result` column, which the handler
+/// requires (`inbox-diesel migration generate --with result`); at most
+/// [`MAX_STORED_RESULT_BYTES`](crate::MAX_STORED_RESULT_BYTES) of it.
+///
+/// ```
+/// use std::sync::LazyLock;
+/// use diesel::connection::SimpleConnection;
+/// use diesel::prelude::*;
+/// use inbox_diesel::handler::{Handler, run_once_stored};
+/// use inbox_diesel::{InboxSchema, Outcome};
+///
+/// static PAY: LazyLock<Handler> = LazyLock::new(|| Handler::new("payments").unwrap());
+///
+/// fn pay(conn: &mut SqliteConnection, request: &str, cents: i64) -> QueryResult<Outcome<i64>> {
+///     run_once_stored(conn, &PAY, request, |tx| {
+///         diesel::sql_query("INSERT INTO payments (cents) VALUES (?)")
+///             .bind::<diesel::sql_types::BigInt, _>(cents)
+///             .execute(tx)?;
+///         // The payment's id: the answer a retry of the request gets again.
+///         diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>("last_insert_rowid()"))
+///             .get_result(tx)
+///     })
+/// }
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut conn = SqliteConnection::establish(":memory:")?;
+/// let schema = inbox_diesel::schema::Backend::Sqlite;
+/// conn.batch_execute(&schema.create_table_with_result_sql(&InboxSchema::DEFAULT))?;
+/// conn.batch_execute("CREATE TABLE payments (id INTEGER PRIMARY KEY, cents BIGINT)")?;
+/// assert_eq!(pay(&mut conn, "req-1", 500)?, Outcome::Processed(1));
+/// // The retry does not pay again, and answers with the first payment's id.
+/// assert!(matches!(pay(&mut conn, "req-1", 500)?, Outcome::Duplicate { stored: Some(1), .. }));
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # Errors
+/// As [`run_once`]; [`Error::StoredResult`] when the value cannot be stored or a stored one
+/// does not read as `T`; [`Error::Schema`] when the table has no `result` column.
+pub fn run_once_stored<C, K, T, E, B, L: OnLocked>(
+    conn: &mut C,
+    handler: &'static Handler<L>,
+    key: &K,
+    body: B,
+) -> Result<L::Outcome<T>, E>
+where
+    C: InboxConnection,
+    K: ToMessageKey + ?Sized,
+    T: serde::Serialize + serde::de::DeserializeOwned,
+    B: FnMut(&mut C) -> Result<T, E>,
+    E: From<Error> + HasDieselError,
+{
+    let spec = &handler.spec;
+    crate::runtime::sync::run(
+        PhantomData,
+        conn,
+        spec,
+        key.to_message_key(),
+        body,
+        error_class(&spec.schema),
+        Some(crate::runtime::stored::Store::json()),
         E::from,
     )
 }
@@ -271,6 +340,39 @@ where
         key.to_message_key(),
         body,
         error_class(&spec.schema),
+        None,
+        E::from,
+    )
+    .await
+}
+
+/// [`run_once_stored`] on a diesel-async connection.
+///
+/// # Errors
+/// As [`run_once_stored`].
+#[cfg(feature = "async")]
+pub async fn run_once_stored_async<C, K, T, E, B, L: OnLocked>(
+    conn: &mut C,
+    handler: &'static Handler<L>,
+    key: &K,
+    body: B,
+) -> Result<L::Outcome<T>, E>
+where
+    C: crate::AsyncInboxConnection,
+    K: ToMessageKey + ?Sized,
+    T: serde::Serialize + serde::de::DeserializeOwned,
+    B: Clone + for<'c> AsyncBody<&'c mut C, Result<T, E>, Fut: Send>,
+    E: From<Error> + HasDieselError,
+{
+    let spec = &handler.spec;
+    crate::runtime::asynchronous::run_async(
+        PhantomData,
+        conn,
+        spec,
+        key.to_message_key(),
+        body,
+        error_class(&spec.schema),
+        Some(crate::runtime::stored::Store::json()),
         E::from,
     )
     .await

@@ -341,6 +341,7 @@ pub mod __private;
 /// | `mode` | `"transaction"`, or `"claim"` for a side effect outside the database ([claim mode](crate#claim-mode-side-effects-outside-the-database)) | `"transaction"` |
 /// | `lease_ms` | claim mode: integer, 1 to 2 592 000 000 (30 days): how long a claim stays live, in milliseconds; above the body's longest run | `60000` |
 /// | `batch` | the parameter holding a batch of messages (`msgs: &[Msg]` or a `Vec`); `key` is then a closure from one message to its key (`key = \|msg\| msg.id`), and the function returns [`BatchOutcome<T>`] | none |
+/// | `store_result` | `true`: the body's `Ok` value is kept with the marker as JSON (serde), in the same transaction (claim mode: with the stamp), and a later delivery answers `Duplicate { stored: Some(value), .. }` — the original answer to a retried request or redelivered command. Needs the table's `result` column (`--with result`; a table without it is refused before anything is written) and `T: Serialize + DeserializeOwned`; at most [`MAX_STORED_RESULT_BYTES`] of JSON ([`Error::StoredResult`] beyond). One message, not a batch | `false` |
 /// | `on_expired` | claim mode: `"take_over"` or `"report"`, what a delivery does with a claim whose lease ended without completion: run the side effect again, or return `StaleClaim` ([`StaleClaimOutcome`]) | `"take_over"` |
 ///
 /// # Every statement runs in the handler's transaction
@@ -522,7 +523,7 @@ pub use backends::AsyncInboxConnection;
 pub use backends::InboxConnection;
 pub use error::HasDieselError;
 pub use error::classify;
-pub use error::{Error, SessionProblem};
+pub use error::{Error, SessionProblem, StoredResultProblem};
 pub use guard::NoConnection;
 pub use inbox_core::{
     Action, BatchOutcome, Consumer, ConsumerError, ErrorClass, HandlerOutcome, IdentifierError,
@@ -530,5 +531,6 @@ pub use inbox_core::{
     RetryDecision, RetryPolicy, Settle, Settlement, StaleClaimOutcome, ToMessageKey, TransientKind,
     broker,
 };
+pub use runtime::stored::MAX_STORED_RESULT_BYTES;
 pub use schema::migration;
 pub use uuid::Uuid;

@@ -24,10 +24,11 @@ pub struct Args {
     pub precheck: Option<syn::LitBool>,
     pub idle_in_transaction_ms: Option<LitInt>,
     pub on_locked: Option<LitStr>,
+    pub store_result: Option<syn::LitBool>,
 }
 
 /// Each option with the form of its value, for "unknown option" and "expected …" errors.
-const OPTIONS: [(&str, &str); 15] = [
+const OPTIONS: [(&str, &str); 16] = [
     ("consumer", "consumer = \"credit\""),
     ("key", "key = msg.id"),
     ("conn", "conn = db"),
@@ -43,6 +44,7 @@ const OPTIONS: [(&str, &str); 15] = [
     ("precheck", "precheck = true"),
     ("idle_in_transaction_ms", "idle_in_transaction_ms = 10000"),
     ("on_locked", "on_locked = \"in_flight\""),
+    ("store_result", "store_result = true"),
 ];
 
 impl Parse for Args {
@@ -85,6 +87,7 @@ impl Parse for Args {
                 "batch" => set_once(&mut args.batch, &name, value(input, form)?)?,
                 "precheck" => set_once(&mut args.precheck, &name, value(input, form)?)?,
                 "on_locked" => set_once(&mut args.on_locked, &name, value(input, form)?)?,
+                "store_result" => set_once(&mut args.store_result, &name, value(input, form)?)?,
                 "idle_in_transaction_ms" => {
                     set_once(&mut args.idle_in_transaction_ms, &name, value(input, form)?)?
                 }

@@ -164,6 +164,7 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
         precheck,
         idle_in_transaction_ms,
         in_flight_when_locked,
+        store_result,
     } = handler;
     let ItemFn {
         attrs,
@@ -204,6 +205,14 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
     };
     // How the body's error is classified, for retries: resolved here, where its type is known.
     let probe = quote!(::inbox_diesel::__private::error_class!(#ret, __INBOX_SPEC));
+    // `store_result = true`: the value's codec, which needs the value to be serde's.
+    // Spanned at the return type: a value that is not serde's is reported there.
+    let store = match store_result {
+        true => quote_spanned!(ret.span()=> ::core::option::Option::Some(
+            ::inbox_diesel::__private::Store::json()
+        )),
+        false => quote!(::core::option::Option::None),
+    };
     let call = match (mode, batch) {
         (Mode::Transaction, Some(batch)) => {
             let runtime = match &sig.asyncness {
@@ -247,6 +256,7 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
                     #message_key,
                     #body_asyncness |#conn| -> #ret #block,
                     #probe,
+                    #store,
                     #inbox_error,
                 ) #awaited
             }
@@ -271,6 +281,7 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
                     ::inbox_diesel::__private::ClaimSpec { lease_ms: #lease_ms },
                     #message_key,
                     #body_asyncness |#[allow(unused_variables)] #conn| -> #ret #block,
+                    #store,
                     #inbox_error,
                 ) #awaited
             }

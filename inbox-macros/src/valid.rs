@@ -37,6 +37,9 @@ pub struct Handler {
     pub idle_in_transaction_ms: Option<u32>,
     /// `on_locked = "in_flight"`.
     pub in_flight_when_locked: bool,
+    /// `store_result = true`: the body's `Ok` value is kept with the marker and returned to
+    /// a duplicate.
+    pub store_result: bool,
 }
 
 /// How the body's work is made to happen once.
@@ -204,6 +207,19 @@ pub fn validate(args: Args, item: &ItemFn) -> syn::Result<Handler> {
         None => Some(false),
     };
 
+    let store_result = match &args.store_result {
+        Some(lit) if lit.value && args.batch.is_some() => {
+            errors.push(syn::Error::new(
+                lit.span(),
+                "`store_result` keeps the value of one message's handler with its marker: a \
+                 batch's value answers for many messages, and none of them alone",
+            ));
+            None
+        }
+        Some(lit) => Some(lit.value),
+        None => Some(false),
+    };
+
     // Every `None` below recorded an error; the defaults of the others are in place.
     match (errors.0, consumer, key, conn, ret) {
         (None, Some(consumer), Some(key), Some(conn), Some(ret)) => Ok(Handler {
@@ -221,6 +237,7 @@ pub fn validate(args: Args, item: &ItemFn) -> syn::Result<Handler> {
             precheck: precheck.unwrap_or_default(),
             idle_in_transaction_ms: idle_in_transaction_ms.flatten(),
             in_flight_when_locked: in_flight_when_locked.unwrap_or_default(),
+            store_result: store_result.unwrap_or_default(),
         }),
         (Some(error), ..) => Err(error),
         _ => unreachable!("every missing value recorded an error"),

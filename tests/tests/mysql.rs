@@ -33,6 +33,14 @@ mod testing_kit {
 
     include!("behaviour/testing.rs");
 }
+/// Stored results: a duplicate answers with the value its first delivery stored.
+mod stored {
+    type Db = inbox_tests::mysql::MysqlDb;
+    type DbConnection = diesel::MysqlConnection;
+    const BACKEND: inbox_diesel::schema::Backend = inbox_diesel::schema::Backend::Mysql;
+
+    include!("behaviour/stored.rs");
+}
 /// Claim mode, sync.
 mod claim_mode {
     use inbox_diesel::schema::mysql::inbox;

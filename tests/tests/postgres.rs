@@ -41,6 +41,14 @@ mod testing_kit {
 
     include!("behaviour/testing.rs");
 }
+/// Stored results: a duplicate answers with the value its first delivery stored.
+mod stored {
+    type Db = inbox_tests::postgres::PgDb;
+    type DbConnection = diesel::PgConnection;
+    const BACKEND: inbox_diesel::schema::Backend = inbox_diesel::schema::Backend::Postgres;
+
+    include!("behaviour/stored.rs");
+}
 /// Claim mode, sync.
 mod claim_mode {
     use inbox_diesel::schema::postgres::inbox;

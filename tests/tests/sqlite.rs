@@ -38,6 +38,14 @@ mod testing_kit {
 
     include!("behaviour/testing.rs");
 }
+/// Stored results: a duplicate answers with the value its first delivery stored.
+mod stored {
+    type Db = inbox_tests::sqlite::SqliteDb;
+    type DbConnection = diesel::SqliteConnection;
+    const BACKEND: inbox_diesel::schema::Backend = inbox_diesel::schema::Backend::Sqlite;
+
+    include!("behaviour/stored.rs");
+}
 /// Claim mode, sync.
 mod claim_mode {
     use inbox_diesel::schema::sqlite::inbox;

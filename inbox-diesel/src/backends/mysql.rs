@@ -126,6 +126,25 @@ impl Dialect for diesel::mysql::Mysql {
         dialect::load_async(conn, sql)
     }
 
+    fn store_result(table: &str, fenced: bool) -> String {
+        let fence = match fenced {
+            true => " AND attempts = ? AND processed_at IS NULL",
+            false => "",
+        };
+        format!("UPDATE {table} SET result = ? WHERE message_id = ? AND consumer = ?{fence}")
+    }
+
+    fn read_result(table: &str) -> String {
+        format!(
+            "SELECT CAST(result AS CHAR) AS result FROM {table} \
+             WHERE message_id = ? AND consumer = ?"
+        )
+    }
+
+    fn bind_message_id(sql: Sql, id: &Uuid) -> Sql {
+        sql.bind_bytes(id.as_bytes().to_vec())
+    }
+
     fn delete_batch(table: &str) -> String {
         format!(
             "DELETE FROM {table} WHERE processed_at < UTC_TIMESTAMP(6) - INTERVAL ? SECOND \

@@ -124,6 +124,28 @@ impl Dialect for diesel::pg::Pg {
 
     /// `= ANY(ARRAY(…))` rather than `IN (…)`: the planner then takes the batch's ids from the
     /// `processed_at` index first instead of joining against the whole table.
+    fn store_result(table: &str, fenced: bool) -> String {
+        let fence = match fenced {
+            true => " AND attempts = $4 AND processed_at IS NULL",
+            false => "",
+        };
+        format!(
+            "UPDATE {table} SET result = CAST($1 AS jsonb) \
+             WHERE message_id = CAST($2 AS uuid) AND consumer = $3{fence}"
+        )
+    }
+
+    fn read_result(table: &str) -> String {
+        format!(
+            "SELECT CAST(result AS text) AS result FROM {table} \
+             WHERE message_id = CAST($1 AS uuid) AND consumer = $2"
+        )
+    }
+
+    fn bind_message_id(sql: Sql, id: &Uuid) -> Sql {
+        sql.bind_text(id.to_string())
+    }
+
     fn delete_batch(table: &str) -> String {
         format!(
             "DELETE FROM {table} WHERE id = ANY(ARRAY(SELECT id FROM {table} \

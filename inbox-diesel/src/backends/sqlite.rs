@@ -125,6 +125,22 @@ impl Dialect for diesel::sqlite::Sqlite {
         dialect::load_async(conn, sql)
     }
 
+    fn store_result(table: &str, fenced: bool) -> String {
+        let fence = match fenced {
+            true => " AND attempts = ? AND processed_at IS NULL",
+            false => "",
+        };
+        format!("UPDATE {table} SET result = ? WHERE message_id = ? AND consumer = ?{fence}")
+    }
+
+    fn read_result(table: &str) -> String {
+        format!("SELECT result FROM {table} WHERE message_id = ? AND consumer = ?")
+    }
+
+    fn bind_message_id(sql: Sql, id: &Uuid) -> Sql {
+        sql.bind_bytes(id.as_bytes().to_vec())
+    }
+
     fn delete_batch(table: &str) -> String {
         format!(
             "DELETE FROM {table} WHERE id IN (SELECT id FROM {table} \

@@ -9,6 +9,8 @@ use inbox_core::{InboxSchema, MessageKey};
 pub struct Layout {
     /// The table has `key_text`: each marker stores its key's text there.
     pub(crate) key_text: bool,
+    /// The table has `result`: a handler with `store_result` keeps its value there.
+    pub(crate) result: bool,
     /// A MariaDB server (the MySQL backend): it bounds idle transactions
     /// (`idle_transaction_timeout`), which MySQL cannot.
     pub(crate) mariadb: bool,

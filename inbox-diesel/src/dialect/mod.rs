@@ -124,6 +124,21 @@ pub trait Dialect:
     where
         C: diesel_async::AsyncConnection<Backend = Self>;
 
+    // Stored results (`store_result`); `table` is quoted.
+
+    /// Writes a marker's stored result. Binds: the result's JSON text, the message id
+    /// ([`Dialect::bind_message_id`]), the consumer, and with `fenced` the claim's attempt
+    /// (claim mode: a claim taken over keeps its new holder's result).
+    fn store_result(table: &str, fenced: bool) -> String;
+
+    /// `result`: a marker's stored result as text, NULL when none was stored. Binds: the
+    /// message id, the consumer.
+    fn read_result(table: &str) -> String;
+
+    /// Binds the message id as [`Dialect::store_result`] and [`Dialect::read_result`] compare
+    /// it.
+    fn bind_message_id(sql: Sql, id: &Uuid) -> Sql;
+
     // The purge. Binds: the age in seconds, then (for the delete and the list) the number of
     // rows; `table` is quoted.
 

@@ -17,6 +17,7 @@ use crate::dialect::layout::Layout;
 use crate::io::Awaiting;
 use crate::runtime::claim::ClaimSpec;
 use crate::runtime::driver::{self, BatchClaims, NewMessages, Steps};
+use crate::runtime::stored::Store;
 use crate::spec::HandlerSpec;
 use crate::telemetry::Run;
 use crate::{AsyncInboxConnection, Error, NoConnection};
@@ -68,6 +69,7 @@ where
 
 /// Runs `body` once per message key and consumer, on a diesel-async connection; see
 /// `driver::drive` for the steps.
+#[allow(clippy::too_many_arguments, reason = "the pieces the expansion of `#[idempotent]` writes, each its own argument")]
 pub async fn run_async<C, T, E, B, P, A>(
     _outcome: PhantomData<A>,
     conn: &mut C,
@@ -75,6 +77,7 @@ pub async fn run_async<C, T, E, B, P, A>(
     key: Result<MessageKey, KeyError>,
     body: B,
     probe: P,
+    store: Option<Store<T>>,
     inbox_error: fn(Error) -> E,
 ) -> Result<A, E>
 where
@@ -94,6 +97,7 @@ where
         Cloned(body),
         probe,
         A::IN_FLIGHT,
+        store,
         inbox_error,
     )
     .instrument(run.instrument_span())
@@ -132,6 +136,7 @@ where
         Cloned(body),
         probe,
         None::<Infallible>,
+        None,
         inbox_error,
     )
     .instrument(run.instrument_span())
@@ -143,6 +148,7 @@ where
 
 /// Runs `body` in claim mode, on a diesel-async connection; see `driver::drive_claim` for
 /// the steps.
+#[allow(clippy::too_many_arguments, reason = "the pieces the expansion of `#[idempotent]` writes, each its own argument")]
 pub async fn run_claim_async<C, T, E, B, A>(
     _outcome: PhantomData<A>,
     conn: &mut C,
@@ -150,6 +156,7 @@ pub async fn run_claim_async<C, T, E, B, A>(
     claim: ClaimSpec,
     key: Result<MessageKey, KeyError>,
     body: B,
+    store: Option<Store<T>>,
     inbox_error: fn(Error) -> E,
 ) -> Result<A, E>
 where
@@ -165,6 +172,7 @@ where
         claim,
         key,
         ClonedWithoutConnection(body),
+        store,
         inbox_error,
     )
     .instrument(run.instrument_span())
@@ -265,6 +273,32 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
         ids: &[uuid::Uuid],
     ) -> QueryResult<usize> {
         crate::runtime::claim::present(self, &spec.schema, spec.consumer.as_str(), ids).await
+    }
+
+    async fn store_result(
+        &mut self,
+        spec: &'static HandlerSpec,
+        key: &MessageKey,
+        text: String,
+        attempt: Option<u32>,
+    ) -> QueryResult<usize> {
+        crate::runtime::stored::write(
+            self,
+            &spec.schema,
+            spec.consumer.as_str(),
+            key,
+            text,
+            attempt,
+        )
+        .await
+    }
+
+    async fn read_stored(
+        &mut self,
+        spec: &'static HandlerSpec,
+        key: &MessageKey,
+    ) -> QueryResult<Option<String>> {
+        crate::runtime::stored::read(self, &spec.schema, spec.consumer.as_str(), key).await
     }
 
     async fn pause(&mut self, delay: Duration) {

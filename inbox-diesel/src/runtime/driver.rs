@@ -28,6 +28,7 @@ use inbox_core::{BatchOutcome, ErrorClass, HandlerOutcome, MessageKey, RetryDeci
 use crate::dialect::claim::{ClaimAnswer, ClaimState, ClaimStep};
 use crate::dialect::layout::{Layout, key_text};
 use crate::runtime::claim::ClaimSpec;
+use crate::runtime::stored::Store;
 use crate::schema::check::SchemaError;
 use crate::spec::HandlerSpec;
 use crate::telemetry;
@@ -113,6 +114,23 @@ pub(crate) trait Steps {
         ids: &[uuid::Uuid],
     ) -> QueryResult<usize>;
 
+    /// Writes `text` as the stored result of `key`'s marker (`store_result`): in the open
+    /// transaction, or with `attempt` (claim mode) on its own where that claim is still open.
+    async fn store_result(
+        &mut self,
+        spec: &'static HandlerSpec,
+        key: &MessageKey,
+        text: String,
+        attempt: Option<u32>,
+    ) -> QueryResult<usize>;
+
+    /// The stored result of `key`'s marker, if it has one.
+    async fn read_stored(
+        &mut self,
+        spec: &'static HandlerSpec,
+        key: &MessageKey,
+    ) -> QueryResult<Option<String>>;
+
     /// Waits before a retry.
     async fn pause(&mut self, delay: Duration);
 }
@@ -175,7 +193,8 @@ pub(crate) trait Body<C, R> {
 /// What an attempt ended with, and so what [`drive`] decided for the message (or the batch).
 pub(crate) enum Decided<T, W> {
     Processed(T),
-    Duplicate,
+    /// With the stored result, for a handler that stores one.
+    Duplicate(Option<T>),
     /// `on_locked = "in_flight"`: another delivery holds the marker, uncommitted. `W` is
     /// the outcome type's witness that it can say so ([`HandlerOutcome::InFlightWitness`]).
     InFlight(W),
@@ -186,7 +205,7 @@ impl<T, W> Decided<T, W> {
     pub(crate) fn value(self) -> Option<T> {
         match self {
             Decided::Processed(value) => Some(value),
-            Decided::Duplicate | Decided::InFlight(_) => None,
+            Decided::Duplicate(_) | Decided::InFlight(_) => None,
         }
     }
 }
@@ -216,6 +235,7 @@ enum Failure<T, E> {
 ///
 /// `in_flight` is the outcome type's witness that it can answer `InFlight`: without one, a
 /// marker found locked is an error like any other (`on_locked = "in_flight"` needs it).
+#[allow(clippy::too_many_arguments, reason = "what the handler's expansion hands on, each its own argument")]
 pub(crate) async fn drive<S, K, T, E, B, P, W: Copy>(
     mut steps: S,
     spec: &'static HandlerSpec,
@@ -223,6 +243,7 @@ pub(crate) async fn drive<S, K, T, E, B, P, W: Copy>(
     mut body: B,
     probe: P,
     in_flight: Option<W>,
+    store: Option<Store<T>>,
     inbox_error: fn(Error) -> E,
 ) -> Result<Decided<T, W>, E>
 where
@@ -232,16 +253,17 @@ where
     P: Fn(&Result<T, E>) -> Option<ErrorClass>,
 {
     let (mut layout, mut run) = schema_checked(&mut steps, spec, false, inbox_error).await?;
+    result_column(spec, layout, store.is_some(), inbox_error)?;
     if spec.precheck && claims.completed_before(&mut steps, run, layout).await {
         tracing::info!(
             outcome = "duplicate",
             "completed marker found before the transaction"
         );
-        return Ok(Decided::Duplicate);
+        return stored_duplicate(&mut steps, run, claims.key(), store, inbox_error).await;
     }
     let (mut retries, mut rechecked) = (0, false);
     loop {
-        let attempted = attempt(&mut steps, run, layout, claims, &mut body, in_flight).await;
+        let attempted = attempt(&mut steps, run, layout, claims, &mut body, in_flight, store).await;
         end(&mut steps, run, layout).await;
         let failure = match attempted {
             Ok(decided) => {
@@ -250,8 +272,10 @@ where
                     Decided::Processed(_) => {
                         tracing::debug!(outcome = "processed", "committed with its marker")
                     }
-                    Decided::Duplicate => {
-                        tracing::info!(outcome = "duplicate", "marker exists; body not run")
+                    Decided::Duplicate(_) => {
+                        tracing::info!(outcome = "duplicate", "marker exists; body not run");
+                        return stored_duplicate(&mut steps, run, claims.key(), store, inbox_error)
+                            .await;
                     }
                     Decided::InFlight(_) => tracing::info!(
                         outcome = "in_flight",
@@ -299,6 +323,75 @@ where
             }
         }
     }
+}
+
+/// Refuses a handler that stores its results (`stores`) on a table without the `result`
+/// column, before anything is written.
+fn result_column<E>(
+    spec: &'static HandlerSpec,
+    layout: Layout,
+    stores: bool,
+    inbox_error: fn(Error) -> E,
+) -> Result<(), E> {
+    if !stores || layout.result {
+        return Ok(());
+    }
+    tracing::error!("the handler stores its results, and the inbox table has no `result` column");
+    telemetry::failed(spec, ErrorClass::Schema.label());
+    Err(inbox_error(Error::Schema(SchemaError::Mismatch {
+        table: spec.schema.table(),
+        resolved: None,
+        problems: vec![crate::schema::SchemaProblem::Unsupported {
+            found: "no `result` column".into(),
+            why: "the handler stores its result with its marker (`store_result`)",
+            fix: "add it: `inbox-diesel migration generate --with result`, or \
+                  `Backend::add_result_sql`"
+                .into(),
+        }],
+    })))
+}
+
+/// A duplicate, with the result the marker stored when the handler stores results
+/// (`store`) and this is one message (`key`): read after the delivery's own transaction
+/// ended, from the committed marker.
+async fn stored_duplicate<S: Steps, T, E, W>(
+    steps: &mut S,
+    spec: &'static HandlerSpec,
+    key: Option<&MessageKey>,
+    store: Option<Store<T>>,
+    inbox_error: fn(Error) -> E,
+) -> Result<Decided<T, W>, E> {
+    let (Some(store), Some(key)) = (store, key) else {
+        return Ok(Decided::Duplicate(None));
+    };
+    read_stored(steps, spec, key, store, inbox_error)
+        .await
+        .map(Decided::Duplicate)
+}
+
+/// The result `key`'s marker stored, as the handler's type.
+async fn read_stored<S: Steps, T, E>(
+    steps: &mut S,
+    spec: &'static HandlerSpec,
+    key: &MessageKey,
+    store: Store<T>,
+    inbox_error: fn(Error) -> E,
+) -> Result<Option<T>, E> {
+    let error = match steps.read_stored(spec, key).await {
+        Ok(None) => return Ok(None),
+        Ok(Some(text)) => match store.decode(&text) {
+            Ok(value) => return Ok(Some(value)),
+            Err(e) => e,
+        },
+        Err(source) => Error::Database {
+            class: classify(&source, &spec.schema),
+            attempts: 1,
+            source,
+        },
+    };
+    tracing::error!(error = %error, "the duplicate's stored result could not be read");
+    telemetry::failed(spec, error.class().label());
+    Err(inbox_error(error))
 }
 
 /// Checks, the first time a connection runs a handler, that the handler's inbox table can
@@ -482,7 +575,7 @@ pub(crate) fn outcome<T, A: HandlerOutcome<T>>(
     let consumer = spec.consumer.clone();
     match decided {
         Decided::Processed(value) => A::from_processed(value),
-        Decided::Duplicate => A::from_duplicate(consumer, key, None),
+        Decided::Duplicate(stored) => A::from_duplicate(consumer, key, stored),
         Decided::InFlight(witness) => A::from_in_flight(consumer, key, witness),
     }
 }
@@ -520,6 +613,11 @@ pub(crate) trait Claims {
     /// consumer ([`crate::outbox`]).
     fn origin(&self, spec: &'static HandlerSpec) -> crate::outbox::Seed;
 
+    /// The message's key, for one message; `None` for a batch.
+    fn key(&self) -> Option<&MessageKey> {
+        None
+    }
+
     /// `precheck = true`: whether the work was completed before, read outside any
     /// transaction. A failed read is not an answer: the transaction then decides.
     async fn completed_before<S: Steps>(
@@ -535,6 +633,10 @@ pub(crate) trait Claims {
 impl Claims for MessageKey {
     fn origin(&self, spec: &'static HandlerSpec) -> crate::outbox::Seed {
         crate::outbox::Seed::Key(self.stored_id(), spec.consumer.as_str())
+    }
+
+    fn key(&self) -> Option<&MessageKey> {
+        Some(self)
     }
 
     async fn claim<S: Steps>(
@@ -697,6 +799,7 @@ pub(crate) async fn drive_claim<S, T, E, B, A>(
     claim: ClaimSpec,
     key: MessageKey,
     mut body: B,
+    store: Option<Store<T>>,
     inbox_error: fn(Error) -> E,
 ) -> Result<A, E>
 where
@@ -706,13 +809,18 @@ where
 {
     tracing::debug!(key = ?key, "handling message");
     let (mut layout, mut run) = schema_checked(&mut steps, spec, true, inbox_error).await?;
+    result_column(spec, layout, store.is_some(), inbox_error)?;
     let (mut retries, mut rechecked) = (0, false);
     let attempt = loop {
         match acquire(&mut steps, run, claim, layout, &key, A::STALE_CLAIM).await {
             Ok(Acquired::Attempt(attempt)) => break attempt,
             Ok(Acquired::Completed) => {
                 tracing::info!(outcome = "duplicate", "work completed before; body not run");
-                return Ok(A::from_duplicate(spec.consumer.clone(), key, None));
+                let stored = match store {
+                    Some(store) => read_stored(&mut steps, run, &key, store, inbox_error).await?,
+                    None => None,
+                };
+                return Ok(A::from_duplicate(spec.consumer.clone(), key, stored));
             }
             Ok(Acquired::Live) => {
                 tracing::info!(
@@ -806,15 +914,46 @@ where
         }
     };
 
+    // The result, written where the claim is still this attempt's, just before the stamp. A
+    // result that cannot be stored does not stop the stamp: the side effect happened.
+    let (stored, unstorable) = match store.map(|store| store.encode(&value)) {
+        None => (None, None),
+        Some(Ok(text)) => (Some(text), None),
+        Some(Err(problem)) => (None, Some(problem)),
+    };
     crash_point!(BeforeStamp);
     let mut retries = 0;
     loop {
-        match steps
-            .claim_step(run, &key, ClaimStep::Stamp { attempt })
-            .await
-        {
+        let stamped = match &stored {
+            Some(text) => match steps
+                .store_result(run, &key, text.clone(), Some(attempt))
+                .await
+            {
+                Ok(_) => {
+                    steps
+                        .claim_step(run, &key, ClaimStep::Stamp { attempt })
+                        .await
+                }
+                Err(e) => Err(e),
+            },
+            None => {
+                steps
+                    .claim_step(run, &key, ClaimStep::Stamp { attempt })
+                    .await
+            }
+        };
+        match stamped {
             Ok(answer) if answer.changed() => {
                 tracing::debug!(outcome = "processed", attempt, "stamped complete");
+                if let Some(problem) = unstorable {
+                    tracing::error!(
+                        error = %problem,
+                        attempt,
+                        "the side effect ran and its claim is stamped, but its result is not stored"
+                    );
+                    telemetry::failed(spec, problem.class().label());
+                    return Err(inbox_error(problem));
+                }
                 return Ok(A::from_processed(value));
             }
             Ok(_) => {
@@ -1067,6 +1206,7 @@ async fn attempt<S, K, T, E, B, W: Copy>(
     claims: &K,
     body: &mut B,
     in_flight: Option<W>,
+    store: Option<Store<T>>,
 ) -> Result<Decided<T, W>, Failure<T, E>>
 where
     S: Steps,
@@ -1088,7 +1228,7 @@ where
             // ROLLBACK, not COMMIT: nothing was written, and on PostgreSQL a commit would
             // flush the WAL for the sequence value the conflicting insert consumed.
             roll_back(steps).await;
-            return Ok(Decided::Duplicate);
+            return Ok(Decided::Duplicate(None));
         }
         Err(e) => {
             roll_back(steps).await;
@@ -1130,6 +1270,17 @@ where
             std::panic::resume_unwind(payload)
         }
     };
+    // The result, stored with the marker in this transaction.
+    if let (Ok(value), Some(store), Some(key)) = (&result, store, claims.key()) {
+        let written = match store.encode(value) {
+            Ok(text) => steps.store_result(spec, key, text, None).await,
+            Err(problem) => Err(DieselError::QueryBuilderError(Box::new(problem))),
+        };
+        if let Err(e) = written {
+            roll_back(steps).await;
+            return Err(Failure::Database(e));
+        }
+    }
     if result.is_ok() {
         crash_point!(BeforeCommit);
     }
@@ -1361,6 +1512,26 @@ mod tests {
             Ok(ids.len())
         }
 
+        async fn store_result(
+            &mut self,
+            _: &'static HandlerSpec,
+            _: &MessageKey,
+            text: String,
+            _: Option<u32>,
+        ) -> QueryResult<usize> {
+            self.did.push(format!("store {text}"));
+            Ok(1)
+        }
+
+        async fn read_stored(
+            &mut self,
+            _: &'static HandlerSpec,
+            _: &MessageKey,
+        ) -> QueryResult<Option<String>> {
+            self.did.push("read stored".into());
+            Ok(None)
+        }
+
         async fn pause(&mut self, _: Duration) {
             self.did.push("pause".into());
         }
@@ -1392,6 +1563,7 @@ mod tests {
             Immediate(body),
             |_| None,
             None::<std::convert::Infallible>,
+            None,
             std::convert::identity,
         ));
         assert!(matches!(decided, Ok(Decided::Processed(()))));
@@ -1418,6 +1590,7 @@ mod tests {
             CLAIM,
             MessageKey::integer(1),
             Immediate(body),
+            None,
             std::convert::identity,
         ))
     }

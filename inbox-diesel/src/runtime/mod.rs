@@ -3,6 +3,7 @@
 
 pub(crate) mod claim;
 pub(crate) mod driver;
+pub(crate) mod stored;
 pub(crate) mod sync;
 
 #[cfg(feature = "async")]

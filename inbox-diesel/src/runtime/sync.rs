@@ -13,6 +13,7 @@ use crate::dialect::layout::Layout;
 use crate::io::{Blocking, complete_now};
 use crate::runtime::claim::ClaimSpec;
 use crate::runtime::driver::{self, BatchClaims, NewMessages, Steps};
+use crate::runtime::stored::Store;
 use crate::spec::HandlerSpec;
 use crate::telemetry::Run;
 use crate::{Error, InboxConnection, NoConnection};
@@ -20,6 +21,7 @@ use crate::{Error, InboxConnection, NoConnection};
 /// Runs `body` once per message key and consumer, on a sync connection, answering in the
 /// outcome type `A` the caller names (`_outcome`); see
 /// `driver::drive` for the steps.
+#[allow(clippy::too_many_arguments, reason = "the pieces the expansion of `#[idempotent]` writes, each its own argument")]
 pub fn run<C, T, E, B, P, A>(
     _outcome: PhantomData<A>,
     conn: &mut C,
@@ -27,6 +29,7 @@ pub fn run<C, T, E, B, P, A>(
     key: Result<MessageKey, KeyError>,
     body: B,
     probe: P,
+    store: Option<Store<T>>,
     inbox_error: fn(Error) -> E,
 ) -> Result<A, E>
 where
@@ -47,6 +50,7 @@ where
             Immediate(body),
             probe,
             A::IN_FLIGHT,
+            store,
             inbox_error,
         )
         .instrument(run.instrument_span()),
@@ -86,6 +90,7 @@ where
             Immediate(body),
             probe,
             None::<Infallible>,
+            None,
             inbox_error,
         )
         .instrument(run.instrument_span()),
@@ -96,6 +101,7 @@ where
 }
 
 /// Runs `body` in claim mode, on a sync connection; see `driver::drive_claim` for the steps.
+#[allow(clippy::too_many_arguments, reason = "the pieces the expansion of `#[idempotent]` writes, each its own argument")]
 pub fn run_claim<C, T, E, B, A>(
     _outcome: PhantomData<A>,
     conn: &mut C,
@@ -103,6 +109,7 @@ pub fn run_claim<C, T, E, B, A>(
     claim: ClaimSpec,
     key: Result<MessageKey, KeyError>,
     body: B,
+    store: Option<Store<T>>,
     inbox_error: fn(Error) -> E,
 ) -> Result<A, E>
 where
@@ -119,6 +126,7 @@ where
             claim,
             key,
             WithoutConnection(body),
+            store,
             inbox_error,
         )
         .instrument(run.instrument_span()),
@@ -238,6 +246,32 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
         ids: &[uuid::Uuid],
     ) -> QueryResult<usize> {
         crate::runtime::claim::present(self, &spec.schema, spec.consumer.as_str(), ids).await
+    }
+
+    async fn store_result(
+        &mut self,
+        spec: &'static HandlerSpec,
+        key: &MessageKey,
+        text: String,
+        attempt: Option<u32>,
+    ) -> QueryResult<usize> {
+        crate::runtime::stored::write(
+            self,
+            &spec.schema,
+            spec.consumer.as_str(),
+            key,
+            text,
+            attempt,
+        )
+        .await
+    }
+
+    async fn read_stored(
+        &mut self,
+        spec: &'static HandlerSpec,
+        key: &MessageKey,
+    ) -> QueryResult<Option<String>> {
+        crate::runtime::stored::read(self, &spec.schema, spec.consumer.as_str(), key).await
     }
 
     async fn pause(&mut self, delay: Duration) {

@@ -653,6 +653,18 @@ const KEY_TEXT: (&str, [&[&str]; 3], &str) = (
      (MySQL, MariaDB)",
 );
 
+/// The optional column where a handler with `store_result` keeps its `Ok` value, as JSON
+/// (`inbox-diesel migration generate --with result`).
+const RESULT: (&str, [&[&str]; 3], &str) = (
+    "result",
+    [
+        &["jsonb", "json", "text"],
+        &["json", "longtext", "mediumtext"],
+        &["text"],
+    ],
+    "JSON text: jsonb (PostgreSQL), JSON (MySQL; MariaDB's JSON is LONGTEXT), TEXT (SQLite)",
+);
+
 /// The longest consumer name, in characters: what `consumer` must hold.
 const CONSUMER_CHARS: u64 = inbox_core::Consumer::MAX_LEN as u64;
 
@@ -692,6 +704,7 @@ pub(crate) fn check(
 ) -> Result<Layout, SchemaError> {
     let mut layout = Layout {
         key_text: false,
+        result: false,
         mariadb: backend == Backend::Mysql && catalog.server.contains("MariaDB"),
         session_mark: None,
         pinned: None,
@@ -713,9 +726,13 @@ pub(crate) fn check(
             Backend::Sqlite => 2,
         };
         layout.key_text = catalog.columns.iter().any(|c| c.name == KEY_TEXT.0);
-        // The optional column is checked only when the table has it.
-        let optional = layout.key_text.then_some(&KEY_TEXT);
-        for &(column, types, expected) in COLUMNS.iter().chain(optional) {
+        layout.result = catalog.columns.iter().any(|c| c.name == RESULT.0);
+        // The optional columns are checked only when the table has them.
+        let optional = [
+            layout.key_text.then_some(&KEY_TEXT),
+            layout.result.then_some(&RESULT),
+        ];
+        for &(column, types, expected) in COLUMNS.iter().chain(optional.into_iter().flatten()) {
             match catalog.columns.iter().find(|c| c.name == column) {
                 None => problems.push(SchemaProblem::MissingColumn { column }),
                 Some(found) => {

@@ -71,10 +71,13 @@ enum Change {
     /// Creates it, with `key_text` or without, and an outbox table beside it or not.
     Create {
         key_text: bool,
+        result: bool,
         outbox: Option<&'static str>,
     },
     /// Adds `key_text` to it.
     AddKeyText,
+    /// Adds `result` to it.
+    AddResult,
     /// Creates an outbox table beside it.
     AddOutbox(&'static str),
 }
@@ -149,6 +152,10 @@ pub const EMBEDDED_KEY_TEXT_VERSION: &str = "00000000000002";
 /// `key_text`, before any timestamped version.
 pub const EMBEDDED_OUTBOX_VERSION: &str = "00000000000003";
 
+/// The version of the embedded [`InboxMigration::add_result`]: after the table's, its
+/// `key_text` and the outbox, before any timestamped version.
+pub const EMBEDDED_RESULT_VERSION: &str = "00000000000004";
+
 impl<DB: diesel::backend::Backend> diesel::migration::MigrationSource<DB> for InboxMigration {
     fn migrations(
         &self,
@@ -157,6 +164,7 @@ impl<DB: diesel::backend::Backend> diesel::migration::MigrationSource<DB> for In
             Change::Create { .. } => EMBEDDED_VERSION,
             Change::AddKeyText => EMBEDDED_KEY_TEXT_VERSION,
             Change::AddOutbox(_) => EMBEDDED_OUTBOX_VERSION,
+            Change::AddResult => EMBEDDED_RESULT_VERSION,
         };
         Ok(vec![Box::new(Embedded {
             version,
@@ -227,6 +235,7 @@ impl InboxMigration {
             schema,
             change: Change::Create {
                 key_text: false,
+                result: false,
                 outbox: None,
             },
         }
@@ -236,13 +245,43 @@ impl InboxMigration {
     /// key as text for operators (`--with key_text`; see
     /// [`Backend::add_key_text_sql`](crate::schema::Backend::add_key_text_sql)).
     pub fn with_key_text(self) -> Self {
-        let outbox = match self.change {
-            Change::Create { outbox, .. } => outbox,
-            _ => None,
+        let (result, outbox) = match self.change {
+            Change::Create { result, outbox, .. } => (result, outbox),
+            _ => (false, None),
         };
         Self {
             change: Change::Create {
                 key_text: true,
+                result,
+                outbox,
+            },
+            ..self
+        }
+    }
+
+    /// The table with the optional `result` column, where a handler with `store_result`
+    /// keeps its value (`--with result`; see
+    /// [`Backend::add_result_sql`](crate::schema::Backend::add_result_sql)).
+    ///
+    /// ```
+    /// use inbox_diesel::InboxSchema;
+    /// use inbox_diesel::migration::InboxMigration;
+    /// use inbox_diesel::schema::Backend;
+    ///
+    /// let migration = InboxMigration::new(Backend::Mysql, InboxSchema::DEFAULT).with_result();
+    /// assert!(migration.up_sql().contains("result        JSON"));
+    /// ```
+    pub fn with_result(self) -> Self {
+        let (key_text, outbox) = match self.change {
+            Change::Create {
+                key_text, outbox, ..
+            } => (key_text, outbox),
+            _ => (false, None),
+        };
+        Self {
+            change: Change::Create {
+                key_text,
+                result: true,
                 outbox,
             },
             ..self
@@ -266,10 +305,16 @@ impl InboxMigration {
     /// When `table` is not a table name (as [`Outbox::new`](crate::outbox::Outbox::new)).
     pub fn with_outbox(self, table: &'static str) -> Self {
         let _ = crate::outbox::Outbox::new(table);
-        let key_text = matches!(self.change, Change::Create { key_text: true, .. });
+        let (key_text, result) = match self.change {
+            Change::Create {
+                key_text, result, ..
+            } => (key_text, result),
+            _ => (false, false),
+        };
         Self {
             change: Change::Create {
                 key_text,
+                result,
                 outbox: Some(table),
             },
             ..self
@@ -311,13 +356,24 @@ impl InboxMigration {
         }
     }
 
+    /// The migration adding `result` to `schema`'s existing table on `backend`, named
+    /// `add_result_to_<table>`; its `down.sql` drops the column again.
+    pub fn add_result(backend: Backend, schema: InboxSchema) -> Self {
+        Self {
+            backend,
+            schema,
+            change: Change::AddResult,
+        }
+    }
+
     /// The migration's name: `create_<table>` (`create_billing_inbox` for `billing.inbox`),
-    /// or `add_key_text_to_<table>`.
+    /// `add_key_text_to_<table>` or `add_result_to_<table>`.
     pub fn name(&self) -> String {
         let table = self.schema.table().replace('.', "_");
         match self.change {
             Change::Create { .. } => format!("create_{table}"),
             Change::AddKeyText => format!("add_key_text_to_{table}"),
+            Change::AddResult => format!("add_result_to_{table}"),
             Change::AddOutbox(outbox) => format!("create_{}", outbox.replace('.', "_")),
         }
     }
@@ -338,13 +394,10 @@ impl InboxMigration {
         match self.change {
             Change::Create {
                 key_text,
+                result,
                 outbox: with,
             } => {
-                let mut sql = if key_text {
-                    backend.create_table_with_key_text_sql(schema)
-                } else {
-                    backend.create_table_sql(schema)
-                };
+                let mut sql = backend.create_table_with_sql(schema, key_text, result);
                 if let Some(table) = with {
                     sql.push('\n');
                     sql.push_str(&outbox(table));
@@ -352,6 +405,7 @@ impl InboxMigration {
                 sql
             }
             Change::AddKeyText => backend.add_key_text_sql(schema),
+            Change::AddResult => backend.add_result_sql(schema),
             Change::AddOutbox(table) => outbox(table),
         }
     }
@@ -366,6 +420,7 @@ impl InboxMigration {
                 sql
             }
             Change::AddKeyText => self.backend.drop_key_text_sql(&self.schema),
+            Change::AddResult => self.backend.drop_result_sql(&self.schema),
             Change::AddOutbox(table) => drop_outbox(table),
         }
     }

@@ -10,6 +10,7 @@
 //! | `claimed_until` | `TIMESTAMPTZ` | `DATETIME(6)` | `TIMESTAMP` (text, milliseconds) | claim mode: the end of the claim's lease; NULL once completed, or when a failed attempt released the claim |
 //! | `attempts` | `INTEGER DEFAULT 1` | `INT DEFAULT 1` | `INTEGER DEFAULT 1` | claim mode: how many deliveries claimed the key; each claim-mode statement names its attempt, so a claim taken over is never stamped by the delivery that lost it |
 //! | `key_text` (optional) | `TEXT` | `MEDIUMTEXT` `utf8mb4` | `TEXT` | the key as text, for operators; written when the table has it (`--with key_text`, [`Backend::add_key_text_sql`]) |
+//! | `result` (optional) | `JSONB` | `JSON` | `TEXT` | the `Ok` value of a handler with `store_result`, as JSON, replayed to its duplicates; required by such a handler (`--with result`, [`Backend::add_result_sql`]) |
 //!
 //! and the unique index `ux_inbox_message_consumer` on `(message_id, consumer)`, whose
 //! violation — and no other — means "already processed". `message_id` leads the index: it is
@@ -125,20 +126,41 @@ pub use crate::dialect::{Backend, UnknownBackend};
 impl Backend {
     /// `CREATE TABLE` and its indexes for `schema` (idempotent: `IF NOT EXISTS`).
     pub fn create_table_sql(self, schema: &InboxSchema) -> String {
-        self.create_sql(schema, false)
+        self.create_sql(schema, false, false)
     }
 
     /// [`create_table_sql`](Self::create_table_sql) with the optional `key_text` column,
     /// where the runtime keeps each marker's key as text (see [`add_key_text_sql`](Self::add_key_text_sql)).
     pub fn create_table_with_key_text_sql(self, schema: &InboxSchema) -> String {
-        self.create_sql(schema, true)
+        self.create_sql(schema, true, false)
     }
 
-    fn create_sql(self, schema: &InboxSchema, key_text: bool) -> String {
-        let key_text = match key_text {
-            true => format!("    key_text      {},\n", self.key_text_type()),
-            false => String::new(),
-        };
+    /// [`create_table_sql`](Self::create_table_sql) with the optional `result` column,
+    /// where a handler with `store_result` keeps its value (see
+    /// [`add_result_sql`](Self::add_result_sql)).
+    pub fn create_table_with_result_sql(self, schema: &InboxSchema) -> String {
+        self.create_sql(schema, false, true)
+    }
+
+    /// [`create_table_sql`](Self::create_table_sql) with the optional columns asked for.
+    pub fn create_table_with_sql(
+        self,
+        schema: &InboxSchema,
+        key_text: bool,
+        result: bool,
+    ) -> String {
+        self.create_sql(schema, key_text, result)
+    }
+
+    fn create_sql(self, schema: &InboxSchema, key_text: bool, result: bool) -> String {
+        let mut optional = String::new();
+        if key_text {
+            optional.push_str(&format!("    key_text      {},\n", self.key_text_type()));
+        }
+        if result {
+            optional.push_str(&format!("    result        {},\n", self.result_type()));
+        }
+        let key_text = optional;
         match self {
             Backend::Postgres => postgres_create(schema, &key_text),
             Backend::Mysql => mysql_create(schema, &key_text),
@@ -181,6 +203,54 @@ impl Backend {
             self.quote_table(schema.table()),
             self.key_text_type()
         )
+    }
+
+    /// Adds the optional `result` column to an existing inbox table, where a handler with
+    /// `store_result` keeps its `Ok` value as JSON, written in the same transaction as the
+    /// marker, and read back by a later delivery of the message:
+    ///
+    /// ```sql
+    /// ALTER TABLE inbox ADD COLUMN result JSONB;   -- JSON on MySQL and MariaDB, TEXT on SQLite
+    /// ```
+    ///
+    /// A handler with `store_result` refuses a table without it, before anything is written.
+    /// Rows written before stay `NULL`: their duplicates answer `stored: None`. Stored
+    /// results make rows larger (up to
+    /// [`MAX_STORED_RESULT_BYTES`](crate::MAX_STORED_RESULT_BYTES) each): the purge removes
+    /// them with their markers.
+    ///
+    /// ```
+    /// use inbox_diesel::InboxSchema;
+    /// use inbox_diesel::schema::Backend;
+    ///
+    /// assert_eq!(
+    ///     Backend::Postgres.add_result_sql(&InboxSchema::DEFAULT),
+    ///     "ALTER TABLE \"inbox\" ADD COLUMN result JSONB;\n"
+    /// );
+    /// ```
+    pub fn add_result_sql(self, schema: &InboxSchema) -> String {
+        format!(
+            "ALTER TABLE {} ADD COLUMN result {};\n",
+            self.quote_table(schema.table()),
+            self.result_type()
+        )
+    }
+
+    /// Drops the optional `result` column (the `down.sql` of [`add_result_sql`](Self::add_result_sql)).
+    pub fn drop_result_sql(self, schema: &InboxSchema) -> String {
+        format!(
+            "ALTER TABLE {} DROP COLUMN result;\n",
+            self.quote_table(schema.table())
+        )
+    }
+
+    /// The type of `result`: JSON an operator can read (and query, on PostgreSQL).
+    fn result_type(self) -> &'static str {
+        match self {
+            Backend::Postgres => "JSONB",
+            Backend::Mysql => "JSON",
+            Backend::Sqlite => "TEXT",
+        }
     }
 
     /// Drops the optional `key_text` column (the `down.sql` of [`add_key_text_sql`](Self::add_key_text_sql)).

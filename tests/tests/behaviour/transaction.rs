@@ -167,8 +167,10 @@ fn redelivery_is_a_duplicate_and_the_body_does_not_run() {
         Ok(())
     })
     .unwrap();
-    assert!(matches!(&outcome, Outcome::Duplicate { consumer, key, stored: None }
-        if consumer.as_str() == "credit" && key.stored_id() == msg.id));
+    assert!(
+        matches!(&outcome, Outcome::Duplicate { consumer, key, stored: None }
+        if consumer.as_str() == "credit" && key.stored_id() == msg.id)
+    );
     assert!(!ran);
     assert_eq!(count_credits(&mut conn, &msg), 1);
     assert_eq!(count_markers(&mut conn), 1);
