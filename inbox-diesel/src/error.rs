@@ -107,6 +107,16 @@ pub enum Error {
     /// not run again. A stored value that no longer reads as the handler's type (class
     /// [`ErrorClass::Misuse`]: the type changed under stored rows) is a bug to fix.
     StoredResult(StoredResultProblem),
+    /// A handler with `fingerprint = …`: the key's marker was written for a request with
+    /// another fingerprint — the same key reused for a different request. The body did not
+    /// run, and nothing was written. Class [`ErrorClass::Other`]: every delivery of this
+    /// request would meet the same marker (an HTTP API answers 422).
+    KeyReused {
+        /// The consumer whose marker was found.
+        consumer: inbox_core::Consumer,
+        /// The key reused.
+        key: inbox_core::MessageKey,
+    },
 }
 
 /// Why a handler with `store_result` could not store its result or read one back.
@@ -165,6 +175,7 @@ impl Error {
             Error::WriteOutsideTransaction(_) => ErrorClass::Misuse,
             Error::StoredResult(StoredResultProblem::Decode(_)) => ErrorClass::Misuse,
             Error::StoredResult(_) => ErrorClass::Other,
+            Error::KeyReused { .. } => ErrorClass::Other,
         }
     }
 }
@@ -233,6 +244,11 @@ impl fmt::Display for Error {
             Error::Outbox(problem) => write!(f, "inbox {problem}"),
             Error::WriteOutsideTransaction(escaped) => write!(f, "inbox: {escaped}"),
             Error::StoredResult(problem) => write!(f, "inbox: {problem}"),
+            Error::KeyReused { consumer, .. } => write!(
+                f,
+                "inbox: the key was used before by a request with another fingerprint \
+                 (consumer {consumer}); nothing ran"
+            ),
             // The server's message is the `source()`: reporters print it after this.
             Error::Database {
                 class, attempts: 1, ..
@@ -255,6 +271,7 @@ impl std::error::Error for Error {
             | Error::Outbox(_)
             | Error::WriteOutsideTransaction(_)
             | Error::StoredResult(_)
+            | Error::KeyReused { .. }
             | Error::CalledInsideTransaction => None,
             Error::Database { source, .. } | Error::EffectNotRecorded { source, .. } => {
                 Some(source)

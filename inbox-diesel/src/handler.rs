@@ -240,7 +240,7 @@ where
         key.to_message_key(),
         body,
         error_class(&spec.schema),
-        None,
+        crate::runtime::stored::Remembered::nothing(),
         E::from,
     )
 }
@@ -308,7 +308,7 @@ where
         key.to_message_key(),
         body,
         error_class(&spec.schema),
-        Some(crate::runtime::stored::Store::json()),
+        crate::runtime::stored::Remembered::new(Some(crate::runtime::stored::Store::json()), None),
         E::from,
     )
 }
@@ -340,7 +340,7 @@ where
         key.to_message_key(),
         body,
         error_class(&spec.schema),
-        None,
+        crate::runtime::stored::Remembered::nothing(),
         E::from,
     )
     .await
@@ -372,7 +372,7 @@ where
         key.to_message_key(),
         body,
         error_class(&spec.schema),
-        Some(crate::runtime::stored::Store::json()),
+        crate::runtime::stored::Remembered::new(Some(crate::runtime::stored::Store::json()), None),
         E::from,
     )
     .await

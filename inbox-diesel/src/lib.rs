@@ -342,6 +342,7 @@ pub mod __private;
 /// | `lease_ms` | claim mode: integer, 1 to 2 592 000 000 (30 days): how long a claim stays live, in milliseconds; above the body's longest run | `60000` |
 /// | `batch` | the parameter holding a batch of messages (`msgs: &[Msg]` or a `Vec`); `key` is then a closure from one message to its key (`key = \|msg\| msg.id`), and the function returns [`BatchOutcome<T>`] | none |
 /// | `store_result` | `true`: the body's `Ok` value is kept with the marker as JSON (serde), in the same transaction (claim mode: with the stamp), and a later delivery answers `Duplicate { stored: Some(value), .. }` — the original answer to a retried request or redelivered command. Needs the table's `result` column (`--with result`; a table without it is refused before anything is written) and `T: Serialize + DeserializeOwned`; at most [`MAX_STORED_RESULT_BYTES`] of JSON ([`Error::StoredResult`] beyond). One message, not a batch | `false` |
+/// | `fingerprint` | an expression of bytes (`AsRef<[u8]>`: the request's body, a canonical encoding of the fields that make it this request): its SHA-256 digest ([`Fingerprint`]) is written with the marker, and a later delivery of the key with another digest is [`Error::KeyReused`] — neither processed nor a duplicate — also when it lost the race to the first (it waits for the first's commit, then compares) and, in claim mode, while the first is in flight. Needs the table's `fingerprint` column (`--with fingerprint`). One message, not a batch | none |
 /// | `on_expired` | claim mode: `"take_over"` or `"report"`, what a delivery does with a claim whose lease ended without completion: run the side effect again, or return `StaleClaim` ([`StaleClaimOutcome`]) | `"take_over"` |
 ///
 /// # Every statement runs in the handler's transaction
@@ -531,6 +532,6 @@ pub use inbox_core::{
     RetryDecision, RetryPolicy, Settle, Settlement, StaleClaimOutcome, ToMessageKey, TransientKind,
     broker,
 };
-pub use runtime::stored::MAX_STORED_RESULT_BYTES;
+pub use runtime::stored::{Fingerprint, MAX_STORED_RESULT_BYTES};
 pub use schema::migration;
 pub use uuid::Uuid;

@@ -8,7 +8,7 @@ pub mod guard {
 pub use crate::runtime::asynchronous::{AsyncBody, run_async, run_batch_async, run_claim_async};
 pub use crate::runtime::claim::ClaimSpec;
 pub use crate::runtime::driver::NewMessages;
-pub use crate::runtime::stored::Store;
+pub use crate::runtime::stored::{Remembered, Store};
 pub use crate::runtime::sync::{run, run_batch, run_claim};
 pub use crate::spec::HandlerSpec;
 pub use crate::{

@@ -161,9 +161,9 @@ fn bad_input_is_refused_and_writes_nothing() {
                 "--backend",
                 "sqlite",
                 "--with",
-                "fingerprint",
+                "checksum",
             ],
-            "unknown part `fingerprint`",
+            "unknown part `checksum`",
         ),
         (
             &[
@@ -269,6 +269,46 @@ fn key_text_with_the_table_or_added_to_it() {
     );
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(migrations(&dir).len(), 2);
+}
+
+/// `--with result,fingerprint` creates the table with both columns, whose SQL runs; `--add
+/// result` and `--add fingerprint` write migrations adding each to a table that exists.
+#[test]
+fn result_and_fingerprint_with_the_table_or_added_to_it() {
+    use diesel::connection::SimpleConnection;
+    use diesel::{Connection, SqliteConnection};
+    let project = project();
+    let generate = |args: &[&str]| {
+        let mut all = vec!["migration", "generate", "--backend", "sqlite"];
+        all.extend_from_slice(args);
+        let out = inbox_diesel(project.path(), &all);
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+    };
+    generate(&["--with", "result,fingerprint"]);
+    generate(&["--add", "result"]);
+    generate(&["--add", "fingerprint"]);
+    let dir = project.path().join("migrations");
+    let written = migrations(&dir);
+    assert_eq!(written.len(), 3, "{written:?}");
+    let read = |suffix: &str, file: &str| {
+        let name = written.iter().find(|n| n.ends_with(suffix)).unwrap();
+        std::fs::read_to_string(dir.join(name).join(file)).unwrap()
+    };
+    let create = read("_create_inbox", "up.sql");
+    assert!(create.contains("result        TEXT,"), "{create}");
+    assert!(create.contains("fingerprint   BLOB,"), "{create}");
+    let mut conn = SqliteConnection::establish(":memory:").unwrap();
+    conn.batch_execute(&create).unwrap();
+    conn.batch_execute("SELECT result, fingerprint FROM inbox")
+        .unwrap();
+    assert!(
+        read("_add_result_to_inbox", "up.sql")
+            .contains("ALTER TABLE \"inbox\" ADD COLUMN result TEXT;")
+    );
+    assert!(
+        read("_add_fingerprint_to_inbox", "down.sql")
+            .contains("ALTER TABLE \"inbox\" DROP COLUMN fingerprint;")
+    );
 }
 
 /// Failures to write: exit code 1, nothing written, nothing overwritten.

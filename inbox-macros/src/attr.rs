@@ -25,10 +25,11 @@ pub struct Args {
     pub idle_in_transaction_ms: Option<LitInt>,
     pub on_locked: Option<LitStr>,
     pub store_result: Option<syn::LitBool>,
+    pub fingerprint: Option<Expr>,
 }
 
 /// Each option with the form of its value, for "unknown option" and "expected …" errors.
-const OPTIONS: [(&str, &str); 16] = [
+const OPTIONS: [(&str, &str); 17] = [
     ("consumer", "consumer = \"credit\""),
     ("key", "key = msg.id"),
     ("conn", "conn = db"),
@@ -45,6 +46,7 @@ const OPTIONS: [(&str, &str); 16] = [
     ("idle_in_transaction_ms", "idle_in_transaction_ms = 10000"),
     ("on_locked", "on_locked = \"in_flight\""),
     ("store_result", "store_result = true"),
+    ("fingerprint", "fingerprint = request.body"),
 ];
 
 impl Parse for Args {
@@ -88,6 +90,7 @@ impl Parse for Args {
                 "precheck" => set_once(&mut args.precheck, &name, value(input, form)?)?,
                 "on_locked" => set_once(&mut args.on_locked, &name, value(input, form)?)?,
                 "store_result" => set_once(&mut args.store_result, &name, value(input, form)?)?,
+                "fingerprint" => set_once(&mut args.fingerprint, &name, value(input, form)?)?,
                 "idle_in_transaction_ms" => {
                     set_once(&mut args.idle_in_transaction_ms, &name, value(input, form)?)?
                 }

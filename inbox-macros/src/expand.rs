@@ -165,6 +165,7 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
         idle_in_transaction_ms,
         in_flight_when_locked,
         store_result,
+        fingerprint,
     } = handler;
     let ItemFn {
         attrs,
@@ -213,6 +214,15 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
         )),
         false => quote!(::core::option::Option::None),
     };
+    // `fingerprint = …`: spanned at the expression, so that one that is not bytes is
+    // reported there.
+    let fingerprint = match fingerprint {
+        Some(expr) => quote_spanned!(expr.span()=> ::core::option::Option::Some(
+            ::inbox_diesel::Fingerprint::of(&(#expr))
+        )),
+        None => quote!(::core::option::Option::None),
+    };
+    let store = quote!(::inbox_diesel::__private::Remembered::new(#store, #fingerprint));
     let call = match (mode, batch) {
         (Mode::Transaction, Some(batch)) => {
             let runtime = match &sig.asyncness {

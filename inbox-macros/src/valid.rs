@@ -40,6 +40,9 @@ pub struct Handler {
     /// `store_result = true`: the body's `Ok` value is kept with the marker and returned to
     /// a duplicate.
     pub store_result: bool,
+    /// `fingerprint = …`: the bytes whose digest is kept with the marker; a later delivery
+    /// of the key with another digest is refused.
+    pub fingerprint: Option<Expr>,
 }
 
 /// How the body's work is made to happen once.
@@ -220,6 +223,17 @@ pub fn validate(args: Args, item: &ItemFn) -> syn::Result<Handler> {
         None => Some(false),
     };
 
+    let fingerprint = match &args.fingerprint {
+        Some(expr) if args.batch.is_some() => {
+            errors.push(syn::Error::new(
+                expr.span(),
+                "`fingerprint` is one request's: a batch's messages each have their own",
+            ));
+            None
+        }
+        other => Some(other.clone()),
+    };
+
     // Every `None` below recorded an error; the defaults of the others are in place.
     match (errors.0, consumer, key, conn, ret) {
         (None, Some(consumer), Some(key), Some(conn), Some(ret)) => Ok(Handler {
@@ -238,6 +252,7 @@ pub fn validate(args: Args, item: &ItemFn) -> syn::Result<Handler> {
             idle_in_transaction_ms: idle_in_transaction_ms.flatten(),
             in_flight_when_locked: in_flight_when_locked.unwrap_or_default(),
             store_result: store_result.unwrap_or_default(),
+            fingerprint: fingerprint.flatten(),
         }),
         (Some(error), ..) => Err(error),
         _ => unreachable!("every missing value recorded an error"),

@@ -134,11 +134,28 @@ impl Dialect for diesel::mysql::Mysql {
         format!("UPDATE {table} SET result = ? WHERE message_id = ? AND consumer = ?{fence}")
     }
 
-    fn read_result(table: &str) -> String {
+    fn read_marker(table: &str, result: bool, fingerprint: bool) -> String {
+        let result = if result {
+            "CAST(result AS CHAR)"
+        } else {
+            "NULL"
+        };
+        let fingerprint = if fingerprint { "fingerprint" } else { "NULL" };
         format!(
-            "SELECT CAST(result AS CHAR) AS result FROM {table} \
+            "SELECT {result} AS result, {fingerprint} AS fingerprint FROM {table} \
              WHERE message_id = ? AND consumer = ?"
         )
+    }
+
+    fn store_fingerprint(table: &str) -> String {
+        format!("UPDATE {table} SET fingerprint = ? WHERE message_id = ? AND consumer = ?")
+    }
+
+    fn bind_fragment_bytes<'b>(
+        out: &mut AstPass<'_, 'b, Self>,
+        bytes: &'b [u8],
+    ) -> QueryResult<()> {
+        out.push_bind_param::<Binary, [u8]>(bytes)
     }
 
     fn bind_message_id(sql: Sql, id: &Uuid) -> Sql {

@@ -135,11 +135,35 @@ impl Dialect for diesel::pg::Pg {
         )
     }
 
-    fn read_result(table: &str) -> String {
+    fn read_marker(table: &str, result: bool, fingerprint: bool) -> String {
+        let result = if result {
+            "CAST(result AS text)"
+        } else {
+            "CAST(NULL AS text)"
+        };
+        let fingerprint = if fingerprint {
+            "fingerprint"
+        } else {
+            "CAST(NULL AS bytea)"
+        };
         format!(
-            "SELECT CAST(result AS text) AS result FROM {table} \
+            "SELECT {result} AS result, {fingerprint} AS fingerprint FROM {table} \
              WHERE message_id = CAST($1 AS uuid) AND consumer = $2"
         )
+    }
+
+    fn store_fingerprint(table: &str) -> String {
+        format!(
+            "UPDATE {table} SET fingerprint = $1 \
+             WHERE message_id = CAST($2 AS uuid) AND consumer = $3"
+        )
+    }
+
+    fn bind_fragment_bytes<'b>(
+        out: &mut AstPass<'_, 'b, Self>,
+        bytes: &'b [u8],
+    ) -> QueryResult<()> {
+        out.push_bind_param::<Binary, [u8]>(bytes)
     }
 
     fn bind_message_id(sql: Sql, id: &Uuid) -> Sql {

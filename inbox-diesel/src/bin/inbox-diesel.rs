@@ -23,16 +23,19 @@ options:
                                     nearest `migrations` directory)
   --table NAME                      the table, optionally qualified (default: inbox)
   --constraint NAME                 its unique index (default: ux_inbox_message_consumer)
-  --with key_text,result,outbox     the optional parts: `key_text` keeps each marker's key
+  --with key_text,result,fingerprint,outbox
+                                    the optional parts: `key_text` keeps each marker's key
                                     as text, for operators; `result` keeps the value of a
-                                    handler with `store_result`, as JSON; `outbox` creates
+                                    handler with `store_result`, as JSON; `fingerprint`
+                                    the request digest of a handler with `fingerprint = …`;
+                                    `outbox` creates
                                     the outbox table beside the inbox, in the same
                                     migration (claim mode's columns are always included;
                                     `claim` is accepted and changes nothing)
-  --add key_text|result|outbox      a migration adding the part to an existing inbox
-                                    instead (add_key_text_to_<table>,
-                                    add_result_to_<table>, create_<outbox>; down.sql drops
-                                    what up.sql added)
+  --add key_text|result|fingerprint|outbox
+                                    a migration adding the part to an existing inbox
+                                    instead (add_<part>_to_<table>, create_<outbox>;
+                                    down.sql drops what up.sql added)
   --outbox-table NAME               the outbox table, optionally qualified (default: outbox)
   -h, --help                        this text
 ";
@@ -122,18 +125,22 @@ fn parse(args: &[String]) -> Result<Options, Failure> {
 fn generate_migration(options: Options) -> Result<(), Failure> {
     for (flag, parts) in [("--with", &options.with), ("--add", &options.add)] {
         for part in parts {
-            let known = matches!(part.as_str(), "key_text" | "result" | "outbox")
-                || (flag == "--with" && part == "claim");
+            let known = matches!(
+                part.as_str(),
+                "key_text" | "result" | "fingerprint" | "outbox"
+            ) || (flag == "--with" && part == "claim");
             if !known {
                 return Err(usage(format!(
                     "unknown part `{part}` in {flag}: the optional parts are `key_text`, \
-                     `result` and `outbox` (claim mode's columns are always in the table)"
+                     `result`, `fingerprint` and `outbox` (claim mode's columns are always in \
+                     the table)"
                 )));
             }
         }
     }
     let key_text = options.with.iter().any(|part| part == "key_text");
     let result = options.with.iter().any(|part| part == "result");
+    let fingerprint = options.with.iter().any(|part| part == "fingerprint");
     let with_outbox = options.with.iter().any(|part| part == "outbox");
     let add = !options.add.is_empty();
     if add && !options.with.is_empty() {
@@ -158,6 +165,7 @@ fn generate_migration(options: Options) -> Result<(), Failure> {
     let migration = match options.add.first().map(String::as_str) {
         Some("outbox") => InboxMigration::add_outbox(backend, schema, outbox_table),
         Some("result") => InboxMigration::add_result(backend, schema),
+        Some("fingerprint") => InboxMigration::add_fingerprint(backend, schema),
         Some(_) => InboxMigration::add_key_text(backend, schema),
         None => {
             let mut migration = InboxMigration::new(backend, schema);
@@ -166,6 +174,9 @@ fn generate_migration(options: Options) -> Result<(), Failure> {
             }
             if result {
                 migration = migration.with_result();
+            }
+            if fingerprint {
+                migration = migration.with_fingerprint();
             }
             if with_outbox {
                 migration.with_outbox(outbox_table)

@@ -59,7 +59,12 @@ impl ClaimState {
 pub enum ClaimStep {
     /// Inserts a live claim with attempt 1, unless a row exists: 1 row or 0, with what the
     /// the table has the column, and the key's text is written to it.
-    Insert { lease_ms: u64, layout: Layout },
+    Insert {
+        lease_ms: u64,
+        layout: Layout,
+        /// The request's fingerprint, written with the claim.
+        fingerprint: Option<crate::runtime::stored::Fingerprint>,
+    },
     /// Reads the row's state and attempt counter.
     Read,
     /// `precheck = true`: [`ClaimStep::Read`] outside any transaction, which on MySQL and
@@ -104,6 +109,8 @@ enum Part {
     MarkedConsumer(SessionMark),
     /// The key's text (`key_text`).
     KeyText,
+    /// The request's fingerprint.
+    Fingerprint,
     /// The ids of [`ClaimSql::present`], separated by commas.
     Ids,
     /// The id, required to come with `autocommit` on (MySQL, MariaDB): claim mode's
@@ -125,6 +132,8 @@ pub struct ClaimSql<'a, DB, ST = ()> {
     consumer: &'a str,
     /// The key's text, when a part binds it.
     key_text: String,
+    /// The request's fingerprint, when a part binds it.
+    fingerprint: Option<crate::runtime::stored::Fingerprint>,
     /// The ids of [`Part::Ids`].
     ids: &'a [Uuid],
     parts: Vec<Part>,
@@ -157,7 +166,11 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB> {
         };
         let mut parts = Vec::with_capacity(20);
         match step {
-            ClaimStep::Insert { lease_ms, layout } => {
+            ClaimStep::Insert {
+                lease_ms,
+                layout,
+                fingerprint,
+            } => {
                 let consumer = layout.session_mark.map_or(Consumer, MarkedConsumer);
                 // MySQL and MariaDB: the session's mark, and autocommit on.
                 let id = match layout.session_mark {
@@ -165,29 +178,30 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB> {
                     None => Id,
                 };
                 parts.extend([Sql("INSERT INTO "), Table]);
-                match layout.key_text {
-                    true => parts.extend([
-                        Sql(
-                            " (message_id, consumer, key_text, received_at, claimed_until, \
-                             attempts) VALUES (",
-                        ),
-                        id,
-                        Sql(", "),
-                        consumer,
-                        Sql(", "),
-                        KeyText,
-                        Sql(", "),
-                    ]),
-                    false => parts.extend([
-                        Sql(
-                            " (message_id, consumer, received_at, claimed_until, attempts) \
-                             VALUES (",
-                        ),
-                        id,
-                        Sql(", "),
-                        consumer,
-                        Sql(", "),
-                    ]),
+                parts.push(Sql(match (layout.key_text, fingerprint.is_some()) {
+                    (false, false) => {
+                        " (message_id, consumer, received_at, claimed_until, attempts) \
+                             VALUES ("
+                    }
+                    (true, false) => {
+                        " (message_id, consumer, key_text, received_at, claimed_until, \
+                             attempts) VALUES ("
+                    }
+                    (false, true) => {
+                        " (message_id, consumer, fingerprint, received_at, claimed_until, \
+                             attempts) VALUES ("
+                    }
+                    (true, true) => {
+                        " (message_id, consumer, key_text, fingerprint, received_at, \
+                             claimed_until, attempts) VALUES ("
+                    }
+                }));
+                parts.extend([id, Sql(", "), consumer, Sql(", ")]);
+                if layout.key_text {
+                    parts.extend([KeyText, Sql(", ")]);
+                }
+                if fingerprint.is_some() {
+                    parts.extend([Part::Fingerprint, Sql(", ")]);
                 }
                 parts.extend([Sql(DB::NOW), Sql(", ")]);
                 parts.extend(lease(lease_ms));
@@ -244,11 +258,16 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB> {
             ClaimStep::Insert { layout, .. } if layout.key_text => super::layout::key_text(key),
             _ => String::new(),
         };
+        let fingerprint = match step {
+            ClaimStep::Insert { fingerprint, .. } => fingerprint,
+            _ => None,
+        };
         Self {
             table: schema.table(),
             id: key.stored_id(),
             consumer,
             key_text,
+            fingerprint,
             ids: &[],
             parts,
             types: PhantomData,
@@ -298,6 +317,7 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB> {
             id: key.stored_id(),
             consumer,
             key_text: String::new(),
+            fingerprint: None,
             ids: &[],
             parts,
             types: PhantomData,
@@ -323,6 +343,7 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB, (BigInt, BigInt)> {
             id: Uuid::nil(),
             consumer,
             key_text: String::new(),
+            fingerprint: None,
             ids,
             parts: vec![
                 Sql("SELECT CAST(count(*) AS "),
@@ -381,6 +402,10 @@ where
                     out.push_sql(after);
                 }
                 Part::KeyText => out.push_bind_param::<Text, str>(&self.key_text)?,
+                Part::Fingerprint => match &self.fingerprint {
+                    Some(fingerprint) => DB::bind_fragment_bytes(&mut out, fingerprint.as_bytes())?,
+                    None => out.push_sql("NULL"),
+                },
                 Part::Ids => {
                     for (n, id) in self.ids.iter().enumerate() {
                         if n > 0 {

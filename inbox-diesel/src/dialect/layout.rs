@@ -11,6 +11,8 @@ pub struct Layout {
     pub(crate) key_text: bool,
     /// The table has `result`: a handler with `store_result` keeps its value there.
     pub(crate) result: bool,
+    /// The table has `fingerprint`: a handler with `fingerprint = …` keeps it there.
+    pub(crate) fingerprint: bool,
     /// A MariaDB server (the MySQL backend): it bounds idle transactions
     /// (`idle_transaction_timeout`), which MySQL cannot.
     pub(crate) mariadb: bool,

@@ -131,9 +131,18 @@ pub trait Dialect:
     /// (claim mode: a claim taken over keeps its new holder's result).
     fn store_result(table: &str, fenced: bool) -> String;
 
-    /// `result`: a marker's stored result as text, NULL when none was stored. Binds: the
-    /// message id, the consumer.
-    fn read_result(table: &str) -> String;
+    /// `result` (a marker's stored result as text) and `fingerprint`, each NULL when none
+    /// was stored or, without `result` or `fingerprint`, not read. Binds: the message id,
+    /// the consumer.
+    fn read_marker(table: &str, result: bool, fingerprint: bool) -> String;
+
+    /// Writes a marker's fingerprint. Binds: the fingerprint's bytes, the message id, the
+    /// consumer.
+    fn store_fingerprint(table: &str) -> String;
+
+    /// Binds bytes into a query fragment.
+    fn bind_fragment_bytes<'b>(out: &mut AstPass<'_, 'b, Self>, bytes: &'b [u8])
+    -> QueryResult<()>;
 
     /// Binds the message id as [`Dialect::store_result`] and [`Dialect::read_result`] compare
     /// it.

@@ -17,7 +17,7 @@ use crate::dialect::layout::Layout;
 use crate::io::Awaiting;
 use crate::runtime::claim::ClaimSpec;
 use crate::runtime::driver::{self, BatchClaims, NewMessages, Steps};
-use crate::runtime::stored::Store;
+use crate::runtime::stored::{Fingerprint, Kept, Remembered};
 use crate::spec::HandlerSpec;
 use crate::telemetry::Run;
 use crate::{AsyncInboxConnection, Error, NoConnection};
@@ -69,7 +69,10 @@ where
 
 /// Runs `body` once per message key and consumer, on a diesel-async connection; see
 /// `driver::drive` for the steps.
-#[allow(clippy::too_many_arguments, reason = "the pieces the expansion of `#[idempotent]` writes, each its own argument")]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the pieces the expansion of `#[idempotent]` writes, each its own argument"
+)]
 pub async fn run_async<C, T, E, B, P, A>(
     _outcome: PhantomData<A>,
     conn: &mut C,
@@ -77,7 +80,7 @@ pub async fn run_async<C, T, E, B, P, A>(
     key: Result<MessageKey, KeyError>,
     body: B,
     probe: P,
-    store: Option<Store<T>>,
+    remembered: Remembered<T>,
     inbox_error: fn(Error) -> E,
 ) -> Result<A, E>
 where
@@ -97,7 +100,7 @@ where
         Cloned(body),
         probe,
         A::IN_FLIGHT,
-        store,
+        remembered,
         inbox_error,
     )
     .instrument(run.instrument_span())
@@ -136,7 +139,7 @@ where
         Cloned(body),
         probe,
         None::<Infallible>,
-        None,
+        Remembered::nothing(),
         inbox_error,
     )
     .instrument(run.instrument_span())
@@ -148,7 +151,10 @@ where
 
 /// Runs `body` in claim mode, on a diesel-async connection; see `driver::drive_claim` for
 /// the steps.
-#[allow(clippy::too_many_arguments, reason = "the pieces the expansion of `#[idempotent]` writes, each its own argument")]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the pieces the expansion of `#[idempotent]` writes, each its own argument"
+)]
 pub async fn run_claim_async<C, T, E, B, A>(
     _outcome: PhantomData<A>,
     conn: &mut C,
@@ -156,7 +162,7 @@ pub async fn run_claim_async<C, T, E, B, A>(
     claim: ClaimSpec,
     key: Result<MessageKey, KeyError>,
     body: B,
-    store: Option<Store<T>>,
+    remembered: Remembered<T>,
     inbox_error: fn(Error) -> E,
 ) -> Result<A, E>
 where
@@ -172,7 +178,7 @@ where
         claim,
         key,
         ClonedWithoutConnection(body),
-        store,
+        remembered,
         inbox_error,
     )
     .instrument(run.instrument_span())
@@ -293,12 +299,29 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
         .await
     }
 
-    async fn read_stored(
+    async fn read_kept(
         &mut self,
         spec: &'static HandlerSpec,
         key: &MessageKey,
-    ) -> QueryResult<Option<String>> {
-        crate::runtime::stored::read(self, &spec.schema, spec.consumer.as_str(), key).await
+        columns: (bool, bool),
+    ) -> QueryResult<Kept> {
+        crate::runtime::stored::read(self, &spec.schema, spec.consumer.as_str(), key, columns).await
+    }
+
+    async fn write_fingerprint(
+        &mut self,
+        spec: &'static HandlerSpec,
+        key: &MessageKey,
+        fingerprint: Fingerprint,
+    ) -> QueryResult<usize> {
+        crate::runtime::stored::write_fingerprint(
+            self,
+            &spec.schema,
+            spec.consumer.as_str(),
+            key,
+            fingerprint,
+        )
+        .await
     }
 
     async fn pause(&mut self, delay: Duration) {

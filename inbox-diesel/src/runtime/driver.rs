@@ -28,7 +28,7 @@ use inbox_core::{BatchOutcome, ErrorClass, HandlerOutcome, MessageKey, RetryDeci
 use crate::dialect::claim::{ClaimAnswer, ClaimState, ClaimStep};
 use crate::dialect::layout::{Layout, key_text};
 use crate::runtime::claim::ClaimSpec;
-use crate::runtime::stored::Store;
+use crate::runtime::stored::{Fingerprint, Kept, Remembered};
 use crate::schema::check::SchemaError;
 use crate::spec::HandlerSpec;
 use crate::telemetry;
@@ -124,12 +124,22 @@ pub(crate) trait Steps {
         attempt: Option<u32>,
     ) -> QueryResult<usize>;
 
-    /// The stored result of `key`'s marker, if it has one.
-    async fn read_stored(
+    /// What `key`'s marker kept: its result and its fingerprint, as `columns` says which
+    /// to read.
+    async fn read_kept(
         &mut self,
         spec: &'static HandlerSpec,
         key: &MessageKey,
-    ) -> QueryResult<Option<String>>;
+        columns: (bool, bool),
+    ) -> QueryResult<Kept>;
+
+    /// Writes the request's fingerprint on `key`'s marker, in the open transaction.
+    async fn write_fingerprint(
+        &mut self,
+        spec: &'static HandlerSpec,
+        key: &MessageKey,
+        fingerprint: Fingerprint,
+    ) -> QueryResult<usize>;
 
     /// Waits before a retry.
     async fn pause(&mut self, delay: Duration);
@@ -235,7 +245,10 @@ enum Failure<T, E> {
 ///
 /// `in_flight` is the outcome type's witness that it can answer `InFlight`: without one, a
 /// marker found locked is an error like any other (`on_locked = "in_flight"` needs it).
-#[allow(clippy::too_many_arguments, reason = "what the handler's expansion hands on, each its own argument")]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "what the handler's expansion hands on, each its own argument"
+)]
 pub(crate) async fn drive<S, K, T, E, B, P, W: Copy>(
     mut steps: S,
     spec: &'static HandlerSpec,
@@ -243,7 +256,7 @@ pub(crate) async fn drive<S, K, T, E, B, P, W: Copy>(
     mut body: B,
     probe: P,
     in_flight: Option<W>,
-    store: Option<Store<T>>,
+    remembered: Remembered<T>,
     inbox_error: fn(Error) -> E,
 ) -> Result<Decided<T, W>, E>
 where
@@ -253,17 +266,20 @@ where
     P: Fn(&Result<T, E>) -> Option<ErrorClass>,
 {
     let (mut layout, mut run) = schema_checked(&mut steps, spec, false, inbox_error).await?;
-    result_column(spec, layout, store.is_some(), inbox_error)?;
+    kept_columns(spec, layout, &remembered, inbox_error)?;
     if spec.precheck && claims.completed_before(&mut steps, run, layout).await {
         tracing::info!(
             outcome = "duplicate",
             "completed marker found before the transaction"
         );
-        return stored_duplicate(&mut steps, run, claims.key(), store, inbox_error).await;
+        return kept_duplicate(&mut steps, run, claims.key(), remembered, inbox_error).await;
     }
     let (mut retries, mut rechecked) = (0, false);
     loop {
-        let attempted = attempt(&mut steps, run, layout, claims, &mut body, in_flight, store).await;
+        let attempted = attempt(
+            &mut steps, run, layout, claims, &mut body, in_flight, remembered,
+        )
+        .await;
         end(&mut steps, run, layout).await;
         let failure = match attempted {
             Ok(decided) => {
@@ -274,8 +290,14 @@ where
                     }
                     Decided::Duplicate(_) => {
                         tracing::info!(outcome = "duplicate", "marker exists; body not run");
-                        return stored_duplicate(&mut steps, run, claims.key(), store, inbox_error)
-                            .await;
+                        return kept_duplicate(
+                            &mut steps,
+                            run,
+                            claims.key(),
+                            remembered,
+                            inbox_error,
+                        )
+                        .await;
                     }
                     Decided::InFlight(_) => tracing::info!(
                         outcome = "in_flight",
@@ -325,71 +347,115 @@ where
     }
 }
 
-/// Refuses a handler that stores its results (`stores`) on a table without the `result`
-/// column, before anything is written.
-fn result_column<E>(
+/// Refuses a handler that stores its results on a table without the `result` column, or
+/// one with a fingerprint on a table without `fingerprint`, before anything is written.
+fn kept_columns<T, E>(
     spec: &'static HandlerSpec,
     layout: Layout,
-    stores: bool,
+    remembered: &Remembered<T>,
     inbox_error: fn(Error) -> E,
 ) -> Result<(), E> {
-    if !stores || layout.result {
+    let (column, why, part) = if remembered.store.is_some() && !layout.result {
+        (
+            "result",
+            "the handler stores its result with its marker (`store_result`)",
+            "result",
+        )
+    } else if remembered.fingerprint.is_some() && !layout.fingerprint {
+        (
+            "fingerprint",
+            "the handler keeps the request's fingerprint with its marker (`fingerprint`)",
+            "fingerprint",
+        )
+    } else {
         return Ok(());
-    }
-    tracing::error!("the handler stores its results, and the inbox table has no `result` column");
+    };
+    tracing::error!(column, "the inbox table has no column the handler writes");
     telemetry::failed(spec, ErrorClass::Schema.label());
     Err(inbox_error(Error::Schema(SchemaError::Mismatch {
         table: spec.schema.table(),
         resolved: None,
         problems: vec![crate::schema::SchemaProblem::Unsupported {
-            found: "no `result` column".into(),
-            why: "the handler stores its result with its marker (`store_result`)",
-            fix: "add it: `inbox-diesel migration generate --with result`, or \
-                  `Backend::add_result_sql`"
-                .into(),
+            found: format!("no `{column}` column"),
+            why,
+            fix: format!(
+                "add it: `inbox-diesel migration generate --with {part}` (a new table) or \
+                 `--add {part}`"
+            ),
         }],
     })))
 }
 
-/// A duplicate, with the result the marker stored when the handler stores results
-/// (`store`) and this is one message (`key`): read after the delivery's own transaction
-/// ended, from the committed marker.
-async fn stored_duplicate<S: Steps, T, E, W>(
+/// A duplicate of one message (`key`), with what its marker kept, for a handler that keeps
+/// something ([`Remembered`]): read after the delivery's own transaction ended, from the
+/// committed marker. A marker of a request with another fingerprint is
+/// [`Error::KeyReused`] — on the conflict path of a race as on a later delivery: the loser
+/// waited for the winner's commit, and reads its marker.
+async fn kept_duplicate<S: Steps, T, E, W>(
     steps: &mut S,
     spec: &'static HandlerSpec,
     key: Option<&MessageKey>,
-    store: Option<Store<T>>,
+    remembered: Remembered<T>,
     inbox_error: fn(Error) -> E,
 ) -> Result<Decided<T, W>, E> {
-    let (Some(store), Some(key)) = (store, key) else {
+    let Some(key) = key.filter(|_| remembered.reads()) else {
         return Ok(Decided::Duplicate(None));
     };
-    read_stored(steps, spec, key, store, inbox_error)
-        .await
-        .map(Decided::Duplicate)
+    let kept = read_kept(steps, spec, key, &remembered, inbox_error).await?;
+    stored_value(spec, key, kept, remembered, inbox_error).map(Decided::Duplicate)
 }
 
-/// The result `key`'s marker stored, as the handler's type.
-async fn read_stored<S: Steps, T, E>(
+/// What `key`'s marker kept, as the handler needs it.
+async fn read_kept<S: Steps, T, E>(
     steps: &mut S,
     spec: &'static HandlerSpec,
     key: &MessageKey,
-    store: Store<T>,
+    remembered: &Remembered<T>,
     inbox_error: fn(Error) -> E,
-) -> Result<Option<T>, E> {
-    let error = match steps.read_stored(spec, key).await {
-        Ok(None) => return Ok(None),
-        Ok(Some(text)) => match store.decode(&text) {
-            Ok(value) => return Ok(Some(value)),
-            Err(e) => e,
-        },
-        Err(source) => Error::Database {
+) -> Result<Kept, E> {
+    let columns = (remembered.store.is_some(), remembered.fingerprint.is_some());
+    steps.read_kept(spec, key, columns).await.map_err(|source| {
+        let error = Error::Database {
             class: classify(&source, &spec.schema),
             attempts: 1,
             source,
-        },
+        };
+        tracing::error!(error = %error, "the duplicate's marker could not be read");
+        telemetry::failed(spec, error.class().label());
+        inbox_error(error)
+    })
+}
+
+/// The value a marker stored, as the handler's type; [`Error::KeyReused`] when it was kept
+/// for a request with another fingerprint.
+fn stored_value<T, E>(
+    spec: &'static HandlerSpec,
+    key: &MessageKey,
+    kept: Kept,
+    remembered: Remembered<T>,
+    inbox_error: fn(Error) -> E,
+) -> Result<Option<T>, E> {
+    let error = if kept.reused_by(remembered.fingerprint) {
+        tracing::warn!(
+            outcome = "key_reused",
+            "the key's marker is of a request with another fingerprint; body not run"
+        );
+        Error::KeyReused {
+            consumer: spec.consumer.clone(),
+            key: key.clone(),
+        }
+    } else {
+        match (remembered.store, kept.result) {
+            (Some(store), Some(text)) => match store.decode(&text) {
+                Ok(value) => return Ok(Some(value)),
+                Err(e) => {
+                    tracing::error!(error = %e, "the duplicate's stored result could not be read");
+                    e
+                }
+            },
+            _ => return Ok(None),
+        }
     };
-    tracing::error!(error = %error, "the duplicate's stored result could not be read");
     telemetry::failed(spec, error.class().label());
     Err(inbox_error(error))
 }
@@ -799,7 +865,7 @@ pub(crate) async fn drive_claim<S, T, E, B, A>(
     claim: ClaimSpec,
     key: MessageKey,
     mut body: B,
-    store: Option<Store<T>>,
+    remembered: Remembered<T>,
     inbox_error: fn(Error) -> E,
 ) -> Result<A, E>
 where
@@ -809,15 +875,40 @@ where
 {
     tracing::debug!(key = ?key, "handling message");
     let (mut layout, mut run) = schema_checked(&mut steps, spec, true, inbox_error).await?;
-    result_column(spec, layout, store.is_some(), inbox_error)?;
+    kept_columns(spec, layout, &remembered, inbox_error)?;
     let (mut retries, mut rechecked) = (0, false);
     let attempt = loop {
-        match acquire(&mut steps, run, claim, layout, &key, A::STALE_CLAIM).await {
+        let acquired = acquire(
+            &mut steps,
+            run,
+            claim,
+            layout,
+            &key,
+            A::STALE_CLAIM,
+            remembered.fingerprint,
+        )
+        .await;
+        match acquired {
+            Ok(Acquired::Reused) => {
+                tracing::warn!(
+                    outcome = "key_reused",
+                    "the key's claim is of a request with another fingerprint; body not run"
+                );
+                telemetry::failed(spec, ErrorClass::Other.label());
+                return Err(inbox_error(Error::KeyReused {
+                    consumer: spec.consumer.clone(),
+                    key,
+                }));
+            }
             Ok(Acquired::Attempt(attempt)) => break attempt,
             Ok(Acquired::Completed) => {
                 tracing::info!(outcome = "duplicate", "work completed before; body not run");
-                let stored = match store {
-                    Some(store) => read_stored(&mut steps, run, &key, store, inbox_error).await?,
+                let stored = match remembered.store {
+                    Some(_) => {
+                        let kept =
+                            read_kept(&mut steps, run, &key, &remembered, inbox_error).await?;
+                        stored_value(run, &key, kept, remembered, inbox_error)?
+                    }
                     None => None,
                 };
                 return Ok(A::from_duplicate(spec.consumer.clone(), key, stored));
@@ -916,7 +1007,7 @@ where
 
     // The result, written where the claim is still this attempt's, just before the stamp. A
     // result that cannot be stored does not stop the stamp: the side effect happened.
-    let (stored, unstorable) = match store.map(|store| store.encode(&value)) {
+    let (stored, unstorable) = match remembered.store.map(|store| store.encode(&value)) {
         None => (None, None),
         Some(Ok(text)) => (Some(text), None),
         Some(Err(problem)) => (None, Some(problem)),
@@ -999,6 +1090,8 @@ enum Acquired<W> {
     Live,
     /// Expired, and reported rather than taken over (after this many attempts).
     Stale(u32, W),
+    /// The claim (of any state) was made for a request with another fingerprint.
+    Reused,
 }
 
 /// Phase 1 of claim mode; each statement commits on its own. `report` is the outcome type's
@@ -1011,6 +1104,7 @@ async fn acquire<S: Steps, W: Copy>(
     layout: Layout,
     key: &MessageKey,
     report: Option<W>,
+    fingerprint: Option<Fingerprint>,
 ) -> QueryResult<Acquired<W>> {
     /// Rounds of insert, read and takeover. Each round that does not decide saw the row
     /// change under it (taken over, or removed); a third in a row means deliveries of the
@@ -1021,6 +1115,7 @@ async fn acquire<S: Steps, W: Copy>(
         let insert = ClaimStep::Insert {
             lease_ms: claim.lease_ms,
             layout,
+            fingerprint,
         };
         let sent = Instant::now();
         if steps.claim_step(spec, key, insert).await?.changed() {
@@ -1038,6 +1133,16 @@ async fn acquire<S: Steps, W: Copy>(
             // Removed between the insert and the read: insert again.
             None => continue,
         };
+        // The claim of another request under this key: refused whatever its state, in flight
+        // or done (the claim's insert wrote its fingerprint).
+        if fingerprint.is_some()
+            && steps
+                .read_kept(spec, key, (false, true))
+                .await?
+                .reused_by(fingerprint)
+        {
+            return Ok(Acquired::Reused);
+        }
         let expired = match (state, report) {
             (ClaimState::Completed, _) => return Ok(Acquired::Completed),
             (ClaimState::Live, _) => return Ok(Acquired::Live),
@@ -1206,7 +1311,7 @@ async fn attempt<S, K, T, E, B, W: Copy>(
     claims: &K,
     body: &mut B,
     in_flight: Option<W>,
-    store: Option<Store<T>>,
+    remembered: Remembered<T>,
 ) -> Result<Decided<T, W>, Failure<T, E>>
 where
     S: Steps,
@@ -1223,7 +1328,16 @@ where
         }
     }
     match claimed {
-        Ok(true) => {}
+        Ok(true) => {
+            // The request's fingerprint, with the marker: a delivery that meets the marker
+            // sees it once this transaction commits, and then with it.
+            if let (Some(fingerprint), Some(key)) = (remembered.fingerprint, claims.key())
+                && let Err(e) = steps.write_fingerprint(spec, key, fingerprint).await
+            {
+                roll_back(steps).await;
+                return Err(Failure::Database(e));
+            }
+        }
         Ok(false) => {
             // ROLLBACK, not COMMIT: nothing was written, and on PostgreSQL a commit would
             // flush the WAL for the sequence value the conflicting insert consumed.
@@ -1271,7 +1385,7 @@ where
         }
     };
     // The result, stored with the marker in this transaction.
-    if let (Ok(value), Some(store), Some(key)) = (&result, store, claims.key()) {
+    if let (Ok(value), Some(store), Some(key)) = (&result, remembered.store, claims.key()) {
         let written = match store.encode(value) {
             Ok(text) => steps.store_result(spec, key, text, None).await,
             Err(problem) => Err(DieselError::QueryBuilderError(Box::new(problem))),
@@ -1523,13 +1637,24 @@ mod tests {
             Ok(1)
         }
 
-        async fn read_stored(
+        async fn read_kept(
             &mut self,
             _: &'static HandlerSpec,
             _: &MessageKey,
-        ) -> QueryResult<Option<String>> {
-            self.did.push("read stored".into());
-            Ok(None)
+            _: (bool, bool),
+        ) -> QueryResult<Kept> {
+            self.did.push("read kept".into());
+            Ok(Kept::default())
+        }
+
+        async fn write_fingerprint(
+            &mut self,
+            _: &'static HandlerSpec,
+            _: &MessageKey,
+            _: Fingerprint,
+        ) -> QueryResult<usize> {
+            self.did.push("fingerprint".into());
+            Ok(1)
         }
 
         async fn pause(&mut self, _: Duration) {
@@ -1563,7 +1688,7 @@ mod tests {
             Immediate(body),
             |_| None,
             None::<std::convert::Infallible>,
-            None,
+            Remembered::nothing(),
             std::convert::identity,
         ));
         assert!(matches!(decided, Ok(Decided::Processed(()))));
@@ -1590,7 +1715,7 @@ mod tests {
             CLAIM,
             MessageKey::integer(1),
             Immediate(body),
-            None,
+            Remembered::nothing(),
             std::convert::identity,
         ))
     }

@@ -1,10 +1,13 @@
-//! Stored results (`store_result`): the body's `Ok` value kept with its marker, as JSON in
-//! the table's optional `result` column, in the same transaction as the body's work (claim
-//! mode: just before the stamp), and given back to a later delivery of the message in
-//! `Duplicate { stored, .. }`.
+//! What a marker keeps beyond its key. Stored results (`store_result`): the body's `Ok`
+//! value, as JSON in the table's optional `result` column, written in the same transaction
+//! as the body's work (claim mode: just before the stamp), and given back to a later
+//! delivery of the message in `Duplicate { stored, .. }`. Fingerprints (`fingerprint =
+//! …`): a digest of what identifies the request, in the optional `fingerprint` column,
+//! written with the marker; a later delivery of the key with another fingerprint is
+//! [`Error::KeyReused`].
 
 use diesel::QueryResult;
-use diesel::sql_types::{Nullable, Text};
+use diesel::sql_types::{Binary, Nullable, Text};
 use inbox_core::{InboxSchema, MessageKey};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -16,6 +19,70 @@ use crate::{Error, StoredResultProblem};
 /// The largest result a handler stores, in bytes of its JSON text: 1 MiB. A larger one is
 /// refused before any SQL with [`StoredResultProblem::TooLarge`].
 pub const MAX_STORED_RESULT_BYTES: usize = 1 << 20;
+
+/// A request's fingerprint: the SHA-256 digest of the bytes the caller says identify it
+/// (RustCrypto's `sha2`). SHA-256 is a fixed standard (FIPS 180-4): the same bytes give the
+/// same 32 bytes in every version of this library, on every platform, so fingerprints
+/// stored by one release are compared correctly by the next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fingerprint([u8; 32]);
+
+impl Fingerprint {
+    /// The fingerprint of `bytes`: the request body, or a canonical encoding of the fields
+    /// that make two requests the same.
+    ///
+    /// ```
+    /// use inbox_diesel::Fingerprint;
+    ///
+    /// assert_eq!(Fingerprint::of("amount=500"), Fingerprint::of(b"amount=500"));
+    /// assert_ne!(Fingerprint::of("amount=500"), Fingerprint::of("amount=501"));
+    /// ```
+    pub fn of<B: AsRef<[u8]> + ?Sized>(bytes: &B) -> Self {
+        use sha2::Digest;
+        Fingerprint(sha2::Sha256::digest(bytes.as_ref()).into())
+    }
+
+    /// Its 32 bytes, as stored.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+/// What a handler's marker keeps beyond its key: its result (a codec for it) and the
+/// request's fingerprint. Written by the expansion of `#[idempotent]`.
+#[doc(hidden)]
+pub struct Remembered<T> {
+    pub(crate) store: Option<Store<T>>,
+    pub(crate) fingerprint: Option<Fingerprint>,
+}
+
+impl<T> Remembered<T> {
+    /// With `store` for the result (`store_result = true`) and `fingerprint`.
+    pub fn new(store: Option<Store<T>>, fingerprint: Option<Fingerprint>) -> Self {
+        Remembered { store, fingerprint }
+    }
+
+    /// Nothing beyond the key.
+    pub fn nothing() -> Self {
+        Remembered {
+            store: None,
+            fingerprint: None,
+        }
+    }
+
+    /// Whether a duplicate reads the marker: for its result, or to compare fingerprints.
+    pub(crate) fn reads(&self) -> bool {
+        self.store.is_some() || self.fingerprint.is_some()
+    }
+}
+
+impl<T> Clone for Remembered<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Remembered<T> {}
 
 /// How a handler's `Ok` value becomes the stored text and back: JSON, through serde.
 #[doc(hidden)]
@@ -64,9 +131,29 @@ impl<T> Store<T> {
 }
 
 #[derive(diesel::QueryableByName)]
-struct StoredRow {
+struct MarkerRow {
     #[diesel(sql_type = Nullable<Text>)]
     result: Option<String>,
+    #[diesel(sql_type = Nullable<Binary>)]
+    fingerprint: Option<Vec<u8>>,
+}
+
+/// What a marker kept: its stored result's text and its fingerprint, each if any.
+#[derive(Debug, Default)]
+pub(crate) struct Kept {
+    pub(crate) result: Option<String>,
+    pub(crate) fingerprint: Option<Vec<u8>>,
+}
+
+impl Kept {
+    /// Whether the marker was written for a request with another fingerprint than `ours`.
+    /// A marker without one (written before the handler had one) is not known to differ.
+    pub(crate) fn reused_by(&self, ours: Option<Fingerprint>) -> bool {
+        match (&self.fingerprint, ours) {
+            (Some(kept), Some(ours)) => kept.as_slice() != ours.as_bytes(),
+            _ => false,
+        }
+    }
 }
 
 /// Writes `text` as the stored result of `key`'s marker: in the handler's transaction
@@ -90,16 +177,42 @@ pub(crate) async fn write<S: Io>(
     io.execute(&sql).await
 }
 
-/// The stored result of `key`'s marker, if any.
+/// What `key`'s marker kept: its result, with `result`, and its fingerprint, with
+/// `fingerprint` (each read only where the table has the column).
 pub(crate) async fn read<S: Io>(
     io: &mut S,
     schema: &InboxSchema,
     consumer: &str,
     key: &MessageKey,
-) -> QueryResult<Option<String>> {
+    (result, fingerprint): (bool, bool),
+) -> QueryResult<Kept> {
     let table = S::Backend::BACKEND.quote_table(schema.table());
-    let sql = Sql::new(S::Backend::read_result(&table));
+    let sql = Sql::new(S::Backend::read_marker(&table, result, fingerprint));
     let sql = S::Backend::bind_message_id(sql, &key.stored_id()).bind_text(consumer);
-    let rows: Vec<StoredRow> = io.load(&sql).await?;
-    Ok(rows.into_iter().next().and_then(|row| row.result))
+    let rows: Vec<MarkerRow> = io.load(&sql).await?;
+    Ok(rows
+        .into_iter()
+        .next()
+        .map(|row| Kept {
+            result: row.result,
+            fingerprint: row.fingerprint,
+        })
+        .unwrap_or_default())
+}
+
+/// Writes `fingerprint` on `key`'s marker, in the handler's transaction, just after the
+/// marker's insert: another delivery of the key sees the marker only once it committed, and
+/// then with its fingerprint.
+pub(crate) async fn write_fingerprint<S: Io>(
+    io: &mut S,
+    schema: &InboxSchema,
+    consumer: &str,
+    key: &MessageKey,
+    fingerprint: Fingerprint,
+) -> QueryResult<usize> {
+    let table = S::Backend::BACKEND.quote_table(schema.table());
+    let sql =
+        Sql::new(S::Backend::store_fingerprint(&table)).bind_bytes(fingerprint.as_bytes().to_vec());
+    let sql = S::Backend::bind_message_id(sql, &key.stored_id()).bind_text(consumer);
+    io.execute(&sql).await
 }

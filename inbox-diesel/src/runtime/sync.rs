@@ -13,7 +13,7 @@ use crate::dialect::layout::Layout;
 use crate::io::{Blocking, complete_now};
 use crate::runtime::claim::ClaimSpec;
 use crate::runtime::driver::{self, BatchClaims, NewMessages, Steps};
-use crate::runtime::stored::Store;
+use crate::runtime::stored::{Fingerprint, Kept, Remembered};
 use crate::spec::HandlerSpec;
 use crate::telemetry::Run;
 use crate::{Error, InboxConnection, NoConnection};
@@ -21,7 +21,10 @@ use crate::{Error, InboxConnection, NoConnection};
 /// Runs `body` once per message key and consumer, on a sync connection, answering in the
 /// outcome type `A` the caller names (`_outcome`); see
 /// `driver::drive` for the steps.
-#[allow(clippy::too_many_arguments, reason = "the pieces the expansion of `#[idempotent]` writes, each its own argument")]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the pieces the expansion of `#[idempotent]` writes, each its own argument"
+)]
 pub fn run<C, T, E, B, P, A>(
     _outcome: PhantomData<A>,
     conn: &mut C,
@@ -29,7 +32,7 @@ pub fn run<C, T, E, B, P, A>(
     key: Result<MessageKey, KeyError>,
     body: B,
     probe: P,
-    store: Option<Store<T>>,
+    remembered: Remembered<T>,
     inbox_error: fn(Error) -> E,
 ) -> Result<A, E>
 where
@@ -50,7 +53,7 @@ where
             Immediate(body),
             probe,
             A::IN_FLIGHT,
-            store,
+            remembered,
             inbox_error,
         )
         .instrument(run.instrument_span()),
@@ -90,7 +93,7 @@ where
             Immediate(body),
             probe,
             None::<Infallible>,
-            None,
+            Remembered::nothing(),
             inbox_error,
         )
         .instrument(run.instrument_span()),
@@ -101,7 +104,10 @@ where
 }
 
 /// Runs `body` in claim mode, on a sync connection; see `driver::drive_claim` for the steps.
-#[allow(clippy::too_many_arguments, reason = "the pieces the expansion of `#[idempotent]` writes, each its own argument")]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the pieces the expansion of `#[idempotent]` writes, each its own argument"
+)]
 pub fn run_claim<C, T, E, B, A>(
     _outcome: PhantomData<A>,
     conn: &mut C,
@@ -109,7 +115,7 @@ pub fn run_claim<C, T, E, B, A>(
     claim: ClaimSpec,
     key: Result<MessageKey, KeyError>,
     body: B,
-    store: Option<Store<T>>,
+    remembered: Remembered<T>,
     inbox_error: fn(Error) -> E,
 ) -> Result<A, E>
 where
@@ -126,7 +132,7 @@ where
             claim,
             key,
             WithoutConnection(body),
-            store,
+            remembered,
             inbox_error,
         )
         .instrument(run.instrument_span()),
@@ -266,12 +272,29 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
         .await
     }
 
-    async fn read_stored(
+    async fn read_kept(
         &mut self,
         spec: &'static HandlerSpec,
         key: &MessageKey,
-    ) -> QueryResult<Option<String>> {
-        crate::runtime::stored::read(self, &spec.schema, spec.consumer.as_str(), key).await
+        columns: (bool, bool),
+    ) -> QueryResult<Kept> {
+        crate::runtime::stored::read(self, &spec.schema, spec.consumer.as_str(), key, columns).await
+    }
+
+    async fn write_fingerprint(
+        &mut self,
+        spec: &'static HandlerSpec,
+        key: &MessageKey,
+        fingerprint: Fingerprint,
+    ) -> QueryResult<usize> {
+        crate::runtime::stored::write_fingerprint(
+            self,
+            &spec.schema,
+            spec.consumer.as_str(),
+            key,
+            fingerprint,
+        )
+        .await
     }
 
     async fn pause(&mut self, delay: Duration) {

@@ -665,6 +665,14 @@ const RESULT: (&str, [&[&str]; 3], &str) = (
     "JSON text: jsonb (PostgreSQL), JSON (MySQL; MariaDB's JSON is LONGTEXT), TEXT (SQLite)",
 );
 
+/// The optional column where a handler with `fingerprint = …` keeps the request's SHA-256
+/// digest (`inbox-diesel migration generate --with fingerprint`).
+const FINGERPRINT: (&str, [&[&str]; 3], &str) = (
+    "fingerprint",
+    [&["bytea"], &["binary(32)", "varbinary", "blob"], &["blob"]],
+    "32 bytes: BYTEA (PostgreSQL), BINARY(32) (MySQL, MariaDB), BLOB (SQLite)",
+);
+
 /// The longest consumer name, in characters: what `consumer` must hold.
 const CONSUMER_CHARS: u64 = inbox_core::Consumer::MAX_LEN as u64;
 
@@ -705,6 +713,7 @@ pub(crate) fn check(
     let mut layout = Layout {
         key_text: false,
         result: false,
+        fingerprint: false,
         mariadb: backend == Backend::Mysql && catalog.server.contains("MariaDB"),
         session_mark: None,
         pinned: None,
@@ -727,10 +736,12 @@ pub(crate) fn check(
         };
         layout.key_text = catalog.columns.iter().any(|c| c.name == KEY_TEXT.0);
         layout.result = catalog.columns.iter().any(|c| c.name == RESULT.0);
+        layout.fingerprint = catalog.columns.iter().any(|c| c.name == FINGERPRINT.0);
         // The optional columns are checked only when the table has them.
         let optional = [
             layout.key_text.then_some(&KEY_TEXT),
             layout.result.then_some(&RESULT),
+            layout.fingerprint.then_some(&FINGERPRINT),
         ];
         for &(column, types, expected) in COLUMNS.iter().chain(optional.into_iter().flatten()) {
             match catalog.columns.iter().find(|c| c.name == column) {

@@ -54,7 +54,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use inbox_core::InboxSchema;
 
-use crate::schema::Backend;
+use crate::schema::{Backend, OptionalColumns};
 
 /// The migration creating one inbox table on one backend — or adding its optional
 /// `key_text` column to one that exists ([`InboxMigration::add_key_text`]).
@@ -70,14 +70,15 @@ pub struct InboxMigration {
 enum Change {
     /// Creates it, with `key_text` or without, and an outbox table beside it or not.
     Create {
-        key_text: bool,
-        result: bool,
+        columns: OptionalColumns,
         outbox: Option<&'static str>,
     },
     /// Adds `key_text` to it.
     AddKeyText,
     /// Adds `result` to it.
     AddResult,
+    /// Adds `fingerprint` to it.
+    AddFingerprint,
     /// Creates an outbox table beside it.
     AddOutbox(&'static str),
 }
@@ -156,6 +157,10 @@ pub const EMBEDDED_OUTBOX_VERSION: &str = "00000000000003";
 /// `key_text` and the outbox, before any timestamped version.
 pub const EMBEDDED_RESULT_VERSION: &str = "00000000000004";
 
+/// The version of the embedded [`InboxMigration::add_fingerprint`]: after the table's and
+/// its other additions, before any timestamped version.
+pub const EMBEDDED_FINGERPRINT_VERSION: &str = "00000000000005";
+
 impl<DB: diesel::backend::Backend> diesel::migration::MigrationSource<DB> for InboxMigration {
     fn migrations(
         &self,
@@ -165,6 +170,7 @@ impl<DB: diesel::backend::Backend> diesel::migration::MigrationSource<DB> for In
             Change::AddKeyText => EMBEDDED_KEY_TEXT_VERSION,
             Change::AddOutbox(_) => EMBEDDED_OUTBOX_VERSION,
             Change::AddResult => EMBEDDED_RESULT_VERSION,
+            Change::AddFingerprint => EMBEDDED_FINGERPRINT_VERSION,
         };
         Ok(vec![Box::new(Embedded {
             version,
@@ -234,10 +240,23 @@ impl InboxMigration {
             backend,
             schema,
             change: Change::Create {
-                key_text: false,
-                result: false,
+                columns: OptionalColumns::default(),
                 outbox: None,
             },
+        }
+    }
+
+    /// The migration creating the table, with `with` applied to its optional columns (a
+    /// migration of another change becomes one creating the table).
+    fn creating(self, with: impl FnOnce(&mut OptionalColumns)) -> Self {
+        let (mut columns, outbox) = match self.change {
+            Change::Create { columns, outbox } => (columns, outbox),
+            _ => (OptionalColumns::default(), None),
+        };
+        with(&mut columns);
+        Self {
+            change: Change::Create { columns, outbox },
+            ..self
         }
     }
 
@@ -245,18 +264,7 @@ impl InboxMigration {
     /// key as text for operators (`--with key_text`; see
     /// [`Backend::add_key_text_sql`](crate::schema::Backend::add_key_text_sql)).
     pub fn with_key_text(self) -> Self {
-        let (result, outbox) = match self.change {
-            Change::Create { result, outbox, .. } => (result, outbox),
-            _ => (false, None),
-        };
-        Self {
-            change: Change::Create {
-                key_text: true,
-                result,
-                outbox,
-            },
-            ..self
-        }
+        self.creating(|columns| columns.key_text = true)
     }
 
     /// The table with the optional `result` column, where a handler with `store_result`
@@ -272,20 +280,14 @@ impl InboxMigration {
     /// assert!(migration.up_sql().contains("result        JSON"));
     /// ```
     pub fn with_result(self) -> Self {
-        let (key_text, outbox) = match self.change {
-            Change::Create {
-                key_text, outbox, ..
-            } => (key_text, outbox),
-            _ => (false, None),
-        };
-        Self {
-            change: Change::Create {
-                key_text,
-                result: true,
-                outbox,
-            },
-            ..self
-        }
+        self.creating(|columns| columns.result = true)
+    }
+
+    /// The table with the optional `fingerprint` column, where a handler with
+    /// `fingerprint = …` keeps its request's digest (`--with fingerprint`; see
+    /// [`Backend::add_fingerprint_sql`](crate::schema::Backend::add_fingerprint_sql)).
+    pub fn with_fingerprint(self) -> Self {
+        self.creating(|columns| columns.fingerprint = true)
     }
 
     /// The inbox table and, in the same migration, an outbox table named `table`
@@ -305,19 +307,16 @@ impl InboxMigration {
     /// When `table` is not a table name (as [`Outbox::new`](crate::outbox::Outbox::new)).
     pub fn with_outbox(self, table: &'static str) -> Self {
         let _ = crate::outbox::Outbox::new(table);
-        let (key_text, result) = match self.change {
-            Change::Create {
-                key_text, result, ..
-            } => (key_text, result),
-            _ => (false, false),
+        let migration = self.creating(|_| {});
+        let Change::Create { columns, .. } = migration.change else {
+            unreachable!("`creating` makes a migration creating the table")
         };
         Self {
             change: Change::Create {
-                key_text,
-                result,
+                columns,
                 outbox: Some(table),
             },
-            ..self
+            ..migration
         }
     }
 
@@ -366,6 +365,16 @@ impl InboxMigration {
         }
     }
 
+    /// The migration adding `fingerprint` to `schema`'s existing table on `backend`, named
+    /// `add_fingerprint_to_<table>`; its `down.sql` drops the column again.
+    pub fn add_fingerprint(backend: Backend, schema: InboxSchema) -> Self {
+        Self {
+            backend,
+            schema,
+            change: Change::AddFingerprint,
+        }
+    }
+
     /// The migration's name: `create_<table>` (`create_billing_inbox` for `billing.inbox`),
     /// `add_key_text_to_<table>` or `add_result_to_<table>`.
     pub fn name(&self) -> String {
@@ -374,6 +383,7 @@ impl InboxMigration {
             Change::Create { .. } => format!("create_{table}"),
             Change::AddKeyText => format!("add_key_text_to_{table}"),
             Change::AddResult => format!("add_result_to_{table}"),
+            Change::AddFingerprint => format!("add_fingerprint_to_{table}"),
             Change::AddOutbox(outbox) => format!("create_{}", outbox.replace('.', "_")),
         }
     }
@@ -393,11 +403,10 @@ impl InboxMigration {
         let outbox = |table| crate::outbox::Outbox::new(table).create_table_sql(backend);
         match self.change {
             Change::Create {
-                key_text,
-                result,
+                columns,
                 outbox: with,
             } => {
-                let mut sql = backend.create_table_with_sql(schema, key_text, result);
+                let mut sql = backend.create_table_with_sql(schema, columns);
                 if let Some(table) = with {
                     sql.push('\n');
                     sql.push_str(&outbox(table));
@@ -406,6 +415,7 @@ impl InboxMigration {
             }
             Change::AddKeyText => backend.add_key_text_sql(schema),
             Change::AddResult => backend.add_result_sql(schema),
+            Change::AddFingerprint => backend.add_fingerprint_sql(schema),
             Change::AddOutbox(table) => outbox(table),
         }
     }
@@ -421,6 +431,7 @@ impl InboxMigration {
             }
             Change::AddKeyText => self.backend.drop_key_text_sql(&self.schema),
             Change::AddResult => self.backend.drop_result_sql(&self.schema),
+            Change::AddFingerprint => self.backend.drop_fingerprint_sql(&self.schema),
             Change::AddOutbox(table) => drop_outbox(table),
         }
     }

@@ -11,6 +11,7 @@
 //! | `attempts` | `INTEGER DEFAULT 1` | `INT DEFAULT 1` | `INTEGER DEFAULT 1` | claim mode: how many deliveries claimed the key; each claim-mode statement names its attempt, so a claim taken over is never stamped by the delivery that lost it |
 //! | `key_text` (optional) | `TEXT` | `MEDIUMTEXT` `utf8mb4` | `TEXT` | the key as text, for operators; written when the table has it (`--with key_text`, [`Backend::add_key_text_sql`]) |
 //! | `result` (optional) | `JSONB` | `JSON` | `TEXT` | the `Ok` value of a handler with `store_result`, as JSON, replayed to its duplicates; required by such a handler (`--with result`, [`Backend::add_result_sql`]) |
+//! | `fingerprint` (optional) | `BYTEA` | `BINARY(32)` | `BLOB` | the SHA-256 digest of the request of a handler with `fingerprint = …`; another request under the key is refused; required by such a handler (`--with fingerprint`, [`Backend::add_fingerprint_sql`]) |
 //!
 //! and the unique index `ux_inbox_message_consumer` on `(message_id, consumer)`, whose
 //! violation — and no other — means "already processed". `message_id` leads the index: it is
@@ -122,43 +123,65 @@ pub(crate) async fn verify_layout_async<C: crate::AsyncInboxConnection>(
 
 pub use crate::dialect::{Backend, UnknownBackend};
 
+/// The optional columns of an inbox table
+/// ([`Backend::create_table_with_sql`]): each one the runtime writes when the table has it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OptionalColumns {
+    /// `key_text`: each marker's key as text, for operators.
+    pub key_text: bool,
+    /// `result`: the value of a handler with `store_result`.
+    pub result: bool,
+    /// `fingerprint`: the request's digest, of a handler with `fingerprint = …`.
+    pub fingerprint: bool,
+}
+
 /// The DDL and the SQL recipes of each backend.
 impl Backend {
     /// `CREATE TABLE` and its indexes for `schema` (idempotent: `IF NOT EXISTS`).
     pub fn create_table_sql(self, schema: &InboxSchema) -> String {
-        self.create_sql(schema, false, false)
+        self.create_sql(schema, OptionalColumns::default())
     }
 
     /// [`create_table_sql`](Self::create_table_sql) with the optional `key_text` column,
     /// where the runtime keeps each marker's key as text (see [`add_key_text_sql`](Self::add_key_text_sql)).
     pub fn create_table_with_key_text_sql(self, schema: &InboxSchema) -> String {
-        self.create_sql(schema, true, false)
+        self.create_sql(
+            schema,
+            OptionalColumns {
+                key_text: true,
+                ..OptionalColumns::default()
+            },
+        )
     }
 
     /// [`create_table_sql`](Self::create_table_sql) with the optional `result` column,
     /// where a handler with `store_result` keeps its value (see
     /// [`add_result_sql`](Self::add_result_sql)).
     pub fn create_table_with_result_sql(self, schema: &InboxSchema) -> String {
-        self.create_sql(schema, false, true)
+        self.create_sql(
+            schema,
+            OptionalColumns {
+                result: true,
+                ..OptionalColumns::default()
+            },
+        )
     }
 
     /// [`create_table_sql`](Self::create_table_sql) with the optional columns asked for.
-    pub fn create_table_with_sql(
-        self,
-        schema: &InboxSchema,
-        key_text: bool,
-        result: bool,
-    ) -> String {
-        self.create_sql(schema, key_text, result)
+    pub fn create_table_with_sql(self, schema: &InboxSchema, columns: OptionalColumns) -> String {
+        self.create_sql(schema, columns)
     }
 
-    fn create_sql(self, schema: &InboxSchema, key_text: bool, result: bool) -> String {
+    fn create_sql(self, schema: &InboxSchema, columns: OptionalColumns) -> String {
         let mut optional = String::new();
-        if key_text {
+        if columns.key_text {
             optional.push_str(&format!("    key_text      {},\n", self.key_text_type()));
         }
-        if result {
+        if columns.result {
             optional.push_str(&format!("    result        {},\n", self.result_type()));
+        }
+        if columns.fingerprint {
+            optional.push_str(&format!("    fingerprint   {},\n", self.fingerprint_type()));
         }
         let key_text = optional;
         match self {
@@ -242,6 +265,43 @@ impl Backend {
             "ALTER TABLE {} DROP COLUMN result;\n",
             self.quote_table(schema.table())
         )
+    }
+
+    /// Adds the optional `fingerprint` column to an existing inbox table, where a handler
+    /// with `fingerprint = …` keeps the SHA-256 digest of its request with the marker; a
+    /// later delivery of the key with another digest is refused
+    /// ([`Error::KeyReused`](crate::Error::KeyReused)):
+    ///
+    /// ```sql
+    /// ALTER TABLE inbox ADD COLUMN fingerprint BYTEA;   -- BINARY(32) on MySQL and MariaDB, BLOB on SQLite
+    /// ```
+    ///
+    /// A handler with a fingerprint refuses a table without it. Markers written before have
+    /// none, and are not known to differ from any request.
+    pub fn add_fingerprint_sql(self, schema: &InboxSchema) -> String {
+        format!(
+            "ALTER TABLE {} ADD COLUMN fingerprint {};\n",
+            self.quote_table(schema.table()),
+            self.fingerprint_type()
+        )
+    }
+
+    /// Drops the optional `fingerprint` column (the `down.sql` of
+    /// [`add_fingerprint_sql`](Self::add_fingerprint_sql)).
+    pub fn drop_fingerprint_sql(self, schema: &InboxSchema) -> String {
+        format!(
+            "ALTER TABLE {} DROP COLUMN fingerprint;\n",
+            self.quote_table(schema.table())
+        )
+    }
+
+    /// The type of `fingerprint`: a SHA-256 digest's 32 bytes.
+    fn fingerprint_type(self) -> &'static str {
+        match self {
+            Backend::Postgres => "BYTEA",
+            Backend::Mysql => "BINARY(32)",
+            Backend::Sqlite => "BLOB",
+        }
     }
 
     /// The type of `result`: JSON an operator can read (and query, on PostgreSQL).

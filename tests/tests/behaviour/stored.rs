@@ -18,6 +18,10 @@ struct Receipt {
 /// Credits the account and answers with its new balance.
 #[idempotent(consumer = "pay", key = msg.id, store_result = true)]
 fn pay(conn: &mut DbConnection, msg: &Credit, ran: &AtomicUsize) -> Result<Receipt, AppError> {
+    pay_body(conn, msg, ran)
+}
+
+fn pay_body(conn: &mut DbConnection, msg: &Credit, ran: &AtomicUsize) -> Result<Receipt, AppError> {
     ran.fetch_add(1, Ordering::SeqCst);
     diesel::insert_into(credits::table)
         .values((
@@ -58,11 +62,37 @@ fn notify(conn: &mut DbConnection, msg: &Credit, sent: &AtomicUsize) -> Result<u
     Ok(sent.fetch_add(1, Ordering::SeqCst) as u64 + 1000)
 }
 
-/// A fresh database whose inbox has the `result` column.
+/// A payment whose request is fingerprinted by its amount: the same key with another
+/// amount is another request.
+#[idempotent(consumer = "pay", key = msg.id, store_result = true, fingerprint = msg.amount.to_string())]
+fn pay_checked(
+    conn: &mut DbConnection,
+    msg: &Credit,
+    ran: &AtomicUsize,
+) -> Result<Receipt, AppError> {
+    pay_body(conn, msg, ran)
+}
+
+/// Claim mode with a fingerprint.
+#[idempotent(consumer = "notify", key = msg.id, mode = "claim", fingerprint = msg.amount.to_le_bytes())]
+fn notify_checked(
+    conn: &mut DbConnection,
+    msg: &Credit,
+    sent: &AtomicUsize,
+) -> Result<(), AppError> {
+    sent.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
+/// A fresh database whose inbox has the `result` and `fingerprint` columns.
 fn with_result(test: &str) -> Db {
     let db = Db::new(test);
+    let schema = InboxSchema::DEFAULT;
     db.connect()
-        .batch_execute(&BACKEND.add_result_sql(&InboxSchema::DEFAULT))
+        .batch_execute(&BACKEND.add_result_sql(&schema))
+        .unwrap();
+    db.connect()
+        .batch_execute(&BACKEND.add_fingerprint_sql(&schema))
         .unwrap();
     db
 }
@@ -248,4 +278,159 @@ fn claim_mode_replays_the_stored_result() {
         "{again:?}"
     );
     assert_eq!(sent.load(Ordering::SeqCst), 1);
+}
+
+fn reused(outcome: &Result<impl std::fmt::Debug, AppError>) -> bool {
+    matches!(outcome, Err(AppError::Inbox(Error::KeyReused { .. })))
+}
+
+/// The same key with another fingerprint is neither processed nor a duplicate; the same
+/// request again replays.
+#[test]
+fn another_request_under_a_key_is_refused_and_the_same_one_replays() {
+    let db = with_result("fingerprint_reuse");
+    let mut conn = db.connect();
+    let ran = AtomicUsize::new(0);
+    let first = Credit::new(1);
+    let other = Credit {
+        amount: 99,
+        ..first.clone()
+    };
+    assert!(pay_checked(&mut conn, &first, &ran).unwrap().is_processed());
+    let refused = pay_checked(&mut conn, &other, &ran);
+    assert!(reused(&refused), "{refused:?}");
+    assert!(matches!(
+        pay_checked(&mut conn, &first, &ran).unwrap(),
+        Outcome::Duplicate {
+            stored: Some(_),
+            ..
+        }
+    ));
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+    assert_eq!(credits_of(&mut conn, &first), 1);
+    // No fingerprint on the marker (written by a handler without one): not known to differ.
+    let legacy = Credit::new(2);
+    assert!(pay(&mut conn, &legacy, &ran).unwrap().is_processed());
+    let later = Credit {
+        amount: 99,
+        ..legacy.clone()
+    };
+    assert!(pay_checked(&mut conn, &later, &ran).unwrap().is_duplicate());
+}
+
+/// Eight deliveries of one key at once, four of each of two requests: one processes; of
+/// the others, those of the same request get its result, those of the other are refused —
+/// on the conflict path, after waiting for the winner's commit.
+#[test]
+fn racing_requests_under_one_key_are_told_apart_on_the_conflict_path() {
+    const DELIVERIES: usize = 8;
+    let db = with_result("fingerprint_race");
+    let ran = AtomicUsize::new(0);
+    let requests = [
+        Credit::new(5),
+        Credit {
+            amount: 77,
+            ..Credit::new(5)
+        },
+    ];
+    let barrier = Barrier::new(DELIVERIES);
+    let outcomes: Vec<(i64, Result<Outcome<Receipt>, AppError>)> = std::thread::scope(|scope| {
+        let deliveries: Vec<_> = (0..DELIVERIES)
+            .map(|n| {
+                let mut conn = db.connect();
+                let (barrier, msg, ran) = (&barrier, &requests[n % 2], &ran);
+                scope.spawn(move || {
+                    barrier.wait();
+                    (msg.amount, pay_checked(&mut conn, msg, ran))
+                })
+            })
+            .collect();
+        deliveries.into_iter().map(|d| d.join().unwrap()).collect()
+    });
+    let winner = outcomes
+        .iter()
+        .find_map(|(amount, o)| matches!(o, Ok(Outcome::Processed(_))).then_some(*amount))
+        .expect("one delivery processed the key");
+    for (amount, outcome) in &outcomes {
+        match outcome {
+            Ok(Outcome::Processed(_)) => assert_eq!(*amount, winner),
+            Ok(Outcome::Duplicate { stored, .. }) => {
+                assert_eq!(*amount, winner, "a duplicate of the other request");
+                assert!(stored.is_some());
+            }
+            Err(_) => {
+                assert_ne!(*amount, winner);
+                assert!(reused(outcome), "{outcome:?}");
+            }
+        }
+    }
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        outcomes.iter().filter(|(_, o)| o.is_err()).count(),
+        DELIVERIES / 2
+    );
+}
+
+/// Claim mode: another request under a claimed key is refused while the claim is in flight
+/// (a crash left it live) and once it completed; the same request is in flight.
+#[test]
+fn claim_mode_refuses_another_request_in_flight_and_after() {
+    let db = with_result("fingerprint_claim");
+    let sent = AtomicUsize::new(0);
+    let first = Credit::new(1);
+    let other = Credit {
+        amount: 99,
+        ..first.clone()
+    };
+    inbox_diesel::testing::crash(
+        db.connect(),
+        inbox_diesel::testing::Crash::AfterClaim,
+        |conn| notify_checked(conn, &first, &sent),
+    );
+    let mut conn = db.connect();
+    assert!(
+        notify_checked(&mut conn, &first, &sent)
+            .unwrap()
+            .is_in_flight()
+    );
+    let refused = notify_checked(&mut conn, &other, &sent);
+    assert!(reused(&refused), "{refused:?}");
+    assert_eq!(sent.load(Ordering::SeqCst), 0);
+    // Another key: processed, then refused to the other request.
+    let (done, done_other) = (
+        Credit::new(2),
+        Credit {
+            amount: 99,
+            ..Credit::new(2)
+        },
+    );
+    assert!(
+        notify_checked(&mut conn, &done, &sent)
+            .unwrap()
+            .is_processed()
+    );
+    assert!(reused(&notify_checked(&mut conn, &done_other, &sent)));
+    assert!(
+        notify_checked(&mut conn, &done, &sent)
+            .unwrap()
+            .is_duplicate()
+    );
+    assert_eq!(sent.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn a_fingerprint_without_its_column_is_refused_before_anything_is_written() {
+    let db = Db::new("fingerprint_no_column");
+    db.connect()
+        .batch_execute(&BACKEND.add_result_sql(&InboxSchema::DEFAULT))
+        .unwrap();
+    let mut conn = db.connect();
+    let ran = AtomicUsize::new(0);
+    let refused = pay_checked(&mut conn, &Credit::new(1), &ran);
+    assert!(
+        matches!(&refused, Err(AppError::Inbox(Error::Schema(e))) if e.to_string().contains("fingerprint")),
+        "{refused:?}"
+    );
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
+    assert_eq!(markers(&mut conn), 0);
 }
