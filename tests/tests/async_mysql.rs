@@ -29,6 +29,14 @@ mod async_testing_kit {
 
     include!("behaviour/testing_async.rs");
 }
+/// Stored results and fingerprints, async.
+mod async_stored {
+    type Db = inbox_tests::mysql::MysqlDb;
+    type AsyncConnection = diesel_async::AsyncMysqlConnection;
+    const BACKEND: inbox_diesel::schema::Backend = inbox_diesel::schema::Backend::Mysql;
+
+    include!("behaviour/stored_async.rs");
+}
 /// Claim mode, async.
 mod async_claim_mode {
     use inbox_diesel::schema::mysql::inbox;

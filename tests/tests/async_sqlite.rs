@@ -30,6 +30,15 @@ mod async_testing_kit {
 
     include!("behaviour/testing_async.rs");
 }
+/// Stored results and fingerprints, async.
+mod async_stored {
+    type Db = inbox_tests::sqlite::SqliteDb;
+    type AsyncConnection =
+        diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>;
+    const BACKEND: inbox_diesel::schema::Backend = inbox_diesel::schema::Backend::Sqlite;
+
+    include!("behaviour/stored_async.rs");
+}
 /// Claim mode, async.
 mod async_claim_mode {
     use inbox_diesel::schema::sqlite::inbox;
