@@ -18,6 +18,7 @@ enum Key {
     Kafka(String, i32, i64),
     CloudEvent(String, String),
     Sequence(String, u64),
+    Scoped(String, Box<Key>),
 }
 
 impl Key {
@@ -34,6 +35,7 @@ impl Key {
             }
             Key::CloudEvent(source, id) => MessageKey::cloud_event(source.clone(), id.clone()).ok(),
             Key::Sequence(stream, n) => MessageKey::sequence(stream.clone(), *n).ok(),
+            Key::Scoped(scope, key) => key.build()?.scoped(scope.clone()).ok(),
         }
     }
 }

@@ -17,6 +17,7 @@ use uuid::Uuid;
 /// | a URL (an ActivityPub id), feature `url` | [`MessageKey::text`] of its serialisation | `url::Url` |
 /// | Kafka `(topic, partition, offset)` | [`MessageKey::kafka`] | `(S, i32, i64)` with `S: AsRef<str>` |
 /// | CloudEvents `(source, id)` | [`MessageKey::cloud_event`] | `(S1, S2)` with both `AsRef<str>` |
+/// | any of these within a tenant's or principal's scope | [`MessageKey::scoped`] | [`Scoped`]`(scope, key)` |
 ///
 /// # Stored form
 ///
@@ -75,6 +76,10 @@ enum KeyKind {
     Sequence {
         stream: String,
         sequence: u64,
+    },
+    Scoped {
+        scope: String,
+        key: Box<MessageKey>,
     },
 }
 
@@ -230,6 +235,38 @@ impl MessageKey {
         })
     }
 
+    /// This key within `scope` — a tenant, a principal, a route: the same key in two scopes
+    /// is two keys, so that a key one tenant sends never answers another's. The stored id is
+    /// the name-based UUID of the scope and this key's stored id, tagged apart from every
+    /// other kind; a scoped UUID key is hashed too.
+    ///
+    /// ```
+    /// use inbox_core::{MessageKey, Scoped, ToMessageKey};
+    ///
+    /// let key = MessageKey::text("order-7")?;
+    /// let (a, b) = (key.clone().scoped("tenant-a")?, key.clone().scoped("tenant-b")?);
+    /// assert_ne!(a.stored_id(), b.stored_id());
+    /// assert_ne!(a.stored_id(), key.stored_id());
+    /// assert_eq!(Scoped("tenant-a", "order-7").to_message_key()?, a);
+    /// # Ok::<(), inbox_core::KeyError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`KeyError::Empty`] for an empty scope, [`KeyError::TooLong`] for a scope over
+    /// [`MessageKey::MAX_LEN`].
+    pub fn scoped(self, scope: impl Into<String>) -> Result<Self, KeyError> {
+        let scope = scope.into();
+        check_len(scope.len())?;
+        let stored_id = derive(b's', &[scope.as_bytes(), self.stored_id.as_bytes()]);
+        Ok(Self {
+            kind: KeyKind::Scoped {
+                scope,
+                key: Box::new(self),
+            },
+            stored_id,
+        })
+    }
+
     /// The 128-bit id the inbox row is stored under (see "Stored form" above).
     pub fn stored_id(&self) -> Uuid {
         self.stored_id
@@ -274,6 +311,7 @@ impl fmt::Display for MessageKey {
             KeyKind::CloudEvent { source, id } => write!(f, "{source}#{id}"),
             KeyKind::Bytes(bytes) => bytes.iter().try_for_each(|b| write!(f, "{b:02x}")),
             KeyKind::Sequence { stream, sequence } => write!(f, "{stream}:{sequence}"),
+            KeyKind::Scoped { scope, key } => write!(f, "[{scope}] {key}"),
         }
     }
 }
@@ -439,6 +477,17 @@ impl<S: AsRef<str>> ToMessageKey for (S, i32, i64) {
 impl<S1: AsRef<str>, S2: AsRef<str>> ToMessageKey for (S1, S2) {
     fn to_message_key(&self) -> Result<MessageKey, KeyError> {
         MessageKey::cloud_event(self.0.as_ref(), self.1.as_ref())
+    }
+}
+
+/// A key within a scope the application supplies — a tenant, a principal
+/// ([`MessageKey::scoped`]): `key = Scoped(&msg.tenant, msg.id)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Scoped<S, K>(pub S, pub K);
+
+impl<S: AsRef<str>, K: ToMessageKey> ToMessageKey for Scoped<S, K> {
+    fn to_message_key(&self) -> Result<MessageKey, KeyError> {
+        self.1.to_message_key()?.scoped(self.0.as_ref())
     }
 }
 

@@ -45,7 +45,7 @@ pub use class::{Action, ErrorClass, TransientKind};
 pub use consumer::{Consumer, ConsumerError};
 pub use ident::{IdentifierError, InboxSchema};
 pub use isolation::Isolation;
-pub use key::{KeyError, MessageKey, ToMessageKey};
+pub use key::{KeyError, MessageKey, Scoped, ToMessageKey};
 pub use outcome::{BatchOutcome, HandlerOutcome, InFlightOutcome, Outcome, StaleClaimOutcome};
 pub use retention::Retention;
 pub use retry::{RetryDecision, RetryPolicy};

@@ -529,8 +529,8 @@ pub use guard::NoConnection;
 pub use inbox_core::{
     Action, BatchOutcome, Consumer, ConsumerError, ErrorClass, HandlerOutcome, IdentifierError,
     InFlightOutcome, InboxSchema, Isolation, KeyError, MessageKey, Outcome, Redelivery, Retention,
-    RetryDecision, RetryPolicy, Settle, Settlement, StaleClaimOutcome, ToMessageKey, TransientKind,
-    broker,
+    RetryDecision, RetryPolicy, Scoped, Settle, Settlement, StaleClaimOutcome, ToMessageKey,
+    TransientKind, broker,
 };
 pub use runtime::stored::{Fingerprint, MAX_STORED_RESULT_BYTES};
 pub use schema::migration;

@@ -73,6 +73,18 @@ fn pay_checked(
     pay_body(conn, msg, ran)
 }
 
+/// A payment keyed within its tenant (`tenant` stands for what the application knows of the
+/// caller): one tenant's key never answers another's.
+#[idempotent(consumer = "pay", key = inbox_diesel::Scoped(tenant, msg.id), store_result = true)]
+fn pay_for(
+    conn: &mut DbConnection,
+    tenant: &str,
+    msg: &Credit,
+    ran: &AtomicUsize,
+) -> Result<Receipt, AppError> {
+    pay_body(conn, msg, ran)
+}
+
 /// Claim mode with a fingerprint.
 #[idempotent(consumer = "notify", key = msg.id, mode = "claim", fingerprint = msg.amount.to_le_bytes())]
 fn notify_checked(
@@ -433,4 +445,31 @@ fn a_fingerprint_without_its_column_is_refused_before_anything_is_written() {
     );
     assert_eq!(ran.load(Ordering::SeqCst), 0);
     assert_eq!(markers(&mut conn), 0);
+}
+
+/// The same key from two tenants: two requests, each processed once and each replayed its
+/// own answer.
+#[test]
+fn a_key_in_one_tenants_scope_never_answers_another() {
+    let db = with_result("scoped_keys");
+    let mut conn = db.connect();
+    let ran = AtomicUsize::new(0);
+    let msg = Credit::new(3);
+    let Outcome::Processed(a) = pay_for(&mut conn, "tenant-a", &msg, &ran).unwrap() else {
+        panic!("tenant a's first delivery")
+    };
+    let Outcome::Processed(b) = pay_for(&mut conn, "tenant-b", &msg, &ran).unwrap() else {
+        panic!("tenant b's first delivery was answered with tenant a's")
+    };
+    assert_ne!(a, b, "two payments, two balances");
+    assert!(matches!(
+        pay_for(&mut conn, "tenant-a", &msg, &ran).unwrap(),
+        Outcome::Duplicate { stored: Some(r), .. } if r == a
+    ));
+    assert!(matches!(
+        pay_for(&mut conn, "tenant-b", &msg, &ran).unwrap(),
+        Outcome::Duplicate { stored: Some(r), .. } if r == b
+    ));
+    assert_eq!(ran.load(Ordering::SeqCst), 2);
+    assert_eq!(markers(&mut conn), 2);
 }
