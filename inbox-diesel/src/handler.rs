@@ -250,7 +250,10 @@ where
 /// `Duplicate { stored: Some(value), .. }` — the original answer to a retried request. The
 /// value is stored as JSON (serde) in the table's `result` column, which the handler
 /// requires (`inbox-diesel migration generate --with result`); at most
-/// [`MAX_STORED_RESULT_BYTES`](crate::MAX_STORED_RESULT_BYTES) of it.
+/// [`MAX_STORED_RESULT_BYTES`](crate::MAX_STORED_RESULT_BYTES) of it. With a
+/// `fingerprint` (`fingerprint = …`), the key's marker keeps the request's digest, and a
+/// delivery of the key with another one is [`Error::KeyReused`]; that needs the table's
+/// `fingerprint` column.
 ///
 /// ```
 /// use std::sync::LazyLock;
@@ -262,7 +265,7 @@ where
 /// static PAY: LazyLock<Handler> = LazyLock::new(|| Handler::new("payments").unwrap());
 ///
 /// fn pay(conn: &mut SqliteConnection, request: &str, cents: i64) -> QueryResult<Outcome<i64>> {
-///     run_once_stored(conn, &PAY, request, |tx| {
+///     run_once_stored(conn, &PAY, request, None, |tx| {
 ///         diesel::sql_query("INSERT INTO payments (cents) VALUES (?)")
 ///             .bind::<diesel::sql_types::BigInt, _>(cents)
 ///             .execute(tx)?;
@@ -286,11 +289,14 @@ where
 ///
 /// # Errors
 /// As [`run_once`]; [`Error::StoredResult`] when the value cannot be stored or a stored one
-/// does not read as `T`; [`Error::Schema`] when the table has no `result` column.
+/// does not read as `T`; [`Error::KeyReused`] for another request under the key;
+/// [`Error::Schema`] when the table has no `result` column (or, with a fingerprint, no
+/// `fingerprint` column).
 pub fn run_once_stored<C, K, T, E, B, L: OnLocked>(
     conn: &mut C,
     handler: &'static Handler<L>,
     key: &K,
+    fingerprint: Option<crate::Fingerprint>,
     body: B,
 ) -> Result<L::Outcome<T>, E>
 where
@@ -308,7 +314,10 @@ where
         key.to_message_key(),
         body,
         error_class(&spec.schema),
-        crate::runtime::stored::Remembered::new(Some(crate::runtime::stored::Store::json()), None),
+        crate::runtime::stored::Remembered::new(
+            Some(crate::runtime::stored::Store::json()),
+            fingerprint,
+        ),
         E::from,
     )
 }
@@ -355,6 +364,7 @@ pub async fn run_once_stored_async<C, K, T, E, B, L: OnLocked>(
     conn: &mut C,
     handler: &'static Handler<L>,
     key: &K,
+    fingerprint: Option<crate::Fingerprint>,
     body: B,
 ) -> Result<L::Outcome<T>, E>
 where
@@ -372,7 +382,10 @@ where
         key.to_message_key(),
         body,
         error_class(&spec.schema),
-        crate::runtime::stored::Remembered::new(Some(crate::runtime::stored::Store::json()), None),
+        crate::runtime::stored::Remembered::new(
+            Some(crate::runtime::stored::Store::json()),
+            fingerprint,
+        ),
         E::from,
     )
     .await

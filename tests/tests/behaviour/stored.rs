@@ -473,3 +473,38 @@ fn a_key_in_one_tenants_scope_never_answers_another() {
     assert_eq!(ran.load(Ordering::SeqCst), 2);
     assert_eq!(markers(&mut conn), 2);
 }
+
+/// The function API: the same, for code that cannot carry the attribute.
+#[test]
+fn the_function_api_stores_results_and_refuses_another_request() {
+    use inbox_diesel::Fingerprint;
+    use inbox_diesel::handler::{Handler, run_once_stored};
+    static PAY: std::sync::LazyLock<Handler> =
+        std::sync::LazyLock::new(|| Handler::new("pay-fn").unwrap());
+    let db = with_result("stored_function_api");
+    let mut conn = db.connect();
+    let ran = AtomicUsize::new(0);
+    let msg = Credit::new(9);
+    // `anyhow`, whose errors the runtime looks into for a diesel error to retry.
+    let deliver = |conn: &mut DbConnection, body: &str| -> anyhow::Result<Outcome<Receipt>> {
+        run_once_stored(conn, &PAY, &msg.id, Some(Fingerprint::of(body)), |tx| {
+            pay_body(tx, &msg, &ran).map_err(anyhow::Error::from)
+        })
+    };
+    let Outcome::Processed(receipt) = deliver(&mut conn, "amount=10").unwrap() else {
+        panic!("the first delivery")
+    };
+    assert!(matches!(
+        deliver(&mut conn, "amount=10").unwrap(),
+        Outcome::Duplicate { stored: Some(r), .. } if r == receipt
+    ));
+    let refused = deliver(&mut conn, "amount=11").unwrap_err();
+    assert!(
+        matches!(
+            refused.downcast_ref::<Error>(),
+            Some(Error::KeyReused { .. })
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+}
