@@ -126,14 +126,6 @@ impl Dialect for diesel::mysql::Mysql {
         dialect::load_async(conn, sql)
     }
 
-    fn store_result(table: &str, fenced: bool) -> String {
-        let fence = match fenced {
-            true => " AND attempts = ? AND processed_at IS NULL",
-            false => "",
-        };
-        format!("UPDATE {table} SET result = ? WHERE message_id = ? AND consumer = ?{fence}")
-    }
-
     fn read_marker(table: &str, result: bool, fingerprint: bool) -> String {
         let result = if result {
             "CAST(result AS CHAR)"
@@ -147,19 +139,11 @@ impl Dialect for diesel::mysql::Mysql {
         )
     }
 
-    fn store_fingerprint(table: &str) -> String {
-        format!("UPDATE {table} SET fingerprint = ? WHERE message_id = ? AND consumer = ?")
-    }
-
     fn bind_fragment_bytes<'b>(
         out: &mut AstPass<'_, 'b, Self>,
         bytes: &'b [u8],
     ) -> QueryResult<()> {
         out.push_bind_param::<Binary, [u8]>(bytes)
-    }
-
-    fn bind_message_id(sql: Sql, id: &Uuid) -> Sql {
-        sql.bind_bytes(id.as_bytes().to_vec())
     }
 
     fn delete_batch(table: &str) -> String {

@@ -128,8 +128,15 @@ pub trait Dialect:
 
     /// Writes a marker's stored result. Binds: the result's JSON text, the message id
     /// ([`Dialect::bind_message_id`]), the consumer, and with `fenced` the claim's attempt
-    /// (claim mode: a claim taken over keeps its new holder's result).
-    fn store_result(table: &str, fenced: bool) -> String;
+    /// (claim mode: a claim taken over keeps its new holder's result). Written with `?`
+    /// placeholders (MySQL, MariaDB, SQLite); PostgreSQL numbers them.
+    fn store_result(table: &str, fenced: bool) -> String {
+        let fence = match fenced {
+            true => " AND attempts = ? AND processed_at IS NULL",
+            false => "",
+        };
+        format!("UPDATE {table} SET result = ? WHERE message_id = ? AND consumer = ?{fence}")
+    }
 
     /// `result` (a marker's stored result as text) and `fingerprint`, each NULL when none
     /// was stored or, without `result` or `fingerprint`, not read. Binds: the message id,
@@ -138,15 +145,19 @@ pub trait Dialect:
 
     /// Writes a marker's fingerprint. Binds: the fingerprint's bytes, the message id, the
     /// consumer.
-    fn store_fingerprint(table: &str) -> String;
+    fn store_fingerprint(table: &str) -> String {
+        format!("UPDATE {table} SET fingerprint = ? WHERE message_id = ? AND consumer = ?")
+    }
 
     /// Binds bytes into a query fragment.
     fn bind_fragment_bytes<'b>(out: &mut AstPass<'_, 'b, Self>, bytes: &'b [u8])
     -> QueryResult<()>;
 
-    /// Binds the message id as [`Dialect::store_result`] and [`Dialect::read_result`] compare
-    /// it.
-    fn bind_message_id(sql: Sql, id: &Uuid) -> Sql;
+    /// Binds the message id as [`Dialect::store_result`] and [`Dialect::read_marker`] compare
+    /// it: its 16 bytes (PostgreSQL: its text, cast to `uuid`).
+    fn bind_message_id(sql: Sql, id: &Uuid) -> Sql {
+        sql.bind_bytes(id.as_bytes().to_vec())
+    }
 
     // The purge. Binds: the age in seconds, then (for the delete and the list) the number of
     // rows; `table` is quoted.

@@ -21,18 +21,10 @@ fn pay(conn: &mut DbConnection, msg: &Credit, ran: &AtomicUsize) -> Result<Recei
     pay_body(conn, msg, ran)
 }
 
+/// The credit handlers' business change (`transaction.rs`), then the new balance.
 fn pay_body(conn: &mut DbConnection, msg: &Credit, ran: &AtomicUsize) -> Result<Receipt, AppError> {
     ran.fetch_add(1, Ordering::SeqCst);
-    diesel::insert_into(credits::table)
-        .values((
-            credits::message.eq(msg.id.to_string()),
-            credits::account.eq(msg.account),
-            credits::amount.eq(msg.amount),
-        ))
-        .execute(conn)?;
-    diesel::update(accounts::table.find(msg.account))
-        .set(accounts::balance.eq(accounts::balance + msg.amount))
-        .execute(conn)?;
+    super::apply_credit(conn, msg)?;
     let balance = accounts::table
         .find(msg.account)
         .select(accounts::balance)
@@ -46,13 +38,7 @@ fn pay_body(conn: &mut DbConnection, msg: &Credit, ran: &AtomicUsize) -> Result<
 /// The same consumer, answering with a value of `len` bytes.
 #[idempotent(consumer = "pay", key = msg.id, store_result = true)]
 fn pay_sized(conn: &mut DbConnection, msg: &Credit, len: usize) -> Result<String, AppError> {
-    diesel::insert_into(credits::table)
-        .values((
-            credits::message.eq(msg.id.to_string()),
-            credits::account.eq(msg.account),
-            credits::amount.eq(msg.amount),
-        ))
-        .execute(conn)?;
+    super::apply_credit(conn, msg)?;
     Ok("x".repeat(len))
 }
 
