@@ -22,6 +22,8 @@ impl Dialect for diesel::mysql::Mysql {
     const LEASE_UNTIL: (&'static str, &'static str) =
         ("UTC_TIMESTAMP(6) + INTERVAL (", " * 1000) MICROSECOND");
     const BIGINT: &'static str = "SIGNED";
+    /// MySQL's `JSON`, cast to text (MariaDB's is `LONGTEXT` already).
+    const RESULT_AS_TEXT: &'static str = "CAST(result AS CHAR)";
 
     fn bind_id<'b>(out: &mut AstPass<'_, 'b, Self>, id: &'b Uuid) -> QueryResult<()> {
         out.push_bind_param::<diesel::sql_types::Binary, [u8]>(&id.as_bytes()[..])
@@ -124,19 +126,6 @@ impl Dialect for diesel::mysql::Mysql {
         C: diesel_async::AsyncConnection<Backend = Self>,
     {
         dialect::load_async(conn, sql)
-    }
-
-    fn read_marker(table: &str, result: bool, fingerprint: bool) -> String {
-        let result = if result {
-            "CAST(result AS CHAR)"
-        } else {
-            "NULL"
-        };
-        let fingerprint = if fingerprint { "fingerprint" } else { "NULL" };
-        format!(
-            "SELECT {result} AS result, {fingerprint} AS fingerprint FROM {table} \
-             WHERE message_id = ? AND consumer = ?"
-        )
     }
 
     fn bind_fragment_bytes<'b>(

@@ -125,15 +125,6 @@ impl Dialect for diesel::sqlite::Sqlite {
         dialect::load_async(conn, sql)
     }
 
-    fn read_marker(table: &str, result: bool, fingerprint: bool) -> String {
-        let result = if result { "result" } else { "NULL" };
-        let fingerprint = if fingerprint { "fingerprint" } else { "NULL" };
-        format!(
-            "SELECT {result} AS result, {fingerprint} AS fingerprint FROM {table} \
-             WHERE message_id = ? AND consumer = ?"
-        )
-    }
-
     fn bind_fragment_bytes<'b>(
         out: &mut AstPass<'_, 'b, Self>,
         bytes: &'b [u8],

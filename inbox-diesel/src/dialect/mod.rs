@@ -141,7 +141,18 @@ pub trait Dialect:
     /// `result` (a marker's stored result as text) and `fingerprint`, each NULL when none
     /// was stored or, without `result` or `fingerprint`, not read. Binds: the message id,
     /// the consumer.
-    fn read_marker(table: &str, result: bool, fingerprint: bool) -> String;
+    /// Written with `?` placeholders (MySQL, MariaDB, SQLite); PostgreSQL numbers them.
+    fn read_marker(table: &str, result: bool, fingerprint: bool) -> String {
+        let result = if result { Self::RESULT_AS_TEXT } else { "NULL" };
+        let fingerprint = if fingerprint { "fingerprint" } else { "NULL" };
+        format!(
+            "SELECT {result} AS result, {fingerprint} AS fingerprint FROM {table} \
+             WHERE message_id = ? AND consumer = ?"
+        )
+    }
+
+    /// The `result` column, read as text by [`Dialect::read_marker`].
+    const RESULT_AS_TEXT: &'static str = "result";
 
     /// Writes a marker's fingerprint. Binds: the fingerprint's bytes, the message id, the
     /// consumer.

@@ -221,11 +221,7 @@ impl Backend {
     /// );
     /// ```
     pub fn add_key_text_sql(self, schema: &InboxSchema) -> String {
-        format!(
-            "ALTER TABLE {} ADD COLUMN key_text {};\n",
-            self.quote_table(schema.table()),
-            self.key_text_type()
-        )
+        self.add_column_sql(schema, "key_text", self.key_text_type())
     }
 
     /// Adds the optional `result` column to an existing inbox table, where a handler with
@@ -252,19 +248,12 @@ impl Backend {
     /// );
     /// ```
     pub fn add_result_sql(self, schema: &InboxSchema) -> String {
-        format!(
-            "ALTER TABLE {} ADD COLUMN result {};\n",
-            self.quote_table(schema.table()),
-            self.result_type()
-        )
+        self.add_column_sql(schema, "result", self.result_type())
     }
 
     /// Drops the optional `result` column (the `down.sql` of [`add_result_sql`](Self::add_result_sql)).
     pub fn drop_result_sql(self, schema: &InboxSchema) -> String {
-        format!(
-            "ALTER TABLE {} DROP COLUMN result;\n",
-            self.quote_table(schema.table())
-        )
+        self.drop_column_sql(schema, "result")
     }
 
     /// Adds the optional `fingerprint` column to an existing inbox table, where a handler
@@ -279,18 +268,27 @@ impl Backend {
     /// A handler with a fingerprint refuses a table without it. Markers written before have
     /// none, and are not known to differ from any request.
     pub fn add_fingerprint_sql(self, schema: &InboxSchema) -> String {
-        format!(
-            "ALTER TABLE {} ADD COLUMN fingerprint {};\n",
-            self.quote_table(schema.table()),
-            self.fingerprint_type()
-        )
+        self.add_column_sql(schema, "fingerprint", self.fingerprint_type())
     }
 
     /// Drops the optional `fingerprint` column (the `down.sql` of
     /// [`add_fingerprint_sql`](Self::add_fingerprint_sql)).
     pub fn drop_fingerprint_sql(self, schema: &InboxSchema) -> String {
+        self.drop_column_sql(schema, "fingerprint")
+    }
+
+    /// `ALTER TABLE … ADD COLUMN <column> <type>`: an optional column added.
+    fn add_column_sql(self, schema: &InboxSchema, column: &str, type_name: &str) -> String {
         format!(
-            "ALTER TABLE {} DROP COLUMN fingerprint;\n",
+            "ALTER TABLE {} ADD COLUMN {column} {type_name};\n",
+            self.quote_table(schema.table())
+        )
+    }
+
+    /// `ALTER TABLE … DROP COLUMN <column>`: an optional column dropped again.
+    fn drop_column_sql(self, schema: &InboxSchema, column: &str) -> String {
+        format!(
+            "ALTER TABLE {} DROP COLUMN {column};\n",
             self.quote_table(schema.table())
         )
     }
@@ -315,10 +313,7 @@ impl Backend {
 
     /// Drops the optional `key_text` column (the `down.sql` of [`add_key_text_sql`](Self::add_key_text_sql)).
     pub fn drop_key_text_sql(self, schema: &InboxSchema) -> String {
-        format!(
-            "ALTER TABLE {} DROP COLUMN key_text;\n",
-            self.quote_table(schema.table())
-        )
+        self.drop_column_sql(schema, "key_text")
     }
 
     /// The type of `key_text`: a key is at most 64 KiB of text, its bytes in hex 128 KiB,
