@@ -9,6 +9,10 @@
 //! `--schema lean` runs the inbox without its surrogate key on SQLite and PostgreSQL (the
 //! variants that need the shipped `table!` and purge are left out), to compare the two.
 //!
+//! `--section stored` runs only the stored-result section: `#[idempotent]` with
+//! `store_result = true` (and with a `fingerprint`) against the marker alone, and the bytes
+//! per row of each.
+//!
 //! `--instructions <plain|idempotent|outbox|hand-written> <n>` runs `n` messages of one variant on
 //! SQLite, one at a time, and nothing else: for `valgrind --tool=callgrind`, whose
 //! instruction count a shared machine's load does not move (BENCHMARKS.md).
@@ -133,6 +137,8 @@ fn sqlite_database(dir: &std::path::Path) -> impl Fn() -> diesel::SqliteConnecti
         false => inbox_diesel::schema::sqlite::create_table_sql(&InboxSchema::DEFAULT),
     };
     conn.batch_execute(&inbox).unwrap();
+    conn.batch_execute(&kept_sql(inbox_diesel::schema::Backend::Sqlite))
+        .unwrap();
     conn.batch_execute(&OUTBOX.create_table_sql(inbox_diesel::schema::Backend::Sqlite))
         .unwrap();
     for statement in accounts_sql() {
@@ -160,6 +166,20 @@ fn bench_sqlite(seconds: f64) {
     .get_result(&mut conn)
     .unwrap();
     let label = format!("SQLite {version} (WAL, synchronous = NORMAL)");
+    let stored = || {
+        sqlite::stored(&label, seconds, &connect, &|conn| {
+            diesel::sql_query(
+                "SELECT CAST(sum(pgsize) AS BIGINT) AS n FROM dbstat \
+                 WHERE name = 'inbox_kept' OR tbl_name = 'inbox_kept'",
+            )
+            .get_result::<Bytes>(conn)
+            .unwrap()
+            .n
+        })
+    };
+    if ONLY_STORED.load(Ordering::Relaxed) {
+        return stored();
+    }
     sqlite::run(&label, seconds, &connect, &|conn, rows| {
         conn.batch_execute(&format!(
                 "INSERT INTO inbox (message_id, consumer, received_at, processed_at) \
@@ -172,6 +192,7 @@ fn bench_sqlite(seconds: f64) {
     if LEAN.load(Ordering::Relaxed) {
         return;
     }
+    stored();
     let list = designs_of(
         inbox_diesel::schema::Backend::Sqlite,
         "no surrogate key (`WITHOUT ROWID`)",
@@ -235,6 +256,7 @@ fn bench_postgres(seconds: f64) {
     }];
     schema.extend(accounts_sql());
     schema.push(OUTBOX.create_table_sql(inbox_diesel::schema::Backend::Postgres));
+    schema.push(kept_sql(inbox_diesel::schema::Backend::Postgres));
     let (url, _drop) = server_database::<diesel::PgConnection>(&admin, &schema);
     let connect = || diesel::PgConnection::establish(&url).unwrap();
     let version: String = diesel::select(diesel::dsl::sql::<diesel::sql_types::Text>(
@@ -242,6 +264,22 @@ fn bench_postgres(seconds: f64) {
     ))
     .get_result(&mut connect())
     .unwrap();
+    let stored = || {
+        postgres::stored(
+            &format!("PostgreSQL {version}"),
+            seconds,
+            &connect,
+            &|conn| {
+                diesel::sql_query("SELECT pg_total_relation_size('inbox_kept') AS n")
+                    .get_result::<Bytes>(conn)
+                    .unwrap()
+                    .n
+            },
+        )
+    };
+    if ONLY_STORED.load(Ordering::Relaxed) {
+        return stored();
+    }
     if !LEAN.load(Ordering::Relaxed) {
         async_postgres::run(&format!("PostgreSQL {version}"), &url, seconds);
     }
@@ -261,6 +299,7 @@ fn bench_postgres(seconds: f64) {
     if LEAN.load(Ordering::Relaxed) {
         return;
     }
+    stored();
     let list = designs_of(
         inbox_diesel::schema::Backend::Postgres,
         "no surrogate key (primary key on the pair)",
@@ -333,11 +372,34 @@ fn bench_mysql(seconds: f64) {
     )];
     schema.extend(accounts_sql());
     schema.push(OUTBOX.create_table_sql(inbox_diesel::schema::Backend::Mysql));
+    schema.push(kept_sql(inbox_diesel::schema::Backend::Mysql));
     let (url, _drop) = server_database::<diesel::MysqlConnection>(&admin, &schema);
     let connect = || diesel::MysqlConnection::establish(&url).unwrap();
     let version: String = diesel::select(diesel::dsl::sql::<diesel::sql_types::Text>("VERSION()"))
         .get_result(&mut connect())
         .unwrap();
+    let stored = || {
+        mysql::stored(
+            &format!("MariaDB/MySQL {version}"),
+            seconds,
+            &connect,
+            &|conn| {
+                // InnoDB's sizes are in pages and refreshed by ANALYZE.
+                conn.batch_execute("ANALYZE TABLE inbox_kept").unwrap();
+                diesel::sql_query(
+                    "SELECT CAST(data_length + index_length AS SIGNED) AS n \
+                 FROM information_schema.tables \
+                 WHERE table_schema = DATABASE() AND table_name = 'inbox_kept'",
+                )
+                .get_result::<Bytes>(conn)
+                .unwrap()
+                .n
+            },
+        )
+    };
+    if ONLY_STORED.load(Ordering::Relaxed) {
+        return stored();
+    }
     async_mysql::run(&format!("MariaDB/MySQL {version}"), &url, seconds);
     mysql::run(
         &format!("MariaDB/MySQL {version}"),
@@ -361,6 +423,7 @@ fn bench_mysql(seconds: f64) {
             .unwrap();
         },
     );
+    stored();
     let list = designs_of(
         inbox_diesel::schema::Backend::Mysql,
         "no surrogate key (clustered on the pair)",
@@ -425,6 +488,10 @@ fn main() {
                 );
                 return;
             }
+            "--section" => match args.next().as_deref() {
+                Some("stored") => ONLY_STORED.store(true, Ordering::Relaxed),
+                other => panic!("--section takes `stored`, not {other:?}"),
+            },
             "--schema" => match args.next().as_deref() {
                 Some("lean") => LEAN.store(true, Ordering::Relaxed),
                 Some("shipped") => {}

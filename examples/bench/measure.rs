@@ -137,3 +137,44 @@ pub(crate) fn report(backend: &str, cells: &[Cell]) {
         }
     }
 }
+
+/// The stored-result section: rows written before the table's size is read.
+pub(crate) const KEPT_ROWS: u64 = 20_000;
+
+/// `--section stored`: only the stored-result section.
+pub(crate) static ONLY_STORED: AtomicBool = AtomicBool::new(false);
+
+/// What the stored-result handlers return and keep: a typical small answer.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub(crate) struct Receipt {
+    payment: String,
+    account: u64,
+    amount_cents: i64,
+    status: String,
+}
+
+impl Receipt {
+    pub(crate) fn of(id: &Uuid, worker: usize) -> Self {
+        Receipt {
+            payment: id.to_string(),
+            account: worker as u64 + 1,
+            amount_cents: 1_250,
+            status: "settled".into(),
+        }
+    }
+}
+
+/// The inbox of the stored-result section, with the optional columns.
+pub(crate) const KEPT: InboxSchema =
+    InboxSchema::new_unchecked("inbox_kept", "ux_inbox_kept_message_consumer");
+
+pub(crate) fn kept_sql(backend: inbox_diesel::schema::Backend) -> String {
+    backend.create_table_with_sql(
+        &KEPT,
+        inbox_diesel::schema::OptionalColumns {
+            result: true,
+            fingerprint: true,
+            ..Default::default()
+        },
+    )
+}

@@ -151,6 +151,96 @@ macro_rules! backend {
                 })
             }
 
+            /// The stored-result section's handlers, on `inbox_kept` (the table with the
+            /// optional `result` and `fingerprint` columns): the same write, its marker
+            /// alone, with a receipt stored, and with the receipt and the request's digest.
+            #[idempotent(consumer = "bench", key = *id, table = "inbox_kept", constraint = "ux_inbox_kept_message_consumer")]
+            fn kept_plain(conn: &mut Conn, id: &Uuid, worker: usize) -> QueryResult<()> {
+                write(conn, worker)
+            }
+
+            #[idempotent(consumer = "bench", key = *id, table = "inbox_kept", constraint = "ux_inbox_kept_message_consumer", store_result = true)]
+            fn kept_stored(conn: &mut Conn, id: &Uuid, worker: usize) -> QueryResult<Receipt> {
+                write(conn, worker)?;
+                Ok(Receipt::of(id, worker))
+            }
+
+            #[idempotent(consumer = "bench", key = *id, table = "inbox_kept", constraint = "ux_inbox_kept_message_consumer", store_result = true, fingerprint = request)]
+            fn kept_fingerprinted(
+                conn: &mut Conn,
+                id: &Uuid,
+                request: &[u8],
+                worker: usize,
+            ) -> QueryResult<Receipt> {
+                write(conn, worker)?;
+                Ok(Receipt::of(id, worker))
+            }
+
+            /// What storing a result costs: throughput against the marker alone at 1 and 4
+            /// clients, and the table's bytes per row (`size` reads the table's size) after
+            /// `KEPT_ROWS` rows of each.
+            pub fn stored(
+                label: &str,
+                seconds: f64,
+                connect: &(dyn Fn() -> Conn + Sync),
+                size: &dyn Fn(&mut Conn) -> i64,
+            ) {
+                println!("\n### {label}: stored results");
+                println!(
+                    "\n| clients | marker only | + stored result | + stored result and fingerprint |\n|---|---:|---:|---:|"
+                );
+                let request = [7u8; 200];
+                let mut run = 5_000;
+                for clients in [1, 4] {
+                    let mut rates = [0.0; 3];
+                    for (slot, rate) in rates.iter_mut().enumerate() {
+                        run += 1;
+                        *rate = measure(clients, seconds, connect, &|c, w, n| {
+                            let id = key(run, w, n);
+                            let processed = match slot {
+                                0 => kept_plain(c, &id, w).unwrap().is_processed(),
+                                1 => kept_stored(c, &id, w).unwrap().is_processed(),
+                                _ => kept_fingerprinted(c, &id, &request, w).unwrap().is_processed(),
+                            };
+                            assert!(processed);
+                            1
+                        });
+                    }
+                    println!(
+                        "| {clients} | 1.00 ({:.0}/s) | {:.2} ({:.0}/s) | {:.2} ({:.0}/s) |",
+                        rates[0],
+                        rates[1] / rates[0],
+                        rates[1],
+                        rates[2] / rates[0],
+                        rates[2]
+                    );
+                }
+                let mut conn = connect();
+                let mut per_row = [0; 3];
+                for (slot, bytes) in per_row.iter_mut().enumerate() {
+                    run += 1;
+                    conn.batch_execute("DELETE FROM inbox_kept").unwrap();
+                    for n in 0..KEPT_ROWS {
+                        let id = key(run, 0, n);
+                        let _ = match slot {
+                            0 => kept_plain(&mut conn, &id, 0).map(|_| ()),
+                            1 => kept_stored(&mut conn, &id, 0).map(|_| ()),
+                            _ => kept_fingerprinted(&mut conn, &id, &request, 0).map(|_| ()),
+                        }
+                        .unwrap();
+                    }
+                    *bytes = size(&mut conn) / KEPT_ROWS as i64;
+                }
+                println!(
+                    "\nbytes per row ({KEPT_ROWS} rows, indexes included; the receipt is {} bytes of JSON): \
+                     marker only {}, + stored result {}, + stored result and fingerprint {}",
+                    serde_json::to_string(&Receipt::of(&key(0, 0, 0), 0)).unwrap().len(),
+                    per_row[0],
+                    per_row[1],
+                    per_row[2]
+                );
+            }
+
             /// `n` messages of `variant` one after the other on `conn`, for `--instructions`.
             #[allow(dead_code)]
             pub fn sequential(conn: &mut Conn, variant: &str, n: u64) {

@@ -6,9 +6,13 @@
 //! same runtime the attribute's expansion calls: the marker first, in the body's transaction,
 //! a duplicate recognised by the inbox's own unique index, transient failures retried.
 //!
-//! The compile-time guard is the attribute's: a body given to `run_once` is not checked for
-//! other connections. Write it to use the transaction it is given — helpers that take the
-//! connection — and let [`tripwire`](crate::tripwire) refuse a pool checkout inside it.
+//! The checks are the attribute's. The body is a closure written in
+//! [`guarded!`](crate::guarded), which rewrites it as `#[idempotent]` rewrites a handler's
+//! body, so a value it hands on that is a connection other than its transaction — a captured
+//! pool, a second connection — fails to compile; the function API takes no other closure (its
+//! bodies return [`Checked`], which only the macro builds). At run time, the
+//! [`tripwire`](crate::tripwire) refuses a pool checkout inside the body, in a helper the
+//! guard cannot see.
 
 use std::marker::PhantomData;
 
@@ -156,6 +160,26 @@ impl<L: OnLocked> Handler<L> {
     }
 }
 
+/// A body's value, from a closure checked by [`guarded!`](crate::guarded): the function API
+/// takes bodies that return it, and only the macro's expansion builds one, so a closure
+/// that did not pass the compile-time guard is refused by the type checker.
+#[derive(Debug)]
+#[must_use]
+pub struct Checked<R>(R);
+
+impl<R> Checked<R> {
+    fn into_inner(self) -> R {
+        self.0
+    }
+}
+
+/// What `guarded!`'s expansion wraps the body's value in. Not a public API.
+#[doc(hidden)]
+#[inline(always)]
+pub fn checked<R>(value: R) -> Checked<R> {
+    Checked(value)
+}
+
 /// How the body's error is read for retries: through [`HasDieselError`].
 fn error_class<T, E: HasDieselError>(
     schema: &InboxSchema,
@@ -171,7 +195,8 @@ fn error_class<T, E: HasDieselError>(
 }
 
 /// Runs `body` once per message key and consumer, on a sync connection: what a
-/// `#[idempotent]` `fn` does.
+/// `#[idempotent]` `fn` does. The body is a closure written in [`guarded!`](crate::guarded),
+/// given the transaction.
 ///
 /// The body's error type says where its diesel error is ([`HasDieselError`]; implemented for
 /// diesel's error, the inbox's, and `anyhow::Error` with the feature `anyhow`), so that a
@@ -182,7 +207,7 @@ fn error_class<T, E: HasDieselError>(
 /// use diesel::connection::SimpleConnection;
 /// use diesel::prelude::*;
 /// use inbox_diesel::handler::{Handler, run_once};
-/// use inbox_diesel::{InboxSchema, Outcome};
+/// use inbox_diesel::{InboxSchema, Outcome, guarded};
 ///
 /// static CREDIT: LazyLock<Handler> = LazyLock::new(|| Handler::new("credit").unwrap());
 ///
@@ -204,7 +229,7 @@ fn error_class<T, E: HasDieselError>(
 /// }
 ///
 /// fn receive(conn: &mut SqliteConnection, activity: &dyn Activity) -> QueryResult<Outcome<()>> {
-///     run_once(conn, &CREDIT, activity.id(), |tx| activity.apply(tx))
+///     run_once(conn, &CREDIT, activity.id(), guarded!(|tx| activity.apply(tx)))
 /// }
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -229,16 +254,17 @@ pub fn run_once<C, K, T, E, B, L: OnLocked>(
 where
     C: InboxConnection,
     K: ToMessageKey + ?Sized,
-    B: FnMut(&mut C) -> Result<T, E>,
+    B: FnMut(&mut C) -> Checked<Result<T, E>>,
     E: From<Error> + HasDieselError,
 {
     let spec = &handler.spec;
+    let mut body = body;
     crate::runtime::sync::run(
         PhantomData,
         conn,
         spec,
         key.to_message_key(),
-        body,
+        |tx: &mut C| body(tx).into_inner(),
         error_class(&spec.schema),
         crate::runtime::stored::Remembered::nothing(),
         E::from,
@@ -260,19 +286,19 @@ where
 /// use diesel::connection::SimpleConnection;
 /// use diesel::prelude::*;
 /// use inbox_diesel::handler::{Handler, run_once_stored};
-/// use inbox_diesel::{InboxSchema, Outcome};
+/// use inbox_diesel::{InboxSchema, Outcome, guarded};
 ///
 /// static PAY: LazyLock<Handler> = LazyLock::new(|| Handler::new("payments").unwrap());
 ///
 /// fn pay(conn: &mut SqliteConnection, request: &str, cents: i64) -> QueryResult<Outcome<i64>> {
-///     run_once_stored(conn, &PAY, request, None, |tx| {
+///     run_once_stored(conn, &PAY, request, None, guarded!(|tx| {
 ///         diesel::sql_query("INSERT INTO payments (cents) VALUES (?)")
 ///             .bind::<diesel::sql_types::BigInt, _>(cents)
 ///             .execute(tx)?;
 ///         // The payment's id: the answer a retry of the request gets again.
 ///         diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>("last_insert_rowid()"))
 ///             .get_result(tx)
-///     })
+///     }))
 /// }
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -303,16 +329,17 @@ where
     C: InboxConnection,
     K: ToMessageKey + ?Sized,
     T: serde::Serialize + serde::de::DeserializeOwned,
-    B: FnMut(&mut C) -> Result<T, E>,
+    B: FnMut(&mut C) -> Checked<Result<T, E>>,
     E: From<Error> + HasDieselError,
 {
     let spec = &handler.spec;
+    let mut body = body;
     crate::runtime::sync::run(
         PhantomData,
         conn,
         spec,
         key.to_message_key(),
-        body,
+        |tx: &mut C| body(tx).into_inner(),
         error_class(&spec.schema),
         crate::runtime::stored::Remembered::new(
             Some(crate::runtime::stored::Store::json()),
@@ -323,8 +350,9 @@ where
 }
 
 /// Runs `body` once per message key and consumer, on a diesel-async connection: what a
-/// `#[idempotent]` `async fn` does. The body is an async closure given the transaction;
-/// like the attribute's, it may run more than once (retries), so it is cloned per attempt.
+/// `#[idempotent]` `async fn` does. The body is an async closure written in
+/// [`guarded!`](crate::guarded) (`guarded!(async |tx| …)`), given the transaction; like the
+/// attribute's, it may run more than once (retries), so it is cloned per attempt.
 ///
 /// # Errors
 /// The body's error, or the inbox's (through `E: From<Error>`).
@@ -338,16 +366,16 @@ pub async fn run_once_async<C, K, T, E, B, L: OnLocked>(
 where
     C: crate::AsyncInboxConnection,
     K: ToMessageKey + ?Sized,
-    B: Clone + for<'c> AsyncBody<&'c mut C, Result<T, E>, Fut: Send>,
+    B: Clone + for<'c> AsyncBody<&'c mut C, Checked<Result<T, E>>, Fut: Send>,
     E: From<Error> + HasDieselError,
 {
     let spec = &handler.spec;
-    crate::runtime::asynchronous::run_async(
+    crate::runtime::asynchronous::run_async_body(
         PhantomData,
         conn,
         spec,
         key.to_message_key(),
-        body,
+        CheckedBody(body),
         error_class(&spec.schema),
         crate::runtime::stored::Remembered::nothing(),
         E::from,
@@ -371,16 +399,16 @@ where
     C: crate::AsyncInboxConnection,
     K: ToMessageKey + ?Sized,
     T: serde::Serialize + serde::de::DeserializeOwned,
-    B: Clone + for<'c> AsyncBody<&'c mut C, Result<T, E>, Fut: Send>,
+    B: Clone + for<'c> AsyncBody<&'c mut C, Checked<Result<T, E>>, Fut: Send>,
     E: From<Error> + HasDieselError,
 {
     let spec = &handler.spec;
-    crate::runtime::asynchronous::run_async(
+    crate::runtime::asynchronous::run_async_body(
         PhantomData,
         conn,
         spec,
         key.to_message_key(),
-        body,
+        CheckedBody(body),
         error_class(&spec.schema),
         crate::runtime::stored::Remembered::new(
             Some(crate::runtime::stored::Store::json()),
@@ -403,5 +431,20 @@ impl HasDieselError for Error {
             Error::Database { source, .. } => Some(source),
             _ => None,
         }
+    }
+}
+
+/// An async body checked by `guarded!`: each attempt runs a clone of it, as the attribute's
+/// expansion does, and unwraps its value.
+#[cfg(feature = "async")]
+struct CheckedBody<B>(B);
+
+#[cfg(feature = "async")]
+impl<C, R, B> crate::runtime::driver::Body<C, R> for CheckedBody<B>
+where
+    B: Clone + for<'c> AsyncBody<&'c mut C, Checked<R>, Fut: Send>,
+{
+    async fn call(&mut self, conn: &mut C) -> R {
+        (self.0.clone())(conn).await.into_inner()
     }
 }

@@ -519,6 +519,68 @@ pub mod __private;
 #[doc(inline)]
 pub use inbox_macros::idempotent;
 
+/// The compile-time guard of `#[idempotent]`, on a closure: the body given to the function API
+/// ([`handler::run_once`], [`handler::run_once_stored`] and their async forms) and to the
+/// integrations built on it.
+///
+/// The closure's first parameter is the transaction. Every value the body hands on — a
+/// captured pool or connection, one established in the body, a parameter besides the
+/// transaction — is asked at its type whether it is a diesel connection or a pool, as in an
+/// `#[idempotent]` body, and one that is fails to compile: a write through it would commit
+/// on its own, outside the inbox transaction. `#[inbox::outside_transaction("why")]` marks a
+/// statement that must. The closure returns its value as a [`handler::Checked`], which only
+/// this macro builds and the function API requires, so a body that did not pass the guard is
+/// refused by the compiler, not by review.
+///
+/// ```
+/// use std::sync::LazyLock;
+/// use diesel::connection::SimpleConnection;
+/// use diesel::prelude::*;
+/// use inbox_diesel::handler::{Handler, run_once};
+/// use inbox_diesel::{InboxSchema, guarded};
+///
+/// static LIKES: LazyLock<Handler> = LazyLock::new(|| Handler::new("likes").unwrap());
+///
+/// fn like(conn: &mut SqliteConnection, post: i32, id: &str) -> QueryResult<bool> {
+///     let outcome = run_once(conn, &LIKES, id, guarded!(|tx| {
+///         diesel::sql_query("UPDATE posts SET likes = likes + 1 WHERE id = ?")
+///             .bind::<diesel::sql_types::Integer, _>(post)
+///             .execute(tx)
+///     }))?;
+///     Ok(outcome.is_processed())
+/// }
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let mut conn = SqliteConnection::establish(":memory:")?;
+/// # conn.batch_execute(&inbox_diesel::schema::sqlite::create_table_sql(&InboxSchema::DEFAULT))?;
+/// # conn.batch_execute("CREATE TABLE posts (id INTEGER, likes INTEGER); INSERT INTO posts VALUES (1, 0);")?;
+/// assert!(like(&mut conn, 1, "like-7")?);
+/// assert!(!like(&mut conn, 1, "like-7")?);
+/// # Ok(())
+/// # }
+/// ```
+///
+/// A connection the body was not given is refused at compile time:
+///
+/// ```compile_fail
+/// use std::sync::LazyLock;
+/// use diesel::prelude::*;
+/// use inbox_diesel::handler::{Handler, run_once};
+/// use inbox_diesel::guarded;
+///
+/// static LIKES: LazyLock<Handler> = LazyLock::new(|| Handler::new("likes").unwrap());
+///
+/// fn like(conn: &mut SqliteConnection, audit: &mut SqliteConnection, id: &str) -> QueryResult<()> {
+///     run_once(conn, &LIKES, id, guarded!(|tx| {
+///         // Commits on its own: a redelivery would audit the like twice.
+///         diesel::sql_query("INSERT INTO audit VALUES ('like')").execute(audit)?;
+///         diesel::sql_query("UPDATE posts SET likes = likes + 1").execute(tx)
+///     }))?;
+///     Ok(())
+/// }
+/// ```
+#[doc(inline)]
+pub use inbox_macros::guarded;
+
 #[cfg(feature = "async")]
 pub use backends::AsyncInboxConnection;
 pub use backends::InboxConnection;

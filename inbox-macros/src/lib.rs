@@ -12,6 +12,7 @@
 use proc_macro::TokenStream;
 
 mod attr;
+mod closure;
 mod expand;
 mod guard;
 mod valid;
@@ -20,4 +21,10 @@ mod valid;
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::idempotent(args.into(), item.into()).into()
+}
+
+/// See `inbox_diesel::guarded`.
+#[proc_macro]
+pub fn guarded(input: TokenStream) -> TokenStream {
+    closure::guarded(input.into()).into()
 }

@@ -118,11 +118,16 @@ fn the_function_api_answers_in_flight_when_its_handler_says_so() {
         id: u64,
         hold: &dyn Fn(),
     ) -> diesel::QueryResult<InFlightOutcome<()>> {
-        run_once(conn, &CREDIT, &id, |tx| {
-            tx.batch_execute("UPDATE accounts SET balance = balance + 1 WHERE id = 1")?;
-            hold();
-            Ok(())
-        })
+        run_once(
+            conn,
+            &CREDIT,
+            &id,
+            inbox_diesel::guarded!(|tx| {
+                tx.batch_execute("UPDATE accounts SET balance = balance + 1 WHERE id = 1")?;
+                hold();
+                Ok(())
+            }),
+        )
     }
 
     let db = inbox_tests::postgres::PgDb::new("in_flight_function");

@@ -11,6 +11,7 @@ use std::time::Duration;
 use diesel_async::pooled_connection::AsyncDieselConnectionManager;
 use diesel_async::pooled_connection::deadpool::Pool;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use inbox_diesel::guarded;
 use inbox_diesel::handler::{Handler, run_once_async};
 use inbox_diesel::{HasDieselError, Outcome};
 use inbox_tests::postgres::PgDb;
@@ -51,12 +52,12 @@ impl ActivityHandler for Follow {
             &mut *conn,
             &FOLLOW,
             id,
-            async |tx: &mut AsyncPgConnection| {
+            guarded!(async |tx: &mut AsyncPgConnection| {
                 diesel::sql_query("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
                     .execute(tx)
                     .await?;
                 Ok(())
-            },
+            }),
         )
         .await
     }

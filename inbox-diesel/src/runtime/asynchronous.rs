@@ -89,6 +89,40 @@ where
     P: Fn(&Result<T, E>) -> Option<ErrorClass>,
     A: HandlerOutcome<T>,
 {
+    run_async_body(
+        PhantomData,
+        conn,
+        spec,
+        key,
+        Cloned(body),
+        probe,
+        remembered,
+        inbox_error,
+    )
+    .await
+}
+
+/// [`run_async`] for any body the driver can run: the function API's, checked by `guarded!`.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "run_async's arguments, with the body already wrapped"
+)]
+pub(crate) async fn run_async_body<C, T, E, B, P, A>(
+    _outcome: PhantomData<A>,
+    conn: &mut C,
+    spec: &'static HandlerSpec,
+    key: Result<MessageKey, KeyError>,
+    body: B,
+    probe: P,
+    remembered: Remembered<T>,
+    inbox_error: fn(Error) -> E,
+) -> Result<A, E>
+where
+    C: AsyncInboxConnection,
+    B: driver::Body<C, Result<T, E>>,
+    P: Fn(&Result<T, E>) -> Option<ErrorClass>,
+    A: HandlerOutcome<T>,
+{
     let key = key.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
     // The stored id, not the key: a key can be business data (an e-mail address) or carry
     // control characters; the key itself is logged escaped, at DEBUG (`driver`).
@@ -97,7 +131,7 @@ where
         Awaiting(conn),
         spec,
         &key,
-        Cloned(body),
+        body,
         probe,
         A::IN_FLIGHT,
         remembered,

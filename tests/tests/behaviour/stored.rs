@@ -473,9 +473,13 @@ fn the_function_api_stores_results_and_refuses_another_request() {
     let msg = Credit::new(9);
     // `anyhow`, whose errors the runtime looks into for a diesel error to retry.
     let deliver = |conn: &mut DbConnection, body: &str| -> anyhow::Result<Outcome<Receipt>> {
-        run_once_stored(conn, &PAY, &msg.id, Some(Fingerprint::of(body)), |tx| {
-            pay_body(tx, &msg, &ran).map_err(anyhow::Error::from)
-        })
+        run_once_stored(
+            conn,
+            &PAY,
+            &msg.id,
+            Some(Fingerprint::of(body)),
+            inbox_diesel::guarded!(|tx| pay_body(tx, &msg, &ran).map_err(anyhow::Error::from)),
+        )
     };
     let Outcome::Processed(receipt) = deliver(&mut conn, "amount=10").unwrap() else {
         panic!("the first delivery")

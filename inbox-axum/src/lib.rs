@@ -1,0 +1,210 @@
+//! HTTP `Idempotency-Key` for axum 0.8, on [`inbox_diesel`]: a request's Diesel writes, its
+//! key and the response it answered with commit in **one database transaction**.
+//!
+//! A client that retries a `POST` — after a timeout, a dropped connection, a 502 from a proxy
+//! — sends the same `Idempotency-Key` (IETF httpapi,
+//! `draft-ietf-httpapi-idempotency-key-header`). The route's handler extracts
+//! [`Idempotent<T>`] and runs its work through [`Idempotent::run`]:
+//!
+//! - the first request runs the body, in a transaction that also inserts the inbox marker
+//!   for the key (scoped by route and [`Principal`]), the request's fingerprint and the
+//!   [`Reply`] the body returns; the client gets that reply;
+//! - a retry after the commit gets the stored reply again, with `Idempotent-Replayed: true`,
+//!   and the body does not run;
+//! - a request with the same key while the first is uncommitted gets 409 at once (on
+//!   PostgreSQL and MySQL/MariaDB, with a handler built with `in_flight_when_locked()`;
+//!   SQLite runs one writer at a time, so there the second request waits and replays);
+//! - the same key with another method, path or body gets 422, whether the first is done or
+//!   in flight; a missing key 400; every refusal is an `application/problem+json` body
+//!   ([`Problem`]).
+//!
+//! Nothing is kept beside the transaction — no cache, no second store — so a crash at any
+//! point leaves the request either committed with its reply, which a retry replays, or not
+//! at all, which a retry runs once. A duplicate is recognised by the inbox's own unique
+//! index, as every `#[idempotent]` handler's is.
+//!
+//! The body is a closure written in [`guarded!`](inbox_diesel::guarded): the compile-time guard
+//! of `#[idempotent]` refuses a connection or pool other than its transaction handed on in
+//! it, and the run-time tripwire (`inbox_diesel::tripwire`) a pool checkout in the helpers it
+//! calls.
+//!
+//! ```
+//! use std::sync::LazyLock;
+//!
+//! use axum::Router;
+//! use axum::extract::State;
+//! use axum::http::StatusCode;
+//! use axum::response::Response;
+//! use axum::routing::post;
+//! use diesel::prelude::*;
+//! use diesel_async::RunQueryDsl;
+//! use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+//! use diesel_async::pooled_connection::bb8::Pool;
+//! use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+//! use inbox_axum::{Idempotent, Reply};
+//! use inbox_diesel::guarded;
+//! use inbox_diesel::handler::Handler;
+//!
+//! type Conn = SyncConnectionWrapper<SqliteConnection>;
+//!
+//! diesel::table! {
+//!     payments (id) {
+//!         id -> Integer,
+//!         cents -> BigInt,
+//!     }
+//! }
+//!
+//! #[derive(serde::Deserialize)]
+//! struct NewPayment {
+//!     cents: i64,
+//! }
+//!
+//! static PAYMENTS: LazyLock<Handler> =
+//!     LazyLock::new(|| Handler::new("payments").expect("a valid consumer name"));
+//!
+//! async fn create(State(pool): State<Pool<Conn>>, request: Idempotent<NewPayment>) -> Response {
+//!     let mut conn = match pool.get().await {
+//!         Ok(conn) => conn,
+//!         Err(e) => return inbox_axum::unavailable(e),
+//!     };
+//!     let cents = request.payload.cents;
+//!     request
+//!         .run(&mut *conn, &PAYMENTS, guarded!(async |tx: &mut Conn| {
+//!             let id: i32 = diesel::insert_into(payments::table)
+//!                 .values(payments::cents.eq(cents))
+//!                 .returning(payments::id)
+//!                 .get_result(tx)
+//!                 .await?;
+//!             Reply::json(StatusCode::CREATED, &serde_json::json!({ "id": id, "cents": cents }))
+//!         }))
+//!         .await
+//! }
+//!
+//! fn router(pool: Pool<Conn>) -> Router {
+//!     Router::new().route("/payments", post(create)).with_state(pool)
+//! }
+//! # fn main() {}
+//! ```
+//!
+//! The inbox table needs the optional `result` and `fingerprint` columns:
+//! `inbox-diesel migration generate --with result --with fingerprint` (or
+//! [`inbox_diesel::schema::Backend::create_table_with_sql`]). Purge and
+//! [`inbox_diesel::Retention`] remove stored replies with their keys: keep keys at least as
+//! long as clients retry (Stripe keeps them 24 hours).
+
+mod problem;
+mod reply;
+mod request;
+
+use axum::http::HeaderValue;
+use axum::http::header::HeaderName;
+use axum::response::{IntoResponse, Response};
+use inbox_diesel::StaleClaimOutcome;
+use inbox_diesel::handler::{AsyncBody, Checked, Handler, OnLocked, run_once_stored_async};
+
+pub use problem::{Error, Problem};
+pub use reply::Reply;
+pub use request::{IDEMPOTENCY_KEY, Idempotent, MAX_KEY_LEN, Principal};
+
+/// The header a replayed response carries: `Idempotent-Replayed: true` (Stripe's name for
+/// it; the draft names none).
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+impl<T> Idempotent<T> {
+    /// Runs `body` once for this request's key, in one transaction with the key, the
+    /// request's fingerprint and the [`Reply`] it returns, and answers:
+    ///
+    /// | the key | the answer |
+    /// |---|---|
+    /// | new | the body's reply, committed with its work |
+    /// | committed, same request | the stored reply, with `Idempotent-Replayed: true` |
+    /// | committed or in flight, another request | 422 `idempotency-key-reused` |
+    /// | in flight (`Handler<AnswerInFlight>`) | 409 `request-in-flight`, `Retry-After: 1` |
+    /// | the body fails | nothing committed; 500, or 503 for a database that was busy or gone |
+    ///
+    /// `handler` names the consumer the keys are stored under (one per API, or per
+    /// resource) and its options: `Handler::new("payments")?.in_flight_when_locked()` answers
+    /// a concurrent request 409 at once instead of waiting for the first to commit. The
+    /// body may run more than once — each transient failure is retried in a fresh
+    /// transaction — and the reply of the attempt that commits is the one stored.
+    pub async fn run<C, L, B>(
+        &self,
+        conn: &mut C,
+        handler: &'static Handler<L>,
+        body: B,
+    ) -> Response
+    where
+        C: inbox_diesel::AsyncInboxConnection,
+        L: OnLocked,
+        B: Clone + for<'c> AsyncBody<&'c mut C, Checked<Result<Reply, Error>>, Fut: Send>,
+    {
+        let key = match self.message_key() {
+            Ok(key) => key,
+            Err(e) => {
+                return Error::Inbox(inbox_diesel::Error::InvalidKey(e))
+                    .problem()
+                    .into_response();
+            }
+        };
+        let outcome =
+            run_once_stored_async(conn, handler, &key, Some(self.fingerprint()), body).await;
+        let outcome: StaleClaimOutcome<Reply> = match outcome {
+            Ok(outcome) => outcome.into(),
+            Err(error) => {
+                let problem = error.problem();
+                if problem.status().is_server_error() {
+                    tracing::error!(
+                        route = self.route(),
+                        consumer = handler.consumer(),
+                        error = &error as &dyn std::error::Error,
+                        "an idempotent request failed; nothing was committed"
+                    );
+                }
+                return problem.into_response();
+            }
+        };
+        match outcome {
+            StaleClaimOutcome::Processed(reply) => reply.into_response(),
+            StaleClaimOutcome::Duplicate {
+                stored: Some(reply),
+                ..
+            } => {
+                let mut response = reply.into_response();
+                response
+                    .headers_mut()
+                    .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+                response
+            }
+            StaleClaimOutcome::Duplicate { stored: None, .. } => Problem::new(
+                axum::http::StatusCode::CONFLICT,
+                "request-done-without-response",
+                "a request with this Idempotency-Key was processed by a handler that keeps no \
+                 response; it is not processed again",
+            )
+            .into_response(),
+            // A claim-mode handler's outcomes; `run` is transaction mode, where the claim
+            // and the work commit together, but the enum is the most general one.
+            StaleClaimOutcome::InFlight { .. } | StaleClaimOutcome::StaleClaim { .. } => {
+                Problem::new(
+                    axum::http::StatusCode::CONFLICT,
+                    "request-in-flight",
+                    "a request with this Idempotency-Key is being processed; retry it later \
+                     with the same key to get its response",
+                )
+                .into_response()
+            }
+        }
+    }
+}
+
+/// 503 `unavailable`, for a handler that could not get a connection (a pool timeout): the
+/// request did not run, and a retry with the same key runs it once.
+pub fn unavailable(error: impl std::fmt::Display) -> Response {
+    tracing::warn!(%error, "no database connection for an idempotent request");
+    Problem::new(
+        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+        "unavailable",
+        "no database connection was free; the request did not run — retry it with the same key",
+    )
+    .into_response()
+}

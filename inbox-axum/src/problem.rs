@@ -1,0 +1,204 @@
+//! `application/problem+json` (RFC 9457) answers, and the error of a handler's body.
+
+use axum::http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use inbox_diesel::HasDieselError;
+use serde::Serialize;
+
+/// An answer the layer gives in place of the handler's: a `problem+json` body (RFC 9457)
+/// with the HTTP status's phrase as its title, a `detail` for people and a stable
+/// `problem` member for programs.
+///
+/// | `problem` | status | when |
+/// |---|---|---|
+/// | `idempotency-key-missing` | 400 | the request has no `Idempotency-Key` header |
+/// | `idempotency-key-invalid` | 400 | the header is empty, longer than [`MAX_KEY_LEN`](crate::MAX_KEY_LEN), not visible ASCII, or a malformed quoted string |
+/// | `request-in-flight` | 409 | a request with the same key is being processed (with `Retry-After: 1`) |
+/// | `request-done-without-response` | 409 | the key's request was processed by a handler that stores no response |
+/// | `idempotency-key-reused` | 422 | the key was used for a request with another method, path or body |
+/// | `body-not-json` | 415 | the body is not declared `application/json` |
+/// | `body-malformed` | 400 | the body is not JSON |
+/// | `body-invalid` | 422 | the body is JSON, not the handler's payload |
+/// | `internal` | 500 | the handler's transaction failed; nothing was committed, a retry runs it again |
+/// | `unavailable` | 503 | the database was unreachable or busy past the handler's retries; a retry with the same key answers the request once |
+#[derive(Debug, Clone)]
+pub struct Problem {
+    status: StatusCode,
+    problem: &'static str,
+    detail: String,
+}
+
+impl Problem {
+    pub(crate) fn new(
+        status: StatusCode,
+        problem: &'static str,
+        detail: impl Into<String>,
+    ) -> Self {
+        Self {
+            status,
+            problem,
+            detail: detail.into(),
+        }
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The stable name of the problem (the table above).
+    pub fn problem(&self) -> &'static str {
+        self.problem
+    }
+
+    /// What happened, for people.
+    pub fn detail(&self) -> &str {
+        &self.detail
+    }
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    r#type: &'static str,
+    title: &'static str,
+    status: u16,
+    detail: &'a str,
+    problem: &'static str,
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let body = Body {
+            r#type: "about:blank",
+            title: self.status.canonical_reason().unwrap_or("Error"),
+            status: self.status.as_u16(),
+            detail: &self.detail,
+            problem: self.problem,
+        };
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if self.problem == "request-in-flight" {
+            headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        let body = serde_json::to_vec(&body).unwrap_or_default();
+        (self.status, headers, body).into_response()
+    }
+}
+
+/// Why a handler's body failed: its transaction rolls back, nothing is stored under the
+/// key, and a retry of the request runs the body again.
+///
+/// A refusal that should be the request's final answer — a payment declined, an account
+/// unknown — is not an error: return it as a [`Reply`](crate::Reply) with its status, and
+/// it is stored and replayed like a success.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// A statement failed. A transient failure (a deadlock, a serialization failure, a lost
+    /// connection) is retried in a fresh transaction, as the handler's `retries` say.
+    Database(diesel::result::Error),
+    /// The inbox refused the request or failed: its key was used for another request
+    /// ([`inbox_diesel::Error::KeyReused`]), its stored response did not read back, or the
+    /// inbox's own statements failed.
+    Inbox(inbox_diesel::Error),
+    /// Anything else the body failed with: answered 500, logged.
+    Internal(Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl Error {
+    /// An error of the body's own, answered 500 and logged.
+    pub fn internal(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Error::Internal(error.into())
+    }
+
+    /// The answer to the client.
+    pub(crate) fn problem(&self) -> Problem {
+        use inbox_diesel::Error as Inbox;
+        match self {
+            Error::Inbox(Inbox::KeyReused { .. }) => Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "idempotency-key-reused",
+                "this Idempotency-Key was used for a request with another method, path or \
+                 body; send a new key for a new request",
+            ),
+            Error::Inbox(Inbox::InvalidKey(e)) => Problem::new(
+                StatusCode::BAD_REQUEST,
+                "idempotency-key-invalid",
+                format!("the Idempotency-Key cannot be used: {e}"),
+            ),
+            _ if self.is_transient() => Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "the database could not be reached or was busy; retry the request with the \
+                 same key, which answers it once whether or not this attempt committed",
+            ),
+            _ => Problem::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "the request failed and nothing was committed; a retry with the same key runs it again",
+            ),
+        }
+    }
+
+    /// A failure worth retrying later or on a new connection: a transient one that outlasted
+    /// the handler's retries, a lost connection, a server that became read-only.
+    fn is_transient(&self) -> bool {
+        let class = match self {
+            Error::Inbox(error) => error.class(),
+            Error::Database(error) => {
+                inbox_diesel::classify(error, &inbox_diesel::InboxSchema::DEFAULT)
+            }
+            Error::Internal(_) => return false,
+        };
+        matches!(
+            class.action(),
+            inbox_diesel::Action::RetryLater | inbox_diesel::Action::Reconnect
+        )
+    }
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::Database(e) => write!(f, "a statement of the handler failed: {e}"),
+            Error::Inbox(e) => write!(f, "{e}"),
+            Error::Internal(e) => write!(f, "the handler failed: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Database(e) => Some(e),
+            Error::Inbox(e) => Some(e),
+            Error::Internal(e) => Some(&**e),
+        }
+    }
+}
+
+impl From<diesel::result::Error> for Error {
+    fn from(error: diesel::result::Error) -> Self {
+        Error::Database(error)
+    }
+}
+
+impl From<inbox_diesel::Error> for Error {
+    fn from(error: inbox_diesel::Error) -> Self {
+        Error::Inbox(error)
+    }
+}
+
+impl HasDieselError for Error {
+    fn diesel_error(&self) -> Option<&diesel::result::Error> {
+        match self {
+            Error::Database(e) => Some(e),
+            Error::Inbox(e) => e.diesel_error(),
+            Error::Internal(_) => None,
+        }
+    }
+}

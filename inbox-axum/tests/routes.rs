@@ -1,0 +1,261 @@
+//! `inbox-axum` through a real router on SQLite (tower's `oneshot`): how keys are scoped by
+//! route and path, an optional key, a body that fails, and the rows left behind.
+
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{Request, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use diesel::prelude::*;
+use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+use diesel_async::pooled_connection::bb8::Pool;
+use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
+use inbox_axum::{Error, Idempotent, Reply};
+use inbox_diesel::guarded;
+use inbox_diesel::handler::Handler;
+use tower::ServiceExt;
+
+type Conn = SyncConnectionWrapper<SqliteConnection>;
+
+#[derive(Clone)]
+struct App {
+    pool: Pool<Conn>,
+    runs: &'static AtomicUsize,
+}
+
+#[derive(serde::Deserialize)]
+struct Note {
+    text: String,
+}
+
+static NOTES: LazyLock<Handler> = LazyLock::new(|| Handler::new("notes").unwrap());
+
+async fn add(State(app): State<App>, Path(list): Path<i64>, request: Idempotent<Note>) -> Response {
+    let mut conn = app.pool.get().await.unwrap();
+    let text = request.payload.text.clone();
+    let runs = app.runs;
+    request
+        .run(
+            &mut *conn,
+            &NOTES,
+            guarded!(async |tx: &mut Conn| {
+                runs.fetch_add(1, Ordering::SeqCst);
+                if text == "fail" {
+                    diesel::sql_query(
+                        "INSERT INTO notes (list, text) VALUES (0, 'written, then rolled back')",
+                    )
+                    .execute(tx)
+                    .await?;
+                    return Err(Error::internal("the body gave up"));
+                }
+                diesel::sql_query("INSERT INTO notes (list, text) VALUES (?, ?)")
+                    .bind::<diesel::sql_types::BigInt, _>(list)
+                    .bind::<diesel::sql_types::Text, _>(&text)
+                    .execute(tx)
+                    .await?;
+                Reply::json(
+                    StatusCode::CREATED,
+                    &serde_json::json!({ "list": list, "text": text }),
+                )
+            }),
+        )
+        .await
+}
+
+/// A route where the key is optional: without one, the note is added every time.
+async fn add_maybe(State(app): State<App>, request: Option<Idempotent<Note>>) -> Response {
+    let Some(request) = request else {
+        return (StatusCode::ACCEPTED, "no key: not deduplicated").into_response();
+    };
+    let mut conn = app.pool.get().await.unwrap();
+    request
+        .run(
+            &mut *conn,
+            &NOTES,
+            guarded!(async |tx: &mut Conn| {
+                diesel::sql_query("INSERT INTO notes (list, text) VALUES (9, 'maybe')")
+                    .execute(tx)
+                    .await?;
+                Ok(Reply::empty(StatusCode::NO_CONTENT))
+            }),
+        )
+        .await
+}
+
+async fn app(dir: &tempfile::TempDir, runs: &'static AtomicUsize) -> (Router, Pool<Conn>) {
+    let path = dir.path().join("notes.sqlite").display().to_string();
+    let pool = Pool::builder()
+        .max_size(4)
+        .build(AsyncDieselConnectionManager::<Conn>::new(path))
+        .await
+        .unwrap();
+    let mut conn = pool.get().await.unwrap();
+    let inbox = inbox_diesel::schema::Backend::Sqlite.create_table_with_sql(
+        &inbox_diesel::InboxSchema::DEFAULT,
+        inbox_diesel::schema::OptionalColumns {
+            result: true,
+            fingerprint: true,
+            ..Default::default()
+        },
+    );
+    conn.batch_execute(&inbox).await.unwrap();
+    conn.batch_execute("CREATE TABLE notes (list BIGINT NOT NULL, text TEXT NOT NULL)")
+        .await
+        .unwrap();
+    drop(conn);
+    let router = Router::new()
+        .route("/lists/{list}/notes", post(add))
+        .route("/other/{list}/notes", post(add))
+        .route("/maybe", post(add_maybe))
+        .with_state(App {
+            pool: pool.clone(),
+            runs,
+        });
+    (router, pool)
+}
+
+fn note(path: &str, key: Option<&str>, text: &str) -> Request<Body> {
+    let mut request = Request::post(path).header("content-type", "application/json");
+    if let Some(key) = key {
+        request = request.header("idempotency-key", key);
+    }
+    request
+        .body(Body::from(serde_json::json!({ "text": text }).to_string()))
+        .unwrap()
+}
+
+async fn answer(router: &Router, request: Request<Body>) -> (StatusCode, bool, serde_json::Value) {
+    use http_body_util::BodyExt;
+    let response = router.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let replayed = response.headers().contains_key("idempotent-replayed");
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    (
+        status,
+        replayed,
+        serde_json::from_slice(&bytes).unwrap_or_default(),
+    )
+}
+
+async fn rows(pool: &Pool<Conn>, sql: &str) -> i64 {
+    #[derive(QueryableByName)]
+    struct Count {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let mut conn = pool.get().await.unwrap();
+    diesel::sql_query(sql)
+        .get_result::<Count>(&mut conn)
+        .await
+        .unwrap()
+        .n
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_key_is_scoped_by_the_route_it_was_sent_to_and_fingerprinted_with_the_path() {
+    static RUNS: AtomicUsize = AtomicUsize::new(0);
+    let dir = tempfile::tempdir().unwrap();
+    let (router, pool) = app(&dir, &RUNS).await;
+    let first = answer(&router, note("/lists/1/notes", Some("k"), "milk")).await;
+    assert_eq!((first.0, first.1), (StatusCode::CREATED, false));
+    // The same key on another route pattern is another key.
+    let other_route = answer(&router, note("/other/1/notes", Some("k"), "milk")).await;
+    assert_eq!((other_route.0, other_route.1), (StatusCode::CREATED, false));
+    // The same route pattern with another path is the same key, another request: 422.
+    let other_list = answer(&router, note("/lists/2/notes", Some("k"), "milk")).await;
+    assert_eq!(other_list.0, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(other_list.2["problem"], "idempotency-key-reused");
+    // A query string is part of the request too.
+    let with_query = answer(&router, note("/lists/1/notes?x=1", Some("k"), "milk")).await;
+    assert_eq!(with_query.0, StatusCode::UNPROCESSABLE_ENTITY);
+    let retry = answer(&router, note("/lists/1/notes", Some("k"), "milk")).await;
+    assert_eq!(
+        (retry.0, retry.1, &retry.2),
+        (StatusCode::CREATED, true, &first.2)
+    );
+    assert_eq!(AtomicUsize::load(&RUNS, Ordering::SeqCst), 2);
+    assert_eq!(rows(&pool, "SELECT count(*) AS n FROM notes").await, 2);
+    // One marker per route, each with its reply and fingerprint.
+    let stored = rows(
+        &pool,
+        "SELECT count(*) AS n FROM inbox WHERE result IS NOT NULL AND fingerprint IS NOT NULL",
+    )
+    .await;
+    assert_eq!(stored, 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_body_that_fails_commits_nothing_and_its_retry_runs_it_again() {
+    static RUNS: AtomicUsize = AtomicUsize::new(0);
+    let dir = tempfile::tempdir().unwrap();
+    let (router, pool) = app(&dir, &RUNS).await;
+    for attempt in 1..=2 {
+        let failed = answer(&router, note("/lists/1/notes", Some("k-fail"), "fail")).await;
+        assert_eq!(failed.0, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(failed.2["problem"], "internal");
+        assert_eq!(
+            AtomicUsize::load(&RUNS, Ordering::SeqCst),
+            attempt,
+            "the retry ran the body again"
+        );
+    }
+    assert_eq!(rows(&pool, "SELECT count(*) AS n FROM notes").await, 0);
+    assert_eq!(rows(&pool, "SELECT count(*) AS n FROM inbox").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_optional_key_is_none_without_the_header_and_still_checked_with_it() {
+    static RUNS: AtomicUsize = AtomicUsize::new(0);
+    let dir = tempfile::tempdir().unwrap();
+    let (router, pool) = app(&dir, &RUNS).await;
+    let without = answer(&router, note("/maybe", None, "x")).await;
+    assert_eq!(without.0, StatusCode::ACCEPTED);
+    let bad = answer(&router, note("/maybe", Some("\"unterminated"), "x")).await;
+    assert_eq!(bad.0, StatusCode::BAD_REQUEST);
+    assert_eq!(bad.2["problem"], "idempotency-key-invalid");
+    let first = answer(&router, note("/maybe", Some("m-1"), "x")).await;
+    assert_eq!((first.0, first.1), (StatusCode::NO_CONTENT, false));
+    let retry = answer(&router, note("/maybe", Some("m-1"), "x")).await;
+    assert_eq!((retry.0, retry.1), (StatusCode::NO_CONTENT, true));
+    assert_eq!(rows(&pool, "SELECT count(*) AS n FROM notes").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_table_without_the_reply_columns_is_refused_before_anything_is_written() {
+    static RUNS: AtomicUsize = AtomicUsize::new(0);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bare.sqlite").display().to_string();
+    let pool = Pool::builder()
+        .build(AsyncDieselConnectionManager::<Conn>::new(path))
+        .await
+        .unwrap();
+    let mut conn = pool.get().await.unwrap();
+    conn.batch_execute(&inbox_diesel::schema::sqlite::create_table_sql(
+        &inbox_diesel::InboxSchema::DEFAULT,
+    ))
+    .await
+    .unwrap();
+    conn.batch_execute("CREATE TABLE notes (list BIGINT NOT NULL, text TEXT NOT NULL)")
+        .await
+        .unwrap();
+    drop(conn);
+    let router = Router::new()
+        .route("/lists/{list}/notes", post(add))
+        .with_state(App {
+            pool: pool.clone(),
+            runs: &RUNS,
+        });
+    let refused = answer(&router, note("/lists/1/notes", Some("k"), "milk")).await;
+    assert_eq!(refused.0, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        AtomicUsize::load(&RUNS, Ordering::SeqCst),
+        0,
+        "the body never ran"
+    );
+    assert_eq!(rows(&pool, "SELECT count(*) AS n FROM notes").await, 0);
+}
