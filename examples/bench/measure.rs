@@ -141,6 +141,9 @@ pub(crate) fn report(backend: &str, cells: &[Cell]) {
 /// The stored-result section: rows written before the table's size is read.
 pub(crate) const KEPT_ROWS: u64 = 20_000;
 
+/// The stored-result section's rounds per variant, interleaved; their median is reported.
+pub(crate) const ROUNDS: usize = 5;
+
 /// `--section stored`: only the stored-result section.
 pub(crate) static ONLY_STORED: AtomicBool = AtomicBool::new(false);
 

@@ -45,6 +45,11 @@ async fn add(State(app): State<App>, Path(list): Path<i64>, request: Idempotent<
             &NOTES,
             guarded!(async |tx: &mut Conn| {
                 runs.fetch_add(1, Ordering::SeqCst);
+                if text == "audit" {
+                    // A helper that checks a connection out of a pool, as a guarded pool's `get()`
+                    // does: refused inside the body, whose writes would not be the request's.
+                    audit_elsewhere().map_err(Error::internal)?;
+                }
                 if text == "fail" {
                     diesel::sql_query(
                         "INSERT INTO notes (list, text) VALUES (0, 'written, then rolled back')",
@@ -65,6 +70,11 @@ async fn add(State(app): State<App>, Path(list): Path<i64>, request: Idempotent<
             }),
         )
         .await
+}
+
+/// What a pool wrapped by `inbox_diesel::tripwire` does first at each checkout.
+fn audit_elsewhere() -> Result<(), inbox_diesel::tripwire::InsideHandler> {
+    inbox_diesel::tripwire::refuse_checkout()
 }
 
 /// A route where the key is optional: without one, the note is added every time.
@@ -258,4 +268,18 @@ async fn a_table_without_the_reply_columns_is_refused_before_anything_is_written
         "the body never ran"
     );
     assert_eq!(rows(&pool, "SELECT count(*) AS n FROM notes").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pool_checkout_in_the_body_is_refused_at_run_time_and_nothing_commits() {
+    static RUNS: AtomicUsize = AtomicUsize::new(0);
+    let dir = tempfile::tempdir().unwrap();
+    let (router, pool) = app(&dir, &RUNS).await;
+    // Outside a body, the checkout is allowed.
+    audit_elsewhere().expect("no handler is running here");
+    let refused = answer(&router, note("/lists/1/notes", Some("k-audit"), "audit")).await;
+    assert_eq!(refused.0, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(AtomicUsize::load(&RUNS, Ordering::SeqCst), 1);
+    assert_eq!(rows(&pool, "SELECT count(*) AS n FROM notes").await, 0);
+    assert_eq!(rows(&pool, "SELECT count(*) AS n FROM inbox").await, 0);
 }

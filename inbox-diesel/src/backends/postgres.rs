@@ -124,14 +124,20 @@ impl Dialect for diesel::pg::Pg {
 
     /// `= ANY(ARRAY(…))` rather than `IN (…)`: the planner then takes the batch's ids from the
     /// `processed_at` index first instead of joining against the whole table.
-    fn store_result(table: &str, fenced: bool) -> String {
+    fn store_result(table: &str, fingerprint: bool, fenced: bool) -> String {
+        // $1 the result, then the fingerprint if any, then the key and the attempt.
+        let (fingerprint, next) = match fingerprint {
+            true => (", fingerprint = $2", 3),
+            false => ("", 2),
+        };
         let fence = match fenced {
-            true => " AND attempts = $4 AND processed_at IS NULL",
-            false => "",
+            true => format!(" AND attempts = ${} AND processed_at IS NULL", next + 2),
+            false => String::new(),
         };
         format!(
-            "UPDATE {table} SET result = CAST($1 AS jsonb) \
-             WHERE message_id = CAST($2 AS uuid) AND consumer = $3{fence}"
+            "UPDATE {table} SET result = CAST($1 AS jsonb){fingerprint} \
+             WHERE message_id = CAST(${next} AS uuid) AND consumer = ${}{fence}",
+            next + 1
         )
     }
 

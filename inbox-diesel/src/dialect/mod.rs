@@ -126,16 +126,23 @@ pub trait Dialect:
 
     // Stored results (`store_result`); `table` is quoted.
 
-    /// Writes a marker's stored result. Binds: the result's JSON text, the message id
-    /// ([`Dialect::bind_message_id`]), the consumer, and with `fenced` the claim's attempt
-    /// (claim mode: a claim taken over keeps its new holder's result). Written with `?`
-    /// placeholders (MySQL, MariaDB, SQLite); PostgreSQL numbers them.
-    fn store_result(table: &str, fenced: bool) -> String {
+    /// Writes a marker's stored result, and with `fingerprint` the request's fingerprint in
+    /// the same statement. Binds: the result's JSON text, with `fingerprint` its bytes, the
+    /// message id ([`Dialect::bind_message_id`]), the consumer, and with `fenced` the
+    /// claim's attempt (claim mode: a claim taken over keeps its new holder's result).
+    /// Written with `?` placeholders (MySQL, MariaDB, SQLite); PostgreSQL numbers them.
+    fn store_result(table: &str, fingerprint: bool, fenced: bool) -> String {
+        let fingerprint = match fingerprint {
+            true => ", fingerprint = ?",
+            false => "",
+        };
         let fence = match fenced {
             true => " AND attempts = ? AND processed_at IS NULL",
             false => "",
         };
-        format!("UPDATE {table} SET result = ? WHERE message_id = ? AND consumer = ?{fence}")
+        format!(
+            "UPDATE {table} SET result = ?{fingerprint} WHERE message_id = ? AND consumer = ?{fence}"
+        )
     }
 
     /// `result` (a marker's stored result as text) and `fingerprint`, each NULL when none

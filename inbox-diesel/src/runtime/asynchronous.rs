@@ -320,6 +320,7 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
         spec: &'static HandlerSpec,
         key: &MessageKey,
         text: String,
+        fingerprint: Option<Fingerprint>,
         attempt: Option<u32>,
     ) -> QueryResult<usize> {
         crate::runtime::stored::write(
@@ -328,6 +329,7 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
             spec.consumer.as_str(),
             key,
             text,
+            fingerprint,
             attempt,
         )
         .await

@@ -114,13 +114,15 @@ pub(crate) trait Steps {
         ids: &[uuid::Uuid],
     ) -> QueryResult<usize>;
 
-    /// Writes `text` as the stored result of `key`'s marker (`store_result`): in the open
-    /// transaction, or with `attempt` (claim mode) on its own where that claim is still open.
+    /// Writes `text` as the stored result of `key`'s marker (`store_result`), with
+    /// `fingerprint` in the same statement: in the open transaction, or with `attempt`
+    /// (claim mode) on its own where that claim is still open.
     async fn store_result(
         &mut self,
         spec: &'static HandlerSpec,
         key: &MessageKey,
         text: String,
+        fingerprint: Option<Fingerprint>,
         attempt: Option<u32>,
     ) -> QueryResult<usize>;
 
@@ -1017,7 +1019,7 @@ where
     loop {
         let stamped = match &stored {
             Some(text) => match steps
-                .store_result(run, &key, text.clone(), Some(attempt))
+                .store_result(run, &key, text.clone(), None, Some(attempt))
                 .await
             {
                 Ok(_) => {
@@ -1330,8 +1332,10 @@ where
     match claimed {
         Ok(true) => {
             // The request's fingerprint, with the marker: a delivery that meets the marker
-            // sees it once this transaction commits, and then with it.
-            if let (Some(fingerprint), Some(key)) = (remembered.fingerprint, claims.key())
+            // sees it once this transaction commits, and then with it. A handler that stores
+            // its result writes both in one statement after the body.
+            if let (Some(fingerprint), Some(key), None) =
+                (remembered.fingerprint, claims.key(), &remembered.store)
                 && let Err(e) = steps.write_fingerprint(spec, key, fingerprint).await
             {
                 roll_back(steps).await;
@@ -1387,7 +1391,11 @@ where
     // The result, stored with the marker in this transaction.
     if let (Ok(value), Some(store), Some(key)) = (&result, remembered.store, claims.key()) {
         let written = match store.encode(value) {
-            Ok(text) => steps.store_result(spec, key, text, None).await,
+            Ok(text) => {
+                steps
+                    .store_result(spec, key, text, remembered.fingerprint, None)
+                    .await
+            }
             Err(problem) => Err(DieselError::QueryBuilderError(Box::new(problem))),
         };
         if let Err(e) = written {
@@ -1631,9 +1639,15 @@ mod tests {
             _: &'static HandlerSpec,
             _: &MessageKey,
             text: String,
+            fingerprint: Option<Fingerprint>,
             _: Option<u32>,
         ) -> QueryResult<usize> {
-            self.did.push(format!("store {text}"));
+            let with = if fingerprint.is_some() {
+                " and fingerprint"
+            } else {
+                ""
+            };
+            self.did.push(format!("store {text}{with}"));
             Ok(1)
         }
 

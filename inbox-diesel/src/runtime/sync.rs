@@ -259,6 +259,7 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
         spec: &'static HandlerSpec,
         key: &MessageKey,
         text: String,
+        fingerprint: Option<Fingerprint>,
         attempt: Option<u32>,
     ) -> QueryResult<usize> {
         crate::runtime::stored::write(
@@ -267,6 +268,7 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
             spec.consumer.as_str(),
             key,
             text,
+            fingerprint,
             attempt,
         )
         .await
