@@ -63,6 +63,11 @@ pub enum Mode {
 /// inside the timestamp arithmetic of every backend.
 const MAX_LEASE_MS: u64 = 30 * 24 * 60 * 60 * 1000;
 
+/// The shortest claim lease, 100 ms: a claim whose own statement takes more than a quarter
+/// of its lease to come back is given back and taken again, so a lease of a few milliseconds
+/// would never let a claim start its body.
+const MIN_LEASE_MS: u64 = 100;
+
 /// Collects independent errors so that one compile shows them all.
 #[derive(Default)]
 struct Errors(Option<syn::Error>);
@@ -315,13 +320,15 @@ fn mode(args: &Args) -> syn::Result<Mode> {
         Some(lit) => errors.take(
             lit.base10_parse::<u64>()
                 .ok()
-                .filter(|ms| (1..=MAX_LEASE_MS).contains(ms))
+                .filter(|ms| (MIN_LEASE_MS..=MAX_LEASE_MS).contains(ms))
                 .map(Some)
                 .ok_or_else(|| {
                     syn::Error::new(
                         lit.span(),
                         "`lease_ms` is how long a claim stays live, in milliseconds, above the \
-                         body's longest run, from 1 to 2592000000 (30 days; a longer lease \
+                         body's longest run, from 100 (a claim whose insert takes more than a \
+                         quarter of its lease is given back and taken again, so a shorter lease \
+                         would never start the body) to 2592000000 (30 days; a longer lease \
                          would overflow the servers' timestamp arithmetic, and an overflowed \
                          lease reads as released): `lease_ms = 60000`",
                     )

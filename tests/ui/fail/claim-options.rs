@@ -23,7 +23,7 @@ fn isolation_in_claim_mode(conn: &mut SqliteConnection, msg: &Msg) -> QueryResul
     Ok(())
 }
 
-#[idempotent(consumer = "email", key = msg.id, mode = "claim", lease_ms = 0, on_expired = "retry")]
+#[idempotent(consumer = "email", key = msg.id, mode = "claim", lease_ms = 99, on_expired = "retry")]
 fn bad_lease_and_policy(conn: &mut SqliteConnection, msg: &Msg) -> QueryResult<()> {
     Ok(())
 }
