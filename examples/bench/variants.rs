@@ -178,7 +178,7 @@ macro_rules! backend {
 
             /// What storing a result costs: throughput against the marker alone at 1 and 4
             /// clients, and the table's bytes per row (`size` reads the table's size) after
-            /// `KEPT_ROWS` rows of each, written into a table emptied by `clear`.
+            /// `kept_rows()` rows of each, written into a table emptied by `clear`.
             pub fn stored(
                 label: &str,
                 seconds: f64,
@@ -230,7 +230,7 @@ macro_rules! backend {
                     run += 1;
                     // Storage and all: a `DELETE` leaves PostgreSQL's dead rows behind.
                     conn.batch_execute(clear).unwrap();
-                    for n in 0..KEPT_ROWS {
+                    for n in 0..kept_rows() {
                         let id = key(run, 0, n);
                         let _ = match slot {
                             0 => kept_plain(&mut conn, &id, 0).map(|_| ()),
@@ -239,11 +239,12 @@ macro_rules! backend {
                         }
                         .unwrap();
                     }
-                    *bytes = size(&mut conn) / KEPT_ROWS as i64;
+                    *bytes = size(&mut conn) / kept_rows() as i64;
                 }
                 println!(
-                    "\nbytes per row ({KEPT_ROWS} rows, indexes included; the receipt is {} bytes of JSON): \
+                    "\nbytes per row ({} rows, indexes included; the receipt is {} bytes of JSON): \
                      marker only {}, + stored result {}, + stored result and fingerprint {}",
+                    kept_rows(),
                     serde_json::to_string(&Receipt::of(&key(0, 0, 0), 0)).unwrap().len(),
                     per_row[0],
                     per_row[1],
@@ -304,14 +305,14 @@ macro_rules! backend {
                                     // Processed once, then delivered again and again.
                                     let mut conn = connect();
                                     for w in 0..clients {
-                                        for n in 0..DUPLICATE_KEYS {
+                                        for n in 0..duplicate_keys() {
                                             let outcome = handler(&mut conn, &key(run, w, n), w);
                                             assert!(outcome.unwrap().is_processed());
                                         }
                                     }
                                     Box::new(move |c, w, n| {
                                         let outcome =
-                                            handler(c, &key(run, w, n % DUPLICATE_KEYS), w)
+                                            handler(c, &key(run, w, n % duplicate_keys()), w)
                                                 .unwrap();
                                         assert!(outcome.is_duplicate());
                                         1
@@ -382,12 +383,12 @@ macro_rules! backend {
                     run += 1;
                     let mut conn = connect();
                     for w in 0..4 {
-                        for n in 0..DUPLICATE_KEYS {
+                        for n in 0..duplicate_keys() {
                             assert!(handler(&mut conn, &key(run, w, n), w).unwrap().is_processed());
                         }
                     }
                     let pick = move |w: usize, n: u64, fresh_run: u64| match n % 10 < tenths {
-                        true => key(run, w, n % DUPLICATE_KEYS),
+                        true => key(run, w, n % duplicate_keys()),
                         false => key(fresh_run, w, n),
                     };
                     let (plain_run, checked_run) = (run + 1, run + 2);
@@ -411,10 +412,10 @@ macro_rules! backend {
                     // Purge picks its batches by the surrogate key.
                     return;
                 }
-                const ROWS: u32 = 1_000_000;
+                let rows = archive_rows();
                 let mut conn = connect();
                 conn.batch_execute("DELETE FROM inbox").unwrap();
-                archive(&mut conn, ROWS);
+                archive(&mut conn, rows);
                 let began = Instant::now();
                 let report = purge(
                     &mut conn,
@@ -423,10 +424,10 @@ macro_rules! backend {
                 )
                 .unwrap();
                 let took = began.elapsed().as_secs_f64();
-                assert_eq!(report.removed, u64::from(ROWS));
+                assert_eq!(report.removed, u64::from(rows));
                 println!(
-                    "\npurge of {ROWS} completed rows: {took:.1} s, {:.0} rows/s, {} batches of {}",
-                    f64::from(ROWS) / took,
+                    "\npurge of {rows} completed rows: {took:.1} s, {:.0} rows/s, {} batches of {}",
+                    f64::from(rows) / took,
                     report.batches,
                     Purge::DEFAULT_BATCH_SIZE
                 );
@@ -584,7 +585,7 @@ macro_rules! async_backend {
                 for worker in 0..tasks {
                     let mut conn = Conn::establish(url).await.unwrap();
                     if variant == "duplicate" {
-                        for n in 0..DUPLICATE_KEYS {
+                        for n in 0..duplicate_keys() {
                             let outcome = handler(&mut conn, &key(run, worker, n), worker).await;
                             assert!(outcome.unwrap().is_processed());
                         }
@@ -605,7 +606,7 @@ macro_rules! async_backend {
                                     assert!(outcome.unwrap().is_processed());
                                 }
                                 _ => {
-                                    let id = key(run, worker, n % DUPLICATE_KEYS);
+                                    let id = key(run, worker, n % duplicate_keys());
                                     let outcome = handler(&mut conn, &id, worker).await;
                                     assert!(outcome.unwrap().is_duplicate());
                                 }
