@@ -12,6 +12,8 @@
 //! `--smoke` runs every section on every backend named, with tiny durations and row counts:
 //! that the bench still runs, for CI — its figures mean nothing.
 //!
+//! `--section batches` runs only the batch form against one message per transaction.
+//!
 //! `--section stored` runs only the stored-result section: `#[idempotent]` with
 //! `store_result = true` (and with a `fingerprint`) against the marker alone, and the bytes
 //! per row of each.
@@ -189,6 +191,11 @@ fn bench_sqlite(seconds: f64) {
     if ONLY_STORED.load(Ordering::Relaxed) {
         return stored();
     }
+    if ONLY_BATCHES.load(Ordering::Relaxed) {
+        println!("\n### {label}: batches");
+        sqlite::batches(seconds, &connect, 0);
+        return;
+    }
     sqlite::run(&label, seconds, &connect, &|conn, rows| {
         conn.batch_execute(&format!(
                 "INSERT INTO inbox (message_id, consumer, received_at, processed_at) \
@@ -289,6 +296,11 @@ fn bench_postgres(seconds: f64) {
     };
     if ONLY_STORED.load(Ordering::Relaxed) {
         return stored();
+    }
+    if ONLY_BATCHES.load(Ordering::Relaxed) {
+        println!("\n### PostgreSQL {version}: batches");
+        postgres::batches(seconds, &connect, 0);
+        return;
     }
     if !LEAN.load(Ordering::Relaxed) {
         async_postgres::run(&format!("PostgreSQL {version}"), &url, seconds);
@@ -411,6 +423,11 @@ fn bench_mysql(seconds: f64) {
     if ONLY_STORED.load(Ordering::Relaxed) {
         return stored();
     }
+    if ONLY_BATCHES.load(Ordering::Relaxed) {
+        println!("\n### MariaDB/MySQL {version}: batches");
+        mysql::batches(seconds, &connect, 0);
+        return;
+    }
     async_mysql::run(&format!("MariaDB/MySQL {version}"), &url, seconds);
     mysql::run(
         &format!("MariaDB/MySQL {version}"),
@@ -506,7 +523,8 @@ fn main() {
             }
             "--section" => match args.next().as_deref() {
                 Some("stored") => ONLY_STORED.store(true, Ordering::Relaxed),
-                other => panic!("--section takes `stored`, not {other:?}"),
+                Some("batches") => ONLY_BATCHES.store(true, Ordering::Relaxed),
+                other => panic!("--section takes `stored` or `batches`, not {other:?}"),
             },
             "--schema" => match args.next().as_deref() {
                 Some("lean") => LEAN.store(true, Ordering::Relaxed),

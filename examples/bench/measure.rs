@@ -165,6 +165,9 @@ pub(crate) const ROUNDS: usize = 5;
 /// `--section stored`: only the stored-result section.
 pub(crate) static ONLY_STORED: AtomicBool = AtomicBool::new(false);
 
+/// `--section batches`: only the batch form against one message per transaction.
+pub(crate) static ONLY_BATCHES: AtomicBool = AtomicBool::new(false);
+
 /// What the stored-result handlers return and keep: a typical small answer.
 #[derive(serde::Serialize, serde::Deserialize)]
 pub(crate) struct Receipt {

@@ -269,6 +269,45 @@ macro_rules! backend {
                 }
             }
 
+            /// The batch form against one message per transaction, at 1 and 4 clients; `run`
+            /// numbers the keys' runs, and the next free number is returned.
+            pub fn batches(seconds: f64, connect: &(dyn Fn() -> Conn + Sync), mut run: u64) -> u64 {
+                println!("\n| batch size | 1 client | 4 clients |\n|---|---:|---:|");
+                let mut per_message = [0.0; 2];
+                for (slot, clients) in [1, 4].into_iter().enumerate() {
+                    run += 1;
+                    per_message[slot] = measure(clients, seconds, connect, &|c, w, n| {
+                        assert!(handler(c, &key(run, w, n), w).unwrap().is_processed());
+                        1
+                    });
+                }
+                println!(
+                    "| 1 (#[idempotent]) | 1.00 ({:.0}/s) | 1.00 ({:.0}/s) |",
+                    per_message[0], per_message[1]
+                );
+                for (body, set_based) in [("", false), (", set-based body", true)] {
+                    for size in [10u64, 100, 1000] {
+                        print!("| {size}{body} |");
+                        for (slot, clients) in [1, 4].into_iter().enumerate() {
+                            run += 1;
+                            let per_second = measure(clients, seconds, connect, &|c, w, n| {
+                                let ids: Vec<Uuid> =
+                                    (n * size..(n + 1) * size).map(|m| key(run, w, m)).collect();
+                                let outcome = match set_based {
+                                    true => batch_handler_set_based(c, &ids, w),
+                                    false => batch_handler(c, &ids, w),
+                                };
+                                assert_eq!(outcome.unwrap().processed.len() as u64, size);
+                                size
+                            });
+                            print!(" {:.1} ({per_second:.0}/s) |", per_second / per_message[slot]);
+                        }
+                        println!();
+                    }
+                }
+                run
+            }
+
             /// The table of ratios, and purge on a large inbox.
             pub fn run(
                 label: &str,
@@ -338,40 +377,7 @@ macro_rules! backend {
                 }
                 report(label, &cells);
 
-                // The batch form against one message per transaction, at 1 and 4 clients.
-                println!("\n| batch size | 1 client | 4 clients |\n|---|---:|---:|");
-                let mut per_message = [0.0; 2];
-                for (slot, clients) in [1, 4].into_iter().enumerate() {
-                    run += 1;
-                    per_message[slot] = measure(clients, seconds, connect, &|c, w, n| {
-                        assert!(handler(c, &key(run, w, n), w).unwrap().is_processed());
-                        1
-                    });
-                }
-                println!(
-                    "| 1 (#[idempotent]) | 1.00 ({:.0}/s) | 1.00 ({:.0}/s) |",
-                    per_message[0], per_message[1]
-                );
-                for (body, set_based) in [("", false), (", set-based body", true)] {
-                    for size in [10u64, 100, 1000] {
-                        print!("| {size}{body} |");
-                        for (slot, clients) in [1, 4].into_iter().enumerate() {
-                            run += 1;
-                            let per_second = measure(clients, seconds, connect, &|c, w, n| {
-                                let ids: Vec<Uuid> =
-                                    (n * size..(n + 1) * size).map(|m| key(run, w, m)).collect();
-                                let outcome = match set_based {
-                                    true => batch_handler_set_based(c, &ids, w),
-                                    false => batch_handler(c, &ids, w),
-                                };
-                                assert_eq!(outcome.unwrap().processed.len() as u64, size);
-                                size
-                            });
-                            print!(" {:.1} ({per_second:.0}/s) |", per_second / per_message[slot]);
-                        }
-                        println!();
-                    }
-                }
+                run = batches(seconds, connect, run);
 
                 // The fast path: worth its extra round trip for new messages only when enough
                 // deliveries are duplicates. 4 clients; message n is a redelivery of an

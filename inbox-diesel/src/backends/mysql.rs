@@ -202,7 +202,10 @@ mod sync {
 
     use crate::backends::{InboxConnection, sealed};
     use crate::dialect::layout::Layout;
-    use crate::dialect::marker::{ClaimMarker, inserted_unless_duplicate};
+    use crate::dialect::marker::{
+        ClaimMarker, ClaimMarkerRows, ROWS_PER_INSERT, claim_rows_then_each,
+        inserted_unless_duplicate,
+    };
     use crate::spec::HandlerSpec;
 
     use diesel::connection::SimpleConnection;
@@ -254,8 +257,10 @@ mod sync {
             Ok(inserted_unless_duplicate(inserted, schema)? > 0)
         }
 
-        /// Row by row: MySQL and MariaDB return no rows from an `INSERT`, and a multi-row
-        /// insert stops at the first duplicate. Still one transaction and one commit.
+        /// In chunks of [`ROWS_PER_INSERT`], each one multi-row insert; a chunk with a
+        /// duplicate among its keys fails whole (1062 on the inbox's index, that statement
+        /// rolled back) and is claimed row by row, since MySQL and MariaDB return no rows from
+        /// an `INSERT` to say which were new. Still one transaction and one commit.
         fn claim_markers(
             &mut self,
             schema: &InboxSchema,
@@ -265,13 +270,31 @@ mod sync {
             layout: Layout,
         ) -> QueryResult<Vec<Uuid>> {
             let mut inserted = Vec::with_capacity(ids.len());
-            for (n, id) in ids.iter().enumerate() {
-                let text = texts.map(|texts| texts[n].as_str());
-                let result =
-                    ClaimMarker::<Mysql>::new(schema, consumer, id, text, layout.session_mark)
-                        .execute(self);
-                if inserted_unless_duplicate(result, schema)? > 0 {
-                    inserted.push(*id);
+            for (chunk, ids) in ids.chunks(ROWS_PER_INSERT).enumerate() {
+                let start = chunk * ROWS_PER_INSERT;
+                let texts = texts.map(|texts| &texts[start..start + ids.len()]);
+                if ids.len() > 1 {
+                    let all = ClaimMarkerRows::<Mysql>::new(
+                        schema,
+                        consumer,
+                        ids,
+                        texts,
+                        layout.session_mark,
+                    )
+                    .execute(self);
+                    if claim_rows_then_each(all, schema, ids.len())? {
+                        inserted.extend_from_slice(ids);
+                        continue;
+                    }
+                }
+                for (n, id) in ids.iter().enumerate() {
+                    let text = texts.map(|texts| texts[n].as_str());
+                    let result =
+                        ClaimMarker::<Mysql>::new(schema, consumer, id, text, layout.session_mark)
+                            .execute(self);
+                    if inserted_unless_duplicate(result, schema)? > 0 {
+                        inserted.push(*id);
+                    }
                 }
             }
             Ok(inserted)
@@ -295,7 +318,10 @@ mod asynchronous {
         TransactionManager,
     };
 
-    use crate::dialect::marker::{ClaimMarker, inserted_unless_duplicate};
+    use crate::dialect::marker::{
+        ClaimMarker, ClaimMarkerRows, ROWS_PER_INSERT, claim_rows_then_each,
+        inserted_unless_duplicate,
+    };
 
     impl AsyncInboxConnection for AsyncMysqlConnection {}
 
@@ -350,7 +376,8 @@ mod asynchronous {
             Ok(inserted_unless_duplicate(inserted, &spec.schema)? > 0)
         }
 
-        /// Row by row, as the sync connection does.
+        /// In multi-row chunks, a chunk with a duplicate row by row, as the sync connection
+        /// does.
         async fn claim_markers(
             &mut self,
             spec: &'static HandlerSpec,
@@ -358,19 +385,33 @@ mod asynchronous {
             texts: Option<&[String]>,
             layout: Layout,
         ) -> QueryResult<Vec<uuid::Uuid>> {
+            let (schema, consumer) = (&spec.schema, spec.consumer.as_str());
             let mut inserted = Vec::with_capacity(ids.len());
-            for (n, id) in ids.iter().enumerate() {
-                let text = texts.map(|texts| texts[n].as_str());
-                let claim = ClaimMarker::<Mysql>::new(
-                    &spec.schema,
-                    spec.consumer.as_str(),
-                    id,
-                    text,
-                    layout.session_mark,
-                );
-                let result = RunQueryDsl::execute(claim, self).await;
-                if inserted_unless_duplicate(result, &spec.schema)? > 0 {
-                    inserted.push(*id);
+            for (chunk, ids) in ids.chunks(ROWS_PER_INSERT).enumerate() {
+                let start = chunk * ROWS_PER_INSERT;
+                let texts = texts.map(|texts| &texts[start..start + ids.len()]);
+                if ids.len() > 1 {
+                    let all = ClaimMarkerRows::<Mysql>::new(
+                        schema,
+                        consumer,
+                        ids,
+                        texts,
+                        layout.session_mark,
+                    );
+                    let all = RunQueryDsl::execute(all, self).await;
+                    if claim_rows_then_each(all, schema, ids.len())? {
+                        inserted.extend_from_slice(ids);
+                        continue;
+                    }
+                }
+                for (n, id) in ids.iter().enumerate() {
+                    let text = texts.map(|texts| texts[n].as_str());
+                    let claim =
+                        ClaimMarker::<Mysql>::new(schema, consumer, id, text, layout.session_mark);
+                    let result = RunQueryDsl::execute(claim, self).await;
+                    if inserted_unless_duplicate(result, schema)? > 0 {
+                        inserted.push(*id);
+                    }
                 }
             }
             Ok(inserted)

@@ -122,8 +122,6 @@ impl Dialect for diesel::pg::Pg {
         dialect::load_async(conn, sql)
     }
 
-    /// `= ANY(ARRAY(…))` rather than `IN (…)`: the planner then takes the batch's ids from the
-    /// `processed_at` index first instead of joining against the whole table.
     fn store_result(table: &str, fingerprint: bool, fenced: bool) -> String {
         // $1 the result, then the fingerprint if any, then the key and the attempt.
         let (fingerprint, next) = match fingerprint {
@@ -176,6 +174,8 @@ impl Dialect for diesel::pg::Pg {
         sql.bind_text(id.to_string())
     }
 
+    /// `= ANY(ARRAY(…))` rather than `IN (…)`: the planner then takes the batch's ids from the
+    /// `processed_at` index first instead of joining against the whole table.
     fn delete_batch(table: &str) -> String {
         format!(
             "DELETE FROM {table} WHERE id = ANY(ARRAY(SELECT id FROM {table} \

@@ -194,6 +194,124 @@ where
     }
 }
 
+/// The markers of a batch in one plain multi-row insert, for MySQL and MariaDB, which
+/// return no rows from an `INSERT` and have no `ON CONFLICT … DO NOTHING`:
+///
+/// ```sql
+/// INSERT INTO <table> (message_id, consumer, received_at, processed_at) VALUES (?, ?, <now>, <now>), …
+/// ```
+///
+/// It inserts every marker or none: a duplicate among them fails the statement with 1062 on
+/// the inbox's index, InnoDB rolls back that statement only, and the caller then claims the
+/// batch row by row ([`claim_rows_then_each`]). Every other error is the statement's own.
+#[cfg(feature = "mysql")]
+pub(crate) struct ClaimMarkerRows<'a, DB> {
+    table: &'a str,
+    ids: &'a [Uuid],
+    consumer: &'a str,
+    texts: Option<&'a [String]>,
+    mark: Option<SessionMark>,
+    backend: PhantomData<DB>,
+}
+
+#[cfg(feature = "mysql")]
+impl<'a, DB> ClaimMarkerRows<'a, DB> {
+    pub(crate) fn new(
+        schema: &'a InboxSchema,
+        consumer: &'a str,
+        ids: &'a [Uuid],
+        texts: Option<&'a [String]>,
+        mark: Option<SessionMark>,
+    ) -> Self {
+        Self {
+            table: schema.table(),
+            ids,
+            consumer,
+            texts,
+            mark,
+            backend: PhantomData,
+        }
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl<DB> QueryId for ClaimMarkerRows<'_, DB> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+#[cfg(feature = "mysql")]
+impl<DB> Query for ClaimMarkerRows<'_, DB> {
+    type SqlType = BigInt;
+}
+
+#[cfg(feature = "mysql")]
+impl<DB, C> RunQueryDsl<C> for ClaimMarkerRows<'_, DB> {}
+
+#[cfg(feature = "mysql")]
+impl<DB: Dialect> QueryFragment<DB> for ClaimMarkerRows<'_, DB>
+where
+    str: diesel::serialize::ToSql<Text, DB>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_sql("INSERT INTO ");
+        push_table(&mut out, self.table)?;
+        out.push_sql(match self.texts {
+            Some(_) => " (message_id, consumer, key_text, received_at, processed_at) VALUES ",
+            None => " (message_id, consumer, received_at, processed_at) VALUES ",
+        });
+        for (n, id) in self.ids.iter().enumerate() {
+            if n > 0 {
+                out.push_sql(", ");
+            }
+            out.push_sql("(");
+            DB::bind_id(&mut out, id)?;
+            out.push_sql(", ");
+            match self.mark {
+                Some(mark) => {
+                    let (before, after) = mark.guard();
+                    out.push_sql(&before);
+                    out.push_bind_param::<Text, str>(self.consumer)?;
+                    out.push_sql(after);
+                }
+                None => out.push_bind_param::<Text, str>(self.consumer)?,
+            }
+            out.push_sql(", ");
+            if let Some(texts) = self.texts {
+                out.push_bind_param::<Text, str>(&texts[n])?;
+                out.push_sql(", ");
+            }
+            out.push_sql(DB::NOW);
+            out.push_sql(", ");
+            out.push_sql(DB::NOW);
+            out.push_sql(")");
+        }
+        Ok(())
+    }
+}
+
+/// Rows per multi-row marker insert: 3 or 4 binds each, far inside MySQL's 65,535
+/// placeholders per statement.
+#[cfg(feature = "mysql")]
+pub(crate) const ROWS_PER_INSERT: usize = 500;
+
+/// What a chunk's multi-row insert decided: all its markers inserted, or a duplicate among
+/// them (the statement rolled back: claim them one by one).
+#[cfg(feature = "mysql")]
+pub(crate) fn claim_rows_then_each(
+    inserted: QueryResult<usize>,
+    schema: &InboxSchema,
+    rows: usize,
+) -> QueryResult<bool> {
+    match inserted_unless_duplicate(inserted, schema)? {
+        0 => Ok(false),
+        n if n == rows => Ok(true),
+        n => Err(diesel::result::Error::QueryBuilderError(
+            format!("a multi-row marker insert of {rows} rows reported {n} inserted").into(),
+        )),
+    }
+}
+
 /// `ON CONFLICT … DO NOTHING RETURNING 1`: no row back means the marker existed. A constant,
 /// not `id`: the claim depends on no column but the key's.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]

@@ -51,6 +51,32 @@ fn batch_processes_each_new_message_once() {
     assert_eq!((empty.value, empty.processed.len()), (None, 0));
 }
 
+/// A batch larger than one multi-row marker insert (MySQL and MariaDB insert a batch's
+/// markers 500 to a statement, and claim a chunk with a duplicate row by row): duplicates
+/// in the first and last chunks, none in the middle one; each message once.
+#[test]
+fn a_batch_of_several_chunks_with_duplicates_in_some_processes_each_new_message_once() {
+    let db = <Db>::new("batch_chunks");
+    let mut conn = db.connect();
+    let given = AtomicUsize::new(0);
+    for n in [10, 1100] {
+        assert!(credit(&mut conn, &Credit::new(n)).unwrap().is_processed());
+    }
+    let ids: Vec<u128> = (1..=1200).collect();
+    let msgs = batch(&ids);
+    let outcome = credit_batch(&mut conn, &msgs, &given, false).unwrap();
+    assert_eq!(outcome.value, Some(1198));
+    assert_eq!(outcome.duplicates, [9, 1099]);
+    assert_eq!(outcome.processed.len(), 1198);
+    assert_eq!(given.load(Ordering::SeqCst), 1198);
+    assert_eq!(count_markers(&mut conn), 1200);
+    for n in [1, 10, 499, 500, 501, 1000, 1100, 1200] {
+        assert_eq!(count_credits(&mut conn, &Credit::new(n)), 1, "message {n}");
+    }
+    let again = credit_batch(&mut conn, &msgs, &given, false).unwrap();
+    assert_eq!((again.value, again.duplicates.len()), (None, 1200));
+}
+
 /// A handler error rolls back the whole batch: no marker, no credit.
 #[test]
 fn batch_error_rolls_back_the_batch() {
