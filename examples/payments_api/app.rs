@@ -109,15 +109,18 @@ pub fn router(db: Db) -> Router {
 }
 
 /// Stands for the application's authentication: the tenant a request is from. Keys are
-/// scoped by it, so one tenant's key never answers another tenant's request.
+/// scoped by it, so one tenant's key never answers another tenant's request; requests without
+/// a tenant share one scope, a choice made here (`Principal::shared`).
 async fn authenticate(mut request: Request, next: Next) -> Response {
     let tenant = request
         .headers()
         .get("x-tenant")
         .and_then(|v| v.to_str().ok());
-    if let Some(tenant) = tenant.and_then(|t| Principal::new(t).ok()) {
-        request.extensions_mut().insert(tenant);
-    }
+    let principal = match tenant.and_then(|t| Principal::new(t).ok()) {
+        Some(tenant) => tenant,
+        None => Principal::shared(),
+    };
+    request.extensions_mut().insert(principal);
     next.run(request).await
 }
 

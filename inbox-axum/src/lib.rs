@@ -14,9 +14,14 @@
 //! - a request with the same key while the first is uncommitted gets 409 at once (on
 //!   PostgreSQL and MySQL/MariaDB, with a handler built with `in_flight_when_locked()`;
 //!   SQLite runs one writer at a time, so there the second request waits and replays);
-//! - the same key with another method, path or body gets 422, whether the first is done or
-//!   in flight; a missing key 400; every refusal is an `application/problem+json` body
-//!   ([`Problem`]).
+//! - the same key with another method, path or body gets 422 once the first has committed
+//!   (while it is in flight, 409 like any request under the key: its fingerprint is not
+//!   visible before its commit); a missing key 400; every refusal is an
+//!   `application/problem+json` body ([`Problem`]).
+//!
+//! Keys are scoped by the route and the [`Principal`] the application's authentication puts
+//! in the request's extensions; a route without one is refused, so that sharing keys between
+//! clients is a choice ([`Principal::shared`]), not an accident.
 //!
 //! Nothing is kept beside the transaction — no cache, no second store — so a crash at any
 //! point leaves the request either committed with its reply, which a retry replays, or not
@@ -81,7 +86,11 @@
 //! }
 //!
 //! fn router(pool: Pool<Conn>) -> Router {
-//!     Router::new().route("/payments", post(create)).with_state(pool)
+//!     Router::new()
+//!         .route("/payments", post(create))
+//!         // No authentication here: every client's keys are in one scope, by choice.
+//!         .layer(axum::Extension(inbox_axum::Principal::shared()))
+//!         .with_state(pool)
 //! }
 //! # fn main() {}
 //! ```
@@ -104,7 +113,7 @@ use inbox_diesel::handler::{AsyncBody, Checked, Handler, OnLocked, run_once_stor
 
 pub use problem::{Error, Problem};
 pub use reply::Reply;
-pub use request::{IDEMPOTENCY_KEY, Idempotent, MAX_KEY_LEN, Principal};
+pub use request::{IDEMPOTENCY_KEY, Idempotent, MAX_KEY_LEN, MaybeIdempotent, Principal};
 
 /// The header a replayed response carries: `Idempotent-Replayed: true` (Stripe's name for
 /// it; the draft names none).
@@ -118,9 +127,9 @@ impl<T> Idempotent<T> {
     /// |---|---|
     /// | new | the body's reply, committed with its work |
     /// | committed, same request | the stored reply, with `Idempotent-Replayed: true` |
-    /// | committed or in flight, another request | 422 `idempotency-key-reused` |
-    /// | in flight (`Handler<AnswerInFlight>`) | 409 `request-in-flight`, `Retry-After: 1` |
-    /// | the body fails | nothing committed; 500, or 503 for a database that was busy or gone |
+    /// | committed, another request | 422 `idempotency-key-reused` |
+    /// | in flight, any request (`Handler<AnswerInFlight>`) | 409 `request-in-flight`, `Retry-After: 1` |
+    /// | the body fails | nothing committed; 500, or 503 for a database that was busy or gone; [`Error::Respond`]'s own answer |
     ///
     /// `handler` names the consumer the keys are stored under (one per API, or per
     /// resource) and its options: `Handler::new("payments")?.in_flight_when_locked()` answers

@@ -20,7 +20,9 @@ use serde::Serialize;
 /// | `body-not-json` | 415 | the body is not declared `application/json` |
 /// | `body-malformed` | 400 | the body is not JSON |
 /// | `body-invalid` | 422 | the body is JSON, not the handler's payload |
-/// | `internal` | 500 | the handler's transaction failed; nothing was committed, a retry runs it again |
+/// | `principal-missing` | 500 | no [`Principal`](crate::Principal) in the request's extensions (logged) |
+/// | `body-unreadable` | the rejection's (413 over axum's `DefaultBodyLimit`) | the body could not be read |
+/// | `internal` | 500 | the handler's transaction failed and rolled back (logged) |
 /// | `unavailable` | 503 | the database was unreachable or busy past the handler's retries; a retry with the same key answers the request once |
 #[derive(Debug, Clone)]
 pub struct Problem {
@@ -30,11 +32,9 @@ pub struct Problem {
 }
 
 impl Problem {
-    pub(crate) fn new(
-        status: StatusCode,
-        problem: &'static str,
-        detail: impl Into<String>,
-    ) -> Self {
+    /// A problem of the application's own, for [`Error::Respond`]: `problem` is its stable
+    /// name, `detail` what happened.
+    pub fn new(status: StatusCode, problem: &'static str, detail: impl Into<String>) -> Self {
         Self {
             status,
             problem,
@@ -105,8 +105,13 @@ pub enum Error {
     /// ([`inbox_diesel::Error::KeyReused`]), its stored response did not read back, or the
     /// inbox's own statements failed.
     Inbox(inbox_diesel::Error),
-    /// Anything else the body failed with: answered 500, logged.
+    /// Anything else the body failed with: answered 500, logged. A diesel error along its
+    /// `source()` chain is found, and a transient one retried and answered as such.
     Internal(Box<dyn std::error::Error + Send + Sync>),
+    /// An answer that is not the request's final one — 423 while a resource is locked, 503
+    /// while a dependency is down: sent as it is, nothing committed or stored, and a retry
+    /// runs the body again.
+    Respond(Problem),
 }
 
 impl Error {
@@ -136,10 +141,11 @@ impl Error {
                 "the database could not be reached or was busy; retry the request with the \
                  same key, which answers it once whether or not this attempt committed",
             ),
+            Error::Respond(problem) => problem.clone(),
             _ => Problem::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal",
-                "the request failed and nothing was committed; a retry with the same key runs it again",
+                "the request could not be completed; the server logged why",
             ),
         }
     }
@@ -149,10 +155,11 @@ impl Error {
     fn is_transient(&self) -> bool {
         let class = match self {
             Error::Inbox(error) => error.class(),
-            Error::Database(error) => {
-                inbox_diesel::classify(error, &inbox_diesel::InboxSchema::DEFAULT)
-            }
-            Error::Internal(_) => return false,
+            Error::Respond(_) => return false,
+            _ => match self.diesel_error() {
+                Some(error) => inbox_diesel::classify(error, &inbox_diesel::InboxSchema::DEFAULT),
+                None => return false,
+            },
         };
         matches!(
             class.action(),
@@ -167,6 +174,13 @@ impl std::fmt::Display for Error {
             Error::Database(e) => write!(f, "a statement of the handler failed: {e}"),
             Error::Inbox(e) => write!(f, "{e}"),
             Error::Internal(e) => write!(f, "the handler failed: {e}"),
+            Error::Respond(problem) => write!(
+                f,
+                "the handler answered {} {}: {}",
+                problem.status(),
+                problem.problem(),
+                problem.detail()
+            ),
         }
     }
 }
@@ -177,6 +191,7 @@ impl std::error::Error for Error {
             Error::Database(e) => Some(e),
             Error::Inbox(e) => Some(e),
             Error::Internal(e) => Some(&**e),
+            Error::Respond(_) => None,
         }
     }
 }
@@ -198,7 +213,17 @@ impl HasDieselError for Error {
         match self {
             Error::Database(e) => Some(e),
             Error::Inbox(e) => e.diesel_error(),
-            Error::Internal(_) => None,
+            Error::Respond(_) => None,
+            Error::Internal(e) => {
+                let mut next: Option<&(dyn std::error::Error + 'static)> = Some(&**e);
+                while let Some(error) = next {
+                    if let Some(diesel) = error.downcast_ref::<diesel::result::Error>() {
+                        return Some(diesel);
+                    }
+                    next = error.source();
+                }
+                None
+            }
         }
     }
 }

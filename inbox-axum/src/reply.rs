@@ -68,7 +68,9 @@ impl Reply {
     }
 
     /// The response with `name: value` among its headers — stored, and replayed to retries.
-    /// A header of the same name given twice is sent twice.
+    /// A header of the same name given twice is sent twice; a `content-type` replaces the
+    /// body's own. The stored form is text: a value that is not visible ASCII fails the
+    /// request (500, nothing committed) when the reply is stored.
     pub fn header(mut self, name: HeaderName, value: HeaderValue) -> Self {
         self.headers.push((name, value));
         self
@@ -106,8 +108,14 @@ impl IntoResponse for Reply {
                 axum::body::Body::from(text)
             }
         };
+        let mut typed = false;
         for (name, value) in self.headers {
-            headers.append(name, value);
+            // The handler's own content type replaces the body's default.
+            if name == CONTENT_TYPE && !std::mem::replace(&mut typed, true) {
+                headers.insert(name, value);
+            } else {
+                headers.append(name, value);
+            }
         }
         (self.status, headers, body).into_response()
     }

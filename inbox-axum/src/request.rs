@@ -1,6 +1,6 @@
 //! The extractor: an idempotent request's key, scope, fingerprint and payload.
 
-use axum::extract::{FromRequest, MatchedPath, OptionalFromRequest, Request};
+use axum::extract::{FromRequest, MatchedPath, Request};
 use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -18,9 +18,10 @@ pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 pub const MAX_KEY_LEN: usize = 255;
 
 /// Who the request is from, as the application's authentication knows it: a tenant, an
-/// account, an API client. An authentication layer puts it in the request's extensions;
-/// [`Idempotent`] scopes the key by it, so that a key sent by one principal never answers
-/// another's request.
+/// account, an API client — the scope of its keys, so that a key sent by one principal never
+/// answers another's request. An authentication layer puts it in the request's extensions,
+/// and [`Idempotent`] refuses a request without one (500 `principal-missing`, logged): a route
+/// whose keys every client shares says so with [`Principal::shared`].
 ///
 /// ```
 /// use axum::extract::Request;
@@ -31,14 +32,23 @@ pub const MAX_KEY_LEN: usize = 255;
 /// async fn authenticate(mut request: Request, next: Next) -> Response {
 ///     // Whatever the application's authentication decides; a header, here.
 ///     let tenant = request.headers().get("x-tenant").and_then(|v| v.to_str().ok());
-///     if let Some(tenant) = tenant.and_then(|t| Principal::new(t).ok()) {
-///         request.extensions_mut().insert(tenant);
-///     }
+///     let principal = match tenant.and_then(|t| Principal::new(t).ok()) {
+///         Some(tenant) => tenant,
+///         // Anonymous requests share one scope: a choice, made here.
+///         None => Principal::shared(),
+///     };
+///     request.extensions_mut().insert(principal);
 ///     next.run(request).await
 /// }
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Principal(String);
+pub struct Principal(Scope);
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Scope {
+    Named(String),
+    Shared,
+}
 
 impl Principal {
     /// The principal named `name`.
@@ -50,12 +60,22 @@ impl Principal {
         let name = name.into();
         // The same rules as the key's scope, checked here rather than on each request.
         MessageKey::text("-")?.scoped(name.as_str())?;
-        Ok(Principal(name))
+        Ok(Principal(Scope::Named(name)))
     }
 
-    /// The principal's name.
-    pub fn as_str(&self) -> &str {
-        &self.0
+    /// Every client: the keys of requests under it are scoped by route alone, so two clients
+    /// that send the same key with the same request get one answer. For routes without
+    /// authentication, or whose keys are drawn so that clients never share one.
+    pub fn shared() -> Self {
+        Principal(Scope::Shared)
+    }
+
+    /// The principal's name; `None` for [`Principal::shared`].
+    pub fn name(&self) -> Option<&str> {
+        match &self.0 {
+            Scope::Named(name) => Some(name),
+            Scope::Shared => None,
+        }
     }
 }
 
@@ -65,24 +85,29 @@ impl Principal {
 /// Extracting it reads, in this order, and answers with a `problem+json` [`Problem`]
 /// at the first that fails:
 ///
-/// 1. the `Idempotency-Key` header: missing → 400 (`Option<Idempotent<T>>` makes it optional:
-///    `None` without the header); empty, over [`MAX_KEY_LEN`], not visible ASCII → 400. The
-///    draft's form is a structured-field string, `Idempotency-Key: "8e03978e…"`; a bare token,
-///    as many clients send it, is taken as written.
+/// 1. the `Idempotency-Key` header: missing → 400 ([`MaybeIdempotent<T>`] for a route where
+///    it is optional); empty, over [`MAX_KEY_LEN`], not visible ASCII → 400. The draft's form
+///    is a structured-field string, `Idempotency-Key: "8e03978e…"` (parameters after it are
+///    ignored); a bare token, as many clients send it, is taken as written.
 /// 2. the key's scope: the route (the method and the path pattern it matched, `POST
 ///    /accounts/{id}/payments`) and the [`Principal`] the application put in the request's
-///    extensions, if any. The same key on another route or from another principal is
-///    another key.
+///    extensions (500 without one). The same key on another route or from another principal
+///    is another key.
 /// 3. the request's fingerprint: SHA-256 of the method, the path and query as sent, and the
-///    body's bytes. A second request under the key with another fingerprint is refused with
-///    422, never processed and never answered with the first's response.
-/// 4. the body: `content-type: application/json` (415 otherwise), JSON (400), a `T` (422).
+///    body's bytes as sent (a client that retries must send the same bytes). A second request
+///    under the key with another fingerprint is refused with 422 once the first has
+///    committed — never processed, never answered with the first's response; while the first
+///    is in flight it is answered 409, like any request under that key.
+/// 4. the body: `content-type: application/json` (415 otherwise), JSON (400), a `T` (422). An
+///    empty body without a content type reads as JSON `null`: `Idempotent<()>` for a `POST`
+///    that carries none. A body the server will not read (over axum's `DefaultBodyLimit`) is
+///    refused with its status (413).
 ///
 /// Put it last among the handler's extractors: it reads the body.
 #[derive(Debug)]
 pub struct Idempotent<T> {
     route: String,
-    principal: Option<Principal>,
+    principal: Principal,
     key: String,
     fingerprint: Fingerprint,
     /// The request's payload.
@@ -100,9 +125,9 @@ impl<T> Idempotent<T> {
         &self.route
     }
 
-    /// The principal the key is scoped by, if the application supplied one.
-    pub fn principal(&self) -> Option<&Principal> {
-        self.principal.as_ref()
+    /// The principal the key is scoped by.
+    pub fn principal(&self) -> &Principal {
+        &self.principal
     }
 
     /// The request's fingerprint, stored with the key.
@@ -113,10 +138,8 @@ impl<T> Idempotent<T> {
     /// The key the inbox stores the request under: the client's key within the principal's
     /// scope, within the route's.
     pub(crate) fn message_key(&self) -> Result<MessageKey, inbox_diesel::KeyError> {
-        match &self.principal {
-            Some(principal) => {
-                Scoped(&self.route, Scoped(principal.as_str(), self.key.as_str())).to_message_key()
-            }
+        match self.principal.name() {
+            Some(name) => Scoped(&self.route, Scoped(name, self.key.as_str())).to_message_key(),
             None => Scoped(&self.route, self.key.as_str()).to_message_key(),
         }
     }
@@ -149,7 +172,10 @@ fn key_of(headers: &HeaderMap) -> Result<Option<String>, Problem> {
             let mut chars = quoted.chars();
             loop {
                 match chars.next() {
-                    Some('"') if chars.as_str().is_empty() => break,
+                    // Parameters after the string (`"k";p=1`) are the field's, not the key's.
+                    Some('"') if chars.as_str().is_empty() || chars.as_str().starts_with(';') => {
+                        break;
+                    }
                     Some('\\') => match chars.next() {
                         Some(c @ ('"' | '\\')) => key.push(c),
                         _ => return Err(invalid("is a quoted string with a bad escape")),
@@ -196,13 +222,37 @@ fn fingerprint(method: &Method, path_and_query: &str, body: &[u8]) -> Fingerprin
     Fingerprint::of(&bytes)
 }
 
-async fn extract<T, S>(request: Request, state: &S) -> Result<Option<Idempotent<T>>, Response>
+/// What a request under an `Idempotency-Key` is, short of its payload.
+struct Parts {
+    route: String,
+    principal: Principal,
+    key: String,
+    fingerprint: Fingerprint,
+}
+
+/// The request's payload, and its key's parts if it has a key.
+async fn extract<T, S>(request: Request, state: &S) -> Result<(Option<Parts>, T), Response>
 where
     T: DeserializeOwned,
     S: Send + Sync,
 {
-    let Some(key) = key_of(request.headers()).map_err(IntoResponse::into_response)? else {
-        return Ok(None);
+    let key = key_of(request.headers()).map_err(IntoResponse::into_response)?;
+    let principal = match (&key, request.extensions().get::<Principal>()) {
+        (_, Some(principal)) => Some(principal.clone()),
+        (None, None) => None,
+        (Some(_), None) => {
+            tracing::error!(
+                path = request.uri().path(),
+                "an idempotent request without a Principal in its extensions: insert one in the \
+                 authentication layer, or Principal::shared() where every client shares the keys"
+            );
+            return Err(Problem::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "principal-missing",
+                "the server does not say whose keys this route's are; the request did not run",
+            )
+            .into_response());
+        }
     };
     let matched = request
         .extensions()
@@ -211,43 +261,61 @@ where
         // Outside a router (a handler served on its own): the path as sent.
         .unwrap_or_else(|| request.uri().path().to_owned());
     let route = format!("{} {matched}", request.method());
-    let principal = request.extensions().get::<Principal>().cloned();
     let method = request.method().clone();
     let path_and_query = request.uri().path_and_query().map_or_else(
         || request.uri().path().to_owned(),
         |pq| pq.as_str().to_owned(),
     );
-    let is_json = request
-        .headers()
-        .get(CONTENT_TYPE)
+    let content_type = request.headers().get(CONTENT_TYPE).cloned();
+    let body = Bytes::from_request(request, state)
+        .await
+        .map_err(|rejection| {
+            Problem::new(rejection.status(), "body-unreadable", rejection.body_text())
+                .into_response()
+        })?;
+    let is_json = content_type
+        .as_ref()
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<mime_type::Essence>().ok())
         .is_some_and(|essence| essence.is_json());
-    let body = Bytes::from_request(request, state)
-        .await
-        .map_err(IntoResponse::into_response)?;
-    if !is_json {
-        return Err(Problem::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "body-not-json",
-            "the request body must be JSON, sent with `content-type: application/json`",
-        )
-        .into_response());
-    }
-    let payload = serde_json::from_slice::<T>(&body).map_err(|e| {
+    let text: &[u8] = match (is_json, content_type.is_none() && body.is_empty()) {
+        (true, _) => &body,
+        (false, true) => b"null",
+        (false, false) => {
+            return Err(Problem::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "body-not-json",
+                "the request body must be JSON, sent with `content-type: application/json`",
+            )
+            .into_response());
+        }
+    };
+    let payload = serde_json::from_slice::<T>(text).map_err(|e| {
         let (status, problem) = match e.classify() {
             serde_json::error::Category::Data => (StatusCode::UNPROCESSABLE_ENTITY, "body-invalid"),
             _ => (StatusCode::BAD_REQUEST, "body-malformed"),
         };
         Problem::new(status, problem, format!("the request body: {e}")).into_response()
     })?;
-    Ok(Some(Idempotent {
+    let parts = key.map(|key| Parts {
         route,
-        principal,
+        principal: principal.expect("a key's principal, checked above"),
         fingerprint: fingerprint(&method, &path_and_query, &body),
         key,
-        payload,
-    }))
+    });
+    Ok((parts, payload))
+}
+
+impl<T> Idempotent<T> {
+    fn of(parts: Parts, payload: T) -> Self {
+        Idempotent {
+            route: parts.route,
+            principal: parts.principal,
+            key: parts.key,
+            fingerprint: parts.fingerprint,
+            payload,
+        }
+    }
 }
 
 impl<T, S> FromRequest<S> for Idempotent<T>
@@ -258,21 +326,44 @@ where
     type Rejection = Response;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
-        extract(request, state)
-            .await?
-            .ok_or_else(|| missing().into_response())
+        // The key is looked for first: a request without one is answered 400 before its body
+        // is read.
+        if key_of(request.headers())
+            .map_err(IntoResponse::into_response)?
+            .is_none()
+        {
+            return Err(missing().into_response());
+        }
+        match extract(request, state).await? {
+            (Some(parts), payload) => Ok(Idempotent::of(parts, payload)),
+            (None, _) => Err(missing().into_response()),
+        }
     }
 }
 
-impl<T, S> OptionalFromRequest<S> for Idempotent<T>
+/// The extractor of a route where the `Idempotency-Key` is optional: a request with one is
+/// [`Idempotent`], with every check of that extractor; one without is its payload alone,
+/// which the handler runs as it would without this crate.
+#[derive(Debug)]
+pub enum MaybeIdempotent<T> {
+    /// The request has an `Idempotency-Key`.
+    Idempotent(Idempotent<T>),
+    /// The request has none: its payload.
+    Plain(T),
+}
+
+impl<T, S> FromRequest<S> for MaybeIdempotent<T>
 where
     T: DeserializeOwned,
     S: Send + Sync,
 {
     type Rejection = Response;
 
-    async fn from_request(request: Request, state: &S) -> Result<Option<Self>, Self::Rejection> {
-        extract(request, state).await
+    async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
+        Ok(match extract(request, state).await? {
+            (Some(parts), payload) => MaybeIdempotent::Idempotent(Idempotent::of(parts, payload)),
+            (None, payload) => MaybeIdempotent::Plain(payload),
+        })
     }
 }
 

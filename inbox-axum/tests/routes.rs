@@ -15,7 +15,7 @@ use diesel_async::pooled_connection::AsyncDieselConnectionManager;
 use diesel_async::pooled_connection::bb8::Pool;
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
-use inbox_axum::{Error, Idempotent, Reply};
+use inbox_axum::{Error, Idempotent, MaybeIdempotent, Principal, Problem, Reply};
 use inbox_diesel::guarded;
 use inbox_diesel::handler::Handler;
 use tower::ServiceExt;
@@ -50,6 +50,14 @@ async fn add(State(app): State<App>, Path(list): Path<i64>, request: Idempotent<
                     // does: refused inside the body, whose writes would not be the request's.
                     audit_elsewhere().map_err(Error::internal)?;
                 }
+                if text == "locked" {
+                    // An answer that is not the request's last: not stored, the retry runs again.
+                    return Err(Error::Respond(Problem::new(
+                        StatusCode::LOCKED,
+                        "list-locked",
+                        "the list is being reordered",
+                    )));
+                }
                 if text == "fail" {
                     diesel::sql_query(
                         "INSERT INTO notes (list, text) VALUES (0, 'written, then rolled back')",
@@ -72,17 +80,43 @@ async fn add(State(app): State<App>, Path(list): Path<i64>, request: Idempotent<
         .await
 }
 
+/// `POST /lists/{list}/clear`: no body, `Idempotent<()>`.
+async fn clear(State(app): State<App>, Path(list): Path<i64>, request: Idempotent<()>) -> Response {
+    let mut conn = app.pool.get().await.unwrap();
+    request
+        .run(
+            &mut *conn,
+            &NOTES,
+            guarded!(async |tx: &mut Conn| {
+                let n = diesel::sql_query("DELETE FROM notes WHERE list = ?")
+                    .bind::<diesel::sql_types::BigInt, _>(list)
+                    .execute(tx)
+                    .await?;
+                Reply::json(StatusCode::OK, &serde_json::json!({ "cleared": n }))
+            }),
+        )
+        .await
+}
+
 /// What a pool wrapped by `inbox_diesel::tripwire` does first at each checkout.
 fn audit_elsewhere() -> Result<(), inbox_diesel::tripwire::InsideHandler> {
     inbox_diesel::tripwire::refuse_checkout()
 }
 
 /// A route where the key is optional: without one, the note is added every time.
-async fn add_maybe(State(app): State<App>, request: Option<Idempotent<Note>>) -> Response {
-    let Some(request) = request else {
-        return (StatusCode::ACCEPTED, "no key: not deduplicated").into_response();
-    };
+async fn add_maybe(State(app): State<App>, request: MaybeIdempotent<Note>) -> Response {
     let mut conn = app.pool.get().await.unwrap();
+    let request = match request {
+        MaybeIdempotent::Idempotent(request) => request,
+        MaybeIdempotent::Plain(note) => {
+            diesel::sql_query("INSERT INTO notes (list, text) VALUES (9, ?)")
+                .bind::<diesel::sql_types::Text, _>(&note.text)
+                .execute(&mut conn)
+                .await
+                .unwrap();
+            return (StatusCode::ACCEPTED, "no key: not deduplicated").into_response();
+        }
+    };
     request
         .run(
             &mut *conn,
@@ -122,6 +156,8 @@ async fn app(dir: &tempfile::TempDir, runs: &'static AtomicUsize) -> (Router, Po
         .route("/lists/{list}/notes", post(add))
         .route("/other/{list}/notes", post(add))
         .route("/maybe", post(add_maybe))
+        .route("/lists/{list}/clear", post(clear))
+        .layer(axum::Extension(Principal::shared()))
         .with_state(App {
             pool: pool.clone(),
             runs,
@@ -223,8 +259,10 @@ async fn an_optional_key_is_none_without_the_header_and_still_checked_with_it() 
     static RUNS: AtomicUsize = AtomicUsize::new(0);
     let dir = tempfile::tempdir().unwrap();
     let (router, pool) = app(&dir, &RUNS).await;
-    let without = answer(&router, note("/maybe", None, "x")).await;
-    assert_eq!(without.0, StatusCode::ACCEPTED);
+    for _ in 0..2 {
+        let without = answer(&router, note("/maybe", None, "x")).await;
+        assert_eq!(without.0, StatusCode::ACCEPTED);
+    }
     let bad = answer(&router, note("/maybe", Some("\"unterminated"), "x")).await;
     assert_eq!(bad.0, StatusCode::BAD_REQUEST);
     assert_eq!(bad.2["problem"], "idempotency-key-invalid");
@@ -232,7 +270,8 @@ async fn an_optional_key_is_none_without_the_header_and_still_checked_with_it() 
     assert_eq!((first.0, first.1), (StatusCode::NO_CONTENT, false));
     let retry = answer(&router, note("/maybe", Some("m-1"), "x")).await;
     assert_eq!((retry.0, retry.1), (StatusCode::NO_CONTENT, true));
-    assert_eq!(rows(&pool, "SELECT count(*) AS n FROM notes").await, 1);
+    // Twice without a key, once with one.
+    assert_eq!(rows(&pool, "SELECT count(*) AS n FROM notes").await, 3);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -256,6 +295,7 @@ async fn a_table_without_the_reply_columns_is_refused_before_anything_is_written
     drop(conn);
     let router = Router::new()
         .route("/lists/{list}/notes", post(add))
+        .layer(axum::Extension(Principal::shared()))
         .with_state(App {
             pool: pool.clone(),
             runs: &RUNS,
@@ -282,4 +322,57 @@ async fn a_pool_checkout_in_the_body_is_refused_at_run_time_and_nothing_commits(
     assert_eq!(AtomicUsize::load(&RUNS, Ordering::SeqCst), 1);
     assert_eq!(rows(&pool, "SELECT count(*) AS n FROM notes").await, 0);
     assert_eq!(rows(&pool, "SELECT count(*) AS n FROM inbox").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_route_that_says_nothing_of_whose_keys_they_are_is_refused() {
+    static RUNS: AtomicUsize = AtomicUsize::new(0);
+    let dir = tempfile::tempdir().unwrap();
+    let (_, pool) = app(&dir, &RUNS).await;
+    let unscoped = Router::new()
+        .route("/lists/{list}/notes", post(add))
+        .with_state(App {
+            pool: pool.clone(),
+            runs: &RUNS,
+        });
+    let refused = answer(&unscoped, note("/lists/1/notes", Some("k"), "milk")).await;
+    assert_eq!(refused.0, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(refused.2["problem"], "principal-missing");
+    assert_eq!(AtomicUsize::load(&RUNS, Ordering::SeqCst), 0);
+    assert_eq!(rows(&pool, "SELECT count(*) AS n FROM inbox").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_answer_that_is_not_the_last_is_sent_not_stored() {
+    static RUNS: AtomicUsize = AtomicUsize::new(0);
+    let dir = tempfile::tempdir().unwrap();
+    let (router, pool) = app(&dir, &RUNS).await;
+    for attempt in 1..=2 {
+        let locked = answer(&router, note("/lists/1/notes", Some("k-locked"), "locked")).await;
+        assert_eq!((locked.0, locked.1), (StatusCode::LOCKED, false));
+        assert_eq!(locked.2["problem"], "list-locked");
+        assert_eq!(AtomicUsize::load(&RUNS, Ordering::SeqCst), attempt);
+    }
+    assert_eq!(rows(&pool, "SELECT count(*) AS n FROM inbox").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_post_without_a_body_and_a_key_with_parameters() {
+    static RUNS: AtomicUsize = AtomicUsize::new(0);
+    let dir = tempfile::tempdir().unwrap();
+    let (router, _) = app(&dir, &RUNS).await;
+    let clear = |key: &str| {
+        Request::post("/lists/1/clear")
+            .header("idempotency-key", key)
+            .body(Body::empty())
+            .unwrap()
+    };
+    let first = answer(&router, clear("\"c-1\";source=cli")).await;
+    assert_eq!((first.0, first.1), (StatusCode::OK, false), "{first:?}");
+    // The parameters are the field's: the same key without them.
+    let retry = answer(&router, clear("c-1")).await;
+    assert_eq!(
+        (retry.0, retry.1, &retry.2),
+        (StatusCode::OK, true, &first.2)
+    );
 }

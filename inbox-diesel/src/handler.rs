@@ -173,11 +173,26 @@ impl<R> Checked<R> {
     }
 }
 
-/// What `guarded!`'s expansion wraps the body's value in. Not a public API.
+/// What `guarded!`'s expansion wraps a body's value in. Not a public API.
 #[doc(hidden)]
 #[inline(always)]
 pub fn checked<R>(value: R) -> Checked<R> {
     Checked(value)
+}
+
+/// `guarded!`'s expansion of a sync body: the body, in a closure called at once. Not a
+/// public API.
+#[doc(hidden)]
+#[inline(always)]
+pub fn checked_call<R>(body: impl FnOnce() -> R) -> Checked<R> {
+    Checked(body())
+}
+
+/// `guarded!`'s expansion of an async body: the body, in an async block awaited at once.
+/// Not a public API.
+#[doc(hidden)]
+pub async fn checked_future<R, F: std::future::Future<Output = R>>(body: F) -> Checked<R> {
+    Checked(body.await)
 }
 
 /// How the body's error is read for retries: through [`HasDieselError`].

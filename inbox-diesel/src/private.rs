@@ -4,7 +4,7 @@
 pub mod guard {
     pub use crate::guard::{Asked, ClaimModeHasNoConnection, Probe, levels, vet};
 }
-pub use crate::handler::checked;
+pub use crate::handler::{checked, checked_call, checked_future};
 #[cfg(feature = "async")]
 pub use crate::runtime::asynchronous::{AsyncBody, run_async, run_batch_async, run_claim_async};
 pub use crate::runtime::claim::ClaimSpec;

@@ -13,8 +13,7 @@
 use proc_macro2::{Span, TokenStream};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned;
-use syn::visit_mut::{self, VisitMut};
-use syn::{Block, Expr, ExprClosure, FnArg, Ident, Item, ItemFn, Pat, PatType, ReturnType};
+use syn::{Block, Expr, ExprClosure, FnArg, Ident, ItemFn, Pat, PatType, ReturnType};
 
 use crate::guard;
 use crate::valid::Mode;
@@ -92,20 +91,28 @@ fn instrument(closure: &mut ExprClosure) -> syn::Result<()> {
     let instrumented = guard::instrument(&mut function, &conn, Mode::Transaction);
     guard::strip_escapes(&mut function);
     instrumented?;
-    let mut block = function.block;
-    Exits { wrapped: 0 }.visit_block_mut(&mut block);
+    let block = function.block;
     let span = closure.body.span();
-    // A body that is one expression stays one: `checked(expr)`, not `checked({ expr })`,
-    // which the compiler would flag as unnecessary braces.
-    let block = match block.stmts.as_slice() {
-        [syn::Stmt::Expr(expr, None)] => quote!(#expr),
-        _ => quote!(#block),
-    };
-    let value = match std::mem::replace(&mut closure.output, ReturnType::Default) {
-        ReturnType::Type(_, ty) => quote_spanned!(span=>
-            ::inbox_diesel::__private::checked::<#ty>(#block)
+    // The body runs in a closure (an async block) of its own, called at once, whose value
+    // is wrapped: its `return`s and `?`s — also those a macro writes, as `anyhow::bail!`
+    // does — leave that inner scope with the body's value, as they left the closure before.
+    let async_body = closure.asyncness.is_some();
+    let value = match (
+        std::mem::replace(&mut closure.output, ReturnType::Default),
+        async_body,
+    ) {
+        (ReturnType::Type(_, ty), false) => quote_spanned!(span=>
+            ::inbox_diesel::__private::checked_call(|| -> #ty #block)
         ),
-        ReturnType::Default => quote_spanned!(span=> ::inbox_diesel::__private::checked(#block)),
+        (ReturnType::Default, false) => quote_spanned!(span=>
+            ::inbox_diesel::__private::checked_call(|| #block)
+        ),
+        (ReturnType::Type(_, ty), true) => quote_spanned!(span=>
+            ::inbox_diesel::__private::checked_future::<#ty, _>(async #block).await
+        ),
+        (ReturnType::Default, true) => quote_spanned!(span=>
+            ::inbox_diesel::__private::checked_future(async #block).await
+        ),
     };
     *closure.body = syn::parse2(value)?;
     Ok(())
@@ -129,88 +136,5 @@ fn transaction_parameter(closure: &ExprClosure) -> syn::Result<Ident> {
             "the transaction parameter is a name, as in `guarded!(|tx| …)`: the guard follows \
              that name through the body",
         )),
-    }
-}
-
-/// Wraps the closure's exits other than its tail: `return value` becomes
-/// `return checked(value)`, and `expr?` the `match` it stands for, whose `Err` arm returns
-/// `checked(Err(From::from(error)))` — a body of the function API returns a `Result`, so
-/// `?` there is always the `Result` form. Closures, async blocks and items in the body are
-/// their own exits' targets, and are left alone.
-struct Exits {
-    /// How many exits were wrapped: a macro's arguments are re-emitted only if some were.
-    wrapped: usize,
-}
-
-impl VisitMut for Exits {
-    fn visit_expr_mut(&mut self, expr: &mut Expr) {
-        match expr {
-            Expr::Closure(_) | Expr::Async(_) => {}
-            Expr::Return(ret) => {
-                if let Some(value) = &mut ret.expr {
-                    self.visit_expr_mut(value);
-                }
-                let span = ret.span();
-                let value = match ret.expr.take() {
-                    Some(value) => quote!(#value),
-                    None => quote!(()),
-                };
-                self.wrapped += 1;
-                ret.expr = Some(Box::new(syn::parse_quote_spanned!(span=>
-                    ::inbox_diesel::__private::checked(#value)
-                )));
-            }
-            Expr::Try(question) => {
-                self.visit_expr_mut(&mut question.expr);
-                let inner = &question.expr;
-                let span = question.question_token.span;
-                let ok = Ident::new("__inbox_ok", Span::mixed_site());
-                let error = Ident::new("__inbox_error", Span::mixed_site());
-                self.wrapped += 1;
-                *expr = syn::parse_quote_spanned!(span=>
-                    match #inner {
-                        ::core::result::Result::Ok(#ok) => #ok,
-                        // `?`'s conversion, which is the identity when the error is the
-                        // body's own type.
-                        #[allow(clippy::useless_conversion)]
-                        ::core::result::Result::Err(#error) => {
-                            return ::inbox_diesel::__private::checked(
-                                ::core::result::Result::Err(::core::convert::From::from(#error)),
-                            );
-                        }
-                    }
-                );
-            }
-            _ => visit_mut::visit_expr_mut(self, expr),
-        }
-    }
-
-    fn visit_item_mut(&mut self, _: &mut Item) {}
-
-    /// The guard's questions wrap the values they ask about in `vet!(value)` and
-    /// `vet!(@place value)`, and a macro's arguments may hold exits too (`format!("{}",
-    /// f()?)`): arguments that parse as expressions are visited, and re-emitted if an exit
-    /// in them was wrapped. Arguments that are not expressions are left as written.
-    fn visit_macro_mut(&mut self, mac: &mut syn::Macro) {
-        let tokens = mac.tokens.clone().into_iter().collect::<Vec<_>>();
-        let (marker, rest) = match tokens.first() {
-            Some(proc_macro2::TokenTree::Punct(at)) if at.as_char() == '@' && tokens.len() > 2 => (
-                tokens[..2].iter().cloned().collect::<TokenStream>(),
-                &tokens[2..],
-            ),
-            _ => (TokenStream::new(), &tokens[..]),
-        };
-        let parser = syn::punctuated::Punctuated::<Expr, syn::Token![,]>::parse_terminated;
-        let Ok(mut arguments) = syn::parse::Parser::parse2(parser, rest.iter().cloned().collect())
-        else {
-            return;
-        };
-        let before = self.wrapped;
-        for argument in arguments.iter_mut() {
-            self.visit_expr_mut(argument);
-        }
-        if self.wrapped != before {
-            mac.tokens = quote!(#marker #arguments);
-        }
     }
 }

@@ -44,6 +44,29 @@ fn stored(conn: &mut SqliteConnection, id: &str) -> QueryResult<Outcome<String>>
     ))
 }
 
+/// Exits a macro writes: `anyhow::bail!`, `ensure!`, `?` inside `vec!`'s repeat form.
+fn exits_from_macros(conn: &mut SqliteConnection, id: &str, n: usize) -> anyhow::Result<Outcome<usize>> {
+    run_once(conn, &CREDIT, id, guarded!(|tx| {
+        if n == 0 {
+            anyhow::bail!("nothing to credit");
+        }
+        anyhow::ensure!(n < 100, "too many: {n}");
+        let updated = vec![helper(tx, 1)?; n];
+        Ok(updated.len())
+    }))
+}
+
+/// A declared return type that a `return` coerces to.
+fn coerced(conn: &mut SqliteConnection, id: &str) -> QueryResult<Outcome<String>> {
+    run_once_stored(conn, &CREDIT, id, None, guarded!(|tx| -> QueryResult<String> {
+        let shown: Box<dyn std::fmt::Display> = Box::new(helper(tx, 0)?);
+        if shown.to_string().is_empty() {
+            return Ok(String::new());
+        }
+        Ok(shown.to_string())
+    }))
+}
+
 mod asynchronous {
     use diesel::SqliteConnection;
     use diesel_async::RunQueryDsl;
@@ -60,6 +83,11 @@ mod asynchronous {
         run_once_async(conn, &super::CREDIT, id, guarded!(async |tx: &mut AsyncSqlite| {
             if id.is_empty() {
                 return Ok(0);
+            }
+            // `?` in a macro's argument, in an async body.
+            let label = format!("{}", diesel::sql_query("SELECT 1").execute(&mut *tx).await?);
+            if label.is_empty() {
+                return Err(diesel::result::Error::NotFound);
             }
             let n = diesel::sql_query("UPDATE accounts SET balance = balance + 1")
                 .execute(tx)
