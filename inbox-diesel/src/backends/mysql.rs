@@ -203,8 +203,7 @@ mod sync {
     use crate::backends::{InboxConnection, sealed};
     use crate::dialect::layout::Layout;
     use crate::dialect::marker::{
-        ClaimMarker, ClaimMarkerRows, ROWS_PER_INSERT, claim_rows_then_each,
-        inserted_unless_duplicate,
+        ClaimMarker, ClaimMarkers, ROWS_PER_INSERT, claim_rows_then_each, inserted_unless_duplicate,
     };
     use crate::spec::HandlerSpec;
 
@@ -274,7 +273,7 @@ mod sync {
                 let start = chunk * ROWS_PER_INSERT;
                 let texts = texts.map(|texts| &texts[start..start + ids.len()]);
                 if ids.len() > 1 {
-                    let all = ClaimMarkerRows::<Mysql>::new(
+                    let all = ClaimMarkers::<Mysql, diesel::sql_types::BigInt>::all_or_none(
                         schema,
                         consumer,
                         ids,
@@ -319,8 +318,7 @@ mod asynchronous {
     };
 
     use crate::dialect::marker::{
-        ClaimMarker, ClaimMarkerRows, ROWS_PER_INSERT, claim_rows_then_each,
-        inserted_unless_duplicate,
+        ClaimMarker, ClaimMarkers, ROWS_PER_INSERT, claim_rows_then_each, inserted_unless_duplicate,
     };
 
     impl AsyncInboxConnection for AsyncMysqlConnection {}
@@ -391,7 +389,7 @@ mod asynchronous {
                 let start = chunk * ROWS_PER_INSERT;
                 let texts = texts.map(|texts| &texts[start..start + ids.len()]);
                 if ids.len() > 1 {
-                    let all = ClaimMarkerRows::<Mysql>::new(
+                    let all = ClaimMarkers::<Mysql, diesel::sql_types::BigInt>::all_or_none(
                         schema,
                         consumer,
                         ids,

@@ -109,26 +109,34 @@ where
     }
 }
 
-/// The markers of a batch in one statement, returning the ids of those inserted:
+/// The markers of a batch in one statement. PostgreSQL and SQLite ([`ClaimMarkers::new`]):
 ///
 /// ```sql
 /// INSERT INTO <table> (message_id, consumer, received_at, processed_at) VALUES (?, ?, <now>, <now>), …
 ///     ON CONFLICT (message_id, consumer) DO NOTHING RETURNING message_id
 /// ```
 ///
-/// PostgreSQL and SQLite; `ST` is the SQL type of the returned id.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+/// returning the ids of those inserted; `ST` is the SQL type of the returned id. MySQL and
+/// MariaDB ([`ClaimMarkers::all_or_none`]), which return no rows from an `INSERT` and have no
+/// `ON CONFLICT … DO NOTHING`: the plain insert, with the session's mark on each row. It
+/// inserts every marker or none: a duplicate among them fails the statement with 1062 on the
+/// inbox's index, InnoDB rolls back that statement only, and the caller then claims the batch
+/// row by row ([`claim_rows_then_each`]). Every other error is the statement's own.
 pub(crate) struct ClaimMarkers<'a, DB, ST> {
     table: &'a str,
     ids: &'a [Uuid],
     consumer: &'a str,
     /// The keys' texts, in the order of `ids`, for a table with `key_text`.
     texts: Option<&'a [String]>,
+    /// MySQL and MariaDB: the insert requires the check's mark on the session.
+    mark: Option<SessionMark>,
+    /// `ON CONFLICT … DO NOTHING RETURNING message_id` (PostgreSQL, SQLite).
+    returning: bool,
     types: PhantomData<(DB, ST)>,
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
 impl<'a, DB, ST> ClaimMarkers<'a, DB, ST> {
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
     pub(crate) fn new(
         schema: &'a InboxSchema,
         consumer: &'a str,
@@ -140,83 +148,14 @@ impl<'a, DB, ST> ClaimMarkers<'a, DB, ST> {
             ids,
             consumer,
             texts,
+            mark: None,
+            returning: true,
             types: PhantomData,
         }
     }
-}
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-impl<DB, ST> QueryId for ClaimMarkers<'_, DB, ST> {
-    type QueryId = ();
-    const HAS_STATIC_QUERY_ID: bool = false;
-}
-
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-impl<DB, ST> Query for ClaimMarkers<'_, DB, ST> {
-    type SqlType = ST;
-}
-
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-impl<DB, ST, C> RunQueryDsl<C> for ClaimMarkers<'_, DB, ST> {}
-
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-impl<DB: Dialect, ST> QueryFragment<DB> for ClaimMarkers<'_, DB, ST>
-where
-    str: diesel::serialize::ToSql<Text, DB>,
-{
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
-        out.push_sql("INSERT INTO ");
-        push_table(&mut out, self.table)?;
-        out.push_sql(match self.texts {
-            Some(_) => " (message_id, consumer, key_text, received_at, processed_at) VALUES ",
-            None => " (message_id, consumer, received_at, processed_at) VALUES ",
-        });
-        for (n, id) in self.ids.iter().enumerate() {
-            if n > 0 {
-                out.push_sql(", ");
-            }
-            out.push_sql("(");
-            DB::bind_id(&mut out, id)?;
-            out.push_sql(", ");
-            out.push_bind_param::<Text, str>(self.consumer)?;
-            out.push_sql(", ");
-            if let Some(texts) = self.texts {
-                out.push_bind_param::<Text, str>(&texts[n])?;
-                out.push_sql(", ");
-            }
-            out.push_sql(DB::NOW);
-            out.push_sql(", ");
-            out.push_sql(DB::NOW);
-            out.push_sql(")");
-        }
-        out.push_sql(" ON CONFLICT (message_id, consumer) DO NOTHING RETURNING message_id");
-        Ok(())
-    }
-}
-
-/// The markers of a batch in one plain multi-row insert, for MySQL and MariaDB, which
-/// return no rows from an `INSERT` and have no `ON CONFLICT … DO NOTHING`:
-///
-/// ```sql
-/// INSERT INTO <table> (message_id, consumer, received_at, processed_at) VALUES (?, ?, <now>, <now>), …
-/// ```
-///
-/// It inserts every marker or none: a duplicate among them fails the statement with 1062 on
-/// the inbox's index, InnoDB rolls back that statement only, and the caller then claims the
-/// batch row by row ([`claim_rows_then_each`]). Every other error is the statement's own.
-#[cfg(feature = "mysql")]
-pub(crate) struct ClaimMarkerRows<'a, DB> {
-    table: &'a str,
-    ids: &'a [Uuid],
-    consumer: &'a str,
-    texts: Option<&'a [String]>,
-    mark: Option<SessionMark>,
-    backend: PhantomData<DB>,
-}
-
-#[cfg(feature = "mysql")]
-impl<'a, DB> ClaimMarkerRows<'a, DB> {
-    pub(crate) fn new(
+    #[cfg(feature = "mysql")]
+    pub(crate) fn all_or_none(
         schema: &'a InboxSchema,
         consumer: &'a str,
         ids: &'a [Uuid],
@@ -229,27 +168,24 @@ impl<'a, DB> ClaimMarkerRows<'a, DB> {
             consumer,
             texts,
             mark,
-            backend: PhantomData,
+            returning: false,
+            types: PhantomData,
         }
     }
 }
 
-#[cfg(feature = "mysql")]
-impl<DB> QueryId for ClaimMarkerRows<'_, DB> {
+impl<DB, ST> QueryId for ClaimMarkers<'_, DB, ST> {
     type QueryId = ();
     const HAS_STATIC_QUERY_ID: bool = false;
 }
 
-#[cfg(feature = "mysql")]
-impl<DB> Query for ClaimMarkerRows<'_, DB> {
-    type SqlType = BigInt;
+impl<DB, ST> Query for ClaimMarkers<'_, DB, ST> {
+    type SqlType = ST;
 }
 
-#[cfg(feature = "mysql")]
-impl<DB, C> RunQueryDsl<C> for ClaimMarkerRows<'_, DB> {}
+impl<DB, ST, C> RunQueryDsl<C> for ClaimMarkers<'_, DB, ST> {}
 
-#[cfg(feature = "mysql")]
-impl<DB: Dialect> QueryFragment<DB> for ClaimMarkerRows<'_, DB>
+impl<DB: Dialect, ST> QueryFragment<DB> for ClaimMarkers<'_, DB, ST>
 where
     str: diesel::serialize::ToSql<Text, DB>,
 {
@@ -285,6 +221,9 @@ where
             out.push_sql(", ");
             out.push_sql(DB::NOW);
             out.push_sql(")");
+        }
+        if self.returning {
+            out.push_sql(" ON CONFLICT (message_id, consumer) DO NOTHING RETURNING message_id");
         }
         Ok(())
     }
