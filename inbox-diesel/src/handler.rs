@@ -161,8 +161,10 @@ impl<L: OnLocked> Handler<L> {
 }
 
 /// A body's value, from a closure checked by [`guarded!`](crate::guarded): the function API
-/// takes bodies that return it, and only the macro's expansion builds one, so a closure
-/// that did not pass the compile-time guard is refused by the type checker.
+/// takes bodies that return it, and it has no public constructor — the macro's expansion
+/// builds it through `inbox_diesel::__private`, which is not an API — so a closure written
+/// without the guard is refused by the type checker. (Code that names `__private`, or
+/// wraps a guarded closure in one of its own, is past what the types can stop.)
 #[derive(Debug)]
 #[must_use]
 pub struct Checked<R>(R);

@@ -528,9 +528,9 @@ pub use inbox_macros::idempotent;
 /// transaction — is asked at its type whether it is a diesel connection or a pool, as in an
 /// `#[idempotent]` body, and one that is fails to compile: a write through it would commit
 /// on its own, outside the inbox transaction. `#[inbox::outside_transaction("why")]` marks a
-/// statement that must. The closure returns its value as a [`handler::Checked`], which only
-/// this macro builds and the function API requires, so a body that did not pass the guard is
-/// refused by the compiler, not by review.
+/// statement that must. The closure returns its value as a [`handler::Checked`], which has no
+/// public constructor and which the function API requires, so a body written without the
+/// guard is refused by the compiler, not by review.
 ///
 /// ```
 /// use std::sync::LazyLock;
