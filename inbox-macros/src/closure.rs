@@ -7,8 +7,9 @@
 //! on — a captured pool, a connection established in it, a second connection parameter — is
 //! asked at its type whether it is a connection, and one that is fails to compile with the
 //! guard's message. The closure then returns its value wrapped in
-//! `inbox_diesel::handler::Checked`, which only this expansion builds and which the function
-//! API requires: a body that did not come through the guard does not type-check there.
+//! `inbox_diesel::handler::Checked`, which has no public constructor (this expansion builds it
+//! through `inbox_diesel::__private`) and which the function API requires: a body that did not
+//! come through the guard does not type-check there.
 
 use proc_macro2::{Span, TokenStream};
 use quote::{ToTokens, quote, quote_spanned};
