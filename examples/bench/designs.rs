@@ -108,8 +108,8 @@ pub(crate) fn designs<C: SimpleConnection + Send>(
     }
 }
 
-/// The size the server reports of a design's table (PostgreSQL, MariaDB).
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+/// A size in bytes, as a query reports it: a design's table (PostgreSQL, MariaDB), the
+/// stored-result section's table (every backend).
 #[derive(QueryableByName)]
 pub(crate) struct Bytes {
     #[diesel(sql_type = diesel::sql_types::BigInt)]

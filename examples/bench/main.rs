@@ -12,7 +12,8 @@
 //! `--smoke` runs every section on every backend named, with tiny durations and row counts:
 //! that the bench still runs, for CI — its figures mean nothing.
 //!
-//! `--section batches` runs only the batch form against one message per transaction.
+//! `--section batches` runs only the batch form against one message per transaction;
+//! `--section floor postgres` only the raw-SQL floor.
 //!
 //! `--section stored` runs only the stored-result section: `#[idempotent]` with
 //! `store_result = true` (and with a `fingerprint`) against the marker alone, and the bytes
@@ -44,12 +45,15 @@
 //! then the batch form (`batch = …`, one transaction per batch of 10, 100 or 1000 messages)
 //! against `#[idempotent]` one message at a time, the existence check before the transaction
 //! (`precheck`) at 0 to 100 % redeliveries, and purge on a million completed rows; on
-//! PostgreSQL and MariaDB also `plain`, `#[idempotent]` and `duplicate` on diesel-async.
+//! PostgreSQL and MariaDB also `plain`, `#[idempotent]` and `duplicate` on diesel-async, and
+//! on PostgreSQL the raw-SQL floor: the same statements run by `pgbench` (`floor.rs`).
 
 // `measure.rs` times the workers and reports ratios; `variants.rs` holds the handlers
 // compared, one module per backend; `designs.rs` the table-design section; this file sets
 // the databases up and runs the sections.
 mod designs;
+#[cfg(feature = "postgres")]
+mod floor;
 mod measure;
 mod variants;
 
@@ -297,12 +301,16 @@ fn bench_postgres(seconds: f64) {
     if ONLY_STORED.load(Ordering::Relaxed) {
         return stored();
     }
+    if ONLY_FLOOR.load(Ordering::Relaxed) {
+        return floor::floor(&format!("PostgreSQL {version}"), &url, seconds);
+    }
     if ONLY_BATCHES.load(Ordering::Relaxed) {
         println!("\n### PostgreSQL {version}: batches");
         postgres::batches(seconds, &connect, 0);
         return;
     }
     if !LEAN.load(Ordering::Relaxed) {
+        floor::floor(&format!("PostgreSQL {version}"), &url, seconds);
         async_postgres::run(&format!("PostgreSQL {version}"), &url, seconds);
     }
     postgres::run(
@@ -524,7 +532,8 @@ fn main() {
             "--section" => match args.next().as_deref() {
                 Some("stored") => ONLY_STORED.store(true, Ordering::Relaxed),
                 Some("batches") => ONLY_BATCHES.store(true, Ordering::Relaxed),
-                other => panic!("--section takes `stored` or `batches`, not {other:?}"),
+                Some("floor") => ONLY_FLOOR.store(true, Ordering::Relaxed),
+                other => panic!("--section takes `stored`, `batches` or `floor`, not {other:?}"),
             },
             "--schema" => match args.next().as_deref() {
                 Some("lean") => LEAN.store(true, Ordering::Relaxed),

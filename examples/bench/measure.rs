@@ -165,6 +165,9 @@ pub(crate) const ROUNDS: usize = 5;
 /// `--section stored`: only the stored-result section.
 pub(crate) static ONLY_STORED: AtomicBool = AtomicBool::new(false);
 
+/// `--section floor`: only PostgreSQL's raw-SQL floor (`pgbench`).
+pub(crate) static ONLY_FLOOR: AtomicBool = AtomicBool::new(false);
+
 /// `--section batches`: only the batch form against one message per transaction.
 pub(crate) static ONLY_BATCHES: AtomicBool = AtomicBool::new(false);
 
