@@ -45,7 +45,7 @@ use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 const SCENARIO: Scenario = Scenario {
     messages: 40,
     copies: 2,
-    kill_after: 10,
+    kill_after: 3,
     timeout: Duration::from_secs(90),
 };
 /// Deliveries each consumer holds at once, and database connections it pools.

@@ -17,7 +17,7 @@
 //! let scenario = Scenario {
 //!     messages: 40,
 //!     copies: 2,
-//!     kill_after: 10,
+//!     kill_after: 3,
 //!     timeout: std::time::Duration::from_secs(60),
 //! };
 //! let store = Store::prepare().await?; // DATABASE_URL, or SQLite in a temporary directory
