@@ -86,15 +86,7 @@ where
         });
         DB::bind_id(&mut out, self.id)?;
         out.push_sql(", ");
-        match self.mark {
-            Some(mark) => {
-                let (before, after) = mark.guard();
-                out.push_sql(&before);
-                out.push_bind_param::<Text, str>(self.consumer)?;
-                out.push_sql(after);
-            }
-            None => out.push_bind_param::<Text, str>(self.consumer)?,
-        }
+        push_consumer(&mut out, self.consumer, self.mark)?;
         out.push_sql(", ");
         if let Some(text) = self.text {
             out.push_bind_param::<Text, str>(text)?;
@@ -203,15 +195,7 @@ where
             out.push_sql("(");
             DB::bind_id(&mut out, id)?;
             out.push_sql(", ");
-            match self.mark {
-                Some(mark) => {
-                    let (before, after) = mark.guard();
-                    out.push_sql(&before);
-                    out.push_bind_param::<Text, str>(self.consumer)?;
-                    out.push_sql(after);
-                }
-                None => out.push_bind_param::<Text, str>(self.consumer)?,
-            }
+            push_consumer(&mut out, self.consumer, self.mark)?;
             out.push_sql(", ");
             if let Some(texts) = self.texts {
                 out.push_bind_param::<Text, str>(&texts[n])?;
@@ -299,6 +283,28 @@ pub(crate) fn inserted_unless_duplicate(
         }
         other => other,
     }
+}
+
+/// The consumer's bind, inside the session mark's guard where the insert requires it (MySQL,
+/// MariaDB).
+fn push_consumer<'b, DB: diesel::backend::Backend>(
+    out: &mut AstPass<'_, 'b, DB>,
+    consumer: &'b str,
+    mark: Option<SessionMark>,
+) -> QueryResult<()>
+where
+    str: diesel::serialize::ToSql<Text, DB>,
+{
+    match mark {
+        Some(mark) => {
+            let (before, after) = mark.guard();
+            out.push_sql(&before);
+            out.push_bind_param::<Text, str>(consumer)?;
+            out.push_sql(after);
+        }
+        None => out.push_bind_param::<Text, str>(consumer)?,
+    }
+    Ok(())
 }
 
 pub(crate) fn push_table<DB: diesel::backend::Backend>(
