@@ -230,13 +230,17 @@ struct Parts {
     fingerprint: Fingerprint,
 }
 
-/// The request's payload, and its key's parts if it has a key.
-async fn extract<T, S>(request: Request, state: &S) -> Result<(Option<Parts>, T), Response>
+/// The request's payload, and the parts of `key` (the request's `Idempotency-Key`, read by
+/// the caller) if it has one.
+async fn extract<T, S>(
+    request: Request,
+    state: &S,
+    key: Option<String>,
+) -> Result<(Option<Parts>, T), Response>
 where
     T: DeserializeOwned,
     S: Send + Sync,
 {
-    let key = key_of(request.headers()).map_err(IntoResponse::into_response)?;
     let principal = match (&key, request.extensions().get::<Principal>()) {
         (_, Some(principal)) => Some(principal.clone()),
         (None, None) => None,
@@ -328,13 +332,10 @@ where
     async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
         // The key is looked for first: a request without one is answered 400 before its body
         // is read.
-        if key_of(request.headers())
-            .map_err(IntoResponse::into_response)?
-            .is_none()
-        {
+        let Some(key) = key_of(request.headers()).map_err(IntoResponse::into_response)? else {
             return Err(missing().into_response());
-        }
-        match extract(request, state).await? {
+        };
+        match extract(request, state, Some(key)).await? {
             (Some(parts), payload) => Ok(Idempotent::of(parts, payload)),
             (None, _) => Err(missing().into_response()),
         }
@@ -360,7 +361,8 @@ where
     type Rejection = Response;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
-        Ok(match extract(request, state).await? {
+        let key = key_of(request.headers()).map_err(IntoResponse::into_response)?;
+        Ok(match extract(request, state, key).await? {
             (Some(parts), payload) => MaybeIdempotent::Idempotent(Idempotent::of(parts, payload)),
             (None, payload) => MaybeIdempotent::Plain(payload),
         })
