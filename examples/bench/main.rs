@@ -6,13 +6,15 @@
 //!     -- [--seconds 2] [sqlite] [postgres] [mysql]
 //! ```
 //!
-//! `--schema lean` runs the inbox without its surrogate key on SQLite and PostgreSQL (the
-//! variants that need the shipped `table!` and purge are left out), to compare the two.
+//! `--schema lean` runs SQLite on its lean table (`inbox-diesel migration generate --lean`:
+//! `WITHOUT ROWID`, keyed by the pair, no index on `processed_at`), purge included; the
+//! variants that need the shipped `table!` are left out.
 //!
 //! `--smoke` runs every section on every backend named, with tiny durations and row counts:
 //! that the bench still runs, for CI — its figures mean nothing.
 //!
-//! `--section batches` runs only the batch form against one message per transaction;
+//! `--section main` runs only each backend's main table (and diesel-async's);
+//! `--section batches` only the batch form against one message per transaction;
 //! `--section floor postgres` only the raw-SQL floor.
 //!
 //! `--section stored` runs only the stored-result section: `#[idempotent]` with
@@ -141,10 +143,13 @@ fn sqlite_database(dir: &std::path::Path) -> impl Fn() -> diesel::SqliteConnecti
         conn
     };
     let mut conn = connect();
-    let inbox = match LEAN.load(Ordering::Relaxed) {
-        true => lean_schema("sqlite"),
-        false => inbox_diesel::schema::sqlite::create_table_sql(&InboxSchema::DEFAULT),
-    };
+    let inbox = inbox_diesel::schema::Backend::Sqlite.create_table_with_sql(
+        &InboxSchema::DEFAULT,
+        inbox_diesel::schema::OptionalColumns {
+            lean: LEAN.load(Ordering::Relaxed),
+            ..Default::default()
+        },
+    );
     conn.batch_execute(&inbox).unwrap();
     conn.batch_execute(&kept_sql(inbox_diesel::schema::Backend::Sqlite))
         .unwrap();
@@ -209,7 +214,7 @@ fn bench_sqlite(seconds: f64) {
             ))
             .unwrap();
     });
-    if LEAN.load(Ordering::Relaxed) {
+    if LEAN.load(Ordering::Relaxed) || ONLY_MAIN.load(Ordering::Relaxed) {
         return;
     }
     stored();
@@ -270,10 +275,13 @@ fn server_database<C: Connection>(admin: &str, schema: &[String]) -> (String, im
 fn bench_postgres(seconds: f64) {
     let admin = std::env::var("INBOX_BENCH_PG")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
-    let mut schema = vec![match LEAN.load(Ordering::Relaxed) {
-        true => lean_schema("postgres"),
-        false => inbox_diesel::schema::postgres::create_table_sql(&InboxSchema::DEFAULT),
-    }];
+    if LEAN.load(Ordering::Relaxed) {
+        eprintln!("skipping `postgres`: `--schema lean` is SQLite's design (`--lean`)");
+        return;
+    }
+    let mut schema = vec![inbox_diesel::schema::postgres::create_table_sql(
+        &InboxSchema::DEFAULT,
+    )];
     schema.extend(accounts_sql());
     schema.push(OUTBOX.create_table_sql(inbox_diesel::schema::Backend::Postgres));
     schema.push(kept_sql(inbox_diesel::schema::Backend::Postgres));
@@ -310,7 +318,9 @@ fn bench_postgres(seconds: f64) {
         return;
     }
     if !LEAN.load(Ordering::Relaxed) {
-        floor::floor(&format!("PostgreSQL {version}"), &url, seconds);
+        if !ONLY_MAIN.load(Ordering::Relaxed) {
+            floor::floor(&format!("PostgreSQL {version}"), &url, seconds);
+        }
         async_postgres::run(&format!("PostgreSQL {version}"), &url, seconds);
     }
     postgres::run(
@@ -326,7 +336,7 @@ fn bench_postgres(seconds: f64) {
             .unwrap();
         },
     );
-    if LEAN.load(Ordering::Relaxed) {
+    if LEAN.load(Ordering::Relaxed) || ONLY_MAIN.load(Ordering::Relaxed) {
         return;
     }
     stored();
@@ -395,6 +405,10 @@ fn bench_postgres(seconds: f64) {
 
 #[cfg(feature = "mysql")]
 fn bench_mysql(seconds: f64) {
+    if LEAN.load(Ordering::Relaxed) {
+        eprintln!("skipping `mysql`: `--schema lean` is SQLite's design (`--lean`)");
+        return;
+    }
     let admin = std::env::var("INBOX_BENCH_MYSQL")
         .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
     let mut schema = vec![inbox_diesel::schema::mysql::create_table_sql(
@@ -460,6 +474,9 @@ fn bench_mysql(seconds: f64) {
             .unwrap();
         },
     );
+    if ONLY_MAIN.load(Ordering::Relaxed) {
+        return;
+    }
     stored();
     let list = designs_of(
         inbox_diesel::schema::Backend::Mysql,
@@ -533,7 +550,10 @@ fn main() {
                 Some("stored") => ONLY_STORED.store(true, Ordering::Relaxed),
                 Some("batches") => ONLY_BATCHES.store(true, Ordering::Relaxed),
                 Some("floor") => ONLY_FLOOR.store(true, Ordering::Relaxed),
-                other => panic!("--section takes `stored`, `batches` or `floor`, not {other:?}"),
+                Some("main") => ONLY_MAIN.store(true, Ordering::Relaxed),
+                other => {
+                    panic!("--section takes `main`, `stored`, `batches` or `floor`, not {other:?}")
+                }
             },
             "--schema" => match args.next().as_deref() {
                 Some("lean") => LEAN.store(true, Ordering::Relaxed),

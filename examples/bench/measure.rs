@@ -15,7 +15,8 @@ pub(crate) const VARIANTS: [&str; 7] = [
     "naive",
     "two transactions",
 ];
-/// `--schema lean`: the inbox without its surrogate key (see `lean_schema`).
+/// `--schema lean`: SQLite's lean inbox (`--lean`: `WITHOUT ROWID`, keyed by the pair, no
+/// index on `processed_at`).
 pub(crate) static LEAN: AtomicBool = AtomicBool::new(false);
 
 /// The variants that run on the lean schema: the others use the shipped `table!`, which
@@ -167,6 +168,10 @@ pub(crate) static ONLY_STORED: AtomicBool = AtomicBool::new(false);
 
 /// `--section floor`: only PostgreSQL's raw-SQL floor (`pgbench`).
 pub(crate) static ONLY_FLOOR: AtomicBool = AtomicBool::new(false);
+
+/// `--section main`: only the main table of each backend (and diesel-async's), without the
+/// batches, the existence check, the purge and the sections after them.
+pub(crate) static ONLY_MAIN: AtomicBool = AtomicBool::new(false);
 
 /// `--section batches`: only the batch form against one message per transaction.
 pub(crate) static ONLY_BATCHES: AtomicBool = AtomicBool::new(false);

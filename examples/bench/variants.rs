@@ -376,6 +376,9 @@ macro_rules! backend {
                     }
                 }
                 report(label, &cells);
+                if ONLY_MAIN.load(Ordering::Relaxed) {
+                    return;
+                }
 
                 run = batches(seconds, connect, run);
 
@@ -414,10 +417,6 @@ macro_rules! backend {
                     );
                 }
 
-                if LEAN.load(Ordering::Relaxed) {
-                    // Purge picks its batches by the surrogate key.
-                    return;
-                }
                 let rows = archive_rows();
                 let mut conn = connect();
                 conn.batch_execute("DELETE FROM inbox").unwrap();

@@ -179,6 +179,15 @@ struct LockedDelete {
     n: i64,
 }
 
+/// A deleted row's key: the cursor of a purge by key.
+#[derive(diesel::QueryableByName)]
+struct KeyRow {
+    #[diesel(sql_type = diesel::sql_types::Binary)]
+    message_id: Vec<u8>,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    consumer: String,
+}
+
 #[derive(diesel::QueryableByName)]
 struct N {
     #[diesel(sql_type = BigInt)]
@@ -272,7 +281,10 @@ async fn run<S: Io>(io: &mut S, schema: &InboxSchema, purge: &Purge) -> QueryRes
             return Ok(report);
         }
     }
-    let result = batches(io, table, &lock_name, purge).await;
+    let result = match by_key(io, schema).await? {
+        Some(delete) => keyed_batches(io, table, &delete, purge).await,
+        None => batches(io, table, &lock_name, purge).await,
+    };
     if let Some(sql) = S::Backend::unlock(table) {
         // The lock is the session's: if releasing it fails, it goes with the connection.
         if let Err(e) = io.load::<N>(&Sql::new(sql).bind_text(&lock_name)).await {
@@ -336,6 +348,66 @@ async fn batches<S: Io>(
 }
 
 /// The `n` of a query that returns one row.
+/// The batch statement of a table without `id` (SQLite's lean design); `None` for a table
+/// with it, purged oldest first through its index on `processed_at`.
+async fn by_key<S: Io>(io: &mut S, schema: &InboxSchema) -> QueryResult<Option<String>> {
+    let (Some(has_id), Some(delete)) = (
+        S::Backend::has_id(schema.table()),
+        S::Backend::delete_batch_by_key(&S::Backend::BACKEND.quote_table(schema.table())),
+    ) else {
+        return Ok(None);
+    };
+    let (qualifier, name) = schema
+        .table()
+        .rsplit_once('.')
+        .unwrap_or(("", schema.table()));
+    let sql = Sql::new(has_id).bind_text(qualifier).bind_text(name);
+    Ok((one_n(io.load(&sql).await?) == 0).then_some(delete))
+}
+
+/// The purge of a table keyed by `(message_id, consumer)` alone: batches in key order, each
+/// after the last key the previous one deleted, so that the run reads the table once.
+async fn keyed_batches<S: Io>(
+    io: &mut S,
+    table: &str,
+    delete: &str,
+    purge: &Purge,
+) -> QueryResult<PurgeReport> {
+    let mut report = PurgeReport {
+        ran: true,
+        ..PurgeReport::default()
+    };
+    let (age, size) = (purge.age_seconds(), i64::from(purge.batch_size));
+    let mut cursor: (Vec<u8>, String) = (Vec::new(), String::new());
+    loop {
+        let sql = Sql::new(delete.to_owned())
+            .bind_bytes(cursor.0.clone())
+            .bind_text(&cursor.1)
+            .bind_i64(age)
+            .bind_i64(size);
+        let deleted: Vec<KeyRow> = io.load(&sql).await?;
+        report.batches += 1;
+        report.removed += deleted.len() as u64;
+        let full = deleted.len() >= purge.batch_size as usize;
+        if let Some(last) = deleted
+            .into_iter()
+            .map(|row| (row.message_id, row.consumer))
+            .max()
+        {
+            cursor = last;
+        }
+        if !full {
+            break;
+        }
+        if !purge.pause.is_zero() {
+            io.sleep(purge.pause).await;
+        }
+    }
+    let stale = Sql::new(S::Backend::count_stale(table)).bind_i64(age);
+    report.stale_claims = one_n(io.load(&stale).await?).max(0) as u64;
+    Ok(report)
+}
+
 fn one_n(rows: Vec<N>) -> i64 {
     rows.first().map_or(0, |row| row.n)
 }

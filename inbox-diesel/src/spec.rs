@@ -71,7 +71,7 @@ impl HandlerSpec {
     /// back ([`MARIADB_IDLE_RESTORE`](Self::MARIADB_IDLE_RESTORE)); with
     /// `on_locked = "in_flight"` the short lock wait.
     pub fn mysql_begin_sql(&self, mariadb: bool) -> std::borrow::Cow<'static, str> {
-        let idle_bound = mariadb && self.idle_in_transaction_ms > 0;
+        let idle_bound = self.mariadb_idle_bound(mariadb);
         if !idle_bound
             && !self.in_flight_when_locked
             && set_transaction_sql(self.isolation).is_none()
@@ -103,6 +103,21 @@ impl HandlerSpec {
     /// bound, and the server ends it.
     pub const MARIADB_IDLE_RESTORE: &'static str =
         "SET SESSION idle_transaction_timeout = @inbox_idle_transaction_timeout";
+
+    /// MariaDB: the restore, then `COMMIT`, in one round trip. The restore goes first: if it
+    /// fails, `COMMIT` is never run and the transaction is rolled back, so a failed string
+    /// never hides a commit. No idle gap is left between the two.
+    pub const MARIADB_RESTORE_AND_COMMIT: &'static str =
+        "SET SESSION idle_transaction_timeout = @inbox_idle_transaction_timeout; COMMIT";
+
+    /// MariaDB: `ROLLBACK`, then the restore, in one round trip.
+    pub const MARIADB_ROLLBACK_AND_RESTORE: &'static str =
+        "ROLLBACK; SET SESSION idle_transaction_timeout = @inbox_idle_transaction_timeout";
+
+    /// MariaDB with the idle bound on: what `begin` set that the transaction's end puts back.
+    pub(crate) fn mariadb_idle_bound(&self, mariadb: bool) -> bool {
+        mariadb && self.idle_in_transaction_ms > 0
+    }
 }
 
 /// The statement that sets the level of the next transaction, before it begins (MySQL,

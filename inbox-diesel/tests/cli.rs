@@ -311,6 +311,66 @@ fn result_and_fingerprint_with_the_table_or_added_to_it() {
     );
 }
 
+/// `--lean` (SQLite): the table keyed by the pair, which the startup check accepts and the
+/// runtime writes to; refused for the other backends and with `--add`, writing nothing.
+#[test]
+fn lean_is_sqlites_design_and_refused_elsewhere() {
+    use diesel::connection::SimpleConnection;
+    use diesel::{Connection, SqliteConnection};
+    let project = project();
+    let dir = project.path().join("migrations");
+    for refused in [
+        &["--backend", "postgres", "--lean"][..],
+        &["--backend", "mysql", "--lean"],
+        &["--backend", "sqlite", "--lean", "--add", "result"],
+        &["--backend", "sqlite", "--lean=yes"],
+    ] {
+        let mut args = vec!["migration", "generate"];
+        args.extend_from_slice(refused);
+        let out = inbox_diesel(project.path(), &args);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{refused:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            text(&out.stderr).contains("--lean"),
+            "{refused:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(migrations(&dir).is_empty(), "{refused:?}");
+    }
+    let out = inbox_diesel(
+        project.path(),
+        &[
+            "migration",
+            "generate",
+            "--backend",
+            "sqlite",
+            "--lean",
+            "--with",
+            "key_text",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let written = migrations(&dir);
+    assert_eq!(written.len(), 1, "{written:?}");
+    let up = std::fs::read_to_string(dir.join(&written[0]).join("up.sql")).unwrap();
+    assert!(up.contains(") WITHOUT ROWID;"), "{up}");
+    assert!(!up.contains(" id "), "{up}");
+    assert!(
+        !up.contains("processed_at)"),
+        "no index on processed_at: {up}"
+    );
+    let mut conn = SqliteConnection::establish(":memory:").unwrap();
+    conn.batch_execute(&up).unwrap();
+    let layout = inbox_diesel::schema::verify(&mut conn, &inbox_diesel::InboxSchema::DEFAULT);
+    assert!(layout.is_ok(), "{layout:?}");
+    let down = std::fs::read_to_string(dir.join(&written[0]).join("down.sql")).unwrap();
+    conn.batch_execute(&down).unwrap();
+}
+
 /// Failures to write: exit code 1, nothing written, nothing overwritten.
 #[test]
 fn unwritable_or_existing_migrations_are_refused() {

@@ -21,13 +21,20 @@ pub const BUSINESS_SCHEMA: &str = "
 
 impl SqliteDb {
     pub fn new(_test: &str) -> Self {
+        Self::with(schema::OptionalColumns::default())
+    }
+
+    /// The inbox table created with `columns` (the lean design, optional columns).
+    pub fn with(columns: schema::OptionalColumns) -> Self {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let url = dir.path().join("test.sqlite").display().to_string();
         let db = Self { _dir: dir, url };
         let mut conn = db.connect();
         conn.batch_execute("PRAGMA journal_mode = WAL;").unwrap();
-        conn.batch_execute(&schema::sqlite::create_table_sql(&InboxSchema::DEFAULT))
-            .unwrap();
+        conn.batch_execute(
+            &schema::Backend::Sqlite.create_table_with_sql(&InboxSchema::DEFAULT, columns),
+        )
+        .unwrap();
         conn.batch_execute(BUSINESS_SCHEMA).unwrap();
         db
     }
@@ -60,5 +67,26 @@ impl SqliteDb {
         let mut conn = SqliteConnection::establish(&self.url).expect("open the test database");
         conn.batch_execute("PRAGMA synchronous = NORMAL;").unwrap();
         conn
+    }
+}
+
+/// A fresh database whose inbox is SQLite's lean design (`WITHOUT ROWID`, keyed by the
+/// pair, no `id`, no index on `processed_at`): the same suites run on it.
+pub struct LeanSqliteDb(SqliteDb);
+
+impl LeanSqliteDb {
+    pub fn new(_test: &str) -> Self {
+        Self(SqliteDb::with(schema::OptionalColumns {
+            lean: true,
+            ..schema::OptionalColumns::default()
+        }))
+    }
+}
+
+impl std::ops::Deref for LeanSqliteDb {
+    type Target = SqliteDb;
+
+    fn deref(&self) -> &SqliteDb {
+        &self.0
     }
 }

@@ -5,6 +5,14 @@ type AsyncConnection =
     diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>;
 
 include!("behaviour/transaction_async.rs");
+/// The same suite on SQLite's lean table design (`--lean`).
+mod lean {
+    type Db = inbox_tests::sqlite::LeanSqliteDb;
+    type AsyncConnection =
+        diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>;
+
+    include!("behaviour/transaction_async.rs");
+}
 /// The batch form.
 mod async_batch_form {
     type Db = inbox_tests::sqlite::SqliteDb;

@@ -559,26 +559,41 @@ mod postgres {
     }
 
     /// A transaction-mode pooler's reset (`DISCARD ALL`) drops the statements the
-    /// connection prepared: `Reconnect`, not a schema fault for ever.
+    /// connection prepared: where the runtime's own statement was prepared (claim mode's),
+    /// `Reconnect`, not a schema fault for ever. A transaction-mode handler's marker travels
+    /// with `BEGIN` as a simple query, and its commit with the probe: no prepared statement of
+    /// the runtime's to lose.
     #[tokio::test]
     async fn prepared_statements_dropped_under_the_connection_mean_reconnect() {
         let db = Db::new("discard_all");
+        let sent = AtomicUsize::new(0);
         let mut conn = db.connect();
-        assert!(apply(&mut conn, &1).unwrap().is_processed());
+        assert!(send(&mut conn, &1, &sent, &|| ()).unwrap().is_processed());
         conn.batch_execute("DISCARD ALL").unwrap();
-        let error = inbox_error(apply(&mut conn, &2));
+        let error = inbox_error(send(&mut conn, &2, &sent, &|| ()));
         assert_eq!(error.class(), ErrorClass::StatementLost, "{error:?}");
         assert_eq!(error.action(), Action::Reconnect);
-        assert!(apply(&mut db.connect(), &2).unwrap().is_processed());
+        assert!(
+            send(&mut db.connect(), &2, &sent, &|| ())
+                .unwrap()
+                .is_processed()
+        );
+        assert_eq!(sent.load(Ordering::SeqCst), 2);
+
+        let mut conn = db.connect();
+        assert!(apply(&mut conn, &11).unwrap().is_processed());
+        conn.batch_execute("DISCARD ALL").unwrap();
+        assert!(apply(&mut conn, &12).unwrap().is_processed());
+        assert!(apply(&mut conn, &12).unwrap().is_duplicate());
 
         let mut conn = db.connect_async().await;
-        assert!(apply_async(&mut conn, &3).await.unwrap().is_processed());
+        assert!(apply_async(&mut conn, &13).await.unwrap().is_processed());
         diesel_async::SimpleAsyncConnection::batch_execute(&mut conn, "DEALLOCATE ALL")
             .await
             .unwrap();
-        let error = inbox_error(apply_async(&mut conn, &4).await);
-        assert_eq!(error.action(), Action::Reconnect, "{error:?}");
-        assert_eq!(balance(&mut db.connect()), 3);
+        assert!(apply_async(&mut conn, &14).await.unwrap().is_processed());
+        assert!(apply_async(&mut conn, &14).await.unwrap().is_duplicate());
+        assert_eq!(balance(&mut db.connect()), 4);
     }
 
     /// A partitioned inbox: each partition's rows are the inbox's. A redelivery is a
@@ -1044,10 +1059,11 @@ mod mysql {
         assert_eq!(balance(&mut db.connect()), 1);
     }
 
-    /// `USE other` after the check: the marker's statement stays with the table that was
-    /// checked (a prepared statement keeps the database it was prepared in, and the
-    /// session's mark names it), so no delivery writes a marker into the other database's
-    /// table, which was never checked — and which here has no unique index.
+    /// `USE other` after the check: the marker's insert names the table unqualified, and the
+    /// session's mark names the database the check ran in, so the server refuses the insert
+    /// into the other database's table — never checked, and here without a unique index —
+    /// and the runtime checks that table on the session, and refuses it. No marker lands
+    /// there; back in the checked database, the session goes on.
     #[test]
     fn another_database_on_a_checked_session_does_not_take_markers() {
         let (checked, other) = (Db::new("use_checked"), Db::new("use_other"));
@@ -1058,6 +1074,13 @@ mod mysql {
         let mut conn = checked.connect();
         assert!(apply(&mut conn, &1).unwrap().is_processed());
         conn.batch_execute(&format!("USE {}", other.name()))
+            .unwrap();
+        for id in [1, 2] {
+            let text = refusal(apply(&mut conn, &id));
+            assert!(text.contains("is missing"), "{text}");
+        }
+        assert_eq!(markers(&mut other.connect()), 0);
+        conn.batch_execute(&format!("USE {}", checked.name()))
             .unwrap();
         assert!(apply(&mut conn, &1).unwrap().is_duplicate());
         assert!(apply(&mut conn, &2).unwrap().is_processed());

@@ -4,6 +4,13 @@ type Db = inbox_tests::sqlite::SqliteDb;
 type DbConnection = diesel::SqliteConnection;
 
 include!("behaviour/transaction.rs");
+/// The same suite on SQLite's lean table design (`--lean`).
+mod lean {
+    type Db = inbox_tests::sqlite::LeanSqliteDb;
+    type DbConnection = diesel::SqliteConnection;
+
+    include!("behaviour/transaction.rs");
+}
 /// The batch form.
 mod batch_form {
     type Db = inbox_tests::sqlite::SqliteDb;

@@ -40,6 +40,20 @@ pub(crate) mod sealed {
         fn begin_inbox_transaction(&mut self, spec: &HandlerSpec, mariadb: bool)
         -> QueryResult<()>;
 
+        /// Opens the handler's transaction with `key`'s marker claimed in it, in one round
+        /// trip where the backend can (PostgreSQL); `None` where it opens and claims in two
+        /// steps. `Ok(false)`: the inbox's own index refused the marker, a duplicate proven by
+        /// the server. After an error or a duplicate the transaction is counted open (it is
+        /// aborted on the server), for the runtime's rollback to end it.
+        fn begin_with_claim(
+            &mut self,
+            _spec: &HandlerSpec,
+            _key: &MessageKey,
+            _layout: Layout,
+        ) -> Option<QueryResult<bool>> {
+            None
+        }
+
         /// After the handler's transaction ended (committed or rolled back): puts back what
         /// [`begin_inbox_transaction`](Self::begin_inbox_transaction) set for the session.
         fn end_inbox_transaction(
@@ -82,9 +96,23 @@ pub(crate) mod sealed {
             refuse_open_transaction(AnsiTransactionManager::transaction_manager_status_mut(self))
         }
 
-        /// Commits the handler's transaction, failing if the transaction had been aborted.
-        fn commit_inbox_transaction(&mut self) -> QueryResult<()> {
+        /// Commits the handler's transaction, failing if the transaction had been aborted, and
+        /// puts back what [`begin_inbox_transaction`](Self::begin_inbox_transaction) set for
+        /// the session: after it succeeded, the runtime sends no
+        /// [`end_inbox_transaction`](Self::end_inbox_transaction).
+        fn commit_inbox_transaction(
+            &mut self,
+            _spec: &HandlerSpec,
+            _mariadb: bool,
+        ) -> QueryResult<()> {
             AnsiTransactionManager::commit_transaction(self)
+        }
+
+        /// Rolls back the transaction of a duplicate and puts back what `begin` set for the
+        /// session, as [`commit_inbox_transaction`](Self::commit_inbox_transaction) does.
+        fn roll_back_and_end(&mut self, spec: &HandlerSpec, mariadb: bool) -> QueryResult<()> {
+            self.roll_back_inbox_transaction()?;
+            self.end_inbox_transaction(spec, mariadb)
         }
 
         /// Opens the transaction of [`unique::serialize_on`](crate::unique::serialize_on): one
@@ -214,6 +242,18 @@ mod asynchronous {
                 mariadb: bool,
             ) -> impl Future<Output = QueryResult<()>> + Send;
 
+            /// Opens the handler's transaction with `key`'s marker claimed in it, in one round
+            /// trip where the backend can (PostgreSQL); `None` where it opens and claims in two
+            /// steps. As the sync connection's.
+            fn begin_with_claim(
+                &mut self,
+                _spec: &'static HandlerSpec,
+                _key: &MessageKey,
+                _layout: Layout,
+            ) -> impl Future<Output = Option<QueryResult<bool>>> + Send {
+                async { None }
+            }
+
             /// After the handler's transaction ended: puts back what `begin_inbox_transaction` set
             /// for the session.
             fn end_inbox_transaction(
@@ -252,8 +292,26 @@ mod asynchronous {
                 layout: Layout,
             ) -> impl Future<Output = QueryResult<Vec<uuid::Uuid>>> + Send;
 
-            /// Commits the handler's transaction, failing if it had been aborted.
-            fn commit_inbox_transaction(&mut self) -> impl Future<Output = QueryResult<()>> + Send;
+            /// Commits the handler's transaction, failing if it had been aborted, and puts back
+            /// what `begin_inbox_transaction` set for the session, as the sync connection's.
+            fn commit_inbox_transaction(
+                &mut self,
+                spec: &'static HandlerSpec,
+                mariadb: bool,
+            ) -> impl Future<Output = QueryResult<()>> + Send;
+
+            /// Rolls back the transaction of a duplicate and puts back what `begin` set for
+            /// the session, as the sync connection's.
+            fn roll_back_and_end(
+                &mut self,
+                spec: &'static HandlerSpec,
+                mariadb: bool,
+            ) -> impl Future<Output = QueryResult<()>> + Send {
+                async move {
+                    self.roll_back_inbox_transaction().await?;
+                    self.end_inbox_transaction(spec, mariadb).await
+                }
+            }
 
             /// Rolls the handler's transaction back if it is open; `Ok` when none is.
             fn roll_back_inbox_transaction(
@@ -286,4 +344,46 @@ mod asynchronous {
             }
         }
     }
+}
+
+/// No transaction is open and the manager is sound: the handler's transaction may begin
+/// with its marker. Otherwise the runtime begins on its own, which reports the transaction
+/// already open (or the broken manager) before anything is sent.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn none_open(status: &mut diesel::connection::TransactionManagerStatus) -> bool {
+    matches!(status.transaction_depth(), Ok(None))
+}
+
+/// The end of a transaction's start sent with its marker
+/// ([`PgMarker`](crate::dialect::marker::PgMarker),
+/// [`start_with_marker`](crate::dialect::marker::start_with_marker)) that failed: a duplicate
+/// when the inbox's own index refused the marker, the error otherwise. Either way the server
+/// may hold the transaction open (aborted on PostgreSQL): the transaction manager is told it
+/// is open (it counted none, as the string failed as a whole), so that the runtime's rollback
+/// ends it — and a pool discards the connection if that rollback never runs.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn claimed_or_duplicate(
+    error: diesel::result::Error,
+    schema: &inbox_core::InboxSchema,
+    status: &mut diesel::connection::TransactionManagerStatus,
+) -> QueryResult<bool> {
+    if let Ok(state) = status.transaction_state()
+        && state.transaction_depth().is_none()
+    {
+        state
+            .change_transaction_depth(diesel::connection::TransactionDepthChange::IncreaseDepth)?;
+    }
+    match crate::classify::class_of(&error, schema) {
+        inbox_core::ErrorClass::InboxDuplicate => Ok(false),
+        _ => Err(error),
+    }
+}
+
+/// The transaction manager told that the transaction it counts open ended: after a
+/// `COMMIT` or `ROLLBACK` the runtime sent itself, with other statements in one round trip.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn ended(status: &mut diesel::connection::TransactionManagerStatus) -> QueryResult<()> {
+    status
+        .transaction_state()?
+        .change_transaction_depth(diesel::connection::TransactionDepthChange::DecreaseDepth)
 }

@@ -221,12 +221,71 @@ mod sync {
             AnsiTransactionManager::begin_transaction_sql(self, &spec.mysql_begin_sql(mariadb))
         }
 
-        /// A prepared statement, cached: one round trip.
+        /// `START TRANSACTION` and the marker's insert in one round trip
+        /// ([`start_with_marker`](crate::dialect::marker::start_with_marker)).
+        fn begin_with_claim(
+            &mut self,
+            spec: &HandlerSpec,
+            key: &MessageKey,
+            layout: Layout,
+        ) -> Option<QueryResult<bool>> {
+            use diesel::connection::TransactionManager;
+            if !crate::backends::none_open(AnsiTransactionManager::transaction_manager_status_mut(
+                self,
+            )) {
+                return None;
+            }
+            let sql = crate::dialect::marker::start_with_marker(
+                &spec.mysql_begin_sql(layout.mariadb),
+                &spec.schema,
+                spec.consumer.as_str(),
+                key,
+                layout,
+            );
+            Some(
+                match AnsiTransactionManager::begin_transaction_sql(self, &sql) {
+                    Ok(()) => Ok(true),
+                    Err(e) => {
+                        let status = AnsiTransactionManager::transaction_manager_status_mut(self);
+                        crate::backends::claimed_or_duplicate(e, &spec.schema, status)
+                    }
+                },
+            )
+        }
+
+        /// A prepared statement, cached: one round trip. Only where the transaction ended
+        /// otherwise than by [`commit_inbox_transaction`](Self::commit_inbox_transaction) or
+        /// [`roll_back_and_end`](Self::roll_back_and_end), which carry the restore.
         fn end_inbox_transaction(&mut self, spec: &HandlerSpec, mariadb: bool) -> QueryResult<()> {
-            if mariadb && spec.idle_in_transaction_ms > 0 {
+            if spec.mariadb_idle_bound(mariadb) {
                 diesel::sql_query(HandlerSpec::MARIADB_IDLE_RESTORE).execute(self)?;
             }
             Ok(())
+        }
+
+        /// MariaDB with the idle bound: the restore and `COMMIT` in one round trip
+        /// ([`HandlerSpec::MARIADB_RESTORE_AND_COMMIT`]).
+        fn commit_inbox_transaction(
+            &mut self,
+            spec: &HandlerSpec,
+            mariadb: bool,
+        ) -> QueryResult<()> {
+            if !spec.mariadb_idle_bound(mariadb) {
+                return AnsiTransactionManager::commit_transaction(self);
+            }
+            self.batch_execute(HandlerSpec::MARIADB_RESTORE_AND_COMMIT)?;
+            use diesel::connection::TransactionManager;
+            crate::backends::ended(AnsiTransactionManager::transaction_manager_status_mut(self))
+        }
+
+        /// MariaDB with the idle bound: `ROLLBACK` and the restore in one round trip.
+        fn roll_back_and_end(&mut self, spec: &HandlerSpec, mariadb: bool) -> QueryResult<()> {
+            if !spec.mariadb_idle_bound(mariadb) {
+                return self.roll_back_inbox_transaction();
+            }
+            self.batch_execute(HandlerSpec::MARIADB_ROLLBACK_AND_RESTORE)?;
+            use diesel::connection::TransactionManager;
+            crate::backends::ended(AnsiTransactionManager::transaction_manager_status_mut(self))
         }
 
         /// The session's lock wait is put back whether the claim succeeded or not.
@@ -333,12 +392,43 @@ mod asynchronous {
                 .await
         }
 
+        /// `START TRANSACTION` and the marker's insert in one round trip, as on the sync
+        /// connection.
+        async fn begin_with_claim(
+            &mut self,
+            spec: &'static HandlerSpec,
+            key: &MessageKey,
+            layout: Layout,
+        ) -> Option<QueryResult<bool>> {
+            if !crate::backends::none_open(AnsiTransactionManager::transaction_manager_status_mut(
+                self,
+            )) {
+                return None;
+            }
+            let sql = crate::dialect::marker::start_with_marker(
+                &spec.mysql_begin_sql(layout.mariadb),
+                &spec.schema,
+                spec.consumer.as_str(),
+                key,
+                layout,
+            );
+            Some(
+                match AnsiTransactionManager::begin_transaction_sql(self, &sql).await {
+                    Ok(()) => Ok(true),
+                    Err(e) => {
+                        let status = AnsiTransactionManager::transaction_manager_status_mut(self);
+                        crate::backends::claimed_or_duplicate(e, &spec.schema, status)
+                    }
+                },
+            )
+        }
+
         async fn end_inbox_transaction(
             &mut self,
             spec: &'static HandlerSpec,
             mariadb: bool,
         ) -> QueryResult<()> {
-            if mariadb && spec.idle_in_transaction_ms > 0 {
+            if spec.mariadb_idle_bound(mariadb) {
                 RunQueryDsl::execute(diesel::sql_query(HandlerSpec::MARIADB_IDLE_RESTORE), self)
                     .await?;
             }
@@ -415,8 +505,32 @@ mod asynchronous {
             Ok(inserted)
         }
 
-        async fn commit_inbox_transaction(&mut self) -> QueryResult<()> {
-            AnsiTransactionManager::commit_transaction(self).await
+        /// As on the sync connection.
+        async fn commit_inbox_transaction(
+            &mut self,
+            spec: &'static HandlerSpec,
+            mariadb: bool,
+        ) -> QueryResult<()> {
+            if !spec.mariadb_idle_bound(mariadb) {
+                return AnsiTransactionManager::commit_transaction(self).await;
+            }
+            SimpleAsyncConnection::batch_execute(self, HandlerSpec::MARIADB_RESTORE_AND_COMMIT)
+                .await?;
+            crate::backends::ended(AnsiTransactionManager::transaction_manager_status_mut(self))
+        }
+
+        /// As on the sync connection.
+        async fn roll_back_and_end(
+            &mut self,
+            spec: &'static HandlerSpec,
+            mariadb: bool,
+        ) -> QueryResult<()> {
+            if !spec.mariadb_idle_bound(mariadb) {
+                return self.roll_back_inbox_transaction().await;
+            }
+            SimpleAsyncConnection::batch_execute(self, HandlerSpec::MARIADB_ROLLBACK_AND_RESTORE)
+                .await?;
+            crate::backends::ended(AnsiTransactionManager::transaction_manager_status_mut(self))
         }
     }
 }

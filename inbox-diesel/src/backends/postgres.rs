@@ -248,8 +248,47 @@ mod sync {
             AnsiTransactionManager::begin_transaction_sql(self, &spec.postgres_begin_sql())
         }
 
-        /// After a failed claim the transaction is aborted, and it is rolled back with its
-        /// `SET LOCAL`.
+        /// `BEGIN` and the marker's insert in one round trip
+        /// ([`PgMarker`](crate::dialect::marker::PgMarker)); the first time on a session, the
+        /// insert is prepared there first.
+        fn begin_with_claim(
+            &mut self,
+            spec: &HandlerSpec,
+            key: &MessageKey,
+            layout: Layout,
+        ) -> Option<QueryResult<bool>> {
+            use diesel::connection::TransactionManager;
+            if !crate::backends::none_open(AnsiTransactionManager::transaction_manager_status_mut(
+                self,
+            )) {
+                return None;
+            }
+            let marker = crate::dialect::marker::PgMarker::new(&spec.schema, layout);
+            let sql = marker.begin(
+                &spec.postgres_begin_sql(),
+                spec.consumer.as_str(),
+                key,
+                layout,
+            );
+            let mut begun = AnsiTransactionManager::begin_transaction_sql(self, &sql);
+            if let Err(e) = &begun
+                && marker.missing(e)
+            {
+                begun = self
+                    .batch_execute(&marker.roll_back_and_prepare())
+                    .and_then(|()| AnsiTransactionManager::begin_transaction_sql(self, &sql));
+            }
+            Some(match begun {
+                Ok(()) => Ok(true),
+                Err(e) => {
+                    let status = AnsiTransactionManager::transaction_manager_status_mut(self);
+                    crate::backends::claimed_or_duplicate(e, &spec.schema, status)
+                }
+            })
+        }
+
+        /// After a duplicate or a failed claim the transaction is aborted, and it is rolled
+        /// back with its `SET LOCAL`.
         fn wait_for_locks(&mut self, _spec: &HandlerSpec, claimed: bool) -> QueryResult<()> {
             match claimed {
                 true => self.batch_execute(HandlerSpec::POSTGRES_LOCK_WAIT),
@@ -290,7 +329,7 @@ mod sync {
         /// diesel would report success for work that was thrown away. The `SELECT 1` sent in
         /// the same round trip fails with 25P02 ("current transaction is aborted") in exactly
         /// that case, and the `COMMIT` after it is then never run.
-        fn commit_inbox_transaction(&mut self) -> QueryResult<()> {
+        fn commit_inbox_transaction(&mut self, _: &HandlerSpec, _: bool) -> QueryResult<()> {
             self.batch_execute("SELECT 1; COMMIT")
         }
     }
@@ -331,6 +370,48 @@ mod asynchronous {
             _: bool,
         ) -> QueryResult<()> {
             AnsiTransactionManager::begin_transaction_sql(self, &spec.postgres_begin_sql()).await
+        }
+
+        /// `BEGIN` and the marker's insert in one round trip, as on the sync connection.
+        async fn begin_with_claim(
+            &mut self,
+            spec: &'static HandlerSpec,
+            key: &MessageKey,
+            layout: Layout,
+        ) -> Option<QueryResult<bool>> {
+            if !crate::backends::none_open(AnsiTransactionManager::transaction_manager_status_mut(
+                self,
+            )) {
+                return None;
+            }
+            let marker = crate::dialect::marker::PgMarker::new(&spec.schema, layout);
+            let sql = marker.begin(
+                &spec.postgres_begin_sql(),
+                spec.consumer.as_str(),
+                key,
+                layout,
+            );
+            let mut begun = AnsiTransactionManager::begin_transaction_sql(self, &sql).await;
+            if let Err(e) = &begun
+                && marker.missing(e)
+            {
+                begun = match SimpleAsyncConnection::batch_execute(
+                    self,
+                    &marker.roll_back_and_prepare(),
+                )
+                .await
+                {
+                    Ok(()) => AnsiTransactionManager::begin_transaction_sql(self, &sql).await,
+                    Err(e) => Err(e),
+                };
+            }
+            Some(match begun {
+                Ok(()) => Ok(true),
+                Err(e) => {
+                    let status = AnsiTransactionManager::transaction_manager_status_mut(self);
+                    crate::backends::claimed_or_duplicate(e, &spec.schema, status)
+                }
+            })
         }
 
         async fn wait_for_locks(
@@ -381,13 +462,19 @@ mod asynchronous {
             RunQueryDsl::load(claim, self).await
         }
 
-        /// PostgreSQL answers `COMMIT` in an aborted transaction with a silent `ROLLBACK`. The
-        /// sync runtime sends `SELECT 1` in the same round trip as `COMMIT`; diesel-async's
-        /// transaction manager sends its own `COMMIT`, so the `SELECT 1` that fails with 25P02
-        /// in exactly that case goes first, on its own.
-        async fn commit_inbox_transaction(&mut self) -> QueryResult<()> {
-            SimpleAsyncConnection::batch_execute(self, "SELECT 1").await?;
-            AnsiTransactionManager::commit_transaction(self).await
+        /// PostgreSQL answers `COMMIT` in an aborted transaction with a silent `ROLLBACK`. As
+        /// on the sync connection, `SELECT 1` goes in the same round trip as `COMMIT` and fails
+        /// with 25P02 in exactly that case, and the `COMMIT` after it is then never run. The
+        /// transaction manager, which did not send the `COMMIT`, is told the transaction ended
+        /// once the server answered; until then it counts the transaction open, so a commit
+        /// dropped half-way leaves a connection that a pool discards.
+        async fn commit_inbox_transaction(
+            &mut self,
+            _: &'static HandlerSpec,
+            _: bool,
+        ) -> QueryResult<()> {
+            SimpleAsyncConnection::batch_execute(self, "SELECT 1; COMMIT").await?;
+            crate::backends::ended(AnsiTransactionManager::transaction_manager_status_mut(self))
         }
     }
 }

@@ -140,6 +140,27 @@ impl Dialect for diesel::sqlite::Sqlite {
         )
     }
 
+    fn has_id(_table: &str) -> Option<String> {
+        Some(
+            "SELECT count(*) AS n FROM pragma_table_info(?2, COALESCE(NULLIF(?1, ''), 'main')) \
+             WHERE name = 'id'"
+                .into(),
+        )
+    }
+
+    /// One pass over the table's b-tree per purge run: each batch reads on from the last key
+    /// the previous one deleted, skipping the rows that are not due, until it has `LIMIT`
+    /// due ones (or the table ends) — no index on `processed_at` needed, and no key kept in
+    /// memory but the cursor.
+    fn delete_batch_by_key(table: &str) -> Option<String> {
+        Some(format!(
+            "DELETE FROM {table} WHERE (message_id, consumer) IN \
+             (SELECT message_id, consumer FROM {table} WHERE (message_id, consumer) > (?, ?) \
+             AND processed_at < datetime('now', '-' || ? || ' seconds') \
+             ORDER BY message_id, consumer LIMIT ?) RETURNING message_id, consumer"
+        ))
+    }
+
     fn count_stale(table: &str) -> String {
         format!(
             "SELECT count(*) AS n FROM {table} WHERE processed_at IS NULL \
@@ -150,7 +171,8 @@ impl Dialect for diesel::sqlite::Sqlite {
     fn list_stale(table: &str) -> String {
         format!(
             "SELECT message_id, consumer, attempts FROM {table} WHERE processed_at IS NULL \
-             AND received_at < datetime('now', '-' || ? || ' seconds') ORDER BY id LIMIT ?"
+             AND received_at < datetime('now', '-' || ? || ' seconds') \
+             ORDER BY received_at, message_id LIMIT ?"
         )
     }
 
@@ -305,8 +327,12 @@ mod asynchronous {
             .await
         }
 
-        async fn commit_inbox_transaction(&mut self) -> QueryResult<()> {
-            self.spawn_blocking(|conn| conn.commit_inbox_transaction())
+        async fn commit_inbox_transaction(
+            &mut self,
+            spec: &'static HandlerSpec,
+            mariadb: bool,
+        ) -> QueryResult<()> {
+            self.spawn_blocking(move |conn| conn.commit_inbox_transaction(spec, mariadb))
                 .await
         }
 

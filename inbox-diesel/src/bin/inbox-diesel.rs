@@ -32,6 +32,10 @@ options:
                                     the outbox table beside the inbox, in the same
                                     migration (claim mode's columns are always included;
                                     `claim` is accepted and changes nothing)
+  --lean                            SQLite: a WITHOUT ROWID table keyed by (message_id,
+                                    consumer), without `id` and the index on
+                                    processed_at: fewer pages written per commit; the
+                                    purge then reads the table once per run
   --add key_text|result|fingerprint|outbox
                                     a migration adding the part to an existing inbox
                                     instead (add_<part>_to_<table>, create_<outbox>;
@@ -67,6 +71,7 @@ struct Options {
     with: Vec<String>,
     add: Vec<String>,
     outbox_table: Option<String>,
+    lean: bool,
 }
 
 fn usage(message: impl Into<String>) -> Failure {
@@ -110,6 +115,7 @@ fn parse(args: &[String]) -> Result<Options, Failure> {
             "--table" => options.table = Some(value()?),
             "--constraint" => options.constraint = Some(value()?),
             "--outbox-table" => options.outbox_table = Some(value()?),
+            "--lean" if inline.is_none() => options.lean = true,
             "--with" => options
                 .with
                 .extend(value()?.split(',').map(|s| s.trim().to_owned())),
@@ -161,6 +167,14 @@ fn generate_migration(options: Options) -> Result<(), Failure> {
     let outbox_table: &'static str = Box::leak(outbox_table.to_owned().into_boxed_str());
     let schema = schema(&options)?;
     let backend = backend(&options)?;
+    if options.lean && (backend != Backend::Sqlite || add) {
+        return Err(usage(match add {
+            true => "--lean is a design of the table, for the migration creating it, not --add",
+            false => {
+                "--lean is SQLite's design: PostgreSQL, MySQL and MariaDB keep the shipped table"
+            }
+        }));
+    }
     let dir = migrations_dir(&options)?;
     let migration = match options.add.first().map(String::as_str) {
         Some("outbox") => InboxMigration::add_outbox(backend, schema, outbox_table),
@@ -177,6 +191,9 @@ fn generate_migration(options: Options) -> Result<(), Failure> {
             }
             if fingerprint {
                 migration = migration.with_fingerprint();
+            }
+            if options.lean {
+                migration = migration.lean();
             }
             if with_outbox {
                 migration.with_outbox(outbox_table)

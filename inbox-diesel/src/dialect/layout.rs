@@ -22,8 +22,9 @@ pub struct Layout {
     /// PostgreSQL and SQLite, for a table named without its schema: the table the check
     /// found (`public.inbox`, `main.inbox`), which the handler's statements then name — a
     /// temporary table of the name created on the session later, or a `search_path` changed
-    /// under it, does not take the markers. (MySQL and MariaDB keep the table a statement was
-    /// prepared on.)
+    /// under it, does not take the markers. (On MySQL and MariaDB the [`SessionMark`] names
+    /// the database the check ran in: after `USE other` the marker's insert, which names the
+    /// table unqualified, is refused until the other database's table is checked.)
     pub(crate) pinned: Option<&'static str>,
 }
 

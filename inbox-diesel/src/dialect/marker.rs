@@ -319,3 +319,201 @@ pub(crate) fn push_table<DB: diesel::backend::Backend>(
     }
     Ok(())
 }
+
+/// PostgreSQL: the marker's insert as a statement prepared on the session (`PREPARE`), so
+/// that the transaction's start can run it in the same simple-protocol string
+/// ([`PgMarker::begin`]) without parsing and planning it on every message.
+///
+/// ```sql
+/// PREPARE inbox_marker_<digest> (uuid, text) AS
+///     WITH marker AS (INSERT INTO <table> (message_id, consumer, received_at, processed_at)
+///                     VALUES ($1, $2, <now>, <now>) RETURNING 1),
+///          arbiter AS (INSERT INTO <table> (message_id, consumer) SELECT message_id, consumer
+///                      FROM <table> WHERE false ON CONFLICT (message_id, consumer) DO NOTHING)
+///     SELECT CASE count(*) WHEN 1 THEN 1 ELSE CAST('…' || count(*) || ' rows' AS integer) END
+///     FROM marker
+/// ```
+///
+/// A duplicate is the plain insert's unique violation naming the inbox's index (23505; the
+/// transaction is then aborted, and rolled back): recognised by that name, as on MySQL. The
+/// insert waits for another transaction's uncommitted marker as `ON CONFLICT` does. The
+/// `arbiter` inserts nothing, but PostgreSQL plans its `ON CONFLICT (message_id, consumer)`
+/// only against a unique index on the pair, and plans again when an index is dropped:
+/// without one the statement fails before any row is written, as the separate insert's
+/// `ON CONFLICT` did — a dropped index is noticed at once, never answered with a second
+/// marker. An insert that writes no row without an error (a trigger or rule added after the
+/// startup check) fails the `CASE`, never taken for a duplicate or a new message.
+///
+/// The name is a digest of the statement (the table as checked, `key_text` or not), so that
+/// statements of different handlers and layouts never share one.
+#[cfg(feature = "postgres")]
+pub(crate) struct PgMarker {
+    name: String,
+    prepare: String,
+}
+
+#[cfg(feature = "postgres")]
+impl PgMarker {
+    pub(crate) fn new(schema: &InboxSchema, layout: super::layout::Layout) -> Self {
+        let table = quoted_table(schema.table());
+        let (types, columns, values) = match layout.key_text {
+            true => (
+                "uuid, text, text",
+                "message_id, consumer, key_text",
+                "$1, $2, $3",
+            ),
+            false => ("uuid, text", "message_id, consumer", "$1, $2"),
+        };
+        let statement = format!(
+            "WITH marker AS (INSERT INTO {table} ({columns}, received_at, processed_at) \
+             VALUES ({values}, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP) RETURNING 1), \
+             arbiter AS (INSERT INTO {table} (message_id, consumer) SELECT message_id, consumer \
+             FROM {table} WHERE false ON CONFLICT (message_id, consumer) DO NOTHING) \
+             SELECT CASE count(*) WHEN 1 THEN 1 ELSE CAST('{SWALLOWED}' || count(*) || ' rows' \
+             AS integer) END FROM marker"
+        );
+        let digest = uuid::Uuid::new_v5(&inbox_core::MessageKey::NAMESPACE, statement.as_bytes());
+        let name = format!("inbox_marker_{}", digest.simple());
+        let prepare = format!("PREPARE {name} ({types}) AS {statement}");
+        Self { name, prepare }
+    }
+
+    /// The transaction's start, then the marker's insert for `key`, as one string. The
+    /// simple protocol takes no bind parameters, so the values are literals that cannot carry
+    /// SQL: the id is a UUID's canonical text, the consumer and the key's text travel as hex
+    /// (decoded by the server, whatever `standard_conforming_strings` says).
+    pub(crate) fn begin(
+        &self,
+        begin: &str,
+        consumer: &str,
+        key: &inbox_core::MessageKey,
+        layout: super::layout::Layout,
+    ) -> String {
+        let mut sql = format!(
+            "{begin}; EXECUTE {}('{}', {}",
+            self.name,
+            key.stored_id(),
+            hex_text(consumer)
+        );
+        if layout.key_text {
+            sql.push_str(", ");
+            sql.push_str(&hex_text(&super::layout::key_text(key)));
+        }
+        sql.push(')');
+        sql
+    }
+
+    /// `PREPARE`, after the rollback of the transaction whose `EXECUTE` found no such
+    /// statement on the session (a new session, or one reset by `DISCARD ALL`).
+    pub(crate) fn roll_back_and_prepare(&self) -> String {
+        format!("ROLLBACK; {}", self.prepare)
+    }
+
+    /// Whether `error` is the session's lack of this statement.
+    pub(crate) fn missing(&self, error: &diesel::result::Error) -> bool {
+        crate::classify::with_server_error(error, |server| {
+            server.message.contains(&self.name) && server.message.contains("does not exist")
+        })
+        .unwrap_or(false)
+    }
+}
+
+/// What the server's error says when the marker's insert wrote no row without failing.
+#[cfg(feature = "postgres")]
+const SWALLOWED: &str = "inbox: the marker insert wrote ";
+
+/// MySQL and MariaDB: what goes before `START TRANSACTION` and it, then the marker's
+/// insert, in one multi-statement string:
+///
+/// ```sql
+/// [SET …;] START TRANSACTION;
+/// INSERT INTO <table> (message_id, consumer, received_at, processed_at)
+///     VALUES (X'<16 bytes>', IF(BINARY @inbox_checked_… = <database>, CONVERT(X'<hex>' USING utf8mb4), NULL), <now>, <now>)
+/// ```
+///
+/// The same insert as [`ClaimMarker`]'s, with literals that cannot carry SQL (the id's bytes
+/// and the consumer's and the key text's UTF-8 as hex): a duplicate is its error 1062 naming
+/// the inbox's index, which rolls back that statement only; the session's mark is required as
+/// in the prepared insert.
+#[cfg(feature = "mysql")]
+pub(crate) fn start_with_marker(
+    begin: &str,
+    schema: &InboxSchema,
+    consumer: &str,
+    key: &inbox_core::MessageKey,
+    layout: super::layout::Layout,
+) -> String {
+    use std::fmt::Write as _;
+    let table = schema
+        .table()
+        .split('.')
+        .map(|part| format!("`{}`", part.replace('`', "``")))
+        .collect::<Vec<_>>()
+        .join(".");
+    let mut sql = String::with_capacity(400 + begin.len());
+    let _ = write!(sql, "{begin}; INSERT INTO {table} (message_id, consumer, ");
+    if layout.key_text {
+        sql.push_str("key_text, ");
+    }
+    sql.push_str("received_at, processed_at) VALUES (X'");
+    hex_into(&mut sql, key.stored_id().as_bytes());
+    sql.push_str("', ");
+    let consumer = utf8mb4_text(consumer);
+    match layout.session_mark {
+        Some(mark) => {
+            let (before, after) = mark.guard();
+            let _ = write!(sql, "{before}{consumer}{after}, ");
+        }
+        None => {
+            let _ = write!(sql, "{consumer}, ");
+        }
+    }
+    if layout.key_text {
+        let _ = write!(sql, "{}, ", utf8mb4_text(&super::layout::key_text(key)));
+    }
+    let _ = write!(
+        sql,
+        "{now}, {now})",
+        now = <diesel::mysql::Mysql as Dialect>::NOW
+    );
+    sql
+}
+
+/// Text as a MySQL literal that cannot end early: its UTF-8 bytes as a hex literal.
+#[cfg(feature = "mysql")]
+fn utf8mb4_text(text: &str) -> String {
+    let mut literal = String::with_capacity(24 + 2 * text.len());
+    literal.push_str("CONVERT(X'");
+    hex_into(&mut literal, text.as_bytes());
+    literal.push_str("' USING utf8mb4)");
+    literal
+}
+
+/// Appends `bytes` in lowercase hex.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn hex_into(out: &mut String, bytes: &[u8]) {
+    use std::fmt::Write as _;
+    for byte in bytes {
+        let _ = write!(out, "{byte:02x}");
+    }
+}
+
+/// Text as a literal that cannot end early: its UTF-8 bytes in hex, decoded by the server.
+#[cfg(feature = "postgres")]
+fn hex_text(text: &str) -> String {
+    let mut literal = String::with_capacity(40 + 2 * text.len());
+    literal.push_str("convert_from(decode('");
+    hex_into(&mut literal, text.as_bytes());
+    literal.push_str("', 'hex'), 'UTF8')");
+    literal
+}
+
+/// A table name, each part double-quoted as diesel quotes identifiers for PostgreSQL.
+#[cfg(feature = "postgres")]
+fn quoted_table(table: &str) -> String {
+    table
+        .split('.')
+        .map(|part| format!("\"{}\"", part.replace('"', "\"\"")))
+        .collect::<Vec<_>>()
+        .join(".")
+}

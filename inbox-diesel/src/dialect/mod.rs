@@ -204,6 +204,19 @@ pub trait Dialect:
         None
     }
 
+    /// SQLite: a query of `n`, 0 when `table` has no `id` column (the lean design), binding
+    /// its qualifier (empty for `main`) and its name. `None` elsewhere: every table has it.
+    fn has_id(_table: &str) -> Option<String> {
+        None
+    }
+
+    /// The batch of a table keyed by `(message_id, consumer)` alone: deletes the next
+    /// completed rows in key order after a cursor, returning their keys (`purge::KeyRow`).
+    /// Binds: the cursor's id and consumer, the age in seconds, the batch size.
+    fn delete_batch_by_key(_table: &str) -> Option<String> {
+        None
+    }
+
     /// Where each batch takes the lock itself, for the length of its own statement: a
     /// `SELECT` of `locked` (1 or 0) and `n` (rows removed) binding the age, the batch size
     /// and the lock's name, which replaces `delete_batch` and the session lock.

@@ -247,6 +247,15 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
         self.0.begin_inbox_transaction(spec, layout.mariadb).await
     }
 
+    async fn begin_with_claim(
+        &mut self,
+        spec: &'static HandlerSpec,
+        key: &MessageKey,
+        layout: Layout,
+    ) -> Option<QueryResult<bool>> {
+        self.0.begin_with_claim(spec, key, layout).await
+    }
+
     async fn end(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()> {
         self.0.end_inbox_transaction(spec, layout.mariadb).await
     }
@@ -270,8 +279,16 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
         self.0.claim_markers(spec, ids, texts, layout).await
     }
 
-    async fn commit(&mut self) -> QueryResult<()> {
-        self.0.commit_inbox_transaction().await
+    async fn commit(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()> {
+        self.0.commit_inbox_transaction(spec, layout.mariadb).await
+    }
+
+    async fn roll_back_and_end(
+        &mut self,
+        spec: &'static HandlerSpec,
+        layout: Layout,
+    ) -> QueryResult<()> {
+        self.0.roll_back_and_end(spec, layout.mariadb).await
     }
 
     async fn roll_back(&mut self) -> QueryResult<()> {

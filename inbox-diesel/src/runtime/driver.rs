@@ -52,6 +52,19 @@ pub(crate) trait Steps {
     /// Opens the handler's transaction.
     async fn begin(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()>;
 
+    /// Opens the handler's transaction with `key`'s marker claimed in it, in one round trip
+    /// where the connection can; `None` where it cannot (then [`begin`](Self::begin) and
+    /// [`claim`](Self::claim)). `Ok(false)`: a duplicate proven by the inbox's own index,
+    /// the transaction aborted, to be rolled back.
+    async fn begin_with_claim(
+        &mut self,
+        _spec: &'static HandlerSpec,
+        _key: &MessageKey,
+        _layout: Layout,
+    ) -> Option<QueryResult<bool>> {
+        None
+    }
+
     /// Puts back what `begin` set for the session, once the transaction ended.
     async fn end(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()>;
 
@@ -74,8 +87,17 @@ pub(crate) trait Steps {
         layout: Layout,
     ) -> QueryResult<Vec<uuid::Uuid>>;
 
-    /// Commits, failing if the transaction had been aborted by a failed statement.
-    async fn commit(&mut self) -> QueryResult<()>;
+    /// Commits, failing if the transaction had been aborted by a failed statement; and puts
+    /// back what `begin` set for the session (no [`end`](Self::end) after it succeeded).
+    async fn commit(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()>;
+
+    /// Rolls back a duplicate's transaction and puts back what `begin` set for the session
+    /// (no [`end`](Self::end) after it succeeded).
+    async fn roll_back_and_end(
+        &mut self,
+        spec: &'static HandlerSpec,
+        layout: Layout,
+    ) -> QueryResult<()>;
 
     /// Rolls back if a transaction is open; `Ok` when none is.
     async fn roll_back(&mut self) -> QueryResult<()>;
@@ -88,7 +110,8 @@ pub(crate) trait Steps {
     ) -> Result<Layout, SchemaError>;
 
     /// `on_locked = "in_flight"`: after the marker's claim, lock waits as the session had them
-    /// (`claimed`: the claim's statement succeeded, so the transaction is usable).
+    /// (`claimed`: a marker was written and the body runs; after a duplicate or a failed
+    /// claim the transaction is only rolled back, and on PostgreSQL it may be aborted).
     async fn wait_for_locks(
         &mut self,
         spec: &'static HandlerSpec,
@@ -282,7 +305,10 @@ where
             &mut steps, run, layout, claims, &mut body, in_flight, remembered,
         )
         .await;
-        end(&mut steps, run, layout).await;
+        // A commit or a duplicate's rollback put back what `begin` set, in its round trip.
+        if !matches!(attempted, Ok(Decided::Processed(_) | Decided::Duplicate(_))) {
+            end(&mut steps, run, layout).await;
+        }
         let failure = match attempted {
             Ok(decided) => {
                 telemetry::attempt(retries + 1);
@@ -677,6 +703,19 @@ pub(crate) trait Claims {
         layout: Layout,
     ) -> QueryResult<bool>;
 
+    /// Opens the transaction and claims in it: one round trip where the connection sends
+    /// both together ([`Steps::begin_with_claim`]). The outer error is the transaction's
+    /// start failing, before any claim.
+    async fn begin_and_claim<S: Steps>(
+        &self,
+        steps: &mut S,
+        spec: &'static HandlerSpec,
+        layout: Layout,
+    ) -> QueryResult<QueryResult<bool>> {
+        steps.begin(spec, layout).await?;
+        Ok(self.claim(steps, spec, layout).await)
+    }
+
     /// The origin of the messages the body publishes to the outbox: the keys and the
     /// consumer ([`crate::outbox`]).
     fn origin(&self, spec: &'static HandlerSpec) -> crate::outbox::Seed;
@@ -705,6 +744,38 @@ impl Claims for MessageKey {
 
     fn key(&self) -> Option<&MessageKey> {
         Some(self)
+    }
+
+    /// Where the connection sends `BEGIN` and the marker together, its duplicate is the
+    /// inbox index's violation: evidence enough, with no marker to read.
+    async fn begin_and_claim<S: Steps>(
+        &self,
+        steps: &mut S,
+        spec: &'static HandlerSpec,
+        layout: Layout,
+    ) -> QueryResult<QueryResult<bool>> {
+        if let Some(claimed) = steps.begin_with_claim(spec, self, layout).await {
+            return Ok(match claimed {
+                // Another unique index refused the marker: on a partitioned inbox, the
+                // partition's own. A duplicate only where the marker is there once this
+                // transaction is rolled back (the other one committed: the insert waited).
+                Err(e)
+                    if matches!(
+                        classify(&e, &spec.schema),
+                        ErrorClass::UniqueViolation { .. }
+                    ) =>
+                {
+                    roll_back(steps).await;
+                    match steps.markers_present(spec, &[self.stored_id()]).await {
+                        Ok(1) => Ok(false),
+                        _ => Err(e),
+                    }
+                }
+                claimed => claimed,
+            });
+        }
+        steps.begin(spec, layout).await?;
+        Ok(self.claim(steps, spec, layout).await)
     }
 
     async fn claim<S: Steps>(
@@ -1320,11 +1391,16 @@ where
     K: Claims,
     B: Body<S::Conn, Result<T, E>>,
 {
-    steps.begin(spec, layout).await.map_err(Failure::Database)?;
-    let claimed = claims.claim(steps, spec, layout).await;
+    let claimed = claims
+        .begin_and_claim(steps, spec, layout)
+        .await
+        .map_err(Failure::Database)?;
     if spec.in_flight_when_locked {
         // The short lock wait was for the marker: the body waits for locks as usual.
-        if let Err(e) = steps.wait_for_locks(spec, claimed.is_ok()).await {
+        if let Err(e) = steps
+            .wait_for_locks(spec, matches!(claimed, Ok(true)))
+            .await
+        {
             roll_back(steps).await;
             return Err(Failure::Database(e));
         }
@@ -1344,8 +1420,13 @@ where
         }
         Ok(false) => {
             // ROLLBACK, not COMMIT: nothing was written, and on PostgreSQL a commit would
-            // flush the WAL for the sequence value the conflicting insert consumed.
-            roll_back(steps).await;
+            // flush the WAL for the sequence value the conflicting insert consumed. With it,
+            // what `begin` set for the session is put back.
+            if let Err(e) = steps.roll_back_and_end(spec, layout).await {
+                tracing::error!(error = %e, "rollback failed");
+                roll_back(steps).await;
+                end(steps, spec, layout).await;
+            }
             return Ok(Decided::Duplicate(None));
         }
         Err(e) => {
@@ -1407,7 +1488,7 @@ where
         crash_point!(BeforeCommit);
     }
     match result {
-        Ok(value) => match steps.commit().await {
+        Ok(value) => match steps.commit(spec, layout).await {
             Ok(()) => {
                 crash_point!(AfterCommit);
                 Ok(Decided::Processed(value))
@@ -1582,8 +1663,17 @@ mod tests {
             unreachable!("one message")
         }
 
-        async fn commit(&mut self) -> QueryResult<()> {
+        async fn commit(&mut self, _: &'static HandlerSpec, _: Layout) -> QueryResult<()> {
             self.did.push("commit".into());
+            Ok(())
+        }
+
+        async fn roll_back_and_end(
+            &mut self,
+            _: &'static HandlerSpec,
+            _: Layout,
+        ) -> QueryResult<()> {
+            self.did.push("roll back".into());
             Ok(())
         }
 

@@ -184,6 +184,15 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
         self.0.begin_inbox_transaction(spec, layout.mariadb)
     }
 
+    async fn begin_with_claim(
+        &mut self,
+        spec: &'static HandlerSpec,
+        key: &MessageKey,
+        layout: Layout,
+    ) -> Option<QueryResult<bool>> {
+        self.0.begin_with_claim(spec, key, layout)
+    }
+
     async fn end(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()> {
         self.0.end_inbox_transaction(spec, layout.mariadb)
     }
@@ -209,8 +218,16 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
             .claim_markers(&spec.schema, spec.consumer.as_str(), ids, texts, layout)
     }
 
-    async fn commit(&mut self) -> QueryResult<()> {
-        self.0.commit_inbox_transaction()
+    async fn commit(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()> {
+        self.0.commit_inbox_transaction(spec, layout.mariadb)
+    }
+
+    async fn roll_back_and_end(
+        &mut self,
+        spec: &'static HandlerSpec,
+        layout: Layout,
+    ) -> QueryResult<()> {
+        self.0.roll_back_and_end(spec, layout.mariadb)
     }
 
     async fn roll_back(&mut self) -> QueryResult<()> {

@@ -290,6 +290,22 @@ impl InboxMigration {
         self.creating(|columns| columns.fingerprint = true)
     }
 
+    /// SQLite: the lean design ([`OptionalColumns::lean`](crate::schema::OptionalColumns::lean),
+    /// `--lean`), a `WITHOUT ROWID` table keyed by `(message_id, consumer)` with no `id` and no
+    /// index on `processed_at`. The other backends keep the shipped design.
+    ///
+    /// ```
+    /// use inbox_diesel::InboxSchema;
+    /// use inbox_diesel::migration::InboxMigration;
+    /// use inbox_diesel::schema::Backend;
+    ///
+    /// let migration = InboxMigration::new(Backend::Sqlite, InboxSchema::DEFAULT).lean();
+    /// assert!(migration.up_sql().contains(") WITHOUT ROWID;"));
+    /// ```
+    pub fn lean(self) -> Self {
+        self.creating(|columns| columns.lean = true)
+    }
+
     /// The inbox table and, in the same migration, an outbox table named `table`
     /// ([`outbox`](crate::outbox); `--with outbox`).
     ///

@@ -384,7 +384,19 @@ fn startup_check_names_a_dropped_unique_index_and_column() {
         Backend::Mysql => "ALTER TABLE inbox DROP INDEX ux_inbox_message_consumer",
         _ => "DROP INDEX ux_inbox_message_consumer",
     };
-    conn.batch_execute(drop_index).unwrap();
+    if let Err(e) = conn.batch_execute(drop_index) {
+        // SQLite's lean table has its key as its primary key, which no statement drops: the
+        // table is rebuilt without it.
+        assert!(e.to_string().contains("no such index"), "{e}");
+        conn.batch_execute(
+            "CREATE TABLE inbox_copy (message_id BLOB NOT NULL, consumer TEXT NOT NULL, \
+             received_at TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP, processed_at TIMESTAMP, \
+             claimed_until TIMESTAMP, attempts INTEGER NOT NULL DEFAULT 1); \
+             INSERT INTO inbox_copy SELECT * FROM inbox; DROP TABLE inbox; \
+             ALTER TABLE inbox_copy RENAME TO inbox",
+        )
+        .unwrap();
+    }
     conn.batch_execute("ALTER TABLE inbox DROP COLUMN claimed_until")
         .unwrap();
     let error = verify(&mut conn, &InboxSchema::DEFAULT).unwrap_err();
