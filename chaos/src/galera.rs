@@ -81,8 +81,21 @@ impl Galera {
         format!("gcomm://{}", peers.join(","))
     }
 
-    /// Starts node `n` and waits until it is synced with the cluster.
+    /// Starts node `n` and waits until it is synced with the cluster. A joiner that neither
+    /// syncs nor exits within its time (a state transfer stalled on a loaded machine) is
+    /// killed and started once more before the start fails with its log.
     fn spawn(&mut self, n: usize, new_cluster: bool) -> Result<(), String> {
+        match self.spawn_once(n, new_cluster) {
+            Err(first) if !new_cluster => {
+                eprintln!("{first}\nstarting Galera node {} once more", n + 1);
+                self.kill(n);
+                self.spawn_once(n, false)
+            }
+            other => other,
+        }
+    }
+
+    fn spawn_once(&mut self, n: usize, new_cluster: bool) -> Result<(), String> {
         let address = self.cluster_address();
         let user = if self.root {
             "--user=mysql"
@@ -145,10 +158,18 @@ impl Galera {
             {
                 return Ok(());
             }
-            if started.elapsed() > Duration::from_secs(120) {
+            let exited = self.nodes[n]
+                .child
+                .as_mut()
+                .and_then(|child| child.try_wait().ok().flatten());
+            if exited.is_some() || started.elapsed() > Duration::from_secs(180) {
                 return Err(format!(
-                    "Galera node {} did not sync within two minutes; its log:\n{}",
+                    "Galera node {} {}; its log:\n{}",
                     n + 1,
+                    match exited {
+                        Some(status) => format!("exited ({status}) before it synced"),
+                        None => "did not sync within three minutes".into(),
+                    },
                     std::fs::read_to_string(&log).unwrap_or_default()
                 ));
             }

@@ -36,6 +36,11 @@
 //! purge that was cancelled. Rows without `processed_at` — claims still open, or abandoned —
 //! are never removed; the old ones are counted in [`PurgeReport::stale_claims`] and listed
 //! by [`stale_claims`], for reconciliation.
+//!
+//! SQLite's lean table (`inbox-diesel migration generate --lean`), which has no `id` and no
+//! index on `processed_at`, is purged in key order instead: each batch deletes the next
+//! completed rows after the last key the batch before it deleted, so a run reads the table
+//! once, whatever its size, and keeps nothing in memory but that key.
 
 use std::time::Duration;
 

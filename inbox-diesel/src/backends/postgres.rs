@@ -274,9 +274,8 @@ mod sync {
             if let Err(e) = &begun
                 && marker.missing(e)
             {
-                begun = self
-                    .batch_execute(&marker.roll_back_and_prepare())
-                    .and_then(|()| AnsiTransactionManager::begin_transaction_sql(self, &sql));
+                begun =
+                    AnsiTransactionManager::begin_transaction_sql(self, &marker.prepared_and(&sql));
             }
             Some(match begun {
                 Ok(()) => Ok(true),
@@ -395,15 +394,9 @@ mod asynchronous {
             if let Err(e) = &begun
                 && marker.missing(e)
             {
-                begun = match SimpleAsyncConnection::batch_execute(
-                    self,
-                    &marker.roll_back_and_prepare(),
-                )
-                .await
-                {
-                    Ok(()) => AnsiTransactionManager::begin_transaction_sql(self, &sql).await,
-                    Err(e) => Err(e),
-                };
+                begun =
+                    AnsiTransactionManager::begin_transaction_sql(self, &marker.prepared_and(&sql))
+                        .await;
             }
             Some(match begun {
                 Ok(()) => Ok(true),

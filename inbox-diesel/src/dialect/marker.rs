@@ -403,10 +403,12 @@ impl PgMarker {
         sql
     }
 
-    /// `PREPARE`, after the rollback of the transaction whose `EXECUTE` found no such
-    /// statement on the session (a new session, or one reset by `DISCARD ALL`).
-    pub(crate) fn roll_back_and_prepare(&self) -> String {
-        format!("ROLLBACK; {}", self.prepare)
+    /// After an `EXECUTE` that found no such statement on the session (a new session, one
+    /// reset by `DISCARD ALL`, or another server session behind a transaction-mode pooler):
+    /// the rollback of that transaction, `PREPARE`, then `begin` again — one string, so
+    /// that a pooler runs all of it on one server session.
+    pub(crate) fn prepared_and(&self, begin: &str) -> String {
+        format!("ROLLBACK; {}; {begin}", self.prepare)
     }
 
     /// Whether `error` is the session's lack of this statement.

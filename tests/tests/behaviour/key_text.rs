@@ -292,3 +292,92 @@ fn a_dropped_column_is_noticed_and_the_delivery_goes_in() {
     );
     assert_eq!(balance(&mut conn), 2);
 }
+
+/// A consumer name that would end a string literal, a dollar quote or an identifier.
+const HOSTILE_CONSUMER: &str = "it's \"all\"; -- \\ $$ $inbox$ ü`";
+
+#[idempotent(consumer = "it's \"all\"; -- \\ $$ $inbox$ ü`", key = id.as_str())]
+fn hostile(conn: &mut Conn, id: &String) -> QueryResult<()> {
+    conn.batch_execute("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
+}
+
+#[idempotent(consumer = "it's \"all\"; -- \\ $$ $inbox$ ü`", key = id.as_str())]
+async fn hostile_async(conn: &mut AsyncConn, id: &String) -> QueryResult<()> {
+    use diesel_async::SimpleAsyncConnection;
+    conn.batch_execute("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
+        .await
+}
+
+/// The marker's statement carries the consumer and the key's text as literals (PostgreSQL,
+/// MySQL): quotes, backslashes, dollar quotes, comments and NUL in either come back byte for
+/// byte, a redelivery is a duplicate, and nothing else runs — sync and async.
+#[test]
+fn quotes_and_escapes_in_the_consumer_and_the_key_come_back_byte_for_byte() {
+    #[derive(diesel::QueryableByName)]
+    struct Row {
+        #[diesel(sql_type = Text)]
+        consumer: String,
+        #[diesel(sql_type = Nullable<Text>)]
+        key_text: Option<String>,
+    }
+    let db = Db::new("key_text_hostile");
+    add_key_text(&db);
+    let keys = [
+        "it's",
+        "\\'; DROP TABLE inbox; --",
+        "$$ $inbox$ \"q\" `b` */ /*",
+        "zoë\u{0}日本",
+    ];
+    let mut conn = db.connect();
+    for key in keys {
+        assert!(hostile(&mut conn, &key.to_owned()).unwrap().is_processed());
+        assert!(hostile(&mut conn, &key.to_owned()).unwrap().is_duplicate());
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut conn = db.connect_async().await;
+        for key in keys {
+            let async_key = format!("{key} async");
+            assert!(
+                hostile_async(&mut conn, &async_key)
+                    .await
+                    .unwrap()
+                    .is_processed()
+            );
+            assert!(
+                hostile_async(&mut conn, &async_key)
+                    .await
+                    .unwrap()
+                    .is_duplicate()
+            );
+            assert!(
+                hostile_async(&mut conn, &key.to_owned())
+                    .await
+                    .unwrap()
+                    .is_duplicate()
+            );
+        }
+    });
+    let rows: Vec<Row> = diesel::sql_query("SELECT consumer, key_text FROM inbox")
+        .load(&mut conn)
+        .unwrap();
+    let mut texts: Vec<String> = rows
+        .iter()
+        .map(|row| {
+            assert_eq!(row.consumer, HOSTILE_CONSUMER);
+            row.key_text.clone().unwrap()
+        })
+        .collect();
+    texts.sort();
+    let mut expected: Vec<String> = keys
+        .iter()
+        .flat_map(|key| [key.to_string(), format!("{key} async")])
+        .map(|text| text.replace('\0', "\u{fffd}"))
+        .collect();
+    expected.sort();
+    assert_eq!(texts, expected);
+    assert_eq!(balance(&mut conn), 8);
+}
