@@ -347,9 +347,7 @@ async fn batches<S: Io>(
             io.sleep(purge.pause).await;
         }
     }
-    let stale = Sql::new(S::Backend::count_stale(table)).bind_i64(age);
-    report.stale_claims = one_n(io.load(&stale).await?).max(0) as u64;
-    Ok(report)
+    stale_claims_counted(io, table, age, report).await
 }
 
 /// The `n` of a query that returns one row.
@@ -408,6 +406,16 @@ async fn keyed_batches<S: Io>(
             io.sleep(purge.pause).await;
         }
     }
+    stale_claims_counted(io, table, age, report).await
+}
+
+/// `report` with the open claims older than `age` seconds counted.
+async fn stale_claims_counted<S: Io>(
+    io: &mut S,
+    table: &str,
+    age: i64,
+    mut report: PurgeReport,
+) -> QueryResult<PurgeReport> {
     let stale = Sql::new(S::Backend::count_stale(table)).bind_i64(age);
     report.stale_claims = one_n(io.load(&stale).await?).max(0) as u64;
     Ok(report)

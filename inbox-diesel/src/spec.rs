@@ -63,8 +63,8 @@ impl HandlerSpec {
     pub const MYSQL_SHORT_LOCK_WAIT: &'static str = "SET @inbox_lock_wait_timeout = \
         @@SESSION.innodb_lock_wait_timeout, SESSION innodb_lock_wait_timeout = 1";
     /// MySQL: the session's lock wait put back.
-    pub const MYSQL_LOCK_WAIT: &'static str =
-        "SET SESSION innodb_lock_wait_timeout = @inbox_lock_wait_timeout";
+    pub const MYSQL_LOCK_WAIT: &'static str = "SET SESSION innodb_lock_wait_timeout = \
+        IFNULL(@inbox_lock_wait_timeout, @@SESSION.innodb_lock_wait_timeout)";
 
     /// MySQL and MariaDB: what goes before `START TRANSACTION`, and it, in one round trip:
     /// the isolation level; on MariaDB the idle bound, the session's own kept to be put

@@ -186,3 +186,53 @@ fn a_receiver_indexed_by_a_call_computes_its_index_once() {
     );
     assert_eq!(calls.get(), 2, "a duplicate runs no body");
 }
+
+/// The lean table's key is checked as the inbox's index is: its columns and its collations
+/// (the key SQLite builds for a `WITHOUT ROWID` table is named by SQLite, not by the
+/// migration). A key that compares consumers without case, or one on `message_id` alone, is
+/// refused before any marker; the generated lean table passes.
+#[test]
+fn the_lean_tables_key_is_checked_as_the_index_is() {
+    use diesel::Connection;
+    use diesel::connection::SimpleConnection;
+    use inbox_diesel::InboxSchema;
+    use inbox_diesel::schema::{Backend, OptionalColumns, verify};
+    let lean = Backend::Sqlite.create_table_with_sql(
+        &InboxSchema::DEFAULT,
+        OptionalColumns {
+            lean: true,
+            ..OptionalColumns::default()
+        },
+    );
+    for (ddl, expected) in [
+        (
+            lean.replace(
+                "consumer      TEXT      NOT NULL",
+                "consumer TEXT NOT NULL COLLATE NOCASE",
+            ),
+            Some("compares with the collation `NOCASE`"),
+        ),
+        (
+            lean.replace(
+                "PRIMARY KEY (message_id, consumer)",
+                "PRIMARY KEY (message_id)",
+            ),
+            Some("ux_inbox_message_consumer"),
+        ),
+        (lean.clone(), None),
+    ] {
+        if expected.is_some() {
+            assert_ne!(ddl, lean, "the edit applies");
+        }
+        let mut conn = diesel::SqliteConnection::establish(":memory:").unwrap();
+        conn.batch_execute(&ddl).unwrap();
+        let checked = verify(&mut conn, &InboxSchema::DEFAULT);
+        match expected {
+            None => assert!(checked.is_ok(), "{ddl}: {checked:?}"),
+            Some(text) => {
+                let error = checked.expect_err(&ddl).to_string();
+                assert!(error.contains(text), "{ddl}: {error}");
+            }
+        }
+    }
+}

@@ -354,24 +354,29 @@ pub(crate) fn none_open(status: &mut diesel::connection::TransactionManagerStatu
     matches!(status.transaction_depth(), Ok(None))
 }
 
-/// The end of a transaction's start sent with its marker
+/// What a transaction's start sent with its marker
 /// ([`PgMarker`](crate::dialect::marker::PgMarker),
-/// [`start_with_marker`](crate::dialect::marker::start_with_marker)) that failed: a duplicate
-/// when the inbox's own index refused the marker, the error otherwise. Either way the server
-/// may hold the transaction open (aborted on PostgreSQL): the transaction manager is told it
-/// is open (it counted none, as the string failed as a whole), so that the runtime's rollback
-/// ends it — and a pool discards the connection if that rollback never runs.
+/// [`start_with_marker`](crate::dialect::marker::start_with_marker)) decided: `true` when it
+/// began and the marker is new; `false` when the inbox's own index refused the marker; the
+/// error otherwise. After a failure the server may hold the transaction open (aborted on
+/// PostgreSQL): the transaction manager is told it is open (it counted none, as the string
+/// failed as a whole), so that the runtime's rollback ends it — and a pool discards the
+/// connection if that rollback never runs.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-pub(crate) fn claimed_or_duplicate(
-    error: diesel::result::Error,
+pub(crate) fn claimed(
+    begun: QueryResult<()>,
     schema: &inbox_core::InboxSchema,
     status: &mut diesel::connection::TransactionManagerStatus,
 ) -> QueryResult<bool> {
+    let Err(error) = begun else {
+        return Ok(true);
+    };
     if let Ok(state) = status.transaction_state()
         && state.transaction_depth().is_none()
+        && let Err(e) = state
+            .change_transaction_depth(diesel::connection::TransactionDepthChange::IncreaseDepth)
     {
-        state
-            .change_transaction_depth(diesel::connection::TransactionDepthChange::IncreaseDepth)?;
+        tracing::error!(error = %e, "counting the failed transaction open failed");
     }
     match crate::classify::class_of(&error, schema) {
         inbox_core::ErrorClass::InboxDuplicate => Ok(false),
@@ -379,11 +384,22 @@ pub(crate) fn claimed_or_duplicate(
     }
 }
 
+/// Before a `COMMIT` or `ROLLBACK` the runtime sends itself, with other statements in one
+/// round trip: the transaction manager is sound and counts the transaction open (diesel's own
+/// commit refuses the same way, before anything is sent). `Ok(false)`: none is open.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn open(status: &mut diesel::connection::TransactionManagerStatus) -> QueryResult<bool> {
+    Ok(status.transaction_state()?.transaction_depth().is_some())
+}
+
 /// The transaction manager told that the transaction it counts open ended: after a
 /// `COMMIT` or `ROLLBACK` the runtime sent itself, with other statements in one round trip.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn ended(status: &mut diesel::connection::TransactionManagerStatus) -> QueryResult<()> {
-    status
-        .transaction_state()?
-        .change_transaction_depth(diesel::connection::TransactionDepthChange::DecreaseDepth)
+    let state = status.transaction_state()?;
+    match state.transaction_depth() {
+        Some(_) => state
+            .change_transaction_depth(diesel::connection::TransactionDepthChange::DecreaseDepth),
+        None => Ok(()),
+    }
 }

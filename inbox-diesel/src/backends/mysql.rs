@@ -242,15 +242,12 @@ mod sync {
                 key,
                 layout,
             );
-            Some(
-                match AnsiTransactionManager::begin_transaction_sql(self, &sql) {
-                    Ok(()) => Ok(true),
-                    Err(e) => {
-                        let status = AnsiTransactionManager::transaction_manager_status_mut(self);
-                        crate::backends::claimed_or_duplicate(e, &spec.schema, status)
-                    }
-                },
-            )
+            let begun = AnsiTransactionManager::begin_transaction_sql(self, &sql);
+            Some(crate::backends::claimed(
+                begun,
+                &spec.schema,
+                AnsiTransactionManager::transaction_manager_status_mut(self),
+            ))
         }
 
         /// A prepared statement, cached: one round trip. Only where the transaction ended
@@ -273,8 +270,12 @@ mod sync {
             if !spec.mariadb_idle_bound(mariadb) {
                 return AnsiTransactionManager::commit_transaction(self);
             }
-            self.batch_execute(HandlerSpec::MARIADB_RESTORE_AND_COMMIT)?;
             use diesel::connection::TransactionManager;
+            if !crate::backends::open(AnsiTransactionManager::transaction_manager_status_mut(self))?
+            {
+                return Err(diesel::result::Error::NotInTransaction);
+            }
+            self.batch_execute(HandlerSpec::MARIADB_RESTORE_AND_COMMIT)?;
             crate::backends::ended(AnsiTransactionManager::transaction_manager_status_mut(self))
         }
 
@@ -283,8 +284,12 @@ mod sync {
             if !spec.mariadb_idle_bound(mariadb) {
                 return self.roll_back_inbox_transaction();
             }
-            self.batch_execute(HandlerSpec::MARIADB_ROLLBACK_AND_RESTORE)?;
             use diesel::connection::TransactionManager;
+            if !crate::backends::open(AnsiTransactionManager::transaction_manager_status_mut(self))?
+            {
+                return self.end_inbox_transaction(spec, mariadb);
+            }
+            self.batch_execute(HandlerSpec::MARIADB_ROLLBACK_AND_RESTORE)?;
             crate::backends::ended(AnsiTransactionManager::transaction_manager_status_mut(self))
         }
 
@@ -412,15 +417,12 @@ mod asynchronous {
                 key,
                 layout,
             );
-            Some(
-                match AnsiTransactionManager::begin_transaction_sql(self, &sql).await {
-                    Ok(()) => Ok(true),
-                    Err(e) => {
-                        let status = AnsiTransactionManager::transaction_manager_status_mut(self);
-                        crate::backends::claimed_or_duplicate(e, &spec.schema, status)
-                    }
-                },
-            )
+            let begun = AnsiTransactionManager::begin_transaction_sql(self, &sql).await;
+            Some(crate::backends::claimed(
+                begun,
+                &spec.schema,
+                AnsiTransactionManager::transaction_manager_status_mut(self),
+            ))
         }
 
         async fn end_inbox_transaction(
@@ -514,6 +516,10 @@ mod asynchronous {
             if !spec.mariadb_idle_bound(mariadb) {
                 return AnsiTransactionManager::commit_transaction(self).await;
             }
+            if !crate::backends::open(AnsiTransactionManager::transaction_manager_status_mut(self))?
+            {
+                return Err(diesel::result::Error::NotInTransaction);
+            }
             SimpleAsyncConnection::batch_execute(self, HandlerSpec::MARIADB_RESTORE_AND_COMMIT)
                 .await?;
             crate::backends::ended(AnsiTransactionManager::transaction_manager_status_mut(self))
@@ -527,6 +533,10 @@ mod asynchronous {
         ) -> QueryResult<()> {
             if !spec.mariadb_idle_bound(mariadb) {
                 return self.roll_back_inbox_transaction().await;
+            }
+            if !crate::backends::open(AnsiTransactionManager::transaction_manager_status_mut(self))?
+            {
+                return self.end_inbox_transaction(spec, mariadb).await;
             }
             SimpleAsyncConnection::batch_execute(self, HandlerSpec::MARIADB_ROLLBACK_AND_RESTORE)
                 .await?;

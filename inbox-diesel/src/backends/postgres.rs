@@ -277,13 +277,11 @@ mod sync {
                 begun =
                     AnsiTransactionManager::begin_transaction_sql(self, &marker.prepared_and(&sql));
             }
-            Some(match begun {
-                Ok(()) => Ok(true),
-                Err(e) => {
-                    let status = AnsiTransactionManager::transaction_manager_status_mut(self);
-                    crate::backends::claimed_or_duplicate(e, &spec.schema, status)
-                }
-            })
+            Some(crate::backends::claimed(
+                begun,
+                &spec.schema,
+                AnsiTransactionManager::transaction_manager_status_mut(self),
+            ))
         }
 
         /// After a duplicate or a failed claim the transaction is aborted, and it is rolled
@@ -398,13 +396,11 @@ mod asynchronous {
                     AnsiTransactionManager::begin_transaction_sql(self, &marker.prepared_and(&sql))
                         .await;
             }
-            Some(match begun {
-                Ok(()) => Ok(true),
-                Err(e) => {
-                    let status = AnsiTransactionManager::transaction_manager_status_mut(self);
-                    crate::backends::claimed_or_duplicate(e, &spec.schema, status)
-                }
-            })
+            Some(crate::backends::claimed(
+                begun,
+                &spec.schema,
+                AnsiTransactionManager::transaction_manager_status_mut(self),
+            ))
         }
 
         async fn wait_for_locks(
@@ -466,6 +462,10 @@ mod asynchronous {
             _: &'static HandlerSpec,
             _: bool,
         ) -> QueryResult<()> {
+            if !crate::backends::open(AnsiTransactionManager::transaction_manager_status_mut(self))?
+            {
+                return Err(diesel::result::Error::NotInTransaction);
+            }
             SimpleAsyncConnection::batch_execute(self, "SELECT 1; COMMIT").await?;
             crate::backends::ended(AnsiTransactionManager::transaction_manager_status_mut(self))
         }

@@ -411,12 +411,11 @@ impl PgMarker {
         format!("ROLLBACK; {}; {begin}", self.prepare)
     }
 
-    /// Whether `error` is the session's lack of this statement.
+    /// Whether `error` is the session's lack of this statement: the error names it (26000,
+    /// in whatever language the server speaks; nothing else the string runs names it).
     pub(crate) fn missing(&self, error: &diesel::result::Error) -> bool {
-        crate::classify::with_server_error(error, |server| {
-            server.message.contains(&self.name) && server.message.contains("does not exist")
-        })
-        .unwrap_or(false)
+        crate::classify::with_server_error(error, |server| server.message.contains(&self.name))
+            .unwrap_or(false)
     }
 }
 

@@ -1402,7 +1402,11 @@ where
             .await
         {
             roll_back(steps).await;
-            return Err(Failure::Database(e));
+            match &claimed {
+                // The claim's own error is the one that says what happened.
+                Err(_) => tracing::warn!(error = %e, "putting back the lock wait failed"),
+                Ok(_) => return Err(Failure::Database(e)),
+            }
         }
     }
     match claimed {

@@ -272,15 +272,27 @@ pub(crate) fn catalog_sql(backend: Backend) -> (String, String) {
             "SELECT name, type AS type_name, CAST(\"notnull\" = 0 AS BIGINT) AS nullable \
              FROM pragma_table_info(?2, COALESCE(NULLIF(?1, ''), 'main')) ORDER BY cid"
                 .into(),
-            "SELECT CAST(l.\"unique\" AS BIGINT) AS is_unique, \
-             COALESCE(i.name, '(expression)') AS name \
-             FROM pragma_index_list(?2, COALESCE(NULLIF(?1, ''), 'main')) AS l, \
-             pragma_index_info(l.name, COALESCE(NULLIF(?1, ''), 'main')) AS i \
-             WHERE l.name = (SELECT name FROM pragma_index_list(?2, COALESCE(NULLIF(?1, ''), 'main')) \
-             WHERE name = ?3 OR origin = 'pk' ORDER BY name = ?3 DESC LIMIT 1) ORDER BY i.seqno"
-                .into(),
+            format!(
+                "SELECT CAST(l.\"unique\" AS BIGINT) AS is_unique, \
+                 COALESCE(i.name, '(expression)') AS name \
+                 FROM pragma_index_list(?2, COALESCE(NULLIF(?1, ''), 'main')) AS l, \
+                 pragma_index_info(l.name, COALESCE(NULLIF(?1, ''), 'main')) AS i \
+                 WHERE l.name = ({}) ORDER BY i.seqno",
+                sqlite_key_index("COALESCE(NULLIF(?1, ''), 'main')")
+            ),
         ),
     }
+}
+
+/// SQLite: the name of the index the inbox's key is checked on, in the database `schema` (an
+/// SQL expression): the index named as the inbox's (bound as `?3`), or else the table's
+/// primary-key index — the lean table's key (`WITHOUT ROWID`), which SQLite names itself.
+/// Every check of the index (its columns, uniqueness, predicate, collations) reads this one.
+fn sqlite_key_index(schema: &str) -> String {
+    format!(
+        "SELECT name FROM pragma_index_list(?2, {schema}) \
+         WHERE name = ?3 OR origin = 'pk' ORDER BY name = ?3 DESC LIMIT 1"
+    )
 }
 
 /// The facts query: rows of (kind, detail) for what the table is (`table`: its name with
@@ -406,9 +418,10 @@ fn facts_sql(backend: Backend, qualifier: &str, needs: &[(&str, &str)]) -> Strin
                  WHERE ?1 = '' AND '{schema}' <> 'temp' AND type = 'table' \
                  AND name = ?2 COLLATE NOCASE \
                  UNION ALL SELECT 'index partial', name \
-                 FROM pragma_index_list(?2, '{schema}') WHERE name = ?3 AND partial = 1 \
+                 FROM pragma_index_list(?2, '{schema}') WHERE name = ({index}) AND partial = 1 \
                  UNION ALL SELECT 'index collation', coll \
-                 FROM pragma_index_xinfo(?3, '{schema}') WHERE key = 1 AND coll <> 'BINARY'"
+                 FROM pragma_index_xinfo(({index}), '{schema}') WHERE key = 1 AND coll <> 'BINARY'",
+                index = sqlite_key_index(&format!("'{schema}'"))
             )
         }
     }
