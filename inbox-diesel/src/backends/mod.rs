@@ -351,7 +351,7 @@ mod asynchronous {
 /// already open (or the broken manager) before anything is sent.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn none_open(status: &mut diesel::connection::TransactionManagerStatus) -> bool {
-    matches!(status.transaction_depth(), Ok(None))
+    matches!(open(status), Ok(false))
 }
 
 /// What a transaction's start sent with its marker

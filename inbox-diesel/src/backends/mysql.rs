@@ -235,13 +235,7 @@ mod sync {
             )) {
                 return None;
             }
-            let sql = crate::dialect::marker::start_with_marker(
-                &spec.mysql_begin_sql(layout.mariadb),
-                &spec.schema,
-                spec.consumer.as_str(),
-                key,
-                layout,
-            );
+            let sql = crate::dialect::marker::start_with_marker(spec, key, layout);
             let begun = AnsiTransactionManager::begin_transaction_sql(self, &sql);
             Some(crate::backends::claimed(
                 begun,
@@ -410,13 +404,7 @@ mod asynchronous {
             )) {
                 return None;
             }
-            let sql = crate::dialect::marker::start_with_marker(
-                &spec.mysql_begin_sql(layout.mariadb),
-                &spec.schema,
-                spec.consumer.as_str(),
-                key,
-                layout,
-            );
+            let sql = crate::dialect::marker::start_with_marker(spec, key, layout);
             let begun = AnsiTransactionManager::begin_transaction_sql(self, &sql).await;
             Some(crate::backends::claimed(
                 begun,

@@ -264,12 +264,7 @@ mod sync {
                 return None;
             }
             let marker = crate::dialect::marker::PgMarker::new(&spec.schema, layout);
-            let sql = marker.begin(
-                &spec.postgres_begin_sql(),
-                spec.consumer.as_str(),
-                key,
-                layout,
-            );
+            let sql = marker.begin(spec, key);
             let mut begun = AnsiTransactionManager::begin_transaction_sql(self, &sql);
             if let Err(e) = &begun
                 && marker.missing(e)
@@ -382,12 +377,7 @@ mod asynchronous {
                 return None;
             }
             let marker = crate::dialect::marker::PgMarker::new(&spec.schema, layout);
-            let sql = marker.begin(
-                &spec.postgres_begin_sql(),
-                spec.consumer.as_str(),
-                key,
-                layout,
-            );
+            let sql = marker.begin(spec, key);
             let mut begun = AnsiTransactionManager::begin_transaction_sql(self, &sql).await;
             if let Err(e) = &begun
                 && marker.missing(e)

@@ -349,7 +349,10 @@ pub(crate) fn push_table<DB: diesel::backend::Backend>(
 #[cfg(feature = "postgres")]
 pub(crate) struct PgMarker {
     name: String,
-    prepare: String,
+    /// The parameters' types, for `PREPARE`.
+    types: &'static str,
+    statement: String,
+    key_text: bool,
 }
 
 #[cfg(feature = "postgres")]
@@ -373,29 +376,34 @@ impl PgMarker {
              AS integer) END FROM marker"
         );
         let digest = uuid::Uuid::new_v5(&inbox_core::MessageKey::NAMESPACE, statement.as_bytes());
-        let name = format!("inbox_marker_{}", digest.simple());
-        let prepare = format!("PREPARE {name} ({types}) AS {statement}");
-        Self { name, prepare }
+        Self {
+            name: format!("inbox_marker_{}", digest.simple()),
+            types,
+            statement,
+            key_text: layout.key_text,
+        }
     }
 
-    /// The transaction's start, then the marker's insert for `key`, as one string. The
-    /// simple protocol takes no bind parameters, so the values are literals that cannot carry
-    /// SQL: the id is a UUID's canonical text, the consumer and the key's text travel as hex
-    /// (decoded by the server, whatever `standard_conforming_strings` says).
+    /// The handler's transaction start ([`HandlerSpec::postgres_begin_sql`]), then the
+    /// marker's insert for `key`, as one string. The simple protocol takes no bind
+    /// parameters, so the values are literals that cannot carry SQL: the id is a UUID's
+    /// canonical text, the consumer and the key's text travel as hex (decoded by the server,
+    /// whatever `standard_conforming_strings` says).
+    ///
+    /// [`HandlerSpec::postgres_begin_sql`]: crate::spec::HandlerSpec::postgres_begin_sql
     pub(crate) fn begin(
         &self,
-        begin: &str,
-        consumer: &str,
+        spec: &crate::spec::HandlerSpec,
         key: &inbox_core::MessageKey,
-        layout: super::layout::Layout,
     ) -> String {
         let mut sql = format!(
-            "{begin}; EXECUTE {}('{}', {}",
+            "{}; EXECUTE {}('{}', {}",
+            spec.postgres_begin_sql(),
             self.name,
             key.stored_id(),
-            hex_text(consumer)
+            hex_text(spec.consumer.as_str())
         );
-        if layout.key_text {
+        if self.key_text {
             sql.push_str(", ");
             sql.push_str(&hex_text(&super::layout::key_text(key)));
         }
@@ -408,7 +416,10 @@ impl PgMarker {
     /// the rollback of that transaction, `PREPARE`, then `begin` again — one string, so
     /// that a pooler runs all of it on one server session.
     pub(crate) fn prepared_and(&self, begin: &str) -> String {
-        format!("ROLLBACK; {}; {begin}", self.prepare)
+        format!(
+            "ROLLBACK; PREPARE {} ({}) AS {}; {begin}",
+            self.name, self.types, self.statement
+        )
     }
 
     /// Whether `error` is the session's lack of this statement: the error names it (26000,
@@ -438,14 +449,14 @@ const SWALLOWED: &str = "inbox: the marker insert wrote ";
 /// in the prepared insert.
 #[cfg(feature = "mysql")]
 pub(crate) fn start_with_marker(
-    begin: &str,
-    schema: &InboxSchema,
-    consumer: &str,
+    spec: &crate::spec::HandlerSpec,
     key: &inbox_core::MessageKey,
     layout: super::layout::Layout,
 ) -> String {
     use std::fmt::Write as _;
-    let table = schema
+    let begin = spec.mysql_begin_sql(layout.mariadb);
+    let table = spec
+        .schema
         .table()
         .split('.')
         .map(|part| format!("`{}`", part.replace('`', "``")))
@@ -459,7 +470,7 @@ pub(crate) fn start_with_marker(
     sql.push_str("received_at, processed_at) VALUES (X'");
     hex_into(&mut sql, key.stored_id().as_bytes());
     sql.push_str("', ");
-    let consumer = utf8mb4_text(consumer);
+    let consumer = utf8mb4_text(spec.consumer.as_str());
     match layout.session_mark {
         Some(mark) => {
             let (before, after) = mark.guard();
