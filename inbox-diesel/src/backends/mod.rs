@@ -371,7 +371,7 @@ pub(crate) fn claimed(
     let Err(error) = begun else {
         return Ok(true);
     };
-    if let Ok(state) = status.transaction_state()
+    if let Ok(state) = valid(status)
         && state.transaction_depth().is_none()
         && let Err(e) = state
             .change_transaction_depth(diesel::connection::TransactionDepthChange::IncreaseDepth)
@@ -384,19 +384,33 @@ pub(crate) fn claimed(
     }
 }
 
+/// The manager's state unless it is broken (diesel's own `transaction_state`, which is public
+/// only to implementers of backends: a user's build of this crate does not enable that).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn valid(
+    status: &mut diesel::connection::TransactionManagerStatus,
+) -> QueryResult<&mut diesel::connection::ValidTransactionManagerStatus> {
+    match status {
+        diesel::connection::TransactionManagerStatus::Valid(state) => Ok(state),
+        diesel::connection::TransactionManagerStatus::InError => {
+            Err(diesel::result::Error::BrokenTransactionManager)
+        }
+    }
+}
+
 /// Before a `COMMIT` or `ROLLBACK` the runtime sends itself, with other statements in one
 /// round trip: the transaction manager is sound and counts the transaction open (diesel's own
 /// commit refuses the same way, before anything is sent). `Ok(false)`: none is open.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn open(status: &mut diesel::connection::TransactionManagerStatus) -> QueryResult<bool> {
-    Ok(status.transaction_state()?.transaction_depth().is_some())
+    Ok(valid(status)?.transaction_depth().is_some())
 }
 
 /// The transaction manager told that the transaction it counts open ended: after a
 /// `COMMIT` or `ROLLBACK` the runtime sent itself, with other statements in one round trip.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(any(feature = "mysql", all(feature = "postgres", feature = "async")))]
 pub(crate) fn ended(status: &mut diesel::connection::TransactionManagerStatus) -> QueryResult<()> {
-    let state = status.transaction_state()?;
+    let state = valid(status)?;
     match state.transaction_depth() {
         Some(_) => state
             .change_transaction_depth(diesel::connection::TransactionDepthChange::DecreaseDepth),
