@@ -27,6 +27,37 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    /// A few rows every transaction-mode body updates with `--hot`: on a Galera cluster, what
+    /// makes another node's commit abort this one's transaction ([`crate::run`]).
+    hot (id) {
+        id -> Integer,
+        n -> BigInt,
+    }
+}
+
+/// The rows of [`hot`].
+pub const HOT_ROWS: u64 = 3;
+
+/// Whether the orchestrator ran with `--hot` (it sets this for its consumer processes).
+pub const HOT_ENV: &str = "INBOX_CHAOS_HOT";
+
+fn hot_rows() -> bool {
+    static HOT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HOT.get_or_init(|| std::env::var_os(HOT_ENV).is_some())
+}
+
+/// With `--hot`: the hot row of `message`, and the body's pause after it, 0–3 ms (a window
+/// in which another node's commit may abort this transaction).
+fn hot_touch(message: u64) -> Option<(i32, Duration)> {
+    hot_rows().then(|| {
+        (
+            (message % HOT_ROWS) as i32,
+            Duration::from_micros(fastrand::u64(0..=3000)),
+        )
+    })
+}
+
 /// Why a delivery was not acknowledged.
 #[derive(Debug)]
 pub enum Failure {
@@ -85,6 +116,12 @@ macro_rules! handlers {
                     effects::consumer.eq(name),
                 ))
                 .execute(conn)?;
+            if let Some((row, pause)) = hot_touch(*message) {
+                diesel::update(hot::table.find(row))
+                    .set(hot::n.eq(hot::n + 1))
+                    .execute(conn)?;
+                std::thread::sleep(pause);
+            }
             match fault {
                 Fault::Panic => panic!("chaos: a panic in the body"),
                 Fault::Error => return Err(Failure::Injected),
@@ -190,6 +227,11 @@ macro_rules! handlers {
                 effects::consumer.eq(name),
             ));
             diesel_async::RunQueryDsl::execute(insert, conn).await?;
+            if let Some((row, pause)) = hot_touch(*message) {
+                let touch = diesel::update(hot::table.find(row)).set(hot::n.eq(hot::n + 1));
+                diesel_async::RunQueryDsl::execute(touch, conn).await?;
+                tokio::time::sleep(pause).await;
+            }
             match fault {
                 Fault::Panic => panic!("chaos: a panic in the body"),
                 Fault::Error => return Err(Failure::Injected),

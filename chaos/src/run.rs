@@ -16,6 +16,11 @@ pub const USAGE: &str =
   --deliveries  deliveries per backend, at least (default: 20000: the short run)
   --seed        the seed of every random choice (default: from the clock; printed)
   --timeout     the time one backend's run may take (default: 240)
+  --copies      copies published per message: N, or LOW-HIGH drawn per message (default: 2-4);
+                1 is what a broker delivers when nothing goes wrong
+  --hot         every transaction-mode body also updates one of three rows that all bodies
+                update, then pauses 0-3 ms: on a Galera cluster, commits on other nodes then
+                abort transactions on this one
   --handler     idempotent (default), or naive: a check-then-insert handler, which the check
                 must catch (its negative control)";
 
@@ -35,6 +40,9 @@ pub struct Config {
     seed: u64,
     timeout: Duration,
     naive: bool,
+    /// Copies per message, drawn from this range.
+    copies: (u64, u64),
+    hot: bool,
 }
 
 impl Config {
@@ -47,6 +55,8 @@ impl Config {
                 .map_or(1, |d| d.as_nanos() as u64 % 1_000_000),
             timeout: Duration::from_secs(240),
             naive: false,
+            copies: (2, 4),
+            hot: false,
         };
         let mut args = args.iter();
         while let Some(flag) = args.next() {
@@ -68,6 +78,23 @@ impl Config {
                         value()?.parse().map_err(|e| format!("--timeout: {e}"))?,
                     )
                 }
+                "--copies" => {
+                    let text = value()?;
+                    let number = |n: &str| {
+                        n.parse::<u64>()
+                            .ok()
+                            .filter(|n| *n > 0)
+                            .ok_or_else(|| format!("--copies: {text:?} (N or LOW-HIGH, from 1)"))
+                    };
+                    config.copies = match text.split_once('-') {
+                        Some((low, high)) => (number(low)?, number(high)?),
+                        None => (number(text)?, number(text)?),
+                    };
+                    if config.copies.0 > config.copies.1 {
+                        return Err(format!("--copies: {text:?} (LOW-HIGH, LOW at most HIGH)"));
+                    }
+                }
+                "--hot" => config.hot = true,
                 "--handler" => {
                     config.naive = match value()?.as_str() {
                         "idempotent" => false,
@@ -96,11 +123,18 @@ fn default_backends() -> Vec<Backend> {
 pub fn run(config: Config) -> ExitCode {
     println!(
         "inbox-chaos: seed {}, {} deliveries at least per backend, {} consumer processes \
-         ({} connections each, prefetch {PREFETCH}) per backend, {} handlers",
+         ({} connections each, prefetch {PREFETCH}) per backend, {}–{} copies per message{}, {} \
+         handlers",
         config.seed,
         config.deliveries,
         CONSUMERS.len(),
         WORKERS,
+        config.copies.0,
+        config.copies.1,
+        match config.hot {
+            true => ", hot rows",
+            false => "",
+        },
         match config.naive {
             true => "naive check-then-insert",
             false => "#[idempotent]",
@@ -183,9 +217,10 @@ struct Run<'c> {
 impl<'c> Run<'c> {
     fn new(backend: Backend, seed: u64, config: &'c Config) -> Result<Self, String> {
         let db = Database::create(backend, seed)?;
-        // 2–4 copies each, 3 on average: enough messages for the deliveries asked for, with
+        // Enough messages for the deliveries asked for at the average number of copies, with
         // redeliveries on top.
-        let messages = config.deliveries.div_ceil(3);
+        let average = (config.copies.0 + config.copies.1).div_ceil(2);
+        let messages = config.deliveries.div_ceil(average);
         let slots = CONSUMERS
             .iter()
             .enumerate()
@@ -222,7 +257,11 @@ impl<'c> Run<'c> {
         let program = std::env::current_exe().map_err(|e| format!("this program: {e}"))?;
         let slot = &mut self.slots[at];
         slot.generation += 1;
-        let mut child = Command::new(program)
+        let mut command = Command::new(program);
+        if self.config.hot {
+            command.env(crate::consumer::HOT_ENV, "1");
+        }
+        let mut child = command
             .args([
                 "consume",
                 self.backend.name(),
@@ -299,7 +338,7 @@ impl<'c> Run<'c> {
     fn dispatch(&mut self) {
         while self.pending.len() < WINDOW && self.published < self.messages {
             self.published += 1;
-            let copies = self.rng.u64(2..=4);
+            let copies = self.rng.u64(self.config.copies.0..=self.config.copies.1);
             self.copies += copies;
             for _ in 0..copies {
                 self.pending.push(Copy {
@@ -410,9 +449,23 @@ impl<'c> Run<'c> {
 
     fn drive(&mut self) -> Report {
         let started = Instant::now();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writers: Vec<_> = match self.config.hot {
+            true => self.db.other_writers(),
+            false => Vec::new(),
+        }
+        .into_iter()
+        .map(|url| {
+            let stop = stop.clone();
+            std::thread::spawn(move || other_writer(&url, &stop))
+        })
+        .collect();
         if let Err(e) = self.drive_until_settled(started) {
             self.report.problems.push(e);
         }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let written: u64 = writers.into_iter().map(|w| w.join().unwrap_or(0)).sum();
+        self.report.other_writes = self.config.hot.then_some(written);
         if let Err(e) = self.db.recover() {
             self.report.problems.push(e);
         }
@@ -533,6 +586,7 @@ impl<'c> Run<'c> {
         self.report.markers = contents.markers as u64;
         self.report.claims_completed = contents.claims_completed as u64;
         self.report.torn = contents.torn;
+        self.report.hot = self.config.hot.then_some(contents.hot);
         self.report.may_lose_commits = self.db.may_lose_commits();
         self.check_side_effects();
         let mut processed: HashMap<u64, u64> = HashMap::new();
@@ -540,7 +594,7 @@ impl<'c> Run<'c> {
         for (_, text) in logs(self.db.dir(), "acks") {
             for line in text.lines() {
                 let fields: Vec<&str> = line.split_whitespace().collect();
-                let [_, message, outcome] = fields.as_slice() else {
+                let [delivery, message, outcome] = fields.as_slice() else {
                     self.report
                         .problems
                         .push(format!("a torn ack log line: {line:?}"));
@@ -553,14 +607,60 @@ impl<'c> Run<'c> {
                 if *outcome == "processed" {
                     *processed.entry(message).or_default() += 1;
                 }
-                if (self.config.naive || message % 2 == 0) && !contents.applied.contains(&message) {
+                let transactional = self.config.naive || message % 2 == 0;
+                if transactional && !contents.applied.contains(&message) {
                     self.report.ack_without_effect += 1;
+                }
+                // This delivery's own body committed: its effect row names it. (A duplicate's
+                // effect is another delivery's.)
+                if transactional
+                    && *outcome == "processed"
+                    && !delivery
+                        .parse::<u64>()
+                        .is_ok_and(|d| contents.deliveries.contains(&d))
+                {
+                    self.report.processed_without_effect += 1;
                 }
             }
         }
         self.report.logged_acks = logged;
         self.report.processed_twice = processed.values().filter(|n| **n > 1).count() as u64;
     }
+}
+
+/// One of the application's other writers ([`Database::other_writers`]): updates a hot row
+/// in a transaction of its own, again and again until `stop`, connecting again after a
+/// node's crash. Returns how many it committed.
+fn other_writer(url: &str, stop: &std::sync::atomic::AtomicBool) -> u64 {
+    use diesel::Connection as _;
+    use diesel::connection::SimpleConnection as _;
+    let mut written = 0;
+    let mut conn = None;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        #[cfg(feature = "mysql")]
+        {
+            let Some(c) = conn.as_mut() else {
+                conn = diesel::MysqlConnection::establish(url).ok();
+                if conn.is_none() {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                continue;
+            };
+            let row = fastrand::u8(0..crate::consumer::HOT_ROWS as u8);
+            match c.batch_execute(&format!("UPDATE hot SET w = w + 1 WHERE id = {row}")) {
+                Ok(()) => written += 1,
+                Err(diesel::result::Error::DatabaseError(..)) => {}
+                Err(_) => conn = None,
+            }
+            std::thread::sleep(Duration::from_micros(fastrand::u64(0..2000)));
+        }
+        #[cfg(not(feature = "mysql"))]
+        {
+            let _ = (url, &mut conn, &mut written);
+            break;
+        }
+    }
+    written
 }
 
 /// The consumers' logs of one kind (`acks`, `effects`) in `dir`: each file's name and its
@@ -742,6 +842,12 @@ pub struct Report {
     lost: u64,
     processed_twice: u64,
     ack_without_effect: u64,
+    /// Deliveries answered `Processed` whose own effect is not in the database.
+    processed_without_effect: u64,
+    /// With `--hot`: the hot rows' sum, one per committed body.
+    hot: Option<i64>,
+    /// With `--hot` on Galera: the other writers' commits on the hot rows.
+    other_writes: Option<u64>,
     p50: Duration,
     p99: Duration,
     elapsed: Duration,
@@ -779,6 +885,9 @@ impl Report {
             lost: 0,
             processed_twice: 0,
             ack_without_effect: 0,
+            processed_without_effect: 0,
+            hot: None,
+            other_writes: None,
             p50: Duration::ZERO,
             p99: Duration::ZERO,
             elapsed: Duration::ZERO,
@@ -886,6 +995,21 @@ impl Report {
                 self.ack_without_effect
             ),
         );
+        check(
+            !lossy && self.processed_without_effect > 0,
+            format!(
+                "{} deliveries answered processed whose own effect is not in the database",
+                self.processed_without_effect
+            ),
+        );
+        check(
+            !lossy && self.hot.is_some_and(|hot| hot != self.effects as i64),
+            format!(
+                "the hot rows count {} committed bodies, the effects {}",
+                self.hot.unwrap_or(0),
+                self.effects
+            ),
+        );
         out
     }
 }
@@ -961,6 +1085,16 @@ fn print_table(reports: &[Report]) {
     row("lost", &|r| r.lost.to_string());
     row("processed twice", &|r| r.processed_twice.to_string());
     row("ack without effect", &|r| r.ack_without_effect.to_string());
+    row("processed without its effect", &|r| {
+        r.processed_without_effect.to_string()
+    });
+    row("hot rows: bodies committed", &|r| {
+        r.hot.map_or_else(|| "-".to_owned(), |h| h.to_string())
+    });
+    row("  other writers' commits", &|r| {
+        r.other_writes
+            .map_or_else(|| "-".to_owned(), |w| w.to_string())
+    });
     row("delivery to ack p50", &|r| {
         format!("{:.1} ms", r.p50.as_secs_f64() * 1000.0)
     });

@@ -62,7 +62,17 @@ pub struct Contents {
     /// where the markers can be read back (PostgreSQL).
     pub torn: Option<u64>,
     pub applied: std::collections::HashSet<u64>,
+    /// The deliveries whose effect is in the database.
+    pub deliveries: std::collections::HashSet<u64>,
+    /// The sum of the hot rows: one per committed transaction-mode body with `--hot`.
+    pub hot: i64,
 }
+
+/// The hot rows ([`crate::consumer::HOT_ROWS`]), on every backend.
+/// `w` is what the run's other writers ([`Database::other_writers`]) update.
+const HOT: &str = "CREATE TABLE hot (id INTEGER PRIMARY KEY, n BIGINT NOT NULL, \
+                   w BIGINT NOT NULL DEFAULT 0); \
+                   INSERT INTO hot (id, n) VALUES (0, 0), (1, 0), (2, 0)";
 
 const EFFECTS_SQLITE: &str = "CREATE TABLE effects (id INTEGER PRIMARY KEY, message BIGINT NOT NULL, \
                               delivery BIGINT NOT NULL, consumer TEXT NOT NULL)";
@@ -130,6 +140,7 @@ impl Database {
                         conn.batch_execute(&schema::sqlite::create_table_sql(&InboxSchema::DEFAULT))
                     })
                     .and_then(|()| conn.batch_execute(EFFECTS_SQLITE))
+                    .and_then(|()| conn.batch_execute(HOT))
                     .map_err(|e| e.to_string())?;
                 Ok(Database::new(backend, url.clone(), url, dir))
             }
@@ -140,6 +151,7 @@ impl Database {
                 let mut conn = PgConnection::establish(&admin_url).map_err(|e| e.to_string())?;
                 conn.batch_execute(&schema::postgres::create_table_sql(&InboxSchema::DEFAULT))
                     .and_then(|()| conn.batch_execute(EFFECTS_POSTGRES))
+                    .and_then(|()| conn.batch_execute(HOT))
                     .map_err(|e| e.to_string())?;
                 let url = format!("{admin_url}?application_name={APPLICATION}");
                 Ok(Database::new(backend, url, admin_url, dir).with_private(private))
@@ -151,6 +163,7 @@ impl Database {
                 let mut conn = PgConnection::establish(&admin_url).map_err(|e| e.to_string())?;
                 conn.batch_execute(&schema::postgres::create_table_sql(&InboxSchema::DEFAULT))
                     .and_then(|()| conn.batch_execute(EFFECTS_POSTGRES))
+                    .and_then(|()| conn.batch_execute(HOT))
                     .map_err(|e| e.to_string())?;
                 let replica = primary.replica(&dir.path().join("replica"))?;
                 if backend == Backend::FailoverSync {
@@ -185,6 +198,7 @@ impl Database {
                 let mut conn = MysqlConnection::establish(&url).map_err(|e| e.to_string())?;
                 conn.batch_execute(&schema::mysql::create_table_sql(&InboxSchema::DEFAULT))
                     .and_then(|()| conn.batch_execute(EFFECTS_MYSQL))
+                    .and_then(|()| conn.batch_execute(HOT))
                     .map_err(|e| e.to_string())?;
                 Ok(Database::new(backend, url.clone(), url, dir).with_mysql_db(name))
             }
@@ -199,6 +213,7 @@ impl Database {
                 let mut conn = MysqlConnection::establish(&admin_url).map_err(|e| e.to_string())?;
                 conn.batch_execute(&schema::mysql::create_table_sql(&InboxSchema::DEFAULT))
                     .and_then(|()| conn.batch_execute(EFFECTS_MYSQL))
+                    .and_then(|()| conn.batch_execute(HOT))
                     .map_err(|e| e.to_string())?;
                 Ok(
                     Database::new(backend, galera.urls(0, GALERA_DB), admin_url, dir)
@@ -239,6 +254,20 @@ impl Database {
     /// Whether the run lost commits on purpose: an asynchronous replica promoted.
     pub fn may_lose_commits(&self) -> bool {
         self.backend == Backend::Failover
+    }
+
+    /// With `--hot` on Galera: the URLs of the application's other writers, one per node,
+    /// which update the hot rows in transactions of their own while the consumers run — as
+    /// other services write to the same accounts. Their commits on one node abort the
+    /// consumers' transactions on the others.
+    pub fn other_writers(&self) -> Vec<String> {
+        #[cfg(feature = "mysql")]
+        if let Some(galera) = &self.galera {
+            return (0..galera.len())
+                .map(|n| galera.url(n, GALERA_DB))
+                .collect();
+        }
+        Vec::new()
     }
 
     /// What consumer `slot` connects to: on Galera, every node, starting from its own, so
@@ -367,10 +396,15 @@ impl Database {
                         .map_err(|e| format!("{sql}: {e}"))?;
                     Ok(rows.first().map_or(0, |r| r.n))
                 };
-                let applied: Vec<Number> =
-                    diesel::sql_query("SELECT DISTINCT message AS n FROM effects")
+                let column = |conn: &mut _, sql: &str| -> Result<Vec<i64>, String> {
+                    let rows: Vec<Number> = diesel::sql_query(sql)
                         .load(conn)
-                        .map_err(|e| e.to_string())?;
+                        .map_err(|e| format!("{sql}: {e}"))?;
+                    Ok(rows.into_iter().map(|r| r.n).collect())
+                };
+                let applied = column(conn, "SELECT DISTINCT message AS n FROM effects")?;
+                let deliveries = column(conn, "SELECT delivery AS n FROM effects")?;
+                let hot = column(conn, "SELECT n FROM hot")?;
                 Contents {
                     messages: one(conn, "SELECT count(DISTINCT message) AS n FROM effects")?,
                     doubled: one(
@@ -388,7 +422,9 @@ impl Database {
                         "SELECT count(*) AS n FROM inbox WHERE consumer = 'chaos-claim' \
                          AND processed_at IS NOT NULL",
                     )?,
-                    applied: applied.into_iter().map(|r| r.n as u64).collect(),
+                    applied: applied.into_iter().map(|n| n as u64).collect(),
+                    deliveries: deliveries.into_iter().map(|n| n as u64).collect(),
+                    hot: hot.into_iter().sum(),
                     torn: None,
                 }
             }};

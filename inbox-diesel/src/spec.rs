@@ -104,13 +104,9 @@ impl HandlerSpec {
     pub const MARIADB_IDLE_RESTORE: &'static str =
         "SET SESSION idle_transaction_timeout = @inbox_idle_transaction_timeout";
 
-    /// MariaDB: the restore, then `COMMIT`, in one round trip. The restore goes first: if it
-    /// fails, `COMMIT` is never run and the transaction is rolled back, so a failed string
-    /// never hides a commit. No idle gap is left between the two.
-    pub const MARIADB_RESTORE_AND_COMMIT: &'static str =
-        "SET SESSION idle_transaction_timeout = @inbox_idle_transaction_timeout; COMMIT";
-
-    /// MariaDB: `ROLLBACK`, then the restore, in one round trip.
+    /// MariaDB: `ROLLBACK`, then the restore, in one round trip. Whatever the `ROLLBACK`
+    /// answers, nothing commits; the restore runs after the transaction, outside it. (A
+    /// `COMMIT` never shares its round trip: `backends/mysql.rs`, "A `COMMIT` alone".)
     pub const MARIADB_ROLLBACK_AND_RESTORE: &'static str =
         "ROLLBACK; SET SESSION idle_transaction_timeout = @inbox_idle_transaction_timeout";
 

@@ -142,3 +142,154 @@ impl Drop for PrivateMariadb {
         self.kill();
     }
 }
+
+/// A private two-node MariaDB Galera cluster (Debian's `galera-4`, rsync state transfer),
+/// root without a password, a database `test`. When the tests run as root the nodes run as
+/// the `mysql` user: the state transfer's rsync daemon drops root and could not read root's
+/// files.
+pub struct PrivateGalera {
+    dir: tempfile::TempDir,
+    /// Each node's port and server process.
+    nodes: Vec<(u16, Child)>,
+}
+
+impl PrivateGalera {
+    const PROVIDER: &'static str = "/usr/lib/galera/libgalera_smm.so";
+
+    /// Starts the first node as a new cluster, then the second, which copies its state; each
+    /// synced before this returns.
+    pub fn start() -> Self {
+        assert!(
+            Path::new(Self::PROVIDER).is_file(),
+            "no Galera provider at {} (Debian: galera-4)",
+            Self::PROVIDER
+        );
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let root = Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+        let user = if root { "--user=mysql" } else { "--user=root" };
+        let ports: Vec<[u16; 4]> = (0..2)
+            .map(|_| [free_port(), free_port(), free_port(), free_port()])
+            .collect();
+        for n in 0..2 {
+            std::fs::create_dir_all(dir.path().join(format!("node{n}/data")))
+                .expect("a node's directory");
+        }
+        if root {
+            run(Command::new("chown")
+                .args(["-R", "mysql:mysql"])
+                .arg(dir.path()));
+        }
+        run(Command::new("mariadb-install-db")
+            .arg("--no-defaults")
+            .arg(format!(
+                "--datadir={}",
+                dir.path().join("node0/data").display()
+            ))
+            .args([
+                user,
+                "--auth-root-authentication-method=normal",
+                "--skip-test-db",
+            ]));
+        let address = format!(
+            "gcomm://127.0.0.1:{},127.0.0.1:{}",
+            ports[0][1], ports[1][1]
+        );
+        let mut cluster = PrivateGalera {
+            dir,
+            nodes: Vec::new(),
+        };
+        for (n, [port, group, ist, sst]) in ports.into_iter().enumerate() {
+            let node = cluster.dir.path().join(format!("node{n}"));
+            let mut command = Command::new("mariadbd");
+            command
+                .arg("--no-defaults")
+                .arg(format!("--datadir={}", node.join("data").display()))
+                .arg(format!("--port={port}"))
+                .arg(format!("--socket={}", node.join("sock").display()))
+                .arg(format!("--pid-file={}", node.join("pid").display()))
+                .arg(format!("--log-error={}", node.join("error.log").display()))
+                .args([
+                    user,
+                    "--bind-address=127.0.0.1",
+                    "--innodb-buffer-pool-size=16M",
+                    "--binlog-format=ROW",
+                    "--innodb-autoinc-lock-mode=2",
+                    "--wsrep-on=ON",
+                    "--wsrep-sst-method=rsync",
+                    "--wsrep-node-address=127.0.0.1",
+                    "--wsrep-cluster-name=inbox-tests",
+                ])
+                .arg(format!("--wsrep-provider={}", Self::PROVIDER))
+                .arg(format!("--wsrep-cluster-address={address}"))
+                .arg(format!("--wsrep-sst-receive-address=127.0.0.1:{sst}"))
+                .arg(format!(
+                    "--wsrep-provider-options=gmcast.listen_addr=tcp://127.0.0.1:{group};\
+                     ist.recv_addr=127.0.0.1:{ist}"
+                ))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+            if n == 0 {
+                command.arg("--wsrep-new-cluster");
+            }
+            let child = command
+                .spawn()
+                .unwrap_or_else(|e| panic!("cannot start mariadbd: {e}"));
+            cluster.nodes.push((port, child));
+            let url = format!("mysql://root@127.0.0.1:{port}/mysql");
+            let log = node.join("error.log");
+            let started = Instant::now();
+            loop {
+                if let Ok(mut conn) = diesel::MysqlConnection::establish(&url)
+                    && synced(&mut conn)
+                {
+                    break;
+                }
+                assert!(
+                    started.elapsed() < Duration::from_secs(180),
+                    "Galera node {n} did not sync within three minutes; its log:\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+        let mut admin =
+            diesel::MysqlConnection::establish(&cluster.url(0).replace("/test", "/mysql"))
+                .expect("connect to node 0");
+        diesel::connection::SimpleConnection::batch_execute(&mut admin, "CREATE DATABASE test")
+            .expect("create the database test");
+        cluster
+    }
+
+    /// The URL of node `n`'s database `test` as root.
+    pub fn url(&self, n: usize) -> String {
+        format!("mysql://root@127.0.0.1:{}/test", self.nodes[n].0)
+    }
+}
+
+/// Whether the node a connection is on is synced with its cluster.
+fn synced(conn: &mut diesel::MysqlConnection) -> bool {
+    #[derive(diesel::QueryableByName)]
+    struct Status {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        #[diesel(column_name = "Value")]
+        value: String,
+    }
+    diesel::RunQueryDsl::load::<Status>(
+        diesel::sql_query("SHOW STATUS LIKE 'wsrep_local_state_comment'"),
+        conn,
+    )
+    .is_ok_and(|rows| rows.first().is_some_and(|s| s.value == "Synced"))
+}
+
+impl Drop for PrivateGalera {
+    fn drop(&mut self) {
+        for (_, child) in &mut self.nodes {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
