@@ -586,7 +586,8 @@ impl<'c> Run<'c> {
         self.report.markers = contents.markers as u64;
         self.report.claims_completed = contents.claims_completed as u64;
         self.report.torn = contents.torn;
-        self.report.hot = self.config.hot.then_some(contents.hot);
+        // The naive handler touches no hot row.
+        self.report.hot = (self.config.hot && !self.config.naive).then_some(contents.hot);
         self.report.may_lose_commits = self.db.may_lose_commits();
         self.check_side_effects();
         let mut processed: HashMap<u64, u64> = HashMap::new();
