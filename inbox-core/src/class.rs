@@ -87,10 +87,15 @@ pub enum TransientKind {
     SerializationFailure,
     /// PostgreSQL `40P01`, MySQL `1213`: the server broke a deadlock by aborting this transaction.
     Deadlock,
-    /// MySQL `1205`, PostgreSQL `55P03` (`lock_timeout`): a lock wait timed out.
+    /// MySQL `1205`, PostgreSQL `55P03` (`lock_timeout`, or a row locked under `NOWAIT`),
+    /// MySQL `3572` (`NOWAIT`): a lock wait timed out or was refused.
     LockWaitTimeout,
-    /// PostgreSQL `57014` (`statement_timeout`): the statement ran past its time limit.
+    /// PostgreSQL `57014` (`statement_timeout`), MariaDB `1969` (`max_statement_time`), MySQL
+    /// `3024` (`max_execution_time`): the statement ran past its time limit.
     StatementTimeout,
+    /// PostgreSQL `57014` by `pg_cancel_backend` ("user request"), MySQL and MariaDB `1317`
+    /// (`KILL QUERY`): someone cancelled the statement, not the transaction's own content.
+    Canceled,
     /// SQLite `SQLITE_BUSY` / `SQLITE_LOCKED`: the database stayed locked past the busy timeout.
     Busy,
 }

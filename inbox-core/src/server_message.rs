@@ -65,6 +65,12 @@ pub enum ServerErrorKind {
     SerializationFailure,
     /// The connection was closed or a command could not be sent.
     ConnectionLost,
+    /// The session or transaction can only read (PostgreSQL `25006`, MySQL and MariaDB
+    /// `1792`), named by the driver's code.
+    ReadOnly,
+    /// A `NOT NULL` column given `NULL` (PostgreSQL `23502`, MySQL and MariaDB `1048`,
+    /// `1364`), named by the driver's code.
+    NotNullViolation,
     /// Any other kind; the message decides.
     Other,
 }
@@ -164,6 +170,8 @@ impl ServerError<'_> {
                 ErrorClass::Transient(TransientKind::SerializationFailure)
             }
             ServerErrorKind::ConnectionLost => ErrorClass::ConnectionLost,
+            ServerErrorKind::ReadOnly => ErrorClass::ReadOnly,
+            ServerErrorKind::NotNullViolation => ErrorClass::Other,
             // Some paths report a unique violation without its kind (diesel's MySQL
             // `batch_execute`); `violated_index` reads it from the message.
             ServerErrorKind::Other => match self.violated_index() {
@@ -338,7 +346,7 @@ fn is_deadlock(message: &str) -> bool {
 /// Errors that drivers report without a kind of their own, recognised by the server's
 /// (English) message. Checked against messages captured from the servers in the tests.
 fn classify_message(message: &str) -> ErrorClass {
-    const TRANSIENT: [(&str, TransientKind); 10] = [
+    const TRANSIENT: [(&str, TransientKind); 14] = [
         // MariaDB 1020 with `innodb_snapshot_isolation` (the default from 11.6): a row read
         // by the transaction changed under it — MariaDB's serialization failure.
         (
@@ -354,14 +362,25 @@ fn classify_message(message: &str) -> ErrorClass {
         ),
         // MySQL / MariaDB 1205.
         ("Lock wait timeout exceeded", TransientKind::LockWaitTimeout),
-        // PostgreSQL 55P03 and 57014.
+        // PostgreSQL 55P03: `lock_timeout`, and a row or table locked under `NOWAIT`.
         (
             "canceling statement due to lock timeout",
             TransientKind::LockWaitTimeout,
         ),
+        ("could not obtain lock on ", TransientKind::LockWaitTimeout),
+        // MySQL 3572: `FOR UPDATE NOWAIT` on a locked row.
+        (
+            "lock(s) could not be acquired immediately and NOWAIT is set",
+            TransientKind::LockWaitTimeout,
+        ),
+        // PostgreSQL 57014, by `statement_timeout` or by `pg_cancel_backend`.
         (
             "canceling statement due to statement timeout",
             TransientKind::StatementTimeout,
+        ),
+        (
+            "canceling statement due to user request",
+            TransientKind::Canceled,
         ),
         // MariaDB 1969 (`max_statement_time`), MySQL 3024 (`max_execution_time`).
         (
@@ -372,6 +391,8 @@ fn classify_message(message: &str) -> ErrorClass {
             "maximum statement execution time exceeded",
             TransientKind::StatementTimeout,
         ),
+        // MySQL / MariaDB 1317 (`KILL QUERY`), after the timeouts that share its text.
+        ("Query execution was interrupted", TransientKind::Canceled),
         // SQLite SQLITE_BUSY, and SQLITE_LOCKED ("database table is locked: t").
         ("database is locked", TransientKind::Busy),
         ("table is locked", TransientKind::Busy),
@@ -383,7 +404,7 @@ fn classify_message(message: &str) -> ErrorClass {
     if message.starts_with("current transaction is aborted") {
         return ErrorClass::TransactionAborted;
     }
-    const CONNECTION_LOST: [&str; 13] = [
+    const CONNECTION_LOST: [&str; 16] = [
         // PostgreSQL 57P01 (a terminated backend), libpq and tokio-postgres.
         "terminating connection due to administrator command",
         "server closed the connection unexpectedly",
@@ -395,6 +416,11 @@ fn classify_message(message: &str) -> ErrorClass {
         "server has gone away",
         "Lost connection to",
         "Connection was killed",
+        // MySQL / MariaDB 1053; PostgreSQL 57P02 (another backend crashed) and 57P03 (a
+        // server starting, stopping or recovering).
+        "Server shutdown in progress",
+        "terminating connection because of crash of another server process",
+        "the database system is ",
         "Can't connect to",
         // mysql_async: a reset, a broken pipe, and a session the server ended (`KILL`) read
         // on its next statement.
@@ -403,8 +429,11 @@ fn classify_message(message: &str) -> ErrorClass {
         "Connection to the server is closed",
     ];
     // Before the schema's "does not exist": PostgreSQL 26000 reads `prepared statement "…"
-    // does not exist`; MySQL and MariaDB 1243.
-    if (message.starts_with("prepared statement \"") && message.ends_with("\" does not exist"))
+    // does not exist`; MySQL and MariaDB 1243. PostgreSQL 42P05, `prepared statement "…"
+    // already exists`: a server connection shared behind a transaction-mode pooler, where
+    // another client's statement took the name diesel's cache gives its own.
+    if (message.starts_with("prepared statement \"")
+        && (message.ends_with("\" does not exist") || message.ends_with("\" already exists")))
         || message.starts_with("Unknown prepared statement handler")
     {
         return ErrorClass::StatementLost;
@@ -693,6 +722,38 @@ mod tests {
             ),
             // Not a statement: a table, which is the schema's.
             ("relation \"inbox\" does not exist", ErrorClass::Schema),
+            // Faults a redelivery processes: PostgreSQL 55P03 under NOWAIT, 57014 by
+            // `pg_cancel_backend`, 42P05 behind a transaction-mode pooler; MySQL 3572 and
+            // 1317 (`KILL QUERY`).
+            (
+                "could not obtain lock on row in relation \"accounts\"",
+                ErrorClass::Transient(TransientKind::LockWaitTimeout),
+            ),
+            (
+                "canceling statement due to user request",
+                ErrorClass::Transient(TransientKind::Canceled),
+            ),
+            (
+                "prepared statement \"__diesel_stmt_0\" already exists",
+                ErrorClass::StatementLost,
+            ),
+            (
+                "Statement aborted because lock(s) could not be acquired immediately and \
+                 NOWAIT is set.",
+                ErrorClass::Transient(TransientKind::LockWaitTimeout),
+            ),
+            (
+                "Query execution was interrupted",
+                ErrorClass::Transient(TransientKind::Canceled),
+            ),
+            (
+                "Query execution was interrupted (max_statement_time exceeded)",
+                ErrorClass::Transient(TransientKind::StatementTimeout),
+            ),
+            (
+                "the database system is shutting down",
+                ErrorClass::ConnectionLost,
+            ),
         ] {
             assert_eq!(other(message), class, "{message}");
         }
@@ -709,6 +770,11 @@ mod tests {
             "Lost connection to server during query",
             "MySQL server has gone away",
             "Connection was killed",
+            // MySQL / MariaDB 1053; PostgreSQL 57P02 (another backend crashed) and 57P03 (a
+            // server starting, stopping or recovering).
+            "Server shutdown in progress",
+            "terminating connection because of crash of another server process",
+            "the database system is ",
             // mysql_async (diesel-async's AsyncMysqlConnection) after a `KILL`.
             "Input/output error: Input/output error: Driver error: `Connection to the server is closed.'",
         ] {

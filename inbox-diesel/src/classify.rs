@@ -32,6 +32,8 @@ pub(crate) fn with_server_error<R>(
                 DatabaseErrorKind::ClosedConnection | DatabaseErrorKind::UnableToSendCommand => {
                     ServerErrorKind::ConnectionLost
                 }
+                DatabaseErrorKind::ReadOnlyTransaction => ServerErrorKind::ReadOnly,
+                DatabaseErrorKind::NotNullViolation => ServerErrorKind::NotNullViolation,
                 _ => ServerErrorKind::Other,
             },
             constraint: info.constraint_name(),

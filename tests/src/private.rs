@@ -293,3 +293,135 @@ impl Drop for PrivateGalera {
         }
     }
 }
+
+/// A private PostgreSQL server (`initdb` into a temporary directory, its own port), the
+/// `postgres` superuser trusted on 127.0.0.1. Initialised with a locale, as `initdb` on a
+/// system installed in that language would be: its messages are in that language. Run as
+/// the `postgres` user when the tests run as root (the server refuses root). Stopped
+/// (`immediate`) when dropped.
+pub struct PrivatePostgres {
+    dir: tempfile::TempDir,
+    port: u16,
+    bin: PathBuf,
+}
+
+impl PrivatePostgres {
+    /// `initdb --locale=<locale>`, then the server started.
+    pub fn start(locale: &str) -> Self {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let server = Self {
+            dir,
+            port: free_port(),
+            bin: postgres_bin(),
+        };
+        if is_root() {
+            run(Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(server.dir.path()));
+        }
+        let data = server.data();
+        server.as_owner(&[
+            &server.tool("initdb"),
+            "-D",
+            &data,
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            &format!("--locale={locale}"),
+            "--no-sync",
+        ]);
+        let options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+            server.port,
+            server.dir.path().display()
+        );
+        let log = server.dir.path().join("postgres.log");
+        server.as_owner(&[
+            &server.tool("pg_ctl"),
+            "-D",
+            &data,
+            "-l",
+            log.to_str().expect("a UTF-8 path"),
+            "-o",
+            &options,
+            "-w",
+            "start",
+        ]);
+        server
+    }
+
+    /// The URL of `database` as `user` (trusted: no password).
+    pub fn url(&self, user: &str, database: &str) -> String {
+        format!("postgres://{user}@127.0.0.1:{}/{database}", self.port)
+    }
+
+    fn data(&self) -> String {
+        self.dir.path().join("data").display().to_string()
+    }
+
+    fn tool(&self, name: &str) -> String {
+        self.bin.join(name).display().to_string()
+    }
+
+    fn as_owner(&self, argv: &[&str]) {
+        let mut command = match is_root() {
+            true => {
+                let mut c = Command::new("runuser");
+                c.args(["-u", "postgres", "--"]).args(argv);
+                c
+            }
+            false => {
+                let mut c = Command::new(argv[0]);
+                c.args(&argv[1..]);
+                c
+            }
+        };
+        run(&mut command);
+    }
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        let data = self.data();
+        let pg_ctl = self.tool("pg_ctl");
+        let mut command = match is_root() {
+            true => {
+                let mut c = Command::new("runuser");
+                c.args(["-u", "postgres", "--", &pg_ctl]);
+                c
+            }
+            false => Command::new(&pg_ctl),
+        };
+        let _ = command
+            .args(["-D", &data, "-m", "immediate", "-w", "stop"])
+            .output();
+    }
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0\n"))
+}
+
+/// `initdb` and `pg_ctl`: on `PATH`, or Debian's newest `/usr/lib/postgresql/<version>/bin`.
+fn postgres_bin() -> PathBuf {
+    if let Some(dir) = std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .find(|dir| dir.join("initdb").is_file() && dir.join("pg_ctl").is_file())
+    }) {
+        return dir;
+    }
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .expect("initdb on PATH or under /usr/lib/postgresql (install postgresql)")
+        .filter_map(|entry| entry.ok().map(|e| e.path().join("bin")))
+        .filter(|bin| bin.join("initdb").is_file())
+        .collect();
+    versions.sort();
+    versions
+        .pop()
+        .expect("initdb under /usr/lib/postgresql (install postgresql)")
+}

@@ -94,11 +94,13 @@ impl SessionMark {
 }
 
 /// Whether a failed statement of the claim says that this server session has not checked the
-/// table: MySQL's 1048 on the consumer, which only the [`SessionMark`] can make NULL, or a
-/// MariaDB setting refused by a MySQL server given a MariaDB server's remembered check.
+/// table: a `NOT NULL` violation (MySQL's 1048, by the driver's code, in whatever language the
+/// session speaks — an unchecked session has not had its messages set to English), which in
+/// the marker's insert only the [`SessionMark`]'s `NULL` consumer can cause; or a MariaDB
+/// setting refused by a MySQL server given a MariaDB server's remembered check.
 pub(crate) fn unchecked_session(error: &diesel::result::Error) -> bool {
     crate::classify::with_server_error(error, |server| {
-        server.message.contains("Column 'consumer' cannot be null")
+        server.kind == inbox_core::server_message::ServerErrorKind::NotNullViolation
             || server
                 .message
                 .contains("Unknown system variable 'idle_transaction_timeout'")

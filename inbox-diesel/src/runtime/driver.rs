@@ -622,18 +622,28 @@ fn forget_check<S: Steps>(steps: &mut S, spec: &HandlerSpec) {
 /// Whether a failed statement of the handler's own (begin, claim, commit) says that the table
 /// is not what this connection's check found — a column or the unique index gone, the table
 /// recreated — or that the server session was not checked for the statements it was given
-/// ([`SessionMark`](crate::dialect::layout::SessionMark)).
+/// ([`SessionMark`](crate::dialect::layout::SessionMark)), or is an error nothing recognises:
+/// on a session the check has not seen, the server speaks whatever language the session
+/// was given, not yet English ([`check_table`](crate::schema::check::check_table)); the
+/// check sets that, and the next attempt's error, if any, reads as what it is. Once per
+/// delivery.
 fn needs_recheck(error: &DieselError, spec: &HandlerSpec) -> bool {
     if crate::dialect::layout::unchecked_session(error) {
         // Every session a MySQL pool opens, once: not news.
         tracing::debug!("this session has not checked the inbox table; checking it");
         return true;
     }
-    let changed = classify(error, &spec.schema) == ErrorClass::Schema;
-    if changed {
-        tracing::info!("a statement found the inbox table not as checked; checking it again");
+    match classify(error, &spec.schema) {
+        ErrorClass::Schema => {
+            tracing::info!("a statement found the inbox table not as checked; checking it again");
+            true
+        }
+        ErrorClass::Other => {
+            tracing::info!(error = %error, "an error of the runtime's own statement not recognised; checking the session");
+            true
+        }
+        _ => false,
     }
-    changed
 }
 
 /// Checks the table again on this connection, once per delivery: the attempt then runs

@@ -572,6 +572,7 @@ pub(crate) async fn check_table<S: Io>(
     schema: &InboxSchema,
     claim: bool,
 ) -> Result<Layout, SchemaError> {
+    english_messages(io, schema).await?;
     let catalog = read_catalog(io, schema, claim)
         .await
         .map_err(SchemaError::Database)?;
@@ -582,6 +583,85 @@ pub(crate) async fn check_table<S: Io>(
             .map_err(SchemaError::Database)?;
     }
     Ok(layout)
+}
+
+/// MySQL and MariaDB: the session's messages in English, unless they are already (`en_GB`
+/// stays `en_GB`). Any session may set its own `lc_messages`.
+const MYSQL_ENGLISH: &str =
+    "SET SESSION lc_messages = IF(@@lc_messages LIKE 'en\\_%', @@lc_messages, 'en_US')";
+
+/// PostgreSQL: the session's messages in English where the setting names another language
+/// (or none: an empty `lc_messages` takes the server's environment). Only a superuser, or a
+/// role granted `SET` on the parameter, may; see [`english_messages`].
+const PG_ENGLISH: &str = "SELECT set_config('lc_messages', 'C', false) \
+     WHERE current_setting('lc_messages') !~ '^(C|POSIX|en)([._@]|$)'";
+
+/// `lc_messages` as the session has it.
+const PG_MESSAGES: &str = "SELECT current_setting('lc_messages') AS version";
+
+/// Makes the server speak English on this session, before anything else of the check.
+///
+/// The runtime decides what a failure means by its code (SQLSTATE, MySQL's error number)
+/// where the driver reports one — a unique violation, a serialization failure, a read-only
+/// transaction, a `NOT NULL` violation, a lost connection —, but diesel's error carries no
+/// code for the others (a deadlock, a lock or statement timeout, a cancelled statement, a
+/// missing table or privilege): for those the server's message is all there is, and the
+/// server writes it in the session's `lc_messages`. A server installed on a German system
+/// reports a deadlock as `Verklemmung (Deadlock) entdeckt`; read as English, that is an
+/// unknown error, dead-lettered instead of retried. So the session's messages are set to
+/// English (a session setting; the server's and other sessions' stay as they are), the same
+/// on every driver, sync and async.
+///
+/// MySQL and MariaDB let every session do that. PostgreSQL lets only a superuser, or a
+/// role granted `SET` on the parameter (PostgreSQL 15+): for any other role whose messages
+/// are in another language the check refuses, naming the two fixes (`ALTER ROLE … SET
+/// lc_messages = 'C'`, or the grant). A role that may not set it, on a server whose messages
+/// are English anyway (built without translations), passes: its refusal came in English.
+async fn english_messages<S: Io>(io: &mut S, schema: &InboxSchema) -> Result<(), SchemaError> {
+    let pinned = match S::Backend::BACKEND {
+        Backend::Sqlite => return Ok(()),
+        Backend::Mysql => io.execute(&Sql::new(MYSQL_ENGLISH)).await,
+        Backend::Postgres => io.execute(&Sql::new(PG_ENGLISH)).await,
+    };
+    let Err(refused) = pinned else {
+        return Ok(());
+    };
+    let english = crate::classify::with_server_error(&refused, |server| {
+        server
+            .message
+            .starts_with("permission denied to set parameter")
+    });
+    match (S::Backend::BACKEND, english) {
+        (Backend::Postgres, Some(true)) => return Ok(()),
+        (Backend::Postgres, Some(false)) => {}
+        _ => return Err(SchemaError::Database(refused)),
+    }
+    let setting = io
+        .load::<ServerRow>(&Sql::new(PG_MESSAGES))
+        .await
+        .map_err(SchemaError::Database)?
+        .into_iter()
+        .next()
+        .map(|row| row.version)
+        .unwrap_or_default();
+    Err(SchemaError::Mismatch {
+        table: schema.table(),
+        resolved: None,
+        problems: vec![SchemaProblem::Unsupported {
+            found: format!(
+                "the session's server messages are in `lc_messages = '{setting}'`, which its \
+                 role may not change"
+            ),
+            why: "the runtime reads deadlocks, timeouts and cancellations from the server's \
+                  English messages (diesel reports no SQLSTATE for them): in another language \
+                  they would be dead-lettered instead of retried",
+            fix: "give the role English messages as a superuser: `ALTER ROLE <role> SET \
+                  lc_messages = 'C'` (or `ALTER DATABASE <database> SET lc_messages = 'C'`), \
+                  or let it set them itself: `GRANT SET ON PARAMETER lc_messages TO <role>` \
+                  (PostgreSQL 15+)"
+                .into(),
+        }],
+    })
 }
 
 /// Each column the runtime uses, and the types it works with on each backend: a prefix of

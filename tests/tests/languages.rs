@@ -1,0 +1,622 @@
+//! Faults read the same whatever language the server speaks. A PostgreSQL initialised on a
+//! German system (a private server, `initdb --locale=de_DE.UTF-8`) with two more databases
+//! in French and Spanish (`ALTER DATABASE … SET lc_messages`), and MariaDB sessions in
+//! German, French and Spanish: each class of the taxonomy provoked for real on a connection
+//! the startup check has seen, sync and async, and handlers whose first delivery on a session
+//! meets a fault. Before the check set the session's messages to English, a German deadlock
+//! or timeout read as an unknown error (dead-lettered), and a MariaDB session in German that
+//! the check had not seen failed its marker as a schema fault.
+
+#![cfg(any(feature = "postgres", feature = "mysql"))]
+
+use diesel::result::Error;
+use inbox_diesel::{ErrorClass, InboxSchema, TransientKind, classify};
+
+/// The server's message of `error`.
+fn message(error: &Error) -> String {
+    match error {
+        Error::DatabaseError(_, info) => info.message().to_owned(),
+        other => other.to_string(),
+    }
+}
+
+fn class(error: &Error) -> ErrorClass {
+    classify(error, &InboxSchema::DEFAULT)
+}
+
+const TIMEOUT: ErrorClass = ErrorClass::Transient(TransientKind::StatementTimeout);
+const LOCK: ErrorClass = ErrorClass::Transient(TransientKind::LockWaitTimeout);
+const DEADLOCK: ErrorClass = ErrorClass::Transient(TransientKind::Deadlock);
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use diesel::connection::SimpleConnection;
+    use diesel::{Connection, PgConnection};
+    use inbox_diesel::{Action, ErrorClass, InboxSchema, TransientKind, idempotent, schema};
+    use inbox_tests::private::PrivatePostgres;
+    use inbox_tests::server::count;
+
+    use super::{DEADLOCK, LOCK, TIMEOUT, class, message};
+
+    /// The databases, their language, and `SELECT 1/0`'s message in it. The first is the
+    /// server's own language, from `initdb`.
+    const LANGUAGES: [(&str, &str, &str); 3] = [
+        ("postgres", "de_DE.UTF-8", "Division durch Null"),
+        ("fr", "fr_FR.UTF-8", "division par zéro"),
+        ("es", "es_ES.UTF-8", "división por cero"),
+    ];
+
+    /// The private server: three databases with an inbox, accounts 1 and 2, a table `secret`
+    /// nobody but the superuser may read; roles `app` (may not set `lc_messages`) and
+    /// `app_granted` (may, PostgreSQL 15's grant).
+    fn server() -> PrivatePostgres {
+        let server = PrivatePostgres::start("de_DE.UTF-8");
+        let mut admin = PgConnection::establish(&server.url("postgres", "postgres")).unwrap();
+        for (database, language, _) in &LANGUAGES[1..] {
+            admin
+                .batch_execute(&format!("CREATE DATABASE {database}"))
+                .unwrap();
+            admin
+                .batch_execute(&format!(
+                    "ALTER DATABASE {database} SET lc_messages = '{language}'"
+                ))
+                .unwrap();
+        }
+        admin
+            .batch_execute(
+                "CREATE ROLE app LOGIN; CREATE ROLE app_granted LOGIN;
+                 GRANT SET ON PARAMETER lc_messages TO app_granted",
+            )
+            .unwrap();
+        for (database, ..) in LANGUAGES {
+            let mut conn = PgConnection::establish(&server.url("postgres", database)).unwrap();
+            conn.batch_execute(&schema::postgres::create_table_sql(&InboxSchema::DEFAULT))
+                .unwrap();
+            conn.batch_execute(
+                "CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance BIGINT NOT NULL);
+                 INSERT INTO accounts VALUES (1, 0), (2, 0);
+                 CREATE TABLE secret (id INTEGER);
+                 GRANT ALL ON inbox, accounts TO app, app_granted;
+                 GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO app, app_granted",
+            )
+            .unwrap();
+        }
+        server
+    }
+
+    fn error_of(conn: &mut PgConnection, sql: &str) -> diesel::result::Error {
+        conn.batch_execute(sql).expect_err(sql)
+    }
+
+    fn connect(url: &str) -> PgConnection {
+        PgConnection::establish(url).unwrap_or_else(|e| panic!("{url}: {e}"))
+    }
+
+    /// Each class, on a connection the check has seen, in each language.
+    #[test]
+    fn every_class_reads_the_same_in_german_french_and_spanish() {
+        let server = server();
+        for (database, language, translated) in LANGUAGES {
+            let url = server.url("postgres", database);
+            let mut fresh = connect(&url);
+            assert_eq!(
+                message(&error_of(&mut fresh, "SELECT 1/0")),
+                translated,
+                "the server speaks {language} on {database}"
+            );
+
+            let mut conn = connect(&url);
+            schema::verify(&mut conn, &InboxSchema::DEFAULT).unwrap();
+            let on = |conn: &mut PgConnection, sql: &str| class(&error_of(conn, sql));
+            let context = format!("{database} ({language})");
+            assert_eq!(
+                message(&error_of(&mut conn, "SELECT 1/0")),
+                "division by zero",
+                "{context}"
+            );
+            assert_eq!(
+                on(
+                    &mut conn,
+                    "SET statement_timeout = '20ms'; SELECT pg_sleep(2)"
+                ),
+                TIMEOUT,
+                "{context}"
+            );
+            assert_eq!(
+                on(
+                    &mut conn,
+                    "SELECT pg_cancel_backend(pg_backend_pid()), pg_sleep(2)"
+                ),
+                ErrorClass::Transient(TransientKind::Canceled),
+                "{context}"
+            );
+            assert_eq!(on(&mut conn, "SELECT * FROM nope"), ErrorClass::Schema);
+            assert_eq!(
+                on(
+                    &mut conn,
+                    "BEGIN READ ONLY; INSERT INTO accounts VALUES (9, 0)"
+                ),
+                ErrorClass::ReadOnly
+            );
+            conn.batch_execute("ROLLBACK").unwrap();
+            error_of(&mut conn, "BEGIN; SELECT 1/0");
+            assert_eq!(on(&mut conn, "SELECT 1"), ErrorClass::TransactionAborted);
+            conn.batch_execute("ROLLBACK").unwrap();
+            conn.batch_execute("PREPARE twice AS SELECT 1").unwrap();
+            assert_eq!(
+                on(&mut conn, "PREPARE twice AS SELECT 1"),
+                ErrorClass::StatementLost,
+                "{context}: 42P05"
+            );
+            assert_eq!(
+                on(&mut conn, "EXECUTE never_prepared"),
+                ErrorClass::StatementLost,
+                "{context}: 26000"
+            );
+            let marker = "INSERT INTO inbox (message_id, consumer) \
+                          VALUES ('00000000-0000-0000-0000-000000000001', 'languages')";
+            conn.batch_execute(marker).unwrap();
+            assert_eq!(on(&mut conn, marker), ErrorClass::InboxDuplicate);
+
+            // Row locks held by another session: a lock timeout, NOWAIT, a deadlock.
+            let mut holder = connect(&url);
+            holder
+                .batch_execute("BEGIN; UPDATE accounts SET balance = balance WHERE id = 1")
+                .unwrap();
+            assert_eq!(
+                on(
+                    &mut conn,
+                    "SET lock_timeout = '20ms'; UPDATE accounts SET balance = 1 WHERE id = 1"
+                ),
+                LOCK,
+                "{context}"
+            );
+            assert_eq!(
+                on(
+                    &mut conn,
+                    "SELECT * FROM accounts WHERE id = 1 FOR UPDATE NOWAIT"
+                ),
+                LOCK,
+                "{context}: 55P03 under NOWAIT"
+            );
+            conn.batch_execute("BEGIN; UPDATE accounts SET balance = balance WHERE id = 2")
+                .unwrap();
+            let mut watcher = connect(&url);
+            std::thread::scope(|scope| {
+                // The holder waits for `conn`'s row with the longer deadlock timeout: `conn`,
+                // waiting next, finds the deadlock.
+                let holder = &mut holder;
+                let waits = scope.spawn(move || {
+                    holder
+                        .batch_execute(
+                            "SET LOCAL deadlock_timeout = '30s';
+                             UPDATE accounts SET balance = balance WHERE id = 2",
+                        )
+                        .unwrap();
+                });
+                inbox_tests::wait_until("the holder waits for a row lock", || {
+                    count(
+                        &mut watcher,
+                        "SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+                    ) == 1
+                });
+                assert_eq!(
+                    on(
+                        &mut conn,
+                        "UPDATE accounts SET balance = balance WHERE id = 1"
+                    ),
+                    DEADLOCK,
+                    "{context}"
+                );
+                conn.batch_execute("ROLLBACK").unwrap();
+                waits.join().unwrap();
+            });
+            holder.batch_execute("ROLLBACK").unwrap();
+
+            // A role that may set its messages: checked, and refused a table it may not read.
+            let mut granted = connect(&server.url("app_granted", database));
+            schema::verify(&mut granted, &InboxSchema::DEFAULT).unwrap();
+            assert_eq!(
+                on(&mut granted, "SELECT * FROM secret"),
+                ErrorClass::PermissionDenied,
+                "{context}"
+            );
+
+            // A role that may not: refused by the check, with the fix.
+            let mut app = connect(&server.url("app", database));
+            let refusal = schema::verify(&mut app, &InboxSchema::DEFAULT)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                refusal.contains(language) && refusal.contains("ALTER ROLE"),
+                "{context}: {refusal}"
+            );
+
+            // The session ended by an operator: a lost connection.
+            let pid = count(&mut conn, "SELECT pg_backend_pid()::int8 AS n");
+            watcher
+                .batch_execute(&format!("SELECT pg_terminate_backend({pid})"))
+                .unwrap();
+            assert_eq!(on(&mut conn, "SELECT 1"), ErrorClass::ConnectionLost);
+        }
+
+        // The fix the refusal names: then the role's sessions speak English.
+        let mut admin = connect(&server.url("postgres", "postgres"));
+        admin
+            .batch_execute("ALTER ROLE app SET lc_messages = 'C'")
+            .unwrap();
+        let mut app = connect(&server.url("app", "fr"));
+        schema::verify(&mut app, &InboxSchema::DEFAULT).unwrap();
+        assert_eq!(
+            message(&error_of(&mut app, "SELECT 1/0")),
+            "division by zero"
+        );
+    }
+
+    /// A body that runs past its statement timeout, every attempt.
+    #[idempotent(consumer = "languages", key = id)]
+    fn times_out(conn: &mut PgConnection, id: &str) -> Result<(), inbox_diesel::Error> {
+        use diesel::RunQueryDsl;
+        diesel::sql_query("SET LOCAL statement_timeout = '20ms'").execute(conn)?;
+        diesel::sql_query("SELECT pg_sleep(2)").execute(conn)?;
+        Ok(())
+    }
+
+    /// A session's first delivery: the check sets its messages, and the body's timeout is
+    /// retried, then handed back to be redelivered — not dead-lettered.
+    #[test]
+    fn a_timeout_in_german_is_retried_not_dead_lettered() {
+        let server = server();
+        // Open side by side, as a pool holds them: the runtime remembers a PostgreSQL check
+        // by where the connection lives, and a connection opened where a checked one lived
+        // (the same stack slot) is taken for it — a gap of its own, not of the language.
+        let mut open: Vec<PgConnection> = LANGUAGES
+            .iter()
+            .map(|(database, ..)| connect(&server.url("postgres", database)))
+            .collect();
+        for (conn, (database, ..)) in open.iter_mut().zip(LANGUAGES) {
+            let error = times_out(conn, "m-1").unwrap_err();
+            assert_eq!(error.class(), TIMEOUT, "{database}: {error:?}");
+            assert_eq!(error.class().action(), Action::RetryLater);
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            use diesel_async::AsyncConnection;
+            let mut open = Vec::new();
+            for (database, ..) in LANGUAGES {
+                let url = server.url("postgres", database);
+                open.push(
+                    diesel_async::AsyncPgConnection::establish(&url)
+                        .await
+                        .unwrap(),
+                );
+            }
+            for (conn, (database, ..)) in open.iter_mut().zip(LANGUAGES) {
+                let error = times_out_async(conn, "m-2").await.unwrap_err();
+                assert_eq!(error.class(), TIMEOUT, "async, {database}: {error:?}");
+            }
+        });
+    }
+
+    #[idempotent(consumer = "languages", key = id)]
+    async fn times_out_async(
+        conn: &mut diesel_async::AsyncPgConnection,
+        id: &str,
+    ) -> Result<(), inbox_diesel::Error> {
+        use diesel_async::RunQueryDsl;
+        diesel::sql_query("SET LOCAL statement_timeout = '20ms'")
+            .execute(conn)
+            .await?;
+        diesel::sql_query("SELECT pg_sleep(2)")
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    /// The async driver (tokio-postgres), after the async check.
+    #[test]
+    fn async_classes_in_every_language() {
+        let server = server();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+            for (database, language, translated) in LANGUAGES {
+                let url = server.url("postgres", database);
+                let mut conn = diesel_async::AsyncPgConnection::establish(&url)
+                    .await
+                    .unwrap();
+                let error = conn.batch_execute("SELECT 1/0").await.unwrap_err();
+                assert_eq!(message(&error), translated, "{language}");
+                schema::verify_async(&mut conn, &InboxSchema::DEFAULT)
+                    .await
+                    .unwrap();
+                for (sql, expected) in [
+                    ("SELECT 1/0", ErrorClass::Other),
+                    (
+                        "SET statement_timeout = '20ms'; SELECT pg_sleep(2)",
+                        TIMEOUT,
+                    ),
+                    (
+                        "SELECT pg_cancel_backend(pg_backend_pid()), pg_sleep(2)",
+                        ErrorClass::Transient(TransientKind::Canceled),
+                    ),
+                    ("SELECT * FROM nope", ErrorClass::Schema),
+                    ("EXECUTE never_prepared", ErrorClass::StatementLost),
+                ] {
+                    let error = conn.batch_execute(sql).await.expect_err(sql);
+                    assert_eq!(class(&error), expected, "{language}: {sql}: {error}");
+                }
+                let mut holder = connect(&url);
+                holder
+                    .batch_execute("BEGIN; UPDATE accounts SET balance = balance WHERE id = 1")
+                    .unwrap();
+                let error = conn
+                    .batch_execute("SELECT * FROM accounts WHERE id = 1 FOR UPDATE NOWAIT")
+                    .await
+                    .unwrap_err();
+                assert_eq!(class(&error), LOCK, "{language}: {error}");
+            }
+        });
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod mariadb {
+    use diesel::connection::SimpleConnection;
+    use diesel::{Connection, MysqlConnection};
+    use inbox_diesel::{ErrorClass, InboxSchema, Outcome, idempotent, schema};
+    use inbox_tests::mysql::MysqlDb;
+    use inbox_tests::server::count;
+
+    use super::{DEADLOCK, LOCK, TIMEOUT, class, message};
+
+    /// A session's language, and a word of `Table '…' doesn't exist` in it.
+    const LANGUAGES: [(&str, &str); 3] = [
+        ("de_DE", "existiert nicht"),
+        ("fr_FR", "n'existe pas"),
+        ("es_ES", "no existe"),
+    ];
+
+    /// A session of `db` speaking `language`, as every session of a server started with
+    /// `--lc-messages` would.
+    fn speaking(db: &MysqlDb, language: &str) -> MysqlConnection {
+        let mut conn = db.connect();
+        conn.batch_execute(&format!("SET lc_messages = '{language}'"))
+            .unwrap();
+        conn
+    }
+
+    fn error_of(conn: &mut MysqlConnection, sql: &str) -> diesel::result::Error {
+        conn.batch_execute(sql).expect_err(sql)
+    }
+
+    #[test]
+    fn every_class_reads_the_same_in_german_french_and_spanish() {
+        let db = MysqlDb::new("languages");
+        let mut admin = db.connect();
+        admin
+            .batch_execute("CREATE TABLE secret (id INTEGER)")
+            .unwrap();
+        admin
+            .batch_execute("CREATE USER IF NOT EXISTS 'inbox_languages'@'%'")
+            .unwrap();
+        admin
+            .batch_execute(&format!(
+                "GRANT ALL ON {}.inbox TO 'inbox_languages'@'%'",
+                db.name()
+            ))
+            .unwrap();
+        for (language, translated) in LANGUAGES {
+            let mut conn = speaking(&db, language);
+            let raw = message(&error_of(&mut conn, "SELECT * FROM nope"));
+            assert!(raw.contains(translated), "{language}: {raw}");
+            schema::verify(&mut conn, &InboxSchema::DEFAULT).unwrap();
+            let on = |conn: &mut MysqlConnection, sql: &str| class(&error_of(conn, sql));
+            assert_eq!(on(&mut conn, "SELECT * FROM nope"), ErrorClass::Schema);
+            assert_eq!(
+                on(
+                    &mut conn,
+                    "SET STATEMENT max_statement_time = 0.02 FOR SELECT SLEEP(2)"
+                ),
+                TIMEOUT,
+                "{language}"
+            );
+            assert_eq!(
+                on(
+                    &mut conn,
+                    "START TRANSACTION READ ONLY; INSERT INTO accounts VALUES (9, 0)"
+                ),
+                ErrorClass::ReadOnly,
+                "{language}"
+            );
+            conn.batch_execute("ROLLBACK").unwrap();
+            let marker = "INSERT INTO inbox (message_id, consumer) VALUES (x'01', 'languages')";
+            conn.batch_execute(marker).unwrap();
+            assert_eq!(
+                on(&mut conn, marker),
+                ErrorClass::InboxDuplicate,
+                "{language}"
+            );
+            conn.batch_execute("DELETE FROM inbox").unwrap();
+
+            let mut holder = db.connect();
+            holder
+                .batch_execute(
+                    "START TRANSACTION; UPDATE accounts SET balance = balance + 1 WHERE id = 1;
+                     INSERT INTO credits (message, account, amount)
+                     VALUES ('a', 1, 1), ('b', 1, 1), ('c', 1, 1), ('d', 1, 1)",
+                )
+                .unwrap();
+            assert_eq!(
+                on(
+                    &mut conn,
+                    "SET SESSION innodb_lock_wait_timeout = 1;
+                     UPDATE accounts SET balance = 1 WHERE id = 1"
+                ),
+                LOCK,
+                "{language}"
+            );
+            // A deadlock: `conn` changed less, so InnoDB rolls it back.
+            conn.batch_execute(
+                "START TRANSACTION; UPDATE accounts SET balance = balance + 1 WHERE id = 2",
+            )
+            .unwrap();
+            std::thread::scope(|scope| {
+                let holder = &mut holder;
+                let waits = scope.spawn(move || {
+                    holder
+                        .batch_execute(
+                            "SET SESSION innodb_lock_wait_timeout = 30;
+                             UPDATE accounts SET balance = balance + 1 WHERE id = 2",
+                        )
+                        .unwrap();
+                });
+                inbox_tests::wait_until("the holder waits for a row lock", || {
+                    db.waiting_for_a_lock() == 1
+                });
+                assert_eq!(
+                    on(
+                        &mut conn,
+                        "UPDATE accounts SET balance = balance + 1 WHERE id = 1"
+                    ),
+                    DEADLOCK,
+                    "{language}"
+                );
+                waits.join().unwrap();
+            });
+            conn.batch_execute("ROLLBACK").unwrap();
+            holder.batch_execute("ROLLBACK").unwrap();
+
+            let mut app = MysqlConnection::establish(&db.url_as("inbox_languages")).unwrap();
+            app.batch_execute(&format!("SET lc_messages = '{language}'"))
+                .unwrap();
+            schema::verify(&mut app, &InboxSchema::DEFAULT).unwrap();
+            assert_eq!(
+                on(&mut app, "SELECT * FROM secret"),
+                ErrorClass::PermissionDenied,
+                "{language}"
+            );
+
+            let id = count(&mut conn, "SELECT CONNECTION_ID() AS n");
+            admin
+                .batch_execute(&format!("KILL CONNECTION {id}"))
+                .unwrap();
+            assert_eq!(on(&mut conn, "SELECT 1"), ErrorClass::ConnectionLost);
+        }
+        admin
+            .batch_execute("DROP USER 'inbox_languages'@'%'")
+            .unwrap();
+    }
+
+    #[idempotent(consumer = "languages", key = id)]
+    fn credit(conn: &mut MysqlConnection, id: &str) -> Result<(), inbox_diesel::Error> {
+        use diesel::RunQueryDsl;
+        diesel::sql_query("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
+            .execute(conn)?;
+        Ok(())
+    }
+
+    #[idempotent(consumer = "languages", key = id)]
+    async fn credit_async(
+        conn: &mut diesel_async::AsyncMysqlConnection,
+        id: &str,
+    ) -> Result<(), inbox_diesel::Error> {
+        use diesel_async::RunQueryDsl;
+        diesel::sql_query("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    /// The check is remembered per handler; a new session in another language gets the
+    /// checked statements, which its server refuses (the session mark) in that language.
+    /// Recognised by code, not words: the session is checked and the message processed.
+    #[test]
+    fn a_new_session_in_another_language_is_checked_and_processes() {
+        let db = MysqlDb::new("languages_new_session");
+        assert!(credit(&mut db.connect(), "first").unwrap().is_processed());
+        for (n, (language, _)) in LANGUAGES.into_iter().enumerate() {
+            let outcome = credit(&mut speaking(&db, language), &format!("m-{n}"));
+            assert_eq!(outcome.unwrap(), Outcome::Processed(()), "{language}");
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            use diesel_async::SimpleAsyncConnection;
+            for (n, (language, _)) in LANGUAGES.into_iter().enumerate() {
+                let mut conn = db.connect_async().await;
+                conn.batch_execute(&format!("SET lc_messages = '{language}'"))
+                    .await
+                    .unwrap();
+                let outcome = credit_async(&mut conn, &format!("async-{n}")).await;
+                assert_eq!(
+                    outcome.unwrap(),
+                    Outcome::Processed(()),
+                    "async, {language}"
+                );
+            }
+        });
+        let mut conn = db.connect();
+        assert_eq!(
+            count(&mut conn, "SELECT balance AS n FROM accounts WHERE id = 1"),
+            7
+        );
+        assert_eq!(count(&mut conn, "SELECT count(*) AS n FROM inbox"), 7);
+    }
+
+    /// The async driver (mysql_async), after the async check.
+    #[test]
+    fn async_classes_in_every_language() {
+        let db = MysqlDb::new("languages_async");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            use diesel_async::SimpleAsyncConnection;
+            for (language, translated) in LANGUAGES {
+                let mut conn = db.connect_async().await;
+                conn.batch_execute(&format!("SET lc_messages = '{language}'"))
+                    .await
+                    .unwrap();
+                let raw = conn.batch_execute("SELECT * FROM nope").await.unwrap_err();
+                assert!(message(&raw).contains(translated), "{language}: {raw}");
+                schema::verify_async(&mut conn, &InboxSchema::DEFAULT)
+                    .await
+                    .unwrap();
+                for (sql, expected) in [
+                    ("SELECT * FROM nope", ErrorClass::Schema),
+                    (
+                        "SET STATEMENT max_statement_time = 0.02 FOR SELECT SLEEP(2)",
+                        TIMEOUT,
+                    ),
+                ] {
+                    let error = conn.batch_execute(sql).await.expect_err(sql);
+                    assert_eq!(class(&error), expected, "{language}: {sql}: {error}");
+                }
+                let mut holder = db.connect();
+                holder
+                    .batch_execute(
+                        "START TRANSACTION; UPDATE accounts SET balance = balance WHERE id = 1",
+                    )
+                    .unwrap();
+                let error = conn
+                    .batch_execute(
+                        "SET SESSION innodb_lock_wait_timeout = 1;
+                         UPDATE accounts SET balance = 1 WHERE id = 1",
+                    )
+                    .await
+                    .unwrap_err();
+                assert_eq!(class(&error), LOCK, "{language}: {error}");
+            }
+        });
+    }
+}
