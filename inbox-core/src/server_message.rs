@@ -344,7 +344,9 @@ fn is_deadlock(message: &str) -> bool {
 }
 
 /// Errors that drivers report without a kind of their own, recognised by the server's
-/// (English) message. Checked against messages captured from the servers in the tests.
+/// English message: `inbox-diesel`'s startup check sets each session's messages to English
+/// (`lc_messages`), since diesel reports no code for these. Checked against messages
+/// captured from the servers in the tests.
 fn classify_message(message: &str) -> ErrorClass {
     const TRANSIENT: [(&str, TransientKind); 14] = [
         // MariaDB 1020 with `innodb_snapshot_isolation` (the default from 11.6): a row read

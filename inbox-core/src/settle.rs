@@ -60,6 +60,34 @@ impl Settlement {
         }
     }
 
+    /// The settlement of a delivery whose handler panicked, and what the panic said (for the
+    /// log). A pump catches the panic, settles that delivery only and goes on with the
+    /// others: `Retry { reconnect: true }`. The runtime rolled the handler's transaction back
+    /// as the panic unwound, so nothing of the delivery is kept; the connection it ran on was
+    /// inside a transaction and is dropped; the broker redelivers the message after the
+    /// pump's delay, and its delivery limit (RabbitMQ's `x-delivery-limit`, JetStream's
+    /// `max_deliver`) dead-letters one that panics every time. The deliveries beside it are
+    /// not touched.
+    ///
+    /// ```
+    /// use inbox_core::Settlement;
+    ///
+    /// let panic = std::panic::catch_unwind(|| panic!("no account 7")).unwrap_err();
+    /// assert_eq!(
+    ///     Settlement::of_panic(panic.as_ref()),
+    ///     (Settlement::Retry { reconnect: true }, "no account 7")
+    /// );
+    /// ```
+    pub fn of_panic(panic: &(dyn std::any::Any + Send)) -> (Self, &str) {
+        let said = match panic.downcast_ref::<&'static str>() {
+            Some(said) => said,
+            None => panic
+                .downcast_ref::<String>()
+                .map_or("a panic without a message", String::as_str),
+        };
+        (Settlement::Retry { reconnect: true }, said)
+    }
+
     /// The label of this settlement in logs and metrics: `ack`, `retry`, `dead_letter`,
     /// `halt`.
     pub const fn as_str(self) -> &'static str {

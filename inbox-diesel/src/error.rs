@@ -394,12 +394,28 @@ impl From<Error> for diesel::result::Error {
 pub trait HasDieselError {
     /// The diesel error this error carries, if any.
     fn diesel_error(&self) -> Option<&diesel::result::Error>;
+
+    /// Records how many attempts the runtime made before it handed this error back: a
+    /// transient failure of the body is retried in fresh transactions, and the error of the
+    /// last attempt is returned. [`Error`](crate::Error) keeps the count
+    /// ([`Error::attempts`](crate::Error::attempts)), as it does for a failure of the
+    /// runtime's own statements, so that both agree; an `anyhow::Error` keeps it in the
+    /// inbox error it carries. By default, nothing.
+    fn record_attempts(&mut self, attempts: u32) {
+        let _ = attempts;
+    }
 }
 
 #[cfg(feature = "anyhow")]
 impl HasDieselError for anyhow::Error {
     fn diesel_error(&self) -> Option<&diesel::result::Error> {
         self.chain().find_map(|cause| cause.downcast_ref())
+    }
+
+    fn record_attempts(&mut self, attempts: u32) {
+        if let Some(error) = self.downcast_mut::<crate::Error>() {
+            error.record_attempts(attempts);
+        }
     }
 }
 

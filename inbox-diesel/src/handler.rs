@@ -200,9 +200,10 @@ pub async fn checked_future<R, F: std::future::Future<Output = R>>(body: F) -> C
 /// How the body's error is read for retries: through [`HasDieselError`].
 fn error_class<T, E: HasDieselError>(
     schema: &InboxSchema,
-) -> impl Fn(&Result<T, E>) -> Option<ErrorClass> + '_ {
-    move |result| {
-        let error = result.as_ref().err()?;
+) -> impl Fn(&mut Result<T, E>, u32) -> Option<ErrorClass> + '_ {
+    move |result, attempts| {
+        let error = result.as_mut().err()?;
+        error.record_attempts(attempts);
         Some(
             error
                 .diesel_error()
@@ -447,6 +448,12 @@ impl HasDieselError for Error {
         match self {
             Error::Database { source, .. } => Some(source),
             _ => None,
+        }
+    }
+
+    fn record_attempts(&mut self, made: u32) {
+        if let Error::Database { attempts, .. } | Error::EffectNotRecorded { attempts, .. } = self {
+            *attempts = made;
         }
     }
 }

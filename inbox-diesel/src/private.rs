@@ -117,6 +117,33 @@ impl<T, E: std::error::Error + 'static> ProbeSourceChain for &Probe<'_, Result<T
     }
 }
 
+/// Tells a body's `Err` how many attempts were made
+/// ([`HasDieselError::record_attempts`](crate::HasDieselError::record_attempts)), where its
+/// type can keep the count: resolved by autoref like [`Probe`], `(&&Record(…)).…`.
+pub struct Record<'r, R>(pub std::cell::RefCell<&'r mut R>, pub u32);
+
+/// The body's error keeps the count.
+pub trait RecordHasDieselError {
+    fn inbox_record_attempts(&self);
+}
+
+impl<T, E: crate::HasDieselError> RecordHasDieselError for &Record<'_, Result<T, E>> {
+    fn inbox_record_attempts(&self) {
+        if let Err(error) = &mut **self.0.borrow_mut() {
+            error.record_attempts(self.1);
+        }
+    }
+}
+
+/// Any other error type: nothing to record in.
+pub trait RecordAny {
+    fn inbox_record_attempts(&self);
+}
+
+impl<R> RecordAny for Record<'_, R> {
+    fn inbox_record_attempts(&self) {}
+}
+
 /// Any other error type: opaque, never retried.
 pub trait ProbeOpaque {
     fn inbox_error_class(&self, schema: &InboxSchema) -> Option<ErrorClass>;
@@ -133,12 +160,18 @@ impl<R> ProbeOpaque for Probe<'_, R> {
 #[macro_export]
 macro_rules! __inbox_error_class {
     ($ret:ty, $spec:ident) => {
-        |__inbox_result: &$ret| {
+        |__inbox_result: &mut $ret, __inbox_attempts: u32| {
             #[allow(unused_imports)]
             use $crate::__private::{
-                ProbeDiesel as _, ProbeHasDieselError as _, ProbeOpaque as _, ProbeSourceChain as _,
+                ProbeDiesel as _, ProbeHasDieselError as _, ProbeOpaque as _,
+                ProbeSourceChain as _, RecordAny as _, RecordHasDieselError as _,
             };
-            (&&&&$crate::__private::Probe(__inbox_result)).inbox_error_class(&$spec.schema)
+            (&&$crate::__private::Record(
+                ::std::cell::RefCell::new(&mut *__inbox_result),
+                __inbox_attempts,
+            ))
+                .inbox_record_attempts();
+            (&&&&$crate::__private::Probe(&*__inbox_result)).inbox_error_class(&$spec.schema)
         }
     };
 }

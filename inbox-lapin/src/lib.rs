@@ -71,8 +71,8 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use futures_util::future::select;
+use futures_util::{FutureExt, StreamExt};
 use inbox_diesel::telemetry::{process_span, record_settlement};
 use inbox_diesel::{KeyError, MessageKey, Redelivery, Settle, Settlement};
 use lapin::message::Delivery;
@@ -265,13 +265,27 @@ impl Pump {
                     let span = process_span("rabbitmq", queue, count);
                     // The handler is called in the span as well as polled in it: a sync
                     // handler runs when called.
-                    let answer = span
-                        .in_scope(|| handler(delivery))
-                        .instrument(span.clone())
-                        .await;
-                    let settlement = answer.settlement();
+                    // A panic settles its own delivery ([`Settlement::of_panic`]), not the
+                    // pump: the deliveries beside it run on.
+                    let answer = std::panic::AssertUnwindSafe(async {
+                        span.in_scope(|| handler(delivery))
+                            .instrument(span.clone())
+                            .await
+                    })
+                    .catch_unwind()
+                    .await;
+                    let settlement = match &answer {
+                        Ok(answer) => answer.settlement(),
+                        Err(panic) => {
+                            let (settlement, said) = Settlement::of_panic(panic.as_ref());
+                            span.in_scope(|| {
+                                tracing::error!(panic = said, "the handler panicked; its delivery is handed back");
+                            });
+                            settlement
+                        }
+                    };
                     record_settlement(&span, "rabbitmq", settlement);
-                    if settlement == Settlement::Halt {
+                    if let (Settlement::Halt, Ok(answer)) = (settlement, &answer) {
                         span.in_scope(|| {
                             tracing::error!(answer = ?answer, "the handler's answer halts the consumer");
                         });

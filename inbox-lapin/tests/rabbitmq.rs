@@ -828,3 +828,72 @@ mod outbox {
         queues.delete(&channel).await;
     }
 }
+
+/// `apply`, but the body panics — after its effect, inside the transaction — on the first
+/// delivery of `poison`.
+#[idempotent(consumer = "credits", key = key)]
+fn apply_or_panic(
+    conn: &mut SqliteConnection,
+    key: &MessageKey,
+    body: &str,
+    panics: &AtomicU32,
+) -> Result<(), inbox_diesel::Error> {
+    diesel::sql_query("INSERT INTO effects (message) VALUES (?)")
+        .bind::<diesel::sql_types::Text, _>(body)
+        .execute(conn)?;
+    if body == "poison" && panics.fetch_add(1, Ordering::SeqCst) == 0 {
+        panic!("the handler's own bug, on {body}");
+    }
+    Ok(())
+}
+
+/// A handler that panics on one message settles that delivery only: the pump goes on with
+/// the messages that came with it, the panicking one is handed back (its transaction rolled
+/// back as the panic unwound) and applied once when it is redelivered — none dead-lettered.
+#[tokio::test]
+async fn a_panicking_handler_settles_its_own_delivery_only() {
+    let (_connection, channel) = channel().await;
+    let queues = Queues::declare(&channel, "panic").await;
+    for body in ["a", "poison", "b", "c"] {
+        queues.publish(&channel, Some(body), body).await;
+    }
+    let store = Store::new();
+    let pump = Pump::new().prefetch(4).redelivery(Redelivery::exponential(
+        Duration::from_millis(100),
+        Duration::from_millis(100),
+    ));
+    let consumer = pump
+        .subscribe(&channel, &queues.name, "panic")
+        .await
+        .unwrap();
+    let panics = AtomicU32::new(0);
+    let done = {
+        let store = &store;
+        async move {
+            while store.effects().len() < 4 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let report = pump
+        .run(&channel, consumer, done, |delivery| {
+            let key = key(&delivery).unwrap();
+            let body = String::from_utf8_lossy(&delivery.data).into_owned();
+            let answer = apply_or_panic(&mut store.connect(), &key, &body, &panics);
+            async move { answer }
+        })
+        .await
+        .unwrap();
+    assert_eq!(panics.load(Ordering::SeqCst), 2, "poison ran twice");
+    assert_eq!(
+        (report.acked, report.retried, report.dead_lettered),
+        (4, 1, 0),
+        "{report:?}"
+    );
+    assert_eq!(
+        store.effects(),
+        [("a", 1), ("b", 1), ("c", 1), ("poison", 1)].map(|(m, n)| (m.to_owned(), n))
+    );
+    assert_eq!(queues.depth(&channel, &queues.dead).await, 0);
+    queues.delete(&channel).await;
+}

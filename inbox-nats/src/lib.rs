@@ -749,7 +749,15 @@ where
     let span = process_span("nats", &stream, count);
     let answer = {
         // Called in the span as well as polled in it: a sync handler runs when called.
-        let mut answer = pin!(span.in_scope(|| handler(message)).instrument(span.clone()));
+        // A panic settles its own message ([`Settlement::of_panic`]), not the pump.
+        let mut answer = pin!(
+            std::panic::AssertUnwindSafe(async {
+                span.in_scope(|| handler(message))
+                    .instrument(span.clone())
+                    .await
+            })
+            .catch_unwind()
+        );
         let every = settings.progress_every;
         let mut progress = tokio::time::interval_at(Instant::now() + every, every);
         progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -764,6 +772,19 @@ where
                     }
                 }
             }
+        }
+    };
+    let answer = match answer {
+        Ok(answer) => answer,
+        Err(panic) => {
+            let (settlement, said) = Settlement::of_panic(panic.as_ref());
+            span.in_scope(|| {
+                tracing::error!(
+                    panic = said,
+                    "the handler panicked; its message is handed back"
+                )
+            });
+            return settled(&acker, &span, settings, count, settlement).await;
         }
     };
     let settlement = answer.settlement();
@@ -790,6 +811,30 @@ where
     let confirmed = confirm(&acker, kind, settlement.as_str())
         .instrument(span)
         .await;
+    Done::Settled {
+        settlement,
+        confirmed,
+    }
+}
+
+/// Settles the message of a handler that panicked ([`Settlement::of_panic`]): a `Nak` with
+/// the redelivery's delay.
+async fn settled(
+    acker: &Acker,
+    span: &tracing::Span,
+    settings: Settings,
+    count: u32,
+    settlement: Settlement,
+) -> Done {
+    record_settlement(span, "nats", settlement);
+    let delay = settings.redelivery.delay(count);
+    let confirmed = confirm(
+        acker,
+        AckKind::Nak((!delay.is_zero()).then_some(delay)),
+        settlement.as_str(),
+    )
+    .instrument(span.clone())
+    .await;
     Done::Settled {
         settlement,
         confirmed,

@@ -1010,3 +1010,62 @@ mod outbox {
         assert!(upstream.effects().is_empty());
     }
 }
+
+/// `apply`, but the body panics — after its effect, inside the transaction — on the first
+/// delivery of `poison`.
+#[idempotent(consumer = "credits", key = key)]
+fn apply_or_panic(
+    conn: &mut SqliteConnection,
+    key: &MessageKey,
+    body: &str,
+    panics: &AtomicU32,
+) -> Result<(), inbox_diesel::Error> {
+    diesel::sql_query("INSERT INTO effects (message) VALUES (?)")
+        .bind::<diesel::sql_types::Text, _>(body)
+        .execute(conn)?;
+    if body == "poison" && panics.fetch_add(1, Ordering::SeqCst) == 0 {
+        panic!("the handler's own bug, on {body}");
+    }
+    Ok(())
+}
+
+/// A handler that panics on one message settles that message only: the pump goes on with
+/// the others, the panicking one is handed back (`Nak`, its transaction rolled back as the
+/// panic unwound) and applied once when it comes again — none terminated.
+#[tokio::test]
+async fn a_panicking_handler_settles_its_own_message_only() {
+    let stream = Stream::create("panic", Duration::from_secs(120)).await;
+    for body in ["a", "poison", "b", "c"] {
+        stream.publish(Some(body), body).await;
+    }
+    let store = Store::new();
+    let pump = Pump::new().redelivery(Redelivery::exponential(
+        Duration::from_millis(100),
+        Duration::from_millis(100),
+    ));
+    let consumer = stream.consumer(&pump, "panic").await;
+    let panics = AtomicU32::new(0);
+    let report = within(
+        Duration::from_secs(30),
+        "the pump",
+        pump.run(&stream.jetstream, &consumer, store.applied(4), |message| {
+            let key = key(&message).unwrap();
+            let body = String::from_utf8_lossy(&message.payload).into_owned();
+            let answer = apply_or_panic(&mut store.connect(), &key, &body, &panics);
+            async move { answer }
+        }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(panics.load(Ordering::SeqCst), 2, "poison ran twice");
+    assert_eq!(
+        (report.acked, report.retried, report.dead_lettered),
+        (4, 1, 0),
+        "{report:?}"
+    );
+    assert_eq!(
+        store.effects(),
+        [("a", 1), ("b", 1), ("c", 1), ("poison", 1)].map(|(m, n)| (m.to_owned(), n))
+    );
+    stream.delete().await;
+}

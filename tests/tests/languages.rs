@@ -262,22 +262,24 @@ mod postgres {
         Ok(())
     }
 
-    /// A session's first delivery: the check sets its messages, and the body's timeout is
-    /// retried, then handed back to be redelivered — not dead-lettered.
+    /// A session's first delivery: its messages are set to English, and the body's timeout
+    /// is retried, then handed back to be redelivered — not dead-lettered. Each connection
+    /// opened where the last one lived: the runtime remembers a PostgreSQL check by where the
+    /// connection lives and takes it for the checked one, but its server session is new, and
+    /// the marker's statement, prepared on each new server session, sets its messages too.
     #[test]
     fn a_timeout_in_german_is_retried_not_dead_lettered() {
         let server = server();
-        // Open side by side, as a pool holds them: the runtime remembers a PostgreSQL check
-        // by where the connection lives, and a connection opened where a checked one lived
-        // (the same stack slot) is taken for it — a gap of its own, not of the language.
-        let mut open: Vec<PgConnection> = LANGUAGES
-            .iter()
-            .map(|(database, ..)| connect(&server.url("postgres", database)))
-            .collect();
-        for (conn, (database, ..)) in open.iter_mut().zip(LANGUAGES) {
-            let error = times_out(conn, "m-1").unwrap_err();
-            assert_eq!(error.class(), TIMEOUT, "{database}: {error:?}");
-            assert_eq!(error.class().action(), Action::RetryLater);
+        for round in 0..2 {
+            for (database, ..) in LANGUAGES {
+                let mut conn = connect(&server.url("postgres", database));
+                let error = times_out(&mut conn, &format!("m-{round}")).unwrap_err();
+                assert_eq!(error.class(), TIMEOUT, "{database}: {error:?}");
+                assert_eq!(error.class().action(), Action::RetryLater);
+                // The body's error counts the attempts as the runtime's own errors do: the
+                // first and three retries.
+                assert_eq!(error.attempts(), 4, "{database}");
+            }
         }
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -285,18 +287,18 @@ mod postgres {
             .unwrap();
         rt.block_on(async {
             use diesel_async::AsyncConnection;
-            let mut open = Vec::new();
-            for (database, ..) in LANGUAGES {
-                let url = server.url("postgres", database);
-                open.push(
-                    diesel_async::AsyncPgConnection::establish(&url)
+            for round in 0..2 {
+                for (database, ..) in LANGUAGES {
+                    let url = server.url("postgres", database);
+                    let mut conn = diesel_async::AsyncPgConnection::establish(&url)
                         .await
-                        .unwrap(),
-                );
-            }
-            for (conn, (database, ..)) in open.iter_mut().zip(LANGUAGES) {
-                let error = times_out_async(conn, "m-2").await.unwrap_err();
-                assert_eq!(error.class(), TIMEOUT, "async, {database}: {error:?}");
+                        .unwrap();
+                    let error = times_out_async(&mut conn, &format!("async-{round}"))
+                        .await
+                        .unwrap_err();
+                    assert_eq!(error.class(), TIMEOUT, "async, {database}: {error:?}");
+                    assert_eq!(error.attempts(), 4, "async, {database}");
+                }
             }
         });
     }

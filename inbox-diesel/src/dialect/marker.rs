@@ -413,11 +413,15 @@ impl PgMarker {
 
     /// After an `EXECUTE` that found no such statement on the session (a new session, one
     /// reset by `DISCARD ALL`, or another server session behind a transaction-mode pooler):
-    /// the rollback of that transaction, `PREPARE`, then `begin` again — one string, so
-    /// that a pooler runs all of it on one server session.
+    /// the rollback of that transaction, the session's messages set to English where the
+    /// role may ([`ENGLISH_WHERE_ALLOWED`]; committed at once, or the handler's transaction
+    /// rolled back would take it back), `PREPARE`, then `begin` again — one string, so
+    /// that a pooler runs all of it on one server session. A server session the startup
+    /// check never saw (a connection taken for a checked one, a pooler's other session)
+    /// speaks English from its first marker on, as a checked one does.
     pub(crate) fn prepared_and(&self, begin: &str) -> String {
         format!(
-            "ROLLBACK; PREPARE {} ({}) AS {}; {begin}",
+            "ROLLBACK; {ENGLISH_WHERE_ALLOWED}; COMMIT; PREPARE {} ({}) AS {}; {begin}",
             self.name, self.types, self.statement
         )
     }
@@ -429,6 +433,15 @@ impl PgMarker {
             .unwrap_or(false)
     }
 }
+
+/// PostgreSQL: the session's messages in English unless they are, where the role may set
+/// them; a role that may not is left as it is (the startup check refuses it where its
+/// messages are in another language).
+#[cfg(feature = "postgres")]
+const ENGLISH_WHERE_ALLOWED: &str = "DO $inbox$ BEGIN \
+     PERFORM set_config('lc_messages', 'C', false) \
+     WHERE current_setting('lc_messages') !~ '^(C|POSIX|en)([._@]|$)'; \
+     EXCEPTION WHEN insufficient_privilege THEN NULL; END $inbox$";
 
 /// What the server's error says when the marker's insert wrote no row without failing.
 #[cfg(feature = "postgres")]

@@ -288,7 +288,7 @@ where
     S: Steps,
     K: Claims,
     B: Body<S::Conn, Result<T, E>>,
-    P: Fn(&Result<T, E>) -> Option<ErrorClass>,
+    P: Fn(&mut Result<T, E>, u32) -> Option<ErrorClass>,
 {
     let (mut layout, mut run) = schema_checked(&mut steps, spec, false, inbox_error).await?;
     kept_columns(spec, layout, &remembered, inbox_error)?;
@@ -309,7 +309,7 @@ where
         if !matches!(attempted, Ok(Decided::Processed(_) | Decided::Duplicate(_))) {
             end(&mut steps, run, layout).await;
         }
-        let failure = match attempted {
+        let mut failure = match attempted {
             Ok(decided) => {
                 telemetry::attempt(retries + 1);
                 match &decided {
@@ -344,8 +344,9 @@ where
             (layout, run) = rechecked_layout(&mut steps, spec, false, inbox_error).await?;
             continue;
         }
-        let class = match &failure {
-            Failure::Body(result) => probe(result),
+        let class = match &mut failure {
+            // The body's error learns how many attempts were made, as the runtime's own do.
+            Failure::Body(result) => probe(result, retries + 1),
             Failure::Database(e) => Some(classify(e, &spec.schema)),
             Failure::Aborted => Some(ErrorClass::TransactionAborted),
         };
@@ -1804,7 +1805,7 @@ mod tests {
             &SPEC,
             &key,
             Immediate(body),
-            |_| None,
+            |_, _| None,
             None::<std::convert::Infallible>,
             Remembered::nothing(),
             std::convert::identity,
