@@ -513,6 +513,16 @@ pub enum KeyError {
     },
     /// [`MessageKey::uuid_text`] was given text that is not a UUID.
     NotAUuid,
+    /// The key's text, which an inbox table with `key_text` keeps beside the marker, makes
+    /// the marker's statement larger than the server takes in one packet (MySQL and
+    /// MariaDB `max_allowed_packet`). Sent, the server would drop the connection, and every
+    /// redelivery would do the same: refused before it is sent.
+    TooLongForServer {
+        /// The key's length in bytes.
+        len: usize,
+        /// The server's `max_allowed_packet`, in bytes.
+        max_packet: u64,
+    },
     /// The message carries no id where its broker's key is read from (an AMQP message
     /// without `message_id`, say). The consumer must not make one up: every redelivery of
     /// the message would get another and be processed again. The publisher sets it.
@@ -533,6 +543,12 @@ impl fmt::Display for KeyError {
                 )
             }
             KeyError::NotAUuid => f.write_str("message key is not a UUID"),
+            KeyError::TooLongForServer { len, max_packet } => write!(
+                f,
+                "message key is {len} bytes long: with its text in `key_text`, the marker's \
+                 statement is larger than the server's max_allowed_packet of {max_packet} \
+                 bytes (raise max_allowed_packet, or key the message on a shorter id)"
+            ),
             KeyError::Missing { field } => write!(
                 f,
                 "the message has no {field}: the publisher must set it (an id the consumer \

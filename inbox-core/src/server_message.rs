@@ -406,7 +406,7 @@ fn classify_message(message: &str) -> ErrorClass {
     if message.starts_with("current transaction is aborted") {
         return ErrorClass::TransactionAborted;
     }
-    const CONNECTION_LOST: [&str; 16] = [
+    const CONNECTION_LOST: [&str; 18] = [
         // PostgreSQL 57P01 (a terminated backend), libpq and tokio-postgres.
         "terminating connection due to administrator command",
         "server closed the connection unexpectedly",
@@ -418,6 +418,11 @@ fn classify_message(message: &str) -> ErrorClass {
         "server has gone away",
         "Lost connection to",
         "Connection was killed",
+        // MariaDB Galera 1047 on a node outside the cluster's primary component (partitioned,
+        // or `wsrep_reject_queries`), and a commit's replication refused there: another node
+        // takes the message.
+        "WSREP has not yet prepared node for application use",
+        "Not connected to Primary Component",
         // MySQL / MariaDB 1053; PostgreSQL 57P02 (another backend crashed) and 57P03 (a
         // server starting, stopping or recovering).
         "Server shutdown in progress",
@@ -754,6 +759,16 @@ mod tests {
             ),
             (
                 "the database system is shutting down",
+                ErrorClass::ConnectionLost,
+            ),
+            // Captured from a partitioned MariaDB Galera node.
+            (
+                "WSREP has not yet prepared node for application use",
+                ErrorClass::ConnectionLost,
+            ),
+            (
+                "Error while appending streaming replication fragment(provider status: Not \
+                 connected to Primary Component)",
                 ErrorClass::ConnectionLost,
             ),
         ] {

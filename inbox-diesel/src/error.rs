@@ -5,9 +5,13 @@ use inbox_core::{Action, ErrorClass, KeyError};
 /// Why an idempotent handler could not complete, other than its own error.
 ///
 /// The error type `E` of an `#[idempotent]` handler must implement `From<inbox_diesel::Error>`;
-/// the runtime returns these through it. In transaction mode, whatever the variant, nothing
-/// of the attempt was committed: no marker and no business change, so a redelivery will
-/// process the message. In claim mode, see each variant.
+/// the runtime returns these through it. In transaction mode the attempt's marker and its
+/// business change commit together or not at all, so a redelivery processes the message, or
+/// answers `Duplicate` if the attempt did commit: with every variant but one nothing of the
+/// attempt was committed. The one is a lost connection ([`ErrorClass::ConnectionLost`]) at
+/// `COMMIT` — the server may have committed before the connection went (a node killed
+/// mid-commit), and the client cannot know; don't compensate on this error as if the work
+/// were undone. In claim mode, see each variant.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Error {

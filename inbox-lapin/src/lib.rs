@@ -192,6 +192,11 @@ impl Pump {
     /// each by its answer, until `shutdown` completes, the handler's answer says
     /// [`Settlement::Halt`], or the consumer ends.
     ///
+    /// A handler that panics settles its own delivery only ([`Settlement::of_panic`]): the
+    /// runtime rolled its transaction back as the panic unwound, the delivery is handed back
+    /// with the redelivery's delay (counted as retried), and the pump goes on with the
+    /// others; the queue's `x-delivery-limit` dead-letters a message that panics every time.
+    ///
     /// # Errors
     /// [`Stopped::Halted`] when an answer halted the pump; [`Stopped::Broker`] when the
     /// channel failed (deliveries not acknowledged are redelivered by the broker).

@@ -365,6 +365,11 @@ impl Pump {
     /// settles each by its answer, until `shutdown` completes, the handler's answer says
     /// [`Settlement::Halt`], or the consumer is deleted.
     ///
+    /// A handler that panics settles its own message only ([`Settlement::of_panic`]): the
+    /// runtime rolled its transaction back as the panic unwound, the message is handed back
+    /// (`Nak` with the redelivery's delay, counted as retried), and the pump goes on with the
+    /// others; the consumer's `max_deliver` ends a message that panics every time.
+    ///
     /// # Errors
     /// [`Stopped::Halted`] when an answer halted the pump; [`Stopped::Deleted`] when the
     /// consumer or its stream was deleted; [`Stopped::Broker`] when the client's connection

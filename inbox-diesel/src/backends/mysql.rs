@@ -228,7 +228,8 @@ mod sync {
     use crate::backends::{InboxConnection, sealed};
     use crate::dialect::layout::Layout;
     use crate::dialect::marker::{
-        ClaimMarker, ClaimMarkers, ROWS_PER_INSERT, claim_rows_then_each, inserted_unless_duplicate,
+        ClaimMarker, ClaimMarkers, claim_rows_then_each, inserted_unless_duplicate, marker_chunks,
+        marker_fits,
     };
     use crate::spec::HandlerSpec;
 
@@ -261,6 +262,11 @@ mod sync {
                 return None;
             }
             let sql = crate::dialect::marker::start_with_marker(spec, key, layout);
+            // Too long for one packet (a long key's text in hex): the prepared insert takes
+            // it as a parameter, or refuses it.
+            if !layout.fits(sql.len()) {
+                return None;
+            }
             let begun = AnsiTransactionManager::begin_transaction_sql(self, &sql);
             Some(crate::backends::claimed(
                 begun,
@@ -322,6 +328,7 @@ mod sync {
             let text = layout
                 .key_text
                 .then(|| crate::dialect::layout::key_text(key));
+            marker_fits(consumer, text.as_deref(), layout)?;
             let inserted = ClaimMarker::<Mysql>::new(
                 schema,
                 consumer,
@@ -346,9 +353,10 @@ mod sync {
             layout: Layout,
         ) -> QueryResult<Vec<Uuid>> {
             let mut inserted = Vec::with_capacity(ids.len());
-            for (chunk, ids) in ids.chunks(ROWS_PER_INSERT).enumerate() {
-                let start = chunk * ROWS_PER_INSERT;
-                let texts = texts.map(|texts| &texts[start..start + ids.len()]);
+            let all_ids = ids;
+            for range in marker_chunks(all_ids.len(), consumer, texts, layout)? {
+                let ids = &all_ids[range.clone()];
+                let texts = texts.map(|texts| &texts[range]);
                 if ids.len() > 1 {
                     let all = ClaimMarkers::<Mysql, diesel::sql_types::BigInt>::all_or_none(
                         schema,
@@ -356,6 +364,7 @@ mod sync {
                         ids,
                         texts,
                         layout.session_mark,
+                        layout.mariadb,
                     )
                     .execute(self);
                     if claim_rows_then_each(all, schema, ids.len())? {
@@ -395,7 +404,8 @@ mod asynchronous {
     };
 
     use crate::dialect::marker::{
-        ClaimMarker, ClaimMarkers, ROWS_PER_INSERT, claim_rows_then_each, inserted_unless_duplicate,
+        ClaimMarker, ClaimMarkers, claim_rows_then_each, inserted_unless_duplicate, marker_chunks,
+        marker_fits,
     };
 
     impl AsyncInboxConnection for AsyncMysqlConnection {}
@@ -424,6 +434,11 @@ mod asynchronous {
                 return None;
             }
             let sql = crate::dialect::marker::start_with_marker(spec, key, layout);
+            // Too long for one packet (a long key's text in hex): the prepared insert takes
+            // it as a parameter, or refuses it.
+            if !layout.fits(sql.len()) {
+                return None;
+            }
             let begun = AnsiTransactionManager::begin_transaction_sql(self, &sql).await;
             Some(crate::backends::claimed(
                 begun,
@@ -462,6 +477,7 @@ mod asynchronous {
             let text = layout
                 .key_text
                 .then(|| crate::dialect::layout::key_text(key));
+            marker_fits(spec.consumer.as_str(), text.as_deref(), layout)?;
             let claim = ClaimMarker::<Mysql>::new(
                 &spec.schema,
                 spec.consumer.as_str(),
@@ -484,9 +500,10 @@ mod asynchronous {
         ) -> QueryResult<Vec<uuid::Uuid>> {
             let (schema, consumer) = (&spec.schema, spec.consumer.as_str());
             let mut inserted = Vec::with_capacity(ids.len());
-            for (chunk, ids) in ids.chunks(ROWS_PER_INSERT).enumerate() {
-                let start = chunk * ROWS_PER_INSERT;
-                let texts = texts.map(|texts| &texts[start..start + ids.len()]);
+            let all_ids = ids;
+            for range in marker_chunks(all_ids.len(), consumer, texts, layout)? {
+                let ids = &all_ids[range.clone()];
+                let texts = texts.map(|texts| &texts[range]);
                 if ids.len() > 1 {
                     let all = ClaimMarkers::<Mysql, diesel::sql_types::BigInt>::all_or_none(
                         schema,
@@ -494,6 +511,7 @@ mod asynchronous {
                         ids,
                         texts,
                         layout.session_mark,
+                        layout.mariadb,
                     );
                     let all = RunQueryDsl::execute(all, self).await;
                     if claim_rows_then_each(all, schema, ids.len())? {

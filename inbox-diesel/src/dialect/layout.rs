@@ -26,6 +26,23 @@ pub struct Layout {
     /// the database the check ran in: after `USE other` the marker's insert, which names the
     /// table unqualified, is refused until the other database's table is checked.)
     pub(crate) pinned: Option<&'static str>,
+    /// MySQL and MariaDB: the server's `max_allowed_packet`, in bytes, as the check read it
+    /// (`0` elsewhere: no limit the runtime's statements come near). A statement or its
+    /// parameters larger than that makes the server drop the connection.
+    pub(crate) max_packet: u64,
+}
+
+impl Layout {
+    /// Bytes left in a packet beside what a statement or its parameters are counted at: the
+    /// packet's header, a prepared statement's id and flags, the parameters' types and
+    /// length prefixes.
+    const PACKET_SLACK: u64 = 1024;
+
+    /// Whether `bytes` of SQL text, or of a statement's parameters, fit in one packet of the
+    /// server's.
+    pub(crate) fn fits(self, bytes: usize) -> bool {
+        self.max_packet == 0 || (bytes as u64).saturating_add(Self::PACKET_SLACK) <= self.max_packet
+    }
 }
 
 /// MySQL and MariaDB: a session variable, `@inbox_checked_<digest>`, set by the startup

@@ -122,6 +122,12 @@ pub(crate) struct ClaimMarkers<'a, DB, ST> {
     texts: Option<&'a [String]>,
     /// MySQL and MariaDB: the insert requires the check's mark on the session.
     mark: Option<SessionMark>,
+    /// MariaDB: the insert runs in strict mode (`SET STATEMENT sql_mode = 'STRICT_ALL_TABLES'
+    /// FOR …`), whatever the session's `sql_mode`. Without it a multi-row insert on a
+    /// non-strict session turns the mark's `NULL` consumer into `''` with a warning: a session
+    /// the check has not seen writes markers of nobody, and their messages are applied
+    /// again. (A single-row insert fails on the `NULL` in any mode.)
+    strict: bool,
     /// `ON CONFLICT … DO NOTHING RETURNING message_id` (PostgreSQL, SQLite).
     returning: bool,
     types: PhantomData<(DB, ST)>,
@@ -141,6 +147,7 @@ impl<'a, DB, ST> ClaimMarkers<'a, DB, ST> {
             consumer,
             texts,
             mark: None,
+            strict: false,
             returning: true,
             types: PhantomData,
         }
@@ -153,6 +160,7 @@ impl<'a, DB, ST> ClaimMarkers<'a, DB, ST> {
         ids: &'a [Uuid],
         texts: Option<&'a [String]>,
         mark: Option<SessionMark>,
+        mariadb: bool,
     ) -> Self {
         Self {
             table: schema.table(),
@@ -160,6 +168,7 @@ impl<'a, DB, ST> ClaimMarkers<'a, DB, ST> {
             consumer,
             texts,
             mark,
+            strict: mariadb,
             returning: false,
             types: PhantomData,
         }
@@ -182,6 +191,9 @@ where
     str: diesel::serialize::ToSql<Text, DB>,
 {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        if self.strict {
+            out.push_sql("SET STATEMENT sql_mode = 'STRICT_ALL_TABLES' FOR ");
+        }
         out.push_sql("INSERT INTO ");
         push_table(&mut out, self.table)?;
         out.push_sql(match self.texts {
@@ -217,6 +229,76 @@ where
 /// placeholders per statement.
 #[cfg(feature = "mysql")]
 pub(crate) const ROWS_PER_INSERT: usize = 500;
+
+/// The SQL text of one row of a multi-row marker insert, at most (the session mark's guard is
+/// its longest part).
+#[cfg(feature = "mysql")]
+const SQL_PER_ROW: usize = 200;
+
+/// The SQL text of a marker insert around its rows, at most.
+#[cfg(feature = "mysql")]
+const SQL_AROUND: usize = 400;
+
+/// A row's parameters beside the consumer's and the key's text: the id and what frames them.
+#[cfg(feature = "mysql")]
+const BINDS_PER_ROW: usize = 48;
+
+/// Whether one marker's insert fits in the server's packet (MySQL, MariaDB: `max_allowed_packet`,
+/// [`Layout::max_packet`](super::layout::Layout)); otherwise the key's refusal
+/// ([`KeyError::TooLongForServer`](inbox_core::KeyError::TooLongForServer)), before anything
+/// is sent: sent, the statement would make the server drop the connection on every
+/// redelivery.
+#[cfg(feature = "mysql")]
+pub(crate) fn marker_fits(
+    consumer: &str,
+    text: Option<&str>,
+    layout: super::layout::Layout,
+) -> QueryResult<()> {
+    let binds = BINDS_PER_ROW + consumer.len() + text.map_or(0, str::len);
+    if layout.fits(SQL_AROUND + SQL_PER_ROW) && layout.fits(binds) {
+        return Ok(());
+    }
+    Err(diesel::result::Error::QueryBuilderError(Box::new(
+        crate::Error::InvalidKey(inbox_core::KeyError::TooLongForServer {
+            len: text.map_or(0, str::len),
+            max_packet: layout.max_packet,
+        }),
+    )))
+}
+
+/// The ranges of a batch's markers that each multi-row insert takes: at most
+/// [`ROWS_PER_INSERT`] rows, its SQL text and its parameters each within the server's packet
+/// (a batch of long keys on a small `max_allowed_packet` takes more statements, never one
+/// the server drops the connection for). A key that does not fit alone refuses the batch
+/// ([`marker_fits`]).
+#[cfg(feature = "mysql")]
+pub(crate) fn marker_chunks(
+    count: usize,
+    consumer: &str,
+    texts: Option<&[String]>,
+    layout: super::layout::Layout,
+) -> QueryResult<Vec<std::ops::Range<usize>>> {
+    let mut chunks = Vec::new();
+    let (mut start, mut sql, mut binds) = (0, SQL_AROUND, 0);
+    for n in 0..count {
+        let text = texts.map(|texts| texts[n].as_str());
+        marker_fits(consumer, text, layout)?;
+        let row = BINDS_PER_ROW + consumer.len() + text.map_or(0, str::len);
+        let full = n - start == ROWS_PER_INSERT
+            || !layout.fits(sql + SQL_PER_ROW)
+            || !layout.fits(binds + row);
+        if n > start && full {
+            chunks.push(start..n);
+            (start, sql, binds) = (n, SQL_AROUND, 0);
+        }
+        sql += SQL_PER_ROW;
+        binds += row;
+    }
+    if start < count {
+        chunks.push(start..count);
+    }
+    Ok(chunks)
+}
 
 /// What a chunk's multi-row insert decided: all its markers inserted, or a duplicate among
 /// them (the statement rolled back: claim them one by one).

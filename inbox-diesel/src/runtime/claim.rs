@@ -4,7 +4,6 @@
 use diesel::QueryResult;
 use inbox_core::{InboxSchema, MessageKey};
 
-use crate::dialect::Dialect;
 use crate::dialect::claim::{ClaimAnswer, ClaimSql, ClaimStep, read_answer};
 use crate::io::Io;
 use crate::runtime::driver::refused_marker;
@@ -80,16 +79,18 @@ pub(crate) async fn step<S: Io>(
 }
 
 /// How many of `ids` have a marker for `consumer`: the evidence that an insert which wrote
-/// nothing met a duplicate ([`ClaimSql::present`]). MySQL and MariaDB report a duplicate by
-/// an error naming the inbox's index, which is evidence already: no statement there.
+/// nothing, or was refused by an index of the inbox's name, met a duplicate
+/// ([`ClaimSql::present`]). On MySQL and MariaDB too: their error names the index but, on
+/// MariaDB, no table, and an index redefined under that name since the check (on
+/// `message_id` alone) refuses another consumer's new message the same way.
 pub(crate) async fn present<S: Io>(
     io: &mut S,
     schema: &InboxSchema,
     consumer: &str,
     ids: &[uuid::Uuid],
 ) -> QueryResult<usize> {
-    if ids.is_empty() || S::Backend::BACKEND == crate::dialect::Backend::Mysql {
-        return Ok(ids.len());
+    if ids.is_empty() {
+        return Ok(0);
     }
     let rows = io
         .read_claim(ClaimSql::present(schema, consumer, ids))

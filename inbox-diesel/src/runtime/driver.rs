@@ -177,6 +177,13 @@ pub(crate) trait Steps {
 /// schema fault (`Alert`, and the table checked again), never dead-lettered with the
 /// message. The server's error stays the source.
 pub(crate) fn refused_marker(error: DieselError, schema: &inbox_core::InboxSchema) -> DieselError {
+    // The inbox's own refusal, before the statement was sent (a key too long for the
+    // server's packet): as it is.
+    if let DieselError::QueryBuilderError(inner) = &error
+        && inner.is::<Error>()
+    {
+        return error;
+    }
     match classify(&error, schema) {
         ErrorClass::UniqueViolation { .. } | ErrorClass::Other => {
             DieselError::QueryBuilderError(Box::new(Error::Database {
@@ -205,16 +212,23 @@ async fn confirm_duplicates<S: Steps>(
     }
     tracing::error!(
         missing = ids.len() - present,
-        "a marker insert wrote no row, and no marker is there: the table swallows inserts"
+        "a marker insert was refused or wrote no row, and no marker of its key and consumer \
+         is there"
     );
     Err(Error::Schema(SchemaError::Mismatch {
         table: spec.schema.table(),
         resolved: None,
         problems: vec![crate::schema::SchemaProblem::Unsupported {
-            found: "a marker insert that wrote no row, where no marker exists".into(),
-            why: "something on the table (a trigger, a rule, an inheritance child) swallows \
-                  inserts, and a new message would be answered Duplicate and never applied",
-            fix: "remove it; `inbox_diesel::schema::verify` names what the check finds".into(),
+            found: "a marker insert refused as a duplicate or that wrote no row, where no \
+                    marker of its key and consumer exists"
+                .into(),
+            why: "the unique index was redefined since the check (on other columns, under the \
+                  inbox index's name), or something on the table (a trigger, a rule, an \
+                  inheritance child) swallows inserts: a new message would be answered \
+                  Duplicate and never applied",
+            fix: "restore the index on (message_id, consumer) and remove what swallows \
+                  inserts; `inbox_diesel::schema::verify` names what the check finds"
+                .into(),
         }],
     })
     .into())
@@ -758,7 +772,11 @@ impl Claims for MessageKey {
     }
 
     /// Where the connection sends `BEGIN` and the marker together, its duplicate is the
-    /// inbox index's violation: evidence enough, with no marker to read.
+    /// violation of an index of the inbox's name — and confirmed by reading the marker of
+    /// this key and consumer once the transaction is rolled back ([`confirm_duplicates`]):
+    /// an index redefined under that name since the check (`UNIQUE (message_id)`, say, on a
+    /// live MariaDB) refuses a new message of another consumer with the same error, and
+    /// MariaDB names no table beside the index. A duplicate costs that one read.
     async fn begin_and_claim<S: Steps>(
         &self,
         steps: &mut S,
@@ -781,6 +799,12 @@ impl Claims for MessageKey {
                         Ok(1) => Ok(false),
                         _ => Err(e),
                     }
+                }
+                Ok(false) => {
+                    roll_back(steps).await;
+                    confirm_duplicates(steps, spec, &[self.stored_id()])
+                        .await
+                        .map(|()| false)
                 }
                 claimed => claimed,
             });

@@ -180,6 +180,8 @@ pub(crate) struct Catalog {
     facts: Vec<FactRow>,
     /// `VERSION()` on MySQL and MariaDB; empty elsewhere.
     server: String,
+    /// `@@max_allowed_packet` on MySQL and MariaDB; 0 elsewhere.
+    max_packet: u64,
 }
 
 #[derive(Debug, diesel::QueryableByName)]
@@ -198,8 +200,17 @@ pub(crate) struct ServerRow {
     pub(crate) version: String,
 }
 
-/// The server's version, read with the catalog on MySQL and MariaDB.
-pub(crate) const SERVER_VERSION_SQL: &str = "SELECT CAST(VERSION() AS CHAR) AS version";
+/// The server's version and packet limit, read with the catalog on MySQL and MariaDB.
+pub(crate) const SERVER_VERSION_SQL: &str = "SELECT CAST(VERSION() AS CHAR) AS version, \
+     CAST(@@max_allowed_packet AS SIGNED) AS max_packet";
+
+#[derive(Debug, diesel::QueryableByName)]
+pub(crate) struct ServerInfo {
+    #[diesel(sql_type = Text)]
+    version: String,
+    #[diesel(sql_type = BigInt)]
+    max_packet: i64,
+}
 
 #[derive(Debug, diesel::QueryableByName)]
 pub(crate) struct IndexRow {
@@ -546,21 +557,22 @@ async fn read_catalog<S: Io>(
     if backend == Backend::Mysql && !columns.is_empty() {
         facts.extend(mysql_privileges(io, schema, claim, key_text).await);
     }
-    let server = match backend {
+    let (server, max_packet) = match backend {
         Backend::Mysql => io
-            .load::<ServerRow>(&Sql::new(SERVER_VERSION_SQL))
+            .load::<ServerInfo>(&Sql::new(SERVER_VERSION_SQL))
             .await?
             .into_iter()
             .next()
-            .map(|row| row.version)
+            .map(|row| (row.version, u64::try_from(row.max_packet).unwrap_or(0)))
             .unwrap_or_default(),
-        Backend::Postgres | Backend::Sqlite => String::new(),
+        Backend::Postgres | Backend::Sqlite => (String::new(), 0),
     };
     Ok(Catalog {
         columns,
         index,
         facts,
         server,
+        max_packet,
     })
 }
 
@@ -811,6 +823,7 @@ pub(crate) fn check(
         mariadb: backend == Backend::Mysql && catalog.server.contains("MariaDB"),
         session_mark: None,
         pinned: None,
+        max_packet: catalog.max_packet,
     };
     let resolved = catalog
         .facts

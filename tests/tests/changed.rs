@@ -1,0 +1,137 @@
+#![cfg(any(feature = "postgres", feature = "mysql"))]
+//! The inbox table changed while consumers run, after their startup check: a duplicate is
+//! answered only on the evidence that the marker of this key and consumer exists. Here the
+//! unique index is redefined under the inbox index's name on `message_id` alone — a second
+//! consumer's new message then violates an index of that name. Before the evidence was read,
+//! MariaDB's error (which names no table, only the index) was taken for a duplicate, and the
+//! message was answered `Duplicate` and never applied.
+
+macro_rules! redefined_index {
+    ($db:ty, $conn:ty, $redefine:expr, $still_duplicate:expr) => {
+        use inbox_diesel::{ErrorClass, Outcome, idempotent};
+        use inbox_tests::server::count;
+
+        #[idempotent(consumer = "first", key = id)]
+        fn first(conn: &mut $conn, id: &str) -> Result<(), inbox_diesel::Error> {
+            let _ = (conn, id);
+            Ok(())
+        }
+
+        #[idempotent(consumer = "second", key = id)]
+        fn second(conn: &mut $conn, id: &str) -> Result<(), inbox_diesel::Error> {
+            let _ = (conn, id);
+            Ok(())
+        }
+
+        #[test]
+        fn a_new_message_is_never_answered_duplicate_without_its_marker() {
+            use diesel::connection::SimpleConnection;
+            let db = <$db>::new("changed_index");
+            let mut conn = db.connect();
+            assert_eq!(first(&mut conn, "m-1").unwrap(), Outcome::Processed(()));
+            assert_eq!(second(&mut conn, "m-0").unwrap(), Outcome::Processed(()));
+            db.connect().batch_execute($redefine).unwrap();
+            let error = second(&mut conn, "m-1").unwrap_err();
+            assert_eq!(error.class(), ErrorClass::Schema, "{error:?}");
+            assert_eq!(
+                count(
+                    &mut conn,
+                    "SELECT count(*) AS n FROM inbox WHERE consumer = 'second'"
+                ),
+                1,
+                "only m-0's marker"
+            );
+            match $still_duplicate {
+                // A real duplicate is still one (MySQL, MariaDB: the index takes inserts).
+                true => assert!(first(&mut conn, "m-1").unwrap().is_duplicate()),
+                // PostgreSQL plans the marker's insert against a unique index on the pair:
+                // without one every marker is refused, the table's fault named.
+                false => assert_eq!(
+                    first(&mut conn, "m-1").unwrap_err().class(),
+                    ErrorClass::Schema
+                ),
+            }
+        }
+    };
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    redefined_index!(
+        inbox_tests::mysql::MysqlDb,
+        diesel::MysqlConnection,
+        "ALTER TABLE inbox DROP INDEX ux_inbox_message_consumer, \
+         ADD UNIQUE INDEX ux_inbox_message_consumer (message_id)",
+        true
+    );
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    redefined_index!(
+        inbox_tests::postgres::PgDb,
+        diesel::PgConnection,
+        "ALTER TABLE inbox DROP CONSTRAINT IF EXISTS ux_inbox_message_consumer;
+         DROP INDEX IF EXISTS ux_inbox_message_consumer;
+         CREATE UNIQUE INDEX ux_inbox_message_consumer ON inbox (message_id)",
+        false
+    );
+}
+
+/// A batch on a MariaDB session whose `sql_mode` is not strict, which the check has not seen
+/// (the check is remembered per handler; the server session is new). Its multi-row marker
+/// insert turned the mark's `NULL` consumer into `''` with a warning, wrote markers of
+/// nobody, and the batch's messages were applied again on redelivery. The insert runs in
+/// strict mode: the session is refused, checked, and the batch applied once.
+#[cfg(feature = "mysql")]
+mod non_strict {
+    use diesel::connection::SimpleConnection;
+    use diesel::{MysqlConnection, RunQueryDsl};
+    use inbox_diesel::idempotent;
+    use inbox_tests::mysql::MysqlDb;
+    use inbox_tests::server::count;
+
+    #[idempotent(consumer = "batch", batch = msgs, key = |msg| msg.as_str())]
+    fn credit_all(
+        conn: &mut MysqlConnection,
+        msgs: &[String],
+    ) -> Result<usize, inbox_diesel::Error> {
+        for _ in msgs {
+            diesel::sql_query("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
+                .execute(conn)?;
+        }
+        Ok(msgs.len())
+    }
+
+    fn non_strict(db: &MysqlDb) -> MysqlConnection {
+        let mut conn = db.connect();
+        conn.batch_execute("SET SESSION sql_mode = ''").unwrap();
+        conn
+    }
+
+    #[test]
+    fn a_batch_on_a_new_non_strict_session_is_applied_once() {
+        let db = MysqlDb::new("non_strict_batch");
+        let first: Vec<String> = (0..3).map(|n| format!("a-{n}")).collect();
+        let outcome = credit_all(&mut non_strict(&db), &first).unwrap();
+        assert_eq!(outcome.processed.len(), 3, "{outcome:?}");
+        let second: Vec<String> = (0..3).map(|n| format!("b-{n}")).collect();
+        let outcome = credit_all(&mut non_strict(&db), &second).unwrap();
+        assert_eq!(outcome.processed.len(), 3, "{outcome:?}");
+        // Delivered again, on yet another new session: all duplicates.
+        let again = credit_all(&mut non_strict(&db), &second).unwrap();
+        assert_eq!(again.duplicates.len(), 3, "{again:?}");
+        let mut conn = db.connect();
+        assert_eq!(
+            count(
+                &mut conn,
+                "SELECT count(*) AS n FROM inbox WHERE consumer = ''"
+            ),
+            0
+        );
+        assert_eq!(
+            count(&mut conn, "SELECT balance AS n FROM accounts WHERE id = 1"),
+            6
+        );
+    }
+}

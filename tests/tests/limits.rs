@@ -1,0 +1,84 @@
+#![cfg(feature = "mysql")]
+//! The server's limits: a private MariaDB with a small `max_allowed_packet` (16 KiB) and an
+//! inbox that keeps each key's text. A statement larger than the packet makes the server drop
+//! the connection, and a redelivery did the same, for ever: the runtime sizes its statements
+//! from the limit the check read — a long key goes as a parameter, a batch of long keys in
+//! more statements — and refuses a key that cannot fit, with an error that says so, before
+//! anything is sent.
+
+use diesel::connection::SimpleConnection;
+use diesel::{Connection, MysqlConnection, RunQueryDsl};
+use inbox_diesel::schema::Backend;
+use inbox_diesel::{Action, Error, InboxSchema, KeyError, Outcome, idempotent};
+use inbox_tests::private::PrivateMariadb;
+use inbox_tests::server::count;
+
+#[idempotent(consumer = "limits", key = key)]
+fn apply(conn: &mut MysqlConnection, key: &str) -> Result<(), Error> {
+    diesel::sql_query("UPDATE accounts SET balance = balance + 1 WHERE id = 1").execute(conn)?;
+    Ok(())
+}
+
+#[idempotent(consumer = "limits", batch = keys, key = |key| key.as_str())]
+fn apply_all(conn: &mut MysqlConnection, keys: &[String]) -> Result<usize, Error> {
+    for _ in keys {
+        diesel::sql_query("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
+            .execute(conn)?;
+    }
+    Ok(keys.len())
+}
+
+#[test]
+fn statements_are_sized_from_the_servers_packet_limit() {
+    let server = PrivateMariadb::start(&["--max-allowed-packet=16384"]);
+    let mut admin = server.admin();
+    admin
+        .batch_execute(&Backend::Mysql.create_table_with_key_text_sql(&InboxSchema::DEFAULT))
+        .unwrap();
+    admin
+        .batch_execute(
+            "CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance BIGINT NOT NULL);
+             INSERT INTO accounts VALUES (1, 0)",
+        )
+        .unwrap();
+    let mut conn = MysqlConnection::establish(&server.url("root")).unwrap();
+
+    // 10 KiB of key: in the transaction's first string, as hex, 20 KiB — too large; as the
+    // prepared insert's parameter it fits.
+    let ten = format!("ten-{}", "k".repeat(10 * 1024));
+    assert_eq!(apply(&mut conn, &ten).unwrap(), Outcome::Processed(()));
+    assert!(apply(&mut conn, &ten).unwrap().is_duplicate());
+
+    // 20 KiB cannot fit at all: refused, said why, dead-lettered — and nothing sent.
+    let twenty = "k".repeat(20 * 1024);
+    let error = apply(&mut conn, &twenty).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            Error::InvalidKey(KeyError::TooLongForServer {
+                len: 20480,
+                max_packet: 16384
+            })
+        ),
+        "{error:?}"
+    );
+    assert_eq!(error.action(), Action::DeadLetter);
+    let said = inbox_tests::error_chain(&error);
+    assert!(said.contains("max_allowed_packet"), "{said}");
+
+    // 40 keys of 1 KiB: more than a packet's worth in one multi-row insert; in several.
+    let keys: Vec<String> = (0..40)
+        .map(|n| format!("{n:04}{}", "b".repeat(1020)))
+        .collect();
+    let outcome = apply_all(&mut conn, &keys).unwrap();
+    assert_eq!(outcome.processed.len(), 40, "{outcome:?}");
+    let again = apply_all(&mut conn, &keys).unwrap();
+    assert_eq!(again.duplicates.len(), 40, "{again:?}");
+
+    // The same connection throughout: never dropped by the server.
+    assert_eq!(
+        count(&mut conn, "SELECT balance AS n FROM accounts WHERE id = 1"),
+        41
+    );
+    assert_eq!(count(&mut conn, "SELECT count(*) AS n FROM inbox"), 41);
+}
