@@ -406,9 +406,12 @@ fn classify_message(message: &str) -> ErrorClass {
     if message.starts_with("current transaction is aborted") {
         return ErrorClass::TransactionAborted;
     }
-    const CONNECTION_LOST: [&str; 18] = [
+    const CONNECTION_LOST: [&str; 19] = [
         // PostgreSQL 57P01 (a terminated backend), libpq and tokio-postgres.
         "terminating connection due to administrator command",
+        // PostgreSQL 25P03 (14+): the session sat idle in its transaction past
+        // `idle_in_transaction_session_timeout`.
+        "terminating connection due to idle-in-transaction timeout",
         "server closed the connection unexpectedly",
         "connection to server was lost",
         "no connection to the server",

@@ -37,12 +37,21 @@ impl HandlerSpec {
     /// lock a handler cancelled mid-body leaves on a pooled connection.
     pub const IDLE_IN_TRANSACTION_MS: u32 = 10_000;
 
-    /// `BEGIN` at the handler's isolation level, and the idle bound, in one round trip.
+    /// `BEGIN` at the handler's isolation level, and the idle bound, in one round trip. The
+    /// bound is the smaller of the handler's and the session's own (a role's or an
+    /// operator's tighter `idle_in_transaction_session_timeout` stays), for the transaction
+    /// only.
     pub fn postgres_begin_sql(&self) -> std::borrow::Cow<'static, str> {
         let mut sql: std::borrow::Cow<'static, str> = begin_sql(self.isolation).into();
         if self.idle_in_transaction_ms > 0 {
             let ms = self.idle_in_transaction_ms;
-            sql = format!("{sql}; SET LOCAL idle_in_transaction_session_timeout = {ms}").into();
+            sql = format!(
+                "{sql}; SELECT set_config('idle_in_transaction_session_timeout', \
+                 LEAST(NULLIF((EXTRACT(EPOCH FROM \
+                 current_setting('idle_in_transaction_session_timeout')::interval) * 1000)::bigint, \
+                 0), {ms})::text, true)"
+            )
+            .into();
         }
         if self.in_flight_when_locked {
             sql = format!("{sql}; {}", Self::POSTGRES_SHORT_LOCK_WAIT).into();
@@ -85,9 +94,12 @@ impl HandlerSpec {
         }
         if idle_bound {
             let seconds = self.idle_in_transaction_ms.div_ceil(1000);
+            // The smaller of the handler's bound and the session's own, which stays.
             sql.push_str(&format!(
                 "SET @inbox_idle_transaction_timeout = @@SESSION.idle_transaction_timeout, \
-                 SESSION idle_transaction_timeout = {seconds}; "
+                 SESSION idle_transaction_timeout = \
+                 IF(@@SESSION.idle_transaction_timeout BETWEEN 1 AND {seconds}, \
+                 @@SESSION.idle_transaction_timeout, {seconds}); "
             ));
         }
         if self.in_flight_when_locked {

@@ -1,0 +1,64 @@
+#![cfg(any(feature = "postgres", feature = "mysql"))]
+//! The idle bound of a handler's transaction (`idle_in_transaction_ms`, 10 s by default) is
+//! the smaller of the handler's and the session's own: an operator's or a role's tighter
+//! bound stays, inside the transaction too; a looser one is tightened for the transaction
+//! only.
+
+macro_rules! bound_inside {
+    ($db:ty, $conn:ty, $read:expr, $set:expr, $tight:expr, $loose:expr, $handlers:expr) => {
+        use diesel::RunQueryDsl;
+        use diesel::connection::SimpleConnection;
+        use inbox_diesel::idempotent;
+
+        #[derive(diesel::QueryableByName)]
+        struct Setting {
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            value: String,
+        }
+
+        /// The bound as the body's statements see it.
+        #[idempotent(consumer = "bound", key = id)]
+        fn bound(conn: &mut $conn, id: &str) -> Result<String, inbox_diesel::Error> {
+            let setting: Setting = diesel::sql_query($read).get_result(conn)?;
+            Ok(setting.value)
+        }
+
+        #[test]
+        fn the_smaller_bound_holds_inside_the_transaction() {
+            let db = <$db>::new("idle_bound_kept");
+            let mut conn = db.connect();
+            conn.batch_execute(&format!($set, $tight)).unwrap();
+            let inside = bound(&mut conn, "tight").unwrap().processed().unwrap();
+            assert_eq!(inside, $handlers.0, "the session's tighter bound stays");
+            conn.batch_execute(&format!($set, $loose)).unwrap();
+            let inside = bound(&mut conn, "loose").unwrap().processed().unwrap();
+            assert_eq!(inside, $handlers.1, "the handler's bound, tighter");
+        }
+    };
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    bound_inside!(
+        inbox_tests::postgres::PgDb,
+        diesel::PgConnection,
+        "SELECT current_setting('idle_in_transaction_session_timeout') AS value",
+        "SET idle_in_transaction_session_timeout = {}",
+        "2000",
+        "600000",
+        ("2s", "10s")
+    );
+}
+
+#[cfg(feature = "mysql")]
+mod mariadb {
+    bound_inside!(
+        inbox_tests::mysql::MysqlDb,
+        diesel::MysqlConnection,
+        "SELECT CAST(@@SESSION.idle_transaction_timeout AS CHAR) AS value",
+        "SET SESSION idle_transaction_timeout = {}",
+        "2",
+        "600",
+        ("2", "10")
+    );
+}
