@@ -135,3 +135,118 @@ mod non_strict {
         );
     }
 }
+
+/// A MariaDB session marked as checked by a transaction-mode handler is not taken as checked
+/// for claim mode, whose statements take more privileges: here a role that may insert
+/// markers but not update them. The claim handler's check, remembered from another session
+/// (a role that may), ran again on this one and refused it before the side effect; before
+/// the mark recorded the mode, the side effect ran and its stamp failed.
+#[cfg(feature = "mysql")]
+mod claim_after_transaction_mode {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use diesel::connection::SimpleConnection;
+    use diesel::{Connection, MysqlConnection};
+    use inbox_diesel::{ErrorClass, idempotent};
+    use inbox_tests::mysql::MysqlDb;
+
+    #[idempotent(consumer = "recorded", key = id)]
+    fn record(conn: &mut MysqlConnection, id: &str) -> Result<(), inbox_diesel::Error> {
+        let _ = (conn, id);
+        Ok(())
+    }
+
+    #[idempotent(consumer = "notified", key = id, mode = "claim")]
+    fn notify(
+        conn: &mut MysqlConnection,
+        id: &str,
+        sent: &AtomicUsize,
+    ) -> Result<(), inbox_diesel::Error> {
+        let _ = id;
+        sent.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    #[test]
+    fn a_claim_handler_checks_a_session_marked_for_transaction_mode() {
+        let db = MysqlDb::new("claim_after_tx");
+        let sent = AtomicUsize::new(0);
+        // Checked, and remembered, where the role may do everything.
+        assert!(
+            notify(&mut db.connect(), "first", &sent)
+                .unwrap()
+                .is_processed()
+        );
+        let mut admin = db.connect();
+        admin
+            .batch_execute("CREATE USER IF NOT EXISTS 'inbox_claim_mode'@'%'")
+            .unwrap();
+        admin
+            .batch_execute(&format!(
+                "GRANT SELECT, INSERT ON {}.inbox TO 'inbox_claim_mode'@'%'",
+                db.name()
+            ))
+            .unwrap();
+        let mut app = MysqlConnection::establish(&db.url_as("inbox_claim_mode")).unwrap();
+        assert!(record(&mut app, "a").unwrap().is_processed());
+        let error = notify(&mut app, "b", &sent).unwrap_err();
+        assert_eq!(error.class(), ErrorClass::Schema, "{error:?}");
+        assert_eq!(sent.load(Ordering::SeqCst), 1, "no side effect for b");
+        admin
+            .batch_execute("DROP USER 'inbox_claim_mode'@'%'")
+            .unwrap();
+    }
+}
+
+/// A precheck on a MariaDB session given `READ UNCOMMITTED` for its next transaction only
+/// (`SET TRANSACTION ISOLATION LEVEL …`, which no variable shows): the precheck's read is
+/// that transaction, and another delivery's uncommitted marker read as completed — answered
+/// `Duplicate`, and lost when that delivery rolled back. The read is a locking one: it waits
+/// for the delivery holding the marker and sees what it ended with.
+#[cfg(feature = "mysql")]
+mod precheck_next_transaction {
+    use diesel::connection::SimpleConnection;
+    use diesel::{MysqlConnection, RunQueryDsl};
+    use inbox_diesel::{MessageKey, Outcome, idempotent};
+    use inbox_tests::mysql::MysqlDb;
+    use inbox_tests::server::count;
+
+    #[idempotent(consumer = "pre", key = id, precheck = true)]
+    fn credit(conn: &mut MysqlConnection, id: &str) -> Result<(), inbox_diesel::Error> {
+        diesel::sql_query("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
+            .execute(conn)?;
+        Ok(())
+    }
+
+    #[test]
+    fn a_precheck_never_reads_a_marker_that_may_roll_back() {
+        let db = MysqlDb::new("precheck_next_ru");
+        let id = MessageKey::text("m-1").unwrap().stored_id();
+        let mut holder = db.connect();
+        holder
+            .batch_execute(&format!(
+                "START TRANSACTION; INSERT INTO inbox (message_id, consumer, received_at, \
+                 processed_at) VALUES (x'{}', 'pre', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
+                id.simple()
+            ))
+            .unwrap();
+        let mut conn = db.connect();
+        conn.batch_execute("SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED")
+            .unwrap();
+        std::thread::scope(|scope| {
+            let delivery = scope.spawn(|| credit(&mut conn, "m-1"));
+            inbox_tests::wait_until("the precheck waits for the marker's lock", || {
+                db.waiting_for_a_lock() == 1
+            });
+            holder.batch_execute("ROLLBACK").unwrap();
+            assert_eq!(delivery.join().unwrap().unwrap(), Outcome::Processed(()));
+        });
+        assert_eq!(
+            count(
+                &mut db.connect(),
+                "SELECT balance AS n FROM accounts WHERE id = 1"
+            ),
+            1
+        );
+    }
+}

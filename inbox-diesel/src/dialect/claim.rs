@@ -278,7 +278,11 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB> {
     /// `committed_only` (a precheck, with the layout's server flavour) on MySQL and MariaDB,
     /// a session at `READ UNCOMMITTED` reads code 4 ([`ClaimState::Unread`]): there a marker
     /// another delivery has not committed yet would read as completed, and the message would
-    /// be acknowledged before its first delivery rolled back.
+    /// be acknowledged before its first delivery rolled back. The read is a locking one
+    /// (`LOCK IN SHARE MODE`) too: a session given `READ UNCOMMITTED` for its next
+    /// transaction only (`SET TRANSACTION ISOLATION LEVEL …`, which no variable shows) reads
+    /// the marker only once the delivery holding it ended, committed or not — never a marker
+    /// that may yet roll back. (Outside any transaction its lock ends with the statement.)
     pub(crate) fn read(
         schema: &'a InboxSchema,
         consumer: &'a str,
@@ -300,6 +304,7 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB> {
             }),
             _ => None,
         };
+        let locking = isolation.is_some();
         let mut parts = vec![
             Sql(isolation.unwrap_or("SELECT CAST(CASE WHEN processed_at IS NOT NULL THEN 0 ")),
             Sql("WHEN claimed_until IS NULL THEN 1 WHEN claimed_until > "),
@@ -312,6 +317,9 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB> {
             Table,
         ];
         parts.extend(WHERE_KEY);
+        if locking {
+            parts.push(Sql(" LOCK IN SHARE MODE"));
+        }
         ClaimSql {
             table: schema.table(),
             id: key.stored_id(),

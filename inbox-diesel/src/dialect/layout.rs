@@ -29,9 +29,11 @@ pub struct Layout {
     /// MySQL and MariaDB: the server's `max_allowed_packet`, in bytes, as the check read it
     /// (`0` elsewhere: no limit the runtime's statements come near). A statement or its
     /// parameters larger than that makes the server drop the connection.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub(crate) max_packet: u64,
 }
 
+#[cfg(feature = "mysql")]
 impl Layout {
     /// Bytes left in a packet beside what a statement or its parameters are counted at: the
     /// packet's header, a prepared statement's id and flags, the parameters' types and
@@ -48,8 +50,10 @@ impl Layout {
 /// MySQL and MariaDB: a session variable, `@inbox_checked_<digest>`, set by the startup
 /// check on the server session it ran on to the session's database, and required by each
 /// marker insert (`IF(@… = <database>, <consumer>, NULL)` into the `NOT NULL` consumer). The
-/// digest is of the table, its index and the [`Layout`] the check found (`key_text`, MariaDB
-/// or MySQL), so that the variable says which statements this session was checked for.
+/// digest is of the table, its index, the [`Layout`] the check found (`key_text`, MariaDB
+/// or MySQL) and the mode checked for (claim mode's statements take more privileges), so
+/// that the variable says which statements this session was checked for: a session marked
+/// by a transaction-mode handler is checked again before a claim-mode handler's first claim.
 ///
 /// On these backends the runtime remembers a check per handler, not per connection: a pool
 /// hands out many sessions, and nothing on the client side stays with each. A session that
@@ -63,9 +67,9 @@ impl Layout {
 pub struct SessionMark(u64);
 
 impl SessionMark {
-    pub(crate) fn new(schema: &InboxSchema, layout: Layout) -> Self {
+    pub(crate) fn new(schema: &InboxSchema, layout: Layout, claim: bool) -> Self {
         let name = format!(
-            "{}\0{}\0key_text={}\0mariadb={}",
+            "{}\0{}\0key_text={}\0mariadb={}\0claim={claim}",
             schema.table(),
             schema.constraint(),
             layout.key_text,

@@ -588,7 +588,7 @@ pub(crate) async fn check_table<S: Io>(
     let catalog = read_catalog(io, schema, claim)
         .await
         .map_err(SchemaError::Database)?;
-    let layout = check(S::Backend::BACKEND, schema, catalog)?;
+    let layout = check(S::Backend::BACKEND, schema, catalog, claim)?;
     if let Some(mark) = layout.session_mark {
         io.execute(&Sql::new(mark.set_sql()))
             .await
@@ -815,6 +815,7 @@ pub(crate) fn check(
     backend: Backend,
     schema: &InboxSchema,
     catalog: Catalog,
+    claim: bool,
 ) -> Result<Layout, SchemaError> {
     let mut layout = Layout {
         key_text: false,
@@ -913,7 +914,7 @@ pub(crate) fn check(
             .map(intern);
     }
     if backend == Backend::Mysql {
-        layout.session_mark = Some(SessionMark::new(schema, layout));
+        layout.session_mark = Some(SessionMark::new(schema, layout, claim));
     }
     match problems.is_empty() {
         true => Ok(layout),
