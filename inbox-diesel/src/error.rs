@@ -355,11 +355,28 @@ impl From<diesel::result::Error> for Error {
 }
 
 /// Lets handlers return `diesel::QueryResult<T>`: a database failure comes back as the
-/// original diesel error; the others as a `QueryBuilderError` carrying this error.
+/// original diesel error where that error says what the runtime decided (`classify` of it
+/// gives the same class); the others — and a database failure the runtime classed otherwise
+/// than its error reads, such as a refused marker insert, a schema fault rather than a
+/// business violation — as a `QueryBuilderError` carrying this error, whose class
+/// [`classify`] returns.
 impl From<Error> for diesel::result::Error {
     fn from(e: Error) -> Self {
         match e {
-            Error::Database { source, .. } => source,
+            Error::Database {
+                class,
+                source,
+                attempts,
+            } => {
+                if crate::classify::class_of(&source, &inbox_core::InboxSchema::DEFAULT) == class {
+                    return source;
+                }
+                diesel::result::Error::QueryBuilderError(Box::new(Error::Database {
+                    class,
+                    source,
+                    attempts,
+                }))
+            }
             other => diesel::result::Error::QueryBuilderError(Box::new(other)),
         }
     }

@@ -75,9 +75,13 @@
 //!   a checkout made anywhere under the body. For side effects that cannot join a
 //!   transaction, see [claim mode](#claim-mode-side-effects-outside-the-database).
 //! - Markers removed too early: a redelivery after its marker is deleted is processed again.
-//! - Error messages: deadlocks on PostgreSQL and busy/locked SQLite databases are recognised
-//!   by the server's English message text; a server configured to answer in another
-//!   language (`lc_messages`) turns them into non-retried errors.
+//! - Error messages: where diesel reports no code (a deadlock on PostgreSQL, a timeout, a
+//!   busy SQLite database) the class is read from the server's English message text. The
+//!   startup check sets each PostgreSQL, MySQL and MariaDB session's messages to English
+//!   (PostgreSQL: where the role may; otherwise the check refuses with the fix), and a
+//!   MariaDB deadlock, written in the server's own language whatever the session says, is
+//!   known by the transaction the server ended. The README's "Deployments" says what was
+//!   tested.
 //!
 //! # Async handlers
 //!
@@ -171,7 +175,9 @@
 //! One statement inserts the markers of up to 5 000 messages (`INSERT … VALUES (…), (…) ON
 //! CONFLICT DO NOTHING RETURNING message_id` on PostgreSQL and SQLite — a larger batch takes
 //! several, inside the same transaction, so batches of any size work; on MySQL and MariaDB,
-//! which return no rows from an insert, one insert per message inside the same transaction); keys repeated inside
+//! which return no rows from an insert, a multi-row insert of up to 500 markers — fewer where
+//! the server's `max_allowed_packet` takes fewer — and, where a duplicate is among them, one
+//! insert per message, inside the same transaction); keys repeated inside
 //! the batch are collapsed first, and the keys are inserted in a fixed order, so that two
 //! batches sharing keys do not deadlock on their markers. The body runs once with the new messages; `Err`
 //! rolls the whole batch back. [`BatchOutcome`] names each message by its position.

@@ -250,3 +250,37 @@ mod precheck_next_transaction {
         );
     }
 }
+
+/// A handler returning `diesel::QueryResult` keeps the runtime's class: a marker refused by a
+/// `CHECK` added after the startup check is a schema fault (`Alert`), and `classify` of the
+/// diesel error the handler returns says so — before, it read the raw error again and said
+/// `Other` (`DeadLetter`).
+#[cfg(feature = "postgres")]
+mod query_result_handler {
+    use diesel::PgConnection;
+    use diesel::connection::SimpleConnection;
+    use inbox_diesel::{Action, ErrorClass, InboxSchema, classify, idempotent};
+    use inbox_tests::postgres::PgDb;
+
+    #[idempotent(consumer = "checked", key = id)]
+    fn handle(conn: &mut PgConnection, id: &str) -> diesel::QueryResult<()> {
+        let _ = (conn, id);
+        Ok(())
+    }
+
+    #[test]
+    fn a_refused_marker_stays_a_schema_fault() {
+        let db = PgDb::new("query_result_class");
+        let mut conn = db.connect();
+        assert!(handle(&mut conn, "a").unwrap().is_processed());
+        db.connect()
+            .batch_execute(
+                "ALTER TABLE inbox ADD CONSTRAINT ck_short CHECK (length(consumer) < 3) NOT VALID",
+            )
+            .unwrap();
+        let error = handle(&mut conn, "b").unwrap_err();
+        let class = classify(&error, &InboxSchema::DEFAULT);
+        assert_eq!(class, ErrorClass::Schema, "{error:?}");
+        assert_eq!(class.action(), Action::Alert);
+    }
+}

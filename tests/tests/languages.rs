@@ -279,6 +279,15 @@ mod postgres {
                 // The body's error counts the attempts as the runtime's own errors do: the
                 // first and three retries.
                 assert_eq!(error.attempts(), 4, "{database}");
+                // A pooler's reset (`RESET ALL`) brings back the session's language; each
+                // handler transaction sets English again for itself.
+                conn.batch_execute("RESET ALL").unwrap();
+                let error = times_out(&mut conn, &format!("reset-{round}")).unwrap_err();
+                assert_eq!(
+                    error.class(),
+                    TIMEOUT,
+                    "after RESET ALL, {database}: {error:?}"
+                );
             }
         }
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -514,6 +523,103 @@ mod mariadb {
         admin
             .batch_execute("DROP USER 'inbox_languages'@'%'")
             .unwrap();
+    }
+
+    /// The body of `deadlocks`: on its first attempt it locks account 2, says so, and
+    /// waits until told to lock account 1 — which another session holds while it waits for
+    /// account 2: a deadlock, this body its victim. Later attempts run through.
+    struct Choreography {
+        attempts: std::sync::atomic::AtomicUsize,
+        locked: std::sync::mpsc::SyncSender<()>,
+        go: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+    }
+
+    /// Through the text protocol (`batch_execute`), which reports no error number.
+    #[idempotent(consumer = "deadlocks", key = id)]
+    fn deadlocks(
+        conn: &mut MysqlConnection,
+        id: &str,
+        dance: &Choreography,
+    ) -> Result<(), inbox_diesel::Error> {
+        let first = dance
+            .attempts
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            == 0;
+        conn.batch_execute("UPDATE accounts SET balance = balance + 1 WHERE id = 2")?;
+        if first {
+            dance.locked.send(()).unwrap();
+            dance.go.lock().unwrap().recv().unwrap();
+        }
+        conn.batch_execute("UPDATE accounts SET balance = balance + 1 WHERE id = 1")?;
+        Ok(())
+    }
+
+    /// A server whose own language is German (`--lc-messages=de_DE`): MariaDB writes a
+    /// deadlock in the server's language whatever the session set (other errors follow the
+    /// session), and its text protocol reports no error number. The server ended the
+    /// transaction: the runtime reads that, and retries the deadlock.
+    #[test]
+    fn a_deadlock_on_a_server_in_german_is_retried() {
+        let server = inbox_tests::private::PrivateMariadb::start(&["--lc-messages=de_DE"]);
+        let mut admin = server.admin();
+        admin
+            .batch_execute(&schema::mysql::create_table_sql(&InboxSchema::DEFAULT))
+            .unwrap();
+        admin
+            .batch_execute(
+                "CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance BIGINT NOT NULL);
+                 INSERT INTO accounts VALUES (1, 0), (2, 0);
+                 CREATE TABLE credits (n INTEGER)",
+            )
+            .unwrap();
+        let url = server.url("root");
+        let (locked, locked_rx) = std::sync::mpsc::sync_channel(1);
+        let (go_tx, go) = std::sync::mpsc::sync_channel(1);
+        let dance = Choreography {
+            attempts: std::sync::atomic::AtomicUsize::new(0),
+            locked,
+            go: std::sync::Mutex::new(go),
+        };
+        let mut holder = MysqlConnection::establish(&url).unwrap();
+        holder
+            .batch_execute(
+                "START TRANSACTION; UPDATE accounts SET balance = balance + 10 WHERE id = 1;
+                 INSERT INTO credits VALUES (1), (2), (3), (4)",
+            )
+            .unwrap();
+        let outcome = std::thread::scope(|scope| {
+            let delivery = scope.spawn(|| {
+                let mut conn = MysqlConnection::establish(&url).unwrap();
+                deadlocks(&mut conn, "m-1", &dance)
+            });
+            locked_rx.recv().unwrap();
+            let holder = &mut holder;
+            let waits = scope.spawn(move || {
+                holder
+                    .batch_execute("UPDATE accounts SET balance = balance + 10 WHERE id = 2")
+                    .unwrap();
+                holder.batch_execute("ROLLBACK").unwrap();
+            });
+            inbox_tests::wait_until("the holder waits for account 2", || {
+                count(
+                    &mut server.admin(),
+                    "SELECT count(*) AS n FROM information_schema.processlist \
+                     WHERE id <> CONNECTION_ID() AND command IN ('Query', 'Execute') \
+                     AND time_ms > 200",
+                ) == 1
+            });
+            go_tx.send(()).unwrap();
+            waits.join().unwrap();
+            delivery.join().unwrap()
+        });
+        assert_eq!(outcome.unwrap(), Outcome::Processed(()));
+        assert_eq!(dance.attempts.load(std::sync::atomic::Ordering::SeqCst), 2);
+        let mut conn = server.admin();
+        assert_eq!(
+            count(&mut conn, "SELECT SUM(balance) AS n FROM accounts"),
+            2
+        );
+        assert_eq!(count(&mut conn, "SELECT count(*) AS n FROM inbox"), 1);
     }
 
     #[idempotent(consumer = "languages", key = id)]

@@ -28,6 +28,65 @@ fn apply_all(conn: &mut MysqlConnection, keys: &[String]) -> Result<usize, Error
     Ok(keys.len())
 }
 
+/// A stored result the size the caller asks for.
+#[idempotent(consumer = "results", key = key, store_result = true)]
+fn answer(conn: &mut MysqlConnection, key: &str, size: usize) -> Result<String, Error> {
+    let _ = conn;
+    Ok("r".repeat(size))
+}
+
+/// Claim mode, with a side effect counted.
+#[idempotent(consumer = "claims", key = key, mode = "claim")]
+fn notify(
+    conn: &mut MysqlConnection,
+    key: &str,
+    sent: &std::sync::atomic::AtomicUsize,
+) -> Result<(), Error> {
+    let _ = key;
+    sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    Ok(())
+}
+
+/// A stored result and a claim-mode key too large for the packet: refused, said why, before
+/// anything is sent (before, the server dropped the connection on every redelivery).
+#[test]
+fn results_and_claims_are_sized_too() {
+    let server = PrivateMariadb::start(&["--max-allowed-packet=16384"]);
+    let columns = inbox_diesel::schema::OptionalColumns {
+        key_text: true,
+        result: true,
+        ..Default::default()
+    };
+    server
+        .admin()
+        .batch_execute(&Backend::Mysql.create_table_with_sql(&InboxSchema::DEFAULT, columns))
+        .unwrap();
+    let mut conn = MysqlConnection::establish(&server.url("root")).unwrap();
+    assert_eq!(
+        answer(&mut conn, "small", 1000).unwrap(),
+        Outcome::Processed("r".repeat(1000))
+    );
+    let error = answer(&mut conn, "large", 17_000).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            Error::StoredResult(inbox_diesel::StoredResultProblem::TooLarge { .. })
+        ),
+        "{error:?}"
+    );
+    assert_eq!(count(&mut conn, "SELECT count(*) AS n FROM inbox"), 1);
+
+    let sent = std::sync::atomic::AtomicUsize::new(0);
+    let long = "c".repeat(17_000);
+    let error = notify(&mut conn, &long, &sent).unwrap_err();
+    assert!(
+        matches!(error, Error::InvalidKey(KeyError::TooLongForServer { .. })),
+        "{error:?}"
+    );
+    assert_eq!(sent.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert!(notify(&mut conn, "short", &sent).unwrap().is_processed());
+}
+
 #[test]
 fn statements_are_sized_from_the_servers_packet_limit() {
     let server = PrivateMariadb::start(&["--max-allowed-packet=16384"]);

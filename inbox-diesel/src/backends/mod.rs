@@ -36,9 +36,13 @@ pub(crate) mod sealed {
             Backend: crate::dialect::Dialect,
         >
     {
-        /// Opens the handler's transaction; `mariadb`: the startup check found a MariaDB server.
-        fn begin_inbox_transaction(&mut self, spec: &HandlerSpec, mariadb: bool)
-        -> QueryResult<()>;
+        /// Opens the handler's transaction, as the startup check's `layout` says (a MariaDB
+        /// server; PostgreSQL messages to be set to English).
+        fn begin_inbox_transaction(
+            &mut self,
+            spec: &HandlerSpec,
+            layout: Layout,
+        ) -> QueryResult<()>;
 
         /// Opens the handler's transaction with `key`'s marker claimed in it, in one round
         /// trip where the backend can (PostgreSQL); `None` where it opens and claims in two
@@ -235,11 +239,11 @@ mod asynchronous {
         pub trait AsyncConnection:
             diesel_async::AsyncConnection<Backend: crate::dialect::Dialect> + Send
         {
-            /// Opens the handler's transaction.
+            /// Opens the handler's transaction, as the sync connection's.
             fn begin_inbox_transaction(
                 &mut self,
                 spec: &'static HandlerSpec,
-                mariadb: bool,
+                layout: Layout,
             ) -> impl Future<Output = QueryResult<()>> + Send;
 
             /// Opens the handler's transaction with `key`'s marker claimed in it, in one round

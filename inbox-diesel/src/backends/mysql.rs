@@ -242,9 +242,12 @@ mod sync {
         fn begin_inbox_transaction(
             &mut self,
             spec: &HandlerSpec,
-            mariadb: bool,
+            layout: Layout,
         ) -> QueryResult<()> {
-            AnsiTransactionManager::begin_transaction_sql(self, &spec.mysql_begin_sql(mariadb))
+            AnsiTransactionManager::begin_transaction_sql(
+                self,
+                &spec.mysql_begin_sql(layout.mariadb),
+            )
         }
 
         /// `START TRANSACTION` and the marker's insert in one round trip
@@ -414,10 +417,13 @@ mod asynchronous {
         async fn begin_inbox_transaction(
             &mut self,
             spec: &'static HandlerSpec,
-            mariadb: bool,
+            layout: Layout,
         ) -> QueryResult<()> {
-            AnsiTransactionManager::begin_transaction_sql(self, &spec.mysql_begin_sql(mariadb))
-                .await
+            AnsiTransactionManager::begin_transaction_sql(
+                self,
+                &spec.mysql_begin_sql(layout.mariadb),
+            )
+            .await
         }
 
         /// `START TRANSACTION` and the marker's insert in one round trip, as on the sync

@@ -244,8 +244,15 @@ mod sync {
     impl InboxConnection for PgConnection {}
 
     impl sealed::Connection for PgConnection {
-        fn begin_inbox_transaction(&mut self, spec: &HandlerSpec, _: bool) -> QueryResult<()> {
-            AnsiTransactionManager::begin_transaction_sql(self, &spec.postgres_begin_sql())
+        fn begin_inbox_transaction(
+            &mut self,
+            spec: &HandlerSpec,
+            layout: Layout,
+        ) -> QueryResult<()> {
+            AnsiTransactionManager::begin_transaction_sql(
+                self,
+                &crate::dialect::marker::postgres_begin(spec, layout),
+            )
         }
 
         /// `BEGIN` and the marker's insert in one round trip
@@ -359,9 +366,10 @@ mod asynchronous {
         async fn begin_inbox_transaction(
             &mut self,
             spec: &'static HandlerSpec,
-            _: bool,
+            layout: Layout,
         ) -> QueryResult<()> {
-            AnsiTransactionManager::begin_transaction_sql(self, &spec.postgres_begin_sql()).await
+            let sql = crate::dialect::marker::postgres_begin(spec, layout);
+            AnsiTransactionManager::begin_transaction_sql(self, &sql).await
         }
 
         /// `BEGIN` and the marker's insert in one round trip, as on the sync connection.

@@ -206,7 +206,7 @@ mod sync {
     impl sealed::Connection for SqliteConnection {
         /// `BEGIN IMMEDIATE` takes the write lock at once, so two deliveries queue on the busy
         /// timeout instead of both reading and then failing to upgrade to a writer.
-        fn begin_inbox_transaction(&mut self, spec: &HandlerSpec, _: bool) -> QueryResult<()> {
+        fn begin_inbox_transaction(&mut self, spec: &HandlerSpec, _: Layout) -> QueryResult<()> {
             let sql = format!(
                 "PRAGMA busy_timeout = {}; BEGIN IMMEDIATE",
                 spec.sqlite_busy_timeout_ms
@@ -282,9 +282,9 @@ mod asynchronous {
         async fn begin_inbox_transaction(
             &mut self,
             spec: &'static HandlerSpec,
-            _: bool,
+            layout: Layout,
         ) -> QueryResult<()> {
-            self.spawn_blocking(move |conn| conn.begin_inbox_transaction(spec, false))
+            self.spawn_blocking(move |conn| conn.begin_inbox_transaction(spec, layout))
                 .await
         }
 

@@ -29,11 +29,14 @@ pub struct Layout {
     /// MySQL and MariaDB: the server's `max_allowed_packet`, in bytes, as the check read it
     /// (`0` elsewhere: no limit the runtime's statements come near). A statement or its
     /// parameters larger than that makes the server drop the connection.
-    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub(crate) max_packet: u64,
+    /// PostgreSQL: the session's messages were in another language, and the check set them
+    /// to English (the role may): each handler transaction sets them again for itself
+    /// (`SET LOCAL lc_messages`), which a `RESET ALL` since the check would otherwise undo.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) english: bool,
 }
 
-#[cfg(feature = "mysql")]
 impl Layout {
     /// Bytes left in a packet beside what a statement or its parameters are counted at: the
     /// packet's header, a prepared statement's id and flags, the parameters' types and
@@ -42,8 +45,20 @@ impl Layout {
 
     /// Whether `bytes` of SQL text, or of a statement's parameters, fit in one packet of the
     /// server's.
+    #[cfg(feature = "mysql")]
     pub(crate) fn fits(self, bytes: usize) -> bool {
         self.max_packet == 0 || (bytes as u64).saturating_add(Self::PACKET_SLACK) <= self.max_packet
+    }
+
+    /// How many bytes of one value fit in a statement whose other parts take `around`:
+    /// unbounded where the server reads no packet limit.
+    pub(crate) fn room(self, around: usize) -> usize {
+        match self.max_packet {
+            0 => usize::MAX,
+            packet => usize::try_from(packet.saturating_sub(Self::PACKET_SLACK))
+                .unwrap_or(usize::MAX)
+                .saturating_sub(around),
+        }
     }
 }
 

@@ -435,6 +435,9 @@ pub(crate) struct PgMarker {
     types: &'static str,
     statement: String,
     key_text: bool,
+    /// The transaction sets the session's messages to English for itself
+    /// ([`Layout::english`](super::layout::Layout)).
+    english: bool,
 }
 
 #[cfg(feature = "postgres")]
@@ -463,6 +466,7 @@ impl PgMarker {
             types,
             statement,
             key_text: layout.key_text,
+            english: layout.english,
         }
     }
 
@@ -479,8 +483,12 @@ impl PgMarker {
         key: &inbox_core::MessageKey,
     ) -> String {
         let mut sql = format!(
-            "{}; EXECUTE {}('{}', {}",
+            "{}; {}EXECUTE {}('{}', {}",
             spec.postgres_begin_sql(),
+            match self.english {
+                true => SET_LOCAL_ENGLISH,
+                false => "",
+            },
             self.name,
             key.stored_id(),
             hex_text(spec.consumer.as_str())
@@ -524,6 +532,30 @@ const ENGLISH_WHERE_ALLOWED: &str = "DO $inbox$ BEGIN \
      PERFORM set_config('lc_messages', 'C', false) \
      WHERE current_setting('lc_messages') !~ '^(C|POSIX|en)([._@]|$)'; \
      EXCEPTION WHEN insufficient_privilege THEN NULL; END $inbox$";
+
+/// PostgreSQL, where the startup check set the session's messages to English
+/// ([`Layout::english`](super::layout::Layout)): each handler transaction sets them again for
+/// itself, so that a `RESET ALL` (a pooler's reset query) or a `SET` of the application's
+/// since the check does not bring back another language for what the runtime classifies.
+#[cfg(feature = "postgres")]
+const SET_LOCAL_ENGLISH: &str = "SET LOCAL lc_messages = 'C'; ";
+
+/// The handler's `BEGIN` on PostgreSQL ([`HandlerSpec::postgres_begin_sql`]), with the
+/// messages set to English for the transaction where the check found them in another
+/// language.
+///
+/// [`HandlerSpec::postgres_begin_sql`]: crate::spec::HandlerSpec::postgres_begin_sql
+#[cfg(feature = "postgres")]
+pub(crate) fn postgres_begin(
+    spec: &crate::spec::HandlerSpec,
+    layout: super::layout::Layout,
+) -> std::borrow::Cow<'static, str> {
+    let begin = spec.postgres_begin_sql();
+    match layout.english {
+        true => format!("{begin}; {}", SET_LOCAL_ENGLISH.trim_end_matches("; ")).into(),
+        false => begin,
+    }
+}
 
 /// What the server's error says when the marker's insert wrote no row without failing.
 #[cfg(feature = "postgres")]

@@ -244,7 +244,7 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
     }
 
     async fn begin(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()> {
-        self.0.begin_inbox_transaction(spec, layout.mariadb).await
+        self.0.begin_inbox_transaction(spec, layout).await
     }
 
     async fn begin_with_claim(
@@ -305,6 +305,10 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
         claimed: bool,
     ) -> QueryResult<()> {
         self.0.wait_for_locks(spec, claimed).await
+    }
+
+    async fn ended_by_server(&mut self) -> bool {
+        crate::runtime::claim::ended_by_server(self).await
     }
 
     async fn verify(

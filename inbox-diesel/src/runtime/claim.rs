@@ -4,6 +4,7 @@
 use diesel::QueryResult;
 use inbox_core::{InboxSchema, MessageKey};
 
+use crate::dialect::Sql;
 use crate::dialect::claim::{ClaimAnswer, ClaimSql, ClaimStep, read_answer};
 use crate::io::Io;
 use crate::runtime::driver::refused_marker;
@@ -50,7 +51,16 @@ pub(crate) async fn step<S: Io>(
             io.read_claim(ClaimSql::read(schema, consumer, key, Some(layout)))
                 .await?,
         )),
-        ClaimStep::Insert { .. } => {
+        ClaimStep::Insert { layout, .. } => {
+            // Too long for the server's packet (MySQL, MariaDB): refused before it is sent,
+            // as the transaction mode's marker is.
+            #[cfg(feature = "mysql")]
+            if layout.key_text {
+                let text = crate::dialect::layout::key_text(key);
+                crate::dialect::marker::marker_fits(consumer, Some(&text), layout)?;
+            }
+            #[cfg(not(feature = "mysql"))]
+            let _ = layout;
             let inserted = io
                 .execute_claim(ClaimSql::new(schema, consumer, key, step))
                 .await;
@@ -98,4 +108,23 @@ pub(crate) async fn present<S: Io>(
     Ok(rows
         .first()
         .map_or(0, |&(n, _)| usize::try_from(n).unwrap_or(0)))
+}
+
+/// MariaDB: whether the session's transaction has ended on the server (`@@in_transaction`
+/// is 0) — a deadlock or a Galera abort rolled it back; `false` where it is open or the
+/// question fails.
+pub(crate) async fn ended_by_server<S: Io>(io: &mut S) -> bool {
+    #[derive(diesel::QueryableByName)]
+    struct InTransaction {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let sql = Sql::new("SELECT CAST(@@in_transaction AS SIGNED) AS n");
+    match io.load::<InTransaction>(&sql).await {
+        Ok(rows) => rows.first().is_some_and(|row| row.n == 0),
+        Err(e) => {
+            tracing::debug!(error = %e, "reading @@in_transaction failed");
+            false
+        }
+    }
 }

@@ -102,6 +102,11 @@ pub(crate) trait Steps {
     /// Rolls back if a transaction is open; `Ok` when none is.
     async fn roll_back(&mut self) -> QueryResult<()>;
 
+    /// MariaDB, inside the handler's transaction after a failure: whether the server ended
+    /// the transaction itself (`@@in_transaction` is 0), as a deadlock or a Galera abort
+    /// does and a statement's own error does not. `false` where it cannot tell.
+    async fn ended_by_server(&mut self) -> bool;
+
     /// Reads the inbox table's definition from the catalog and checks it (`schema::verify`).
     async fn verify(
         &mut self,
@@ -259,11 +264,48 @@ impl<T, W> Decided<T, W> {
     }
 }
 
+/// MariaDB writes a deadlock (1213) in the server's own language, whatever the session's
+/// `lc_messages`, and its text protocol and the async driver report no code for it: an
+/// error nothing recognises, inside the handler's transaction, that the server ended the
+/// transaction with ([`Steps::ended_by_server`]) is that deadlock (or a Galera abort, the
+/// same error) — a transient failure, retried, never dead-lettered. Any other error as it is.
+fn deadlock_if_ended(class: Option<ErrorClass>, ended: bool) -> Option<ErrorClass> {
+    match class {
+        Some(ErrorClass::Other) if ended => {
+            Some(ErrorClass::Transient(inbox_core::TransientKind::Deadlock))
+        }
+        class => class,
+    }
+}
+
+/// The claim's error inside the transaction, as [`deadlock_if_ended`] reads a body's: an
+/// unrecognised one the MariaDB server ended the transaction with, carried as the deadlock
+/// it is (the server's error its source).
+async fn deadlock_unread<S: Steps>(
+    steps: &mut S,
+    spec: &HandlerSpec,
+    layout: Layout,
+    error: DieselError,
+) -> DieselError {
+    if !layout.mariadb || classify(&error, &spec.schema) != ErrorClass::Other {
+        return error;
+    }
+    match steps.ended_by_server().await {
+        true => DieselError::QueryBuilderError(Box::new(Error::Database {
+            class: ErrorClass::Transient(inbox_core::TransientKind::Deadlock),
+            attempts: 1,
+            source: error,
+        })),
+        false => error,
+    }
+}
+
 /// Why one attempt failed. Every variant is returned after the transaction was rolled back.
 enum Failure<T, E> {
     /// The body returned `Err`; kept as the `Result` the body returned so that the
-    /// macro-generated probe can look inside it.
-    Body(Result<T, E>),
+    /// macro-generated probe can look inside it. With whether the server had ended the
+    /// transaction ([`deadlock_if_ended`]).
+    Body(Result<T, E>, bool),
     /// Beginning, claiming or committing failed.
     Database(DieselError),
     /// The body returned `Ok` over an aborted transaction.
@@ -360,7 +402,7 @@ where
         }
         let class = match &mut failure {
             // The body's error learns how many attempts were made, as the runtime's own do.
-            Failure::Body(result) => probe(result, retries + 1),
+            Failure::Body(result, ended) => deadlock_if_ended(probe(result, retries + 1), *ended),
             Failure::Database(e) => Some(classify(e, &spec.schema)),
             Failure::Aborted => Some(ErrorClass::TransactionAborted),
         };
@@ -1115,7 +1157,7 @@ where
 
     // The result, written where the claim is still this attempt's, just before the stamp. A
     // result that cannot be stored does not stop the stamp: the side effect happened.
-    let (stored, unstorable) = match remembered.store.map(|store| store.encode(&value)) {
+    let (stored, unstorable) = match remembered.store.map(|store| store.encode(&value, layout)) {
         None => (None, None),
         Some(Ok(text)) => (Some(text), None),
         Some(Err(problem)) => (None, Some(problem)),
@@ -1364,7 +1406,7 @@ fn give_up<T, E>(
 ) -> E {
     telemetry::attempt(attempts);
     let error_type = match &failure {
-        Failure::Body(_) => telemetry::error_type(class.as_ref()),
+        Failure::Body(..) => telemetry::error_type(class.as_ref()),
         Failure::Aborted => ErrorClass::TransactionAborted.label(),
         Failure::Database(DieselError::AlreadyInTransaction) => ErrorClass::Misuse.label(),
         Failure::Database(DieselError::QueryBuilderError(inner)) if inner.is::<Error>() => inner
@@ -1374,11 +1416,11 @@ fn give_up<T, E>(
     };
     telemetry::failed(spec, error_type);
     match failure {
-        Failure::Body(Err(e)) => {
+        Failure::Body(Err(e), _) => {
             tracing::debug!(outcome = "failed", "handler returned an error; rolled back");
             e
         }
-        Failure::Body(Ok(_)) => unreachable!("a body failure holds the body's Err"),
+        Failure::Body(Ok(_), _) => unreachable!("a body failure holds the body's Err"),
         Failure::Aborted => {
             tracing::error!(
                 outcome = "aborted",
@@ -1469,6 +1511,7 @@ where
             return Ok(Decided::Duplicate(None));
         }
         Err(e) => {
+            let e = deadlock_unread(steps, spec, layout, e).await;
             roll_back(steps).await;
             // Another delivery's uncommitted marker: answered at once instead of waited for,
             // when the outcome type can say so.
@@ -1510,7 +1553,7 @@ where
     };
     // The result, stored with the marker in this transaction.
     if let (Ok(value), Some(store), Some(key)) = (&result, remembered.store, claims.key()) {
-        let written = match store.encode(value) {
+        let written = match store.encode(value, layout) {
             Ok(text) => {
                 steps
                     .store_result(spec, key, text, remembered.fingerprint, None)
@@ -1542,8 +1585,9 @@ where
             }
         },
         Err(e) => {
+            let ended = layout.mariadb && steps.ended_by_server().await;
             roll_back(steps).await;
-            Err(Failure::Body(Err(e)))
+            Err(Failure::Body(Err(e), ended))
         }
     }
 }
@@ -1731,6 +1775,10 @@ mod tests {
 
         async fn wait_for_locks(&mut self, _: &'static HandlerSpec, _: bool) -> QueryResult<()> {
             Ok(())
+        }
+
+        async fn ended_by_server(&mut self) -> bool {
+            false
         }
 
         async fn prepare_claim(&mut self, _: &'static HandlerSpec) -> QueryResult<()> {

@@ -12,6 +12,7 @@ use inbox_core::{InboxSchema, MessageKey};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::dialect::layout::Layout;
 use crate::dialect::{Dialect, Sql};
 use crate::io::Io;
 use crate::{Error, StoredResultProblem};
@@ -19,6 +20,10 @@ use crate::{Error, StoredResultProblem};
 /// The largest result a handler stores, in bytes of its JSON text: 1 MiB. A larger one is
 /// refused before any SQL with [`StoredResultProblem::TooLarge`].
 pub const MAX_STORED_RESULT_BYTES: usize = 1 << 20;
+
+/// What the statement that stores a result carries beside the result's text: the statement,
+/// the key, the consumer (at most 200 characters of up to 4 bytes), the fingerprint.
+const RESULT_STATEMENT: usize = 2048;
 
 /// A request's fingerprint: the SHA-256 digest of the bytes the caller says identify it
 /// (RustCrypto's `sha2`). SHA-256 is a fixed standard (FIPS 180-4): the same bytes give the
@@ -110,14 +115,20 @@ impl<T: Serialize + DeserializeOwned> Store<T> {
 }
 
 impl<T> Store<T> {
-    /// The value's JSON text, refused when it cannot be written or is over the limit.
-    pub(crate) fn encode(self, value: &T) -> Result<String, Error> {
+    /// The value's JSON text, refused when it cannot be written or is over the limit: the
+    /// smaller of [`MAX_STORED_RESULT_BYTES`] and what the server takes in one statement's
+    /// parameters (MySQL and MariaDB: `max_allowed_packet`, [`Layout::max_packet`]; a larger
+    /// statement makes the server drop the connection, on every redelivery).
+    ///
+    /// [`Layout::max_packet`]: crate::dialect::layout::Layout
+    pub(crate) fn encode(self, value: &T, layout: Layout) -> Result<String, Error> {
         let text = (self.encode)(value)
             .map_err(|e| Error::StoredResult(StoredResultProblem::Encode(e.to_string())))?;
-        if text.len() > MAX_STORED_RESULT_BYTES {
+        let limit = layout.room(RESULT_STATEMENT).min(MAX_STORED_RESULT_BYTES);
+        if text.len() > limit {
             return Err(Error::StoredResult(StoredResultProblem::TooLarge {
                 bytes: text.len(),
-                limit: MAX_STORED_RESULT_BYTES,
+                limit,
             }));
         }
         Ok(text)

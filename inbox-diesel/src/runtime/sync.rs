@@ -181,7 +181,7 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
     }
 
     async fn begin(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()> {
-        self.0.begin_inbox_transaction(spec, layout.mariadb)
+        self.0.begin_inbox_transaction(spec, layout)
     }
 
     async fn begin_with_claim(
@@ -244,6 +244,10 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
         claimed: bool,
     ) -> QueryResult<()> {
         self.0.wait_for_locks(spec, claimed)
+    }
+
+    async fn ended_by_server(&mut self) -> bool {
+        crate::runtime::claim::ended_by_server(self).await
     }
 
     async fn verify(

@@ -584,11 +584,12 @@ pub(crate) async fn check_table<S: Io>(
     schema: &InboxSchema,
     claim: bool,
 ) -> Result<Layout, SchemaError> {
-    english_messages(io, schema).await?;
+    let set_english = english_messages(io, schema).await?;
     let catalog = read_catalog(io, schema, claim)
         .await
         .map_err(SchemaError::Database)?;
-    let layout = check(S::Backend::BACKEND, schema, catalog, claim)?;
+    let mut layout = check(S::Backend::BACKEND, schema, catalog, claim)?;
+    layout.english = set_english && S::Backend::BACKEND == Backend::Postgres;
     if let Some(mark) = layout.session_mark {
         io.execute(&Sql::new(mark.set_sql()))
             .await
@@ -629,14 +630,16 @@ const PG_MESSAGES: &str = "SELECT current_setting('lc_messages') AS version";
 /// are in another language the check refuses, naming the two fixes (`ALTER ROLE … SET
 /// lc_messages = 'C'`, or the grant). A role that may not set it, on a server whose messages
 /// are English anyway (built without translations), passes: its refusal came in English.
-async fn english_messages<S: Io>(io: &mut S, schema: &InboxSchema) -> Result<(), SchemaError> {
+async fn english_messages<S: Io>(io: &mut S, schema: &InboxSchema) -> Result<bool, SchemaError> {
     let pinned = match S::Backend::BACKEND {
-        Backend::Sqlite => return Ok(()),
+        Backend::Sqlite => return Ok(false),
         Backend::Mysql => io.execute(&Sql::new(MYSQL_ENGLISH)).await,
         Backend::Postgres => io.execute(&Sql::new(PG_ENGLISH)).await,
     };
-    let Err(refused) = pinned else {
-        return Ok(());
+    let refused = match pinned {
+        // PostgreSQL: the row `set_config` returned, where it changed the setting.
+        Ok(rows) => return Ok(rows > 0),
+        Err(refused) => refused,
     };
     let english = crate::classify::with_server_error(&refused, |server| {
         server
@@ -644,7 +647,7 @@ async fn english_messages<S: Io>(io: &mut S, schema: &InboxSchema) -> Result<(),
             .starts_with("permission denied to set parameter")
     });
     match (S::Backend::BACKEND, english) {
-        (Backend::Postgres, Some(true)) => return Ok(()),
+        (Backend::Postgres, Some(true)) => return Ok(false),
         (Backend::Postgres, Some(false)) => {}
         _ => return Err(SchemaError::Database(refused)),
     }
@@ -825,6 +828,7 @@ pub(crate) fn check(
         session_mark: None,
         pinned: None,
         max_packet: catalog.max_packet,
+        english: false,
     };
     let resolved = catalog
         .facts
