@@ -116,6 +116,15 @@ impl HandlerSpec {
     pub const MARIADB_IDLE_RESTORE: &'static str =
         "SET SESSION idle_transaction_timeout = @inbox_idle_transaction_timeout";
 
+    /// MariaDB: the restore before `COMMIT`, which fails (1242: a subquery of two rows, read
+    /// only then) where the server has ended the transaction already — a deadlock or a Galera abort the body
+    /// swallowed and went on after, its later writes committed on their own and the marker
+    /// rolled back. A `COMMIT` there would answer success for nothing: the runtime reports
+    /// the swallowed error instead ([`Error::TransactionAborted`](crate::Error)).
+    pub const MARIADB_IDLE_RESTORE_IN_TRANSACTION: &'static str = "SET SESSION \
+        idle_transaction_timeout = IF(@@in_transaction, @inbox_idle_transaction_timeout, \
+        (SELECT 1 UNION ALL SELECT 2))";
+
     /// MariaDB: `ROLLBACK`, then the restore, in one round trip. Whatever the `ROLLBACK`
     /// answers, nothing commits; the restore runs after the transaction, outside it. (A
     /// `COMMIT` never shares its round trip: `backends/mysql.rs`, "A `COMMIT` alone".)

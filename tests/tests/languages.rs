@@ -622,6 +622,82 @@ mod mariadb {
         assert_eq!(count(&mut conn, "SELECT count(*) AS n FROM inbox"), 1);
     }
 
+    /// `deadlocks`, but the body swallows the deadlock and goes on: its later write commits
+    /// on its own (the server ended the transaction), and the marker is gone with it.
+    #[idempotent(consumer = "swallows", key = id)]
+    fn swallows(
+        conn: &mut MysqlConnection,
+        id: &str,
+        dance: &Choreography,
+    ) -> Result<(), inbox_diesel::Error> {
+        let first = dance
+            .attempts
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            == 0;
+        conn.batch_execute("UPDATE accounts SET balance = balance + 1 WHERE id = 2")?;
+        if first {
+            dance.locked.send(()).unwrap();
+            dance.go.lock().unwrap().recv().unwrap();
+        }
+        let _ = conn.batch_execute("UPDATE accounts SET balance = balance + 1 WHERE id = 1");
+        conn.batch_execute("UPDATE accounts SET balance = balance + 100 WHERE id = 3")?;
+        Ok(())
+    }
+
+    /// A body that swallows the deadlock the server ended its transaction with: the COMMIT
+    /// after it would answer success for nothing — the message acknowledged, its marker
+    /// gone. The runtime sees the transaction gone before the COMMIT and reports the
+    /// swallowed error (`TransactionAborted`, `Alert`) instead.
+    #[test]
+    fn a_swallowed_deadlock_is_reported_not_committed() {
+        let db = MysqlDb::new("swallowed_deadlock");
+        let mut admin = db.connect();
+        admin
+            .batch_execute(
+                "INSERT INTO accounts VALUES (3, 0);
+                 CREATE TABLE IF NOT EXISTS ballast (n INTEGER)",
+            )
+            .unwrap();
+        let (locked, locked_rx) = std::sync::mpsc::sync_channel(1);
+        let (go_tx, go) = std::sync::mpsc::sync_channel(1);
+        let dance = Choreography {
+            attempts: std::sync::atomic::AtomicUsize::new(0),
+            locked,
+            go: std::sync::Mutex::new(go),
+        };
+        let mut holder = db.connect();
+        holder
+            .batch_execute(
+                "START TRANSACTION; UPDATE accounts SET balance = balance + 10 WHERE id = 1;
+                 INSERT INTO ballast VALUES (1), (2), (3), (4)",
+            )
+            .unwrap();
+        let outcome = std::thread::scope(|scope| {
+            let delivery = scope.spawn(|| swallows(&mut db.connect(), "m-1", &dance));
+            locked_rx.recv().unwrap();
+            let holder = &mut holder;
+            let waits = scope.spawn(move || {
+                holder
+                    .batch_execute("UPDATE accounts SET balance = balance + 10 WHERE id = 2")
+                    .unwrap();
+                holder.batch_execute("ROLLBACK").unwrap();
+            });
+            inbox_tests::wait_until("the holder waits for account 2", || {
+                db.waiting_for_a_lock() == 1
+            });
+            go_tx.send(()).unwrap();
+            waits.join().unwrap();
+            delivery.join().unwrap()
+        });
+        let error = outcome.unwrap_err();
+        assert!(
+            matches!(error, inbox_diesel::Error::TransactionAborted),
+            "{error:?}"
+        );
+        assert_eq!(error.action(), inbox_diesel::Action::Alert);
+        assert_eq!(count(&mut admin, "SELECT count(*) AS n FROM inbox"), 0);
+    }
+
     #[idempotent(consumer = "languages", key = id)]
     fn credit(conn: &mut MysqlConnection, id: &str) -> Result<(), inbox_diesel::Error> {
         use diesel::RunQueryDsl;

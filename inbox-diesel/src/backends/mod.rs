@@ -388,6 +388,21 @@ pub(crate) fn claimed(
     }
 }
 
+/// MariaDB: what the restore before `COMMIT` failing says
+/// ([`HandlerSpec::MARIADB_IDLE_RESTORE_IN_TRANSACTION`](crate::spec::HandlerSpec)): the
+/// connection lost, as it is; anything else, that the server had ended the transaction — the
+/// body swallowed the error that ended it ([`Error::TransactionAborted`](crate::Error)).
+#[cfg(feature = "mysql")]
+pub(crate) fn transaction_gone(
+    error: diesel::result::Error,
+    schema: &inbox_core::InboxSchema,
+) -> diesel::result::Error {
+    match crate::classify::class_of(&error, schema) {
+        inbox_core::ErrorClass::ConnectionLost => error,
+        _ => diesel::result::Error::QueryBuilderError(Box::new(crate::Error::TransactionAborted)),
+    }
+}
+
 /// The manager's state unless it is broken (diesel's own `transaction_state`, which is public
 /// only to implementers of backends: a user's build of this crate does not enable that).
 #[cfg(any(feature = "postgres", feature = "mysql"))]

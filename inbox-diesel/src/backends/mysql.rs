@@ -296,7 +296,9 @@ mod sync {
             mariadb: bool,
         ) -> QueryResult<()> {
             if spec.mariadb_idle_bound(mariadb) {
-                diesel::sql_query(HandlerSpec::MARIADB_IDLE_RESTORE).execute(self)?;
+                let restored = diesel::sql_query(HandlerSpec::MARIADB_IDLE_RESTORE_IN_TRANSACTION)
+                    .execute(self);
+                restored.map_err(|e| crate::backends::transaction_gone(e, &spec.schema))?;
             }
             <AnsiTransactionManager as diesel::connection::TransactionManager<_>>::commit_transaction(self)
         }
@@ -546,8 +548,10 @@ mod asynchronous {
             mariadb: bool,
         ) -> QueryResult<()> {
             if spec.mariadb_idle_bound(mariadb) {
-                RunQueryDsl::execute(diesel::sql_query(HandlerSpec::MARIADB_IDLE_RESTORE), self)
-                    .await?;
+                let restore = diesel::sql_query(HandlerSpec::MARIADB_IDLE_RESTORE_IN_TRANSACTION);
+                RunQueryDsl::execute(restore, self)
+                    .await
+                    .map_err(|e| crate::backends::transaction_gone(e, &spec.schema))?;
             }
             AnsiTransactionManager::commit_transaction(self).await
         }
