@@ -284,3 +284,48 @@ mod query_result_handler {
         assert_eq!(class.action(), Action::Alert);
     }
 }
+
+/// Claim mode on a table that swallows inserts since the check (a `BEFORE INSERT` trigger
+/// returning `NULL`): every claim insert writes nothing and no claim is there. Before, the
+/// runtime took each round for a claim removed under it and answered `InFlight` for ever,
+/// with no alert; it is a schema fault (`Alert`), and the side effect never runs.
+#[cfg(feature = "postgres")]
+mod claim_swallowed {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use diesel::PgConnection;
+    use diesel::connection::SimpleConnection;
+    use inbox_diesel::{Action, ErrorClass, idempotent};
+    use inbox_tests::postgres::PgDb;
+
+    #[idempotent(consumer = "notified", key = id, mode = "claim")]
+    fn notify(
+        conn: &mut PgConnection,
+        id: &str,
+        sent: &AtomicUsize,
+    ) -> Result<(), inbox_diesel::Error> {
+        let _ = id;
+        sent.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    #[test]
+    fn a_trigger_added_after_the_check_is_a_schema_fault() {
+        let db = PgDb::new("claim_swallowed");
+        let sent = AtomicUsize::new(0);
+        let mut conn = db.connect();
+        assert!(notify(&mut conn, "a", &sent).unwrap().is_processed());
+        db.connect()
+            .batch_execute(
+                "CREATE FUNCTION swallow() RETURNS trigger LANGUAGE plpgsql
+                     AS $$ BEGIN RETURN NULL; END $$;
+                 CREATE TRIGGER swallow BEFORE INSERT ON inbox
+                     FOR EACH ROW EXECUTE FUNCTION swallow()",
+            )
+            .unwrap();
+        let error = notify(&mut conn, "b", &sent).unwrap_err();
+        assert_eq!(error.class(), ErrorClass::Schema, "{error:?}");
+        assert_eq!(error.action(), Action::Alert);
+        assert_eq!(sent.load(Ordering::SeqCst), 1, "no side effect for b");
+    }
+}

@@ -220,7 +220,12 @@ async fn confirm_duplicates<S: Steps>(
         "a marker insert was refused or wrote no row, and no marker of its key and consumer \
          is there"
     );
-    Err(Error::Schema(SchemaError::Mismatch {
+    Err(swallowed(spec))
+}
+
+/// The schema fault of a marker or claim insert that wrote no row where no row exists.
+fn swallowed(spec: &HandlerSpec) -> DieselError {
+    Error::Schema(SchemaError::Mismatch {
         table: spec.schema.table(),
         resolved: None,
         problems: vec![crate::schema::SchemaProblem::Unsupported {
@@ -236,7 +241,7 @@ async fn confirm_duplicates<S: Steps>(
                 .into(),
         }],
     })
-    .into())
+    .into()
 }
 
 /// The handler's body, run once per attempt.
@@ -1261,6 +1266,10 @@ async fn acquire<S: Steps, W: Copy>(
     /// same message keep racing, and the one reporting `Live` lets the broker retry later.
     const ROUNDS: usize = 3;
     steps.prepare_claim(spec).await?;
+    // Rounds whose insert wrote nothing and whose read found nothing: a claim removed in
+    // between once, perhaps; every round, the table swallows the insert (a trigger or rule
+    // added since the check) — a schema fault, never `InFlight` for ever.
+    let mut vanished = 0;
     for _ in 0..ROUNDS {
         let insert = ClaimStep::Insert {
             lease_ms: claim.lease_ms,
@@ -1281,7 +1290,10 @@ async fn acquire<S: Steps, W: Copy>(
         let (state, seen) = match row {
             Some(row) => row,
             // Removed between the insert and the read: insert again.
-            None => continue,
+            None => {
+                vanished += 1;
+                continue;
+            }
         };
         // The claim of another request under this key: refused whatever its state, in flight
         // or done (the claim's insert wrote its fingerprint).
@@ -1322,6 +1334,10 @@ async fn acquire<S: Steps, W: Copy>(
             }
             return Ok(Acquired::Attempt(seen + 1));
         }
+    }
+    if vanished == ROUNDS {
+        tracing::error!("every claim insert wrote no row, and no claim is there");
+        return Err(swallowed(spec));
     }
     Ok(Acquired::Live)
 }
