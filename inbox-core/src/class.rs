@@ -163,7 +163,10 @@ impl fmt::Display for ErrorClass {
             ErrorClass::Transient(kind) => write!(f, "transient failure ({kind:?})"),
             ErrorClass::TransactionAborted => f.write_str("transaction aborted"),
             ErrorClass::ConnectionLost => f.write_str("connection lost"),
-            ErrorClass::ReadOnly => f.write_str("read-only session"),
+            ErrorClass::ReadOnly => f.write_str(
+                "read-only session (a hot-standby replica, a primary demoted by a failover, or a \
+                 session or role set read-only): the consumer must reach the primary",
+            ),
             ErrorClass::PermissionDenied => f.write_str("permission denied"),
             ErrorClass::StatementLost => f.write_str("prepared statement lost"),
             ErrorClass::Misuse => f.write_str("misuse"),

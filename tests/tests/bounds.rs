@@ -62,3 +62,29 @@ mod mariadb {
         ("2", "10")
     );
 }
+
+/// A body that sits idle in its transaction past the bound: the server ends the session
+/// (PostgreSQL 25P03), and the delivery fails as a lost connection (`Reconnect`: a
+/// redelivery on a fresh connection processes it), the log naming `idle_in_transaction_ms`.
+#[cfg(feature = "postgres")]
+mod idle_past_the_bound {
+    use diesel::connection::SimpleConnection;
+    use inbox_diesel::{Action, ErrorClass, idempotent};
+
+    #[idempotent(consumer = "idle", key = id, idle_in_transaction_ms = 300)]
+    fn dawdles(conn: &mut diesel::PgConnection, id: &str) -> Result<(), inbox_diesel::Error> {
+        let _ = id;
+        conn.batch_execute("UPDATE accounts SET balance = balance + 1 WHERE id = 1")?;
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        conn.batch_execute("UPDATE accounts SET balance = balance + 1 WHERE id = 2")?;
+        Ok(())
+    }
+
+    #[test]
+    fn a_session_ended_by_the_bound_is_a_lost_connection() {
+        let db = inbox_tests::postgres::PgDb::new("idle_past_bound");
+        let error = dawdles(&mut db.connect(), "m-1").unwrap_err();
+        assert_eq!(error.class(), ErrorClass::ConnectionLost, "{error:?}");
+        assert_eq!(error.action(), Action::Reconnect);
+    }
+}

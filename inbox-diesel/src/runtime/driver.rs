@@ -362,6 +362,7 @@ where
     }
     let (mut retries, mut rechecked) = (0, false);
     loop {
+        let started = Instant::now();
         let attempted = attempt(
             &mut steps, run, layout, claims, &mut body, in_flight, remembered,
         )
@@ -414,6 +415,9 @@ where
         if class == Some(ErrorClass::Schema) {
             forget_check(&mut steps, spec);
         }
+        if class == Some(ErrorClass::ConnectionLost) {
+            idle_bound_hint(spec, started.elapsed());
+        }
         let decision = match &class {
             Some(class) => spec.retry.decide(class, retries, fastrand::f64()),
             None => RetryDecision::GiveUp,
@@ -434,6 +438,25 @@ where
                 return Err(give_up(spec, failure, class, retries + 1, inbox_error));
             }
         }
+    }
+}
+
+/// A session lost after its attempt ran longer than the handler's idle bound: most likely the
+/// server ended it for sitting idle in the transaction (PostgreSQL
+/// `idle_in_transaction_session_timeout`, MariaDB `idle_transaction_timeout`) while the body
+/// awaited something else than the database — which the error itself ("connection closed",
+/// "server has gone away") does not say. Logged, naming the setting.
+fn idle_bound_hint(spec: &HandlerSpec, ran: Duration) {
+    let bound = Duration::from_millis(u64::from(spec.idle_in_transaction_ms));
+    if spec.idle_in_transaction_ms > 0 && ran >= bound {
+        tracing::error!(
+            ran_ms = ran.as_millis() as u64,
+            idle_in_transaction_ms = spec.idle_in_transaction_ms,
+            "the connection was lost after the attempt ran past the handler's idle bound: the \
+             server ends a session idle in its transaction that long; a body that awaits \
+             something else than the database for longer needs a larger \
+             `idle_in_transaction_ms`"
+        );
     }
 }
 
