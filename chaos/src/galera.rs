@@ -42,6 +42,9 @@ impl Galera {
         for n in 1..=3 {
             let dir = dir.join(format!("node{n}"));
             std::fs::create_dir_all(dir.join("data")).map_err(|e| e.to_string())?;
+            // A tmpdir of its own: a server starting removes the `#sql…` files in its tmpdir,
+            // and in the shared /tmp those may be the shared server's, in use.
+            std::fs::create_dir_all(dir.join("tmp")).map_err(|e| e.to_string())?;
             nodes.push(Node {
                 dir,
                 port: crate::server::free_port()?,
@@ -57,6 +60,7 @@ impl Galera {
         let user = if root { "--user=mysql" } else { "--user=root" };
         crate::server::run(
             Command::new("mariadb-install-db")
+                .env("TMPDIR", nodes[0].dir.join("tmp"))
                 .arg("--no-defaults")
                 .arg(format!("--datadir={}", nodes[0].dir.join("data").display()))
                 .args([
@@ -107,6 +111,7 @@ impl Galera {
         command
             .arg("--no-defaults")
             .arg(format!("--datadir={}", node.dir.join("data").display()))
+            .arg(format!("--tmpdir={}", node.dir.join("tmp").display()))
             .arg(format!("--port={}", node.port))
             .arg(format!("--socket={}", node.dir.join("sock").display()))
             .arg(format!("--pid-file={}", node.dir.join("pid").display()))

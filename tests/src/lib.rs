@@ -21,7 +21,7 @@ pub mod postgres;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 
-#[cfg(feature = "mysql")]
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub mod private;
 
 diesel::table! {

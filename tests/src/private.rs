@@ -48,18 +48,23 @@ fn wait_for<C>(what: &str, log: &Path, mut connect: impl FnMut() -> Option<C>) -
 }
 
 /// A private MariaDB server (`mariadbd`), root without a password, a database `test`.
+#[cfg(feature = "mysql")]
 pub struct PrivateMariadb {
     dir: tempfile::TempDir,
     port: u16,
     child: Option<Child>,
 }
 
+#[cfg(feature = "mysql")]
 impl PrivateMariadb {
     /// Initialises a data directory and starts a server on it with `options` (e.g.
     /// `--read-only`) added to its command line.
     pub fn start(options: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("a temporary directory");
+        // The bootstrap server's tmpdir too (`TMPDIR`): not the shared /tmp.
+        std::fs::create_dir_all(dir.path().join("tmp")).expect("a tmpdir");
         run(Command::new("mariadb-install-db")
+            .env("TMPDIR", dir.path().join("tmp"))
             .arg("--no-defaults")
             .arg(format!("--datadir={}", dir.path().join("data").display()))
             .args(["--user=root", "--auth-root-authentication-method=normal"])
@@ -83,9 +88,13 @@ impl PrivateMariadb {
     pub fn spawn(&mut self, options: &[&str]) -> diesel::MysqlConnection {
         assert!(self.child.is_none(), "the server is running");
         let dir = self.dir.path();
+        // A temporary directory of its own: a server starting removes the `#sql…` files it
+        // finds in its tmpdir, and in the shared /tmp those are the shared server's.
+        let _ = std::fs::create_dir_all(dir.join("tmp"));
         let child = Command::new("mariadbd")
             .arg("--no-defaults")
             .arg(format!("--datadir={}", dir.join("data").display()))
+            .arg(format!("--tmpdir={}", dir.join("tmp").display()))
             .arg(format!("--port={}", self.port))
             .arg(format!("--socket={}", dir.join("sock").display()))
             .arg(format!("--pid-file={}", dir.join("pid").display()))
@@ -137,6 +146,7 @@ impl PrivateMariadb {
     }
 }
 
+#[cfg(feature = "mysql")]
 impl Drop for PrivateMariadb {
     fn drop(&mut self) {
         self.kill();
@@ -147,12 +157,14 @@ impl Drop for PrivateMariadb {
 /// root without a password, a database `test`. When the tests run as root the nodes run as
 /// the `mysql` user: the state transfer's rsync daemon drops root and could not read root's
 /// files.
+#[cfg(feature = "mysql")]
 pub struct PrivateGalera {
     dir: tempfile::TempDir,
     /// Each node's port and server process.
     nodes: Vec<(u16, Child)>,
 }
 
+#[cfg(feature = "mysql")]
 impl PrivateGalera {
     const PROVIDER: &'static str = "/usr/lib/galera/libgalera_smm.so";
 
@@ -174,8 +186,10 @@ impl PrivateGalera {
             .map(|_| [free_port(), free_port(), free_port(), free_port()])
             .collect();
         for n in 0..2 {
-            std::fs::create_dir_all(dir.path().join(format!("node{n}/data")))
-                .expect("a node's directory");
+            for sub in ["data", "tmp"] {
+                std::fs::create_dir_all(dir.path().join(format!("node{n}/{sub}")))
+                    .expect("a node's directory");
+            }
         }
         if root {
             run(Command::new("chown")
@@ -183,6 +197,7 @@ impl PrivateGalera {
                 .arg(dir.path()));
         }
         run(Command::new("mariadb-install-db")
+            .env("TMPDIR", dir.path().join("node0/tmp"))
             .arg("--no-defaults")
             .arg(format!(
                 "--datadir={}",
@@ -203,10 +218,12 @@ impl PrivateGalera {
         };
         for (n, [port, group, ist, sst]) in ports.into_iter().enumerate() {
             let node = cluster.dir.path().join(format!("node{n}"));
+            // Its own tmpdir (made above), as the single server's.
             let mut command = Command::new("mariadbd");
             command
                 .arg("--no-defaults")
                 .arg(format!("--datadir={}", node.join("data").display()))
+                .arg(format!("--tmpdir={}", node.join("tmp").display()))
                 .arg(format!("--port={port}"))
                 .arg(format!("--socket={}", node.join("sock").display()))
                 .arg(format!("--pid-file={}", node.join("pid").display()))
@@ -271,6 +288,7 @@ impl PrivateGalera {
 }
 
 /// Whether the node a connection is on is synced with its cluster.
+#[cfg(feature = "mysql")]
 fn synced(conn: &mut diesel::MysqlConnection) -> bool {
     #[derive(diesel::QueryableByName)]
     struct Status {
@@ -285,6 +303,7 @@ fn synced(conn: &mut diesel::MysqlConnection) -> bool {
     .is_ok_and(|rows| rows.first().is_some_and(|s| s.value == "Synced"))
 }
 
+#[cfg(feature = "mysql")]
 impl Drop for PrivateGalera {
     fn drop(&mut self) {
         for (_, child) in &mut self.nodes {
@@ -424,4 +443,74 @@ fn postgres_bin() -> PathBuf {
     versions
         .pop()
         .expect("initdb under /usr/lib/postgresql (install postgresql)")
+}
+
+/// A private PgBouncer (Debian's `pgbouncer`) in front of the server at `upstream` (host and
+/// port), on a port of its own, in transaction mode with a pool of `pool` server connections
+/// per database and user: each client transaction runs on whichever server connection is
+/// free. Users are trusted as the server trusts them. Stopped when dropped.
+#[cfg(feature = "postgres")]
+pub struct PrivatePgbouncer {
+    dir: tempfile::TempDir,
+    port: u16,
+}
+
+#[cfg(feature = "postgres")]
+impl PrivatePgbouncer {
+    pub fn start(upstream_host: &str, upstream_port: u16, users: &[&str], pool: u32) -> Self {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let port = free_port();
+        let path = dir.path();
+        let users: String = users.iter().map(|u| format!("\"{u}\" \"\"\n")).collect();
+        std::fs::write(path.join("users.txt"), users).expect("write users.txt");
+        let config = format!(
+            "[databases]\n* = host={upstream_host} port={upstream_port}\n\
+             [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\n\
+             auth_type = trust\nauth_file = {users}\npool_mode = transaction\n\
+             default_pool_size = {pool}\nmax_client_conn = 200\nunix_socket_dir =\n\
+             logfile = {log}\npidfile = {pid}\n\
+             ignore_startup_parameters = extra_float_digits,options\n",
+            users = path.join("users.txt").display(),
+            log = path.join("pgbouncer.log").display(),
+            pid = path.join("pgbouncer.pid").display(),
+        );
+        let ini = path.join("pgbouncer.ini");
+        std::fs::write(&ini, config).expect("write pgbouncer.ini");
+        let mut command = match is_root() {
+            // PgBouncer refuses to run as root.
+            true => {
+                run(Command::new("chown").args(["-R", "postgres"]).arg(path));
+                let mut c = Command::new("runuser");
+                c.args(["-u", "postgres", "--", "pgbouncer", "-d"]);
+                c
+            }
+            false => {
+                let mut c = Command::new("pgbouncer");
+                c.arg("-d");
+                c
+            }
+        };
+        run(command.arg(&ini));
+        let log = path.join("pgbouncer.log");
+        let bouncer = Self { dir, port };
+        let url = bouncer.url("postgres", "postgres");
+        wait_for("the private PgBouncer", &log, || {
+            diesel::PgConnection::establish(&url).ok()
+        });
+        bouncer
+    }
+
+    /// The URL of `database` as `user`, through the pooler.
+    pub fn url(&self, user: &str, database: &str) -> String {
+        format!("postgres://{user}@127.0.0.1:{}/{database}", self.port)
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl Drop for PrivatePgbouncer {
+    fn drop(&mut self) {
+        if let Ok(pid) = std::fs::read_to_string(self.dir.path().join("pgbouncer.pid")) {
+            let _ = Command::new("kill").arg(pid.trim()).status();
+        }
+    }
 }

@@ -311,6 +311,11 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
         crate::runtime::claim::ended_by_server(self).await
     }
 
+    fn stop_caching_statements(&mut self) {
+        self.0
+            .set_prepared_statement_cache_size(diesel::connection::CacheSize::Disabled);
+    }
+
     async fn verify(
         &mut self,
         spec: &'static HandlerSpec,

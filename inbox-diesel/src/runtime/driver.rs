@@ -102,6 +102,11 @@ pub(crate) trait Steps {
     /// Rolls back if a transaction is open; `Ok` when none is.
     async fn roll_back(&mut self) -> QueryResult<()>;
 
+    /// Turns diesel's prepared-statement cache off on the connection: its statements' names
+    /// clash, or are missing, on server connections a transaction-mode pooler shares between
+    /// clients (PostgreSQL 42P05, 26000). Uncached statements are unnamed and never clash.
+    fn stop_caching_statements(&mut self);
+
     /// MariaDB, inside the handler's transaction after a failure: whether the server ended
     /// the transaction itself (`@@in_transaction` is 0), as a deadlock or a Galera abort
     /// does and a statement's own error does not. `false` where it cannot tell.
@@ -360,7 +365,7 @@ where
         );
         return kept_duplicate(&mut steps, run, claims.key(), remembered, inbox_error).await;
     }
-    let (mut retries, mut rechecked) = (0, false);
+    let (mut retries, mut rechecked, mut uncached) = (0, false, false);
     loop {
         let started = Instant::now();
         let attempted = attempt(
@@ -412,6 +417,20 @@ where
             Failure::Database(e) => Some(classify(e, &spec.schema)),
             Failure::Aborted => Some(ErrorClass::TransactionAborted),
         };
+        // A prepared statement lost or clashing on the server: behind a transaction-mode
+        // pooler each transaction may run on another server connection, which other clients'
+        // statements of diesel's names share — a fresh connection meets the same, for ever.
+        // The connection stops caching statements (diesel's cache: unnamed statements then),
+        // once per delivery, and the attempt runs again.
+        if class == Some(ErrorClass::StatementLost) && !uncached {
+            uncached = true;
+            tracing::warn!(
+                "a prepared statement was missing or taken on the server (a transaction-mode \
+                 pooler?): this connection no longer caches prepared statements"
+            );
+            steps.stop_caching_statements();
+            continue;
+        }
         if class == Some(ErrorClass::Schema) {
             forget_check(&mut steps, spec);
         }
@@ -599,7 +618,18 @@ async fn schema_checked<S: Steps, E>(
     if let Some(known) = known {
         return Ok(known);
     }
-    match steps.verify(spec, claim).await {
+    let verified = match steps.verify(spec, claim).await {
+        // The check's own statements met a transaction-mode pooler's shared server
+        // connection (diesel's statement names taken or missing there): uncached, once more.
+        Err(SchemaError::Database(e))
+            if classify(&e, &spec.schema) == ErrorClass::StatementLost =>
+        {
+            steps.stop_caching_statements();
+            steps.verify(spec, claim).await
+        }
+        verified => verified,
+    };
+    match verified {
         Ok(layout) => {
             tracing::debug!(
                 target: "inbox::check",
@@ -1819,6 +1849,8 @@ mod tests {
         async fn ended_by_server(&mut self) -> bool {
             false
         }
+
+        fn stop_caching_statements(&mut self) {}
 
         async fn prepare_claim(&mut self, _: &'static HandlerSpec) -> QueryResult<()> {
             Ok(())

@@ -250,6 +250,11 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
         crate::runtime::claim::ended_by_server(self).await
     }
 
+    fn stop_caching_statements(&mut self) {
+        self.0
+            .set_prepared_statement_cache_size(diesel::connection::CacheSize::Disabled);
+    }
+
     async fn verify(
         &mut self,
         spec: &'static HandlerSpec,

@@ -646,9 +646,13 @@ async fn english_messages<S: Io>(io: &mut S, schema: &InboxSchema) -> Result<boo
             .message
             .starts_with("permission denied to set parameter")
     });
+    // Refused in English: the messages are English already (a server without
+    // translations). An error the runtime reads otherwise (a lost connection, a statement a
+    // pooler lost) is that error; only one it cannot read is the refusal in another language.
+    let unread = crate::classify::class_of(&refused, schema) == inbox_core::ErrorClass::Other;
     match (S::Backend::BACKEND, english) {
         (Backend::Postgres, Some(true)) => return Ok(false),
-        (Backend::Postgres, Some(false)) => {}
+        (Backend::Postgres, Some(false)) if unread => {}
         _ => return Err(SchemaError::Database(refused)),
     }
     let setting = io
