@@ -130,18 +130,4 @@ impl<S: Server> Drop for ServerDb<S> {
     }
 }
 
-/// The `n` of a `SELECT count(*) AS n …`.
-pub fn count<C: diesel::connection::LoadConnection>(conn: &mut C, sql: &str) -> i64
-where
-    C::Backend: diesel::sql_types::HasSqlType<diesel::sql_types::BigInt> + 'static,
-    i64: diesel::deserialize::FromSql<diesel::sql_types::BigInt, C::Backend>,
-    diesel::query_builder::SqlQuery: diesel::query_builder::QueryFragment<C::Backend>,
-{
-    #[derive(diesel::QueryableByName)]
-    struct Count {
-        #[diesel(sql_type = diesel::sql_types::BigInt)]
-        n: i64,
-    }
-    use diesel::RunQueryDsl;
-    diesel::sql_query(sql).get_result::<Count>(conn).unwrap().n
-}
+pub use crate::count;

@@ -329,3 +329,33 @@ mod claim_swallowed {
         assert_eq!(sent.load(Ordering::SeqCst), 1, "no side effect for b");
     }
 }
+
+/// A connection to another database where a checked one stood, and a table created again
+/// under a live connection, on PostgreSQL.
+#[cfg(feature = "postgres")]
+mod another_database {
+    type Db = inbox_tests::postgres::PgDb;
+    type DbConnection = diesel::PgConnection;
+    const TRIGGER: &str = "CREATE FUNCTION audit() RETURNS trigger LANGUAGE plpgsql
+             AS $$ BEGIN RETURN NEW; END $$;
+         CREATE TRIGGER audit BEFORE INSERT ON inbox FOR EACH ROW EXECUTE FUNCTION audit()";
+
+    include!("behaviour/tenants.rs");
+
+    /// The table dropped and created again while the connection lives (a migration tool's
+    /// "recreate"): the insert names another table now, and the new table is checked — here
+    /// refused, as it came back with a trigger.
+    #[test]
+    fn a_table_created_again_is_checked_again() {
+        let db = Db::new("tenant_recreated");
+        let mut conn = db.connect();
+        assert!(credit(&mut conn, "m-1").unwrap().is_processed());
+        let create = inbox_diesel::schema::Backend::Postgres
+            .create_table_sql(&inbox_diesel::InboxSchema::DEFAULT);
+        db.connect()
+            .batch_execute(&format!("DROP TABLE inbox; {create}; {TRIGGER}"))
+            .unwrap();
+        refused(credit(&mut conn, "m-2"));
+        assert_eq!(markers(&db), 0);
+    }
+}

@@ -36,6 +36,14 @@ mod partial_index {
 
     include!("behaviour/unique_partial.rs");
 }
+/// A connection to another database file where a checked one stood.
+mod another_database {
+    type Db = inbox_tests::sqlite::SqliteDb;
+    type DbConnection = diesel::SqliteConnection;
+    const TRIGGER: &str = "CREATE TRIGGER audit BEFORE INSERT ON inbox BEGIN SELECT 1; END";
+
+    include!("behaviour/tenants.rs");
+}
 /// `inbox_diesel::testing`, as a user's suite uses it.
 mod testing_kit {
     type Db = inbox_tests::sqlite::SqliteDb;

@@ -334,14 +334,9 @@ mod sync {
                 .key_text
                 .then(|| crate::dialect::layout::key_text(key));
             marker_fits(consumer, text.as_deref(), layout)?;
-            let inserted = ClaimMarker::<Mysql>::new(
-                schema,
-                consumer,
-                &id,
-                text.as_deref(),
-                layout.session_mark,
-            )
-            .execute(self);
+            let inserted =
+                ClaimMarker::<Mysql>::new(schema, consumer, &id, text.as_deref(), layout.mark())
+                    .execute(self);
             Ok(inserted_unless_duplicate(inserted, schema)? > 0)
         }
 
@@ -368,7 +363,7 @@ mod sync {
                         consumer,
                         ids,
                         texts,
-                        layout.session_mark,
+                        layout.mark(),
                         layout.mariadb,
                     )
                     .execute(self);
@@ -380,7 +375,7 @@ mod sync {
                 for (n, id) in ids.iter().enumerate() {
                     let text = texts.map(|texts| texts[n].as_str());
                     let result =
-                        ClaimMarker::<Mysql>::new(schema, consumer, id, text, layout.session_mark)
+                        ClaimMarker::<Mysql>::new(schema, consumer, id, text, layout.mark())
                             .execute(self);
                     if inserted_unless_duplicate(result, schema)? > 0 {
                         inserted.push(*id);
@@ -491,7 +486,7 @@ mod asynchronous {
                 spec.consumer.as_str(),
                 &id,
                 text.as_deref(),
-                layout.session_mark,
+                layout.mark(),
             );
             let inserted = RunQueryDsl::execute(claim, self).await;
             Ok(inserted_unless_duplicate(inserted, &spec.schema)? > 0)
@@ -518,7 +513,7 @@ mod asynchronous {
                         consumer,
                         ids,
                         texts,
-                        layout.session_mark,
+                        layout.mark(),
                         layout.mariadb,
                     );
                     let all = RunQueryDsl::execute(all, self).await;
@@ -530,7 +525,7 @@ mod asynchronous {
                 for (n, id) in ids.iter().enumerate() {
                     let text = texts.map(|texts| texts[n].as_str());
                     let claim =
-                        ClaimMarker::<Mysql>::new(schema, consumer, id, text, layout.session_mark);
+                        ClaimMarker::<Mysql>::new(schema, consumer, id, text, layout.mark());
                     let result = RunQueryDsl::execute(claim, self).await;
                     if inserted_unless_duplicate(result, schema)? > 0 {
                         inserted.push(*id);

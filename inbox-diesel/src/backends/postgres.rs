@@ -318,10 +318,16 @@ mod sync {
             consumer: &str,
             ids: &[Uuid],
             texts: Option<&[String]>,
-            _layout: Layout,
+            layout: Layout,
         ) -> QueryResult<Vec<Uuid>> {
-            ClaimMarkers::<Pg, diesel::sql_types::Uuid>::new(schema, consumer, ids, texts)
-                .load(self)
+            ClaimMarkers::<Pg, diesel::sql_types::Uuid>::new(
+                schema,
+                consumer,
+                ids,
+                texts,
+                layout.mark(),
+            )
+            .load(self)
         }
 
         /// PostgreSQL answers `COMMIT` in an aborted transaction with a silent `ROLLBACK`, so
@@ -438,13 +444,14 @@ mod asynchronous {
             spec: &'static HandlerSpec,
             ids: &[uuid::Uuid],
             texts: Option<&[String]>,
-            _layout: Layout,
+            layout: Layout,
         ) -> QueryResult<Vec<uuid::Uuid>> {
             let claim = crate::dialect::marker::ClaimMarkers::<Pg, diesel::sql_types::Uuid>::new(
                 &spec.schema,
                 spec.consumer.as_str(),
                 ids,
                 texts,
+                layout.mark(),
             );
             RunQueryDsl::load(claim, self).await
         }

@@ -246,10 +246,14 @@ mod sync {
             consumer: &str,
             ids: &[Uuid],
             texts: Option<&[String]>,
-            _layout: Layout,
+            layout: Layout,
         ) -> QueryResult<Vec<Uuid>> {
             let inserted: Vec<Vec<u8>> = ClaimMarkers::<Sqlite, diesel::sql_types::Binary>::new(
-                schema, consumer, ids, texts,
+                schema,
+                consumer,
+                ids,
+                texts,
+                layout.mark(),
             )
             .load(self)?;
             Ok(inserted

@@ -25,7 +25,7 @@ use inbox_core::{InboxSchema, MessageKey};
 use uuid::Uuid;
 
 use super::Dialect;
-use super::layout::{Layout, SessionMark};
+use super::layout::{Layout, Mark};
 use super::marker::push_table;
 
 /// The state of an existing inbox row, as one delivery read it.
@@ -105,8 +105,8 @@ enum Part {
     Table,
     Id,
     Consumer,
-    /// The consumer, required to come with the check's mark on the session (MySQL).
-    MarkedConsumer(SessionMark),
+    /// The consumer, required to come with what the check found of the session ([`Mark`]).
+    MarkedConsumer(Mark),
     /// The key's text (`key_text`).
     KeyText,
     /// The request's fingerprint.
@@ -171,7 +171,7 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB> {
                 layout,
                 fingerprint,
             } => {
-                let consumer = layout.session_mark.map_or(Consumer, MarkedConsumer);
+                let consumer = layout.mark().map_or(Consumer, MarkedConsumer);
                 // MySQL and MariaDB: the session's mark, and autocommit on.
                 let id = match layout.session_mark {
                     Some(_) => AutocommittedId,

@@ -19,6 +19,9 @@ pub struct Layout {
     /// MySQL and MariaDB: the session variable the check set on the server session it ran
     /// on ([`SessionMark`]).
     pub(crate) session_mark: Option<SessionMark>,
+    /// PostgreSQL and SQLite: the database and table the check read, which each marker
+    /// insert requires of the session it runs on ([`DatabaseMark`]).
+    pub(crate) database_mark: Option<DatabaseMark>,
     /// PostgreSQL and SQLite, for a table named without its schema: the table the check
     /// found (`public.inbox`, `main.inbox`), which the handler's statements then name — a
     /// temporary table of the name created on the session later, or a `search_path` changed
@@ -38,6 +41,14 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// What each marker insert requires of the session: the check's mark on it (MySQL,
+    /// MariaDB), or the database and table the check read (PostgreSQL, SQLite).
+    pub(crate) fn mark(self) -> Option<Mark> {
+        self.session_mark
+            .map(Mark::Session)
+            .or(self.database_mark.map(Mark::Database))
+    }
+
     /// Bytes left in a packet beside what a statement or its parameters are counted at: the
     /// packet's header, a prepared statement's id and flags, the parameters' types and
     /// length prefixes.
@@ -76,8 +87,8 @@ impl Layout {
 /// statements, and a plain `INSERT` there would not notice a table without its unique index
 /// — a message would be applied twice. The server, which knows its sessions, refuses the
 /// insert instead (error 1048); the runtime checks the table on that session and goes on,
-/// and remembers what it found. PostgreSQL and SQLite need no mark: their `ON CONFLICT`
-/// fails without the unique index.
+/// and remembers what it found. PostgreSQL and SQLite are asked the same of the database and
+/// table the check read ([`DatabaseMark`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SessionMark(u64);
 
@@ -129,10 +140,122 @@ impl SessionMark {
     pub(crate) const CLOCK: &'static str = "ABS(TIMESTAMPDIFF(SECOND, NOW(), SYSDATE())) < 60";
 }
 
+/// PostgreSQL and SQLite: the database the startup check ran in and the table it read,
+/// required by each marker insert (`CASE WHEN <this session's database and table are those>
+/// THEN <consumer> END` into the `NOT NULL` consumer).
+///
+/// The runtime remembers a check by what stays with a connection on the client
+/// ([`identity`](crate::runtime::driver::identity)), and a connection to another database can
+/// come to stand where a checked one stood: a database per tenant, connections opened in
+/// turn into one variable; a pool re-pointed after a failover. Its table was never checked,
+/// and might be one the check refuses (a trigger, another unique index, a missing
+/// privilege). The server knows which database a session is in: there the insert fails on
+/// the `NULL` consumer (before anything is written), the runtime checks that database's
+/// table and goes on with what it finds — or refuses it. A table dropped and created again
+/// since the check is another table, and is checked again the same way.
+///
+/// PostgreSQL knows a database and a table by their oids — the database's as well as the
+/// table's, as databases created from one template share their tables' oids. SQLite knows a
+/// database by its file (`PRAGMA database_list`; an in-memory database has none, and is told
+/// from another only by its table) and a table by its root page — which a table dropped and
+/// created at once takes again: there, as for a trigger added to a live table on any
+/// backend, what would do harm is detected when it does (an insert that writes nothing). A
+/// few lookups in the catalog per insert, no round trip.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DatabaseMark {
+    Postgres {
+        database: u32,
+        table: u32,
+        /// The table as the handler's statements name it (schema-qualified once pinned).
+        name: &'static str,
+    },
+    Sqlite {
+        file: &'static str,
+        root_page: i64,
+        /// The table as the handler's statements name it, with its schema (`main.inbox`).
+        name: &'static str,
+    },
+}
+
+impl DatabaseMark {
+    /// Reads the check's `oids` fact: `<database oid> <table oid>` (PostgreSQL),
+    /// `<root page> <file>` (SQLite).
+    pub(crate) fn read(postgres: bool, fact: &str, name: &'static str) -> Option<Self> {
+        let (first, second) = fact.split_once(' ')?;
+        Some(match postgres {
+            true => DatabaseMark::Postgres {
+                database: first.parse().ok()?,
+                table: second.parse().ok()?,
+                name,
+            },
+            false => DatabaseMark::Sqlite {
+                file: crate::schema::check::intern(second),
+                root_page: first.parse().ok()?,
+                name,
+            },
+        })
+    }
+
+    /// The consumer's bind, wrapped: `CASE WHEN … THEN ` before it, ` END` after it.
+    fn guard(self) -> (String, &'static str) {
+        let quoted = |name: &str| {
+            name.split('.')
+                .map(|part| format!("\"{part}\""))
+                .collect::<Vec<_>>()
+                .join(".")
+        };
+        let when = match self {
+            DatabaseMark::Postgres {
+                database,
+                table,
+                name,
+            } => format!(
+                "to_regclass('{}') = CAST({table} AS oid) AND \
+                 (SELECT oid FROM pg_database WHERE datname = current_database()) = \
+                 CAST({database} AS oid)",
+                quoted(name)
+            ),
+            DatabaseMark::Sqlite {
+                file,
+                root_page,
+                name,
+            } => {
+                let (schema, table) = name.split_once('.').unwrap_or(("main", name));
+                format!(
+                    "(SELECT file FROM pragma_database_list WHERE name = '{schema}') = '{}' \
+                     AND (SELECT rootpage FROM \"{schema}\".sqlite_master WHERE type = 'table' \
+                     AND name = '{table}' COLLATE NOCASE) = {root_page}",
+                    file.replace('\'', "''")
+                )
+            }
+        };
+        (format!("CASE WHEN {when} THEN "), " END")
+    }
+}
+
+/// What a marker insert requires of the session it runs on, wrapped around the consumer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mark {
+    /// MySQL and MariaDB: the check's mark on the server session.
+    Session(SessionMark),
+    /// PostgreSQL and SQLite: the database and table the check read.
+    Database(DatabaseMark),
+}
+
+impl Mark {
+    /// What goes before the consumer's bind, and what after it.
+    pub(crate) fn guard(self) -> (String, &'static str) {
+        match self {
+            Mark::Session(mark) => mark.guard(),
+            Mark::Database(mark) => mark.guard(),
+        }
+    }
+}
+
 /// Whether a failed statement of the claim says that this server session has not checked the
-/// table: a `NOT NULL` violation (MySQL's 1048, by the driver's code, in whatever language the
-/// session speaks — an unchecked session has not had its messages set to English), which in
-/// the marker's insert only the [`SessionMark`]'s `NULL` consumer can cause; or a MariaDB
+/// table: a `NOT NULL` violation (MySQL's 1048, PostgreSQL's 23502, SQLite's `NOT NULL constraint failed`, by the driver's code, in
+/// whatever language the session speaks — an unchecked session has not had its messages set
+/// to English), which in the marker's insert only the [`Mark`]'s `NULL` consumer can cause; or a MariaDB
 /// setting refused by a MySQL server given a MariaDB server's remembered check.
 pub(crate) fn unchecked_session(error: &diesel::result::Error) -> bool {
     crate::classify::with_server_error(error, |server| {

@@ -9,7 +9,7 @@ use inbox_core::InboxSchema;
 use uuid::Uuid;
 
 use super::Dialect;
-use super::layout::SessionMark;
+use super::layout::Mark;
 
 /// The marker insert, written once for every backend:
 ///
@@ -38,8 +38,8 @@ pub(crate) struct ClaimMarker<'a, DB> {
     id: &'a Uuid,
     consumer: &'a str,
     text: Option<&'a str>,
-    /// MySQL and MariaDB: the insert requires the check's mark on the session.
-    mark: Option<SessionMark>,
+    /// The insert requires what the check found of the session ([`Mark`]).
+    mark: Option<Mark>,
     backend: PhantomData<DB>,
 }
 
@@ -49,7 +49,7 @@ impl<'a, DB> ClaimMarker<'a, DB> {
         consumer: &'a str,
         id: &'a Uuid,
         text: Option<&'a str>,
-        mark: Option<SessionMark>,
+        mark: Option<Mark>,
     ) -> Self {
         Self {
             table: schema.table(),
@@ -120,8 +120,8 @@ pub(crate) struct ClaimMarkers<'a, DB, ST> {
     consumer: &'a str,
     /// The keys' texts, in the order of `ids`, for a table with `key_text`.
     texts: Option<&'a [String]>,
-    /// MySQL and MariaDB: the insert requires the check's mark on the session.
-    mark: Option<SessionMark>,
+    /// The insert requires what the check found of the session ([`Mark`]).
+    mark: Option<Mark>,
     /// MariaDB: the insert runs in strict mode (`SET STATEMENT sql_mode = 'STRICT_ALL_TABLES'
     /// FOR …`), whatever the session's `sql_mode`. Without it a multi-row insert on a
     /// non-strict session turns the mark's `NULL` consumer into `''` with a warning: a session
@@ -140,13 +140,14 @@ impl<'a, DB, ST> ClaimMarkers<'a, DB, ST> {
         consumer: &'a str,
         ids: &'a [Uuid],
         texts: Option<&'a [String]>,
+        mark: Option<Mark>,
     ) -> Self {
         Self {
             table: schema.table(),
             ids,
             consumer,
             texts,
-            mark: None,
+            mark,
             strict: false,
             returning: true,
             types: PhantomData,
@@ -159,7 +160,7 @@ impl<'a, DB, ST> ClaimMarkers<'a, DB, ST> {
         consumer: &'a str,
         ids: &'a [Uuid],
         texts: Option<&'a [String]>,
-        mark: Option<SessionMark>,
+        mark: Option<Mark>,
         mariadb: bool,
     ) -> Self {
         Self {
@@ -343,7 +344,7 @@ where
     let id = key.stored_id();
     let text = layout.key_text.then(|| super::layout::key_text(key));
     Ok(
-        !ClaimMarker::new(schema, consumer, &id, text.as_deref(), None)
+        !ClaimMarker::new(schema, consumer, &id, text.as_deref(), layout.mark())
             .load::<i64>(conn)?
             .is_empty(),
     )
@@ -367,12 +368,11 @@ pub(crate) fn inserted_unless_duplicate(
     }
 }
 
-/// The consumer's bind, inside the session mark's guard where the insert requires it (MySQL,
-/// MariaDB).
+/// The consumer's bind, inside the [`Mark`]'s guard where the insert requires one.
 fn push_consumer<'b, DB: diesel::backend::Backend>(
     out: &mut AstPass<'_, 'b, DB>,
     consumer: &'b str,
-    mark: Option<SessionMark>,
+    mark: Option<Mark>,
 ) -> QueryResult<()>
 where
     str: diesel::serialize::ToSql<Text, DB>,
@@ -409,7 +409,8 @@ pub(crate) fn push_table<DB: diesel::backend::Backend>(
 /// ```sql
 /// PREPARE inbox_marker_<digest> (uuid, text) AS
 ///     WITH marker AS (INSERT INTO <table> (message_id, consumer, received_at, processed_at)
-///                     VALUES ($1, $2, <now>, <now>) RETURNING 1),
+///                     VALUES ($1, CASE WHEN <the check's database and table> THEN $2 END,
+///                             <now>, <now>) RETURNING 1),
 ///          arbiter AS (INSERT INTO <table> (message_id, consumer) SELECT message_id, consumer
 ///                      FROM <table> WHERE false ON CONFLICT (message_id, consumer) DO NOTHING)
 ///     SELECT CASE count(*) WHEN 1 THEN 1 ELSE CAST('…' || count(*) || ' rows' AS integer) END
@@ -425,6 +426,9 @@ pub(crate) fn push_table<DB: diesel::backend::Backend>(
 /// `ON CONFLICT` did — a dropped index is noticed at once, never answered with a second
 /// marker. An insert that writes no row without an error (a trigger or rule added after the
 /// startup check) fails the `CASE`, never taken for a duplicate or a new message.
+///
+/// The consumer comes only where the session is in the database, and names the table, that
+/// the startup check read ([`DatabaseMark`](super::layout::DatabaseMark)).
 ///
 /// The name is a digest of the statement (the table as checked, `key_text` or not), so that
 /// statements of different handlers and layouts never share one.
@@ -444,14 +448,12 @@ pub(crate) struct PgMarker {
 impl PgMarker {
     pub(crate) fn new(schema: &InboxSchema, layout: super::layout::Layout) -> Self {
         let table = quoted_table(schema.table());
-        let (types, columns, values) = match layout.key_text {
-            true => (
-                "uuid, text, text",
-                "message_id, consumer, key_text",
-                "$1, $2, $3",
-            ),
-            false => ("uuid, text", "message_id, consumer", "$1, $2"),
+        let (types, columns, text) = match layout.key_text {
+            true => ("uuid, text, text", "message_id, consumer, key_text", ", $3"),
+            false => ("uuid, text", "message_id, consumer", ""),
         };
+        let (before, after) = layout.mark().map(|mark| mark.guard()).unwrap_or_default();
+        let values = format!("$1, {before}$2{after}{text}");
         let statement = format!(
             "WITH marker AS (INSERT INTO {table} ({columns}, received_at, processed_at) \
              VALUES ({values}, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP) RETURNING 1), \
@@ -598,7 +600,7 @@ pub(crate) fn start_with_marker(
     hex_into(&mut sql, key.stored_id().as_bytes());
     sql.push_str("', ");
     let consumer = utf8mb4_text(spec.consumer.as_str());
-    match layout.session_mark {
+    match layout.mark() {
         Some(mark) => {
             let (before, after) = mark.guard();
             let _ = write!(sql, "{before}{consumer}{after}, ");

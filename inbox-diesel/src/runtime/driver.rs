@@ -708,9 +708,12 @@ fn check_key<S: Steps>(steps: &mut S, spec: &HandlerSpec) -> (usize, usize) {
 /// `set_default_instrumentation`, such as the [`Net`](crate::tripwire::net::Net), keeps it
 /// in a `Box`) — and otherwise the connection's own address. A pool moves its connections
 /// in and out of its idle list, so a connection's address changes with each checkout; keyed
-/// by it, the check ran again on most deliveries of a busy pool. A heap address, like a
-/// connection's, can be taken by a new connection after the old one is dropped; there
-/// `ON CONFLICT` still fails without the unique index, and the connection is checked then.
+/// by it, the check ran again on most deliveries of a busy pool. An address, a heap one like
+/// a connection's, can be taken by a connection to another database after the old one is
+/// gone: what is remembered here only names the statements to send, and the server decides
+/// whether they may run — each marker insert requires the database and table the check read
+/// ([`DatabaseMark`](crate::dialect::layout::DatabaseMark)), and the connection is checked
+/// where they are not this session's.
 pub(crate) fn identity(
     backend: crate::dialect::Backend,
     at: usize,

@@ -8,7 +8,7 @@ use inbox_core::InboxSchema;
 
 use crate::dialect::Dialect;
 use crate::dialect::Sql;
-use crate::dialect::layout::{Layout, SessionMark};
+use crate::dialect::layout::{DatabaseMark, Layout, SessionMark};
 use crate::io::Io;
 use crate::schema::Backend;
 
@@ -328,6 +328,9 @@ fn facts_sql(backend: Backend, qualifier: &str, needs: &[(&str, &str)]) -> Strin
                  SELECT 'table' AS kind, n.nspname::text || '.' || c.relname::text AS detail \
                  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
                  JOIN t ON c.oid = t.rel \
+                 UNION ALL SELECT 'oids', d.oid::text || ' ' || t.rel::oid::text \
+                 FROM pg_database d JOIN t ON t.rel IS NOT NULL \
+                 WHERE d.datname = current_database() \
                  UNION ALL SELECT 'persistence', c.relpersistence::text FROM pg_class c \
                  JOIN parts ON c.oid = parts.relid WHERE c.relpersistence <> 'p' \
                  UNION ALL SELECT 'relkind', c.relkind::text FROM pg_class c \
@@ -419,6 +422,9 @@ fn facts_sql(backend: Backend, qualifier: &str, needs: &[(&str, &str)]) -> Strin
             format!(
                 "SELECT 'table' AS kind, '{schema}.' || name AS detail \
                  FROM \"{schema}\".sqlite_master WHERE type = 'table' AND name = ?2 COLLATE NOCASE \
+                 UNION ALL SELECT 'oids', CAST(m.rootpage AS TEXT) || ' ' || d.file \
+                 FROM \"{schema}\".sqlite_master m, pragma_database_list d \
+                 WHERE m.type = 'table' AND m.name = ?2 COLLATE NOCASE AND d.name = '{schema}' \
                  UNION ALL SELECT 'trigger', name FROM \"{schema}\".sqlite_master \
                  WHERE type = 'trigger' AND tbl_name = ?2 COLLATE NOCASE \
                  UNION ALL SELECT 'trigger', name FROM temp.sqlite_master \
@@ -604,10 +610,16 @@ const MYSQL_ENGLISH: &str =
     "SET SESSION lc_messages = IF(@@lc_messages LIKE 'en\\_%', @@lc_messages, 'en_US')";
 
 /// PostgreSQL: the session's messages in English where the setting names another language
-/// (or none: an empty `lc_messages` takes the server's environment). Only a superuser, or a
-/// role granted `SET` on the parameter, may; see [`english_messages`].
-const PG_ENGLISH: &str = "SELECT set_config('lc_messages', 'C', false) \
-     WHERE current_setting('lc_messages') !~ '^(C|POSIX|en)([._@]|$)'";
+/// (or none: an empty `lc_messages` takes the server's environment), now or after a `RESET`
+/// (`reset_val`: the role's, the database's or the server's setting). A row where either
+/// does: the handler's transactions then set English for themselves. Only a superuser, or
+/// a role granted `SET` on the parameter, may; see [`english_messages`]. Read from the reset
+/// value as well, because a session can be English already without being so by default: the
+/// marker's statement prepared on it set English before a check ran there
+/// (`PgMarker::prepared_and`).
+const PG_ENGLISH: &str = "SELECT set_config('lc_messages', 'C', false) FROM pg_settings \
+     WHERE name = 'lc_messages' AND (reset_val !~ '^(C|POSIX|en)([._@]|$)' \
+     OR current_setting('lc_messages') !~ '^(C|POSIX|en)([._@]|$)')";
 
 /// `lc_messages` as the session has it.
 const PG_MESSAGES: &str = "SELECT current_setting('lc_messages') AS version";
@@ -830,6 +842,7 @@ pub(crate) fn check(
         fingerprint: false,
         mariadb: backend == Backend::Mysql && catalog.server.contains("MariaDB"),
         session_mark: None,
+        database_mark: None,
         pinned: None,
         max_packet: catalog.max_packet,
         english: false,
@@ -923,6 +936,14 @@ pub(crate) fn check(
     }
     if backend == Backend::Mysql {
         layout.session_mark = Some(SessionMark::new(schema, layout, claim));
+    }
+    if backend != Backend::Mysql {
+        let name = layout.pinned.unwrap_or(schema.table());
+        layout.database_mark = catalog
+            .facts
+            .iter()
+            .find(|fact| fact.kind == "oids")
+            .and_then(|fact| DatabaseMark::read(backend == Backend::Postgres, &fact.detail, name));
     }
     match problems.is_empty() {
         true => Ok(layout),
@@ -1148,9 +1169,9 @@ fn refusals(
     problems
 }
 
-/// A resolved table name, kept for the life of the process: one per table a handler's name
-/// resolved to, a handful.
-fn intern(name: &str) -> &'static str {
+/// A resolved table name, or an SQLite database's file, kept for the life of the process:
+/// one per table a handler's name resolved to, and per database file checked.
+pub(crate) fn intern(name: &str) -> &'static str {
     static NAMES: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
     let mut names = NAMES.lock().unwrap_or_else(|e| e.into_inner());
     match names.iter().find(|known| **known == name) {
