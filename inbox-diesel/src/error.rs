@@ -62,9 +62,14 @@ pub enum Error {
     /// another transaction it could not commit or roll back the marker with the body, so
     /// nothing ran. Call the handler outside any transaction — give it its own connection
     /// from the pool, or finish the caller's transaction first. A bug to fix: alert, do not
-    /// retry. Found by diesel's transaction manager: a transaction opened with raw SQL
-    /// (`batch_execute("BEGIN")`) is invisible to it, and the handler's own `BEGIN`/`COMMIT`
-    /// then ends the caller's transaction — open transactions with `conn.transaction(…)`.
+    /// retry. Found by diesel's transaction manager; a transaction opened with raw SQL
+    /// (`batch_execute("BEGIN")`) is invisible to it, and in transaction mode the handler's
+    /// own `BEGIN`/`COMMIT` then ends the caller's transaction — open transactions with
+    /// `conn.transaction(…)`. Claim mode, whose claim must commit on its own before the
+    /// side effect, asks the server too, before anything is written: PostgreSQL (a
+    /// statement of the simple protocol whose transaction began before it), SQLite (a
+    /// `BEGIN` it refuses), MariaDB (`@@in_transaction`, in the claim's insert); MySQL has
+    /// no way to tell.
     CalledInsideTransaction,
     /// The inbox table cannot recognise a duplicate — its unique index on
     /// `(message_id, consumer)` is missing, not unique, on other columns or under another

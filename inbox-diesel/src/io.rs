@@ -29,6 +29,9 @@ pub(crate) trait Io {
     /// Runs a query; its rows.
     async fn load<R: Row>(&mut self, sql: &Sql) -> QueryResult<Vec<R>>;
 
+    /// Runs SQL without parameters over the simple protocol (`batch_execute`).
+    async fn batch(&mut self, sql: &str) -> QueryResult<()>;
+
     /// Runs a claim-mode statement (a query fragment: prepared once, cached by its SQL).
     async fn execute_claim(&mut self, sql: ClaimSql<'_, Self::Backend>) -> QueryResult<usize>;
 
@@ -63,6 +66,10 @@ where
 
     async fn load<R: Row>(&mut self, sql: &Sql) -> QueryResult<Vec<R>> {
         C::Backend::load(self.0, sql)
+    }
+
+    async fn batch(&mut self, sql: &str) -> QueryResult<()> {
+        diesel::connection::SimpleConnection::batch_execute(self.0, sql)
     }
 
     async fn execute_claim(&mut self, sql: ClaimSql<'_, C::Backend>) -> QueryResult<usize> {
@@ -101,6 +108,10 @@ where
 
     async fn load<R: Row>(&mut self, sql: &Sql) -> QueryResult<Vec<R>> {
         C::Backend::load_async(self.0, sql).await
+    }
+
+    async fn batch(&mut self, sql: &str) -> QueryResult<()> {
+        diesel_async::SimpleAsyncConnection::batch_execute(self.0, sql).await
     }
 
     async fn execute_claim(&mut self, sql: ClaimSql<'_, C::Backend>) -> QueryResult<usize> {

@@ -1323,6 +1323,10 @@ mod tests {
             unreachable!("no query on SQLite's path")
         }
 
+        async fn batch(&mut self, _: &str) -> QueryResult<()> {
+            unreachable!("not claim mode")
+        }
+
         async fn execute_claim(
             &mut self,
             _: crate::dialect::claim::ClaimSql<'_, Self::Backend>,

@@ -359,3 +359,69 @@ mod another_database {
         assert_eq!(markers(&db), 0);
     }
 }
+
+/// Claim mode on PostgreSQL and MariaDB after a transaction opened as SQL.
+#[cfg(feature = "postgres")]
+mod raw_begin_postgres {
+    type Db = inbox_tests::postgres::PgDb;
+    type DbConnection = diesel::PgConnection;
+    /// A transaction with nothing in it yet, one that has written, and one whose
+    /// statement failed.
+    const BEGIN: [&str; 3] = [
+        "BEGIN",
+        "BEGIN; UPDATE accounts SET balance = balance WHERE id = 1",
+        "BEGIN; SAVEPOINT s; SELECT 1",
+    ];
+
+    include!("behaviour/raw_begin.rs");
+
+    #[idempotent(consumer = "raw-begin-async", key = id, mode = "claim")]
+    async fn notify_async(
+        conn: &mut diesel_async::AsyncPgConnection,
+        id: &str,
+        sent: &AtomicUsize,
+    ) -> Result<(), Error> {
+        let _ = id;
+        sent.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// The same on diesel-async's connection.
+    #[tokio::test]
+    async fn an_async_claim_inside_a_transaction_opened_as_sql_is_refused() {
+        use diesel_async::SimpleAsyncConnection;
+        let db = Db::new("raw_begin_async");
+        let sent = AtomicUsize::new(0);
+        let mut conn = db.connect_async().await;
+        assert!(
+            notify_async(&mut conn, "n-0", &sent)
+                .await
+                .unwrap()
+                .is_processed()
+        );
+        conn.batch_execute("BEGIN").await.unwrap();
+        let error = notify_async(&mut conn, "n-1", &sent).await.unwrap_err();
+        assert!(matches!(error, Error::CalledInsideTransaction), "{error:?}");
+        assert_eq!(sent.load(Ordering::SeqCst), 1);
+        conn.batch_execute("ROLLBACK").await.unwrap();
+        assert!(
+            notify_async(&mut conn, "n-1", &sent)
+                .await
+                .unwrap()
+                .is_processed()
+        );
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod raw_begin_mysql {
+    type Db = inbox_tests::mysql::MysqlDb;
+    type DbConnection = diesel::MysqlConnection;
+    const BEGIN: [&str; 3] = [
+        "START TRANSACTION",
+        "BEGIN; UPDATE accounts SET balance = balance WHERE id = 1",
+        "START TRANSACTION WITH CONSISTENT SNAPSHOT",
+    ];
+
+    include!("behaviour/raw_begin.rs");
+}

@@ -44,6 +44,18 @@ mod another_database {
 
     include!("behaviour/tenants.rs");
 }
+/// Claim mode after a transaction opened as SQL.
+mod raw_begin {
+    type Db = inbox_tests::sqlite::SqliteDb;
+    type DbConnection = diesel::SqliteConnection;
+    const BEGIN: [&str; 3] = [
+        "BEGIN",
+        "BEGIN IMMEDIATE",
+        "BEGIN; UPDATE accounts SET balance = balance WHERE id = 1",
+    ];
+
+    include!("behaviour/raw_begin.rs");
+}
 /// `inbox_diesel::testing`, as a user's suite uses it.
 mod testing_kit {
     type Db = inbox_tests::sqlite::SqliteDb;

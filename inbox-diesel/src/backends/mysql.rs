@@ -47,6 +47,10 @@ impl Dialect for diesel::mysql::Mysql {
     const LEASE_UNTIL: (&'static str, &'static str) =
         ("UTC_TIMESTAMP(6) + INTERVAL (", " * 1000) MICROSECOND");
     const BIGINT: &'static str = "SIGNED";
+    /// MariaDB: the claim's insert requires `@@in_transaction = 0`
+    /// ([`Part::AutocommittedId`](crate::dialect::claim::Part)). MySQL has no such variable,
+    /// and no statement that tells without a privilege: not checked there.
+    const OPEN_TRANSACTION_PROBE: Option<&'static str> = None;
     /// MySQL's `JSON`, cast to text (MariaDB's is `LONGTEXT` already).
     const RESULT_AS_TEXT: &'static str = "CAST(result AS CHAR)";
 

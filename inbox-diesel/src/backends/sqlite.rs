@@ -21,6 +21,9 @@ impl Dialect for diesel::sqlite::Sqlite {
         " / 1000.0) || ' seconds')",
     );
     const BIGINT: &'static str = "BIGINT";
+    /// SQLite refuses a `BEGIN` inside a transaction; outside one, this one ends at once,
+    /// having touched nothing.
+    const OPEN_TRANSACTION_PROBE: Option<&'static str> = Some("BEGIN DEFERRED; COMMIT");
 
     fn bind_id<'b>(out: &mut AstPass<'_, 'b, Self>, id: &'b Uuid) -> QueryResult<()> {
         out.push_bind_param::<diesel::sql_types::Binary, [u8]>(&id.as_bytes()[..])

@@ -113,11 +113,13 @@ enum Part {
     Fingerprint,
     /// The ids of [`ClaimSql::present`], separated by commas.
     Ids,
-    /// The id, required to come with `autocommit` on (MySQL, MariaDB): claim mode's
-    /// statements each commit on their own, and with `autocommit = 0` none would. The insert
-    /// of a session without it fails (1048 on `message_id`) before anything is written
+    /// The id, required to come with `autocommit` on (MySQL, MariaDB) and, on MariaDB
+    /// (`true`), with no transaction open (`@@in_transaction = 0`: a `START TRANSACTION`
+    /// sent as SQL and left open): claim mode's statements each commit on their own, and
+    /// with `autocommit = 0`, or inside such a transaction, none would. The insert of a
+    /// session without it fails (1048 on `message_id`) before anything is written
     /// ([`autocommit_off`]).
-    AutocommittedId,
+    AutocommittedId(bool),
     Int(i64),
 }
 
@@ -174,7 +176,7 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB> {
                 let consumer = layout.mark().map_or(Consumer, MarkedConsumer);
                 // MySQL and MariaDB: the session's mark, and autocommit on.
                 let id = match layout.session_mark {
-                    Some(_) => AutocommittedId,
+                    Some(_) => AutocommittedId(layout.mariadb),
                     None => Id,
                 };
                 parts.extend([Sql("INSERT INTO "), Table]);
@@ -422,8 +424,11 @@ where
                         DB::bind_id(&mut out, id)?;
                     }
                 }
-                Part::AutocommittedId => {
-                    out.push_sql("IF(@@SESSION.autocommit = 1, ");
+                Part::AutocommittedId(mariadb) => {
+                    out.push_sql(match mariadb {
+                        true => "IF(@@SESSION.autocommit = 1 AND @@in_transaction = 0, ",
+                        false => "IF(@@SESSION.autocommit = 1, ",
+                    });
                     DB::bind_id(&mut out, &self.id)?;
                     out.push_sql(", NULL)");
                 }
@@ -435,7 +440,8 @@ where
 }
 
 /// Whether a failed claim insert says that `autocommit` is off on the session (MySQL and
-/// MariaDB): error 1048 on `message_id`, which only [`Part::AutocommittedId`] makes NULL.
+/// MariaDB), or a transaction is open there (MariaDB): error 1048 on `message_id`, which
+/// only [`Part::AutocommittedId`] makes NULL.
 pub(crate) fn autocommit_off(error: &diesel::result::Error) -> bool {
     crate::classify::with_server_error(error, |server| {
         server

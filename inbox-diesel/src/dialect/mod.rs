@@ -22,6 +22,21 @@ pub(crate) use sql::{execute, load};
 #[cfg(feature = "async")]
 pub(crate) use sql::{execute_async, load_async};
 
+/// What [`Dialect::OPEN_TRANSACTION_PROBE`] fails with on PostgreSQL, quoted in the server's
+/// error whatever its language.
+pub(crate) const OPEN_TRANSACTION: &str = "inbox: a transaction is open on this session";
+
+/// Whether the probe's error says a transaction is open: PostgreSQL's own (its text, or the
+/// session's transaction aborted, 25P02), SQLite's refusal of `BEGIN` inside one.
+pub(crate) fn open_transaction(error: &diesel::result::Error) -> bool {
+    crate::classify::with_server_error(error, |server| {
+        server.message.contains(OPEN_TRANSACTION)
+            || server.message.contains("within a transaction")
+            || server.message.contains("current transaction is aborted")
+    })
+    .unwrap_or(false)
+}
+
 /// A diesel backend the runtime writes SQL for. Public only in name, so that the sealed
 /// connection traits can require it: it is not reachable from outside the crate.
 pub trait Dialect:
@@ -43,6 +58,12 @@ pub trait Dialect:
     const LEASE_UNTIL: (&'static str, &'static str);
     /// The type a 64-bit integer is cast to.
     const BIGINT: &'static str;
+    /// Claim mode: a statement (simple protocol) that fails where a transaction is open on
+    /// the session that diesel did not open — `BEGIN` sent as SQL and left open — whose
+    /// claim would then commit only with it, or roll back with the connection after the
+    /// side effect ran. `None` where the claim's insert asks the server itself (MariaDB's
+    /// `@@in_transaction`), or nothing can (MySQL). Recognised by [`OPEN_TRANSACTION`].
+    const OPEN_TRANSACTION_PROBE: Option<&'static str>;
 
     /// Binds the 16-byte message id into a query fragment.
     fn bind_id<'b>(out: &mut AstPass<'_, 'b, Self>, id: &'b Uuid) -> QueryResult<()>;

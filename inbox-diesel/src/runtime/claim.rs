@@ -59,14 +59,24 @@ pub(crate) async fn step<S: Io>(
                 let text = crate::dialect::layout::key_text(key);
                 crate::dialect::marker::marker_fits(consumer, Some(&text), layout)?;
             }
-            #[cfg(not(feature = "mysql"))]
-            let _ = layout;
+            if let Some(probe) = <S::Backend as crate::dialect::Dialect>::OPEN_TRANSACTION_PROBE {
+                match io.batch(probe).await {
+                    Err(e) if crate::dialect::open_transaction(&e) => {
+                        return Err(crate::Error::CalledInsideTransaction.into());
+                    }
+                    other => other?,
+                }
+            }
             let inserted = io
                 .execute_claim(ClaimSql::new(schema, consumer, key, step))
                 .await;
             if let Err(e) = &inserted
                 && crate::dialect::claim::autocommit_off(e)
             {
+                // MariaDB: autocommit on, so the insert met a transaction left open.
+                if layout.mariadb && autocommit_on(io).await {
+                    return Err(crate::Error::CalledInsideTransaction.into());
+                }
                 return Err(crate::Error::Session(crate::SessionProblem::AutocommitOff {
                     needed_by: "claim mode",
                 })
@@ -108,6 +118,21 @@ pub(crate) async fn present<S: Io>(
     Ok(rows
         .first()
         .map_or(0, |&(n, _)| usize::try_from(n).unwrap_or(0)))
+}
+
+/// MySQL and MariaDB: whether `autocommit` is on for the session; `false` where the
+/// question fails.
+async fn autocommit_on<S: Io>(io: &mut S) -> bool {
+    #[derive(diesel::QueryableByName)]
+    struct Autocommit {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let sql = Sql::new("SELECT CAST(@@SESSION.autocommit AS SIGNED) AS n");
+    match io.load::<Autocommit>(&sql).await {
+        Ok(rows) => rows.first().is_some_and(|row| row.n == 1),
+        Err(_) => false,
+    }
 }
 
 /// MariaDB: whether the session's transaction has ended on the server (`@@in_transaction`
