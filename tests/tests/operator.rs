@@ -1187,6 +1187,35 @@ mod mysql {
         assert_eq!(markers(&mut db.connect()), 1);
     }
 
+    /// A user that may insert and update markers but not read them is refused for want of
+    /// SELECT — named as such: before, the check asked with one `INSERT … SELECT`, and the
+    /// refusal named INSERT, which the user had.
+    #[test]
+    fn a_missing_select_is_named_select() {
+        let db = Db::new("no_select");
+        let user = format!("inbox_no_select_{}", std::process::id());
+        let admin = |sql: String| db.connect().batch_execute(&sql).unwrap();
+        admin(format!(
+            "CREATE USER IF NOT EXISTS '{user}'@'%'; \
+             GRANT INSERT, UPDATE ON {0}.inbox TO '{user}'@'%'; \
+             GRANT SELECT, UPDATE ON {0}.accounts TO '{user}'@'%'",
+            db.name()
+        ));
+        let refused = refusal(apply(&mut db.connect_as(&user), &1));
+        let sent = AtomicUsize::new(0);
+        let claim_refused = refusal(send(&mut db.connect_as(&user), &2, &sent, &|| ()));
+        admin(format!("DROP USER '{user}'@'%'"));
+        for refused in [refused, claim_refused] {
+            assert!(refused.contains("no privilege SELECT"), "{refused}");
+            assert!(
+                !refused.contains("INSERT,") && !refused.contains("privilege INSERT"),
+                "{refused}"
+            );
+        }
+        assert_eq!(sent.load(Ordering::SeqCst), 0);
+        assert_eq!(markers(&mut db.connect()), 0);
+    }
+
     /// A primary key on (message_id, consumer), another unique index on message_id: MariaDB
     /// reports whichever index a duplicate meets first, and a redelivery would read as a
     /// business violation. Refused.

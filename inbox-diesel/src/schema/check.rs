@@ -463,12 +463,23 @@ async fn mysql_privileges<S: Io>(
     if key_text {
         columns.push_str(", key_text");
     }
-    let mut statements = vec![(
-        "INSERT",
-        format!(
-            "EXPLAIN INSERT INTO {table} ({columns}) SELECT {columns} FROM {table} WHERE 1 = 0"
+    let mut read = String::from("message_id, consumer, processed_at");
+    if claim {
+        read.push_str(", claimed_until, attempts");
+    }
+    let nulls = vec!["NULL"; columns.split(", ").count()].join(", ");
+    // Each privilege by a statement that needs it alone: an `INSERT … SELECT` refused for
+    // want of SELECT would be reported as INSERT.
+    let mut statements = vec![
+        (
+            "SELECT",
+            format!("EXPLAIN SELECT {read} FROM {table} WHERE 1 = 0"),
         ),
-    )];
+        (
+            "INSERT",
+            format!("EXPLAIN INSERT INTO {table} ({columns}) VALUES ({nulls})"),
+        ),
+    ];
     if claim {
         statements.push((
             "UPDATE",
@@ -483,10 +494,23 @@ async fn mysql_privileges<S: Io>(
         if let Err(e) = io.load::<ExplainRow>(&Sql::new(sql)).await
             && crate::classify::class_of(&e, schema) == inbox_core::ErrorClass::PermissionDenied
         {
-            refused.push(FactRow {
-                kind: "privilege".into(),
-                detail: privilege.into(),
-            });
+            // The command the server names (`SELECT command denied … for column 'id'`: the
+            // UPDATE's `WHERE` reads), where it names one.
+            let named = crate::classify::with_server_error(&e, |server| {
+                server
+                    .message
+                    .split_once(" command denied")
+                    .map(|(command, _)| command.to_owned())
+            })
+            .flatten()
+            .filter(|command| ["SELECT", "INSERT", "UPDATE"].contains(&command.as_str()));
+            let detail = named.unwrap_or_else(|| privilege.to_owned());
+            if !refused.iter().any(|fact: &FactRow| fact.detail == detail) {
+                refused.push(FactRow {
+                    kind: "privilege".into(),
+                    detail,
+                });
+            }
         }
     }
     refused
