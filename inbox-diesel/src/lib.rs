@@ -603,10 +603,10 @@ pub use error::classify;
 pub use error::{Error, SessionProblem, StoredResultProblem};
 pub use guard::NoConnection;
 pub use inbox_core::{
-    Action, BatchOutcome, Consumer, ConsumerError, ErrorClass, HandlerOutcome, IdentifierError,
-    InFlightOutcome, InboxSchema, Isolation, KeyError, MessageKey, Outcome, Redelivery, Retention,
-    RetryDecision, RetryPolicy, Scoped, Settle, Settlement, StaleClaimOutcome, ToMessageKey,
-    TransientKind, broker,
+    Action, BatchOutcome, Consumer, ConsumerError, ErrorClass, Gate, HandlerOutcome,
+    IdentifierError, InFlightOutcome, InboxSchema, Isolation, KeyError, MessageKey, Outage,
+    Outcome, Redelivery, Retention, RetryDecision, RetryPolicy, Scoped, Settle, Settlement,
+    StaleClaimOutcome, ToMessageKey, TransientKind, broker,
 };
 pub use runtime::stored::{Fingerprint, MAX_STORED_RESULT_BYTES};
 pub use schema::migration;

@@ -51,7 +51,10 @@
 //! a failover, prepared statements dropped by a pooler) the handler must not give that
 //! connection back for reuse — with a pool, drop it detached or mark it broken — or every
 //! redelivery meets the same connection and fails the same way until the queue's
-//! `x-delivery-limit` dead-letters the message.
+//! `x-delivery-limit` dead-letters the message. The database itself may be what fails (a
+//! pool pointed at a read-only standby, a server down): after such a delivery the pump
+//! starts no handler for a pause, doubling while it lasts, then lets one delivery try
+//! alone ([`Pump::outage`]).
 //!
 //! **Shutdown.** When `shutdown` completes (or the pump halts), the pump cancels its
 //! consumer, lets the deliveries in hand finish and settle (a retry's delay cut short), and
@@ -74,7 +77,7 @@ use std::time::Duration;
 use futures_util::future::select;
 use futures_util::{FutureExt, StreamExt};
 use inbox_diesel::telemetry::{process_span, record_settlement};
-use inbox_diesel::{KeyError, MessageKey, Redelivery, Settle, Settlement};
+use inbox_diesel::{Gate, KeyError, MessageKey, Outage, Redelivery, Settle, Settlement};
 use lapin::message::Delivery;
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
@@ -130,6 +133,7 @@ pub fn delivery_count(delivery: &Delivery) -> u32 {
 pub struct Pump {
     prefetch: u16,
     redelivery: Redelivery,
+    outage: Redelivery,
 }
 
 impl Default for Pump {
@@ -139,11 +143,12 @@ impl Default for Pump {
 }
 
 impl Pump {
-    /// 16 deliveries in hand, [`Redelivery::DEFAULT`].
+    /// 16 deliveries in hand, [`Redelivery::DEFAULT`], [`Outage::DEFAULT`].
     pub const fn new() -> Self {
         Self {
             prefetch: 16,
             redelivery: Redelivery::DEFAULT,
+            outage: Outage::DEFAULT,
         }
     }
 
@@ -159,6 +164,13 @@ impl Pump {
     /// How long a retried message waits before it is requeued.
     pub const fn redelivery(self, redelivery: Redelivery) -> Self {
         Self { redelivery, ..self }
+    }
+
+    /// How long the pump starts no handler after a delivery that needed a new database
+    /// connection ([`Outage`]): a pause per such delivery in a row, then one delivery tries
+    /// alone.
+    pub const fn outage(self, outage: Redelivery) -> Self {
+        Self { outage, ..self }
     }
 
     /// Sets the channel's prefetch and starts a consumer of `queue` with manual
@@ -197,6 +209,12 @@ impl Pump {
     /// with the redelivery's delay (counted as retried), and the pump goes on with the
     /// others; the queue's `x-delivery-limit` dead-letters a message that panics every time.
     ///
+    /// After a delivery that needed a new database connection (`Retry { reconnect: true }`:
+    /// the server lost, a read-only standby) the pump starts no handler for a pause
+    /// ([`Pump::outage`], [`Outage`]): a delivery it takes meanwhile is handed back unstarted
+    /// when the pause ends (counted as retried), and after the pause one delivery tries the
+    /// database alone.
+    ///
     /// # Errors
     /// [`Stopped::Halted`] when an answer halted the pump; [`Stopped::Broker`] when the
     /// channel failed (deliveries not acknowledged are redelivered by the broker).
@@ -217,6 +235,8 @@ impl Pump {
         let queue = consumer.queue();
         let queue = queue.as_str();
         let counts = Counts::default();
+        let outage = Outage::new(self.outage);
+        let outage = &outage;
         let (halt, mut halted) = tokio::sync::watch::channel(None::<String>);
         let (failed, mut broker_failure) = tokio::sync::watch::channel(None::<String>);
         // Set once the pump stops taking deliveries: a retry's delay is cut short by it.
@@ -268,6 +288,21 @@ impl Pump {
                     let acker = delivery.acker.clone();
                     let count = delivery_count(&delivery);
                     let span = process_span("rabbitmq", queue, count);
+                    if let Gate::Closed(pause) = outage.enter() {
+                        // The database failed the last delivery for its connection: this one
+                        // comes again after the pause, unstarted.
+                        let retry = Settlement::Retry { reconnect: false };
+                        record_settlement(&span, "rabbitmq", retry);
+                        let settled = settle(&acker, retry, pause, stopping_rx_ref.clone())
+                            .instrument(span)
+                            .await;
+                        counts_ref.count(retry);
+                        if let Err(e) = settled {
+                            let _ = failed_ref.send(Some(e.to_string()));
+                            let _ = halt_ref.send(Some(format!("settling failed: {e}")));
+                        }
+                        return;
+                    }
                     // The handler is called in the span as well as polled in it: a sync
                     // handler runs when called.
                     // A panic settles its own delivery ([`Settlement::of_panic`]), not the
@@ -289,6 +324,21 @@ impl Pump {
                             settlement
                         }
                     };
+                    // A panic is the handler's, not the database's: it does not close the gate.
+                    let seen = match answer {
+                        Ok(_) => settlement,
+                        Err(_) => Settlement::Retry { reconnect: false },
+                    };
+                    if let Some(pause) = outage.settled(seen) {
+                        span.in_scope(|| {
+                            tracing::warn!(
+                                pause_ms = u64::try_from(pause.as_millis()).unwrap_or(u64::MAX),
+                                in_a_row = outage.in_a_row(),
+                                "a delivery needed a new database connection; no handler starts \
+                                 until the pause has passed, then one tries"
+                            );
+                        });
+                    }
                     record_settlement(&span, "rabbitmq", settlement);
                     if let (Settlement::Halt, Ok(answer)) = (settlement, &answer) {
                         span.in_scope(|| {

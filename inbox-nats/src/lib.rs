@@ -71,8 +71,11 @@
 //! a failover, prepared statements dropped by a pooler) the handler must not give that
 //! connection back for reuse — with a pool, drop it detached or mark it broken — or every
 //! redelivery meets the same connection and fails the same way until the consumer's
-//! `max_deliver` is used up. The NATS connection is async-nats': it reconnects by itself,
-//! and the pump carries on when it is back.
+//! `max_deliver` is used up. The database itself may be what fails (a pool pointed at a
+//! read-only standby, a server down): after such a message the pump pulls nothing and
+//! starts no handler for a pause, doubling while it lasts, then lets one message try alone
+//! ([`Pump::outage`]). The NATS connection is async-nats': it reconnects by itself, and the
+//! pump carries on when it is back.
 //!
 //! **Shutdown.** When `shutdown` completes (or the pump halts), the pump stops pulling: it
 //! unsubscribes from its pull requests' replies, `Nak`s without delay the messages that had
@@ -120,7 +123,9 @@ use async_nats::{ConnectOptions, StatusCode};
 use futures_util::future::{Fuse, FusedFuture, FutureExt};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use inbox_diesel::telemetry::{process_span, record_settlement};
-use inbox_diesel::{KeyError, MessageKey, Redelivery, Retention, Settle, Settlement, broker};
+use inbox_diesel::{
+    Gate, KeyError, MessageKey, Outage, Redelivery, Retention, Settle, Settlement, broker,
+};
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -243,6 +248,7 @@ pub fn delivery_count(message: &Message) -> u32 {
 pub struct Pump {
     max_ack_pending: usize,
     redelivery: Redelivery,
+    outage: Redelivery,
     progress_every: Option<Duration>,
     ack_wait: Duration,
     max_deliver: i64,
@@ -255,12 +261,14 @@ impl Default for Pump {
 }
 
 impl Pump {
-    /// 16 messages in hand, [`Redelivery::DEFAULT`], progress every half `ack_wait`; consumers
+    /// 16 messages in hand, [`Redelivery::DEFAULT`], [`Outage::DEFAULT`], progress every half
+    /// `ack_wait`; consumers
     /// created with `ack_wait` 30 s and `max_deliver` 10.
     pub const fn new() -> Self {
         Self {
             max_ack_pending: 16,
             redelivery: Redelivery::DEFAULT,
+            outage: Outage::DEFAULT,
             progress_every: None,
             ack_wait: DEFAULT_ACK_WAIT,
             max_deliver: 10,
@@ -285,6 +293,13 @@ impl Pump {
     /// How long a retried message waits before JetStream redelivers it.
     pub const fn redelivery(self, redelivery: Redelivery) -> Self {
         Self { redelivery, ..self }
+    }
+
+    /// How long the pump starts no handler, and pulls nothing, after a message that needed a
+    /// new database connection ([`Outage`]): a pause per such message in a row, then one
+    /// message tries alone.
+    pub const fn outage(self, outage: Redelivery) -> Self {
+        Self { outage, ..self }
     }
 
     /// How often a message whose handler runs is reported in progress (`AckKind::Progress`),
@@ -439,6 +454,8 @@ impl Pump {
                 })?;
 
         let mut tally = Tally::default();
+        let outage = Outage::new(self.outage);
+        let outage = &outage;
         let mut in_hand = FuturesUnordered::new();
         let mut pull: Option<Pull> = None;
         let mut requests: u64 = 0;
@@ -450,6 +467,8 @@ impl Pump {
         let handler = &handler;
 
         while end.is_none() && tally.halted.is_none() {
+            // No messages pulled while the database is given a pause.
+            pull_after = pull_after.max(Instant::now() + outage.pause_left());
             if pull.is_none()
                 && check.is_terminated()
                 && in_hand.len() < self.max_ack_pending
@@ -528,7 +547,7 @@ impl Pump {
                                 // slot taken: back to the stream for another consumer.
                                 Job::Return { acker: acker(&message), halted: false }
                             };
-                            in_hand.push(work(handler, settings, job));
+                            in_hand.push(work(handler, settings, outage, job));
                         }
                         Some(StatusCode::IDLE_HEARTBEAT) => {}
                         // A status comes on the subject of the request it ends.
@@ -580,6 +599,7 @@ impl Pump {
             in_hand.push(work(
                 handler,
                 settings,
+                outage,
                 Job::Return {
                     acker,
                     halted: true,
@@ -593,7 +613,7 @@ impl Pump {
                 Some(done) = in_hand.next(), if !in_hand.is_empty() => {
                     tally.record(done);
                     for acker in std::mem::take(&mut tally.to_return) {
-                        in_hand.push(work(handler, settings, Job::Return { acker, halted: true }));
+                        in_hand.push(work(handler, settings, outage, Job::Return { acker, halted: true }));
                     }
                 }
                 reply = replies.next(), if draining => match reply {
@@ -602,6 +622,7 @@ impl Pump {
                         in_hand.push(work(
                             handler,
                             settings,
+                            outage,
                             Job::Return { acker: acker(&message), halted: false },
                         ));
                     }
@@ -730,7 +751,7 @@ enum Done {
     },
 }
 
-async fn work<H, F, A>(handler: &H, settings: Settings, job: Job) -> Done
+async fn work<H, F, A>(handler: &H, settings: Settings, outage: &Outage, job: Job) -> Done
 where
     H: Fn(Message) -> F,
     F: Future<Output = A>,
@@ -752,6 +773,19 @@ where
         Err(_) => message.subject.to_string(),
     };
     let span = process_span("nats", &stream, count);
+    if let Gate::Closed(pause) = outage.enter() {
+        // The database failed the last message for its connection: this one comes again
+        // after the pause, unstarted.
+        let retry = Settlement::Retry { reconnect: false };
+        record_settlement(&span, "nats", retry);
+        let confirmed = confirm(&acker, AckKind::Nak(Some(pause)), retry.as_str())
+            .instrument(span)
+            .await;
+        return Done::Settled {
+            settlement: retry,
+            confirmed,
+        };
+    }
     let answer = {
         // Called in the span as well as polled in it: a sync handler runs when called.
         // A panic settles its own message ([`Settlement::of_panic`]), not the pump.
@@ -779,6 +813,21 @@ where
             }
         }
     };
+    // A panic is the handler's, not the database's: it does not close the gate.
+    let seen = match &answer {
+        Ok(answer) => answer.settlement(),
+        Err(_) => Settlement::Retry { reconnect: false },
+    };
+    if let Some(pause) = outage.settled(seen) {
+        span.in_scope(|| {
+            tracing::warn!(
+                pause_ms = u64::try_from(pause.as_millis()).unwrap_or(u64::MAX),
+                in_a_row = outage.in_a_row(),
+                "a message needed a new database connection; no handler starts and nothing \
+                 is pulled until the pause has passed, then one tries"
+            );
+        });
+    }
     let answer = match answer {
         Ok(answer) => answer,
         Err(panic) => {
