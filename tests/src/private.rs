@@ -446,9 +446,10 @@ fn postgres_bin() -> PathBuf {
 }
 
 /// A private PgBouncer (Debian's `pgbouncer`) in front of the server at `upstream` (host and
-/// port), on a port of its own, in transaction mode with a pool of `pool` server connections
-/// per database and user: each client transaction runs on whichever server connection is
-/// free. Users are trusted as the server trusts them. Stopped when dropped.
+/// port), on a port of its own, in `mode` (`transaction`: each client transaction runs on
+/// whichever server connection is free; `session`: a client keeps one for its session) with
+/// a pool of `pool` server connections per database and user. Users are trusted as the
+/// server trusts them. Stopped when dropped.
 #[cfg(feature = "postgres")]
 pub struct PrivatePgbouncer {
     dir: tempfile::TempDir,
@@ -457,7 +458,13 @@ pub struct PrivatePgbouncer {
 
 #[cfg(feature = "postgres")]
 impl PrivatePgbouncer {
-    pub fn start(upstream_host: &str, upstream_port: u16, users: &[&str], pool: u32) -> Self {
+    pub fn start(
+        upstream_host: &str,
+        upstream_port: u16,
+        users: &[&str],
+        mode: &str,
+        pool: u32,
+    ) -> Self {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let port = free_port();
         let path = dir.path();
@@ -466,7 +473,7 @@ impl PrivatePgbouncer {
         let config = format!(
             "[databases]\n* = host={upstream_host} port={upstream_port}\n\
              [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\n\
-             auth_type = trust\nauth_file = {users}\npool_mode = transaction\n\
+             auth_type = trust\nauth_file = {users}\npool_mode = {mode}\n\
              default_pool_size = {pool}\nmax_client_conn = 200\nunix_socket_dir =\n\
              logfile = {log}\npidfile = {pid}\n\
              ignore_startup_parameters = extra_float_digits,options\n",

@@ -424,11 +424,7 @@ where
         // once per delivery, and the attempt runs again.
         if class == Some(ErrorClass::StatementLost) && !uncached {
             uncached = true;
-            tracing::warn!(
-                "a prepared statement was missing or taken on the server (a transaction-mode \
-                 pooler?): this connection no longer caches prepared statements"
-            );
-            steps.stop_caching_statements();
+            stop_caching(&mut steps);
             continue;
         }
         if class == Some(ErrorClass::Schema) {
@@ -1087,7 +1083,7 @@ where
     tracing::debug!(key = ?key, "handling message");
     let (mut layout, mut run) = schema_checked(&mut steps, spec, true, inbox_error).await?;
     kept_columns(spec, layout, &remembered, inbox_error)?;
-    let (mut retries, mut rechecked) = (0, false);
+    let (mut retries, mut rechecked, mut uncached) = (0, false, false);
     let attempt = loop {
         let acquired = acquire(
             &mut steps,
@@ -1149,6 +1145,9 @@ where
                 rechecked = true;
                 (layout, run) = rechecked_layout(&mut steps, spec, true, inbox_error).await?;
             }
+            // A prepared statement lost or clashing behind a transaction-mode pooler: as in
+            // transaction mode, the connection stops caching them, once, and claims again.
+            Err(e) if !uncached && statement_lost(&mut steps, &e, spec) => uncached = true,
             Err(e) => wait_or_give_up(&mut steps, spec, e, &mut retries, inbox_error).await?,
         }
     };
@@ -1224,7 +1223,7 @@ where
         Some(Err(problem)) => (None, Some(problem)),
     };
     crash_point!(BeforeStamp);
-    let mut retries = 0;
+    let (mut retries, mut lost) = (0, 0);
     loop {
         let stamped = match &stored {
             Some(text) => match steps
@@ -1267,6 +1266,10 @@ where
                 telemetry::failed(spec, ErrorClass::ClaimLost.label());
                 return Err(inbox_error(Error::ClaimLost { attempt }));
             }
+            // The side effect ran: a statement lost behind a pooler must not leave it
+            // unrecorded. The cache off, diesel-async's driver still names what it prepares:
+            // a few more tries, on another server connection each.
+            Err(e) if lost < 3 && statement_lost(&mut steps, &e, spec) => lost += 1,
             Err(e) => match retry_after(spec, &e, retries) {
                 Some(after) => {
                     retries += 1;
@@ -1291,6 +1294,27 @@ where
             },
         }
     }
+}
+
+/// Whether `error` is a prepared statement lost or clashing on the server (a
+/// transaction-mode pooler): then the connection stops caching statements, and the caller
+/// runs the statement again, once.
+fn statement_lost<S: Steps>(steps: &mut S, error: &DieselError, spec: &HandlerSpec) -> bool {
+    if classify(error, &spec.schema) != ErrorClass::StatementLost {
+        return false;
+    }
+    stop_caching(steps);
+    true
+}
+
+/// The connection stops caching prepared statements (diesel's cache: unnamed statements
+/// then), and says so.
+fn stop_caching<S: Steps>(steps: &mut S) {
+    tracing::warn!(
+        "a prepared statement was missing or taken on the server (a transaction-mode \
+         pooler?): this connection no longer caches prepared statements"
+    );
+    steps.stop_caching_statements();
 }
 
 /// How phase 1 of claim mode ended.
