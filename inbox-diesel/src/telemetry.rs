@@ -87,6 +87,31 @@ pub fn process_span(system: &'static str, destination: &str, delivery_count: u32
     )
 }
 
+/// Tells a pump's [`Outage`](crate::Outage) how the delivery it let through settled, and
+/// logs, in the delivery's span, a pause that settlement began. A panic (`panicked`) is the
+/// handler's, not the database's: it does not close the gate.
+pub fn record_outage(
+    span: &Span,
+    outage: &crate::Outage,
+    settlement: crate::Settlement,
+    panicked: bool,
+) {
+    let seen = match panicked {
+        true => crate::Settlement::Retry { reconnect: false },
+        false => settlement,
+    };
+    if let Some(pause) = outage.settled(seen) {
+        span.in_scope(|| {
+            tracing::warn!(
+                pause_ms = u64::try_from(pause.as_millis()).unwrap_or(u64::MAX),
+                in_a_row = outage.in_a_row(),
+                "a delivery needed a new database connection; no handler starts until the \
+                 pause has passed, then one tries"
+            );
+        });
+    }
+}
+
 /// Records on a delivery's span ([`process_span`]) how the pump settled it: `ack`, `retry`,
 /// `dead_letter` or `halt` ([`Settlement::as_str`](crate::Settlement::as_str)).
 ///

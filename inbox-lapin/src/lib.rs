@@ -76,7 +76,7 @@ use std::time::Duration;
 
 use futures_util::future::select;
 use futures_util::{FutureExt, StreamExt};
-use inbox_diesel::telemetry::{process_span, record_settlement};
+use inbox_diesel::telemetry::{process_span, record_outage, record_settlement};
 use inbox_diesel::{Gate, KeyError, MessageKey, Outage, Redelivery, Settle, Settlement};
 use lapin::message::Delivery;
 use lapin::options::{
@@ -324,21 +324,7 @@ impl Pump {
                             settlement
                         }
                     };
-                    // A panic is the handler's, not the database's: it does not close the gate.
-                    let seen = match answer {
-                        Ok(_) => settlement,
-                        Err(_) => Settlement::Retry { reconnect: false },
-                    };
-                    if let Some(pause) = outage.settled(seen) {
-                        span.in_scope(|| {
-                            tracing::warn!(
-                                pause_ms = u64::try_from(pause.as_millis()).unwrap_or(u64::MAX),
-                                in_a_row = outage.in_a_row(),
-                                "a delivery needed a new database connection; no handler starts \
-                                 until the pause has passed, then one tries"
-                            );
-                        });
-                    }
+                    record_outage(&span, outage, settlement, answer.is_err());
                     record_settlement(&span, "rabbitmq", settlement);
                     if let (Settlement::Halt, Ok(answer)) = (settlement, &answer) {
                         span.in_scope(|| {

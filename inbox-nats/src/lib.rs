@@ -122,7 +122,7 @@ use async_nats::jetstream::{AckKind, Context, ErrorCode, Message};
 use async_nats::{ConnectOptions, StatusCode};
 use futures_util::future::{Fuse, FusedFuture, FutureExt};
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use inbox_diesel::telemetry::{process_span, record_settlement};
+use inbox_diesel::telemetry::{process_span, record_outage, record_settlement};
 use inbox_diesel::{
     Gate, KeyError, MessageKey, Outage, Redelivery, Retention, Settle, Settlement, broker,
 };
@@ -813,21 +813,11 @@ where
             }
         }
     };
-    // A panic is the handler's, not the database's: it does not close the gate.
-    let seen = match &answer {
+    let settlement = match &answer {
         Ok(answer) => answer.settlement(),
-        Err(_) => Settlement::Retry { reconnect: false },
+        Err(_) => Settlement::Retry { reconnect: true },
     };
-    if let Some(pause) = outage.settled(seen) {
-        span.in_scope(|| {
-            tracing::warn!(
-                pause_ms = u64::try_from(pause.as_millis()).unwrap_or(u64::MAX),
-                in_a_row = outage.in_a_row(),
-                "a message needed a new database connection; no handler starts and nothing \
-                 is pulled until the pause has passed, then one tries"
-            );
-        });
-    }
+    record_outage(&span, outage, settlement, answer.is_err());
     let answer = match answer {
         Ok(answer) => answer,
         Err(panic) => {

@@ -64,6 +64,17 @@ async fn credit_async(
     Ok(())
 }
 
+/// Failures seen, by class, with an example of each.
+type Seen = Mutex<BTreeMap<String, (usize, String)>>;
+
+fn record(seen: &Seen, error: &inbox_diesel::Error) {
+    let mut seen = seen.lock().unwrap();
+    let entry = seen
+        .entry(format!("{}", error.class()))
+        .or_insert((0, inbox_tests::error_chain(error)));
+    entry.0 += 1;
+}
+
 /// The messages a consumer is given: every message by two consumers.
 fn deliveries(consumer: usize) -> Vec<usize> {
     (0..MESSAGES)
@@ -92,12 +103,7 @@ fn run_sync(url: &str, cache: bool) -> BTreeMap<String, (usize, String)> {
                         match credit(&mut conn, &format!("m-{m}"), 1 + (m % 2) as i32) {
                             Ok(_) => break,
                             Err(e) => {
-                                let mut seen = seen.lock().unwrap();
-                                let entry = seen
-                                    .entry(format!("{}", e.class()))
-                                    .or_insert((0, inbox_tests::error_chain(&e)));
-                                entry.0 += 1;
-                                drop(seen);
+                                record(seen, &e);
                                 tries += 1;
                                 assert!(tries < 50, "m-{m} never processed: {e:?}");
                                 match e.action() {
@@ -154,13 +160,7 @@ fn run_async(url: &str, cache: bool) -> BTreeMap<String, (usize, String)> {
                         match credit_async(&mut conn, &format!("m-{m}"), 1 + (m % 2) as i32).await {
                             Ok(_) => break,
                             Err(e) => {
-                                {
-                                    let mut seen = seen.lock().unwrap();
-                                    let entry = seen
-                                        .entry(format!("{}", e.class()))
-                                        .or_insert((0, inbox_tests::error_chain(&e)));
-                                    entry.0 += 1;
-                                }
+                                record(&seen, &e);
                                 tries += 1;
                                 assert!(tries < 50, "m-{m} never processed: {e:?}");
                                 match e.action() {
@@ -221,12 +221,7 @@ fn run_claim(url: &str) -> (BTreeMap<String, (usize, String)>, BTreeMap<String, 
                             }
                             Ok(_) => break,
                             Err(e) => {
-                                let mut seen = seen.lock().unwrap();
-                                let entry = seen
-                                    .entry(format!("{}", e.class()))
-                                    .or_insert((0, inbox_tests::error_chain(&e)));
-                                entry.0 += 1;
-                                drop(seen);
+                                record(seen, &e);
                                 match e.action() {
                                     Action::Reconnect => conn = connect(),
                                     Action::RetryLater => {}
