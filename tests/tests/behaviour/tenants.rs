@@ -32,7 +32,11 @@ fn credit_all(conn: &mut DbConnection, ids: &[String]) -> Result<(), inbox_diese
 }
 
 #[idempotent(consumer = "tenant-claim", key = id, mode = "claim")]
-fn notify(conn: &mut DbConnection, id: &str, sent: &AtomicUsize) -> Result<(), inbox_diesel::Error> {
+fn notify(
+    conn: &mut DbConnection,
+    id: &str,
+    sent: &AtomicUsize,
+) -> Result<(), inbox_diesel::Error> {
     let _ = id;
     sent.fetch_add(1, Ordering::SeqCst);
     Ok(())
@@ -46,7 +50,10 @@ fn refused<T: std::fmt::Debug>(result: Result<T, inbox_diesel::Error>) {
 }
 
 fn balance(db: &Db) -> i64 {
-    count(&mut db.connect(), "SELECT balance AS n FROM accounts WHERE id = 1")
+    count(
+        &mut db.connect(),
+        "SELECT balance AS n FROM accounts WHERE id = 1",
+    )
 }
 
 fn markers(db: &Db) -> i64 {
