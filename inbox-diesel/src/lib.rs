@@ -279,14 +279,16 @@
 //!
 //! | feature | connection | needs |
 //! |---|---|---|
-//! | `sqlite` (default) | `SqliteConnection`; with `async`, `SyncConnectionWrapper<SqliteConnection>` | nothing: SQLite is compiled in |
+//! | `sqlite` | `SqliteConnection`; with `async`, `SyncConnectionWrapper<SqliteConnection>` | nothing: SQLite is compiled in |
 //! | `postgres` | `PgConnection`; with `async`, `AsyncPgConnection` | libpq (Debian: `libpq-dev`) for `PgConnection` |
 //! | `mysql` | `MysqlConnection`; with `async`, `AsyncMysqlConnection` | libmysqlclient (Debian: `default-libmysqlclient-dev`) for `MysqlConnection` |
 //!
-//! The inbox table must exist: see [`schema`].
+//! None is on by default: a library on diesel turns on no backend of diesel's that the
+//! application did not ask for (one it did not would change what the application's own
+//! backend-generic code compiles to). The inbox table must exist: see [`schema`].
 #![warn(missing_docs)]
-// Built with no backend (`default-features = false` and none of `sqlite`, `postgres`,
-// `mysql`), the crate still compiles — a crate that names the backend only in its own
+// Built with no backend (none of `sqlite`, `postgres`, `mysql`: the default), the crate
+// still compiles — a crate that names the backend only in its own
 // dependency on diesel builds it so for a moment — but the backends' statements have no
 // caller.
 #![cfg_attr(

@@ -150,6 +150,8 @@ pub(crate) mod sealed {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a connection an #[idempotent] handler can run on",
     label = "declare this parameter as `&mut PgConnection`, `&mut MysqlConnection` or `&mut SqliteConnection`",
+    note = "each backend is a feature of inbox-diesel, none of them on by default: \
+            `features = [\"postgres\"]`, `[\"mysql\"]` or `[\"sqlite\"]`",
     note = "a pooled connection derefs to its connection: declare `&mut PgConnection` and call \
             the handler with `&mut pooled_connection`",
     note = "the handler's connection is its first `&mut …Connection` parameter; if that one is \
@@ -213,6 +215,9 @@ mod asynchronous {
     #[diagnostic::on_unimplemented(
         message = "`{Self}` is not a connection an async #[idempotent] handler can run on",
         label = "declare this parameter as `&mut AsyncPgConnection`, `&mut AsyncMysqlConnection` or `&mut SyncConnectionWrapper<SqliteConnection>`",
+        note = "each backend is a feature of inbox-diesel, none of them on by default: \
+                `features = [\"postgres\", \"async\"]`, `[\"mysql\", \"async\"]` or \
+                `[\"sqlite\", \"async\"]`",
         note = "a pooled connection derefs to its connection: declare `&mut AsyncPgConnection` and \
                 call the handler with `&mut pooled_connection`",
         note = "the handler's connection is its first `&mut …Connection` parameter; if that one is \
