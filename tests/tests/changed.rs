@@ -425,3 +425,76 @@ mod raw_begin_mysql {
 
     include!("behaviour/raw_begin.rs");
 }
+
+/// A schema per tenant, a connection pointed from one to the other by `search_path`: the
+/// second tenant's inbox created while the connection lives, after its check of the first.
+/// The statements named the table the check had found (`ten1.inbox`): the second tenant's
+/// message of an id the first had seen was answered `Duplicate` — lost —, and its new
+/// messages' markers went into the first tenant's table. The insert (and a precheck's read)
+/// requires the table the handler's unqualified name resolves to on the session to be the
+/// one checked: there it is another, the session is checked again, and refused (an
+/// unqualified name that means one table per `search_path`).
+#[cfg(feature = "postgres")]
+mod schema_per_tenant {
+    use diesel::connection::SimpleConnection;
+    use diesel::{PgConnection, RunQueryDsl};
+    use inbox_diesel::{ErrorClass, idempotent};
+    use inbox_tests::count;
+    use inbox_tests::postgres::PgDb;
+
+    #[idempotent(consumer = "tenant", key = id)]
+    fn record(conn: &mut PgConnection, id: &str) -> Result<(), inbox_diesel::Error> {
+        diesel::sql_query("INSERT INTO effects (id) VALUES ($1)")
+            .bind::<diesel::sql_types::Text, _>(id)
+            .execute(conn)?;
+        Ok(())
+    }
+
+    #[idempotent(consumer = "tenant", key = id, precheck = true)]
+    fn record_prechecked(conn: &mut PgConnection, id: &str) -> Result<(), inbox_diesel::Error> {
+        diesel::sql_query("INSERT INTO effects (id) VALUES ($1)")
+            .bind::<diesel::sql_types::Text, _>(id)
+            .execute(conn)?;
+        Ok(())
+    }
+
+    #[test]
+    fn a_session_pointed_at_another_tenants_schema_is_checked_there() {
+        let db = PgDb::new("schema_tenants");
+        let inbox =
+            inbox_diesel::schema::postgres::create_table_sql(&inbox_diesel::InboxSchema::DEFAULT);
+        let mut admin = db.connect();
+        admin
+            .batch_execute(&format!(
+                "DROP TABLE inbox; CREATE SCHEMA ten1; CREATE SCHEMA ten2;
+                 CREATE TABLE ten1.effects (id TEXT NOT NULL);
+                 CREATE TABLE ten2.effects (id TEXT NOT NULL);
+                 SET search_path = ten1; {inbox}"
+            ))
+            .unwrap();
+        let mut conn = db.connect();
+        conn.batch_execute("SET search_path = ten1").unwrap();
+        assert!(record(&mut conn, "m-1").unwrap().is_processed());
+        assert!(record_prechecked(&mut conn, "m-1").unwrap().is_duplicate());
+        // The second tenant onboarded while the connection lives.
+        admin
+            .batch_execute(&format!("SET search_path = ten2; {inbox}"))
+            .unwrap();
+        conn.batch_execute("SET search_path = ten2").unwrap();
+        for (id, handler) in [
+            ("m-1", record as fn(&mut PgConnection, &str) -> _),
+            ("m-2", record),
+            ("m-1", record_prechecked),
+        ] {
+            let error = handler(&mut conn, id).unwrap_err();
+            assert_eq!(error.class(), ErrorClass::Schema, "{id}: {error:?}");
+            let chain = inbox_tests::error_chain(&error);
+            assert!(chain.contains("ten1, ten2"), "{chain}");
+        }
+        let n = |sql: &str| count(&mut db.connect(), sql);
+        assert_eq!(n("SELECT count(*) AS n FROM ten1.inbox"), 1);
+        assert_eq!(n("SELECT count(*) AS n FROM ten2.inbox"), 0);
+        assert_eq!(n("SELECT count(*) AS n FROM ten1.effects"), 1);
+        assert_eq!(n("SELECT count(*) AS n FROM ten2.effects"), 0);
+    }
+}

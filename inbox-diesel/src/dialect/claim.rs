@@ -107,6 +107,8 @@ enum Part {
     Consumer,
     /// The consumer, required to come with what the check found of the session ([`Mark`]).
     MarkedConsumer(Mark),
+    /// ` AND <the session is one the check ran for>` ([`Mark::condition`]).
+    MarkCondition(Mark),
     /// The key's text (`key_text`).
     KeyText,
     /// The request's fingerprint.
@@ -319,6 +321,11 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB> {
             Table,
         ];
         parts.extend(WHERE_KEY);
+        // A precheck reads only where the check ran: a session pointed at another database
+        // or schema since reads nothing here, and its transaction's insert has it checked.
+        if let Some(mark) = committed_only.and_then(Layout::mark) {
+            parts.push(Part::MarkCondition(mark));
+        }
         if locking {
             parts.push(Sql(" LOCK IN SHARE MODE"));
         }
@@ -410,6 +417,10 @@ where
                     out.push_sql(&before);
                     out.push_bind_param::<Text, str>(self.consumer)?;
                     out.push_sql(after);
+                }
+                Part::MarkCondition(mark) => {
+                    out.push_sql(" AND ");
+                    out.push_sql(&mark.condition());
                 }
                 Part::KeyText => out.push_bind_param::<Text, str>(&self.key_text)?,
                 Part::Fingerprint => match &self.fingerprint {

@@ -25,7 +25,9 @@ pub struct Layout {
     /// PostgreSQL and SQLite, for a table named without its schema: the table the check
     /// found (`public.inbox`, `main.inbox`), which the handler's statements then name — a
     /// temporary table of the name created on the session later, or a `search_path` changed
-    /// under it, does not take the markers. (On MySQL and MariaDB the [`SessionMark`] names
+    /// under it, does not take the markers; on PostgreSQL the marker's insert is refused there
+    /// ([`DatabaseMark`]: the name means another table now), and the session checked again.
+    /// (On MySQL and MariaDB the [`SessionMark`] names
     /// the database the check ran in: after `USE other` the marker's insert, which names the
     /// table unqualified, is refused until the other database's table is checked.)
     pub(crate) pinned: Option<&'static str>,
@@ -121,13 +123,10 @@ impl SessionMark {
     /// empty string literal (which `EMPTY_STRING_IS_NULL` would make NULL).
     const DATABASE: &'static str = "IFNULL(CONCAT('+', DATABASE()), '-')";
 
-    /// The consumer's bind, wrapped: `IF(@… = <database>, ` before it, `, NULL)` after it,
-    /// compared byte by byte (database names are case-sensitive where files are).
-    pub(crate) fn guard(self) -> (String, &'static str) {
-        (
-            format!("IF(BINARY {} = {}, ", self.variable(), Self::DATABASE),
-            ", NULL)",
-        )
+    /// Whether the session is marked for the database it is in, compared byte by byte
+    /// (database names are case-sensitive where files are).
+    fn condition(self) -> String {
+        format!("BINARY {} = {}", self.variable(), Self::DATABASE)
     }
 
     /// The session's clock is the server's: `SET timestamp = …` moves `NOW()` and
@@ -166,7 +165,9 @@ pub enum DatabaseMark {
     Postgres {
         database: u32,
         table: u32,
-        /// The table as the handler's statements name it (schema-qualified once pinned).
+        /// The table as the handler names it: unqualified, it is resolved by the session's
+        /// `search_path` — a session pointed at another schema since the check (a schema per
+        /// tenant) finds another table there, and is checked there.
         name: &'static str,
     },
     Sqlite {
@@ -196,15 +197,16 @@ impl DatabaseMark {
         })
     }
 
-    /// The consumer's bind, wrapped: `CASE WHEN … THEN ` before it, ` END` after it.
-    fn guard(self) -> (String, &'static str) {
+    /// Whether the session is in the database, and its name for the table is the table, that
+    /// the check read.
+    fn condition(self) -> String {
         let quoted = |name: &str| {
             name.split('.')
                 .map(|part| format!("\"{part}\""))
                 .collect::<Vec<_>>()
                 .join(".")
         };
-        let when = match self {
+        match self {
             DatabaseMark::Postgres {
                 database,
                 table,
@@ -228,8 +230,7 @@ impl DatabaseMark {
                     file.replace('\'', "''")
                 )
             }
-        };
-        (format!("CASE WHEN {when} THEN "), " END")
+        }
     }
 }
 
@@ -243,12 +244,18 @@ pub enum Mark {
 }
 
 impl Mark {
-    /// What goes before the consumer's bind, and what after it.
-    pub(crate) fn guard(self) -> (String, &'static str) {
+    /// Whether the session is one the check ran for: an SQL condition.
+    pub(crate) fn condition(self) -> String {
         match self {
-            Mark::Session(mark) => mark.guard(),
-            Mark::Database(mark) => mark.guard(),
+            Mark::Session(mark) => mark.condition(),
+            Mark::Database(mark) => mark.condition(),
         }
+    }
+
+    /// What goes before the consumer's bind, and what after it: the consumer where the
+    /// session is one the check ran for, `NULL` elsewhere.
+    pub(crate) fn guard(self) -> (String, &'static str) {
+        (format!("CASE WHEN {} THEN ", self.condition()), " END")
     }
 }
 

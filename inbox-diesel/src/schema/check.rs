@@ -962,7 +962,13 @@ pub(crate) fn check(
         layout.session_mark = Some(SessionMark::new(schema, layout, claim));
     }
     if backend != Backend::Mysql {
-        let name = layout.pinned.unwrap_or(schema.table());
+        // PostgreSQL: the name as the handler gives it, resolved by the session's
+        // `search_path` as the check resolved it (a session pointed at another schema since
+        // is checked there); SQLite: the table as pinned, in its database.
+        let name = match backend {
+            Backend::Postgres => schema.table(),
+            _ => layout.pinned.unwrap_or(schema.table()),
+        };
         layout.database_mark = catalog
             .facts
             .iter()
