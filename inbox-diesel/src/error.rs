@@ -430,6 +430,17 @@ pub trait HasDieselError {
     fn record_attempts(&mut self, attempts: u32) {
         let _ = attempts;
     }
+
+    /// Records what the runtime decided this error is, where that differs from what the
+    /// error reads as: a MariaDB deadlock written in the server's own language, which its
+    /// text protocol gives no code for, is known by the transaction the server ended, and
+    /// retried as one — when the retries run out, the error handed back says `Deadlock`
+    /// (`RetryLater`) to whoever classifies it, not `Other` (`DeadLetter`). A diesel error
+    /// and [`Error`](crate::Error) keep it; an `anyhow::Error` in the one of them it
+    /// carries. By default, nothing.
+    fn record_class(&mut self, class: crate::ErrorClass, attempts: u32) {
+        let _ = (class, attempts);
+    }
 }
 
 #[cfg(feature = "anyhow")]
@@ -441,6 +452,14 @@ impl HasDieselError for anyhow::Error {
     fn record_attempts(&mut self, attempts: u32) {
         if let Some(error) = self.downcast_mut::<crate::Error>() {
             error.record_attempts(attempts);
+        }
+    }
+
+    fn record_class(&mut self, class: crate::ErrorClass, attempts: u32) {
+        if let Some(error) = self.downcast_mut::<crate::Error>() {
+            error.record_class(class, attempts);
+        } else if let Some(error) = self.downcast_mut::<diesel::result::Error>() {
+            error.record_class(class, attempts);
         }
     }
 }

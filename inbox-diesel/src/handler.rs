@@ -200,10 +200,13 @@ pub async fn checked_future<R, F: std::future::Future<Output = R>>(body: F) -> C
 /// How the body's error is read for retries: through [`HasDieselError`].
 fn error_class<T, E: HasDieselError>(
     schema: &InboxSchema,
-) -> impl Fn(&mut Result<T, E>, u32) -> Option<ErrorClass> + '_ {
-    move |result, attempts| {
+) -> impl Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass> + '_ {
+    move |result, attempts, decided| {
         let error = result.as_mut().err()?;
         error.record_attempts(attempts);
+        if let Some(class) = decided {
+            error.record_class(class, attempts);
+        }
         Some(
             error
                 .diesel_error()
@@ -441,6 +444,18 @@ impl HasDieselError for diesel::result::Error {
     fn diesel_error(&self) -> Option<&diesel::result::Error> {
         Some(self)
     }
+
+    /// Carried inside the diesel error as the inbox's error of that class
+    /// (`From<Error> for diesel::result::Error`), which [`classify`] reads.
+    fn record_class(&mut self, class: ErrorClass, attempts: u32) {
+        let source = std::mem::replace(self, diesel::result::Error::NotFound);
+        *self = Error::Database {
+            class,
+            attempts,
+            source,
+        }
+        .into();
+    }
 }
 
 impl HasDieselError for Error {
@@ -454,6 +469,12 @@ impl HasDieselError for Error {
     fn record_attempts(&mut self, made: u32) {
         if let Error::Database { attempts, .. } | Error::EffectNotRecorded { attempts, .. } = self {
             *attempts = made;
+        }
+    }
+
+    fn record_class(&mut self, decided: ErrorClass, _attempts: u32) {
+        if let Error::Database { class, .. } = self {
+            *class = decided;
         }
     }
 }

@@ -120,7 +120,11 @@ impl<T, E: std::error::Error + 'static> ProbeSourceChain for &Probe<'_, Result<T
 /// Tells a body's `Err` how many attempts were made
 /// ([`HasDieselError::record_attempts`](crate::HasDieselError::record_attempts)), where its
 /// type can keep the count: resolved by autoref like [`Probe`], `(&&Record(…)).…`.
-pub struct Record<'r, R>(pub std::cell::RefCell<&'r mut R>, pub u32);
+pub struct Record<'r, R>(
+    pub std::cell::RefCell<&'r mut R>,
+    pub u32,
+    pub Option<ErrorClass>,
+);
 
 /// The body's error keeps the count.
 pub trait RecordHasDieselError {
@@ -131,6 +135,9 @@ impl<T, E: crate::HasDieselError> RecordHasDieselError for &Record<'_, Result<T,
     fn inbox_record_attempts(&self) {
         if let Err(error) = &mut **self.0.borrow_mut() {
             error.record_attempts(self.1);
+            if let Some(class) = &self.2 {
+                error.record_class(class.clone(), self.1);
+            }
         }
     }
 }
@@ -160,7 +167,9 @@ impl<R> ProbeOpaque for Probe<'_, R> {
 #[macro_export]
 macro_rules! __inbox_error_class {
     ($ret:ty, $spec:ident) => {
-        |__inbox_result: &mut $ret, __inbox_attempts: u32| {
+        |__inbox_result: &mut $ret,
+         __inbox_attempts: u32,
+         __inbox_decided: ::std::option::Option<$crate::ErrorClass>| {
             #[allow(unused_imports)]
             use $crate::__private::{
                 ProbeDiesel as _, ProbeHasDieselError as _, ProbeOpaque as _,
@@ -169,6 +178,7 @@ macro_rules! __inbox_error_class {
             (&&$crate::__private::Record(
                 ::std::cell::RefCell::new(&mut *__inbox_result),
                 __inbox_attempts,
+                __inbox_decided,
             ))
                 .inbox_record_attempts();
             (&&&&$crate::__private::Probe(&*__inbox_result)).inbox_error_class(&$spec.schema)

@@ -541,6 +541,37 @@ mod mariadb {
         id: &str,
         dance: &Choreography,
     ) -> Result<(), inbox_diesel::Error> {
+        let _ = id;
+        victim(conn, dance)?;
+        Ok(())
+    }
+
+    /// `deadlocks` with no retry, its error the body's own: a diesel error, as a handler
+    /// returning `QueryResult` has it.
+    #[idempotent(consumer = "deadlocks-once", key = id, retries = 0)]
+    fn deadlocks_once(
+        conn: &mut MysqlConnection,
+        id: &str,
+        dance: &Choreography,
+    ) -> diesel::QueryResult<()> {
+        let _ = id;
+        victim(conn, dance)
+    }
+
+    /// The same, its error the inbox's.
+    #[idempotent(consumer = "deadlocks-once", key = id, retries = 0)]
+    fn deadlocks_once_inbox(
+        conn: &mut MysqlConnection,
+        id: &str,
+        dance: &Choreography,
+    ) -> Result<(), inbox_diesel::Error> {
+        let _ = id;
+        victim(conn, dance)?;
+        Ok(())
+    }
+
+    /// The body: account 2, then account 1 (see [`Choreography`]).
+    fn victim(conn: &mut MysqlConnection, dance: &Choreography) -> diesel::QueryResult<()> {
         let first = dance
             .attempts
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
@@ -550,16 +581,12 @@ mod mariadb {
             dance.locked.send(()).unwrap();
             dance.go.lock().unwrap().recv().unwrap();
         }
-        conn.batch_execute("UPDATE accounts SET balance = balance + 1 WHERE id = 1")?;
-        Ok(())
+        conn.batch_execute("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
     }
 
-    /// A server whose own language is German (`--lc-messages=de_DE`): MariaDB writes a
-    /// deadlock in the server's language whatever the session set (other errors follow the
-    /// session), and its text protocol reports no error number. The server ended the
-    /// transaction: the runtime reads that, and retries the deadlock.
-    #[test]
-    fn a_deadlock_on_a_server_in_german_is_retried() {
+    /// A server whose own language is German (`--lc-messages=de_DE`), with the inbox and
+    /// two accounts.
+    fn german_server() -> inbox_tests::private::PrivateMariadb {
         let server = inbox_tests::private::PrivateMariadb::start(&["--lc-messages=de_DE"]);
         let mut admin = server.admin();
         admin
@@ -572,6 +599,15 @@ mod mariadb {
                  CREATE TABLE credits (n INTEGER)",
             )
             .unwrap();
+        server
+    }
+
+    /// Runs `deliver` on a fresh connection while another session makes its first attempt
+    /// the victim of a deadlock; what `deliver` answered, and how many attempts it made.
+    fn in_a_deadlock<R: Send>(
+        server: &inbox_tests::private::PrivateMariadb,
+        deliver: impl FnOnce(&mut MysqlConnection, &Choreography) -> R + Send,
+    ) -> (R, usize) {
         let url = server.url("root");
         let (locked, locked_rx) = std::sync::mpsc::sync_channel(1);
         let (go_tx, go) = std::sync::mpsc::sync_channel(1);
@@ -590,7 +626,7 @@ mod mariadb {
         let outcome = std::thread::scope(|scope| {
             let delivery = scope.spawn(|| {
                 let mut conn = MysqlConnection::establish(&url).unwrap();
-                deadlocks(&mut conn, "m-1", &dance)
+                deliver(&mut conn, &dance)
             });
             locked_rx.recv().unwrap();
             let holder = &mut holder;
@@ -612,13 +648,45 @@ mod mariadb {
             waits.join().unwrap();
             delivery.join().unwrap()
         });
+        (
+            outcome,
+            dance.attempts.load(std::sync::atomic::Ordering::SeqCst),
+        )
+    }
+
+    /// A server whose own language is German (`--lc-messages=de_DE`): MariaDB writes a
+    /// deadlock in the server's language whatever the session set (other errors follow the
+    /// session), and its text protocol reports no error number. The server ended the
+    /// transaction: the runtime reads that, and retries the deadlock. With no retry left, the
+    /// error handed back says so — a diesel error as the inbox's error of that class,
+    /// which `classify` reads, and the inbox's error with that class —, where before it read
+    /// as the German text it carries: `Other`, dead-lettered.
+    #[test]
+    fn a_deadlock_on_a_server_in_german_is_retried() {
+        let server = german_server();
+        let (outcome, attempts) =
+            in_a_deadlock(&server, |conn, dance| deadlocks(conn, "m-1", dance));
         assert_eq!(outcome.unwrap(), Outcome::Processed(()));
-        assert_eq!(dance.attempts.load(std::sync::atomic::Ordering::SeqCst), 2);
+        assert_eq!(attempts, 2);
         let mut conn = server.admin();
         assert_eq!(
             count(&mut conn, "SELECT SUM(balance) AS n FROM accounts"),
             2
         );
+        assert_eq!(count(&mut conn, "SELECT count(*) AS n FROM inbox"), 1);
+
+        let deadlock = ErrorClass::Transient(inbox_diesel::TransientKind::Deadlock);
+        let (outcome, _) = in_a_deadlock(&server, |conn, dance| deadlocks_once(conn, "m-2", dance));
+        let error = outcome.unwrap_err();
+        let read = inbox_diesel::classify(&error, &InboxSchema::DEFAULT);
+        assert_eq!(read, deadlock, "{error:?}");
+        assert_eq!(read.action(), inbox_diesel::Action::RetryLater);
+        let (outcome, _) = in_a_deadlock(&server, |conn, dance| {
+            deadlocks_once_inbox(conn, "m-3", dance)
+        });
+        let error = outcome.unwrap_err();
+        assert_eq!(error.class(), deadlock, "{error:?}");
+        assert_eq!(error.action(), inbox_diesel::Action::RetryLater);
         assert_eq!(count(&mut conn, "SELECT count(*) AS n FROM inbox"), 1);
     }
 

@@ -86,7 +86,7 @@ pub async fn run_async<C, T, E, B, P, A>(
 where
     C: AsyncInboxConnection,
     B: Clone + for<'c> AsyncBody<&'c mut C, Result<T, E>, Fut: Send>,
-    P: Fn(&mut Result<T, E>, u32) -> Option<ErrorClass>,
+    P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
     A: HandlerOutcome<T>,
 {
     run_async_body(
@@ -120,7 +120,7 @@ pub(crate) async fn run_async_body<C, T, E, B, P, A>(
 where
     C: AsyncInboxConnection,
     B: driver::Body<C, Result<T, E>>,
-    P: Fn(&mut Result<T, E>, u32) -> Option<ErrorClass>,
+    P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
     A: HandlerOutcome<T>,
 {
     let key = key.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
@@ -158,7 +158,7 @@ pub async fn run_batch_async<C, T, E, B, P>(
 where
     C: AsyncInboxConnection,
     B: Clone + for<'c> AsyncBody<&'c mut C, Result<T, E>, Fut: Send>,
-    P: Fn(&mut Result<T, E>, u32) -> Option<ErrorClass>,
+    P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
 {
     let keys = keys.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
     if keys.is_empty() {

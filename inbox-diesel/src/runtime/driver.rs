@@ -354,7 +354,7 @@ where
     S: Steps,
     K: Claims,
     B: Body<S::Conn, Result<T, E>>,
-    P: Fn(&mut Result<T, E>, u32) -> Option<ErrorClass>,
+    P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
 {
     let (mut layout, mut run) = schema_checked(&mut steps, spec, false, inbox_error).await?;
     kept_columns(spec, layout, &remembered, inbox_error)?;
@@ -413,7 +413,16 @@ where
         }
         let class = match &mut failure {
             // The body's error learns how many attempts were made, as the runtime's own do.
-            Failure::Body(result, ended) => deadlock_if_ended(probe(result, retries + 1), *ended),
+            Failure::Body(result, ended) => {
+                let read = probe(result, retries + 1, None);
+                let decided = deadlock_if_ended(read.clone(), *ended);
+                // The body's error learns what the runtime decided it is, where its type can
+                // keep it: read again after the runtime gives up, it says the same.
+                if decided != read {
+                    probe(result, retries + 1, decided.clone());
+                }
+                decided
+            }
             Failure::Database(e) => Some(classify(e, &spec.schema)),
             Failure::Aborted => Some(ErrorClass::TransactionAborted),
         };

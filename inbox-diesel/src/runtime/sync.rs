@@ -38,7 +38,7 @@ pub fn run<C, T, E, B, P, A>(
 where
     C: InboxConnection,
     B: FnMut(&mut C) -> Result<T, E>,
-    P: Fn(&mut Result<T, E>, u32) -> Option<ErrorClass>,
+    P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
     A: HandlerOutcome<T>,
 {
     let key = key.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
@@ -77,7 +77,7 @@ pub fn run_batch<C, T, E, B, P>(
 where
     C: InboxConnection,
     B: FnMut(&mut C) -> Result<T, E>,
-    P: Fn(&mut Result<T, E>, u32) -> Option<ErrorClass>,
+    P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
 {
     let keys = keys.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
     if keys.is_empty() {
