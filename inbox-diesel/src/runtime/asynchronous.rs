@@ -243,6 +243,26 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
         )
     }
 
+    fn address(&mut self) -> usize {
+        let instrumentation =
+            std::ptr::from_mut(diesel_async::AsyncConnection::instrumentation(self.0));
+        // As the identity of a PostgreSQL connection: what stays with it.
+        driver::identity(
+            crate::dialect::Backend::Postgres,
+            std::ptr::from_mut(self.0).cast::<u8>() as usize,
+            size_of::<C>(),
+            instrumentation.cast::<u8>() as usize,
+        )
+    }
+
+    fn in_transaction(&mut self) -> bool {
+        use diesel_async::TransactionManager;
+        matches!(
+            C::TransactionManager::transaction_manager_status_mut(self.0).transaction_depth(),
+            Ok(Some(_))
+        )
+    }
+
     async fn begin(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()> {
         self.0.begin_inbox_transaction(spec, layout).await
     }

@@ -49,6 +49,19 @@ pub(crate) trait Steps {
     /// connection while it moves between a pool and its users ([`identity`]).
     fn identity(&mut self) -> usize;
 
+    /// The connection's own address, as [`identity`](Self::identity) takes it on every
+    /// backend: what a transaction left open by a cancelled handler is remembered by
+    /// ([`Abandoned`]).
+    fn address(&mut self) -> usize {
+        self.identity()
+    }
+
+    /// Whether the connection's transaction manager has a transaction open. A sync handler
+    /// cannot be stopped inside its transaction but by a panic, which rolls it back: `false`.
+    fn in_transaction(&mut self) -> bool {
+        false
+    }
+
     /// Opens the handler's transaction.
     async fn begin(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()>;
 
@@ -341,6 +354,103 @@ enum Failure<T, E> {
     reason = "what the handler's expansion hands on, each its own argument"
 )]
 pub(crate) async fn drive<S, K, T, E, B, P, W: Copy>(
+    mut steps: S,
+    spec: &'static HandlerSpec,
+    claims: &K,
+    body: B,
+    probe: P,
+    in_flight: Option<W>,
+    remembered: Remembered<T>,
+    inbox_error: fn(Error) -> E,
+) -> Result<Decided<T, W>, E>
+where
+    S: Steps,
+    K: Claims,
+    B: Body<S::Conn, Result<T, E>>,
+    P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
+{
+    let watch = Abandoned::recover(&mut steps).await;
+    let decided = run_delivery(
+        steps,
+        spec,
+        claims,
+        body,
+        probe,
+        in_flight,
+        remembered,
+        inbox_error,
+    )
+    .await;
+    watch.finished();
+    decided
+}
+
+/// A transaction the runtime opened and a cancelled handler left open: an async handler's
+/// future dropped mid-way (a `tokio::time::timeout`, a `select!`) takes no step after the
+/// one it was dropped at, and diesel-async keeps the transaction open on the connection.
+/// Every later call on that connection would find it open and be refused as called inside
+/// the caller's transaction (`CalledInsideTransaction`, an alert that halts a pump) though
+/// the transaction is the runtime's own. The delivery's watch remembers the connection
+/// (by [`Steps::address`]) when it is dropped before it finished; the next delivery on that
+/// connection rolls the transaction back — nothing of it was committed — and goes on. A
+/// pool's connection is not handed out again with a transaction open (diesel-async's pools
+/// check): this serves a connection the application keeps.
+pub(crate) struct Abandoned {
+    address: usize,
+    finished: bool,
+}
+
+/// The connections a cancelled handler left a transaction open on.
+static ABANDONED: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+
+impl Abandoned {
+    /// Rolls back the transaction a cancelled handler left open on this connection, if it
+    /// did; then watches this delivery.
+    async fn recover<S: Steps>(steps: &mut S) -> Self {
+        let address = steps.address();
+        let left = {
+            let mut abandoned = ABANDONED.lock().unwrap_or_else(|e| e.into_inner());
+            let left = abandoned.contains(&address);
+            abandoned.retain(|at| *at != address);
+            left
+        };
+        if left && steps.in_transaction() {
+            tracing::warn!(
+                "a handler on this connection was cancelled inside its transaction; rolling \
+                 that transaction back"
+            );
+            if let Err(e) = steps.roll_back().await {
+                tracing::warn!(error = %e, "rolling back the cancelled handler's transaction failed");
+            }
+        }
+        Self {
+            address,
+            finished: false,
+        }
+    }
+
+    /// The delivery ran to its end: its transaction, if any, ended with it.
+    fn finished(mut self) {
+        self.finished = true;
+    }
+}
+
+impl Drop for Abandoned {
+    fn drop(&mut self) {
+        if !self.finished {
+            let mut abandoned = ABANDONED.lock().unwrap_or_else(|e| e.into_inner());
+            if !abandoned.contains(&self.address) {
+                abandoned.push(self.address);
+            }
+        }
+    }
+}
+
+#[allow(
+    clippy::too_many_arguments,
+    reason = "what the handler's expansion hands on, each its own argument"
+)]
+async fn run_delivery<S, K, T, E, B, P, W: Copy>(
     mut steps: S,
     spec: &'static HandlerSpec,
     claims: &K,
@@ -1984,7 +2094,7 @@ mod tests {
             &SPEC,
             &key,
             Immediate(body),
-            |_, _| None,
+            |_, _, _| None,
             None::<std::convert::Infallible>,
             Remembered::nothing(),
             std::convert::identity,
