@@ -88,3 +88,71 @@ mod idle_past_the_bound {
         assert_eq!(error.action(), Action::Reconnect);
     }
 }
+
+/// Claim mode's side effect runs with the session idle, outside any transaction: a server
+/// that ends idle sessions sooner than the lease (PostgreSQL's `idle_session_timeout`, a
+/// role's say; MariaDB's `wait_timeout`) closed the connection under it, the stamp failed
+/// (`EffectNotRecorded`) and, once the lease ended, the next delivery ran the effect again.
+/// Claim mode raises the setting for the session to the lease where it is shorter: the
+/// effect runs once, and is stamped.
+macro_rules! idle_session {
+    ($db:ty, $conn:ty, $set:expr) => {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+
+        use diesel::connection::SimpleConnection;
+        use inbox_diesel::idempotent;
+
+        #[idempotent(consumer = "idle-session", key = id, mode = "claim", lease_ms = 4000)]
+        fn notify(
+            conn: &mut $conn,
+            id: &str,
+            sent: &AtomicUsize,
+        ) -> Result<(), inbox_diesel::Error> {
+            let _ = id;
+            std::thread::sleep(std::time::Duration::from_millis(2500));
+            sent.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+
+        #[test]
+        fn a_side_effect_outlasting_the_servers_idle_session_bound_is_stamped() {
+            let db = <$db>::new("idle_session");
+            let mut conn = db.connect();
+            conn.batch_execute($set).unwrap();
+            let sent = AtomicUsize::new(0);
+            assert!(notify(&mut conn, "n-1", &sent).unwrap().is_processed());
+            assert!(notify(&mut conn, "n-2", &sent).unwrap().is_processed());
+            assert!(
+                notify(&mut db.connect(), "n-1", &sent)
+                    .unwrap()
+                    .is_duplicate()
+            );
+            assert_eq!(sent.load(Ordering::SeqCst), 2);
+            assert_eq!(
+                inbox_tests::count(
+                    &mut db.connect(),
+                    "SELECT count(*) AS n FROM inbox WHERE processed_at IS NOT NULL"
+                ),
+                2
+            );
+        }
+    };
+}
+
+#[cfg(feature = "postgres")]
+mod idle_session_postgres {
+    idle_session!(
+        inbox_tests::postgres::PgDb,
+        diesel::PgConnection,
+        "SET idle_session_timeout = '1s'"
+    );
+}
+
+#[cfg(feature = "mysql")]
+mod idle_session_mariadb {
+    idle_session!(
+        inbox_tests::mysql::MysqlDb,
+        diesel::MysqlConnection,
+        "SET SESSION wait_timeout = 1"
+    );
+}

@@ -51,7 +51,9 @@ pub(crate) async fn step<S: Io>(
             io.read_claim(ClaimSql::read(schema, consumer, key, Some(layout)))
                 .await?,
         )),
-        ClaimStep::Insert { layout, .. } => {
+        ClaimStep::Insert {
+            layout, lease_ms, ..
+        } => {
             // Too long for the server's packet (MySQL, MariaDB): refused before it is sent,
             // as the transaction mode's marker is.
             #[cfg(feature = "mysql")]
@@ -60,12 +62,22 @@ pub(crate) async fn step<S: Io>(
                 crate::dialect::marker::marker_fits(consumer, Some(&text), layout)?;
             }
             if let Some(probe) = <S::Backend as crate::dialect::Dialect>::OPEN_TRANSACTION_PROBE {
-                match io.batch(probe).await {
+                let probe = match <S::Backend as crate::dialect::Dialect>::BACKEND {
+                    // The same round trip keeps the session through the lease.
+                    crate::dialect::Backend::Postgres => {
+                        format!("{probe}; {}", keep_alive_postgres(lease_ms))
+                    }
+                    _ => probe.to_owned(),
+                };
+                match io.batch(&probe).await {
                     Err(e) if crate::dialect::open_transaction(&e) => {
                         return Err(crate::Error::CalledInsideTransaction.into());
                     }
                     other => other?,
                 }
+            }
+            if let Some(keep) = keep_alive_mysql(layout, lease_ms) {
+                io.execute(&Sql::new(keep)).await?;
             }
             let inserted = io
                 .execute_claim(ClaimSql::new(schema, consumer, key, step))
@@ -118,6 +130,41 @@ pub(crate) async fn present<S: Io>(
     Ok(rows
         .first()
         .map_or(0, |&(n, _)| usize::try_from(n).unwrap_or(0)))
+}
+
+/// How long claim mode needs the server to keep a session that sends nothing: the side
+/// effect runs between the claim and the stamp with the session idle, outside any
+/// transaction, for up to its lease — and a minute more for the stamp.
+fn kept_for_ms(lease_ms: u64) -> u64 {
+    lease_ms.saturating_add(60_000)
+}
+
+/// PostgreSQL: the session's `idle_session_timeout` (PostgreSQL 14+; a role's or an
+/// operator's setting) raised for this session to the lease where it is shorter: a server
+/// that ended the session while the side effect ran would leave the effect unrecorded — its
+/// stamp failing on a closed connection (`EffectNotRecorded`) — and, once the lease ended,
+/// taken over and run again. Nothing where it is off or long enough, or on a server without
+/// the setting.
+fn keep_alive_postgres(lease_ms: u64) -> String {
+    let keep = kept_for_ms(lease_ms);
+    format!(
+        "SELECT set_config('idle_session_timeout', '{keep}', false) FROM pg_settings \
+         WHERE name = 'idle_session_timeout' AND setting::bigint BETWEEN 1 AND {}",
+        keep - 1
+    )
+}
+
+/// MySQL and MariaDB: the session's `wait_timeout` raised for this session to the lease where
+/// the check found it shorter ([`Layout::idle_session_ms`](crate::dialect::layout::Layout)),
+/// as [`keep_alive_postgres`] does; `None` where it is long enough.
+fn keep_alive_mysql(layout: crate::dialect::layout::Layout, lease_ms: u64) -> Option<String> {
+    let keep = kept_for_ms(lease_ms);
+    (layout.idle_session_ms > 0 && layout.idle_session_ms < keep).then(|| {
+        format!(
+            "SET SESSION wait_timeout = GREATEST(@@SESSION.wait_timeout, {})",
+            keep.div_ceil(1000)
+        )
+    })
 }
 
 /// MySQL and MariaDB: whether `autocommit` is on for the session; `false` where the
