@@ -406,7 +406,7 @@ fn classify_message(message: &str) -> ErrorClass {
     if message.starts_with("current transaction is aborted") {
         return ErrorClass::TransactionAborted;
     }
-    const CONNECTION_LOST: [&str; 19] = [
+    const CONNECTION_LOST: [&str; 21] = [
         // PostgreSQL 57P01 (a terminated backend), libpq and tokio-postgres.
         "terminating connection due to administrator command",
         // PostgreSQL 25P03 (14+): the session sat idle in its transaction past
@@ -437,6 +437,11 @@ fn classify_message(message: &str) -> ErrorClass {
         "Connection reset by peer",
         "broken pipe",
         "Connection to the server is closed",
+        // mysql_async: a packet the connection could not read, or an answer that does not
+        // fit the statement sent — its protocol out of step, a statement cut off in the
+        // middle by a cancelled future: the connection must go.
+        "Input/output error: ",
+        "Driver error: `Statement takes ",
     ];
     // Before the schema's "does not exist": PostgreSQL 26000 reads `prepared statement "…"
     // does not exist`; MySQL and MariaDB 1243. PostgreSQL 42P05, `prepared statement "…"

@@ -231,8 +231,11 @@ impl fmt::Display for Error {
             ),
             Error::TransactionAborted => f.write_str(
                 "inbox: the handler returned Ok, but a statement in its transaction had failed \
-                 and the transaction was aborted; nothing was committed (a database error was \
-                 swallowed inside the handler)",
+                 and the transaction was aborted (a database error was swallowed inside the \
+                 handler); the marker was not committed. On MySQL and MariaDB, whose server \
+                 rolls the whole transaction back on a deadlock, the body's statements after \
+                 the swallowed error ran outside it and committed on their own: propagate \
+                 database errors with `?`",
             ),
             Error::ClaimLost { attempt } => write!(
                 f,

@@ -44,6 +44,42 @@ macro_rules! abandoned {
             );
             assert_eq!(count(&mut check, "SELECT count(*) AS n FROM inbox"), 2);
         }
+
+        /// Cancelled at once, in the middle of its first statement's round trip, where the
+        /// connection's protocol may be left with no answer to read: the next call is
+        /// processed or asks for a new connection (`Reconnect`), never a dead letter or an
+        /// alert; each message applied once.
+        #[tokio::test]
+        async fn a_handler_cancelled_mid_statement_leaves_nothing_to_dead_letter() {
+            use inbox_diesel::Action;
+            let db = <$db>::new("abandoned_mid");
+            let mut conn = db.$connect().await;
+            for id in 1..=8u64 {
+                let cancelled =
+                    tokio::time::timeout(Duration::ZERO, credit(&mut conn, &id, true)).await;
+                assert!(cancelled.is_err());
+                loop {
+                    match credit(&mut conn, &id, false).await {
+                        Ok(outcome) => {
+                            assert!(outcome.is_processed(), "{id}: {outcome:?}");
+                            break;
+                        }
+                        Err(e) => {
+                            let action =
+                                inbox_diesel::classify(&e, &inbox_diesel::InboxSchema::DEFAULT)
+                                    .action();
+                            assert_eq!(action, Action::Reconnect, "{id}: {e:?}");
+                            conn = db.$connect().await;
+                        }
+                    }
+                }
+            }
+            let mut check = db.connect();
+            assert_eq!(
+                count(&mut check, "SELECT balance AS n FROM accounts WHERE id = 1"),
+                8
+            );
+        }
     };
 }
 

@@ -121,6 +121,9 @@ macro_rules! idle_session {
             conn.batch_execute($set).unwrap();
             let sent = AtomicUsize::new(0);
             assert!(notify(&mut conn, "n-1", &sent).unwrap().is_processed());
+            // Set again on the checked session (as a pool's checkout hook does), after the
+            // claim raised it.
+            conn.batch_execute($set).unwrap();
             assert!(notify(&mut conn, "n-2", &sent).unwrap().is_processed());
             assert!(
                 notify(&mut db.connect(), "n-1", &sent)

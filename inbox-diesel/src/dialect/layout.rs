@@ -35,10 +35,6 @@ pub struct Layout {
     /// (`0` elsewhere: no limit the runtime's statements come near). A statement or its
     /// parameters larger than that makes the server drop the connection.
     pub(crate) max_packet: u64,
-    /// MySQL and MariaDB: the session's `wait_timeout`, in milliseconds, as the check read
-    /// it (`0` elsewhere): how long the server keeps a session that sends nothing — claim
-    /// mode's session while the side effect runs ([`claim::keep_alive`](crate::runtime::claim)).
-    pub(crate) idle_session_ms: u64,
     /// PostgreSQL: the session's messages were in another language, and the check set them
     /// to English (the role may): each handler transaction sets them again for itself
     /// (`SET LOCAL lc_messages`), which a `RESET ALL` since the check would otherwise undo.

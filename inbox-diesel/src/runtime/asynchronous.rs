@@ -263,6 +263,13 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
         )
     }
 
+    /// diesel-async counts an open transaction as broken too (for its pools): here only a
+    /// manager that is broken with no transaction open — its `BEGIN` cut off, or in error.
+    fn broken(&mut self) -> bool {
+        use diesel_async::TransactionManager;
+        C::TransactionManager::is_broken_transaction_manager(self.0) && !self.in_transaction()
+    }
+
     async fn begin(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()> {
         self.0.begin_inbox_transaction(spec, layout).await
     }

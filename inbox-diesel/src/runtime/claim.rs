@@ -76,7 +76,7 @@ pub(crate) async fn step<S: Io>(
                     other => other?,
                 }
             }
-            if let Some(keep) = keep_alive_mysql(layout, lease_ms) {
+            if let Some(keep) = keep_alive_mysql::<S::Backend>(lease_ms) {
                 io.execute(&Sql::new(keep)).await?;
             }
             let inserted = io
@@ -155,14 +155,13 @@ fn keep_alive_postgres(lease_ms: u64) -> String {
 }
 
 /// MySQL and MariaDB: the session's `wait_timeout` raised for this session to the lease where
-/// the check found it shorter ([`Layout::idle_session_ms`](crate::dialect::layout::Layout)),
-/// as [`keep_alive_postgres`] does; `None` where it is long enough.
-fn keep_alive_mysql(layout: crate::dialect::layout::Layout, lease_ms: u64) -> Option<String> {
-    let keep = kept_for_ms(lease_ms);
-    (layout.idle_session_ms > 0 && layout.idle_session_ms < keep).then(|| {
+/// it is shorter, as [`keep_alive_postgres`] does — on every claim, as a pool's checkout
+/// hook may set it on a session checked before. `None` elsewhere.
+fn keep_alive_mysql<DB: crate::dialect::Dialect>(lease_ms: u64) -> Option<String> {
+    (DB::BACKEND == crate::dialect::Backend::Mysql).then(|| {
         format!(
             "SET SESSION wait_timeout = GREATEST(@@SESSION.wait_timeout, {})",
-            keep.div_ceil(1000)
+            kept_for_ms(lease_ms).div_ceil(1000)
         )
     })
 }

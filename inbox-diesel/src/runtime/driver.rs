@@ -62,6 +62,12 @@ pub(crate) trait Steps {
         false
     }
 
+    /// Whether the connection's transaction manager says a statement of its own (`BEGIN`,
+    /// `COMMIT`, `ROLLBACK`) was cut off in the middle: nothing more can be read on it.
+    fn broken(&mut self) -> bool {
+        false
+    }
+
     /// Opens the handler's transaction.
     async fn begin(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()>;
 
@@ -369,7 +375,16 @@ where
     B: Body<S::Conn, Result<T, E>>,
     P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
 {
-    let watch = Abandoned::recover(&mut steps).await;
+    let watch = match Abandoned::recover(&mut steps).await {
+        Ok(watch) => watch,
+        Err(source) => {
+            return Err(inbox_error(Error::Database {
+                class: ErrorClass::ConnectionLost,
+                attempts: 1,
+                source,
+            }));
+        }
+    };
     let decided = run_delivery(
         steps,
         spec,
@@ -405,8 +420,11 @@ static ABANDONED: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new(
 
 impl Abandoned {
     /// Rolls back the transaction a cancelled handler left open on this connection, if it
-    /// did; then watches this delivery.
-    async fn recover<S: Steps>(steps: &mut S) -> Self {
+    /// did; then watches this delivery. A handler cancelled in the middle of a statement can
+    /// leave the connection's protocol where no answer can be read: a rollback that fails
+    /// is the connection's end (`ConnectionLost`: a new connection), never a failure of the
+    /// message.
+    async fn recover<S: Steps>(steps: &mut S) -> QueryResult<Self> {
         let address = steps.address();
         let left = {
             let mut abandoned = ABANDONED.lock().unwrap_or_else(|e| e.into_inner());
@@ -414,19 +432,50 @@ impl Abandoned {
             abandoned.retain(|at| *at != address);
             left
         };
-        if left && steps.in_transaction() {
+        if left {
+            // The manager's own `BEGIN` cut off in the middle: answers may be pending on the
+            // connection, and nothing read on it can be trusted. A new connection. (A
+            // connection that is neither broken nor in a transaction is taken as it is: a new
+            // one a pool made where the cancelled one was looks the same. One cut off in the
+            // middle of another statement shows it on the next: a connection error.)
+            if steps.broken() {
+                tracing::warn!(
+                    "a handler on this connection was cancelled in the middle of a statement; \
+                     the connection must go"
+                );
+                return Err(diesel::result::Error::DatabaseError(
+                    diesel::result::DatabaseErrorKind::ClosedConnection,
+                    Box::new(
+                        "connection closed: a handler was cancelled in the middle of a \
+                         statement on it"
+                            .to_owned(),
+                    ),
+                ));
+            }
             tracing::warn!(
                 "a handler on this connection was cancelled inside its transaction; rolling \
                  that transaction back"
             );
-            if let Err(e) = steps.roll_back().await {
-                tracing::warn!(error = %e, "rolling back the cancelled handler's transaction failed");
+            // A `COMMIT` or `ROLLBACK` cut off in the middle leaves diesel-async's manager
+            // refusing another (a debug assertion): that too is the connection's end.
+            let mut rollback = pin!(steps.roll_back());
+            let rolled = std::future::poll_fn(|cx| {
+                match std::panic::catch_unwind(AssertUnwindSafe(|| rollback.as_mut().poll(cx))) {
+                    Ok(Poll::Ready(rolled)) => Poll::Ready(rolled),
+                    Ok(Poll::Pending) => Poll::Pending,
+                    Err(_) => Poll::Ready(Err(diesel::result::Error::BrokenTransactionManager)),
+                }
+            })
+            .await;
+            if let Err(e) = rolled {
+                tracing::warn!(error = %e, "rolling back the cancelled handler's transaction failed; the connection must go");
+                return Err(e);
             }
         }
-        Self {
+        Ok(Self {
             address,
             finished: false,
-        }
+        })
     }
 
     /// The delivery ran to its end: its transaction, if any, ended with it.
@@ -437,7 +486,9 @@ impl Abandoned {
 
 impl Drop for Abandoned {
     fn drop(&mut self) {
-        if !self.finished {
+        // A panic has rolled the transaction back before it went on (`run_body`): only a
+        // future dropped mid-way leaves one open.
+        if !self.finished && !std::thread::panicking() {
             let mut abandoned = ABANDONED.lock().unwrap_or_else(|e| e.into_inner());
             if !abandoned.contains(&self.address) {
                 abandoned.push(self.address);

@@ -161,9 +161,9 @@ impl fmt::Display for SchemaError {
                     .iter()
                     .any(|problem| !matches!(problem, SchemaProblem::Unsupported { .. }))
                 {
-                    true => f.write_str(
-                        " (generate the table with `inbox-diesel migration generate`)",
-                    ),
+                    true => {
+                        f.write_str(" (generate the table with `inbox-diesel migration generate`)")
+                    }
                     false => Ok(()),
                 }
             }
@@ -192,8 +192,6 @@ pub(crate) struct Catalog {
     server: String,
     /// `@@max_allowed_packet` on MySQL and MariaDB; 0 elsewhere.
     max_packet: u64,
-    /// The session's `@@wait_timeout` in milliseconds on MySQL and MariaDB; 0 elsewhere.
-    idle_session_ms: u64,
 }
 
 #[derive(Debug, diesel::QueryableByName)]
@@ -214,8 +212,7 @@ pub(crate) struct ServerRow {
 
 /// The server's version and packet limit, read with the catalog on MySQL and MariaDB.
 pub(crate) const SERVER_VERSION_SQL: &str = "SELECT CAST(VERSION() AS CHAR) AS version, \
-     CAST(@@max_allowed_packet AS SIGNED) AS max_packet, \
-     CAST(@@SESSION.wait_timeout AS SIGNED) AS wait_timeout";
+     CAST(@@max_allowed_packet AS SIGNED) AS max_packet";
 
 #[derive(Debug, diesel::QueryableByName)]
 pub(crate) struct ServerInfo {
@@ -223,8 +220,6 @@ pub(crate) struct ServerInfo {
     version: String,
     #[diesel(sql_type = BigInt)]
     max_packet: i64,
-    #[diesel(sql_type = BigInt)]
-    wait_timeout: i64,
 }
 
 #[derive(Debug, diesel::QueryableByName)]
@@ -602,23 +597,15 @@ async fn read_catalog<S: Io>(
     if backend == Backend::Mysql && !columns.is_empty() {
         facts.extend(mysql_privileges(io, schema, claim, key_text).await);
     }
-    let (server, max_packet, idle_session_ms) = match backend {
+    let (server, max_packet) = match backend {
         Backend::Mysql => io
             .load::<ServerInfo>(&Sql::new(SERVER_VERSION_SQL))
             .await?
             .into_iter()
             .next()
-            .map(|row| {
-                (
-                    row.version,
-                    u64::try_from(row.max_packet).unwrap_or(0),
-                    u64::try_from(row.wait_timeout)
-                        .unwrap_or(0)
-                        .saturating_mul(1000),
-                )
-            })
+            .map(|row| (row.version, u64::try_from(row.max_packet).unwrap_or(0)))
             .unwrap_or_default(),
-        Backend::Postgres | Backend::Sqlite => (String::new(), 0, 0),
+        Backend::Postgres | Backend::Sqlite => (String::new(), 0),
     };
     Ok(Catalog {
         columns,
@@ -626,7 +613,6 @@ async fn read_catalog<S: Io>(
         facts,
         server,
         max_packet,
-        idle_session_ms,
     })
 }
 
@@ -893,7 +879,6 @@ pub(crate) fn check(
         database_mark: None,
         pinned: None,
         max_packet: catalog.max_packet,
-        idle_session_ms: catalog.idle_session_ms,
         english: false,
     };
     let resolved = catalog
