@@ -339,6 +339,28 @@ impl std::fmt::Display for ViolatedIndex<'_> {
     }
 }
 
+/// MariaDB's deadlock (1213) in each language it ships (`errmsg-utf8.txt`, 10.11; the text
+/// before its first punctuation): MariaDB writes a deadlock in the *server's* language
+/// (`--lc-messages`), whatever the session set, and its text protocol gives no error number.
+/// The runtime also knows it by the transaction the server ended; this reads it in an error
+/// whoever classifies it — an application's own error type that carries the diesel error.
+const MARIADB_DEADLOCK: [&str; 14] = [
+    "试图锁定时发现僵局",
+    "Lukustamisel tekkis tupik (deadlock)",
+    "Deadlock découvert en essayant d'obtenir les verrous",
+    "Beim Versuch, eine Sperre anzufordern, ist ein Deadlock aufgetreten",
+    "ჩიხი ბლოკის მიღების მცდელობისას",
+    "Trovato deadlock durante il lock",
+    "ロック取得中にデッドロックが検出されました",
+    "Deadlock gevonden tijdens lock-aanvraag poging",
+    "Encontrado um travamento fatal (deadlock) quando tentava obter uma trava",
+    "Возникла тупиковая ситуация в процессе получения блокировки",
+    "Unakrsno zaključavanje pronađeno kada sam pokušao da dobijem pravo na zaključavanje",
+    "Encontrado estancamiento (deadlock) al intentar obtener el bloqueo",
+    "Fick 'DEADLOCK' vid låsförsök av block/rad",
+    "Взаємне блокування знайдено під час спроби отримати блокування",
+];
+
 fn is_deadlock(message: &str) -> bool {
     message.contains("deadlock detected") || message.contains("Deadlock found")
 }
@@ -401,6 +423,9 @@ fn classify_message(message: &str) -> ErrorClass {
     ];
     if let Some((_, kind)) = TRANSIENT.iter().find(|(m, _)| message.contains(m)) {
         return ErrorClass::Transient(*kind);
+    }
+    if MARIADB_DEADLOCK.iter().any(|m| message.contains(m)) {
+        return ErrorClass::Transient(TransientKind::Deadlock);
     }
     // PostgreSQL 25P02: a statement ran after an earlier one failed in the same transaction.
     if message.starts_with("current transaction is aborted") {
@@ -650,6 +675,15 @@ mod tests {
             other("Deadlock found when trying to get lock; try restarting transaction"),
             ErrorClass::Transient(TransientKind::Deadlock)
         );
+        // MariaDB's deadlock in the server's language, as the server writes it.
+        for translation in MARIADB_DEADLOCK {
+            let message = format!("{translation}; try restarting the transaction");
+            assert_eq!(
+                other(Box::leak(message.into_boxed_str())),
+                ErrorClass::Transient(TransientKind::Deadlock),
+                "{translation}"
+            );
+        }
         assert_eq!(
             other("Lock wait timeout exceeded; try restarting transaction"),
             ErrorClass::Transient(TransientKind::LockWaitTimeout)

@@ -558,6 +558,20 @@ mod mariadb {
         victim(conn, dance)
     }
 
+    /// The same, its error the application's own, the diesel error on its `source()`: the
+    /// runtime cannot write its decision into it, and whoever classifies the diesel error
+    /// reads MariaDB's deadlock by its text in the server's language.
+    #[idempotent(consumer = "deadlocks-once", key = id, retries = 0)]
+    fn deadlocks_once_app(
+        conn: &mut MysqlConnection,
+        id: &str,
+        dance: &Choreography,
+    ) -> Result<(), inbox_tests::AppError> {
+        let _ = id;
+        victim(conn, dance)?;
+        Ok(())
+    }
+
     /// The same, its error the inbox's.
     #[idempotent(consumer = "deadlocks-once", key = id, retries = 0)]
     fn deadlocks_once_inbox(
@@ -687,6 +701,17 @@ mod mariadb {
         let error = outcome.unwrap_err();
         assert_eq!(error.class(), deadlock, "{error:?}");
         assert_eq!(error.action(), inbox_diesel::Action::RetryLater);
+        let (outcome, _) = in_a_deadlock(&server, |conn, dance| {
+            deadlocks_once_app(conn, "m-4", dance)
+        });
+        let inbox_tests::AppError::Db(error) = outcome.unwrap_err() else {
+            panic!("the body's diesel error")
+        };
+        assert_eq!(
+            inbox_diesel::classify(&error, &InboxSchema::DEFAULT),
+            deadlock,
+            "{error:?}"
+        );
         assert_eq!(count(&mut conn, "SELECT count(*) AS n FROM inbox"), 1);
     }
 
