@@ -415,8 +415,12 @@ pub(crate) struct Abandoned {
     finished: bool,
 }
 
-/// The connections a cancelled handler left a transaction open on.
+/// The connections a cancelled handler left a transaction open on: the latest
+/// [`ABANDONED_MAX`], each forgotten when a delivery runs on it.
 static ABANDONED: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+
+/// How many connections [`ABANDONED`] remembers.
+const ABANDONED_MAX: usize = 1024;
 
 impl Abandoned {
     /// Rolls back the transaction a cancelled handler left open on this connection, if it
@@ -451,6 +455,12 @@ impl Abandoned {
                             .to_owned(),
                     ),
                 ));
+            }
+            if !steps.in_transaction() {
+                return Ok(Self {
+                    address,
+                    finished: false,
+                });
             }
             tracing::warn!(
                 "a handler on this connection was cancelled inside its transaction; rolling \
@@ -491,6 +501,9 @@ impl Drop for Abandoned {
         if !self.finished && !std::thread::panicking() {
             let mut abandoned = ABANDONED.lock().unwrap_or_else(|e| e.into_inner());
             if !abandoned.contains(&self.address) {
+                if abandoned.len() == ABANDONED_MAX {
+                    abandoned.remove(0);
+                }
                 abandoned.push(self.address);
             }
         }
