@@ -813,15 +813,11 @@ where
             }
         }
     };
-    let settlement = match &answer {
-        Ok(answer) => answer.settlement(),
-        Err(_) => Settlement::Retry { reconnect: true },
-    };
-    record_outage(&span, outage, settlement, answer.is_err());
     let answer = match answer {
         Ok(answer) => answer,
         Err(panic) => {
             let (settlement, said) = Settlement::of_panic(panic.as_ref());
+            record_outage(&span, outage, settlement, true);
             span.in_scope(|| {
                 tracing::error!(
                     panic = said,
@@ -832,6 +828,7 @@ where
         }
     };
     let settlement = answer.settlement();
+    record_outage(&span, outage, settlement, false);
     record_settlement(&span, "nats", settlement);
     let _entered = span.enter();
     let kind = match settlement {

@@ -243,6 +243,8 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
         )
     }
 
+    const CANCELLABLE: bool = true;
+
     fn address(&mut self) -> usize {
         let instrumentation =
             std::ptr::from_mut(diesel_async::AsyncConnection::instrumentation(self.0));

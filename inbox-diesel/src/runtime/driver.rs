@@ -49,6 +49,11 @@ pub(crate) trait Steps {
     /// connection while it moves between a pool and its users ([`identity`]).
     fn identity(&mut self) -> usize;
 
+    /// Whether a delivery on this connection can be cancelled mid-way, its future dropped
+    /// (an async handler): then a transaction it leaves open is watched for ([`Abandoned`]).
+    /// A sync handler stops in its transaction only by a panic, which rolls it back.
+    const CANCELLABLE: bool = false;
+
     /// The connection's own address, as [`identity`](Self::identity) takes it on every
     /// backend: what a transaction left open by a cancelled handler is remembered by
     /// ([`Abandoned`]).
@@ -375,7 +380,12 @@ where
     B: Body<S::Conn, Result<T, E>>,
     P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
 {
-    let watch = match Abandoned::recover(&mut steps).await {
+    // Sync deliveries take no lock of the watch's: they cannot be cancelled mid-way.
+    let watch = match S::CANCELLABLE {
+        true => Abandoned::recover(&mut steps).await.map(Some),
+        false => Ok(None),
+    };
+    let watch = match watch {
         Ok(watch) => watch,
         Err(source) => {
             return Err(inbox_error(Error::Database {
@@ -396,7 +406,9 @@ where
         inbox_error,
     )
     .await;
-    watch.finished();
+    if let Some(watch) = watch {
+        watch.finished();
+    }
     decided
 }
 
