@@ -20,8 +20,11 @@ pub enum Error {
     InvalidKey(KeyError),
     /// The handler returned `Ok`, but an earlier statement of its transaction had failed and
     /// the handler swallowed that error. PostgreSQL aborts a transaction at its first failed
-    /// statement, and its `COMMIT` then silently rolls back; the runtime detects this and
-    /// reports it instead of [`Outcome::Processed`](crate::Outcome::Processed).
+    /// statement, and its `COMMIT` then silently rolls back; MariaDB rolls the whole
+    /// transaction back on a deadlock or a Galera abort, and the body's writes after it go
+    /// into another transaction (`autocommit` is off while the handler runs). The runtime
+    /// detects either, rolls back, and reports it instead of
+    /// [`Outcome::Processed`](crate::Outcome::Processed): nothing of it committed.
     TransactionAborted,
     /// Claim mode: the body succeeded, but its claim was no longer this delivery's when the
     /// runtime came to stamp it: the lease had run out and another delivery took the claim
@@ -232,9 +235,7 @@ impl fmt::Display for Error {
             Error::TransactionAborted => f.write_str(
                 "inbox: the handler returned Ok, but a statement in its transaction had failed \
                  and the transaction was aborted (a database error was swallowed inside the \
-                 handler); the marker was not committed. On MySQL and MariaDB, whose server \
-                 rolls the whole transaction back on a deadlock, the body's statements after \
-                 the swallowed error ran outside it and committed on their own: propagate \
+                 handler); nothing of it was committed, the marker neither. Propagate \
                  database errors with `?`",
             ),
             Error::ClaimLost { attempt } => write!(

@@ -60,9 +60,10 @@
 //!   as the error it is.
 //! - **No false successes.** On PostgreSQL, a body that swallows a database error and
 //!   returns `Ok` gets [`Error::TransactionAborted`], never `Processed`: the server had
-//!   already thrown the transaction away. (MySQL and MariaDB throw a transaction away only on
-//!   a deadlock; a body that swallows that error and goes on writes outside the
-//!   transaction, which the runtime does not detect.)
+//!   already thrown the transaction away. MariaDB throws a transaction away only on a
+//!   deadlock or a Galera abort; a body that swallows that error and goes on gets the same,
+//!   and its writes after it are rolled back rather than committed on their own. (MySQL
+//!   does not detect it: propagate database errors with `?`.)
 //! - **Retries.** Serialization failures, deadlocks and a busy SQLite database are retried in
 //!   a fresh transaction (`retries = n`, default 3) — also when the body returns them, if its
 //!   error type is a diesel error or an error whose `source()` chain holds one.

@@ -33,16 +33,36 @@ impl HandlerSpec {
     /// How long a SQLite handler waits for another writer before `SQLITE_BUSY`.
     pub const SQLITE_BUSY_TIMEOUT_MS: u32 = 5_000;
 
+    /// PostgreSQL: fails inside a transaction block an earlier command opened, with
+    /// [`OPEN_TRANSACTION`](crate::dialect::OPEN_TRANSACTION) in its message whatever the
+    /// server's language. A statement outside one is its own transaction, begun with it,
+    /// and one after `BEGIN` in the same simple-protocol message is in the block that
+    /// `BEGIN` opened with the message: one message, one timestamp. The error's value
+    /// carries the text, so that it reads the same in any language; `statement_timestamp()`
+    /// in it keeps it from being folded into an error at planning.
+    pub const POSTGRES_NONE_OPEN: &'static str = "SELECT CASE WHEN transaction_timestamp() = statement_timestamp() THEN 1 \
+         ELSE CAST('inbox: a transaction is open on this session, since ' || \
+         transaction_timestamp() AS integer) END";
+
     /// How long a PostgreSQL handler's transaction may sit idle: what bounds the marker
     /// lock a handler cancelled mid-body leaves on a pooled connection.
     pub const IDLE_IN_TRANSACTION_MS: u32 = 10_000;
 
-    /// `BEGIN` at the handler's isolation level, and the idle bound, in one round trip. The
+    /// `BEGIN` at the handler's isolation level, the check that it began the transaction,
+    /// and the idle bound, in one round trip. A transaction the caller opened as SQL
+    /// (`batch_execute("BEGIN")`, which diesel's transaction manager does not count) only
+    /// makes `BEGIN` warn, and the handler would join it: the check then fails
+    /// ([`POSTGRES_NONE_OPEN`](Self::POSTGRES_NONE_OPEN)), and the handler is refused. The
     /// bound is the smaller of the handler's and the session's own (a role's or an
     /// operator's tighter `idle_in_transaction_session_timeout` stays), for the transaction
     /// only.
     pub fn postgres_begin_sql(&self) -> std::borrow::Cow<'static, str> {
-        let mut sql: std::borrow::Cow<'static, str> = begin_sql(self.isolation).into();
+        let mut sql: std::borrow::Cow<'static, str> = format!(
+            "{}; {}",
+            begin_sql(self.isolation),
+            Self::POSTGRES_NONE_OPEN
+        )
+        .into();
         if self.idle_in_transaction_ms > 0 {
             let ms = self.idle_in_transaction_ms;
             sql = format!(
@@ -75,63 +95,121 @@ impl HandlerSpec {
     pub const MYSQL_LOCK_WAIT: &'static str = "SET SESSION innodb_lock_wait_timeout = \
         IFNULL(@inbox_lock_wait_timeout, @@SESSION.innodb_lock_wait_timeout)";
 
-    /// MySQL and MariaDB: what goes before `START TRANSACTION`, and it, in one round trip:
-    /// the isolation level; on MariaDB the idle bound, the session's own kept to be put
-    /// back ([`MARIADB_IDLE_RESTORE`](Self::MARIADB_IDLE_RESTORE)); with
-    /// `on_locked = "in_flight"` the short lock wait.
+    /// MySQL and MariaDB: what goes before `START TRANSACTION`, it, and what goes after, in
+    /// one round trip. On MySQL: the isolation level; with `on_locked = "in_flight"` the
+    /// short lock wait. On MariaDB, in this order:
+    ///
+    /// 1. the session's own settings kept, to be put back when the transaction ends
+    ///    ([`MARIADB_KEEP`](Self::MARIADB_KEEP));
+    /// 2. a transaction the caller opened as SQL (`BEGIN` through `batch_execute`) refused
+    ///    ([`MARIADB_NONE_OPEN`](Self::MARIADB_NONE_OPEN)): `START TRANSACTION` would commit
+    ///    it;
+    /// 3. `autocommit` off while the handler runs, the idle bound, the short lock wait, the
+    ///    isolation level, `START TRANSACTION`;
+    /// 4. inside it, a savepoint that names it ([`MARIADB_OURS`](Self::MARIADB_OURS)).
+    ///
+    /// A deadlock or a Galera abort ends the transaction on the server, the marker rolled
+    /// back with it. A body that swallows that error and goes on would write outside any
+    /// transaction, each write committed on its own; with `autocommit` off its writes open
+    /// another transaction instead, which commits only if told to. Before `COMMIT` the
+    /// runtime releases the savepoint, which exists only in the transaction it began
+    /// ([`MARIADB_STILL_OURS`](Self::MARIADB_STILL_OURS)): in any other that fails, and the
+    /// runtime rolls back what the body wrote since and reports the swallowed error.
     pub fn mysql_begin_sql(&self, mariadb: bool) -> std::borrow::Cow<'static, str> {
-        let idle_bound = self.mariadb_idle_bound(mariadb);
-        if !idle_bound
-            && !self.in_flight_when_locked
-            && set_transaction_sql(self.isolation).is_none()
+        if !mariadb && !self.in_flight_when_locked && set_transaction_sql(self.isolation).is_none()
         {
             return "START TRANSACTION".into();
         }
         let mut sql = String::new();
-        if let Some(level) = set_transaction_sql(self.isolation) {
-            sql.push_str(level);
+        if mariadb {
+            sql.push_str(Self::MARIADB_KEEP);
             sql.push_str("; ");
-        }
-        if idle_bound {
-            let seconds = self.idle_in_transaction_ms.div_ceil(1000);
-            // The smaller of the handler's bound and the session's own, which stays.
-            sql.push_str(&format!(
-                "SET @inbox_idle_transaction_timeout = @@SESSION.idle_transaction_timeout, \
-                 SESSION idle_transaction_timeout = \
-                 IF(@@SESSION.idle_transaction_timeout BETWEEN 1 AND {seconds}, \
-                 @@SESSION.idle_transaction_timeout, {seconds}); "
-            ));
+            sql.push_str(Self::MARIADB_NONE_OPEN);
+            sql.push_str("; SET autocommit = 0");
+            if self.mariadb_idle_bound(mariadb) {
+                let seconds = self.idle_in_transaction_ms.div_ceil(1000);
+                // The smaller of the handler's bound and the session's own, which stays.
+                sql.push_str(&format!(
+                    ", SESSION idle_transaction_timeout = \
+                     IF(@@SESSION.idle_transaction_timeout BETWEEN 1 AND {seconds}, \
+                     @@SESSION.idle_transaction_timeout, {seconds})"
+                ));
+            }
+            sql.push_str("; ");
         }
         if self.in_flight_when_locked {
             sql.push_str(Self::MYSQL_SHORT_LOCK_WAIT);
             sql.push_str("; ");
         }
+        if let Some(level) = set_transaction_sql(self.isolation) {
+            sql.push_str(level);
+            sql.push_str("; ");
+        }
         sql.push_str("START TRANSACTION");
+        if mariadb {
+            sql.push_str("; ");
+            sql.push_str(Self::MARIADB_OURS);
+        }
         sql.into()
     }
 
-    /// MariaDB: the session's idle bound put back once the handler's transaction ended.
-    /// A handler cancelled mid-body never sends it: its abandoned transaction keeps the
-    /// bound, and the server ends it.
-    pub const MARIADB_IDLE_RESTORE: &'static str =
-        "SET SESSION idle_transaction_timeout = @inbox_idle_transaction_timeout";
+    /// MariaDB: the session's `autocommit` and idle bound kept in user variables, before
+    /// anything changes them, to be put back ([`MARIADB_ROLLBACK_AND_RESTORE`](Self::MARIADB_ROLLBACK_AND_RESTORE)).
+    pub const MARIADB_KEEP: &'static str = "SET @inbox_autocommit = @@autocommit, \
+        @inbox_idle_transaction_timeout = @@SESSION.idle_transaction_timeout";
 
-    /// MariaDB: the restore before `COMMIT`, which fails (1242: a subquery of two rows, read
-    /// only then) where the server has ended the transaction already — a deadlock or a Galera abort the body
-    /// swallowed and went on after, its later writes committed on their own and the marker
-    /// rolled back. A `COMMIT` there would answer success for nothing: the runtime reports
-    /// the swallowed error instead ([`Error::TransactionAborted`](crate::Error)).
-    pub const MARIADB_IDLE_RESTORE_IN_TRANSACTION: &'static str = "SET SESSION \
-        idle_transaction_timeout = IF(@@in_transaction, @inbox_idle_transaction_timeout, \
-        (SELECT 1 UNION ALL SELECT 2))";
+    /// MariaDB: fails where a transaction is open on the session — one the caller opened as
+    /// SQL, which diesel's transaction manager does not count — with
+    /// [`OPEN_TRANSACTION`](crate::dialect::OPEN_TRANSACTION) as its message, whatever the
+    /// server's language (SQLSTATE 25001, "active SQL transaction"). Nothing after it in the
+    /// round trip runs: the caller's transaction stays open, uncommitted, as it was. A
+    /// session with `autocommit = 0` has one open after any statement (the startup check's
+    /// reads open one): there `START TRANSACTION` commits it, as it does for the
+    /// application's own, and the check lets it.
+    pub const MARIADB_NONE_OPEN: &'static str = "IF @@in_transaction AND @@autocommit THEN \
+        SIGNAL SQLSTATE '25001' SET MESSAGE_TEXT = 'inbox: a transaction is open on this session'; \
+        END IF";
 
-    /// MariaDB: `ROLLBACK`, then the restore, in one round trip. Whatever the `ROLLBACK`
-    /// answers, nothing commits; the restore runs after the transaction, outside it. (A
-    /// `COMMIT` never shares its round trip: `backends/mysql.rs`, "A `COMMIT` alone".)
-    pub const MARIADB_ROLLBACK_AND_RESTORE: &'static str =
-        "ROLLBACK; SET SESSION idle_transaction_timeout = @inbox_idle_transaction_timeout";
+    /// MariaDB, first inside the handler's transaction: a savepoint, which lives only as
+    /// long as this transaction does.
+    pub const MARIADB_OURS: &'static str = "SAVEPOINT inbox_transaction";
 
-    /// MariaDB with the idle bound on: what `begin` set that the transaction's end puts back.
+    /// MariaDB, before `COMMIT`, alone in its round trip (`backends/mysql.rs`, "A `COMMIT`
+    /// alone"): the savepoint released — which fails (1305) where the transaction is no
+    /// longer the one the handler began: a deadlock or a Galera abort the body swallowed and
+    /// went on after, its later writes in another transaction (`autocommit` off), the marker
+    /// rolled back. A `COMMIT` there would commit those writes without the marker, and
+    /// answer success: the runtime rolls them back and reports the swallowed error instead
+    /// ([`Error::TransactionAborted`](crate::Error)). Then the idle bound put back.
+    pub const MARIADB_STILL_OURS: &'static str = "RELEASE SAVEPOINT inbox_transaction; \
+        SET SESSION idle_transaction_timeout = @inbox_idle_transaction_timeout";
+
+    /// MariaDB, after `COMMIT`, alone: `autocommit` as the session had it. (Turned on
+    /// while a transaction is open, it would commit that transaction: never before the
+    /// `COMMIT`, which travels alone.)
+    pub const MARIADB_AUTOCOMMIT_BACK: &'static str = "SET autocommit = @inbox_autocommit";
+
+    /// MariaDB: `ROLLBACK`, then the session's settings put back, in one round trip —
+    /// wherever the handler's transaction ends otherwise than by its commit. Whatever the
+    /// `ROLLBACK` answers, nothing commits, and `autocommit` is turned back on only after
+    /// it: turned on with a transaction open, it would commit that transaction (one the
+    /// runtime's own reads open after the handler's ended, with `autocommit` still off).
+    /// (A `COMMIT` never shares its round trip: `backends/mysql.rs`, "A `COMMIT` alone".)
+    pub const MARIADB_ROLLBACK_AND_RESTORE: &'static str = "ROLLBACK; \
+        SET autocommit = @inbox_autocommit, \
+        SESSION idle_transaction_timeout = @inbox_idle_transaction_timeout";
+
+    /// MySQL and MariaDB, after the rollback of a transaction a cancelled handler left open
+    /// (its restore never sent): MariaDB's settings put back where a handler kept them on
+    /// this session. Fails on MySQL, which has no `idle_transaction_timeout` — and nothing
+    /// to put back: the failure is ignored.
+    pub const MARIADB_ABANDONED_RESTORE: &'static str = "SET \
+        autocommit = IFNULL(@inbox_autocommit, @@autocommit), \
+        SESSION idle_transaction_timeout = \
+        IFNULL(@inbox_idle_transaction_timeout, @@SESSION.idle_transaction_timeout)";
+
+    /// MariaDB with the idle bound on: what `begin` sets besides what every MariaDB
+    /// transaction sets.
     pub(crate) fn mariadb_idle_bound(&self, mariadb: bool) -> bool {
         mariadb && self.idle_in_transaction_ms > 0
     }

@@ -360,6 +360,45 @@ mod another_database {
     }
 }
 
+/// A transaction-mode handler on diesel-async's connection after a transaction opened as
+/// SQL: refused, the caller's write not committed, the same connection going on once the
+/// caller ended its transaction.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+macro_rules! raw_begin_async {
+    ($conn:ty, $begin:literal) => {
+        #[idempotent(consumer = "raw-begin-tx-async", key = id)]
+        async fn credit_async(conn: &mut $conn, id: &str) -> Result<(), Error> {
+            let _ = id;
+            let update =
+                diesel::sql_query("UPDATE accounts SET balance = balance + 1 WHERE id = 1");
+            diesel_async::RunQueryDsl::execute(update, conn).await?;
+            Ok(())
+        }
+
+        #[tokio::test]
+        async fn an_async_handler_inside_a_transaction_opened_as_sql_is_refused() {
+            use diesel_async::SimpleAsyncConnection;
+            let db = Db::new("raw_begin_tx_async");
+            let mut conn = db.connect_async().await;
+            assert!(credit_async(&mut conn, "c-0").await.unwrap().is_processed());
+            conn.batch_execute(concat!(
+                $begin,
+                "; UPDATE accounts SET balance = balance + 1000 WHERE id = 2"
+            ))
+            .await
+            .unwrap();
+            let error = credit_async(&mut conn, "c-1").await.unwrap_err();
+            assert!(matches!(error, Error::CalledInsideTransaction), "{error:?}");
+            assert_eq!(balance(&db, 2), 0, "the caller's write committed");
+            conn.batch_execute("ROLLBACK").await.unwrap();
+            assert!(credit_async(&mut conn, "c-1").await.unwrap().is_processed());
+            assert!(credit_async(&mut conn, "c-1").await.unwrap().is_duplicate());
+            assert_eq!(balance(&db, 1), 2);
+            assert_eq!(balance(&db, 2), 0);
+        }
+    };
+}
+
 /// Claim mode on PostgreSQL and MariaDB after a transaction opened as SQL.
 #[cfg(feature = "postgres")]
 mod raw_begin_postgres {
@@ -374,6 +413,8 @@ mod raw_begin_postgres {
     ];
 
     include!("behaviour/raw_begin.rs");
+
+    raw_begin_async!(diesel_async::AsyncPgConnection, "BEGIN");
 
     #[idempotent(consumer = "raw-begin-async", key = id, mode = "claim")]
     async fn notify_async(
@@ -424,6 +465,8 @@ mod raw_begin_mysql {
     ];
 
     include!("behaviour/raw_begin.rs");
+
+    raw_begin_async!(diesel_async::AsyncMysqlConnection, "START TRANSACTION");
 }
 
 /// A schema per tenant, a connection pointed from one to the other by `search_path`: the

@@ -715,13 +715,44 @@ mod mariadb {
         assert_eq!(count(&mut conn, "SELECT count(*) AS n FROM inbox"), 1);
     }
 
-    /// `deadlocks`, but the body swallows the deadlock and goes on: its later write commits
-    /// on its own (the server ended the transaction), and the marker is gone with it.
+    /// `deadlocks`, but the body swallows the deadlock and goes on: the server has ended the
+    /// transaction, the marker gone with it, and its later write would commit on its own —
+    /// `autocommit` is off while the handler runs, so that it opens another transaction
+    /// instead, which the runtime rolls back.
     #[idempotent(consumer = "swallows", key = id)]
     fn swallows(
         conn: &mut MysqlConnection,
         id: &str,
         dance: &Choreography,
+    ) -> Result<(), inbox_diesel::Error> {
+        swallowing(conn, dance, true)
+    }
+
+    /// The same with the idle bound off: nothing else sees the transaction gone.
+    #[idempotent(consumer = "swallows", key = id, idle_in_transaction_ms = 0)]
+    fn swallows_unbounded(
+        conn: &mut MysqlConnection,
+        id: &str,
+        dance: &Choreography,
+    ) -> Result<(), inbox_diesel::Error> {
+        swallowing(conn, dance, true)
+    }
+
+    /// A body that swallows every error and returns `Ok`: the `COMMIT` would answer
+    /// success for nothing — the message acknowledged without its marker.
+    #[idempotent(consumer = "swallows", key = id, idle_in_transaction_ms = 0)]
+    fn swallows_all(
+        conn: &mut MysqlConnection,
+        id: &str,
+        dance: &Choreography,
+    ) -> Result<(), inbox_diesel::Error> {
+        swallowing(conn, dance, false)
+    }
+
+    fn swallowing(
+        conn: &mut MysqlConnection,
+        dance: &Choreography,
+        propagate: bool,
     ) -> Result<(), inbox_diesel::Error> {
         let first = dance
             .attempts
@@ -733,16 +764,34 @@ mod mariadb {
             dance.go.lock().unwrap().recv().unwrap();
         }
         let _ = conn.batch_execute("UPDATE accounts SET balance = balance + 1 WHERE id = 1");
-        conn.batch_execute("UPDATE accounts SET balance = balance + 100 WHERE id = 3")?;
+        let later = conn.batch_execute("UPDATE accounts SET balance = balance + 100 WHERE id = 3");
+        if propagate {
+            later?;
+            // And a statement of the body's after that: the transaction it runs in is not
+            // the handler's either.
+            conn.batch_execute("UPDATE accounts SET balance = balance + 1 WHERE id = 2")?;
+        }
         Ok(())
     }
 
-    /// A body that swallows the deadlock the server ended its transaction with: the COMMIT
-    /// after it would answer success for nothing — the message acknowledged, its marker
-    /// gone. The runtime sees the transaction gone before the COMMIT and reports the
-    /// swallowed error (`TransactionAborted`, `Alert`) instead.
+    /// A body that swallows the deadlock the server ended its transaction with, under each
+    /// shape: the writes after it commit nothing, no marker is written, and the runtime
+    /// reports the swallowed error (`TransactionAborted`, `Alert`) instead of `Processed` —
+    /// before, its later writes committed on their own, and with the idle bound off the
+    /// message was acknowledged too (a redelivery wrote them again). The session's settings
+    /// are put back: the same connection then commits its own writes as usual.
     #[test]
-    fn a_swallowed_deadlock_is_reported_not_committed() {
+    fn a_swallowed_deadlock_commits_nothing_and_is_reported() {
+        type Handler = fn(
+            &mut MysqlConnection,
+            &str,
+            &Choreography,
+        ) -> Result<inbox_diesel::Outcome<()>, inbox_diesel::Error>;
+        let shapes: [(&str, Handler); 3] = [
+            ("propagates", swallows),
+            ("propagates, idle bound off", swallows_unbounded),
+            ("returns Ok, idle bound off", swallows_all),
+        ];
         let db = MysqlDb::new("swallowed_deadlock");
         let mut admin = db.connect();
         admin
@@ -751,44 +800,75 @@ mod mariadb {
                  CREATE TABLE IF NOT EXISTS ballast (n INTEGER)",
             )
             .unwrap();
-        let (locked, locked_rx) = std::sync::mpsc::sync_channel(1);
-        let (go_tx, go) = std::sync::mpsc::sync_channel(1);
-        let dance = Choreography {
-            attempts: std::sync::atomic::AtomicUsize::new(0),
-            locked,
-            go: std::sync::Mutex::new(go),
-        };
-        let mut holder = db.connect();
-        holder
-            .batch_execute(
-                "START TRANSACTION; UPDATE accounts SET balance = balance + 10 WHERE id = 1;
-                 INSERT INTO ballast VALUES (1), (2), (3), (4)",
-            )
-            .unwrap();
-        let outcome = std::thread::scope(|scope| {
-            let delivery = scope.spawn(|| swallows(&mut db.connect(), "m-1", &dance));
-            locked_rx.recv().unwrap();
-            let holder = &mut holder;
-            let waits = scope.spawn(move || {
-                holder
-                    .batch_execute("UPDATE accounts SET balance = balance + 10 WHERE id = 2")
-                    .unwrap();
-                holder.batch_execute("ROLLBACK").unwrap();
+        for (n, (shape, handler)) in shapes.into_iter().enumerate() {
+            let (locked, locked_rx) = std::sync::mpsc::sync_channel(1);
+            let (go_tx, go) = std::sync::mpsc::sync_channel(1);
+            let dance = Choreography {
+                attempts: std::sync::atomic::AtomicUsize::new(0),
+                locked,
+                go: std::sync::Mutex::new(go),
+            };
+            let mut holder = db.connect();
+            holder
+                .batch_execute(
+                    "START TRANSACTION; UPDATE accounts SET balance = balance + 10 WHERE id = 1;
+                     INSERT INTO ballast VALUES (1), (2), (3), (4)",
+                )
+                .unwrap();
+            let mut conn = db.connect();
+            let key = format!("m-{n}");
+            let outcome = std::thread::scope(|scope| {
+                let delivery = scope.spawn(|| handler(&mut conn, &key, &dance));
+                locked_rx.recv().unwrap();
+                let holder = &mut holder;
+                let waits = scope.spawn(move || {
+                    holder
+                        .batch_execute("UPDATE accounts SET balance = balance + 10 WHERE id = 2")
+                        .unwrap();
+                    holder.batch_execute("ROLLBACK").unwrap();
+                });
+                inbox_tests::wait_until("the holder waits for account 2", || {
+                    db.waiting_for_a_lock() == 1
+                });
+                go_tx.send(()).unwrap();
+                waits.join().unwrap();
+                delivery.join().unwrap()
             });
-            inbox_tests::wait_until("the holder waits for account 2", || {
-                db.waiting_for_a_lock() == 1
-            });
-            go_tx.send(()).unwrap();
-            waits.join().unwrap();
-            delivery.join().unwrap()
-        });
-        let error = outcome.unwrap_err();
-        assert!(
-            matches!(error, inbox_diesel::Error::TransactionAborted),
-            "{error:?}"
-        );
-        assert_eq!(error.action(), inbox_diesel::Action::Alert);
-        assert_eq!(count(&mut admin, "SELECT count(*) AS n FROM inbox"), 0);
+            let error = outcome.unwrap_err();
+            assert!(
+                matches!(error, inbox_diesel::Error::TransactionAborted),
+                "{shape}: {error:?}"
+            );
+            assert_eq!(error.action(), inbox_diesel::Action::Alert, "{shape}");
+            assert_eq!(
+                count(&mut admin, "SELECT count(*) AS n FROM inbox"),
+                0,
+                "{shape}: no marker"
+            );
+            assert_eq!(
+                count(&mut admin, "SELECT balance AS n FROM accounts WHERE id = 3"),
+                0,
+                "{shape}: the write after the swallowed deadlock committed"
+            );
+            // The session is as it was: its own writes commit, and the next delivery runs.
+            conn.batch_execute("UPDATE accounts SET balance = balance + 1000 WHERE id = 3")
+                .unwrap();
+            assert_eq!(
+                count(&mut admin, "SELECT balance AS n FROM accounts WHERE id = 3"),
+                1000,
+                "{shape}: the session's own write did not commit"
+            );
+            assert_eq!(
+                count(&mut conn, "SELECT CAST(@@autocommit AS SIGNED) AS n"),
+                1,
+                "{shape}"
+            );
+            let outcome = handler(&mut conn, &format!("again-{n}"), &dance);
+            assert!(outcome.unwrap().is_processed(), "{shape}");
+            admin
+                .batch_execute("UPDATE accounts SET balance = 0 WHERE id = 3; DELETE FROM inbox")
+                .unwrap();
+        }
     }
 
     #[idempotent(consumer = "languages", key = id)]

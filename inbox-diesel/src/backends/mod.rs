@@ -334,6 +334,12 @@ mod asynchronous {
                 }
             }
 
+            /// Rolls back the transaction a cancelled handler left open, and puts back what its
+            /// `begin_inbox_transaction` set for the session, which it never did.
+            fn roll_back_abandoned(&mut self) -> impl Future<Output = QueryResult<()>> + Send {
+                self.roll_back_inbox_transaction()
+            }
+
             /// Opens a transaction holding the write lock from its start where the backend has one
             /// (SQLite's `BEGIN IMMEDIATE`), READ COMMITTED on PostgreSQL, a plain one elsewhere.
             fn begin_write_transaction(&mut self) -> impl Future<Output = QueryResult<()>> + Send {
@@ -353,6 +359,34 @@ mod asynchronous {
             }
         }
     }
+}
+
+/// A handler's `BEGIN` refused because a transaction the caller opened as SQL is open on the
+/// session (`batch_execute("BEGIN")`, which diesel's transaction manager does not count):
+/// [`Error::CalledInsideTransaction`](crate::Error::CalledInsideTransaction), as for one the
+/// manager counts. Each backend's start says so in its own way, whatever the server's
+/// language: PostgreSQL's `BEGIN` only warns, and the check after it in the same round trip
+/// fails ([`OPEN_TRANSACTION_PROBE`](crate::dialect::Dialect::OPEN_TRANSACTION_PROBE)),
+/// aborting the caller's transaction; MariaDB's `START TRANSACTION` would commit it, and the
+/// check before it fails ([`HandlerSpec::MARIADB_NONE_OPEN`](crate::spec::HandlerSpec)),
+/// leaving it open as it was; SQLite refuses a `BEGIN` inside a transaction. Any other error
+/// as it is.
+pub(crate) fn inside_callers(error: diesel::result::Error) -> diesel::result::Error {
+    match crate::dialect::open_transaction(&error) {
+        true => diesel::result::Error::QueryBuilderError(Box::new(
+            crate::Error::CalledInsideTransaction,
+        )),
+        false => error,
+    }
+}
+
+/// Whether `error` is [`inside_callers`]'s refusal.
+pub(crate) fn refused_inside(error: &diesel::result::Error) -> bool {
+    matches!(
+        error,
+        diesel::result::Error::QueryBuilderError(inner)
+            if matches!(inner.downcast_ref::<crate::Error>(), Some(crate::Error::CalledInsideTransaction))
+    )
 }
 
 /// No transaction is open and the manager is sound: the handler's transaction may begin
@@ -380,6 +414,12 @@ pub(crate) fn claimed(
     let Err(error) = begun else {
         return Ok(true);
     };
+    // The caller's transaction, refused before the handler's began: nothing of the
+    // handler's is open, and the caller's is not the runtime's to roll back.
+    let error = inside_callers(error);
+    if refused_inside(&error) {
+        return Err(error);
+    }
     if let Ok(state) = valid(status)
         && state.transaction_depth().is_none()
         && let Err(e) = state
@@ -393,10 +433,10 @@ pub(crate) fn claimed(
     }
 }
 
-/// MariaDB: what the restore before `COMMIT` failing says
-/// ([`HandlerSpec::MARIADB_IDLE_RESTORE_IN_TRANSACTION`](crate::spec::HandlerSpec)): the
-/// connection lost, as it is; anything else, that the server had ended the transaction — the
-/// body swallowed the error that ended it ([`Error::TransactionAborted`](crate::Error)).
+/// MariaDB: what the check before `COMMIT` failing says
+/// ([`HandlerSpec::MARIADB_STILL_OURS`](crate::spec::HandlerSpec)): the connection lost, as
+/// it is; anything else, that the server had ended the handler's transaction — the body
+/// swallowed the error that ended it ([`Error::TransactionAborted`](crate::Error)).
 #[cfg(feature = "mysql")]
 pub(crate) fn transaction_gone(
     error: diesel::result::Error,
@@ -419,6 +459,17 @@ fn valid(
         diesel::connection::TransactionManagerStatus::InError => {
             Err(diesel::result::Error::BrokenTransactionManager)
         }
+    }
+}
+
+/// MariaDB, after the handler's `COMMIT`: `autocommit` put back
+/// ([`HandlerSpec::MARIADB_AUTOCOMMIT_BACK`](crate::spec::HandlerSpec)). The transaction
+/// has committed, and what it decided stands; a failure is logged (a lost connection takes
+/// the session's setting with it).
+#[cfg(feature = "mysql")]
+pub(crate) fn autocommit_back(put_back: QueryResult<()>) {
+    if let Err(e) = put_back {
+        tracing::error!(error = %e, "putting autocommit back on the session failed after the commit");
     }
 }
 

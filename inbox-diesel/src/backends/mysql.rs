@@ -16,11 +16,13 @@
 //! transaction open", and the `COMMIT` then ended none), and of 8 000 `COMMIT; SET …`
 //! strings, 38. A message whose `COMMIT` answered so was acknowledged and lost.
 //!
-//! So the runtime's `COMMIT` travels alone on every MySQL and MariaDB server, and a
-//! restore of the session's settings goes in a round trip of its own before it. A statement
-//! that runs before the transaction opens (`SET`, `START TRANSACTION`) may share the round
-//! trip of the one statement after it — the marker's insert, whose error a brute-force abort
-//! during it still becomes (measured: 3 000 copies raced against another node's, none
+//! So the runtime's `COMMIT` travels alone on every MySQL and MariaDB server; on MariaDB
+//! the check that the transaction is still the handler's, with a restore of the session's
+//! settings, goes in a round trip of its own before it, and `autocommit` is put back in one
+//! after it. A statement that runs before the transaction opens (`SET`, `START
+//! TRANSACTION`), or inside it before it has written (`SAVEPOINT`), may share the round
+//! trip of the one statement after it — the marker's insert, whose error a brute-force abort during it
+//! still becomes (measured: 3 000 copies raced against another node's, none
 //! answered success without its row) — since nothing before it holds a lock that another
 //! node's write could take. `ROLLBACK` may share its round trip with a restore after it:
 //! whatever it answers, nothing commits.
@@ -282,43 +284,45 @@ mod sync {
             ))
         }
 
-        /// A prepared statement, cached: one round trip. Only where the transaction ended
-        /// otherwise than by [`commit_inbox_transaction`](Self::commit_inbox_transaction) or
-        /// [`roll_back_and_end`](Self::roll_back_and_end), which carry the restore.
-        fn end_inbox_transaction(&mut self, spec: &HandlerSpec, mariadb: bool) -> QueryResult<()> {
-            if spec.mariadb_idle_bound(mariadb) {
-                diesel::sql_query(HandlerSpec::MARIADB_IDLE_RESTORE).execute(self)?;
+        /// MariaDB: `ROLLBACK` and the restore in one round trip
+        /// ([`HandlerSpec::MARIADB_ROLLBACK_AND_RESTORE`]), wherever the transaction ended
+        /// otherwise than by [`commit_inbox_transaction`](Self::commit_inbox_transaction).
+        fn end_inbox_transaction(&mut self, _: &HandlerSpec, mariadb: bool) -> QueryResult<()> {
+            use diesel::connection::TransactionManager;
+            if !mariadb {
+                return Ok(());
             }
-            Ok(())
+            self.batch_execute(HandlerSpec::MARIADB_ROLLBACK_AND_RESTORE)?;
+            crate::backends::ended(AnsiTransactionManager::transaction_manager_status_mut(self))
         }
 
-        /// `COMMIT` as the only statement of its round trip; on MariaDB with the idle bound,
-        /// the restore first, alone too (the module's "A `COMMIT` alone").
+        /// `COMMIT` as the only statement of its round trip (the module's "A `COMMIT`
+        /// alone"); on MariaDB the check that the transaction is still the handler's and the
+        /// idle bound's restore before it, and `autocommit` put back after it, each alone.
         fn commit_inbox_transaction(
             &mut self,
             spec: &HandlerSpec,
             mariadb: bool,
         ) -> QueryResult<()> {
-            if spec.mariadb_idle_bound(mariadb) {
-                let restored = diesel::sql_query(HandlerSpec::MARIADB_IDLE_RESTORE_IN_TRANSACTION)
-                    .execute(self);
-                restored.map_err(|e| crate::backends::transaction_gone(e, &spec.schema))?;
+            if mariadb {
+                let ours = self.batch_execute(HandlerSpec::MARIADB_STILL_OURS);
+                ours.map_err(|e| crate::backends::transaction_gone(e, &spec.schema))?;
             }
-            <AnsiTransactionManager as diesel::connection::TransactionManager<_>>::commit_transaction(self)
+            <AnsiTransactionManager as diesel::connection::TransactionManager<_>>::commit_transaction(self)?;
+            if mariadb {
+                crate::backends::autocommit_back(
+                    self.batch_execute(HandlerSpec::MARIADB_AUTOCOMMIT_BACK),
+                );
+            }
+            Ok(())
         }
 
-        /// MariaDB with the idle bound: `ROLLBACK` and the restore in one round trip.
+        /// MariaDB: `ROLLBACK` and the restore in one round trip.
         fn roll_back_and_end(&mut self, spec: &HandlerSpec, mariadb: bool) -> QueryResult<()> {
-            if !spec.mariadb_idle_bound(mariadb) {
-                return self.roll_back_inbox_transaction();
+            match mariadb {
+                true => self.end_inbox_transaction(spec, mariadb),
+                false => self.roll_back_inbox_transaction(),
             }
-            use diesel::connection::TransactionManager;
-            if !crate::backends::open(AnsiTransactionManager::transaction_manager_status_mut(self))?
-            {
-                return self.end_inbox_transaction(spec, mariadb);
-            }
-            self.batch_execute(HandlerSpec::MARIADB_ROLLBACK_AND_RESTORE)?;
-            crate::backends::ended(AnsiTransactionManager::transaction_manager_status_mut(self))
         }
 
         /// The session's lock wait is put back whether the claim succeeded or not.
@@ -454,16 +458,18 @@ mod asynchronous {
             ))
         }
 
+        /// As on the sync connection.
         async fn end_inbox_transaction(
             &mut self,
-            spec: &'static HandlerSpec,
+            _: &'static HandlerSpec,
             mariadb: bool,
         ) -> QueryResult<()> {
-            if spec.mariadb_idle_bound(mariadb) {
-                RunQueryDsl::execute(diesel::sql_query(HandlerSpec::MARIADB_IDLE_RESTORE), self)
-                    .await?;
+            if !mariadb {
+                return Ok(());
             }
-            Ok(())
+            SimpleAsyncConnection::batch_execute(self, HandlerSpec::MARIADB_ROLLBACK_AND_RESTORE)
+                .await?;
+            crate::backends::ended(AnsiTransactionManager::transaction_manager_status_mut(self))
         }
 
         async fn wait_for_locks(
@@ -539,20 +545,41 @@ mod asynchronous {
             Ok(inserted)
         }
 
-        /// `COMMIT` alone, the restore before it alone, as on the sync connection
-        /// (the module's "A `COMMIT` alone").
+        /// `COMMIT` alone, with what goes before and after it alone, as on the sync
+        /// connection (the module's "A `COMMIT` alone").
         async fn commit_inbox_transaction(
             &mut self,
             spec: &'static HandlerSpec,
             mariadb: bool,
         ) -> QueryResult<()> {
-            if spec.mariadb_idle_bound(mariadb) {
-                let restore = diesel::sql_query(HandlerSpec::MARIADB_IDLE_RESTORE_IN_TRANSACTION);
-                RunQueryDsl::execute(restore, self)
+            if mariadb {
+                SimpleAsyncConnection::batch_execute(self, HandlerSpec::MARIADB_STILL_OURS)
                     .await
                     .map_err(|e| crate::backends::transaction_gone(e, &spec.schema))?;
             }
-            AnsiTransactionManager::commit_transaction(self).await
+            AnsiTransactionManager::commit_transaction(self).await?;
+            if mariadb {
+                let back = SimpleAsyncConnection::batch_execute(
+                    self,
+                    HandlerSpec::MARIADB_AUTOCOMMIT_BACK,
+                )
+                .await;
+                crate::backends::autocommit_back(back);
+            }
+            Ok(())
+        }
+
+        /// The rollback, then MariaDB's settings put back where a handler kept them
+        /// ([`HandlerSpec::MARIADB_ABANDONED_RESTORE`]; its failure on MySQL ignored).
+        async fn roll_back_abandoned(&mut self) -> QueryResult<()> {
+            self.roll_back_inbox_transaction().await?;
+            if let Err(e) =
+                SimpleAsyncConnection::batch_execute(self, HandlerSpec::MARIADB_ABANDONED_RESTORE)
+                    .await
+            {
+                tracing::debug!(error = %e, "no MariaDB session settings to put back");
+            }
+            Ok(())
         }
 
         /// As on the sync connection.
@@ -561,16 +588,10 @@ mod asynchronous {
             spec: &'static HandlerSpec,
             mariadb: bool,
         ) -> QueryResult<()> {
-            if !spec.mariadb_idle_bound(mariadb) {
-                return self.roll_back_inbox_transaction().await;
+            match mariadb {
+                true => self.end_inbox_transaction(spec, mariadb).await,
+                false => self.roll_back_inbox_transaction().await,
             }
-            if !crate::backends::open(AnsiTransactionManager::transaction_manager_status_mut(self))?
-            {
-                return self.end_inbox_transaction(spec, mariadb).await;
-            }
-            SimpleAsyncConnection::batch_execute(self, HandlerSpec::MARIADB_ROLLBACK_AND_RESTORE)
-                .await?;
-            crate::backends::ended(AnsiTransactionManager::transaction_manager_status_mut(self))
         }
     }
 }

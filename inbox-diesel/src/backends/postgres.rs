@@ -18,16 +18,10 @@ impl Dialect for diesel::pg::Pg {
     const LEASE_UNTIL: (&'static str, &'static str) =
         ("CURRENT_TIMESTAMP + ", " * INTERVAL '1 millisecond'");
     const BIGINT: &'static str = "BIGINT";
-    /// In a transaction block opened by an earlier command, the transaction began before
-    /// this statement; a statement outside one is its own transaction, begun with it (the
-    /// simple protocol: one message, one timestamp). The error's value carries the text, so
-    /// that it reads the same in any language; `statement_timestamp()` in it keeps it from
-    /// being folded into an error at planning.
-    const OPEN_TRANSACTION_PROBE: Option<&'static str> = Some(
-        "SELECT CASE WHEN transaction_timestamp() = statement_timestamp() THEN 1 \
-         ELSE CAST('inbox: a transaction is open on this session, since ' || \
-         transaction_timestamp() AS integer) END",
-    );
+    /// Outside the handler's transaction
+    /// ([`HandlerSpec::POSTGRES_NONE_OPEN`](crate::spec::HandlerSpec::POSTGRES_NONE_OPEN)).
+    const OPEN_TRANSACTION_PROBE: Option<&'static str> =
+        Some(crate::spec::HandlerSpec::POSTGRES_NONE_OPEN);
 
     fn bind_id<'b>(out: &mut AstPass<'_, 'b, Self>, id: &'b Uuid) -> QueryResult<()> {
         out.push_bind_param::<diesel::sql_types::Uuid, Uuid>(id)

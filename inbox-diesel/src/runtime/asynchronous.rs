@@ -273,7 +273,10 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
     }
 
     async fn begin(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()> {
-        self.0.begin_inbox_transaction(spec, layout).await
+        self.0
+            .begin_inbox_transaction(spec, layout)
+            .await
+            .map_err(crate::backends::inside_callers)
     }
 
     async fn begin_with_claim(
@@ -322,6 +325,10 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
 
     async fn roll_back(&mut self) -> QueryResult<()> {
         self.0.roll_back_inbox_transaction().await
+    }
+
+    async fn roll_back_abandoned(&mut self) -> QueryResult<()> {
+        self.0.roll_back_abandoned().await
     }
 
     async fn prepare_claim(&mut self, spec: &'static HandlerSpec) -> QueryResult<()> {

@@ -126,6 +126,12 @@ pub(crate) trait Steps {
     /// Rolls back if a transaction is open; `Ok` when none is.
     async fn roll_back(&mut self) -> QueryResult<()>;
 
+    /// Rolls back the transaction a cancelled handler left open ([`Abandoned`]), and puts
+    /// back what its `begin` set for the session.
+    async fn roll_back_abandoned(&mut self) -> QueryResult<()> {
+        self.roll_back().await
+    }
+
     /// Turns diesel's prepared-statement cache off on the connection: its statements' names
     /// clash, or are missing, on server connections a transaction-mode pooler shares between
     /// clients (PostgreSQL 42P05, 26000). Uncached statements are unnamed and never clash.
@@ -480,7 +486,7 @@ impl Abandoned {
             );
             // A `COMMIT` or `ROLLBACK` cut off in the middle leaves diesel-async's manager
             // refusing another (a debug assertion): that too is the connection's end.
-            let mut rollback = pin!(steps.roll_back());
+            let mut rollback = pin!(steps.roll_back_abandoned());
             let rolled = std::future::poll_fn(|cx| {
                 match std::panic::catch_unwind(AssertUnwindSafe(|| rollback.as_mut().poll(cx))) {
                     Ok(Poll::Ready(rolled)) => Poll::Ready(rolled),
@@ -558,8 +564,12 @@ where
             &mut steps, run, layout, claims, &mut body, in_flight, remembered,
         )
         .await;
-        // A commit or a duplicate's rollback put back what `begin` set, in its round trip.
-        if !matches!(attempted, Ok(Decided::Processed(_) | Decided::Duplicate(_))) {
+        // A commit or a duplicate's rollback put back what `begin` set, in its round trip; a
+        // transaction the caller opened refused `begin` before it set anything, and is not
+        // the runtime's to end.
+        if !matches!(attempted, Ok(Decided::Processed(_) | Decided::Duplicate(_)))
+            && !matches!(&attempted, Err(Failure::Database(e)) if crate::backends::refused_inside(e))
+        {
             end(&mut steps, run, layout).await;
         }
         let mut failure = match attempted {

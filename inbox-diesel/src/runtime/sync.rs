@@ -181,7 +181,9 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
     }
 
     async fn begin(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()> {
-        self.0.begin_inbox_transaction(spec, layout)
+        self.0
+            .begin_inbox_transaction(spec, layout)
+            .map_err(crate::backends::inside_callers)
     }
 
     async fn begin_with_claim(
