@@ -19,6 +19,29 @@ enum Key {
     CloudEvent(String, String),
     Sequence(String, u64),
     Scoped(String, Box<Key>),
+    Composite(Vec<Part>),
+}
+
+#[derive(Debug, Arbitrary)]
+enum Part {
+    Text(String),
+    Integer(i128),
+    Unsigned(u128),
+    Uuid(u128),
+    Bytes(Vec<u8>),
+}
+
+impl Part {
+    fn build(&self) -> inbox_core::KeyPart {
+        use inbox_core::{KeyPart, ToKeyPart};
+        match self {
+            Part::Text(text) => KeyPart::Text(text.clone()),
+            Part::Integer(n) => n.to_key_part(),
+            Part::Unsigned(n) => n.to_key_part(),
+            Part::Uuid(n) => KeyPart::Uuid(uuid::Uuid::from_u128(*n)),
+            Part::Bytes(bytes) => KeyPart::Bytes(bytes.clone()),
+        }
+    }
 }
 
 impl Key {
@@ -36,6 +59,7 @@ impl Key {
             Key::CloudEvent(source, id) => MessageKey::cloud_event(source.clone(), id.clone()).ok(),
             Key::Sequence(stream, n) => MessageKey::sequence(stream.clone(), *n).ok(),
             Key::Scoped(scope, key) => key.build()?.scoped(scope.clone()).ok(),
+            Key::Composite(parts) => MessageKey::composite(parts.iter().map(Part::build)).ok(),
         }
     }
 }

@@ -15,8 +15,9 @@ use uuid::Uuid;
 /// | an integer sequence number | `From<i64>`, `From<u64>`, …, [`MessageKey::unsigned`] | the integer types, `i128` and `u128` |
 /// | a binary id, a hash | [`MessageKey::bytes`] | `[u8]`, `Vec<u8>`, `[u8; N]` |
 /// | a URL (an ActivityPub id), feature `url` | [`MessageKey::text`] of its serialisation | `url::Url` |
-/// | Kafka `(topic, partition, offset)` | [`MessageKey::kafka`] | `(S, i32, i64)` with `S: AsRef<str>` |
-/// | CloudEvents `(source, id)` | [`MessageKey::cloud_event`] | `(S1, S2)` with both `AsRef<str>` |
+/// | several values that name the work together (`(version_id, email)`) | [`MessageKey::composite`] | tuples of 2 to 6 [`ToKeyPart`]s |
+/// | Kafka `(topic, partition, offset)` | [`MessageKey::kafka`] | the tuple `(topic, partition, offset)` |
+/// | CloudEvents `(source, id)` | [`MessageKey::cloud_event`] | the tuple `(source, id)` |
 /// | any of these within a tenant's or principal's scope | [`MessageKey::scoped`] | [`Scoped`]`(scope, key)` |
 ///
 /// # Stored form
@@ -81,7 +82,176 @@ enum KeyKind {
         scope: String,
         key: Box<MessageKey>,
     },
+    Composite(Vec<KeyPart>),
 }
+
+/// One part of a composite key ([`MessageKey::composite`]): a value of one of the kinds a
+/// key is made of. Integers are one kind whatever their Rust type (`7_i32` and `7_u64` are
+/// the same part); text, integers, UUIDs and bytes are told apart (`"7"` is not `7`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum KeyPart {
+    /// Text; must not be empty.
+    Text(String),
+    /// An integer of any width up to 128 bits, signed or not.
+    Integer(i128),
+    /// An unsigned integer past `i128::MAX`.
+    Unsigned(u128),
+    /// A UUID.
+    Uuid(Uuid),
+    /// Bytes; must not be empty.
+    Bytes(Vec<u8>),
+}
+
+impl KeyPart {
+    /// What the part adds to the key's length: the bytes of text and bytes, the width of
+    /// the fixed-size kinds.
+    fn len(&self) -> usize {
+        match self {
+            KeyPart::Text(text) => text.len(),
+            KeyPart::Bytes(bytes) => bytes.len(),
+            KeyPart::Integer(_) | KeyPart::Unsigned(_) | KeyPart::Uuid(_) => 16,
+        }
+    }
+
+    /// The part under the digest: its kind's tag, then its value — an integer as 16
+    /// big-endian bytes (17 past `i128::MAX`, as [`MessageKey::unsigned`]).
+    fn encoded(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(1 + self.len() + 1);
+        match self {
+            KeyPart::Text(text) => {
+                out.push(b't');
+                out.extend_from_slice(text.as_bytes());
+            }
+            KeyPart::Integer(value) => {
+                out.push(b'i');
+                out.extend_from_slice(&value.to_be_bytes());
+            }
+            KeyPart::Unsigned(value) => {
+                out.push(b'i');
+                out.push(0);
+                out.extend_from_slice(&value.to_be_bytes());
+            }
+            KeyPart::Uuid(id) => {
+                out.push(b'u');
+                out.extend_from_slice(id.as_bytes());
+            }
+            KeyPart::Bytes(bytes) => {
+                out.push(b'b');
+                out.extend_from_slice(bytes);
+            }
+        }
+        out
+    }
+}
+
+impl fmt::Display for KeyPart {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyPart::Text(text) => f.write_str(text),
+            KeyPart::Integer(value) => write!(f, "{value}"),
+            KeyPart::Unsigned(value) => write!(f, "{value}"),
+            KeyPart::Uuid(id) => write!(f, "{id}"),
+            KeyPart::Bytes(bytes) => bytes.iter().try_for_each(|b| write!(f, "{b:02x}")),
+        }
+    }
+}
+
+/// A value that can be one part of a composite key: what the tuples of
+/// [`ToMessageKey`] take. Implemented for text (`str`, `String`, `Cow<str>`), the integer
+/// types, [`Uuid`], bytes (`[u8]`, `Vec<u8>`, `[u8; N]`), `url::Url` (feature `url`) and
+/// references to any of these; implement it for an id type of your own.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be a part of a composite message key",
+    label = "each part of a tuple key must be text, an integer, a Uuid or bytes",
+    note = "implement `inbox_diesel::ToKeyPart` for your own id type"
+)]
+pub trait ToKeyPart {
+    /// The part this value is.
+    fn to_key_part(&self) -> KeyPart;
+}
+
+impl<P: ToKeyPart + ?Sized> ToKeyPart for &P {
+    fn to_key_part(&self) -> KeyPart {
+        (**self).to_key_part()
+    }
+}
+
+impl ToKeyPart for str {
+    fn to_key_part(&self) -> KeyPart {
+        KeyPart::Text(self.to_owned())
+    }
+}
+
+impl ToKeyPart for String {
+    fn to_key_part(&self) -> KeyPart {
+        KeyPart::Text(self.clone())
+    }
+}
+
+impl ToKeyPart for Cow<'_, str> {
+    fn to_key_part(&self) -> KeyPart {
+        KeyPart::Text(self.to_string())
+    }
+}
+
+impl ToKeyPart for Uuid {
+    fn to_key_part(&self) -> KeyPart {
+        KeyPart::Uuid(*self)
+    }
+}
+
+impl ToKeyPart for [u8] {
+    fn to_key_part(&self) -> KeyPart {
+        KeyPart::Bytes(self.to_vec())
+    }
+}
+
+impl ToKeyPart for Vec<u8> {
+    fn to_key_part(&self) -> KeyPart {
+        KeyPart::Bytes(self.clone())
+    }
+}
+
+impl<const N: usize> ToKeyPart for [u8; N] {
+    fn to_key_part(&self) -> KeyPart {
+        KeyPart::Bytes(self.to_vec())
+    }
+}
+
+impl ToKeyPart for u128 {
+    fn to_key_part(&self) -> KeyPart {
+        match i128::try_from(*self) {
+            Ok(value) => KeyPart::Integer(value),
+            Err(_) => KeyPart::Unsigned(*self),
+        }
+    }
+}
+
+#[cfg(feature = "url")]
+impl ToKeyPart for url::Url {
+    fn to_key_part(&self) -> KeyPart {
+        KeyPart::Text(self.as_str().to_owned())
+    }
+}
+
+/// Tuples of key parts: a composite key ([`MessageKey::composite`]).
+macro_rules! composite_keys {
+    ($(($($part:ident . $n:tt),+)),+) => {$(
+        impl<$($part: ToKeyPart),+> ToMessageKey for ($($part,)+) {
+            fn to_message_key(&self) -> Result<MessageKey, KeyError> {
+                MessageKey::composite([$(self.$n.to_key_part()),+])
+            }
+        }
+    )+};
+}
+composite_keys!(
+    (A.0, B.1),
+    (A.0, B.1, C.2),
+    (A.0, B.1, C.2, D.3),
+    (A.0, B.1, C.2, D.3, E.4),
+    (A.0, B.1, C.2, D.3, E.4, F.5)
+);
 
 impl MessageKey {
     /// The longest key accepted, in bytes (all parts together): 64 KiB. A key is stored as a
@@ -235,6 +405,85 @@ impl MessageKey {
         })
     }
 
+    /// A key made of several values that together name the work — `(version_id, email)`,
+    /// `(tenant, order, line)` — as `key = (a, b)` of `#[idempotent]` builds it from a tuple
+    /// of [`ToKeyPart`]s.
+    ///
+    /// # Stored form
+    ///
+    /// The name-based UUID (version 5) under [`MessageKey::NAMESPACE`] of the byte `p`
+    /// followed by each part in order, as its length (4 bytes, big-endian) and then its
+    /// kind's tag and value: `t` and the text's UTF-8, `i` and the integer as 16 big-endian
+    /// bytes of two's complement (past `i128::MAX`, a zero byte and the 16 bytes of the
+    /// `u128`), `u` and the UUID's 16 bytes, `b` and the bytes. So `("a", "bc")` and
+    /// `("ab", "c")` differ, so do `(7, "x")`, `("7", "x")` and `("x", 7)`, and no composite
+    /// key meets a key of another kind; an integer part is the same part whatever its Rust
+    /// type. Two shapes keep the stored form the
+    /// tuples had before composite keys: two text parts are stored as
+    /// [`MessageKey::cloud_event`] stores them, and text followed by two integers, the first
+    /// in `i32`'s range and the second in `i64`'s, as [`MessageKey::kafka`] does (its
+    /// `(topic, partition, offset)`). The key's text (`Display`, the `key_text` column) is
+    /// the parts joined by `/`, which is for reading only: it is not what is stored.
+    ///
+    /// ```
+    /// use inbox_core::{KeyPart, MessageKey, ToMessageKey};
+    ///
+    /// let key = (7_i32, "ann@example.com").to_message_key()?;
+    /// assert_eq!(key.to_string(), "7/ann@example.com");
+    /// assert_eq!(key, (7_u64, String::from("ann@example.com")).to_message_key()?);
+    /// assert_ne!(key, ("7", "ann@example.com").to_message_key()?);
+    /// assert_eq!(
+    ///     key,
+    ///     MessageKey::composite([KeyPart::Integer(7), KeyPart::Text("ann@example.com".into())])?
+    /// );
+    /// # Ok::<(), inbox_core::KeyError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`KeyError::Empty`] for no parts or an empty text or bytes part,
+    /// [`KeyError::TooLong`] when the parts together exceed [`MessageKey::MAX_LEN`].
+    pub fn composite(parts: impl IntoIterator<Item = KeyPart>) -> Result<Self, KeyError> {
+        // An unsigned part within `i128` is that integer, however it was built.
+        let parts: Vec<KeyPart> = parts
+            .into_iter()
+            .map(|part| match part {
+                KeyPart::Unsigned(value) => value.to_key_part(),
+                part => part,
+            })
+            .collect();
+        if parts.is_empty()
+            || parts
+                .iter()
+                .any(|part| matches!(part, KeyPart::Text(_) | KeyPart::Bytes(_)) && part.len() == 0)
+        {
+            return Err(KeyError::Empty);
+        }
+        check_len(parts.iter().map(KeyPart::len).sum())?;
+        match parts.as_slice() {
+            [KeyPart::Text(source), KeyPart::Text(id)] => {
+                return Self::cloud_event(source.as_str(), id.as_str());
+            }
+            [
+                KeyPart::Text(topic),
+                KeyPart::Integer(partition),
+                KeyPart::Integer(offset),
+            ] => {
+                if let (Ok(partition), Ok(offset)) =
+                    (i32::try_from(*partition), i64::try_from(*offset))
+                {
+                    return Self::kafka(topic.as_str(), partition, offset);
+                }
+            }
+            _ => {}
+        }
+        let encoded: Vec<Vec<u8>> = parts.iter().map(KeyPart::encoded).collect();
+        let slices: Vec<&[u8]> = encoded.iter().map(Vec::as_slice).collect();
+        Ok(Self {
+            stored_id: derive(b'p', &slices),
+            kind: KeyKind::Composite(parts),
+        })
+    }
+
     /// This key within `scope` — a tenant, a principal, a route: the same key in two scopes
     /// is two keys, so that a key one tenant sends never answers another's. The stored id is
     /// the name-based UUID of the scope and this key's stored id, tagged apart from every
@@ -312,6 +561,15 @@ impl fmt::Display for MessageKey {
             KeyKind::Bytes(bytes) => bytes.iter().try_for_each(|b| write!(f, "{b:02x}")),
             KeyKind::Sequence { stream, sequence } => write!(f, "{stream}:{sequence}"),
             KeyKind::Scoped { scope, key } => write!(f, "[{scope}] {key}"),
+            KeyKind::Composite(parts) => {
+                for (n, part) in parts.iter().enumerate() {
+                    if n > 0 {
+                        f.write_str("/")?;
+                    }
+                    write!(f, "{part}")?;
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -364,6 +622,11 @@ macro_rules! integer_keys {
         impl ToMessageKey for $int {
             fn to_message_key(&self) -> Result<MessageKey, KeyError> {
                 Ok(MessageKey::integer(*self))
+            }
+        }
+        impl ToKeyPart for $int {
+            fn to_key_part(&self) -> KeyPart {
+                KeyPart::Integer(i128::from(*self))
             }
         }
     )*};
@@ -421,14 +684,15 @@ impl TryFrom<String> for MessageKey {
 /// Implemented for [`Uuid`], text (`str`, `String`, `Cow<str>`), bytes (`[u8]`, `Vec<u8>`,
 /// `[u8; N]`), the integer types up to `i128` and `u128`, `url::Url` (feature `url`: the
 /// URL's serialisation as text — normalised by the `url` crate, so `https://Example.social`
-/// is the key `https://example.social/`), Kafka `(topic, partition, offset)` tuples,
-/// CloudEvents `(source, id)` pairs, [`MessageKey`] itself, and references to any of these. Implement it for your own message id type to use
-/// that type directly as a key.
+/// is the key `https://example.social/`), tuples of 2 to 6 [`ToKeyPart`]s (a composite key,
+/// [`MessageKey::composite`] — a Kafka `(topic, partition, offset)` and a CloudEvents
+/// `(source, id)` among them), [`MessageKey`] itself, and references to any of these.
+/// Implement it for your own message id type to use that type directly as a key.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be used as a message key",
     label = "`key = …` must be a message id",
-    note = "a key is a Uuid, text (a URL with the feature `url`), bytes, an integer, a Kafka (topic, partition, offset) or a \
-            CloudEvents (source, id); implement `inbox_diesel::ToMessageKey` for your own id type"
+    note = "a key is a Uuid, text (a URL with the feature `url`), bytes, an integer, or a tuple of \
+            those (a composite key); implement `inbox_diesel::ToMessageKey` for your own id type"
 )]
 pub trait ToMessageKey {
     /// Builds the key, checking its length.
@@ -465,18 +729,6 @@ impl ToMessageKey for String {
 impl ToMessageKey for Cow<'_, str> {
     fn to_message_key(&self) -> Result<MessageKey, KeyError> {
         MessageKey::text(self.as_ref())
-    }
-}
-
-impl<S: AsRef<str>> ToMessageKey for (S, i32, i64) {
-    fn to_message_key(&self) -> Result<MessageKey, KeyError> {
-        MessageKey::kafka(self.0.as_ref(), self.1, self.2)
-    }
-}
-
-impl<S1: AsRef<str>, S2: AsRef<str>> ToMessageKey for (S1, S2) {
-    fn to_message_key(&self) -> Result<MessageKey, KeyError> {
-        MessageKey::cloud_event(self.0.as_ref(), self.1.as_ref())
     }
 }
 
@@ -592,6 +844,89 @@ mod tests {
     }
 
     const STORED_ORDER_1: &str = "4c4f1b35-a5fe-56db-9f13-c3e78c6a6818";
+
+    /// The tuples that meant a Kafka position and a CloudEvents pair before composite keys
+    /// keep those keys' stored ids: messages processed before stay processed.
+    #[test]
+    fn tuples_keep_the_kafka_and_cloud_event_stored_ids() {
+        assert_eq!(
+            ("payments", 3_i32, 1_204_i64).to_message_key().unwrap(),
+            MessageKey::kafka("payments", 3, 1_204).unwrap()
+        );
+        assert_eq!(
+            (String::from("payments"), 3_u8, 1_204_u64)
+                .to_message_key()
+                .unwrap(),
+            MessageKey::kafka("payments", 3, 1_204).unwrap()
+        );
+        assert_eq!(
+            ("https://source", "id-1").to_message_key().unwrap(),
+            MessageKey::cloud_event("https://source", "id-1").unwrap()
+        );
+        // Past i32, the partition is not one: a composite key of its own.
+        let wide = ("payments", i64::from(i32::MAX) + 1, 1_i64)
+            .to_message_key()
+            .unwrap();
+        assert_ne!(
+            wide.stored_id(),
+            MessageKey::kafka("payments", i32::MAX, 1)
+                .unwrap()
+                .stored_id()
+        );
+    }
+
+    /// A composite key's stored id is persisted: fixed here as the text key's is.
+    #[test]
+    fn composite_stored_id_is_stable() {
+        let key = (7_i32, "ann@example.com", Uuid::from_u128(1))
+            .to_message_key()
+            .unwrap();
+        assert_eq!(
+            key.to_string(),
+            "7/ann@example.com/00000000-0000-0000-0000-000000000001"
+        );
+        assert_eq!(key.stored_id(), Uuid::parse_str(STORED_COMPOSITE).unwrap());
+    }
+
+    const STORED_COMPOSITE: &str = "99197f18-4c86-5d97-b99a-204fae96d530";
+
+    #[test]
+    fn composite_parts_are_told_apart() {
+        let keys = [
+            (7_i32, "x").to_message_key().unwrap(),
+            ("x", 7_i32).to_message_key().unwrap(),
+            ("7", 7_i32).to_message_key().unwrap(),
+            (7_i32, 7_i32).to_message_key().unwrap(),
+            (7_i32, 7_i32, 7_i32).to_message_key().unwrap(),
+            (7_i32, b"x".as_slice()).to_message_key().unwrap(),
+            (Uuid::from_u128(7), "x").to_message_key().unwrap(),
+            (u128::MAX, "x").to_message_key().unwrap(),
+            MessageKey::composite([KeyPart::Unsigned(u128::MAX), KeyPart::Text("y".into())])
+                .unwrap(),
+            MessageKey::text("7/x").unwrap(),
+            MessageKey::integer(7),
+        ];
+        for (i, a) in keys.iter().enumerate() {
+            for b in &keys[i + 1..] {
+                assert_ne!(a.stored_id(), b.stored_id(), "{a:?} {b:?}");
+            }
+        }
+        assert_eq!(
+            (7_u8, "x").to_message_key().unwrap(),
+            (7_i128, String::from("x")).to_message_key().unwrap()
+        );
+        assert_eq!(
+            MessageKey::composite([KeyPart::Unsigned(7), KeyPart::Text("x".into())]).unwrap(),
+            (7_i32, "x").to_message_key().unwrap()
+        );
+        assert_eq!((1_i32, "").to_message_key(), Err(KeyError::Empty));
+        assert_eq!(MessageKey::composite([]), Err(KeyError::Empty));
+        let half = "x".repeat(MessageKey::MAX_LEN / 2);
+        assert!(matches!(
+            (1_i32, half.as_str(), half.as_str()).to_message_key(),
+            Err(KeyError::TooLong { .. })
+        ));
+    }
 
     #[test]
     fn length_limit_counts_every_part() {

@@ -46,7 +46,7 @@ pub use class::{Action, ErrorClass, TransientKind};
 pub use consumer::{Consumer, ConsumerError};
 pub use ident::{IdentifierError, InboxSchema};
 pub use isolation::Isolation;
-pub use key::{KeyError, MessageKey, Scoped, ToMessageKey};
+pub use key::{KeyError, KeyPart, MessageKey, Scoped, ToKeyPart, ToMessageKey};
 pub use outage::{Gate, Outage};
 pub use outcome::{BatchOutcome, HandlerOutcome, InFlightOutcome, Outcome, StaleClaimOutcome};
 pub use retention::Retention;

@@ -23,8 +23,11 @@ pub enum Error {
     /// statement, and its `COMMIT` then silently rolls back; MariaDB rolls the whole
     /// transaction back on a deadlock or a Galera abort, and the body's writes after it go
     /// into another transaction (`autocommit` is off while the handler runs). The runtime
-    /// detects either, rolls back, and reports it instead of
-    /// [`Outcome::Processed`](crate::Outcome::Processed): nothing of it committed.
+    /// detects either, rolls back, and runs the handler again in a fresh transaction as it
+    /// retries a deadlock (the swallowed error often was one) where nothing of the
+    /// transaction had committed; when the retries run out, or where something had (MariaDB:
+    /// a statement of the body that commits implicitly, DDL, committed the marker before
+    /// it), it reports this instead of [`Outcome::Processed`](crate::Outcome::Processed).
     TransactionAborted,
     /// Claim mode: the body succeeded, but its claim was no longer this delivery's when the
     /// runtime came to stamp it: the lease had run out and another delivery took the claim
@@ -235,8 +238,10 @@ impl fmt::Display for Error {
             Error::TransactionAborted => f.write_str(
                 "inbox: the handler returned Ok, but a statement in its transaction had failed \
                  and the transaction was aborted (a database error was swallowed inside the \
-                 handler); nothing of it was committed, the marker neither. Propagate \
-                 database errors with `?`",
+                 handler); it was rolled back, and the message not marked. Retried first \
+                 where nothing of it had committed; on MySQL and MariaDB a statement in the \
+                 body that commits implicitly (DDL) ends the transaction too, committing what \
+                 came before it. Propagate database errors with `?`",
             ),
             Error::ClaimLost { attempt } => write!(
                 f,

@@ -345,7 +345,7 @@ pub mod __private;
 /// | option | value | default |
 /// |---|---|---|
 /// | `consumer` | string literal: the handler's name, stored in the marker; non-empty, ≤ 200 bytes, no control characters (checked at compile time) | required |
-/// | `key` | an expression over the parameters whose type implements [`ToMessageKey`] (`Uuid`, text, bytes, integers up to `u128`, `url::Url` with the feature `url`, Kafka `(topic, partition, offset)`, CloudEvents `(source, id)`); borrowed, not moved; an empty key or one over 64 KiB is an error before any SQL | required |
+/// | `key` | an expression over the parameters whose type implements [`ToMessageKey`] (`Uuid`, text, bytes, integers up to `u128`, `url::Url` with the feature `url`, a tuple of those — a composite key, `key = (version_id, email)`, each part borrowed —, `format!` with inline arguments); borrowed, not moved; an empty key or one over 64 KiB is an error before any SQL | required |
 /// | `conn` | the name of the connection parameter | the one `&mut …Connection` parameter |
 /// | `retries` | integer: retries of transient failures, each in a fresh transaction | `3` |
 /// | `isolation` | `"read committed"`, `"repeatable read"` or `"serializable"` (PostgreSQL, MySQL, MariaDB; SQLite is always serializable) | the server's default |
@@ -607,9 +607,9 @@ pub use error::{Error, SessionProblem, StoredResultProblem};
 pub use guard::NoConnection;
 pub use inbox_core::{
     Action, BatchOutcome, Consumer, ConsumerError, ErrorClass, Gate, HandlerOutcome,
-    IdentifierError, InFlightOutcome, InboxSchema, Isolation, KeyError, MessageKey, Outage,
-    Outcome, Redelivery, Retention, RetryDecision, RetryPolicy, Scoped, Settle, Settlement,
-    StaleClaimOutcome, ToMessageKey, TransientKind, broker,
+    IdentifierError, InFlightOutcome, InboxSchema, Isolation, KeyError, KeyPart, MessageKey,
+    Outage, Outcome, Redelivery, Retention, RetryDecision, RetryPolicy, Scoped, Settle, Settlement,
+    StaleClaimOutcome, ToKeyPart, ToMessageKey, TransientKind, broker,
 };
 pub use runtime::stored::{Fingerprint, MAX_STORED_RESULT_BYTES};
 pub use schema::migration;

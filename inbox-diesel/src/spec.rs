@@ -104,8 +104,8 @@ impl HandlerSpec {
     /// 2. a transaction the caller opened as SQL (`BEGIN` through `batch_execute`) refused
     ///    ([`MARIADB_NONE_OPEN`](Self::MARIADB_NONE_OPEN)): `START TRANSACTION` would commit
     ///    it;
-    /// 3. `autocommit` off while the handler runs, the idle bound, the short lock wait, the
-    ///    isolation level, `START TRANSACTION`;
+    /// 3. `autocommit` off while the handler runs, messages in English, the idle bound, the
+    ///    short lock wait, the isolation level, `START TRANSACTION`;
     /// 4. inside it, a savepoint that names it ([`MARIADB_OURS`](Self::MARIADB_OURS)).
     ///
     /// A deadlock or a Galera abort ends the transaction on the server, the marker rolled
@@ -125,7 +125,11 @@ impl HandlerSpec {
             sql.push_str(Self::MARIADB_KEEP);
             sql.push_str("; ");
             sql.push_str(Self::MARIADB_NONE_OPEN);
-            sql.push_str("; SET autocommit = 0");
+            // Messages in English for the transaction: the startup check set them so, but a
+            // pool's hook or the application may have set the session's language since, and
+            // a lock wait timeout in the body is then read in words only (the text protocol
+            // carries no error number).
+            sql.push_str("; SET autocommit = 0, lc_messages = 'en_US'");
             if self.mariadb_idle_bound(mariadb) {
                 let seconds = self.idle_in_transaction_ms.div_ceil(1000);
                 // The smaller of the handler's bound and the session's own, which stays.
@@ -153,10 +157,11 @@ impl HandlerSpec {
         sql.into()
     }
 
-    /// MariaDB: the session's `autocommit` and idle bound kept in user variables, before
-    /// anything changes them, to be put back ([`MARIADB_ROLLBACK_AND_RESTORE`](Self::MARIADB_ROLLBACK_AND_RESTORE)).
+    /// MariaDB: the session's `autocommit`, idle bound and language kept in user variables,
+    /// before anything changes them, to be put back ([`MARIADB_ROLLBACK_AND_RESTORE`](Self::MARIADB_ROLLBACK_AND_RESTORE)).
     pub const MARIADB_KEEP: &'static str = "SET @inbox_autocommit = @@autocommit, \
-        @inbox_idle_transaction_timeout = @@SESSION.idle_transaction_timeout";
+        @inbox_idle_transaction_timeout = @@SESSION.idle_transaction_timeout, \
+        @inbox_lc_messages = @@SESSION.lc_messages";
 
     /// MariaDB: fails where a transaction is open on the session — one the caller opened as
     /// SQL, which diesel's transaction manager does not count — with
@@ -182,7 +187,8 @@ impl HandlerSpec {
     /// answer success: the runtime rolls them back and reports the swallowed error instead
     /// ([`Error::TransactionAborted`](crate::Error)). Then the idle bound put back.
     pub const MARIADB_STILL_OURS: &'static str = "RELEASE SAVEPOINT inbox_transaction; \
-        SET SESSION idle_transaction_timeout = @inbox_idle_transaction_timeout";
+        SET SESSION idle_transaction_timeout = @inbox_idle_transaction_timeout, \
+        lc_messages = @inbox_lc_messages";
 
     /// MariaDB, after `COMMIT`, alone: `autocommit` as the session had it. (Turned on
     /// while a transaction is open, it would commit that transaction: never before the
@@ -197,7 +203,8 @@ impl HandlerSpec {
     /// (A `COMMIT` never shares its round trip: `backends/mysql.rs`, "A `COMMIT` alone".)
     pub const MARIADB_ROLLBACK_AND_RESTORE: &'static str = "ROLLBACK; \
         SET autocommit = @inbox_autocommit, \
-        SESSION idle_transaction_timeout = @inbox_idle_transaction_timeout";
+        SESSION idle_transaction_timeout = @inbox_idle_transaction_timeout, \
+        lc_messages = @inbox_lc_messages";
 
     /// MySQL and MariaDB, after the rollback of a transaction a cancelled handler left open
     /// (its restore never sent): MariaDB's settings put back where a handler kept them on
@@ -206,7 +213,8 @@ impl HandlerSpec {
     pub const MARIADB_ABANDONED_RESTORE: &'static str = "SET \
         autocommit = IFNULL(@inbox_autocommit, @@autocommit), \
         SESSION idle_transaction_timeout = \
-        IFNULL(@inbox_idle_transaction_timeout, @@SESSION.idle_transaction_timeout)";
+        IFNULL(@inbox_idle_transaction_timeout, @@SESSION.idle_transaction_timeout), \
+        lc_messages = IFNULL(@inbox_lc_messages, @@SESSION.lc_messages)";
 
     /// MariaDB with the idle bound on: what `begin` sets besides what every MariaDB
     /// transaction sets.

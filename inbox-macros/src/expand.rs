@@ -197,6 +197,16 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
     let inbox_error = quote_spanned!(ret.span()=>
         <#ret as ::inbox_diesel::__private::HandlerResult>::inbox_error
     );
+    // A tuple (a composite key) borrows each part: `(a, b)` would move a `String` parameter
+    // out of the body's reach.
+    let key = match key {
+        syn::Expr::Tuple(tuple) if !tuple.elems.is_empty() => {
+            let parts = tuple.elems.iter();
+            let span = tuple.span();
+            syn::parse_quote_spanned!(span=> (#(&(#parts),)*))
+        }
+        key => key,
+    };
     let message_key = quote_spanned!(key.span()=> ::inbox_diesel::__private::message_key(&(#key)));
     // The one place sync and async differ: which runtime, and whether the body is an async
     // closure that the runtime awaits.

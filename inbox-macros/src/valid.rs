@@ -413,12 +413,56 @@ fn parameter_names(item: &ItemFn) -> Vec<Ident> {
     names
 }
 
+/// The identifiers an expression names: its own, and the inline arguments of the format
+/// strings of the macros it calls (`format!("{id}/{email}")` names `id` and `email`).
 fn collect_idents(tokens: TokenStream, out: &mut Vec<Ident>) {
+    // `name !` just before: a group is that macro's arguments.
+    let (mut ident_before, mut bang_before) = (false, false);
     for token in tokens {
-        match token {
-            TokenTree::Ident(ident) => out.push(ident),
-            TokenTree::Group(group) => collect_idents(group.stream(), out),
-            _ => {}
+        let (ident, bang) = match token {
+            TokenTree::Ident(ident) => {
+                out.push(ident);
+                (true, false)
+            }
+            TokenTree::Punct(punct) if punct.as_char() == '!' => (false, ident_before),
+            TokenTree::Group(group) => {
+                if bang_before {
+                    format_arguments(group.stream(), out);
+                }
+                collect_idents(group.stream(), out);
+                (false, false)
+            }
+            _ => (false, false),
+        };
+        (ident_before, bang_before) = (ident, bang);
+    }
+}
+
+/// The inline arguments named in the string literals among a macro call's arguments:
+/// `{name}`, `{name:?}`, `{name:>8}`; `{{` is a brace, `{0}` and `{}` name nothing.
+fn format_arguments(tokens: TokenStream, out: &mut Vec<Ident>) {
+    for token in tokens {
+        let TokenTree::Literal(literal) = token else {
+            continue;
+        };
+        let span = literal.span();
+        let Ok(text) = syn::parse2::<syn::LitStr>(TokenTree::Literal(literal).into()) else {
+            continue;
+        };
+        let text = text.value();
+        let mut rest = text.as_str();
+        while let Some(open) = rest.find('{') {
+            rest = &rest[open + 1..];
+            if let Some(after) = rest.strip_prefix('{') {
+                rest = after;
+                continue;
+            }
+            let end = rest.find(['}', ':']).unwrap_or(rest.len());
+            if let Ok(mut ident) = syn::parse_str::<Ident>(rest[..end].trim()) {
+                ident.set_span(span);
+                out.push(ident);
+            }
+            rest = &rest[end..];
         }
     }
 }
@@ -617,4 +661,33 @@ fn return_type(item: &ItemFn) -> syn::Result<Type> {
         return Err(not_a_result(ty));
     }
     Ok(peel(ty).clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn named(expr: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        collect_idents(expr.parse().unwrap(), &mut out);
+        out.iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn inline_format_arguments_are_named() {
+        let names = named(r#"format!("{version_id}/{email:?}/{{literal}}/{0}/{}/{ width:>8}", n)"#);
+        for name in ["format", "version_id", "email", "width", "n"] {
+            assert!(names.iter().any(|n| n == name), "{name} in {names:?}");
+        }
+        assert!(!names.iter().any(|n| n == "literal"), "{names:?}");
+        // A string outside a macro call names nothing: a constant key.
+        assert_eq!(named(r#"String::from("{id}")"#), ["String", "from"]);
+        // Nested calls, raw identifiers.
+        let names = named(r#"key(&format!("{r#type}-{}", inner!("{id}")))"#);
+        assert!(
+            names.iter().any(|n| n == "r#type" || n == "type"),
+            "{names:?}"
+        );
+        assert!(names.iter().any(|n| n == "id"), "{names:?}");
+    }
 }

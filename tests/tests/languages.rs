@@ -775,13 +775,13 @@ mod mariadb {
     }
 
     /// A body that swallows the deadlock the server ended its transaction with, under each
-    /// shape: the writes after it commit nothing, no marker is written, and the runtime
-    /// reports the swallowed error (`TransactionAborted`, `Alert`) instead of `Processed` —
-    /// before, its later writes committed on their own, and with the idle bound off the
-    /// message was acknowledged too (a redelivery wrote them again). The session's settings
-    /// are put back: the same connection then commits its own writes as usual.
+    /// shape: the writes after it commit nothing — before, they committed on their own, and
+    /// with the idle bound off the message was acknowledged too (a redelivery wrote them
+    /// again) — and the runtime, which sees the transaction is no longer the handler's, rolls
+    /// them back and runs the handler again: applied once. The session's settings are put
+    /// back: the same connection then commits its own writes as usual.
     #[test]
-    fn a_swallowed_deadlock_commits_nothing_and_is_reported() {
+    fn a_swallowed_deadlock_commits_nothing_and_runs_again() {
         type Handler = fn(
             &mut MysqlConnection,
             &str,
@@ -834,28 +834,30 @@ mod mariadb {
                 waits.join().unwrap();
                 delivery.join().unwrap()
             });
-            let error = outcome.unwrap_err();
-            assert!(
-                matches!(error, inbox_diesel::Error::TransactionAborted),
-                "{shape}: {error:?}"
+            // The first attempt's writes after the deadlock were rolled back with it, and the
+            // handler ran again in a fresh transaction: applied once.
+            assert!(outcome.unwrap().is_processed(), "{shape}");
+            assert_eq!(
+                dance.attempts.load(std::sync::atomic::Ordering::SeqCst),
+                2,
+                "{shape}: retried once"
             );
-            assert_eq!(error.action(), inbox_diesel::Action::Alert, "{shape}");
             assert_eq!(
                 count(&mut admin, "SELECT count(*) AS n FROM inbox"),
-                0,
-                "{shape}: no marker"
+                1,
+                "{shape}: one marker"
             );
             assert_eq!(
                 count(&mut admin, "SELECT balance AS n FROM accounts WHERE id = 3"),
-                0,
-                "{shape}: the write after the swallowed deadlock committed"
+                100,
+                "{shape}: the write after the swallowed deadlock applied once"
             );
             // The session is as it was: its own writes commit, and the next delivery runs.
             conn.batch_execute("UPDATE accounts SET balance = balance + 1000 WHERE id = 3")
                 .unwrap();
             assert_eq!(
                 count(&mut admin, "SELECT balance AS n FROM accounts WHERE id = 3"),
-                1000,
+                1100,
                 "{shape}: the session's own write did not commit"
             );
             assert_eq!(
@@ -869,6 +871,113 @@ mod mariadb {
                 .batch_execute("UPDATE accounts SET balance = 0 WHERE id = 3; DELETE FROM inbox")
                 .unwrap();
         }
+    }
+
+    #[idempotent(consumer = "waits", key = id, retries = 0)]
+    fn waits_for_account_1(
+        conn: &mut MysqlConnection,
+        id: &str,
+    ) -> Result<(), inbox_diesel::Error> {
+        conn.batch_execute(
+            "SET SESSION innodb_lock_wait_timeout = 1;
+             UPDATE accounts SET balance = balance + 1 WHERE id = 1",
+        )?;
+        Ok(())
+    }
+
+    /// A session whose language the application (or a pool's hook) set after the startup
+    /// check set it to English: a lock wait timeout in the body, through the text protocol
+    /// (no error number), was read in German, classed `Other` and dead-lettered. Each
+    /// handler transaction speaks English, and the session's language is put back after.
+    #[test]
+    fn a_language_set_after_the_check_is_english_inside_the_handler() {
+        let db = MysqlDb::new("languages_reset");
+        let mut conn = db.connect();
+        // Checked (which sets the session's messages to English), then set to German.
+        assert!(
+            waits_for_account_1(&mut conn, "warm")
+                .unwrap()
+                .is_processed()
+        );
+        conn.batch_execute("SET SESSION lc_messages = 'de_DE'")
+            .unwrap();
+        let mut holder = db.connect();
+        holder
+            .batch_execute("START TRANSACTION; UPDATE accounts SET balance = balance WHERE id = 1")
+            .unwrap();
+        let error = waits_for_account_1(&mut conn, "m-1").unwrap_err();
+        holder.batch_execute("ROLLBACK").unwrap();
+        assert_eq!(error.class(), LOCK, "{error:?}");
+        assert_eq!(error.action(), inbox_diesel::Action::RetryLater);
+        #[derive(diesel::QueryableByName)]
+        struct Language {
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            language: String,
+        }
+        let language: Language = diesel::RunQueryDsl::get_result(
+            diesel::sql_query("SELECT CAST(@@SESSION.lc_messages AS CHAR) AS language"),
+            &mut conn,
+        )
+        .unwrap();
+        assert_eq!(
+            language.language, "de_DE",
+            "the session's own language, put back"
+        );
+        assert!(
+            waits_for_account_1(&mut conn, "m-1")
+                .unwrap()
+                .is_processed()
+        );
+    }
+
+    /// DDL in the body: MariaDB commits the open transaction before it — the marker and
+    /// the writes before it committed, the handler's transaction gone.
+    #[idempotent(consumer = "ddl", key = id)]
+    fn with_ddl(conn: &mut MysqlConnection, id: &str) -> Result<(), inbox_diesel::Error> {
+        conn.batch_execute("UPDATE accounts SET balance = balance + 1 WHERE id = 1")?;
+        conn.batch_execute("CREATE TABLE IF NOT EXISTS ddl_in_a_body (x INTEGER)")?;
+        conn.batch_execute("UPDATE accounts SET balance = balance + 1 WHERE id = 2")?;
+        Ok(())
+    }
+
+    /// What the server committed before the DDL cannot be taken back: the runtime, which
+    /// finds its transaction gone and the marker committed, reports it (`TransactionAborted`,
+    /// `Alert`) and does not run the handler again — a redelivery is a duplicate — rather
+    /// than answering `Processed` for half of the work.
+    #[test]
+    fn ddl_in_a_body_is_reported_not_retried() {
+        let db = MysqlDb::new("ddl_in_a_body");
+        let mut conn = db.connect();
+        let error = with_ddl(&mut conn, "m-1").unwrap_err();
+        assert!(
+            matches!(error, inbox_diesel::Error::TransactionAborted),
+            "{error:?}"
+        );
+        assert_eq!(error.action(), inbox_diesel::Action::Alert);
+        let mut admin = db.connect();
+        assert_eq!(count(&mut admin, "SELECT count(*) AS n FROM inbox"), 1);
+        assert_eq!(
+            count(&mut admin, "SELECT balance AS n FROM accounts WHERE id = 1"),
+            1,
+            "committed by the DDL, once"
+        );
+        assert_eq!(
+            count(&mut admin, "SELECT balance AS n FROM accounts WHERE id = 2"),
+            0,
+            "after the DDL: rolled back"
+        );
+        assert!(with_ddl(&mut conn, "m-1").unwrap().is_duplicate());
+        assert_eq!(
+            count(&mut conn, "SELECT CAST(@@autocommit AS SIGNED) AS n"),
+            1
+        );
+        conn.batch_execute("UPDATE accounts SET balance = balance + 10 WHERE id = 2")
+            .unwrap();
+        assert_eq!(
+            count(&mut admin, "SELECT balance AS n FROM accounts WHERE id = 2"),
+            10,
+            "the session's own writes commit"
+        );
     }
 
     #[idempotent(consumer = "languages", key = id)]

@@ -65,8 +65,8 @@ use inbox_diesel::Error as InboxError;
 use inbox_tests::postgres::PgDb;
 
 /// The body catches a failed statement and returns `Ok`: PostgreSQL had already aborted
-/// the transaction and would answer `COMMIT` with a silent rollback. The handler must report
-/// that, and leave neither marker nor credit.
+/// the transaction and would answer `COMMIT` with a silent rollback. The handler runs it
+/// again (the retries), then reports it, and leaves neither marker nor credit.
 #[test]
 fn swallowed_error_is_reported_never_processed() {
     let db = PgDb::new("swallowed_error");
@@ -86,6 +86,30 @@ fn swallowed_error_is_reported_never_processed() {
     // The connection is usable again, and the redelivery processes.
     assert_eq!(credit(&mut conn, &msg).unwrap(), Outcome::Processed(()));
     assert_eq!(balance(&mut conn, 1), 10);
+}
+
+/// The same body, swallowing the error on its first run only — as a body that swallows a
+/// deadlock or a lock timeout would: the runtime runs it again in a fresh transaction, as
+/// it retries a deadlock, and it is processed once, instead of being reported (`Alert`, a
+/// halted pump) for a failure a redelivery would get past.
+#[test]
+fn an_error_swallowed_once_is_retried_and_processed() {
+    let db = PgDb::new("swallowed_once");
+    let mut conn = db.connect();
+    let msg = Credit::new(1);
+    let mut runs = 0;
+    let result = credit_then(&mut conn, &msg, &mut |conn| {
+        runs += 1;
+        if runs == 1 {
+            let swallowed = diesel::sql_query("SELECT 1/0").execute(conn);
+            assert!(swallowed.is_err());
+        }
+        Ok(())
+    });
+    assert_eq!(result.unwrap(), Outcome::Processed(()));
+    assert_eq!(runs, 2);
+    assert_eq!(count_markers(&mut conn), 1);
+    assert_eq!(count_credits(&mut conn, &msg), 1);
 }
 
 #[idempotent(consumer = "credit", key = msg.id, isolation = "serializable")]

@@ -44,6 +44,13 @@ mod another_database {
 
     include!("behaviour/tenants.rs");
 }
+/// Composite keys: a tuple of parameters, a `format!` with inline arguments.
+mod composite {
+    type Db = inbox_tests::sqlite::SqliteDb;
+    type DbConnection = diesel::SqliteConnection;
+
+    include!("behaviour/composite.rs");
+}
 /// Claim mode after a transaction opened as SQL.
 mod raw_begin {
     type Db = inbox_tests::sqlite::SqliteDb;

@@ -340,6 +340,30 @@ async fn deadlock_unread<S: Steps>(
     }
 }
 
+/// After a transaction the server ended under a body that swallowed the error
+/// ([`ErrorClass::TransactionAborted`]), rolled back: whether nothing of it committed, so
+/// that it may run again. PostgreSQL and SQLite commit nothing of an aborted transaction.
+/// On MySQL and MariaDB a statement that commits implicitly (DDL, `LOCK TABLES`) ends the
+/// transaction too — committing the marker and the body's writes before it: there the
+/// marker of this key, read after the rollback, must be absent (a batch's is not read: not
+/// retried). Present, it may be another delivery's, which went on after this one's
+/// deadlock; or this one's, committed early: reported, not retried, either way.
+async fn nothing_committed<S: Steps, K: Claims>(
+    steps: &mut S,
+    spec: &'static HandlerSpec,
+    layout: Layout,
+    claims: &K,
+) -> bool {
+    // MySQL reports no transaction ended under the body (it cannot tell).
+    if !layout.mariadb {
+        return true;
+    }
+    match claims.key() {
+        Some(key) => matches!(steps.markers_present(spec, &[key.stored_id()]).await, Ok(0)),
+        None => false,
+    }
+}
+
 /// Why one attempt failed. Every variant is returned after the transaction was rolled back.
 enum Failure<T, E> {
     /// The body returned `Err`; kept as the `Result` the body returned so that the
@@ -639,6 +663,15 @@ where
             idle_bound_hint(spec, started.elapsed());
         }
         let decision = match &class {
+            // The body swallowed an error that ended its transaction — often a deadlock, a
+            // serialization failure, a lock timeout, which a fresh transaction gets past:
+            // retried as those are, where nothing of it committed, before it is reported.
+            Some(ErrorClass::TransactionAborted)
+                if nothing_committed(&mut steps, spec, layout, claims).await =>
+            {
+                let swallowed = ErrorClass::Transient(inbox_core::TransientKind::Deadlock);
+                spec.retry.decide(&swallowed, retries, fastrand::f64())
+            }
             Some(class) => spec.retry.decide(class, retries, fastrand::f64()),
             None => RetryDecision::GiveUp,
         };

@@ -80,6 +80,19 @@ pub fn by_offset(db: &mut SqliteConnection, msg: &Msg) -> QueryResult<()> {
     add(db, msg.amount).map(drop)
 }
 
+/// A composite key of parameters, one of them a `String` the body still owns afterwards.
+#[idempotent(consumer = "notify", key = (version_id, email))]
+pub fn notify(conn: &mut SqliteConnection, version_id: i32, email: String) -> QueryResult<usize> {
+    add(conn, i64::from(version_id))?;
+    Ok(email.len())
+}
+
+/// A key formatted from the parameters by inline arguments.
+#[idempotent(consumer = "notify-text", key = format!("{version_id}/{email}"))]
+pub fn notify_text(conn: &mut SqliteConnection, version_id: i32, email: &str) -> QueryResult<()> {
+    add(conn, i64::from(version_id)).map(drop)
+}
+
 pub struct Service {
     pub consumer_tag: &'static str,
 }
