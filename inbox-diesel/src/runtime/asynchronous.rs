@@ -54,16 +54,19 @@ where
     }
 }
 
-/// A claim-mode body: each run is a clone, given no connection.
-struct ClonedWithoutConnection<B>(B);
+/// A claim-mode body, given no connection. It runs once — a failed run is retried by the
+/// broker's redelivery, never here — so it may consume what it captured: the handler's
+/// parameters taken by value.
+struct OnceWithoutConnection<B>(Option<B>);
 
-impl<C, R, B> driver::Body<C, R> for ClonedWithoutConnection<B>
+impl<C, R, B> driver::Body<C, R> for OnceWithoutConnection<B>
 where
-    B: Clone + for<'c> AsyncBody<&'c mut NoConnection, R, Fut: Send>,
+    B: for<'c> AsyncBody<&'c mut NoConnection, R, Fut: Send>,
 {
     async fn call(&mut self, _: &mut C) -> R {
+        let body = self.0.take().expect("a claim-mode body runs once");
         let mut none = NoConnection::new();
-        (self.0.clone())(&mut none).await
+        body(&mut none).await
     }
 }
 
@@ -201,7 +204,7 @@ pub async fn run_claim_async<C, T, E, B, A>(
 ) -> Result<A, E>
 where
     C: AsyncInboxConnection,
-    B: Clone + for<'c> AsyncBody<&'c mut NoConnection, Result<T, E>, Fut: Send>,
+    B: for<'c> AsyncBody<&'c mut NoConnection, Result<T, E>, Fut: Send>,
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
     let key = key.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
@@ -211,7 +214,7 @@ where
         spec,
         claim,
         key,
-        ClonedWithoutConnection(body),
+        OnceWithoutConnection(Some(body)),
         remembered,
         inbox_error,
     )

@@ -120,7 +120,7 @@ pub fn run_claim<C, T, E, B, A>(
 ) -> Result<A, E>
 where
     C: InboxConnection,
-    B: FnMut(&mut NoConnection) -> Result<T, E>,
+    B: FnOnce(&mut NoConnection) -> Result<T, E>,
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
     let key = key.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
@@ -131,7 +131,7 @@ where
             spec,
             claim,
             key,
-            WithoutConnection(body),
+            OnceWithoutConnection(Some(body)),
             remembered,
             inbox_error,
         )
@@ -150,12 +150,15 @@ impl<C, R, B: FnMut(&mut C) -> R> driver::Body<C, R> for Immediate<B> {
     }
 }
 
-/// A sync claim-mode body: it runs to its end when called, and is given no connection.
-struct WithoutConnection<B>(B);
+/// A sync claim-mode body: it runs to its end when called, and is given no connection. It
+/// runs once — a failed run is retried by the broker's redelivery, never here — so it may
+/// consume what it captured: the handler's parameters taken by value.
+struct OnceWithoutConnection<B>(Option<B>);
 
-impl<C, R, B: FnMut(&mut NoConnection) -> R> driver::Body<C, R> for WithoutConnection<B> {
+impl<C, R, B: FnOnce(&mut NoConnection) -> R> driver::Body<C, R> for OnceWithoutConnection<B> {
     async fn call(&mut self, _: &mut C) -> R {
-        (self.0)(&mut NoConnection::new())
+        let body = self.0.take().expect("a claim-mode body runs once");
+        body(&mut NoConnection::new())
     }
 }
 

@@ -47,4 +47,29 @@ fn g31(conn: &mut SqliteConnection, msg: &Msg) -> QueryResult<()> {
     add(c, 1)?;
     Ok(())
 }
+/// A job taken by value and handed on, as a port of a job runner writes it: a claim-mode
+/// body runs once, so it may consume its parameters (no clone).
+pub struct Job {
+    pub id: u64,
+    pub email: String,
+}
+fn send_email(to: String) -> Result<(), String> {
+    let _ = to;
+    Ok(())
+}
+#[idempotent(consumer = "gc-owned", key = job.id, mode = "claim")]
+fn consumes_its_job(conn: &mut SqliteConnection, job: Job) -> Result<(), AppError> {
+    send_email(job.email)?;
+    Ok(())
+}
+#[idempotent(consumer = "gc-owned-async", key = job.id, mode = "claim")]
+async fn consumes_its_job_async(
+    conn: &mut diesel_async::sync_connection_wrapper::SyncConnectionWrapper<SqliteConnection>,
+    job: Job,
+) -> Result<(), AppError> {
+    let sent = async move { send_email(job.email) }.await;
+    sent?;
+    Ok(())
+}
+
 fn main() {}
