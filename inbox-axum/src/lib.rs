@@ -14,7 +14,8 @@
 //! - a request with the same key while the first is uncommitted gets 409 at once (on
 //!   PostgreSQL and MySQL/MariaDB, with a handler built with `in_flight_when_locked()`;
 //!   SQLite runs one writer at a time, so there the second request waits and replays);
-//! - the same key with another method, path or body gets 422 once the first has committed
+//! - the same key on the same route (method and path pattern) with another path, query or
+//!   body gets 422 once the first has committed
 //!   (while it is in flight, 409 like any request under the key: its fingerprint is not
 //!   visible before its commit); a missing key 400; every refusal is an
 //!   `application/problem+json` body ([`Problem`]).

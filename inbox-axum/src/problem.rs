@@ -16,11 +16,12 @@ use serde::Serialize;
 /// | `idempotency-key-invalid` | 400 | the header is empty, longer than [`MAX_KEY_LEN`](crate::MAX_KEY_LEN), not visible ASCII, or a malformed quoted string |
 /// | `request-in-flight` | 409 | a request with the same key is being processed (with `Retry-After: 1`) |
 /// | `request-done-without-response` | 409 | the key's request was processed by a handler that stores no response |
-/// | `idempotency-key-reused` | 422 | the key was used for a request with another method, path or body |
+/// | `idempotency-key-reused` | 422 | the key was used on this route for a request with another path, query or body (on another route — another method or path pattern — it is another key) |
 /// | `body-not-json` | 415 | the body is not declared `application/json` |
 /// | `body-malformed` | 400 | the body is not JSON |
 /// | `body-invalid` | 422 | the body is JSON, not the handler's payload |
 /// | `principal-missing` | 500 | no [`Principal`](crate::Principal) in the request's extensions (logged) |
+/// | `reply-too-large` | 500 | the reply the body returned is over [`MAX_STORED_RESULT_BYTES`](inbox_diesel::MAX_STORED_RESULT_BYTES) (1 MiB) as stored: nothing committed, every retry fails the same way — answer less (an id to fetch the rest by) (logged) |
 /// | `body-unreadable` | the rejection's (413 over axum's `DefaultBodyLimit`) | the body could not be read |
 /// | `internal` | 500 | the handler's transaction failed and rolled back (logged) |
 /// | `unavailable` | 503 | the database was unreachable or busy past the handler's retries; a retry with the same key answers the request once |
@@ -127,8 +128,19 @@ impl Error {
             Error::Inbox(Inbox::KeyReused { .. }) => Problem::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "idempotency-key-reused",
-                "this Idempotency-Key was used for a request with another method, path or \
-                 body; send a new key for a new request",
+                "this Idempotency-Key was used on this route for a request with another path, \
+                 query or body; send a new key for a new request",
+            ),
+            Error::Inbox(Inbox::StoredResult(inbox_diesel::StoredResultProblem::TooLarge {
+                bytes,
+                limit,
+            })) => Problem::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "reply-too-large",
+                format!(
+                    "the reply is {bytes} bytes, over the {limit} a key's stored reply may \
+                     hold; nothing was committed, and a retry fails the same way (logged)"
+                ),
             ),
             Error::Inbox(Inbox::InvalidKey(e)) => Problem::new(
                 StatusCode::BAD_REQUEST,

@@ -71,9 +71,14 @@ async fn add(State(app): State<App>, Path(list): Path<i64>, request: Idempotent<
                     .bind::<diesel::sql_types::Text, _>(&text)
                     .execute(tx)
                     .await?;
+                // A reply over what a key's stored reply may hold.
+                let echo = match text.as_str() {
+                    "huge" => "x".repeat(2 * inbox_diesel::MAX_STORED_RESULT_BYTES),
+                    _ => text.clone(),
+                };
                 Reply::json(
                     StatusCode::CREATED,
-                    &serde_json::json!({ "list": list, "text": text }),
+                    &serde_json::json!({ "list": list, "text": echo }),
                 )
             }),
         )
@@ -153,7 +158,7 @@ async fn app(dir: &tempfile::TempDir, runs: &'static AtomicUsize) -> (Router, Po
         .unwrap();
     drop(conn);
     let router = Router::new()
-        .route("/lists/{list}/notes", post(add))
+        .route("/lists/{list}/notes", post(add).put(add))
         .route("/other/{list}/notes", post(add))
         .route("/maybe", post(add_maybe))
         .route("/lists/{list}/clear", post(clear))
@@ -203,7 +208,7 @@ async fn rows(pool: &Pool<Conn>, sql: &str) -> i64 {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_key_is_scoped_by_the_route_it_was_sent_to_and_fingerprinted_with_the_path() {
+async fn a_key_is_scoped_by_the_route_and_method_and_fingerprinted_with_the_path() {
     static RUNS: AtomicUsize = AtomicUsize::new(0);
     let dir = tempfile::tempdir().unwrap();
     let (router, pool) = app(&dir, &RUNS).await;
@@ -212,6 +217,14 @@ async fn a_key_is_scoped_by_the_route_it_was_sent_to_and_fingerprinted_with_the_
     // The same key on another route pattern is another key.
     let other_route = answer(&router, note("/other/1/notes", Some("k"), "milk")).await;
     assert_eq!((other_route.0, other_route.1), (StatusCode::CREATED, false));
+    // Another method on the same path is another route: another key, run.
+    let mut put = note("/lists/1/notes", Some("k"), "milk");
+    *put.method_mut() = axum::http::Method::PUT;
+    let other_method = answer(&router, put).await;
+    assert_eq!(
+        (other_method.0, other_method.1),
+        (StatusCode::CREATED, false)
+    );
     // The same route pattern with another path is the same key, another request: 422.
     let other_list = answer(&router, note("/lists/2/notes", Some("k"), "milk")).await;
     assert_eq!(other_list.0, StatusCode::UNPROCESSABLE_ENTITY);
@@ -224,15 +237,32 @@ async fn a_key_is_scoped_by_the_route_it_was_sent_to_and_fingerprinted_with_the_
         (retry.0, retry.1, &retry.2),
         (StatusCode::CREATED, true, &first.2)
     );
-    assert_eq!(AtomicUsize::load(&RUNS, Ordering::SeqCst), 2);
-    assert_eq!(rows(&pool, "SELECT count(*) AS n FROM notes").await, 2);
+    assert_eq!(AtomicUsize::load(&RUNS, Ordering::SeqCst), 3);
+    assert_eq!(rows(&pool, "SELECT count(*) AS n FROM notes").await, 3);
     // One marker per route, each with its reply and fingerprint.
     let stored = rows(
         &pool,
         "SELECT count(*) AS n FROM inbox WHERE result IS NOT NULL AND fingerprint IS NOT NULL",
     )
     .await;
-    assert_eq!(stored, 2);
+    assert_eq!(stored, 3);
+}
+
+/// A reply over the stored reply's limit: nothing committed, a problem that names the cause
+/// (before, a generic 500), the same on a retry.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reply_too_large_to_store_is_named_and_commits_nothing() {
+    static RUNS: AtomicUsize = AtomicUsize::new(0);
+    let dir = tempfile::tempdir().unwrap();
+    let (router, pool) = app(&dir, &RUNS).await;
+    for _ in 0..2 {
+        let huge = answer(&router, note("/lists/1/notes", Some("big"), "huge")).await;
+        assert_eq!(huge.0, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(huge.2["problem"], "reply-too-large", "{}", huge.2);
+        assert_eq!(rows(&pool, "SELECT count(*) AS n FROM notes").await, 0);
+        assert_eq!(rows(&pool, "SELECT count(*) AS n FROM inbox").await, 0);
+    }
+    assert_eq!(AtomicUsize::load(&RUNS, Ordering::SeqCst), 2);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -20,32 +20,44 @@ pub struct ClaimHook {
 }
 
 /// A two-party gate for sync bodies: the body `pass`es it, the test knows when the body is
-/// inside (`wait_inside`) and decides when it goes on (`open`).
+/// inside (`wait_inside`) and decides when it goes on (`open`). Each wait is bounded: a body
+/// that never comes inside (the runtime did not run it) fails the test instead of hanging
+/// it, and so does a body the test never opens.
+#[derive(Default)]
 pub struct Gate {
-    inside: std::sync::Barrier,
-    open: std::sync::Barrier,
-}
-
-impl Default for Gate {
-    fn default() -> Self {
-        Self {
-            inside: std::sync::Barrier::new(2),
-            open: std::sync::Barrier::new(2),
-        }
-    }
+    /// (the body is inside, the test opened the gate)
+    state: std::sync::Mutex<(bool, bool)>,
+    changed: std::sync::Condvar,
 }
 
 impl Gate {
+    /// How long either side waits for the other.
+    pub const WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+    fn wait_for(&self, what: &str, done: impl Fn(&(bool, bool)) -> bool) {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let (_state, waited) = self
+            .changed
+            .wait_timeout_while(state, Self::WAIT, |state| !done(state))
+            .unwrap_or_else(|e| e.into_inner());
+        assert!(!waited.timed_out(), "{what} within {:?}", Self::WAIT);
+    }
+
+    fn set(&self, change: impl Fn(&mut (bool, bool))) {
+        change(&mut self.state.lock().unwrap_or_else(|e| e.into_inner()));
+        self.changed.notify_all();
+    }
+
     pub fn pass(&self) {
-        self.inside.wait();
-        self.open.wait();
+        self.set(|state| state.0 = true);
+        self.wait_for("the test opened the gate", |state| state.1);
     }
 
     pub fn wait_inside(&self) {
-        self.inside.wait();
+        self.wait_for("the body came inside the gate", |state| state.0);
     }
 
     pub fn open(&self) {
-        self.open.wait();
+        self.set(|state| state.1 = true);
     }
 }

@@ -33,6 +33,13 @@ mod testing_kit {
 
     include!("behaviour/testing.rs");
 }
+/// Composite keys: a tuple of parameters, a `format!` with inline arguments.
+mod composite {
+    type Db = inbox_tests::mysql::MysqlDb;
+    type DbConnection = diesel::MysqlConnection;
+
+    include!("behaviour/composite.rs");
+}
 /// Stored results: a duplicate answers with the value its first delivery stored.
 mod stored {
     type Db = inbox_tests::mysql::MysqlDb;

@@ -980,6 +980,13 @@ fn forget_check<S: Steps>(steps: &mut S, spec: &HandlerSpec) {
 /// check sets that, and the next attempt's error, if any, reads as what it is. Once per
 /// delivery.
 fn needs_recheck(error: &DieselError, spec: &HandlerSpec) -> bool {
+    // The runtime's own refusal of a stored result (over its limit, not JSON), not the
+    // server's: the same again on any session.
+    if let DieselError::QueryBuilderError(inner) = error
+        && matches!(inner.downcast_ref::<Error>(), Some(Error::StoredResult(_)))
+    {
+        return false;
+    }
     if crate::dialect::layout::unchecked_session(error) {
         // Every session a MySQL pool opens, once: not news.
         tracing::debug!("this session has not checked the inbox table; checking it");
