@@ -749,6 +749,29 @@ mod mariadb {
         swallowing(conn, dance, false)
     }
 
+    /// Swallows the deadlock, then fails on what the deadlock's rollback took away: the
+    /// row it inserted first is gone (`NotFound`, propagated) — a consequence of the
+    /// swallowed deadlock, not a fault of the message.
+    #[idempotent(consumer = "swallows", key = id, idle_in_transaction_ms = 0)]
+    fn swallows_then_misses(
+        conn: &mut MysqlConnection,
+        id: &str,
+        dance: &Choreography,
+    ) -> Result<(), inbox_diesel::Error> {
+        use diesel::RunQueryDsl;
+        conn.batch_execute("INSERT INTO made (id) VALUES (1)")?;
+        swallowing(conn, dance, false)?;
+        #[derive(diesel::QueryableByName)]
+        struct Made {
+            #[diesel(sql_type = diesel::sql_types::Integer)]
+            #[allow(dead_code)]
+            id: i32,
+        }
+        diesel::sql_query("SELECT id FROM made WHERE id = 1").get_result::<Made>(conn)?;
+        conn.batch_execute("DELETE FROM made")?;
+        Ok(())
+    }
+
     fn swallowing(
         conn: &mut MysqlConnection,
         dance: &Choreography,
@@ -787,17 +810,19 @@ mod mariadb {
             &str,
             &Choreography,
         ) -> Result<inbox_diesel::Outcome<()>, inbox_diesel::Error>;
-        let shapes: [(&str, Handler); 3] = [
+        let shapes: [(&str, Handler); 4] = [
             ("propagates", swallows),
             ("propagates, idle bound off", swallows_unbounded),
             ("returns Ok, idle bound off", swallows_all),
+            ("fails on what the rollback took away", swallows_then_misses),
         ];
         let db = MysqlDb::new("swallowed_deadlock");
         let mut admin = db.connect();
         admin
             .batch_execute(
                 "INSERT INTO accounts VALUES (3, 0);
-                 CREATE TABLE IF NOT EXISTS ballast (n INTEGER)",
+                 CREATE TABLE IF NOT EXISTS ballast (n INTEGER);
+                 CREATE TABLE made (id INTEGER PRIMARY KEY)",
             )
             .unwrap();
         for (n, (shape, handler)) in shapes.into_iter().enumerate() {

@@ -181,21 +181,24 @@ async fn autocommit_on<S: Io>(io: &mut S) -> bool {
     }
 }
 
-/// MariaDB: whether the session's transaction has ended on the server (`@@in_transaction`
-/// is 0) — a deadlock or a Galera abort rolled it back; `false` where it is open or the
-/// question fails.
+/// MariaDB, inside the handler's transaction after a failure: whether the transaction is
+/// no longer the one the handler began — a deadlock or a Galera abort rolled it back (or a
+/// statement that commits implicitly ended it). Its savepoint
+/// ([`HandlerSpec::MARIADB_OURS`](crate::spec::HandlerSpec::MARIADB_OURS)) lives only in
+/// that transaction: releasing it fails in any other — also where, `autocommit` being off,
+/// the body's statements after the error opened another (`@@in_transaction` is 1 again
+/// there). `false` where it is still the handler's (the savepoint released: the rollback
+/// follows) or the connection was lost.
 pub(crate) async fn ended_by_server<S: Io>(io: &mut S) -> bool {
-    #[derive(diesel::QueryableByName)]
-    struct InTransaction {
-        #[diesel(sql_type = diesel::sql_types::BigInt)]
-        n: i64,
-    }
-    let sql = Sql::new("SELECT CAST(@@in_transaction AS SIGNED) AS n");
-    match io.load::<InTransaction>(&sql).await {
-        Ok(rows) => rows.first().is_some_and(|row| row.n == 0),
+    match io.batch("RELEASE SAVEPOINT inbox_transaction").await {
+        Ok(()) => false,
         Err(e) => {
-            tracing::debug!(error = %e, "reading @@in_transaction failed");
-            false
+            let lost = matches!(
+                crate::classify::class_of(&e, &inbox_core::InboxSchema::DEFAULT),
+                inbox_core::ErrorClass::ConnectionLost
+            );
+            tracing::debug!(error = %e, lost, "the handler's savepoint is gone");
+            !lost
         }
     }
 }

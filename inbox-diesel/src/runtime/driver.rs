@@ -662,12 +662,21 @@ where
         if class == Some(ErrorClass::ConnectionLost) {
             idle_bound_hint(spec, started.elapsed());
         }
+        // The body failed after the server had ended its transaction (MariaDB): an error it
+        // swallowed ended it, and what failed is a consequence — a row the rollback took
+        // away, a write in another transaction. A transient failure, whatever it reads as.
+        let ended_under_body = matches!(&failure, Failure::Body(_, true))
+            && !matches!(
+                class,
+                Some(ErrorClass::Transient(_) | ErrorClass::ConnectionLost)
+            );
         let decision = match &class {
             // The body swallowed an error that ended its transaction — often a deadlock, a
             // serialization failure, a lock timeout, which a fresh transaction gets past:
             // retried as those are, where nothing of it committed, before it is reported.
-            Some(ErrorClass::TransactionAborted)
-                if nothing_committed(&mut steps, spec, layout, claims).await =>
+            Some(class)
+                if (*class == ErrorClass::TransactionAborted || ended_under_body)
+                    && nothing_committed(&mut steps, spec, layout, claims).await =>
             {
                 let swallowed = ErrorClass::Transient(inbox_core::TransientKind::Deadlock);
                 spec.retry.decide(&swallowed, retries, fastrand::f64())
