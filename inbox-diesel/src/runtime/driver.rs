@@ -137,9 +137,9 @@ pub(crate) trait Steps {
     /// clients (PostgreSQL 42P05, 26000). Uncached statements are unnamed and never clash.
     fn stop_caching_statements(&mut self);
 
-    /// MariaDB, inside the handler's transaction after a failure: whether the server ended
-    /// the transaction itself (`@@in_transaction` is 0), as a deadlock or a Galera abort
-    /// does and a statement's own error does not. `false` where it cannot tell.
+    /// MariaDB, inside the handler's transaction after a failure: whether the transaction
+    /// is no longer the handler's (its savepoint is gone), as after a deadlock or a Galera
+    /// abort and not after a statement's own error. `false` where it cannot tell.
     async fn ended_by_server(&mut self) -> bool;
 
     /// Reads the inbox table's definition from the catalog and checks it (`schema::verify`).
