@@ -152,6 +152,19 @@ pub struct Hook {
     pub runs: Option<std::sync::Arc<std::sync::atomic::AtomicUsize>>,
 }
 
+/// Account `id`'s balance, in the suites' business table.
+pub fn balance<C: diesel::connection::LoadConnection>(conn: &mut C, id: i32) -> i64
+where
+    C::Backend: diesel::sql_types::HasSqlType<diesel::sql_types::BigInt> + 'static,
+    i64: diesel::deserialize::FromSql<diesel::sql_types::BigInt, C::Backend>,
+    diesel::query_builder::SqlQuery: diesel::query_builder::QueryFragment<C::Backend>,
+{
+    count(
+        conn,
+        &format!("SELECT balance AS n FROM accounts WHERE id = {id}"),
+    )
+}
+
 /// The `n` of a `SELECT count(*) AS n …`.
 pub fn count<C: diesel::connection::LoadConnection>(conn: &mut C, sql: &str) -> i64
 where

@@ -389,12 +389,16 @@ macro_rules! raw_begin_async {
             .unwrap();
             let error = credit_async(&mut conn, "c-1").await.unwrap_err();
             assert!(matches!(error, Error::CalledInsideTransaction), "{error:?}");
-            assert_eq!(balance(&db, 2), 0, "the caller's write committed");
+            assert_eq!(
+                inbox_tests::balance(&mut db.connect(), 2),
+                0,
+                "the caller's write committed"
+            );
             conn.batch_execute("ROLLBACK").await.unwrap();
             assert!(credit_async(&mut conn, "c-1").await.unwrap().is_processed());
             assert!(credit_async(&mut conn, "c-1").await.unwrap().is_duplicate());
-            assert_eq!(balance(&db, 1), 2);
-            assert_eq!(balance(&db, 2), 0);
+            assert_eq!(inbox_tests::balance(&mut db.connect(), 1), 2);
+            assert_eq!(inbox_tests::balance(&mut db.connect(), 2), 0);
         }
     };
 }

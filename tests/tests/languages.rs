@@ -873,7 +873,7 @@ mod mariadb {
                 "{shape}: one marker"
             );
             assert_eq!(
-                count(&mut admin, "SELECT balance AS n FROM accounts WHERE id = 3"),
+                inbox_tests::balance(&mut admin, 3),
                 100,
                 "{shape}: the write after the swallowed deadlock applied once"
             );
@@ -881,7 +881,7 @@ mod mariadb {
             conn.batch_execute("UPDATE accounts SET balance = balance + 1000 WHERE id = 3")
                 .unwrap();
             assert_eq!(
-                count(&mut admin, "SELECT balance AS n FROM accounts WHERE id = 3"),
+                inbox_tests::balance(&mut admin, 3),
                 1100,
                 "{shape}: the session's own write did not commit"
             );
@@ -982,12 +982,12 @@ mod mariadb {
         let mut admin = db.connect();
         assert_eq!(count(&mut admin, "SELECT count(*) AS n FROM inbox"), 1);
         assert_eq!(
-            count(&mut admin, "SELECT balance AS n FROM accounts WHERE id = 1"),
+            inbox_tests::balance(&mut admin, 1),
             1,
             "committed by the DDL, once"
         );
         assert_eq!(
-            count(&mut admin, "SELECT balance AS n FROM accounts WHERE id = 2"),
+            inbox_tests::balance(&mut admin, 2),
             0,
             "after the DDL: rolled back"
         );
@@ -999,7 +999,7 @@ mod mariadb {
         conn.batch_execute("UPDATE accounts SET balance = balance + 10 WHERE id = 2")
             .unwrap();
         assert_eq!(
-            count(&mut admin, "SELECT balance AS n FROM accounts WHERE id = 2"),
+            inbox_tests::balance(&mut admin, 2),
             10,
             "the session's own writes commit"
         );
@@ -1056,10 +1056,7 @@ mod mariadb {
             }
         });
         let mut conn = db.connect();
-        assert_eq!(
-            count(&mut conn, "SELECT balance AS n FROM accounts WHERE id = 1"),
-            7
-        );
+        assert_eq!(inbox_tests::balance(&mut conn, 1), 7);
         assert_eq!(count(&mut conn, "SELECT count(*) AS n FROM inbox"), 7);
     }
 

@@ -21,13 +21,6 @@ fn notify_owner_text(conn: &mut DbConnection, version_id: i32, email: &str) -> R
     Ok(())
 }
 
-fn balance(db: &Db, id: i32) -> i64 {
-    inbox_tests::count(
-        &mut db.connect(),
-        &format!("SELECT balance AS n FROM accounts WHERE id = {id}"),
-    )
-}
-
 #[test]
 fn a_tuple_of_parameters_is_one_key() {
     let db = Db::new("composite");
@@ -53,13 +46,13 @@ fn a_tuple_of_parameters_is_one_key() {
             .unwrap()
             .is_processed()
     );
-    assert_eq!(balance(&db, 1), 3);
+    assert_eq!(inbox_tests::balance(&mut db.connect(), 1), 3);
     // An empty part is refused before any SQL.
     assert!(matches!(
         notify_owner(&mut conn, 7, String::new()),
         Err(Error::InvalidKey(inbox_diesel::KeyError::Empty))
     ));
-    assert_eq!(balance(&db, 1), 3);
+    assert_eq!(inbox_tests::balance(&mut db.connect(), 1), 3);
 }
 
 #[test]
@@ -81,5 +74,5 @@ fn inline_format_arguments_name_the_parameters() {
             .unwrap()
             .is_processed()
     );
-    assert_eq!(balance(&db, 2), 2);
+    assert_eq!(inbox_tests::balance(&mut db.connect(), 2), 2);
 }

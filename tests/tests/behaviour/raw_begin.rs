@@ -69,13 +69,6 @@ fn credit(conn: &mut DbConnection, id: &str, ran: &AtomicUsize) -> Result<(), Er
     Ok(())
 }
 
-fn balance(db: &Db, id: i32) -> i64 {
-    inbox_tests::count(
-        &mut db.connect(),
-        &format!("SELECT balance AS n FROM accounts WHERE id = {id}"),
-    )
-}
-
 #[test]
 fn a_handler_inside_a_transaction_opened_as_sql_is_refused() {
     let db = Db::new("raw_begin_tx");
@@ -96,11 +89,19 @@ fn a_handler_inside_a_transaction_opened_as_sql_is_refused() {
         assert_eq!(ran.load(Ordering::SeqCst), 1, "{begin}: the body never ran");
         // Nothing of the caller's committed: seen from another connection while its
         // transaction is still there.
-        assert_eq!(balance(&db, 2), 0, "{begin}: the caller's write committed");
+        assert_eq!(
+            inbox_tests::balance(&mut db.connect(), 2),
+            0,
+            "{begin}: the caller's write committed"
+        );
         conn.batch_execute("ROLLBACK").unwrap();
-        assert_eq!(balance(&db, 2), 0, "{begin}");
+        assert_eq!(inbox_tests::balance(&mut db.connect(), 2), 0, "{begin}");
     }
-    assert_eq!(balance(&db, 1), 1, "only c-0's body");
+    assert_eq!(
+        inbox_tests::balance(&mut db.connect(), 1),
+        1,
+        "only c-0's body"
+    );
     assert_eq!(
         inbox_tests::count(
             &mut db.connect(),
@@ -112,5 +113,5 @@ fn a_handler_inside_a_transaction_opened_as_sql_is_refused() {
     // The transaction ended, the same connection goes on.
     assert!(credit(&mut conn, "c-1", &ran).unwrap().is_processed());
     assert!(credit(&mut conn, "c-1", &ran).unwrap().is_duplicate());
-    assert_eq!(balance(&db, 1), 2);
+    assert_eq!(inbox_tests::balance(&mut db.connect(), 1), 2);
 }
