@@ -5,7 +5,8 @@
 //! called inside the caller's transaction (`CalledInsideTransaction`, an alert that halts a
 //! pump), though the transaction was the runtime's own. The next delivery rolls it back —
 //! nothing of it had committed — and goes on: the cancelled message applied once when it
-//! comes again, the others as they come. PostgreSQL and MariaDB.
+//! comes again, the others as they come; the application's own transactions on it are
+//! refused until then. PostgreSQL and MariaDB.
 
 macro_rules! abandoned {
     ($db:ty, $conn:ty, $connect:ident) => {
@@ -42,6 +43,65 @@ macro_rules! abandoned {
                 count(&mut check, "SELECT balance AS n FROM accounts WHERE id = 1"),
                 2
             );
+            assert_eq!(count(&mut check, "SELECT count(*) AS n FROM inbox"), 2);
+        }
+
+        /// What the application does on the connection it kept: its own transaction, which
+        /// would have nested a savepoint in the dropped one (PostgreSQL) or ended it with the
+        /// session's `autocommit` still off (MariaDB) — answered `Ok`, committing nothing —
+        /// is refused until a handler's next call rolls the dropped one back; after that,
+        /// its writes commit, in a transaction or on their own.
+        #[tokio::test]
+        async fn the_applications_own_transaction_is_refused_until_the_next_call() {
+            use diesel_async::{AsyncConnection, TransactionManager};
+            let db = <$db>::new("abandoned_own");
+            let mut conn = db.$connect().await;
+            let cancelled =
+                tokio::time::timeout(Duration::from_millis(300), credit(&mut conn, &1, true)).await;
+            assert!(cancelled.is_err(), "the handler was cancelled");
+            let own = conn
+                .transaction::<_, diesel::result::Error, _>(async |c| {
+                    diesel::sql_query("UPDATE accounts SET balance = balance + 100 WHERE id = 1")
+                        .execute(c)
+                        .await
+                })
+                .await;
+            assert!(
+                matches!(own, Err(diesel::result::Error::BrokenTransactionManager)),
+                "{own:?}"
+            );
+            let rollback =
+                <$conn as AsyncConnection>::TransactionManager::rollback_transaction(&mut conn)
+                    .await;
+            assert!(
+                matches!(
+                    rollback,
+                    Err(diesel::result::Error::BrokenTransactionManager)
+                ),
+                "{rollback:?}"
+            );
+            let mut check = db.connect();
+            assert_eq!(
+                count(&mut check, "SELECT balance AS n FROM accounts WHERE id = 1"),
+                0
+            );
+            assert!(credit(&mut conn, &2, false).await.unwrap().is_processed());
+            conn.transaction::<_, diesel::result::Error, _>(async |c| {
+                diesel::sql_query("UPDATE accounts SET balance = balance + 100 WHERE id = 1")
+                    .execute(c)
+                    .await
+            })
+            .await
+            .unwrap();
+            diesel::sql_query("UPDATE accounts SET balance = balance + 1000 WHERE id = 1")
+                .execute(&mut conn)
+                .await
+                .unwrap();
+            assert_eq!(
+                count(&mut check, "SELECT balance AS n FROM accounts WHERE id = 1"),
+                1101
+            );
+            assert!(credit(&mut conn, &1, false).await.unwrap().is_processed());
             assert_eq!(count(&mut check, "SELECT count(*) AS n FROM inbox"), 2);
         }
 

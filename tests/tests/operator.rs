@@ -1064,6 +1064,63 @@ mod mysql {
         assert_eq!(balance(&mut db.connect()), 1);
     }
 
+    #[idempotent(consumer = "operator", key = *id, precheck = true, on_locked = "in_flight")]
+    fn apply_prechecked_in_flight(conn: &mut Conn, id: &u64) -> Result<(), AppError> {
+        diesel::sql_query("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
+            .execute(conn)?;
+        Ok(())
+    }
+
+    /// `precheck = true` on a session with `autocommit` off: the precheck's read, which
+    /// locks the marker it finds, would begin a transaction that kept that lock after the
+    /// duplicate was answered — a purge, or any writer of the marker, waiting on it until
+    /// the application's next commit. It reads nothing there (the transaction decides), and
+    /// the duplicate leaves no lock.
+    #[test]
+    fn a_precheck_without_autocommit_leaves_no_lock_behind() {
+        let db = Db::new("precheck_autocommit");
+        let mut conn = db.connect();
+        conn.batch_execute("SET autocommit = 0").unwrap();
+        assert!(apply_prechecked(&mut conn, &1).unwrap().is_processed());
+        assert!(apply_prechecked(&mut conn, &1).unwrap().is_duplicate());
+        let mut other = db.connect();
+        other
+            .batch_execute("SET SESSION innodb_lock_wait_timeout = 1")
+            .unwrap();
+        other.batch_execute("DELETE FROM inbox").unwrap();
+        assert_eq!(markers(&mut other), 0);
+        assert_eq!(balance(&mut other), 1);
+        // The session's own setting, as it was.
+        assert_eq!(
+            inbox_tests::server::count(&mut conn, "SELECT @@autocommit AS n"),
+            0
+        );
+    }
+
+    /// `precheck = true` with `on_locked = "in_flight"`: another delivery holding the
+    /// marker uncommitted is answered `InFlight` at once — the precheck's locking read
+    /// does not wait for it (the server's lock wait, 50 s by default), it fails and the
+    /// transaction decides.
+    #[test]
+    fn a_precheck_with_in_flight_does_not_wait_for_the_marker() {
+        let db = Db::new("precheck_in_flight");
+        let gate = Gate::default();
+        std::thread::scope(|s| {
+            let first = s.spawn(|| apply_gated(&mut db.connect(), &1, &gate, false));
+            gate.wait_inside();
+            let second = s.spawn(|| apply_prechecked_in_flight(&mut db.connect(), &1));
+            inbox_tests::wait_until("the second delivery answers", || second.is_finished());
+            let second = second.join().unwrap().unwrap();
+            gate.open();
+            assert!(
+                matches!(second, InFlightOutcome::InFlight { .. }),
+                "{second:?}"
+            );
+            assert!(first.join().unwrap().unwrap().is_processed());
+        });
+        assert_eq!(balance(&mut db.connect()), 1);
+    }
+
     /// `USE other` after the check: the marker's insert names the table unqualified, and the
     /// session's mark names the database the check ran in, so the server refuses the insert
     /// into the other database's table — never checked, and here without a unique index —

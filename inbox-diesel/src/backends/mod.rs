@@ -206,9 +206,11 @@ mod asynchronous {
     ///   database. The handler bounds that on PostgreSQL and MariaDB: the server ends a handler
     ///   transaction idle for `idle_in_transaction_ms` (10 s by default). MySQL has no such
     ///   bound: use bb8 there where handlers can be cancelled;
-    /// - a connection used without a pool refuses the next handler call with
-    ///   [`Error::CalledInsideTransaction`](crate::Error::CalledInsideTransaction) until it is
-    ///   dropped.
+    /// - a connection used without a pool has its transaction manager put in error: the
+    ///   application's own `transaction` or `rollback_transaction` on it is refused
+    ///   (`BrokenTransactionManager`) — plain statements join the dropped transaction — until
+    ///   the next handler call on it rolls the dropped transaction back, puts back what the
+    ///   handler set for the session and runs as usual.
     ///
     /// A body that *panics* is different: the runtime catches the panic at the body's poll, rolls
     /// the transaction back, and lets the panic go on, so the connection comes back clean.
@@ -334,10 +336,11 @@ mod asynchronous {
                 }
             }
 
-            /// Rolls back the transaction a cancelled handler left open, and puts back what its
-            /// `begin_inbox_transaction` set for the session, which it never did.
+            /// Rolls back the transaction a cancelled handler left open, which the manager no
+            /// longer counts (sent as it is), and puts back what its `begin_inbox_transaction`
+            /// set for the session, which it never did.
             fn roll_back_abandoned(&mut self) -> impl Future<Output = QueryResult<()>> + Send {
-                self.roll_back_inbox_transaction()
+                diesel_async::SimpleAsyncConnection::batch_execute(self, "ROLLBACK")
             }
 
             /// Opens a transaction holding the write lock from its start where the backend has one

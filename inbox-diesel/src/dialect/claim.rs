@@ -69,7 +69,9 @@ pub enum ClaimStep {
     Read,
     /// `precheck = true`: [`ClaimStep::Read`] outside any transaction, which on MySQL and
     /// MariaDB answers [`ClaimState::Unread`] on a session that reads uncommitted rows.
-    Precheck { layout: Layout },
+    /// `nowait`: `on_locked = "in_flight"`, a marker another delivery holds uncommitted
+    /// fails the read at once instead of waiting for it (MySQL, MariaDB).
+    Precheck { layout: Layout, nowait: bool },
     /// Takes over a released claim — or with `expired` an expired one too — whose counter
     /// still is `seen`: 1 row or 0.
     TakeOver {
@@ -292,6 +294,7 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB> {
         consumer: &'a str,
         key: &MessageKey,
         committed_only: Option<Layout>,
+        nowait: bool,
     ) -> ClaimSql<'a, DB, (BigInt, BigInt)> {
         use Part::{Sql, Table};
         let isolation = match committed_only {
@@ -326,8 +329,21 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB> {
         if let Some(mark) = committed_only.and_then(Layout::mark) {
             parts.push(Part::MarkCondition(mark));
         }
+        // A locking read, which waits for a delivery's uncommitted marker (MySQL and MariaDB,
+        // where a session set to read uncommitted rows for its next transaction only cannot
+        // be told from the variables) — or with `nowait` fails at once, and the transaction
+        // decides. Only on a session in autocommit: with `autocommit` off the read would begin
+        // a transaction that keeps the lock after a duplicate is answered; there the
+        // condition is false before any row is read, and the transaction decides.
         if locking {
-            parts.push(Sql(" LOCK IN SHARE MODE"));
+            parts.push(Sql(" AND @@autocommit = 1"));
+            parts.push(Sql(
+                match (nowait, committed_only.is_some_and(|l| l.mariadb)) {
+                    (false, _) => " LOCK IN SHARE MODE",
+                    (true, true) => " LOCK IN SHARE MODE NOWAIT",
+                    (true, false) => " FOR SHARE NOWAIT",
+                },
+            ));
         }
         ClaimSql {
             table: schema.table(),

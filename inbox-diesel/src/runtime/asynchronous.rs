@@ -275,6 +275,20 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
         C::TransactionManager::is_broken_transaction_manager(self.0) && !self.in_transaction()
     }
 
+    fn abandon(&mut self) -> bool {
+        use diesel_async::TransactionManager;
+        let open = self.in_transaction();
+        if open {
+            C::TransactionManager::transaction_manager_status_mut(self.0).set_in_error();
+        }
+        open
+    }
+
+    fn forget_transaction(&mut self) {
+        use diesel_async::TransactionManager;
+        *C::TransactionManager::transaction_manager_status_mut(self.0) = Default::default();
+    }
+
     async fn begin(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()> {
         self.0
             .begin_inbox_transaction(spec, layout)

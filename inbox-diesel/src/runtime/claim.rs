@@ -44,11 +44,11 @@ pub(crate) async fn step<S: Io>(
 ) -> QueryResult<ClaimAnswer> {
     match step {
         ClaimStep::Read => Ok(read_answer(
-            io.read_claim(ClaimSql::read(schema, consumer, key, None))
+            io.read_claim(ClaimSql::read(schema, consumer, key, None, false))
                 .await?,
         )),
-        ClaimStep::Precheck { layout } => Ok(read_answer(
-            io.read_claim(ClaimSql::read(schema, consumer, key, Some(layout)))
+        ClaimStep::Precheck { layout, nowait } => Ok(read_answer(
+            io.read_claim(ClaimSql::read(schema, consumer, key, Some(layout), nowait))
                 .await?,
         )),
         ClaimStep::Insert {

@@ -73,6 +73,19 @@ pub(crate) trait Steps {
         false
     }
 
+    /// A delivery dropped with its transaction open ([`Abandoned`]): the connection's
+    /// transaction manager is put in error, so that the application's own use of the
+    /// connection's transactions (`transaction`, `begin_transaction`, `rollback_transaction`)
+    /// is refused (`BrokenTransactionManager`) instead of nesting a savepoint in the dropped
+    /// transaction, which no one would commit. `true` when it was.
+    fn abandon(&mut self) -> bool {
+        false
+    }
+
+    /// Undoes [`abandon`](Self::abandon), or forgets a transaction the manager still counts:
+    /// the manager counts none open. Only before [`roll_back_abandoned`](Self::roll_back_abandoned).
+    fn forget_transaction(&mut self) {}
+
     /// Opens the handler's transaction.
     async fn begin(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()>;
 
@@ -126,7 +139,8 @@ pub(crate) trait Steps {
     /// Rolls back if a transaction is open; `Ok` when none is.
     async fn roll_back(&mut self) -> QueryResult<()>;
 
-    /// Rolls back the transaction a cancelled handler left open ([`Abandoned`]), and puts
+    /// Rolls back the transaction a cancelled handler left open ([`Abandoned`]), which the
+    /// manager no longer counts ([`forget_transaction`](Self::forget_transaction)), and puts
     /// back what its `begin` set for the session.
     async fn roll_back_abandoned(&mut self) -> QueryResult<()> {
         self.roll_back().await
@@ -411,22 +425,18 @@ where
     P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
 {
     // Sync deliveries take no lock of the watch's: they cannot be cancelled mid-way.
-    let watch = match S::CANCELLABLE {
-        true => Abandoned::recover(&mut steps).await.map(Some),
-        false => Ok(None),
-    };
-    let watch = match watch {
-        Ok(watch) => watch,
-        Err(source) => {
-            return Err(inbox_error(Error::Database {
-                class: ErrorClass::ConnectionLost,
-                attempts: 1,
-                source,
-            }));
-        }
-    };
+    if S::CANCELLABLE
+        && let Err(source) = recover(&mut steps).await
+    {
+        return Err(inbox_error(Error::Database {
+            class: ErrorClass::ConnectionLost,
+            attempts: 1,
+            source,
+        }));
+    }
+    let mut watched = Abandoned::watch(steps);
     let decided = run_delivery(
-        steps,
+        &mut watched.steps,
         spec,
         claims,
         body,
@@ -436,120 +446,127 @@ where
         inbox_error,
     )
     .await;
-    if let Some(watch) = watch {
-        watch.finished();
-    }
+    watched.finished = true;
     decided
 }
 
-/// A transaction the runtime opened and a cancelled handler left open: an async handler's
-/// future dropped mid-way (a `tokio::time::timeout`, a `select!`) takes no step after the
-/// one it was dropped at, and diesel-async keeps the transaction open on the connection.
-/// Every later call on that connection would find it open and be refused as called inside
-/// the caller's transaction (`CalledInsideTransaction`, an alert that halts a pump) though
-/// the transaction is the runtime's own. The delivery's watch remembers the connection
-/// (by [`Steps::address`]) when it is dropped before it finished; the next delivery on that
-/// connection rolls the transaction back — nothing of it was committed — and goes on. A
-/// pool's connection is not handed out again with a transaction open (diesel-async's pools
-/// check): this serves a connection the application keeps.
-pub(crate) struct Abandoned {
+/// A delivery on a connection whose handler can be cancelled mid-way: an async handler's
+/// future dropped (a `tokio::time::timeout`, a `select!`) takes no step after the one it was
+/// dropped at, and diesel-async keeps the transaction open on the connection. Dropped
+/// unfinished with the runtime's transaction open, the watch puts the connection's
+/// transaction manager in error ([`Steps::abandon`]) — the application's own `transaction`
+/// or `rollback_transaction` on it is refused, where it would have nested a savepoint in the
+/// dropped transaction (committing nothing) or, on MariaDB, ended it with the session's
+/// `autocommit` still off (committing nothing after it) — and remembers the connection (by
+/// [`Steps::address`]). The next delivery on that connection rolls the transaction back —
+/// nothing of it was committed — puts back what the handler set for the session, and goes
+/// on ([`recover`]). A pool's connection is not handed out again with a transaction open
+/// (diesel-async's pools check): this serves a connection the application keeps.
+pub(crate) struct Abandoned<S: Steps> {
+    steps: S,
     address: usize,
+    /// A transaction was open when the delivery began: the caller's, never the runtime's to
+    /// end (the delivery is refused, `CalledInsideTransaction`).
+    callers: bool,
     finished: bool,
 }
 
-/// The connections a cancelled handler left a transaction open on: the latest
-/// [`ABANDONED_MAX`], each forgotten when a delivery runs on it.
-static ABANDONED: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+/// The connections a cancelled handler left a transaction open on, each with whether its
+/// manager was put in error: the latest [`ABANDONED_MAX`], each forgotten when a delivery
+/// runs on it.
+static ABANDONED: std::sync::Mutex<Vec<(usize, bool)>> = std::sync::Mutex::new(Vec::new());
 
 /// How many connections [`ABANDONED`] remembers.
 const ABANDONED_MAX: usize = 1024;
 
-impl Abandoned {
-    /// Rolls back the transaction a cancelled handler left open on this connection, if it
-    /// did; then watches this delivery. A handler cancelled in the middle of a statement can
-    /// leave the connection's protocol where no answer can be read: a rollback that fails
-    /// is the connection's end (`ConnectionLost`: a new connection), never a failure of the
-    /// message.
-    async fn recover<S: Steps>(steps: &mut S) -> QueryResult<Self> {
-        let address = steps.address();
-        let left = {
-            let mut abandoned = ABANDONED.lock().unwrap_or_else(|e| e.into_inner());
-            let left = abandoned.contains(&address);
-            abandoned.retain(|at| *at != address);
-            left
+impl<S: Steps> Abandoned<S> {
+    fn watch(mut steps: S) -> Self {
+        let (address, callers) = match S::CANCELLABLE {
+            true => (steps.address(), steps.in_transaction()),
+            false => (0, false),
         };
-        if left {
-            // The manager's own `BEGIN` cut off in the middle: answers may be pending on the
-            // connection, and nothing read on it can be trusted. A new connection. (A
-            // connection that is neither broken nor in a transaction is taken as it is: a new
-            // one a pool made where the cancelled one was looks the same. One cut off in the
-            // middle of another statement shows it on the next: a connection error.)
-            if steps.broken() {
-                tracing::warn!(
-                    "a handler on this connection was cancelled in the middle of a statement; \
-                     the connection must go"
-                );
-                return Err(diesel::result::Error::DatabaseError(
-                    diesel::result::DatabaseErrorKind::ClosedConnection,
-                    Box::new(
-                        "connection closed: a handler was cancelled in the middle of a \
-                         statement on it"
-                            .to_owned(),
-                    ),
-                ));
-            }
-            if !steps.in_transaction() {
-                return Ok(Self {
-                    address,
-                    finished: false,
-                });
-            }
-            tracing::warn!(
-                "a handler on this connection was cancelled inside its transaction; rolling \
-                 that transaction back"
-            );
-            // A `COMMIT` or `ROLLBACK` cut off in the middle leaves diesel-async's manager
-            // refusing another (a debug assertion): that too is the connection's end.
-            let mut rollback = pin!(steps.roll_back_abandoned());
-            let rolled = std::future::poll_fn(|cx| {
-                match std::panic::catch_unwind(AssertUnwindSafe(|| rollback.as_mut().poll(cx))) {
-                    Ok(Poll::Ready(rolled)) => Poll::Ready(rolled),
-                    Ok(Poll::Pending) => Poll::Pending,
-                    Err(_) => Poll::Ready(Err(diesel::result::Error::BrokenTransactionManager)),
-                }
-            })
-            .await;
-            if let Err(e) = rolled {
-                tracing::warn!(error = %e, "rolling back the cancelled handler's transaction failed; the connection must go");
-                return Err(e);
-            }
-        }
-        Ok(Self {
+        Self {
+            steps,
             address,
+            callers,
             finished: false,
-        })
-    }
-
-    /// The delivery ran to its end: its transaction, if any, ended with it.
-    fn finished(mut self) {
-        self.finished = true;
+        }
     }
 }
 
-impl Drop for Abandoned {
+impl<S: Steps> Drop for Abandoned<S> {
     fn drop(&mut self) {
         // A panic has rolled the transaction back before it went on (`run_body`): only a
         // future dropped mid-way leaves one open.
-        if !self.finished && !std::thread::panicking() {
-            let mut abandoned = ABANDONED.lock().unwrap_or_else(|e| e.into_inner());
-            if !abandoned.contains(&self.address) {
-                if abandoned.len() == ABANDONED_MAX {
-                    abandoned.remove(0);
-                }
-                abandoned.push(self.address);
-            }
+        if !S::CANCELLABLE || self.finished || std::thread::panicking() {
+            return;
         }
+        let marked = !self.callers && self.steps.abandon();
+        let mut abandoned = ABANDONED.lock().unwrap_or_else(|e| e.into_inner());
+        abandoned.retain(|(at, _)| *at != self.address);
+        if abandoned.len() == ABANDONED_MAX {
+            abandoned.remove(0);
+        }
+        abandoned.push((self.address, marked));
     }
+}
+
+/// Rolls back the transaction a cancelled handler left open on this connection, if it did
+/// ([`Abandoned`]). A handler cancelled in the middle of a statement can leave the
+/// connection's protocol where no answer can be read: a rollback that fails is the
+/// connection's end (`ConnectionLost`: a new connection), never a failure of the message.
+async fn recover<S: Steps>(steps: &mut S) -> QueryResult<()> {
+    let address = steps.address();
+    let left = {
+        let mut abandoned = ABANDONED.lock().unwrap_or_else(|e| e.into_inner());
+        let left = abandoned
+            .iter()
+            .find(|(at, _)| *at == address)
+            .map(|(_, marked)| *marked);
+        abandoned.retain(|(at, _)| *at != address);
+        left
+    };
+    let Some(marked) = left else {
+        return Ok(());
+    };
+    // Put in error when the handler was dropped, or still counted open: the manager
+    // counts none from here, and the rollback is sent as it is.
+    let open = marked || steps.in_transaction();
+    if open {
+        steps.forget_transaction();
+    }
+    // One of the manager's own statements (`BEGIN`, `COMMIT`, `ROLLBACK`) cut off in the
+    // middle: answers may be pending on the connection, and nothing read on it can be
+    // trusted. A new connection. (A connection that is neither broken nor in a transaction
+    // is taken as it is: a new one a pool made where the cancelled one was looks the same.
+    // One cut off in the middle of another statement shows it on the next: a connection
+    // error.)
+    if steps.broken() {
+        tracing::warn!(
+            "a handler on this connection was cancelled in the middle of a statement; the \
+             connection must go"
+        );
+        steps.abandon();
+        return Err(diesel::result::Error::DatabaseError(
+            diesel::result::DatabaseErrorKind::ClosedConnection,
+            Box::new(
+                "connection closed: a handler was cancelled in the middle of a statement on it"
+                    .to_owned(),
+            ),
+        ));
+    }
+    if !open {
+        return Ok(());
+    }
+    tracing::warn!(
+        "a handler on this connection was cancelled inside its transaction; rolling that \
+         transaction back"
+    );
+    if let Err(e) = steps.roll_back_abandoned().await {
+        tracing::warn!(error = %e, "rolling back the cancelled handler's transaction failed; the connection must go");
+        return Err(e);
+    }
+    Ok(())
 }
 
 #[allow(
@@ -557,7 +574,7 @@ impl Drop for Abandoned {
     reason = "what the handler's expansion hands on, each its own argument"
 )]
 async fn run_delivery<S, K, T, E, B, P, W: Copy>(
-    mut steps: S,
+    steps: &mut S,
     spec: &'static HandlerSpec,
     claims: &K,
     mut body: B,
@@ -572,29 +589,26 @@ where
     B: Body<S::Conn, Result<T, E>>,
     P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
 {
-    let (mut layout, mut run) = schema_checked(&mut steps, spec, false, inbox_error).await?;
+    let (mut layout, mut run) = schema_checked(steps, spec, false, inbox_error).await?;
     kept_columns(spec, layout, &remembered, inbox_error)?;
-    if spec.precheck && claims.completed_before(&mut steps, run, layout).await {
+    if spec.precheck && claims.completed_before(steps, run, layout).await {
         tracing::info!(
             outcome = "duplicate",
             "completed marker found before the transaction"
         );
-        return kept_duplicate(&mut steps, run, claims.key(), remembered, inbox_error).await;
+        return kept_duplicate(steps, run, claims.key(), remembered, inbox_error).await;
     }
     let (mut retries, mut rechecked, mut uncached) = (0, false, false);
     loop {
         let started = Instant::now();
-        let attempted = attempt(
-            &mut steps, run, layout, claims, &mut body, in_flight, remembered,
-        )
-        .await;
+        let attempted = attempt(steps, run, layout, claims, &mut body, in_flight, remembered).await;
         // A commit or a duplicate's rollback put back what `begin` set, in its round trip; a
         // transaction the caller opened refused `begin` before it set anything, and is not
         // the runtime's to end.
         if !matches!(attempted, Ok(Decided::Processed(_) | Decided::Duplicate(_)))
             && !matches!(&attempted, Err(Failure::Database(e)) if crate::backends::refused_inside(e))
         {
-            end(&mut steps, run, layout).await;
+            end(steps, run, layout).await;
         }
         let mut failure = match attempted {
             Ok(decided) => {
@@ -605,14 +619,8 @@ where
                     }
                     Decided::Duplicate(_) => {
                         tracing::info!(outcome = "duplicate", "marker exists; body not run");
-                        return kept_duplicate(
-                            &mut steps,
-                            run,
-                            claims.key(),
-                            remembered,
-                            inbox_error,
-                        )
-                        .await;
+                        return kept_duplicate(steps, run, claims.key(), remembered, inbox_error)
+                            .await;
                     }
                     Decided::InFlight(_) => tracing::info!(
                         outcome = "in_flight",
@@ -628,7 +636,7 @@ where
             && needs_recheck(e, spec)
         {
             rechecked = true;
-            (layout, run) = rechecked_layout(&mut steps, spec, false, inbox_error).await?;
+            (layout, run) = rechecked_layout(steps, spec, false, inbox_error).await?;
             continue;
         }
         let class = match &mut failure {
@@ -653,11 +661,11 @@ where
         // once per delivery, and the attempt runs again.
         if class == Some(ErrorClass::StatementLost) && !uncached {
             uncached = true;
-            stop_caching(&mut steps);
+            stop_caching(steps);
             continue;
         }
         if class == Some(ErrorClass::Schema) {
-            forget_check(&mut steps, spec);
+            forget_check(steps, spec);
         }
         if class == Some(ErrorClass::ConnectionLost) {
             idle_bound_hint(spec, started.elapsed());
@@ -676,7 +684,7 @@ where
             // retried as those are, where nothing of it committed, before it is reported.
             Some(class)
                 if (*class == ErrorClass::TransactionAborted || ended_under_body)
-                    && nothing_committed(&mut steps, spec, layout, claims).await =>
+                    && nothing_committed(steps, spec, layout, claims).await =>
             {
                 let swallowed = ErrorClass::Transient(inbox_core::TransientKind::Deadlock);
                 spec.retry.decide(&swallowed, retries, fastrand::f64())
@@ -1186,7 +1194,14 @@ impl Claims for MessageKey {
         layout: Layout,
     ) -> bool {
         match steps
-            .claim_step(spec, self, ClaimStep::Precheck { layout })
+            .claim_step(
+                spec,
+                self,
+                ClaimStep::Precheck {
+                    layout,
+                    nowait: spec.in_flight_when_locked,
+                },
+            )
             .await
         {
             Ok(ClaimAnswer::Read(Some((ClaimState::Completed, _)))) => true,
