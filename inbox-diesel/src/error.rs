@@ -25,9 +25,13 @@ pub enum Error {
     /// into another transaction (`autocommit` is off while the handler runs). The runtime
     /// detects either, rolls back, and runs the handler again in a fresh transaction as it
     /// retries a deadlock (the swallowed error often was one) where nothing of the
-    /// transaction had committed; when the retries run out, or where something had (MariaDB:
-    /// a statement of the body that commits implicitly, DDL, committed the marker before
-    /// it), it reports this instead of [`Outcome::Processed`](crate::Outcome::Processed).
+    /// transaction had committed; when the retries run out with the error back in every
+    /// fresh transaction tried, or where something had committed (MariaDB: a statement of
+    /// the body that commits implicitly, DDL, committed the marker before it), it reports
+    /// this instead of [`Outcome::Processed`](crate::Outcome::Processed). A swallowed error
+    /// that no fresh transaction was tried against (`retries = 0`, or the retries spent on
+    /// other failures), nothing committed, is reported as a transient failure instead
+    /// ([`Error::Database`], a deadlock, `RetryLater`): the redelivery runs it again.
     TransactionAborted,
     /// Claim mode: the body succeeded, but its claim was no longer this delivery's when the
     /// runtime came to stamp it: the lease had run out and another delivery took the claim

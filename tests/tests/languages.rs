@@ -772,6 +772,27 @@ mod mariadb {
         Ok(())
     }
 
+    /// `swallows` with `retries = 0`: the failure the body reports after the swallowed
+    /// deadlock, met by no fresh transaction, is transient — the redelivery runs it again.
+    #[idempotent(consumer = "swallows", key = id, retries = 0)]
+    fn swallows_unretried(
+        conn: &mut MysqlConnection,
+        id: &str,
+        dance: &Choreography,
+    ) -> Result<(), inbox_diesel::Error> {
+        swallowing(conn, dance, true)
+    }
+
+    /// `swallows_all` with `retries = 0`: the same, for a body that returns `Ok`.
+    #[idempotent(consumer = "swallows", key = id, idle_in_transaction_ms = 0, retries = 0)]
+    fn swallows_all_unretried(
+        conn: &mut MysqlConnection,
+        id: &str,
+        dance: &Choreography,
+    ) -> Result<(), inbox_diesel::Error> {
+        swallowing(conn, dance, false)
+    }
+
     fn swallowing(
         conn: &mut MysqlConnection,
         dance: &Choreography,
@@ -810,11 +831,19 @@ mod mariadb {
             &str,
             &Choreography,
         ) -> Result<inbox_diesel::Outcome<()>, inbox_diesel::Error>;
-        let shapes: [(&str, Handler); 4] = [
-            ("propagates", swallows),
-            ("propagates, idle bound off", swallows_unbounded),
-            ("returns Ok, idle bound off", swallows_all),
-            ("fails on what the rollback took away", swallows_then_misses),
+        // With whether the handler retries: one that does not reports a transient failure,
+        // and the redelivery runs it again.
+        let shapes: [(&str, Handler, bool); 6] = [
+            ("propagates", swallows, true),
+            ("propagates, idle bound off", swallows_unbounded, true),
+            ("returns Ok, idle bound off", swallows_all, true),
+            (
+                "fails on what the rollback took away",
+                swallows_then_misses,
+                true,
+            ),
+            ("propagates, no retries", swallows_unretried, false),
+            ("returns Ok, no retries", swallows_all_unretried, false),
         ];
         let db = MysqlDb::new("swallowed_deadlock");
         let mut admin = db.connect();
@@ -825,7 +854,7 @@ mod mariadb {
                  CREATE TABLE made (id INTEGER PRIMARY KEY)",
             )
             .unwrap();
-        for (n, (shape, handler)) in shapes.into_iter().enumerate() {
+        for (n, (shape, handler, retries)) in shapes.into_iter().enumerate() {
             let (locked, locked_rx) = std::sync::mpsc::sync_channel(1);
             let (go_tx, go) = std::sync::mpsc::sync_channel(1);
             let dance = Choreography {
@@ -859,6 +888,24 @@ mod mariadb {
                 waits.join().unwrap();
                 delivery.join().unwrap()
             });
+            let outcome = match retries {
+                true => outcome,
+                false => {
+                    let error = outcome.unwrap_err();
+                    assert_eq!(
+                        error.action(),
+                        inbox_diesel::Action::RetryLater,
+                        "{shape}: {error:?}"
+                    );
+                    assert_eq!(
+                        count(&mut admin, "SELECT count(*) AS n FROM inbox"),
+                        0,
+                        "{shape}: no marker"
+                    );
+                    // The redelivery.
+                    handler(&mut conn, &key, &dance)
+                }
+            };
             // The first attempt's writes after the deadlock were rolled back with it, and the
             // handler ran again in a fresh transaction: applied once.
             assert!(outcome.unwrap().is_processed(), "{shape}");

@@ -119,6 +119,54 @@ fn an_error_swallowed_once_is_retried_and_processed() {
     assert_eq!(count_credits(&mut conn, &msg), 1);
 }
 
+#[idempotent(consumer = "credit", key = msg.id, retries = 0)]
+fn credit_then_unretried(
+    conn: &mut DbConnection,
+    msg: &Credit,
+    then: &mut dyn FnMut(&mut DbConnection) -> Result<(), AppError>,
+) -> Result<(), AppError> {
+    apply_credit(conn, msg)?;
+    then(conn)
+}
+
+/// The same body with `retries = 0`, or with its retries spent on other failures: the
+/// swallowed error was never met by a fresh transaction, and nothing committed — reported
+/// as the transient failure it most often is (`RetryLater`: the redelivery is that fresh
+/// transaction), not as an alert that halts the pump. One that comes back in every fresh
+/// transaction is reported as it is (above).
+#[test]
+fn an_error_swallowed_with_no_retry_left_is_redelivered_not_an_alert() {
+    let db = PgDb::new("swallowed_unretried");
+    let mut conn = db.connect();
+    let msg = Credit::new(1);
+    let mut runs = 0;
+    let mut swallow_first = |conn: &mut DbConnection| {
+        runs += 1;
+        if runs == 1 {
+            let swallowed = diesel::sql_query("SELECT 1/0").execute(conn);
+            assert!(swallowed.is_err());
+        }
+        Ok(())
+    };
+    let result = credit_then_unretried(&mut conn, &msg, &mut swallow_first);
+    let Err(AppError::Inbox(error)) = result else {
+        panic!("{result:?}")
+    };
+    assert_eq!(
+        error.class(),
+        inbox_diesel::ErrorClass::Transient(inbox_diesel::TransientKind::Deadlock),
+        "{error:?}"
+    );
+    assert_eq!(error.class().action(), inbox_diesel::Action::RetryLater);
+    assert_eq!(count_markers(&mut conn), 0);
+    assert_eq!(count_credits(&mut conn, &msg), 0);
+    // The redelivery.
+    let again = credit_then_unretried(&mut conn, &msg, &mut swallow_first);
+    assert_eq!(again.unwrap(), Outcome::Processed(()));
+    assert_eq!(runs, 2);
+    assert_eq!(count_credits(&mut conn, &msg), 1);
+}
+
 #[idempotent(consumer = "credit", key = msg.id, isolation = "serializable")]
 fn credit_serializable(
     conn: &mut DbConnection,

@@ -378,6 +378,9 @@ async fn nothing_committed<S: Steps, K: Claims>(
     }
 }
 
+/// What a swallowed error is retried and, never retried, reported as.
+const DEADLOCK: ErrorClass = ErrorClass::Transient(inbox_core::TransientKind::Deadlock);
+
 /// Why one attempt failed. Every variant is returned after the transaction was rolled back.
 enum Failure<T, E> {
     /// The body returned `Err`; kept as the `Result` the body returned so that the
@@ -599,6 +602,8 @@ where
         return kept_duplicate(steps, run, claims.key(), remembered, inbox_error).await;
     }
     let (mut retries, mut rechecked, mut uncached) = (0, false, false);
+    // Attempts whose body swallowed an error that ended the transaction, nothing committed.
+    let mut swallows = 0u32;
     loop {
         let started = Instant::now();
         let attempted = attempt(steps, run, layout, claims, &mut body, in_flight, remembered).await;
@@ -678,20 +683,56 @@ where
                 class,
                 Some(ErrorClass::Transient(_) | ErrorClass::ConnectionLost)
             );
+        // The body swallowed an error that ended its transaction — often a deadlock, a
+        // serialization failure, a lock timeout, which a fresh transaction gets past:
+        // retried as those are, where nothing of it committed, before it is reported.
+        let swallowed = match &class {
+            Some(class) if *class == ErrorClass::TransactionAborted || ended_under_body => {
+                nothing_committed(steps, spec, layout, claims).await
+            }
+            _ => false,
+        };
         let decision = match &class {
-            // The body swallowed an error that ended its transaction — often a deadlock, a
-            // serialization failure, a lock timeout, which a fresh transaction gets past:
-            // retried as those are, where nothing of it committed, before it is reported.
-            Some(class)
-                if (*class == ErrorClass::TransactionAborted || ended_under_body)
-                    && nothing_committed(steps, spec, layout, claims).await =>
-            {
-                let swallowed = ErrorClass::Transient(inbox_core::TransientKind::Deadlock);
-                spec.retry.decide(&swallowed, retries, fastrand::f64())
+            Some(_) if swallowed => {
+                swallows += 1;
+                spec.retry.decide(&DEADLOCK, retries, fastrand::f64())
             }
             Some(class) => spec.retry.decide(class, retries, fastrand::f64()),
             None => RetryDecision::GiveUp,
         };
+        // Given up on a swallowed error that no fresh transaction was tried against (the
+        // retries spent on other failures, or none allowed): the redelivery is that fresh
+        // transaction — a transient failure, as the deadlock it most often is, not an alert.
+        // One that came back in every fresh transaction tried is the body's own: reported as
+        // it is (`TransactionAborted`, an alert; the body's error).
+        if swallowed && swallows == 1 && matches!(decision, RetryDecision::GiveUp) {
+            failure = match failure {
+                Failure::Aborted => {
+                    Failure::Database(DieselError::QueryBuilderError(Box::new(Error::Database {
+                        class: DEADLOCK,
+                        attempts: retries + 1,
+                        source: DieselError::QueryBuilderError(Box::new(Error::TransactionAborted)),
+                    })))
+                }
+                Failure::Body(mut result, ended) => {
+                    probe(&mut result, retries + 1, Some(DEADLOCK));
+                    Failure::Body(result, ended)
+                }
+                other => other,
+            };
+            tracing::error!(
+                "the body swallowed a database error that ended its transaction, and went on; \
+                 nothing of it committed: reported as a transient failure, for the \
+                 redelivery to run it again"
+            );
+            return Err(give_up(
+                spec,
+                failure,
+                Some(DEADLOCK),
+                retries + 1,
+                inbox_error,
+            ));
+        }
         match decision {
             RetryDecision::Retry { after } => {
                 retries += 1;
