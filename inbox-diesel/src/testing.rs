@@ -61,6 +61,7 @@ use std::time::{Duration, Instant};
 
 use diesel::connection::Connection;
 use diesel::sql_types::BigInt;
+use inbox_core::InboxSchema;
 
 /// Where a [`crash`] stops the handler: the process dies there, and its connection with it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,6 +80,11 @@ pub enum Crash {
     /// stamped complete. The side effect happened once; what a redelivery does depends on
     /// the lease and the outcome type, as for any crash there.
     BeforeStamp,
+    /// A point of the application's own, where its code calls
+    /// [`crash_point(name)`](crate::crash_point): between two e-mails of one job, between a
+    /// job's effect and its row's deletion — inside a handler's body or around it, sync or
+    /// async.
+    At(&'static str),
 }
 
 /// What [`crash`] reports: the point was reached, and the connection closed there.
@@ -111,6 +117,10 @@ impl Drop for Restore {
 /// (the handler returned, or panicked, before it).
 fn crashed<R>(result: Result<R, Box<dyn Any + Send>>, at: Crash) -> Crashed {
     let payload = match result {
+        Ok(_) if matches!(at, Crash::At(_)) => panic!(
+            "the call returned without reaching {at:?}: no `crash_point` of that name was \
+             called on this thread (or, async, in this future's polls)"
+        ),
         Ok(_) => panic!(
             "the handler returned without reaching {at:?}: it was a duplicate, failed, or \
              runs in the other mode"
@@ -245,6 +255,115 @@ where
     })
 }
 
+/// `UPDATE` statements that make time pass for the markers of `schema`'s table, on
+/// `backend`: [`end_leases`] and [`pass_time`].
+mod clock {
+    use std::time::Duration;
+
+    use inbox_core::InboxSchema;
+
+    use crate::dialect::Backend;
+
+    /// Every open claim's lease, ended a second ago.
+    pub(super) fn end_leases(backend: Backend, schema: &InboxSchema) -> String {
+        let past = match backend {
+            Backend::Postgres => "CURRENT_TIMESTAMP - INTERVAL '1 second'",
+            Backend::Mysql => "UTC_TIMESTAMP(6) - INTERVAL 1 SECOND",
+            Backend::Sqlite => "strftime('%Y-%m-%d %H:%M:%f', 'now', '-1 seconds')",
+        };
+        format!(
+            "UPDATE {} SET claimed_until = {past} \
+             WHERE processed_at IS NULL AND claimed_until IS NOT NULL",
+            backend.quote_table(schema.table())
+        )
+    }
+
+    /// Every marker's times, `by` earlier.
+    pub(super) fn pass_time(backend: Backend, schema: &InboxSchema, by: Duration) -> String {
+        let micros = by.as_micros();
+        let earlier = |column: &str, precise: bool| match backend {
+            Backend::Postgres => {
+                format!("{column} = {column} - {micros} * INTERVAL '1 microsecond'")
+            }
+            Backend::Mysql => format!("{column} = {column} - INTERVAL {micros} MICROSECOND"),
+            // Each column as the runtime writes it: seconds (`CURRENT_TIMESTAMP`), or
+            // milliseconds for a lease.
+            Backend::Sqlite => {
+                let seconds = format!(
+                    "'-{}.{:06} seconds'",
+                    micros / 1_000_000,
+                    micros % 1_000_000
+                );
+                match precise {
+                    true => {
+                        format!("{column} = strftime('%Y-%m-%d %H:%M:%f', {column}, {seconds})")
+                    }
+                    false => format!("{column} = datetime({column}, {seconds})"),
+                }
+            }
+        };
+        format!(
+            "UPDATE {} SET {}, {}, {}",
+            backend.quote_table(schema.table()),
+            earlier("received_at", false),
+            earlier("processed_at", false),
+            earlier("claimed_until", true),
+        )
+    }
+}
+
+/// Ends the lease of every claim still open in `schema`'s table (claim mode), as if it had
+/// run out: the next delivery of such a message takes the claim over (or, with
+/// `StaleClaimOutcome`, reports it) without the test waiting for the lease. For the
+/// crash windows of claim mode: [`crash`] at [`Crash::AfterClaim`] or
+/// [`Crash::BeforeStamp`], then this, then the redelivery.
+///
+/// ```
+/// # use diesel::prelude::*;
+/// # use diesel::connection::SimpleConnection;
+/// use inbox_diesel::testing::{self, Crash};
+/// use inbox_diesel::{InboxSchema, idempotent};
+///
+/// #[idempotent(consumer = "mail", key = *id, mode = "claim")]
+/// fn send(conn: &mut SqliteConnection, id: &u64, sent: &std::cell::Cell<u32>) -> Result<(), inbox_diesel::Error> {
+///     sent.set(sent.get() + 1);
+///     Ok(())
+/// }
+///
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let url = dir.path().join("mail.sqlite").display().to_string();
+/// # let connect = || SqliteConnection::establish(&url).unwrap();
+/// # connect().batch_execute(&inbox_diesel::schema::sqlite::create_table_sql(&InboxSchema::DEFAULT)).unwrap();
+/// let sent = std::cell::Cell::new(0);
+/// // The consumer dies after its claim, before the e-mail.
+/// testing::crash(connect(), Crash::AfterClaim, |conn| send(conn, &1, &sent));
+/// // The redelivery waits out the lease — here, at once.
+/// testing::end_leases(&mut connect(), &InboxSchema::DEFAULT);
+/// assert!(send(&mut connect(), &1, &sent).unwrap().is_processed());
+/// assert_eq!(sent.get(), 1);
+/// ```
+///
+/// # Panics
+/// If the statement fails (no such table).
+pub fn end_leases<C: crate::InboxConnection>(conn: &mut C, schema: &InboxSchema) {
+    let sql = clock::end_leases(C::BACKEND, schema);
+    conn.batch_execute(&sql)
+        .unwrap_or_else(|e| panic!("`{sql}` failed: {e}"));
+}
+
+/// Moves every marker of `schema`'s table `by` into the past — when it was received,
+/// when it was processed, until when it is claimed — as if that long had passed since:
+/// a purge's retention, or a lease, tested without waiting. The database's clock is not
+/// touched; only the markers' times are.
+///
+/// # Panics
+/// If the statement fails (no such table).
+pub fn pass_time<C: crate::InboxConnection>(conn: &mut C, schema: &InboxSchema, by: Duration) {
+    let sql = clock::pass_time(C::BACKEND, schema, by);
+    conn.batch_execute(&sql)
+        .unwrap_or_else(|e| panic!("`{sql}` failed: {e}"));
+}
+
 /// The row [`count`] reads: `SELECT (…) AS n`.
 #[derive(Debug, diesel::QueryableByName)]
 pub struct Count {
@@ -377,6 +496,35 @@ mod asynchronous {
             .n
     }
 
+    /// [`end_leases`](super::end_leases) on a diesel-async connection.
+    ///
+    /// # Panics
+    /// As [`end_leases`](super::end_leases).
+    pub async fn end_leases_async<C: crate::AsyncInboxConnection>(
+        conn: &mut C,
+        schema: &inbox_core::InboxSchema,
+    ) {
+        let sql = super::clock::end_leases(C::BACKEND, schema);
+        diesel_async::SimpleAsyncConnection::batch_execute(conn, &sql)
+            .await
+            .unwrap_or_else(|e| panic!("`{sql}` failed: {e}"));
+    }
+
+    /// [`pass_time`](super::pass_time) on a diesel-async connection.
+    ///
+    /// # Panics
+    /// As [`pass_time`](super::pass_time).
+    pub async fn pass_time_async<C: crate::AsyncInboxConnection>(
+        conn: &mut C,
+        schema: &inbox_core::InboxSchema,
+        by: std::time::Duration,
+    ) {
+        let sql = super::clock::pass_time(C::BACKEND, schema, by);
+        diesel_async::SimpleAsyncConnection::batch_execute(conn, &sql)
+            .await
+            .unwrap_or_else(|e| panic!("`{sql}` failed: {e}"));
+    }
+
     /// [`assert_once`](super::assert_once) on a diesel-async connection.
     ///
     /// # Panics
@@ -391,4 +539,6 @@ mod asynchronous {
 }
 
 #[cfg(feature = "async")]
-pub use asynchronous::{assert_once_async, count_async, crash_async, race_async};
+pub use asynchronous::{
+    assert_once_async, count_async, crash_async, end_leases_async, pass_time_async, race_async,
+};

@@ -153,3 +153,146 @@ fn a_handler_under_a_held_lock_waits_and_applies_once() {
     assert!(locked.took >= hold / 2, "{:?}", locked.took);
     testing::assert_once(&mut db.connect(), &credits_of(&msg));
 }
+
+/// A job of the application's own: two credits, each its own handler call, with a crash
+/// point of the application's between them — the window a worker's death leaves half a job
+/// in.
+fn two_credit_job(
+    conn: &mut DbConnection,
+    first: &Credit,
+    second: &Credit,
+) -> Result<(), AppError> {
+    let _ = credit(conn, first)?;
+    inbox_diesel::crash_point("between-credits");
+    let _ = credit(conn, second)?;
+    Ok(())
+}
+
+/// The user's handler with a crash point inside its body, after its writes.
+#[idempotent(consumer = "credit", key = msg.id)]
+fn credit_with_a_point(conn: &mut DbConnection, msg: &Credit) -> Result<(), AppError> {
+    diesel::insert_into(credits::table)
+        .values((
+            credits::message.eq(msg.id.to_string()),
+            credits::account.eq(msg.account),
+            credits::amount.eq(msg.amount),
+        ))
+        .execute(conn)?;
+    inbox_diesel::crash_point("after-the-credit");
+    Ok(())
+}
+
+/// Crash points of the application's own: the job dies between its two credits (the first
+/// committed, the second never ran), or inside a body after its write (nothing committed);
+/// the redelivered job applies each credit once.
+#[test]
+fn the_applications_own_crash_points_stop_the_job_there() {
+    let db = Db::new("testing_own_points");
+    let (first, second) = (Credit::new(1), Credit::new(2));
+    let crashed = testing::crash(db.connect(), Crash::At("between-credits"), |conn| {
+        two_credit_job(conn, &first, &second)
+    });
+    assert_eq!(crashed, testing::Crashed(Crash::At("between-credits")));
+    testing::assert_once(&mut db.connect(), &credits_of(&first));
+    assert_eq!(testing::count(&mut db.connect(), &credits_of(&second)), 0);
+    two_credit_job(&mut db.connect(), &first, &second).unwrap();
+    testing::assert_once(&mut db.connect(), &credits_of(&first));
+    testing::assert_once(&mut db.connect(), &credits_of(&second));
+
+    let third = Credit::new(3);
+    testing::crash(db.connect(), Crash::At("after-the-credit"), |conn| {
+        credit_with_a_point(conn, &third)
+    });
+    assert_eq!(testing::count(&mut db.connect(), &credits_of(&third)), 0);
+    assert!(
+        credit_with_a_point(&mut db.connect(), &third)
+            .unwrap()
+            .is_processed()
+    );
+    testing::assert_once(&mut db.connect(), &credits_of(&third));
+
+    // A point of another name is never reached: a failed test, not a silent pass.
+    let missed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        testing::crash(db.connect(), Crash::At("no-such-point"), |conn| {
+            two_credit_job(conn, &Credit::new(4), &Credit::new(5))
+        })
+    }));
+    let text = missed
+        .expect_err("the point is never reached")
+        .downcast_ref::<String>()
+        .cloned()
+        .unwrap_or_default();
+    assert!(text.contains("no `crash_point` of that name"), "{text}");
+}
+
+/// A side effect outside the database (an e-mail), in claim mode.
+#[idempotent(consumer = "mail", key = msg.id, mode = "claim")]
+fn mail(
+    conn: &mut DbConnection,
+    msg: &Credit,
+    sent: &std::sync::atomic::AtomicUsize,
+) -> Result<(), AppError> {
+    sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    Ok(())
+}
+
+/// Claim mode's crash window, tested without waiting out the lease: the worker dies after
+/// its claim, before the e-mail; the redelivery is refused while the claim's lease runs,
+/// and once `end_leases` has ended it, takes the claim over and sends the e-mail once.
+#[test]
+fn a_lease_ended_by_the_test_kit_is_taken_over_at_once() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let db = Db::new("testing_leases");
+    let msg = Credit::new(1);
+    let sent = AtomicUsize::new(0);
+    testing::crash(db.connect(), Crash::AfterClaim, |conn| {
+        mail(conn, &msg, &sent)
+    });
+    let early = mail(&mut db.connect(), &msg, &sent);
+    assert!(
+        !matches!(early, Ok(ref outcome) if outcome.is_processed()),
+        "{early:?}"
+    );
+    assert_eq!(sent.load(Ordering::SeqCst), 0);
+    testing::end_leases(&mut db.connect(), &inbox_diesel::InboxSchema::DEFAULT);
+    assert!(mail(&mut db.connect(), &msg, &sent).unwrap().is_processed());
+    assert!(mail(&mut db.connect(), &msg, &sent).unwrap().is_duplicate());
+    assert_eq!(sent.load(Ordering::SeqCst), 1);
+}
+
+/// A purge's retention, tested without waiting: markers a day old are kept by a purge of
+/// markers older than two days, and removed once two days more have passed for them.
+#[test]
+fn time_passed_by_the_test_kit_reaches_the_purge() {
+    use inbox_diesel::purge::{Purge, purge};
+    let db = Db::new("testing_time");
+    for n in 1..=3 {
+        assert!(
+            credit(&mut db.connect(), &Credit::new(n))
+                .unwrap()
+                .is_processed()
+        );
+    }
+    let schema = inbox_diesel::InboxSchema::DEFAULT;
+    let two_days = Purge::older_than(Duration::from_secs(2 * 86_400));
+    testing::pass_time(&mut db.connect(), &schema, Duration::from_secs(86_400));
+    assert_eq!(
+        purge(&mut db.connect(), &schema, &two_days)
+            .unwrap()
+            .removed,
+        0
+    );
+    testing::pass_time(&mut db.connect(), &schema, Duration::from_secs(2 * 86_400));
+    assert_eq!(
+        purge(&mut db.connect(), &schema, &two_days)
+            .unwrap()
+            .removed,
+        3
+    );
+    // The messages are new again: nothing remembers them.
+    assert!(
+        credit(&mut db.connect(), &Credit::new(1))
+            .unwrap()
+            .is_processed()
+    );
+}

@@ -73,3 +73,80 @@ async fn races_and_crashes_of_an_async_handler_leave_one_effect() {
     assert!(credit(&mut check, &after).await.unwrap().is_duplicate());
     testing::assert_once_async(&mut check, &credits_of(&after)).await;
 }
+
+/// A job of the application's own, async: two credits with a crash point between them.
+async fn two_credit_job(
+    conn: &mut AsyncConnection,
+    first: &Credit,
+    second: &Credit,
+) -> Result<(), AppError> {
+    let _ = credit(conn, first).await?;
+    inbox_diesel::crash_point("between-credits");
+    let _ = credit(conn, second).await?;
+    Ok(())
+}
+
+/// A side effect outside the database, in claim mode.
+#[idempotent(consumer = "mail", key = msg.id, mode = "claim")]
+async fn mail(
+    conn: &mut AsyncConnection,
+    msg: &Credit,
+    sent: &std::sync::atomic::AtomicUsize,
+) -> Result<(), AppError> {
+    sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    Ok(())
+}
+
+/// The test kit's own crash points and clock on an async connection: the job dies between
+/// its credits, and is redelivered whole; a claim's lease is ended without waiting for it;
+/// a purge's retention is reached without waiting for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn own_crash_points_leases_and_time_of_an_async_job() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+    let db = Db::new("testing_async_own");
+    let (first, second) = (Credit::new(1), Credit::new(2));
+    let crashed = testing::crash_async(
+        db.connect_async().await,
+        Crash::At("between-credits"),
+        async |conn| two_credit_job(conn, &first, &second).await,
+    )
+    .await;
+    assert_eq!(crashed, testing::Crashed(Crash::At("between-credits")));
+    let mut check = db.connect_async().await;
+    testing::assert_once_async(&mut check, &credits_of(&first)).await;
+    assert_eq!(
+        testing::count_async(&mut check, &credits_of(&second)).await,
+        0
+    );
+    two_credit_job(&mut db.connect_async().await, &first, &second)
+        .await
+        .unwrap();
+    testing::assert_once_async(&mut check, &credits_of(&first)).await;
+    testing::assert_once_async(&mut check, &credits_of(&second)).await;
+
+    let sent = AtomicUsize::new(0);
+    let msg = Credit::new(3);
+    testing::crash_async(db.connect_async().await, Crash::AfterClaim, async |conn| {
+        mail(conn, &msg, &sent).await
+    })
+    .await;
+    let early = mail(&mut db.connect_async().await, &msg, &sent).await;
+    assert!(
+        !matches!(early, Ok(ref outcome) if outcome.is_processed()),
+        "{early:?}"
+    );
+    let schema = inbox_diesel::InboxSchema::DEFAULT;
+    testing::end_leases_async(&mut check, &schema).await;
+    let taken = mail(&mut db.connect_async().await, &msg, &sent).await;
+    assert!(taken.unwrap().is_processed());
+    // (`load` of diesel-async's `RunQueryDsl` is in scope.)
+    assert_eq!(AtomicUsize::load(&sent, Ordering::SeqCst), 1);
+
+    let purge = inbox_diesel::purge::Purge::older_than(Duration::from_secs(3600));
+    let report = inbox_diesel::purge::purge_async(&mut check, &schema, &purge).await;
+    assert_eq!(report.unwrap().removed, 0);
+    testing::pass_time_async(&mut check, &schema, Duration::from_secs(7200)).await;
+    let report = inbox_diesel::purge::purge_async(&mut check, &schema, &purge).await;
+    assert_eq!(report.unwrap().removed, 3);
+}
