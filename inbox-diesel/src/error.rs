@@ -81,6 +81,13 @@ pub enum Error {
     /// `BEGIN` it refuses), MariaDB (`@@in_transaction`, in the claim's insert); MySQL has
     /// no way to tell.
     CalledInsideTransaction,
+    /// A handler that joins its caller's transaction (`transaction = "caller"`) was called
+    /// with none open on the connection: the marker and the body's writes would have
+    /// committed apart from the caller's, which is what the option exists to prevent.
+    /// Nothing ran. Call it inside `conn.transaction(|conn| …)` (a transaction opened with
+    /// raw SQL, `batch_execute("BEGIN")`, is not seen by diesel's manager, and refused the
+    /// same). A bug to fix: alert, do not retry.
+    NoTransactionToJoin,
     /// The inbox table cannot recognise a duplicate — its unique index on
     /// `(message_id, consumer)` is missing, not unique, on other columns or under another
     /// name than `constraint` says, partial, on a prefix, deferrable or invalid — or the table
@@ -187,7 +194,7 @@ impl Error {
             Error::EffectNotRecorded { .. } => ErrorClass::EffectNotRecorded,
             Error::Session(_) => ErrorClass::Misuse,
             Error::Schema(_) => ErrorClass::Schema,
-            Error::CalledInsideTransaction => ErrorClass::Misuse,
+            Error::CalledInsideTransaction | Error::NoTransactionToJoin => ErrorClass::Misuse,
             Error::Database { class, .. } => class.clone(),
             Error::Outbox(crate::outbox::OutboxProblem::OutsideHandler) => ErrorClass::Misuse,
             Error::Outbox(_) => ErrorClass::Other,
@@ -238,6 +245,11 @@ impl fmt::Display for Error {
                 "inbox: the handler was called inside an open transaction; nothing ran. Call \
                  it outside any transaction: it commits the marker with the body's work in a \
                  transaction of its own",
+            ),
+            Error::NoTransactionToJoin => f.write_str(
+                "inbox: the handler joins its caller's transaction (`transaction = \"caller\"`), \
+                 and none is open on this connection; nothing ran. Call it inside \
+                 `conn.transaction(|conn| …)`",
             ),
             Error::TransactionAborted => f.write_str(
                 "inbox: the handler returned Ok, but a statement in its transaction had failed \
@@ -294,7 +306,8 @@ impl std::error::Error for Error {
             | Error::WriteOutsideTransaction(_)
             | Error::StoredResult(_)
             | Error::KeyReused { .. }
-            | Error::CalledInsideTransaction => None,
+            | Error::CalledInsideTransaction
+            | Error::NoTransactionToJoin => None,
             Error::Database { source, .. } | Error::EffectNotRecorded { source, .. } => {
                 Some(source)
             }

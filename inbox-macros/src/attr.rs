@@ -26,10 +26,11 @@ pub struct Args {
     pub on_locked: Option<LitStr>,
     pub store_result: Option<syn::LitBool>,
     pub fingerprint: Option<Expr>,
+    pub transaction: Option<LitStr>,
 }
 
 /// Each option with the form of its value, for "unknown option" and "expected …" errors.
-const OPTIONS: [(&str, &str); 17] = [
+const OPTIONS: [(&str, &str); 18] = [
     ("consumer", "consumer = \"credit\""),
     ("key", "key = msg.id"),
     ("conn", "conn = db"),
@@ -47,6 +48,7 @@ const OPTIONS: [(&str, &str); 17] = [
     ("on_locked", "on_locked = \"in_flight\""),
     ("store_result", "store_result = true"),
     ("fingerprint", "fingerprint = request.body"),
+    ("transaction", "transaction = \"caller\""),
 ];
 
 impl Parse for Args {
@@ -91,6 +93,7 @@ impl Parse for Args {
                 "on_locked" => set_once(&mut args.on_locked, &name, value(input, form)?)?,
                 "store_result" => set_once(&mut args.store_result, &name, value(input, form)?)?,
                 "fingerprint" => set_once(&mut args.fingerprint, &name, value(input, form)?)?,
+                "transaction" => set_once(&mut args.transaction, &name, value(input, form)?)?,
                 "idle_in_transaction_ms" => {
                     set_once(&mut args.idle_in_transaction_ms, &name, value(input, form)?)?
                 }

@@ -166,6 +166,7 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
         in_flight_when_locked,
         store_result,
         fingerprint,
+        joins,
     } = handler;
     let ItemFn {
         attrs,
@@ -256,6 +257,24 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
                         let #batch = &__inbox_selected[..];
                         #block
                     },
+                    #probe,
+                    #inbox_error,
+                ) #awaited
+            }
+        }
+        (Mode::Transaction, None) if joins => {
+            let runtime = match &sig.asyncness {
+                Some(_) => quote!(run_joined_async),
+                None => quote!(run_joined),
+            };
+            // In the caller's transaction, run once: the body may consume its parameters.
+            quote! {
+                ::inbox_diesel::__private::#runtime(
+                    ::core::marker::PhantomData::<#wrapper<_>>,
+                    #conn,
+                    &__INBOX_SPEC,
+                    #message_key,
+                    #body_asyncness move |#conn| -> #ret #block,
                     #probe,
                     #inbox_error,
                 ) #awaited

@@ -43,6 +43,9 @@ pub struct Handler {
     /// `fingerprint = …`: the bytes whose digest is kept with the marker; a later delivery
     /// of the key with another digest is refused.
     pub fingerprint: Option<Expr>,
+    /// `transaction = "caller"`: the marker and the body join the transaction the caller
+    /// opened, committed by the caller.
+    pub joins: bool,
 }
 
 /// How the body's work is made to happen once.
@@ -105,6 +108,11 @@ pub fn validate(args: Args, item: &ItemFn) -> syn::Result<Handler> {
         }
     };
     let mode = errors.take(mode(&args)).unwrap_or(Mode::Transaction);
+    let joins = match &args.transaction {
+        Some(lit) => errors.take(joins(lit, &args, mode)),
+        None => Some(false),
+    };
+
     let batch = match &args.batch {
         Some(batch) => errors.take(batch_parameter(batch, item, mode)).map(Some),
         None => Some(None),
@@ -258,9 +266,94 @@ pub fn validate(args: Args, item: &ItemFn) -> syn::Result<Handler> {
             in_flight_when_locked: in_flight_when_locked.unwrap_or_default(),
             store_result: store_result.unwrap_or_default(),
             fingerprint: fingerprint.flatten(),
+            joins: joins.unwrap_or_default(),
         }),
         (Some(error), ..) => Err(error),
         _ => unreachable!("every missing value recorded an error"),
+    }
+}
+
+/// `transaction = "own" | "caller"`; with `"caller"`, every option that would need a
+/// transaction of the handler's own is refused, each at its token, saying why.
+fn joins(lit: &LitStr, args: &Args, mode: Mode) -> syn::Result<bool> {
+    match lit.value().as_str() {
+        "own" => return Ok(false),
+        "caller" => {}
+        _ => {
+            return Err(syn::Error::new(
+                lit.span(),
+                "`transaction` is \"own\" (the default: the handler begins and commits a \
+                 transaction of its own) or \"caller\" (the marker and the body join the \
+                 transaction the caller opened, and commit with it): \
+                 `transaction = \"caller\"`",
+            ));
+        }
+    }
+    let own = "with `transaction = \"caller\"` the handler joins the caller's transaction";
+    let refused: [(Option<Span>, &str); 10] = [
+        (
+            args.mode
+                .as_ref()
+                .filter(|_| matches!(mode, Mode::Claim { .. }))
+                .map(LitStr::span),
+            "claim mode commits its claim on its own before the side effect, and its stamp \
+             after it: neither can wait for the caller's commit",
+        ),
+        (
+            args.batch.as_ref().map(Ident::span),
+            "a batch claims its keys in a transaction of its own; call a handler per message \
+             inside the caller's transaction",
+        ),
+        (
+            args.retries.as_ref().map(Spanned::span),
+            "a deadlock or a serialization failure ends or dooms the caller's whole \
+             transaction, which only the caller can run again: nothing is retried inside it",
+        ),
+        (
+            args.isolation.as_ref().map(LitStr::span),
+            "the caller's transaction has its isolation level from its `BEGIN`",
+        ),
+        (
+            args.precheck
+                .as_ref()
+                .filter(|lit| lit.value)
+                .map(Spanned::span),
+            "the marker's insert in the caller's transaction is the check",
+        ),
+        (
+            args.idle_in_transaction_ms.as_ref().map(Spanned::span),
+            "the caller's transaction is the caller's to bound",
+        ),
+        (
+            args.on_locked.as_ref().map(LitStr::span),
+            "the caller's transaction waits for locks as the caller set it to",
+        ),
+        (
+            args.busy_timeout_ms.as_ref().map(Spanned::span),
+            "the caller's SQLite transaction waits as its connection is set to",
+        ),
+        (
+            args.store_result
+                .as_ref()
+                .filter(|lit| lit.value)
+                .map(Spanned::span),
+            "a stored result is not kept in the caller's transaction (yet): answer a \
+             duplicate from the caller's own rows",
+        ),
+        (
+            args.fingerprint.as_ref().map(Spanned::span),
+            "a fingerprint is not kept in the caller's transaction (yet)",
+        ),
+    ];
+    let mut errors = Errors::default();
+    for (span, why) in refused {
+        if let Some(span) = span {
+            errors.push(syn::Error::new(span, format!("{own}: {why}")));
+        }
+    }
+    match errors.0 {
+        Some(error) => Err(error),
+        None => Ok(true),
     }
 }
 

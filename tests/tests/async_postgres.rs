@@ -22,6 +22,16 @@ mod async_get_or_create {
     include!("behaviour/unique_async.rs");
 }
 include!("behaviour/server_async.rs");
+/// `transaction = "caller"`, async: a job runner's transaction joined.
+mod joined_async {
+    type Db = inbox_tests::postgres::PgDb;
+    type AsyncConnection = diesel_async::AsyncPgConnection;
+    /// The next job, skipping those another worker holds (where the backend can).
+    const TAKE_JOB: &str =
+        "SELECT id, message FROM jobs ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED";
+
+    include!("behaviour/joined_async.rs");
+}
 /// `inbox_diesel::testing`'s async helpers.
 mod async_testing_kit {
     type Db = inbox_tests::postgres::PgDb;

@@ -32,6 +32,16 @@ mod partial_index {
     include!("behaviour/unique_partial.rs");
 }
 include!("behaviour/server.rs");
+/// `transaction = "caller"`: a job runner's transaction joined.
+mod joined {
+    type Db = inbox_tests::postgres::PgDb;
+    type DbConnection = diesel::PgConnection;
+    /// The next job, skipping those another worker holds (where the backend can).
+    const TAKE_JOB: &str =
+        "SELECT id, message FROM jobs ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED";
+
+    include!("behaviour/joined.rs");
+}
 /// `inbox_diesel::testing`, as a user's suite uses it.
 mod testing_kit {
     type Db = inbox_tests::postgres::PgDb;

@@ -63,6 +63,15 @@ mod raw_begin {
 
     include!("behaviour/raw_begin.rs");
 }
+/// `transaction = "caller"`: a job runner's transaction joined.
+mod joined {
+    type Db = inbox_tests::sqlite::SqliteDb;
+    type DbConnection = diesel::SqliteConnection;
+    /// The next job, skipping those another worker holds (where the backend can).
+    const TAKE_JOB: &str = "SELECT id, message FROM jobs ORDER BY id LIMIT 1";
+
+    include!("behaviour/joined.rs");
+}
 /// `inbox_diesel::testing`, as a user's suite uses it.
 mod testing_kit {
     type Db = inbox_tests::sqlite::SqliteDb;

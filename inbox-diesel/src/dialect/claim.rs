@@ -369,8 +369,17 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB, (BigInt, BigInt)> {
     /// (`ON CONFLICT DO NOTHING`): a row the insert did not write may also have been
     /// swallowed (a trigger, a rule), and then it is not there. (Not `ONLY`: a partitioned
     /// table's rows are in its partitions; inheritance children are refused by the check.)
-    pub(crate) fn present(schema: &'a InboxSchema, consumer: &'a str, ids: &'a [Uuid]) -> Self {
+    /// `latest`: what committed last, whatever the snapshot of the transaction it runs in
+    /// (MySQL and MariaDB: a locking read; elsewhere a statement sees what committed before
+    /// it, or its transaction fails on what it cannot see).
+    pub(crate) fn present(
+        schema: &'a InboxSchema,
+        consumer: &'a str,
+        ids: &'a [Uuid],
+        latest: bool,
+    ) -> Self {
         use Part::{Consumer, Ids, Sql, Table};
+        let locking = latest && DB::BACKEND == super::Backend::Mysql;
         ClaimSql {
             table: schema.table(),
             id: Uuid::nil(),
@@ -389,7 +398,7 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB, (BigInt, BigInt)> {
                 Consumer,
                 Sql(" AND message_id IN ("),
                 Ids,
-                Sql(")"),
+                Sql(if locking { ") LOCK IN SHARE MODE" } else { ")" }),
             ],
             types: PhantomData,
         }

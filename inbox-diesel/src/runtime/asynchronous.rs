@@ -147,6 +147,53 @@ where
     result
 }
 
+/// Runs `body` once per message key and consumer inside the transaction the caller opened
+/// (`transaction = "caller"`), on a diesel-async connection; see `driver::drive_joined`.
+pub async fn run_joined_async<C, T, E, B, P, A>(
+    _outcome: PhantomData<A>,
+    conn: &mut C,
+    spec: &'static HandlerSpec,
+    key: Result<MessageKey, KeyError>,
+    body: B,
+    probe: P,
+    inbox_error: fn(Error) -> E,
+) -> Result<A, E>
+where
+    C: AsyncInboxConnection,
+    B: for<'c> AsyncBody<&'c mut C, Result<T, E>, Fut: Send>,
+    P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
+    A: HandlerOutcome<T>,
+{
+    let key = key.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
+    let run = Run::message(spec, &key, false);
+    let result = driver::drive_joined::<_, _, _, _, _, A::InFlightWitness>(
+        Awaiting(conn),
+        spec,
+        &key,
+        Once(Some(body)),
+        probe,
+        inbox_error,
+    )
+    .instrument(run.instrument_span())
+    .await
+    .map(|value| driver::outcome(spec, key, value));
+    run.finish(&result);
+    result
+}
+
+/// An async body that runs once: in its caller's transaction, never retried.
+struct Once<B>(Option<B>);
+
+impl<C, R, B> driver::Body<C, R> for Once<B>
+where
+    B: for<'c> AsyncBody<&'c mut C, R, Fut: Send>,
+{
+    async fn call(&mut self, conn: &mut C) -> R {
+        let body = self.0.take().expect("a joined body runs once");
+        body(conn).await
+    }
+}
+
 /// Runs `body` once for the messages of a batch that are new, in one transaction, on a
 /// diesel-async connection; see `driver::drive` for the steps.
 pub async fn run_batch_async<C, T, E, B, P>(
@@ -390,8 +437,29 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
         &mut self,
         spec: &'static HandlerSpec,
         ids: &[uuid::Uuid],
+        latest: bool,
     ) -> QueryResult<usize> {
-        crate::runtime::claim::present(self, &spec.schema, spec.consumer.as_str(), ids).await
+        crate::runtime::claim::present(self, &spec.schema, spec.consumer.as_str(), ids, latest)
+            .await
+    }
+
+    fn depth(&mut self) -> u32 {
+        use diesel_async::TransactionManager;
+        C::TransactionManager::transaction_manager_status_mut(self.0)
+            .transaction_depth()
+            .ok()
+            .flatten()
+            .map_or(0, std::num::NonZeroU32::get)
+    }
+
+    async fn savepoint(&mut self) -> QueryResult<()> {
+        use diesel_async::TransactionManager;
+        C::TransactionManager::begin_transaction(self.0).await
+    }
+
+    async fn release(&mut self) -> QueryResult<()> {
+        use diesel_async::TransactionManager;
+        C::TransactionManager::commit_transaction(self.0).await
     }
 
     async fn store_result(

@@ -120,12 +120,13 @@ pub(crate) async fn present<S: Io>(
     schema: &InboxSchema,
     consumer: &str,
     ids: &[uuid::Uuid],
+    latest: bool,
 ) -> QueryResult<usize> {
     if ids.is_empty() {
         return Ok(0);
     }
     let rows = io
-        .read_claim(ClaimSql::present(schema, consumer, ids))
+        .read_claim(ClaimSql::present(schema, consumer, ids, latest))
         .await?;
     Ok(rows
         .first()

@@ -185,11 +185,26 @@ pub(crate) trait Steps {
 
     /// How many of `ids` have a marker of the handler's consumer, inside the open
     /// transaction: the evidence of the duplicates an insert reported by writing nothing.
+    /// `latest`: what committed last, whatever the transaction's snapshot (a locking read on
+    /// MySQL and MariaDB, inside a transaction of the caller's).
     async fn markers_present(
         &mut self,
         spec: &'static HandlerSpec,
         ids: &[uuid::Uuid],
+        latest: bool,
     ) -> QueryResult<usize>;
+
+    /// How deep the transactions diesel's manager counts on the connection are: 0 outside
+    /// any.
+    fn depth(&mut self) -> u32;
+
+    /// Inside a transaction of the caller's (`transaction = "caller"`): a savepoint, through
+    /// diesel's manager, which counts it.
+    async fn savepoint(&mut self) -> QueryResult<()>;
+
+    /// Releases [`savepoint`](Self::savepoint)'s savepoint: what was written since stays in
+    /// the caller's transaction, for the caller to commit.
+    async fn release(&mut self) -> QueryResult<()>;
 
     /// Writes `text` as the stored result of `key`'s marker (`store_result`), with
     /// `fingerprint` in the same statement: in the open transaction, or with `attempt`
@@ -260,7 +275,7 @@ async fn confirm_duplicates<S: Steps>(
     spec: &'static HandlerSpec,
     ids: &[uuid::Uuid],
 ) -> QueryResult<()> {
-    let present = steps.markers_present(spec, ids).await?;
+    let present = steps.markers_present(spec, ids, false).await?;
     if present == ids.len() {
         return Ok(());
     }
@@ -373,7 +388,10 @@ async fn nothing_committed<S: Steps, K: Claims>(
         return true;
     }
     match claims.key() {
-        Some(key) => matches!(steps.markers_present(spec, &[key.stored_id()]).await, Ok(0)),
+        Some(key) => matches!(
+            steps.markers_present(spec, &[key.stored_id()], false).await,
+            Ok(0)
+        ),
         None => false,
     }
 }
@@ -451,6 +469,181 @@ where
     .await;
     watched.finished = true;
     decided
+}
+
+/// `transaction = "caller"`: runs `body` for one message inside the transaction its caller
+/// opened through diesel (a job runner's, holding the job's row): the marker and the body's
+/// writes commit with the caller's own, or roll back with them. In a savepoint of that
+/// transaction:
+///
+/// 1. the startup check, then the marker's insert; a marker of this key and consumer that
+///    exists (committed — another delivery's uncommitted one is waited for) is a duplicate:
+///    back to the savepoint, `Duplicate`, the body not run;
+/// 2. the body; `Ok` releases the savepoint — `Processed` means written, for the caller to
+///    commit — and `Err` rolls back to it, the caller's transaction going on as it was.
+///
+/// Nothing is retried here: a deadlock or a serialization failure has ended, or doomed, the
+/// caller's whole transaction, which only the caller can run again. No transaction open is
+/// refused before anything is written ([`Error::NoTransactionToJoin`]).
+pub(crate) async fn drive_joined<S, T, E, B, P, W: Copy>(
+    steps: S,
+    spec: &'static HandlerSpec,
+    key: &MessageKey,
+    mut body: B,
+    probe: P,
+    inbox_error: fn(Error) -> E,
+) -> Result<Decided<T, W>, E>
+where
+    S: Steps,
+    B: Body<S::Conn, Result<T, E>>,
+    P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
+{
+    let failed = |source: DieselError| {
+        let class = classify(&source, &spec.schema);
+        telemetry::failed(spec, class.label());
+        match source {
+            // The inbox's own error, carried through a statement's `QueryResult`.
+            DieselError::QueryBuilderError(inner) if inner.is::<Error>() => {
+                inbox_error(*inner.downcast::<Error>().expect("checked by `is`"))
+            }
+            source => inbox_error(Error::Database {
+                class,
+                attempts: 1,
+                source,
+            }),
+        }
+    };
+    let mut joined = Joined { steps, open: false };
+    let steps = &mut joined.steps;
+    if steps.depth() == 0 {
+        tracing::error!(
+            outcome = "misuse",
+            "the handler joins its caller's transaction, and none is open"
+        );
+        telemetry::failed(spec, ErrorClass::Misuse.label());
+        return Err(inbox_error(Error::NoTransactionToJoin));
+    }
+    // A session the remembered check has not seen (a new connection where a checked one
+    // was; MariaDB's session mark missing), or a table changed since: checked again, once.
+    let mut rechecked = false;
+    let claimed = loop {
+        let steps = &mut joined.steps;
+        steps.savepoint().await.map_err(failed)?;
+        joined.open = true;
+        let steps = &mut joined.steps;
+        let checked = match rechecked {
+            false => schema_checked(steps, spec, false, inbox_error).await,
+            true => rechecked_layout(steps, spec, false, inbox_error).await,
+        };
+        let (layout, run) = match checked {
+            Ok(checked) => checked,
+            Err(e) => {
+                roll_back(steps).await;
+                joined.open = false;
+                return Err(e);
+            }
+        };
+        match steps.claim(run, key, layout).await {
+            Ok(true) => break Ok(true),
+            // The insert met a marker: its own evidence, read again at what committed last.
+            Ok(false) => {
+                roll_back(steps).await;
+                break match steps.markers_present(run, &[key.stored_id()], true).await {
+                    Ok(1) => Ok(false),
+                    Ok(_) => Err(swallowed(run)),
+                    Err(e) => Err(e),
+                };
+            }
+            Err(e) => {
+                roll_back(steps).await;
+                joined.open = false;
+                if !rechecked && needs_recheck(&e, spec) {
+                    rechecked = true;
+                    continue;
+                }
+                break Err(refused_marker(e, &spec.schema));
+            }
+        }
+    };
+    let steps = &mut joined.steps;
+    match claimed {
+        Ok(true) => {}
+        Ok(false) => {
+            joined.open = false;
+            telemetry::attempt(1);
+            tracing::info!(outcome = "duplicate", "marker exists; body not run");
+            return Ok(Decided::Duplicate(None));
+        }
+        Err(e) => {
+            joined.open = false;
+            return Err(failed(e));
+        }
+    }
+    let net = steps.net();
+    let origin = Some(Claims::origin(key, spec));
+    let mut result = match run_body(spec, &mut body, steps.conn(), origin, net).await {
+        Ok(result) => result,
+        Err(Panicked(payload)) if payload.is::<tripwire::net::Escaped>() => {
+            roll_back(steps).await;
+            joined.open = false;
+            let escaped = *payload
+                .downcast::<tripwire::net::Escaped>()
+                .expect("checked by `is`");
+            return Err(failed(DieselError::QueryBuilderError(Box::new(
+                Error::WriteOutsideTransaction(escaped),
+            ))));
+        }
+        Err(Panicked(payload)) => {
+            roll_back(steps).await;
+            joined.open = false;
+            tracing::error!(
+                outcome = "panicked",
+                "the handler's body panicked; rolled back to its savepoint"
+            );
+            std::panic::resume_unwind(payload)
+        }
+    };
+    telemetry::attempt(1);
+    if result.is_err() {
+        roll_back(steps).await;
+        joined.open = false;
+        let class = probe(&mut result, 1, None);
+        telemetry::failed(spec, telemetry::error_type(class.as_ref()));
+        tracing::debug!(
+            outcome = "failed",
+            "handler returned an error; rolled back to its savepoint"
+        );
+        return Err(result.err().expect("checked by `is_err`"));
+    }
+    let released = steps.release().await;
+    joined.open = false;
+    released.map_err(failed)?;
+    tracing::debug!(
+        outcome = "processed",
+        "written with its marker, for the caller to commit"
+    );
+    Ok(Decided::Processed(
+        result.ok().expect("checked by `is_err`"),
+    ))
+}
+
+/// A delivery in its caller's transaction ([`drive_joined`]). Dropped with its savepoint
+/// open — an async handler's future cancelled mid-way — it puts the connection's
+/// transaction manager in error ([`Steps::abandon`]): diesel's manager would otherwise
+/// count the savepoint as the caller's transaction, and the caller's commit would release
+/// the savepoint and leave the transaction open, committing nothing while answering `Ok`.
+/// Refused instead (`BrokenTransactionManager`): the caller's transaction is lost, loudly.
+struct Joined<S: Steps> {
+    steps: S,
+    open: bool,
+}
+
+impl<S: Steps> Drop for Joined<S> {
+    fn drop(&mut self) {
+        if self.open && !std::thread::panicking() {
+            self.steps.abandon();
+        }
+    }
 }
 
 /// A delivery on a connection whose handler can be cancelled mid-way: an async handler's
@@ -1197,7 +1390,10 @@ impl Claims for MessageKey {
                     ) =>
                 {
                     roll_back(steps).await;
-                    match steps.markers_present(spec, &[self.stored_id()]).await {
+                    match steps
+                        .markers_present(spec, &[self.stored_id()], false)
+                        .await
+                    {
                         Ok(1) => Ok(false),
                         _ => Err(e),
                     }
@@ -2214,9 +2410,22 @@ mod tests {
             &mut self,
             _: &'static HandlerSpec,
             ids: &[uuid::Uuid],
+            _: bool,
         ) -> QueryResult<usize> {
             self.did.push("confirm".into());
             Ok(ids.len())
+        }
+
+        fn depth(&mut self) -> u32 {
+            0
+        }
+
+        async fn savepoint(&mut self) -> QueryResult<()> {
+            unreachable!("not scripted")
+        }
+
+        async fn release(&mut self) -> QueryResult<()> {
+            unreachable!("not scripted")
         }
 
         async fn store_result(

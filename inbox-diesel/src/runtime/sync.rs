@@ -63,6 +63,51 @@ where
     result
 }
 
+/// Runs `body` once per message key and consumer inside the transaction the caller opened
+/// (`transaction = "caller"`), on a sync connection; see `driver::drive_joined`.
+pub fn run_joined<C, T, E, B, P, A>(
+    _outcome: PhantomData<A>,
+    conn: &mut C,
+    spec: &'static HandlerSpec,
+    key: Result<MessageKey, KeyError>,
+    body: B,
+    probe: P,
+    inbox_error: fn(Error) -> E,
+) -> Result<A, E>
+where
+    C: InboxConnection,
+    B: FnOnce(&mut C) -> Result<T, E>,
+    P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
+    A: HandlerOutcome<T>,
+{
+    let key = key.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
+    let run = Run::message(spec, &key, false);
+    let result = complete_now(
+        driver::drive_joined::<_, _, _, _, _, A::InFlightWitness>(
+            Blocking(conn),
+            spec,
+            &key,
+            Once(Some(body)),
+            probe,
+            inbox_error,
+        )
+        .instrument(run.instrument_span()),
+    )
+    .map(|value| driver::outcome(spec, key, value));
+    run.finish(&result);
+    result
+}
+
+/// A sync body that runs once: in its caller's transaction, never retried.
+struct Once<B>(Option<B>);
+
+impl<C, R, B: FnOnce(&mut C) -> R> driver::Body<C, R> for Once<B> {
+    async fn call(&mut self, conn: &mut C) -> R {
+        let body = self.0.take().expect("a joined body runs once");
+        body(conn)
+    }
+}
+
 /// Runs `body` once for the messages of a batch that are new, in one transaction; see
 /// `driver::drive` for the steps.
 pub fn run_batch<C, T, E, B, P>(
@@ -281,8 +326,29 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
         &mut self,
         spec: &'static HandlerSpec,
         ids: &[uuid::Uuid],
+        latest: bool,
     ) -> QueryResult<usize> {
-        crate::runtime::claim::present(self, &spec.schema, spec.consumer.as_str(), ids).await
+        crate::runtime::claim::present(self, &spec.schema, spec.consumer.as_str(), ids, latest)
+            .await
+    }
+
+    fn depth(&mut self) -> u32 {
+        use diesel::connection::TransactionManager;
+        diesel::connection::AnsiTransactionManager::transaction_manager_status_mut(self.0)
+            .transaction_depth()
+            .ok()
+            .flatten()
+            .map_or(0, std::num::NonZeroU32::get)
+    }
+
+    async fn savepoint(&mut self) -> QueryResult<()> {
+        use diesel::connection::TransactionManager;
+        diesel::connection::AnsiTransactionManager::begin_transaction(self.0)
+    }
+
+    async fn release(&mut self) -> QueryResult<()> {
+        use diesel::connection::TransactionManager;
+        diesel::connection::AnsiTransactionManager::commit_transaction(self.0)
     }
 
     async fn store_result(
