@@ -81,6 +81,17 @@ pub enum Error {
     /// `BEGIN` it refuses), MariaDB (`@@in_transaction`, in the claim's insert); MySQL has
     /// no way to tell.
     CalledInsideTransaction,
+    /// The handler's transaction was ended inside its body: by a `ROLLBACK`, `COMMIT` or
+    /// `BEGIN` the body sent (a helper's raw transaction statements), or on MySQL and
+    /// MariaDB a statement that commits implicitly. What the body wrote after that committed
+    /// on its own — without the marker, or with it before the body was done — so the
+    /// runtime can neither roll it back nor run the body again without doing some of it
+    /// twice: the message is not marked processed, not retried, and this is reported (class
+    /// `Misuse`: alert; every delivery would do the same). Inside a handler, use
+    /// `conn.transaction(…)` (a savepoint), never raw transaction statements. Found before
+    /// `COMMIT` (PostgreSQL: a setting that lives only in the handler's transaction; MariaDB:
+    /// its savepoint), and after a body's error.
+    TransactionEnded,
     /// A handler that joins its caller's transaction (`transaction = "caller"`) was called
     /// with none open on the connection: the marker and the body's writes would have
     /// committed apart from the caller's, which is what the option exists to prevent.
@@ -194,7 +205,9 @@ impl Error {
             Error::EffectNotRecorded { .. } => ErrorClass::EffectNotRecorded,
             Error::Session(_) => ErrorClass::Misuse,
             Error::Schema(_) => ErrorClass::Schema,
-            Error::CalledInsideTransaction | Error::NoTransactionToJoin => ErrorClass::Misuse,
+            Error::CalledInsideTransaction
+            | Error::NoTransactionToJoin
+            | Error::TransactionEnded => ErrorClass::Misuse,
             Error::Database { class, .. } => class.clone(),
             Error::Outbox(crate::outbox::OutboxProblem::OutsideHandler) => ErrorClass::Misuse,
             Error::Outbox(_) => ErrorClass::Other,
@@ -246,15 +259,22 @@ impl fmt::Display for Error {
                  it outside any transaction: it commits the marker with the body's work in a \
                  transaction of its own",
             ),
+            Error::TransactionEnded => f.write_str(
+                "inbox: the handler's transaction was ended inside its body (a ROLLBACK, COMMIT \
+                 or BEGIN the body sent, or a statement that commits implicitly); what the body \
+                 wrote after it committed on its own, and the message was not marked. Not \
+                 retried: use conn.transaction(…) inside a handler, never raw transaction \
+                 statements",
+            ),
             Error::NoTransactionToJoin => f.write_str(
                 "inbox: the handler joins its caller's transaction (`transaction = \"caller\"`), \
                  and none is open on this connection; nothing ran. Call it inside \
                  `conn.transaction(|conn| …)`",
             ),
             Error::TransactionAborted => f.write_str(
-                "inbox: the handler returned Ok, but a statement in its transaction had failed \
-                 and the transaction was aborted (a database error was swallowed inside the \
-                 handler); it was rolled back, and the message not marked. Retried first \
+                "inbox: the handler returned Ok, but its transaction had been aborted or ended \
+                 under it (a database error swallowed inside the handler, or on MariaDB a \
+                 ROLLBACK the body sent); it was rolled back, and the message not marked. Retried first \
                  where nothing of it had committed; on MySQL and MariaDB a statement in the \
                  body that commits implicitly (DDL) ends the transaction too, committing what \
                  came before it. Propagate database errors with `?`",
@@ -307,7 +327,8 @@ impl std::error::Error for Error {
             | Error::StoredResult(_)
             | Error::KeyReused { .. }
             | Error::CalledInsideTransaction
-            | Error::NoTransactionToJoin => None,
+            | Error::NoTransactionToJoin
+            | Error::TransactionEnded => None,
             Error::Database { source, .. } | Error::EffectNotRecorded { source, .. } => {
                 Some(source)
             }

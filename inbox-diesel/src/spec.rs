@@ -4,6 +4,15 @@
 
 use inbox_core::{Consumer, InboxSchema, Isolation, RetryPolicy};
 
+/// [`HandlerSpec::POSTGRES_STILL_OURS`], as a literal: `COMMIT` is appended to it.
+macro_rules! postgres_still_ours {
+    () => {
+        "SELECT CASE WHEN current_setting('inbox.transaction', true) = 'ours' THEN 1 \
+         ELSE CAST('inbox: the handler''s transaction was ended in its body' \
+         || coalesce(current_setting('inbox.transaction', true), '') AS integer) END"
+    };
+}
+
 /// A handler's constant settings, written by the macro into a `static`.
 #[doc(hidden)]
 #[derive(Debug, Clone)]
@@ -44,6 +53,23 @@ impl HandlerSpec {
          ELSE CAST('inbox: a transaction is open on this session, since ' || \
          transaction_timestamp() AS integer) END";
 
+    /// PostgreSQL, in the `BEGIN`'s round trip: the transaction named the handler's, by a
+    /// setting that lives only in it (`set_config(…, true)`, gone at its end or rollback).
+    pub const POSTGRES_OURS: &'static str = "SELECT set_config('inbox.transaction', 'ours', true)";
+
+    /// PostgreSQL, in the `COMMIT`'s round trip, before it: fails unless the transaction open
+    /// is the one the handler began ([`POSTGRES_OURS`](Self::POSTGRES_OURS)). A body that
+    /// sent `ROLLBACK` or `COMMIT` (a helper's raw transaction statements) ended it: its
+    /// writes after that committed on their own, without the marker, and a `COMMIT` would
+    /// answer success — with a warning — for a transaction that is not there, or commit one
+    /// the body began. Fails with 25P02 in an aborted transaction, as `SELECT 1` did, and the
+    /// `COMMIT` after it is then never run. The error's value carries the text, so that it
+    /// reads the same in any language.
+    pub const POSTGRES_STILL_OURS: &'static str = postgres_still_ours!();
+
+    /// [`POSTGRES_STILL_OURS`](Self::POSTGRES_STILL_OURS), then `COMMIT`: one round trip.
+    pub const POSTGRES_COMMIT_IF_OURS: &'static str = concat!(postgres_still_ours!(), "; COMMIT");
+
     /// How long a PostgreSQL handler's transaction may sit idle: what bounds the marker
     /// lock a handler cancelled mid-body leaves on a pooled connection.
     pub const IDLE_IN_TRANSACTION_MS: u32 = 10_000;
@@ -58,9 +84,10 @@ impl HandlerSpec {
     /// only.
     pub fn postgres_begin_sql(&self) -> std::borrow::Cow<'static, str> {
         let mut sql: std::borrow::Cow<'static, str> = format!(
-            "{}; {}",
+            "{}; {}; {}",
             begin_sql(self.isolation),
-            Self::POSTGRES_NONE_OPEN
+            Self::POSTGRES_NONE_OPEN,
+            Self::POSTGRES_OURS
         )
         .into();
         if self.idle_in_transaction_ms > 0 {

@@ -335,11 +335,12 @@ mod sync {
         }
 
         /// PostgreSQL answers `COMMIT` in an aborted transaction with a silent `ROLLBACK`, so
-        /// diesel would report success for work that was thrown away. The `SELECT 1` sent in
-        /// the same round trip fails with 25P02 ("current transaction is aborted") in exactly
-        /// that case, and the `COMMIT` after it is then never run.
+        /// diesel would report success for work that was thrown away — and with a warning
+        /// only where the body's own `ROLLBACK` or `COMMIT` ended the transaction. The check
+        /// sent in the same round trip ([`HandlerSpec::POSTGRES_STILL_OURS`]) fails in
+        /// either case (25P02 in the first), and the `COMMIT` after it is then never run.
         fn commit_inbox_transaction(&mut self, _: &HandlerSpec, _: bool) -> QueryResult<()> {
-            self.batch_execute("SELECT 1; COMMIT")
+            self.batch_execute(HandlerSpec::POSTGRES_COMMIT_IF_OURS)
         }
     }
 }
@@ -475,7 +476,8 @@ mod asynchronous {
             {
                 return Err(diesel::result::Error::NotInTransaction);
             }
-            SimpleAsyncConnection::batch_execute(self, "SELECT 1; COMMIT").await?;
+            SimpleAsyncConnection::batch_execute(self, HandlerSpec::POSTGRES_COMMIT_IF_OURS)
+                .await?;
             crate::backends::ended(AnsiTransactionManager::transaction_manager_status_mut(self))
         }
     }

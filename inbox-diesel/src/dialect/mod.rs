@@ -37,6 +37,17 @@ pub(crate) fn open_transaction(error: &diesel::result::Error) -> bool {
     .unwrap_or(false)
 }
 
+/// What [`HandlerSpec::POSTGRES_STILL_OURS`](crate::spec::HandlerSpec::POSTGRES_STILL_OURS)
+/// fails with, quoted in the server's error whatever its language.
+pub(crate) const ENDED_IN_BODY: &str = "inbox: the handler's transaction was ended in its body";
+
+/// Whether `error` is [`ENDED_IN_BODY`]'s: the transaction open is not the one the handler
+/// began, or none is.
+pub(crate) fn ended_in_body(error: &diesel::result::Error) -> bool {
+    crate::classify::with_server_error(error, |server| server.message.contains(ENDED_IN_BODY))
+        .unwrap_or(false)
+}
+
 /// A diesel backend the runtime writes SQL for. Public only in name, so that the sealed
 /// connection traits can require it: it is not reachable from outside the crate.
 pub trait Dialect:

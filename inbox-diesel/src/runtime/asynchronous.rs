@@ -331,6 +331,13 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
         open
     }
 
+    fn in_error(&mut self) -> bool {
+        use diesel_async::TransactionManager;
+        C::TransactionManager::transaction_manager_status_mut(self.0)
+            .transaction_depth()
+            .is_err()
+    }
+
     fn forget_transaction(&mut self) {
         use diesel_async::TransactionManager;
         *C::TransactionManager::transaction_manager_status_mut(self.0) = Default::default();
@@ -409,6 +416,11 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
 
     async fn ended_by_server(&mut self) -> bool {
         crate::runtime::claim::ended_by_server(self).await
+    }
+
+    async fn ended_in_body(&mut self) -> bool {
+        <C as AsyncInboxConnection>::BACKEND == crate::dialect::Backend::Postgres
+            && crate::runtime::claim::ended_in_body(self).await
     }
 
     fn stop_caching_statements(&mut self) {

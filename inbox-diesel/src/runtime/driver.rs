@@ -82,6 +82,12 @@ pub(crate) trait Steps {
         false
     }
 
+    /// Whether the connection's transaction manager is in error: [`abandon`](Self::abandon)
+    /// put it there, or a failure diesel could not recover from.
+    fn in_error(&mut self) -> bool {
+        false
+    }
+
     /// Undoes [`abandon`](Self::abandon), or forgets a transaction the manager still counts:
     /// the manager counts none open. Only before [`roll_back_abandoned`](Self::roll_back_abandoned).
     fn forget_transaction(&mut self) {}
@@ -155,6 +161,14 @@ pub(crate) trait Steps {
     /// is no longer the handler's (its savepoint is gone), as after a deadlock or a Galera
     /// abort and not after a statement's own error. `false` where it cannot tell.
     async fn ended_by_server(&mut self) -> bool;
+
+    /// PostgreSQL, after the body failed: whether the transaction open is no longer the
+    /// handler's — the body's own `ROLLBACK` or `COMMIT` ended it
+    /// ([`HandlerSpec::POSTGRES_STILL_OURS`]); PostgreSQL ends none by itself but with the
+    /// session. `false` elsewhere, or where it is (aborted or not).
+    async fn ended_in_body(&mut self) -> bool {
+        false
+    }
 
     /// Reads the inbox table's definition from the catalog and checks it (`schema::verify`).
     async fn verify(
@@ -394,6 +408,17 @@ async fn nothing_committed<S: Steps, K: Claims>(
         ),
         None => false,
     }
+}
+
+/// The body ended the handler's transaction ([`Error::TransactionEnded`]): never retried.
+fn ended_in_body<T, E>() -> Failure<T, E> {
+    tracing::error!(
+        "the handler's transaction was ended inside its body (a ROLLBACK, COMMIT or BEGIN it \
+         sent); what it wrote after that committed on its own"
+    );
+    Failure::Database(DieselError::QueryBuilderError(Box::new(
+        Error::TransactionEnded,
+    )))
 }
 
 /// What a swallowed error is retried and, never retried, reported as.
@@ -725,9 +750,10 @@ async fn recover<S: Steps>(steps: &mut S) -> QueryResult<()> {
     let Some(marked) = left else {
         return Ok(());
     };
-    // Put in error when the handler was dropped, or still counted open: the manager
-    // counts none from here, and the rollback is sent as it is.
-    let open = marked || steps.in_transaction();
+    // Put in error when the handler was dropped (and still so: a pool's new connection
+    // where the dropped one was is not), or still counted open: the manager counts none
+    // from here, and the rollback is sent as it is.
+    let open = (marked && steps.in_error()) || steps.in_transaction();
     if open {
         steps.forget_transaction();
     }
@@ -872,10 +898,7 @@ where
         // swallowed ended it, and what failed is a consequence — a row the rollback took
         // away, a write in another transaction. A transient failure, whatever it reads as.
         let ended_under_body = matches!(&failure, Failure::Body(_, true))
-            && !matches!(
-                class,
-                Some(ErrorClass::Transient(_) | ErrorClass::ConnectionLost)
-            );
+            && !matches!(class, Some(ErrorClass::ConnectionLost));
         // The body swallowed an error that ended its transaction — often a deadlock, a
         // serialization failure, a lock timeout, which a fresh transaction gets past:
         // retried as those are, where nothing of it committed, before it is reported.
@@ -885,6 +908,15 @@ where
             }
             _ => false,
         };
+        // Ended under the body with something of it committed (MariaDB: the marker, by a
+        // statement of the body that commits — `BEGIN`, DDL — before it failed): a retry would
+        // meet that marker and answer a duplicate for work the body never finished, and the
+        // body's own error would read as transient. Reported as a transaction the body ended.
+        if ended_under_body && !swallowed {
+            let failure: Failure<T, E> = ended_in_body();
+            let class = Some(ErrorClass::Misuse);
+            return Err(give_up(spec, failure, class, retries + 1, inbox_error));
+        }
         let decision = match &class {
             Some(_) if swallowed => {
                 swallows += 1;
@@ -2180,6 +2212,9 @@ where
             Err(e) => {
                 // A failed COMMIT may or may not have ended the transaction.
                 roll_back(steps).await;
+                if crate::dialect::ended_in_body(&e) {
+                    return Err(ended_in_body());
+                }
                 match classify(&e, &spec.schema) {
                     ErrorClass::TransactionAborted => Err(Failure::Aborted),
                     _ => Err(Failure::Database(e)),
@@ -2188,7 +2223,11 @@ where
         },
         Err(e) => {
             let ended = layout.mariadb && steps.ended_by_server().await;
+            let ended_in_body = !layout.mariadb && steps.ended_in_body().await;
             roll_back(steps).await;
+            if ended_in_body {
+                return Err(self::ended_in_body());
+            }
             Err(Failure::Body(Err(e), ended))
         }
     }

@@ -300,6 +300,11 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
         crate::runtime::claim::ended_by_server(self).await
     }
 
+    async fn ended_in_body(&mut self) -> bool {
+        <C as InboxConnection>::BACKEND == crate::dialect::Backend::Postgres
+            && crate::runtime::claim::ended_in_body(self).await
+    }
+
     fn stop_caching_statements(&mut self) {
         self.0
             .set_prepared_statement_cache_size(diesel::connection::CacheSize::Disabled);
