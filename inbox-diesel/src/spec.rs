@@ -228,10 +228,20 @@ impl HandlerSpec {
     /// it: turned on with a transaction open, it would commit that transaction (one the
     /// runtime's own reads open after the handler's ended, with `autocommit` still off).
     /// (A `COMMIT` never shares its round trip: `backends/mysql.rs`, "A `COMMIT` alone".)
-    pub const MARIADB_ROLLBACK_AND_RESTORE: &'static str = "ROLLBACK; \
+    pub const MARIADB_ROLLBACK_AND_RESTORE: &'static str = "ROLLBACK AND NO CHAIN NO RELEASE; \
         SET autocommit = @inbox_autocommit, \
         SESSION idle_transaction_timeout = @inbox_idle_transaction_timeout, \
         lc_messages = @inbox_lc_messages";
+
+    /// MySQL and MariaDB: the handler's `COMMIT`, whatever the session's `completion_type`
+    /// says — `RELEASE` (set by a pool's init, say) would end the session after it, the commit
+    /// done but every statement after it failing on a closed connection; `CHAIN` would open
+    /// another transaction at once.
+    pub const MYSQL_COMMIT: &'static str = "COMMIT AND NO CHAIN NO RELEASE";
+
+    /// MySQL and MariaDB: the handler's `ROLLBACK`, whatever `completion_type` says
+    /// ([`MYSQL_COMMIT`](Self::MYSQL_COMMIT)).
+    pub const MYSQL_ROLLBACK: &'static str = "ROLLBACK AND NO CHAIN NO RELEASE";
 
     /// MySQL and MariaDB, after the rollback of a transaction a cancelled handler left open
     /// (its restore never sent): MariaDB's settings put back where a handler kept them on

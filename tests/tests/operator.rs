@@ -1121,6 +1121,34 @@ mod mysql {
         assert_eq!(balance(&mut db.connect()), 1);
     }
 
+    /// A session whose `completion_type` ends it after each `COMMIT` (`RELEASE`, set by a
+    /// pool's init) or chains another transaction to it (`CHAIN`): the handler's commit and
+    /// rollback say what they do whatever it says — before, the commit ended the session,
+    /// and the handler reported a failure for work that had committed, the connection gone.
+    /// The session's setting is left as it was.
+    #[test]
+    fn completion_type_does_not_end_the_session_or_chain() {
+        for completion in ["RELEASE", "CHAIN"] {
+            let db = Db::new(&next_name("completion"));
+            let mut conn = db.connect();
+            conn.batch_execute(&format!("SET SESSION completion_type = '{completion}'"))
+                .unwrap();
+            assert!(apply(&mut conn, &1).unwrap().is_processed(), "{completion}");
+            assert!(apply(&mut conn, &1).unwrap().is_duplicate(), "{completion}");
+            assert!(apply(&mut conn, &2).unwrap().is_processed(), "{completion}");
+            assert_eq!(balance(&mut db.connect()), 2, "{completion}");
+            assert_eq!(markers(&mut db.connect()), 2, "{completion}");
+            assert_eq!(
+                inbox_tests::server::count(
+                    &mut conn,
+                    &format!("SELECT CAST(@@completion_type = '{completion}' AS SIGNED) AS n")
+                ),
+                1,
+                "{completion}"
+            );
+        }
+    }
+
     /// `USE other` after the check: the marker's insert names the table unqualified, and the
     /// session's mark names the database the check ran in, so the server refuses the insert
     /// into the other database's table — never checked, and here without a unique index —

@@ -308,13 +308,34 @@ mod sync {
                 let ours = self.batch_execute(HandlerSpec::MARIADB_STILL_OURS);
                 ours.map_err(|e| crate::backends::transaction_gone(e, &spec.schema))?;
             }
-            <AnsiTransactionManager as diesel::connection::TransactionManager<_>>::commit_transaction(self)?;
+            self.batch_execute(HandlerSpec::MYSQL_COMMIT)?;
+            crate::backends::ended(
+                <AnsiTransactionManager as diesel::connection::TransactionManager<_>>::transaction_manager_status_mut(self),
+            )?;
             if mariadb {
                 crate::backends::autocommit_back(
                     self.batch_execute(HandlerSpec::MARIADB_AUTOCOMMIT_BACK),
                 );
             }
             Ok(())
+        }
+
+        /// The handler's transaction rolled back whatever `completion_type` says
+        /// ([`HandlerSpec::MYSQL_ROLLBACK`]); a savepoint of a caller's transaction
+        /// (`transaction = "caller"`) as the manager rolls it back.
+        fn roll_back_inbox_transaction(&mut self) -> QueryResult<()> {
+            use diesel::connection::TransactionManager;
+            let status = AnsiTransactionManager::transaction_manager_status_mut(self);
+            match status.transaction_depth()?.map(std::num::NonZeroU32::get) {
+                None => Ok(()),
+                Some(1) => {
+                    self.batch_execute(HandlerSpec::MYSQL_ROLLBACK)?;
+                    crate::backends::ended(AnsiTransactionManager::transaction_manager_status_mut(
+                        self,
+                    ))
+                }
+                Some(_) => AnsiTransactionManager::rollback_transaction(self),
+            }
         }
 
         /// MariaDB: `ROLLBACK` and the restore in one round trip.
@@ -557,7 +578,8 @@ mod asynchronous {
                     .await
                     .map_err(|e| crate::backends::transaction_gone(e, &spec.schema))?;
             }
-            AnsiTransactionManager::commit_transaction(self).await?;
+            SimpleAsyncConnection::batch_execute(self, HandlerSpec::MYSQL_COMMIT).await?;
+            crate::backends::ended(AnsiTransactionManager::transaction_manager_status_mut(self))?;
             if mariadb {
                 let back = SimpleAsyncConnection::batch_execute(
                     self,
@@ -567,6 +589,21 @@ mod asynchronous {
                 crate::backends::autocommit_back(back);
             }
             Ok(())
+        }
+
+        /// As on the sync connection.
+        async fn roll_back_inbox_transaction(&mut self) -> QueryResult<()> {
+            let status = AnsiTransactionManager::transaction_manager_status_mut(self);
+            match status.transaction_depth()?.map(std::num::NonZeroU32::get) {
+                None => Ok(()),
+                Some(1) => {
+                    SimpleAsyncConnection::batch_execute(self, HandlerSpec::MYSQL_ROLLBACK).await?;
+                    crate::backends::ended(AnsiTransactionManager::transaction_manager_status_mut(
+                        self,
+                    ))
+                }
+                Some(_) => AnsiTransactionManager::rollback_transaction(self).await,
+            }
         }
 
         /// The rollback, then MariaDB's settings put back where a handler kept them
