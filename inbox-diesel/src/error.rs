@@ -251,9 +251,10 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::InvalidKey(_) => f.write_str("inbox: invalid message key"),
-            Error::Schema(_) => f.write_str(
-                "inbox: the inbox table is not as the runtime needs it; refusing to process",
-            ),
+            // What the check found, and its fix, in the error's own text: an operator who
+            // prints the error sees the cause (a trigger, a privilege, the session's
+            // language), not only that there is one.
+            Error::Schema(problem) => write!(f, "inbox: {problem}; refusing to process"),
             Error::CalledInsideTransaction => f.write_str(
                 "inbox: the handler was called inside an open transaction; nothing ran. Call \
                  it outside any transaction: it commits the marker with the body's work in a \
@@ -318,7 +319,8 @@ impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Error::InvalidKey(e) => Some(e),
-            Error::Schema(e) => Some(e),
+            // Its text is in this error's own: what it stands on is the source.
+            Error::Schema(e) => std::error::Error::source(e),
             Error::TransactionAborted
             | Error::ClaimLost { .. }
             | Error::Session(_)
@@ -550,5 +552,30 @@ pub fn classify(error: &diesel::result::Error, schema: &inbox_core::InboxSchema)
             None => ErrorClass::Other,
         },
         other => crate::classify::class_of(other, schema),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema::{SchemaError, SchemaProblem};
+
+    /// An operator who prints the error reads the cause and its fix, once: in its text, not
+    /// only in its source (which then is not repeated by a report that walks the chain).
+    #[test]
+    fn a_schema_refusal_says_what_the_check_found() {
+        let error = Error::Schema(SchemaError::Mismatch {
+            table: "inbox".into(),
+            resolved: None,
+            problems: vec![SchemaProblem::Unsupported {
+                found: "the session's messages in ru_RU".into(),
+                why: "the runtime reads some errors by their text",
+                fix: "GRANT SET ON PARAMETER lc_messages TO app".into(),
+            }],
+        });
+        let text = error.to_string();
+        assert!(text.contains("the session's messages in ru_RU"), "{text}");
+        assert!(text.contains("GRANT SET ON PARAMETER lc_messages"), "{text}");
+        assert!(std::error::Error::source(&error).is_none());
     }
 }
