@@ -92,6 +92,21 @@ pub enum Error {
     /// `COMMIT` (PostgreSQL: a setting that lives only in the handler's transaction; MariaDB:
     /// its savepoint), and after a body's error.
     TransactionEnded,
+    /// The connection was lost after the handler's attempt ran past its idle bound
+    /// (`idle_in_transaction_ms`): most likely the server ended the session for sitting idle
+    /// in the transaction (PostgreSQL `idle_in_transaction_session_timeout`, MariaDB
+    /// `idle_transaction_timeout`, which the handler sets) while the body waited on
+    /// something else than the database — an HTTP call, a computation. The driver's own
+    /// error says only "connection closed" or "server has gone away"; this one names the
+    /// setting. Nothing committed. Its class is [`ErrorClass::ConnectionLost`]
+    /// (`Reconnect`); a redelivery meets the same bound: raise `idle_in_transaction_ms`
+    /// above the body's longest wait (or 0 for none).
+    IdleBoundExceeded {
+        /// The handler's bound, in milliseconds.
+        idle_in_transaction_ms: u32,
+        /// How long the attempt ran before the connection was lost.
+        ran_ms: u64,
+    },
     /// A handler that joins its caller's transaction (`transaction = "caller"`) was called
     /// with none open on the connection: the marker and the body's writes would have
     /// committed apart from the caller's, which is what the option exists to prevent.
@@ -208,6 +223,7 @@ impl Error {
             Error::CalledInsideTransaction
             | Error::NoTransactionToJoin
             | Error::TransactionEnded => ErrorClass::Misuse,
+            Error::IdleBoundExceeded { .. } => ErrorClass::ConnectionLost,
             Error::Database { class, .. } => class.clone(),
             Error::Outbox(crate::outbox::OutboxProblem::OutsideHandler) => ErrorClass::Misuse,
             Error::Outbox(_) => ErrorClass::Other,
@@ -259,6 +275,17 @@ impl fmt::Display for Error {
                 "inbox: the handler was called inside an open transaction; nothing ran. Call \
                  it outside any transaction: it commits the marker with the body's work in a \
                  transaction of its own",
+            ),
+            Error::IdleBoundExceeded {
+                idle_in_transaction_ms,
+                ran_ms,
+            } => write!(
+                f,
+                "inbox: the connection was lost after the handler's transaction ran {ran_ms} ms, \
+                 past its idle bound (idle_in_transaction_ms = {idle_in_transaction_ms}): the \
+                 server ends a session whose transaction sits idle that long. Nothing \
+                 committed; a body that waits on something else than the database for longer \
+                 needs a larger idle_in_transaction_ms"
             ),
             Error::TransactionEnded => f.write_str(
                 "inbox: the handler's transaction was ended inside its body (a ROLLBACK, COMMIT \
@@ -330,7 +357,8 @@ impl std::error::Error for Error {
             | Error::KeyReused { .. }
             | Error::CalledInsideTransaction
             | Error::NoTransactionToJoin
-            | Error::TransactionEnded => None,
+            | Error::TransactionEnded
+            | Error::IdleBoundExceeded { .. } => None,
             Error::Database { source, .. } | Error::EffectNotRecorded { source, .. } => {
                 Some(source)
             }
@@ -575,7 +603,10 @@ mod tests {
         });
         let text = error.to_string();
         assert!(text.contains("the session's messages in ru_RU"), "{text}");
-        assert!(text.contains("GRANT SET ON PARAMETER lc_messages"), "{text}");
+        assert!(
+            text.contains("GRANT SET ON PARAMETER lc_messages"),
+            "{text}"
+        );
         assert!(std::error::Error::source(&error).is_none());
     }
 }

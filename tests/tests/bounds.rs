@@ -65,7 +65,7 @@ mod mariadb {
 
 /// A body that sits idle in its transaction past the bound: the server ends the session
 /// (PostgreSQL 25P03), and the delivery fails as a lost connection (`Reconnect`: a
-/// redelivery on a fresh connection processes it), the log naming `idle_in_transaction_ms`.
+/// redelivery on a fresh connection processes it), the error naming `idle_in_transaction_ms`.
 #[cfg(feature = "postgres")]
 mod idle_past_the_bound {
     use diesel::connection::SimpleConnection;
@@ -86,6 +86,19 @@ mod idle_past_the_bound {
         let error = dawdles(&mut db.connect(), "m-1").unwrap_err();
         assert_eq!(error.class(), ErrorClass::ConnectionLost, "{error:?}");
         assert_eq!(error.action(), Action::Reconnect);
+        // The error itself names the bound, where the driver's says "connection closed".
+        assert!(
+            matches!(
+                error,
+                inbox_diesel::Error::IdleBoundExceeded {
+                    idle_in_transaction_ms: 300,
+                    ..
+                }
+            ),
+            "{error:?}"
+        );
+        let text = error.to_string();
+        assert!(text.contains("idle_in_transaction_ms = 300"), "{text}");
     }
 }
 

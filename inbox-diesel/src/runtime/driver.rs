@@ -891,8 +891,12 @@ where
         if class == Some(ErrorClass::Schema) {
             forget_check(steps, spec);
         }
-        if class == Some(ErrorClass::ConnectionLost) {
-            idle_bound_hint(spec, started.elapsed());
+        if class == Some(ErrorClass::ConnectionLost)
+            && let Some(error) = idle_bound_hint(spec, started.elapsed())
+        {
+            let failure: Failure<T, E> =
+                Failure::Database(DieselError::QueryBuilderError(Box::new(error)));
+            return Err(give_up(spec, failure, class, retries + 1, inbox_error));
         }
         // The body failed after the server had ended its transaction (MariaDB): an error it
         // swallowed ended it, and what failed is a consequence — a row the rollback took
@@ -981,8 +985,9 @@ where
 /// server ended it for sitting idle in the transaction (PostgreSQL
 /// `idle_in_transaction_session_timeout`, MariaDB `idle_transaction_timeout`) while the body
 /// awaited something else than the database — which the error itself ("connection closed",
-/// "server has gone away") does not say. Logged, naming the setting.
-fn idle_bound_hint(spec: &HandlerSpec, ran: Duration) {
+/// "server has gone away") does not say. Logged, and returned as the error that names the
+/// setting ([`Error::IdleBoundExceeded`]).
+fn idle_bound_hint(spec: &HandlerSpec, ran: Duration) -> Option<Error> {
     let bound = Duration::from_millis(u64::from(spec.idle_in_transaction_ms));
     if spec.idle_in_transaction_ms > 0 && ran >= bound {
         tracing::error!(
@@ -993,7 +998,12 @@ fn idle_bound_hint(spec: &HandlerSpec, ran: Duration) {
              something else than the database for longer needs a larger \
              `idle_in_transaction_ms`"
         );
+        return Some(Error::IdleBoundExceeded {
+            idle_in_transaction_ms: spec.idle_in_transaction_ms,
+            ran_ms: u64::try_from(ran.as_millis()).unwrap_or(u64::MAX),
+        });
     }
+    None
 }
 
 /// Refuses a handler that stores its results on a table without the `result` column, or
