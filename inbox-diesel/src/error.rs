@@ -593,7 +593,7 @@ mod tests {
     #[test]
     fn a_schema_refusal_says_what_the_check_found() {
         let error = Error::Schema(SchemaError::Mismatch {
-            table: "inbox".into(),
+            table: "inbox",
             resolved: None,
             problems: vec![SchemaProblem::Unsupported {
                 found: "the session's messages in ru_RU".into(),
