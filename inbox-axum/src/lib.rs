@@ -114,7 +114,9 @@ use inbox_diesel::handler::{AsyncBody, Checked, Handler, OnLocked, run_once_stor
 
 pub use problem::{Error, Problem};
 pub use reply::Reply;
-pub use request::{IDEMPOTENCY_KEY, Idempotent, MAX_KEY_LEN, MaybeIdempotent, Principal};
+pub use request::{
+    Fingerprinting, IDEMPOTENCY_KEY, Idempotent, MAX_KEY_LEN, MaybeIdempotent, Principal,
+};
 
 /// The header a replayed response carries: `Idempotent-Replayed: true` (Stripe's name for
 /// it; the draft names none).

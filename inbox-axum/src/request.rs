@@ -17,6 +17,36 @@ pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// ULID or client-built key; a longer one is answered 400 before anything else runs.
 pub const MAX_KEY_LEN: usize = 255;
 
+/// What a request's fingerprint reads of its body: the bytes as sent (the default), or the
+/// JSON they carry in its canonical form (RFC 8785, the JSON Canonicalization Scheme) — so
+/// that a client that retries with the same JSON in another key order or other whitespace
+/// (one that builds its body again on each try) is the same request, not 422; as Stripe
+/// compares a retry's parameters, not its bytes. Numbers are compared as JSON's doubles: `1`
+/// and `1.0` are one, and integers past 2^53 compare by the double they round to. The path
+/// and query are read as sent either way.
+///
+/// The application puts it in the request's extensions, as it does the [`Principal`]; a
+/// layer does it for a router or a route:
+///
+/// ```
+/// use axum::{Extension, Router, routing::post};
+/// use inbox_axum::Fingerprinting;
+///
+/// # async fn pay() {}
+/// let app: Router = Router::new()
+///     .route("/payments", post(pay))
+///     .layer(Extension(Fingerprinting::CanonicalJson));
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fingerprinting {
+    /// The body's bytes as sent.
+    #[default]
+    AsSent,
+    /// The body's JSON in RFC 8785's canonical form.
+    CanonicalJson,
+}
+
 /// Who the request is from, as the application's authentication knows it: a tenant, an
 /// account, an API client — the scope of its keys, so that a key sent by one principal never
 /// answers another's request. An authentication layer puts it in the request's extensions,
@@ -94,7 +124,9 @@ impl Principal {
 ///    extensions (500 without one). The same key on another route or from another principal
 ///    is another key.
 /// 3. the request's fingerprint: SHA-256 of the method, the path and query as sent, and the
-///    body's bytes as sent (a client that retries must send the same bytes). A second request
+///    body's bytes as sent (a client that retries must send the same bytes) — or, with
+///    [`Fingerprinting::CanonicalJson`] in the request's extensions, its JSON in canonical
+///    form (other key order and whitespace are the same request). A second request
 ///    under the key with another fingerprint is refused with 422 once the first has
 ///    committed — never processed, never answered with the first's response; while the first
 ///    is in flight it is answered 409, like any request under that key.
@@ -222,6 +254,21 @@ fn fingerprint(method: &Method, path_and_query: &str, body: &[u8]) -> Fingerprin
     Fingerprint::of(&bytes)
 }
 
+/// The JSON of `text` — which the payload was read from: it parses — in RFC 8785's canonical
+/// form ([`Fingerprinting::CanonicalJson`]).
+fn canonical(text: &[u8]) -> Result<Vec<u8>, Response> {
+    serde_json::from_slice::<serde_json::Value>(text)
+        .and_then(|value| serde_json_canonicalizer::to_vec(&value))
+        .map_err(|e| {
+            Problem::new(
+                StatusCode::BAD_REQUEST,
+                "body-malformed",
+                format!("the request body: {e}"),
+            )
+            .into_response()
+        })
+}
+
 /// What a request under an `Idempotency-Key` is, short of its payload.
 struct Parts {
     route: String,
@@ -271,6 +318,11 @@ where
         |pq| pq.as_str().to_owned(),
     );
     let content_type = request.headers().get(CONTENT_TYPE).cloned();
+    let fingerprinting = request
+        .extensions()
+        .get::<Fingerprinting>()
+        .copied()
+        .unwrap_or_default();
     let body = Bytes::from_request(request, state)
         .await
         .map_err(|rejection| {
@@ -301,12 +353,23 @@ where
         };
         Problem::new(status, problem, format!("the request body: {e}")).into_response()
     })?;
-    let parts = key.map(|key| Parts {
-        route,
-        principal: principal.expect("a key's principal, checked above"),
-        fingerprint: fingerprint(&method, &path_and_query, &body),
-        key,
-    });
+    let parts = match key {
+        Some(key) => {
+            let fingerprinted = match fingerprinting {
+                Fingerprinting::AsSent => fingerprint(&method, &path_and_query, &body),
+                Fingerprinting::CanonicalJson => {
+                    fingerprint(&method, &path_and_query, &canonical(text)?)
+                }
+            };
+            Some(Parts {
+                route,
+                principal: principal.expect("a key's principal, checked above"),
+                fingerprint: fingerprinted,
+                key,
+            })
+        }
+        None => None,
+    };
     Ok((parts, payload))
 }
 
@@ -434,6 +497,18 @@ mod tests {
         assert_eq!(
             key_of(&headers(&[longest.as_bytes()])).unwrap().unwrap(),
             longest
+        );
+    }
+
+    #[test]
+    fn canonical_json_is_one_form_for_every_spelling() {
+        let one = canonical(br#"{"b": [1, 2.0, "x"], "a": {"d": null, "c": true}}"#).unwrap();
+        let other = canonical(b"{\"a\":{\"c\":true,\"d\":null},\n \"b\":[1.0,2,\"x\"]}").unwrap();
+        assert_eq!(one, other);
+        assert_eq!(one, br#"{"a":{"c":true,"d":null},"b":[1,2,"x"]}"#);
+        assert_ne!(
+            canonical(br#"{"a": 1}"#).unwrap(),
+            canonical(br#"{"a": 2}"#).unwrap()
         );
     }
 

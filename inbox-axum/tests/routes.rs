@@ -406,3 +406,64 @@ async fn a_post_without_a_body_and_a_key_with_parameters() {
         (StatusCode::OK, true, &first.2)
     );
 }
+
+fn raw(path: &str, key: &str, body: &str) -> Request<Body> {
+    Request::post(path)
+        .header("content-type", "application/json")
+        .header("idempotency-key", key)
+        .body(Body::from(body.to_owned()))
+        .unwrap()
+}
+
+/// A client that builds its JSON again on each retry — other key order, other whitespace —
+/// sends the same request: with `Fingerprinting::CanonicalJson` it is replayed; with the
+/// default (the bytes as sent) it is another request under the key, 422. Another value is
+/// another request either way.
+#[tokio::test(flavor = "multi_thread")]
+async fn canonical_json_fingerprints_see_through_key_order_and_whitespace() {
+    static RUNS: AtomicUsize = AtomicUsize::new(0);
+    let dir = tempfile::tempdir().unwrap();
+    let (router, pool) = app(&dir, &RUNS).await;
+    let canonical = router
+        .clone()
+        .layer(axum::Extension(inbox_axum::Fingerprinting::CanonicalJson));
+    let first = answer(
+        &canonical,
+        raw("/lists/1/notes", "k", r#"{"text":"milk","n":1}"#),
+    )
+    .await;
+    assert_eq!((first.0, first.1), (StatusCode::CREATED, false));
+    for retry in [
+        "{ \"n\": 1.0,\n  \"text\": \"milk\" }",
+        r#"{"text":"milk","n":1}"#,
+    ] {
+        let again = answer(&canonical, raw("/lists/1/notes", "k", retry)).await;
+        assert_eq!(
+            (again.0, again.1, &again.2),
+            (StatusCode::CREATED, true, &first.2),
+            "{retry}"
+        );
+    }
+    let other = answer(
+        &canonical,
+        raw("/lists/1/notes", "k", r#"{"n":1,"text":"eggs"}"#),
+    )
+    .await;
+    assert_eq!(other.0, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(other.2["problem"], "idempotency-key-reused");
+    // The default: the bytes as sent.
+    let first = answer(
+        &router,
+        raw("/lists/2/notes", "j", r#"{"text":"milk","n":1}"#),
+    )
+    .await;
+    assert_eq!(first.0, StatusCode::CREATED);
+    let reordered = answer(
+        &router,
+        raw("/lists/2/notes", "j", r#"{"n":1,"text":"milk"}"#),
+    )
+    .await;
+    assert_eq!(reordered.0, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(AtomicUsize::load(&RUNS, Ordering::SeqCst), 2);
+    assert_eq!(rows(&pool, "SELECT count(*) AS n FROM notes").await, 2);
+}
