@@ -256,7 +256,7 @@ fn fingerprint(method: &Method, path_and_query: &str, body: &[u8]) -> Fingerprin
 
 /// The JSON of `text` — which the payload was read from: it parses — in RFC 8785's canonical
 /// form ([`Fingerprinting::CanonicalJson`]).
-fn canonical(text: &[u8]) -> Result<Vec<u8>, Response> {
+fn canonical(text: &[u8]) -> Result<Vec<u8>, Problem> {
     serde_json::from_slice::<serde_json::Value>(text)
         .and_then(|value| serde_json_canonicalizer::to_vec(&value))
         .map_err(|e| {
@@ -265,7 +265,6 @@ fn canonical(text: &[u8]) -> Result<Vec<u8>, Response> {
                 "body-malformed",
                 format!("the request body: {e}"),
             )
-            .into_response()
         })
 }
 
@@ -358,7 +357,8 @@ where
             let fingerprinted = match fingerprinting {
                 Fingerprinting::AsSent => fingerprint(&method, &path_and_query, &body),
                 Fingerprinting::CanonicalJson => {
-                    fingerprint(&method, &path_and_query, &canonical(text)?)
+                    let canonical = canonical(text).map_err(IntoResponse::into_response)?;
+                    fingerprint(&method, &path_and_query, &canonical)
                 }
             };
             Some(Parts {
