@@ -171,6 +171,11 @@ impl<T> Idempotent<T> {
                         error = &error as &dyn std::error::Error,
                         "an idempotent request failed; nothing was committed"
                     );
+                    inbox_diesel::telemetry::unseen(format_args!(
+                        "an idempotent request to {} failed; nothing was committed: {}",
+                        self.route(),
+                        inbox_diesel::telemetry::chain(&error)
+                    ));
                 }
                 return problem.into_response();
             }

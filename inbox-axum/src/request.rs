@@ -296,6 +296,12 @@ where
                 "an idempotent request without a Principal in its extensions: insert one in the \
                  authentication layer, or Principal::shared() where every client shares the keys"
             );
+            inbox_diesel::telemetry::unseen(format_args!(
+                "an idempotent request to {} without a Principal in its extensions: insert one \
+                 in the authentication layer, or Principal::shared() where every client shares \
+                 the keys",
+                request.uri().path()
+            ));
             return Err(Problem::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "principal-missing",

@@ -467,3 +467,60 @@ async fn canonical_json_fingerprints_see_through_key_order_and_whitespace() {
     assert_eq!(AtomicUsize::load(&RUNS, Ordering::SeqCst), 2);
     assert_eq!(rows(&pool, "SELECT count(*) AS n FROM notes").await, 2);
 }
+
+/// An error that ends a request, where the application installed no tracing subscriber:
+/// written to standard error, never silent. Run in a child process of this test binary, so
+/// that no other test's subscriber (or its absence) decides it: the child answers a route
+/// without a `Principal` (500) and one whose reply is over the stored limit (500), with no
+/// subscriber; the parent reads what the child wrote. With a subscriber, nothing is written
+/// there.
+#[test]
+fn a_failure_is_written_to_stderr_without_a_tracing_subscriber() {
+    const CHILD: &str = "INBOX_AXUM_UNSEEN_CHILD";
+    if std::env::var_os(CHILD).is_some() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        runtime.block_on(async {
+            static RUNS: AtomicUsize = AtomicUsize::new(0);
+            let dir = tempfile::tempdir().unwrap();
+            let (router, pool) = app(&dir, &RUNS).await;
+            let unscoped = Router::new()
+                .route("/lists/{list}/notes", post(add))
+                .with_state(App {
+                    pool: pool.clone(),
+                    runs: &RUNS,
+                });
+            let refused = answer(&unscoped, note("/lists/1/notes", Some("k"), "milk")).await;
+            assert_eq!(refused.0, StatusCode::INTERNAL_SERVER_ERROR);
+            let too_large = "x".repeat(inbox_diesel::MAX_STORED_RESULT_BYTES + 1);
+            let refused = answer(&router, note("/lists/1/notes", Some("big"), &too_large)).await;
+            assert_eq!(refused.0, StatusCode::INTERNAL_SERVER_ERROR);
+            // With a subscriber, the event is the record: nothing more on stderr.
+            let subscriber = tracing_subscriber::fmt()
+                .with_writer(std::io::sink)
+                .finish();
+            let _quiet = tracing::subscriber::set_default(subscriber);
+            let refused = answer(&unscoped, note("/lists/2/notes", Some("q"), "milk")).await;
+            assert_eq!(refused.0, StatusCode::INTERNAL_SERVER_ERROR);
+        });
+        return;
+    }
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_failure_is_written_to_stderr_without_a_tracing_subscriber",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD, "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&child.stderr);
+    assert!(child.status.success(), "{stderr}");
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("inbox: "))
+        .collect();
+    assert_eq!(lines.len(), 2, "{stderr}");
+    assert!(lines[0].contains("without a Principal"), "{stderr}");
+    assert!(lines[1].contains("over the"), "{stderr}");
+}

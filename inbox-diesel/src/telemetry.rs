@@ -112,6 +112,35 @@ pub fn record_outage(
     }
 }
 
+/// An error that ends a request or a delivery without reaching the application's code — a
+/// pump that dead-letters or halts on a handler's answer, an HTTP request answered 500 —
+/// where no [`tracing`] subscriber is installed to show the event the crate emits for it:
+/// written to standard error, once per occurrence, so that it is never silent. With any
+/// subscriber (global, or scoped to the thread) nothing is written here; the event is the
+/// record. For the integration crates (`inbox-lapin`, `inbox-nats`, `inbox-axum`).
+pub fn unseen(what: std::fmt::Arguments<'_>) {
+    let silent = tracing::dispatcher::get_default(|dispatch| {
+        dispatch.is::<tracing::subscriber::NoSubscriber>()
+    });
+    if silent {
+        eprintln!(
+            "inbox: {what} (no tracing subscriber is installed: install one to see this as an event, with its span)"
+        );
+    }
+}
+
+/// The text of `error` and of each of its sources, `: `-separated, for [`unseen`].
+pub fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 /// Records on a delivery's span ([`process_span`]) how the pump settled it: `ack`, `retry`,
 /// `dead_letter` or `halt` ([`Settlement::as_str`](crate::Settlement::as_str)).
 ///

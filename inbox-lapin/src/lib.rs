@@ -321,15 +321,26 @@ impl Pump {
                             span.in_scope(|| {
                                 tracing::error!(panic = said, "the handler panicked; its delivery is handed back");
                             });
+                            inbox_diesel::telemetry::unseen(format_args!(
+                                "the handler panicked ({said}); its delivery is handed back"
+                            ));
                             settlement
                         }
                     };
                     record_outage(&span, outage, settlement, answer.is_err());
                     record_settlement(&span, "rabbitmq", settlement);
+                    if let (Settlement::DeadLetter, Ok(answer)) = (settlement, &answer) {
+                        inbox_diesel::telemetry::unseen(format_args!(
+                            "a delivery is dead-lettered on the handler's answer: {answer:?}"
+                        ));
+                    }
                     if let (Settlement::Halt, Ok(answer)) = (settlement, &answer) {
                         span.in_scope(|| {
                             tracing::error!(answer = ?answer, "the handler's answer halts the consumer");
                         });
+                        inbox_diesel::telemetry::unseen(format_args!(
+                            "the handler's answer halts the consumer: {answer:?}"
+                        ));
                         let _ = halt_ref.send(Some(format!("{answer:?}")));
                         let _ = stopping_ref.send(true);
                     }

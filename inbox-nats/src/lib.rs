@@ -824,6 +824,9 @@ where
                     "the handler panicked; its message is handed back"
                 )
             });
+            inbox_diesel::telemetry::unseen(format_args!(
+                "the handler panicked ({said}); its message is handed back"
+            ));
             return settled(&acker, &span, settings, count, settlement).await;
         }
     };
@@ -837,11 +840,19 @@ where
             let delay = settings.redelivery.delay(count);
             AckKind::Nak((!delay.is_zero()).then_some(delay))
         }
-        Settlement::DeadLetter => AckKind::Term,
+        Settlement::DeadLetter => {
+            inbox_diesel::telemetry::unseen(format_args!(
+                "a message is terminated (dead-lettered) on the handler's answer: {answer:?}"
+            ));
+            AckKind::Term
+        }
         // Back to the stream, for when the deployment is fixed; and `Settlement` is
         // non-exhaustive: what a later version adds is not acknowledged blindly.
         _ => {
             tracing::error!(answer = ?answer, "the handler's answer halts the consumer");
+            inbox_diesel::telemetry::unseen(format_args!(
+                "the handler's answer halts the consumer: {answer:?}"
+            ));
             return Done::Halted {
                 answer: format!("{answer:?}"),
                 acker: Box::new(acker),
