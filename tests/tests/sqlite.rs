@@ -272,3 +272,52 @@ fn the_lean_tables_key_is_checked_as_the_index_is() {
         }
     }
 }
+
+/// A body that ends the handler's transaction itself — a `ROLLBACK` or `COMMIT` it sends —
+/// after which its writes commit on their own: `COMMIT` failed with "no transaction is
+/// active" (dead-lettered, its later writes kept), or after the body's own `BEGIN` committed
+/// the body's transaction without the marker (`Processed`, applied again by each
+/// redelivery). The handler's savepoint names its transaction: gone, the delivery is
+/// `TransactionEnded` (an alert), never `Processed`, and the connection goes on.
+#[test]
+fn a_body_that_ends_its_transaction_is_reported_never_processed() {
+    let shapes: [(&str, &str); 3] = [
+        (
+            "rolls back, then writes",
+            "ROLLBACK; UPDATE accounts SET balance = balance + 100 WHERE id = 1",
+        ),
+        (
+            "commits, then writes",
+            "COMMIT; UPDATE accounts SET balance = balance + 100 WHERE id = 1",
+        ),
+        (
+            "rolls back, begins, writes",
+            "ROLLBACK; BEGIN; UPDATE accounts SET balance = balance + 100 WHERE id = 1",
+        ),
+    ];
+    let db = SqliteDb::new("ended");
+    for (n, (shape, sql)) in shapes.into_iter().enumerate() {
+        let mut conn = db.connect();
+        for then_fails in [false, true] {
+            let msg = Credit::new(100 + 2 * n as u128 + u128::from(then_fails));
+            let result = credit_then(&mut conn, &msg, &mut |conn| {
+                conn.batch_execute(sql)?;
+                match then_fails {
+                    true => Err(AppError::Rejected),
+                    false => Ok(()),
+                }
+            });
+            let Err(AppError::Inbox(error)) = &result else {
+                panic!("{shape}, then fails {then_fails}: {result:?}")
+            };
+            assert!(
+                matches!(error, inbox_diesel::Error::TransactionEnded),
+                "{shape}: {error:?}"
+            );
+            assert_eq!(error.action(), inbox_diesel::Action::Alert);
+        }
+        // The connection goes on: the next message is processed, in a transaction of its own.
+        let next = credit(&mut conn, &Credit::new(200 + n as u128)).unwrap();
+        assert_eq!(next, Outcome::Processed(()), "{shape}");
+    }
+}

@@ -73,6 +73,14 @@ pub(crate) mod sealed {
             Ok(())
         }
 
+        /// After the body failed: whether the transaction is no longer the handler's — the
+        /// body's own `ROLLBACK` or `COMMIT` ended it — where the backend tells it by the
+        /// handler's savepoint (SQLite); then what the body opened since is rolled back and
+        /// the manager counts none open. `false` elsewhere.
+        fn ended_in_body(&mut self) -> bool {
+            false
+        }
+
         /// Inserts the marker unless it exists; `Ok(false)` when it already did. `text`: the
         /// key's text, written to `key_text`.
         fn claim_marker(
@@ -284,6 +292,11 @@ mod asynchronous {
                 async { Ok(()) }
             }
 
+            /// As the sync connection's.
+            fn ended_in_body(&mut self) -> impl Future<Output = bool> + Send {
+                async { false }
+            }
+
             /// Inserts the marker unless it exists; `Ok(false)` when it already did. `text`: the
             /// key's text, written to `key_text`.
             fn claim_marker(
@@ -453,7 +466,7 @@ pub(crate) fn transaction_gone(
 
 /// The manager's state unless it is broken (diesel's own `transaction_state`, which is public
 /// only to implementers of backends: a user's build of this crate does not enable that).
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 fn valid(
     status: &mut diesel::connection::TransactionManagerStatus,
 ) -> QueryResult<&mut diesel::connection::ValidTransactionManagerStatus> {
@@ -486,7 +499,11 @@ pub(crate) fn open(status: &mut diesel::connection::TransactionManagerStatus) ->
 
 /// The transaction manager told that the transaction it counts open ended: after a
 /// `COMMIT` or `ROLLBACK` the runtime sent itself, with other statements in one round trip.
-#[cfg(any(feature = "mysql", all(feature = "postgres", feature = "async")))]
+#[cfg(any(
+    feature = "mysql",
+    feature = "sqlite",
+    all(feature = "postgres", feature = "async")
+))]
 pub(crate) fn ended(status: &mut diesel::connection::TransactionManagerStatus) -> QueryResult<()> {
     let state = valid(status)?;
     match state.transaction_depth() {

@@ -204,17 +204,84 @@ mod sync {
 
     use diesel::sqlite::{Sqlite, SqliteConnection};
 
+    /// The savepoint that names the handler's transaction.
+    const OURS: &str = "inbox_transaction";
+
+    /// SQLite's answer to `RELEASE` or `ROLLBACK TO` a savepoint that is not there.
+    fn no_such_savepoint(error: &diesel::result::Error) -> bool {
+        crate::classify::with_server_error(error, |server| {
+            server.message.contains("no such savepoint")
+        })
+        .unwrap_or(false)
+    }
+
+    /// What follows a transaction the body ended: one it opened since rolled back (its
+    /// failure, where none is open, is the answer), and the manager told none is open.
+    trait ForgetEnded {
+        fn forget_ended(&mut self);
+    }
+
+    impl ForgetEnded for SqliteConnection {
+        fn forget_ended(&mut self) {
+            let _ = diesel::connection::SimpleConnection::batch_execute(self, "ROLLBACK");
+            let status = AnsiTransactionManager::transaction_manager_status_mut(self);
+            if let Err(e) = crate::backends::ended(status) {
+                tracing::warn!(error = %e, "the transaction manager could not be told");
+            }
+        }
+    }
+
     impl InboxConnection for SqliteConnection {}
 
     impl sealed::Connection for SqliteConnection {
         /// `BEGIN IMMEDIATE` takes the write lock at once, so two deliveries queue on the busy
         /// timeout instead of both reading and then failing to upgrade to a writer.
+        ///
+        /// Then a savepoint that names the transaction the handler's
+        /// ([`OURS`]): a body's own `ROLLBACK` or `COMMIT` ends that transaction, and what the
+        /// body writes after it commits on its own — or, after its own `BEGIN`, with the
+        /// handler's `COMMIT` and without the marker. The savepoint is released before
+        /// `COMMIT`, which fails in any other transaction, or none.
         fn begin_inbox_transaction(&mut self, spec: &HandlerSpec, _: Layout) -> QueryResult<()> {
             let sql = format!(
-                "PRAGMA busy_timeout = {}; BEGIN IMMEDIATE",
+                "PRAGMA busy_timeout = {}; BEGIN IMMEDIATE; SAVEPOINT {OURS}",
                 spec.sqlite_busy_timeout_ms
             );
             AnsiTransactionManager::begin_transaction_sql(self, &sql)
+        }
+
+        /// The savepoint released ([`OURS`]), then `COMMIT`. A savepoint gone is a
+        /// transaction the body ended ([`Error::TransactionEnded`](crate::Error)): what it
+        /// opened since is rolled back, and the manager counts none open.
+        fn commit_inbox_transaction(&mut self, _: &HandlerSpec, _: bool) -> QueryResult<()> {
+            if let Err(e) = diesel::connection::SimpleConnection::batch_execute(
+                self,
+                &format!("RELEASE {OURS}"),
+            ) {
+                if !no_such_savepoint(&e) {
+                    return Err(e);
+                }
+                self.forget_ended();
+                return Err(diesel::result::Error::QueryBuilderError(Box::new(
+                    crate::Error::TransactionEnded,
+                )));
+            }
+            AnsiTransactionManager::commit_transaction(self)
+        }
+
+        /// Back to the handler's savepoint, which the rollback that follows ends with the
+        /// transaction; gone, the body ended the transaction.
+        fn ended_in_body(&mut self) -> bool {
+            match diesel::connection::SimpleConnection::batch_execute(
+                self,
+                &format!("ROLLBACK TO {OURS}"),
+            ) {
+                Err(e) if no_such_savepoint(&e) => {
+                    self.forget_ended();
+                    true
+                }
+                _ => false,
+            }
         }
 
         /// `BEGIN IMMEDIATE`: the write lock from the start, so that a transaction that
@@ -346,6 +413,12 @@ mod asynchronous {
         async fn roll_back_inbox_transaction(&mut self) -> QueryResult<()> {
             self.spawn_blocking(|conn| conn.roll_back_inbox_transaction())
                 .await
+        }
+
+        async fn ended_in_body(&mut self) -> bool {
+            self.spawn_blocking(|conn| Ok(conn.ended_in_body()))
+                .await
+                .unwrap_or(false)
         }
 
         async fn prepare_claim(&mut self, spec: &'static HandlerSpec) -> QueryResult<()> {

@@ -419,8 +419,11 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
     }
 
     async fn ended_in_body(&mut self) -> bool {
-        <C as AsyncInboxConnection>::BACKEND == crate::dialect::Backend::Postgres
-            && crate::runtime::claim::ended_in_body(self).await
+        match <C as AsyncInboxConnection>::BACKEND {
+            crate::dialect::Backend::Postgres => crate::runtime::claim::ended_in_body(self).await,
+            crate::dialect::Backend::Sqlite => self.0.ended_in_body().await,
+            crate::dialect::Backend::Mysql => false,
+        }
     }
 
     fn stop_caching_statements(&mut self) {

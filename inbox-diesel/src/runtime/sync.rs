@@ -301,8 +301,11 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
     }
 
     async fn ended_in_body(&mut self) -> bool {
-        <C as InboxConnection>::BACKEND == crate::dialect::Backend::Postgres
-            && crate::runtime::claim::ended_in_body(self).await
+        match <C as InboxConnection>::BACKEND {
+            crate::dialect::Backend::Postgres => crate::runtime::claim::ended_in_body(self).await,
+            crate::dialect::Backend::Sqlite => self.0.ended_in_body(),
+            crate::dialect::Backend::Mysql => false,
+        }
     }
 
     fn stop_caching_statements(&mut self) {
