@@ -64,7 +64,8 @@ impl HandlerSpec {
     /// answer success — with a warning — for a transaction that is not there, or commit one
     /// the body began. Fails with 25P02 in an aborted transaction, as `SELECT 1` did, and the
     /// `COMMIT` after it is then never run. The error's value carries the text, so that it
-    /// reads the same in any language.
+    /// reads the same in any language; the setting read in it keeps it from being folded into
+    /// an error at planning.
     pub const POSTGRES_STILL_OURS: &'static str = postgres_still_ours!();
 
     /// [`POSTGRES_STILL_OURS`](Self::POSTGRES_STILL_OURS), then `COMMIT`: one round trip.

@@ -73,14 +73,6 @@ pub(crate) mod sealed {
             Ok(())
         }
 
-        /// After the body failed: whether the transaction is no longer the handler's — the
-        /// body's own `ROLLBACK` or `COMMIT` ended it — where the backend tells it by the
-        /// handler's savepoint (SQLite); then what the body opened since is rolled back and
-        /// the manager counts none open. `false` elsewhere.
-        fn ended_in_body(&mut self) -> bool {
-            false
-        }
-
         /// Inserts the marker unless it exists; `Ok(false)` when it already did. `text`: the
         /// key's text, written to `key_text`.
         fn claim_marker(
@@ -290,11 +282,6 @@ mod asynchronous {
                 _claimed: bool,
             ) -> impl Future<Output = QueryResult<()>> + Send {
                 async { Ok(()) }
-            }
-
-            /// As the sync connection's.
-            fn ended_in_body(&mut self) -> impl Future<Output = bool> + Send {
-                async { false }
             }
 
             /// Inserts the marker unless it exists; `Ok(false)` when it already did. `text`: the

@@ -609,7 +609,7 @@ mod asynchronous {
         /// The rollback, then MariaDB's settings put back where a handler kept them
         /// ([`HandlerSpec::MARIADB_ABANDONED_RESTORE`]; its failure on MySQL ignored).
         async fn roll_back_abandoned(&mut self) -> QueryResult<()> {
-            SimpleAsyncConnection::batch_execute(self, "ROLLBACK").await?;
+            SimpleAsyncConnection::batch_execute(self, HandlerSpec::MYSQL_ROLLBACK).await?;
             if let Err(e) =
                 SimpleAsyncConnection::batch_execute(self, HandlerSpec::MARIADB_ABANDONED_RESTORE)
                     .await

@@ -269,21 +269,6 @@ mod sync {
             AnsiTransactionManager::commit_transaction(self)
         }
 
-        /// Back to the handler's savepoint, which the rollback that follows ends with the
-        /// transaction; gone, the body ended the transaction.
-        fn ended_in_body(&mut self) -> bool {
-            match diesel::connection::SimpleConnection::batch_execute(
-                self,
-                &format!("ROLLBACK TO {OURS}"),
-            ) {
-                Err(e) if no_such_savepoint(&e) => {
-                    self.forget_ended();
-                    true
-                }
-                _ => false,
-            }
-        }
-
         /// `BEGIN IMMEDIATE`: the write lock from the start, so that a transaction that
         /// reads before it writes cannot lose its snapshot to another writer.
         fn begin_write_transaction(&mut self) -> QueryResult<()> {
@@ -413,12 +398,6 @@ mod asynchronous {
         async fn roll_back_inbox_transaction(&mut self) -> QueryResult<()> {
             self.spawn_blocking(|conn| conn.roll_back_inbox_transaction())
                 .await
-        }
-
-        async fn ended_in_body(&mut self) -> bool {
-            self.spawn_blocking(|conn| Ok(conn.ended_in_body()))
-                .await
-                .unwrap_or(false)
         }
 
         async fn prepare_claim(&mut self, spec: &'static HandlerSpec) -> QueryResult<()> {

@@ -421,9 +421,15 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
     async fn ended_in_body(&mut self) -> bool {
         match <C as AsyncInboxConnection>::BACKEND {
             crate::dialect::Backend::Postgres => crate::runtime::claim::ended_in_body(self).await,
-            crate::dialect::Backend::Sqlite => self.0.ended_in_body().await,
-            crate::dialect::Backend::Mysql => false,
+            // As on the sync connection.
+            crate::dialect::Backend::Sqlite | crate::dialect::Backend::Mysql => false,
         }
+    }
+
+    async fn discard_foreign(&mut self) {
+        use diesel_async::TransactionManager;
+        let _ = diesel_async::SimpleAsyncConnection::batch_execute(self.0, "ROLLBACK").await;
+        *C::TransactionManager::transaction_manager_status_mut(self.0) = Default::default();
     }
 
     fn stop_caching_statements(&mut self) {

@@ -170,6 +170,11 @@ pub(crate) trait Steps {
         false
     }
 
+    /// After a transaction the body ended: one the body began since, which diesel's manager
+    /// may not count, rolled back as it is (where none is open, PostgreSQL only warns), and
+    /// the manager told none is open.
+    async fn discard_foreign(&mut self) {}
+
     /// Reads the inbox table's definition from the catalog and checks it (`schema::verify`).
     async fn verify(
         &mut self,
@@ -573,6 +578,8 @@ where
             // The insert met a marker: its own evidence, read again at what committed last.
             Ok(false) => {
                 roll_back(steps).await;
+                joined.open = false;
+                let steps = &mut joined.steps;
                 break match steps.markers_present(run, &[key.stored_id()], true).await {
                     Ok(1) => Ok(false),
                     Ok(_) => Err(swallowed(run)),
@@ -640,9 +647,27 @@ where
         );
         return Err(result.err().expect("checked by `is_err`"));
     }
+    let depth = steps.depth();
     let released = steps.release().await;
+    if let Err(e) = released {
+        // The savepoint could not be released (a transaction aborted by an error the body
+        // swallowed, or one the body ended): where the manager still counts it, back to it —
+        // the caller's transaction as it was before the handler; where it does not, the
+        // manager is put in error, so that the caller's commit is refused rather than
+        // answered for a transaction that is not what the caller thinks.
+        match steps.depth() == depth {
+            true => {
+                roll_back(steps).await;
+                joined.open = false;
+            }
+            false => {
+                steps.abandon();
+                joined.open = false;
+            }
+        }
+        return Err(failed(e));
+    }
     joined.open = false;
-    released.map_err(failed)?;
     tracing::debug!(
         outcome = "processed",
         "written with its marker, for the caller to commit"
@@ -739,24 +764,35 @@ impl<S: Steps> Drop for Abandoned<S> {
 async fn recover<S: Steps>(steps: &mut S) -> QueryResult<()> {
     let address = steps.address();
     let left = {
-        let mut abandoned = ABANDONED.lock().unwrap_or_else(|e| e.into_inner());
-        let left = abandoned
+        let abandoned = ABANDONED.lock().unwrap_or_else(|e| e.into_inner());
+        abandoned
             .iter()
             .find(|(at, _)| *at == address)
-            .map(|(_, marked)| *marked);
-        abandoned.retain(|(at, _)| *at != address);
-        left
+            .map(|(_, marked)| *marked)
     };
     let Some(marked) = left else {
         return Ok(());
     };
-    // Put in error when the handler was dropped (and still so: a pool's new connection
-    // where the dropped one was is not), or still counted open: the manager counts none
-    // from here, and the rollback is sent as it is.
-    let open = (marked && steps.in_error()) || steps.in_transaction();
-    if open {
+    // Put in error when the handler was dropped, and still so (a pool's new connection where
+    // the dropped one was is not; a transaction open on a connection whose delivery left it
+    // none is the caller's): the rollback is sent as it is, and the manager counts none open
+    // only once it is done — dropped or failed before, the connection is still remembered,
+    // and still refuses the application's transactions.
+    if marked && steps.in_error() {
+        tracing::warn!(
+            "a handler on this connection was cancelled inside its transaction; rolling that \
+             transaction back"
+        );
+        if let Err(e) = steps.roll_back_abandoned().await {
+            tracing::warn!(error = %e, "rolling back the cancelled handler's transaction failed; the connection must go");
+            return Err(e);
+        }
         steps.forget_transaction();
     }
+    ABANDONED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|(at, _)| *at != address);
     // One of the manager's own statements (`BEGIN`, `COMMIT`, `ROLLBACK`) cut off in the
     // middle: answers may be pending on the connection, and nothing read on it can be
     // trusted. A new connection. (A connection that is neither broken nor in a transaction
@@ -768,7 +804,6 @@ async fn recover<S: Steps>(steps: &mut S) -> QueryResult<()> {
             "a handler on this connection was cancelled in the middle of a statement; the \
              connection must go"
         );
-        steps.abandon();
         return Err(diesel::result::Error::DatabaseError(
             diesel::result::DatabaseErrorKind::ClosedConnection,
             Box::new(
@@ -776,17 +811,6 @@ async fn recover<S: Steps>(steps: &mut S) -> QueryResult<()> {
                     .to_owned(),
             ),
         ));
-    }
-    if !open {
-        return Ok(());
-    }
-    tracing::warn!(
-        "a handler on this connection was cancelled inside its transaction; rolling that \
-         transaction back"
-    );
-    if let Err(e) = steps.roll_back_abandoned().await {
-        tracing::warn!(error = %e, "rolling back the cancelled handler's transaction failed; the connection must go");
-        return Err(e);
     }
     Ok(())
 }
@@ -902,7 +926,10 @@ where
         // swallowed ended it, and what failed is a consequence — a row the rollback took
         // away, a write in another transaction. A transient failure, whatever it reads as.
         let ended_under_body = matches!(&failure, Failure::Body(_, true))
-            && !matches!(class, Some(ErrorClass::ConnectionLost));
+            && !matches!(
+                class,
+                Some(ErrorClass::Transient(_) | ErrorClass::ConnectionLost)
+            );
         // The body swallowed an error that ended its transaction — often a deadlock, a
         // serialization failure, a lock timeout, which a fresh transaction gets past:
         // retried as those are, where nothing of it committed, before it is reported.
@@ -914,9 +941,11 @@ where
         };
         // Ended under the body with something of it committed (MariaDB: the marker, by a
         // statement of the body that commits — `BEGIN`, DDL — before it failed): a retry would
-        // meet that marker and answer a duplicate for work the body never finished, and the
-        // body's own error would read as transient. Reported as a transaction the body ended.
-        if ended_under_body && !swallowed {
+        // meet that marker and answer a duplicate for work the body never finished. Reported
+        // as a transaction the body ended. (A transient error the body returned is retried as
+        // it is: a deadlock ends the transaction too, and a copy of the message may have
+        // committed its marker since — the retry answers `Duplicate`, rightly.)
+        if ended_under_body && class.is_some() && !swallowed {
             let failure: Failure<T, E> = ended_in_body();
             let class = Some(ErrorClass::Misuse);
             return Err(give_up(spec, failure, class, retries + 1, inbox_error));
@@ -2223,6 +2252,7 @@ where
                 // A failed COMMIT may or may not have ended the transaction.
                 roll_back(steps).await;
                 if crate::dialect::ended_in_body(&e) {
+                    steps.discard_foreign().await;
                     return Err(ended_in_body());
                 }
                 match classify(&e, &spec.schema) {
@@ -2236,6 +2266,7 @@ where
             let ended_in_body = !layout.mariadb && steps.ended_in_body().await;
             roll_back(steps).await;
             if ended_in_body {
+                steps.discard_foreign().await;
                 return Err(self::ended_in_body());
             }
             Err(Failure::Body(Err(e), ended))

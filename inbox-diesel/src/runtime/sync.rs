@@ -303,9 +303,17 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
     async fn ended_in_body(&mut self) -> bool {
         match <C as InboxConnection>::BACKEND {
             crate::dialect::Backend::Postgres => crate::runtime::claim::ended_in_body(self).await,
-            crate::dialect::Backend::Sqlite => self.0.ended_in_body(),
-            crate::dialect::Backend::Mysql => false,
+            // SQLite rolls a transaction back itself on some errors (a busy database, a full
+            // disk): after a body's error its savepoint's absence does not say the body did.
+            crate::dialect::Backend::Sqlite | crate::dialect::Backend::Mysql => false,
         }
+    }
+
+    async fn discard_foreign(&mut self) {
+        use diesel::connection::TransactionManager;
+        let _ = diesel::connection::SimpleConnection::batch_execute(self.0, "ROLLBACK");
+        *diesel::connection::AnsiTransactionManager::transaction_manager_status_mut(self.0) =
+            Default::default();
     }
 
     fn stop_caching_statements(&mut self) {
