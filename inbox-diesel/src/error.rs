@@ -89,8 +89,9 @@ pub enum Error {
     /// twice: the message is not marked processed, not retried, and this is reported (class
     /// `Misuse`: alert; every delivery would do the same). Inside a handler, use
     /// `conn.transaction(…)` (a savepoint), never raw transaction statements. Found before
-    /// `COMMIT` (PostgreSQL: a setting that lives only in the handler's transaction; MariaDB:
-    /// its savepoint), and after a body's error.
+    /// `COMMIT` (PostgreSQL: a setting that lives only in the handler's transaction; MariaDB
+    /// and SQLite: its savepoint); on PostgreSQL also after a body's error, and on MariaDB
+    /// after one the runtime recognises as not transient, where the marker had committed.
     TransactionEnded,
     /// The connection was lost after the handler's attempt ran past its idle bound
     /// (`idle_in_transaction_ms`): most likely the server ended the session for sitting idle
