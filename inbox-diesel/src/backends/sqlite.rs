@@ -217,17 +217,11 @@ mod sync {
 
     /// What follows a transaction the body ended: one it opened since rolled back (its
     /// failure, where none is open, is the answer), and the manager told none is open.
-    trait ForgetEnded {
-        fn forget_ended(&mut self);
-    }
-
-    impl ForgetEnded for SqliteConnection {
-        fn forget_ended(&mut self) {
-            let _ = diesel::connection::SimpleConnection::batch_execute(self, "ROLLBACK");
-            let status = AnsiTransactionManager::transaction_manager_status_mut(self);
-            if let Err(e) = crate::backends::ended(status) {
-                tracing::warn!(error = %e, "the transaction manager could not be told");
-            }
+    fn forget_ended(conn: &mut SqliteConnection) {
+        let _ = diesel::connection::SimpleConnection::batch_execute(conn, "ROLLBACK");
+        let status = AnsiTransactionManager::transaction_manager_status_mut(conn);
+        if let Err(e) = crate::backends::ended(status) {
+            tracing::warn!(error = %e, "the transaction manager could not be told");
         }
     }
 
@@ -261,7 +255,7 @@ mod sync {
                 if !no_such_savepoint(&e) {
                     return Err(e);
                 }
-                self.forget_ended();
+                forget_ended(self);
                 return Err(diesel::result::Error::QueryBuilderError(Box::new(
                     crate::Error::TransactionEnded,
                 )));

@@ -427,9 +427,8 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
     }
 
     async fn discard_foreign(&mut self) {
-        use diesel_async::TransactionManager;
         let _ = diesel_async::SimpleAsyncConnection::batch_execute(self.0, "ROLLBACK").await;
-        *C::TransactionManager::transaction_manager_status_mut(self.0) = Default::default();
+        self.forget_transaction();
     }
 
     fn stop_caching_statements(&mut self) {

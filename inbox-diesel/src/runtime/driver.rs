@@ -528,20 +528,16 @@ where
     B: Body<S::Conn, Result<T, E>>,
     P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
 {
+    // One attempt, as the other modes report theirs.
     let failed = |source: DieselError| {
-        let class = classify(&source, &spec.schema);
-        telemetry::failed(spec, class.label());
-        match source {
-            // The inbox's own error, carried through a statement's `QueryResult`.
-            DieselError::QueryBuilderError(inner) if inner.is::<Error>() => {
-                inbox_error(*inner.downcast::<Error>().expect("checked by `is`"))
-            }
-            source => inbox_error(Error::Database {
-                class,
-                attempts: 1,
-                source,
-            }),
-        }
+        let class = Some(classify(&source, &spec.schema));
+        give_up(
+            spec,
+            Failure::<T, E>::Database(source),
+            class,
+            1,
+            inbox_error,
+        )
     };
     let mut joined = Joined { steps, open: false };
     let steps = &mut joined.steps;
@@ -635,17 +631,17 @@ where
             std::panic::resume_unwind(payload)
         }
     };
-    telemetry::attempt(1);
     if result.is_err() {
         roll_back(steps).await;
         joined.open = false;
         let class = probe(&mut result, 1, None);
-        telemetry::failed(spec, telemetry::error_type(class.as_ref()));
-        tracing::debug!(
-            outcome = "failed",
-            "handler returned an error; rolled back to its savepoint"
-        );
-        return Err(result.err().expect("checked by `is_err`"));
+        return Err(give_up(
+            spec,
+            Failure::Body(result, false),
+            class,
+            1,
+            inbox_error,
+        ));
     }
     let depth = steps.depth();
     let released = steps.release().await;
@@ -655,19 +651,16 @@ where
         // the caller's transaction as it was before the handler; where it does not, the
         // manager is put in error, so that the caller's commit is refused rather than
         // answered for a transaction that is not what the caller thinks.
-        match steps.depth() == depth {
-            true => {
-                roll_back(steps).await;
-                joined.open = false;
-            }
-            false => {
-                steps.abandon();
-                joined.open = false;
-            }
+        if steps.depth() == depth {
+            roll_back(steps).await;
+        } else {
+            steps.abandon();
         }
+        joined.open = false;
         return Err(failed(e));
     }
     joined.open = false;
+    telemetry::attempt(1);
     tracing::debug!(
         outcome = "processed",
         "written with its marker, for the caller to commit"

@@ -14,13 +14,7 @@ const JOBS: &str = "CREATE TABLE jobs (id BIGINT PRIMARY KEY, message BIGINT NOT
 /// The job's effect: its message's credit, written in the job's transaction.
 #[idempotent(consumer = "jobs", key = msg.id, transaction = "caller")]
 fn notify(conn: &mut DbConnection, msg: &Credit) -> Result<(), AppError> {
-    diesel::insert_into(credits::table)
-        .values((
-            credits::message.eq(msg.id.to_string()),
-            credits::account.eq(msg.account),
-            credits::amount.eq(msg.amount),
-        ))
-        .execute(conn)?;
+    write_credit(conn, msg)?;
     inbox_diesel::crash_point("in-the-body");
     Ok(())
 }
@@ -28,14 +22,19 @@ fn notify(conn: &mut DbConnection, msg: &Credit) -> Result<(), AppError> {
 /// The same effect, then a failure of the body's own.
 #[idempotent(consumer = "jobs", key = msg.id, transaction = "caller")]
 fn notify_then_fail(conn: &mut DbConnection, msg: &Credit) -> Result<(), AppError> {
+    write_credit(conn, msg)?;
+    Err(AppError::Rejected)
+}
+
+/// The job's effect: its message's credit row.
+fn write_credit(conn: &mut DbConnection, msg: &Credit) -> QueryResult<usize> {
     diesel::insert_into(credits::table)
         .values((
             credits::message.eq(msg.id.to_string()),
             credits::account.eq(msg.account),
             credits::amount.eq(msg.amount),
         ))
-        .execute(conn)?;
-    Err(AppError::Rejected)
+        .execute(conn)
 }
 
 #[derive(QueryableByName)]

@@ -12,17 +12,22 @@ use inbox_tests::{AppError, Credit, accounts, credits};
 /// The user's handler: a credit row and the balance, in the inbox's transaction.
 #[idempotent(consumer = "credit", key = msg.id)]
 fn credit(conn: &mut DbConnection, msg: &Credit) -> Result<(), AppError> {
+    write_credit(conn, msg)?;
+    diesel::update(accounts::table.find(msg.account))
+        .set(accounts::balance.eq(accounts::balance + msg.amount))
+        .execute(conn)?;
+    Ok(())
+}
+
+/// The credit row of `msg`: the user's handlers' effect.
+fn write_credit(conn: &mut DbConnection, msg: &Credit) -> QueryResult<usize> {
     diesel::insert_into(credits::table)
         .values((
             credits::message.eq(msg.id.to_string()),
             credits::account.eq(msg.account),
             credits::amount.eq(msg.amount),
         ))
-        .execute(conn)?;
-    diesel::update(accounts::table.find(msg.account))
-        .set(accounts::balance.eq(accounts::balance + msg.amount))
-        .execute(conn)?;
-    Ok(())
+        .execute(conn)
 }
 
 /// The handler as it is often written by hand: look for an earlier credit, then write one.
@@ -33,13 +38,7 @@ fn check_then_insert(conn: &mut DbConnection, msg: &Credit) -> Result<(), AppErr
         .count()
         .get_result(conn)?;
     if seen == 0 {
-        diesel::insert_into(credits::table)
-            .values((
-                credits::message.eq(msg.id.to_string()),
-                credits::account.eq(msg.account),
-                credits::amount.eq(msg.amount),
-            ))
-            .execute(conn)?;
+        write_credit(conn, msg)?;
     }
     Ok(())
 }
@@ -171,13 +170,7 @@ fn two_credit_job(
 /// The user's handler with a crash point inside its body, after its writes.
 #[idempotent(consumer = "credit", key = msg.id)]
 fn credit_with_a_point(conn: &mut DbConnection, msg: &Credit) -> Result<(), AppError> {
-    diesel::insert_into(credits::table)
-        .values((
-            credits::message.eq(msg.id.to_string()),
-            credits::account.eq(msg.account),
-            credits::amount.eq(msg.amount),
-        ))
-        .execute(conn)?;
+    write_credit(conn, msg)?;
     inbox_diesel::crash_point("after-the-credit");
     Ok(())
 }
