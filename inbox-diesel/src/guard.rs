@@ -46,6 +46,9 @@ pub struct DatabaseConnection(());
 /// The answer for a connection pool, or a reference or smart pointer to one.
 pub struct ConnectionPool(());
 
+/// The answer for a reference to `dyn Any`, which may hold a connection to be downcast.
+pub struct ErasedAny(());
+
 /// The answer for the [`NoConnection`] of a claim-mode body.
 pub struct ClaimModeHasNoConnection(());
 
@@ -64,7 +67,8 @@ pub struct NotAConnection(());
     label = "a connection or pool other than the handler's transaction",
     note = "an #[idempotent] body runs inside the inbox transaction; a write through another connection commits whatever the inbox decides, so a redelivered message is recognised as a duplicate and the write happens again",
     note = "run the statement on the handler's connection parameter (or `&mut *conn`), give helpers that connection rather than a pool, or, if it must commit on its own, mark the statement `#[inbox::outside_transaction(\"why\")]`",
-    note = "if this is the handler's connection reached through a call, a closure's parameter (a closure kept in a struct or a `Box` is not followed) or a branch (an `Option` that is `None` in another arm is not), pass the parameter itself; if the value's type is only settled later in the body, annotate it where it is bound"
+    note = "if this is the handler's connection reached through a call, a closure's parameter (a closure kept in a struct or a `Box` is not followed) or a branch (an `Option` that is `None` in another arm is not), pass the parameter itself; if the value's type is only settled later in the body, annotate it where it is bound",
+    note = "a `&dyn Any` or `&mut dyn Any` is refused too: a connection erased into it can be downcast and written through inside a helper; hand on the concrete value"
 )]
 pub trait OnTheTransaction<V: ?Sized> {}
 
@@ -96,6 +100,70 @@ pub trait OutsideAnyTransaction<V: ?Sized> {}
 #[diagnostic::do_not_recommend]
 impl<V: ?Sized> OutsideAnyTransaction<V> for NotAConnection {}
 
+/// Transaction mode, the receiver of a pool's checkout (`pool.get()`): a pool is allowed
+/// here, since the checkout runs no statement; the connection it gives is asked wherever it
+/// is handed on.
+#[diagnostic::on_unimplemented(
+    message = "`{V}` is not the handler's transaction: what runs through it commits on its own",
+    label = "a connection other than the handler's transaction",
+    note = "an #[idempotent] body runs inside the inbox transaction; a write through another connection commits whatever the inbox decides, so a redelivered message is recognised as a duplicate and the write happens again",
+    note = "run the statement on the handler's connection parameter (or `&mut *conn`), or, if it must commit on its own, mark the statement `#[inbox::outside_transaction(\"why\")]`"
+)]
+pub trait CheckoutOnTheTransaction<V: ?Sized> {}
+
+#[diagnostic::do_not_recommend]
+impl<V: ?Sized> CheckoutOnTheTransaction<V> for NotAConnection {}
+
+#[diagnostic::do_not_recommend]
+impl<V: ?Sized> CheckoutOnTheTransaction<V> for ConnectionPool {}
+
+/// Transaction mode, the connection a query is run on (`query.load(conn)`, `get_result`,
+/// `get_results`, `first`): another connection is allowed when the query is a `SELECT` built
+/// by diesel's query builder ([`ReadQuery`]), a read on a replica, say.
+#[diagnostic::on_unimplemented(
+    message = "`{V}` is not the handler's transaction, and what runs through it here is not a `SELECT` built by diesel's query builder",
+    label = "a connection other than the handler's transaction",
+    note = "an #[idempotent] body runs inside the inbox transaction; a write through another connection commits whatever the inbox decides, so a redelivered message is recognised as a duplicate and the write happens again",
+    note = "a read may run on another connection (a replica) when diesel's query builder made it a `SELECT` (`users::table.filter(…).load(&mut replica)`); `sql_query`, an `INSERT`/`UPDATE`/`DELETE` with `RETURNING` and a `UNION` are not told apart from a write",
+    note = "run the statement on the handler's connection parameter (or `&mut *conn`), or, if it must commit on its own, mark the statement `#[inbox::outside_transaction(\"why\")]`"
+)]
+pub trait ReadOnTheTransaction<V: ?Sized, Q> {}
+
+#[diagnostic::do_not_recommend]
+impl<V: ?Sized, Q> ReadOnTheTransaction<V, Q> for NotAConnection {}
+
+#[diagnostic::do_not_recommend]
+impl<V: ?Sized, Q: ReadQuery> ReadOnTheTransaction<V, Q> for DatabaseConnection {}
+
+/// A query that diesel's query builder made a `SELECT`: a table, or anything whose query is
+/// diesel's [`SelectQuery`](diesel::query_builder::SelectQuery) (`filter`, `select`, `order`,
+/// joins, `count`, `into_boxed`, `for_update` …). What it runs reads; `sql_query` text, an
+/// `INSERT … RETURNING` and a `UNION` are not among them.
+pub trait ReadQuery {}
+
+impl<T: diesel::query_builder::AsQuery> ReadQuery for T where
+    T::Query: diesel::query_builder::SelectQuery
+{
+}
+
+/// The type of a query, asked about without moving it.
+#[inline(always)]
+pub fn query_type<Q>(_: &Q) -> std::marker::PhantomData<Q> {
+    std::marker::PhantomData
+}
+
+/// A spawned thread or task: nothing it captures may be a connection or a pool.
+#[diagnostic::on_unimplemented(
+    message = "`{V}` is captured by a spawned thread or task: what runs through it there commits on its own, where neither the handler's transaction nor the run-time net follows",
+    label = "a connection or pool captured by a spawned thread or task",
+    note = "the handler's transaction and the run-time net (`tripwire::net`) see only the handler's own thread or task: a write in a spawned one commits whatever the inbox decides, so a redelivered message is recognised as a duplicate and the write happens again",
+    note = "do the database work in the body, on the handler's connection parameter; hand the spawned work only what it needs (ids, data), or, if it must write on its own, mark the statement `#[inbox::outside_transaction(\"why\")]`"
+)]
+pub trait NotCapturedBySpawn<V: ?Sized> {}
+
+#[diagnostic::do_not_recommend]
+impl<V: ?Sized> NotCapturedBySpawn<V> for NotAConnection {}
+
 /// Claim mode, the connection parameter: inside the body it stands for no connection.
 #[diagnostic::on_unimplemented(
     message = "in a claim-mode body the connection parameter is `NoConnection`: the body runs outside any transaction and has no connection",
@@ -117,6 +185,23 @@ impl<V: ?Sized> Asked<'_, V> {
     #[inline(always)]
     pub fn not_the_shadowed_connection<K: NotTheShadowedConnection<V>>(self, _: K) {}
 
+    /// Transaction mode, the receiver of a pool's checkout.
+    #[inline(always)]
+    pub fn checkout_on_the_transaction<K: CheckoutOnTheTransaction<V>>(self, _: K) {}
+
+    /// Transaction mode, the connection a query of type `Q` is run on.
+    #[inline(always)]
+    pub fn read_on_the_transaction<Q, K: ReadOnTheTransaction<V, Q>>(
+        self,
+        _: std::marker::PhantomData<Q>,
+        _: K,
+    ) {
+    }
+
+    /// A capture of a spawned thread or task.
+    #[inline(always)]
+    pub fn not_captured_by_spawn<K: NotCapturedBySpawn<V>>(self, _: K) {}
+
     /// Claim mode.
     #[inline(always)]
     pub fn outside_any_transaction<K: OutsideAnyTransaction<V>>(self, _: K) {}
@@ -134,34 +219,58 @@ pub fn vet<T, K>(value: T, _kind: impl FnOnce(&T) -> K) -> T {
 }
 
 /// The connection pools the guard recognises (and, through `Deref`, references, smart
-/// pointers and `LazyLock`s of them).
+/// pointers and `LazyLock`s of them): pools of diesel connections. A pool of anything else —
+/// cache clients, broker channels — is not one.
 pub trait Pool {}
 
 #[cfg(feature = "r2d2")]
-impl<M: diesel::r2d2::ManageConnection> Pool for diesel::r2d2::Pool<M> {}
+impl<M: diesel::r2d2::ManageConnection> Pool for diesel::r2d2::Pool<M> where
+    M::Connection: SimpleConnection
+{
+}
 
 #[cfg(feature = "deadpool")]
 impl<M: deadpool::managed::Manager, W: From<deadpool::managed::Object<M>>> Pool
     for deadpool::managed::Pool<M, W>
+where
+    M::Type: diesel_async::SimpleAsyncConnection,
 {
 }
 
 #[cfg(feature = "bb8")]
-impl<M: bb8::ManageConnection> Pool for bb8::Pool<M> {}
+impl<M: bb8::ManageConnection> Pool for bb8::Pool<M> where
+    M::Connection: diesel_async::SimpleAsyncConnection
+{
+}
 
 // The tripwire's guarded pools refuse a checkout inside a handler at run time; handing one
 // to a helper is still refused at compile time, where the mistake is cheaper.
 #[cfg(feature = "r2d2")]
-impl<M: diesel::r2d2::ManageConnection> Pool for crate::tripwire::r2d2::GuardedPool<M> {}
+impl<M: diesel::r2d2::ManageConnection> Pool for crate::tripwire::r2d2::GuardedPool<M> where
+    M::Connection: SimpleConnection
+{
+}
 
 #[cfg(feature = "deadpool")]
 impl<M: deadpool::managed::Manager, W: From<deadpool::managed::Object<M>>> Pool
     for crate::tripwire::deadpool::GuardedPool<M, W>
+where
+    M::Type: diesel_async::SimpleAsyncConnection,
 {
 }
 
 #[cfg(feature = "bb8")]
-impl<M: bb8::ManageConnection> Pool for crate::tripwire::bb8::GuardedPool<M> {}
+impl<M: bb8::ManageConnection> Pool for crate::tripwire::bb8::GuardedPool<M> where
+    M::Connection: diesel_async::SimpleAsyncConnection
+{
+}
+
+/// `dyn Any`: a connection may have been erased into it, to be downcast inside a helper.
+pub trait Erased {}
+
+impl Erased for dyn std::any::Any {}
+impl Erased for dyn std::any::Any + Send {}
+impl Erased for dyn std::any::Any + Send + Sync {}
 
 /// The claim-mode body's stand-in, and references to it.
 pub trait ClaimModeToken {}
@@ -188,28 +297,32 @@ pub mod levels {
         };
     }
 
-    level!(SyncConnection0, DatabaseConnection, [&&&&&&&&&&&&&&&&&] V: SimpleConnection);
-    level!(SyncConnection1, DatabaseConnection, [&&&&&&&&&&&&&&&&] V: Deref, <V as Deref>::Target: SimpleConnection);
-    level!(SyncConnection2, DatabaseConnection, [&&&&&&&&&&&&&&&] V: Deref, <V as Deref>::Target: Deref, <<V as Deref>::Target as Deref>::Target: SimpleConnection);
-    level!(SyncConnection3, DatabaseConnection, [&&&&&&&&&&&&&&] V: Deref, <V as Deref>::Target: Deref, <<V as Deref>::Target as Deref>::Target: Deref, <<<V as Deref>::Target as Deref>::Target as Deref>::Target: SimpleConnection);
-    level!(SyncConnection4, DatabaseConnection, [&&&&&&&&&&&&&] V: Deref, <V as Deref>::Target: Deref, <<V as Deref>::Target as Deref>::Target: Deref, <<<V as Deref>::Target as Deref>::Target as Deref>::Target: Deref, <<<<V as Deref>::Target as Deref>::Target as Deref>::Target as Deref>::Target: SimpleConnection);
-    level!(SyncConnection5, DatabaseConnection, [&&&&&&&&&&&&] V: Deref, <V as Deref>::Target: Deref, <<V as Deref>::Target as Deref>::Target: Deref, <<<V as Deref>::Target as Deref>::Target as Deref>::Target: Deref, <<<<V as Deref>::Target as Deref>::Target as Deref>::Target as Deref>::Target: Deref, <<<<<V as Deref>::Target as Deref>::Target as Deref>::Target as Deref>::Target as Deref>::Target: SimpleConnection);
-    level!(ConnectionPool0, ConnectionPool, [&&&&&] V: Pool);
-    level!(ConnectionPool1, ConnectionPool, [&&&&] V: Deref, <V as Deref>::Target: Pool);
-    level!(ConnectionPool2, ConnectionPool, [&&&] V: Deref, <V as Deref>::Target: Deref, <<V as Deref>::Target as Deref>::Target: Pool);
-    level!(ConnectionPool3, ConnectionPool, [&&] V: Deref, <V as Deref>::Target: Deref, <<V as Deref>::Target as Deref>::Target: Deref, <<<V as Deref>::Target as Deref>::Target as Deref>::Target: Pool);
+    level!(SyncConnection0, DatabaseConnection, [&&&&&&&&&&&&&&&&&&&&] V: SimpleConnection);
+    level!(SyncConnection1, DatabaseConnection, [&&&&&&&&&&&&&&&&&&&] V: Deref, <V as Deref>::Target: SimpleConnection);
+    level!(SyncConnection2, DatabaseConnection, [&&&&&&&&&&&&&&&&&&] V: Deref, <V as Deref>::Target: Deref, <<V as Deref>::Target as Deref>::Target: SimpleConnection);
+    level!(SyncConnection3, DatabaseConnection, [&&&&&&&&&&&&&&&&&] V: Deref, <V as Deref>::Target: Deref, <<V as Deref>::Target as Deref>::Target: Deref, <<<V as Deref>::Target as Deref>::Target as Deref>::Target: SimpleConnection);
+    level!(SyncConnection4, DatabaseConnection, [&&&&&&&&&&&&&&&&] V: Deref, <V as Deref>::Target: Deref, <<V as Deref>::Target as Deref>::Target: Deref, <<<V as Deref>::Target as Deref>::Target as Deref>::Target: Deref, <<<<V as Deref>::Target as Deref>::Target as Deref>::Target as Deref>::Target: SimpleConnection);
+    level!(SyncConnection5, DatabaseConnection, [&&&&&&&&&&&&&&&] V: Deref, <V as Deref>::Target: Deref, <<V as Deref>::Target as Deref>::Target: Deref, <<<V as Deref>::Target as Deref>::Target as Deref>::Target: Deref, <<<<V as Deref>::Target as Deref>::Target as Deref>::Target as Deref>::Target: Deref, <<<<<V as Deref>::Target as Deref>::Target as Deref>::Target as Deref>::Target as Deref>::Target: SimpleConnection);
+    level!(ConnectionPool0, ConnectionPool, [&&&&&&&&] V: Pool);
+    level!(ConnectionPool1, ConnectionPool, [&&&&&&&] V: Deref, <V as Deref>::Target: Pool);
+    level!(ConnectionPool2, ConnectionPool, [&&&&&&] V: Deref, <V as Deref>::Target: Deref, <<V as Deref>::Target as Deref>::Target: Pool);
+    level!(ConnectionPool3, ConnectionPool, [&&&&&] V: Deref, <V as Deref>::Target: Deref, <<V as Deref>::Target as Deref>::Target: Deref, <<<V as Deref>::Target as Deref>::Target as Deref>::Target: Pool);
+
+    level!(ErasedAny0, ErasedAny, [&&&&] V: Erased);
+    level!(ErasedAny1, ErasedAny, [&&&] V: Deref, <V as Deref>::Target: Erased);
+    level!(ErasedAny2, ErasedAny, [&&] V: Deref, <V as Deref>::Target: Deref, <<V as Deref>::Target as Deref>::Target: Erased);
 
     #[cfg(feature = "async")]
     mod asynchronous {
         use super::*;
         use diesel_async::SimpleAsyncConnection;
 
-        level!(AsyncConnection0, DatabaseConnection, [&&&&&&&&&&&] V: SimpleAsyncConnection);
-        level!(AsyncConnection1, DatabaseConnection, [&&&&&&&&&&] V: Deref, <V as Deref>::Target: SimpleAsyncConnection);
-        level!(AsyncConnection2, DatabaseConnection, [&&&&&&&&&] V: Deref, <V as Deref>::Target: Deref, <<V as Deref>::Target as Deref>::Target: SimpleAsyncConnection);
-        level!(AsyncConnection3, DatabaseConnection, [&&&&&&&&] V: Deref, <V as Deref>::Target: Deref, <<V as Deref>::Target as Deref>::Target: Deref, <<<V as Deref>::Target as Deref>::Target as Deref>::Target: SimpleAsyncConnection);
-        level!(AsyncConnection4, DatabaseConnection, [&&&&&&&] V: Deref, <V as Deref>::Target: Deref, <<V as Deref>::Target as Deref>::Target: Deref, <<<V as Deref>::Target as Deref>::Target as Deref>::Target: Deref, <<<<V as Deref>::Target as Deref>::Target as Deref>::Target as Deref>::Target: SimpleAsyncConnection);
-        level!(AsyncConnection5, DatabaseConnection, [&&&&&&] V: Deref, <V as Deref>::Target: Deref, <<V as Deref>::Target as Deref>::Target: Deref, <<<V as Deref>::Target as Deref>::Target as Deref>::Target: Deref, <<<<V as Deref>::Target as Deref>::Target as Deref>::Target as Deref>::Target: Deref, <<<<<V as Deref>::Target as Deref>::Target as Deref>::Target as Deref>::Target as Deref>::Target: SimpleAsyncConnection);
+        level!(AsyncConnection0, DatabaseConnection, [&&&&&&&&&&&&&&] V: SimpleAsyncConnection);
+        level!(AsyncConnection1, DatabaseConnection, [&&&&&&&&&&&&&] V: Deref, <V as Deref>::Target: SimpleAsyncConnection);
+        level!(AsyncConnection2, DatabaseConnection, [&&&&&&&&&&&&] V: Deref, <V as Deref>::Target: Deref, <<V as Deref>::Target as Deref>::Target: SimpleAsyncConnection);
+        level!(AsyncConnection3, DatabaseConnection, [&&&&&&&&&&&] V: Deref, <V as Deref>::Target: Deref, <<V as Deref>::Target as Deref>::Target: Deref, <<<V as Deref>::Target as Deref>::Target as Deref>::Target: SimpleAsyncConnection);
+        level!(AsyncConnection4, DatabaseConnection, [&&&&&&&&&&] V: Deref, <V as Deref>::Target: Deref, <<V as Deref>::Target as Deref>::Target: Deref, <<<V as Deref>::Target as Deref>::Target as Deref>::Target: Deref, <<<<V as Deref>::Target as Deref>::Target as Deref>::Target as Deref>::Target: SimpleAsyncConnection);
+        level!(AsyncConnection5, DatabaseConnection, [&&&&&&&&&] V: Deref, <V as Deref>::Target: Deref, <<V as Deref>::Target as Deref>::Target: Deref, <<<V as Deref>::Target as Deref>::Target as Deref>::Target: Deref, <<<<V as Deref>::Target as Deref>::Target as Deref>::Target as Deref>::Target: Deref, <<<<<V as Deref>::Target as Deref>::Target as Deref>::Target as Deref>::Target as Deref>::Target: SimpleAsyncConnection);
     }
     #[cfg(feature = "async")]
     pub use asynchronous::*;
@@ -247,7 +360,7 @@ macro_rules! __inbox_vet_transaction {
         #[allow(unused_imports)]
         use $crate::__private::guard::levels::*;
         $crate::__private::guard::Asked(__inbox_value).on_the_transaction(
-            (&&&&&&&&&&&&&&&&&$crate::__private::guard::Probe(__inbox_value)).inbox_kind(),
+            (&&&&&&&&&&&&&&&&&&&&$crate::__private::guard::Probe(__inbox_value)).inbox_kind(),
         );
     }};
     ($value:expr) => {
@@ -255,10 +368,64 @@ macro_rules! __inbox_vet_transaction {
             #[allow(unused_imports)]
             use $crate::__private::guard::levels::*;
             $crate::__private::guard::Asked(__inbox_value).on_the_transaction(
-                (&&&&&&&&&&&&&&&&&$crate::__private::guard::Probe(__inbox_value)).inbox_kind(),
+                (&&&&&&&&&&&&&&&&&&&&$crate::__private::guard::Probe(__inbox_value)).inbox_kind(),
             )
         })
     };
+}
+
+/// Transaction mode, the receiver of a pool's checkout.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __inbox_vet_checkout {
+    (@place $place:expr) => {{
+        let __inbox_value = &$place;
+        #[allow(unused_imports)]
+        use $crate::__private::guard::levels::*;
+        $crate::__private::guard::Asked(__inbox_value).checkout_on_the_transaction(
+            (&&&&&&&&&&&&&&&&&&&&$crate::__private::guard::Probe(__inbox_value)).inbox_kind(),
+        );
+    }};
+    ($value:expr) => {
+        $crate::__private::guard::vet($value, |__inbox_value| {
+            #[allow(unused_imports)]
+            use $crate::__private::guard::levels::*;
+            $crate::__private::guard::Asked(__inbox_value).checkout_on_the_transaction(
+                (&&&&&&&&&&&&&&&&&&&&$crate::__private::guard::Probe(__inbox_value)).inbox_kind(),
+            )
+        })
+    };
+}
+
+/// Transaction mode, the connection a query is run on; `$query` is the query's
+/// [`query_type`].
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __inbox_vet_read {
+    ($query:ident, $value:expr) => {
+        $crate::__private::guard::vet($value, |__inbox_value| {
+            #[allow(unused_imports)]
+            use $crate::__private::guard::levels::*;
+            $crate::__private::guard::Asked(__inbox_value).read_on_the_transaction(
+                $query,
+                (&&&&&&&&&&&&&&&&&&&&$crate::__private::guard::Probe(__inbox_value)).inbox_kind(),
+            )
+        })
+    };
+}
+
+/// A capture of a spawned thread or task, asked before the statement that spawns it.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __inbox_vet_spawn {
+    (@place $place:expr) => {{
+        let __inbox_value = &$place;
+        #[allow(unused_imports)]
+        use $crate::__private::guard::levels::*;
+        $crate::__private::guard::Asked(__inbox_value).not_captured_by_spawn(
+            (&&&&&&&&&&&&&&&&&&&&$crate::__private::guard::Probe(__inbox_value)).inbox_kind(),
+        );
+    }};
 }
 
 /// Transaction mode, a name that shadows the connection parameter.
@@ -270,7 +437,7 @@ macro_rules! __inbox_vet_shadowed {
         #[allow(unused_imports)]
         use $crate::__private::guard::levels::*;
         $crate::__private::guard::Asked(__inbox_value).not_the_shadowed_connection(
-            (&&&&&&&&&&&&&&&&&$crate::__private::guard::Probe(__inbox_value)).inbox_kind(),
+            (&&&&&&&&&&&&&&&&&&&&$crate::__private::guard::Probe(__inbox_value)).inbox_kind(),
         );
     }};
     ($value:expr) => {
@@ -278,7 +445,7 @@ macro_rules! __inbox_vet_shadowed {
             #[allow(unused_imports)]
             use $crate::__private::guard::levels::*;
             $crate::__private::guard::Asked(__inbox_value).not_the_shadowed_connection(
-                (&&&&&&&&&&&&&&&&&$crate::__private::guard::Probe(__inbox_value)).inbox_kind(),
+                (&&&&&&&&&&&&&&&&&&&&$crate::__private::guard::Probe(__inbox_value)).inbox_kind(),
             )
         })
     };
@@ -293,7 +460,7 @@ macro_rules! __inbox_vet_claim {
         #[allow(unused_imports)]
         use $crate::__private::guard::levels::*;
         $crate::__private::guard::Asked(__inbox_value).outside_any_transaction(
-            (&&&&&&&&&&&&&&&&&$crate::__private::guard::Probe(__inbox_value)).inbox_kind(),
+            (&&&&&&&&&&&&&&&&&&&&$crate::__private::guard::Probe(__inbox_value)).inbox_kind(),
         );
     }};
     ($value:expr) => {
@@ -301,7 +468,7 @@ macro_rules! __inbox_vet_claim {
             #[allow(unused_imports)]
             use $crate::__private::guard::levels::*;
             $crate::__private::guard::Asked(__inbox_value).outside_any_transaction(
-                (&&&&&&&&&&&&&&&&&$crate::__private::guard::Probe(__inbox_value)).inbox_kind(),
+                (&&&&&&&&&&&&&&&&&&&&$crate::__private::guard::Probe(__inbox_value)).inbox_kind(),
             )
         })
     };

@@ -401,12 +401,32 @@ pub mod __private;
 ///   an expression — and every parameter besides the connection is asked, at its type,
 ///   whether it runs SQL (diesel's `SimpleConnection` or diesel-async's
 ///   `SimpleAsyncConnection`, owned, borrowed, pooled, boxed, behind a guard or a `Deref`,
-///   within five dereferences) or is a connection pool, also behind a `Deref` such as a
-///   `LazyLock` (r2d2 with the `r2d2` feature, diesel-async's deadpool and bb8 with
-///   `deadpool` and `bb8`);
+///   within five dereferences) or is a pool of diesel connections, also behind a `Deref`
+///   such as a `LazyLock` (r2d2 with the `r2d2` feature, diesel-async's deadpool and bb8
+///   with `deadpool` and `bb8`). A static is asked like any value wherever it is handed
+///   on — `POOL.bump()`, `audit!(POOL)`, `db::POOL` — known by its upper-case name;
 /// - if it is, and it is not the handler's transaction, the build fails at that value, with
 ///   a message that says why the write would happen twice and how to fix it; a value of any
-///   other type is never called a connection;
+///   other type is never called a connection, and a pool of anything else (an r2d2 pool of
+///   cache clients, a deadpool pool of broker channels) is never called a connection pool;
+/// - **reads on another connection** compile when the type says they are reads: a query
+///   that diesel's query builder made a `SELECT` (its query is diesel's
+///   [`SelectQuery`](diesel::query_builder::SelectQuery): a table, `filter`, `select`,
+///   `order`, joins, `count`, `into_boxed`, `for_update` …) run by `load`, `get_result`,
+///   `get_results` or `first` on a replica's checkout, sync or async. SQL text
+///   (`sql_query`, even a `SELECT`), `execute`, `load_iter` and a `UNION` are not told apart
+///   from writes and are refused there. A pool's checkout (`pool.get()`) runs no statement
+///   and compiles; what it gives is asked wherever it is handed on. (A `SELECT` calling a
+///   function that writes is a `SELECT` to the type: the [`tripwire::net`] lets reads
+///   through too);
+/// - **a value erased on its way**: a connection coerced by a typed `let` or an `as` cast to
+///   a trait object (`let s: &mut dyn Store = &mut checkout;`) is asked at its own type,
+///   before the coercion; a `&dyn Any` or `&mut dyn Any` handed on is refused, whatever it
+///   holds, since a helper may downcast it to a connection;
+/// - **a spawned thread or task**: a closure or an `async` block handed to a `spawn`,
+///   `spawn_blocking` or `spawn_local` (`std::thread`, a thread scope, `tokio`, a
+///   `JoinSet`…) may capture no connection or pool, even one it only reads with: neither the
+///   transaction nor the run-time net follows it there;
 /// - the transaction is the connection parameter and what is bound from it, followed as Rust
 ///   scopes names: `let` (typed or not), `if let`, `while let`, `match`, `let … else`, tuples,
 ///   structs (`..base` included) and `Some`/`Ok` taken apart, `&mut *conn`, branches that all
@@ -436,7 +456,13 @@ pub mod __private;
 ///   [`tripwire`];
 /// - **a function passed as a value** (`.map(add_one)`), **trait objects and function
 ///   pointers**: the callee calls them with values the guard does not see. Pass a closure
-///   (`.map(|c| add_one(c))`): its parameter is asked;
+///   (`.map(|c| add_one(c))`): its parameter is asked. A connection coerced to a trait
+///   object of the application's at a call (`helper(&mut checkout)` where `helper` takes
+///   `&mut dyn Store`) is asked as the trait object, since the question takes the type the
+///   call expects; the net stops its writes;
+/// - **work a spawned thread or task reaches by itself** — a helper that checks out of a
+///   global pool, a struct holding a pool captured whole: the capture is not a pool by its
+///   type, and the net does not follow the mark to another thread;
 /// - **expansions of macros defined elsewhere**: their arguments are asked — an expression as
 ///   a value, and in a piece that is not an expression (`audit!(db: "x")`) every name of the
 ///   body's; a name bound in the macro's own statement (a `let` chain, a `match` guard) is

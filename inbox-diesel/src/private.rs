@@ -2,7 +2,7 @@
 
 /// The compile-time guard's probes (see `guard.rs`).
 pub mod guard {
-    pub use crate::guard::{Asked, ClaimModeHasNoConnection, Probe, levels, vet};
+    pub use crate::guard::{Asked, ClaimModeHasNoConnection, Probe, levels, query_type, vet};
 }
 pub use crate::handler::{checked, checked_call, checked_future};
 #[cfg(feature = "async")]
@@ -16,8 +16,9 @@ pub use crate::runtime::sync::{run, run_batch, run_claim, run_joined};
 pub use crate::spec::HandlerSpec;
 pub use crate::{
     __inbox_error_class as error_class, __inbox_no_connection as no_connection,
-    __inbox_vet_claim as vet_claim, __inbox_vet_shadowed as vet_shadowed,
-    __inbox_vet_transaction as vet,
+    __inbox_vet_checkout as vet_checkout, __inbox_vet_claim as vet_claim,
+    __inbox_vet_read as vet_read, __inbox_vet_shadowed as vet_shadowed,
+    __inbox_vet_spawn as vet_spawn, __inbox_vet_transaction as vet,
 };
 pub use inbox_core::{Consumer, ErrorClass, InboxSchema, KeyError, MessageKey, RetryPolicy};
 

@@ -115,6 +115,28 @@ const STANDARD_MACROS: [&str; 26] = [
     "event",
 ];
 
+/// The checkouts of r2d2's, deadpool's and bb8's pools: a pool is allowed as their receiver,
+/// since a checkout runs no statement. What it gives is asked wherever it is handed on.
+const CHECKOUT_METHODS: [&str; 6] = [
+    "get",
+    "get_timeout",
+    "try_get",
+    "timeout_get",
+    "get_owned",
+    "dedicated_connection",
+];
+
+/// diesel's and diesel-async's `RunQueryDsl` methods that run a query and return its rows:
+/// the connection they are given may be another one when the query is a `SELECT` built by
+/// diesel's query builder, which the question asks of the query's type.
+const READ_METHODS: [&str; 4] = ["load", "get_result", "get_results", "first"];
+
+/// Functions and methods that run a closure or a future on another thread or task
+/// (`std::thread::spawn`, `thread::Builder::spawn`, `thread::scope`'s `spawn`,
+/// `tokio::spawn`, `spawn_blocking`, `spawn_local`, a `JoinSet`'s): what the closure
+/// captures is asked, since neither the transaction nor the run-time net follows it there.
+const SPAWN_FUNCTIONS: [&str; 3] = ["spawn", "spawn_blocking", "spawn_local"];
+
 /// Macros whose arguments after the first are patterns, not expressions.
 const PATTERN_MACROS: [&str; 3] = ["matches", "assert_matches", "debug_assert_matches"];
 
@@ -144,8 +166,8 @@ enum Origin {
     /// A tuple struct of the application's around one value (`Tx(conn)`): `.0`, its
     /// pattern and its `Deref` give the value back; its methods are the application's code.
     Newtype(Box<Origin>),
-    /// A path that names no local binding: a static, a constant, a unit struct, a function.
-    /// None of them can be a connection value.
+    /// A path that names no local binding and is not written in upper case as statics are:
+    /// a unit struct, a variant, a function. None of them can be a connection value.
     NotLocal,
     /// One of the questions this module writes: asked already.
     Asked,
@@ -230,6 +252,8 @@ pub fn instrument(function: &mut ItemFn, conn: &Ident, mode: Mode) -> syn::Resul
         macro_questions: Vec::new(),
         closure_tail: false,
         extending: false,
+        kind: Kind::Plain,
+        read_asked: false,
         error: None,
     };
     let mut asked = Vec::new();
@@ -279,7 +303,24 @@ struct Guard {
     /// The expression about to be visited is an element of a literal in a `let`'s
     /// initializer (see `Handed::Extending`).
     extending: bool,
+    /// The question asked of the value being handed on, in transaction mode.
+    kind: Kind,
+    /// A question about the connection of a read ([`Kind::Read`]) was written: the method
+    /// call is rewritten to bind the query's type.
+    read_asked: bool,
     error: Option<syn::Error>,
+}
+
+/// Which question transaction mode asks of a value.
+#[derive(Clone)]
+enum Kind {
+    /// Not a connection or a pool other than the transaction.
+    Plain,
+    /// The receiver of a pool's checkout: a pool is allowed.
+    Checkout,
+    /// The connection a query is run on: another connection is allowed for a `SELECT`
+    /// built by diesel's query builder, whose type is bound to this name.
+    Read(Ident),
 }
 
 impl Guard {
@@ -394,8 +435,18 @@ impl Guard {
                     // A lower-case name bound nowhere the guard sees may be a local a macro
                     // bound; a static, a constant or a type is named in upper case.
                     None if is_lower_case(name) => Origin::Unknown,
+                    // A static may be a pool (`POOL.bump()`, `audit!(POOL)`).
+                    None if is_screaming(name) => Origin::Unknown,
                     None => Origin::NotLocal,
                 },
+                None if path
+                    .path
+                    .segments
+                    .last()
+                    .is_some_and(|last| is_screaming(&last.ident)) =>
+                {
+                    Origin::Unknown
+                }
                 None => Origin::NotLocal,
             },
             Expr::Field(field) => match self.origin_in(&field.base, over) {
@@ -609,6 +660,11 @@ impl Guard {
         if self.is_plainly_not_a_connection(expr) {
             return;
         }
+        // A cast to a reference or a pointer (`&mut c as &mut dyn Any`): the value cast is
+        // asked, at its own type, before it is erased.
+        if let Expr::Cast(cast) = expr {
+            return self.hand(&mut cast.expr, handed);
+        }
         let origin = self.origin(expr);
         if origin.is_settled() {
             return;
@@ -620,16 +676,17 @@ impl Guard {
             && path
                 .path
                 .get_ident()
-                .is_some_and(|name| self.lookup(name).is_none())
+                .is_some_and(|name| self.lookup(name).is_none() && !is_screaming(name))
         {
             return;
         }
         let shadowed = self.shadows(expr);
         match handed {
             Handed::ByPlace | Handed::InMacro if place(expr) == Place::Simple => {
-                let Some(root) = place_root(expr) else { return };
                 // A static is visible everywhere; a binding from where it was bound.
-                let bound_at = self.lookup(root).map(|(at, _)| at);
+                let bound_at = place_root(expr)
+                    .and_then(|root| self.lookup(root))
+                    .map(|(at, _)| at);
                 let question = self.ask_place(expr, shadowed);
                 match self.frames.last_mut() {
                     Some(frame) if bound_at.is_none_or(|at| at < frame.visible) => {
@@ -667,6 +724,27 @@ impl Guard {
         }
     }
 
+    /// A value a `let` coerces to a trait object, asked at its own type: a place before
+    /// the statement, `&mut place` as `&mut *vet!(&mut place)` (the dereference takes no
+    /// expected type, so the question's is the reference's own, and the reborrow borrows
+    /// what it did), `&mut value` as `&mut vet!(value)` (a temporary kept alive as long as
+    /// the binding).
+    fn hand_erased(&mut self, expr: &mut Expr) {
+        if self.is_plainly_not_a_connection(expr) || self.origin(expr).is_settled() {
+            return;
+        }
+        match expr {
+            Expr::Reference(reference) if place(&reference.expr) == Place::Simple => {
+                let (and, mutability) = (reference.and_token, reference.mutability);
+                let question = self.ask(expr, self.shadows(expr));
+                *expr = syn::parse_quote!(#and #mutability *#question);
+            }
+            Expr::Reference(_) => self.hand(expr, Handed::Extending),
+            _ if place(expr) == Place::Simple => self.hand(expr, Handed::ByPlace),
+            _ => self.hand(expr, Handed::ByValue),
+        }
+    }
+
     /// Whether the value's root is a name that shadows the connection parameter.
     fn shadows(&self, expr: &Expr) -> bool {
         place_root(expr)
@@ -675,7 +753,10 @@ impl Guard {
     }
 
     /// `vet!(expr)`, spanned at the expression, so that the compiler's message points there.
-    fn ask(&self, expr: &Expr, shadowed: bool) -> Expr {
+    fn ask(&mut self, expr: &Expr, shadowed: bool) -> Expr {
+        if matches!(self.kind, Kind::Read(_)) && !self.claim && !shadowed {
+            self.read_asked = true;
+        }
         let tokens = self.question(expr.to_token_stream(), shadowed);
         syn::parse2(tokens).expect("a question parses as an expression")
     }
@@ -690,10 +771,12 @@ impl Guard {
 
     fn question(&self, value: TokenStream, shadowed: bool) -> TokenStream {
         let (first, last) = spans(&value);
-        let name = match (self.claim, shadowed) {
-            (true, _) => "vet_claim",
-            (false, true) => "vet_shadowed",
-            (false, false) => "vet",
+        let (name, value) = match (self.claim, shadowed, &self.kind) {
+            (true, _, _) => ("vet_claim", value),
+            (false, true, _) => ("vet_shadowed", value),
+            (false, false, Kind::Plain) => ("vet", value),
+            (false, false, Kind::Checkout) => ("vet_checkout", value),
+            (false, false, Kind::Read(query)) => ("vet_read", quote!(#query, #value)),
         };
         let name = Ident::new(name, first);
         let mut args = Group::new(Delimiter::Parenthesis, value);
@@ -729,6 +812,16 @@ impl Guard {
     /// The arguments of a call or a method call; closures handed to a transaction method of
     /// the transaction are given the transaction.
     fn visit_arguments(&mut self, args: &mut Punctuated<Expr, Token![,]>, hands_over: bool) {
+        self.visit_arguments_as(args, hands_over, Kind::Plain)
+    }
+
+    /// The arguments, each asked with the question `kind` (a read's connection).
+    fn visit_arguments_as(
+        &mut self,
+        args: &mut Punctuated<Expr, Token![,]>,
+        hands_over: bool,
+        kind: Kind,
+    ) {
         let extending = std::mem::take(&mut self.extending);
         for arg in args.iter_mut() {
             match arg {
@@ -760,7 +853,9 @@ impl Guard {
                 _ => {
                     self.extending = extending;
                     self.visit_expr_mut(arg);
+                    let outer = std::mem::replace(&mut self.kind, kind.clone());
                     self.hand(arg, Handed::element(extending));
+                    self.kind = outer;
                 }
             }
         }
@@ -1119,8 +1214,29 @@ impl VisitMut for Guard {
                 Some(value) => self.visit_expr_mut(value),
                 None => {}
             },
+            // `query.load(conn).await`: the await stays with the call it awaits, in the arm
+            // that binds the query's type, with the temporaries the connection borrows.
+            Expr::Await(awaited) if matches!(&*awaited.base, Expr::MethodCall(call) if is_read(call)) =>
+            {
+                let Expr::MethodCall(call) = &mut *awaited.base else {
+                    unreachable!("matched above")
+                };
+                let read = self.visit_method_call(call);
+                let question = self.receiver_question.take();
+                if let Some(read) = read {
+                    let awaited = std::mem::replace(expr, Expr::Verbatim(TokenStream::new()));
+                    *expr = bind_query_type(awaited, read);
+                }
+                if let Some(question) = question {
+                    let call = std::mem::replace(expr, Expr::Verbatim(TokenStream::new()));
+                    *expr = syn::parse_quote!({ #(#question)* #call });
+                }
+            }
             Expr::MethodCall(call) => {
-                self.visit_method_call(call);
+                if let Some(read) = self.visit_method_call(call) {
+                    let call = std::mem::replace(expr, Expr::Verbatim(TokenStream::new()));
+                    *expr = bind_query_type(call, read);
+                }
                 if let Some(question) = self.receiver_question.take() {
                     let call = std::mem::replace(expr, Expr::Verbatim(TokenStream::new()));
                     *expr = syn::parse_quote!({ #(#question)* #call });
@@ -1168,6 +1284,12 @@ impl VisitMut for Guard {
                     self.visit_expr_mut(elem);
                     self.hand(elem, Handed::element(extending));
                 }
+            }
+            // `&mut checkout as &mut dyn Store`: the value is asked at its own type, before
+            // the cast erases it.
+            Expr::Cast(cast) if mentions_trait_object(&cast.ty) => {
+                self.visit_expr_mut(&mut cast.expr);
+                self.hand_erased(&mut cast.expr);
             }
             // `[value; n]` copies its value (or evaluates a `const` block): a connection is
             // neither `Copy` nor made in a constant.
@@ -1284,6 +1406,13 @@ impl Guard {
                 _ => {
                     self.extending = true;
                     self.visit_expr_mut(&mut init.expr);
+                    // `let s: &mut dyn Store = &mut checkout;`: the value is asked at its own
+                    // type, before the `let` erases it.
+                    if let Pat::Type(typed) = &local.pat
+                        && mentions_trait_object(&typed.ty)
+                    {
+                        self.hand_erased(&mut init.expr);
+                    }
                 }
             }
             origin = match closure_called_here {
@@ -1359,17 +1488,71 @@ impl Guard {
         self.scope.truncate(depth);
     }
 
-    fn visit_method_call(&mut self, call: &mut ExprMethodCall) {
+    /// Visits a method call; for a read whose connection was asked as one
+    /// ([`Kind::Read`]), returns the name its query's type must be bound to
+    /// ([`bind_query_type`]).
+    fn visit_method_call(&mut self, call: &mut ExprMethodCall) -> Option<Ident> {
         self.visit_expr_mut(&mut call.receiver);
         let method = call.method.to_string();
         let hands_over = TRANSACTION_METHODS.contains(&method.as_str())
             && transaction_receiver(&call.receiver, &method)
                 .is_some_and(|root| self.origin(root) == Origin::Transaction);
+        if SPAWN_FUNCTIONS.contains(&method.as_str()) {
+            self.ask_captures(&call.args);
+        }
+        let receiver_kind = match CHECKOUT_METHODS.contains(&method.as_str()) {
+            true => Kind::Checkout,
+            false => Kind::Plain,
+        };
+        let outer = std::mem::replace(&mut self.kind, receiver_kind);
         self.hand(&mut call.receiver, Handed::ByPlace);
+        self.kind = outer;
         // The arguments' own method calls must not take this call's question.
         let question = self.receiver_question.take();
-        self.visit_arguments(&mut call.args, hands_over);
+        let read = is_read(call).then(|| Ident::new("__inbox_query", Span::mixed_site()));
+        let outer_read = std::mem::take(&mut self.read_asked);
+        match &read {
+            Some(query) => {
+                self.visit_arguments_as(&mut call.args, hands_over, Kind::Read(query.clone()))
+            }
+            None => self.visit_arguments(&mut call.args, hands_over),
+        }
+        let asked = std::mem::replace(&mut self.read_asked, outer_read);
         self.receiver_question = question;
+        read.filter(|_| asked)
+    }
+
+    /// Asks, before the statement, about every binding of the body that a closure or an
+    /// `async` block handed to a spawn captures: the handler's transaction and the run-time
+    /// net stay on the handler's own thread or task.
+    fn ask_captures(&mut self, args: &Punctuated<Expr, Token![,]>) {
+        for arg in args {
+            if !matches!(arg, Expr::Closure(_) | Expr::Async(_)) {
+                continue;
+            }
+            for name in captured_names(arg) {
+                let Some((at, binding)) = self.lookup(&name) else {
+                    continue;
+                };
+                if matches!(binding.origin, Origin::Transaction | Origin::NoConnection) {
+                    continue;
+                }
+                let (first, _) = spans(&name);
+                let marker = quote_spanned!(first=> @place);
+                let question: Stmt = syn::parse_quote_spanned!(first=>
+                    ::inbox_diesel::__private::vet_spawn!(#marker #name);
+                );
+                match self.frames.last_mut() {
+                    Some(frame) if at < frame.visible => frame.asked.push(question),
+                    _ => self.push_error(syn::Error::new_spanned(
+                        &name,
+                        "#[idempotent] cannot ask what this spawned closure captures: the name \
+                         is bound in the spawning statement itself; bind it with a `let` of its \
+                         own before this statement",
+                    )),
+                }
+            }
+        }
     }
 
     fn visit_call(&mut self, call: &mut ExprCall) {
@@ -1390,6 +1573,15 @@ impl Guard {
             }
             _ => false,
         };
+        if let Expr::Path(path) = &*call.func
+            && path
+                .path
+                .segments
+                .last()
+                .is_some_and(|last| SPAWN_FUNCTIONS.contains(&last.ident.to_string().as_str()))
+        {
+            self.ask_captures(&call.args);
+        }
         self.extending = extending;
         self.visit_arguments(&mut call.args, hands_over);
     }
@@ -1642,6 +1834,111 @@ fn same(a: Origin, b: Origin) -> Origin {
     }
 }
 
+/// A name written as statics and constants are: `POOL`, `AUDIT_DB`.
+fn is_screaming(name: &Ident) -> bool {
+    let name = name.to_string();
+    name.chars().any(|c| c.is_uppercase()) && !name.chars().any(|c| c.is_lowercase())
+}
+
+/// `query.load(conn)`, `get_result`, `get_results`, `first`: one argument, a connection.
+fn is_read(call: &ExprMethodCall) -> bool {
+    call.args.len() == 1 && READ_METHODS.contains(&call.method.to_string().as_str())
+}
+
+/// The read `call` (or `call.await`), its query's type bound to `query` for the question
+/// about its connection: `match query_type(&q) { query => q.load(…) }` when the receiver
+/// is a place, which is borrowed for nothing but its type, and `match receiver { r => match
+/// query_type(&r) { query => r.load(…) } }` when it is a value, evaluated first as before.
+fn bind_query_type(mut call: Expr, query: Ident) -> Expr {
+    let receiver = match &mut call {
+        Expr::MethodCall(call) => &mut call.receiver,
+        Expr::Await(awaited) => match &mut *awaited.base {
+            Expr::MethodCall(call) => &mut call.receiver,
+            _ => unreachable!("a read is a method call"),
+        },
+        _ => unreachable!("a read is a method call"),
+    };
+    match place(receiver) {
+        Place::Simple => syn::parse_quote! {
+            match ::inbox_diesel::__private::guard::query_type(&#receiver) {
+                #query => #call,
+            }
+        },
+        _ => {
+            let value = Ident::new("__inbox_receiver", Span::mixed_site());
+            let original = std::mem::replace(&mut **receiver, syn::parse_quote!(#value));
+            syn::parse_quote! {
+                match #original {
+                    #value => match ::inbox_diesel::__private::guard::query_type(&#value) {
+                        #query => #call,
+                    },
+                }
+            }
+        }
+    }
+}
+
+/// The names a closure or an `async` block mentions and does not bind itself: what it may
+/// capture. A name it also binds somewhere inside is left out.
+fn captured_names(expr: &Expr) -> Vec<Ident> {
+    struct Names {
+        used: Vec<Ident>,
+        bound: Vec<Ident>,
+    }
+    impl<'ast> Visit<'ast> for Names {
+        fn visit_expr_path(&mut self, path: &'ast syn::ExprPath) {
+            if path.qself.is_none()
+                && let Some(name) = path.path.get_ident()
+            {
+                self.used.push(name.clone());
+            }
+            syn::visit::visit_expr_path(self, path);
+        }
+        fn visit_pat_ident(&mut self, pat: &'ast syn::PatIdent) {
+            self.bound.push(pat.ident.clone());
+            syn::visit::visit_pat_ident(self, pat);
+        }
+        fn visit_macro(&mut self, mac: &'ast syn::Macro) {
+            fn idents(tokens: TokenStream, out: &mut Vec<Ident>) {
+                for token in tokens {
+                    match token {
+                        TokenTree::Ident(name) => out.push(name),
+                        TokenTree::Group(group) => idents(group.stream(), out),
+                        _ => {}
+                    }
+                }
+            }
+            idents(mac.tokens.clone(), &mut self.used);
+        }
+        fn visit_item(&mut self, _: &'ast syn::Item) {}
+    }
+    let mut names = Names {
+        used: Vec::new(),
+        bound: Vec::new(),
+    };
+    names.visit_expr(expr);
+    let mut captured: Vec<Ident> = Vec::new();
+    for name in names.used {
+        if !names.bound.contains(&name) && !captured.contains(&name) {
+            captured.push(name);
+        }
+    }
+    captured
+}
+
+/// Whether a type names a trait object (`&mut dyn Store`, `Box<dyn Any>`), to which a
+/// connection coerces out of sight.
+fn mentions_trait_object(ty: &syn::Type) -> bool {
+    fn tokens(stream: TokenStream) -> bool {
+        stream.into_iter().any(|token| match token {
+            TokenTree::Ident(name) => name == "dyn",
+            TokenTree::Group(group) => tokens(group.stream()),
+            _ => false,
+        })
+    }
+    tokens(ty.to_token_stream())
+}
+
 fn is_lower_case(name: &Ident) -> bool {
     name.to_string()
         .chars()
@@ -1853,6 +2150,17 @@ fn place(expr: &Expr) -> Place {
         Expr::Paren(e) => place(&e.expr),
         Expr::Group(e) => place(&e.expr),
         Expr::Path(path) if path.qself.is_none() && path.path.get_ident().is_some() => {
+            Place::Simple
+        }
+        // A static (`self::CALLS`, `db::POOL`): asked by reference, never moved.
+        Expr::Path(path)
+            if path.qself.is_none()
+                && path
+                    .path
+                    .segments
+                    .last()
+                    .is_some_and(|last| is_screaming(&last.ident)) =>
+        {
             Place::Simple
         }
         Expr::Field(field) => place(&field.base),
