@@ -471,10 +471,21 @@ fn classify_message(message: &str) -> ErrorClass {
     // Before the schema's "does not exist": PostgreSQL 26000 reads `prepared statement "…"
     // does not exist`; MySQL and MariaDB 1243. PostgreSQL 42P05, `prepared statement "…"
     // already exists`: a server connection shared behind a transaction-mode pooler, where
-    // another client's statement took the name diesel's cache gives its own.
+    // another client's statement took the name diesel's cache gives its own. PostgreSQL
+    // 0A000 `cached plan must not change result type`: a column a statement diesel cached
+    // reads changed its type since (a migration while consumers run) — the same statement
+    // unprepared runs. MySQL / MariaDB 1412 `Table definition has changed, please retry
+    // transaction`: a table the transaction's snapshot reads was rebuilt since the snapshot
+    // began (`OPTIMIZE TABLE`, `ALTER … FORCE`, a copying `ALTER`, `TRUNCATE`, an online
+    // schema change's `RENAME` cut-over) — the statement diesel cached for it then waits,
+    // executed again on the session, for an answer that never comes; and 1615 `Prepared
+    // statement needs to be re-prepared`. The attempt runs again, its statements unprepared.
     if (message.starts_with("prepared statement \"")
         && (message.ends_with("\" does not exist") || message.ends_with("\" already exists")))
         || message.starts_with("Unknown prepared statement handler")
+        || message.starts_with("cached plan must not change result type")
+        || message.starts_with("Table definition has changed, please retry transaction")
+        || message.starts_with("Prepared statement needs to be re-prepared")
     {
         return ErrorClass::StatementLost;
     }
@@ -491,12 +502,16 @@ fn classify_message(message: &str) -> ErrorClass {
     if READ_ONLY.iter().any(|m| message.contains(m)) {
         return ErrorClass::ReadOnly;
     }
-    const PERMISSION_DENIED: [&str; 5] = [
+    const PERMISSION_DENIED: [&str; 6] = [
         // PostgreSQL 42501 (`permission denied for table inbox`, `… for schema …`).
         "permission denied for ",
         // MySQL and MariaDB 1142, 1143, 1044.
         " command denied to user ",
         "Access denied for user",
+        // MySQL and MariaDB 1226: the account's `MAX_QUERIES_PER_HOUR`,
+        // `MAX_UPDATES_PER_HOUR` spent — nothing the message can change: halted, not
+        // dead-lettered, until the hour ends or an operator raises the limit.
+        "' resource (current value: ",
         // SQLite SQLITE_READONLY: a file the process may not write, or opened read-only.
         "attempt to write a readonly database",
         // SQLite SQLITE_AUTH.
@@ -848,6 +863,40 @@ mod tests {
                 ErrorClass::ConnectionLost,
                 "{message}"
             );
+        }
+    }
+
+    /// What a migration or an account's limit makes the server say, messages captured from
+    /// PostgreSQL 15 and MariaDB 10.11: each is what a redelivery (or the same attempt, on a
+    /// statement not prepared) gets past, or what an operator must act on — never "other",
+    /// which a pump dead-letters.
+    #[test]
+    fn a_migration_or_a_limit_is_never_dead_lettered() {
+        for (message, class) in [
+            (
+                "Table definition has changed, please retry transaction",
+                ErrorClass::StatementLost,
+            ),
+            (
+                "Prepared statement needs to be re-prepared",
+                ErrorClass::StatementLost,
+            ),
+            (
+                "cached plan must not change result type",
+                ErrorClass::StatementLost,
+            ),
+            (
+                "User 'app' has exceeded the 'max_updates_per_hour' resource (current value: 6)",
+                ErrorClass::PermissionDenied,
+            ),
+        ] {
+            let error = ServerError {
+                kind: ServerErrorKind::Other,
+                constraint: None,
+                table: None,
+                message,
+            };
+            assert_eq!(error.classify(&InboxSchema::DEFAULT), class, "{message}");
         }
     }
 }

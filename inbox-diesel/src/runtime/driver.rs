@@ -1198,7 +1198,13 @@ async fn schema_checked<S: Steps, E>(
             Ok((layout, run))
         }
         Err(SchemaError::Database(source)) => {
-            let class = classify(&source, &spec.schema);
+            // The check's own reads failed for a reason the runtime cannot read (a session
+            // setting its catalog queries meet, `max_join_size`): nothing about the message —
+            // an alert, never a dead letter.
+            let class = match classify(&source, &spec.schema) {
+                ErrorClass::Other | ErrorClass::UniqueViolation { .. } => ErrorClass::Schema,
+                class => class,
+            };
             telemetry::failed(spec, class.label());
             Err(inbox_error(Error::Database {
                 class,

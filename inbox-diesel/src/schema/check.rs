@@ -248,13 +248,19 @@ const PG_REL: &str = "to_regclass(CASE WHEN $1 = '' THEN quote_ident($2) \
 /// `EMPTY_STRING_IS_NULL` reads as NULL). Binds the qualifier twice.
 const MYSQL_SCHEMA: &str = "IF(IFNULL(CHAR_LENGTH(?), 0) = 0, DATABASE(), ?)";
 
+/// MySQL and MariaDB: every row of a `SELECT` whatever the session's `sql_select_limit`
+/// (which a `SELECT` with a `LIMIT` of its own ignores): a session with `sql_select_limit = 1`
+/// (MySQL Workbench's safe mode sets 1000) read one column of the table and refused it.
+const MYSQL_ALL_ROWS: &str = "LIMIT 18446744073709551615";
+
 /// The catalog queries of each backend: the columns (binds: the table's qualifier, `''`
 /// when none, and its name) and the index (binds: qualifier, name, index name).
 pub(crate) fn catalog_sql(backend: Backend) -> (String, String) {
     match backend {
         Backend::Postgres => (
             format!(
-                "SELECT a.attname::text AS name, format_type(a.atttypid, a.atttypmod) AS type_name, \
+                "SELECT a.attname::text AS name, \
+                 replace(format_type(a.atttypid, a.atttypmod), '\"', '') AS type_name, \
                  CASE WHEN a.attnotnull THEN 0 ELSE 1 END::int8 AS nullable \
                  FROM pg_attribute a WHERE a.attrelid = {PG_REL} \
                  AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum"
@@ -279,14 +285,14 @@ pub(crate) fn catalog_sql(backend: Backend) -> (String, String) {
                  CAST(is_nullable = 'YES' AS SIGNED) AS nullable \
                  FROM information_schema.columns \
                  WHERE table_schema = {MYSQL_SCHEMA} AND table_name = ? \
-                 ORDER BY ordinal_position"
+                 ORDER BY ordinal_position {MYSQL_ALL_ROWS}"
             ),
             format!(
                 "SELECT CAST(1 - non_unique AS SIGNED) AS is_unique, \
                  CAST(IFNULL(column_name, '(expression)') AS CHAR) AS name \
                  FROM information_schema.statistics \
                  WHERE table_schema = {MYSQL_SCHEMA} AND table_name = ? \
-                 AND index_name = ? ORDER BY seq_in_index"
+                 AND index_name = ? ORDER BY seq_in_index {MYSQL_ALL_ROWS}"
             ),
         ),
         Backend::Sqlite => (
@@ -419,7 +425,7 @@ fn facts_sql(backend: Backend, qualifier: &str, needs: &[(&str, &str)]) -> Strin
              JOIN w ON st.table_schema = w.s AND st.table_name <> w.t AND st.index_name = w.ix \
              WHERE st.non_unique = 0 AND VERSION() LIKE '%MariaDB%' \
              UNION ALL SELECT 'clock', CAST(NOW(6) AS CHAR) FROM DUAL \
-             WHERE NOT ({clock})) AS f",
+             WHERE NOT ({clock})) AS f {MYSQL_ALL_ROWS}",
             clock = crate::dialect::layout::SessionMark::CLOCK
         ),
         Backend::Sqlite => {

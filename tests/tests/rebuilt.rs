@@ -1,0 +1,333 @@
+#![cfg(any(feature = "postgres", feature = "mysql"))]
+//! What operators do to a live database, met by handlers that are running: a migration that
+//! retypes a column, a table rebuilt under a transaction, an account's hourly limit, a
+//! session's settings that bound its `SELECT`s or quote every identifier. Each is what a
+//! redelivery (or the same attempt, its statement unprepared) gets past, or what an operator
+//! must act on: never a dead letter, never a healthy table refused.
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use diesel::connection::SimpleConnection;
+    use diesel::prelude::*;
+    use inbox_diesel::{Outcome, idempotent};
+    use inbox_tests::postgres::PgDb;
+    use inbox_tests::server::count;
+
+    diesel::table! {
+        accounts (id) {
+            id -> Integer,
+            note -> Varchar,
+            balance -> BigInt,
+        }
+    }
+
+    #[idempotent(consumer = "credit", key = id)]
+    fn credit(conn: &mut PgConnection, id: &str) -> Result<i64, inbox_diesel::Error> {
+        diesel::update(accounts::table.find(1))
+            .set(accounts::balance.eq(accounts::balance + 1))
+            .execute(conn)?;
+        let (_note, balance): (String, i64) = accounts::table
+            .find(1)
+            .select((accounts::note, accounts::balance))
+            .first(conn)?;
+        Ok(balance)
+    }
+
+    fn with_note(db: &PgDb) {
+        db.connect()
+            .batch_execute("ALTER TABLE accounts ADD COLUMN note VARCHAR(10) NOT NULL DEFAULT 'x'")
+            .unwrap();
+    }
+
+    /// A column that a statement diesel cached reads is retyped while consumers run:
+    /// PostgreSQL refuses the cached plan (`cached plan must not change result type`, 0A000)
+    /// on every connection that ran it before, and the delivery was dead-lettered. The
+    /// attempt runs again with the statement unprepared.
+    #[test]
+    fn a_column_retyped_under_a_cached_statement_is_read_again() {
+        let db = PgDb::new("retyped_column");
+        with_note(&db);
+        let mut conn = db.connect();
+        assert_eq!(credit(&mut conn, "m-1").unwrap(), Outcome::Processed(1));
+        db.connect()
+            .batch_execute("ALTER TABLE accounts ALTER COLUMN note TYPE VARCHAR(20)")
+            .unwrap();
+        assert_eq!(credit(&mut conn, "m-2").unwrap(), Outcome::Processed(2));
+        assert_eq!(credit(&mut conn, "m-3").unwrap(), Outcome::Processed(3));
+        assert!(credit(&mut conn, "m-2").unwrap().is_duplicate());
+        assert_eq!(
+            count(
+                &mut conn,
+                "SELECT count(*) AS n FROM inbox WHERE consumer = 'credit'"
+            ),
+            3
+        );
+    }
+
+    mod asynchronous {
+        use diesel::{ExpressionMethods, QueryDsl};
+        use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+        use inbox_diesel::{Outcome, idempotent};
+        use inbox_tests::postgres::PgDb;
+
+        use super::accounts;
+
+        #[idempotent(consumer = "credit", key = id)]
+        async fn credit(
+            conn: &mut AsyncPgConnection,
+            id: &str,
+        ) -> Result<i64, inbox_diesel::Error> {
+            diesel::update(accounts::table.find(1))
+                .set(accounts::balance.eq(accounts::balance + 1))
+                .execute(conn)
+                .await?;
+            let (_note, balance): (String, i64) = accounts::table
+                .find(1)
+                .select((accounts::note, accounts::balance))
+                .first(conn)
+                .await?;
+            Ok(balance)
+        }
+
+        /// The same on diesel-async's connection, whose statement cache is its own.
+        #[tokio::test]
+        async fn a_column_retyped_under_a_cached_statement_is_read_again() {
+            let db = PgDb::new("retyped_column_async");
+            super::with_note(&db);
+            let mut conn = db.connect_async().await;
+            assert_eq!(
+                credit(&mut conn, "m-1").await.unwrap(),
+                Outcome::Processed(1)
+            );
+            db.connect_async()
+                .await
+                .batch_execute("ALTER TABLE accounts ALTER COLUMN note TYPE VARCHAR(20)")
+                .await
+                .unwrap();
+            assert_eq!(
+                credit(&mut conn, "m-2").await.unwrap(),
+                Outcome::Processed(2)
+            );
+            assert!(credit(&mut conn, "m-1").await.unwrap().is_duplicate());
+        }
+    }
+
+    /// `quote_all_identifiers` (a role's or a database's setting, here the session's): the
+    /// check read every column type quoted (`"uuid"`) and refused a healthy table, halting
+    /// every consumer of the role.
+    #[test]
+    fn a_session_quoting_every_identifier_is_checked_as_any() {
+        let db = PgDb::new("quote_all_identifiers");
+        with_note(&db);
+        let mut conn = db.connect();
+        conn.batch_execute("SET quote_all_identifiers = on")
+            .unwrap();
+        assert_eq!(credit(&mut conn, "m-1").unwrap(), Outcome::Processed(1));
+        assert!(credit(&mut conn, "m-1").unwrap().is_duplicate());
+        assert_eq!(credit(&mut conn, "m-2").unwrap(), Outcome::Processed(2));
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use diesel::connection::SimpleConnection;
+    use diesel::prelude::*;
+    use inbox_diesel::{Action, ErrorClass, Outcome, idempotent};
+    use inbox_tests::mysql::MysqlDb;
+    use inbox_tests::server::count;
+
+    diesel::table! {
+        accounts (id) {
+            id -> Integer,
+            balance -> BigInt,
+        }
+    }
+
+    diesel::table! {
+        credits (id) {
+            id -> BigInt,
+            message -> Varchar,
+            account -> Integer,
+            amount -> BigInt,
+        }
+    }
+
+    /// Another session's statement, run once, from inside the body: what an operator runs
+    /// while the handler's transaction is open.
+    struct Operator {
+        url: String,
+        statement: &'static str,
+        done: AtomicBool,
+    }
+
+    impl Operator {
+        fn once(&self) {
+            if !self.done.swap(true, Ordering::SeqCst) {
+                MysqlConnection::establish(&self.url)
+                    .unwrap()
+                    .batch_execute(self.statement)
+                    .unwrap();
+            }
+        }
+    }
+
+    #[idempotent(consumer = "report", key = id)]
+    fn report(
+        conn: &mut MysqlConnection,
+        id: &str,
+        operator: &Operator,
+    ) -> Result<i64, inbox_diesel::Error> {
+        // The transaction's snapshot begins with its first read.
+        let balance: i64 = accounts::table
+            .find(1)
+            .select(accounts::balance)
+            .first(conn)?;
+        operator.once();
+        diesel::update(accounts::table.find(1))
+            .set(accounts::balance.eq(accounts::balance + 1))
+            .execute(conn)?;
+        let credited: i64 = credits::table.count().get_result(conn)?;
+        Ok(balance + credited)
+    }
+
+    /// A table the transaction reads is rebuilt after its snapshot began (`OPTIMIZE TABLE`,
+    /// `ALTER … FORCE`, a copying `ALTER`, an online schema change's cut-over): MariaDB
+    /// answers 1412, "Table definition has changed, please retry transaction", and the
+    /// delivery was dead-lettered; read as a transient failure and retried on the session,
+    /// the statement diesel had cached for the rebuilt table waited for an answer until the
+    /// idle bound ended the session. It is retried in a fresh transaction, its statements
+    /// unprepared, and applied once.
+    #[test]
+    fn a_table_rebuilt_under_the_transaction_is_retried() {
+        for statement in ["ALTER TABLE credits FORCE", "OPTIMIZE TABLE credits"] {
+            let db = MysqlDb::new("rebuilt_table");
+            let operator = Operator {
+                url: db.url().to_owned(),
+                statement,
+                done: AtomicBool::new(false),
+            };
+            let mut conn = db.connect();
+            let outcome = report(&mut conn, "m-1", &operator).unwrap();
+            assert_eq!(outcome, Outcome::Processed(0), "{statement}");
+            assert!(operator.done.load(Ordering::SeqCst));
+            assert_eq!(
+                count(&mut conn, "SELECT balance AS n FROM accounts WHERE id = 1"),
+                1,
+                "{statement}: applied once"
+            );
+            assert_eq!(
+                count(&mut conn, "SELECT count(*) AS n FROM inbox"),
+                1,
+                "{statement}"
+            );
+        }
+    }
+
+    #[idempotent(consumer = "credit", key = id)]
+    fn credit(conn: &mut MysqlConnection, id: &str) -> Result<(), inbox_diesel::Error> {
+        diesel::update(accounts::table.find(1))
+            .set(accounts::balance.eq(accounts::balance + 1))
+            .execute(conn)?;
+        Ok(())
+    }
+
+    #[idempotent(consumer = "batch", batch = ids, key = |id| id.as_str())]
+    fn credit_all(conn: &mut MysqlConnection, ids: &[String]) -> Result<(), inbox_diesel::Error> {
+        for _ in ids {
+            diesel::update(accounts::table.find(2))
+                .set(accounts::balance.eq(accounts::balance + 1))
+                .execute(conn)?;
+        }
+        Ok(())
+    }
+
+    /// A session whose `SELECT`s are bounded (`sql_select_limit`, which MySQL Workbench's
+    /// safe mode sets): the check read one column of the table and refused it, naming
+    /// columns that are there.
+    #[test]
+    fn a_session_with_a_select_limit_is_checked_as_any() {
+        let db = MysqlDb::new("select_limit");
+        let mut conn = db.connect();
+        conn.batch_execute("SET SESSION sql_select_limit = 1")
+            .unwrap();
+        assert_eq!(credit(&mut conn, "m-1").unwrap(), Outcome::Processed(()));
+        assert!(credit(&mut conn, "m-1").unwrap().is_duplicate());
+        let ids: Vec<String> = ["m-1", "m-2", "m-3"].map(String::from).to_vec();
+        let first = credit_all(&mut conn, &ids).unwrap();
+        assert_eq!(first.processed, [0, 1, 2]);
+        let again = credit_all(&mut conn, &ids).unwrap();
+        assert_eq!(again.duplicates, [0, 1, 2]);
+        assert_eq!(
+            count(&mut conn, "SELECT balance AS n FROM accounts WHERE id = 2"),
+            3
+        );
+    }
+
+    /// The account's hourly limit spent (`MAX_UPDATES_PER_HOUR`, 1226): the marker's refused
+    /// insert read as a schema fault, naming the table. It is the account's limit: an alert,
+    /// with the server's words as the source, never a dead letter.
+    #[test]
+    fn an_accounts_hourly_limit_is_named_and_halts() {
+        let db = MysqlDb::new("hourly_limit");
+        let user = format!("inbox_quota_{}", std::process::id());
+        let mut admin = db.connect();
+        admin
+            .batch_execute(&format!(
+                "CREATE USER '{user}'@'%'; GRANT ALL ON `{}`.* TO '{user}'@'%'; \
+                 ALTER USER '{user}'@'%' WITH MAX_UPDATES_PER_HOUR 5",
+                db.name()
+            ))
+            .unwrap();
+        let dropped = DropUser(db.connect(), user.clone());
+        let mut conn = db.connect_as(&user);
+        let mut processed = 0;
+        let error = loop {
+            match credit(&mut conn, &format!("m-{processed}")) {
+                Ok(outcome) => {
+                    assert_eq!(outcome, Outcome::Processed(()));
+                    processed += 1;
+                    assert!(processed < 50, "the limit was never met");
+                }
+                Err(error) => break error,
+            }
+        };
+        assert_eq!(error.class(), ErrorClass::PermissionDenied, "{error:?}");
+        assert_eq!(error.action(), Action::Alert);
+        let chain = format!("{:?}", error);
+        assert!(chain.contains("max_updates_per_hour"), "{chain}");
+        assert_eq!(
+            count(&mut admin, "SELECT balance AS n FROM accounts WHERE id = 1"),
+            processed,
+            "each processed message applied once, the refused one not at all"
+        );
+        drop(dropped);
+    }
+
+    struct DropUser(MysqlConnection, String);
+
+    impl Drop for DropUser {
+        fn drop(&mut self) {
+            let _ = self
+                .0
+                .batch_execute(&format!("DROP USER IF EXISTS '{}'@'%'", self.1));
+        }
+    }
+
+    /// The check's own catalog reads refused by a session setting it cannot read
+    /// (`max_join_size` below what `information_schema` examines): an alert for the operator,
+    /// never a dead letter of the message.
+    #[test]
+    fn a_check_refused_by_a_session_setting_alerts() {
+        let db = MysqlDb::new("max_join_size");
+        let mut conn = db.connect();
+        conn.batch_execute("SET SESSION max_join_size = 1").unwrap();
+        let error = credit(&mut conn, "m-1").unwrap_err();
+        assert_eq!(error.action(), Action::Alert, "{error:?}");
+        assert_eq!(
+            count(&mut db.connect(), "SELECT count(*) AS n FROM inbox"),
+            0
+        );
+    }
+}
