@@ -33,6 +33,12 @@ pub enum ErrorClass {
     /// and MariaDB `1142`/`1143`, a SQLite file opened read-only): a deployment to fix, not a
     /// message to retry or dead-letter.
     PermissionDenied,
+    /// The server, or the account, ran short of something the statement needs: memory or
+    /// its lock table (PostgreSQL `53200`, "out of shared memory" —
+    /// `max_locks_per_transaction`), disk (`53100`, MySQL and MariaDB `1021`, `1114`), the
+    /// account's hourly limit (MySQL and MariaDB `1226`, `MAX_UPDATES_PER_HOUR`). Nothing
+    /// about the message: an operator acts (`Alert`), and a redelivery then processes it.
+    ResourceExhausted,
     /// The server no longer knows a statement the connection prepared: a pooler's reset
     /// (`DISCARD ALL`, `DEALLOCATE ALL`) ran under it (PostgreSQL `26000`, MySQL and MariaDB
     /// `1243`). The connection caches the statement and fails the same way every time: drop it
@@ -118,6 +124,7 @@ impl ErrorClass {
             ErrorClass::ConnectionLost => "connection_lost",
             ErrorClass::ReadOnly => "read_only",
             ErrorClass::PermissionDenied => "permission_denied",
+            ErrorClass::ResourceExhausted => "resource_exhausted",
             ErrorClass::StatementLost => "statement_lost",
             ErrorClass::EffectNotRecorded => "effect_not_recorded",
             ErrorClass::ClaimLost => "claim_lost",
@@ -145,6 +152,7 @@ impl ErrorClass {
             | ErrorClass::Schema
             | ErrorClass::TransactionAborted
             | ErrorClass::PermissionDenied
+            | ErrorClass::ResourceExhausted
             | ErrorClass::EffectNotRecorded
             | ErrorClass::InboxDuplicate => Action::Alert,
             ErrorClass::UniqueViolation { .. } | ErrorClass::Other => Action::DeadLetter,
@@ -168,6 +176,9 @@ impl fmt::Display for ErrorClass {
                  session or role set read-only): the consumer must reach the primary",
             ),
             ErrorClass::PermissionDenied => f.write_str("permission denied"),
+            ErrorClass::ResourceExhausted => {
+                f.write_str("the server or the account ran short of a resource")
+            }
             ErrorClass::StatementLost => f.write_str("prepared statement lost"),
             ErrorClass::Misuse => f.write_str("misuse"),
             ErrorClass::EffectNotRecorded => f.write_str("side effect not recorded"),

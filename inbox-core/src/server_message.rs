@@ -502,16 +502,12 @@ fn classify_message(message: &str) -> ErrorClass {
     if READ_ONLY.iter().any(|m| message.contains(m)) {
         return ErrorClass::ReadOnly;
     }
-    const PERMISSION_DENIED: [&str; 6] = [
+    const PERMISSION_DENIED: [&str; 5] = [
         // PostgreSQL 42501 (`permission denied for table inbox`, `… for schema …`).
         "permission denied for ",
         // MySQL and MariaDB 1142, 1143, 1044.
         " command denied to user ",
         "Access denied for user",
-        // MySQL and MariaDB 1226: the account's `MAX_QUERIES_PER_HOUR`,
-        // `MAX_UPDATES_PER_HOUR` spent — nothing the message can change: halted, not
-        // dead-lettered, until the hour ends or an operator raises the limit.
-        "' resource (current value: ",
         // SQLite SQLITE_READONLY: a file the process may not write, or opened read-only.
         "attempt to write a readonly database",
         // SQLite SQLITE_AUTH.
@@ -519,6 +515,26 @@ fn classify_message(message: &str) -> ErrorClass {
     ];
     if PERMISSION_DENIED.iter().any(|m| message.contains(m)) {
         return ErrorClass::PermissionDenied;
+    }
+    const RESOURCE_EXHAUSTED: [&str; 7] = [
+        // PostgreSQL 53200 (memory; the lock table, `max_locks_per_transaction`), 53100
+        // (disk: "could not extend file …: No space left on device").
+        "out of shared memory",
+        "out of memory",
+        "No space left on device",
+        // MySQL and MariaDB 1226: the account's `MAX_QUERIES_PER_HOUR`,
+        // `MAX_UPDATES_PER_HOUR` spent, until the hour ends or an operator raises it.
+        "' resource (current value: ",
+        // MySQL and MariaDB 1041 ("Out of memory; …"), 1038 ("Out of sort memory"), 1021
+        // ("Disk full"), 1114 ("The table '…' is full").
+        "Out of memory",
+        "Out of sort memory",
+        "Disk full",
+    ];
+    if RESOURCE_EXHAUSTED.iter().any(|m| message.contains(m))
+        || (message.starts_with("The table '") && message.ends_with("' is full"))
+    {
+        return ErrorClass::ResourceExhausted;
     }
     let lower = message.to_ascii_lowercase();
     if CONNECTION_LOST
@@ -887,8 +903,14 @@ mod tests {
             ),
             (
                 "User 'app' has exceeded the 'max_updates_per_hour' resource (current value: 6)",
-                ErrorClass::PermissionDenied,
+                ErrorClass::ResourceExhausted,
             ),
+            ("out of shared memory", ErrorClass::ResourceExhausted),
+            (
+                "could not extend file \"base/5/16384\": No space left on device",
+                ErrorClass::ResourceExhausted,
+            ),
+            ("The table 'credits' is full", ErrorClass::ResourceExhausted),
         ] {
             let error = ServerError {
                 kind: ServerErrorKind::Other,

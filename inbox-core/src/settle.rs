@@ -306,6 +306,7 @@ mod tests {
             (ErrorClass::Schema, Settlement::Halt),
             (ErrorClass::Misuse, Settlement::Halt),
             (ErrorClass::PermissionDenied, Settlement::Halt),
+            (ErrorClass::ResourceExhausted, Settlement::Halt),
             (ErrorClass::TransactionAborted, Settlement::Halt),
             (
                 ErrorClass::UniqueViolation { constraint: None },

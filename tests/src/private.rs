@@ -327,6 +327,12 @@ pub struct PrivatePostgres {
 impl PrivatePostgres {
     /// `initdb --locale=<locale>`, then the server started.
     pub fn start(locale: &str) -> Self {
+        Self::start_with(locale, &[])
+    }
+
+    /// As [`start`](Self::start), the server started with `settings` (`name=value`, as
+    /// `postgres -c` takes them): what only a server's start sets.
+    pub fn start_with(locale: &str, settings: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let server = Self {
             dir,
@@ -351,11 +357,14 @@ impl PrivatePostgres {
             &format!("--locale={locale}"),
             "--no-sync",
         ]);
-        let options = format!(
+        let mut options = format!(
             "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
             server.port,
             server.dir.path().display()
         );
+        for setting in settings {
+            options.push_str(&format!(" -c {setting}"));
+        }
         let log = server.dir.path().join("postgres.log");
         server.as_owner(&[
             &server.tool("pg_ctl"),

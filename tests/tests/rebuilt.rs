@@ -64,6 +64,52 @@ mod postgres {
         );
     }
 
+    #[idempotent(consumer = "lock-all", key = id)]
+    fn lock_all(conn: &mut PgConnection, id: &str) -> Result<(), inbox_diesel::Error> {
+        diesel::sql_query(
+            "DO $$ BEGIN FOR i IN 1..1000 LOOP \
+             EXECUTE format('LOCK TABLE t%s IN ACCESS EXCLUSIVE MODE', i); END LOOP; END $$",
+        )
+        .execute(conn)?;
+        Ok(())
+    }
+
+    /// A transaction that needs more locks than the server's lock table holds
+    /// (`max_locks_per_transaction`: "out of shared memory", 53200) was dead-lettered. The
+    /// server is short, not the message: an alert, and after the operator raises the
+    /// setting the redelivery processes it.
+    #[test]
+    fn a_server_short_of_lock_memory_alerts() {
+        use inbox_diesel::{Action, ErrorClass};
+        let server = inbox_tests::private::PrivatePostgres::start_with(
+            "C",
+            &[
+                "max_locks_per_transaction=10",
+                "max_connections=5",
+                "autovacuum_max_workers=1",
+                "max_worker_processes=0",
+                "max_wal_senders=0",
+            ],
+        );
+        let url = server.url("postgres", "postgres");
+        let mut conn = PgConnection::establish(&url).unwrap();
+        conn.batch_execute(&inbox_diesel::schema::postgres::create_table_sql(
+            &inbox_diesel::InboxSchema::DEFAULT,
+        ))
+        .unwrap();
+        // Ten at a time: a string of statements is one transaction, which takes a lock each.
+        for first in (1..=1000).step_by(10) {
+            let tables: String = (first..first + 10)
+                .map(|i| format!("CREATE TABLE t{i} (id int);"))
+                .collect();
+            conn.batch_execute(&tables).unwrap();
+        }
+        let error = lock_all(&mut conn, "m-1").unwrap_err();
+        assert_eq!(error.class(), ErrorClass::ResourceExhausted, "{error:?}");
+        assert_eq!(error.action(), Action::Alert);
+        assert_eq!(count(&mut conn, "SELECT count(*) AS n FROM inbox"), 0);
+    }
+
     mod asynchronous {
         use diesel::{ExpressionMethods, QueryDsl};
         use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
@@ -266,8 +312,9 @@ mod mysql {
     }
 
     /// The account's hourly limit spent (`MAX_UPDATES_PER_HOUR`, 1226): the marker's refused
-    /// insert read as a schema fault, naming the table. It is the account's limit: an alert,
-    /// with the server's words as the source, never a dead letter.
+    /// insert read as a schema fault, naming the table. It is the account's limit
+    /// (`ResourceExhausted`): an alert, with the server's words as the source, never a dead
+    /// letter.
     #[test]
     fn an_accounts_hourly_limit_is_named_and_halts() {
         let db = MysqlDb::new("hourly_limit");
@@ -293,7 +340,7 @@ mod mysql {
                 Err(error) => break error,
             }
         };
-        assert_eq!(error.class(), ErrorClass::PermissionDenied, "{error:?}");
+        assert_eq!(error.class(), ErrorClass::ResourceExhausted, "{error:?}");
         assert_eq!(error.action(), Action::Alert);
         let chain = format!("{:?}", error);
         assert!(chain.contains("max_updates_per_hour"), "{chain}");
