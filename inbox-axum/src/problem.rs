@@ -220,6 +220,37 @@ impl From<inbox_diesel::Error> for Error {
     }
 }
 
+/// With the feature `anyhow`: a body's `anyhow::Error` as the error it carries — a diesel
+/// error ([`Error::Database`]: a deadlock is retried, then answered 503) or the inbox's
+/// ([`Error::Inbox`]), found through any `.context(…)` around it — or else
+/// [`Error::Internal`]. An `anyhow::Error` boxed as a `dyn Error` hides what it carries from
+/// a walk along `source()`: convert it with `?` or `Error::from`, not [`Error::internal`].
+///
+/// ```
+/// use anyhow::Context;
+/// use diesel::result::{DatabaseErrorKind, Error as DieselError};
+///
+/// let deadlock = DieselError::DatabaseError(
+///     DatabaseErrorKind::SerializationFailure,
+///     Box::new("deadlock detected".to_string()),
+/// );
+/// let error = inbox_axum::Error::from(anyhow::Error::from(deadlock).context("voting"));
+/// assert!(matches!(error, inbox_axum::Error::Database(_)));
+/// ```
+#[cfg(feature = "anyhow")]
+impl From<anyhow::Error> for Error {
+    fn from(error: anyhow::Error) -> Self {
+        let error = match error.downcast::<diesel::result::Error>() {
+            Ok(diesel) => return Error::Database(diesel),
+            Err(error) => error,
+        };
+        match error.downcast::<inbox_diesel::Error>() {
+            Ok(inbox) => Error::Inbox(inbox),
+            Err(error) => Error::Internal(error.into()),
+        }
+    }
+}
+
 impl HasDieselError for Error {
     fn diesel_error(&self) -> Option<&diesel::result::Error> {
         match self {

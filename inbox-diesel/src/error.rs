@@ -151,6 +151,13 @@ pub enum Error {
     /// attempt is left. Class [`ErrorClass::Misuse`]: a bug to fix — pass the handler's
     /// connection to the code that writes.
     WriteOutsideTransaction(crate::tripwire::net::Escaped),
+    /// The body checked a connection out of a guarded pool
+    /// ([`tripwire::refuse_checkout`](crate::tripwire::refuse_checkout)), which refused it:
+    /// whatever the body made of the refusal — handed it up in an error of its own, or
+    /// caught it and went on —, the handler's transaction was rolled back and this is its
+    /// answer. Class [`ErrorClass::Misuse`] (`Alert`): a bug to fix, never a message to
+    /// dead-letter — pass the handler's connection to the code that needs one.
+    CheckoutInsideHandler(crate::tripwire::InsideHandler),
     /// A handler with `store_result`: its `Ok` value could not be stored, or a stored one
     /// could not be read back as the handler's type ([`StoredResultProblem`]). A value that
     /// cannot be stored is found after the body ran: in transaction mode its transaction
@@ -228,7 +235,9 @@ impl Error {
             Error::Database { class, .. } => class.clone(),
             Error::Outbox(crate::outbox::OutboxProblem::OutsideHandler) => ErrorClass::Misuse,
             Error::Outbox(_) => ErrorClass::Other,
-            Error::WriteOutsideTransaction(_) => ErrorClass::Misuse,
+            Error::WriteOutsideTransaction(_) | Error::CheckoutInsideHandler(_) => {
+                ErrorClass::Misuse
+            }
             Error::StoredResult(StoredResultProblem::Decode(_)) => ErrorClass::Misuse,
             Error::StoredResult(_) => ErrorClass::Other,
             Error::KeyReused { .. } => ErrorClass::Other,
@@ -326,6 +335,7 @@ impl fmt::Display for Error {
             Error::Session(problem) => write!(f, "inbox: {problem}"),
             Error::Outbox(problem) => write!(f, "inbox {problem}"),
             Error::WriteOutsideTransaction(escaped) => write!(f, "inbox: {escaped}"),
+            Error::CheckoutInsideHandler(inside) => write!(f, "inbox: {inside}"),
             Error::StoredResult(problem) => write!(f, "inbox: {problem}"),
             Error::KeyReused { consumer, .. } => write!(
                 f,
@@ -354,6 +364,7 @@ impl std::error::Error for Error {
             | Error::Session(_)
             | Error::Outbox(_)
             | Error::WriteOutsideTransaction(_)
+            | Error::CheckoutInsideHandler(_)
             | Error::StoredResult(_)
             | Error::KeyReused { .. }
             | Error::CalledInsideTransaction

@@ -398,7 +398,9 @@ pub mod __private;
 ///
 /// - every value the body hands on — a call's argument, a method's receiver, a struct, tuple
 ///   or array element, the right side of an assignment, an argument of a macro that parses as
-///   an expression — and every parameter besides the connection is asked, at its type,
+///   an expression — and every parameter besides the connection (at the top of the body,
+///   where a connection is refused and a pool is not: it may be a replica's; then again
+///   wherever it is handed on) is asked, at its type,
 ///   whether it runs SQL (diesel's `SimpleConnection` or diesel-async's
 ///   `SimpleAsyncConnection`, owned, borrowed, pooled, boxed, behind a guard or a `Deref`,
 ///   within five dereferences) or is a pool of diesel connections, also behind a `Deref`
@@ -409,6 +411,10 @@ pub mod __private;
 ///   a message that says why the write would happen twice and how to fix it; a value of any
 ///   other type is never called a connection, and a pool of anything else (an r2d2 pool of
 ///   cache clients, a deadpool pool of broker channels) is never called a connection pool;
+/// - **what only leaves the body or is only printed**: the value an `Err(…)` carries, and
+///   the arguments of a formatting or logging macro (`format!`, `println!`, `assert_eq!`,
+///   `tracing`'s `info!` …) are not asked — their types may be settled only by a later
+///   line — though what they compute is;
 /// - **reads on another connection** compile when the type says they are reads: a query
 ///   that diesel's query builder made a `SELECT` (its query is diesel's
 ///   [`SelectQuery`](diesel::query_builder::SelectQuery): a table, `filter`, `select`,
@@ -472,8 +478,10 @@ pub mod __private;
 ///   A `macro_rules!` defined inside the handler is the handler's code, and its rules are
 ///   checked like the body — except a rule whose expansion repeats (`$(…)*`), which does not
 ///   parse as Rust until it is called;
-/// - **a value that holds a connection** (`Option<&mut PgConnection>`, `Arc<Mutex<…>>`, a
-///   `Vec` of checkouts) handed to a helper: a question about a container whose content is
+/// - **a value that holds a connection or a pool** (`Option<&mut PgConnection>`,
+///   `Arc<Mutex<…>>`, a `Vec` of checkouts, an application's own pool-or-connection enum
+///   such as Lemmy's `DbPool`) handed to a helper — an application built on such a type
+///   must install the [`tripwire::net`]: a question about a container whose content is
 ///   not inferred yet where it is handed on (`Vec::new()` filled later) cannot be told from
 ///   one about a container of connections, so containers are not looked into; the
 ///   [`tripwire::net`] stops the helper's write at run time. Nor is another connection

@@ -85,6 +85,9 @@ pub enum Crash {
     /// job's effect and its row's deletion — inside a handler's body or around it, sync or
     /// async.
     At(&'static str),
+    /// The `n`-th time (counting from 1) the application's point `name` is reached during
+    /// the call: in a job that loops over messages, the crash after the second e-mail.
+    AtHit(&'static str, u32),
 }
 
 /// What [`crash`] reports: the point was reached, and the connection closed there.
@@ -93,23 +96,37 @@ pub struct Crashed(pub Crash);
 
 thread_local! {
     static PLAN: Cell<Option<Crash>> = const { Cell::new(None) };
+    /// How many times the planned [`Crash::AtHit`] point was reached so far.
+    static HITS: Cell<u32> = const { Cell::new(0) };
 }
 
 /// Called by the runtime at each crash point: unwinds with [`Crashed`] when the running
 /// [`crash`] asked for this one. Not a panic: no panic hook reports it.
 pub(crate) fn reached(point: Crash) {
-    if PLAN.get() == Some(point) {
-        PLAN.set(None);
-        std::panic::resume_unwind(Box::new(Crashed(point)));
-    }
+    let planned = match (PLAN.get(), point) {
+        (Some(plan), point) if plan == point => plan,
+        (Some(plan @ Crash::AtHit(name, n)), Crash::At(reached)) if name == reached => {
+            let hits = HITS.get() + 1;
+            HITS.set(hits);
+            if hits < n {
+                return;
+            }
+            plan
+        }
+        _ => return,
+    };
+    PLAN.set(None);
+    std::panic::resume_unwind(Box::new(Crashed(planned)));
 }
 
-/// Puts back the plan that was set before, when the call or poll ends (or unwinds).
-struct Restore(Option<Crash>);
+/// Puts back the plan (and its count of hits) that was set before, when the call or poll
+/// ends (or unwinds).
+struct Restore(Option<Crash>, u32);
 
 impl Drop for Restore {
     fn drop(&mut self) {
         PLAN.set(self.0);
+        HITS.set(self.1);
     }
 }
 
@@ -117,7 +134,7 @@ impl Drop for Restore {
 /// (the handler returned, or panicked, before it).
 fn crashed<R>(result: Result<R, Box<dyn Any + Send>>, at: Crash) -> Crashed {
     let payload = match result {
-        Ok(_) if matches!(at, Crash::At(_)) => panic!(
+        Ok(_) if matches!(at, Crash::At(_) | Crash::AtHit(..)) => panic!(
             "the call returned without reaching {at:?}: no `crash_point` of that name was \
              called on this thread (or, async, in this future's polls)"
         ),
@@ -156,7 +173,7 @@ fn exactly_one(n: i64, query: &str) {
 /// returned an error, `at` belongs to the other mode), or panicked before it.
 pub fn crash<C, R>(conn: C, at: Crash, deliver: impl FnOnce(&mut C) -> R) -> Crashed {
     let mut conn = conn;
-    let _restore = Restore(PLAN.replace(Some(at)));
+    let _restore = Restore(PLAN.replace(Some(at)), HITS.replace(0));
     let result = std::panic::catch_unwind(AssertUnwindSafe(|| deliver(&mut conn)));
     // The connection goes as it is: open transaction and all.
     drop(conn);
@@ -413,7 +430,7 @@ mod asynchronous {
 
     use diesel_async::AsyncConnection;
 
-    use super::{Count, Crash, Crashed, PLAN, Restore, crashed};
+    use super::{Count, Crash, Crashed, HITS, PLAN, Restore, crashed};
 
     /// [`crash`](super::crash) for an `async fn` handler: the plan is set during each poll
     /// of the handler's future, on whichever thread polls it.
@@ -428,9 +445,14 @@ mod asynchronous {
         let mut conn = conn;
         let result = {
             let mut future = pin!(deliver(&mut conn));
+            // The point's hits are counted across the future's polls.
+            let mut hits = 0;
             std::future::poll_fn(|cx| {
-                let _restore = Restore(PLAN.replace(Some(at)));
-                match std::panic::catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
+                let _restore = Restore(PLAN.replace(Some(at)), HITS.replace(hits));
+                let polled =
+                    std::panic::catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx)));
+                hits = HITS.get();
+                match polled {
                     Ok(Poll::Ready(_)) => Poll::Ready(Ok(())),
                     Ok(Poll::Pending) => Poll::Pending,
                     Err(payload) => Poll::Ready(Err(payload)),

@@ -137,6 +137,38 @@ const READ_METHODS: [&str; 4] = ["load", "get_result", "get_results", "first"];
 /// captures is asked, since neither the transaction nor the run-time net follows it there.
 const SPAWN_FUNCTIONS: [&str; 3] = ["spawn", "spawn_blocking", "spawn_local"];
 
+/// Macros of the standard library and of `tracing` that only format, compare or log their
+/// arguments: what they are given is not handed on (`info!(score, …)`, of a value whose
+/// type a later line settles), though what it computes is asked as anywhere else.
+const FORMATTING_MACROS: [&str; 26] = [
+    "assert",
+    "assert_eq",
+    "assert_ne",
+    "debug_assert",
+    "debug_assert_eq",
+    "debug_assert_ne",
+    "eprint",
+    "eprintln",
+    "format",
+    "format_args",
+    "panic",
+    "print",
+    "println",
+    "todo",
+    "unimplemented",
+    "unreachable",
+    "write",
+    "writeln",
+    "trace",
+    "debug",
+    "info",
+    "warn",
+    "error",
+    "event",
+    "span",
+    "info_span",
+];
+
 /// Macros whose arguments after the first are patterns, not expressions.
 const PATTERN_MACROS: [&str; 3] = ["matches", "assert_matches", "debug_assert_matches"];
 
@@ -155,7 +187,8 @@ enum Origin {
     /// or hands it to a transaction method of the transaction, which gives it the
     /// transaction.
     CalledClosure,
-    /// A handler parameter, asked once at the top of the body.
+    /// A handler parameter, asked at the top of the body (a connection is refused there, a
+    /// pool is not: it may be a replica's) and wherever it is handed on.
     Parameter,
     /// Claim mode: the `NoConnection` the body is given; every mention of it is asked.
     NoConnection,
@@ -186,7 +219,6 @@ impl Origin {
             Origin::Transaction
                 | Origin::CheckedAtCalls
                 | Origin::CalledClosure
-                | Origin::Parameter
                 | Origin::Parts(_)
                 | Origin::Fields(_)
                 | Origin::Newtype(_)
@@ -253,6 +285,7 @@ pub fn instrument(function: &mut ItemFn, conn: &Ident, mode: Mode) -> syn::Resul
         closure_tail: false,
         extending: false,
         kind: Kind::Plain,
+        formatting: false,
         read_asked: false,
         error: None,
     };
@@ -272,7 +305,11 @@ pub fn instrument(function: &mut ItemFn, conn: &Ident, mode: Mode) -> syn::Resul
                 guard.parameter_bound = true;
                 continue;
             }
+            // A pool parameter is a replica's, maybe: what is checked out of it is asked
+            // wherever it is handed on, and so is the pool itself.
+            guard.kind = Kind::Checkout;
             asked.push(guard.ask_place(&syn::parse_quote!(#name), false));
+            guard.kind = Kind::Plain;
             guard.bind(name, Origin::Parameter);
         }
     }
@@ -305,6 +342,9 @@ struct Guard {
     extending: bool,
     /// The question asked of the value being handed on, in transaction mode.
     kind: Kind,
+    /// The macro being visited only formats, compares or logs its arguments
+    /// ([`FORMATTING_MACROS`]).
+    formatting: bool,
     /// A question about the connection of a read ([`Kind::Read`]) was written: the method
     /// call is rewritten to bind the query's type.
     read_asked: bool,
@@ -871,6 +911,17 @@ impl Guard {
             .segments
             .last()
             .is_some_and(|s| PATTERN_MACROS.contains(&s.ident.to_string().as_str()));
+        let formatting = mac
+            .path
+            .segments
+            .last()
+            .is_some_and(|s| FORMATTING_MACROS.contains(&s.ident.to_string().as_str()));
+        let outer = std::mem::replace(&mut self.formatting, formatting);
+        self.visit_macro_arguments(mac, patterns);
+        self.formatting = outer;
+    }
+
+    fn visit_macro_arguments(&mut self, mac: &mut syn::Macro, patterns: bool) {
         // The usual case: expressions separated by commas.
         if let Ok(mut args) = mac.parse_body_with(Punctuated::<Expr, Token![,]>::parse_terminated) {
             for (at, arg) in args.iter_mut().enumerate() {
@@ -934,7 +985,9 @@ impl Guard {
                 expr.to_token_stream()
             }
             Err(_) => {
-                self.ask_names_in(part.clone());
+                if !self.formatting {
+                    self.ask_names_in(part.clone());
+                }
                 self.rewrite_blocks(part)
             }
         }
@@ -996,17 +1049,18 @@ impl Guard {
     }
 
     fn macro_argument(&mut self, arg: &mut Expr) {
-        match arg {
+        // Inside the arguments, a nested macro decides for itself.
+        let formatting = std::mem::take(&mut self.formatting);
+        let value = match arg {
             // `name = value`, as tracing's fields are written.
-            Expr::Assign(assign) => {
-                self.visit_expr_mut(&mut assign.right);
-                self.hand(&mut assign.right, Handed::InMacro);
-            }
-            _ => {
-                self.visit_expr_mut(arg);
-                self.hand(arg, Handed::InMacro);
-            }
+            Expr::Assign(assign) => &mut *assign.right,
+            _ => arg,
+        };
+        self.visit_expr_mut(value);
+        if !formatting {
+            self.hand(value, Handed::InMacro);
         }
+        self.formatting = formatting;
     }
 
     /// A macro called as a statement may bind the names it is given (`lease!(c);` expanding
@@ -1581,6 +1635,16 @@ impl Guard {
                 .is_some_and(|last| SPAWN_FUNCTIONS.contains(&last.ident.to_string().as_str()))
         {
             self.ask_captures(&call.args);
+        }
+        // `Err(e.into())`: an error, whose type the closure's or the function's return
+        // settles, is not a value a statement runs through.
+        if let Expr::Path(path) = &*call.func
+            && path.path.is_ident("Err")
+        {
+            for arg in call.args.iter_mut() {
+                self.visit_expr_mut(arg);
+            }
+            return;
         }
         self.extending = extending;
         self.visit_arguments(&mut call.args, hands_over);

@@ -167,7 +167,8 @@ async fn deadpool_and_bb8_checkouts_inside_a_handler_are_refused() {
         let msg = Credit::new(1);
 
         match credit_audited(&mut conn, &services, which, &msg).await {
-            Err(TripError::Refused(inside)) => {
+            Err(TripError::Inbox(error @ inbox_diesel::Error::CheckoutInsideHandler(inside))) => {
+                assert_eq!(error.class(), inbox_diesel::ErrorClass::Misuse, "{which:?}");
                 assert_eq!(inside.consumer(), "async-credit-audited", "{which:?}")
             }
             other => panic!("{which:?}: expected the checkout refused, got {other:?}"),

@@ -65,6 +65,18 @@ fn credit_audited(
     Ok(())
 }
 
+#[idempotent(consumer = "credit-audit-swallowed", key = msg.id)]
+fn credit_audit_swallowed(
+    conn: &mut SqliteConnection,
+    services: &Services,
+    msg: &Credit,
+) -> Result<(), TripError> {
+    credit(conn, msg)?;
+    // A helper that treats the refusal as "no audit today" and goes on.
+    let _ = record(services, msg);
+    Ok(())
+}
+
 #[idempotent(consumer = "credit-audited-anyway", key = msg.id)]
 fn credit_audited_anyway(
     conn: &mut SqliteConnection,
@@ -127,6 +139,33 @@ fn without_a_tripwire_a_helper_write_commits_once_per_delivery() {
     assert_eq!(audit.rows(), 2, "one message, two audit rows");
 }
 
+/// A body that swallows the refusal does not make the handler succeed: the checkout it
+/// tried is a bug wherever the error went, and the answer says so (`Alert`) — a pump that
+/// settled the body's `Ok` would have acknowledged a message whose audit never ran, and one
+/// that settled the application's error would have dead-lettered it. Nothing committed.
+#[test]
+fn a_swallowed_refusal_is_still_the_answer() {
+    let (db, audit) = (SqliteDb::new("r2d2_swallowed"), AuditDb::new());
+    let services = Services {
+        audit: tripwire::r2d2::GuardedPool::new(plain_pool(&audit, None)),
+    };
+    let mut conn = db.connect();
+    let msg = Credit::new(1);
+    match credit_audit_swallowed(&mut conn, &services, &msg) {
+        Err(TripError::Inbox(error @ inbox_diesel::Error::CheckoutInsideHandler(inside))) => {
+            assert_eq!(error.action(), inbox_diesel::Action::Alert);
+            assert_eq!(inside.consumer(), "credit-audit-swallowed");
+        }
+        other => panic!("expected the refusal as the answer, got {other:?}"),
+    }
+    assert_eq!(audit.rows(), 0);
+    assert_eq!(
+        (rows(&mut conn, "inbox"), rows(&mut conn, "credits")),
+        (0, 0)
+    );
+    assert_eq!(tripwire::inside_handler(), None);
+}
+
 /// The guarded pool refuses the helper's checkout with an error: the handler returns it and
 /// rolls back, nothing reaches the audit database, and the pool is as it was.
 #[test]
@@ -139,8 +178,11 @@ fn r2d2_checkout_inside_a_handler_is_refused() {
     let mut conn = db.connect();
     let msg = Credit::new(1);
 
+    // The helper hands the refusal up as the application's error; the handler answers
+    // with the inbox's, whatever the body made of it: a bug to fix (`Alert`).
     match credit_audited(&mut conn, &services, &msg) {
-        Err(TripError::Refused(inside)) => {
+        Err(TripError::Inbox(error @ inbox_diesel::Error::CheckoutInsideHandler(inside))) => {
+            assert_eq!(error.class(), inbox_diesel::ErrorClass::Misuse);
             assert_eq!(inside.consumer(), "credit-audited");
             let message = inside.to_string();
             assert!(message.contains("`credit-audited`"), "{message}");

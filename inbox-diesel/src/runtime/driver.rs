@@ -611,15 +611,12 @@ where
     let origin = Some(Claims::origin(key, spec));
     let mut result = match run_body(spec, &mut body, steps.conn(), origin, net).await {
         Ok(result) => result,
-        Err(Panicked(payload)) if payload.is::<tripwire::net::Escaped>() => {
+        Err(Panicked(payload)) if is_stopped(&*payload) => {
             roll_back(steps).await;
             joined.open = false;
-            let escaped = *payload
-                .downcast::<tripwire::net::Escaped>()
-                .expect("checked by `is`");
-            return Err(failed(DieselError::QueryBuilderError(Box::new(
-                Error::WriteOutsideTransaction(escaped),
-            ))));
+            return Err(failed(DieselError::QueryBuilderError(Box::new(stopped(
+                payload,
+            )))));
         }
         Err(Panicked(payload)) => {
             roll_back(steps).await;
@@ -1734,10 +1731,7 @@ where
     let net = steps.net();
     let result = match run_body(spec, &mut body, steps.conn(), None, net).await {
         Ok(result) => result,
-        Err(Panicked(payload)) if payload.is::<tripwire::net::Escaped>() => {
-            let escaped = *payload
-                .downcast::<tripwire::net::Escaped>()
-                .expect("checked by `is`");
+        Err(Panicked(payload)) if is_stopped(&*payload) => {
             if let Err(error) = steps
                 .claim_step(run, &key, ClaimStep::Release { attempt })
                 .await
@@ -1745,7 +1739,7 @@ where
                 tracing::error!(error = %error, "releasing the claim of a stopped body failed");
             }
             telemetry::failed(spec, ErrorClass::Misuse.label());
-            return Err(inbox_error(Error::WriteOutsideTransaction(escaped)));
+            return Err(inbox_error(stopped(payload)));
         }
         // No transaction is open while a claim-mode body runs. A panic leaves the outcome of
         // the side effect unknown, as a crash does, and is left as one: the claim stays
@@ -2201,14 +2195,10 @@ where
     let origin = Some(claims.origin(spec));
     let result = match run_body(spec, body, steps.conn(), origin, net).await {
         Ok(result) => result,
-        Err(Panicked(payload)) if payload.is::<tripwire::net::Escaped>() => {
+        Err(Panicked(payload)) if is_stopped(&*payload) => {
             roll_back(steps).await;
-            let escaped = *payload
-                .downcast::<tripwire::net::Escaped>()
-                .expect("checked by `is`");
-            let error = Error::WriteOutsideTransaction(escaped);
             return Err(Failure::Database(DieselError::QueryBuilderError(Box::new(
-                error,
+                stopped(payload),
             ))));
         }
         Err(Panicked(payload)) => {
@@ -2309,6 +2299,24 @@ async fn run_body<C, R, B: Body<C, R>>(
 
 /// The payload of a panic in the handler's body, resumed once the transaction is rolled back.
 struct Panicked(Box<dyn Any + Send>);
+
+/// Whether the body was stopped by the tripwire — a write the net stopped, a checkout a
+/// guarded pool refused — rather than by a panic of its own.
+fn is_stopped(payload: &(dyn Any + Send)) -> bool {
+    payload.is::<tripwire::net::Escaped>() || payload.is::<tripwire::InsideHandler>()
+}
+
+/// The inbox's error for a body the tripwire stopped ([`is_stopped`]).
+fn stopped(payload: Box<dyn Any + Send>) -> Error {
+    match payload.downcast::<tripwire::net::Escaped>() {
+        Ok(escaped) => Error::WriteOutsideTransaction(*escaped),
+        Err(payload) => Error::CheckoutInsideHandler(
+            *payload
+                .downcast::<tripwire::InsideHandler>()
+                .expect("checked by `is_stopped`"),
+        ),
+    }
+}
 
 /// Rolls back the handler's transaction if it is still open. A failure to roll back is
 /// logged, not returned: the error that caused the rollback is the one the caller needs, and

@@ -6,7 +6,7 @@
 //! use diesel_async::pooled_connection::AsyncDieselConnectionManager;
 //! use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 //! use diesel_async::{AsyncConnection, SimpleAsyncConnection};
-//! use inbox_diesel::tripwire::{self, CheckoutError, OnTrip};
+//! use inbox_diesel::tripwire::{self, OnTrip};
 //! use inbox_diesel::{idempotent, InboxSchema, Uuid};
 //!
 //! type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -44,9 +44,9 @@
 //!     .await?;
 //!
 //! let refused = on_credit(&mut conn, &ctx, &Msg { id: Uuid::from_u128(1) }).await.unwrap_err();
-//! type Refused = CheckoutError<diesel_async::pooled_connection::deadpool::PoolError>;
-//! let refused = refused.downcast_ref::<Refused>().unwrap();
-//! assert!(matches!(refused, CheckoutError::InsideHandler(h) if h.consumer() == "credit"));
+//! // The handler answers with the refusal, whatever its body made of it: a bug (`Alert`).
+//! let refused = refused.downcast_ref::<inbox_diesel::Error>().unwrap();
+//! assert!(matches!(refused, inbox_diesel::Error::CheckoutInsideHandler(h) if h.consumer() == "credit"));
 //! // Outside a handler the pool works as before.
 //! audit(&ctx, "outside a handler").await?;
 //! # Ok(())

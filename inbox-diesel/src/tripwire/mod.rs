@@ -20,8 +20,12 @@
 //! | any other (mobc, your own `get_conn`) | [`refuse_checkout`]`()?` in your checkout function | [`on_checkout`] in any hook the pool runs on the caller's thread or task |
 //!
 //! The wrappers refuse a checkout under the mark before they touch the pool, with
-//! [`CheckoutError::InsideHandler`]; the helper's `?` hands it up, the handler returns `Err`
-//! and its transaction rolls back, and the redelivery finds nothing half-done. No pool lets
+//! [`CheckoutError::InsideHandler`]; the helper's `?` hands it up, the handler's transaction
+//! rolls back, and the redelivery finds nothing half-done. Whatever the body made of the
+//! refusal — handed it up inside an error of its own, or swallowed it and went on —, the
+//! handler answers [`Error::CheckoutInsideHandler`](crate::Error::CheckoutInsideHandler)
+//! (class `Misuse`: an alert, never a dead letter, whatever the application's error type
+//! would have been settled as). No pool lets
 //! one of its hooks do that: r2d2's checkout event returns nothing; an error from a deadpool
 //! hook or a bb8 check makes the pool close the connection it was about to hand out (deadpool
 //! then tries the next one: a refusing hook would close every idle connection in turn); a
@@ -36,7 +40,7 @@
 //! ```
 //! use diesel::connection::SimpleConnection;
 //! use diesel::prelude::*;
-//! use inbox_diesel::tripwire::{self, InsideHandler};
+//! use inbox_diesel::tripwire;
 //! use inbox_diesel::{idempotent, InboxSchema, Uuid};
 //!
 //! type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -64,7 +68,12 @@
 //! conn.batch_execute(&inbox_diesel::schema::sqlite::create_table_sql(&InboxSchema::DEFAULT))?;
 //! let ctx = Context { audit_url: ":memory:".into() };
 //! let refused = on_credit(&mut conn, &ctx, &Msg { id: Uuid::from_u128(1) }).unwrap_err();
-//! assert_eq!(refused.downcast_ref::<InsideHandler>().unwrap().consumer(), "credit");
+//! match refused.downcast_ref::<inbox_diesel::Error>() {
+//!     Some(inbox_diesel::Error::CheckoutInsideHandler(inside)) => {
+//!         assert_eq!(inside.consumer(), "credit")
+//!     }
+//!     other => panic!("{other:?}"),
+//! }
 //! // Cleared when the handler returns: outside a handler, nothing is refused.
 //! assert!(tripwire::inside_handler().is_none());
 //! assert!(tripwire::refuse_checkout().is_ok());
@@ -120,6 +129,9 @@ thread_local! {
     /// `const`-initialised and without a destructor: reading and writing it is a plain
     /// thread-local access, with no lazy registration and no failure at thread exit.
     static MARK: Cell<Option<&'static str>> = const { Cell::new(None) };
+    /// The first checkout [`refuse_checkout`] refused during the current poll of a
+    /// handler's body: the body ends with it (see `net::handled_on`).
+    pub(crate) static REFUSED: Cell<Option<InsideHandler>> = const { Cell::new(None) };
 }
 
 /// Sets the mark until dropped, then puts back what was there before: nested handlers see
@@ -234,6 +246,13 @@ pub fn refuse_checkout() -> Result<(), InsideHandler> {
     match inside_handler() {
         None => Ok(()),
         Some(inside) => {
+            // Kept for the body's end: however the body treats the refusal, the handler
+            // answers with it (`Error::CheckoutInsideHandler`).
+            REFUSED.with(|refused| {
+                if refused.get().is_none() {
+                    refused.set(Some(inside));
+                }
+            });
             tracing::error!(
                 consumer = inside.consumer,
                 "refused a pool checkout inside an #[idempotent] handler: {inside}"

@@ -200,16 +200,20 @@ struct Forget;
 impl Drop for Forget {
     fn drop(&mut self) {
         STOPPED.take();
+        super::REFUSED.take();
     }
 }
 
 /// Runs `body` with `net` known as the handler's own connection during each of its polls.
 /// A write stopped in the body stops the body, even if the unwind was caught on its way
 /// (a helper's `catch_unwind`, a framework's panic guard): when the body ends after a stop,
-/// the stop is raised again there, for the runtime to roll back.
+/// the stop is raised again there, for the runtime to roll back. So does a checkout a
+/// guarded pool refused ([`refuse_checkout`](super::refuse_checkout)), whatever the body
+/// made of the refusal.
 pub(crate) async fn handled_on<F: Future>(net: Option<usize>, body: F) -> F::Output {
     let mut body = pin!(body);
     let mut stopped = None;
+    let mut refused = None;
     std::future::poll_fn(move |cx| {
         let _restore = Restore(HANDLER_NET.replace(net));
         let _forget = Forget;
@@ -217,10 +221,15 @@ pub(crate) async fn handled_on<F: Future>(net: Option<usize>, body: F) -> F::Out
         if let Some(escaped) = STOPPED.take() {
             stopped.get_or_insert(escaped);
         }
-        match (poll, stopped.take()) {
-            (Poll::Ready(_), Some(escaped)) => std::panic::resume_unwind(Box::new(escaped)),
-            (poll, kept) => {
+        if let Some(inside) = super::REFUSED.take() {
+            refused.get_or_insert(inside);
+        }
+        match (poll, stopped.take(), refused.take()) {
+            (Poll::Ready(_), Some(escaped), _) => std::panic::resume_unwind(Box::new(escaped)),
+            (Poll::Ready(_), None, Some(inside)) => std::panic::resume_unwind(Box::new(inside)),
+            (poll, kept, kept_refusal) => {
                 stopped = kept;
+                refused = kept_refusal;
                 poll
             }
         }

@@ -5,7 +5,7 @@
 //! use diesel::connection::SimpleConnection;
 //! use diesel::prelude::*;
 //! use diesel::r2d2::ConnectionManager;
-//! use inbox_diesel::tripwire::{self, CheckoutError, OnTrip};
+//! use inbox_diesel::tripwire::{self, OnTrip};
 //! use inbox_diesel::{idempotent, InboxSchema, Uuid};
 //!
 //! type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -38,8 +38,9 @@
 //! conn.batch_execute(&inbox_diesel::schema::sqlite::create_table_sql(&InboxSchema::DEFAULT))?;
 //!
 //! let refused = on_credit(&mut conn, &ctx, &Msg { id: Uuid::from_u128(1) }).unwrap_err();
-//! let refused = refused.downcast_ref::<CheckoutError<diesel::r2d2::PoolError>>().unwrap();
-//! assert!(matches!(refused, CheckoutError::InsideHandler(h) if h.consumer() == "credit"));
+//! // The handler answers with the refusal, whatever its body made of it: a bug (`Alert`).
+//! let refused = refused.downcast_ref::<inbox_diesel::Error>().unwrap();
+//! assert!(matches!(refused, inbox_diesel::Error::CheckoutInsideHandler(h) if h.consumer() == "credit"));
 //! // Outside a handler the pool works as before.
 //! audit(&ctx, "outside a handler")?;
 //! # Ok(())

@@ -218,6 +218,34 @@ fn the_applications_own_crash_points_stop_the_job_there() {
     assert!(text.contains("no `crash_point` of that name"), "{text}");
 }
 
+/// A job that loops over messages, a crash point after each: `AtHit` stops it after the
+/// second, not the first — the first two credits committed, the third never ran — and the
+/// redelivered job applies each credit once.
+#[test]
+fn a_crash_point_in_a_loop_stops_at_the_hit_asked_for() {
+    let db = Db::new("testing_point_hits");
+    let batch = [Credit::new(11), Credit::new(12), Credit::new(13)];
+    let job = |conn: &mut DbConnection| -> Result<(), AppError> {
+        for msg in &batch {
+            let _ = credit(conn, msg)?;
+            inbox_diesel::crash_point("after-each-credit");
+        }
+        Ok(())
+    };
+    let crashed = testing::crash(db.connect(), Crash::AtHit("after-each-credit", 2), job);
+    assert_eq!(
+        crashed,
+        testing::Crashed(Crash::AtHit("after-each-credit", 2))
+    );
+    testing::assert_once(&mut db.connect(), &credits_of(&batch[0]));
+    testing::assert_once(&mut db.connect(), &credits_of(&batch[1]));
+    assert_eq!(testing::count(&mut db.connect(), &credits_of(&batch[2])), 0);
+    job(&mut db.connect()).unwrap();
+    for msg in &batch {
+        testing::assert_once(&mut db.connect(), &credits_of(msg));
+    }
+}
+
 /// A side effect outside the database (an e-mail), in claim mode.
 #[idempotent(consumer = "mail", key = msg.id, mode = "claim")]
 fn mail(

@@ -87,6 +87,42 @@ async fn two_credit_job(
 }
 
 /// A side effect outside the database, in claim mode.
+/// A job that loops over messages: the hits of its crash point are counted across the
+/// job's polls (each credit awaits the database), and `AtHit` stops it after the second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_point_in_an_async_loop_stops_at_the_hit_asked_for() {
+    let db = Db::new("testing_async_hits");
+    let batch = [Credit::new(11), Credit::new(12), Credit::new(13)];
+    async fn job(conn: &mut AsyncConnection, batch: &[Credit]) -> Result<(), AppError> {
+        for msg in batch {
+            let _ = credit(conn, msg).await?;
+            inbox_diesel::crash_point("after-each-credit");
+        }
+        Ok(())
+    }
+    let crashed = testing::crash_async(
+        db.connect_async().await,
+        Crash::AtHit("after-each-credit", 2),
+        async |conn| job(conn, &batch).await,
+    )
+    .await;
+    assert_eq!(
+        crashed,
+        testing::Crashed(Crash::AtHit("after-each-credit", 2))
+    );
+    let mut check = db.connect_async().await;
+    testing::assert_once_async(&mut check, &credits_of(&batch[0])).await;
+    testing::assert_once_async(&mut check, &credits_of(&batch[1])).await;
+    assert_eq!(
+        testing::count_async(&mut check, &credits_of(&batch[2])).await,
+        0
+    );
+    job(&mut db.connect_async().await, &batch).await.unwrap();
+    for msg in &batch {
+        testing::assert_once_async(&mut check, &credits_of(msg)).await;
+    }
+}
+
 #[idempotent(consumer = "mail", key = msg.id, mode = "claim")]
 async fn mail(
     conn: &mut AsyncConnection,

@@ -23,12 +23,22 @@ static OTHER: LazyLock<Mutex<SqliteConnection>> =
 
 use diesel::r2d2::{ConnectionManager, Pool};
 
+fn audit(pool: &Pool<ConnectionManager<SqliteConnection>>) -> QueryResult<usize> {
+    diesel::sql_query("INSERT INTO audit VALUES (1)").execute(&mut pool.get().unwrap())
+}
+
+// A pool parameter may be a replica's, read through its checkouts; handed on whole, or its
+// checkout handed to a write, it is refused.
 #[idempotent(consumer = "credit", key = msg.id)]
 fn on_credit(
     conn: &mut SqliteConnection,
     msg: &Msg,
     pool: &Pool<ConnectionManager<SqliteConnection>>,
 ) -> QueryResult<()> {
+    audit(pool)?;
+    diesel::update(accounts::table)
+        .set(accounts::balance.eq(0))
+        .execute(&mut pool.get().unwrap())?;
     Ok(())
 }
 

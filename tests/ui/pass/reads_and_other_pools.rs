@@ -80,6 +80,19 @@ pub struct Ctx {
     pub cache: Pool<CacheManager>,
 }
 
+/// A replica's pool as a parameter, read through its checkouts.
+#[idempotent(consumer = "replica-parameter", key = msg.id)]
+fn replica_parameter(conn: &mut SqliteConnection, msg: &Msg, replica: &Replica) -> QueryResult<()> {
+    let balance: i64 = accounts::table
+        .find(msg.id as i64)
+        .select(accounts::balance)
+        .first(&mut replica.get().unwrap())?;
+    diesel::update(accounts::table.find(msg.id as i64))
+        .set(accounts::balance.eq(balance + 1))
+        .execute(conn)?;
+    Ok(())
+}
+
 #[idempotent(consumer = "reads", key = msg.id)]
 fn reads(conn: &mut SqliteConnection, msg: &Msg, ctx: &Ctx) -> QueryResult<()> {
     let id = msg.id as i64;
