@@ -46,6 +46,81 @@ impl InboxSchema {
         Ok(Self { table, constraint })
     }
 
+    /// The schema of a table and index named once for a whole application, as a `const`
+    /// that `#[idempotent(schema = INBOX, …)]` and [`Handler::schema`] take: names that are
+    /// not identifiers ([`validate_table`](Self::validate_table),
+    /// [`validate_identifier`](Self::validate_identifier)) fail the build where the
+    /// constant is evaluated.
+    ///
+    /// ```
+    /// use inbox_core::InboxSchema;
+    ///
+    /// pub const INBOX: InboxSchema = InboxSchema::named("billing.inbox", "ux_billing_inbox");
+    /// assert_eq!(INBOX.table_name(), "inbox");
+    /// ```
+    ///
+    /// ```compile_fail
+    /// # use inbox_core::InboxSchema;
+    /// const INBOX: InboxSchema = InboxSchema::named("billing inbox", "ux_billing_inbox");
+    /// # let _ = INBOX;
+    /// ```
+    ///
+    /// # Panics
+    /// Where a name is not an identifier: at compile time in a `const`.
+    ///
+    /// [`Handler::schema`]: https://docs.rs/inbox-diesel/latest/inbox_diesel/handler/struct.Handler.html#method.schema
+    pub const fn named(table: &'static str, constraint: &'static str) -> Self {
+        let bytes = table.as_bytes();
+        let (mut at, mut dot, mut dots) = (0, 0, 0);
+        while at < bytes.len() {
+            if bytes[at] == b'.' {
+                dots += 1;
+                dot = at;
+            }
+            at += 1;
+        }
+        let table_ok = match dots {
+            0 => Self::is_identifier(bytes, 0, bytes.len()),
+            1 => {
+                Self::is_identifier(bytes, 0, dot)
+                    && Self::is_identifier(bytes, dot + 1, bytes.len())
+            }
+            _ => false,
+        };
+        if !table_ok {
+            panic!(
+                "InboxSchema::named: the table must be an identifier (an ASCII letter or `_`, \
+                 then letters, digits or `_`, at most 63 bytes), optionally qualified \
+                 (`billing.inbox`)"
+            );
+        }
+        if !Self::is_identifier(constraint.as_bytes(), 0, constraint.len()) {
+            panic!(
+                "InboxSchema::named: the constraint must be an identifier (an ASCII letter or \
+                 `_`, then letters, digits or `_`, at most 63 bytes)"
+            );
+        }
+        Self { table, constraint }
+    }
+
+    /// [`validate_identifier`](Self::validate_identifier) of `bytes[from..to]`, in a `const`.
+    const fn is_identifier(bytes: &[u8], from: usize, to: usize) -> bool {
+        if from >= to || to - from > Self::MAX_IDENTIFIER_LEN {
+            return false;
+        }
+        if !(bytes[from].is_ascii_alphabetic() || bytes[from] == b'_') {
+            return false;
+        }
+        let mut at = from + 1;
+        while at < to {
+            if !(bytes[at].is_ascii_alphanumeric() || bytes[at] == b'_') {
+                return false;
+            }
+            at += 1;
+        }
+        true
+    }
+
     /// Builds a schema from names already validated (the macro checks them at compile time).
     #[doc(hidden)]
     pub const fn new_unchecked(table: &'static str, constraint: &'static str) -> Self {

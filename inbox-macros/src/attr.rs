@@ -16,6 +16,7 @@ pub struct Args {
     pub isolation: Option<LitStr>,
     pub table: Option<LitStr>,
     pub constraint: Option<LitStr>,
+    pub schema: Option<syn::Path>,
     pub busy_timeout_ms: Option<LitInt>,
     pub mode: Option<LitStr>,
     pub lease_ms: Option<LitInt>,
@@ -30,7 +31,7 @@ pub struct Args {
 }
 
 /// Each option with the form of its value, for "unknown option" and "expected …" errors.
-const OPTIONS: [(&str, &str); 18] = [
+const OPTIONS: [(&str, &str); 19] = [
     ("consumer", "consumer = \"credit\""),
     ("key", "key = msg.id"),
     ("conn", "conn = db"),
@@ -38,6 +39,7 @@ const OPTIONS: [(&str, &str); 18] = [
     ("isolation", "isolation = \"serializable\""),
     ("table", "table = \"inbox\""),
     ("constraint", "constraint = \"ux_inbox_message_consumer\""),
+    ("schema", "schema = INBOX"),
     ("busy_timeout_ms", "busy_timeout_ms = 5000"),
     ("mode", "mode = \"claim\""),
     ("lease_ms", "lease_ms = 60000"),
@@ -82,6 +84,7 @@ impl Parse for Args {
                 "isolation" => set_once(&mut args.isolation, &name, value(input, form)?)?,
                 "table" => set_once(&mut args.table, &name, value(input, form)?)?,
                 "constraint" => set_once(&mut args.constraint, &name, value(input, form)?)?,
+                "schema" => set_once(&mut args.schema, &name, value(input, form)?)?,
                 "busy_timeout_ms" => {
                     set_once(&mut args.busy_timeout_ms, &name, value(input, form)?)?
                 }

@@ -157,6 +157,7 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
         isolation,
         table,
         constraint,
+        schema,
         ret,
         busy_timeout_ms,
         mode,
@@ -168,6 +169,11 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
         fingerprint,
         joins,
     } = handler;
+    // An application's `const InboxSchema`, or the names given (checked at compile time).
+    let schema = match schema {
+        Some(path) => quote!(#path),
+        None => quote!(::inbox_diesel::__private::InboxSchema::new_unchecked(#table, #constraint)),
+    };
     let ItemFn {
         attrs,
         vis,
@@ -333,7 +339,7 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
             static __INBOX_SPEC: ::inbox_diesel::__private::HandlerSpec =
                 ::inbox_diesel::__private::HandlerSpec {
                     consumer: ::inbox_diesel::__private::Consumer::from_validated(#consumer),
-                    schema: ::inbox_diesel::__private::InboxSchema::new_unchecked(#table, #constraint),
+                    schema: #schema,
                     retry: ::inbox_diesel::__private::RetryPolicy::new(#retries),
                     isolation: ::inbox_diesel::Isolation::#isolation,
                     sqlite_busy_timeout_ms: #busy_timeout_ms,

@@ -22,6 +22,9 @@ pub struct Handler {
     pub isolation: Isolation,
     pub table: String,
     pub constraint: String,
+    /// `schema = INBOX`: a `const InboxSchema` of the application's, in place of `table`
+    /// and `constraint`.
+    pub schema: Option<syn::Path>,
     /// The declared return type, `Result<T, E>` or an alias of it.
     pub ret: Type,
     /// SQLite's busy timeout, when not the runtime's default.
@@ -140,6 +143,15 @@ pub fn validate(args: Args, item: &ItemFn) -> syn::Result<Handler> {
         Some(lit) => errors.take(isolation(lit)),
         None => Some(Isolation::ServerDefault),
     };
+    if let Some(schema) = &args.schema
+        && (args.table.is_some() || args.constraint.is_some())
+    {
+        errors.push(syn::Error::new_spanned(
+            schema,
+            "`schema` names the inbox table and its index already: give `schema = INBOX` or \
+             `table` and `constraint`, not both",
+        ));
+    }
     let table = match &args.table {
         Some(lit) => errors.take(
             InboxSchema::validate_table(&lit.value())
@@ -258,6 +270,7 @@ pub fn validate(args: Args, item: &ItemFn) -> syn::Result<Handler> {
             isolation: isolation.unwrap_or(Isolation::ServerDefault),
             table: table.unwrap_or_default(),
             constraint: constraint.unwrap_or_default(),
+            schema: args.schema.clone(),
             busy_timeout_ms: busy_timeout_ms.flatten(),
             mode,
             batch: batch.flatten(),

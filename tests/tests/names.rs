@@ -42,6 +42,43 @@ fn sqlite_keyword_table() {
     round_trip!(&mut db.connect(), diesel::SqliteConnection, "order");
 }
 
+/// The application's inbox named once, as a `const`, for every handler and the function
+/// API: each handler's marker goes there, its duplicate is read there.
+pub const BILLING: InboxSchema = InboxSchema::named("billing_inbox", "ux_billing_inbox");
+
+#[idempotent(consumer = "invoices", key = *id, schema = BILLING)]
+fn invoice(conn: &mut diesel::SqliteConnection, id: &u64) -> diesel::QueryResult<()> {
+    conn.batch_execute("SELECT 1")
+}
+
+#[idempotent(consumer = "refunds", key = *id, schema = self::BILLING)]
+fn refund(conn: &mut diesel::SqliteConnection, id: &u64) -> diesel::QueryResult<()> {
+    conn.batch_execute("SELECT 1")
+}
+
+#[test]
+fn one_schema_constant_for_every_handler() {
+    use inbox_diesel::handler::{Handler, run_once};
+    let db = inbox_tests::sqlite::SqliteDb::new("schema_constant");
+    let mut conn = db.connect();
+    conn.batch_execute(&inbox_diesel::schema::sqlite::create_table_sql(&BILLING))
+        .unwrap();
+    assert!(invoice(&mut conn, &1).unwrap().is_processed());
+    assert!(invoice(&mut conn, &1).unwrap().is_duplicate());
+    assert!(refund(&mut conn, &1).unwrap().is_processed());
+    static CREDITS: std::sync::LazyLock<Handler> =
+        std::sync::LazyLock::new(|| Handler::new("credits").unwrap().schema(BILLING));
+    let body =
+        inbox_diesel::guarded!(|tx: &mut diesel::SqliteConnection| tx.batch_execute("SELECT 1"));
+    assert!(
+        run_once(&mut conn, &CREDITS, "c-1", body)
+            .unwrap()
+            .is_processed()
+    );
+    let n = inbox_tests::count(&mut conn, "SELECT count(*) AS n FROM billing_inbox");
+    assert_eq!(n, 3, "every marker in the application's table");
+}
+
 #[test]
 fn derived_index_names_fit_every_backend() {
     let name = inbox_diesel::schema::processed_at_index(LONG);
