@@ -158,6 +158,12 @@ pub enum Error {
     /// answer. Class [`ErrorClass::Misuse`] (`Alert`): a bug to fix, never a message to
     /// dead-letter — pass the handler's connection to the code that needs one.
     CheckoutInsideHandler(crate::tripwire::InsideHandler),
+    /// The process installed the [net](crate::tripwire::net::install), and the handler's
+    /// own connection has none: replaced by the application's own default instrumentation
+    /// set after `install()`, or opened before it. Refused before the body ran (its
+    /// transaction rolled back, a claim released). Class [`ErrorClass::Misuse`] (`Alert`):
+    /// install `Net::around(yours)` instead of both.
+    NetMissing(crate::tripwire::net::NetMissing),
     /// A handler with `store_result`: its `Ok` value could not be stored, or a stored one
     /// could not be read back as the handler's type ([`StoredResultProblem`]). A value that
     /// cannot be stored is found after the body ran: in transaction mode its transaction
@@ -235,9 +241,9 @@ impl Error {
             Error::Database { class, .. } => class.clone(),
             Error::Outbox(crate::outbox::OutboxProblem::OutsideHandler) => ErrorClass::Misuse,
             Error::Outbox(_) => ErrorClass::Other,
-            Error::WriteOutsideTransaction(_) | Error::CheckoutInsideHandler(_) => {
-                ErrorClass::Misuse
-            }
+            Error::WriteOutsideTransaction(_)
+            | Error::CheckoutInsideHandler(_)
+            | Error::NetMissing(_) => ErrorClass::Misuse,
             Error::StoredResult(StoredResultProblem::Decode(_)) => ErrorClass::Misuse,
             Error::StoredResult(_) => ErrorClass::Other,
             Error::KeyReused { .. } => ErrorClass::Other,
@@ -336,6 +342,7 @@ impl fmt::Display for Error {
             Error::Outbox(problem) => write!(f, "inbox {problem}"),
             Error::WriteOutsideTransaction(escaped) => write!(f, "inbox: {escaped}"),
             Error::CheckoutInsideHandler(inside) => write!(f, "inbox: {inside}"),
+            Error::NetMissing(missing) => write!(f, "inbox: {missing}"),
             Error::StoredResult(problem) => write!(f, "inbox: {problem}"),
             Error::KeyReused { consumer, .. } => write!(
                 f,
@@ -365,6 +372,7 @@ impl std::error::Error for Error {
             | Error::Outbox(_)
             | Error::WriteOutsideTransaction(_)
             | Error::CheckoutInsideHandler(_)
+            | Error::NetMissing(_)
             | Error::StoredResult(_)
             | Error::KeyReused { .. }
             | Error::CalledInsideTransaction

@@ -548,7 +548,8 @@ pub mod __private;
 /// # Requirements
 ///
 /// - The function is a `fn` or an `async fn` (not `const`) returning a `Result`:
-///   `Result<T, E>`, or an alias such as `QueryResult<T>` or `anyhow::Result<T>`. The
+///   `Result<T, E>`, or an alias such as `QueryResult<T>` or `anyhow::Result<T>`, or one
+///   that names no value type (`type EmptyResult = ApiResult<()>`). The
 ///   function then returns the same `Result` with the outcome type of its mode in place of
 ///   `T`: [`Outcome<T>`]; [`InFlightOutcome<T>`] with `on_locked = "in_flight"` and in claim
 ///   mode; [`StaleClaimOutcome<T>`] with `on_expired = "report"`; [`BatchOutcome<T>`] for a
@@ -561,6 +562,13 @@ pub mod __private;
 ///   `&mut SyncConnectionWrapper<SqliteConnection>` (`AsyncInboxConnection`, feature
 ///   `async`); pass a pooled connection as `&mut pooled`. A type alias works when the
 ///   connection is the handler's only `&mut` parameter; otherwise name it with `conn = …`.
+///   An application on several backends through one type — diesel's `MultiConnection`
+///   enum, as Vaultwarden's `DbConn` — writes the handler generic,
+///   `fn h<C: InboxConnection>(conn: &mut C, …)`, and calls it with the enum's variant
+///   (`match conn { Db::Postgresql(c) => h(c, …), Db::Sqlite(c) => h(c, …), … }`): the
+///   enum itself is not a connection the runtime can run on. Models that take a trait
+///   object of the application's (`&mut dyn Db`) hide the connection from the guard:
+///   install the [`tripwire::net`].
 /// - The body may run more than once when a transient failure is retried, so it must not
 ///   consume its parameters, and an async body must not mutate them either.
 /// - Call the handler outside any open transaction on that connection.

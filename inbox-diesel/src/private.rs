@@ -28,12 +28,20 @@ use crate::classify;
 /// own failures. The expansion passes `<R as HandlerResult>::inbox_error`, spanned at the
 /// return type, so that an error type without `From<inbox_diesel::Error>` is reported
 /// once, there.
+#[diagnostic::on_unimplemented(
+    message = "an #[idempotent] handler must return a `Result`, and `{Self}` is not one",
+    label = "not a `Result<T, E>` whose `E` takes `inbox_diesel::Error` (`From`)",
+    note = "e.g. `-> Result<Receipt, AppError>` with `impl From<inbox_diesel::Error> for AppError`, or `-> QueryResult<Receipt>`; the handler then returns `Result<Outcome<Receipt>, AppError>`"
+)]
 pub trait HandlerResult {
+    /// The body's value, `T`: what the outcome carries.
+    type Ok;
     type Error;
     fn inbox_error(error: crate::Error) -> Self::Error;
 }
 
 impl<T, E: From<crate::Error>> HandlerResult for Result<T, E> {
+    type Ok = T;
     type Error = E;
     fn inbox_error(error: crate::Error) -> E {
         E::from(error)

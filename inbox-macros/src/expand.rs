@@ -354,6 +354,8 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
 
 /// `Result<T, E>` → `Result<::inbox_diesel::Outcome<T>, E>` (or `BatchOutcome<T>`); an alias
 /// keeps its path (`QueryResult<T>` → `QueryResult<Outcome<T>>`). `valid` checked the shape.
+/// An alias without a value type (`type EmptyResult = ApiResult<()>`) is read through
+/// `HandlerResult`: `Result<Outcome<<EmptyResult as HandlerResult>::Ok>, … ::Error>`.
 fn outcome_return_type(ret: &Type, wrapper: TokenStream) -> ReturnType {
     let mut ret = ret.clone();
     if let Type::Path(path) = &mut ret
@@ -363,8 +365,12 @@ fn outcome_return_type(ret: &Type, wrapper: TokenStream) -> ReturnType {
     {
         let wrapped = quote_spanned!(value.span()=> #wrapper<#value>);
         *value = syn::parse2(wrapped).expect("a path type parses");
+        return syn::parse_quote!(-> #ret);
     }
-    syn::parse_quote!(-> #ret)
+    let result = quote_spanned!(ret.span()=> ::inbox_diesel::__private::HandlerResult);
+    syn::parse_quote!(
+        -> ::core::result::Result<#wrapper<<#ret as #result>::Ok>, <#ret as #result>::Error>
+    )
 }
 
 #[cfg(test)]

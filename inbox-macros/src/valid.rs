@@ -763,7 +763,12 @@ fn return_type(item: &ItemFn) -> syn::Result<Type> {
         &last.arguments,
         PathArguments::AngleBracketed(args) if matches!(args.args.first(), Some(GenericArgument::Type(_)))
     );
-    if path.qself.is_some() || !last.ident.to_string().ends_with("Result") || !has_value_type {
+    // An alias that names no value type (`type EmptyResult = ApiResult<()>`) is read
+    // through the compiler: one that is not a `Result` fails there, with this message.
+    let alias = matches!(last.arguments, PathArguments::None);
+    if path.qself.is_some()
+        || !(alias || last.ident.to_string().ends_with("Result") && has_value_type)
+    {
         return Err(not_a_result(ty));
     }
     Ok(peel(ty).clone())

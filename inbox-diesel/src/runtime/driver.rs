@@ -2303,16 +2303,22 @@ struct Panicked(Box<dyn Any + Send>);
 /// Whether the body was stopped by the tripwire — a write the net stopped, a checkout a
 /// guarded pool refused — rather than by a panic of its own.
 fn is_stopped(payload: &(dyn Any + Send)) -> bool {
-    payload.is::<tripwire::net::Escaped>() || payload.is::<tripwire::InsideHandler>()
+    payload.is::<tripwire::net::Escaped>()
+        || payload.is::<tripwire::InsideHandler>()
+        || payload.is::<tripwire::net::NetMissing>()
 }
 
 /// The inbox's error for a body the tripwire stopped ([`is_stopped`]).
 fn stopped(payload: Box<dyn Any + Send>) -> Error {
-    match payload.downcast::<tripwire::net::Escaped>() {
-        Ok(escaped) => Error::WriteOutsideTransaction(*escaped),
-        Err(payload) => Error::CheckoutInsideHandler(
+    let payload = match payload.downcast::<tripwire::net::Escaped>() {
+        Ok(escaped) => return Error::WriteOutsideTransaction(*escaped),
+        Err(payload) => payload,
+    };
+    match payload.downcast::<tripwire::InsideHandler>() {
+        Ok(inside) => Error::CheckoutInsideHandler(*inside),
+        Err(payload) => Error::NetMissing(
             *payload
-                .downcast::<tripwire::InsideHandler>()
+                .downcast::<tripwire::net::NetMissing>()
                 .expect("checked by `is_stopped`"),
         ),
     }

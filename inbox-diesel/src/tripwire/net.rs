@@ -149,8 +149,42 @@ impl Instrumentation for Net {
 /// # Errors
 /// diesel's, when its global setting is poisoned.
 pub fn install() -> diesel::QueryResult<()> {
-    diesel::connection::set_default_instrumentation(|| Some(Box::new(Net::new())))
+    diesel::connection::set_default_instrumentation(|| Some(Box::new(Net::new())))?;
+    INSTALLED.store(true, std::sync::atomic::Ordering::Relaxed);
+    Ok(())
 }
+
+/// [`install`] was called: from then on a handler's own connection without a [`Net`] is
+/// refused ([`NetMissing`]).
+static INSTALLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A handler whose own connection has no [`Net`], in a process that [`install`]ed it: the
+/// application's own `set_default_instrumentation` after `install()` replaced it for every
+/// connection opened since (a query logger's), or the connection was opened before
+/// `install()`. Writes on other connections would not be stopped, without a word; what the
+/// runtime turns into [`Error::NetMissing`](crate::Error::NetMissing), before the body runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetMissing {
+    /// The handler whose connection has no net.
+    pub consumer: &'static str,
+}
+
+impl fmt::Display for NetMissing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the run-time net was installed (`tripwire::net::install`), but the connection of \
+             the #[idempotent] handler `{}` has no `Net`: a `set_default_instrumentation` of \
+             the application's after `install()` replaced it for every connection opened \
+             since (install `Net::around(yours)` once, instead of both), or the connection \
+             was opened before `install()`; a write on another connection would not be \
+             stopped. Nothing ran",
+            self.consumer
+        )
+    }
+}
+
+impl std::error::Error for NetMissing {}
 
 /// A write on another connection, stopped: what the runtime turns into
 /// [`Error::WriteOutsideTransaction`](crate::Error::WriteOutsideTransaction).
@@ -214,7 +248,12 @@ pub(crate) async fn handled_on<F: Future>(net: Option<usize>, body: F) -> F::Out
     let mut body = pin!(body);
     let mut stopped = None;
     let mut refused = None;
+    let missing = net.is_none() && INSTALLED.load(std::sync::atomic::Ordering::Relaxed);
     std::future::poll_fn(move |cx| {
+        if missing {
+            let consumer = inside_handler().map_or("", |inside| inside.consumer());
+            std::panic::resume_unwind(Box::new(NetMissing { consumer }));
+        }
         let _restore = Restore(HANDLER_NET.replace(net));
         let _forget = Forget;
         let poll = body.as_mut().poll(cx);

@@ -12,4 +12,13 @@ pub struct Msg {
 fn on_credit(conn: &mut SqliteConnection, msg: &Msg) -> Option<()> {
     Some(())
 }
+
+/// A type named without arguments is read through the compiler: not a `Result`, refused there.
+pub struct Receipt;
+
+#[idempotent(consumer = "receipt", key = msg.id)]
+fn on_receipt(conn: &mut SqliteConnection, msg: &Msg) -> Receipt {
+    Receipt
+}
+
 fn main() {}
