@@ -514,6 +514,12 @@ impl From<Error> for diesel::result::Error {
 ///     }
 /// }
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` does not say where its diesel error is: the function API reads it through `HasDieselError`",
+    label = "the body's error type",
+    note = "implement it, returning the diesel error the type carries (its variant, or a `downcast_ref` along its `source()`), so that a deadlock or a lost connection is retried and routed: `impl inbox_diesel::HasDieselError for {Self} {{ fn diesel_error(&self) -> Option<&diesel::result::Error> {{ … }} }}`",
+    note = "`#[idempotent]` reads a diesel error on `source()` by itself; `anyhow::Error` implements it with the feature `anyhow`"
+)]
 pub trait HasDieselError {
     /// The diesel error this error carries, if any.
     fn diesel_error(&self) -> Option<&diesel::result::Error>;
