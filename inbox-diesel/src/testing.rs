@@ -166,7 +166,9 @@ fn exactly_one(n: i64, query: &str) {
 
 /// Runs `deliver` on `conn` and makes the process "die" at `at`: the handler stops there,
 /// and `conn` is dropped — closed without a rollback or any other statement, as a killed
-/// process leaves it. Whatever was not committed is rolled back by the server.
+/// process leaves it. Whatever was not committed is rolled back by the server. Give it a
+/// connection of its own (`establish`), not a pool's checkout: a checkout dropped goes back
+/// to its pool, its transaction open, instead of closing.
 ///
 /// # Panics
 /// If the handler returned without reaching `at` (the message was a duplicate, the body
