@@ -516,12 +516,18 @@ fn classify_message(message: &str) -> ErrorClass {
     if PERMISSION_DENIED.iter().any(|m| message.contains(m)) {
         return ErrorClass::PermissionDenied;
     }
-    const RESOURCE_EXHAUSTED: [&str; 7] = [
+    const RESOURCE_EXHAUSTED: [&str; 10] = [
         // PostgreSQL 53200 (memory; the lock table, `max_locks_per_transaction`), 53100
-        // (disk: "could not extend file …: No space left on device").
+        // (disk: "could not extend file …: No space left on device"), 53400 (a role's or
+        // database's `temp_file_limit`).
         "out of shared memory",
         "out of memory",
         "No space left on device",
+        "temporary file size exceeds temp_file_limit",
+        // MariaDB 1290 under `max_session_mem_used`; MySQL and MariaDB 1197, a transaction
+        // larger than `max_binlog_cache_size`.
+        "--max-session-mem-used",
+        "bytes of storage; increase this",
         // MySQL and MariaDB 1226: the account's `MAX_QUERIES_PER_HOUR`,
         // `MAX_UPDATES_PER_HOUR` spent, until the hour ends or an operator raises it.
         "' resource (current value: ",
@@ -543,7 +549,7 @@ fn classify_message(message: &str) -> ErrorClass {
     {
         return ErrorClass::ConnectionLost;
     }
-    const SCHEMA: [&str; 8] = [
+    const SCHEMA: [&str; 9] = [
         // PostgreSQL 42P01, 42703; 42P10, an `ON CONFLICT` without its unique index.
         "does not exist",
         "no unique or exclusion constraint matching the ON CONFLICT",
@@ -555,6 +561,9 @@ fn classify_message(message: &str) -> ErrorClass {
         "no such column",
         "has no column named",
         "ON CONFLICT clause does not match any PRIMARY KEY or UNIQUE constraint",
+        // PostgreSQL 55000: a table a publication publishes updates or deletes of, without a
+        // replica identity (no primary key, `REPLICA IDENTITY NOTHING`).
+        "does not have a replica identity",
     ];
     if SCHEMA.iter().any(|m| message.contains(m)) {
         return ErrorClass::Schema;
@@ -911,6 +920,25 @@ mod tests {
                 ErrorClass::ResourceExhausted,
             ),
             ("The table 'credits' is full", ErrorClass::ResourceExhausted),
+            (
+                "temporary file size exceeds temp_file_limit (1024kB)",
+                ErrorClass::ResourceExhausted,
+            ),
+            (
+                "The MariaDB server is running with the --max-session-mem-used=8000000 option \
+                 so it cannot execute this statement",
+                ErrorClass::ResourceExhausted,
+            ),
+            (
+                "Multi-statement transaction required more than 'max_binlog_cache_size' bytes \
+                 of storage; increase this mariadbd variable and try again",
+                ErrorClass::ResourceExhausted,
+            ),
+            (
+                "cannot update table \"audit_log\" because it does not have a replica identity \
+                 and publishes updates",
+                ErrorClass::Schema,
+            ),
         ] {
             let error = ServerError {
                 kind: ServerErrorKind::Other,

@@ -110,6 +110,74 @@ mod postgres {
         assert_eq!(count(&mut conn, "SELECT count(*) AS n FROM inbox"), 0);
     }
 
+    #[idempotent(consumer = "notes", key = id)]
+    fn note(conn: &mut PgConnection, id: &str) -> Result<(), inbox_diesel::Error> {
+        diesel::sql_query("UPDATE notes SET v = v + 1").execute(conn)?;
+        Ok(())
+    }
+
+    #[idempotent(consumer = "sorted", key = id)]
+    fn sorted(conn: &mut PgConnection, id: &str) -> Result<(), inbox_diesel::Error> {
+        diesel::sql_query(
+            "CREATE TEMP TABLE IF NOT EXISTS sorted AS \
+             SELECT g FROM generate_series(1, 200000) g ORDER BY g DESC",
+        )
+        .execute(conn)?;
+        Ok(())
+    }
+
+    /// Settings a role or a database gives its sessions, met in a body: a table a
+    /// publication publishes updates of, without a replica identity (55000), and a sort
+    /// past `temp_file_limit` (53400) were dead-lettered — a schema fault and a resource the
+    /// server lacks, alerts both; the redelivery after the operator's fix processes them.
+    #[test]
+    fn a_publication_or_a_temp_file_limit_alerts() {
+        use inbox_diesel::{Action, ErrorClass};
+        let db = PgDb::new("publication");
+        let mut admin = db.connect();
+        admin
+            .batch_execute(
+                "CREATE TABLE notes (v int NOT NULL); INSERT INTO notes VALUES (0); \
+                 CREATE PUBLICATION notes_out FOR TABLE notes",
+            )
+            .unwrap();
+        let mut conn = db.connect();
+        let error = note(&mut conn, "m-1").unwrap_err();
+        assert_eq!(error.class(), ErrorClass::Schema, "{error:?}");
+        assert_eq!(error.action(), Action::Alert);
+        admin
+            .batch_execute("ALTER TABLE notes REPLICA IDENTITY FULL")
+            .unwrap();
+        assert!(note(&mut conn, "m-1").unwrap().is_processed());
+
+        conn.batch_execute("SET work_mem = '64kB'; SET temp_file_limit = '64kB'")
+            .unwrap();
+        let error = sorted(&mut conn, "m-2").unwrap_err();
+        assert_eq!(error.class(), ErrorClass::ResourceExhausted, "{error:?}");
+        assert_eq!(error.action(), Action::Alert);
+        conn.batch_execute("RESET temp_file_limit").unwrap();
+        assert!(sorted(&mut conn, "m-2").unwrap().is_processed());
+        admin.batch_execute("DROP PUBLICATION notes_out").unwrap();
+    }
+
+    /// `exit_on_error = on` (any role may set it, a role's or a database's setting gives it
+    /// to every session): the server ended the session at the first error the runtime
+    /// expects — its marker statement not yet prepared on a new session —, and every
+    /// delivery failed as a lost connection, for ever. The check refuses the session,
+    /// naming the setting.
+    #[test]
+    fn a_session_that_exits_on_error_is_refused_by_the_check() {
+        let db = PgDb::new("exit_on_error");
+        with_note(&db);
+        let mut conn = db.connect();
+        conn.batch_execute("SET exit_on_error = on").unwrap();
+        let error = credit(&mut conn, "m-1").unwrap_err();
+        assert!(matches!(error, inbox_diesel::Error::Schema(_)), "{error:?}");
+        assert!(error.to_string().contains("exit_on_error"), "{error}");
+        conn.batch_execute("SET exit_on_error = off").unwrap();
+        assert_eq!(credit(&mut conn, "m-1").unwrap(), Outcome::Processed(1));
+    }
+
     mod asynchronous {
         use diesel::{ExpressionMethods, QueryDsl};
         use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};

@@ -373,6 +373,8 @@ fn facts_sql(backend: Backend, qualifier: &str, needs: &[(&str, &str)]) -> Strin
                  JOIN pg_collation co ON co.oid = ic.oid WHERE NOT co.collisdeterministic \
                  UNION ALL SELECT 'synchronous_commit', current_setting('synchronous_commit') \
                  WHERE current_setting('synchronous_commit') = 'off' \
+                 UNION ALL SELECT 'exit_on_error', current_setting('exit_on_error') \
+                 WHERE current_setting('exit_on_error') = 'on' \
                  UNION ALL SELECT 'index invalid', 'invalid' FROM ix \
                  WHERE NOT (ix.indisvalid AND ix.indisready AND ix.indislive) \
                  UNION ALL SELECT 'index partial', pg_get_expr(ix.indpred, ix.indrelid) FROM ix \
@@ -1175,6 +1177,16 @@ fn refusals(
                 "a commit the server acknowledged can vanish in a crash: a message acknowledged \
                  to the broker would be lost, a claim would vanish after its side effect ran",
                 "remove it from the role, database or pool setup (`SET synchronous_commit = on`)"
+                    .into(),
+            )),
+            "exit_on_error" => problems.push(problem(
+                "exit_on_error = on on this session".into(),
+                "the runtime meets errors it expects — a redelivery's unique violation, its \
+                 marker statement not yet prepared on a new server session — and the server \
+                 would end the session at each: every delivery would fail as a lost \
+                 connection, for ever",
+                "remove it from the role, database or pool setup (`ALTER ROLE … RESET \
+                 exit_on_error`, `SET exit_on_error = off`)"
                     .into(),
             )),
             "collation" => problems.push(problem(
