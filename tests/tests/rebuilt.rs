@@ -160,6 +160,51 @@ mod postgres {
         admin.batch_execute("DROP PUBLICATION notes_out").unwrap();
     }
 
+    #[idempotent(consumer = "mail", key = id, mode = "claim")]
+    fn mail(
+        conn: &mut PgConnection,
+        id: &str,
+        sent: &std::sync::atomic::AtomicUsize,
+    ) -> Result<(), inbox_diesel::Error> {
+        sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// An inbox a publication publishes updates of, without a replica identity (a
+    /// partitioned inbox's partitions have no primary key; here `REPLICA IDENTITY NOTHING`):
+    /// claim mode's stamp after the side effect was refused by the server, the claim stayed,
+    /// and the effect would run again once its lease ended. The check refuses claim mode
+    /// there before any effect; transaction mode, which only inserts, goes on.
+    #[test]
+    fn claim_mode_on_an_inbox_published_without_a_replica_identity_is_refused() {
+        let db = PgDb::new("published_inbox");
+        with_note(&db);
+        let mut admin = db.connect();
+        admin
+            .batch_execute(
+                "ALTER TABLE inbox REPLICA IDENTITY NOTHING; \
+                 CREATE PUBLICATION inbox_out FOR TABLE inbox",
+            )
+            .unwrap();
+        let sent = std::sync::atomic::AtomicUsize::new(0);
+        let mut conn = db.connect();
+        let error = mail(&mut conn, "m-1", &sent).unwrap_err();
+        assert!(matches!(error, inbox_diesel::Error::Schema(_)), "{error:?}");
+        assert!(error.to_string().contains("replica identity"), "{error}");
+        assert_eq!(
+            sent.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "no effect ran"
+        );
+        assert_eq!(credit(&mut conn, "m-1").unwrap(), Outcome::Processed(1));
+        admin
+            .batch_execute("ALTER TABLE inbox REPLICA IDENTITY DEFAULT")
+            .unwrap();
+        assert!(mail(&mut conn, "m-1", &sent).unwrap().is_processed());
+        assert_eq!(sent.load(std::sync::atomic::Ordering::SeqCst), 1);
+        admin.batch_execute("DROP PUBLICATION inbox_out").unwrap();
+    }
+
     /// `exit_on_error = on` (any role may set it, a role's or a database's setting gives it
     /// to every session): the server ended the session at the first error the runtime
     /// expects — its marker statement not yet prepared on a new session —, and every

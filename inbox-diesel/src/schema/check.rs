@@ -375,6 +375,14 @@ fn facts_sql(backend: Backend, qualifier: &str, needs: &[(&str, &str)]) -> Strin
                  WHERE current_setting('synchronous_commit') = 'off' \
                  UNION ALL SELECT 'exit_on_error', current_setting('exit_on_error') \
                  WHERE current_setting('exit_on_error') = 'on' \
+                 UNION ALL SELECT DISTINCT 'unidentified', c.oid::regclass::text \
+                 FROM pg_class c JOIN parts ON c.oid = parts.relid \
+                 JOIN pg_namespace pn ON pn.oid = c.relnamespace \
+                 JOIN pg_publication_tables pt ON pt.schemaname = pn.nspname \
+                 AND pt.tablename = c.relname \
+                 JOIN pg_publication pb ON pb.pubname = pt.pubname AND (pb.pubupdate OR pb.pubdelete) \
+                 WHERE c.relkind = 'r' AND (c.relreplident = 'n' OR (c.relreplident = 'd' \
+                 AND NOT EXISTS (SELECT 1 FROM pg_index pk WHERE pk.indrelid = c.oid AND pk.indisprimary))) \
                  UNION ALL SELECT 'index invalid', 'invalid' FROM ix \
                  WHERE NOT (ix.indisvalid AND ix.indisready AND ix.indislive) \
                  UNION ALL SELECT 'index partial', pg_get_expr(ix.indpred, ix.indrelid) FROM ix \
@@ -960,7 +968,7 @@ pub(crate) fn check(
         }
         let index_missing = catalog.index.is_empty();
         problems.extend(
-            refusals(backend, schema, &catalog.facts, layout.key_text)
+            refusals(backend, schema, &catalog.facts, layout.key_text, claim)
                 .into_iter()
                 // The inbox's index under another name: the missing index's problem says so.
                 .filter(|problem| {
@@ -1030,6 +1038,7 @@ fn refusals(
     schema: &InboxSchema,
     facts: &[FactRow],
     key_text: bool,
+    claim: bool,
 ) -> Vec<SchemaProblem> {
     let table = schema.table();
     let index = schema.constraint();
@@ -1179,6 +1188,21 @@ fn refusals(
                 "remove it from the role, database or pool setup (`SET synchronous_commit = on`)"
                     .into(),
             )),
+            // Claim mode stamps, takes over and releases its claims with `UPDATE` and
+            // `DELETE`, which the server refuses on such a table after the side effect ran.
+            "unidentified" if claim => problems.push(problem(
+                format!(
+                    "`{detail}` is published for updates or deletes without a replica identity"
+                ),
+                "claim mode stamps its claims with UPDATE and releases them with DELETE, which \
+                 the server then refuses — after the side effect ran, so that it would run \
+                 again once the lease ends",
+                format!(
+                    "give it one (`ALTER TABLE {detail} REPLICA IDENTITY FULL`, or a primary \
+                     key), or leave it out of the publication"
+                ),
+            )),
+            "unidentified" => {}
             "exit_on_error" => problems.push(problem(
                 "exit_on_error = on on this session".into(),
                 "the runtime meets errors it expects — a redelivery's unique violation, its \
