@@ -733,9 +733,15 @@ fn postgres_bin() -> Result<PathBuf, String> {
         .ok_or_else(|| "no initdb found (install postgresql)".to_owned())
 }
 
+/// A port nothing listens on now, below the kernel's range of ephemeral ports: one from that
+/// range can be taken by an outgoing connection before the private server binds it (after a
+/// crash, its restart on the same port).
 pub(crate) fn free_port() -> Result<u16, String> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| format!("a free port: {e}"))
+    for _ in 0..1000 {
+        let port = fastrand::u16(20_000..32_000);
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err("no free port on 127.0.0.1 between 20000 and 32000".into())
 }

@@ -9,12 +9,19 @@ use std::time::{Duration, Instant};
 
 use diesel::Connection;
 
-/// A port nothing listens on now (the kernel's choice of a free one).
+/// A port nothing listens on now, below the kernel's range of ephemeral ports (32768–60999
+/// by default). A port the kernel hands out is one an outgoing connection can take before
+/// the server binds it: a Galera node connecting to its peer's address, not yet listened
+/// on, from that very port (a TCP self-connect) took the peer's port so, and the peer could
+/// not start.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|address| address.port())
-        .expect("a free port on 127.0.0.1")
+    for _ in 0..1000 {
+        let port = fastrand::u16(20_000..32_000);
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port on 127.0.0.1 between 20000 and 32000")
 }
 
 /// Runs a set-up command to completion, panicking with its output when it fails.

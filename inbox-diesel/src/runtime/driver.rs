@@ -2301,7 +2301,8 @@ async fn run_body<C, R, B: Body<C, R>>(
 struct Panicked(Box<dyn Any + Send>);
 
 /// Whether the body was stopped by the tripwire — a write the net stopped, a checkout a
-/// guarded pool refused — rather than by a panic of its own.
+/// guarded pool refused, a handler's connection without the net the process installed —
+/// rather than by a panic of its own.
 fn is_stopped(payload: &(dyn Any + Send)) -> bool {
     payload.is::<tripwire::net::Escaped>()
         || payload.is::<tripwire::InsideHandler>()
