@@ -85,35 +85,9 @@ const BUILDER_METHODS: [&str; 8] = [
     "read_committed",
 ];
 
-/// Macros of the standard library and of `tracing`, which bind no name of the caller's.
-const STANDARD_MACROS: [&str; 26] = [
-    "assert",
-    "assert_eq",
-    "assert_ne",
-    "debug_assert",
-    "debug_assert_eq",
-    "debug_assert_ne",
-    "dbg",
-    "eprint",
-    "eprintln",
-    "format",
-    "panic",
-    "print",
-    "println",
-    "todo",
-    "unimplemented",
-    "unreachable",
-    "vec",
-    "write",
-    "writeln",
-    "matches",
-    "trace",
-    "debug",
-    "info",
-    "warn",
-    "error",
-    "event",
-];
+/// Macros of the standard library that bind no name of the caller's, besides the
+/// [`FORMATTING_MACROS`] (which bind none either).
+const STANDARD_MACROS: [&str; 3] = ["dbg", "matches", "vec"];
 
 /// The checkouts of r2d2's, deadpool's and bb8's pools: a pool is allowed as their receiver,
 /// since a checkout runs no statement. What it gives is asked wherever it is handed on.
@@ -1069,7 +1043,9 @@ impl Guard {
     /// brackets, is no longer taken for the transaction after it.
     fn rebound_by(&mut self, mac: &syn::Macro) {
         let name = mac.path.segments.last().map(|s| s.ident.to_string());
-        if name.is_some_and(|n| STANDARD_MACROS.contains(&n.as_str())) {
+        if name.is_some_and(|n| {
+            STANDARD_MACROS.contains(&n.as_str()) || FORMATTING_MACROS.contains(&n.as_str())
+        }) {
             return;
         }
         self.rebound_in(mac.tokens.clone());

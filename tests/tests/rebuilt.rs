@@ -296,22 +296,7 @@ mod mysql {
     use inbox_diesel::{Action, ErrorClass, Outcome, idempotent};
     use inbox_tests::mysql::MysqlDb;
     use inbox_tests::server::count;
-
-    diesel::table! {
-        accounts (id) {
-            id -> Integer,
-            balance -> BigInt,
-        }
-    }
-
-    diesel::table! {
-        credits (id) {
-            id -> BigInt,
-            message -> Varchar,
-            account -> Integer,
-            amount -> BigInt,
-        }
-    }
+    use inbox_tests::{accounts, credits};
 
     /// Another session's statement, run once, from inside the body: what an operator runs
     /// while the handler's transaction is open.
