@@ -39,6 +39,12 @@ pub enum ErrorClass {
     /// account's hourly limit (MySQL and MariaDB `1226`, `MAX_UPDATES_PER_HOUR`). Nothing
     /// about the message: an operator acts (`Alert`), and a redelivery then processes it.
     ResourceExhausted,
+    /// A setting of the server refuses the statement whatever the message: MySQL and
+    /// MariaDB binary logging by statement (`binlog_format = STATEMENT`) under `READ
+    /// COMMITTED`, where InnoDB can log no write (`1665`, and the other "impossible to write
+    /// to binary log" refusals). Every delivery would meet it: an operator changes the
+    /// setting (`Alert`), and a redelivery then processes the message.
+    ServerSetting,
     /// The server no longer knows a statement the connection prepared: a pooler's reset
     /// (`DISCARD ALL`, `DEALLOCATE ALL`) ran under it (PostgreSQL `26000`, MySQL and MariaDB
     /// `1243`). The connection caches the statement and fails the same way every time: drop it
@@ -125,6 +131,7 @@ impl ErrorClass {
             ErrorClass::ReadOnly => "read_only",
             ErrorClass::PermissionDenied => "permission_denied",
             ErrorClass::ResourceExhausted => "resource_exhausted",
+            ErrorClass::ServerSetting => "server_setting",
             ErrorClass::StatementLost => "statement_lost",
             ErrorClass::EffectNotRecorded => "effect_not_recorded",
             ErrorClass::ClaimLost => "claim_lost",
@@ -153,6 +160,7 @@ impl ErrorClass {
             | ErrorClass::TransactionAborted
             | ErrorClass::PermissionDenied
             | ErrorClass::ResourceExhausted
+            | ErrorClass::ServerSetting
             | ErrorClass::EffectNotRecorded
             | ErrorClass::InboxDuplicate => Action::Alert,
             ErrorClass::UniqueViolation { .. } | ErrorClass::Other => Action::DeadLetter,
@@ -179,6 +187,7 @@ impl fmt::Display for ErrorClass {
             ErrorClass::ResourceExhausted => {
                 f.write_str("the server or the account ran short of a resource")
             }
+            ErrorClass::ServerSetting => f.write_str("a server setting refuses the statement"),
             ErrorClass::StatementLost => f.write_str("prepared statement lost"),
             ErrorClass::Misuse => f.write_str("misuse"),
             ErrorClass::EffectNotRecorded => f.write_str("side effect not recorded"),

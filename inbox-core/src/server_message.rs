@@ -542,6 +542,12 @@ fn classify_message(message: &str) -> ErrorClass {
     {
         return ErrorClass::ResourceExhausted;
     }
+    // MySQL and MariaDB 1665 (`binlog_format = STATEMENT` under `READ COMMITTED` or `READ
+    // UNCOMMITTED`), 1662–1664 and 1666 (a statement or engine the binary log's format
+    // cannot take): "Cannot execute statement: impossible to write to binary log since …".
+    if message.contains("impossible to write to binary log") {
+        return ErrorClass::ServerSetting;
+    }
     let lower = message.to_ascii_lowercase();
     if CONNECTION_LOST
         .iter()
@@ -784,6 +790,13 @@ mod tests {
                 "The MariaDB server is running with the --read-only option so it cannot \
                  execute this statement",
                 ErrorClass::ReadOnly,
+            ),
+            (
+                "Cannot execute statement: impossible to write to binary log since \
+                 BINLOG_FORMAT = STATEMENT and at least one table uses a storage engine \
+                 limited to row-based logging. InnoDB is limited to row-logging when \
+                 transaction isolation level is READ COMMITTED or READ UNCOMMITTED.",
+                ErrorClass::ServerSetting,
             ),
             (
                 "permission denied for table inbox",

@@ -307,6 +307,7 @@ mod tests {
             (ErrorClass::Misuse, Settlement::Halt),
             (ErrorClass::PermissionDenied, Settlement::Halt),
             (ErrorClass::ResourceExhausted, Settlement::Halt),
+            (ErrorClass::ServerSetting, Settlement::Halt),
             (ErrorClass::TransactionAborted, Settlement::Halt),
             (
                 ErrorClass::UniqueViolation { constraint: None },

@@ -450,6 +450,56 @@ mod mysql {
         drop(dropped);
     }
 
+    /// A server that logs statements (`binlog_format = STATEMENT`) under `READ COMMITTED`
+    /// (a server's `transaction_isolation`, common where applications came from other
+    /// databases): InnoDB cannot log any write, and MariaDB refuses each with 1665. The
+    /// delivery halted as a "schema mismatch"; it is the server's setting
+    /// (`ServerSetting`), an alert naming the setting, with nothing written.
+    #[test]
+    fn a_server_setting_that_refuses_every_write_is_named() {
+        let server = inbox_tests::private::PrivateMariadb::start(&[
+            "--log-bin=binlog",
+            "--server-id=1",
+            "--binlog-format=STATEMENT",
+            "--transaction-isolation=READ-COMMITTED",
+        ]);
+        let mut admin = server.admin();
+        admin
+            .batch_execute(
+                &inbox_diesel::schema::Backend::Mysql
+                    .create_table_sql(&inbox_diesel::InboxSchema::DEFAULT),
+            )
+            .unwrap();
+        admin
+            .batch_execute(
+                "CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance BIGINT NOT NULL); \
+                 INSERT INTO accounts VALUES (1, 0), (2, 0)",
+            )
+            .unwrap_err();
+        // The server refuses the application's own writes too: the table is set up with
+        // the statement logged as rows.
+        admin
+            .batch_execute(
+                "SET SESSION binlog_format = 'ROW'; \
+                 INSERT INTO accounts VALUES (1, 0), (2, 0)",
+            )
+            .unwrap();
+        let mut conn = MysqlConnection::establish(&server.url("root")).unwrap();
+        let error = credit(&mut conn, "m-1").unwrap_err();
+        assert_eq!(error.class(), ErrorClass::ServerSetting, "{error:?}");
+        assert_eq!(error.action(), Action::Alert);
+        let chain = format!("{error}: {error:?}");
+        assert!(chain.contains("BINLOG_FORMAT"), "{chain}");
+        let ids: Vec<String> = ["m-1", "m-2"].map(String::from).to_vec();
+        let error = credit_all(&mut conn, &ids).unwrap_err();
+        assert_eq!(error.class(), ErrorClass::ServerSetting, "{error:?}");
+        assert_eq!(count(&mut admin, "SELECT count(*) AS n FROM test.inbox"), 0);
+        assert_eq!(
+            count(&mut admin, "SELECT sum(balance) AS n FROM test.accounts"),
+            0
+        );
+    }
+
     struct DropUser(MysqlConnection, String);
 
     impl Drop for DropUser {
