@@ -96,6 +96,9 @@
 //! # fn main() {}
 //! ```
 //!
+//! A synchronous diesel application runs the same with [`Idempotent::run_blocking`], inside
+//! `spawn_blocking` (and turns the default feature `async` off).
+//!
 //! The inbox table needs the optional `result` and `fingerprint` columns:
 //! `inbox-diesel migration generate --with result --with fingerprint` (or
 //! [`inbox_diesel::schema::Backend::create_table_with_sql`]). Purge and
@@ -110,7 +113,7 @@ use axum::http::HeaderValue;
 use axum::http::header::HeaderName;
 use axum::response::{IntoResponse, Response};
 use inbox_diesel::StaleClaimOutcome;
-use inbox_diesel::handler::{AsyncBody, Checked, Handler, OnLocked, run_once_stored_async};
+use inbox_diesel::handler::{Checked, Handler, OnLocked};
 
 pub use problem::{Error, Problem};
 pub use reply::Reply;
@@ -139,6 +142,10 @@ impl<T> Idempotent<T> {
     /// a concurrent request 409 at once instead of waiting for the first to commit. The
     /// body may run more than once — each transient failure is retried in a fresh
     /// transaction — and the reply of the attempt that commits is the one stored.
+    ///
+    /// On diesel-async (feature `async`, on by default); a synchronous diesel connection
+    /// runs the same through [`run_blocking`](Self::run_blocking).
+    #[cfg(feature = "async")]
     pub async fn run<C, L, B>(
         &self,
         conn: &mut C,
@@ -148,20 +155,135 @@ impl<T> Idempotent<T> {
     where
         C: inbox_diesel::AsyncInboxConnection,
         L: OnLocked,
-        B: Clone + for<'c> AsyncBody<&'c mut C, Checked<Result<Reply, Error>>, Fut: Send>,
+        B: Clone
+            + for<'c> inbox_diesel::handler::AsyncBody<
+                &'c mut C,
+                Checked<Result<Reply, Error>>,
+                Fut: Send,
+            >,
     {
         let key = match self.message_key() {
             Ok(key) => key,
             Err(e) => {
-                return Error::Inbox(inbox_diesel::Error::InvalidKey(e))
-                    .problem()
-                    .into_response();
+                return self.answer(
+                    handler,
+                    Err(Error::Inbox(inbox_diesel::Error::InvalidKey(e))),
+                );
             }
         };
-        let outcome =
-            run_once_stored_async(conn, handler, &key, Some(self.fingerprint()), body).await;
-        let outcome: StaleClaimOutcome<Reply> = match outcome {
-            Ok(outcome) => outcome.into(),
+        let outcome = inbox_diesel::handler::run_once_stored_async(
+            conn,
+            handler,
+            &key,
+            Some(self.fingerprint()),
+            body,
+        )
+        .await;
+        self.answer(handler, outcome.map(Into::into))
+    }
+
+    /// [`run`](Self::run) on a synchronous diesel connection (`PgConnection`,
+    /// `MysqlConnection`, `SqliteConnection`, an r2d2 checkout): the same transaction, the
+    /// same answers. It blocks while the transaction runs, so call it where blocking is
+    /// allowed — inside [`tokio::task::spawn_blocking`], with the connection checked out
+    /// there:
+    ///
+    /// ```
+    /// use std::sync::LazyLock;
+    ///
+    /// use axum::Router;
+    /// use axum::extract::State;
+    /// use axum::http::StatusCode;
+    /// use axum::response::Response;
+    /// use axum::routing::post;
+    /// use diesel::prelude::*;
+    /// use diesel::r2d2::{ConnectionManager, Pool};
+    /// use inbox_axum::{Idempotent, Reply};
+    /// use inbox_diesel::guarded;
+    /// use inbox_diesel::handler::Handler;
+    ///
+    /// diesel::table! {
+    ///     payments (id) {
+    ///         id -> Integer,
+    ///         cents -> BigInt,
+    ///     }
+    /// }
+    ///
+    /// #[derive(serde::Deserialize)]
+    /// struct NewPayment {
+    ///     cents: i64,
+    /// }
+    ///
+    /// static PAYMENTS: LazyLock<Handler> =
+    ///     LazyLock::new(|| Handler::new("payments").expect("a valid consumer name"));
+    ///
+    /// type DbPool = Pool<ConnectionManager<SqliteConnection>>;
+    ///
+    /// async fn create(State(pool): State<DbPool>, request: Idempotent<NewPayment>) -> Response {
+    ///     tokio::task::spawn_blocking(move || {
+    ///         let mut conn = match pool.get() {
+    ///             Ok(conn) => conn,
+    ///             Err(e) => return inbox_axum::unavailable(e),
+    ///         };
+    ///         let cents = request.payload.cents;
+    ///         request.run_blocking(&mut *conn, &PAYMENTS, guarded!(|tx: &mut SqliteConnection| {
+    ///             let id: i32 = diesel::insert_into(payments::table)
+    ///                 .values(payments::cents.eq(cents))
+    ///                 .returning(payments::id)
+    ///                 .get_result(tx)?;
+    ///             Reply::json(StatusCode::CREATED, &serde_json::json!({ "id": id, "cents": cents }))
+    ///         }))
+    ///     })
+    ///     .await
+    ///     .unwrap_or_else(|e| inbox_axum::unavailable(e))
+    /// }
+    ///
+    /// fn router(pool: DbPool) -> Router {
+    ///     Router::new()
+    ///         .route("/payments", post(create))
+    ///         .layer(axum::Extension(inbox_axum::Principal::shared()))
+    ///         .with_state(pool)
+    /// }
+    /// # fn main() {}
+    /// ```
+    pub fn run_blocking<C, L, B>(
+        &self,
+        conn: &mut C,
+        handler: &'static Handler<L>,
+        body: B,
+    ) -> Response
+    where
+        C: inbox_diesel::InboxConnection,
+        L: OnLocked,
+        B: FnMut(&mut C) -> Checked<Result<Reply, Error>>,
+    {
+        let key = match self.message_key() {
+            Ok(key) => key,
+            Err(e) => {
+                return self.answer(
+                    handler,
+                    Err(Error::Inbox(inbox_diesel::Error::InvalidKey(e))),
+                );
+            }
+        };
+        let outcome = inbox_diesel::handler::run_once_stored(
+            conn,
+            handler,
+            &key,
+            Some(self.fingerprint()),
+            body,
+        );
+        self.answer(handler, outcome.map(Into::into))
+    }
+
+    /// The response to what the handler's run came to.
+    fn answer<L: OnLocked>(
+        &self,
+        handler: &'static Handler<L>,
+        outcome: Result<StaleClaimOutcome<Reply>, Error>,
+    ) -> Response {
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
             Err(error) => {
                 let problem = error.problem();
                 if problem.status().is_server_error() {

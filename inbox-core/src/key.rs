@@ -1,5 +1,7 @@
 use std::borrow::Cow;
 use std::fmt;
+use std::rc::Rc;
+use std::sync::Arc;
 
 use uuid::Uuid;
 
@@ -160,7 +162,8 @@ impl fmt::Display for KeyPart {
 /// A value that can be one part of a composite key: what the tuples of
 /// [`ToMessageKey`] take. Implemented for text (`str`, `String`, `Cow<str>`), the integer
 /// types, [`Uuid`], bytes (`[u8]`, `Vec<u8>`, `[u8; N]`), `url::Url` (feature `url`) and
-/// references to any of these; implement it for an id type of your own.
+/// references, `Box`es, `Rc`s and `Arc`s of any of these; implement it for an id type of
+/// your own.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be a part of a composite message key",
     label = "each part of a tuple key must be text, an integer, a Uuid or bytes",
@@ -686,7 +689,8 @@ impl TryFrom<String> for MessageKey {
 /// URL's serialisation as text — normalised by the `url` crate, so `https://Example.social`
 /// is the key `https://example.social/`), tuples of 2 to 6 [`ToKeyPart`]s (a composite key,
 /// [`MessageKey::composite`] — a Kafka `(topic, partition, offset)` and a CloudEvents
-/// `(source, id)` among them), [`MessageKey`] itself, and references to any of these.
+/// `(source, id)` among them), [`MessageKey`] itself, and references, `Box`es, `Rc`s and
+/// `Arc`s of any of these (`Arc<str>`).
 /// Implement it for your own message id type to use that type directly as a key.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be used as a message key",
@@ -748,6 +752,24 @@ impl<K: ToMessageKey + ?Sized> ToMessageKey for &K {
         (**self).to_message_key()
     }
 }
+
+/// The shared and owned pointers applications keep ids in (`Arc<str>`, `Box<str>`,
+/// `Rc<Uuid>`, …): the key of what they point to.
+macro_rules! pointer_keys {
+    ($($pointer:ident),*) => {$(
+        impl<K: ToMessageKey + ?Sized> ToMessageKey for $pointer<K> {
+            fn to_message_key(&self) -> Result<MessageKey, KeyError> {
+                (**self).to_message_key()
+            }
+        }
+        impl<P: ToKeyPart + ?Sized> ToKeyPart for $pointer<P> {
+            fn to_key_part(&self) -> KeyPart {
+                (**self).to_key_part()
+            }
+        }
+    )*};
+}
+pointer_keys!(Box, Rc, Arc);
 
 /// Why a message key was refused. Raised when the key is built, before any SQL runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -840,6 +862,27 @@ mod tests {
         assert_eq!(
             MessageKey::text("order-1").unwrap().stored_id(),
             Uuid::parse_str(STORED_ORDER_1).unwrap()
+        );
+    }
+
+    #[test]
+    fn pointers_are_the_keys_they_point_to() {
+        let text = MessageKey::text("files/ab.webp").unwrap();
+        let shared: Arc<str> = "files/ab.webp".into();
+        assert_eq!(shared.to_message_key().unwrap(), text);
+        assert_eq!(
+            Box::<str>::from("files/ab.webp").to_message_key().unwrap(),
+            text
+        );
+        assert_eq!(
+            Rc::new(String::from("files/ab.webp"))
+                .to_message_key()
+                .unwrap(),
+            text
+        );
+        assert_eq!(
+            (Arc::new(7_i64), shared).to_message_key().unwrap(),
+            (7_i64, "files/ab.webp").to_message_key().unwrap()
         );
     }
 

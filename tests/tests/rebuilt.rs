@@ -223,6 +223,24 @@ mod postgres {
         assert_eq!(credit(&mut conn, "m-1").unwrap(), Outcome::Processed(1));
     }
 
+    /// A session whose `search_path` leaves out the inbox's schema (a role's `search_path =
+    /// ''`, a hardened setup): the check said the table does not exist and to generate it,
+    /// though it is there. It says where the table is and what to set.
+    #[test]
+    fn a_table_outside_the_search_path_is_named_with_the_fix() {
+        let db = PgDb::new("search_path");
+        with_note(&db);
+        let mut conn = db.connect();
+        conn.batch_execute("SET search_path = ''").unwrap();
+        let error = credit(&mut conn, "m-1").unwrap_err();
+        assert!(matches!(error, inbox_diesel::Error::Schema(_)), "{error:?}");
+        let message = error.to_string();
+        assert!(message.contains("search_path"), "{message}");
+        assert!(message.contains("public.inbox"), "{message}");
+        conn.batch_execute("SET search_path = public").unwrap();
+        assert_eq!(credit(&mut conn, "m-1").unwrap(), Outcome::Processed(1));
+    }
+
     mod asynchronous {
         use diesel::{ExpressionMethods, QueryDsl};
         use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};

@@ -907,6 +907,32 @@ pub(crate) fn check(
         problems.push(SchemaProblem::MissingTable {
             table: schema.table().to_owned(),
         });
+        // PostgreSQL: tables of the name in schemas the session's `search_path` leaves out.
+        let elsewhere: Vec<&str> = catalog
+            .facts
+            .iter()
+            .filter(|f| f.kind == "same name")
+            .map(|f| f.detail.as_str())
+            .collect();
+        if let [first, ..] = elsewhere[..] {
+            let table = schema.table();
+            problems.push(SchemaProblem::Unsupported {
+                found: format!(
+                    "a table `{table}` in {}, which this session's search_path leaves out",
+                    elsewhere
+                        .iter()
+                        .map(|s| format!("`{s}.{table}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                why: "an unqualified name is looked up only in the schemas of the session's \
+                      search_path (a role's or a database's setting, a pool's connection setup)",
+                fix: format!(
+                    "name the table with its schema (`table = \"{first}.{table}\"`), or put \
+                     `{first}` on the session's search_path"
+                ),
+            });
+        }
     } else {
         let slot = match backend {
             Backend::Postgres => 0,

@@ -76,3 +76,65 @@ fn inline_format_arguments_name_the_parameters() {
     );
     assert_eq!(inbox_tests::balance(&mut db.connect(), 2), 2);
 }
+
+// An application that keeps its ids in shared pointers (`Arc<str>`, as media servers do for
+// file identifiers) names them as they are, alone or as a part.
+#[idempotent(consumer = "remove-file", key = identifier)]
+fn remove_file(
+    conn: &mut DbConnection,
+    identifier: &std::sync::Arc<str>,
+    owner: std::rc::Rc<i64>,
+) -> Result<(), Error> {
+    let _ = owner;
+    diesel::sql_query("UPDATE accounts SET balance = balance + 1 WHERE id = 1").execute(conn)?;
+    Ok(())
+}
+
+#[idempotent(consumer = "remove-owned-file", key = (owner, identifier))]
+fn remove_owned_file(
+    conn: &mut DbConnection,
+    identifier: &std::sync::Arc<str>,
+    owner: Box<i64>,
+) -> Result<(), Error> {
+    diesel::sql_query("UPDATE accounts SET balance = balance + 1 WHERE id = 2").execute(conn)?;
+    Ok(())
+}
+
+#[test]
+fn ids_in_shared_pointers_are_keys() {
+    let db = Db::new("pointer_keys");
+    let mut conn = db.connect();
+    let identifier: std::sync::Arc<str> = "files/2f/ab.webp".into();
+    assert!(
+        remove_file(&mut conn, &identifier, 1.into())
+            .unwrap()
+            .is_processed()
+    );
+    // The same text in another pointer, or none, is the same key.
+    assert!(
+        remove_file(
+            &mut conn,
+            &std::sync::Arc::from("files/2f/ab.webp"),
+            1.into()
+        )
+        .unwrap()
+        .is_duplicate()
+    );
+    assert!(
+        remove_owned_file(&mut conn, &identifier, Box::new(7))
+            .unwrap()
+            .is_processed()
+    );
+    assert!(
+        remove_owned_file(&mut conn, &identifier, Box::new(7))
+            .unwrap()
+            .is_duplicate()
+    );
+    assert!(
+        remove_owned_file(&mut conn, &identifier, Box::new(8))
+            .unwrap()
+            .is_processed()
+    );
+    assert_eq!(inbox_tests::balance(&mut db.connect(), 1), 1);
+    assert_eq!(inbox_tests::balance(&mut db.connect(), 2), 2);
+}
