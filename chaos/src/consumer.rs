@@ -78,6 +78,29 @@ impl From<diesel::result::Error> for Failure {
     }
 }
 
+/// The inbox's error it carries says where the diesel error is: a deadlock in a body is
+/// retried in a fresh transaction, as in any handler.
+impl inbox_diesel::HasDieselError for Failure {
+    fn diesel_error(&self) -> Option<&diesel::result::Error> {
+        match self {
+            Failure::Inbox(e) => e.diesel_error(),
+            Failure::Injected => None,
+        }
+    }
+
+    fn record_attempts(&mut self, attempts: u32) {
+        if let Failure::Inbox(e) = self {
+            e.record_attempts(attempts);
+        }
+    }
+
+    fn record_class(&mut self, class: inbox_diesel::ErrorClass, attempts: u32) {
+        if let Failure::Inbox(e) = self {
+            e.record_class(class, attempts);
+        }
+    }
+}
+
 impl Failure {
     fn class(&self) -> String {
         match self {

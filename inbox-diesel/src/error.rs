@@ -491,9 +491,11 @@ impl From<Error> for diesel::result::Error {
 /// The runtime finds the diesel error by itself when the body's error type is
 /// `diesel::result::Error`, or a `std::error::Error` with the diesel error on its `source()`
 /// chain. An error type that is neither — one built on `anyhow::Error`, which implements
-/// `std::error::Error` only through `Deref` — implements this trait, or its failures are
-/// never retried. With the feature `anyhow`, `anyhow::Error` implements it, searching its
-/// chain.
+/// `std::error::Error` only through `Deref`, an enum of the application's failures without
+/// an `Error` impl — implements this trait, or its failures are never retried; `#[idempotent]`
+/// warns at the return type of a handler whose error type is such (`deprecated`, naming this
+/// trait). With the feature `anyhow`, `anyhow::Error` implements it, searching its chain, and
+/// so do boxed errors (`Box<dyn Error + Send + Sync>`), searching theirs.
 ///
 /// ```
 /// use inbox_diesel::HasDieselError;
@@ -566,6 +568,50 @@ impl HasDieselError for anyhow::Error {
         }
     }
 }
+
+/// A boxed error (`Box<dyn std::error::Error + Send + Sync>`, the error type of many
+/// applications and of `?` on anything): the diesel error is looked for along its `source()`
+/// chain, an inbox error's included. A box does not implement `std::error::Error` itself, so
+/// without this a deadlock in a body returning one would never be retried.
+macro_rules! boxed_errors {
+    ($($bounds:tt)*) => {
+        impl HasDieselError for Box<dyn std::error::Error $($bounds)* + 'static> {
+            fn diesel_error(&self) -> Option<&diesel::result::Error> {
+                let mut next: Option<&(dyn std::error::Error + 'static)> = Some(&**self);
+                while let Some(error) = next {
+                    if let Some(diesel) = error.downcast_ref::<diesel::result::Error>() {
+                        return Some(diesel);
+                    }
+                    if let Some(diesel) = error
+                        .downcast_ref::<crate::Error>()
+                        .and_then(HasDieselError::diesel_error)
+                    {
+                        return Some(diesel);
+                    }
+                    next = error.source();
+                }
+                None
+            }
+
+            fn record_attempts(&mut self, attempts: u32) {
+                if let Some(error) = self.downcast_mut::<crate::Error>() {
+                    error.record_attempts(attempts);
+                }
+            }
+
+            fn record_class(&mut self, class: crate::ErrorClass, attempts: u32) {
+                if let Some(error) = self.downcast_mut::<crate::Error>() {
+                    error.record_class(class, attempts);
+                } else if let Some(error) = self.downcast_mut::<diesel::result::Error>() {
+                    error.record_class(class, attempts);
+                }
+            }
+        }
+    };
+}
+boxed_errors!();
+boxed_errors!(+ Send);
+boxed_errors!(+ Send + Sync);
 
 /// What a diesel error means for an idempotent handler whose inbox is `schema`.
 ///

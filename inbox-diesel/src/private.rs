@@ -172,6 +172,62 @@ impl<R> ProbeOpaque for Probe<'_, R> {
         None
     }
 }
+/// Whether the runtime can find a diesel error in a body's error type: resolved by autoref
+/// at the expansion site like [`Probe`],
+/// `error_is_readable((&&&&Readable::<Result<T, E>>::NEW).inbox_readable())`. An error type
+/// none of the probes reads resolves to [`ReadOpaque`], whose method is deprecated: the
+/// handler compiles, with a warning at its return type that says what to do.
+pub struct Readable<R>(std::marker::PhantomData<R>);
+
+impl<R> Readable<R> {
+    pub const NEW: Self = Readable(std::marker::PhantomData);
+}
+
+/// What every probe answers: the warning, where there is one, is the deprecation.
+pub struct Read;
+
+pub trait ReadDiesel {
+    fn inbox_readable(&self) -> Read {
+        Read
+    }
+}
+impl<T> ReadDiesel for &&&&Readable<Result<T, diesel::result::Error>> {}
+
+pub trait ReadHasDieselError {
+    fn inbox_readable(&self) -> Read {
+        Read
+    }
+}
+impl<T, E: crate::HasDieselError> ReadHasDieselError for &&&Readable<Result<T, E>> {}
+
+pub trait ReadSourceChain {
+    fn inbox_readable(&self) -> Read {
+        Read
+    }
+}
+impl<T, E: std::error::Error + 'static> ReadSourceChain for &&Readable<Result<T, E>> {}
+
+/// A `Result` whose error takes the inbox's errors and none of the above: warned about.
+pub trait ReadOpaque {
+    #[deprecated(
+        note = "the runtime cannot find a diesel error in this handler's error type: a deadlock, a serialization failure or a lost connection inside the body is handed back as it is, not retried in a fresh transaction. Return `diesel::result::Error`, `inbox_diesel::Error`, `Box<dyn Error + Send + Sync>`, `anyhow::Error` (feature `anyhow`) or a type that implements `std::error::Error` with the diesel error on its `source()` chain — or implement `inbox_diesel::HasDieselError` for it, returning the diesel error it carries"
+    )]
+    fn inbox_readable(&self) -> Read {
+        Read
+    }
+}
+impl<T, E: From<crate::Error>> ReadOpaque for &Readable<Result<T, E>> {}
+
+/// Any other return type: refused by [`HandlerResult`], not here.
+pub trait ReadOther {
+    fn inbox_readable(&self) -> Read {
+        Read
+    }
+}
+impl<R> ReadOther for Readable<R> {}
+
+pub fn error_is_readable(_: Read) {}
+
 /// `error_class!(ReturnType, SPEC)`: the closure that classifies a body's `Err` for the retry
 /// loop, resolved by `__private::Probe` at the expansion site, where the error type is known.
 #[doc(hidden)]

@@ -222,7 +222,22 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
         None => (quote!(), quote!()),
     };
     // How the body's error is classified, for retries: resolved here, where its type is known.
-    let probe = quote!(::inbox_diesel::__private::error_class!(#ret, __INBOX_SPEC));
+    // An error type it cannot find a diesel error in is warned about, at the return type
+    // (a deprecated method: the only warning a library can raise on stable Rust).
+    let readable = quote_spanned!(ret.span()=> {
+        #[allow(unused_imports)]
+        use ::inbox_diesel::__private::{
+            ReadDiesel as _, ReadHasDieselError as _, ReadOpaque as _, ReadOther as _,
+            ReadSourceChain as _,
+        };
+        ::inbox_diesel::__private::error_is_readable(
+            (&&&&::inbox_diesel::__private::Readable::<#ret>::NEW).inbox_readable(),
+        );
+    });
+    let probe = quote!({
+        #readable
+        ::inbox_diesel::__private::error_class!(#ret, __INBOX_SPEC)
+    });
     // `store_result = true`: the value's codec, which needs the value to be serde's.
     // Spanned at the return type: a value that is not serde's is reported there.
     let store = match store_result {

@@ -170,6 +170,63 @@ fn deadlock_is_retried_to_success() {
     assert_eq!(balance(&mut conn, 2), 11);
 }
 
+/// A body whose error type is a boxed error (`Box<dyn Error + Send + Sync>`, which `?` turns
+/// anything into): a deadlock in it is found inside the box and retried. A box is not a
+/// `std::error::Error` itself, and the deadlock's victim was handed back unretried.
+#[test]
+fn a_deadlock_in_a_boxed_error_is_retried() {
+    type Boxed = Box<dyn std::error::Error + Send + Sync>;
+
+    #[inbox_diesel::idempotent(consumer = "boxed", key = id)]
+    fn move_one(
+        conn: &mut DbConnection,
+        id: i64,
+        from: i32,
+        to: i32,
+        meet: &(dyn Fn() + Sync),
+    ) -> Result<(), Boxed> {
+        diesel::update(accounts::table.find(from))
+            .set(accounts::balance.eq(accounts::balance - 1))
+            .execute(conn)?;
+        meet();
+        diesel::update(accounts::table.find(to))
+            .set(accounts::balance.eq(accounts::balance + 1))
+            .execute(conn)?;
+        Ok(())
+    }
+
+    let db = <Db>::new("deadlock_boxed");
+    let rendezvous = std::sync::Barrier::new(2);
+    let met = AtomicUsize::new(0);
+    // Each meets the other once, holding its first lock; a retry goes on.
+    let meet = || {
+        if met.fetch_add(1, Ordering::SeqCst) < 2 {
+            rendezvous.wait();
+        }
+    };
+    let (a, b) = std::thread::scope(|scope| {
+        let (mut conn_a, mut conn_b) = (db.connect(), db.connect());
+        let meet = &meet;
+        let a =
+            scope.spawn(move || move_one(&mut conn_a, 1, 1, 2, meet).map_err(|e| e.to_string()));
+        let b =
+            scope.spawn(move || move_one(&mut conn_b, 2, 2, 1, meet).map_err(|e| e.to_string()));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert_eq!(a, Ok(Outcome::Processed(())));
+    assert_eq!(b, Ok(Outcome::Processed(())));
+    assert_eq!(
+        met.load(Ordering::SeqCst),
+        3,
+        "the deadlock's victim ran again"
+    );
+    let mut conn = db.connect();
+    assert_eq!(count_markers(&mut conn), 2);
+    // One moved from 1 to 2, the other back: each applied once.
+    assert_eq!(balance(&mut conn, 1), 0);
+    assert_eq!(balance(&mut conn, 2), 0);
+}
+
 /// A deduplication table of its own, keyed by text ids, moves into the inbox in one
 /// `INSERT … SELECT` over `Backend::text_key_sql`: every moved id is a duplicate to the
 /// handler (the SQL computes the id the library derives), and a new id is processed.

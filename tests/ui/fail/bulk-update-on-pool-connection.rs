@@ -52,3 +52,7 @@ fn on_credit(conn: &mut SqliteConnection, msg: &Msg) -> Result<(), AppError> {
 }
 
 fn main() {}
+
+impl inbox_diesel::HasDieselError for AppError {
+    fn diesel_error(&self) -> Option<&diesel::result::Error> { None }
+}

@@ -175,3 +175,7 @@ fn guarded_pool_parameter(
 }
 
 fn main() {}
+
+impl inbox_diesel::HasDieselError for AppError {
+    fn diesel_error(&self) -> Option<&diesel::result::Error> { None }
+}
