@@ -185,7 +185,7 @@ impl<T> Idempotent<T> {
     /// [`run`](Self::run) on a synchronous diesel connection (`PgConnection`,
     /// `MysqlConnection`, `SqliteConnection`, an r2d2 checkout): the same transaction, the
     /// same answers. It blocks while the transaction runs, so call it where blocking is
-    /// allowed — inside [`tokio::task::spawn_blocking`], with the connection checked out
+    /// allowed — inside `tokio::task::spawn_blocking`, with the connection checked out
     /// there:
     ///
     /// ```

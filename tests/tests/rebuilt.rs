@@ -223,6 +223,44 @@ mod postgres {
         assert_eq!(credit(&mut conn, "m-1").unwrap(), Outcome::Processed(1));
     }
 
+    #[derive(QueryableByName)]
+    struct Setting {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        value: String,
+    }
+
+    /// A role's tight `statement_timeout` (`2ms`, what an operator sets to keep an OLTP
+    /// service's queries short): the startup check's catalog reads ran past it on every new
+    /// session, and every delivery failed as a transient timeout — retried until the
+    /// broker's limit dead-lettered it. The check lifts the bound for its own reads and puts
+    /// it back: the handler's statements keep it.
+    #[test]
+    fn a_tight_statement_timeout_leaves_the_check_alone() {
+        let db = PgDb::new("tight_timeout");
+        with_note(&db);
+        let mut conn = db.connect();
+        conn.batch_execute("SET statement_timeout = '2ms'").unwrap();
+        for (i, id) in ["m-1", "m-2", "m-3"].into_iter().enumerate() {
+            let outcome = credit(&mut conn, id).unwrap();
+            assert_eq!(outcome, Outcome::Processed(i as i64 + 1));
+        }
+        assert!(credit(&mut conn, "m-1").unwrap().is_duplicate());
+        let setting: Setting =
+            diesel::sql_query("SELECT current_setting('statement_timeout') AS value")
+                .get_result(&mut conn)
+                .unwrap();
+        assert_eq!(setting.value, "2ms", "the session's own bound is put back");
+        let slow = diesel::sql_query("SELECT pg_sleep(0.05)").execute(&mut conn);
+        assert!(slow.is_err(), "and holds for the application's statements");
+        assert_eq!(
+            count(
+                &mut db.connect(),
+                "SELECT balance AS n FROM accounts WHERE id = 1"
+            ),
+            3
+        );
+    }
+
     /// A session whose `search_path` leaves out the inbox's schema (a role's `search_path =
     /// ''`, a hardened setup): the check said the table does not exist and to generate it,
     /// though it is there. It says where the table is and what to set.

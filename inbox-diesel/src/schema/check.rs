@@ -640,10 +640,28 @@ pub(crate) async fn check_table<S: Io>(
     schema: &InboxSchema,
     claim: bool,
 ) -> Result<Layout, SchemaError> {
-    let set_english = english_messages(io, schema).await?;
-    let catalog = read_catalog(io, schema, claim)
-        .await
-        .map_err(SchemaError::Database)?;
+    let lifted = lift_statement_timeout(io).await;
+    let set_english = match english_messages(io, schema, lifted).await {
+        Ok(set) => set,
+        Err(refused) => {
+            if lifted {
+                let _ = io.batch("ROLLBACK").await;
+            }
+            return Err(refused);
+        }
+    };
+    let read = read_catalog(io, schema, claim).await;
+    if lifted {
+        let end = match read {
+            Ok(_) => "COMMIT",
+            Err(_) => "ROLLBACK",
+        };
+        let ended = io.batch(end).await;
+        if read.is_ok() {
+            ended.map_err(SchemaError::Database)?;
+        }
+    }
+    let catalog = read.map_err(SchemaError::Database)?;
     let mut layout = check(S::Backend::BACKEND, schema, catalog, claim)?;
     layout.english = set_english && S::Backend::BACKEND == Backend::Postgres;
     if let Some(mark) = layout.session_mark {
@@ -652,6 +670,51 @@ pub(crate) async fn check_table<S: Io>(
             .map_err(SchemaError::Database)?;
     }
     Ok(layout)
+}
+
+/// PostgreSQL: a session's `statement_timeout` shorter than the check's catalog reads may
+/// take (several milliseconds each, more on a loaded server, the first statements of a new
+/// session most) — a role's `statement_timeout = '5ms'` timed the check out on every new
+/// session, and every delivery failed as a transient timeout. A row where the session has
+/// such a bound.
+const PG_TIGHT_TIMEOUT: &str = "SELECT setting AS version FROM pg_settings \
+     WHERE name = 'statement_timeout' AND setting::bigint BETWEEN 1 AND 29999";
+
+/// The check's reads then run in a transaction of their own, with the bound lifted for it
+/// alone (`SET LOCAL`: gone at its end, so nothing of the session changes, also where a
+/// transaction-mode pooler hands each transaction another server session). Only where the
+/// `BEGIN` opened it: in the simple protocol a statement in `BEGIN`'s message has its
+/// timestamp ([`HandlerSpec::POSTGRES_NONE_OPEN`]); in a transaction the application opened
+/// as SQL the `BEGIN` only warns, nothing is set, and the check reads as it did.
+///
+/// [`HandlerSpec::POSTGRES_NONE_OPEN`]: crate::spec::HandlerSpec::POSTGRES_NONE_OPEN
+const PG_LIFT_TIMEOUT: &str = "BEGIN; SELECT set_config('statement_timeout', '30s', true), \
+     set_config('inbox.check', 'lifted', true) \
+     WHERE transaction_timestamp() = statement_timestamp()";
+
+/// Whether [`PG_LIFT_TIMEOUT`] began the transaction it lifted the bound in.
+const PG_LIFTED: &str = "SELECT coalesce(current_setting('inbox.check', true), '') AS version";
+
+/// Lifts a short `statement_timeout` for the check's reads ([`PG_TIGHT_TIMEOUT`]): whether
+/// it began the transaction that does, which the check then ends. Not inside a transaction
+/// diesel knows of (a handler that joins the caller's): the caller's transaction keeps its
+/// bound.
+async fn lift_statement_timeout<S: Io>(io: &mut S) -> bool {
+    if S::Backend::BACKEND != Backend::Postgres
+        || !matches!(io.transaction_status().transaction_depth(), Ok(None))
+    {
+        return false;
+    }
+    let tight = io
+        .load::<ServerRow>(&Sql::new(PG_TIGHT_TIMEOUT))
+        .await
+        .is_ok_and(|rows| !rows.is_empty());
+    if !tight || io.batch(PG_LIFT_TIMEOUT).await.is_err() {
+        return false;
+    }
+    io.load::<ServerRow>(&Sql::new(PG_LIFTED))
+        .await
+        .is_ok_and(|rows| rows.iter().any(|row| row.version == "lifted"))
 }
 
 /// MySQL and MariaDB: the session's messages in English, unless they are already (`en_GB`
@@ -692,7 +755,20 @@ const PG_MESSAGES: &str = "SELECT current_setting('lc_messages') AS version";
 /// are in another language the check refuses, naming the two fixes (`ALTER ROLE … SET
 /// lc_messages = 'C'`, or the grant). A role that may not set it, on a server whose messages
 /// are English anyway (built without translations), passes: its refusal came in English.
-async fn english_messages<S: Io>(io: &mut S, schema: &InboxSchema) -> Result<bool, SchemaError> {
+///
+/// `in_transaction`: the check's reads run in a transaction of their own
+/// ([`lift_statement_timeout`]), which a refusal here must not leave aborted: the attempt
+/// runs under a savepoint.
+async fn english_messages<S: Io>(
+    io: &mut S,
+    schema: &InboxSchema,
+    in_transaction: bool,
+) -> Result<bool, SchemaError> {
+    if in_transaction {
+        io.batch("SAVEPOINT inbox_english")
+            .await
+            .map_err(SchemaError::Database)?;
+    }
     let pinned = match S::Backend::BACKEND {
         Backend::Sqlite => return Ok(false),
         Backend::Mysql => io.execute(&Sql::new(MYSQL_ENGLISH)).await,
@@ -703,6 +779,11 @@ async fn english_messages<S: Io>(io: &mut S, schema: &InboxSchema) -> Result<boo
         Ok(rows) => return Ok(rows > 0),
         Err(refused) => refused,
     };
+    if in_transaction {
+        io.batch("ROLLBACK TO SAVEPOINT inbox_english")
+            .await
+            .map_err(SchemaError::Database)?;
+    }
     let english = crate::classify::with_server_error(&refused, |server| {
         server
             .message
