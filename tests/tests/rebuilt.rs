@@ -566,6 +566,31 @@ mod mysql {
         }
     }
 
+    /// A session's tight `max_statement_time` (`0.001`, a millisecond): the check's catalog
+    /// reads ran past it on every new session, and every delivery failed as a transient
+    /// timeout. They run free of it, for themselves alone: the handler keeps the bound.
+    #[test]
+    fn a_tight_statement_time_leaves_the_check_alone() {
+        let db = MysqlDb::new("tight_statement_time");
+        let mut conn = db.connect();
+        conn.batch_execute("SET SESSION max_statement_time = 0.001")
+            .unwrap();
+        assert_eq!(credit(&mut conn, "m-1").unwrap(), Outcome::Processed(()));
+        assert!(credit(&mut conn, "m-1").unwrap().is_duplicate());
+        let slow = diesel::sql_query("SELECT SLEEP(0.05) FROM accounts").execute(&mut conn);
+        assert!(
+            slow.is_err(),
+            "the bound holds for the application's statements"
+        );
+        assert_eq!(
+            count(
+                &mut db.connect(),
+                "SELECT balance AS n FROM accounts WHERE id = 1"
+            ),
+            1
+        );
+    }
+
     /// The check's own catalog reads refused by a session setting it cannot read
     /// (`max_join_size` below what `information_schema` examines): an alert for the operator,
     /// never a dead letter of the message.
