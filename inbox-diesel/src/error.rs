@@ -349,13 +349,23 @@ impl fmt::Display for Error {
                 "inbox: the key was used before by a request with another fingerprint \
                  (consumer {consumer}); nothing ran"
             ),
-            // The server's message is the `source()`: reporters print it after this.
+            // The server's words too (which table, which setting, which limit): an operator
+            // who logs only `{e}` reads what to act on. The diesel error stays the
+            // `source()`, where handlers' error types look for it.
             Error::Database {
-                class, attempts: 1, ..
-            } => write!(f, "inbox: {class}"),
+                class,
+                attempts: 1,
+                source,
+            } => write!(f, "inbox: {class}: {}", server_words(source)),
             Error::Database {
-                class, attempts, ..
-            } => write!(f, "inbox: {class} after {attempts} attempts"),
+                class,
+                attempts,
+                source,
+            } => write!(
+                f,
+                "inbox: {class} after {attempts} attempts: {}",
+                server_words(source)
+            ),
         }
     }
 }
@@ -383,6 +393,15 @@ impl std::error::Error for Error {
                 Some(source)
             }
         }
+    }
+}
+
+/// A diesel error's text as the server gave it: a database error's message, or diesel's
+/// own text for anything else.
+fn server_words(error: &diesel::result::Error) -> String {
+    match error {
+        diesel::result::Error::DatabaseError(_, info) => info.message().to_owned(),
+        other => other.to_string(),
     }
 }
 

@@ -134,8 +134,13 @@ pub fn chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
+        // A cause whose words the error before it says already (an inbox database error
+        // says the server's message) is not said twice.
+        let words = cause.to_string();
+        if !text.ends_with(&words) {
+            text.push_str(": ");
+            text.push_str(&words);
+        }
         source = cause.source();
     }
     text

@@ -114,8 +114,11 @@ pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut chain = error.to_string();
     let mut next = error.source();
     while let Some(source) = next {
-        chain.push_str(": ");
-        chain.push_str(&source.to_string());
+        let words = source.to_string();
+        if !chain.ends_with(&words) {
+            chain.push_str(": ");
+            chain.push_str(&words);
+        }
         next = source.source();
     }
     chain

@@ -518,6 +518,13 @@ mod postgres {
         let error = inbox_error(apply(&mut conn, &3));
         assert_eq!(error.class(), ErrorClass::PermissionDenied, "{error:?}");
         assert_eq!(error.action(), Action::Alert);
+        // Its text alone names what was refused: an operator who logs `{e}` reads it.
+        assert!(
+            error
+                .to_string()
+                .ends_with(": permission denied for table inbox"),
+            "{error}"
+        );
         assert_eq!(balance(&mut db.connect()), 1);
     }
 
