@@ -1004,7 +1004,12 @@ impl Nats {
                             .and_then(|headers| headers.get(async_nats::header::NATS_MESSAGE_ID))
                             .map(|id| id.as_str());
                         let key = match message.info() {
-                            Ok(info) => broker::jetstream(id, info.stream, info.stream_sequence),
+                            Ok(info) => broker::jetstream(
+                                id,
+                                info.stream,
+                                info.stream_sequence,
+                                info.published.unix_timestamp_nanos(),
+                            ),
                             Err(_) => Err(KeyError::Missing {
                                 field: "JetStream metadata",
                             }),

@@ -25,9 +25,11 @@
 //! assert_eq!(broker::amqp(Some("order-7"))?, MessageKey::text("order-7")?);
 //! assert!(matches!(broker::amqp(None), Err(KeyError::Missing { .. })));
 //!
-//! // JetStream: the publisher's id when it set one, else the stream's numbering.
-//! assert_eq!(broker::jetstream(Some("order-7"), "ORDERS", 42)?, MessageKey::text("order-7")?);
-//! assert_eq!(broker::jetstream(None, "ORDERS", 42)?, MessageKey::sequence("ORDERS", 42)?);
+//! // JetStream: the publisher's id when it set one, else the stream's numbering and the time
+//! // the stream stored the message (a stream created again under its name numbers anew).
+//! let stored = 1_764_000_000_000_000_000;
+//! assert_eq!(broker::jetstream(Some("order-7"), "ORDERS", 42, stored)?, MessageKey::text("order-7")?);
+//! assert_ne!(broker::jetstream(None, "ORDERS", 42, stored)?, broker::jetstream(None, "ORDERS", 42, stored + 1)?);
 //!
 //! // How long markers must be kept: ack_wait 30 s, max_deliver 5, and a week for replays.
 //! let retention = broker::jetstream_retention(Duration::from_secs(30), 5)
@@ -51,10 +53,12 @@ pub fn amqp(message_id: Option<&str>) -> Result<MessageKey, KeyError> {
 
 /// A NATS JetStream message's key: the `Nats-Msg-Id` header when the publisher set one
 /// (JetStream itself deduplicates by it within the stream's duplicate window; this keeps
-/// deduplicating after the window), else `(stream, stream sequence)` from the message's
-/// metadata. A stream deleted and created again under its name numbers from 1 again: its
-/// messages would meet the old stream's markers and be answered `Duplicate` — give the new
-/// stream a new name, or have publishers set `Nats-Msg-Id`.
+/// deduplicating after the window), else the stream's name, the message's stream sequence
+/// and the time the stream stored it (`published`, nanoseconds since the Unix epoch) — a
+/// composite key ([`MessageKey::composite`]). A stream deleted and created again under its
+/// name numbers from 1 again; the time tells its messages from the old stream's, whose
+/// markers they would otherwise have met and been answered `Duplicate` by (acknowledged,
+/// never applied).
 ///
 /// # Errors
 /// [`KeyError::Empty`] for an empty stream name; [`KeyError::TooLong`] past
@@ -63,10 +67,12 @@ pub fn jetstream(
     msg_id: Option<&str>,
     stream: &str,
     stream_sequence: u64,
+    published_unix_nanos: i128,
 ) -> Result<MessageKey, KeyError> {
+    use crate::ToMessageKey;
     match msg_id {
         Some(id) if !id.is_empty() => MessageKey::text(id),
-        _ => MessageKey::sequence(stream, stream_sequence),
+        _ => (stream, stream_sequence, published_unix_nanos).to_message_key(),
     }
 }
 
@@ -152,12 +158,15 @@ mod tests {
 
     #[test]
     fn jetstream_keys_are_tagged_apart_from_text() {
-        let by_sequence = jetstream(None, "ORDERS", 42).unwrap();
-        assert_eq!(jetstream(Some(""), "ORDERS", 42).unwrap(), by_sequence);
+        const AT: i128 = 1_764_000_000_000_000_000;
+        let by_sequence = jetstream(None, "ORDERS", 42, AT).unwrap();
+        assert_eq!(jetstream(Some(""), "ORDERS", 42, AT).unwrap(), by_sequence);
         assert_ne!(by_sequence, MessageKey::text("ORDERS:42").unwrap());
-        assert_ne!(by_sequence, jetstream(None, "ORDERS", 43).unwrap());
-        assert_ne!(by_sequence, jetstream(None, "ORDERS2", 42).unwrap());
-        assert_eq!(by_sequence.to_string(), "ORDERS:42");
+        assert_ne!(by_sequence, MessageKey::sequence("ORDERS", 42).unwrap());
+        assert_ne!(by_sequence, jetstream(None, "ORDERS", 43, AT).unwrap());
+        assert_ne!(by_sequence, jetstream(None, "ORDERS2", 42, AT).unwrap());
+        // The same name and number in a stream created again: another message.
+        assert_ne!(by_sequence, jetstream(None, "ORDERS", 42, AT + 1).unwrap());
     }
 
     #[test]

@@ -8,11 +8,12 @@ pub use crate::handler::{checked, checked_call, checked_future};
 #[cfg(feature = "async")]
 pub use crate::runtime::asynchronous::{
     AsyncBody, run_async, run_batch_async, run_claim_async, run_joined_async,
+    run_joined_or_own_async,
 };
 pub use crate::runtime::claim::ClaimSpec;
 pub use crate::runtime::driver::NewMessages;
 pub use crate::runtime::stored::{Remembered, Store};
-pub use crate::runtime::sync::{run, run_batch, run_claim, run_joined};
+pub use crate::runtime::sync::{run, run_batch, run_claim, run_joined, run_joined_or_own};
 pub use crate::spec::HandlerSpec;
 pub use crate::{
     __inbox_error_class as error_class, __inbox_no_connection as no_connection,

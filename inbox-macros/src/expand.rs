@@ -168,6 +168,7 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
         store_result,
         fingerprint,
         joins,
+        or_own,
     } = handler;
     // An application's `const InboxSchema`, or the names given (checked at compile time).
     let schema = match schema {
@@ -278,6 +279,25 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
                         let #batch = &__inbox_selected[..];
                         #block
                     },
+                    #probe,
+                    #inbox_error,
+                ) #awaited
+            }
+        }
+        (Mode::Transaction, None) if or_own => {
+            let runtime = match &sig.asyncness {
+                Some(_) => quote!(run_joined_or_own_async),
+                None => quote!(run_joined_or_own),
+            };
+            // Run once where it joins, as often as its retries where it is on its own: the
+            // body is one that may run again.
+            quote! {
+                ::inbox_diesel::__private::#runtime(
+                    ::core::marker::PhantomData::<#wrapper<_>>,
+                    #conn,
+                    &__INBOX_SPEC,
+                    #message_key,
+                    #body_asyncness |#conn| -> #ret #block,
                     #probe,
                     #inbox_error,
                 ) #awaited

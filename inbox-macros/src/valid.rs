@@ -49,6 +49,9 @@ pub struct Handler {
     /// `transaction = "caller"`: the marker and the body join the transaction the caller
     /// opened, committed by the caller.
     pub joins: bool,
+    /// `transaction = "caller_or_own"`: as `"caller"` where the caller has a transaction
+    /// open, as `"own"` where it has none.
+    pub or_own: bool,
 }
 
 /// How the body's work is made to happen once.
@@ -113,7 +116,7 @@ pub fn validate(args: Args, item: &ItemFn) -> syn::Result<Handler> {
     let mode = errors.take(mode(&args)).unwrap_or(Mode::Transaction);
     let joins = match &args.transaction {
         Some(lit) => errors.take(joins(lit, &args, mode)),
-        None => Some(false),
+        None => Some((false, false)),
     };
 
     let batch = match &args.batch {
@@ -279,30 +282,41 @@ pub fn validate(args: Args, item: &ItemFn) -> syn::Result<Handler> {
             in_flight_when_locked: in_flight_when_locked.unwrap_or_default(),
             store_result: store_result.unwrap_or_default(),
             fingerprint: fingerprint.flatten(),
-            joins: joins.unwrap_or_default(),
+            joins: joins.unwrap_or_default().0,
+            or_own: joins.unwrap_or_default().1,
         }),
         (Some(error), ..) => Err(error),
         _ => unreachable!("every missing value recorded an error"),
     }
 }
 
-/// `transaction = "own" | "caller"`; with `"caller"`, every option that would need a
-/// transaction of the handler's own is refused, each at its token, saying why.
-fn joins(lit: &LitStr, args: &Args, mode: Mode) -> syn::Result<bool> {
-    match lit.value().as_str() {
-        "own" => return Ok(false),
-        "caller" => {}
+/// `transaction = "own" | "caller" | "caller_or_own"`: whether the handler joins the
+/// caller's transaction, and whether it runs in one of its own where the caller has none.
+/// With `"caller"` or `"caller_or_own"`, every option that would need a transaction of the
+/// handler's own is refused, each at its token, saying why.
+fn joins(lit: &LitStr, args: &Args, mode: Mode) -> syn::Result<(bool, bool)> {
+    let or_own = match lit.value().as_str() {
+        "own" => return Ok((false, false)),
+        "caller" => false,
+        "caller_or_own" => true,
         _ => {
             return Err(syn::Error::new(
                 lit.span(),
                 "`transaction` is \"own\" (the default: the handler begins and commits a \
-                 transaction of its own) or \"caller\" (the marker and the body join the \
-                 transaction the caller opened, and commit with it): \
+                 transaction of its own), \"caller\" (the marker and the body join the \
+                 transaction the caller opened, and commit with it) or \"caller_or_own\" \
+                 (the caller's where one is open, its own where none is): \
                  `transaction = \"caller\"`",
             ));
         }
-    }
-    let own = "with `transaction = \"caller\"` the handler joins the caller's transaction";
+    };
+    let own = match or_own {
+        false => "with `transaction = \"caller\"` the handler joins the caller's transaction",
+        true => {
+            "with `transaction = \"caller_or_own\"` the handler joins the caller's \
+             transaction where one is open"
+        }
+    };
     let refused: [(Option<Span>, &str); 10] = [
         (
             args.mode
@@ -366,7 +380,7 @@ fn joins(lit: &LitStr, args: &Args, mode: Mode) -> syn::Result<bool> {
     }
     match errors.0 {
         Some(error) => Err(error),
-        None => Ok(true),
+        None => Ok((true, or_own)),
     }
 }
 

@@ -17,7 +17,8 @@
 //! let shutdown = std::future::pending::<()>();
 //! let report = pump
 //!     .run(&jetstream, &consumer, shutdown, |message| async move {
-//!         // The publisher's Nats-Msg-Id, else the stream and the message's stream sequence.
+//!         // The publisher's Nats-Msg-Id, else the stream, the message's stream sequence and
+//!         // the time the stream stored it.
 //!         let key = match key(&message) {
 //!             Ok(key) => key,
 //!             Err(invalid) => return Err(inbox_diesel::Error::InvalidKey(invalid)),
@@ -44,8 +45,9 @@
 //! (the connection was down) is counted in [`Report::unconfirmed`]; JetStream redelivers that
 //! message after `ack_wait`, and the inbox answers `Duplicate` if it had been processed.
 //!
-//! **Keys.** [`key`] is the publisher's `Nats-Msg-Id`, else the stream and the message's
-//! stream sequence. JetStream itself drops a message whose `Nats-Msg-Id` it stored within the
+//! **Keys.** [`key`] is the publisher's `Nats-Msg-Id`, else the stream, the message's
+//! stream sequence and the time the stream stored it (a stream deleted and created again
+//! under its name numbers from 1 again: the time tells its messages apart). JetStream itself drops a message whose `Nats-Msg-Id` it stored within the
 //! stream's duplicate window (two minutes by default); the inbox catches what gets past it —
 //! a publisher's retry after the window, and every redelivery.
 //!
@@ -209,8 +211,10 @@ impl std::error::Error for Unreachable {
 
 /// The key of a JetStream message ([`inbox_diesel::broker::jetstream`]): its `Nats-Msg-Id`
 /// header when the publisher set one — the id JetStream deduplicates by within the stream's
-/// duplicate window, and the inbox after it — else the stream and the message's stream
-/// sequence.
+/// duplicate window, and the inbox after it — else the stream, the message's stream
+/// sequence and the time the stream stored it (`published`): a stream deleted and created
+/// again under its name numbers from 1 again, and its messages were answered `Duplicate` by
+/// the old stream's markers — acknowledged, never applied.
 ///
 /// Without `Nats-Msg-Id`, a publisher's retry is stored as a new message with a sequence of
 /// its own, and the inbox applies it again: only redeliveries of one stored message are
@@ -228,7 +232,12 @@ pub fn key(message: &Message) -> Result<MessageKey, KeyError> {
     let info = message.info().map_err(|_| KeyError::Missing {
         field: "JetStream metadata (stream and sequence)",
     })?;
-    broker::jetstream(msg_id, info.stream, info.stream_sequence)
+    broker::jetstream(
+        msg_id,
+        info.stream,
+        info.stream_sequence,
+        info.published.unix_timestamp_nanos(),
+    )
 }
 
 /// How many times this message has been delivered, this time included: `delivered` in its

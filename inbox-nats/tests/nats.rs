@@ -256,12 +256,16 @@ async fn each_message_published_twice_is_applied_once() {
     stream.delete().await;
 }
 
-/// The key is the publisher's `Nats-Msg-Id` when it set one, else the stream and the
-/// message's stream sequence — never anything the consumer makes up.
+/// The key is the publisher's `Nats-Msg-Id` when it set one, else the stream, the message's
+/// stream sequence and the time the stream stored it — never anything the consumer makes up.
 #[tokio::test]
 async fn a_message_is_keyed_by_its_msg_id_else_its_stream_sequence() {
     let stream = Stream::create("keys", Duration::from_secs(120)).await;
     let anonymous = stream.publish(None, "anonymous").await.sequence;
+    let stored = {
+        let stream = stream.jetstream.get_stream(&stream.name).await.unwrap();
+        stream.get_raw_message(anonymous).await.unwrap().time
+    };
     stream.publish(Some("order-7"), "named").await;
     let pump = Pump::new();
     let consumer = stream.consumer(&pump, "keys").await;
@@ -290,13 +294,62 @@ async fn a_message_is_keyed_by_its_msg_id_else_its_stream_sequence() {
         [
             (
                 "anonymous".to_owned(),
-                MessageKey::sequence(stream.name.as_str(), anonymous).unwrap(),
+                inbox_diesel::broker::jetstream(
+                    None,
+                    &stream.name,
+                    anonymous,
+                    stored.unix_timestamp_nanos()
+                )
+                .unwrap(),
                 1
             ),
             ("named".to_owned(), MessageKey::text("order-7").unwrap(), 1),
         ]
     );
     stream.delete().await;
+}
+
+/// A stream deleted and created again under its name (a redeploy, a cleared environment),
+/// its publishers setting no `Nats-Msg-Id`: the new stream numbers from 1 again, and its
+/// messages met the old stream's markers — answered `Duplicate` and acknowledged, never
+/// applied. The time the stream stored each message tells them apart.
+#[tokio::test]
+async fn a_stream_created_again_under_its_name_is_new_messages() {
+    let store = Store::new();
+    for round in 0..2 {
+        let stream = Stream::create("again", Duration::from_secs(120)).await;
+        for n in 0..3 {
+            stream.publish(None, &format!("round{round}-m{n}")).await;
+        }
+        let pump = Pump::new();
+        let consumer = stream.consumer(&pump, "again").await;
+        let answered = AtomicU32::new(0);
+        let report = within(
+            Duration::from_secs(30),
+            "the pump",
+            pump.run(
+                &stream.jetstream,
+                &consumer,
+                counted(&answered, 3),
+                |message| {
+                    let answer = handle(&store, &message);
+                    answered.fetch_add(1, Ordering::SeqCst);
+                    async move { answer }
+                },
+            ),
+        )
+        .await
+        .unwrap();
+        assert_eq!(report.acked, 3, "{report:?}");
+        stream.delete().await;
+    }
+    let effects = store.effects();
+    assert_eq!(
+        effects.len(),
+        6,
+        "both streams' messages applied: {effects:?}"
+    );
+    assert!(effects.iter().all(|(_, n)| *n == 1), "{effects:?}");
 }
 
 /// A transient failure is handed back with the redelivery delay (JetStream waits it out),

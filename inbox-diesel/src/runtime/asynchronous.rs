@@ -147,6 +147,47 @@ where
     result
 }
 
+/// `transaction = "caller_or_own"` on a diesel-async connection: [`run_joined_async`] where
+/// the caller has a transaction open (diesel-async's manager counts it), [`run_async`] where
+/// it has none.
+pub async fn run_joined_or_own_async<C, T, E, B, P, A>(
+    outcome: PhantomData<A>,
+    conn: &mut C,
+    spec: &'static HandlerSpec,
+    key: Result<MessageKey, KeyError>,
+    body: B,
+    probe: P,
+    inbox_error: fn(Error) -> E,
+) -> Result<A, E>
+where
+    C: AsyncInboxConnection,
+    B: Clone + for<'c> AsyncBody<&'c mut C, Result<T, E>, Fut: Send>,
+    P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
+    A: HandlerOutcome<T>,
+{
+    use diesel_async::TransactionManager;
+    let open = matches!(
+        C::TransactionManager::transaction_manager_status_mut(conn).transaction_depth(),
+        Ok(Some(_))
+    );
+    match open {
+        true => run_joined_async(outcome, conn, spec, key, body, probe, inbox_error).await,
+        false => {
+            run_async(
+                outcome,
+                conn,
+                spec,
+                key,
+                body,
+                probe,
+                crate::runtime::stored::Remembered::new(None, None),
+                inbox_error,
+            )
+            .await
+        }
+    }
+}
+
 /// Runs `body` once per message key and consumer inside the transaction the caller opened
 /// (`transaction = "caller"`), on a diesel-async connection; see `driver::drive_joined`.
 pub async fn run_joined_async<C, T, E, B, P, A>(

@@ -63,6 +63,44 @@ where
     result
 }
 
+/// `transaction = "caller_or_own"`: [`run_joined`] where the caller has a transaction open
+/// (diesel's manager counts it), [`run`] where it has none — a transaction the application
+/// opened as SQL is not counted, and `run` refuses it as it does for any handler.
+pub fn run_joined_or_own<C, T, E, B, P, A>(
+    outcome: PhantomData<A>,
+    conn: &mut C,
+    spec: &'static HandlerSpec,
+    key: Result<MessageKey, KeyError>,
+    body: B,
+    probe: P,
+    inbox_error: fn(Error) -> E,
+) -> Result<A, E>
+where
+    C: InboxConnection,
+    B: FnMut(&mut C) -> Result<T, E>,
+    P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
+    A: HandlerOutcome<T>,
+{
+    use diesel::connection::TransactionManager;
+    let open = matches!(
+        C::TransactionManager::transaction_manager_status_mut(conn).transaction_depth(),
+        Ok(Some(_))
+    );
+    match open {
+        true => run_joined(outcome, conn, spec, key, body, probe, inbox_error),
+        false => run(
+            outcome,
+            conn,
+            spec,
+            key,
+            body,
+            probe,
+            Remembered::new(None, None),
+            inbox_error,
+        ),
+    }
+}
+
 /// Runs `body` once per message key and consumer inside the transaction the caller opened
 /// (`transaction = "caller"`), on a sync connection; see `driver::drive_joined`.
 pub fn run_joined<C, T, E, B, P, A>(

@@ -285,3 +285,46 @@ fn a_joining_handler_without_a_transaction_is_refused() {
     assert_eq!(testing::count(&mut conn, &credits_of(1)), 0);
     assert_eq!(testing::count(&mut conn, "SELECT count(*) FROM inbox"), 0);
 }
+
+/// The same effect for callers with a transaction and callers without:
+/// `transaction = "caller_or_own"` — a message handler a job runner also calls inside its
+/// job's transaction, or an HTTP body that applies a message on its request's transaction.
+#[idempotent(consumer = "jobs", key = msg.id, transaction = "caller_or_own")]
+fn apply(conn: &mut DbConnection, msg: &Credit) -> Result<(), AppError> {
+    write_credit(conn, msg)?;
+    Ok(())
+}
+
+/// One handler for both callers: inside the caller's transaction it joins it (the caller's
+/// rollback takes the marker, its commit keeps it), outside any it commits on its own; a
+/// message applied either way is a duplicate to the other.
+#[test]
+fn a_handler_joins_a_callers_transaction_or_runs_its_own() {
+    let db = with_jobs("joined_or_own", &[]);
+    let mut conn = db.connect();
+    // Joined, and rolled back with the caller: nothing stays.
+    let rolled = conn.transaction::<(), AppError, _>(|conn| {
+        assert!(apply(conn, &Credit::new(1))?.is_processed());
+        conn.batch_execute("INSERT INTO jobs VALUES (1, 1)")?;
+        Err(AppError::Rejected)
+    });
+    assert!(matches!(rolled, Err(AppError::Rejected)));
+    assert_eq!(testing::count(&mut conn, &credits_of(1)), 0);
+    assert_eq!(testing::count(&mut conn, "SELECT count(*) FROM inbox"), 0);
+    // On its own: committed at once.
+    assert!(apply(&mut conn, &Credit::new(1)).unwrap().is_processed());
+    assert_eq!(testing::count(&mut db.connect(), &credits_of(1)), 1);
+    // Joined again: the message is a duplicate there, and a new one commits with the
+    // caller's write.
+    conn.transaction::<(), AppError, _>(|conn| {
+        assert!(apply(conn, &Credit::new(1))?.is_duplicate());
+        assert!(apply(conn, &Credit::new(2))?.is_processed());
+        conn.batch_execute("INSERT INTO jobs VALUES (2, 2)")?;
+        Ok(())
+    })
+    .unwrap();
+    assert!(apply(&mut conn, &Credit::new(2)).unwrap().is_duplicate());
+    testing::assert_once(&mut conn, &credits_of(1));
+    testing::assert_once(&mut conn, &credits_of(2));
+    assert_eq!(testing::count(&mut conn, "SELECT count(*) FROM jobs"), 1);
+}

@@ -190,3 +190,55 @@ async fn a_cancelled_joining_handler_fails_its_callers_commit() {
     );
     assert_eq!(testing::count_async(&mut check, &credits_of(1)).await, 0);
 }
+
+#[idempotent(consumer = "jobs", key = msg.id, transaction = "caller_or_own")]
+async fn apply(conn: &mut AsyncConnection, msg: &Credit) -> Result<(), AppError> {
+    diesel::insert_into(credits::table)
+        .values((
+            credits::message.eq(msg.id.to_string()),
+            credits::account.eq(msg.account),
+            credits::amount.eq(msg.amount),
+        ))
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// `transaction = "caller_or_own"` on diesel-async: joins the caller's transaction where one
+/// is open, runs its own where none is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_async_handler_joins_a_callers_transaction_or_runs_its_own() {
+    let db = Db::new("joined_or_own_async");
+    let mut conn = db.connect_async().await;
+    let mut check = db.connect_async().await;
+    let rolled = conn
+        .transaction::<(), AppError, _>(async |conn| {
+            assert!(apply(conn, &Credit::new(1)).await?.is_processed());
+            Err(AppError::Rejected)
+        })
+        .await;
+    assert!(matches!(rolled, Err(AppError::Rejected)));
+    assert_eq!(testing::count_async(&mut check, &credits_of(1)).await, 0);
+    assert!(
+        apply(&mut conn, &Credit::new(1))
+            .await
+            .unwrap()
+            .is_processed()
+    );
+    assert_eq!(testing::count_async(&mut check, &credits_of(1)).await, 1);
+    conn.transaction::<(), AppError, _>(async |conn| {
+        assert!(apply(conn, &Credit::new(1)).await?.is_duplicate());
+        assert!(apply(conn, &Credit::new(2)).await?.is_processed());
+        Ok(())
+    })
+    .await
+    .unwrap();
+    assert!(
+        apply(&mut conn, &Credit::new(2))
+            .await
+            .unwrap()
+            .is_duplicate()
+    );
+    testing::assert_once_async(&mut check, &credits_of(1)).await;
+    testing::assert_once_async(&mut check, &credits_of(2)).await;
+}

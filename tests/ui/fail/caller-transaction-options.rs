@@ -39,4 +39,9 @@ fn batch_in_the_callers_transaction(conn: &mut SqliteConnection, msgs: &[Msg]) -
     Ok(())
 }
 
+#[idempotent(consumer = "jobs", key = msg.id, transaction = "caller_or_own", retries = 3)]
+fn retried_where_it_may_join(conn: &mut SqliteConnection, msg: &Msg) -> QueryResult<()> {
+    Ok(())
+}
+
 fn main() {}
