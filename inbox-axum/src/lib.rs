@@ -96,6 +96,10 @@
 //! # fn main() {}
 //! ```
 //!
+//! An `#[idempotent]` handler the body calls on its transaction (a message applied by the
+//! request) joins it when declared `transaction = "caller_or_own"`; a handler of the default
+//! kind refuses to run inside it (`CalledInsideTransaction`, a 500).
+//!
 //! A synchronous diesel application runs the same with [`Idempotent::run_blocking`], inside
 //! `spawn_blocking` (and turns the default feature `async` off).
 //!

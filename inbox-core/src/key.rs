@@ -690,7 +690,7 @@ impl TryFrom<String> for MessageKey {
 /// is the key `https://example.social/`), tuples of 2 to 6 [`ToKeyPart`]s (a composite key,
 /// [`MessageKey::composite`] — a Kafka `(topic, partition, offset)` and a CloudEvents
 /// `(source, id)` among them), [`MessageKey`] itself, and references, `Box`es, `Rc`s and
-/// `Arc`s of any of these (`Arc<str>`).
+/// `Arc`s of any of these (`Arc<str>`), and `Option`s of them (`None` is a missing id).
 /// Implement it for your own message id type to use that type directly as a key.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be used as a message key",
@@ -750,6 +750,20 @@ impl<S: AsRef<str>, K: ToMessageKey> ToMessageKey for Scoped<S, K> {
 impl<K: ToMessageKey + ?Sized> ToMessageKey for &K {
     fn to_message_key(&self) -> Result<MessageKey, KeyError> {
         (**self).to_message_key()
+    }
+}
+
+/// An id the message may lack (`msg["id"].as_str()`, an optional header): `None` is refused
+/// as a missing id ([`KeyError::Missing`], dead-lettered) before any SQL — never keyed on
+/// something the consumer makes up.
+impl<K: ToMessageKey> ToMessageKey for Option<K> {
+    fn to_message_key(&self) -> Result<MessageKey, KeyError> {
+        match self {
+            Some(key) => key.to_message_key(),
+            None => Err(KeyError::Missing {
+                field: "id (the handler's key is `None`)",
+            }),
+        }
     }
 }
 
@@ -884,6 +898,17 @@ mod tests {
             (Arc::new(7_i64), shared).to_message_key().unwrap(),
             (7_i64, "files/ab.webp").to_message_key().unwrap()
         );
+    }
+
+    #[test]
+    fn an_optional_id_is_its_key_or_missing() {
+        assert_eq!(
+            Some("order-1").to_message_key().unwrap(),
+            MessageKey::text("order-1").unwrap()
+        );
+        let missing = None::<&str>.to_message_key().unwrap_err();
+        assert!(matches!(missing, KeyError::Missing { .. }), "{missing:?}");
+        assert!(missing.to_string().contains("`None`"), "{missing}");
     }
 
     const STORED_ORDER_1: &str = "4c4f1b35-a5fe-56db-9f13-c3e78c6a6818";

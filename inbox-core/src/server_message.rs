@@ -502,12 +502,18 @@ fn classify_message(message: &str) -> ErrorClass {
     if READ_ONLY.iter().any(|m| message.contains(m)) {
         return ErrorClass::ReadOnly;
     }
-    const PERMISSION_DENIED: [&str; 5] = [
+    const PERMISSION_DENIED: [&str; 8] = [
         // PostgreSQL 42501 (`permission denied for table inbox`, `… for schema …`).
         "permission denied for ",
-        // MySQL and MariaDB 1142, 1143, 1044.
+        // MySQL and MariaDB 1142, 1143, 1044; 1227, a privilege the statement needs.
         " command denied to user ",
         "Access denied for user",
+        "Access denied; you need",
+        // MariaDB and MySQL 1820: the account's password expired while it was connected
+        // (`ALTER USER … PASSWORD EXPIRE`, a password lifetime): every statement but the
+        // password's change is refused until an operator sets one.
+        "You must SET PASSWORD before executing this statement",
+        "You must reset your password using ALTER USER",
         // SQLite SQLITE_READONLY: a file the process may not write, or opened read-only.
         "attempt to write a readonly database",
         // SQLite SQLITE_AUTH.
@@ -800,6 +806,15 @@ mod tests {
             ),
             (
                 "permission denied for table inbox",
+                ErrorClass::PermissionDenied,
+            ),
+            (
+                "You must SET PASSWORD before executing this statement",
+                ErrorClass::PermissionDenied,
+            ),
+            (
+                "You must reset your password using ALTER USER statement before executing \
+                 this statement.",
                 ErrorClass::PermissionDenied,
             ),
             (

@@ -282,7 +282,9 @@ impl Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::InvalidKey(_) => f.write_str("inbox: invalid message key"),
+            // Which field is missing, how long the key was: the `KeyError`'s words, which
+            // stays the `source()`.
+            Error::InvalidKey(e) => write!(f, "inbox: invalid message key: {e}"),
             // What the check found, and its fix, in the error's own text: an operator who
             // prints the error sees the cause (a trigger, a privilege, the session's
             // language), not only that there is one.
@@ -290,7 +292,9 @@ impl fmt::Display for Error {
             Error::CalledInsideTransaction => f.write_str(
                 "inbox: the handler was called inside an open transaction; nothing ran. Call \
                  it outside any transaction: it commits the marker with the body's work in a \
-                 transaction of its own",
+                 transaction of its own — or, where its callers hold a transaction (a job \
+                 runner, another handler's or an HTTP request's body), declare it \
+                 `transaction = \"caller_or_own\"` to join theirs",
             ),
             Error::IdleBoundExceeded {
                 idle_in_transaction_ms,

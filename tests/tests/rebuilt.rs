@@ -556,6 +556,32 @@ mod mysql {
         );
     }
 
+    /// An account whose password expired (`ALTER USER … PASSWORD EXPIRE`, a password
+    /// lifetime): MariaDB still opens its connections, in a mode that refuses every statement
+    /// but the password's change (1820). The check's refused read halted as a "schema
+    /// mismatch"; it is the account's (`PermissionDenied`), named, and nothing is written.
+    #[test]
+    fn an_expired_password_is_named_as_the_accounts() {
+        let db = MysqlDb::new("expired_password");
+        let user = format!("inbox_expired_{}", std::process::id());
+        let mut admin = db.connect();
+        admin
+            .batch_execute(&format!(
+                "CREATE USER '{user}'@'%'; GRANT ALL ON `{}`.* TO '{user}'@'%'; \
+                 ALTER USER '{user}'@'%' PASSWORD EXPIRE",
+                db.name()
+            ))
+            .unwrap();
+        let dropped = DropUser(db.connect(), user.clone());
+        let mut conn = db.connect_as(&user);
+        let error = credit(&mut conn, "m-1").unwrap_err();
+        assert_eq!(error.class(), ErrorClass::PermissionDenied, "{error:?}");
+        assert_eq!(error.action(), Action::Alert);
+        assert!(error.to_string().contains("SET PASSWORD"), "{error}");
+        assert_eq!(count(&mut admin, "SELECT count(*) AS n FROM inbox"), 0);
+        drop(dropped);
+    }
+
     struct DropUser(MysqlConnection, String);
 
     impl Drop for DropUser {

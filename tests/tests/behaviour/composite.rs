@@ -138,3 +138,34 @@ fn ids_in_shared_pointers_are_keys() {
     assert_eq!(inbox_tests::balance(&mut db.connect(), 1), 1);
     assert_eq!(inbox_tests::balance(&mut db.connect(), 2), 2);
 }
+
+// An id the message may lack (an activity's `id`, an optional header): `None` is a missing
+// key, refused before any SQL and dead-lettered, never keyed on something made up.
+#[idempotent(consumer = "activities", key = activity.get("id").copied())]
+fn receive(
+    conn: &mut DbConnection,
+    activity: &std::collections::BTreeMap<&str, &str>,
+) -> Result<(), Error> {
+    diesel::sql_query("UPDATE accounts SET balance = balance + 1 WHERE id = 1").execute(conn)?;
+    Ok(())
+}
+
+#[test]
+fn an_optional_id_is_the_key_or_a_missing_one() {
+    let db = Db::new("optional_key");
+    let mut conn = db.connect();
+    let like = [("id", "https://example.social/likes/1"), ("type", "Like")].into();
+    assert!(receive(&mut conn, &like).unwrap().is_processed());
+    assert!(receive(&mut conn, &like).unwrap().is_duplicate());
+    let anonymous = [("type", "Like")].into();
+    let refused = receive(&mut conn, &anonymous).unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            Error::InvalidKey(inbox_diesel::KeyError::Missing { .. })
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(refused.action(), inbox_diesel::Action::DeadLetter);
+    assert_eq!(inbox_tests::balance(&mut db.connect(), 1), 1);
+}
