@@ -173,6 +173,7 @@ impl<R> ProbeOpaque for Probe<'_, R> {
         None
     }
 }
+
 /// Whether the runtime can find a diesel error in a body's error type: resolved by autoref
 /// at the expansion site like [`Probe`],
 /// `error_is_readable((&&&&Readable::<Result<T, E>>::NEW).inbox_readable())`. An error type
