@@ -198,7 +198,7 @@ impl<T> Idempotent<T> {
     /// use axum::Router;
     /// use axum::extract::State;
     /// use axum::http::StatusCode;
-    /// use axum::response::Response;
+    /// use axum::response::{IntoResponse, Response};
     /// use axum::routing::post;
     /// use diesel::prelude::*;
     /// use diesel::r2d2::{ConnectionManager, Pool};
@@ -239,7 +239,8 @@ impl<T> Idempotent<T> {
     ///         }))
     ///     })
     ///     .await
-    ///     .unwrap_or_else(|e| inbox_axum::unavailable(e))
+    ///     // A panic in the task: the transaction rolled back, and a retry would panic again.
+    ///     .unwrap_or_else(|e| inbox_axum::Error::internal(e).into_response())
     /// }
     ///
     /// fn router(pool: DbPool) -> Router {

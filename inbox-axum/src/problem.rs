@@ -115,6 +115,25 @@ pub enum Error {
     Respond(Problem),
 }
 
+/// The answer to the client, for an error met outside [`Idempotent::run`]'s body (a
+/// `spawn_blocking` task that panicked around [`Idempotent::run_blocking`]: 500, logged —
+/// not [`unavailable`](crate::unavailable)'s 503, which says the request did not run).
+///
+/// [`Idempotent::run`]: crate::Idempotent::run
+/// [`Idempotent::run_blocking`]: crate::Idempotent::run_blocking
+impl axum::response::IntoResponse for Error {
+    fn into_response(self) -> axum::response::Response {
+        let problem = self.problem();
+        if problem.status().is_server_error() {
+            tracing::error!(
+                error = &self as &dyn std::error::Error,
+                "an idempotent request failed"
+            );
+        }
+        problem.into_response()
+    }
+}
+
 impl Error {
     /// An error of the body's own, answered 500 and logged.
     pub fn internal(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {

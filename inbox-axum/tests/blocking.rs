@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
@@ -56,6 +56,10 @@ async fn create(State(App { pool, runs }): State<App>, request: Idempotent<Trans
                     .values(transfers::cents.eq(cents))
                     .returning(transfers::id)
                     .get_result(tx)?;
+                if cents == 13 {
+                    // The application's own `expect` on a row that is not there.
+                    panic!("no account for a transfer of 13");
+                }
                 if cents < 0 {
                     // Written, then rolled back with the request's transaction.
                     return Err(Error::internal("a transfer cannot be negative"));
@@ -68,7 +72,7 @@ async fn create(State(App { pool, runs }): State<App>, request: Idempotent<Trans
         )
     })
     .await
-    .unwrap_or_else(inbox_axum::unavailable)
+    .unwrap_or_else(|e| inbox_axum::Error::internal(e).into_response())
 }
 
 fn count(pool: &DbPool, sql: &str) -> i64 {
@@ -206,4 +210,23 @@ async fn concurrent_requests_with_one_key_run_it_once() {
         1
     );
     assert_eq!(app.runs.load(Ordering::SeqCst), 1);
+}
+
+/// A body that panics (an application's `expect`): its transaction rolls back as the panic
+/// unwinds, and the request is answered 500 — not 503, which would say it did not run and
+/// invite the same panic again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_panicking_body_is_a_500_and_commits_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (app, address) = serve(&dir).await;
+    let client = reqwest::Client::new();
+    for _ in 0..2 {
+        let (status, _, problem) = post_transfer(&client, &address, "t-13", 13).await;
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{problem}");
+    }
+    assert_eq!(count(&app.pool, "SELECT count(*) AS n FROM transfers"), 0);
+    assert_eq!(count(&app.pool, "SELECT count(*) AS n FROM inbox"), 0);
+    // The pool's connections are whole: the next request runs.
+    let (status, replayed, _) = post_transfer(&client, &address, "t-14", 14).await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, false));
 }
