@@ -165,12 +165,8 @@ where
     P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
     A: HandlerOutcome<T>,
 {
-    use diesel_async::TransactionManager;
-    let open = matches!(
-        C::TransactionManager::transaction_manager_status_mut(conn).transaction_depth(),
-        Ok(Some(_))
-    );
-    match open {
+    // The depth `drive_joined` refuses at 0, read the same way.
+    match Awaiting(&mut *conn).depth() > 0 {
         true => run_joined_async(outcome, conn, spec, key, body, probe, inbox_error).await,
         false => {
             run_async(

@@ -81,12 +81,8 @@ where
     P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
     A: HandlerOutcome<T>,
 {
-    use diesel::connection::TransactionManager;
-    let open = matches!(
-        C::TransactionManager::transaction_manager_status_mut(conn).transaction_depth(),
-        Ok(Some(_))
-    );
-    match open {
+    // The depth `drive_joined` refuses at 0, read the same way.
+    match Blocking(&mut *conn).depth() > 0 {
         true => run_joined(outcome, conn, spec, key, body, probe, inbox_error),
         false => run(
             outcome,
