@@ -168,12 +168,7 @@ impl<T> Idempotent<T> {
     {
         let key = match self.message_key() {
             Ok(key) => key,
-            Err(e) => {
-                return self.answer(
-                    handler,
-                    Err(Error::Inbox(inbox_diesel::Error::InvalidKey(e))),
-                );
-            }
+            Err(refused) => return self.answer(handler, Err(refused)),
         };
         let outcome = inbox_diesel::handler::run_once_stored_async(
             conn,
@@ -264,12 +259,7 @@ impl<T> Idempotent<T> {
     {
         let key = match self.message_key() {
             Ok(key) => key,
-            Err(e) => {
-                return self.answer(
-                    handler,
-                    Err(Error::Inbox(inbox_diesel::Error::InvalidKey(e))),
-                );
-            }
+            Err(refused) => return self.answer(handler, Err(refused)),
         };
         let outcome = inbox_diesel::handler::run_once_stored(
             conn,

@@ -168,12 +168,13 @@ impl<T> Idempotent<T> {
     }
 
     /// The key the inbox stores the request under: the client's key within the principal's
-    /// scope, within the route's.
-    pub(crate) fn message_key(&self) -> Result<MessageKey, inbox_diesel::KeyError> {
+    /// scope, within the route's; one it cannot be, as the error the request is answered by.
+    pub(crate) fn message_key(&self) -> Result<MessageKey, crate::Error> {
         match self.principal.name() {
             Some(name) => Scoped(&self.route, Scoped(name, self.key.as_str())).to_message_key(),
             None => Scoped(&self.route, self.key.as_str()).to_message_key(),
         }
+        .map_err(|e| crate::Error::Inbox(inbox_diesel::Error::InvalidKey(e)))
     }
 }
 
