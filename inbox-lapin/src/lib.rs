@@ -61,6 +61,16 @@
 //! requeues those the channel had buffered but no handler had started. A consumer the broker
 //! ends (its queue deleted) stops the pump with [`Stopped::Cancelled`].
 //!
+//! **The broker's faults.** A channel the broker closes — a handler slower than its
+//! `consumer_timeout`, whose delivery stayed unacknowledged too long — and a connection that
+//! fails — the broker killed or restarted — stop the pump with [`Stopped::Broker`]. What was
+//! not acknowledged comes again, a delivery whose handler had committed included (counted in
+//! [`Report::unsettled`]): the handler answers `Duplicate` and it is acknowledged then.
+//! Restart the pump on a new connection (tested on a private broker killed with `SIGKILL`,
+//! and one whose consumer timeout a handler outlived). Messages the broker never confirmed
+//! to their publisher may not survive its crash: publish persistent messages with
+//! confirms.
+//!
 //! **Traces.** Each delivery is handled and settled in one span,
 //! [`process_span`]`("rabbitmq", queue, delivery_count)`: named `process {queue}` in the
 //! OpenTelemetry messaging conventions, with the handler's consumer, the stored id, the
@@ -296,11 +306,7 @@ impl Pump {
                         let settled = settle(&acker, retry, pause, stopping_rx_ref.clone())
                             .instrument(span)
                             .await;
-                        counts_ref.count(retry);
-                        if let Err(e) = settled {
-                            let _ = failed_ref.send(Some(e.to_string()));
-                            let _ = halt_ref.send(Some(format!("settling failed: {e}")));
-                        }
+                        counts_ref.settled(retry, settled, failed_ref, halt_ref);
                         return;
                     }
                     // The handler is called in the span as well as polled in it: a sync
@@ -348,11 +354,7 @@ impl Pump {
                     let settled = settle(&acker, settlement, delay, stopping_rx_ref.clone())
                         .instrument(span)
                         .await;
-                    counts_ref.count(settlement);
-                    if let Err(e) = settled {
-                        let _ = failed_ref.send(Some(e.to_string()));
-                        let _ = halt_ref.send(Some(format!("settling failed: {e}")));
-                    }
+                    counts_ref.settled(settlement, settled, failed_ref, halt_ref);
                 })
                 .await;
         };
@@ -368,6 +370,7 @@ impl Pump {
             dead_lettered: counts.dead_letter.load(Ordering::Relaxed),
             halted: counts.halt.load(Ordering::Relaxed),
             requeued_unstarted: requeued,
+            unsettled: counts.unsettled.load(Ordering::Relaxed),
         };
         if let Some(failure) = broker_failure.borrow_and_update().clone() {
             return Err(Stopped::Broker { failure, report });
@@ -452,15 +455,40 @@ struct Counts {
     retry: AtomicU64,
     dead_letter: AtomicU64,
     halt: AtomicU64,
+    unsettled: AtomicU64,
 }
 
 impl Counts {
-    fn count(&self, settlement: Settlement) {
-        let counter = match settlement {
-            Settlement::Ack => &self.ack,
-            Settlement::Retry { .. } => &self.retry,
-            Settlement::DeadLetter => &self.dead_letter,
-            _ => &self.halt,
+    /// Counts a settlement the broker was sent. One the channel could no longer send (closed
+    /// or failed since the delivery: lapin answers `false`) is unsettled — the broker delivers
+    /// the message again — and the channel's failure stops the pump.
+    fn settled(
+        &self,
+        settlement: Settlement,
+        settled: lapin::Result<bool>,
+        failed: &tokio::sync::watch::Sender<Option<String>>,
+        halt: &tokio::sync::watch::Sender<Option<String>>,
+    ) {
+        let counter = match (settled, settlement) {
+            (Ok(false), _) => {
+                let why = "the channel closed before the delivery was settled; the broker \
+                           delivers it again";
+                tracing::warn!("{why}");
+                failed.send_if_modified(|failed| {
+                    failed.is_none() && failed.replace(why.into()).is_none()
+                });
+                let _ = halt.send(Some(format!("settling failed: {why}")));
+                &self.unsettled
+            }
+            (Err(e), _) => {
+                let _ = failed.send(Some(e.to_string()));
+                let _ = halt.send(Some(format!("settling failed: {e}")));
+                &self.unsettled
+            }
+            (Ok(true), Settlement::Ack) => &self.ack,
+            (Ok(true), Settlement::Retry { .. }) => &self.retry,
+            (Ok(true), Settlement::DeadLetter) => &self.dead_letter,
+            (Ok(true), _) => &self.halt,
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }
@@ -480,6 +508,10 @@ pub struct Report {
     pub halted: u64,
     /// Deliveries the channel had buffered when the pump stopped, requeued unstarted.
     pub requeued_unstarted: u64,
+    /// Deliveries whose settlement never reached the broker: the channel or the connection
+    /// failed first (the broker killed, say). The broker delivers them again — a handler
+    /// that had processed one answers `Duplicate` then.
+    pub unsettled: u64,
 }
 
 /// Why a pump stopped before its shutdown.
