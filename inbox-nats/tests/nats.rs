@@ -1122,3 +1122,193 @@ async fn a_panicking_handler_settles_its_own_message_only() {
     );
     stream.delete().await;
 }
+
+/// A NATS server of the test's own — the machine's `nats-server`, JetStream on a temporary
+/// directory (file storage), a free port — which a test kills and starts again: the server's
+/// crash provoked for real, the shared server untouched.
+mod private_server {
+    use super::*;
+    use std::process::{Child, Command, Stdio};
+
+    struct Server {
+        dir: tempfile::TempDir,
+        port: u16,
+        child: Option<Child>,
+    }
+
+    impl Server {
+        fn new() -> Self {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let mut server = Self {
+                dir: tempfile::tempdir().unwrap(),
+                port,
+                child: None,
+            };
+            server.start();
+            server
+        }
+
+        fn url(&self) -> String {
+            format!("nats://127.0.0.1:{}", self.port)
+        }
+
+        /// Starts the server on its directory and port; waits until it takes connections.
+        fn start(&mut self) {
+            let dir = self.dir.path();
+            let log = std::fs::File::create(dir.join("server.log")).unwrap();
+            let child = Command::new("nats-server")
+                .args([
+                    "-a",
+                    "127.0.0.1",
+                    "-p",
+                    &self.port.to_string(),
+                    "-js",
+                    "-sd",
+                ])
+                .arg(dir.join("jetstream"))
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .spawn()
+                .unwrap_or_else(|e| panic!("nats-server (the machine's NATS) cannot start: {e}"));
+            self.child = Some(child);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+                let exited = self.child.as_mut().unwrap().try_wait().unwrap();
+                if exited.is_some() || Instant::now() > deadline {
+                    let log = std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
+                    panic!("the private NATS server did not start ({exited:?}):\n{log}");
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+
+        /// `SIGKILL`, as a crash or a power cut ends it.
+        fn kill(&mut self) {
+            if let Some(mut child) = self.child.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+
+    impl Drop for Server {
+        fn drop(&mut self) {
+            self.kill();
+        }
+    }
+
+    /// The server killed while a handler holds a committed message, before its
+    /// acknowledgement, and started again a second later: the same pump carries on over
+    /// async-nats' reconnection — the settlement it could not send counted unconfirmed, the
+    /// message redelivered after `ack_wait` and answered `Duplicate`, the messages no
+    /// handler had taken processed; each applied once, none lost.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_server_killed_before_the_ack_loses_nothing() {
+        let mut server = Server::new();
+        let jetstream = inbox_nats::connect(&server.url(), ConnectOptions::new())
+            .await
+            .unwrap();
+        let name = "inbox-nats-killed";
+        jetstream
+            .create_stream(stream::Config {
+                name: name.to_owned(),
+                subjects: vec![format!("{name}.>")],
+                storage: stream::StorageType::File,
+                ..stream::Config::default()
+            })
+            .await
+            .unwrap();
+        for body in ["a", "b", "c"] {
+            let mut headers = HeaderMap::new();
+            headers.insert(async_nats::header::NATS_MESSAGE_ID, body);
+            // Awaited twice: the server stored it.
+            jetstream
+                .publish_with_headers(format!("{name}.credits"), headers, body.into())
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+        }
+        let store = Store::new();
+        let pump = Pump::new()
+            .max_ack_pending(1)
+            .ack_wait(Duration::from_secs(2));
+        let consumer = pump.consumer(&jetstream, name, "killed").await.unwrap();
+        let answers = Mutex::new(Vec::new());
+        let first = AtomicU32::new(0);
+        let server = Mutex::new(&mut server);
+        // Until every message is applied and the consumer holds none unacknowledged, then an
+        // `ack_wait` more, for a redelivery to show.
+        let settled = async {
+            store.applied(3).await;
+            loop {
+                let info = async {
+                    let stream = jetstream.get_stream(name).await.ok()?;
+                    stream.consumer_info("killed").await.ok()
+                };
+                if let Some(info) = info.await
+                    && info.num_ack_pending == 0
+                    && info.num_pending == 0
+                {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            tokio::time::sleep(Duration::from_secs(3)).await;
+        };
+        let report = within(
+            Duration::from_secs(90),
+            "the pump",
+            pump.run(&jetstream, &consumer, settled, |message| {
+                let answer = handle(&store, &message);
+                let said = match &answer {
+                    Ok(outcome) if outcome.is_processed() => "processed".to_owned(),
+                    Ok(outcome) if outcome.is_duplicate() => "duplicate".to_owned(),
+                    other => format!("{other:?}"),
+                };
+                let body = String::from_utf8_lossy(&message.payload).into_owned();
+                answers.lock().unwrap().push(format!("{body}: {said}"));
+                let crash = first.fetch_add(1, Ordering::SeqCst) == 0;
+                let server = &server;
+                async move {
+                    if crash {
+                        // Committed; the server dies before the acknowledgement, and is back
+                        // a second later.
+                        server.lock().unwrap().kill();
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        server.lock().unwrap().start();
+                    }
+                    answer
+                }
+            }),
+        )
+        .await
+        .unwrap();
+        let answers = answers.lock().unwrap().clone();
+        assert_eq!(
+            store.effects(),
+            [("a", 1), ("b", 1), ("c", 1)].map(|(m, n)| (m.to_owned(), n)),
+            "{answers:?} {report:?}"
+        );
+        // `a`'s acknowledgement reaches the server after the reconnection, or — counted
+        // unconfirmed — it is redelivered and answered `Duplicate`.
+        let redelivered = usize::from(answers.contains(&"a: duplicate".to_owned()));
+        assert_eq!(answers.len(), 3 + redelivered, "{answers:?} {report:?}");
+        assert!(
+            answers
+                .iter()
+                .all(|a| a.ends_with(": processed") || a == "a: duplicate"),
+            "{answers:?}"
+        );
+        assert_eq!(
+            report.acked as usize,
+            3 + redelivered - report.unconfirmed as usize,
+            "{report:?}"
+        );
+    }
+}
