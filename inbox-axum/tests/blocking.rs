@@ -76,15 +76,16 @@ async fn create(State(App { pool, runs }): State<App>, request: Idempotent<Trans
 }
 
 fn count(pool: &DbPool, sql: &str) -> i64 {
+    count_on(&mut pool.get().unwrap(), sql)
+}
+
+fn count_on(conn: &mut SqliteConnection, sql: &str) -> i64 {
     #[derive(QueryableByName)]
     struct Count {
         #[diesel(sql_type = diesel::sql_types::BigInt)]
         n: i64,
     }
-    diesel::sql_query(sql)
-        .get_result::<Count>(&mut pool.get().unwrap())
-        .unwrap()
-        .n
+    diesel::sql_query(sql).get_result::<Count>(conn).unwrap().n
 }
 
 /// The server on a port of its own; its state and address.
@@ -229,4 +230,160 @@ async fn a_panicking_body_is_a_500_and_commits_nothing() {
     // The pool's connections are whole: the next request runs.
     let (status, replayed, _) = post_transfer(&client, &address, "t-14", 14).await;
     assert_eq!((status, replayed), (StatusCode::CREATED, false));
+}
+
+/// Another service's outbox relayed to this server over HTTP: the side effect of a handler
+/// that is not a broker's message — a call to an API that takes an `Idempotency-Key` — sent
+/// by a [`Sink`] of the application's own, each message's outbox id as the key. A relay that
+/// stalls after the server answered, past its lease, has its rows taken over and sent again
+/// by a second relay: every transfer applied once, the second copies answered from the
+/// stored replies.
+mod relayed {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+    use inbox_diesel::outbox::relay::{Outgoing, Relay, Sink, SinkError};
+    use inbox_diesel::outbox::{Message, Outbox};
+    use inbox_diesel::{MessageKey, idempotent};
+
+    static OUTBOX: Outbox = Outbox::new("outbox");
+
+    /// The ordering service: an order placed, the transfer it asks for written to the
+    /// outbox in the same transaction.
+    #[idempotent(consumer = "orders", key = key)]
+    fn place(
+        conn: &mut SqliteConnection,
+        key: &MessageKey,
+        cents: i64,
+    ) -> Result<(), inbox_diesel::Error> {
+        diesel::sql_query("INSERT INTO orders (cents) VALUES (?)")
+            .bind::<diesel::sql_types::BigInt, _>(cents)
+            .execute(conn)?;
+        let body = serde_json::json!({ "cents": cents }).to_string();
+        OUTBOX.publish(conn, Message::new("transfers", body))?;
+        Ok(())
+    }
+
+    /// Each POST's key, status and whether it was a replay.
+    type Posts = Arc<Mutex<Vec<(String, u16, bool)>>>;
+
+    /// POSTs each message to `{base}/{destination}` with its outbox id as the
+    /// `Idempotency-Key`; waits `stall` after the answer, as a relay whose process stalls
+    /// before it marks the rows sent.
+    struct HttpSink {
+        client: reqwest::Client,
+        base: String,
+        stall: Duration,
+        posts: Posts,
+    }
+
+    impl Sink for HttpSink {
+        fn send(
+            &mut self,
+            message: &Outgoing,
+        ) -> impl Future<Output = Result<(), SinkError>> + Send {
+            let key = message.id.to_string();
+            let request = self
+                .client
+                .post(format!("{}/{}", self.base, message.destination))
+                .header("idempotency-key", &key)
+                .header("content-type", "application/json")
+                .body(message.payload.clone());
+            let (stall, posts) = (self.stall, self.posts.clone());
+            async move {
+                let response = request
+                    .send()
+                    .await
+                    .map_err(|e| SinkError::Unavailable(e.to_string()))?;
+                let status = response.status();
+                let replayed = response.headers().contains_key("idempotent-replayed");
+                posts.lock().unwrap().push((key, status.as_u16(), replayed));
+                tokio::time::sleep(stall).await;
+                match status.as_u16() {
+                    200..=299 => Ok(()),
+                    // In flight under another request, overloaded, the server's own fault:
+                    // later.
+                    409 | 429 | 500..=599 => Err(SinkError::Unavailable(status.to_string())),
+                    _ => Err(SinkError::Rejected(status.to_string())),
+                }
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_relay_taken_over_sends_again_and_the_server_applies_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let (app, address) = serve(&dir).await;
+        let orders = dir.path().join("orders.sqlite").display().to_string();
+        let connect = || <SqliteConnection as diesel::Connection>::establish(&orders).unwrap();
+        connect()
+            .batch_execute(&format!(
+                "PRAGMA journal_mode = WAL; {}; {}; CREATE TABLE orders (cents BIGINT NOT NULL)",
+                inbox_diesel::schema::sqlite::create_table_sql(&inbox_diesel::InboxSchema::DEFAULT),
+                OUTBOX.create_table_sql(inbox_diesel::schema::Backend::Sqlite),
+            ))
+            .unwrap();
+        for n in 0..5 {
+            let key = MessageKey::text(format!("order-{n}")).unwrap();
+            assert!(place(&mut connect(), &key, 100 + n).unwrap().is_processed());
+        }
+        // A duplicate delivery of an order publishes nothing.
+        let key = MessageKey::text("order-0").unwrap();
+        assert!(place(&mut connect(), &key, 100).unwrap().is_duplicate());
+
+        let posts = Posts::default();
+        let sink = |stall| HttpSink {
+            client: reqwest::Client::new(),
+            base: address.clone(),
+            stall,
+            posts: posts.clone(),
+        };
+        let relay = Relay::new(OUTBOX).lease(Duration::from_millis(200));
+        // The first relay stalls a second after each answer; the second claims the rows
+        // once their lease has run out, and sends them again.
+        let (mut stalled, mut other) = (sink(Duration::from_secs(1)), sink(Duration::ZERO));
+        let (mut first_conn, mut second_conn) = (
+            SyncConnectionWrapper::new(connect()),
+            SyncConnectionWrapper::new(connect()),
+        );
+        let first = relay.run_once(&mut first_conn, &mut stalled);
+        let second = async {
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            relay.run_once(&mut second_conn, &mut other).await
+        };
+        let (first, second) = tokio::join!(first, second);
+        let (first, second) = (first.unwrap(), second.unwrap());
+        assert_eq!(first.sent + first.sent_unmarked, 5, "{first:?}");
+        assert!(first.sent_unmarked >= 1, "{first:?}");
+        assert!(second.sent >= 1, "{second:?}");
+
+        let posts = posts.lock().unwrap().clone();
+        assert!(
+            posts.iter().all(|(_, status, _)| *status == 201),
+            "{posts:?}"
+        );
+        let keys: std::collections::BTreeSet<_> = posts.iter().map(|p| &p.0).collect();
+        assert_eq!(keys.len(), 5, "{posts:?}");
+        let fresh = posts.iter().filter(|(_, _, replayed)| !replayed).count();
+        assert_eq!(
+            fresh, 5,
+            "each key answered fresh once, replayed after: {posts:?}"
+        );
+        assert!(posts.len() > 5, "{posts:?}");
+        assert_eq!(count(&app.pool, "SELECT count(*) AS n FROM transfers"), 5);
+        assert_eq!(
+            count(&app.pool, "SELECT sum(cents) AS n FROM transfers"),
+            100 + 101 + 102 + 103 + 104
+        );
+        assert_eq!(app.runs.load(Ordering::SeqCst), 5);
+        assert_eq!(
+            count_on(
+                &mut connect(),
+                "SELECT count(*) AS n FROM outbox WHERE sent_at IS NULL"
+            ),
+            0
+        );
+    }
 }

@@ -208,7 +208,8 @@ impl fmt::Display for InsideHandler {
              decides, and a redelivery of the message applies it again. Pass the handler's \
              connection to the code that needs one (`helper(conn, …)`, a helper taking \
              `&mut` the connection instead of a pool); if the write must commit on its own, \
-             say so with `inbox_diesel::tripwire::allow_outside_transaction(\"why\", || …)`",
+             say so with `inbox_diesel::tripwire::allow_outside_transaction(\"why\", || …)` \
+             (`allow_outside_transaction_async(\"why\", future)` for a future)",
             self.consumer
         )
     }

@@ -204,7 +204,8 @@ impl fmt::Display for Escaped {
              was stopped before it was sent (`{}`): it would commit on its own, whatever the \
              inbox decides, and a redelivery would apply it again. Pass the handler's \
              connection to the code that writes; if the write must commit on its own, say so \
-             with `inbox_diesel::tripwire::allow_outside_transaction(\"why\", || …)`",
+             with `inbox_diesel::tripwire::allow_outside_transaction(\"why\", || …)` \
+             (`allow_outside_transaction_async(\"why\", future)` for a future)",
             self.consumer, self.statement
         )
     }
