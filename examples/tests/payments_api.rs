@@ -183,13 +183,13 @@ macro_rules! router_answers {
         let long = "k".repeat(inbox_axum::MAX_KEY_LEN + 1);
         let invalid = oneshot(&router, post(Some(&long), None, AMOUNT)).await;
         assert_eq!(invalid.problem(), "idempotency-key-invalid");
-        // Not JSON: 415; broken JSON: 400; JSON that is not a payment: 422.
+        // Neither JSON nor a form: 415; broken JSON: 400; JSON that is not a payment: 422.
         let text = Request::post("/accounts/1/payments")
             .header("idempotency-key", "k-text")
             .header("content-type", "text/plain")
             .body(Body::from("500"))
             .unwrap();
-        assert_eq!(oneshot(&router, text).await.problem(), "body-not-json");
+        assert_eq!(oneshot(&router, text).await.problem(), "body-type-unsupported");
         let broken = Request::post("/accounts/1/payments")
             .header("idempotency-key", "k-broken")
             .header("content-type", "application/json")

@@ -17,9 +17,9 @@ use serde::Serialize;
 /// | `request-in-flight` | 409 | a request with the same key is being processed (with `Retry-After: 1`) |
 /// | `request-done-without-response` | 409 | the key's request was processed by a handler that stores no response |
 /// | `idempotency-key-reused` | 422 | the key was used on this route for a request with another path, query or body (on another route — another method or path pattern — it is another key) |
-/// | `body-not-json` | 415 | the body is not declared `application/json` |
+/// | `body-type-unsupported` | 415 | the body is declared neither `application/json` nor `application/x-www-form-urlencoded` |
 /// | `body-malformed` | 400 | the body is not JSON |
-/// | `body-invalid` | 422 | the body is JSON, not the handler's payload |
+/// | `body-invalid` | 422 | the body is JSON or a form, not the handler's payload |
 /// | `principal-missing` | 500 | no [`Principal`](crate::Principal) in the request's extensions (logged) |
 /// | `reply-too-large` | 500 | the reply the body returned is over [`MAX_STORED_RESULT_BYTES`](inbox_diesel::MAX_STORED_RESULT_BYTES) (1 MiB) as stored: nothing committed, every retry fails the same way — answer less (an id to fetch the rest by) (logged) |
 /// | `body-unreadable` | the rejection's (413 over axum's `DefaultBodyLimit`) | the body could not be read |

@@ -43,7 +43,8 @@ pub enum Fingerprinting {
     /// The body's bytes as sent.
     #[default]
     AsSent,
-    /// The body's JSON in RFC 8785's canonical form.
+    /// The body's JSON in RFC 8785's canonical form; a form body's fields decoded and in
+    /// name order (a name's values in the order sent).
     CanonicalJson,
 }
 
@@ -130,9 +131,10 @@ impl Principal {
 ///    under the key with another fingerprint is refused with 422 once the first has
 ///    committed — never processed, never answered with the first's response; while the first
 ///    is in flight it is answered 409, like any request under that key.
-/// 4. the body: `content-type: application/json` (415 otherwise), JSON (400), a `T` (422). An
-///    empty body without a content type reads as JSON `null`: `Idempotent<()>` for a `POST`
-///    that carries none. A body the server will not read (over axum's `DefaultBodyLimit`) is
+/// 4. the body: `content-type: application/json`, JSON (400), a `T` (422) — or
+///    `application/x-www-form-urlencoded`, a form read as a `T` as axum's `Form` reads it
+///    (422) — and 415 for any other type. An empty body without a content type reads as JSON
+///    `null`: `Idempotent<()>` for a `POST` that carries none. A body the server will not read (over axum's `DefaultBodyLimit`) is
 ///    refused with its status (413).
 ///
 /// Put it last among the handler's extractors: it reads the body.
@@ -255,6 +257,16 @@ fn fingerprint(method: &Method, path_and_query: &str, body: &[u8]) -> Fingerprin
     Fingerprint::of(&bytes)
 }
 
+/// A form's fields decoded (`+` and `%20` alike), in name order — a name's values in the
+/// order sent, which a list field's meaning depends on — and encoded again.
+fn canonical_form(text: &[u8]) -> Vec<u8> {
+    let mut fields: Vec<(String, String)> = serde_urlencoded::from_bytes(text).unwrap_or_default();
+    fields.sort_by(|a, b| a.0.cmp(&b.0));
+    serde_urlencoded::to_string(fields)
+        .unwrap_or_default()
+        .into_bytes()
+}
+
 /// The JSON of `text` — which the payload was read from: it parses — in RFC 8785's canonical
 /// form ([`Fingerprinting::CanonicalJson`]).
 fn canonical(text: &[u8]) -> Result<Vec<u8>, Problem> {
@@ -335,34 +347,54 @@ where
             Problem::new(rejection.status(), "body-unreadable", rejection.body_text())
                 .into_response()
         })?;
-    let is_json = content_type
+    let essence = content_type
         .as_ref()
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<mime_type::Essence>().ok())
-        .is_some_and(|essence| essence.is_json());
-    let text: &[u8] = match (is_json, content_type.is_none() && body.is_empty()) {
+        .and_then(|v| v.parse::<mime_type::Essence>().ok());
+    let form = essence.as_ref().is_some_and(mime_type::Essence::is_form);
+    let is_json = essence.as_ref().is_some_and(mime_type::Essence::is_json);
+    let text: &[u8] = match (is_json || form, content_type.is_none() && body.is_empty()) {
         (true, _) => &body,
         (false, true) => b"null",
         (false, false) => {
             return Err(Problem::new(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "body-not-json",
-                "the request body must be JSON, sent with `content-type: application/json`",
+                "body-type-unsupported",
+                "the request body must be JSON (`content-type: application/json`) or a form \
+                 (`application/x-www-form-urlencoded`)",
             )
             .into_response());
         }
     };
-    let payload = serde_json::from_slice::<T>(text).map_err(|e| {
-        let (status, problem) = match e.classify() {
-            serde_json::error::Category::Data => (StatusCode::UNPROCESSABLE_ENTITY, "body-invalid"),
-            _ => (StatusCode::BAD_REQUEST, "body-malformed"),
-        };
-        Problem::new(status, problem, format!("the request body: {e}")).into_response()
-    })?;
+    let payload = if form {
+        // What a form cannot be read as is the payload's fault or the encoding's; axum's
+        // `Form` answers both 422 as well.
+        serde_urlencoded::from_bytes::<T>(text).map_err(|e| {
+            Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "body-invalid",
+                format!("the request's form: {e}"),
+            )
+            .into_response()
+        })?
+    } else {
+        serde_json::from_slice::<T>(text).map_err(|e| {
+            let (status, problem) = match e.classify() {
+                serde_json::error::Category::Data => {
+                    (StatusCode::UNPROCESSABLE_ENTITY, "body-invalid")
+                }
+                _ => (StatusCode::BAD_REQUEST, "body-malformed"),
+            };
+            Problem::new(status, problem, format!("the request body: {e}")).into_response()
+        })?
+    };
     let parts = match key {
         Some(key) => {
             let fingerprinted = match fingerprinting {
                 Fingerprinting::AsSent => fingerprint(&method, &path_and_query, &body),
+                Fingerprinting::CanonicalJson if form => {
+                    fingerprint(&method, &path_and_query, &canonical_form(text))
+                }
                 Fingerprinting::CanonicalJson => {
                     let canonical = canonical(text).map_err(IntoResponse::into_response)?;
                     fingerprint(&method, &path_and_query, &canonical)
@@ -457,6 +489,12 @@ mod mime_type {
             let (kind, subtype) = self.0.split_once('/').unwrap_or(("", ""));
             kind == "application" && (subtype == "json" || subtype.ends_with("+json"))
         }
+
+        /// `application/x-www-form-urlencoded`: an HTML form's body, and the body of APIs
+        /// in Stripe's style.
+        pub fn is_form(&self) -> bool {
+            self.0 == "application/x-www-form-urlencoded"
+        }
     }
 }
 
@@ -505,6 +543,15 @@ mod tests {
             key_of(&headers(&[longest.as_bytes()])).unwrap().unwrap(),
             longest
         );
+    }
+
+    #[test]
+    fn a_canonical_form_is_one_for_every_field_order_and_spelling() {
+        let one = canonical_form(b"b=2&a=1&a=0&x=milk+and+eggs");
+        assert_eq!(one, canonical_form(b"a=1&x=milk%20and%20eggs&a=0&b=2"));
+        assert_eq!(one, b"a=1&a=0&b=2&x=milk+and+eggs");
+        // A list's order is its meaning.
+        assert_ne!(one, canonical_form(b"a=0&a=1&b=2&x=milk+and+eggs"));
     }
 
     #[test]

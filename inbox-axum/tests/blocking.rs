@@ -173,6 +173,49 @@ async fn a_synchronous_application_answers_once_and_replays() {
     assert_eq!(app.runs.load(Ordering::SeqCst), 3, "t-1 once, t-2 twice");
 }
 
+/// An HTML form's POST (`application/x-www-form-urlencoded`), as a browser or an API in
+/// Stripe's style sends it: read as the payload, replayed under its key, another form under
+/// the key refused; a body of another type is 415.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_form_is_a_payload_like_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let (app, address) = serve(&dir).await;
+    let client = reqwest::Client::new();
+    let post = |key: &'static str, form: &'static [(&'static str, &'static str)]| {
+        client
+            .post(format!("{address}/transfers"))
+            .header("idempotency-key", key)
+            .form(form)
+            .send()
+    };
+    let first = post("f-1", &[("cents", "250")]).await.unwrap();
+    assert_eq!(first.status().as_u16(), 201);
+    let first: serde_json::Value = first.json().await.unwrap();
+    let again = post("f-1", &[("cents", "250")]).await.unwrap();
+    assert_eq!(again.status().as_u16(), 201);
+    assert!(again.headers().contains_key("idempotent-replayed"));
+    assert_eq!(again.json::<serde_json::Value>().await.unwrap(), first);
+    let other = post("f-1", &[("cents", "999")]).await.unwrap();
+    assert_eq!(other.status().as_u16(), 422);
+    let invalid = post("f-2", &[("cents", "many")]).await.unwrap();
+    assert_eq!(invalid.status().as_u16(), 422);
+    let problem: serde_json::Value = invalid.json().await.unwrap();
+    assert_eq!(problem["problem"], "body-invalid", "{problem}");
+    let text = client
+        .post(format!("{address}/transfers"))
+        .header("idempotency-key", "f-3")
+        .header("content-type", "text/plain")
+        .body("cents=5")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(text.status().as_u16(), 415);
+    let problem: serde_json::Value = text.json().await.unwrap();
+    assert_eq!(problem["problem"], "body-type-unsupported", "{problem}");
+    assert_eq!(count(&app.pool, "SELECT count(*) AS n FROM transfers"), 1);
+    assert_eq!(app.runs.load(Ordering::SeqCst), 1);
+}
+
 /// Eight clients send one key at once: SQLite takes one writer at a time, so one request
 /// runs the body and the others wait for its commit and replay its reply.
 #[tokio::test(flavor = "multi_thread")]
