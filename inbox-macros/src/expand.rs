@@ -299,6 +299,7 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
                     #message_key,
                     #body_asyncness |#conn| -> #ret #block,
                     #probe,
+                    #store,
                     #inbox_error,
                 ) #awaited
             }
@@ -317,6 +318,7 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
                     #message_key,
                     #body_asyncness move |#conn| -> #ret #block,
                     #probe,
+                    #store,
                     #inbox_error,
                 ) #awaited
             }

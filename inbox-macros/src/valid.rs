@@ -317,7 +317,7 @@ fn joins(lit: &LitStr, args: &Args, mode: Mode) -> syn::Result<(bool, bool)> {
              transaction where one is open"
         }
     };
-    let refused: [(Option<Span>, &str); 10] = [
+    let refused: [(Option<Span>, &str); 8] = [
         (
             args.mode
                 .as_ref()
@@ -358,18 +358,6 @@ fn joins(lit: &LitStr, args: &Args, mode: Mode) -> syn::Result<(bool, bool)> {
         (
             args.busy_timeout_ms.as_ref().map(Spanned::span),
             "the caller's SQLite transaction waits as its connection is set to",
-        ),
-        (
-            args.store_result
-                .as_ref()
-                .filter(|lit| lit.value)
-                .map(Spanned::span),
-            "a stored result is not kept in the caller's transaction (yet): answer a \
-             duplicate from the caller's own rows",
-        ),
-        (
-            args.fingerprint.as_ref().map(Spanned::span),
-            "a fingerprint is not kept in the caller's transaction (yet)",
         ),
     ];
     let mut errors = Errors::default();

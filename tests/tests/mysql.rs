@@ -57,6 +57,11 @@ mod stored {
     const BACKEND: inbox_diesel::schema::Backend = inbox_diesel::schema::Backend::Mysql;
 
     include!("behaviour/stored.rs");
+
+    #[test]
+    fn a_snapshot_older_than_the_markers_commit_reads_the_stored_result() {
+        a_snapshot_older_than_the_markers_commit_reads_the_result();
+    }
 }
 /// Claim mode, sync.
 mod claim_mode {

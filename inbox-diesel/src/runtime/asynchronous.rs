@@ -150,6 +150,10 @@ where
 /// `transaction = "caller_or_own"` on a diesel-async connection: [`run_joined_async`] where
 /// the caller has a transaction open (diesel-async's manager counts it), [`run_async`] where
 /// it has none.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the pieces the expansion of `#[idempotent]` writes, each its own argument"
+)]
 pub async fn run_joined_or_own_async<C, T, E, B, P, A>(
     outcome: PhantomData<A>,
     conn: &mut C,
@@ -157,6 +161,7 @@ pub async fn run_joined_or_own_async<C, T, E, B, P, A>(
     key: Result<MessageKey, KeyError>,
     body: B,
     probe: P,
+    remembered: Remembered<T>,
     inbox_error: fn(Error) -> E,
 ) -> Result<A, E>
 where
@@ -167,7 +172,19 @@ where
 {
     // The depth `drive_joined` refuses at 0, read the same way.
     match Awaiting(&mut *conn).depth() > 0 {
-        true => run_joined_async(outcome, conn, spec, key, body, probe, inbox_error).await,
+        true => {
+            run_joined_async(
+                outcome,
+                conn,
+                spec,
+                key,
+                body,
+                probe,
+                remembered,
+                inbox_error,
+            )
+            .await
+        }
         false => {
             run_async(
                 outcome,
@@ -176,7 +193,7 @@ where
                 key,
                 body,
                 probe,
-                crate::runtime::stored::Remembered::new(None, None),
+                remembered,
                 inbox_error,
             )
             .await
@@ -186,6 +203,10 @@ where
 
 /// Runs `body` once per message key and consumer inside the transaction the caller opened
 /// (`transaction = "caller"`), on a diesel-async connection; see `driver::drive_joined`.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the pieces the expansion of `#[idempotent]` writes, each its own argument"
+)]
 pub async fn run_joined_async<C, T, E, B, P, A>(
     _outcome: PhantomData<A>,
     conn: &mut C,
@@ -193,6 +214,7 @@ pub async fn run_joined_async<C, T, E, B, P, A>(
     key: Result<MessageKey, KeyError>,
     body: B,
     probe: P,
+    remembered: Remembered<T>,
     inbox_error: fn(Error) -> E,
 ) -> Result<A, E>
 where
@@ -209,6 +231,7 @@ where
         &key,
         Once(Some(body)),
         probe,
+        remembered,
         inbox_error,
     )
     .instrument(run.instrument_span())
@@ -544,8 +567,10 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
         spec: &'static HandlerSpec,
         key: &MessageKey,
         columns: (bool, bool),
+        latest: bool,
     ) -> QueryResult<Kept> {
-        crate::runtime::stored::read(self, &spec.schema, spec.consumer.as_str(), key, columns).await
+        let consumer = spec.consumer.as_str();
+        crate::runtime::stored::read(self, &spec.schema, consumer, key, columns, latest).await
     }
 
     async fn write_fingerprint(

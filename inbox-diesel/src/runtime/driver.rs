@@ -238,12 +238,14 @@ pub(crate) trait Steps {
     ) -> QueryResult<usize>;
 
     /// What `key`'s marker kept: its result and its fingerprint, as `columns` says which
-    /// to read.
+    /// to read. `latest`: inside a transaction of the caller's, what committed last,
+    /// whatever its snapshot ([`ClaimSql::present`](crate::dialect::claim::ClaimSql)'s).
     async fn read_kept(
         &mut self,
         spec: &'static HandlerSpec,
         key: &MessageKey,
         columns: (bool, bool),
+        latest: bool,
     ) -> QueryResult<Kept>;
 
     /// Writes the request's fingerprint on `key`'s marker, in the open transaction.
@@ -521,6 +523,7 @@ pub(crate) async fn drive_joined<S, T, E, B, P, W: Copy>(
     key: &MessageKey,
     mut body: B,
     probe: P,
+    remembered: Remembered<T>,
     inbox_error: fn(Error) -> E,
 ) -> Result<Decided<T, W>, E>
 where
@@ -561,7 +564,9 @@ where
             false => schema_checked(steps, spec, false, inbox_error).await,
             true => rechecked_layout(steps, spec, false, inbox_error).await,
         };
-        let (layout, run) = match checked {
+        let (layout, run) = match checked.and_then(|(layout, run)| {
+            kept_columns(run, layout, &remembered, inbox_error).map(|()| (layout, run))
+        }) {
             Ok(checked) => checked,
             Err(e) => {
                 roll_back(steps).await;
@@ -570,14 +575,26 @@ where
             }
         };
         match steps.claim(run, key, layout).await {
-            Ok(true) => break Ok(true),
+            // The request's fingerprint, with the marker (a stored result writes both after
+            // the body).
+            Ok(true) => match (remembered.fingerprint, &remembered.store) {
+                (Some(fingerprint), None) => {
+                    if let Err(e) = steps.write_fingerprint(run, key, fingerprint).await {
+                        roll_back(steps).await;
+                        joined.open = false;
+                        break Err(e);
+                    }
+                    break Ok((layout, run, true));
+                }
+                _ => break Ok((layout, run, true)),
+            },
             // The insert met a marker: its own evidence, read again at what committed last.
             Ok(false) => {
                 roll_back(steps).await;
                 joined.open = false;
                 let steps = &mut joined.steps;
                 break match steps.markers_present(run, &[key.stored_id()], true).await {
-                    Ok(1) => Ok(false),
+                    Ok(1) => Ok((layout, run, false)),
                     Ok(_) => Err(swallowed(run)),
                     Err(e) => Err(e),
                 };
@@ -594,19 +611,20 @@ where
         }
     };
     let steps = &mut joined.steps;
-    match claimed {
-        Ok(true) => {}
-        Ok(false) => {
+    let (layout, run) = match claimed {
+        Ok((layout, run, true)) => (layout, run),
+        Ok((_, run, false)) => {
             joined.open = false;
             telemetry::attempt(1);
             tracing::info!(outcome = "duplicate", "marker exists; body not run");
-            return Ok(Decided::Duplicate(None));
+            // What the marker kept, read in the caller's transaction at what committed last.
+            return kept_duplicate(steps, run, Some(key), remembered, true, inbox_error).await;
         }
         Err(e) => {
             joined.open = false;
             return Err(failed(e));
         }
-    }
+    };
     let net = steps.net();
     let origin = Some(Claims::origin(key, spec));
     let mut result = match run_body(spec, &mut body, steps.conn(), origin, net).await {
@@ -639,6 +657,22 @@ where
             1,
             inbox_error,
         ));
+    }
+    // The result, stored with the marker in the savepoint.
+    if let (Ok(value), Some(store)) = (&result, remembered.store) {
+        let written = match store.encode(value, layout) {
+            Ok(text) => {
+                steps
+                    .store_result(run, key, text, remembered.fingerprint, None)
+                    .await
+            }
+            Err(problem) => Err(DieselError::QueryBuilderError(Box::new(problem))),
+        };
+        if let Err(e) = written {
+            roll_back(steps).await;
+            joined.open = false;
+            return Err(failed(e));
+        }
     }
     let depth = steps.depth();
     let released = steps.release().await;
@@ -832,7 +866,7 @@ where
             outcome = "duplicate",
             "completed marker found before the transaction"
         );
-        return kept_duplicate(steps, run, claims.key(), remembered, inbox_error).await;
+        return kept_duplicate(steps, run, claims.key(), remembered, false, inbox_error).await;
     }
     let (mut retries, mut rechecked, mut uncached) = (0, false, false);
     // Attempts whose body swallowed an error that ended the transaction, nothing committed.
@@ -857,8 +891,15 @@ where
                     }
                     Decided::Duplicate(_) => {
                         tracing::info!(outcome = "duplicate", "marker exists; body not run");
-                        return kept_duplicate(steps, run, claims.key(), remembered, inbox_error)
-                            .await;
+                        return kept_duplicate(
+                            steps,
+                            run,
+                            claims.key(),
+                            remembered,
+                            false,
+                            inbox_error,
+                        )
+                        .await;
                     }
                     Decided::InFlight(_) => tracing::info!(
                         outcome = "in_flight",
@@ -1074,12 +1115,13 @@ async fn kept_duplicate<S: Steps, T, E, W>(
     spec: &'static HandlerSpec,
     key: Option<&MessageKey>,
     remembered: Remembered<T>,
+    latest: bool,
     inbox_error: fn(Error) -> E,
 ) -> Result<Decided<T, W>, E> {
     let Some(key) = key.filter(|_| remembered.reads()) else {
         return Ok(Decided::Duplicate(None));
     };
-    let kept = read_kept(steps, spec, key, &remembered, inbox_error).await?;
+    let kept = read_kept(steps, spec, key, &remembered, latest, inbox_error).await?;
     stored_value(spec, key, kept, remembered, inbox_error).map(Decided::Duplicate)
 }
 
@@ -1089,19 +1131,23 @@ async fn read_kept<S: Steps, T, E>(
     spec: &'static HandlerSpec,
     key: &MessageKey,
     remembered: &Remembered<T>,
+    latest: bool,
     inbox_error: fn(Error) -> E,
 ) -> Result<Kept, E> {
     let columns = (remembered.store.is_some(), remembered.fingerprint.is_some());
-    steps.read_kept(spec, key, columns).await.map_err(|source| {
-        let error = Error::Database {
-            class: classify(&source, &spec.schema),
-            attempts: 1,
-            source,
-        };
-        tracing::error!(error = %error, "the duplicate's marker could not be read");
-        telemetry::failed(spec, error.class().label());
-        inbox_error(error)
-    })
+    steps
+        .read_kept(spec, key, columns, latest)
+        .await
+        .map_err(|source| {
+            let error = Error::Database {
+                class: classify(&source, &spec.schema),
+                attempts: 1,
+                source,
+            };
+            tracing::error!(error = %error, "the duplicate's marker could not be read");
+            telemetry::failed(spec, error.class().label());
+            inbox_error(error)
+        })
 }
 
 /// The value a marker stored, as the handler's type; [`Error::KeyReused`] when it was kept
@@ -1686,7 +1732,8 @@ where
                 let stored = match remembered.store {
                     Some(_) => {
                         let kept =
-                            read_kept(&mut steps, run, &key, &remembered, inbox_error).await?;
+                            read_kept(&mut steps, run, &key, &remembered, false, inbox_error)
+                                .await?;
                         stored_value(run, &key, kept, remembered, inbox_error)?
                     }
                     None => None,
@@ -1949,7 +1996,7 @@ async fn acquire<S: Steps, W: Copy>(
         // or done (the claim's insert wrote its fingerprint).
         if fingerprint.is_some()
             && steps
-                .read_kept(spec, key, (false, true))
+                .read_kept(spec, key, (false, true), false)
                 .await?
                 .reused_by(fingerprint)
         {
@@ -2544,6 +2591,7 @@ mod tests {
             _: &'static HandlerSpec,
             _: &MessageKey,
             _: (bool, bool),
+            _: bool,
         ) -> QueryResult<Kept> {
             self.did.push("read kept".into());
             Ok(Kept::default())

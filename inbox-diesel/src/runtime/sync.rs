@@ -66,6 +66,10 @@ where
 /// `transaction = "caller_or_own"`: [`run_joined`] where the caller has a transaction open
 /// (diesel's manager counts it), [`run`] where it has none — a transaction the application
 /// opened as SQL is not counted, and `run` refuses it as it does for any handler.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the pieces the expansion of `#[idempotent]` writes, each its own argument"
+)]
 pub fn run_joined_or_own<C, T, E, B, P, A>(
     outcome: PhantomData<A>,
     conn: &mut C,
@@ -73,6 +77,7 @@ pub fn run_joined_or_own<C, T, E, B, P, A>(
     key: Result<MessageKey, KeyError>,
     body: B,
     probe: P,
+    remembered: Remembered<T>,
     inbox_error: fn(Error) -> E,
 ) -> Result<A, E>
 where
@@ -83,7 +88,16 @@ where
 {
     // The depth `drive_joined` refuses at 0, read the same way.
     match Blocking(&mut *conn).depth() > 0 {
-        true => run_joined(outcome, conn, spec, key, body, probe, inbox_error),
+        true => run_joined(
+            outcome,
+            conn,
+            spec,
+            key,
+            body,
+            probe,
+            remembered,
+            inbox_error,
+        ),
         false => run(
             outcome,
             conn,
@@ -91,7 +105,7 @@ where
             key,
             body,
             probe,
-            Remembered::new(None, None),
+            remembered,
             inbox_error,
         ),
     }
@@ -99,6 +113,10 @@ where
 
 /// Runs `body` once per message key and consumer inside the transaction the caller opened
 /// (`transaction = "caller"`), on a sync connection; see `driver::drive_joined`.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the pieces the expansion of `#[idempotent]` writes, each its own argument"
+)]
 pub fn run_joined<C, T, E, B, P, A>(
     _outcome: PhantomData<A>,
     conn: &mut C,
@@ -106,6 +124,7 @@ pub fn run_joined<C, T, E, B, P, A>(
     key: Result<MessageKey, KeyError>,
     body: B,
     probe: P,
+    remembered: Remembered<T>,
     inbox_error: fn(Error) -> E,
 ) -> Result<A, E>
 where
@@ -123,6 +142,7 @@ where
             &key,
             Once(Some(body)),
             probe,
+            remembered,
             inbox_error,
         )
         .instrument(run.instrument_span()),
@@ -426,8 +446,10 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
         spec: &'static HandlerSpec,
         key: &MessageKey,
         columns: (bool, bool),
+        latest: bool,
     ) -> QueryResult<Kept> {
-        crate::runtime::stored::read(self, &spec.schema, spec.consumer.as_str(), key, columns).await
+        let consumer = spec.consumer.as_str();
+        crate::runtime::stored::read(self, &spec.schema, consumer, key, columns, latest).await
     }
 
     async fn write_fingerprint(

@@ -92,3 +92,66 @@ async fn async_stored_results_replay_and_another_request_is_refused() {
     );
     assert_eq!(sent.load(Ordering::SeqCst), 1);
 }
+
+/// `pay` for callers inside their transaction and outside any.
+#[idempotent(
+    consumer = "pay",
+    key = msg.id,
+    transaction = "caller_or_own",
+    store_result = true,
+    fingerprint = msg.amount.to_string()
+)]
+async fn pay_joined(
+    conn: &mut AsyncConnection,
+    msg: &Credit,
+    ran: &AtomicUsize,
+) -> Result<i64, AppError> {
+    ran.fetch_add(1, Ordering::SeqCst);
+    diesel_async::SimpleAsyncConnection::batch_execute(
+        conn,
+        "UPDATE accounts SET balance = balance + 1 WHERE id = 1",
+    )
+    .await?;
+    Ok(msg.amount * 2)
+}
+
+/// Applied in a caller's transaction, asked for again outside any and in another caller's:
+/// the result kept with the marker answers each duplicate; another request under the key is
+/// refused and the caller's transaction goes on.
+#[tokio::test]
+async fn async_a_callers_transaction_keeps_the_result_and_fingerprint() {
+    use diesel_async::AsyncConnection as _;
+    let db = with_columns("async_stored_joined");
+    let mut conn = db.connect_async().await;
+    let (msg, ran) = (Credit::new(1), AtomicUsize::new(0));
+    let first = conn
+        .transaction::<_, AppError, _>(async |conn| pay_joined(conn, &msg, &ran).await)
+        .await
+        .unwrap();
+    assert_eq!(first, Outcome::Processed(20));
+    assert!(matches!(
+        pay_joined(&mut conn, &msg, &ran).await.unwrap(),
+        Outcome::Duplicate {
+            stored: Some(20),
+            ..
+        }
+    ));
+    conn.transaction::<_, AppError, _>(async |conn| {
+        assert!(matches!(
+            pay_joined(conn, &msg, &ran).await?,
+            Outcome::Duplicate {
+                stored: Some(20),
+                ..
+            }
+        ));
+        let refused = pay_joined(conn, &other(&msg), &ran).await;
+        assert!(
+            matches!(refused, Err(AppError::Inbox(Error::KeyReused { .. }))),
+            "{refused:?}"
+        );
+        Ok(())
+    })
+    .await
+    .unwrap();
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+}

@@ -22,8 +22,7 @@ fn unknown_transaction(conn: &mut SqliteConnection, msg: &Msg) -> QueryResult<()
     isolation = "serializable",
     precheck = true,
     idle_in_transaction_ms = 5000,
-    on_locked = "in_flight",
-    store_result = true
+    on_locked = "in_flight"
 )]
 fn own_transaction_options(conn: &mut SqliteConnection, msg: &Msg) -> QueryResult<()> {
     Ok(())
