@@ -175,10 +175,44 @@ fn exactly_one(n: i64, query: &str) {
 /// returned an error, `at` belongs to the other mode), or panicked before it.
 pub fn crash<C, R>(conn: C, at: Crash, deliver: impl FnOnce(&mut C) -> R) -> Crashed {
     let mut conn = conn;
-    let _restore = Restore(PLAN.replace(Some(at)), HITS.replace(0));
-    let result = std::panic::catch_unwind(AssertUnwindSafe(|| deliver(&mut conn)));
+    let crashed = crash_during(at, || deliver(&mut conn));
     // The connection goes as it is: open transaction and all.
     drop(conn);
+    crashed
+}
+
+/// [`crash`] for code that takes its connection itself — a web handler or a job runner that
+/// checks one out of its pool, a service function given the pool: `run` is called with the
+/// plan set, and stops at `at` as the process would die there. What it holds is dropped as
+/// the crash unwinds: a connection checked out of an r2d2, bb8 or deadpool pool with a
+/// transaction open is discarded by the pool, not handed out again, and the server rolls
+/// back what it had not committed.
+///
+/// ```
+/// # use diesel::prelude::*;
+/// # use diesel::connection::SimpleConnection;
+/// use inbox_diesel::testing::{self, Crash};
+/// # #[inbox_diesel::idempotent(consumer = "credit", key = *id)]
+/// # fn credit(conn: &mut SqliteConnection, id: &u64) -> Result<(), inbox_diesel::Error> {
+/// #     diesel::sql_query("INSERT INTO credits VALUES (?)").bind::<diesel::sql_types::BigInt, _>(*id as i64).execute(conn)?;
+/// #     Ok(())
+/// # }
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let url = dir.path().join("credits.sqlite").display().to_string();
+/// let connect = || SqliteConnection::establish(&url).unwrap();
+/// # connect().batch_execute(&format!("CREATE TABLE credits (message BIGINT NOT NULL); {}", inbox_diesel::schema::sqlite::create_table_sql(&inbox_diesel::InboxSchema::DEFAULT))).unwrap();
+/// // The service as the application has it: it takes its own connection (from its pool).
+/// let on_credit = |id: u64| credit(&mut connect(), &id);
+/// testing::crash_during(Crash::BeforeCommit, || on_credit(1));
+/// assert_eq!(testing::count(&mut connect(), "SELECT count(*) FROM credits"), 0);
+/// assert!(on_credit(1).unwrap().is_processed());
+/// ```
+///
+/// # Panics
+/// As [`crash`].
+pub fn crash_during<R>(at: Crash, run: impl FnOnce() -> R) -> Crashed {
+    let _restore = Restore(PLAN.replace(Some(at)), HITS.replace(0));
+    let result = std::panic::catch_unwind(AssertUnwindSafe(run));
     crashed(result, at)
 }
 
@@ -445,8 +479,20 @@ mod asynchronous {
         deliver: impl AsyncFnOnce(&mut C) -> R,
     ) -> Crashed {
         let mut conn = conn;
+        let crashed = crash_during_async(at, deliver(&mut conn)).await;
+        drop(conn);
+        crashed
+    }
+
+    /// [`crash_during`](super::crash_during) for a future — an async service that checks
+    /// its own connection out of a bb8 or deadpool pool: the plan is set during each of its
+    /// polls, and what it holds is dropped as the crash unwinds.
+    ///
+    /// # Panics
+    /// As [`crash`](super::crash).
+    pub async fn crash_during_async<F: Future>(at: Crash, run: F) -> Crashed {
         let result = {
-            let mut future = pin!(deliver(&mut conn));
+            let mut future = pin!(run);
             // The point's hits are counted across the future's polls.
             let mut hits = 0;
             std::future::poll_fn(|cx| {
@@ -462,7 +508,6 @@ mod asynchronous {
             })
             .await
         };
-        drop(conn);
         crashed(result, at)
     }
 
@@ -564,5 +609,6 @@ mod asynchronous {
 
 #[cfg(feature = "async")]
 pub use asynchronous::{
-    assert_once_async, count_async, crash_async, end_leases_async, pass_time_async, race_async,
+    assert_once_async, count_async, crash_async, crash_during_async, end_leases_async,
+    pass_time_async, race_async,
 };

@@ -317,3 +317,29 @@ fn time_passed_by_the_test_kit_reaches_the_purge() {
             .is_processed()
     );
 }
+
+/// A service that checks its own connection out of a pool — a web handler, a job runner —
+/// crashed in its handler before the commit and after it, by `crash_during`, which needs no
+/// connection of the test's. The pool has one connection: the one the crash left in its
+/// transaction is discarded, not handed out again, and the next call runs on a new one.
+#[test]
+fn a_service_that_takes_its_own_connection_is_crashed_where_asked() {
+    use diesel::r2d2::{ConnectionManager, Pool};
+    let db = Db::new("testing_crash_during");
+    let pool = Pool::builder()
+        .max_size(1)
+        .build(ConnectionManager::<DbConnection>::new(db.url()))
+        .unwrap();
+    let service = |msg: &Credit| credit(&mut pool.get().unwrap(), msg);
+    let (first, second) = (Credit::new(1), Credit::new(2));
+    assert_eq!(
+        testing::crash_during(Crash::BeforeCommit, || service(&first)),
+        testing::Crashed(Crash::BeforeCommit)
+    );
+    assert_eq!(testing::count(&mut db.connect(), &credits_of(&first)), 0);
+    assert!(service(&first).unwrap().is_processed());
+    testing::crash_during(Crash::AfterCommit, || service(&second));
+    assert!(service(&second).unwrap().is_duplicate());
+    testing::assert_once(&mut db.connect(), &credits_of(&first));
+    testing::assert_once(&mut db.connect(), &credits_of(&second));
+}

@@ -186,3 +186,36 @@ async fn own_crash_points_leases_and_time_of_an_async_job() {
     let report = inbox_diesel::purge::purge_async(&mut check, &schema, &purge).await;
     assert_eq!(report.unwrap().removed, 3);
 }
+
+/// `crash_during_async`: an async service that checks its own connection out of a bb8 pool
+/// of one, crashed before its handler's commit and after it; the connection the crash left
+/// in its transaction is discarded by the pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_async_service_that_takes_its_own_connection_is_crashed_where_asked() {
+    use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+    use diesel_async::pooled_connection::bb8::Pool;
+    let db = Db::new("testing_crash_during_async");
+    let pool = Pool::builder()
+        .max_size(1)
+        .build(AsyncDieselConnectionManager::<AsyncConnection>::new(
+            db.url(),
+        ))
+        .await
+        .unwrap();
+    let service = async |msg: &Credit| credit(&mut pool.get().await.unwrap(), msg).await;
+    let (first, second) = (Credit::new(1), Credit::new(2));
+    assert_eq!(
+        testing::crash_during_async(Crash::BeforeCommit, service(&first)).await,
+        testing::Crashed(Crash::BeforeCommit)
+    );
+    let mut check = db.connect_async().await;
+    assert_eq!(
+        testing::count_async(&mut check, &credits_of(&first)).await,
+        0
+    );
+    assert!(service(&first).await.unwrap().is_processed());
+    testing::crash_during_async(Crash::AfterCommit, service(&second)).await;
+    assert!(service(&second).await.unwrap().is_duplicate());
+    testing::assert_once_async(&mut check, &credits_of(&first)).await;
+    testing::assert_once_async(&mut check, &credits_of(&second)).await;
+}
