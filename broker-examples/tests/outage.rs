@@ -20,10 +20,15 @@ use inbox_diesel::{Action, ErrorClass, MessageKey, Outcome, Redelivery, idempote
 
 const MESSAGES: u32 = 60;
 /// How long the database refuses writes.
-const READ_ONLY_FOR: Duration = Duration::from_secs(2);
+const READ_ONLY_FOR: Duration = Duration::from_secs(4);
 /// Handler runs the read-only spell may see at most: those in hand when it began (16), and
-/// one per pause after (200 ms doubling: about 4 in 2 s). Without the pause, hundreds.
+/// one per pause after (200 ms doubling to 1 s: about 6 in 4 s). Without the pause, hundreds.
 const AT_MOST: u32 = 40;
+/// The broker's bound on deliveries of a message (`x-delivery-limit`, `max_deliver`): the
+/// deliveries waiting at the pump's gate must not use it up. Before they waited in hand,
+/// each was handed back at every turn of the pause, and messages that never ran were
+/// dead-lettered (RabbitMQ) or dropped (JetStream).
+const DELIVERY_LIMIT: u32 = 5;
 
 fn env(name: &str, default: &str) -> String {
     std::env::var(name)
@@ -137,11 +142,13 @@ async fn handle(
     answer.map_err(|e| e.action())
 }
 
-/// The read-only spell, then writes again; the run ends once every message has its effect.
+/// The read-only spell, then writes again; the run ends once every message has its effect,
+/// or after a minute (a message the broker gave up on never comes).
 async fn spell(db: &Db) {
     tokio::time::sleep(READ_ONLY_FOR).await;
     db.read_only(false);
-    while db.effects().len() < MESSAGES as usize {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while db.effects().len() < MESSAGES as usize && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -167,11 +174,26 @@ async fn a_rabbitmq_pump_pauses_for_a_read_only_database() {
         .unwrap_or_else(|e| panic!("RabbitMQ is not reachable at {url} (INBOX_TEST_AMQP): {e}"));
     let channel = connection.create_channel().await.unwrap();
     let queue = format!("inbox-outage-{}", std::process::id());
+    let _ = channel
+        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+        .await;
+    let mut arguments = FieldTable::default();
+    arguments.insert(
+        "x-queue-type".into(),
+        lapin::types::AMQPValue::LongString("quorum".into()),
+    );
+    arguments.insert(
+        "x-delivery-limit".into(),
+        lapin::types::AMQPValue::LongInt(DELIVERY_LIMIT as i32),
+    );
     channel
         .queue_declare(
             queue.as_str().into(),
-            QueueDeclareOptions::default(),
-            FieldTable::default(),
+            QueueDeclareOptions {
+                durable: true,
+                ..QueueDeclareOptions::default()
+            },
+            arguments,
         )
         .await
         .unwrap();
@@ -253,7 +275,7 @@ async fn a_nats_pump_pauses_for_a_read_only_database() {
     db.read_only(true);
     let pump = inbox_nats::Pump::new()
         .max_ack_pending(16)
-        .max_deliver(-1)
+        .max_deliver(i64::from(DELIVERY_LIMIT) + 1)
         .redelivery(quick())
         .outage(pause());
     let consumer = pump.consumer(&jetstream, &name, "outage").await.unwrap();

@@ -398,15 +398,30 @@ mod relayed {
         };
         let (first, second) = tokio::join!(first, second);
         let (first, second) = (first.unwrap(), second.unwrap());
-        assert_eq!(first.sent + first.sent_unmarked, 5, "{first:?}");
         assert!(first.sent_unmarked >= 1, "{first:?}");
         assert!(second.sent >= 1, "{second:?}");
+        // On a loaded machine a copy can meet its original in flight (409): the relay
+        // pauses, and a later round sends what is left.
+        let mut rounds = 0;
+        while count_on(
+            &mut connect(),
+            "SELECT count(*) AS n FROM outbox WHERE sent_at IS NULL",
+        ) > 0
+        {
+            rounds += 1;
+            assert!(rounds < 50, "the outbox did not empty");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            relay.run_once(&mut second_conn, &mut other).await.unwrap();
+        }
 
         let posts = posts.lock().unwrap().clone();
         assert!(
-            posts.iter().all(|(_, status, _)| *status == 201),
+            posts
+                .iter()
+                .all(|(_, status, _)| [201, 409].contains(status)),
             "{posts:?}"
         );
+        let posts: Vec<_> = posts.into_iter().filter(|p| p.1 == 201).collect();
         let keys: std::collections::BTreeSet<_> = posts.iter().map(|p| &p.0).collect();
         assert_eq!(keys.len(), 5, "{posts:?}");
         let fresh = posts.iter().filter(|(_, _, replayed)| !replayed).count();

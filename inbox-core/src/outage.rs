@@ -17,8 +17,10 @@ use crate::{Redelivery, Settlement};
 /// then lets one delivery try alone; the others wait for its answer. Any other settlement
 /// opens the gate: the database answers again.
 ///
-/// The pumps hand a delivery taken while the gate is closed back unstarted, to come again
-/// when the pause has passed ([`Gate::Closed`]).
+/// The pumps keep a delivery taken while the gate is closed in hand, unstarted, and ask
+/// again when [`Gate::Closed`]'s wait has passed: handed back, it would come again counted
+/// against the broker's delivery limit at every turn of a long outage, and messages that
+/// never ran would be dead-lettered.
 ///
 /// ```
 /// use std::time::Duration;
@@ -54,7 +56,7 @@ struct State {
 pub enum Gate {
     /// Start it.
     Open,
-    /// Do not: hand the delivery back to come again after this long.
+    /// Do not: ask again after this long.
     Closed(Duration),
 }
 

@@ -54,7 +54,9 @@
 //! `x-delivery-limit` dead-letters the message. The database itself may be what fails (a
 //! pool pointed at a read-only standby, a server down): after such a delivery the pump
 //! starts no handler for a pause, doubling while it lasts, then lets one delivery try
-//! alone ([`Pump::outage`]).
+//! alone ([`Pump::outage`]). The others wait in hand meanwhile (each holds a `prefetch`
+//! slot, so the broker sends no more): requeued, each turn of a long outage would count
+//! against the queue's `x-delivery-limit`, and dead-letter messages that never ran.
 //!
 //! **Shutdown.** When `shutdown` completes (or the pump halts), the pump cancels its
 //! consumer, lets the deliveries in hand finish and settle (a retry's delay cut short), and
@@ -221,9 +223,9 @@ impl Pump {
     ///
     /// After a delivery that needed a new database connection (`Retry { reconnect: true }`:
     /// the server lost, a read-only standby) the pump starts no handler for a pause
-    /// ([`Pump::outage`], [`Outage`]): a delivery it takes meanwhile is handed back unstarted
-    /// when the pause ends (counted as retried), and after the pause one delivery tries the
-    /// database alone.
+    /// ([`Pump::outage`], [`Outage`]): a delivery it takes meanwhile waits in hand,
+    /// unstarted (requeued only if the pump stops first), and after the pause one delivery
+    /// tries the database alone while the others wait for its answer.
     ///
     /// # Errors
     /// [`Stopped::Halted`] when an answer halted the pump; [`Stopped::Broker`] when the
@@ -298,16 +300,27 @@ impl Pump {
                     let acker = delivery.acker.clone();
                     let count = delivery_count(&delivery);
                     let span = process_span("rabbitmq", queue, count);
-                    if let Gate::Closed(pause) = outage.enter() {
-                        // The database failed the last delivery for its connection: this one
-                        // comes again after the pause, unstarted.
-                        let retry = Settlement::Retry { reconnect: false };
-                        record_settlement(&span, "rabbitmq", retry);
-                        let settled = settle(&acker, retry, pause, stopping_rx_ref.clone())
-                            .instrument(span)
-                            .await;
-                        counts_ref.settled(retry, settled, failed_ref, halt_ref);
-                        return;
+                    // The database failed the last delivery for its connection: this one
+                    // waits at the gate, in hand, until the pause has passed and a delivery
+                    // that tried alone got through — not requeued, which a quorum queue
+                    // counts against its `x-delivery-limit` on every turn of a long outage.
+                    // A pump that stops meanwhile hands it back unstarted.
+                    let mut stopping = stopping_rx_ref.clone();
+                    while let Gate::Closed(wait) = outage.enter() {
+                        let stopped = tokio::select! {
+                            () = tokio::time::sleep(wait) => false,
+                            _ = stopping.wait_for(|stopping| *stopping) => true,
+                        };
+                        if stopped {
+                            let retry = Settlement::Retry { reconnect: false };
+                            record_settlement(&span, "rabbitmq", retry);
+                            let settled =
+                                settle(&acker, retry, Duration::ZERO, stopping_rx_ref.clone())
+                                    .instrument(span)
+                                    .await;
+                            counts_ref.settled(retry, settled, failed_ref, halt_ref);
+                            return;
+                        }
                     }
                     // The handler is called in the span as well as polled in it: a sync
                     // handler runs when called.
@@ -401,7 +414,8 @@ async fn requeue_buffered(stream: &mut Consumer) -> u64 {
                     ..BasicNackOptions::default()
                 })
                 .await
-                .is_ok()
+                // `false`: the channel could no longer send it (the broker redelivers it).
+                .is_ok_and(|sent| sent)
             {
                 requeued += 1;
             }

@@ -292,6 +292,8 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
             // Run once where it joins, as often as its retries where it is on its own: the
             // body is one that may run again.
             quote! {
+                // What the marker keeps, evaluated before the body's closure takes the parameters.
+                let __inbox_remembered = #store;
                 ::inbox_diesel::__private::#runtime(
                     ::core::marker::PhantomData::<#wrapper<_>>,
                     #conn,
@@ -299,7 +301,7 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
                     #message_key,
                     #body_asyncness |#conn| -> #ret #block,
                     #probe,
-                    #store,
+                    __inbox_remembered,
                     #inbox_error,
                 ) #awaited
             }
@@ -311,6 +313,8 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
             };
             // In the caller's transaction, run once: the body may consume its parameters.
             quote! {
+                // What the marker keeps, evaluated before the body's closure takes the parameters.
+                let __inbox_remembered = #store;
                 ::inbox_diesel::__private::#runtime(
                     ::core::marker::PhantomData::<#wrapper<_>>,
                     #conn,
@@ -318,7 +322,7 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
                     #message_key,
                     #body_asyncness move |#conn| -> #ret #block,
                     #probe,
-                    #store,
+                    __inbox_remembered,
                     #inbox_error,
                 ) #awaited
             }
@@ -331,6 +335,8 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
             // The outcome type named here, not inferred from the declared return type: it is
             // what the runtime answers by (`InFlight` only with `on_locked = "in_flight"`).
             quote! {
+                // What the marker keeps, evaluated before the body's closure takes the parameters.
+                let __inbox_remembered = #store;
                 ::inbox_diesel::__private::#runtime(
                     ::core::marker::PhantomData::<#wrapper<_>>,
                     #conn,
@@ -338,7 +344,7 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
                     #message_key,
                     #body_asyncness |#conn| -> #ret #block,
                     #probe,
-                    #store,
+                    __inbox_remembered,
                     #inbox_error,
                 ) #awaited
             }
@@ -356,6 +362,8 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
             // any transaction, and the guard asks about every mention of it. The outcome type
             // is named: whether an expired claim is reported follows from it.
             quote! {
+                // What the marker keeps, evaluated before the body's closure takes the parameters.
+                let __inbox_remembered = #store;
                 ::inbox_diesel::__private::#runtime(
                     ::core::marker::PhantomData::<#wrapper<_>>,
                     #conn,
@@ -363,7 +371,7 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
                     ::inbox_diesel::__private::ClaimSpec { lease_ms: #lease_ms },
                     #message_key,
                     #body_asyncness |#[allow(unused_variables)] #conn| -> #ret #block,
-                    #store,
+                    __inbox_remembered,
                     #inbox_error,
                 ) #awaited
             }

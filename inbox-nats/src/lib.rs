@@ -76,7 +76,7 @@
 //! `max_deliver` is used up. The database itself may be what fails (a pool pointed at a
 //! read-only standby, a server down): after such a message the pump pulls nothing and
 //! starts no handler for a pause, doubling while it lasts, then lets one message try alone
-//! ([`Pump::outage`]). The NATS connection is async-nats': it reconnects by itself, and the
+//! ([`Pump::outage`]); the messages in hand wait for it, reported in progress. The NATS connection is async-nats': it reconnects by itself, and the
 //! pump carries on when it is back (tested: a server killed with `SIGKILL` while a handler
 //! held a committed message, started again a second later — the same pump went on, each
 //! message applied once). JetStream keeps what it stored on file storage; a stream in
@@ -309,7 +309,8 @@ impl Pump {
 
     /// How long the pump starts no handler, and pulls nothing, after a message that needed a
     /// new database connection ([`Outage`]): a pause per such message in a row, then one
-    /// message tries alone.
+    /// message tries alone. The messages in hand meanwhile wait, reported in progress, not
+    /// handed back: each hand-back would count against `max_deliver`.
     pub const fn outage(self, outage: Redelivery) -> Self {
         Self { outage, ..self }
     }
@@ -468,6 +469,8 @@ impl Pump {
         let mut tally = Tally::default();
         let outage = Outage::new(self.outage);
         let outage = &outage;
+        // Set once the pump stops pulling: a message waiting at the outage gate goes back.
+        let (stop, stopping) = tokio::sync::watch::channel(false);
         let mut in_hand = FuturesUnordered::new();
         let mut pull: Option<Pull> = None;
         let mut requests: u64 = 0;
@@ -559,7 +562,7 @@ impl Pump {
                                 // slot taken: back to the stream for another consumer.
                                 Job::Return { acker: acker(&message), halted: false }
                             };
-                            in_hand.push(work(handler, settings, outage, job));
+                            in_hand.push(work(handler, settings, outage, &stopping, job));
                         }
                         Some(StatusCode::IDLE_HEARTBEAT) => {}
                         // A status comes on the subject of the request it ends.
@@ -601,6 +604,7 @@ impl Pump {
             }
         }
 
+        let _ = stop.send(true);
         // Stop pulling: the server forgets the pull requests of a subject without interest.
         // Unsubscribing before any `Nak` below also keeps a message handed back from coming
         // straight back to this pump.
@@ -612,6 +616,7 @@ impl Pump {
                 handler,
                 settings,
                 outage,
+                &stopping,
                 Job::Return {
                     acker,
                     halted: true,
@@ -625,7 +630,7 @@ impl Pump {
                 Some(done) = in_hand.next(), if !in_hand.is_empty() => {
                     tally.record(done);
                     for acker in std::mem::take(&mut tally.to_return) {
-                        in_hand.push(work(handler, settings, outage, Job::Return { acker, halted: true }));
+                        in_hand.push(work(handler, settings, outage, &stopping, Job::Return { acker, halted: true }));
                     }
                 }
                 reply = replies.next(), if draining => match reply {
@@ -635,6 +640,7 @@ impl Pump {
                             handler,
                             settings,
                             outage,
+                            &stopping,
                             Job::Return { acker: acker(&message), halted: false },
                         ));
                     }
@@ -763,7 +769,13 @@ enum Done {
     },
 }
 
-async fn work<H, F, A>(handler: &H, settings: Settings, outage: &Outage, job: Job) -> Done
+async fn work<H, F, A>(
+    handler: &H,
+    settings: Settings,
+    outage: &Outage,
+    stopping: &tokio::sync::watch::Receiver<bool>,
+    job: Job,
+) -> Done
 where
     H: Fn(Message) -> F,
     F: Future<Output = A>,
@@ -785,18 +797,33 @@ where
         Err(_) => message.subject.to_string(),
     };
     let span = process_span("nats", &stream, count);
-    if let Gate::Closed(pause) = outage.enter() {
-        // The database failed the last message for its connection: this one comes again
-        // after the pause, unstarted.
-        let retry = Settlement::Retry { reconnect: false };
-        record_settlement(&span, "nats", retry);
-        let confirmed = confirm(&acker, AckKind::Nak(Some(pause)), retry.as_str())
-            .instrument(span)
-            .await;
-        return Done::Settled {
-            settlement: retry,
-            confirmed,
+    // The database failed the last message for its connection: this one waits at the gate,
+    // in hand and reported in progress, until the pause has passed and a delivery that tried
+    // alone got through — not handed back, which JetStream would count against
+    // `max_deliver` on every turn of a long outage. A pump that stops meanwhile hands it
+    // back unstarted.
+    let mut stopping = stopping.clone();
+    let mut reported = Instant::now();
+    while let Gate::Closed(wait) = outage.enter() {
+        let stopped = tokio::select! {
+            () = tokio::time::sleep(wait) => false,
+            _ = stopping.wait_for(|stopping| *stopping) => true,
         };
+        if stopped {
+            let confirmed = confirm(&acker, AckKind::Nak(None), "nak")
+                .instrument(span)
+                .await;
+            return Done::Returned {
+                halted: false,
+                confirmed,
+            };
+        }
+        if reported.elapsed() >= settings.progress_every {
+            reported = Instant::now();
+            if let Err(e) = acker.ack_with(AckKind::Progress).await {
+                tracing::warn!(error = %e, "reporting a waiting message in progress failed");
+            }
+        }
     }
     let answer = {
         // Called in the span as well as polled in it: a sync handler runs when called.

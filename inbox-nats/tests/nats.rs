@@ -1204,9 +1204,9 @@ mod private_server {
 
     /// The server killed while a handler holds a committed message, before its
     /// acknowledgement, and started again a second later: the same pump carries on over
-    /// async-nats' reconnection — the settlement it could not send counted unconfirmed, the
-    /// message redelivered after `ack_wait` and answered `Duplicate`, the messages no
-    /// handler had taken processed; each applied once, none lost.
+    /// async-nats' reconnection — the acknowledgement sent once it is back, or the message
+    /// redelivered after `ack_wait` and answered `Duplicate` — and the messages no handler
+    /// had taken are processed; each applied once, none lost.
     #[tokio::test(flavor = "multi_thread")]
     async fn a_server_killed_before_the_ack_loses_nothing() {
         let mut server = Server::new();

@@ -30,6 +30,39 @@ async fn notify_async(
     Ok(job.email)
 }
 
+// Its result and the job's fingerprint kept with the marker, the body still consuming the
+// parameter the fingerprint reads.
+#[idempotent(
+    consumer = "jobs",
+    key = job.id,
+    transaction = "caller",
+    store_result = true,
+    fingerprint = job.email.as_bytes()
+)]
+fn notify_kept(conn: &mut SqliteConnection, job: Job) -> Result<String, inbox_diesel::Error> {
+    Ok(job.email)
+}
+
+#[idempotent(
+    consumer = "jobs",
+    key = job.id,
+    transaction = "caller",
+    store_result = true,
+    fingerprint = job.email.as_bytes()
+)]
+async fn notify_kept_async(
+    conn: &mut SyncConnectionWrapper<SqliteConnection>,
+    job: Job,
+) -> Result<String, inbox_diesel::Error> {
+    Ok(job.email)
+}
+
+// Claim mode, whose body runs once too.
+#[idempotent(consumer = "mails", key = job.id, mode = "claim", fingerprint = job.email.as_bytes())]
+fn mail_kept(conn: &mut SqliteConnection, job: Job) -> Result<String, inbox_diesel::Error> {
+    Ok(job.email)
+}
+
 #[idempotent(consumer = "jobs", key = job.id, transaction = "own")]
 fn notify_own(conn: &mut SqliteConnection, job: &Job) -> Result<(), inbox_diesel::Error> {
     Ok(())
