@@ -56,3 +56,36 @@ mod async_claim_mode {
 
     include!("behaviour/claim_async.rs");
 }
+
+/// A session the server ended while it sat idle (`wait_timeout`), on a connection the
+/// application kept: the delivery on it is a lost connection, and so is the next one — not
+/// a handler "called inside an open transaction", which the `ROLLBACK` that never reached
+/// the server left diesel-async counting.
+mod idle_session {
+    use diesel_async::SimpleAsyncConnection;
+    use inbox_diesel::{Action, idempotent};
+
+    #[idempotent(consumer = "idle", key = *id)]
+    async fn touch(
+        conn: &mut diesel_async::AsyncMysqlConnection,
+        id: &u64,
+    ) -> Result<(), inbox_diesel::Error> {
+        conn.batch_execute("SELECT 1").await?;
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_session_ended_while_idle_stays_a_lost_connection() {
+        let db = inbox_tests::mysql::MysqlDb::new("idle_ended_async");
+        let mut conn = db.connect_async().await;
+        conn.batch_execute("SET SESSION wait_timeout = 1")
+            .await
+            .unwrap();
+        assert!(touch(&mut conn, &1).await.unwrap().is_processed());
+        tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+        for id in [2, 3] {
+            let error = touch(&mut conn, &id).await.unwrap_err();
+            assert_eq!(error.action(), Action::Reconnect, "{id}: {error:?}");
+        }
+    }
+}

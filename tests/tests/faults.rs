@@ -318,4 +318,22 @@ mod mysql {
 
         shared_faults(|| db.connect(), run);
     }
+
+    /// A session the server ended while it sat idle (`wait_timeout`), on a connection the
+    /// application kept: the delivery on it is a lost connection, and so is the next one.
+    /// Before, the `ROLLBACK` that never reached the server left diesel counting a
+    /// transaction, and the next delivery was refused as one called inside a caller's
+    /// transaction (a misuse, which halts a pump, with advice to join it).
+    #[test]
+    fn a_session_ended_while_idle_stays_a_lost_connection() {
+        let db = MysqlDb::new("idle_ended");
+        let mut conn = db.connect();
+        conn.batch_execute("SET SESSION wait_timeout = 1").unwrap();
+        assert!(run(&mut conn, &19, "SELECT 1").unwrap().is_processed());
+        std::thread::sleep(std::time::Duration::from_millis(2500));
+        for id in [20, 21] {
+            let error = run(&mut conn, &id, "SELECT 1").unwrap_err();
+            assert_eq!(body_action(&error), Action::Reconnect, "{id}: {error:?}");
+        }
+    }
 }

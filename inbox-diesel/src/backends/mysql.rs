@@ -224,6 +224,16 @@ impl Dialect for diesel::mysql::Mysql {
     }
 }
 
+/// A `ROLLBACK` of the handler's transaction that did not reach the server (the session
+/// lost, `wait_timeout` passed): diesel's manager, which the raw statement bypasses, would
+/// still count the transaction, and the next delivery on the connection would be refused as
+/// one called inside a caller's transaction. Put in error, the manager says the connection
+/// is broken (`BrokenTransactionManager`, a lost connection: drop it), as it does on
+/// PostgreSQL.
+fn broken(status: &mut diesel::connection::TransactionManagerStatus) {
+    status.set_in_error();
+}
+
 /// The sync connection.
 mod sync {
     use diesel::connection::AnsiTransactionManager;
@@ -329,7 +339,10 @@ mod sync {
             match status.transaction_depth()?.map(std::num::NonZeroU32::get) {
                 None => Ok(()),
                 Some(1) => {
-                    self.batch_execute(HandlerSpec::MYSQL_ROLLBACK)?;
+                    if let Err(e) = self.batch_execute(HandlerSpec::MYSQL_ROLLBACK) {
+                        super::broken(AnsiTransactionManager::transaction_manager_status_mut(self));
+                        return Err(e);
+                    }
                     crate::backends::ended(AnsiTransactionManager::transaction_manager_status_mut(
                         self,
                     ))
@@ -597,7 +610,13 @@ mod asynchronous {
             match status.transaction_depth()?.map(std::num::NonZeroU32::get) {
                 None => Ok(()),
                 Some(1) => {
-                    SimpleAsyncConnection::batch_execute(self, HandlerSpec::MYSQL_ROLLBACK).await?;
+                    let rolled_back =
+                        SimpleAsyncConnection::batch_execute(self, HandlerSpec::MYSQL_ROLLBACK)
+                            .await;
+                    if let Err(e) = rolled_back {
+                        super::broken(AnsiTransactionManager::transaction_manager_status_mut(self));
+                        return Err(e);
+                    }
                     crate::backends::ended(AnsiTransactionManager::transaction_manager_status_mut(
                         self,
                     ))
