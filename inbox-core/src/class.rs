@@ -181,7 +181,9 @@ impl fmt::Display for ErrorClass {
             ErrorClass::ConnectionLost => f.write_str("connection lost"),
             ErrorClass::ReadOnly => f.write_str(
                 "read-only session (a hot-standby replica, a primary demoted by a failover, or a \
-                 session or role set read-only): the consumer must reach the primary",
+                 session, role or database set read-only — `default_transaction_read_only`, \
+                 whose refusal names the first statement of the transaction, whatever it was): \
+                 the consumer must reach a writable primary",
             ),
             ErrorClass::PermissionDenied => f.write_str("permission denied"),
             ErrorClass::ResourceExhausted => {

@@ -56,7 +56,9 @@
 //! starts no handler for a pause, doubling while it lasts, then lets one delivery try
 //! alone ([`Pump::outage`]). The others wait in hand meanwhile (each holds a `prefetch`
 //! slot, so the broker sends no more): requeued, each turn of a long outage would count
-//! against the queue's `x-delivery-limit`, and dead-letter messages that never ran.
+//! against the queue's `x-delivery-limit`, and dead-letter messages that never ran. An
+//! outage longer than the broker's `consumer_timeout` (30 minutes by default) ends the
+//! channel as for a slow handler (below): one delivery counted per such spell.
 //!
 //! **Shutdown.** When `shutdown` completes (or the pump halts), the pump cancels its
 //! consumer, lets the deliveries in hand finish and settle (a retry's delay cut short), and
