@@ -805,8 +805,10 @@ where
     let mut stopping = stopping.clone();
     let mut reported = Instant::now();
     while let Gate::Closed(wait) = outage.enter() {
+        // Awake at least as often as the message must be reported in progress: a pause can
+        // be longer than `ack_wait`.
         let stopped = tokio::select! {
-            () = tokio::time::sleep(wait) => false,
+            () = tokio::time::sleep(wait.min(settings.progress_every)) => false,
             _ = stopping.wait_for(|stopping| *stopping) => true,
         };
         if stopped {
