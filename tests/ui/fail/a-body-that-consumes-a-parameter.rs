@@ -6,12 +6,14 @@
 use diesel::prelude::*;
 use inbox_diesel::idempotent;
 
+pub struct Note(pub String);
+
 pub struct Msg {
     pub id: u64,
-    pub note: String,
+    pub note: Note,
 }
 
-fn keep(conn: &mut SqliteConnection, note: String) -> QueryResult<()> {
+fn keep(conn: &mut SqliteConnection, note: Note) -> QueryResult<()> {
     Ok(())
 }
 
@@ -26,7 +28,7 @@ async fn consumes_async(
     conn: &mut diesel_async::sync_connection_wrapper::SyncConnectionWrapper<SqliteConnection>,
     msg: Msg,
 ) -> QueryResult<()> {
-    let note: String = msg.note;
+    let note: Note = msg.note;
     Ok(())
 }
 
@@ -35,7 +37,7 @@ async fn reads_async(
     conn: &mut diesel_async::sync_connection_wrapper::SyncConnectionWrapper<SqliteConnection>,
     msg: Msg,
 ) -> QueryResult<()> {
-    let note: &str = &msg.note;
+    let note: &str = &msg.note.0;
     Ok(())
 }
 
