@@ -1039,6 +1039,32 @@ mod private_broker {
         }
     }
 
+    /// Runs `pump` on `channel` until `n` deliveries are answered, as a service restarts its
+    /// pump after a broker's failure; returns the report and what the handler said of each.
+    async fn redeliver(
+        pump: &Pump,
+        channel: &Channel,
+        consumer: lapin::Consumer,
+        store: &Store,
+        n: usize,
+    ) -> (inbox_lapin::Report, Vec<String>) {
+        let answers = std::sync::Mutex::new(Vec::new());
+        let done = async {
+            while answers.lock().unwrap().len() < n {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        let report = pump
+            .run(channel, consumer, done, |delivery| {
+                let answer = handle(store, &delivery);
+                answers.lock().unwrap().push(said(&delivery, &answer));
+                async move { answer }
+            })
+            .await
+            .unwrap();
+        (report, answers.into_inner().unwrap())
+    }
+
     /// A handler whose effect commits, then runs past the broker's consumer timeout before
     /// the pump acknowledges: the broker closes the channel and the pump stops with the
     /// channel's failure. Delivered again on a new channel, the message is a duplicate —
@@ -1077,22 +1103,9 @@ mod private_broker {
             .subscribe(&channel, &queues.name, "timeout")
             .await
             .unwrap();
-        let answers = std::sync::Mutex::new(Vec::new());
-        let done = async {
-            while answers.lock().unwrap().is_empty() {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        };
-        let report = pump
-            .run(&channel, consumer, done, |delivery| {
-                let answer = handle(&store, &delivery);
-                answers.lock().unwrap().push(said(&delivery, &answer));
-                async move { answer }
-            })
-            .await
-            .unwrap();
+        let (report, answers) = redeliver(&pump, &channel, consumer, &store, 1).await;
         assert_eq!(report.acked, 1, "{report:?}");
-        assert_eq!(*answers.lock().unwrap(), ["slow: duplicate"]);
+        assert_eq!(answers, ["slow: duplicate"]);
         assert_eq!(store.effects(), [("slow".to_owned(), 1)]);
         assert_eq!(queues.depth(&channel, &queues.name).await, 0);
     }
@@ -1181,25 +1194,9 @@ mod private_broker {
                 ),
             }
         };
-        let answers = std::sync::Mutex::new(Vec::new());
-        let done = async {
-            while answers.lock().unwrap().len() < 3 {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        };
-        let report = pump
-            .run(&channel, consumer, done, |delivery| {
-                let answer = handle(&store, &delivery);
-                answers.lock().unwrap().push(said(&delivery, &answer));
-                async move { answer }
-            })
-            .await
-            .unwrap();
+        let (report, answers) = redeliver(&pump, &channel, consumer, &store, 3).await;
         assert_eq!(report.acked, 3, "{report:?}");
-        assert_eq!(
-            *answers.lock().unwrap(),
-            ["a: duplicate", "b: processed", "c: processed"]
-        );
+        assert_eq!(answers, ["a: duplicate", "b: processed", "c: processed"]);
         assert_eq!(
             store.effects(),
             [("a", 1), ("b", 1), ("c", 1)].map(|(m, n)| (m.to_owned(), n))
