@@ -21,7 +21,7 @@ use inbox_core::{ConsumerError, ErrorClass, HandlerOutcome, InboxSchema, ToMessa
 #[cfg(feature = "async")]
 pub use crate::runtime::asynchronous::AsyncBody;
 use crate::spec::HandlerSpec;
-use crate::{Error, HasDieselError, InboxConnection, Isolation, classify};
+use crate::{Error, HandlerConnection, HasDieselError, Isolation, classify};
 
 /// A handler's settings: its consumer name and the attribute's other options. Build it once,
 /// in a `static` — the runtime keeps a reference to it while it runs:
@@ -273,7 +273,7 @@ pub fn run_once<C, K, T, E, B, L: OnLocked>(
     body: B,
 ) -> Result<L::Outcome<T>, E>
 where
-    C: InboxConnection,
+    C: HandlerConnection,
     K: ToMessageKey + ?Sized,
     B: FnMut(&mut C) -> Checked<Result<T, E>>,
     E: From<Error> + HasDieselError,
@@ -347,7 +347,7 @@ pub fn run_once_stored<C, K, T, E, B, L: OnLocked>(
     body: B,
 ) -> Result<L::Outcome<T>, E>
 where
-    C: InboxConnection,
+    C: HandlerConnection,
     K: ToMessageKey + ?Sized,
     T: serde::Serialize + serde::de::DeserializeOwned,
     B: FnMut(&mut C) -> Checked<Result<T, E>>,

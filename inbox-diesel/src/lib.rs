@@ -563,12 +563,10 @@ pub mod __private;
 ///   `async`); pass a pooled connection as `&mut pooled`. A type alias works when the
 ///   connection is the handler's only `&mut` parameter; otherwise name it with `conn = …`.
 ///   An application on several backends through one type — diesel's `MultiConnection`
-///   enum, as Vaultwarden's `DbConn` — writes the handler generic,
-///   `fn h<C: InboxConnection>(conn: &mut C, …)`, and calls it with the enum's variant
-///   (`match conn { Db::Postgresql(c) => h(c, …), Db::Sqlite(c) => h(c, …), … }`): the
-///   enum itself is not a connection the runtime can run on. Models that take a trait
-///   object of the application's (`&mut dyn Db`) hide the connection from the guard:
-///   install the [`tripwire::net`].
+///   enum, as Vaultwarden's `DbConnInner` — derives [`MultiConnection`] beside diesel's and
+///   declares `&mut` the enum (sync handlers). Models that take a trait object of the
+///   application's (`&mut dyn Db`) hide the connection from the guard: install the
+///   [`tripwire::net`].
 /// - The body may run more than once when a transient failure is retried, so it must not
 ///   consume its parameters, and an async body must not mutate them either.
 /// - Call the handler outside any open transaction on that connection.
@@ -666,9 +664,66 @@ pub use inbox_macros::idempotent;
 #[doc(inline)]
 pub use inbox_macros::guarded;
 
+/// An application's enum of connections — diesel's `MultiConnection`, one type for several
+/// backends, chosen by the URL at startup — as the connection of a sync `#[idempotent]`
+/// handler and of [`handler::run_once`]: derive it beside diesel's.
+///
+/// ```
+/// use diesel::connection::SimpleConnection;
+/// use diesel::prelude::*;
+/// use inbox_diesel::{InboxSchema, idempotent};
+///
+/// #[derive(diesel::MultiConnection, inbox_diesel::MultiConnection)]
+/// enum Db {
+///     Sqlite(SqliteConnection),
+///     // Pg(PgConnection), Mysql(MysqlConnection), as the application's features enable
+/// }
+///
+/// diesel::table! {
+///     likes (post) {
+///         post -> Integer,
+///         count -> Integer,
+///     }
+/// }
+///
+/// #[idempotent(consumer = "likes", key = like_id)]
+/// fn like(conn: &mut Db, like_id: &str, post: i32) -> QueryResult<()> {
+///     // The DSL on the enum, as the rest of the application writes it: in the handler's
+///     // transaction, with the marker.
+///     diesel::update(likes::table.find(post))
+///         .set(likes::count.eq(likes::count + 1))
+///         .execute(conn)?;
+///     Ok(())
+/// }
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut conn = Db::establish(":memory:")?;
+/// # let Db::Sqlite(sqlite) = &mut conn;
+/// # sqlite.batch_execute(&inbox_diesel::schema::sqlite::create_table_sql(&InboxSchema::DEFAULT))?;
+/// # sqlite.batch_execute("CREATE TABLE likes (post INTEGER PRIMARY KEY, count INTEGER); INSERT INTO likes VALUES (1, 0);")?;
+/// assert!(like(&mut conn, "like-7", 1)?.is_processed());
+/// assert!(like(&mut conn, "like-7", 1)?.is_duplicate());
+/// # Ok(())
+/// # }
+/// ```
+///
+/// The runtime runs its own statements on the variant the enum holds, with that backend's
+/// SQL and error codes; the body is given the enum, and diesel's `MultiConnection` hands its
+/// transactions to the variant, so a nested `conn.transaction(…)` in the body is a savepoint
+/// of the handler's transaction. Each variant holds one connection whose backend is a
+/// feature of inbox-diesel (one that is not is refused at compile time, at the variant).
+/// The body must not replace the enum's variant: the transaction would go with the
+/// connection, and the handler panics rather than run on another.
+///
+/// Sync only: diesel-async has no `MultiConnection`. The other entry points — the startup
+/// check, the purge, the outbox, get-or-create, the test kit — take the variant's connection:
+/// `match conn { Db::Sqlite(c) => schema::verify(c, …), … }`.
+#[doc(inline)]
+pub use inbox_macros::MultiConnection;
+
 #[cfg(feature = "async")]
 pub use backends::AsyncInboxConnection;
-pub use backends::InboxConnection;
+pub use backends::{HandlerConnection, InboxConnection};
 pub use error::HasDieselError;
 pub use error::classify;
 pub use error::{Error, SessionProblem, StoredResultProblem};

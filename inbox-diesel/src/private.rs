@@ -4,6 +4,7 @@
 pub mod guard {
     pub use crate::guard::{Asked, ClaimModeHasNoConnection, Probe, levels, query_type, vet};
 }
+pub use crate::backends::{Visit, variant_replaced};
 pub use crate::handler::{checked, checked_call, checked_future};
 #[cfg(feature = "async")]
 pub use crate::runtime::asynchronous::{

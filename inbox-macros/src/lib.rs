@@ -15,6 +15,7 @@ mod attr;
 mod closure;
 mod expand;
 mod guard;
+mod multi;
 mod valid;
 
 /// See `inbox_diesel::idempotent`.
@@ -27,4 +28,10 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
 #[proc_macro]
 pub fn guarded(input: TokenStream) -> TokenStream {
     closure::guarded(input.into()).into()
+}
+
+/// See `inbox_diesel::MultiConnection`.
+#[proc_macro_derive(MultiConnection)]
+pub fn multi_connection(input: TokenStream) -> TokenStream {
+    multi::derive(input.into()).into()
 }

@@ -154,3 +154,27 @@ async fn async_lock_wait_on_sqlite() {
         assert_eq!(count_credits(&mut conn, &msg).await, 1);
     }
 }
+
+/// The first delivery on a diesel-async connection meets another connection's exclusive
+/// lock: the startup check waits with the handler's busy timeout, as the sync one does.
+#[tokio::test(flavor = "multi_thread")]
+async fn async_first_delivery_on_a_connection_waits_for_a_writers_lock() {
+    let db = SqliteDb::new("async_check_waits");
+    db.connect()
+        .batch_execute("PRAGMA journal_mode = DELETE")
+        .unwrap();
+    let mut holder = db.connect();
+    holder.batch_execute("BEGIN EXCLUSIVE").unwrap();
+    let release = tokio::task::spawn_blocking(move || {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        holder.batch_execute("COMMIT").unwrap();
+    });
+    let mut conn = diesel_async::sync_connection_wrapper::SyncConnectionWrapper::new(
+        <diesel::SqliteConnection as diesel::Connection>::establish(db.url()).unwrap(),
+    );
+    let nothing = Hook::default();
+    let outcome = credit(&mut conn, &Credit::new(1), &nothing).await;
+    release.await.unwrap();
+    assert!(outcome.unwrap().is_processed());
+    assert_eq!(count_markers(&mut conn).await, 1);
+}

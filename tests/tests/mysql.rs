@@ -43,6 +43,12 @@ mod testing_kit {
 
     include!("behaviour/testing.rs");
 }
+/// An application's enum of connections (diesel's `MultiConnection`) as the handler's.
+mod multi_connection {
+    type Db = inbox_tests::mysql::MysqlDb;
+
+    include!("behaviour/multi.rs");
+}
 /// Composite keys: a tuple of parameters, a `format!` with inline arguments.
 mod composite {
     type Db = inbox_tests::mysql::MysqlDb;

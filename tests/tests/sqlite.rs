@@ -44,6 +44,12 @@ mod another_database {
 
     include!("behaviour/tenants.rs");
 }
+/// An application's enum of connections (diesel's `MultiConnection`) as the handler's.
+mod multi_connection {
+    type Db = inbox_tests::sqlite::SqliteDb;
+
+    include!("behaviour/multi.rs");
+}
 /// Composite keys: a tuple of parameters, a `format!` with inline arguments.
 mod composite {
     type Db = inbox_tests::sqlite::SqliteDb;
@@ -328,4 +334,28 @@ fn a_body_that_ends_its_transaction_is_reported_never_processed() {
         let next = credit(&mut conn, &Credit::new(200 + n as u128)).unwrap();
         assert_eq!(next, Outcome::Processed(()), "{shape}");
     }
+}
+
+/// A connection's first delivery meets another connection's exclusive lock (a database in
+/// SQLite's default rollback journal, in the middle of another's commit): the startup
+/// check's catalog reads wait with the handler's busy timeout, as its statements do, where
+/// they failed at once with `SQLITE_BUSY` before.
+#[test]
+fn the_first_delivery_on_a_connection_waits_for_a_writers_lock() {
+    let db = SqliteDb::new("check_waits");
+    db.connect()
+        .batch_execute("PRAGMA journal_mode = DELETE")
+        .unwrap();
+    let mut holder = db.connect();
+    holder.batch_execute("BEGIN EXCLUSIVE").unwrap();
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        holder.batch_execute("COMMIT").unwrap();
+    });
+    // A fresh connection, no statement sent on it yet: what a pool hands out.
+    let mut conn = diesel::SqliteConnection::establish(db.url()).unwrap();
+    let outcome = credit(&mut conn, &Credit::new(1));
+    release.join().unwrap();
+    assert!(outcome.unwrap().is_processed());
+    assert_eq!(count_markers(&mut conn), 1);
 }

@@ -94,6 +94,13 @@ pub(crate) mod sealed {
             layout: Layout,
         ) -> QueryResult<Vec<Uuid>>;
 
+        /// Before the startup check's catalog reads, the first time a connection runs the
+        /// handler: SQLite waits for a writer's lock as the handler's statements do (a fresh
+        /// connection's first read of a WAL database can meet another's write lock).
+        fn prepare_check(&mut self, _spec: &HandlerSpec) -> QueryResult<()> {
+            Ok(())
+        }
+
         /// Claim mode: checks that no transaction is open — each claim statement must commit on
         /// its own — and prepares the connection for them.
         fn prepare_claim(&mut self, _spec: &HandlerSpec) -> QueryResult<()> {
@@ -160,6 +167,74 @@ pub(crate) mod sealed {
 pub trait InboxConnection: sealed::Connection {
     /// The connection's backend: which SQL dialect, DDL and error codes apply.
     const BACKEND: crate::dialect::Backend = <Self::Backend as crate::dialect::Dialect>::BACKEND;
+}
+
+/// What a sync handler's connection parameter may be: a connection the runtime runs on
+/// ([`InboxConnection`]), or an application's enum of them — diesel's `MultiConnection`, one
+/// type for several backends, as Vaultwarden's — that also derives
+/// [`inbox_diesel::MultiConnection`](crate::MultiConnection).
+///
+/// On an enum, the runtime runs its own statements on the variant the enum holds, and the
+/// body is given the enum: its queries, written for diesel's `MultiBackend`, run in the same
+/// transaction as the marker (diesel's `MultiConnection` hands its transactions to the
+/// variant).
+///
+/// Not to be implemented by hand: the derive writes the one method.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a connection an #[idempotent] handler can run on",
+    label = "declare this parameter as `&mut PgConnection`, `&mut MysqlConnection` or `&mut SqliteConnection`",
+    note = "each backend is a feature of inbox-diesel, none of them on by default: \
+            `features = [\"postgres\"]`, `[\"mysql\"]` or `[\"sqlite\"]`",
+    note = "a pooled connection derefs to its connection: declare `&mut PgConnection` and call \
+            the handler with `&mut pooled_connection`",
+    note = "the handler's connection is its first `&mut …Connection` parameter; if that one is \
+            another client, name the database connection with `conn = …`",
+    note = "an application's enum of connections (`#[derive(diesel::MultiConnection)]`) also \
+            derives `inbox_diesel::MultiConnection`"
+)]
+pub trait HandlerConnection: diesel::Connection + Sized {
+    /// Calls `visit` with the connection and the way from it to the connection the runtime
+    /// runs on: itself, or the enum's variant.
+    #[doc(hidden)]
+    fn __inbox_visit<V: Visit<Self>>(&mut self, visit: V) -> V::Output;
+}
+
+impl<C: InboxConnection> HandlerConnection for C {
+    fn __inbox_visit<V: Visit<Self>>(&mut self, visit: V) -> V::Output {
+        visit.visit(self, itself::<C>)
+    }
+}
+
+fn itself<C>(conn: &mut C) -> &mut C {
+    conn
+}
+
+/// A runtime's work on a handler's connection `O` ([`HandlerConnection`]), done on the
+/// connection `project` finds in it — its variant, on an application's enum.
+#[doc(hidden)]
+pub trait Visit<O> {
+    /// What the work answers.
+    type Output;
+
+    /// Does the work: the body is given `outer`; the runtime's statements run on
+    /// `project(outer)`.
+    fn visit<C: InboxConnection>(
+        self,
+        outer: &mut O,
+        project: fn(&mut O) -> &mut C,
+    ) -> Self::Output;
+}
+
+/// What the derive of `MultiConnection` calls where the body replaced the enum's variant with
+/// another while the handler's transaction was open on the first: that transaction is gone
+/// with the connection that held it, and nothing of it can commit.
+#[doc(hidden)]
+#[track_caller]
+pub fn variant_replaced() -> ! {
+    panic!(
+        "inbox: the handler's body replaced its connection (another variant of the \
+         MultiConnection enum) inside the handler's transaction"
+    )
 }
 
 /// `AlreadyInTransaction` when the transaction manager whose `status` this is — diesel's or
@@ -347,6 +422,14 @@ mod asynchronous {
             /// (SQLite's `BEGIN IMMEDIATE`), READ COMMITTED on PostgreSQL, a plain one elsewhere.
             fn begin_write_transaction(&mut self) -> impl Future<Output = QueryResult<()>> + Send {
                 Self::TransactionManager::begin_transaction(self)
+            }
+
+            /// Before the startup check's catalog reads, as the sync connection's.
+            fn prepare_check(
+                &mut self,
+                _spec: &'static HandlerSpec,
+            ) -> impl Future<Output = QueryResult<()>> + Send {
+                async { Ok(()) }
             }
 
             /// Claim mode: checks that no transaction is open — each claim statement must commit

@@ -269,14 +269,21 @@ mod sync {
             AnsiTransactionManager::begin_transaction_sql(self, "BEGIN IMMEDIATE")
         }
 
-        /// Claim statements run in autocommit; a concurrent writer makes them wait up to
-        /// the busy timeout too.
-        fn prepare_claim(&mut self, spec: &HandlerSpec) -> QueryResult<()> {
-            refuse_open_transaction(AnsiTransactionManager::transaction_manager_status_mut(self))?;
+        /// The busy timeout the handler's statements wait with, set before the check's
+        /// reads: a connection's first read of a WAL database waits while another
+        /// connection holds the lock it needs, instead of failing at once.
+        fn prepare_check(&mut self, spec: &HandlerSpec) -> QueryResult<()> {
             diesel::connection::SimpleConnection::batch_execute(
                 self,
                 &format!("PRAGMA busy_timeout = {}", spec.sqlite_busy_timeout_ms),
             )
+        }
+
+        /// Claim statements run in autocommit; a concurrent writer makes them wait up to
+        /// the busy timeout too.
+        fn prepare_claim(&mut self, spec: &HandlerSpec) -> QueryResult<()> {
+            refuse_open_transaction(AnsiTransactionManager::transaction_manager_status_mut(self))?;
+            self.prepare_check(spec)
         }
 
         fn claim_marker(
@@ -391,6 +398,11 @@ mod asynchronous {
 
         async fn roll_back_inbox_transaction(&mut self) -> QueryResult<()> {
             self.spawn_blocking(|conn| conn.roll_back_inbox_transaction())
+                .await
+        }
+
+        async fn prepare_check(&mut self, spec: &'static HandlerSpec) -> QueryResult<()> {
+            self.spawn_blocking(move |conn| conn.prepare_check(spec))
                 .await
         }
 

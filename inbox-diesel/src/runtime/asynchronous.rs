@@ -501,6 +501,10 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
         spec: &'static HandlerSpec,
         claim: bool,
     ) -> Result<Layout, crate::schema::check::SchemaError> {
+        self.0
+            .prepare_check(spec)
+            .await
+            .map_err(crate::schema::check::SchemaError::Database)?;
         crate::schema::verify_layout_async(self.0, &spec.schema, claim).await
     }
 

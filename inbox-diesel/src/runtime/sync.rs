@@ -8,15 +8,20 @@ use diesel::QueryResult;
 use inbox_core::{BatchOutcome, ErrorClass, HandlerOutcome, KeyError, MessageKey};
 use tracing::Instrument;
 
+use crate::backends::Visit;
 use crate::dialect::claim::{ClaimAnswer, ClaimStep};
+use crate::dialect::claim::{ClaimRead, ClaimSql};
 use crate::dialect::layout::Layout;
+use crate::dialect::{Dialect, Row, Sql};
+use crate::io::Io;
 use crate::io::{Blocking, complete_now};
 use crate::runtime::claim::ClaimSpec;
 use crate::runtime::driver::{self, BatchClaims, NewMessages, Steps};
 use crate::runtime::stored::{Fingerprint, Kept, Remembered};
 use crate::spec::HandlerSpec;
 use crate::telemetry::Run;
-use crate::{Error, InboxConnection, NoConnection};
+use crate::{Error, HandlerConnection, InboxConnection, NoConnection};
+use diesel::connection::TransactionManagerStatus;
 
 /// Runs `body` once per message key and consumer, on a sync connection, answering in the
 /// outcome type `A` the caller names (`_outcome`); see
@@ -36,31 +41,21 @@ pub fn run<C, T, E, B, P, A>(
     inbox_error: fn(Error) -> E,
 ) -> Result<A, E>
 where
-    C: InboxConnection,
+    C: HandlerConnection,
     B: FnMut(&mut C) -> Result<T, E>,
     P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
     A: HandlerOutcome<T>,
 {
     let key = key.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
-    // The stored id, not the key: a key can be business data (an e-mail address) or carry
-    // control characters; the key itself is logged escaped, at DEBUG (`driver`).
-    let run = Run::message(spec, &key, false);
-    let result = complete_now(
-        driver::drive(
-            Blocking(conn),
-            spec,
-            &key,
-            Immediate(body),
-            probe,
-            A::IN_FLIGHT,
-            remembered,
-            inbox_error,
-        )
-        .instrument(run.instrument_span()),
-    )
-    .map(|value| driver::outcome(spec, key, value));
-    run.finish(&result);
-    result
+    conn.__inbox_visit(Message::<false, A, T, E, _, P> {
+        outcome: PhantomData,
+        spec,
+        key,
+        body: Immediate(body),
+        probe,
+        remembered,
+        inbox_error,
+    })
 }
 
 /// `transaction = "caller_or_own"`: [`run_joined`] where the caller has a transaction open
@@ -81,13 +76,13 @@ pub fn run_joined_or_own<C, T, E, B, P, A>(
     inbox_error: fn(Error) -> E,
 ) -> Result<A, E>
 where
-    C: InboxConnection,
+    C: HandlerConnection,
     B: FnMut(&mut C) -> Result<T, E>,
     P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
     A: HandlerOutcome<T>,
 {
     // The depth `drive_joined` refuses at 0, read the same way.
-    match Blocking(&mut *conn).depth() > 0 {
+    match depth(conn) > 0 {
         true => run_joined(
             outcome,
             conn,
@@ -128,28 +123,104 @@ pub fn run_joined<C, T, E, B, P, A>(
     inbox_error: fn(Error) -> E,
 ) -> Result<A, E>
 where
-    C: InboxConnection,
+    C: HandlerConnection,
     B: FnOnce(&mut C) -> Result<T, E>,
     P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
     A: HandlerOutcome<T>,
 {
     let key = key.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
-    let run = Run::message(spec, &key, false);
-    let result = complete_now(
-        driver::drive_joined::<_, _, _, _, _, A::InFlightWitness>(
-            Blocking(conn),
+    conn.__inbox_visit(Message::<true, A, T, E, _, P> {
+        outcome: PhantomData,
+        spec,
+        key,
+        body: Once(Some(body)),
+        probe,
+        remembered,
+        inbox_error,
+    })
+}
+
+/// How many transactions diesel's manager counts open on `conn` (0 where it is in error):
+/// for an application's enum of connections, its variant's.
+fn depth<C: diesel::Connection>(conn: &mut C) -> u32 {
+    use diesel::connection::TransactionManager;
+    C::TransactionManager::transaction_manager_status_mut(conn)
+        .transaction_depth()
+        .ok()
+        .flatten()
+        .map_or(0, std::num::NonZeroU32::get)
+}
+
+/// One message's run, on the connection the handler's connection leads to
+/// ([`HandlerConnection`]): in the caller's transaction (`JOINED`, `driver::drive_joined`) or
+/// in its own (`driver::drive`).
+struct Message<const JOINED: bool, A, T, E, B, P> {
+    outcome: PhantomData<A>,
+    spec: &'static HandlerSpec,
+    key: MessageKey,
+    body: B,
+    probe: P,
+    remembered: Remembered<T>,
+    inbox_error: fn(Error) -> E,
+}
+
+impl<const JOINED: bool, O, T, E, B, P, A> Visit<O> for Message<JOINED, A, T, E, B, P>
+where
+    B: driver::Body<O, Result<T, E>>,
+    P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
+    A: HandlerOutcome<T>,
+{
+    type Output = Result<A, E>;
+
+    fn visit<C: InboxConnection>(
+        self,
+        outer: &mut O,
+        project: fn(&mut O) -> &mut C,
+    ) -> Result<A, E> {
+        let Message {
             spec,
-            &key,
-            Once(Some(body)),
+            key,
+            body,
             probe,
             remembered,
             inbox_error,
-        )
-        .instrument(run.instrument_span()),
-    )
-    .map(|value| driver::outcome(spec, key, value));
-    run.finish(&result);
-    result
+            ..
+        } = self;
+        let steps = Projected { outer, project };
+        // The stored id, not the key: a key can be business data (an e-mail address) or carry
+        // control characters; the key itself is logged escaped, at DEBUG (`driver`).
+        let run = Run::message(spec, &key, false);
+        let result = match JOINED {
+            true => complete_now(
+                driver::drive_joined::<_, _, _, _, _, A::InFlightWitness>(
+                    steps,
+                    spec,
+                    &key,
+                    body,
+                    probe,
+                    remembered,
+                    inbox_error,
+                )
+                .instrument(run.instrument_span()),
+            ),
+            false => complete_now(
+                driver::drive(
+                    steps,
+                    spec,
+                    &key,
+                    body,
+                    probe,
+                    A::IN_FLIGHT,
+                    remembered,
+                    inbox_error,
+                )
+                .instrument(run.instrument_span()),
+            ),
+        }
+        .map(|value| driver::outcome(spec, key, value));
+        run.finish(&result);
+        result
+    }
 }
 
 /// A sync body that runs once: in its caller's transaction, never retried.
@@ -174,7 +245,7 @@ pub fn run_batch<C, T, E, B, P>(
     inbox_error: fn(Error) -> E,
 ) -> Result<BatchOutcome<T>, E>
 where
-    C: InboxConnection,
+    C: HandlerConnection,
     B: FnMut(&mut C) -> Result<T, E>,
     P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
 {
@@ -182,24 +253,65 @@ where
     if keys.is_empty() {
         return Ok(driver::batch_outcome(0, None, new));
     }
-    let run = Run::batch(spec, keys.len());
-    let claims = BatchClaims::new(&keys, new);
-    let result = complete_now(
-        driver::drive(
-            Blocking(conn),
+    conn.__inbox_visit(Batch {
+        spec,
+        keys,
+        new,
+        body,
+        probe,
+        inbox_error,
+    })
+}
+
+/// A batch's run, on the connection the handler's connection leads to.
+struct Batch<'n, E, B, P> {
+    spec: &'static HandlerSpec,
+    keys: Vec<MessageKey>,
+    new: &'n NewMessages,
+    body: B,
+    probe: P,
+    inbox_error: fn(Error) -> E,
+}
+
+impl<O, T, E, B, P> Visit<O> for Batch<'_, E, B, P>
+where
+    B: FnMut(&mut O) -> Result<T, E>,
+    P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
+{
+    type Output = Result<BatchOutcome<T>, E>;
+
+    fn visit<C: InboxConnection>(
+        self,
+        outer: &mut O,
+        project: fn(&mut O) -> &mut C,
+    ) -> Self::Output {
+        let Batch {
             spec,
-            &claims,
-            Immediate(body),
+            keys,
+            new,
+            body,
             probe,
-            None::<Infallible>,
-            Remembered::nothing(),
             inbox_error,
+        } = self;
+        let run = Run::batch(spec, keys.len());
+        let claims = BatchClaims::new(&keys, new);
+        let result = complete_now(
+            driver::drive(
+                Projected { outer, project },
+                spec,
+                &claims,
+                Immediate(body),
+                probe,
+                None::<Infallible>,
+                Remembered::nothing(),
+                inbox_error,
+            )
+            .instrument(run.instrument_span()),
         )
-        .instrument(run.instrument_span()),
-    )
-    .map(|value| driver::batch_outcome(keys.len(), value.value(), new));
-    run.finish_batch(&result);
-    result
+        .map(|value| driver::batch_outcome(keys.len(), value.value(), new));
+        run.finish_batch(&result);
+        result
+    }
 }
 
 /// Runs `body` in claim mode, on a sync connection; see `driver::drive_claim` for the steps.
@@ -218,26 +330,70 @@ pub fn run_claim<C, T, E, B, A>(
     inbox_error: fn(Error) -> E,
 ) -> Result<A, E>
 where
-    C: InboxConnection,
+    C: HandlerConnection,
     B: FnOnce(&mut NoConnection) -> Result<T, E>,
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
     let key = key.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
-    let run = Run::message(spec, &key, true);
-    let result = complete_now(
-        driver::drive_claim(
-            Blocking(conn),
+    conn.__inbox_visit(Claim {
+        outcome: PhantomData::<A>,
+        spec,
+        claim,
+        key,
+        body,
+        remembered,
+        inbox_error,
+    })
+}
+
+/// A claim-mode run, on the connection the handler's connection leads to.
+struct Claim<A, T, E, B> {
+    outcome: PhantomData<A>,
+    spec: &'static HandlerSpec,
+    claim: ClaimSpec,
+    key: MessageKey,
+    body: B,
+    remembered: Remembered<T>,
+    inbox_error: fn(Error) -> E,
+}
+
+impl<O, T, E, B, A> Visit<O> for Claim<A, T, E, B>
+where
+    B: FnOnce(&mut NoConnection) -> Result<T, E>,
+    A: HandlerOutcome<T, InFlightWitness = ()>,
+{
+    type Output = Result<A, E>;
+
+    fn visit<C: InboxConnection>(
+        self,
+        outer: &mut O,
+        project: fn(&mut O) -> &mut C,
+    ) -> Self::Output {
+        let Claim {
             spec,
             claim,
             key,
-            OnceWithoutConnection(Some(body)),
+            body,
             remembered,
             inbox_error,
-        )
-        .instrument(run.instrument_span()),
-    );
-    run.finish(&result);
-    result
+            ..
+        } = self;
+        let run = Run::message(spec, &key, true);
+        let result = complete_now(
+            driver::drive_claim(
+                Projected { outer, project },
+                spec,
+                claim,
+                key,
+                OnceWithoutConnection(Some(body)),
+                remembered,
+                inbox_error,
+            )
+            .instrument(run.instrument_span()),
+        );
+        run.finish(&result);
+        result
+    }
 }
 
 /// A sync body: it runs to its end when called.
@@ -261,29 +417,83 @@ impl<C, R, B: FnOnce(&mut NoConnection) -> R> driver::Body<C, R> for OnceWithout
     }
 }
 
-impl<C: InboxConnection> Steps for Blocking<'_, C> {
-    type Conn = C;
+/// The handler's connection, given to the body, and the connection the runtime's statements
+/// run on: the same one, or an application's enum of connections and its variant
+/// ([`HandlerConnection`]).
+pub(crate) struct Projected<'c, O, C> {
+    outer: &'c mut O,
+    project: fn(&mut O) -> &mut C,
+}
 
-    fn conn(&mut self) -> &mut C {
-        self.0
+impl<O, C> Projected<'_, O, C> {
+    /// The connection the runtime's statements run on.
+    fn inner(&mut self) -> &mut C {
+        (self.project)(self.outer)
+    }
+}
+
+impl<O, C> Io for Projected<'_, O, C>
+where
+    C: diesel::connection::LoadConnection<
+            TransactionManager = diesel::connection::AnsiTransactionManager,
+        >,
+    C::Backend: Dialect,
+{
+    type Backend = C::Backend;
+
+    async fn execute(&mut self, sql: &Sql) -> QueryResult<usize> {
+        Blocking(self.inner()).execute(sql).await
+    }
+
+    async fn load<R: Row>(&mut self, sql: &Sql) -> QueryResult<Vec<R>> {
+        Blocking(self.inner()).load(sql).await
+    }
+
+    async fn batch(&mut self, sql: &str) -> QueryResult<()> {
+        Blocking(self.inner()).batch(sql).await
+    }
+
+    async fn execute_claim(&mut self, sql: ClaimSql<'_, C::Backend>) -> QueryResult<usize> {
+        Blocking(self.inner()).execute_claim(sql).await
+    }
+
+    async fn read_claim(&mut self, sql: ClaimRead<'_, C::Backend>) -> QueryResult<Vec<(i64, i64)>> {
+        Blocking(self.inner()).read_claim(sql).await
+    }
+
+    fn transaction_status(&mut self) -> &mut TransactionManagerStatus {
+        use diesel::connection::TransactionManager;
+        diesel::connection::AnsiTransactionManager::transaction_manager_status_mut(self.inner())
+    }
+
+    async fn sleep(&mut self, pause: Duration) {
+        std::thread::sleep(pause);
+    }
+}
+
+impl<O, C: InboxConnection> Steps for Projected<'_, O, C> {
+    type Conn = O;
+
+    fn conn(&mut self) -> &mut O {
+        self.outer
     }
 
     fn net(&mut self) -> Option<usize> {
-        crate::tripwire::net::Net::id(diesel::Connection::instrumentation(self.0))
+        crate::tripwire::net::Net::id(diesel::Connection::instrumentation(self.inner()))
     }
 
     fn identity(&mut self) -> usize {
-        let instrumentation = std::ptr::from_mut(diesel::Connection::instrumentation(self.0));
+        let instrumentation = std::ptr::from_mut(diesel::Connection::instrumentation(self.inner()));
         driver::identity(
             <C as InboxConnection>::BACKEND,
-            std::ptr::from_mut(self.0).cast::<u8>() as usize,
+            std::ptr::from_mut(self.inner()).cast::<u8>() as usize,
             size_of::<C>(),
             instrumentation.cast::<u8>() as usize,
         )
     }
 
     async fn begin(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()> {
-        self.0
+        self.inner()
             .begin_inbox_transaction(spec, layout)
             .map_err(crate::backends::inside_callers)
     }
@@ -294,11 +504,11 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
         key: &MessageKey,
         layout: Layout,
     ) -> Option<QueryResult<bool>> {
-        self.0.begin_with_claim(spec, key, layout)
+        self.inner().begin_with_claim(spec, key, layout)
     }
 
     async fn end(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()> {
-        self.0.end_inbox_transaction(spec, layout.mariadb)
+        self.inner().end_inbox_transaction(spec, layout.mariadb)
     }
 
     async fn claim(
@@ -307,7 +517,7 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
         key: &MessageKey,
         layout: Layout,
     ) -> QueryResult<bool> {
-        self.0
+        self.inner()
             .claim_marker(&spec.schema, spec.consumer.as_str(), key, layout)
     }
 
@@ -318,12 +528,12 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
         texts: Option<&[String]>,
         layout: Layout,
     ) -> QueryResult<Vec<uuid::Uuid>> {
-        self.0
+        self.inner()
             .claim_markers(&spec.schema, spec.consumer.as_str(), ids, texts, layout)
     }
 
     async fn commit(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()> {
-        self.0.commit_inbox_transaction(spec, layout.mariadb)
+        self.inner().commit_inbox_transaction(spec, layout.mariadb)
     }
 
     async fn roll_back_and_end(
@@ -331,15 +541,15 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
         spec: &'static HandlerSpec,
         layout: Layout,
     ) -> QueryResult<()> {
-        self.0.roll_back_and_end(spec, layout.mariadb)
+        self.inner().roll_back_and_end(spec, layout.mariadb)
     }
 
     async fn roll_back(&mut self) -> QueryResult<()> {
-        self.0.roll_back_inbox_transaction()
+        self.inner().roll_back_inbox_transaction()
     }
 
     async fn prepare_claim(&mut self, spec: &'static HandlerSpec) -> QueryResult<()> {
-        self.0.prepare_claim(spec)
+        self.inner().prepare_claim(spec)
     }
 
     async fn wait_for_locks(
@@ -347,7 +557,7 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
         spec: &'static HandlerSpec,
         claimed: bool,
     ) -> QueryResult<()> {
-        self.0.wait_for_locks(spec, claimed)
+        self.inner().wait_for_locks(spec, claimed)
     }
 
     async fn ended_by_server(&mut self) -> bool {
@@ -365,13 +575,13 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
 
     async fn discard_foreign(&mut self) {
         use diesel::connection::TransactionManager;
-        let _ = diesel::connection::SimpleConnection::batch_execute(self.0, "ROLLBACK");
-        *diesel::connection::AnsiTransactionManager::transaction_manager_status_mut(self.0) =
+        let _ = diesel::connection::SimpleConnection::batch_execute(self.inner(), "ROLLBACK");
+        *diesel::connection::AnsiTransactionManager::transaction_manager_status_mut(self.inner()) =
             Default::default();
     }
 
     fn stop_caching_statements(&mut self) {
-        self.0
+        self.inner()
             .set_prepared_statement_cache_size(diesel::connection::CacheSize::Disabled);
     }
 
@@ -380,7 +590,10 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
         spec: &'static HandlerSpec,
         claim: bool,
     ) -> Result<Layout, crate::schema::check::SchemaError> {
-        crate::schema::verify_layout(self.0, &spec.schema, claim)
+        self.inner()
+            .prepare_check(spec)
+            .map_err(crate::schema::check::SchemaError::Database)?;
+        crate::schema::verify_layout(self.inner(), &spec.schema, claim)
     }
 
     async fn claim_step(
@@ -404,7 +617,7 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
 
     fn depth(&mut self) -> u32 {
         use diesel::connection::TransactionManager;
-        diesel::connection::AnsiTransactionManager::transaction_manager_status_mut(self.0)
+        diesel::connection::AnsiTransactionManager::transaction_manager_status_mut(self.inner())
             .transaction_depth()
             .ok()
             .flatten()
@@ -413,12 +626,12 @@ impl<C: InboxConnection> Steps for Blocking<'_, C> {
 
     async fn savepoint(&mut self) -> QueryResult<()> {
         use diesel::connection::TransactionManager;
-        diesel::connection::AnsiTransactionManager::begin_transaction(self.0)
+        diesel::connection::AnsiTransactionManager::begin_transaction(self.inner())
     }
 
     async fn release(&mut self) -> QueryResult<()> {
         use diesel::connection::TransactionManager;
-        diesel::connection::AnsiTransactionManager::commit_transaction(self.0)
+        diesel::connection::AnsiTransactionManager::commit_transaction(self.inner())
     }
 
     async fn store_result(
