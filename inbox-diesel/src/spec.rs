@@ -54,8 +54,16 @@ impl HandlerSpec {
          transaction_timestamp() AS integer) END";
 
     /// PostgreSQL, in the `BEGIN`'s round trip: the transaction named the handler's, by a
-    /// setting that lives only in it (`set_config(…, true)`, gone at its end or rollback).
-    pub const POSTGRES_OURS: &'static str = "SELECT set_config('inbox.transaction', 'ours', true)";
+    /// setting that lives only in it (`set_config(…, true)`, gone at its end or rollback);
+    /// and its commit durable — `synchronous_commit = off`, which the startup check refuses,
+    /// set on the session since the check (by another user of a pooled connection, or
+    /// another client's `SET` on a transaction-mode pooler's server session) is `on` for
+    /// the transaction: a marker acknowledged to the broker and then lost in the server's
+    /// crash would lose its message. Any other value (`local`, `remote_write`,
+    /// `remote_apply`) is kept.
+    pub const POSTGRES_OURS: &'static str = "SELECT set_config('inbox.transaction', 'ours', true), \
+        set_config('synchronous_commit', CASE current_setting('synchronous_commit') \
+        WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true)";
 
     /// PostgreSQL, in the `COMMIT`'s round trip, before it: fails unless the transaction open
     /// is the one the handler began ([`POSTGRES_OURS`](Self::POSTGRES_OURS)). A body that
