@@ -48,10 +48,12 @@
 //!
 //! **Reconnect.** The database connection is the handler's, which the pump cannot reach: on
 //! an error whose action is `Action::Reconnect` (a connection lost, a read-only session after
-//! a failover, prepared statements dropped by a pooler) the handler must not give that
-//! connection back for reuse — with a pool, drop it detached or mark it broken — or every
-//! redelivery meets the same connection and fails the same way until the queue's
-//! `x-delivery-limit` dead-letters the message. The database itself may be what fails (a
+//! a failover, prepared statements dropped by a pooler) the runtime puts the connection's
+//! transaction manager in error, and the handler's pool (r2d2, deadpool, bb8, mobc) discards
+//! it when it comes back: the redelivery runs on a new session. A handler that keeps a
+//! connection of its own, without a pool, reconnects it there, or every redelivery meets
+//! the same session and fails the same way until the queue's `x-delivery-limit`
+//! dead-letters the message. The database itself may be what fails (a
 //! pool pointed at a read-only standby, a server down): after such a delivery the pump
 //! starts no handler for a pause, doubling while it lasts, then lets one delivery try
 //! alone ([`Pump::outage`]). The others wait in hand meanwhile (each holds a `prefetch`

@@ -70,10 +70,12 @@
 //!
 //! **Reconnect.** The database connection is the handler's, which the pump cannot reach: on
 //! an error whose action is `Action::Reconnect` (a connection lost, a read-only session after
-//! a failover, prepared statements dropped by a pooler) the handler must not give that
-//! connection back for reuse — with a pool, drop it detached or mark it broken — or every
-//! redelivery meets the same connection and fails the same way until the consumer's
-//! `max_deliver` is used up. The database itself may be what fails (a pool pointed at a
+//! a failover, prepared statements dropped by a pooler) the runtime puts the connection's
+//! transaction manager in error, and the handler's pool (r2d2, deadpool, bb8, mobc) discards
+//! it when it comes back: the redelivery runs on a new session. A handler that keeps a
+//! connection of its own, without a pool, reconnects it there, or every redelivery meets
+//! the same session and fails the same way until the consumer's `max_deliver` is used
+//! up. The database itself may be what fails (a pool pointed at a
 //! read-only standby, a server down): after such a message the pump pulls nothing and
 //! starts no handler for a pause, doubling while it lasts, then lets one message try alone
 //! ([`Pump::outage`]); the messages in hand wait for it, reported in progress. The NATS connection is async-nats': it reconnects by itself, and the

@@ -576,6 +576,116 @@ mod postgres {
         assert_eq!(balance(&mut db.connect()), 0);
     }
 
+    /// A primary demoted by a failover keeps its open sessions, read-only: a pool's
+    /// connection answered `Reconnect` is discarded by the pool (r2d2, deadpool, bb8 each ask
+    /// diesel whether it is broken), and the redelivery runs on a new session. Before, the
+    /// pool handed the same session back to every redelivery until the broker's limit
+    /// dead-lettered the message. Without a pool, the same connection runs the next
+    /// delivery once its session can write again.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_read_only_session_is_discarded_by_its_pool() {
+        use diesel::r2d2::{ConnectionManager, Pool};
+        use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+        type Manager = AsyncDieselConnectionManager<diesel_async::AsyncPgConnection>;
+        const DEMOTED: &str = "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY";
+        const PID: &str = "SELECT pg_backend_pid()::int8 AS n";
+        let db = Db::new("read_only_pooled");
+
+        let pool = Pool::builder()
+            .max_size(1)
+            .build(ConnectionManager::<Conn>::new(db.url()))
+            .unwrap();
+        let mut pooled = pool.get().unwrap();
+        let demoted = inbox_tests::server::count(&mut *pooled, PID);
+        pooled.batch_execute(DEMOTED).unwrap();
+        let error = inbox_error(apply(&mut pooled, &1));
+        assert_eq!(error.action(), Action::Reconnect, "{error:?}");
+        drop(pooled);
+        let mut pooled = pool.get().unwrap();
+        assert_ne!(inbox_tests::server::count(&mut *pooled, PID), demoted);
+        assert!(apply(&mut pooled, &1).unwrap().is_processed());
+        drop(pooled);
+
+        let deadpool =
+            diesel_async::pooled_connection::deadpool::Pool::builder(Manager::new(db.url()))
+                .max_size(1)
+                .build()
+                .unwrap();
+        let bb8 = diesel_async::pooled_connection::bb8::Pool::builder()
+            .max_size(1)
+            .build(Manager::new(db.url()))
+            .await
+            .unwrap();
+        for (n, pool) in [(2, "deadpool"), (3, "bb8")] {
+            let mut checked_out = match pool {
+                "deadpool" => Checkout::Deadpool(deadpool.get().await.unwrap()),
+                _ => Checkout::Bb8(bb8.get().await.unwrap()),
+            };
+            let conn = checked_out.conn();
+            let demoted = pid_async(conn).await;
+            diesel_async::SimpleAsyncConnection::batch_execute(conn, DEMOTED)
+                .await
+                .unwrap();
+            let error = inbox_error(apply_async(conn, &n).await);
+            assert_eq!(error.action(), Action::Reconnect, "{pool}: {error:?}");
+            drop(checked_out);
+            let mut checked_out = match pool {
+                "deadpool" => Checkout::Deadpool(deadpool.get().await.unwrap()),
+                _ => Checkout::Bb8(bb8.get().await.unwrap()),
+            };
+            let conn = checked_out.conn();
+            assert_ne!(pid_async(conn).await, demoted, "{pool}");
+            assert!(
+                apply_async(conn, &n).await.unwrap().is_processed(),
+                "{pool}"
+            );
+        }
+
+        let mut conn = db.connect();
+        conn.batch_execute(DEMOTED).unwrap();
+        let error = inbox_error(apply(&mut conn, &4));
+        assert_eq!(error.action(), Action::Reconnect, "{error:?}");
+        conn.batch_execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ WRITE")
+            .unwrap();
+        assert!(apply(&mut conn, &4).unwrap().is_processed());
+        assert_eq!(balance(&mut conn), 4);
+    }
+
+    /// A connection checked out of one of diesel-async's pools.
+    enum Checkout<'p> {
+        Deadpool(
+            diesel_async::pooled_connection::deadpool::Object<diesel_async::AsyncPgConnection>,
+        ),
+        Bb8(
+            diesel_async::pooled_connection::bb8::PooledConnection<
+                'p,
+                diesel_async::AsyncPgConnection,
+            >,
+        ),
+    }
+
+    impl Checkout<'_> {
+        fn conn(&mut self) -> &mut diesel_async::AsyncPgConnection {
+            match self {
+                Checkout::Deadpool(conn) => conn,
+                Checkout::Bb8(conn) => conn,
+            }
+        }
+    }
+
+    async fn pid_async(conn: &mut diesel_async::AsyncPgConnection) -> i64 {
+        #[derive(QueryableByName)]
+        struct Pid {
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            n: i64,
+        }
+        let read = diesel::sql_query("SELECT pg_backend_pid()::int8 AS n");
+        diesel_async::RunQueryDsl::get_result::<Pid>(read, conn)
+            .await
+            .unwrap()
+            .n
+    }
+
     /// A transaction-mode pooler's reset (`DISCARD ALL`) drops the statements the
     /// connection prepared: where the runtime's own statement was prepared (claim mode's),
     /// the connection stops caching statements and claims again — not a schema fault for

@@ -403,6 +403,11 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
         *C::TransactionManager::transaction_manager_status_mut(self.0) = Default::default();
     }
 
+    fn discard(&mut self) {
+        use diesel_async::TransactionManager;
+        C::TransactionManager::transaction_manager_status_mut(self.0).set_in_error();
+    }
+
     async fn begin(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()> {
         self.0
             .begin_inbox_transaction(spec, layout)

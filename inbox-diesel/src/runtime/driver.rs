@@ -83,10 +83,14 @@ pub(crate) trait Steps {
     }
 
     /// Whether the connection's transaction manager is in error: [`abandon`](Self::abandon)
-    /// put it there, or a failure diesel could not recover from.
+    /// or [`discard`](Self::discard) put it there, or a failure diesel could not recover from.
     fn in_error(&mut self) -> bool {
         false
     }
+
+    /// Puts the connection's transaction manager in error, which every pool reads as a
+    /// broken connection ([`discard`]).
+    fn discard(&mut self);
 
     /// Undoes [`abandon`](Self::abandon), or forgets a transaction the manager still counts:
     /// the manager counts none open. Only before [`roll_back_abandoned`](Self::roll_back_abandoned).
@@ -487,6 +491,7 @@ where
             source,
         }));
     }
+    take_back(&mut steps);
     let mut watched = Abandoned::watch(steps);
     let decided = run_delivery(
         &mut watched.steps,
@@ -785,6 +790,52 @@ impl<S: Steps> Drop for Abandoned<S> {
 /// ([`Abandoned`]). A handler cancelled in the middle of a statement can leave the
 /// connection's protocol where no answer can be read: a rollback that fails is the
 /// connection's end (`ConnectionLost`: a new connection), never a failure of the message.
+/// Connections [`discard`] put in error, by their [`Steps::address`]: bounded, as the
+/// checks remembered are.
+static DISCARDED: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+
+/// A delivery that failed with a class whose action is a new connection
+/// ([`Action::Reconnect`](inbox_core::Action::Reconnect): the session lost, read-only — a
+/// standby, or a primary demoted by a failover, whose open sessions stay —, a prepared
+/// statement lost under it): the connection's transaction manager is put in error. r2d2,
+/// deadpool, bb8 and mobc each ask diesel whether a connection is broken before they hand it
+/// out again, and discard this one; the pool's next connection is a new session, which a
+/// failover-aware URL (`target_session_attrs=read-write`) takes to the writer. Before, a
+/// pooled connection came back for every redelivery, each failing as the first did until the
+/// broker's delivery limit dead-lettered the message. Not in the caller's transaction
+/// (`transaction = "caller"`), whose own rollback must still run.
+fn discard<S: Steps>(steps: &mut S, class: Option<&ErrorClass>) {
+    if class.map(ErrorClass::action) != Some(inbox_core::Action::Reconnect) {
+        return;
+    }
+    steps.discard();
+    let address = steps.address();
+    let mut discarded = DISCARDED.lock().unwrap_or_else(|e| e.into_inner());
+    if !discarded.contains(&address) {
+        if discarded.len() == CHECKED_MAX {
+            discarded.clear();
+        }
+        discarded.push(address);
+    }
+}
+
+/// Before a delivery: a connection [`discard`] put in error and handed to a handler again —
+/// used without a pool, whose owner did not drop it — is taken back as it is, its manager
+/// told that no transaction is open; the session, if it is still lost or read-only, says so
+/// again. Free where the manager is not in error.
+fn take_back<S: Steps>(steps: &mut S) {
+    if !steps.in_error() {
+        return;
+    }
+    let address = steps.address();
+    let mut discarded = DISCARDED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(at) = discarded.iter().position(|&a| a == address) {
+        discarded.swap_remove(at);
+        drop(discarded);
+        steps.forget_transaction();
+    }
+}
+
 async fn recover<S: Steps>(steps: &mut S) -> QueryResult<()> {
     let address = steps.address();
     let left = {
@@ -951,6 +1002,7 @@ where
         {
             let failure: Failure<T, E> =
                 Failure::Database(DieselError::QueryBuilderError(Box::new(error)));
+            discard(steps, class.as_ref());
             return Err(give_up(spec, failure, class, retries + 1, inbox_error));
         }
         // The body failed after the server had ended its transaction (MariaDB): an error it
@@ -1035,6 +1087,7 @@ where
                 steps.pause(after).await;
             }
             RetryDecision::GiveUp => {
+                discard(steps, class.as_ref());
                 return Err(give_up(spec, failure, class, retries + 1, inbox_error));
             }
         }
@@ -1248,6 +1301,7 @@ async fn schema_checked<S: Steps, E>(
                 ErrorClass::Other | ErrorClass::UniqueViolation { .. } => ErrorClass::Schema,
                 class => class,
             };
+            discard(steps, Some(&class));
             telemetry::failed(spec, class.label());
             Err(inbox_error(Error::Database {
                 class,
@@ -1700,6 +1754,7 @@ where
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
     tracing::debug!(key = ?key, "handling message");
+    take_back(&mut steps);
     let (mut layout, mut run) = schema_checked(&mut steps, spec, true, inbox_error).await?;
     kept_columns(spec, layout, &remembered, inbox_error)?;
     let (mut retries, mut rechecked, mut uncached) = (0, false, false);
@@ -2078,6 +2133,7 @@ async fn wait_or_give_up<S: Steps, E>(
             if class == ErrorClass::Schema {
                 forget_check(steps, spec);
             }
+            discard(steps, Some(&class));
             let failure = Failure::<(), E>::Database(error);
             Err(give_up(
                 spec,
@@ -2455,6 +2511,8 @@ mod tests {
         fn identity(&mut self) -> usize {
             std::ptr::from_mut(&mut self.did) as usize
         }
+
+        fn discard(&mut self) {}
 
         fn conn(&mut self) -> &mut Vec<String> {
             &mut self.did

@@ -482,6 +482,18 @@ impl<O, C: InboxConnection> Steps for Projected<'_, O, C> {
         crate::tripwire::net::Net::id(diesel::Connection::instrumentation(self.inner()))
     }
 
+    fn in_error(&mut self) -> bool {
+        self.transaction_status().transaction_depth().is_err()
+    }
+
+    fn discard(&mut self) {
+        self.transaction_status().set_in_error();
+    }
+
+    fn forget_transaction(&mut self) {
+        *self.transaction_status() = Default::default();
+    }
+
     fn identity(&mut self) -> usize {
         let instrumentation = std::ptr::from_mut(diesel::Connection::instrumentation(self.inner()));
         driver::identity(
