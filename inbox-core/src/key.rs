@@ -443,7 +443,8 @@ impl MessageKey {
     /// ```
     ///
     /// # Errors
-    /// [`KeyError::Empty`] for no parts or an empty text or bytes part,
+    /// [`KeyError::Empty`] for no parts, [`KeyError::EmptyPart`] for an empty text or bytes
+    /// part,
     /// [`KeyError::TooLong`] when the parts together exceed [`MessageKey::MAX_LEN`].
     pub fn composite(parts: impl IntoIterator<Item = KeyPart>) -> Result<Self, KeyError> {
         // An unsigned part within `i128` is that integer, however it was built.
@@ -454,12 +455,16 @@ impl MessageKey {
                 part => part,
             })
             .collect();
-        if parts.is_empty()
-            || parts
-                .iter()
-                .any(|part| matches!(part, KeyPart::Text(_) | KeyPart::Bytes(_)) && part.len() == 0)
-        {
+        if parts.is_empty() {
             return Err(KeyError::Empty);
+        }
+        if let Some(at) = parts.iter().position(|part| {
+            matches!(part, KeyPart::Text(_) | KeyPart::Bytes(_)) && part.len() == 0
+        }) {
+            return Err(KeyError::EmptyPart {
+                part: at + 1,
+                of: parts.len(),
+            });
         }
         check_len(parts.iter().map(KeyPart::len).sum())?;
         match parts.as_slice() {
@@ -789,8 +794,16 @@ pointer_keys!(Box, Rc, Arc);
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum KeyError {
-    /// The key (or one of its parts) is empty: almost always a message that lost its id.
+    /// The key is empty, or has no parts: almost always a message that lost its id.
     Empty,
+    /// One text or bytes part of a composite key is empty — which one, counted from 1, of
+    /// how many: almost always a field of the message left unset.
+    EmptyPart {
+        /// The empty part's place in the key, counted from 1.
+        part: usize,
+        /// How many parts the key has.
+        of: usize,
+    },
     /// The key is longer than [`MessageKey::MAX_LEN`] bytes: almost always a payload passed
     /// where its id was meant.
     TooLong {
@@ -824,6 +837,9 @@ impl fmt::Display for KeyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             KeyError::Empty => f.write_str("message key is empty"),
+            KeyError::EmptyPart { part, of } => {
+                write!(f, "part {part} of the {of}-part message key is empty")
+            }
             KeyError::TooLong { len, max } => {
                 write!(
                     f,
@@ -987,7 +1003,14 @@ mod tests {
             MessageKey::composite([KeyPart::Unsigned(7), KeyPart::Text("x".into())]).unwrap(),
             (7_i32, "x").to_message_key().unwrap()
         );
-        assert_eq!((1_i32, "").to_message_key(), Err(KeyError::Empty));
+        assert_eq!(
+            (1_i32, "").to_message_key(),
+            Err(KeyError::EmptyPart { part: 2, of: 2 })
+        );
+        assert_eq!(
+            (1_i32, "").to_message_key().unwrap_err().to_string(),
+            "part 2 of the 2-part message key is empty"
+        );
         assert_eq!(MessageKey::composite([]), Err(KeyError::Empty));
         let half = "x".repeat(MessageKey::MAX_LEN / 2);
         assert!(matches!(
