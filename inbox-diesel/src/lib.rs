@@ -715,9 +715,10 @@ pub use inbox_macros::guarded;
 /// The body must not replace the enum's variant: the transaction would go with the
 /// connection, and the handler panics rather than run on another.
 ///
-/// Sync only: diesel-async has no `MultiConnection`. The other entry points — the startup
-/// check, the purge, the outbox, get-or-create, the test kit — take the variant's connection:
-/// `match conn { Db::Sqlite(c) => schema::verify(c, …), … }`.
+/// The startup check ([`schema::verify`]), the purge, [`outbox::Outbox::publish`] and the
+/// test kit take the enum too; get-or-create ([`unique`]) takes the variant's connection
+/// (`match conn { Db::Sqlite(c) => …, … }`, which the guard follows in a body: each variant
+/// holds the handler's connection). Sync only: diesel-async has no `MultiConnection`.
 #[doc(inline)]
 pub use inbox_macros::MultiConnection;
 

@@ -49,10 +49,11 @@ use diesel::result::Error as DieselError;
 use diesel::sql_types::BigInt;
 use inbox_core::{InboxSchema, Retention};
 
-use crate::InboxConnection;
+use crate::backends::{OnBackend, on_backend};
 use crate::dialect::Dialect;
 use crate::dialect::Sql;
 use crate::io::{Blocking, Io, complete_now};
+use crate::{HandlerConnection, InboxConnection};
 
 /// What to purge, and in what steps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -206,14 +207,21 @@ struct N {
 /// (the batches would then form one long transaction). On MySQL and MariaDB a session with
 /// `autocommit = 0` is refused before anything is deleted: a `QueryBuilderError` carrying
 /// [`Error::Session`](crate::Error::Session) (`inbox_diesel::Error::from` takes it out).
-pub fn purge<C: InboxConnection>(
+pub fn purge<C: HandlerConnection>(
     conn: &mut C,
     schema: &InboxSchema,
     purge: &Purge,
 ) -> QueryResult<PurgeReport> {
+    struct Run<'a>(&'a InboxSchema, &'a Purge);
+    impl OnBackend for Run<'_> {
+        type Output = QueryResult<PurgeReport>;
+        fn run<C: InboxConnection>(self, conn: &mut C) -> Self::Output {
+            complete_now(run(&mut Blocking(conn), self.0, self.1))
+        }
+    }
     let span = tracing::info_span!("inbox.purge", table = schema.table());
     let _entered = span.enter();
-    let report = complete_now(run(&mut Blocking(conn), schema, purge))?;
+    let report = on_backend(conn, Run(schema, purge))?;
     report.log();
     crate::telemetry::purged(schema.table(), report.removed);
     Ok(report)
@@ -231,13 +239,20 @@ pub fn purge<C: InboxConnection>(
 ///
 /// # Errors
 /// A database error.
-pub fn stale_claims<C: InboxConnection>(
+pub fn stale_claims<C: HandlerConnection>(
     conn: &mut C,
     schema: &InboxSchema,
     older_than: Duration,
     limit: u32,
 ) -> QueryResult<Vec<StaleClaim>> {
-    complete_now(list_stale(&mut Blocking(conn), schema, older_than, limit))
+    struct List<'s>(&'s InboxSchema, Duration, u32);
+    impl OnBackend for List<'_> {
+        type Output = QueryResult<Vec<StaleClaim>>;
+        fn run<C: InboxConnection>(self, conn: &mut C) -> Self::Output {
+            complete_now(list_stale(&mut Blocking(conn), self.0, self.1, self.2))
+        }
+    }
+    on_backend(conn, List(schema, older_than, limit))
 }
 
 /// The statement of [`stale_claims`].

@@ -398,10 +398,17 @@ mod clock {
 ///
 /// # Panics
 /// If the statement fails (no such table).
-pub fn end_leases<C: crate::InboxConnection>(conn: &mut C, schema: &InboxSchema) {
-    let sql = clock::end_leases(C::BACKEND, schema);
-    conn.batch_execute(&sql)
-        .unwrap_or_else(|e| panic!("`{sql}` failed: {e}"));
+pub fn end_leases<C: crate::HandlerConnection>(conn: &mut C, schema: &InboxSchema) {
+    struct EndLeases<'s>(&'s InboxSchema);
+    impl crate::backends::OnBackend for EndLeases<'_> {
+        type Output = ();
+        fn run<C: crate::InboxConnection>(self, conn: &mut C) {
+            let sql = clock::end_leases(C::BACKEND, self.0);
+            conn.batch_execute(&sql)
+                .unwrap_or_else(|e| panic!("`{sql}` failed: {e}"));
+        }
+    }
+    crate::backends::on_backend(conn, EndLeases(schema));
 }
 
 /// Moves every marker of `schema`'s table `by` into the past — when it was received,
@@ -411,10 +418,17 @@ pub fn end_leases<C: crate::InboxConnection>(conn: &mut C, schema: &InboxSchema)
 ///
 /// # Panics
 /// If the statement fails (no such table).
-pub fn pass_time<C: crate::InboxConnection>(conn: &mut C, schema: &InboxSchema, by: Duration) {
-    let sql = clock::pass_time(C::BACKEND, schema, by);
-    conn.batch_execute(&sql)
-        .unwrap_or_else(|e| panic!("`{sql}` failed: {e}"));
+pub fn pass_time<C: crate::HandlerConnection>(conn: &mut C, schema: &InboxSchema, by: Duration) {
+    struct PassTime<'s>(&'s InboxSchema, Duration);
+    impl crate::backends::OnBackend for PassTime<'_> {
+        type Output = ();
+        fn run<C: crate::InboxConnection>(self, conn: &mut C) {
+            let sql = clock::pass_time(C::BACKEND, self.0, self.1);
+            conn.batch_execute(&sql)
+                .unwrap_or_else(|e| panic!("`{sql}` failed: {e}"));
+        }
+    }
+    crate::backends::on_backend(conn, PassTime(schema, by));
 }
 
 /// The row [`count`] reads: `SELECT (…) AS n`.

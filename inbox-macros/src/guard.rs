@@ -396,6 +396,13 @@ impl Guard {
             (Pat::TupleStruct(p), Origin::Newtype(inner)) if p.elems.len() == 1 => {
                 self.bind_pattern(&p.elems[0], (**inner).clone());
             }
+            // The transaction taken apart by its variant: an application's enum of
+            // connections (`DbConn::Sqlite(c)`, diesel's `MultiConnection`) holds one
+            // connection per variant, the one the handler's transaction is open on. (A
+            // connection of one backend has no variant to match.)
+            (Pat::TupleStruct(p), Origin::Transaction) if p.elems.len() == 1 => {
+                self.bind_pattern(&p.elems[0], Origin::Transaction);
+            }
             (Pat::Struct(p), Origin::Fields(fields)) => {
                 for field in &p.fields {
                     let part = match &field.member {

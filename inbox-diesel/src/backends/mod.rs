@@ -225,6 +225,37 @@ pub trait Visit<O> {
     ) -> Self::Output;
 }
 
+/// An operation of the library's on a connection of one backend (the startup check, the
+/// purge, the outbox, the test kit's clock), run by [`on_backend`] on the connection an
+/// application's connection leads to.
+pub(crate) trait OnBackend {
+    /// What the operation answers.
+    type Output;
+
+    /// Runs the operation on `conn`.
+    fn run<C: InboxConnection>(self, conn: &mut C) -> Self::Output;
+}
+
+/// [`OnBackend`] as a [`Visit`]: the operation on the projected connection.
+struct OnProjected<F>(F);
+
+impl<O, F: OnBackend> Visit<O> for OnProjected<F> {
+    type Output = F::Output;
+
+    fn visit<C: InboxConnection>(self, outer: &mut O, project: fn(&mut O) -> &mut C) -> F::Output {
+        self.0.run(project(outer))
+    }
+}
+
+/// Runs `operation` on `conn`'s connection of one backend: `conn` itself, or the variant an
+/// application's enum of connections holds.
+pub(crate) fn on_backend<H: HandlerConnection, F: OnBackend>(
+    conn: &mut H,
+    operation: F,
+) -> F::Output {
+    conn.__inbox_visit(OnProjected(operation))
+}
+
 /// What the derive of `MultiConnection` calls where the body replaced the enum's variant with
 /// another while the handler's transaction was open on the first: that transaction is gone
 /// with the connection that held it, and nothing of it can commit.

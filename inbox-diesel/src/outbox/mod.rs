@@ -258,12 +258,19 @@ impl Outbox {
     /// A database error; or, before any SQL, diesel's `QueryBuilderError` carrying
     /// [`Error::Outbox`](crate::Error::Outbox) when the message is refused or `publish` is
     /// not in a handler's body ([`OutboxProblem`]; `inbox_diesel::Error::from` takes it out).
-    pub fn publish<C: crate::InboxConnection>(
+    pub fn publish<C: crate::HandlerConnection>(
         &self,
         conn: &mut C,
         message: Message,
     ) -> QueryResult<Uuid> {
-        complete_now(self.append(&mut Blocking(conn), message))
+        struct Publish<'o>(&'o Outbox, Message);
+        impl crate::backends::OnBackend for Publish<'_> {
+            type Output = QueryResult<Uuid>;
+            fn run<C: crate::InboxConnection>(self, conn: &mut C) -> Self::Output {
+                complete_now(self.0.append(&mut Blocking(conn), self.1))
+            }
+        }
+        crate::backends::on_backend(conn, Publish(self, message))
     }
 
     /// [`publish`](Self::publish) on a diesel-async connection.
@@ -483,13 +490,20 @@ impl Outbox {
     ///
     /// # Errors
     /// A database error, or diesel's `AlreadyInTransaction` inside a transaction.
-    pub fn purge<C: crate::InboxConnection>(
+    pub fn purge<C: crate::HandlerConnection>(
         &self,
         conn: &mut C,
         older_than: std::time::Duration,
         batch: u32,
     ) -> QueryResult<OutboxPurge> {
-        complete_now(self.purge_batches(&mut Blocking(conn), older_than, batch))
+        struct Purge<'o>(&'o Outbox, std::time::Duration, u32);
+        impl crate::backends::OnBackend for Purge<'_> {
+            type Output = QueryResult<OutboxPurge>;
+            fn run<C: crate::InboxConnection>(self, conn: &mut C) -> Self::Output {
+                complete_now(self.0.purge_batches(&mut Blocking(conn), self.1, self.2))
+            }
+        }
+        crate::backends::on_backend(conn, Purge(self, older_than, batch))
     }
 
     /// [`purge`](Self::purge) on a diesel-async connection.

@@ -78,11 +78,18 @@ pub use check::{SchemaError, SchemaProblem};
 /// # Errors
 /// [`SchemaError::Mismatch`] listing each problem, or [`SchemaError::Database`] when the
 /// catalog could not be read.
-pub fn verify<C: crate::InboxConnection>(
+pub fn verify<C: crate::HandlerConnection>(
     conn: &mut C,
     schema: &InboxSchema,
 ) -> Result<(), SchemaError> {
-    verify_layout(conn, schema, false).map(drop)
+    struct Verify<'s>(&'s InboxSchema);
+    impl crate::backends::OnBackend for Verify<'_> {
+        type Output = Result<(), SchemaError>;
+        fn run<C: crate::InboxConnection>(self, conn: &mut C) -> Self::Output {
+            verify_layout(conn, self.0, false).map(drop)
+        }
+    }
+    crate::backends::on_backend(conn, Verify(schema))
 }
 
 /// [`verify`], saying which optional columns the table has; `claim` for a claim-mode

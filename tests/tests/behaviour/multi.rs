@@ -7,7 +7,8 @@ use std::sync::{Arc, Barrier};
 
 use diesel::prelude::*;
 use inbox_diesel::handler::{Handler, run_once};
-use inbox_diesel::{Outcome, guarded, idempotent};
+use inbox_diesel::outbox::{Message, Outbox};
+use inbox_diesel::{InboxSchema, Outcome, guarded, idempotent};
 use inbox_tests::{AppError, Credit, accounts, credits};
 
 /// The application's connection, as Vaultwarden declares it: a variant per backend its
@@ -236,4 +237,63 @@ fn the_function_api_takes_the_enum() {
     assert!(like(&mut conn).unwrap().is_processed());
     assert!(like(&mut conn).unwrap().is_duplicate());
     assert_eq!(credits_of(&db, &msg), 1);
+}
+
+/// The credit and a message to publish, in one transaction on the enum.
+#[idempotent(consumer = "multi-outbox", key = msg.id)]
+fn credit_and_publish(conn: &mut AppDb, msg: &Credit, outbox: &Outbox) -> Result<(), AppError> {
+    write_credit(conn, msg)?;
+    outbox.publish(conn, Message::new("credits", msg.id.to_string()))?;
+    Ok(())
+}
+
+/// The library's other entry points on the enum: the startup check, the outbox, the
+/// purge, the test kit's clock.
+#[test]
+fn the_check_the_outbox_and_the_purge_take_the_enum() {
+    static OUTBOX: Outbox = Outbox::new("outbox");
+    let db = Db::new("multi_entry_points");
+    let backend = match connect(&db) {
+        #[cfg(feature = "postgres")]
+        AppDb::Pg(_) => inbox_diesel::schema::Backend::Postgres,
+        #[cfg(feature = "mysql")]
+        AppDb::Mysql(_) => inbox_diesel::schema::Backend::Mysql,
+        AppDb::Sqlite(_) => inbox_diesel::schema::Backend::Sqlite,
+    };
+    diesel::connection::SimpleConnection::batch_execute(
+        &mut db.connect(),
+        &OUTBOX.create_table_sql(backend),
+    )
+    .unwrap();
+    let mut conn = connect(&db);
+    inbox_diesel::schema::verify(&mut conn, &InboxSchema::DEFAULT).unwrap();
+    let outbox = &OUTBOX;
+    let msg = Credit::new(30);
+    assert!(
+        credit_and_publish(&mut conn, &msg, outbox)
+            .unwrap()
+            .is_processed()
+    );
+    assert!(
+        credit_and_publish(&mut conn, &msg, outbox)
+            .unwrap()
+            .is_duplicate()
+    );
+    assert_eq!(
+        inbox_tests::count(&mut db.connect(), "SELECT COUNT(*) AS n FROM outbox"),
+        1
+    );
+    inbox_diesel::testing::pass_time(
+        &mut conn,
+        &InboxSchema::DEFAULT,
+        std::time::Duration::from_secs(30 * 86_400),
+    );
+    let purged = inbox_diesel::purge::purge(
+        &mut conn,
+        &InboxSchema::DEFAULT,
+        &inbox_diesel::purge::Purge::older_than(std::time::Duration::from_secs(7 * 86_400)),
+    )
+    .unwrap();
+    assert_eq!(purged.removed, 1);
+    assert_eq!(markers(&db, "multi-outbox"), 0);
 }

@@ -31,6 +31,15 @@ fn credit(conn: &mut Db, audit: &mut Db, msg: &Msg) -> QueryResult<()> {
     Ok(())
 }
 
+/// Another enum of connections taken apart: its variant is not the handler's transaction.
+#[idempotent(consumer = "credit", key = msg.id, conn = conn)]
+fn credit_variant(conn: &mut Db, audit: &mut Db, msg: &Msg) -> QueryResult<()> {
+    match audit {
+        Db::Sqlite(sqlite) => diesel::sql_query("UPDATE accounts SET balance = 2").execute(sqlite)?,
+    };
+    Ok(())
+}
+
 /// Not an enum.
 #[derive(inbox_diesel::MultiConnection)]
 pub struct Single(SqliteConnection);
