@@ -10,10 +10,7 @@ use tracing::Instrument;
 
 use crate::backends::Visit;
 use crate::dialect::claim::{ClaimAnswer, ClaimStep};
-use crate::dialect::claim::{ClaimRead, ClaimSql};
 use crate::dialect::layout::Layout;
-use crate::dialect::{Dialect, Row, Sql};
-use crate::io::Io;
 use crate::io::{Blocking, complete_now};
 use crate::runtime::claim::ClaimSpec;
 use crate::runtime::driver::{self, BatchClaims, NewMessages, Steps};
@@ -425,49 +422,21 @@ pub(crate) struct Projected<'c, O, C> {
     project: fn(&mut O) -> &mut C,
 }
 
-impl<O, C> Projected<'_, O, C> {
+impl<O, C: InboxConnection> Projected<'_, O, C> {
     /// The connection the runtime's statements run on.
     fn inner(&mut self) -> &mut C {
         (self.project)(self.outer)
     }
-}
 
-impl<O, C> Io for Projected<'_, O, C>
-where
-    C: diesel::connection::LoadConnection<
-            TransactionManager = diesel::connection::AnsiTransactionManager,
-        >,
-    C::Backend: Dialect,
-{
-    type Backend = C::Backend;
-
-    async fn execute(&mut self, sql: &Sql) -> QueryResult<usize> {
-        Blocking(self.inner()).execute(sql).await
+    /// That connection as the runtime's statements' [`Io`](crate::io::Io).
+    fn io(&mut self) -> Blocking<'_, C> {
+        Blocking(self.inner())
     }
 
-    async fn load<R: Row>(&mut self, sql: &Sql) -> QueryResult<Vec<R>> {
-        Blocking(self.inner()).load(sql).await
-    }
-
-    async fn batch(&mut self, sql: &str) -> QueryResult<()> {
-        Blocking(self.inner()).batch(sql).await
-    }
-
-    async fn execute_claim(&mut self, sql: ClaimSql<'_, C::Backend>) -> QueryResult<usize> {
-        Blocking(self.inner()).execute_claim(sql).await
-    }
-
-    async fn read_claim(&mut self, sql: ClaimRead<'_, C::Backend>) -> QueryResult<Vec<(i64, i64)>> {
-        Blocking(self.inner()).read_claim(sql).await
-    }
-
-    fn transaction_status(&mut self) -> &mut TransactionManagerStatus {
+    /// Its transaction manager's state.
+    fn status(&mut self) -> &mut TransactionManagerStatus {
         use diesel::connection::TransactionManager;
         diesel::connection::AnsiTransactionManager::transaction_manager_status_mut(self.inner())
-    }
-
-    async fn sleep(&mut self, pause: Duration) {
-        std::thread::sleep(pause);
     }
 }
 
@@ -483,15 +452,15 @@ impl<O, C: InboxConnection> Steps for Projected<'_, O, C> {
     }
 
     fn in_error(&mut self) -> bool {
-        self.transaction_status().transaction_depth().is_err()
+        self.status().transaction_depth().is_err()
     }
 
     fn discard(&mut self) {
-        self.transaction_status().set_in_error();
+        self.status().set_in_error();
     }
 
     fn forget_transaction(&mut self) {
-        *self.transaction_status() = Default::default();
+        *self.status() = Default::default();
     }
 
     fn identity(&mut self) -> usize {
@@ -573,12 +542,14 @@ impl<O, C: InboxConnection> Steps for Projected<'_, O, C> {
     }
 
     async fn ended_by_server(&mut self) -> bool {
-        crate::runtime::claim::ended_by_server(self).await
+        crate::runtime::claim::ended_by_server(&mut self.io()).await
     }
 
     async fn ended_in_body(&mut self) -> bool {
         match <C as InboxConnection>::BACKEND {
-            crate::dialect::Backend::Postgres => crate::runtime::claim::ended_in_body(self).await,
+            crate::dialect::Backend::Postgres => {
+                crate::runtime::claim::ended_in_body(&mut self.io()).await
+            }
             // SQLite rolls a transaction back itself on some errors (a busy database, a full
             // disk): after a body's error its savepoint's absence does not say the body did.
             crate::dialect::Backend::Sqlite | crate::dialect::Backend::Mysql => false,
@@ -614,7 +585,14 @@ impl<O, C: InboxConnection> Steps for Projected<'_, O, C> {
         key: &MessageKey,
         step: ClaimStep,
     ) -> QueryResult<ClaimAnswer> {
-        crate::runtime::claim::step(self, &spec.schema, spec.consumer.as_str(), key, step).await
+        crate::runtime::claim::step(
+            &mut self.io(),
+            &spec.schema,
+            spec.consumer.as_str(),
+            key,
+            step,
+        )
+        .await
     }
 
     async fn markers_present(
@@ -623,8 +601,14 @@ impl<O, C: InboxConnection> Steps for Projected<'_, O, C> {
         ids: &[uuid::Uuid],
         latest: bool,
     ) -> QueryResult<usize> {
-        crate::runtime::claim::present(self, &spec.schema, spec.consumer.as_str(), ids, latest)
-            .await
+        crate::runtime::claim::present(
+            &mut self.io(),
+            &spec.schema,
+            spec.consumer.as_str(),
+            ids,
+            latest,
+        )
+        .await
     }
 
     fn depth(&mut self) -> u32 {
@@ -655,7 +639,7 @@ impl<O, C: InboxConnection> Steps for Projected<'_, O, C> {
         attempt: Option<u32>,
     ) -> QueryResult<usize> {
         crate::runtime::stored::write(
-            self,
+            &mut self.io(),
             &spec.schema,
             spec.consumer.as_str(),
             key,
@@ -674,7 +658,8 @@ impl<O, C: InboxConnection> Steps for Projected<'_, O, C> {
         latest: bool,
     ) -> QueryResult<Kept> {
         let consumer = spec.consumer.as_str();
-        crate::runtime::stored::read(self, &spec.schema, consumer, key, columns, latest).await
+        crate::runtime::stored::read(&mut self.io(), &spec.schema, consumer, key, columns, latest)
+            .await
     }
 
     async fn write_fingerprint(
@@ -684,7 +669,7 @@ impl<O, C: InboxConnection> Steps for Projected<'_, O, C> {
         fingerprint: Fingerprint,
     ) -> QueryResult<usize> {
         crate::runtime::stored::write_fingerprint(
-            self,
+            &mut self.io(),
             &spec.schema,
             spec.consumer.as_str(),
             key,
