@@ -701,7 +701,9 @@ impl TryFrom<String> for MessageKey {
     message = "`{Self}` cannot be used as a message key",
     label = "`key = …` must be a message id",
     note = "a key is a Uuid, text (a URL with the feature `url`), bytes, an integer, or a tuple of \
-            those (a composite key); implement `inbox_diesel::ToMessageKey` for your own id type"
+            those (a composite key); implement `inbox_diesel::ToMessageKey` for your own id type",
+    note = "an id type that is a `ToKeyPart` is a whole key with \
+            `fn to_message_key(&self) -> Result<MessageKey, KeyError> {{ self.to_key_part().to_message_key() }}`"
 )]
 pub trait ToMessageKey {
     /// Builds the key, checking its length.
@@ -714,6 +716,44 @@ pub trait ToMessageKey {
 impl ToMessageKey for MessageKey {
     fn to_message_key(&self) -> Result<MessageKey, KeyError> {
         Ok(self.clone())
+    }
+}
+
+/// A key part as a whole key: the key its value is alone (`7.to_key_part()` is the key `7`,
+/// a text part the text key). An id type of your own that is a [`ToKeyPart`] is a whole key
+/// through it, with one line:
+///
+/// ```
+/// use inbox_core::{KeyError, KeyPart, MessageKey, ToKeyPart, ToMessageKey};
+///
+/// struct UserId(String);
+///
+/// impl ToKeyPart for UserId {
+///     fn to_key_part(&self) -> KeyPart {
+///         self.0.to_key_part()
+///     }
+/// }
+///
+/// impl ToMessageKey for UserId {
+///     fn to_message_key(&self) -> Result<MessageKey, KeyError> {
+///         self.to_key_part().to_message_key()
+///     }
+/// }
+///
+/// let id = UserId("ann".into());
+/// assert_eq!(id.to_message_key()?, "ann".to_message_key()?);
+/// assert_eq!((&id, 7).to_message_key()?, ("ann", 7).to_message_key()?);
+/// # Ok::<(), KeyError>(())
+/// ```
+impl ToMessageKey for KeyPart {
+    fn to_message_key(&self) -> Result<MessageKey, KeyError> {
+        match self {
+            KeyPart::Text(text) => MessageKey::text(text.as_str()),
+            KeyPart::Integer(value) => Ok(MessageKey::integer(*value)),
+            KeyPart::Unsigned(value) => Ok(MessageKey::unsigned(*value)),
+            KeyPart::Uuid(id) => Ok(MessageKey::uuid(*id)),
+            KeyPart::Bytes(bytes) => MessageKey::bytes(bytes.as_slice()),
+        }
     }
 }
 
@@ -1033,6 +1073,24 @@ mod tests {
         assert_eq!(MessageKey::text(""), Err(KeyError::Empty));
         assert_eq!(MessageKey::kafka("", 0, 0), Err(KeyError::Empty));
         assert_eq!(MessageKey::cloud_event("s", ""), Err(KeyError::Empty));
+    }
+
+    /// A part alone is the whole key its value is, however it is given.
+    #[test]
+    fn a_part_alone_is_the_key_its_value_is() {
+        let id = Uuid::from_u128(7);
+        assert_eq!(id.to_key_part().to_message_key(), id.to_message_key());
+        assert_eq!("a".to_key_part().to_message_key(), "a".to_message_key());
+        assert_eq!(7_i32.to_key_part().to_message_key(), 7_i32.to_message_key());
+        assert_eq!(
+            u128::MAX.to_key_part().to_message_key(),
+            u128::MAX.to_message_key()
+        );
+        assert_eq!(
+            vec![1_u8, 2].to_key_part().to_message_key(),
+            vec![1_u8, 2].to_message_key()
+        );
+        assert_eq!("".to_key_part().to_message_key(), Err(KeyError::Empty));
     }
 
     /// A sender who controls a text key sends the stored id of another message's key as
