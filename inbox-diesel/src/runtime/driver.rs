@@ -1301,7 +1301,11 @@ async fn schema_checked<S: Steps, E>(
                 ErrorClass::Other | ErrorClass::UniqueViolation { .. } => ErrorClass::Schema,
                 class => class,
             };
-            discard(steps, Some(&class));
+            // Outside a transaction only: a joined handler's check runs inside the caller's,
+            // whose own rollback must still run.
+            if steps.depth() == 0 {
+                discard(steps, Some(&class));
+            }
             telemetry::failed(spec, class.label());
             Err(inbox_error(Error::Database {
                 class,
