@@ -1,5 +1,6 @@
-//! The `#[idempotent]` attribute of `inbox-diesel`, which re-exports it with its documentation.
-//! This crate is an implementation detail: depend on `inbox-diesel`.
+//! The `#[idempotent]` attribute of `inbox-diesel`, its `guarded!` closures and its
+//! `MultiConnection` derive (`multi`), which `inbox-diesel` re-exports with their
+//! documentation. This crate is an implementation detail: depend on `inbox-diesel`.
 //!
 //! The expansion runs in three phases, one module each: `attr` parses the arguments,
 //! `valid` checks them and the function against each other, `guard` rewrites the body so

@@ -786,10 +786,6 @@ impl<S: Steps> Drop for Abandoned<S> {
     }
 }
 
-/// Rolls back the transaction a cancelled handler left open on this connection, if it did
-/// ([`Abandoned`]). A handler cancelled in the middle of a statement can leave the
-/// connection's protocol where no answer can be read: a rollback that fails is the
-/// connection's end (`ConnectionLost`: a new connection), never a failure of the message.
 /// Connections [`discard`] put in error, by their [`Steps::address`]: bounded, as the
 /// checks remembered are.
 static DISCARDED: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
@@ -800,8 +796,8 @@ static DISCARDED: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new(
 /// statement lost under it): the connection's transaction manager is put in error. r2d2,
 /// deadpool, bb8 and mobc each ask diesel whether a connection is broken before they hand it
 /// out again, and discard this one; the pool's next connection is a new session, which a
-/// failover-aware URL (`target_session_attrs=read-write`) takes to the writer. Before, a
-/// pooled connection came back for every redelivery, each failing as the first did until the
+/// failover-aware URL (`target_session_attrs=read-write`) takes to the writer — where the
+/// same session, handed to every redelivery, would fail each as it failed the first until the
 /// broker's delivery limit dead-lettered the message. Not in the caller's transaction
 /// (`transaction = "caller"`), whose own rollback must still run.
 fn discard<S: Steps>(steps: &mut S, class: Option<&ErrorClass>) {
@@ -836,6 +832,10 @@ fn take_back<S: Steps>(steps: &mut S) {
     }
 }
 
+/// Rolls back the transaction a cancelled handler left open on this connection, if it did
+/// ([`Abandoned`]). A handler cancelled in the middle of a statement can leave the
+/// connection's protocol where no answer can be read: a rollback that fails is the
+/// connection's end (`ConnectionLost`: a new connection), never a failure of the message.
 async fn recover<S: Steps>(steps: &mut S) -> QueryResult<()> {
     let address = steps.address();
     let left = {
