@@ -50,7 +50,10 @@ fn a_tuple_of_parameters_is_one_key() {
     // An empty part is refused before any SQL.
     assert!(matches!(
         notify_owner(&mut conn, 7, String::new()),
-        Err(Error::InvalidKey(inbox_diesel::KeyError::EmptyPart { part: 2, of: 2 }))
+        Err(Error::InvalidKey(inbox_diesel::KeyError::EmptyPart {
+            part: 2,
+            of: 2
+        }))
     ));
     assert_eq!(inbox_tests::balance(&mut db.connect(), 1), 3);
 }
