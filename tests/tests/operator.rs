@@ -651,6 +651,60 @@ mod postgres {
         assert_eq!(balance(&mut conn), 4);
     }
 
+    #[idempotent(consumer = "operator", key = *id, transaction = "caller")]
+    fn apply_joined(conn: &mut Conn, id: &u64) -> Result<(), AppError> {
+        diesel::sql_query("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
+            .execute(conn)?;
+        Ok(())
+    }
+
+    /// The same, for a handler in the application's transaction (`transaction = "caller"`):
+    /// its savepoint rolled back, the connection is put in error — the application's rollback
+    /// is refused by diesel and its error comes back — and the pool discards it, which ends
+    /// that transaction with the session. Before, the pool handed the same read-only session
+    /// back to every redelivery (an operator's trial: 127 of 200 dead-lettered). Without a
+    /// pool, the next handler call rolls back what was left open and runs.
+    #[test]
+    fn a_read_only_session_under_the_callers_transaction_is_discarded_by_its_pool() {
+        use diesel::r2d2::{ConnectionManager, Pool};
+        const DEMOTED: &str = "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY";
+        const PID: &str = "SELECT pg_backend_pid()::int8 AS n";
+        let db = Db::new("read_only_joined");
+        let in_callers = |conn: &mut Conn, id: u64| {
+            conn.transaction::<_, AppError, _>(|conn| apply_joined(conn, &id))
+        };
+
+        let pool = Pool::builder()
+            .max_size(1)
+            .build(ConnectionManager::<Conn>::new(db.url()))
+            .unwrap();
+        let mut pooled = pool.get().unwrap();
+        let demoted = inbox_tests::server::count(&mut *pooled, PID);
+        pooled.batch_execute(DEMOTED).unwrap();
+        let error = inbox_error(in_callers(&mut pooled, 1));
+        assert_eq!(error.action(), Action::Reconnect, "{error:?}");
+        drop(pooled);
+        let mut pooled = pool.get().unwrap();
+        assert_ne!(inbox_tests::server::count(&mut *pooled, PID), demoted);
+        assert!(in_callers(&mut pooled, 1).unwrap().is_processed());
+        drop(pooled);
+
+        let mut conn = db.connect();
+        conn.batch_execute(DEMOTED).unwrap();
+        let error = inbox_error(in_callers(&mut conn, 2));
+        assert_eq!(error.action(), Action::Reconnect, "{error:?}");
+        // The caller's transaction, left open by the refused rollback, is rolled back by the
+        // next handler call: the session answers for itself (read-only), not as a handler
+        // called inside a transaction.
+        let error = inbox_error(apply(&mut conn, &2));
+        assert_eq!(error.class(), ErrorClass::ReadOnly, "{error:?}");
+        conn.batch_execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ WRITE")
+            .unwrap();
+        assert!(apply(&mut conn, &2).unwrap().is_processed());
+        assert!(in_callers(&mut conn, 3).unwrap().is_processed());
+        assert_eq!(balance(&mut conn), 3);
+    }
+
     /// A connection checked out of one of diesel-async's pools.
     enum Checkout<'p> {
         Deadpool(

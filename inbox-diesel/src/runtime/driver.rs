@@ -491,7 +491,7 @@ where
             source,
         }));
     }
-    take_back(&mut steps);
+    take_back(&mut steps).await;
     let mut watched = Abandoned::watch(steps);
     let decided = run_delivery(
         &mut watched.steps,
@@ -537,8 +537,9 @@ where
     P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
 {
     // One attempt, as the other modes report theirs.
-    let failed = |source: DieselError| {
+    let failed = |steps: &mut S, source: DieselError| {
         let class = Some(classify(&source, &spec.schema));
+        discard(steps, class.as_ref());
         give_up(
             spec,
             Failure::<T, E>::Database(source),
@@ -562,7 +563,9 @@ where
     let mut rechecked = false;
     let claimed = loop {
         let steps = &mut joined.steps;
-        steps.savepoint().await.map_err(failed)?;
+        if let Err(e) = steps.savepoint().await {
+            return Err(failed(steps, e));
+        }
         joined.open = true;
         let steps = &mut joined.steps;
         let checked = match rechecked {
@@ -627,7 +630,7 @@ where
         }
         Err(e) => {
             joined.open = false;
-            return Err(failed(e));
+            return Err(failed(steps, e));
         }
     };
     let net = steps.net();
@@ -637,9 +640,10 @@ where
         Err(Panicked(payload)) if is_stopped(&*payload) => {
             roll_back(steps).await;
             joined.open = false;
-            return Err(failed(DieselError::QueryBuilderError(Box::new(stopped(
-                payload,
-            )))));
+            return Err(failed(
+                steps,
+                DieselError::QueryBuilderError(Box::new(stopped(payload))),
+            ));
         }
         Err(Panicked(payload)) => {
             roll_back(steps).await;
@@ -655,6 +659,7 @@ where
         roll_back(steps).await;
         joined.open = false;
         let class = probe(&mut result, 1, None);
+        discard(steps, class.as_ref());
         return Err(give_up(
             spec,
             Failure::Body(result, false),
@@ -676,7 +681,7 @@ where
         if let Err(e) = written {
             roll_back(steps).await;
             joined.open = false;
-            return Err(failed(e));
+            return Err(failed(steps, e));
         }
     }
     let depth = steps.depth();
@@ -693,7 +698,7 @@ where
             steps.abandon();
         }
         joined.open = false;
-        return Err(failed(e));
+        return Err(failed(steps, e));
     }
     joined.open = false;
     telemetry::attempt(1);
@@ -798,8 +803,10 @@ static DISCARDED: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new(
 /// out again, and discard this one; the pool's next connection is a new session, which a
 /// failover-aware URL (`target_session_attrs=read-write`) takes to the writer — where the
 /// same session, handed to every redelivery, would fail each as it failed the first until the
-/// broker's delivery limit dead-lettered the message. Not in the caller's transaction
-/// (`transaction = "caller"`), whose own rollback must still run.
+/// broker's delivery limit dead-lettered the message. In the caller's transaction
+/// (`transaction = "caller"`), after the handler's savepoint is rolled back: the caller's own
+/// rollback is then refused by diesel (`BrokenTransactionManager`, and the caller gets its
+/// error back), and the pool's discard, closing the session, ends that transaction.
 fn discard<S: Steps>(steps: &mut S, class: Option<&ErrorClass>) {
     if class.map(ErrorClass::action) != Some(inbox_core::Action::Reconnect) {
         return;
@@ -816,19 +823,25 @@ fn discard<S: Steps>(steps: &mut S, class: Option<&ErrorClass>) {
 }
 
 /// Before a delivery: a connection [`discard`] put in error and handed to a handler again —
-/// used without a pool, whose owner did not drop it — is taken back as it is, its manager
-/// told that no transaction is open; the session, if it is still lost or read-only, says so
-/// again. Free where the manager is not in error.
-fn take_back<S: Steps>(steps: &mut S) {
+/// used without a pool, whose owner did not drop it — is taken back as it is: what is open
+/// on the session is rolled back (the caller's transaction a joined handler failed in, which
+/// the manager in error did not roll back), and the manager is told that no transaction is
+/// open; the session, if it is still lost or read-only, says so again. Free where the
+/// manager is not in error.
+async fn take_back<S: Steps>(steps: &mut S) {
     if !steps.in_error() {
         return;
     }
     let address = steps.address();
-    let mut discarded = DISCARDED.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(at) = discarded.iter().position(|&a| a == address) {
-        discarded.swap_remove(at);
-        drop(discarded);
-        steps.forget_transaction();
+    let taken = {
+        let mut discarded = DISCARDED.lock().unwrap_or_else(|e| e.into_inner());
+        discarded
+            .iter()
+            .position(|&a| a == address)
+            .map(|at| discarded.swap_remove(at))
+    };
+    if taken.is_some() {
+        steps.discard_foreign().await;
     }
 }
 
@@ -1758,7 +1771,7 @@ where
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
     tracing::debug!(key = ?key, "handling message");
-    take_back(&mut steps);
+    take_back(&mut steps).await;
     let (mut layout, mut run) = schema_checked(&mut steps, spec, true, inbox_error).await?;
     kept_columns(spec, layout, &remembered, inbox_error)?;
     let (mut retries, mut rechecked, mut uncached) = (0, false, false);
