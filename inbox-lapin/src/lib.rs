@@ -49,7 +49,7 @@
 //! **Reconnect.** The database connection is the handler's, which the pump cannot reach: on
 //! an error whose action is `Action::Reconnect` (a connection lost, a read-only session after
 //! a failover, prepared statements dropped by a pooler) the runtime puts the connection's
-//! transaction manager in error, and the handler's pool (r2d2, deadpool, bb8, mobc) discards
+//! transaction manager in error, and the handler's pool (r2d2, deadpool, bb8) discards
 //! it when it comes back: the redelivery runs on a new session. A handler that keeps a
 //! connection of its own, without a pool, reconnects it there, or every redelivery meets
 //! the same session and fails the same way until the queue's `x-delivery-limit`

@@ -799,7 +799,7 @@ static DISCARDED: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new(
 /// ([`Action::Reconnect`](inbox_core::Action::Reconnect): the session lost, read-only — a
 /// standby, or a primary demoted by a failover, whose open sessions stay —, a prepared
 /// statement lost under it): the connection's transaction manager is put in error. r2d2,
-/// deadpool, bb8 and mobc each ask diesel whether a connection is broken before they hand it
+/// deadpool and bb8 each ask diesel whether a connection is broken before they hand it
 /// out again, and discard this one; the pool's next connection is a new session, which a
 /// failover-aware URL (`target_session_attrs=read-write`) takes to the writer — where the
 /// same session, handed to every redelivery, would fail each as it failed the first until the
