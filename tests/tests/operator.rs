@@ -576,6 +576,33 @@ mod postgres {
         assert_eq!(balance(&mut db.connect()), 0);
     }
 
+    /// What a demoted primary's open sessions are: read-only.
+    const DEMOTED: &str = "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY";
+    /// The session's server process, which a new connection does not share.
+    const PID: &str = "SELECT pg_backend_pid()::int8 AS n";
+
+    /// An r2d2 pool of one whose session is made read-only: `deliver` answers `Reconnect`,
+    /// the pool's next connection is another session, and `deliver` is processed there.
+    fn discarded_by_a_pool_of_one(
+        db: &Db,
+        deliver: impl Fn(&mut Conn) -> Result<inbox_diesel::Outcome<()>, AppError>,
+    ) {
+        use diesel::r2d2::{ConnectionManager, Pool};
+        let pool = Pool::builder()
+            .max_size(1)
+            .build(ConnectionManager::<Conn>::new(db.url()))
+            .unwrap();
+        let mut pooled = pool.get().unwrap();
+        let demoted = inbox_tests::server::count(&mut *pooled, PID);
+        pooled.batch_execute(DEMOTED).unwrap();
+        let error = inbox_error(deliver(&mut pooled));
+        assert_eq!(error.action(), Action::Reconnect, "{error:?}");
+        drop(pooled);
+        let mut pooled = pool.get().unwrap();
+        assert_ne!(inbox_tests::server::count(&mut *pooled, PID), demoted);
+        assert!(deliver(&mut pooled).unwrap().is_processed());
+    }
+
     /// A primary demoted by a failover keeps its open sessions, read-only: a pool's
     /// connection answered `Reconnect` is discarded by the pool (r2d2, deadpool, bb8 each ask
     /// diesel whether it is broken), and the redelivery runs on a new session. Before, the
@@ -584,27 +611,11 @@ mod postgres {
     /// delivery once its session can write again.
     #[tokio::test(flavor = "multi_thread")]
     async fn a_read_only_session_is_discarded_by_its_pool() {
-        use diesel::r2d2::{ConnectionManager, Pool};
         use diesel_async::pooled_connection::AsyncDieselConnectionManager;
         type Manager = AsyncDieselConnectionManager<diesel_async::AsyncPgConnection>;
-        const DEMOTED: &str = "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY";
-        const PID: &str = "SELECT pg_backend_pid()::int8 AS n";
         let db = Db::new("read_only_pooled");
 
-        let pool = Pool::builder()
-            .max_size(1)
-            .build(ConnectionManager::<Conn>::new(db.url()))
-            .unwrap();
-        let mut pooled = pool.get().unwrap();
-        let demoted = inbox_tests::server::count(&mut *pooled, PID);
-        pooled.batch_execute(DEMOTED).unwrap();
-        let error = inbox_error(apply(&mut pooled, &1));
-        assert_eq!(error.action(), Action::Reconnect, "{error:?}");
-        drop(pooled);
-        let mut pooled = pool.get().unwrap();
-        assert_ne!(inbox_tests::server::count(&mut *pooled, PID), demoted);
-        assert!(apply(&mut pooled, &1).unwrap().is_processed());
-        drop(pooled);
+        discarded_by_a_pool_of_one(&db, |conn| apply(conn, &1));
 
         let deadpool =
             diesel_async::pooled_connection::deadpool::Pool::builder(Manager::new(db.url()))
@@ -666,28 +677,12 @@ mod postgres {
     /// pool, the next handler call rolls back what was left open and runs.
     #[test]
     fn a_read_only_session_under_the_callers_transaction_is_discarded_by_its_pool() {
-        use diesel::r2d2::{ConnectionManager, Pool};
-        const DEMOTED: &str = "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY";
-        const PID: &str = "SELECT pg_backend_pid()::int8 AS n";
         let db = Db::new("read_only_joined");
         let in_callers = |conn: &mut Conn, id: u64| {
             conn.transaction::<_, AppError, _>(|conn| apply_joined(conn, &id))
         };
 
-        let pool = Pool::builder()
-            .max_size(1)
-            .build(ConnectionManager::<Conn>::new(db.url()))
-            .unwrap();
-        let mut pooled = pool.get().unwrap();
-        let demoted = inbox_tests::server::count(&mut *pooled, PID);
-        pooled.batch_execute(DEMOTED).unwrap();
-        let error = inbox_error(in_callers(&mut pooled, 1));
-        assert_eq!(error.action(), Action::Reconnect, "{error:?}");
-        drop(pooled);
-        let mut pooled = pool.get().unwrap();
-        assert_ne!(inbox_tests::server::count(&mut *pooled, PID), demoted);
-        assert!(in_callers(&mut pooled, 1).unwrap().is_processed());
-        drop(pooled);
+        discarded_by_a_pool_of_one(&db, |conn| in_callers(conn, 1));
 
         let mut conn = db.connect();
         conn.batch_execute(DEMOTED).unwrap();
