@@ -612,12 +612,7 @@ impl<O, C: InboxConnection> Steps for Projected<'_, O, C> {
     }
 
     fn depth(&mut self) -> u32 {
-        use diesel::connection::TransactionManager;
-        diesel::connection::AnsiTransactionManager::transaction_manager_status_mut(self.inner())
-            .transaction_depth()
-            .ok()
-            .flatten()
-            .map_or(0, std::num::NonZeroU32::get)
+        depth(self.inner())
     }
 
     async fn savepoint(&mut self) -> QueryResult<()> {
