@@ -71,7 +71,7 @@ impl Answer {
             Ok(Outcome::Processed(_)) => Answer::Processed,
             Ok(Outcome::Duplicate { .. }) => Answer::Duplicate,
             Err(e) => match e.settlement() {
-                Settlement::Retry { .. } => Answer::Retry,
+                Settlement::Retry { .. } | Settlement::Held { .. } => Answer::Retry,
                 Settlement::DeadLetter => Answer::DeadLetter,
                 _ => Answer::Halt,
             },

@@ -1,4 +1,5 @@
 use std::convert::Infallible;
+use std::time::Duration;
 
 use crate::{Consumer, MessageKey};
 
@@ -105,6 +106,13 @@ pub enum InFlightOutcome<T> {
         consumer: Consumer,
         /// The message key held.
         key: MessageKey,
+        /// Claim mode: how long the holder's lease lasts yet, on the database's clock. A
+        /// delivery that comes back sooner finds the claim still held — unless its holder
+        /// finished — and one that comes back later finds it done or free to take over.
+        /// `None` for an uncommitted marker (`on_locked = "in_flight"`), which has no lease.
+        /// The pumps wait it out from a message's second delivery on
+        /// ([`Redelivery::delay_of`](crate::Redelivery::delay_of)).
+        lease_left: Option<Duration>,
     },
 }
 
@@ -150,6 +158,8 @@ pub enum StaleClaimOutcome<T> {
         consumer: Consumer,
         /// The message key claimed.
         key: MessageKey,
+        /// How long the holder's lease lasts yet (see [`InFlightOutcome::InFlight`]).
+        lease_left: Option<Duration>,
     },
     /// An earlier attempt claimed this key and its lease ran out without the work being
     /// stamped complete — it may have crashed before the side effect, during it, or after
@@ -251,9 +261,15 @@ impl<T> InFlightOutcome<T> {
                 key,
                 stored: stored.map(f),
             },
-            InFlightOutcome::InFlight { consumer, key } => {
-                InFlightOutcome::InFlight { consumer, key }
-            }
+            InFlightOutcome::InFlight {
+                consumer,
+                key,
+                lease_left,
+            } => InFlightOutcome::InFlight {
+                consumer,
+                key,
+                lease_left,
+            },
         }
     }
 }
@@ -310,9 +326,15 @@ impl<T> StaleClaimOutcome<T> {
                 key,
                 stored: stored.map(f),
             },
-            StaleClaimOutcome::InFlight { consumer, key } => {
-                StaleClaimOutcome::InFlight { consumer, key }
-            }
+            StaleClaimOutcome::InFlight {
+                consumer,
+                key,
+                lease_left,
+            } => StaleClaimOutcome::InFlight {
+                consumer,
+                key,
+                lease_left,
+            },
             StaleClaimOutcome::StaleClaim {
                 consumer,
                 key,
@@ -356,9 +378,15 @@ impl<T> From<InFlightOutcome<T>> for StaleClaimOutcome<T> {
                 key,
                 stored,
             },
-            InFlightOutcome::InFlight { consumer, key } => {
-                StaleClaimOutcome::InFlight { consumer, key }
-            }
+            InFlightOutcome::InFlight {
+                consumer,
+                key,
+                lease_left,
+            } => StaleClaimOutcome::InFlight {
+                consumer,
+                key,
+                lease_left,
+            },
         }
     }
 }
@@ -430,7 +458,12 @@ pub trait HandlerOutcome<T>: Into<StaleClaimOutcome<T>> + Sized + sealed::Sealed
     #[doc(hidden)]
     fn from_duplicate(consumer: Consumer, key: MessageKey, stored: Option<T>) -> Self;
     #[doc(hidden)]
-    fn from_in_flight(consumer: Consumer, key: MessageKey, witness: Self::InFlightWitness) -> Self;
+    fn from_in_flight(
+        consumer: Consumer,
+        key: MessageKey,
+        lease_left: Option<Duration>,
+        witness: Self::InFlightWitness,
+    ) -> Self;
     #[doc(hidden)]
     fn from_stale_claim(
         consumer: Consumer,
@@ -480,7 +513,12 @@ impl<T> HandlerOutcome<T> for Outcome<T> {
             stored,
         }
     }
-    fn from_in_flight(_: Consumer, _: MessageKey, witness: Infallible) -> Self {
+    fn from_in_flight(
+        _: Consumer,
+        _: MessageKey,
+        _: Option<Duration>,
+        witness: Infallible,
+    ) -> Self {
         match witness {}
     }
     fn from_stale_claim(_: Consumer, _: MessageKey, _: u32, witness: Infallible) -> Self {
@@ -522,8 +560,17 @@ impl<T> HandlerOutcome<T> for InFlightOutcome<T> {
             stored,
         }
     }
-    fn from_in_flight(consumer: Consumer, key: MessageKey, (): ()) -> Self {
-        InFlightOutcome::InFlight { consumer, key }
+    fn from_in_flight(
+        consumer: Consumer,
+        key: MessageKey,
+        lease_left: Option<Duration>,
+        (): (),
+    ) -> Self {
+        InFlightOutcome::InFlight {
+            consumer,
+            key,
+            lease_left,
+        }
     }
     fn from_stale_claim(_: Consumer, _: MessageKey, _: u32, witness: Infallible) -> Self {
         match witness {}
@@ -565,8 +612,17 @@ impl<T> HandlerOutcome<T> for StaleClaimOutcome<T> {
             stored,
         }
     }
-    fn from_in_flight(consumer: Consumer, key: MessageKey, (): ()) -> Self {
-        StaleClaimOutcome::InFlight { consumer, key }
+    fn from_in_flight(
+        consumer: Consumer,
+        key: MessageKey,
+        lease_left: Option<Duration>,
+        (): (),
+    ) -> Self {
+        StaleClaimOutcome::InFlight {
+            consumer,
+            key,
+            lease_left,
+        }
     }
     fn from_stale_claim(consumer: Consumer, key: MessageKey, attempts: u32, (): ()) -> Self {
         StaleClaimOutcome::StaleClaim {

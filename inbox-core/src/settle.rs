@@ -12,7 +12,8 @@ use crate::{
 /// | answer | settlement | RabbitMQ | NATS JetStream | SQS |
 /// |---|---|---|---|---|
 /// | `Processed`, `Duplicate`, a batch | [`Ack`](Settlement::Ack) | `basic.ack` | `Ack` | `DeleteMessage` |
-/// | `InFlight` (another delivery holds the message), a transient failure (`Action::RetryLater`) | [`Retry`](Settlement::Retry) | requeue after a delay | `Nak(delay)` | leave it; `ChangeMessageVisibility(delay)` |
+/// | `InFlight` (another delivery holds the message's uncommitted marker), a transient failure (`Action::RetryLater`) | [`Retry`](Settlement::Retry) | requeue after a delay | `Nak(delay)` | leave it; `ChangeMessageVisibility(delay)` |
+/// | `InFlight` on a live claim (claim mode), with the lease left | [`Held`](Settlement::Held) | as `Retry`; from the second delivery on, after the lease ([`Redelivery::delay_of`]) | as `Retry` | as `Retry` |
 /// | a connection that must go (`Action::Reconnect`: connection lost, read-only session, a lost prepared statement) | [`Retry`](Settlement::Retry) `{ reconnect: true }` | drop the connection, then as above | as above | as above |
 /// | a business constraint, an invalid key, a poison message (`Action::DeadLetter`); a `StaleClaim` left for reconciliation | [`DeadLetter`](Settlement::DeadLetter) | `basic.reject`, no requeue (to the dead-letter exchange) | `Term` | to the DLQ by the redrive policy |
 /// | misuse, a schema fault, a missing privilege (`Action::Alert`) | [`Halt`](Settlement::Halt) | stop consuming, requeue | stop consuming, `Nak` | stop receiving |
@@ -40,6 +41,18 @@ pub enum Settlement {
     Retry {
         /// Drop the database connection before the next attempt.
         reconnect: bool,
+    },
+    /// Another delivery holds the message's claim (claim mode's `InFlight`), for
+    /// `lease_left` yet: hand it back as [`Retry`](Settlement::Retry) does, and from the
+    /// message's second delivery on not before the lease ends
+    /// ([`Redelivery::delay_of`]). A first delivery that finds the claim held is most
+    /// likely a copy of a message whose holder is at work, and comes back after the usual
+    /// delay; a message found held again is most likely one whose holder crashed, and
+    /// comes back when the claim can be taken over — so that a crashed claim costs the
+    /// message at most three deliveries of the broker's delivery limit, whatever the lease.
+    Held {
+        /// How long the holder's lease lasts yet, on the database's clock.
+        lease_left: Duration,
     },
     /// Never deliver it to this consumer again: dead-letter it (or terminate it). It fails
     /// on its own merits, or waits for a person (a stale claim).
@@ -88,12 +101,12 @@ impl Settlement {
         (Settlement::Retry { reconnect: true }, said)
     }
 
-    /// The label of this settlement in logs and metrics: `ack`, `retry`, `dead_letter`,
-    /// `halt`.
+    /// The label of this settlement in logs and metrics: `ack`, `retry` (also
+    /// [`Held`](Settlement::Held)), `dead_letter`, `halt`.
     pub const fn as_str(self) -> &'static str {
         match self {
             Settlement::Ack => "ack",
-            Settlement::Retry { .. } => "retry",
+            Settlement::Retry { .. } | Settlement::Held { .. } => "retry",
             Settlement::DeadLetter => "dead_letter",
             Settlement::Halt => "halt",
         }
@@ -163,10 +176,19 @@ impl<T> Settle for Outcome<T> {
     }
 }
 
+/// `InFlight` with a lease left (claim mode) is [`Settlement::Held`]; an uncommitted
+/// marker's (`on_locked = "in_flight"`) is a plain [`Settlement::Retry`].
+fn in_flight(lease_left: Option<Duration>) -> Settlement {
+    match lease_left {
+        Some(lease_left) => Settlement::Held { lease_left },
+        None => Settlement::Retry { reconnect: false },
+    }
+}
+
 impl<T> Settle for InFlightOutcome<T> {
     fn settlement(&self) -> Settlement {
         match self {
-            InFlightOutcome::InFlight { .. } => Settlement::Retry { reconnect: false },
+            InFlightOutcome::InFlight { lease_left, .. } => in_flight(*lease_left),
             InFlightOutcome::Processed(_) | InFlightOutcome::Duplicate { .. } => Settlement::Ack,
         }
     }
@@ -175,7 +197,7 @@ impl<T> Settle for InFlightOutcome<T> {
 impl<T> Settle for StaleClaimOutcome<T> {
     fn settlement(&self) -> Settlement {
         match self {
-            StaleClaimOutcome::InFlight { .. } => Settlement::Retry { reconnect: false },
+            StaleClaimOutcome::InFlight { lease_left, .. } => in_flight(*lease_left),
             // Whether the side effect happened is for a person to find out: parked, not
             // retried (a retry would take the claim over and might run it again).
             StaleClaimOutcome::StaleClaim { .. } => Settlement::DeadLetter,
@@ -245,6 +267,34 @@ impl Redelivery {
             .saturating_mul(1u32 << doublings.min(31))
             .min(self.max)
     }
+
+    /// The delay before the message of delivery number `delivery`, settled by
+    /// `settlement`, is delivered again: [`delay`](Self::delay), and for a message whose
+    /// claim another delivery holds ([`Settlement::Held`]) from its second delivery on at
+    /// least the lease left — each delivery sooner would find the claim held again and
+    /// count against the broker's delivery limit (RabbitMQ's `x-delivery-limit`,
+    /// JetStream's `max_deliver`), which would dead-letter the message while a crashed
+    /// claim kept it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use inbox_core::{Redelivery, Settlement};
+    ///
+    /// let policy = Redelivery::DEFAULT;
+    /// let held = Settlement::Held { lease_left: Duration::from_secs(50) };
+    /// // A first delivery found the claim held: a copy, most likely; the usual delay.
+    /// assert_eq!(policy.delay_of(held, 1), Duration::from_secs(1));
+    /// // Held again: the holder may have crashed; back when the lease has ended.
+    /// assert_eq!(policy.delay_of(held, 2), Duration::from_secs(50));
+    /// assert_eq!(policy.delay_of(Settlement::Retry { reconnect: false }, 2), Duration::from_secs(2));
+    /// ```
+    pub fn delay_of(&self, settlement: Settlement, delivery: u32) -> Duration {
+        let delay = self.delay(delivery);
+        match settlement {
+            Settlement::Held { lease_left } if delivery >= 2 => delay.max(lease_left),
+            _ => delay,
+        }
+    }
 }
 
 impl Default for Redelivery {
@@ -275,10 +325,22 @@ mod tests {
         assert_eq!(
             InFlightOutcome::<()>::InFlight {
                 consumer: consumer(),
-                key: key()
+                key: key(),
+                lease_left: None,
             }
             .settlement(),
             Settlement::Retry { reconnect: false }
+        );
+        assert_eq!(
+            StaleClaimOutcome::<()>::InFlight {
+                consumer: consumer(),
+                key: key(),
+                lease_left: Some(Duration::from_millis(900)),
+            }
+            .settlement(),
+            Settlement::Held {
+                lease_left: Duration::from_millis(900)
+            }
         );
         assert_eq!(
             StaleClaimOutcome::<()>::StaleClaim {

@@ -39,7 +39,7 @@ pub(crate) trait Io {
     async fn read_claim(
         &mut self,
         sql: ClaimRead<'_, Self::Backend>,
-    ) -> QueryResult<Vec<(i64, i64)>>;
+    ) -> QueryResult<Vec<crate::dialect::claim::ClaimRow>>;
 
     /// The transaction manager's state: whether a transaction is open, or broken.
     fn transaction_status(&mut self) -> &mut TransactionManagerStatus;
@@ -76,7 +76,10 @@ where
         C::Backend::execute_claim(self.0, sql)
     }
 
-    async fn read_claim(&mut self, sql: ClaimRead<'_, C::Backend>) -> QueryResult<Vec<(i64, i64)>> {
+    async fn read_claim(
+        &mut self,
+        sql: ClaimRead<'_, C::Backend>,
+    ) -> QueryResult<Vec<crate::dialect::claim::ClaimRow>> {
         C::Backend::read_claim(self.0, sql)
     }
 
@@ -118,7 +121,10 @@ where
         C::Backend::execute_claim_async(self.0, sql).await
     }
 
-    async fn read_claim(&mut self, sql: ClaimRead<'_, C::Backend>) -> QueryResult<Vec<(i64, i64)>> {
+    async fn read_claim(
+        &mut self,
+        sql: ClaimRead<'_, C::Backend>,
+    ) -> QueryResult<Vec<crate::dialect::claim::ClaimRow>> {
         C::Backend::read_claim_async(self.0, sql).await
     }
 

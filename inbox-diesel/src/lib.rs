@@ -246,7 +246,9 @@
 //! What claim mode guarantees:
 //!
 //! - of concurrent deliveries, one runs the side effect; the others return `InFlight` (do not
-//!   acknowledge: requeue with a delay) or, once the work is stamped, `Duplicate`;
+//!   acknowledge: requeue with a delay) or, once the work is stamped, `Duplicate`. `InFlight`
+//!   says how long the claim holds yet (`lease_left`): a message found held again is worth
+//!   redelivering only after that ([`Settlement::Held`], [`Redelivery::delay_of`]);
 //! - a body that returns `Err` releases its claim, and the redelivery retries at once; each
 //!   claim counts its attempts (the `attempts` column);
 //! - a delivery whose lease ended and whose claim another delivery took over never stamps it:

@@ -1337,7 +1337,7 @@ mod tests {
         async fn read_claim(
             &mut self,
             _: crate::dialect::claim::ClaimRead<'_, Self::Backend>,
-        ) -> QueryResult<Vec<(i64, i64)>> {
+        ) -> QueryResult<Vec<crate::dialect::claim::ClaimRow>> {
             unreachable!("not claim mode")
         }
 

@@ -32,7 +32,8 @@
 //! | the handler answered | [`Settlement`] | what the pump does |
 //! |---|---|---|
 //! | `Processed`, `Duplicate` | `Ack` | `basic.ack` |
-//! | `InFlight`, a transient failure | `Retry` | holds the delivery for [`Redelivery`]'s delay, then `basic.nack` with requeue |
+//! | `InFlight` on an uncommitted marker, a transient failure | `Retry` | holds the delivery for [`Redelivery`]'s delay, then `basic.nack` with requeue |
+//! | `InFlight` on a live claim (claim mode) | `Held` | as `Retry`; from the message's second delivery on, holds it until the claim's lease has ended ([`Redelivery::delay_of`]) |
 //! | a failure of the connection (`Action::Reconnect`) | `Retry { reconnect: true }` | as `Retry`; the connection is the handler's, and the handler drops it (see below) |
 //! | a business constraint, a missing or invalid key, a stale claim | `DeadLetter` | `basic.reject` without requeue: to the queue's dead-letter exchange, if it has one |
 //! | misuse, a schema fault, a missing privilege | `Halt` | requeues it, stops taking deliveries, finishes those in hand, and returns [`Stopped::Halted`] |
@@ -45,6 +46,10 @@
 //! the message was redelivered); bound redeliveries with the quorum queue's
 //! `x-delivery-limit`, and keep markers that long
 //! ([`broker::rabbitmq_quorum_retention`](inbox_diesel::broker::rabbitmq_quorum_retention)).
+//! A claim-mode message found held a second time is held until the claim's lease ends (up
+//! to `lease_ms`): a claim whose holder crashed then costs the message three deliveries of
+//! the limit, whatever the lease; keep `lease_ms` below the broker's `consumer_timeout`
+//! (30 minutes by default), which closes a channel that holds a delivery longer.
 //!
 //! **Reconnect.** The database connection is the handler's, which the pump cannot reach: on
 //! an error whose action is `Action::Reconnect` (a connection lost, a read-only session after
@@ -367,7 +372,7 @@ impl Pump {
                         let _ = halt_ref.send(Some(format!("{answer:?}")));
                         let _ = stopping_ref.send(true);
                     }
-                    let delay = self.redelivery.delay(count);
+                    let delay = self.redelivery.delay_of(settlement, count);
                     let settled = settle(&acker, settlement, delay, stopping_rx_ref.clone())
                         .instrument(span)
                         .await;
@@ -441,7 +446,7 @@ async fn settle(
 ) -> lapin::Result<bool> {
     match settlement {
         Settlement::Ack => acker.ack(BasicAckOptions::default()).await,
-        Settlement::Retry { .. } => {
+        Settlement::Retry { .. } | Settlement::Held { .. } => {
             tokio::select! {
                 () = tokio::time::sleep(delay) => {}
                 _ = stopping.wait_for(|stopping| *stopping) => {}
@@ -504,7 +509,7 @@ impl Counts {
                 &self.unsettled
             }
             (Ok(true), Settlement::Ack) => &self.ack,
-            (Ok(true), Settlement::Retry { .. }) => &self.retry,
+            (Ok(true), Settlement::Retry { .. } | Settlement::Held { .. }) => &self.retry,
             (Ok(true), Settlement::DeadLetter) => &self.dead_letter,
             (Ok(true), _) => &self.halt,
         };

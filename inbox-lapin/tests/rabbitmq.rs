@@ -40,6 +40,11 @@ struct Queues {
 
 impl Queues {
     async fn declare(channel: &Channel, test: &str) -> Self {
+        Self::declare_with_limit(channel, test, 10).await
+    }
+
+    /// A quorum queue whose `x-delivery-limit` is `limit`.
+    async fn declare_with_limit(channel: &Channel, test: &str, limit: i32) -> Self {
         let name = format!("inbox-lapin-{test}-{}", std::process::id());
         let dead = format!("{name}-dead");
         let durable = QueueDeclareOptions {
@@ -63,7 +68,7 @@ impl Queues {
             "x-queue-type".into(),
             AMQPValue::LongString("quorum".into()),
         );
-        arguments.insert("x-delivery-limit".into(), AMQPValue::LongInt(10));
+        arguments.insert("x-delivery-limit".into(), AMQPValue::LongInt(limit));
         arguments.insert(
             "x-dead-letter-exchange".into(),
             AMQPValue::LongString("".into()),
@@ -1215,4 +1220,73 @@ mod private_broker {
             .message_count();
         assert_eq!(depth, 0);
     }
+}
+
+/// A claim-mode handler whose side effect (`sent`) runs outside any transaction, with a
+/// lease of 3 s.
+#[idempotent(consumer = "mails", key = key, mode = "claim", lease_ms = 3000)]
+fn mail(
+    conn: &mut SqliteConnection,
+    key: &MessageKey,
+    sent: &AtomicU32,
+) -> Result<(), inbox_diesel::Error> {
+    sent.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
+/// A process claimed a message and died before its side effect: the claim holds for its
+/// 3 s lease. The message comes back under a delivery limit of 2 (three deliveries) and
+/// short delays (100 ms, 200 ms): every delivery before the lease ends answers `InFlight`,
+/// which used to spend the limit in half a second and dead-letter the message with its
+/// side effect never run. The pump holds the second delivery until the lease has ended
+/// (`Settlement::Held`), and the third takes the claim over and sends once.
+#[tokio::test]
+async fn a_crashed_claim_is_waited_out_within_the_delivery_limit() {
+    let (_connection, channel) = channel().await;
+    let queues = Queues::declare_with_limit(&channel, "held", 2).await;
+    let store = Store::new();
+    let sent = AtomicU32::new(0);
+    let crashed = MessageKey::text("crashed").unwrap();
+    inbox_diesel::testing::crash(
+        store.connect(),
+        inbox_diesel::testing::Crash::AfterClaim,
+        |conn| mail(conn, &crashed, &sent),
+    );
+    assert_eq!(sent.load(Ordering::SeqCst), 0);
+    queues.publish(&channel, Some("crashed"), "crashed").await;
+    let pump = Pump::new().redelivery(Redelivery::exponential(
+        Duration::from_millis(100),
+        Duration::from_millis(200),
+    ));
+    let consumer = pump
+        .subscribe(&channel, &queues.name, "held")
+        .await
+        .unwrap();
+    let counts = std::sync::Mutex::new(Vec::new());
+    let done = {
+        let (sent, queues, channel) = (&sent, &queues, &channel);
+        async move {
+            // Sent, or dead-lettered.
+            while sent.load(Ordering::SeqCst) == 0 && queues.depth(channel, &queues.dead).await == 0
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let report = pump
+        .run(&channel, consumer, done, |delivery| {
+            counts
+                .lock()
+                .unwrap()
+                .push(inbox_lapin::delivery_count(&delivery));
+            let answer = mail(&mut store.connect(), &key(&delivery).unwrap(), &sent);
+            async move { answer }
+        })
+        .await
+        .unwrap();
+    assert_eq!(sent.load(Ordering::SeqCst), 1, "{report:?}");
+    assert_eq!((report.retried, report.acked), (2, 1), "{report:?}");
+    assert_eq!(*counts.lock().unwrap(), [1, 2, 3]);
+    assert_eq!(queues.depth(&channel, &queues.dead).await, 0);
+    queues.delete(&channel).await;
 }

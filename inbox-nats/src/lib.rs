@@ -34,7 +34,8 @@
 //! | the handler answered | [`Settlement`] | what the pump does |
 //! |---|---|---|
 //! | `Processed`, `Duplicate` | `Ack` | `AckKind::Ack` |
-//! | `InFlight`, a transient failure | `Retry` | `AckKind::Nak` with [`Redelivery`]'s delay: JetStream redelivers the message after it |
+//! | `InFlight` on an uncommitted marker, a transient failure | `Retry` | `AckKind::Nak` with [`Redelivery`]'s delay: JetStream redelivers the message after it |
+//! | `InFlight` on a live claim (claim mode) | `Held` | as `Retry`; from the message's second delivery on, the delay is at least the claim's lease left ([`Redelivery::delay_of`]) |
 //! | a failure of the connection (`Action::Reconnect`) | `Retry { reconnect: true }` | as `Retry`; the connection is the handler's, and the handler drops it (see below) |
 //! | a business constraint, an invalid key, a stale claim | `DeadLetter` | `AckKind::Term`: never delivered to this consumer again |
 //! | misuse, a schema fault, a missing privilege | `Halt` | stops pulling, `AckKind::Nak` without delay, finishes the messages in hand, and returns [`Stopped::Halted`] |
@@ -59,7 +60,9 @@
 //! so size `max_ack_pending` above the number of messages you expect to be retrying at once.
 //! The consumer's `max_deliver` bounds the deliveries: a message past it is no longer
 //! delivered, and the server publishes the advisory
-//! `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.<stream>.<consumer>`.
+//! `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.<stream>.<consumer>`. A claim-mode message
+//! found held a second time waits until the claim's lease ends: a claim whose holder
+//! crashed then costs the message three deliveries of `max_deliver`, whatever the lease.
 //!
 //! **Heartbeats.** While a handler runs, the pump sends `AckKind::Progress` for its message
 //! every half of the consumer's `ack_wait` ([`Pump::progress_every`] to choose): the server
@@ -879,8 +882,8 @@ where
     let _entered = span.enter();
     let kind = match settlement {
         Settlement::Ack => AckKind::Ack,
-        Settlement::Retry { .. } => {
-            let delay = settings.redelivery.delay(count);
+        Settlement::Retry { .. } | Settlement::Held { .. } => {
+            let delay = settings.redelivery.delay_of(settlement, count);
             AckKind::Nak((!delay.is_zero()).then_some(delay))
         }
         Settlement::DeadLetter => {
@@ -970,7 +973,7 @@ impl Tally {
             } => &mut self.report.unconfirmed,
             Done::Settled { settlement, .. } => match settlement {
                 Settlement::Ack => &mut self.report.acked,
-                Settlement::Retry { .. } => &mut self.report.retried,
+                Settlement::Retry { .. } | Settlement::Held { .. } => &mut self.report.retried,
                 _ => &mut self.report.dead_lettered,
             },
             Done::Halted { answer, acker } => {

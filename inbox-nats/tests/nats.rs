@@ -1312,3 +1312,60 @@ mod private_server {
         );
     }
 }
+
+/// A claim-mode handler whose side effect (`sent`) runs outside any transaction, with a
+/// lease of 3 s.
+#[idempotent(consumer = "mails", key = key, mode = "claim", lease_ms = 3000)]
+fn mail(
+    conn: &mut SqliteConnection,
+    key: &MessageKey,
+    sent: &AtomicU32,
+) -> Result<(), inbox_diesel::Error> {
+    sent.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
+/// A process claimed a message and died before its side effect: the claim holds for its
+/// 3 s lease. The message comes back under `max_deliver` 3 and short delays (100 ms,
+/// 200 ms): every delivery before the lease ends answers `InFlight`, which used to spend
+/// the three deliveries in half a second — the message then never came back and its side
+/// effect never ran. The second delivery is `Nak`ed until the lease has ended
+/// (`Settlement::Held`), and the third takes the claim over and sends once.
+#[tokio::test]
+async fn a_crashed_claim_is_waited_out_within_max_deliver() {
+    let stream = Stream::create("held", Duration::from_secs(120)).await;
+    let store = Store::new();
+    let sent = AtomicU32::new(0);
+    let crashed = MessageKey::text("crashed").unwrap();
+    inbox_diesel::testing::crash(
+        store.connect(),
+        inbox_diesel::testing::Crash::AfterClaim,
+        |conn| mail(conn, &crashed, &sent),
+    );
+    assert_eq!(sent.load(Ordering::SeqCst), 0);
+    stream.publish(Some("crashed"), "crashed").await;
+    let pump = Pump::new()
+        .max_deliver(3)
+        .redelivery(Redelivery::exponential(
+            Duration::from_millis(100),
+            Duration::from_millis(200),
+        ));
+    let consumer = stream.consumer(&pump, "held").await;
+    let counts = Mutex::new(Vec::new());
+    let done = counted(&sent, 1);
+    let report = within(
+        Duration::from_secs(15),
+        "the message's side effect",
+        pump.run(&stream.jetstream, &consumer, done, |message| {
+            counts.lock().unwrap().push(delivery_count(&message));
+            let answer = mail(&mut store.connect(), &key(&message).unwrap(), &sent);
+            async move { answer }
+        }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(sent.load(Ordering::SeqCst), 1, "{report:?}");
+    assert_eq!((report.retried, report.acked), (2, 1), "{report:?}");
+    assert_eq!(*counts.lock().unwrap(), [1, 2, 3]);
+    stream.delete().await;
+}

@@ -48,6 +48,8 @@ impl Dialect for diesel::mysql::Mysql {
     const LEASE_NOW: &'static str = "UTC_TIMESTAMP(6)";
     const LEASE_UNTIL: (&'static str, &'static str) =
         ("UTC_TIMESTAMP(6) + INTERVAL (", " * 1000) MICROSECOND");
+    const LEASE_LEFT_MS: &'static str =
+        "TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), claimed_until) DIV 1000";
     const BIGINT: &'static str = "SIGNED";
     /// MariaDB: the claim's insert requires `@@in_transaction = 0`
     /// ([`Part::AutocommittedId`](crate::dialect::claim::Part)). MySQL has no such variable,
@@ -94,7 +96,10 @@ impl Dialect for diesel::mysql::Mysql {
         diesel::RunQueryDsl::execute(sql, conn)
     }
 
-    fn read_claim<C>(conn: &mut C, sql: ClaimRead<'_, Self>) -> QueryResult<Vec<(i64, i64)>>
+    fn read_claim<C>(
+        conn: &mut C,
+        sql: ClaimRead<'_, Self>,
+    ) -> QueryResult<Vec<crate::dialect::claim::ClaimRow>>
     where
         C: diesel::connection::LoadConnection<Backend = Self>,
     {
@@ -116,7 +121,7 @@ impl Dialect for diesel::mysql::Mysql {
     fn read_claim_async<'c, C>(
         conn: &'c mut C,
         sql: ClaimRead<'c, Self>,
-    ) -> impl Future<Output = QueryResult<Vec<(i64, i64)>>> + Send + 'c
+    ) -> impl Future<Output = QueryResult<Vec<crate::dialect::claim::ClaimRow>>> + Send + 'c
     where
         C: diesel_async::AsyncConnection<Backend = Self>,
     {

@@ -17,6 +17,8 @@ impl Dialect for diesel::pg::Pg {
     const LEASE_NOW: &'static str = "CURRENT_TIMESTAMP";
     const LEASE_UNTIL: (&'static str, &'static str) =
         ("CURRENT_TIMESTAMP + ", " * INTERVAL '1 millisecond'");
+    const LEASE_LEFT_MS: &'static str =
+        "EXTRACT(EPOCH FROM claimed_until - CURRENT_TIMESTAMP) * 1000";
     const BIGINT: &'static str = "BIGINT";
     /// Outside the handler's transaction
     /// ([`HandlerSpec::POSTGRES_NONE_OPEN`](crate::spec::HandlerSpec::POSTGRES_NONE_OPEN)).
@@ -61,7 +63,10 @@ impl Dialect for diesel::pg::Pg {
         diesel::RunQueryDsl::execute(sql, conn)
     }
 
-    fn read_claim<C>(conn: &mut C, sql: ClaimRead<'_, Self>) -> QueryResult<Vec<(i64, i64)>>
+    fn read_claim<C>(
+        conn: &mut C,
+        sql: ClaimRead<'_, Self>,
+    ) -> QueryResult<Vec<crate::dialect::claim::ClaimRow>>
     where
         C: diesel::connection::LoadConnection<Backend = Self>,
     {
@@ -83,7 +88,7 @@ impl Dialect for diesel::pg::Pg {
     fn read_claim_async<'c, C>(
         conn: &'c mut C,
         sql: ClaimRead<'c, Self>,
-    ) -> impl Future<Output = QueryResult<Vec<(i64, i64)>>> + Send + 'c
+    ) -> impl Future<Output = QueryResult<Vec<crate::dialect::claim::ClaimRow>>> + Send + 'c
     where
         C: diesel_async::AsyncConnection<Backend = Self>,
     {

@@ -20,6 +20,8 @@ impl Dialect for diesel::sqlite::Sqlite {
         "strftime('%Y-%m-%d %H:%M:%f', 'now', (",
         " / 1000.0) || ' seconds')",
     );
+    const LEASE_LEFT_MS: &'static str =
+        "(julianday(claimed_until) - julianday('now')) * 86400000.0";
     const BIGINT: &'static str = "BIGINT";
     /// SQLite refuses a `BEGIN` inside a transaction; outside one, this one ends at once,
     /// having touched nothing.
@@ -63,7 +65,10 @@ impl Dialect for diesel::sqlite::Sqlite {
         diesel::RunQueryDsl::execute(sql, conn)
     }
 
-    fn read_claim<C>(conn: &mut C, sql: ClaimRead<'_, Self>) -> QueryResult<Vec<(i64, i64)>>
+    fn read_claim<C>(
+        conn: &mut C,
+        sql: ClaimRead<'_, Self>,
+    ) -> QueryResult<Vec<crate::dialect::claim::ClaimRow>>
     where
         C: diesel::connection::LoadConnection<Backend = Self>,
     {
@@ -85,7 +90,7 @@ impl Dialect for diesel::sqlite::Sqlite {
     fn read_claim_async<'c, C>(
         conn: &'c mut C,
         sql: ClaimRead<'c, Self>,
-    ) -> impl Future<Output = QueryResult<Vec<(i64, i64)>>> + Send + 'c
+    ) -> impl Future<Output = QueryResult<Vec<crate::dialect::claim::ClaimRow>>> + Send + 'c
     where
         C: diesel_async::AsyncConnection<Backend = Self>,
     {

@@ -17,6 +17,7 @@
 //! whether a lease has ended.
 
 use std::marker::PhantomData;
+use std::time::Duration;
 
 use diesel::QueryResult;
 use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
@@ -92,8 +93,9 @@ pub enum ClaimStep {
 pub enum ClaimAnswer {
     /// Rows inserted or updated.
     Rows(usize),
-    /// The row's state and counter; `None` when there is no row.
-    Read(Option<(ClaimState, u32)>),
+    /// The row's state, counter, and the lease left of a live claim; `None` when there is
+    /// no row.
+    Read(Option<(ClaimState, u32, Duration)>),
 }
 
 impl ClaimAnswer {
@@ -127,8 +129,12 @@ enum Part {
     Int(i64),
 }
 
-/// The claim's state and attempt counter, read.
-pub type ClaimRead<'a, DB> = ClaimSql<'a, DB, (BigInt, BigInt)>;
+/// The claim's state, attempt counter and lease left, read.
+pub type ClaimRead<'a, DB> = ClaimSql<'a, DB, (BigInt, BigInt, BigInt)>;
+
+/// A row of a [`ClaimRead`]: the state's code, the attempt counter, and the milliseconds
+/// the lease lasts yet (0 where the claim is not live).
+pub type ClaimRow = (i64, i64, i64);
 
 /// A claim-mode statement for backend `DB`, with `ST` the SQL type of the row it returns.
 /// A query fragment rather than `sql_query`, so that diesel caches its prepared statement.
@@ -295,7 +301,7 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB> {
         key: &MessageKey,
         committed_only: Option<Layout>,
         nowait: bool,
-    ) -> ClaimSql<'a, DB, (BigInt, BigInt)> {
+    ) -> ClaimRead<'a, DB> {
         use Part::{Sql, Table};
         let isolation = match committed_only {
             Some(layout) if DB::BACKEND == super::Backend::Mysql => Some(match layout.mariadb {
@@ -319,6 +325,12 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB> {
             Sql(" THEN 2 ELSE 3 END AS "),
             Sql(DB::BIGINT),
             Sql("), CAST(attempts AS "),
+            Sql(DB::BIGINT),
+            Sql("), CAST(CASE WHEN claimed_until > "),
+            Sql(DB::LEASE_NOW),
+            Sql(" THEN "),
+            Sql(DB::LEASE_LEFT_MS),
+            Sql(" ELSE 0 END AS "),
             Sql(DB::BIGINT),
             Sql(") FROM "),
             Table,
@@ -358,11 +370,11 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB> {
     }
 }
 
-impl<'a, DB: Dialect> ClaimSql<'a, DB, (BigInt, BigInt)> {
-    /// How many of `ids` have a row for `consumer` (twice: the row type of a read):
+impl<'a, DB: Dialect> ClaimRead<'a, DB> {
+    /// How many of `ids` have a row for `consumer` (twice, and a 0: the row type of a read):
     ///
     /// ```sql
-    /// SELECT count(*), count(*) FROM <table> WHERE consumer = ? AND message_id IN (?, …)
+    /// SELECT count(*), count(*), 0 FROM <table> WHERE consumer = ? AND message_id IN (?, …)
     /// ```
     ///
     /// The evidence of a duplicate where the insert reports one by writing nothing
@@ -392,6 +404,8 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB, (BigInt, BigInt)> {
                 Sql(DB::BIGINT),
                 Sql("), CAST(count(*) AS "),
                 Sql(DB::BIGINT),
+                Sql("), CAST(0 AS "),
+                Sql(DB::BIGINT),
                 Sql(") FROM "),
                 Table,
                 Sql(" WHERE consumer = "),
@@ -406,11 +420,13 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB, (BigInt, BigInt)> {
 }
 
 /// The row a [`ClaimSql::read`] returns, as the driver reads it.
-pub(crate) fn read_answer(rows: Vec<(i64, i64)>) -> ClaimAnswer {
-    ClaimAnswer::Read(rows.first().map(|&(state, attempts)| {
+/// The lease left is rounded up by a millisecond: the read truncated it.
+pub(crate) fn read_answer(rows: Vec<ClaimRow>) -> ClaimAnswer {
+    ClaimAnswer::Read(rows.first().map(|&(state, attempts, lease_left_ms)| {
         (
             ClaimState::from_code(state),
             u32::try_from(attempts).unwrap_or(u32::MAX),
+            Duration::from_millis(u64::try_from(lease_left_ms).map_or(0, |ms| ms + 1)),
         )
     }))
 }

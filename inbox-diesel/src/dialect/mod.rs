@@ -67,6 +67,8 @@ pub trait Dialect:
     /// The current time plus a bound number of milliseconds: the SQL before and after the
     /// bind.
     const LEASE_UNTIL: (&'static str, &'static str);
+    /// The milliseconds from [`LEASE_NOW`](Self::LEASE_NOW) to `claimed_until`, an integer.
+    const LEASE_LEFT_MS: &'static str;
     /// The type a 64-bit integer is cast to.
     const BIGINT: &'static str;
     /// Claim mode: a statement (simple protocol) that fails where a transaction is open on
@@ -106,7 +108,10 @@ pub trait Dialect:
         C: diesel::Connection<Backend = Self>;
 
     /// Reads a claim's state on a sync connection.
-    fn read_claim<C>(conn: &mut C, sql: ClaimRead<'_, Self>) -> QueryResult<Vec<(i64, i64)>>
+    fn read_claim<C>(
+        conn: &mut C,
+        sql: ClaimRead<'_, Self>,
+    ) -> QueryResult<Vec<crate::dialect::claim::ClaimRow>>
     where
         C: diesel::connection::LoadConnection<Backend = Self>;
 
@@ -124,7 +129,7 @@ pub trait Dialect:
     fn read_claim_async<'c, C>(
         conn: &'c mut C,
         sql: ClaimRead<'c, Self>,
-    ) -> impl Future<Output = QueryResult<Vec<(i64, i64)>>> + Send + 'c
+    ) -> impl Future<Output = QueryResult<Vec<crate::dialect::claim::ClaimRow>>> + Send + 'c
     where
         C: diesel_async::AsyncConnection<Backend = Self>;
 

@@ -130,7 +130,7 @@ pub(crate) async fn present<S: Io>(
         .await?;
     Ok(rows
         .first()
-        .map_or(0, |&(n, _)| usize::try_from(n).unwrap_or(0)))
+        .map_or(0, |&(n, _, _)| usize::try_from(n).unwrap_or(0)))
 }
 
 /// How long claim mode needs the server to keep a session that sends nothing: the side

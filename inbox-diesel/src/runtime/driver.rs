@@ -1474,7 +1474,7 @@ pub(crate) fn outcome<T, A: HandlerOutcome<T>>(
     match decided {
         Decided::Processed(value) => A::from_processed(value),
         Decided::Duplicate(stored) => A::from_duplicate(consumer, key, stored),
-        Decided::InFlight(witness) => A::from_in_flight(consumer, key, witness),
+        Decided::InFlight(witness) => A::from_in_flight(consumer, key, None, witness),
     }
 }
 
@@ -1625,7 +1625,7 @@ impl Claims for MessageKey {
             )
             .await
         {
-            Ok(ClaimAnswer::Read(Some((ClaimState::Completed, _)))) => true,
+            Ok(ClaimAnswer::Read(Some((ClaimState::Completed, ..)))) => true,
             Ok(_) => false,
             Err(e) => {
                 tracing::debug!(error = %e, "precheck failed; the transaction decides");
@@ -1812,12 +1812,18 @@ where
                 };
                 return Ok(A::from_duplicate(spec.consumer.clone(), key, stored));
             }
-            Ok(Acquired::Live) => {
+            Ok(Acquired::Live(lease_left)) => {
                 tracing::info!(
                     outcome = "in_flight",
+                    lease_left_ms = lease_left.map(|left| left.as_millis() as u64),
                     "claimed by a live delivery; body not run"
                 );
-                return Ok(A::from_in_flight(spec.consumer.clone(), key, ()));
+                return Ok(A::from_in_flight(
+                    spec.consumer.clone(),
+                    key,
+                    lease_left,
+                    (),
+                ));
             }
             Ok(Acquired::Stale(attempts, witness)) => {
                 telemetry::stale_claim(spec, "reported");
@@ -2011,7 +2017,8 @@ enum Acquired<W> {
     /// This delivery holds the claim of this attempt.
     Attempt(u32),
     Completed,
-    Live,
+    /// Held by another delivery, for this long yet (`None`: not read).
+    Live(Option<Duration>),
     /// Expired, and reported rather than taken over (after this many attempts).
     Stale(u32, W),
     /// The claim (of any state) was made for a request with another fingerprint.
@@ -2056,7 +2063,7 @@ async fn acquire<S: Steps, W: Copy>(
         let ClaimAnswer::Read(row) = steps.claim_step(spec, key, ClaimStep::Read).await? else {
             unreachable!("a read answers with the row")
         };
-        let (state, seen) = match row {
+        let (state, seen, lease_left) = match row {
             Some(row) => row,
             // Removed between the insert and the read: insert again.
             None => {
@@ -2076,12 +2083,12 @@ async fn acquire<S: Steps, W: Copy>(
         }
         let expired = match (state, report) {
             (ClaimState::Completed, _) => return Ok(Acquired::Completed),
-            (ClaimState::Live, _) => return Ok(Acquired::Live),
+            (ClaimState::Live, _) => return Ok(Acquired::Live(Some(lease_left))),
             (ClaimState::Expired, Some(witness)) => return Ok(Acquired::Stale(seen, witness)),
             (ClaimState::Expired, None) => true,
             (ClaimState::Released, _) => false,
             // A plain read never answers it; were it to, waiting is safe.
-            (ClaimState::Unread, _) => return Ok(Acquired::Live),
+            (ClaimState::Unread, _) => return Ok(Acquired::Live(None)),
         };
         let take_over = ClaimStep::TakeOver {
             seen,
@@ -2108,7 +2115,7 @@ async fn acquire<S: Steps, W: Copy>(
         tracing::error!("every claim insert wrote no row, and no claim is there");
         return Err(swallowed(spec));
     }
-    Ok(Acquired::Live)
+    Ok(Acquired::Live(Some(Duration::from_millis(claim.lease_ms))))
 }
 
 /// Releases the claim of `attempt`, won too late to run the body under it
@@ -2750,11 +2757,11 @@ mod tests {
         let mut script = Script {
             claim_steps: VecDeque::from([
                 ClaimAnswer::Rows(0),
-                ClaimAnswer::Read(Some((ClaimState::Released, 1))),
+                ClaimAnswer::Read(Some((ClaimState::Released, 1, Duration::ZERO))),
                 // Another delivery took it over first: the next round finds its live claim.
                 ClaimAnswer::Rows(0),
                 ClaimAnswer::Rows(0),
-                ClaimAnswer::Read(Some((ClaimState::Live, 2))),
+                ClaimAnswer::Read(Some((ClaimState::Live, 2, Duration::ZERO))),
             ]),
             ..Script::default()
         };
@@ -2774,7 +2781,7 @@ mod tests {
         let mut script = Script {
             claim_steps: VecDeque::from([
                 ClaimAnswer::Rows(0),
-                ClaimAnswer::Read(Some((ClaimState::Released, 1))),
+                ClaimAnswer::Read(Some((ClaimState::Released, 1, Duration::ZERO))),
                 ClaimAnswer::Rows(1),
                 ClaimAnswer::Rows(1),
             ]),
@@ -2810,7 +2817,7 @@ mod tests {
         Script {
             claim_steps: VecDeque::from([
                 ClaimAnswer::Rows(0),
-                ClaimAnswer::Read(Some((ClaimState::Expired, 1))),
+                ClaimAnswer::Read(Some((ClaimState::Expired, 1, Duration::ZERO))),
                 ClaimAnswer::Rows(1),
                 ClaimAnswer::Rows(1),
             ]),
