@@ -426,7 +426,9 @@ impl MessageKey {
     /// [`MessageKey::cloud_event`] stores them, and text followed by two integers, the first
     /// in `i32`'s range and the second in `i64`'s, as [`MessageKey::kafka`] does (its
     /// `(topic, partition, offset)`). The key's text (`Display`, the `key_text` column) is
-    /// the parts joined by `/`, which is for reading only: it is not what is stored.
+    /// the parts joined by `/` (a `/` or `\` inside a text part escaped with `\`; two text
+    /// parts read `source#id`, a `#` in the first escaped the same way) — for reading only:
+    /// it is not what is stored, and `7` reads as `"7"` does.
     ///
     /// ```
     /// use inbox_core::{KeyPart, MessageKey, ToMessageKey};
@@ -565,21 +567,43 @@ impl fmt::Display for MessageKey {
                 partition,
                 offset,
             } => write!(f, "{topic}/{partition}@{offset}"),
-            KeyKind::CloudEvent { source, id } => write!(f, "{source}#{id}"),
+            // A `#` or `\` in the source is escaped with `\`: the first `#` that is not
+            // ends it, so `("h#", "x")` and `("h", "#x")` read apart (`h\##x`, `h##x`).
+            KeyKind::CloudEvent { source, id } => {
+                escaped(f, source, '#')?;
+                write!(f, "#{id}")
+            }
             KeyKind::Bytes(bytes) => bytes.iter().try_for_each(|b| write!(f, "{b:02x}")),
             KeyKind::Sequence { stream, sequence } => write!(f, "{stream}:{sequence}"),
             KeyKind::Scoped { scope, key } => write!(f, "[{scope}] {key}"),
+            // Parts joined by `/`; a `/` or `\` inside a text part is escaped with `\`, so
+            // that `("a/", "b")` and `("a", "/b")` read apart (`a\//b`, `a/\/b`).
             KeyKind::Composite(parts) => {
                 for (n, part) in parts.iter().enumerate() {
                     if n > 0 {
                         f.write_str("/")?;
                     }
-                    write!(f, "{part}")?;
+                    match part {
+                        KeyPart::Text(text) => escaped(f, text, '/')?,
+                        part => write!(f, "{part}")?,
+                    }
                 }
                 Ok(())
             }
         }
     }
+}
+
+/// `text` with each `separator` and `\` in it escaped by a `\`.
+fn escaped(f: &mut fmt::Formatter<'_>, text: &str, separator: char) -> fmt::Result {
+    if !text.contains([separator, '\\']) {
+        return f.write_str(text);
+    }
+    text.chars().try_for_each(|c| match c {
+        '\\' => f.write_str("\\\\"),
+        c if c == separator => write!(f, "\\{c}"),
+        c => write!(f, "{c}"),
+    })
 }
 
 /// The key for logs: its text quoted and escaped as Rust escapes a string (a newline is `\n`,
@@ -1013,6 +1037,26 @@ mod tests {
     }
 
     const STORED_COMPOSITE: &str = "99197f18-4c86-5d97-b99a-204fae96d530";
+
+    #[test]
+    fn composite_text_reads_apart_where_a_part_holds_the_separator() {
+        let text = |parts: &[&str]| {
+            MessageKey::composite(parts.iter().map(|part| KeyPart::Text((*part).into())))
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(
+            text(&["v7", "ann@example.com", "x"]),
+            "v7/ann@example.com/x"
+        );
+        assert_eq!(text(&["a/", "b", "c"]), "a\\//b/c");
+        assert_eq!(text(&["a", "/b", "c"]), "a/\\/b/c");
+        assert_eq!(text(&["a\\", "b", "c"]), "a\\\\/b/c");
+        // Two text parts: a CloudEvents pair's form, `source#id`.
+        assert_eq!(text(&["h#", "thumb"]), "h\\##thumb");
+        assert_eq!(text(&["h", "#thumb"]), "h##thumb");
+        assert_eq!(text(&["https://a.example/", "7"]), "https://a.example/#7");
+    }
 
     #[test]
     fn composite_parts_are_told_apart() {

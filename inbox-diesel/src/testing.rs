@@ -68,10 +68,15 @@ use inbox_core::InboxSchema;
 #[non_exhaustive]
 pub enum Crash {
     /// The body ran and returned `Ok`; its transaction (with the inbox marker) is not
-    /// committed. The redelivery must apply the message.
+    /// committed. The redelivery must apply the message. In the caller's transaction
+    /// (`transaction = "caller"`, or `"caller_or_own"` called inside one): the handler's
+    /// savepoint is released and the work waits in the caller's transaction, which the
+    /// crash ends uncommitted — the job runner dies between the handler and its commit.
     BeforeCommit,
     /// The transaction committed, but the caller never learns it (the acknowledgement is
-    /// lost). The redelivery must be a duplicate.
+    /// lost). The redelivery must be a duplicate. Not reached in the caller's transaction,
+    /// whose commit is the caller's: put a [`crash_point`](crate::crash_point) of your own
+    /// after that commit and crash [`At`](Crash::At) it.
     AfterCommit,
     /// Claim mode: the claim is committed, the body — the side effect — has not started. The
     /// claim stays until its lease ends, then the message is taken over (or reported).
@@ -138,9 +143,15 @@ fn crashed<R>(result: Result<R, Box<dyn Any + Send>>, at: Crash) -> Crashed {
             "the call returned without reaching {at:?}: no `crash_point` of that name was \
              called on this thread (or, async, in this future's polls)"
         ),
+        Ok(_) if at == Crash::AfterCommit => panic!(
+            "the handler returned without reaching {at:?}: it was a duplicate, failed, runs in \
+             claim mode, or joined the caller's transaction — whose commit is the caller's: \
+             call `crash_point(\"…\")` after that commit and crash `At` it"
+        ),
         Ok(_) => panic!(
             "the handler returned without reaching {at:?}: it was a duplicate, failed, or \
-             runs in the other mode"
+             runs in the other mode (claim mode's points are `AfterClaim` and `BeforeStamp`, \
+             a transaction's `BeforeCommit` and `AfterCommit`)"
         ),
         Err(payload) => payload,
     };

@@ -706,6 +706,9 @@ where
         outcome = "processed",
         "written with its marker, for the caller to commit"
     );
+    // The work is in the caller's transaction, not committed: the caller's commit is the
+    // handler's (`AfterCommit` is the caller's own point, after it).
+    crash_point!(BeforeCommit);
     Ok(Decided::Processed(
         result.ok().expect("checked by `is_err`"),
     ))

@@ -109,17 +109,20 @@ fn with_jobs(name: &str, jobs: &[(i64, i64)]) -> Db {
 }
 
 /// The runner dies in each window of a job — with the job taken, inside the body after its
-/// write, after the effect, after the row's deletion, after the commit — and runs again:
+/// write, as the handler returns its work to the runner's transaction (the kit's
+/// `BeforeCommit`), after the effect, after the row's deletion, after the commit — and runs
+/// again:
 /// each message applied once, each job gone, one marker each. Before the commit nothing of
 /// the job stayed; after it, the job was gone with its effect.
 #[test]
 fn a_job_runner_applies_each_message_once_whatever_window_it_dies_in() {
     let points = [
-        "job-taken",
-        "in-the-body",
-        "effect-written",
-        "job-deleted",
-        "committed",
+        Crash::At("job-taken"),
+        Crash::At("in-the-body"),
+        Crash::BeforeCommit,
+        Crash::At("effect-written"),
+        Crash::At("job-deleted"),
+        Crash::At("committed"),
     ];
     let db = with_jobs("joined_windows", &[]);
     for (n, point) in points.into_iter().enumerate() {
@@ -127,12 +130,12 @@ fn a_job_runner_applies_each_message_once_whatever_window_it_dies_in() {
         db.connect()
             .batch_execute(&format!("INSERT INTO jobs VALUES ({message}, {message})"))
             .unwrap();
-        testing::crash(db.connect(), Crash::At(point), work);
-        let committed = point == "committed";
+        testing::crash(db.connect(), point, work);
+        let committed = point == Crash::At("committed");
         assert_eq!(
             testing::count(&mut db.connect(), &credits_of(message)),
             i64::from(committed),
-            "{point}: what the crash left"
+            "{point:?}: what the crash left"
         );
         assert_eq!(
             testing::count(
@@ -140,7 +143,7 @@ fn a_job_runner_applies_each_message_once_whatever_window_it_dies_in() {
                 &format!("SELECT count(*) FROM jobs WHERE id = {message}")
             ),
             i64::from(!committed),
-            "{point}: the job"
+            "{point:?}: the job"
         );
         // The runner again: the job it left, as if nothing had happened. A server ends the
         // dead runner's session — and lets go of its lock on the job — when it reads the
@@ -155,7 +158,7 @@ fn a_job_runner_applies_each_message_once_whatever_window_it_dies_in() {
             outcomes = drain(&mut db.connect());
         }
         let processed: Vec<bool> = outcomes.iter().map(Outcome::is_processed).collect();
-        assert_eq!(processed, vec![true; usize::from(!committed)], "{point}");
+        assert_eq!(processed, vec![true; usize::from(!committed)], "{point:?}");
         testing::assert_once(&mut db.connect(), &credits_of(message));
     }
     assert_eq!(

@@ -89,11 +89,12 @@ async fn an_async_job_runner_applies_each_message_once_whatever_window_it_dies_i
         .await
         .unwrap();
     let points = [
-        "job-taken",
-        "in-the-body",
-        "effect-written",
-        "job-deleted",
-        "committed",
+        Crash::At("job-taken"),
+        Crash::At("in-the-body"),
+        Crash::BeforeCommit,
+        Crash::At("effect-written"),
+        Crash::At("job-deleted"),
+        Crash::At("committed"),
     ];
     for (n, point) in points.into_iter().enumerate() {
         let message = n as u128 + 1;
@@ -101,15 +102,15 @@ async fn an_async_job_runner_applies_each_message_once_whatever_window_it_dies_i
             .batch_execute(&format!("INSERT INTO jobs VALUES ({message}, {message})"))
             .await
             .unwrap();
-        testing::crash_async(db.connect_async().await, Crash::At(point), async |conn| {
+        testing::crash_async(db.connect_async().await, point, async |conn| {
             work(conn).await
         })
         .await;
-        let committed = point == "committed";
+        let committed = point == Crash::At("committed");
         assert_eq!(
             testing::count_async(&mut check, &credits_of(message)).await,
             i64::from(committed),
-            "{point}"
+            "{point:?}"
         );
         // The dead runner's lock on its job goes when its server session ends, which may
         // be a moment after the crash: until then `SKIP LOCKED` passes the job over, and a
@@ -122,8 +123,8 @@ async fn an_async_job_runner_applies_each_message_once_whatever_window_it_dies_i
             tokio::time::sleep(std::time::Duration::from_millis(25)).await;
             outcomes = drain(&mut db.connect_async().await).await;
         }
-        assert_eq!(outcomes.len(), usize::from(!committed), "{point}");
-        assert!(outcomes.iter().all(Outcome::is_processed), "{point}");
+        assert_eq!(outcomes.len(), usize::from(!committed), "{point:?}");
+        assert!(outcomes.iter().all(Outcome::is_processed), "{point:?}");
         testing::assert_once_async(&mut check, &credits_of(message)).await;
     }
     check
