@@ -115,6 +115,15 @@ pub enum Error {
     /// raw SQL, `batch_execute("BEGIN")`, is not seen by diesel's manager, and refused the
     /// same). A bug to fix: alert, do not retry.
     NoTransactionToJoin,
+    /// A claim-mode handler's `lease_ms`, given as an expression evaluated at each call (a
+    /// setting), is outside 100 ms to 30 days (a literal is checked at compile time). Nothing
+    /// ran. A lease shorter than 100 ms would never start the body (a claim whose insert
+    /// takes over a quarter of its lease is given back); a longer one than 30 days would
+    /// overflow the servers' timestamp arithmetic. Alert: every delivery would fail the same.
+    InvalidLease {
+        /// The lease the expression gave, in milliseconds.
+        lease_ms: u64,
+    },
     /// The inbox table cannot recognise a duplicate — its unique index on
     /// `(message_id, consumer)` is missing, not unique, on other columns or under another
     /// name than `constraint` says, partial, on a prefix, deferrable or invalid — or the table
@@ -236,6 +245,7 @@ impl Error {
             Error::Schema(_) => ErrorClass::Schema,
             Error::CalledInsideTransaction
             | Error::NoTransactionToJoin
+            | Error::InvalidLease { .. }
             | Error::TransactionEnded => ErrorClass::Misuse,
             Error::IdleBoundExceeded { .. } => ErrorClass::ConnectionLost,
             Error::Database { class, .. } => class.clone(),
@@ -319,6 +329,12 @@ impl fmt::Display for Error {
                  and none is open on this connection; nothing ran. Call it inside \
                  `conn.transaction(|conn| …)`",
             ),
+            Error::InvalidLease { lease_ms } => write!(
+                f,
+                "inbox: the claim-mode handler's `lease_ms` is {lease_ms}, outside 100 (a \
+                 shorter lease never starts the body) to 2592000000 (30 days); nothing ran. Set \
+                 it above the side effect's longest run"
+            ),
             Error::TransactionAborted => f.write_str(
                 "inbox: the handler returned Ok, but its transaction had been aborted or ended \
                  under it (a database error swallowed inside the handler, or on MariaDB a \
@@ -391,6 +407,7 @@ impl std::error::Error for Error {
             | Error::KeyReused { .. }
             | Error::CalledInsideTransaction
             | Error::NoTransactionToJoin
+            | Error::InvalidLease { .. }
             | Error::TransactionEnded
             | Error::IdleBoundExceeded { .. } => None,
             Error::Database { source, .. } | Error::EffectNotRecorded { source, .. } => {

@@ -19,7 +19,9 @@ pub struct Args {
     pub schema: Option<syn::Path>,
     pub busy_timeout_ms: Option<LitInt>,
     pub mode: Option<LitStr>,
-    pub lease_ms: Option<LitInt>,
+    /// An integer literal (checked here), or an expression of type `u64` evaluated at each
+    /// call (a setting; checked by the runtime before any SQL).
+    pub lease_ms: Option<Expr>,
     pub on_expired: Option<LitStr>,
     pub batch: Option<Ident>,
     pub precheck: Option<syn::LitBool>,
@@ -42,7 +44,10 @@ const OPTIONS: [(&str, &str); 19] = [
     ("schema", "schema = INBOX"),
     ("busy_timeout_ms", "busy_timeout_ms = 5000"),
     ("mode", "mode = \"claim\""),
-    ("lease_ms", "lease_ms = 60000"),
+    (
+        "lease_ms",
+        "lease_ms = 60000 (or an expression of type u64, such as a setting)",
+    ),
     ("on_expired", "on_expired = \"report\""),
     ("batch", "batch = msgs"),
     ("precheck", "precheck = true"),

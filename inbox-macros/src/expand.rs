@@ -169,6 +169,7 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
         fingerprint,
         joins,
         or_own,
+        lease_expr,
     } = handler;
     // An application's `const InboxSchema`, or the names given (checked at compile time).
     let schema = match schema {
@@ -354,9 +355,10 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
                 Some(_) => quote!(run_claim_async),
                 None => quote!(run_claim),
             };
-            let lease_ms = match lease_ms {
-                Some(ms) => quote!(#ms),
-                None => quote!(::inbox_diesel::__private::ClaimSpec::DEFAULT_LEASE_MS),
+            let lease_ms = match (lease_ms, &lease_expr) {
+                (_, Some(setting)) => quote!(#setting),
+                (Some(ms), None) => quote!(#ms),
+                (None, None) => quote!(::inbox_diesel::__private::ClaimSpec::DEFAULT_LEASE_MS),
             };
             // The body is handed `NoConnection` in place of the connection: it runs outside
             // any transaction, and the guard asks about every mention of it. The outcome type

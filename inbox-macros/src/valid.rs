@@ -52,6 +52,8 @@ pub struct Handler {
     /// `transaction = "caller_or_own"`: as `"caller"` where the caller has a transaction
     /// open, as `"own"` where it has none.
     pub or_own: bool,
+    /// `lease_ms = <expression>` (not a literal): the lease, evaluated at each call.
+    pub lease_expr: Option<Expr>,
 }
 
 /// How the body's work is made to happen once.
@@ -284,6 +286,10 @@ pub fn validate(args: Args, item: &ItemFn) -> syn::Result<Handler> {
             fingerprint: fingerprint.flatten(),
             joins: joins.unwrap_or_default().0,
             or_own: joins.unwrap_or_default().1,
+            lease_expr: args
+                .lease_ms
+                .clone()
+                .filter(|lease| !matches!(lease, Expr::Lit(_))),
         }),
         (Some(error), ..) => Err(error),
         _ => unreachable!("every missing value recorded an error"),
@@ -424,8 +430,13 @@ fn mode(args: &Args) -> syn::Result<Mode> {
             ));
         }
     }
+    // A literal is checked here; another expression is the application's setting, evaluated
+    // at each call and checked by the runtime before any SQL.
     let lease_ms = match &args.lease_ms {
-        Some(lit) => errors.take(
+        Some(Expr::Lit(syn::ExprLit {
+            lit: syn::Lit::Int(lit),
+            ..
+        })) => errors.take(
             lit.base10_parse::<u64>()
                 .ok()
                 .filter(|ms| (MIN_LEASE_MS..=MAX_LEASE_MS).contains(ms))
@@ -442,7 +453,15 @@ fn mode(args: &Args) -> syn::Result<Mode> {
                     )
                 }),
         ),
-        None => Some(None),
+        Some(Expr::Lit(other)) => {
+            errors.push(syn::Error::new(
+                other.span(),
+                "`lease_ms` is an integer number of milliseconds (or an expression of type \
+                 u64, such as a setting): `lease_ms = 60000`",
+            ));
+            None
+        }
+        Some(_) | None => Some(None),
     };
     let report = match &args.on_expired {
         Some(lit) => errors.take(match lit.value().as_str() {

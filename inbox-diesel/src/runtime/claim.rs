@@ -22,6 +22,18 @@ pub struct ClaimSpec {
 impl ClaimSpec {
     /// The default lease: one minute.
     pub const DEFAULT_LEASE_MS: u64 = 60_000;
+    /// The shortest lease: a claim whose insert takes more than a quarter of its lease is
+    /// given back ([`too_late`](Self::too_late)), so a shorter one would never start the body.
+    pub const MIN_LEASE_MS: u64 = 100;
+    /// The longest lease, 30 days: far beyond any side effect, and far inside every
+    /// backend's timestamp arithmetic.
+    pub const MAX_LEASE_MS: u64 = 30 * 24 * 60 * 60 * 1000;
+
+    /// Whether the lease is one a claim can hold ([`Error::InvalidLease`](crate::Error)
+    /// otherwise).
+    pub(crate) fn valid(self) -> bool {
+        (Self::MIN_LEASE_MS..=Self::MAX_LEASE_MS).contains(&self.lease_ms)
+    }
 
     /// Whether a claim whose statement was sent at `sent` came back too late for its body to
     /// run under it: the database started the lease no earlier than `sent`, and the body

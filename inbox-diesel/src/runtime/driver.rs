@@ -1774,6 +1774,13 @@ where
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
     tracing::debug!(key = ?key, "handling message");
+    // A lease given as an expression (a setting), checked before anything runs; a literal
+    // was checked at compile time.
+    if !claim.valid() {
+        return Err(inbox_error(Error::InvalidLease {
+            lease_ms: claim.lease_ms,
+        }));
+    }
     take_back(&mut steps).await;
     let (mut layout, mut run) = schema_checked(&mut steps, spec, true, inbox_error).await?;
     kept_columns(spec, layout, &remembered, inbox_error)?;

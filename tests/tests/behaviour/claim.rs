@@ -59,6 +59,22 @@ fn send_or_report(
     side_effect(sent, before)
 }
 
+/// A deployment's settings, read at startup.
+struct Settings {
+    lease_ms: u64,
+}
+
+/// `send` with its lease from a setting: evaluated at each call, checked before any SQL.
+#[idempotent(consumer = "email", key = msg.id, mode = "claim", lease_ms = settings.lease_ms)]
+fn send_with_settings(
+    conn: &mut DbConnection,
+    msg: &Credit,
+    settings: &Settings,
+    sent: &AtomicUsize,
+) -> Result<(), AppError> {
+    side_effect(sent, &ok)
+}
+
 /// The lease of `send_short_lease`, plus a margin for a slow machine.
 const PAST_THE_LEASE: Duration = Duration::from_millis(2_000);
 
@@ -371,4 +387,48 @@ fn crash_before_the_stamp_is_reported_after_the_lease_not_rerun() {
         "{reported:?}"
     );
     assert_eq!(sent.load(Ordering::SeqCst), 1, "the side effect ran again");
+}
+
+/// A lease from a setting: one no claim can hold (50 ms) is refused before any SQL — no
+/// claim, no side effect — and one it can is the claim's lease, as the `InFlight` of a
+/// crashed claim says.
+#[test]
+fn a_lease_from_a_setting_is_checked_before_any_sql_and_held() {
+    let db = <Db>::new("claim_lease_setting");
+    let mut conn = db.connect();
+    let (msg, sent) = (Credit::new(1), AtomicUsize::new(0));
+    let refused = send_with_settings(&mut conn, &msg, &Settings { lease_ms: 50 }, &sent);
+    assert!(
+        matches!(
+            refused,
+            Err(AppError::Inbox(inbox_diesel::Error::InvalidLease {
+                lease_ms: 50
+            }))
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(
+        inbox::table.count().get_result::<i64>(&mut conn).unwrap(),
+        0,
+        "nothing claimed"
+    );
+    let settings = Settings { lease_ms: 1_200 };
+    testing::crash(db.connect(), Crash::AfterClaim, |conn| {
+        send_with_settings(conn, &msg, &settings, &sent)
+    });
+    let held = send_with_settings(&mut conn, &msg, &settings, &sent).unwrap();
+    let InFlightOutcome::InFlight {
+        lease_left: Some(lease_left),
+        ..
+    } = held
+    else {
+        panic!("in flight, with the lease left: {held:?}")
+    };
+    assert!(lease_left <= Duration::from_millis(1_201), "{lease_left:?}");
+    std::thread::sleep(lease_left);
+    assert_eq!(
+        send_with_settings(&mut conn, &msg, &settings, &sent).unwrap(),
+        InFlightOutcome::Processed(())
+    );
+    assert_eq!(sent.load(Ordering::SeqCst), 1);
 }
