@@ -896,6 +896,11 @@ fn once<C, R>(body: impl FnOnce(&mut C) -> R) -> Immediate<impl FnMut(&mut C) ->
 /// already read something, make `reread` a locking read (`.for_update()`): a plain read sees
 /// the snapshot of that first read, without the winner's row.
 ///
+/// `conn` is a backend's connection, or an application's enum of connections
+/// (`#[derive(diesel::MultiConnection, inbox_diesel::MultiConnection)]`): `insert` and
+/// `reread` are then given the enum, and the savepoint and the violation's reading are the
+/// variant's.
+///
 /// # Errors
 /// [`UniqueError::OtherViolation`], [`UniqueError::WinnerNotFound`], or the database's error.
 pub fn insert_or_get<C, T>(
@@ -905,14 +910,48 @@ pub fn insert_or_get<C, T>(
     reread: impl FnMut(&mut C) -> QueryResult<T>,
 ) -> Result<Created<T>, UniqueError>
 where
-    C: crate::InboxConnection,
+    C: crate::HandlerConnection,
 {
-    complete_now(insert_or_get_steps(
-        &mut Blocking(conn),
+    // On an application's enum of connections (`#[derive(inbox_diesel::MultiConnection)]`)
+    // the statements of the runtime's own run on its variant; `insert` and `reread` are
+    // given the enum.
+    conn.__inbox_visit(InsertOrGet {
         key,
-        &mut Immediate(insert),
-        &mut Immediate(reread),
-    ))
+        insert,
+        reread,
+        row: std::marker::PhantomData,
+    })
+}
+
+/// [`insert_or_get`] on the connection an application's connection leads to: itself, or
+/// the variant of its enum of connections, whose transactions are the enum's; `insert` and
+/// `reread` are given the application's connection.
+struct InsertOrGet<'k, I, R, T> {
+    key: &'k UniqueKey,
+    insert: I,
+    reread: R,
+    row: std::marker::PhantomData<fn() -> T>,
+}
+
+impl<O, T, I, R> crate::backends::Visit<O> for InsertOrGet<'_, I, R, T>
+where
+    I: FnMut(&mut O) -> QueryResult<T>,
+    R: FnMut(&mut O) -> QueryResult<T>,
+{
+    type Output = Result<Created<T>, UniqueError>;
+
+    fn visit<C: crate::InboxConnection>(
+        self,
+        outer: &mut O,
+        project: fn(&mut O) -> &mut C,
+    ) -> Self::Output {
+        complete_now(insert_or_get_steps(
+            &mut crate::runtime::sync::Projected::new(outer, project),
+            self.key,
+            &mut Immediate(self.insert),
+            &mut Immediate(self.reread),
+        ))
+    }
 }
 
 /// Inserts a row unless its key exists, and returns the id of the row with the key, in one
@@ -1076,14 +1115,41 @@ pub fn serialize_on<C, T, E>(
     body: impl FnOnce(&mut C) -> Result<T, E>,
 ) -> Result<T, E>
 where
-    C: crate::InboxConnection,
+    C: crate::HandlerConnection,
     E: From<UniqueError>,
 {
-    complete_now(serialize_on_steps(
-        &mut Blocking(conn),
+    conn.__inbox_visit(SerializeOn {
         key,
-        &mut once(body),
-    ))
+        body,
+        answer: std::marker::PhantomData,
+    })
+}
+
+/// [`serialize_on`] on the connection an application's connection leads to ([`InsertOrGet`]).
+struct SerializeOn<'k, B, T, E> {
+    key: &'k str,
+    body: B,
+    answer: std::marker::PhantomData<fn() -> (T, E)>,
+}
+
+impl<O, T, E, B> crate::backends::Visit<O> for SerializeOn<'_, B, T, E>
+where
+    B: FnOnce(&mut O) -> Result<T, E>,
+    E: From<UniqueError>,
+{
+    type Output = Result<T, E>;
+
+    fn visit<C: crate::InboxConnection>(
+        self,
+        outer: &mut O,
+        project: fn(&mut O) -> &mut C,
+    ) -> Self::Output {
+        complete_now(serialize_on_steps(
+            &mut crate::runtime::sync::Projected::new(outer, project),
+            self.key,
+            &mut once(self.body),
+        ))
+    }
 }
 
 #[cfg(feature = "async")]

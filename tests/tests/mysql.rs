@@ -46,6 +46,8 @@ mod testing_kit {
 /// An application's enum of connections (diesel's `MultiConnection`) as the handler's.
 mod multi_connection {
     type Db = inbox_tests::mysql::MysqlDb;
+    const TABLES: &str = inbox_tests::unique::MYSQL_TABLES;
+    const SETUP: &str = "SELECT 1";
 
     include!("behaviour/multi.rs");
 }

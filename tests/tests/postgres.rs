@@ -54,6 +54,8 @@ mod testing_kit {
 /// An application's enum of connections (diesel's `MultiConnection`) as the handler's.
 mod multi_connection {
     type Db = inbox_tests::postgres::PgDb;
+    const TABLES: &str = inbox_tests::unique::POSTGRES_TABLES;
+    const SETUP: &str = "SELECT 1";
 
     include!("behaviour/multi.rs");
 }

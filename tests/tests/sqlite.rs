@@ -47,6 +47,8 @@ mod another_database {
 /// An application's enum of connections (diesel's `MultiConnection`) as the handler's.
 mod multi_connection {
     type Db = inbox_tests::sqlite::SqliteDb;
+    const TABLES: &str = inbox_tests::unique::SQLITE_TABLES;
+    const SETUP: &str = "PRAGMA busy_timeout = 10000";
 
     include!("behaviour/multi.rs");
 }

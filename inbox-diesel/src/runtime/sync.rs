@@ -422,7 +422,12 @@ pub(crate) struct Projected<'c, O, C> {
     project: fn(&mut O) -> &mut C,
 }
 
-impl<O, C: InboxConnection> Projected<'_, O, C> {
+impl<'c, O, C: InboxConnection> Projected<'c, O, C> {
+    /// `outer`, whose runtime statements run on `project(outer)`.
+    pub(crate) fn new(outer: &'c mut O, project: fn(&mut O) -> &mut C) -> Self {
+        Self { outer, project }
+    }
+
     /// The connection the runtime's statements run on.
     fn inner(&mut self) -> &mut C {
         (self.project)(self.outer)
@@ -437,6 +442,75 @@ impl<O, C: InboxConnection> Projected<'_, O, C> {
     fn status(&mut self) -> &mut TransactionManagerStatus {
         use diesel::connection::TransactionManager;
         diesel::connection::AnsiTransactionManager::transaction_manager_status_mut(self.inner())
+    }
+}
+
+/// The runtime's statements on the variant ([`Projected::inner`]).
+impl<O, C: InboxConnection> crate::io::Io for Projected<'_, O, C> {
+    type Backend = C::Backend;
+
+    async fn execute(&mut self, sql: &crate::dialect::Sql) -> QueryResult<usize> {
+        self.io().execute(sql).await
+    }
+
+    async fn load<R: crate::dialect::Row>(
+        &mut self,
+        sql: &crate::dialect::Sql,
+    ) -> QueryResult<Vec<R>> {
+        self.io().load(sql).await
+    }
+
+    async fn batch(&mut self, sql: &str) -> QueryResult<()> {
+        self.io().batch(sql).await
+    }
+
+    async fn execute_claim(
+        &mut self,
+        sql: crate::dialect::claim::ClaimSql<'_, C::Backend>,
+    ) -> QueryResult<usize> {
+        self.io().execute_claim(sql).await
+    }
+
+    async fn read_claim(
+        &mut self,
+        sql: crate::dialect::claim::ClaimRead<'_, C::Backend>,
+    ) -> QueryResult<Vec<crate::dialect::claim::ClaimRow>> {
+        self.io().read_claim(sql).await
+    }
+
+    fn transaction_status(&mut self) -> &mut diesel::connection::TransactionManagerStatus {
+        self.status()
+    }
+
+    async fn sleep(&mut self, pause: Duration) {
+        std::thread::sleep(pause);
+    }
+}
+
+/// Transactions on the variant, whose manager is the enum's too (diesel's
+/// `MultiConnection` hands its transactions to the variant); the caller's closures are given
+/// the enum.
+impl<O, C: InboxConnection> crate::io::Transactions for Projected<'_, O, C> {
+    type Conn = O;
+
+    fn conn(&mut self) -> &mut O {
+        self.outer
+    }
+
+    async fn begin(&mut self) -> QueryResult<()> {
+        crate::io::Transactions::begin(&mut self.io()).await
+    }
+
+    async fn begin_write(&mut self) -> QueryResult<()> {
+        crate::io::Transactions::begin_write(&mut self.io()).await
+    }
+
+    async fn commit(&mut self) -> QueryResult<()> {
+        crate::io::Transactions::commit(&mut self.io()).await
+    }
+
+    async fn roll_back(&mut self) -> QueryResult<()> {
+        crate::io::Transactions::roll_back(&mut self.io()).await
     }
 }
 

@@ -1,7 +1,8 @@
 // An application's enum of connections — diesel's `MultiConnection`, one type for several
 // backends chosen by the URL, as Vaultwarden's `DbConnInner` — as the handler's connection:
 // the runtime runs on the variant, the body's DSL on the enum, in one transaction. Included
-// by each backend's suite into a module that names `Db` (the fixture).
+// by each backend's suite into a module that names `Db` (the fixture), and `TABLES` and
+// `SETUP` (get-or-create's tables, and SQL run on each connection).
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 
@@ -296,4 +297,107 @@ fn the_check_the_outbox_and_the_purge_take_the_enum() {
     .unwrap();
     assert_eq!(purged.removed, 1);
     assert_eq!(markers(&db, "multi-outbox"), 0);
+}
+
+/// Get-or-create on the enum: four connections at once, behind a barrier, sign up one
+/// address with the DSL on the enum — one creates the row, three get its id; one row.
+#[test]
+fn get_or_create_takes_the_enum() {
+    use diesel::connection::SimpleConnection;
+    use inbox_diesel::unique::{self, Created};
+    use inbox_tests::unique::{SIGNUPS_EMAIL, signups};
+
+    const CALLERS: usize = 4;
+    let db = Db::new("multi_unique");
+    connect(&db).batch_execute(TABLES).unwrap();
+    let id_of = |conn: &mut AppDb| {
+        signups::table
+            .filter(signups::email.eq("ann@example.com"))
+            .select(signups::id)
+            .first::<i64>(conn)
+    };
+    let barrier = Barrier::new(CALLERS);
+    let answers: Vec<Created<i64>> = std::thread::scope(|scope| {
+        let callers: Vec<_> = (0..CALLERS)
+            .map(|n| {
+                let mut conn = connect(&db);
+                conn.batch_execute(SETUP).unwrap();
+                let barrier = &barrier;
+                scope.spawn(move || {
+                    barrier.wait();
+                    unique::insert_or_get(
+                        &mut conn,
+                        &SIGNUPS_EMAIL,
+                        |conn| {
+                            diesel::insert_into(signups::table)
+                                .values((
+                                    signups::email.eq("ann@example.com"),
+                                    signups::handle.eq(format!("ann{n}")),
+                                ))
+                                .execute(conn)?;
+                            id_of(conn)
+                        },
+                        id_of,
+                    )
+                    .unwrap()
+                })
+            })
+            .collect();
+        callers.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    let id = id_of(&mut connect(&db)).unwrap();
+    assert_eq!(
+        answers.iter().filter(|a| a.is_new()).count(),
+        1,
+        "{answers:?}"
+    );
+    assert!(
+        answers.iter().all(|a| *a.as_ref().into_inner() == id),
+        "{answers:?}"
+    );
+    assert_eq!(
+        inbox_tests::count(&mut db.connect(), "SELECT COUNT(*) AS n FROM signups"),
+        1
+    );
+}
+
+/// The key lock on the enum: four connections at once create a tenant, on a table without
+/// a unique index, by reading then inserting under `serialize_on` — one row.
+#[test]
+fn the_key_lock_takes_the_enum() {
+    use diesel::connection::SimpleConnection;
+    use inbox_diesel::unique::{self, UniqueError};
+    use inbox_tests::unique::tenants;
+
+    const CALLERS: usize = 4;
+    let db = Db::new("multi_lock");
+    connect(&db).batch_execute(TABLES).unwrap();
+    let barrier = Barrier::new(CALLERS);
+    std::thread::scope(|scope| {
+        for _ in 0..CALLERS {
+            let mut conn = connect(&db);
+            conn.batch_execute(SETUP).unwrap();
+            let barrier = &barrier;
+            scope.spawn(move || {
+                barrier.wait();
+                unique::serialize_on(&mut conn, "tenant:acme", |conn: &mut AppDb| {
+                    let present: i64 = tenants::table
+                        .filter(tenants::name.eq("acme"))
+                        .count()
+                        .get_result(conn)?;
+                    if present == 0 {
+                        diesel::insert_into(tenants::table)
+                            .values(tenants::name.eq("acme"))
+                            .execute(conn)?;
+                    }
+                    Ok::<_, UniqueError>(())
+                })
+                .unwrap();
+            });
+        }
+    });
+    assert_eq!(
+        inbox_tests::count(&mut db.connect(), "SELECT COUNT(*) AS n FROM tenants"),
+        1
+    );
 }
