@@ -870,6 +870,42 @@ mod postgres {
         assert!(text.contains("synchronous_commit = off"), "{text}");
     }
 
+    /// Sessions read-only by a setting of their database or role on a primary (`ALTER
+    /// DATABASE … SET default_transaction_read_only = on`, an operator's trial: `ALTER ROLE`):
+    /// refused by the check as a deployment fault (`Alert`, and by `schema::verify` before a
+    /// pump starts), not answered `Reconnect` on every delivery — a new connection gets the
+    /// same setting.
+    #[test]
+    fn a_database_read_only_by_its_settings_on_a_primary_is_refused() {
+        let db = Db::new("read_only_by_default");
+        db.connect()
+            .batch_execute(&format!(
+                "ALTER DATABASE \"{}\" SET default_transaction_read_only = on",
+                db.name()
+            ))
+            .unwrap();
+        let mut conn = db.connect();
+        let verified = inbox_diesel::schema::verify(&mut conn, &inbox_diesel::InboxSchema::DEFAULT);
+        let text = verified.expect_err("verify refuses it").to_string();
+        assert!(text.contains("default_transaction_read_only"), "{text}");
+        let error = inbox_error(apply(&mut conn, &1));
+        assert_eq!(error.action(), Action::Alert, "{error:?}");
+        assert!(
+            error.to_string().contains("set for the database"),
+            "{error}"
+        );
+        // Two statements: one simple query is one transaction, begun read-only.
+        conn.batch_execute("SET default_transaction_read_only = off")
+            .unwrap();
+        conn.batch_execute(&format!(
+            "ALTER DATABASE \"{}\" RESET default_transaction_read_only",
+            db.name()
+        ))
+        .unwrap();
+        let mut fresh = db.connect();
+        assert!(apply(&mut fresh, &1).unwrap().is_processed());
+    }
+
     /// The setting each delivery's transaction commits with, read in its body.
     #[idempotent(consumer = "durable", key = *id)]
     fn commit_setting(conn: &mut Conn, id: &u64) -> Result<String, AppError> {

@@ -373,6 +373,10 @@ fn facts_sql(backend: Backend, qualifier: &str, needs: &[(&str, &str)]) -> Strin
                  JOIN pg_collation co ON co.oid = ic.oid WHERE NOT co.collisdeterministic \
                  UNION ALL SELECT 'synchronous_commit', current_setting('synchronous_commit') \
                  WHERE current_setting('synchronous_commit') = 'off' \
+                 UNION ALL SELECT 'read only', source FROM pg_settings \
+                 WHERE name = 'default_transaction_read_only' AND setting = 'on' \
+                 AND source IN ('user', 'database', 'database user') \
+                 AND NOT pg_is_in_recovery() \
                  UNION ALL SELECT 'exit_on_error', current_setting('exit_on_error') \
                  WHERE current_setting('exit_on_error') = 'on' \
                  UNION ALL SELECT DISTINCT 'unidentified', c.oid::regclass::text \
@@ -1175,7 +1179,10 @@ fn refusals(
                   instances with different settings would each keep markers in their own \
                   table and apply a message once in each",
             fix: format!(
-                "name the table with its schema (`table = \"{}.{table}\"`)",
+                "name the table with its schema (`table = \"{}.{table}\"`); tenants that then \
+                 share that one table and number their messages each on their own must key by \
+                 the tenant too (`key = Scoped(tenant, msg.id)`), or one tenant's message is \
+                 another's duplicate",
                 same_name[0]
             ),
         });
@@ -1296,6 +1303,29 @@ fn refusals(
                 "leases and processed_at are written with the session's clock: a live claim \
                  would be taken over, a fresh marker purged",
                 "SET timestamp = DEFAULT on the session".into(),
+            )),
+            // Read-only by a setting of the role or the database, on a server that takes
+            // writes: every connection of theirs gets it. A standby's sessions, a primary
+            // fenced by its configuration (`ALTER SYSTEM`, as failover tools do) or a session
+            // set so are not refused: a new connection may reach the new primary
+            // (`Reconnect`, with a failover-aware URL).
+            "read only" => problems.push(problem(
+                format!(
+                    "default_transaction_read_only = on, set for the {} on a server that \
+                     takes writes",
+                    match detail {
+                        "user" => "role",
+                        "database" => "database",
+                        _ => "role in this database",
+                    }
+                ),
+                "every handler's transaction would be refused its first write, and a new \
+                 connection gets the same setting: each delivery answered Reconnect until the \
+                 broker's delivery limit dead-lettered it",
+                "remove it from the role, database or pool setup (`ALTER ROLE … RESET \
+                 default_transaction_read_only`), or point the consumers at a server meant \
+                 for writes"
+                    .into(),
             )),
             "synchronous_commit" => problems.push(problem(
                 "synchronous_commit = off on this session".into(),
