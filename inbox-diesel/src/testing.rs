@@ -51,7 +51,10 @@
 //!
 //! The crash points are reached by the runtime of `#[idempotent]` (and of the function API)
 //! only while a [`crash`] or [`crash_async`] call runs the handler, on that thread or during
-//! that future's polls; elsewhere they cost one thread-local read.
+//! that future's polls; elsewhere they cost one thread-local read. Work the call hands to
+//! another thread or task (`std::thread::spawn`, `tokio::spawn`: a job runner's task per
+//! job) runs without the plan: crash the spawned work itself — call [`crash_async`] inside
+//! the task — or run the job on the calling task in the test.
 
 use std::any::Any;
 use std::cell::Cell;

@@ -1242,6 +1242,10 @@ fn mail(
 /// (`Settlement::Held`), and the third takes the claim over and sends once.
 #[tokio::test]
 async fn a_crashed_claim_is_waited_out_within_the_delivery_limit() {
+    // A subscriber of this thread's, as `each_delivery_is_one_process_span` has: tracing
+    // caches whether a callsite is enabled process-wide, and inbox-nats' twin of this test
+    // without one hid the span test's spans run beside it.
+    let _default = tracing::subscriber::set_default(tracing_subscriber::registry());
     let (_connection, channel) = channel().await;
     let queues = Queues::declare_with_limit(&channel, "held", 2).await;
     let store = Store::new();

@@ -350,7 +350,9 @@ impl Pump {
     /// `max_deliver` deliveries, each redelivered after at most `ack_wait` (no settlement) or
     /// the longest [`Redelivery`] delay (a retry). Add the stream's `max_age`
     /// ([`Retention::message_ttl`]) where a consumer may replay the stream, and a replay
-    /// margin.
+    /// margin. It reads this pump's settings, not a consumer's: for a consumer created
+    /// elsewhere, compute it from that consumer's `ack_wait` and `max_deliver`
+    /// ([`broker::jetstream_retention`]).
     pub fn retention(&self) -> Retention {
         let longest_wait = self.ack_wait.max(self.redelivery.delay(u32::MAX));
         broker::jetstream_retention(longest_wait, self.max_deliver)

@@ -1333,6 +1333,10 @@ fn mail(
 /// (`Settlement::Held`), and the third takes the claim over and sends once.
 #[tokio::test]
 async fn a_crashed_claim_is_waited_out_within_max_deliver() {
+    // A subscriber of this thread's, as `each_message_is_one_process_span` has: without
+    // one, that test, run beside this one, saw none of its process spans (three runs of
+    // three; tracing caches whether a callsite is enabled, process-wide).
+    let _default = tracing::subscriber::set_default(tracing_subscriber::registry());
     let stream = Stream::create("held", Duration::from_secs(120)).await;
     let store = Store::new();
     let sent = AtomicU32::new(0);
