@@ -61,3 +61,24 @@ impl Gate {
         self.set(|state| state.1 = true);
     }
 }
+
+/// How long the holder's claim lasts yet, as a claim-mode `InFlight` says — at most
+/// `lease` (and a millisecond the read rounds up by). Panics on any other answer.
+#[track_caller]
+pub fn lease_left(
+    answer: &inbox_diesel::InFlightOutcome<()>,
+    lease: std::time::Duration,
+) -> std::time::Duration {
+    let inbox_diesel::InFlightOutcome::InFlight {
+        lease_left: Some(lease_left),
+        ..
+    } = answer
+    else {
+        panic!("in flight, with the lease left: {answer:?}")
+    };
+    assert!(
+        *lease_left <= lease + std::time::Duration::from_millis(1),
+        "{lease_left:?} left of a {lease:?} lease"
+    );
+    *lease_left
+}

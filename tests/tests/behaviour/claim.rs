@@ -253,17 +253,8 @@ fn crash_after_claim_is_in_flight_until_the_lease_ends_then_reclaimed() {
     assert!(!redelivered.should_ack());
     // How long the crashed claim holds yet, on the database's clock: most of its
     // 1 500 ms lease, and waiting that long is enough for the next delivery.
-    let InFlightOutcome::InFlight {
-        lease_left: Some(lease_left),
-        ..
-    } = redelivered
-    else {
-        panic!("in flight, with the lease left: {redelivered:?}")
-    };
-    assert!(
-        lease_left > Duration::from_millis(500) && lease_left <= Duration::from_millis(1_501),
-        "{lease_left:?}"
-    );
+    let lease_left = inbox_tests::claim::lease_left(&redelivered, Duration::from_millis(1_500));
+    assert!(lease_left > Duration::from_millis(500), "{lease_left:?}");
     std::thread::sleep(lease_left);
     let reclaimed = send_short_lease(&mut conn, &msg, &sent, &ok).unwrap();
     assert_eq!(reclaimed, InFlightOutcome::Processed(()));
@@ -417,14 +408,7 @@ fn a_lease_from_a_setting_is_checked_before_any_sql_and_held() {
         send_with_settings(conn, &msg, &settings, &sent)
     });
     let held = send_with_settings(&mut conn, &msg, &settings, &sent).unwrap();
-    let InFlightOutcome::InFlight {
-        lease_left: Some(lease_left),
-        ..
-    } = held
-    else {
-        panic!("in flight, with the lease left: {held:?}")
-    };
-    assert!(lease_left <= Duration::from_millis(1_201), "{lease_left:?}");
+    let lease_left = inbox_tests::claim::lease_left(&held, Duration::from_millis(1_200));
     std::thread::sleep(lease_left);
     assert_eq!(
         send_with_settings(&mut conn, &msg, &settings, &sent).unwrap(),
