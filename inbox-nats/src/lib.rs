@@ -405,6 +405,14 @@ impl Pump {
     /// (`Nak` with the redelivery's delay, counted as retried), and the pump goes on with the
     /// others; the consumer's `max_deliver` ends a message that panics every time.
     ///
+    /// A death the process does not survive (`panic = "abort"`, an out-of-memory kill)
+    /// cannot be caught, and takes every message in hand with it. So the pump starts with
+    /// one message at a time, doubling with each answer up to `max_ack_pending`,
+    /// and goes back to one whenever a message arrives that was delivered before and that it
+    /// did not hand back itself: after a restart, the message that killed the process is
+    /// delivered alone and dies alone, and the others lose only the delivery of the first
+    /// death.
+    ///
     /// # Errors
     /// [`Stopped::Halted`] when an answer halted the pump; [`Stopped::Deleted`] when the
     /// consumer or its stream was deleted; [`Stopped::Broker`] when the client's connection
@@ -474,6 +482,7 @@ impl Pump {
                 })?;
 
         let mut tally = Tally::default();
+        let mut window = Window::new(self.max_ack_pending);
         let outage = Outage::new(self.outage);
         let outage = &outage;
         // Set once the pump stops pulling: a message waiting at the outage gate goes back.
@@ -493,10 +502,10 @@ impl Pump {
             pull_after = pull_after.max(Instant::now() + outage.pause_left());
             if pull.is_none()
                 && check.is_terminated()
-                && in_hand.len() < self.max_ack_pending
+                && in_hand.len() < window.size
                 && Instant::now() >= pull_after
             {
-                let wanted = (self.max_ack_pending - in_hand.len()).min(max_batch);
+                let wanted = (window.size - in_hand.len()).min(max_batch);
                 requests += 1;
                 let request = BatchConfig {
                     batch: wanted,
@@ -525,16 +534,17 @@ impl Pump {
             // pause before the next one (never while the consumer's info is being asked).
             let wake = match &pull {
                 Some(pull) => Some(pull.deadline),
-                None if check.is_terminated() && in_hand.len() < self.max_ack_pending => {
-                    Some(pull_after)
-                }
+                None if check.is_terminated() && in_hand.len() < window.size => Some(pull_after),
                 None => None,
             };
             tokio::select! {
                 // A shutdown goes before the replies waiting: what arrived is handed back.
                 biased;
                 () = &mut shutdown => break,
-                Some(done) = in_hand.next(), if !in_hand.is_empty() => tally.record(done),
+                Some(done) = in_hand.next(), if !in_hand.is_empty() => {
+                    window.done(&done);
+                    tally.record(done);
+                }
                 info = &mut check, if !check.is_terminated() => match info {
                     Ok(_) => pull_after = Instant::now() + PULL_PAUSE,
                     Err(e) if is_gone(&e) => end = Some(End::Deleted),
@@ -562,6 +572,7 @@ impl Pump {
                                 }
                             }
                             let message = Message { message: reply, context: jetstream.clone() };
+                            window.arrived(&message);
                             let job = if in_hand.len() < self.max_ack_pending {
                                 Job::Handle(message)
                             } else {
@@ -764,6 +775,9 @@ enum Done {
     Settled {
         settlement: Settlement,
         confirmed: bool,
+        /// The stream sequence of a message this pump handed back (`Nak`): when it comes
+        /// again, it is not a stranger's redelivery ([`Window`]).
+        handed_back: Option<u64>,
     },
     /// The answer halts the pump; the message is handed back once the pump stopped pulling.
     Halted {
@@ -797,6 +811,7 @@ where
     };
     let acker = acker(&message);
     let count = delivery_count(&message);
+    let sequence = message.info().ok().map(|info| info.stream_sequence);
     // The stream, not the subject, names the destination: a subject can carry an id, and a
     // span name should not.
     let stream = match message.info() {
@@ -875,7 +890,7 @@ where
             inbox_diesel::telemetry::unseen(format_args!(
                 "the handler panicked ({said}); its message is handed back"
             ));
-            return settled(&acker, &span, settings, count, settlement).await;
+            return settled(&acker, &span, settings, count, settlement, sequence).await;
         }
     };
     let settlement = answer.settlement();
@@ -908,12 +923,17 @@ where
         }
     };
     drop(_entered);
+    let handed_back = match kind {
+        AckKind::Nak(_) => sequence,
+        _ => None,
+    };
     let confirmed = confirm(&acker, kind, settlement.as_str())
         .instrument(span)
         .await;
     Done::Settled {
         settlement,
         confirmed,
+        handed_back,
     }
 }
 
@@ -925,6 +945,7 @@ async fn settled(
     settings: Settings,
     count: u32,
     settlement: Settlement,
+    sequence: Option<u64>,
 ) -> Done {
     record_settlement(span, "nats", settlement);
     let delay = settings.redelivery.delay(count);
@@ -938,6 +959,7 @@ async fn settled(
     Done::Settled {
         settlement,
         confirmed,
+        handed_back: sequence,
     }
 }
 
@@ -953,6 +975,62 @@ async fn confirm(acker: &Acker, kind: AckKind, settlement: &'static str) -> bool
                  after ack_wait"
             );
             false
+        }
+    }
+}
+
+/// How many messages the pump takes at once: one after it starts, doubling with each
+/// message its handler answered, up to `max_ack_pending` — and one again when a stranger's
+/// redelivery arrives, a message delivered before that this pump did not hand back itself.
+///
+/// A process that dies with messages in hand — a build with `panic = "abort"`, an
+/// out-of-memory kill, a handler that exits — has each of them delivered again, and each
+/// death counts against `max_deliver`. Run at full width after a restart, the message that
+/// kills the process would take every message pulled with it down with it again, until
+/// their deliveries ran out. One at a time, it dies alone: the others lose the one delivery
+/// of the first death.
+struct Window {
+    size: usize,
+    max: usize,
+    /// Stream sequences of messages this pump handed back (`Nak`), until they come again.
+    handed_back: std::collections::HashSet<u64>,
+}
+
+impl Window {
+    /// Sequences remembered at most: a message handed back that never comes again (past
+    /// `max_deliver`, deleted) is forgotten with the others past this many, and is then
+    /// taken for a stranger's if it does.
+    const REMEMBERED: usize = 100_000;
+
+    fn new(max: usize) -> Self {
+        Self {
+            size: 1,
+            max: max.max(1),
+            handed_back: std::collections::HashSet::new(),
+        }
+    }
+
+    /// A message arrived: a stranger's redelivery narrows the window to one.
+    fn arrived(&mut self, message: &Message) {
+        let Ok(info) = message.info() else { return };
+        if info.delivered >= 2 && !self.handed_back.remove(&info.stream_sequence) {
+            self.size = 1;
+        }
+    }
+
+    /// A message's handler answered — whatever it answered, it did not take the process
+    /// down: the window widens (a failure too: in a database outage, a window kept narrow
+    /// would put every try on the same few messages, and spend their deliveries). A
+    /// message handed back is remembered.
+    fn done(&mut self, done: &Done) {
+        if let Done::Settled { handed_back, .. } = done {
+            self.size = (self.size * 2).min(self.max);
+            if let Some(sequence) = handed_back {
+                if self.handed_back.len() >= Self::REMEMBERED {
+                    self.handed_back.clear();
+                }
+                self.handed_back.insert(*sequence);
+            }
         }
     }
 }
@@ -1117,6 +1195,7 @@ mod tests {
         let settled = |settlement, confirmed| Done::Settled {
             settlement,
             confirmed,
+            handed_back: None,
         };
         tally.record(settled(Settlement::Ack, true));
         tally.record(settled(Settlement::Retry { reconnect: true }, true));

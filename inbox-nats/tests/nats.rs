@@ -1373,3 +1373,66 @@ async fn a_crashed_claim_is_waited_out_within_max_deliver() {
     assert_eq!(*counts.lock().unwrap(), [1, 2, 3]);
     stream.delete().await;
 }
+
+/// A message that takes the process down — a build with `panic = "abort"`, an
+/// out-of-memory kill — takes every message in hand with it, and JetStream counts a
+/// delivery of each. Here the process's death is the pump's future dropped the moment the
+/// poison message's handler starts: nothing is acknowledged or handed back, as nothing is
+/// when a process dies, and JetStream delivers what was in hand again after `ack_wait`.
+/// A supervisor starts the consumer again, five times. With `max_deliver` 3, the poison
+/// message is delivered three times and never again; the 19 others are each applied once —
+/// where a pump that started each run at full width (8 at once) took the same neighbours
+/// down with the poison message on every run, until their deliveries ran out.
+#[tokio::test]
+async fn a_message_that_kills_the_process_dies_alone_after_a_restart() {
+    let stream = Stream::create("deaths", Duration::from_secs(120)).await;
+    for n in 0..20 {
+        let id = format!("d{n:02}");
+        stream.publish(Some(&id), &id).await;
+    }
+    let store = Store::new();
+    let pump = Pump::new()
+        .max_ack_pending(8)
+        .max_deliver(3)
+        .ack_wait(Duration::from_secs(1));
+    let consumer = stream.consumer(&pump, "deaths").await;
+    let poison_deliveries = AtomicU32::new(0);
+    let mut deaths = 0;
+    for _ in 0..6 {
+        let poisoned = tokio::sync::Notify::new();
+        let run = pump.run(&stream.jetstream, &consumer, store.applied(19), |message| {
+            let poison = key(&message).unwrap() == MessageKey::text("d03").unwrap();
+            if poison {
+                poison_deliveries.fetch_add(1, Ordering::SeqCst);
+                poisoned.notify_one();
+            }
+            let store = &store;
+            async move {
+                if poison {
+                    std::future::pending::<()>().await;
+                }
+                // A handler that takes a moment, as real ones do: in hand when the
+                // process dies.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                handle(store, &message)
+            }
+        });
+        tokio::select! {
+            report = run => {
+                report.unwrap();
+                break;
+            }
+            () = poisoned.notified() => deaths += 1,
+            // Neither done nor dead: what is missing is never delivered again.
+            () = tokio::time::sleep(Duration::from_secs(10)) => break,
+        }
+        // The supervisor's restart, after JetStream's `ack_wait` gave back what was in hand.
+        tokio::time::sleep(Duration::from_millis(1_200)).await;
+    }
+    let effects = store.effects();
+    assert_eq!(effects.len(), 19, "{effects:?}");
+    assert!(effects.iter().all(|(_, n)| *n == 1), "{effects:?}");
+    assert_eq!(deaths, 3);
+    assert_eq!(poison_deliveries.load(Ordering::SeqCst), 3);
+    stream.delete().await;
+}

@@ -870,40 +870,58 @@ mod postgres {
         assert!(text.contains("synchronous_commit = off"), "{text}");
     }
 
-    /// Sessions read-only by a setting of their database or role on a primary (`ALTER
-    /// DATABASE … SET default_transaction_read_only = on`, an operator's trial: `ALTER ROLE`):
-    /// refused by the check as a deployment fault (`Alert`, and by `schema::verify` before a
-    /// pump starts), not answered `Reconnect` on every delivery — a new connection gets the
-    /// same setting.
+    /// The consumers' role read-only by its settings on a primary (`ALTER ROLE … SET
+    /// default_transaction_read_only = on`, an operator's trial): refused by the check as a
+    /// deployment fault (`Alert`, and by `schema::verify` before a pump starts), not
+    /// answered `Reconnect` on every delivery — every connection of the role gets the same.
+    /// A database frozen for maintenance the same way (`ALTER DATABASE`) passes: the freeze
+    /// ends, and a delivery meanwhile is `Reconnect`, which the pumps pause on.
     #[test]
-    fn a_database_read_only_by_its_settings_on_a_primary_is_refused() {
-        let db = Db::new("read_only_by_default");
-        db.connect()
-            .batch_execute(&format!(
-                "ALTER DATABASE \"{}\" SET default_transaction_read_only = on",
-                db.name()
-            ))
-            .unwrap();
-        let mut conn = db.connect();
+    fn a_role_read_only_by_its_settings_on_a_primary_is_refused() {
+        let db = Db::new("read_only_role");
+        let role = Role::new(&db, "SELECT, INSERT, UPDATE ON inbox, accounts");
+        role.admin(&format!(
+            "ALTER ROLE {} SET default_transaction_read_only = on",
+            role.0
+        ));
+        let mut conn = db.connect_as(&role.0);
         let verified = inbox_diesel::schema::verify(&mut conn, &inbox_diesel::InboxSchema::DEFAULT);
         let text = verified.expect_err("verify refuses it").to_string();
-        assert!(text.contains("default_transaction_read_only"), "{text}");
+        assert!(text.contains("set for the role"), "{text}");
         let error = inbox_error(apply(&mut conn, &1));
         assert_eq!(error.action(), Action::Alert, "{error:?}");
+        role.admin(&format!(
+            "ALTER ROLE {} RESET default_transaction_read_only",
+            role.0
+        ));
         assert!(
-            error.to_string().contains("set for the database"),
-            "{error}"
+            apply(&mut db.connect_as(&role.0), &1)
+                .unwrap()
+                .is_processed()
         );
-        // Two statements: one simple query is one transaction, begun read-only.
-        conn.batch_execute("SET default_transaction_read_only = off")
+
+        let frozen = Db::new("read_only_database");
+        frozen
+            .connect()
+            .batch_execute(&format!(
+                "ALTER DATABASE \"{}\" SET default_transaction_read_only = on",
+                frozen.name()
+            ))
             .unwrap();
-        conn.batch_execute(&format!(
-            "ALTER DATABASE \"{}\" RESET default_transaction_read_only",
-            db.name()
-        ))
-        .unwrap();
-        let mut fresh = db.connect();
-        assert!(apply(&mut fresh, &1).unwrap().is_processed());
+        let error = inbox_error(apply(&mut frozen.connect(), &1));
+        assert_eq!(error.action(), Action::Reconnect, "{error:?}");
+        // A new session, set read-write for its statement, ends the freeze.
+        let mut admin = frozen.connect();
+        admin
+            .batch_execute("SET default_transaction_read_only = off")
+            .unwrap();
+        admin
+            .batch_execute(&format!(
+                "ALTER DATABASE \"{}\" RESET default_transaction_read_only",
+                frozen.name()
+            ))
+            .unwrap();
+        assert!(apply(&mut frozen.connect(), &1).unwrap().is_processed());
     }
 
     /// The setting each delivery's transaction commits with, read in its body.

@@ -375,7 +375,7 @@ fn facts_sql(backend: Backend, qualifier: &str, needs: &[(&str, &str)]) -> Strin
                  WHERE current_setting('synchronous_commit') = 'off' \
                  UNION ALL SELECT 'read only', source FROM pg_settings \
                  WHERE name = 'default_transaction_read_only' AND setting = 'on' \
-                 AND source IN ('user', 'database', 'database user') \
+                 AND source IN ('user', 'database user') \
                  AND NOT pg_is_in_recovery() \
                  UNION ALL SELECT 'exit_on_error', current_setting('exit_on_error') \
                  WHERE current_setting('exit_on_error') = 'on' \
@@ -1304,19 +1304,19 @@ fn refusals(
                  would be taken over, a fresh marker purged",
                 "SET timestamp = DEFAULT on the session".into(),
             )),
-            // Read-only by a setting of the role or the database, on a server that takes
-            // writes: every connection of theirs gets it. A standby's sessions, a primary
-            // fenced by its configuration (`ALTER SYSTEM`, as failover tools do) or a session
-            // set so are not refused: a new connection may reach the new primary
-            // (`Reconnect`, with a failover-aware URL).
+            // Read-only by a setting of the consumers' role, on a server that takes writes:
+            // every connection of the role gets it, and it does not pass. A standby's
+            // sessions, a primary fenced by its configuration (`ALTER SYSTEM`, as failover
+            // tools do), a database frozen for maintenance (`ALTER DATABASE`) or a session
+            // set so are not refused: a new connection may reach the new primary, or the
+            // freeze end (`Reconnect`, paused by the pumps' outage gate).
             "read only" => problems.push(problem(
                 format!(
-                    "default_transaction_read_only = on, set for the {} on a server that \
+                    "default_transaction_read_only = on, set for the role{} on a server that \
                      takes writes",
                     match detail {
-                        "user" => "role",
-                        "database" => "database",
-                        _ => "role in this database",
+                        "user" => "",
+                        _ => " in this database",
                     }
                 ),
                 "every handler's transaction would be refused its first write, and a new \
