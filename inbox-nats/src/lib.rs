@@ -811,12 +811,11 @@ where
     };
     let acker = acker(&message);
     let count = delivery_count(&message);
-    let sequence = message.info().ok().map(|info| info.stream_sequence);
     // The stream, not the subject, names the destination: a subject can carry an id, and a
     // span name should not.
-    let stream = match message.info() {
-        Ok(info) => info.stream.to_owned(),
-        Err(_) => message.subject.to_string(),
+    let (stream, sequence) = match message.info() {
+        Ok(info) => (info.stream.to_owned(), Some(info.stream_sequence)),
+        Err(_) => (message.subject.to_string(), None),
     };
     let span = process_span("nats", &stream, count);
     // The database failed the last message for its connection: this one waits at the gate,

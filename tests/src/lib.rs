@@ -8,6 +8,22 @@ use std::fmt;
 pub use inbox_diesel::Uuid;
 
 pub mod claim;
+
+/// The windows the job runner of `behaviour/joined.rs` and `joined_async.rs` dies in, in
+/// the order a job passes them: job taken, inside the body after its write, as the handler
+/// returns its work to the runner's transaction (the kit's `BeforeCommit`), after the
+/// effect, after the row's deletion, after the commit.
+pub const JOB_WINDOWS: [inbox_diesel::testing::Crash; 6] = {
+    use inbox_diesel::testing::Crash;
+    [
+        Crash::At("job-taken"),
+        Crash::At("in-the-body"),
+        Crash::BeforeCommit,
+        Crash::At("effect-written"),
+        Crash::At("job-deleted"),
+        Crash::At("committed"),
+    ]
+};
 pub mod sqlite;
 pub mod tripwire;
 pub mod unique;

@@ -116,14 +116,7 @@ fn with_jobs(name: &str, jobs: &[(i64, i64)]) -> Db {
 /// the job stayed; after it, the job was gone with its effect.
 #[test]
 fn a_job_runner_applies_each_message_once_whatever_window_it_dies_in() {
-    let points = [
-        Crash::At("job-taken"),
-        Crash::At("in-the-body"),
-        Crash::BeforeCommit,
-        Crash::At("effect-written"),
-        Crash::At("job-deleted"),
-        Crash::At("committed"),
-    ];
+    let points = inbox_tests::JOB_WINDOWS;
     let db = with_jobs("joined_windows", &[]);
     for (n, point) in points.into_iter().enumerate() {
         let message = n as u128 + 1;

@@ -88,14 +88,7 @@ async fn an_async_job_runner_applies_each_message_once_whatever_window_it_dies_i
         .batch_execute("CREATE TABLE jobs (id BIGINT PRIMARY KEY, message BIGINT NOT NULL)")
         .await
         .unwrap();
-    let points = [
-        Crash::At("job-taken"),
-        Crash::At("in-the-body"),
-        Crash::BeforeCommit,
-        Crash::At("effect-written"),
-        Crash::At("job-deleted"),
-        Crash::At("committed"),
-    ];
+    let points = inbox_tests::JOB_WINDOWS;
     for (n, point) in points.into_iter().enumerate() {
         let message = n as u128 + 1;
         check
