@@ -67,8 +67,15 @@
 //! outage longer than the broker's `consumer_timeout` (30 minutes by default) ends the
 //! channel as for a slow handler (below): one delivery counted per such spell.
 //!
+//! **A process that dies** (`panic = "abort"`, an out-of-memory kill, a handler that exits)
+//! has every delivery it held counted once more. The pump starts with one delivery at a
+//! time and widens once a message of its own was answered, and a message that was in hand
+//! when a process died runs alone ([`Pump::slow_start`]): after a restart, the message that
+//! killed the process comes alone and dies alone, and the others lose one delivery, the
+//! first death's.
+//!
 //! **Shutdown.** When `shutdown` completes (or the pump halts), the pump cancels its
-//! consumer, lets the deliveries in hand finish and settle (a retry's delay cut short), and
+//! consumers, lets the deliveries in hand finish and settle (a retry's delay cut short), and
 //! requeues those the channel had buffered but no handler had started. A consumer the broker
 //! ends (its queue deleted) stops the pump with [`Stopped::Cancelled`].
 //!
@@ -155,6 +162,7 @@ pub struct Pump {
     prefetch: u16,
     redelivery: Redelivery,
     outage: Redelivery,
+    slow_start: bool,
 }
 
 impl Default for Pump {
@@ -170,11 +178,13 @@ impl Pump {
             prefetch: 16,
             redelivery: Redelivery::DEFAULT,
             outage: Outage::DEFAULT,
+            slow_start: true,
         }
     }
 
     /// How many unacknowledged deliveries the broker sends the consumer (`basic.qos`), and
-    /// how many handlers run at once. At least 1.
+    /// how many handlers run at once, once the pump has started ([`Pump::slow_start`]). At
+    /// least 1.
     pub const fn prefetch(self, prefetch: u16) -> Self {
         Self {
             prefetch: if prefetch == 0 { 1 } else { prefetch },
@@ -194,8 +204,44 @@ impl Pump {
         Self { outage, ..self }
     }
 
-    /// Sets the channel's prefetch and starts a consumer of `queue` with manual
-    /// acknowledgements.
+    /// Whether the pump starts narrow (the default): one delivery in hand after it starts,
+    /// `prefetch` once a message of its own was answered; and whether a stranger's
+    /// redelivery runs alone.
+    ///
+    /// A process that dies with deliveries in hand — a build with `panic = "abort"`, an
+    /// out-of-memory kill, a handler that exits — has each of them delivered again, and each
+    /// death counts against the queue's `x-delivery-limit`. RabbitMQ pushes up to `prefetch`
+    /// deliveries to a consumer, and a delivery counts whether a handler started or not: at
+    /// full width after a restart, the message that killed the process would come back with
+    /// the others the broker returned, and take them down again until their deliveries ran
+    /// out. Narrow, it comes alone and dies alone.
+    ///
+    /// - **Narrow start.** [`Pump::subscribe`] consumes one delivery at a time. RabbitMQ
+    ///   keeps a consumer's prefetch for its life, and a consumer cancelled to change it has
+    ///   the deliveries on their way to it requeued, counted once more: the pump widens by
+    ///   adding a second consumer, tagged `{tag}.wide`, for `prefetch` less one. It does so
+    ///   once a message delivered for the first time (or one this pump handed back) was
+    ///   answered, or once a delivery is held for a retry's delay (it keeps its slot, and
+    ///   the pump would stand still meanwhile).
+    /// - **A stranger's redelivery runs alone.** A stranger's redelivery is a message
+    ///   delivered before (`x-delivery-count`, or a classic queue's `redelivered`) that this
+    ///   pump did not hand back itself: one in hand when a process died, this one's or
+    ///   another's. It waits, unstarted, until the handlers in hand have answered, and runs
+    ///   alone; the settlements of the others wait until it has answered (each would free a
+    ///   slot that the broker fills), and no handler starts meanwhile. If it kills the
+    ///   process, what dies with it is what the broker had sent before it: answered messages,
+    ///   whose redelivery answers `Duplicate`, and at most the deliveries buffered behind it.
+    ///
+    /// Off, [`Pump::subscribe`] consumes `prefetch` at once and strangers run beside the
+    /// others: for a queue with `x-single-active-consumer`, where the added consumer would
+    /// only wait its turn, so the pump would run one delivery at a time.
+    pub const fn slow_start(self, slow_start: bool) -> Self {
+        Self { slow_start, ..self }
+    }
+
+    /// Sets the channel's prefetch (one delivery with [`Pump::slow_start`], `prefetch`
+    /// without) and starts a consumer of `queue` with manual acknowledgements, tagged
+    /// `consumer_tag` (the pump adds `{consumer_tag}.wide` when it widens).
     ///
     /// # Errors
     /// The broker's refusal (no such queue, a closed channel).
@@ -205,20 +251,8 @@ impl Pump {
         queue: &str,
         consumer_tag: &str,
     ) -> lapin::Result<Consumer> {
-        channel
-            .basic_qos(self.prefetch, BasicQosOptions::default())
-            .await?;
-        channel
-            .basic_consume(
-                queue.into(),
-                consumer_tag.into(),
-                BasicConsumeOptions {
-                    no_ack: false,
-                    ..BasicConsumeOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
+        let prefetch = if self.slow_start { 1 } else { self.prefetch };
+        consume(channel, queue, consumer_tag, prefetch).await
     }
 
     /// Runs `handler` on each delivery of `consumer`, up to `prefetch` at once, and settles
@@ -252,9 +286,8 @@ impl Pump {
         A: Settle + std::fmt::Debug,
         S: Future<Output = ()>,
     {
-        let tag = consumer.tag();
-        let queue = consumer.queue();
-        let queue = queue.as_str();
+        let queue_name = consumer.queue();
+        let queue = queue_name.as_str();
         let counts = Counts::default();
         let outage = Outage::new(self.outage);
         let outage = &outage;
@@ -269,12 +302,18 @@ impl Pump {
                 let _ = halted.wait_for(Option::is_some).await;
             }),
         );
-        let mut stream = consumer;
+        let window = std::sync::Mutex::new(Window::new(self.slow_start));
+        // Handlers hold it shared; a stranger's redelivery alone ([`Pump::slow_start`]).
+        // tokio's lock is fair: a stranger waiting for it holds back the handlers after it.
+        let lane = tokio::sync::RwLock::new(());
+        let mut consumers = Consumers::new(consumer, self);
         let mut stop = Some(stop);
         let handler = &handler;
         let (counts_ref, halt_ref, failed_ref) = (&counts, &halt, &failed);
         let (stopping_ref, stopping_rx_ref, ended_ref) =
             (&stopping, &stopping_rx, &ended_by_broker);
+        let (window_ref, lane_ref) = (&window, &lane);
+        let consumers_ref = &mut consumers;
         // Deliveries are taken until the stop; each runs its handler and settles.
         let taken = async {
             let deliveries = futures_util::stream::poll_fn(|cx| {
@@ -288,17 +327,25 @@ impl Pump {
                 if stop.is_none() {
                     return std::task::Poll::Ready(None);
                 }
-                let next = stream.poll_next_unpin(cx);
-                if let std::task::Poll::Ready(None) = next {
-                    // The broker cancelled the consumer (its queue deleted, say).
-                    ended_ref.store(true, Ordering::SeqCst);
-                    let _ = stopping_ref.send(true);
+                let wide = lock(window_ref).wide(cx.waker());
+                match consumers_ref.poll_next(cx, channel, wide) {
+                    std::task::Poll::Ready(Some(Ok(delivery))) => {
+                        let stranger = lock(window_ref).arrived(&delivery);
+                        std::task::Poll::Ready(Some(Ok((delivery, stranger))))
+                    }
+                    std::task::Poll::Ready(Some(Err(e))) => std::task::Poll::Ready(Some(Err(e))),
+                    std::task::Poll::Ready(None) => {
+                        // The broker cancelled the consumer (its queue deleted, say).
+                        ended_ref.store(true, Ordering::SeqCst);
+                        let _ = stopping_ref.send(true);
+                        std::task::Poll::Ready(None)
+                    }
+                    std::task::Poll::Pending => std::task::Poll::Pending,
                 }
-                next
             });
             deliveries
                 .for_each_concurrent(usize::from(self.prefetch), |delivery| async move {
-                    let delivery = match delivery {
+                    let (delivery, stranger) = match delivery {
                         Ok(delivery) => delivery,
                         Err(e) => {
                             let _ = failed_ref.send(Some(e.to_string()));
@@ -308,6 +355,7 @@ impl Pump {
                     };
                     let acker = delivery.acker.clone();
                     let count = delivery_count(&delivery);
+                    let identity = identity(&delivery);
                     let span = process_span("rabbitmq", queue, count);
                     // The database failed the last delivery for its connection: this one
                     // waits at the gate, in hand, until the pause has passed and a delivery
@@ -327,10 +375,18 @@ impl Pump {
                                 settle(&acker, retry, Duration::ZERO, stopping_rx_ref.clone())
                                     .instrument(span)
                                     .await;
+                            lock(window_ref).handed_back(identity);
                             counts_ref.settled(retry, settled, failed_ref, halt_ref);
                             return;
                         }
                     }
+                    // A stranger's redelivery runs alone, once the handlers in hand have
+                    // answered: if it is what killed a process, it dies alone.
+                    let (shared, alone) = if stranger && self.slow_start {
+                        (None, Some(lane_ref.write().await))
+                    } else {
+                        (Some(lane_ref.read().await), None)
+                    };
                     // The handler is called in the span as well as polled in it: a sync
                     // handler runs when called.
                     // A panic settles its own delivery ([`Settlement::of_panic`]), not the
@@ -342,6 +398,7 @@ impl Pump {
                     })
                     .catch_unwind()
                     .await;
+                    drop((shared, alone));
                     let settlement = match &answer {
                         Ok(answer) => answer.settlement(),
                         Err(panic) => {
@@ -373,6 +430,23 @@ impl Pump {
                         let _ = stopping_ref.send(true);
                     }
                     let delay = self.redelivery.delay_of(settlement, count);
+                    {
+                        let mut window = lock(window_ref);
+                        if !matches!(settlement, Settlement::Ack | Settlement::DeadLetter) {
+                            window.handed_back(identity);
+                        }
+                        let held = matches!(
+                            settlement,
+                            Settlement::Retry { .. } | Settlement::Held { .. }
+                        ) && !delay.is_zero();
+                        window.answered(stranger, held);
+                    }
+                    // While a stranger waits or runs alone, the others' settlements wait
+                    // too: each would free a prefetch slot, and the broker would fill it
+                    // with a delivery that dies with the stranger if it kills the process.
+                    if !stranger {
+                        drop(lane_ref.read().await);
+                    }
                     let settled = settle(&acker, settlement, delay, stopping_rx_ref.clone())
                         .instrument(span)
                         .await;
@@ -382,10 +456,7 @@ impl Pump {
         };
         taken.await;
         // Stop the broker's deliveries, then hand back what the channel had buffered.
-        let cancelled = channel
-            .basic_cancel(tag.clone(), BasicCancelOptions::default())
-            .await;
-        let requeued = requeue_buffered(&mut stream).await;
+        let (cancelled, requeued) = consumers.close(channel).await;
         let report = Report {
             acked: counts.ack.load(Ordering::Relaxed),
             retried: counts.retry.load(Ordering::Relaxed),
@@ -407,6 +478,192 @@ impl Pump {
             tracing::warn!(error = %e, "cancelling the consumer failed");
         }
         Ok(report)
+    }
+}
+
+/// Starts a consumer of `queue` with manual acknowledgements and `prefetch` deliveries.
+async fn consume(
+    channel: &Channel,
+    queue: &str,
+    consumer_tag: &str,
+    prefetch: u16,
+) -> lapin::Result<Consumer> {
+    channel
+        .basic_qos(prefetch, BasicQosOptions::default())
+        .await?;
+    channel
+        .basic_consume(
+            queue.into(),
+            consumer_tag.into(),
+            BasicConsumeOptions {
+                no_ack: false,
+                ..BasicConsumeOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+}
+
+fn lock(window: &std::sync::Mutex<Window>) -> std::sync::MutexGuard<'_, Window> {
+    window
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// What tells a delivery of a message from its other deliveries: its `message_id`, or its
+/// body when it has none.
+fn identity(delivery: &Delivery) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::hash::DefaultHasher::new();
+    match delivery.properties.message_id() {
+        Some(id) if !id.as_str().is_empty() => (0_u8, id.as_str()).hash(&mut hasher),
+        _ => (1_u8, &delivery.data).hash(&mut hasher),
+    }
+    hasher.finish()
+}
+
+/// How wide the pump runs ([`Pump::slow_start`]): one delivery after it starts, `prefetch`
+/// once a message of its own was answered, or a delivery was held for a retry's delay
+/// (unacknowledged, it keeps the one slot, and the pump would stand still while it waits).
+struct Window {
+    wide: bool,
+    /// The messages this pump handed back, until they come again.
+    handed_back: std::collections::HashSet<u64>,
+    /// The pump's stream, woken when it widens.
+    waker: Option<std::task::Waker>,
+}
+
+impl Window {
+    /// Messages remembered at most: one handed back that never comes again (past the
+    /// delivery limit, purged) is forgotten with the others past this many, and is then
+    /// taken for a stranger's if it does.
+    const REMEMBERED: usize = 100_000;
+
+    fn new(slow_start: bool) -> Self {
+        Self {
+            wide: !slow_start,
+            handed_back: std::collections::HashSet::new(),
+            waker: None,
+        }
+    }
+
+    /// Whether the pump runs wide; the stream is woken when it widens.
+    fn wide(&mut self, waker: &std::task::Waker) -> bool {
+        if !self.wide {
+            match &mut self.waker {
+                Some(known) => known.clone_from(waker),
+                None => self.waker = Some(waker.clone()),
+            }
+        }
+        self.wide
+    }
+
+    /// A delivery arrived: whether it is a stranger's redelivery, delivered before and not
+    /// handed back by this pump.
+    fn arrived(&mut self, delivery: &Delivery) -> bool {
+        delivery_count(delivery) >= 2 && !self.handed_back.remove(&identity(delivery))
+    }
+
+    /// A handler answered — whatever it answered, it did not take the process down. A
+    /// message of the pump's own answered, or a delivery held for a delay (`held`), widens
+    /// it.
+    fn answered(&mut self, stranger: bool, held: bool) {
+        if !self.wide && (!stranger || held) {
+            self.wide = true;
+            if let Some(waker) = self.waker.take() {
+                waker.wake();
+            }
+        }
+    }
+
+    /// The pump handed a delivery back: when it comes again, it is not a stranger's.
+    fn handed_back(&mut self, identity: u64) {
+        if self.handed_back.len() >= Self::REMEMBERED {
+            self.handed_back.clear();
+        }
+        self.handed_back.insert(identity);
+    }
+}
+
+/// The pump's consumers: the one it was given (one delivery at a time with
+/// [`Pump::slow_start`]), and the one it adds when it widens, for `prefetch` less one.
+/// RabbitMQ keeps a consumer's prefetch for its life, and a consumer cancelled to change it
+/// would have the deliveries on their way to it requeued, each counted once more.
+struct Consumers {
+    given: Option<Consumer>,
+    added: Option<Consumer>,
+    adding: Option<std::pin::Pin<Box<dyn Future<Output = lapin::Result<Consumer>> + Send>>>,
+    /// `prefetch` less one, or nothing to add.
+    to_add: Option<u16>,
+}
+
+impl Consumers {
+    fn new(consumer: Consumer, pump: &Pump) -> Self {
+        Self {
+            given: Some(consumer),
+            added: None,
+            adding: None,
+            to_add: (pump.slow_start && pump.prefetch > 1).then(|| pump.prefetch - 1),
+        }
+    }
+
+    /// The next delivery of either consumer; `None` when the broker ended one (its queue
+    /// deleted). Once `wide`, the second consumer is added.
+    fn poll_next(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        channel: &Channel,
+        wide: bool,
+    ) -> std::task::Poll<Option<lapin::Result<Delivery>>> {
+        use std::task::Poll;
+        if wide
+            && let Some(prefetch) = self.to_add.take()
+            && let Some(given) = &self.given
+        {
+            let (channel, queue) = (channel.clone(), given.queue());
+            let tag = format!("{}.wide", given.tag());
+            self.adding = Some(Box::pin(async move {
+                consume(&channel, queue.as_str(), &tag, prefetch).await
+            }));
+        }
+        if let Some(adding) = self.adding.as_mut()
+            && let Poll::Ready(consumer) = adding.as_mut().poll(cx)
+        {
+            self.adding = None;
+            match consumer {
+                Ok(consumer) => self.added = Some(consumer),
+                Err(e) => return Poll::Ready(Some(Err(e))),
+            }
+        }
+        for consumer in [&mut self.given, &mut self.added].into_iter().flatten() {
+            if let Poll::Ready(next) = consumer.poll_next_unpin(cx) {
+                return Poll::Ready(next);
+            }
+        }
+        Poll::Pending
+    }
+
+    /// Cancels the consumers and requeues what the channel had buffered for them.
+    async fn close(mut self, channel: &Channel) -> (lapin::Result<()>, u64) {
+        if let Some(adding) = self.adding.take()
+            && let Ok(Ok(consumer)) = tokio::time::timeout(Duration::from_secs(5), adding).await
+        {
+            self.added = Some(consumer);
+        }
+        let mut cancelled = Ok(());
+        for consumer in [&self.given, &self.added].into_iter().flatten() {
+            if let Err(e) = channel
+                .basic_cancel(consumer.tag(), BasicCancelOptions::default())
+                .await
+            {
+                cancelled = Err(e);
+            }
+        }
+        let mut requeued = 0;
+        for consumer in [&mut self.given, &mut self.added].into_iter().flatten() {
+            requeued += requeue_buffered(consumer).await;
+        }
+        (cancelled, requeued)
     }
 }
 

@@ -903,6 +903,188 @@ async fn a_panicking_handler_settles_its_own_delivery_only() {
     queues.delete(&channel).await;
 }
 
+/// 20 messages, one of which kills the process that handles it (a build with
+/// `panic = "abort"`, an out-of-memory kill): the process's death is its pump dropped and
+/// its connection closed the moment the poison's handler starts, nothing acknowledged or
+/// handed back. A supervisor starts it again, up to six times; the queue's delivery limit
+/// is 2 (three deliveries). Returns how many times each message was applied, how many
+/// times the process died, and how many messages were dead-lettered.
+async fn deaths(slow_start: bool, test: &str) -> (Vec<(String, i64)>, u32, u32) {
+    let (_connection, admin) = channel().await;
+    let queues = Queues::declare_with_limit(&admin, test, 2).await;
+    for n in 0..20 {
+        let id = format!("d{n:02}");
+        queues.publish(&admin, Some(&id), &id).await;
+    }
+    let store = Store::new();
+    let pump = Pump::new().prefetch(8).slow_start(slow_start);
+    let mut deaths = 0;
+    for _ in 0..6 {
+        // A process of its own: its own connection, closed when it dies.
+        let (process, process_channel) = channel().await;
+        let consumer = pump
+            .subscribe(&process_channel, &queues.name, test)
+            .await
+            .unwrap();
+        let poisoned = tokio::sync::Notify::new();
+        let done = {
+            let store = &store;
+            async move {
+                while store.effects().len() < 19 {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        };
+        let run = pump.run(&process_channel, consumer, done, |delivery| {
+            let poison = key(&delivery).unwrap() == MessageKey::text("d03").unwrap();
+            if poison {
+                poisoned.notify_one();
+            }
+            let store = &store;
+            async move {
+                if poison {
+                    std::future::pending::<()>().await;
+                }
+                // A handler that takes a moment, as real ones do: in hand when the
+                // process dies.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                handle(store, &delivery)
+            }
+        });
+        let died = tokio::select! {
+            report = run => {
+                report.unwrap();
+                false
+            }
+            () = poisoned.notified() => true,
+            // Neither done nor dead: what is missing is never delivered again.
+            () = tokio::time::sleep(Duration::from_secs(10)) => false,
+        };
+        // The process ends: the broker takes back what it had in hand.
+        let _ = process.close(0, "the process died".into()).await;
+        if !died {
+            break;
+        }
+        deaths += 1;
+    }
+    let dead = queues.depth(&admin, &queues.dead).await;
+    queues.delete(&admin).await;
+    (store.effects(), deaths, dead)
+}
+
+/// Narrow after each start, the message that killed the process comes back alone and dies
+/// alone, until its deliveries run out: the 19 others are applied once each, none
+/// dead-lettered. At full width from the start (`slow_start(false)`), each restart's death
+/// takes the messages the broker sent with the poison down with it, and some of them run
+/// out of deliveries unprocessed.
+#[tokio::test]
+async fn a_message_that_kills_the_process_dies_alone_after_a_restart() {
+    let (effects, died, dead) = deaths(true, "deaths").await;
+    assert_eq!(effects.len(), 19, "{effects:?}");
+    assert!(effects.iter().all(|(_, n)| *n == 1), "{effects:?}");
+    assert!(effects.iter().all(|(m, _)| m != "d03"), "{effects:?}");
+    assert_eq!((died, dead), (3, 1));
+    let (effects, _, dead) = deaths(false, "deaths-wide").await;
+    assert!(
+        effects.len() < 19 && dead > 1,
+        "at full width the poison takes others with it: {effects:?}, {dead} dead-lettered"
+    );
+    assert!(effects.iter().all(|(_, n)| *n == 1), "{effects:?}");
+}
+
+/// A pump at full width meets a stranger's redelivery — a message another process had in
+/// hand when it died. The stranger waits, unstarted, until the handlers in hand have
+/// answered, and runs alone: no other handler starts until it has answered. Every message
+/// is applied once.
+#[tokio::test]
+async fn a_strangers_redelivery_runs_alone() {
+    let (_connection, channel) = channel().await;
+    let queues = Queues::declare(&channel, "stranger").await;
+    queues.publish(&channel, Some("s"), "s").await;
+    // Another process takes the stranger and dies with it in hand.
+    let (other, other_channel) = self::channel().await;
+    let mut other_consumer = Pump::new()
+        .prefetch(1)
+        .slow_start(false)
+        .subscribe(&other_channel, &queues.name, "other")
+        .await
+        .unwrap();
+    let held = futures_util::StreamExt::next(&mut other_consumer)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(held.data, b"s");
+    // It takes nothing more; what it holds stays unacknowledged until it dies.
+    other_channel
+        .basic_cancel("other".into(), Default::default())
+        .await
+        .unwrap();
+    for n in 0..20 {
+        let id = format!("f{n:02}");
+        queues.publish(&channel, Some(&id), &id).await;
+    }
+    let store = Store::new();
+    let pump = Pump::new().prefetch(4);
+    let consumer = pump
+        .subscribe(&channel, &queues.name, "stranger")
+        .await
+        .unwrap();
+    let running = AtomicU32::new(0);
+    let beside_the_stranger = AtomicU32::new(0);
+    let stranger_running = std::sync::atomic::AtomicBool::new(false);
+    let widened = tokio::sync::Notify::new();
+    let done = {
+        let (store, widened) = (&store, &widened);
+        async move {
+            // Once the pump runs four at once, the other process dies.
+            widened.notified().await;
+            other.close(0, "the process died".into()).await.unwrap();
+            while store.effects().len() < 21 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let report = pump
+        .run(&channel, consumer, done, |delivery| {
+            let stranger = delivery.data == b"s";
+            let (running, beside, stranger_running, widened, store) = (
+                &running,
+                &beside_the_stranger,
+                &stranger_running,
+                &widened,
+                &store,
+            );
+            async move {
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                if stranger {
+                    assert_eq!(inbox_lapin::delivery_count(&delivery), 2);
+                    stranger_running.store(true, Ordering::SeqCst);
+                    beside.fetch_add(now - 1, Ordering::SeqCst);
+                } else if stranger_running.load(Ordering::SeqCst) {
+                    beside.fetch_add(1, Ordering::SeqCst);
+                }
+                if now == 4 {
+                    widened.notify_one();
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                if stranger {
+                    beside.fetch_add(running.load(Ordering::SeqCst) - 1, Ordering::SeqCst);
+                    stranger_running.store(false, Ordering::SeqCst);
+                }
+                running.fetch_sub(1, Ordering::SeqCst);
+                handle(store, &delivery)
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!(beside_the_stranger.load(Ordering::SeqCst), 0, "{report:?}");
+    let effects = store.effects();
+    assert_eq!(effects.len(), 21, "{effects:?}");
+    assert!(effects.iter().all(|(_, n)| *n == 1), "{effects:?}");
+    assert_eq!((report.acked, report.retried), (21, 0), "{report:?}");
+    queues.delete(&channel).await;
+}
+
 /// A RabbitMQ node of the test's own — the machine's `rabbitmq-server`, a temporary
 /// directory, free ports, a consumer timeout of a second — which a test may kill and start
 /// again: the broker's faults provoked for real, the shared broker untouched.
@@ -1005,6 +1187,25 @@ mod private_broker {
                 .join("log")
                 .join(format!("{}.log", self.name));
             std::fs::read_to_string(&log).unwrap_or_else(|e| format!("{}: {e}", log.display()))
+        }
+
+        /// Has the node write its metadata log (Mnesia's) to disk. The log is written
+        /// asynchronously: a durable queue declared a moment before a `SIGKILL` was gone when
+        /// the node came back, on a loaded machine — the broker's own window, not the pump's.
+        fn sync_metadata(&self) {
+            let ctl = ["/usr/lib/rabbitmq/bin/rabbitmqctl"]
+                .into_iter()
+                .find(|path| std::path::Path::new(path).exists())
+                .unwrap_or("rabbitmqctl");
+            let out = Command::new(ctl)
+                .env("HOME", self.dir.path())
+                .args(["-n", &self.name, "eval", "mnesia:sync_log()."])
+                .output()
+                .unwrap_or_else(|e| panic!("rabbitmqctl cannot run: {e}"));
+            assert!(
+                out.status.success() && String::from_utf8_lossy(&out.stdout).contains("ok"),
+                "mnesia:sync_log() on the private node: {out:?}"
+            );
         }
 
         /// Kills every process of the node at once, as a crash or a power cut does.
@@ -1134,6 +1335,7 @@ mod private_broker {
             .queue_declare(queue.as_str().into(), durable, FieldTable::default())
             .await
             .unwrap();
+        node.sync_metadata();
         // Confirmed: the broker answers once the persistent message is on its disk (without
         // confirms, messages it had not written yet were gone after the kill).
         channel
