@@ -105,12 +105,14 @@ impl From<inbox_diesel::Error> for Failure {
     }
 }
 
-/// The inbox's error settles by its class; a pool without a connection is retried later.
+/// The inbox's error settles by its class; a pool without a connection is the database's
+/// outage (`Reconnect`): the pump pauses and lets one delivery try alone, the others waiting
+/// in hand without spending their deliveries.
 impl Settle for Failure {
     fn settlement(&self) -> Settlement {
         match self {
             Failure::Inbox(e) => e.settlement(),
-            Failure::Pool(_) => Action::RetryLater.settlement(),
+            Failure::Pool(_) => Action::Reconnect.settlement(),
         }
     }
 }

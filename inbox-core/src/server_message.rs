@@ -522,7 +522,7 @@ fn classify_message(message: &str) -> ErrorClass {
     if PERMISSION_DENIED.iter().any(|m| message.contains(m)) {
         return ErrorClass::PermissionDenied;
     }
-    const RESOURCE_EXHAUSTED: [&str; 10] = [
+    const RESOURCE_EXHAUSTED: [&str; 11] = [
         // PostgreSQL 53200 (memory; the lock table, `max_locks_per_transaction`), 53100
         // (disk: "could not extend file …: No space left on device"), 53400 (a role's or
         // database's `temp_file_limit`).
@@ -542,6 +542,10 @@ fn classify_message(message: &str) -> ErrorClass {
         "Out of memory",
         "Out of sort memory",
         "Disk full",
+        // MySQL and MariaDB 1461: the server's prepared statements at
+        // `max_prepared_stmt_count`, every session's together ("Can't create more than
+        // max_prepared_stmt_count statements (current value: 16382)").
+        "max_prepared_stmt_count statements",
     ];
     if RESOURCE_EXHAUSTED.iter().any(|m| message.contains(m))
         || (message.starts_with("The table '") && message.ends_with("' is full"))
@@ -948,6 +952,10 @@ mod tests {
                 ErrorClass::ResourceExhausted,
             ),
             ("The table 'credits' is full", ErrorClass::ResourceExhausted),
+            (
+                "Can't create more than max_prepared_stmt_count statements (current value: 3)",
+                ErrorClass::ResourceExhausted,
+            ),
             (
                 "temporary file size exceeds temp_file_limit (1024kB)",
                 ErrorClass::ResourceExhausted,

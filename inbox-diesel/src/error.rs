@@ -192,6 +192,20 @@ pub enum Error {
         /// The key reused.
         key: inbox_core::MessageKey,
     },
+    /// A transaction-mode or batch handler met a marker of its key and consumer that is a
+    /// claim-mode handler's claim, not completed: the same consumer name run in both modes
+    /// (a rolling deploy that moves a handler to claim mode, say). A claim is not a
+    /// duplicate's evidence — its side effect may not have run — so nothing ran, and the
+    /// message is not answered `Duplicate`. `live`: the claim is within its lease (class
+    /// [`ErrorClass::ClaimLost`], retried later: its stamp will answer `Duplicate`);
+    /// otherwise its holder died before its stamp, and only claim mode can take it over
+    /// ([`ErrorClass::Misuse`], an alert). Give each mode its own consumer name.
+    OpenClaim {
+        /// The consumer whose claim was found.
+        consumer: inbox_core::Consumer,
+        /// Whether the claim is within its lease.
+        live: bool,
+    },
 }
 
 /// Why a handler with `store_result` could not store its result or read one back.
@@ -257,6 +271,8 @@ impl Error {
             Error::StoredResult(StoredResultProblem::Decode(_)) => ErrorClass::Misuse,
             Error::StoredResult(_) => ErrorClass::Other,
             Error::KeyReused { .. } => ErrorClass::Other,
+            Error::OpenClaim { live: true, .. } => ErrorClass::ClaimLost,
+            Error::OpenClaim { live: false, .. } => ErrorClass::Misuse,
         }
     }
 }
@@ -369,6 +385,28 @@ impl fmt::Display for Error {
                 "inbox: the key was used before by a request with another fingerprint \
                  (consumer {consumer}); nothing ran"
             ),
+            Error::OpenClaim {
+                consumer,
+                live: true,
+            } => write!(
+                f,
+                "inbox: the marker of this key is a claim-mode handler's claim, within its \
+                 lease (consumer {consumer} is run in claim mode elsewhere, in a rolling \
+                 deploy say); nothing ran. Retried later: once that claim is stamped, this \
+                 message is a duplicate. Give each mode its own consumer name"
+            ),
+            Error::OpenClaim {
+                consumer,
+                live: false,
+            } => write!(
+                f,
+                "inbox: the marker of this key is a claim-mode handler's claim whose lease \
+                 ended without its stamp (consumer {consumer} is run in claim mode \
+                 elsewhere): its holder died before or after its side effect, which a \
+                 handler of this mode cannot tell; nothing ran, and the message is not a \
+                 duplicate. A claim-mode handler of the consumer takes it over (`on_expired`); \
+                 give each mode its own consumer name"
+            ),
             // The server's words too (which table, which setting, which limit): an operator
             // who logs only `{e}` reads what to act on. The diesel error stays the
             // `source()`, where handlers' error types look for it.
@@ -405,6 +443,7 @@ impl std::error::Error for Error {
             | Error::NetMissing(_)
             | Error::StoredResult(_)
             | Error::KeyReused { .. }
+            | Error::OpenClaim { .. }
             | Error::CalledInsideTransaction
             | Error::NoTransactionToJoin
             | Error::InvalidLease { .. }

@@ -275,7 +275,7 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
                     &__INBOX_SPEC,
                     #keys,
                     &__inbox_new,
-                    #body_asyncness |#conn| -> #ret {
+                    #body_asyncness |#[allow(unused_variables)] #conn| -> #ret {
                         let __inbox_selected = __inbox_new.select(::inbox_diesel::__private::messages(&#batch));
                         let #batch = &__inbox_selected[..];
                         #block
@@ -300,7 +300,7 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
                     #conn,
                     &__INBOX_SPEC,
                     #message_key,
-                    #body_asyncness |#conn| -> #ret #block,
+                    #body_asyncness |#[allow(unused_variables)] #conn| -> #ret #block,
                     #probe,
                     __inbox_remembered,
                     #inbox_error,
@@ -321,7 +321,7 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
                     #conn,
                     &__INBOX_SPEC,
                     #message_key,
-                    #body_asyncness move |#conn| -> #ret #block,
+                    #body_asyncness move |#[allow(unused_variables)] #conn| -> #ret #block,
                     #probe,
                     __inbox_remembered,
                     #inbox_error,
@@ -343,7 +343,7 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
                     #conn,
                     &__INBOX_SPEC,
                     #message_key,
-                    #body_asyncness |#conn| -> #ret #block,
+                    #body_asyncness |#[allow(unused_variables)] #conn| -> #ret #block,
                     #probe,
                     __inbox_remembered,
                     #inbox_error,

@@ -346,10 +346,13 @@ impl Pump {
         }
     }
 
-    /// How long the inbox must keep a marker for the consumers this pump creates: at most
-    /// `max_deliver` deliveries, each redelivered after at most `ack_wait` (no settlement) or
-    /// the longest [`Redelivery`] delay (a retry). Add the stream's `max_age`
-    /// ([`Retention::message_ttl`]) where a consumer may replay the stream, and a replay
+    /// How long the inbox must keep a marker for the redeliveries of the consumers this pump
+    /// creates: at most `max_deliver` deliveries, each redelivered after at most `ack_wait`
+    /// (no settlement) or the longest [`Redelivery`] delay (a retry). Such a consumer reads
+    /// the stream from its start: deleted (by an operator, an `inactive_threshold`) and
+    /// created again, it delivers every message the stream still keeps, and one whose marker
+    /// was purged is applied again. Add the stream's `max_age` ([`Retention::message_ttl`];
+    /// a stream that keeps messages for ever needs its markers for ever), and a replay
     /// margin. It reads this pump's settings, not a consumer's: for a consumer created
     /// elsewhere, compute it from that consumer's `ack_wait` and `max_deliver`
     /// ([`broker::jetstream_retention`]).

@@ -924,6 +924,35 @@ mod postgres {
         assert!(apply(&mut frozen.connect(), &1).unwrap().is_processed());
     }
 
+    /// Row-level security on the inbox, applied to the consumers' role (a policy by a
+    /// setting, as a database shared by tenants has): the markers of other sessions are
+    /// hidden from the role, so a duplicate's marker reads as absent. The startup check
+    /// refuses it, naming it, before any delivery; the table's owner and a role that
+    /// bypasses it are not under it.
+    #[test]
+    fn row_level_security_applied_to_the_consumers_is_refused() {
+        let db = Db::new("row_security");
+        let role = Role::new(&db, "SELECT, INSERT, UPDATE ON inbox, accounts");
+        role.admin(
+            "ALTER TABLE inbox ENABLE ROW LEVEL SECURITY; CREATE POLICY by_tenant ON inbox \
+             USING (consumer = current_setting('app.consumer', true)) WITH CHECK (true)",
+        );
+        let mut conn = db.connect_as(&role.0);
+        let verified = inbox_diesel::schema::verify(&mut conn, &inbox_diesel::InboxSchema::DEFAULT);
+        let text = verified.expect_err("verify refuses it").to_string();
+        assert!(text.contains("row-level security"), "{text}");
+        let error = inbox_error(apply(&mut conn, &1));
+        assert_eq!(error.action(), Action::Alert, "{error:?}");
+        inbox_diesel::schema::verify(&mut db.connect(), &inbox_diesel::InboxSchema::DEFAULT)
+            .expect("the owner is not under it");
+        role.admin(&format!("ALTER ROLE {} BYPASSRLS", role.0));
+        assert!(
+            apply(&mut db.connect_as(&role.0), &1)
+                .unwrap()
+                .is_processed()
+        );
+    }
+
     /// The setting each delivery's transaction commits with, read in its body.
     #[idempotent(consumer = "durable", key = *id)]
     fn commit_setting(conn: &mut Conn, id: &u64) -> Result<String, AppError> {

@@ -402,9 +402,11 @@ impl<'a, DB: Dialect> ClaimRead<'a, DB> {
             parts: vec![
                 Sql("SELECT CAST(count(*) AS "),
                 Sql(DB::BIGINT),
-                Sql("), CAST(count(*) AS "),
+                Sql("), CAST(count(processed_at) AS "),
                 Sql(DB::BIGINT),
-                Sql("), CAST(0 AS "),
+                Sql("), CAST(count(CASE WHEN processed_at IS NULL AND claimed_until > "),
+                Sql(DB::LEASE_NOW),
+                Sql(" THEN 1 END) AS "),
                 Sql(DB::BIGINT),
                 Sql(") FROM "),
                 Table,

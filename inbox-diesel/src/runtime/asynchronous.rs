@@ -527,7 +527,7 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
         spec: &'static HandlerSpec,
         ids: &[uuid::Uuid],
         latest: bool,
-    ) -> QueryResult<usize> {
+    ) -> QueryResult<crate::runtime::claim::Presence> {
         crate::runtime::claim::present(self, &spec.schema, spec.consumer.as_str(), ids, latest)
             .await
     }

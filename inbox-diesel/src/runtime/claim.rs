@@ -133,16 +133,31 @@ pub(crate) async fn present<S: Io>(
     consumer: &str,
     ids: &[uuid::Uuid],
     latest: bool,
-) -> QueryResult<usize> {
+) -> QueryResult<Presence> {
     if ids.is_empty() {
-        return Ok(0);
+        return Ok(Presence::default());
     }
     let rows = io
         .read_claim(ClaimSql::present(schema, consumer, ids, latest))
         .await?;
+    let count = |n: i64| usize::try_from(n).unwrap_or(0);
     Ok(rows
         .first()
-        .map_or(0, |&(n, _, _)| usize::try_from(n).unwrap_or(0)))
+        .map_or_else(Presence::default, |&(present, completed, live)| Presence {
+            present: count(present),
+            completed: count(completed),
+            live_claims: count(live),
+        }))
+}
+
+/// The markers [`present`] found: all of them, those completed (`processed_at` set), and
+/// claims of claim mode still within their lease. A claim is a marker too, but not a
+/// duplicate's evidence for a handler of another mode: its side effect may not have run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Presence {
+    pub(crate) present: usize,
+    pub(crate) completed: usize,
+    pub(crate) live_claims: usize,
 }
 
 /// How long claim mode needs the server to keep a session that sends nothing: the side

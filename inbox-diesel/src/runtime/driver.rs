@@ -27,7 +27,7 @@ use inbox_core::{BatchOutcome, ErrorClass, HandlerOutcome, MessageKey, RetryDeci
 
 use crate::dialect::claim::{ClaimAnswer, ClaimState, ClaimStep};
 use crate::dialect::layout::{Layout, key_text};
-use crate::runtime::claim::ClaimSpec;
+use crate::runtime::claim::{ClaimSpec, Presence};
 use crate::runtime::stored::{Fingerprint, Kept, Remembered};
 use crate::schema::check::SchemaError;
 use crate::spec::HandlerSpec;
@@ -206,16 +206,17 @@ pub(crate) trait Steps {
         step: ClaimStep,
     ) -> QueryResult<ClaimAnswer>;
 
-    /// How many of `ids` have a marker of the handler's consumer, inside the open
-    /// transaction: the evidence of the duplicates an insert reported by writing nothing.
-    /// `latest`: what committed last, whatever the transaction's snapshot (a locking read on
-    /// MySQL and MariaDB, inside a transaction of the caller's).
+    /// Which of `ids` have a marker of the handler's consumer, inside the open transaction,
+    /// and how many of those are completed: the evidence of the duplicates an insert
+    /// reported by writing nothing. `latest`: what committed last, whatever the
+    /// transaction's snapshot (a locking read on MySQL and MariaDB, inside a transaction of
+    /// the caller's).
     async fn markers_present(
         &mut self,
         spec: &'static HandlerSpec,
         ids: &[uuid::Uuid],
         latest: bool,
-    ) -> QueryResult<usize>;
+    ) -> QueryResult<Presence>;
 
     /// How deep the transactions diesel's manager counts on the connection are: 0 outside
     /// any.
@@ -300,12 +301,32 @@ async fn confirm_duplicates<S: Steps>(
     spec: &'static HandlerSpec,
     ids: &[uuid::Uuid],
 ) -> QueryResult<()> {
-    let present = steps.markers_present(spec, ids, false).await?;
-    if present == ids.len() {
+    let found = steps.markers_present(spec, ids, false).await?;
+    evidence(spec, found, ids.len())
+}
+
+/// Whether `found` proves `n` duplicates: a completed marker of each. A marker that is a
+/// claim-mode handler's claim, not completed, is not a duplicate's evidence for a handler
+/// of another mode — its side effect may not have run ([`Error::OpenClaim`]); no marker at
+/// all is a schema fault ([`swallowed`]).
+fn evidence(spec: &'static HandlerSpec, found: Presence, n: usize) -> QueryResult<()> {
+    if found.completed == n {
         return Ok(());
     }
+    if found.present == n {
+        tracing::error!(
+            open = n - found.completed,
+            live = found.live_claims,
+            "the marker met is a claim of claim mode, not completed: not a duplicate"
+        );
+        return Err(Error::OpenClaim {
+            consumer: spec.consumer.clone(),
+            live: found.live_claims > 0,
+        }
+        .into());
+    }
     tracing::error!(
-        missing = ids.len() - present,
+        missing = n - found.present,
         "a marker insert was refused or wrote no row, and no marker of its key and consumer \
          is there"
     );
@@ -415,7 +436,7 @@ async fn nothing_committed<S: Steps, K: Claims>(
     match claims.key() {
         Some(key) => matches!(
             steps.markers_present(spec, &[key.stored_id()], false).await,
-            Ok(0)
+            Ok(Presence { present: 0, .. })
         ),
         None => false,
     }
@@ -602,8 +623,7 @@ where
                 joined.open = false;
                 let steps = &mut joined.steps;
                 break match steps.markers_present(run, &[key.stored_id()], true).await {
-                    Ok(1) => Ok((layout, run, false)),
-                    Ok(_) => Err(swallowed(run)),
+                    Ok(found) => evidence(run, found, 1).map(|()| (layout, run, false)),
                     Err(e) => Err(e),
                 };
             }
@@ -1581,7 +1601,7 @@ impl Claims for MessageKey {
                         .markers_present(spec, &[self.stored_id()], false)
                         .await
                     {
-                        Ok(1) => Ok(false),
+                        Ok(found) if found.present == 1 => evidence(spec, found, 1).map(|()| false),
                         _ => Err(e),
                     }
                 }
@@ -2644,9 +2664,13 @@ mod tests {
             _: &'static HandlerSpec,
             ids: &[uuid::Uuid],
             _: bool,
-        ) -> QueryResult<usize> {
+        ) -> QueryResult<Presence> {
             self.did.push("confirm".into());
-            Ok(ids.len())
+            Ok(Presence {
+                present: ids.len(),
+                completed: ids.len(),
+                live_claims: 0,
+            })
         }
 
         fn depth(&mut self) -> u32 {

@@ -674,7 +674,7 @@ impl<O, C: InboxConnection> Steps for Projected<'_, O, C> {
         spec: &'static HandlerSpec,
         ids: &[uuid::Uuid],
         latest: bool,
-    ) -> QueryResult<usize> {
+    ) -> QueryResult<crate::runtime::claim::Presence> {
         crate::runtime::claim::present(
             &mut self.io(),
             &spec.schema,

@@ -354,6 +354,11 @@ fn facts_sql(backend: Backend, qualifier: &str, needs: &[(&str, &str)]) -> Strin
                  UNION ALL SELECT 'trigger', tg.tgname::text || ' ON ' || \
                  tg.tgrelid::regclass::text FROM pg_trigger tg \
                  JOIN parts ON tg.tgrelid = parts.relid WHERE NOT tg.tgisinternal \
+                 UNION ALL SELECT 'row security', c.oid::regclass::text FROM pg_class c \
+                 JOIN parts ON c.oid = parts.relid WHERE c.relrowsecurity \
+                 AND (c.relforcerowsecurity OR c.relowner <> (SELECT oid FROM pg_roles \
+                 WHERE rolname = current_user)) AND NOT (SELECT rolsuper OR rolbypassrls \
+                 FROM pg_roles WHERE rolname = current_user) \
                  UNION ALL SELECT 'rule', r.rulename::text FROM pg_rewrite r \
                  JOIN parts ON r.ev_class = parts.relid WHERE r.rulename <> '_RETURN' \
                  UNION ALL SELECT 'child', h.inhrelid::regclass::text FROM pg_inherits h \
@@ -1236,6 +1241,18 @@ fn refusals(
                 format!(
                     "drop it (`DROP TRIGGER {detail}`); keep audit triggers off the inbox and \
                      its partitions"
+                ),
+            )),
+            "row security" => problems.push(problem(
+                format!("row-level security on `{detail}`, applied to this role"),
+                "its policies hide other sessions' markers from this role: the inbox's unique \
+                 index still refuses a marker of the same key and consumer, but the duplicate's \
+                 marker reads as absent, and every such delivery fails as a fault instead of \
+                 answering Duplicate",
+                format!(
+                    "ALTER TABLE {detail} DISABLE ROW LEVEL SECURITY (key each tenant's \
+                     messages by the tenant, `(tenant, id)`, or give each tenant its own \
+                     consumer name), or run the consumers as a role with BYPASSRLS"
                 ),
             )),
             "rule" => problems.push(problem(

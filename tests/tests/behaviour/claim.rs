@@ -416,3 +416,94 @@ fn a_lease_from_a_setting_is_checked_before_any_sql_and_held() {
     );
     assert_eq!(sent.load(Ordering::SeqCst), 1);
 }
+
+/// The old version of `send`'s consumer, in transaction mode: what a rolling deploy that
+/// moves `email` to claim mode still runs beside the new one.
+#[idempotent(consumer = "email", key = msg.id)]
+fn record_in_transaction(
+    conn: &mut DbConnection,
+    msg: &Credit,
+    recorded: &AtomicUsize,
+) -> Result<(), AppError> {
+    recorded.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
+/// The same, as a batch.
+#[idempotent(consumer = "email", batch = msgs, key = |msg| msg.id)]
+fn record_batch(
+    conn: &mut DbConnection,
+    msgs: &[Credit],
+    recorded: &AtomicUsize,
+) -> Result<(), AppError> {
+    recorded.fetch_add(msgs.len(), Ordering::SeqCst);
+    Ok(())
+}
+
+/// One consumer run in both modes: a claim whose holder died is not a duplicate's evidence
+/// for a transaction-mode handler or a batch — its side effect may not have run. Within its
+/// lease they are refused to be retried later (`ClaimLost`); past it, with an alert
+/// (`Misuse`: only claim mode can take it over); once claim mode has completed it, they
+/// answer `Duplicate`. Before, both answered `Duplicate` at once, and the message was never
+/// applied.
+#[test]
+fn a_claim_of_claim_mode_is_not_a_duplicate_for_another_mode() {
+    use inbox_diesel::{Action, ErrorClass};
+    let db = <Db>::new("claim_mixed_modes");
+    let mut conn = db.connect();
+    let (msg, sent, recorded) = (Credit::new(1), AtomicUsize::new(0), AtomicUsize::new(0));
+    crash_after_claim(&db, &msg, &sent, send_short_lease);
+    fn class<T: std::fmt::Debug>(answer: Result<T, AppError>) -> (ErrorClass, Action) {
+        match answer {
+            Err(AppError::Inbox(e @ inbox_diesel::Error::OpenClaim { .. })) => {
+                (e.class(), e.class().action())
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    let live = (ErrorClass::ClaimLost, Action::RetryLater);
+    assert_eq!(
+        class(record_in_transaction(&mut conn, &msg, &recorded)),
+        live
+    );
+    assert_eq!(
+        class(record_batch(
+            &mut conn,
+            std::slice::from_ref(&msg),
+            &recorded
+        )),
+        live
+    );
+    testing::end_leases(&mut conn, &inbox_diesel::InboxSchema::DEFAULT);
+    let stale = (ErrorClass::Misuse, Action::Alert);
+    assert_eq!(
+        class(record_in_transaction(&mut conn, &msg, &recorded)),
+        stale
+    );
+    assert_eq!(
+        class(record_batch(
+            &mut conn,
+            std::slice::from_ref(&msg),
+            &recorded
+        )),
+        stale
+    );
+    assert_eq!(recorded.load(Ordering::SeqCst), 0);
+    assert_eq!(row(&mut conn), (false, true, 1), "the claim is as it was");
+    // Claim mode takes it over and completes it: now a duplicate for every mode.
+    assert_eq!(
+        send_short_lease(&mut conn, &msg, &sent, &ok).unwrap(),
+        InFlightOutcome::Processed(())
+    );
+    assert!(
+        record_in_transaction(&mut conn, &msg, &recorded)
+            .unwrap()
+            .is_duplicate()
+    );
+    let again = record_batch(&mut conn, std::slice::from_ref(&msg), &recorded).unwrap();
+    assert_eq!(again.duplicates, [0]);
+    assert_eq!(
+        (sent.load(Ordering::SeqCst), recorded.load(Ordering::SeqCst)),
+        (1, 0)
+    );
+}
