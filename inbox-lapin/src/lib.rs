@@ -77,7 +77,10 @@
 //! **Shutdown.** When `shutdown` completes (or the pump halts), the pump cancels its
 //! consumers, lets the deliveries in hand finish and settle (a retry's delay cut short), and
 //! requeues those the channel had buffered but no handler had started. A consumer the broker
-//! ends (its queue deleted) stops the pump with [`Stopped::Cancelled`].
+//! ends (its queue deleted) stops the pump with [`Stopped::Cancelled`]. A pump whose future
+//! is dropped instead (a `tokio::time::timeout` around `run`) settles nothing: what it held
+//! stays unacknowledged on the channel until the channel closes — close it, or the
+//! connection, with the pump; a new pump on the same channel never sees those deliveries.
 //!
 //! **The broker's faults.** A channel the broker closes — a handler slower than its
 //! `consumer_timeout`, whose delivery stayed unacknowledged too long — and a connection that

@@ -69,7 +69,11 @@
 //! restarts the message's ack timer each time, and does not redeliver it to another consumer
 //! while the handler works, however long that takes. A process that dies stops them, and the
 //! message is redelivered `ack_wait` later. A handler that hangs keeps its message and its
-//! slot for as long as the pump runs: give handlers timeouts of their own.
+//! slot for as long as the pump runs: give handlers timeouts of their own. The slots are
+//! the durable consumer's `max_ack_pending`, which every instance on it shares: an
+//! operator's trial with every tenth handler hanging (two instances, `max_ack_pending` 8)
+//! applied 63 of 100 in 45 s, the hung ones holding back healthy messages that another,
+//! healthy instance could not take either.
 //!
 //! **Reconnect.** The database connection is the handler's, which the pump cannot reach: on
 //! an error whose action is `Action::Reconnect` (a connection lost, a read-only session after
