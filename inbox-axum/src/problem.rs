@@ -270,6 +270,38 @@ impl From<anyhow::Error> for Error {
     }
 }
 
+/// With the feature `eyre`: a body's `eyre::Report` as the error it carries, as the
+/// conversion from `anyhow::Error` does — a diesel error
+/// ([`Error::Database`]), the inbox's ([`Error::Inbox`]), or else [`Error::Internal`]. An
+/// application error built on a report (`struct AppError(eyre::Report)`) converts through
+/// its report.
+///
+/// ```
+/// use diesel::result::{DatabaseErrorKind, Error as DieselError};
+/// use eyre::WrapErr;
+///
+/// let deadlock = DieselError::DatabaseError(
+///     DatabaseErrorKind::SerializationFailure,
+///     Box::new("deadlock detected".to_string()),
+/// );
+/// let report = Err::<(), _>(deadlock).wrap_err("posting a status").unwrap_err();
+/// let error = inbox_axum::Error::from(report);
+/// assert!(matches!(error, inbox_axum::Error::Database(_)));
+/// ```
+#[cfg(feature = "eyre")]
+impl From<eyre::Report> for Error {
+    fn from(report: eyre::Report) -> Self {
+        let report = match report.downcast::<diesel::result::Error>() {
+            Ok(diesel) => return Error::Database(diesel),
+            Err(report) => report,
+        };
+        match report.downcast::<inbox_diesel::Error>() {
+            Ok(inbox) => Error::Inbox(inbox),
+            Err(report) => Error::Internal(report.into()),
+        }
+    }
+}
+
 impl HasDieselError for Error {
     fn diesel_error(&self) -> Option<&diesel::result::Error> {
         match self {

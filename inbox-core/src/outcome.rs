@@ -391,6 +391,49 @@ impl<T> From<InFlightOutcome<T>> for StaleClaimOutcome<T> {
     }
 }
 
+/// The narrowing back: every outcome but a stale claim, which comes back as the error.
+///
+/// ```
+/// use inbox_core::{Consumer, InFlightOutcome, MessageKey, StaleClaimOutcome};
+///
+/// let processed = InFlightOutcome::try_from(StaleClaimOutcome::Processed(1));
+/// assert_eq!(processed.unwrap(), InFlightOutcome::Processed(1));
+/// let stale = StaleClaimOutcome::<()>::StaleClaim {
+///     consumer: Consumer::new("mail").unwrap(),
+///     key: MessageKey::text("m-1").unwrap(),
+///     attempts: 1,
+/// };
+/// assert!(InFlightOutcome::try_from(stale).is_err());
+/// ```
+impl<T> TryFrom<StaleClaimOutcome<T>> for InFlightOutcome<T> {
+    type Error = StaleClaimOutcome<T>;
+
+    fn try_from(outcome: StaleClaimOutcome<T>) -> Result<Self, Self::Error> {
+        match outcome {
+            StaleClaimOutcome::Processed(value) => Ok(InFlightOutcome::Processed(value)),
+            StaleClaimOutcome::Duplicate {
+                consumer,
+                key,
+                stored,
+            } => Ok(InFlightOutcome::Duplicate {
+                consumer,
+                key,
+                stored,
+            }),
+            StaleClaimOutcome::InFlight {
+                consumer,
+                key,
+                lease_left,
+            } => Ok(InFlightOutcome::InFlight {
+                consumer,
+                key,
+                lease_left,
+            }),
+            stale @ StaleClaimOutcome::StaleClaim { .. } => Err(stale),
+        }
+    }
+}
+
 impl<T> From<Outcome<T>> for StaleClaimOutcome<T> {
     fn from(outcome: Outcome<T>) -> Self {
         InFlightOutcome::from(outcome).into()

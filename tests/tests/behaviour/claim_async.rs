@@ -186,3 +186,72 @@ async fn async_stolen_claim_is_never_stamped_by_the_instance_that_lost_it() {
     assert_eq!(row(&mut conn).await, (true, false, 2));
     assert_eq!(AtomicUsize::load(&sent, Ordering::SeqCst), 2);
 }
+
+/// The old version of `send`'s consumer, in transaction mode, as a rolling deploy runs it
+/// beside the new one.
+#[idempotent(consumer = "email", key = msg.id)]
+async fn record_in_transaction(
+    conn: &mut AsyncConnection,
+    msg: &Credit,
+    recorded: &AtomicUsize,
+) -> Result<(), AppError> {
+    recorded.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
+/// One consumer run in both modes, async: a claim whose holder died is no duplicate for a
+/// transaction-mode handler — refused within its lease to be retried later, with an alert
+/// past it, a duplicate once claim mode completed it (`claim.rs` has the sync twin, with a
+/// batch).
+#[tokio::test(flavor = "multi_thread")]
+async fn async_a_claim_of_claim_mode_is_not_a_duplicate_for_another_mode() {
+    use inbox_diesel::{Action, ErrorClass};
+    let db = <Db>::new("async_claim_mixed_modes");
+    let mut conn = db.connect_async().await;
+    let (msg, recorded) = (Credit::new(1), AtomicUsize::new(0));
+    let sent = Arc::new(AtomicUsize::new(0));
+    let (hook, holding, _go) = held(&sent);
+    tokio::select! {
+        _ = send(&mut conn, &msg, &hook) => panic!("the body is held"),
+        _ = holding.notified() => {}
+    }
+    // The process is gone with its connection; the claim stays.
+    drop(conn);
+    let mut conn = db.connect_async().await;
+    let class = |answer: Result<inbox_diesel::Outcome<()>, AppError>| match answer {
+        Err(AppError::Inbox(e @ inbox_diesel::Error::OpenClaim { .. })) => {
+            (e.class(), e.class().action())
+        }
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        class(record_in_transaction(&mut conn, &msg, &recorded).await),
+        (ErrorClass::ClaimLost, Action::RetryLater)
+    );
+    inbox_diesel::testing::end_leases_async(&mut conn, &inbox_diesel::InboxSchema::DEFAULT).await;
+    assert_eq!(
+        class(record_in_transaction(&mut conn, &msg, &recorded).await),
+        (ErrorClass::Misuse, Action::Alert)
+    );
+    let hook = ClaimHook {
+        sent: sent.clone(),
+        ..ClaimHook::default()
+    };
+    assert_eq!(
+        send(&mut conn, &msg, &hook).await.unwrap(),
+        InFlightOutcome::Processed(())
+    );
+    assert!(
+        record_in_transaction(&mut conn, &msg, &recorded)
+            .await
+            .unwrap()
+            .is_duplicate()
+    );
+    assert_eq!(
+        (
+            AtomicUsize::load(&sent, Ordering::SeqCst),
+            AtomicUsize::load(&recorded, Ordering::SeqCst)
+        ),
+        (1, 0)
+    );
+}
