@@ -129,6 +129,26 @@ pub use request::{
 /// it; the draft names none).
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
+/// In the extensions of a response of [`Idempotent::run`] (never sent to the client): the
+/// body ran in this call, and its work committed with the key. What follows a commit — a
+/// job handed to a queue outside the database — goes where the response has it; a replay, a
+/// refusal and a failure have none.
+///
+/// ```
+/// use axum::response::{IntoResponse, Response};
+///
+/// fn after_commit(response: &Response) -> bool {
+///     response.extensions().get::<inbox_axum::Processed>().is_some()
+/// }
+/// assert!(!after_commit(&"replayed".into_response()));
+/// ```
+///
+/// A process that dies after the commit and before what follows leaves it undone, and the
+/// client's retry is replayed: what must follow the commit at least once goes in the
+/// transaction instead — a row the job runner reads, or the outbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Processed;
+
 impl<T> Idempotent<T> {
     /// Runs `body` once for this request's key, in one transaction with the key, the
     /// request's fingerprint and the [`Reply`] it returns, and answers:
@@ -298,7 +318,11 @@ impl<T> Idempotent<T> {
             }
         };
         match outcome {
-            StaleClaimOutcome::Processed(reply) => reply.into_response(),
+            StaleClaimOutcome::Processed(reply) => {
+                let mut response = reply.into_response();
+                response.extensions_mut().insert(Processed);
+                response
+            }
             StaleClaimOutcome::Duplicate {
                 stored: Some(reply),
                 ..

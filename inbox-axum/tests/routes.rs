@@ -524,3 +524,25 @@ fn a_failure_is_written_to_stderr_without_a_tracing_subscriber() {
     assert!(lines[0].contains("without a Principal"), "{stderr}");
     assert!(lines[1].contains("over the"), "{stderr}");
 }
+
+/// Whether the body ran in this call, from the response's extensions (`Processed`): what
+/// follows a commit — a job handed to a queue — runs on the first request only, not on its
+/// replay or on a failure.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_response_says_whether_the_body_ran() {
+    static RUNS: AtomicUsize = AtomicUsize::new(0);
+    let dir = tempfile::tempdir().unwrap();
+    let (router, _pool) = app(&dir, &RUNS).await;
+    async fn ran(router: &Router, request: Request<Body>) -> (StatusCode, bool) {
+        let response = router.clone().oneshot(request).await.unwrap();
+        let processed = response.extensions().get::<inbox_axum::Processed>();
+        (response.status(), processed.is_some())
+    }
+    let first = ran(&router, note("/lists/1/notes", Some("k-ran"), "first")).await;
+    assert_eq!(first, (StatusCode::CREATED, true));
+    let replay = ran(&router, note("/lists/1/notes", Some("k-ran"), "first")).await;
+    assert_eq!(replay, (StatusCode::CREATED, false));
+    let failed = ran(&router, note("/lists/1/notes", Some("k-fail"), "fail")).await;
+    assert_eq!(failed, (StatusCode::INTERNAL_SERVER_ERROR, false));
+    assert_eq!(AtomicUsize::load(&RUNS, Ordering::SeqCst), 2);
+}
