@@ -555,7 +555,11 @@ fn classify_message(message: &str) -> ErrorClass {
     // MySQL and MariaDB 1665 (`binlog_format = STATEMENT` under `READ COMMITTED` or `READ
     // UNCOMMITTED`), 1662–1664 and 1666 (a statement or engine the binary log's format
     // cannot take): "Cannot execute statement: impossible to write to binary log since …".
-    if message.contains("impossible to write to binary log") {
+    // PgBouncer in statement mode (`pool_mode = statement`), which allows no transaction and
+    // closes the client: its `FATAL`, in English whatever the server speaks.
+    if message.contains("impossible to write to binary log")
+        || message.contains("transaction blocks not allowed in statement pooling mode")
+    {
         return ErrorClass::ServerSetting;
     }
     let lower = message.to_ascii_lowercase();
@@ -955,6 +959,10 @@ mod tests {
             (
                 "Can't create more than max_prepared_stmt_count statements (current value: 3)",
                 ErrorClass::ResourceExhausted,
+            ),
+            (
+                "transaction blocks not allowed in statement pooling mode",
+                ErrorClass::ServerSetting,
             ),
             (
                 "temporary file size exceeds temp_file_limit (1024kB)",

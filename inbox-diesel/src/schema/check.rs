@@ -650,6 +650,58 @@ async fn read_catalog<S: Io>(
     })
 }
 
+/// PostgreSQL behind PgBouncer in statement mode (`pool_mode = statement`): it allows no
+/// transaction of more than one statement and closes the client at the first, with a
+/// `FATAL` neither driver hands on — every handler's transaction would fail as a lost
+/// connection, on every new connection too, and a pump would retry each message until the
+/// broker's delivery limit dead-letters it. [`verify`](crate::schema::verify) opens a
+/// transaction of its own and rolls it back: a session that answered the catalog's read a
+/// moment ago and is gone at that `BEGIN` is refused, naming the setting. Only outside any
+/// transaction (diesel's, or one opened as SQL); elsewhere, and on the other backends,
+/// nothing is sent.
+pub(crate) async fn refuse_statement_pooling<S: Io>(
+    io: &mut S,
+    schema: &InboxSchema,
+) -> Result<(), SchemaError> {
+    if S::Backend::BACKEND != Backend::Postgres
+        || !matches!(io.transaction_status().transaction_depth(), Ok(None))
+        || io
+            .batch(crate::spec::HandlerSpec::POSTGRES_NONE_OPEN)
+            .await
+            .is_err()
+    {
+        return Ok(());
+    }
+    match io.batch("BEGIN").await {
+        Ok(()) => io.batch("ROLLBACK").await.map_err(SchemaError::Database),
+        // Sync, a lost connection (libpq drops the `FATAL`); async, PgBouncer's words.
+        Err(e)
+            if matches!(
+                crate::classify(&e, schema),
+                inbox_core::ErrorClass::ConnectionLost | inbox_core::ErrorClass::ServerSetting
+            ) =>
+        {
+            Err(SchemaError::Mismatch {
+                table: schema.table(),
+                resolved: None,
+                problems: vec![SchemaProblem::Unsupported {
+                    found: "the session closed at a BEGIN of its own, right after it answered \
+                            the catalog's read"
+                        .into(),
+                    why: "PgBouncer in statement mode (`pool_mode = statement`) allows no \
+                          transaction and closes the client: every handler's transaction would \
+                          fail as a lost connection, on every connection",
+                    fix: "set `pool_mode = transaction` (with diesel's statement cache off) or \
+                          `session` for the consumers' database; if no pooler is there, the \
+                          server went away at that moment: verify again"
+                        .into(),
+                }],
+            })
+        }
+        Err(e) => Err(SchemaError::Database(e)),
+    }
+}
+
 /// The startup check on one connection: reads the catalog, compares, and on MySQL and
 /// MariaDB marks the session as checked ([`SessionMark`]). `claim`: the handler runs in
 /// claim mode, whose statements take more privileges.

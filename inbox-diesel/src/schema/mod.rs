@@ -56,7 +56,10 @@ pub use check::{SchemaError, SchemaProblem};
 /// Checks, at startup, that the inbox table on `conn` is what the runtime needs: the table,
 /// each column with a type the runtime works with, and the unique index the classifier
 /// recognises duplicates by — named `schema.constraint()`, unique, on
-/// `(message_id, consumer)`. Every difference is reported, each in words.
+/// `(message_id, consumer)`. Every difference is reported, each in words. On PostgreSQL,
+/// outside any transaction, it also opens one and rolls it back: PgBouncer in statement mode
+/// closes the session there, and is refused by name (each handler's own check does not
+/// probe; there it is a lost connection).
 ///
 /// ```
 /// # #[cfg(feature = "sqlite")] {
@@ -86,7 +89,11 @@ pub fn verify<C: crate::HandlerConnection>(
     impl crate::backends::OnBackend for Verify<'_> {
         type Output = Result<(), SchemaError>;
         fn run<C: crate::InboxConnection>(self, conn: &mut C) -> Self::Output {
-            verify_layout(conn, self.0, false).map(drop)
+            verify_layout(conn, self.0, false)?;
+            crate::io::complete_now(crate::schema::check::refuse_statement_pooling(
+                &mut crate::io::Blocking(conn),
+                self.0,
+            ))
         }
     }
     crate::backends::on_backend(conn, Verify(schema))
@@ -115,7 +122,8 @@ pub async fn verify_async<C: crate::AsyncInboxConnection>(
     conn: &mut C,
     schema: &InboxSchema,
 ) -> Result<(), SchemaError> {
-    verify_layout_async(conn, schema, false).await.map(drop)
+    verify_layout_async(conn, schema, false).await?;
+    crate::schema::check::refuse_statement_pooling(&mut crate::io::Awaiting(conn), schema).await
 }
 
 /// [`verify_async`], saying which optional columns the table has.
