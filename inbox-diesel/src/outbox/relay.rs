@@ -122,6 +122,14 @@ pub struct Relay {
 }
 
 impl Relay {
+    /// The crash point ([`crate::crash_point`], `Crash::At(Relay::SENT)` in the test kit,
+    /// `inbox_diesel::testing`) the relay reaches after each message the sink took, before the
+    /// round marks them sent: a relay that dies there has them sent again once their lease
+    /// ends — every message the sink took in that round, up to `batch`. A sink that cannot
+    /// pass the outbox id on as an idempotency key (plain SMTP) sends those again:
+    /// `Relay::batch(1)` narrows the window to one message.
+    pub const SENT: &'static str = "outbox-relay-sent";
+
     /// A relay of `outbox`: batches of 100, a 30 s lease, parked after 10 rejections, a
     /// 200 ms pause when there is nothing to send, 100 ms to 30 s when the sink is down.
     pub const fn new(outbox: Outbox) -> Self {
@@ -281,7 +289,10 @@ impl Relay {
                 continue;
             }
             match sink.send(&message).await {
-                Ok(()) => sent.push(message.seq),
+                Ok(()) => {
+                    sent.push(message.seq);
+                    crate::crash_point(Self::SENT);
+                }
                 Err(SinkError::Rejected(why)) => {
                     round.rejected += 1;
                     let parked = message.attempts + 1 >= self.max_attempts;

@@ -54,7 +54,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use inbox_core::InboxSchema;
 
-use crate::schema::{Backend, OptionalColumns};
+/// The backend a migration is written for (as [`crate::schema::Backend`]), beside
+/// [`InboxMigration`] so that one import brings both.
+pub use crate::schema::Backend;
+use crate::schema::OptionalColumns;
 
 /// The migration creating one inbox table on one backend — or adding its optional
 /// `key_text` column to one that exists ([`InboxMigration::add_key_text`]).

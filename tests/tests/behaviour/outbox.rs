@@ -609,6 +609,50 @@ fn a_send_whose_mark_was_lost_is_sent_again_with_its_id() {
     );
 }
 
+/// A relay that dies within a round, after its sink took the round's second message
+/// (`Crash::AtHit(Relay::SENT, 2)`), marked nothing: once the lease ends, every message the
+/// sink took in that round is sent again, with its id — two at the default batch, one at
+/// `batch(1)` — and nothing is lost.
+#[test]
+fn a_relay_that_dies_within_its_round_sends_the_round_again() {
+    use inbox_diesel::testing::{Crash, crash_during_async};
+    for (batch, again) in [(100, 2), (1, 1)] {
+        let db = Db::new(&format!("outbox_relay_crash_{batch}"));
+        setup(&db);
+        keyed_orders(&db, 2);
+        let downstream = Downstream::default();
+        runtime().block_on(async {
+            let relay = Relay::new(OUTBOX)
+                .batch(batch)
+                .lease(Duration::from_millis(300));
+            let mut conn = connect_url(db.url()).await;
+            let mut sink = downstream.clone();
+            crash_during_async(Crash::AtHit(Relay::SENT, 2), async {
+                while relay.run_once(&mut conn, &mut sink).await.unwrap().claimed > 0 {}
+            })
+            .await;
+            drop(conn);
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            let mut conn = connect_url(db.url()).await;
+            while relay.run_once(&mut conn, &mut sink).await.unwrap().claimed > 0 {}
+        });
+        let ids = downstream.ids();
+        let distinct = ids.iter().collect::<HashSet<_>>().len();
+        assert_eq!(
+            (ids.len(), distinct),
+            (6 + again, 6),
+            "batch {batch}: {ids:?}"
+        );
+        assert_eq!(
+            count(
+                &mut db.connect(),
+                "SELECT count(*) AS n FROM outbox WHERE sent_at IS NULL"
+            ),
+            0
+        );
+    }
+}
+
 /// The purge removes sent rows older than the age, in short batches, and never an unsent or
 /// a parked one.
 #[test]
