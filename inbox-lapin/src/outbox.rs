@@ -24,9 +24,13 @@
 //! AMQP headers, persistent, and `mandatory`: the row is marked sent once the broker confirms
 //! it. A message no queue is bound for comes back unroutable and is
 //! [`Rejected`](SinkError::Rejected) — parked after the relay's `max_attempts`, not lost in
-//! the exchange; a negative confirm is rejected too. A connection that cannot be opened or
-//! fails is [`Unavailable`](SinkError::Unavailable): the relay pauses, and the next send
-//! connects again.
+//! the exchange. A negative confirm — a queue at its `x-max-length` with
+//! `x-overflow = reject-publish`, a quorum queue without a majority — and a connection that
+//! cannot be opened or fails are [`Unavailable`](SinkError::Unavailable): the relay pauses
+//! (doubling up to its longest backoff) without counting an attempt, and the next send
+//! connects again. A channel the broker closes for what will not pass (an exchange that
+//! does not exist: `NOT_FOUND`) is `Unavailable` too, logged each round with the broker's
+//! words, until the exchange is declared.
 
 use inbox_diesel::outbox::Limits;
 use inbox_diesel::outbox::relay::{Outgoing, Sink, SinkError};
@@ -145,8 +149,15 @@ impl OutboxSink {
                  {:?} ({})",
                 message.destination, returned.reply_text
             ))),
-            Ok(Confirmation::Nack(_)) => Err(SinkError::Rejected(
-                "the broker did not accept the message (a negative confirm)".into(),
+            // A queue at its `x-max-length` with `x-overflow = reject-publish`, a quorum queue
+            // without a majority, an internal error of the broker's: a refusal that passes.
+            // Counted as a rejection, a full queue would park each key's oldest message
+            // within a minute, and every message behind it with it.
+            Ok(Confirmation::Nack(_)) => Err(SinkError::Unavailable(
+                "the broker did not accept the message (a negative confirm: a queue at its \
+                 x-max-length with reject-publish, a quorum queue without a majority); tried \
+                 again after a pause"
+                    .into(),
             )),
             Ok(Confirmation::NotRequested) => Err(SinkError::Unavailable(
                 "the channel does not confirm publishes".into(),

@@ -737,6 +737,68 @@ mod outbox {
         assert!(row.last_error.contains("unroutable"), "{}", row.last_error);
     }
 
+    /// A queue full for a while (`x-max-length` 1, `x-overflow = reject-publish`): the broker
+    /// answers the relay's publishes with negative confirms. The relay pauses on them — none
+    /// counted as an attempt, none parked however long it lasts (`max_attempts` 2) — and
+    /// sends each message once the queue has room again.
+    #[tokio::test]
+    async fn a_full_queue_pauses_the_relay_and_parks_nothing() {
+        let (_connection, channel) = channel().await;
+        let full = format!("inbox-lapin-full-{}", std::process::id());
+        channel
+            .queue_delete(full.as_str().into(), QueueDeleteOptions::default())
+            .await
+            .unwrap();
+        let mut arguments = FieldTable::default();
+        arguments.insert("x-max-length".into(), AMQPValue::LongInt(1));
+        arguments.insert(
+            "x-overflow".into(),
+            AMQPValue::LongString("reject-publish".into()),
+        );
+        channel
+            .queue_declare(
+                full.as_str().into(),
+                QueueDeclareOptions::default(),
+                arguments,
+            )
+            .await
+            .unwrap();
+        let store = store();
+        let key = MessageKey::text("order-full").unwrap();
+        assert!(
+            place(&mut store.connect(), &key, &full, 3)
+                .unwrap()
+                .is_processed()
+        );
+        let mut sink = OutboxSink::new(broker_url(), "");
+        let mut conn = relay_conn(&store).await;
+        let relay = Relay::new(OUTBOX)
+            .max_attempts(2)
+            .backoff(Duration::from_millis(1), Duration::from_millis(1));
+        let mut received = Vec::new();
+        let (mut parked, mut rejected, mut unavailable) = (0, 0, 0);
+        for round in 0..40 {
+            let report = relay.run_once(&mut conn, &mut sink).await.unwrap();
+            parked += report.parked;
+            rejected += report.rejected;
+            unavailable += usize::from(report.unavailable);
+            // Full for the first ten rounds; then the consumer takes what is there.
+            if round >= 10 {
+                received.extend(drain(&channel, &full).await);
+            }
+            if received.len() == 3 {
+                break;
+            }
+        }
+        assert_eq!((parked, rejected), (0, 0));
+        assert!(unavailable >= 9, "{unavailable}");
+        let bodies: Vec<_> = received.iter().map(|(_, body, _)| body.as_str()).collect();
+        assert_eq!(bodies, ["event 0", "event 1", "event 2"]);
+        let _ = channel
+            .queue_delete(full.as_str().into(), QueueDeleteOptions::default())
+            .await;
+    }
+
     /// A TCP relay to the broker that can be cut: the network between the outbox relay and
     /// RabbitMQ failing for real.
     struct Cut {

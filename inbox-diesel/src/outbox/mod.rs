@@ -476,8 +476,8 @@ pub struct OutboxPurge {
     pub removed: u64,
     /// Short `DELETE`s run.
     pub batches: u32,
-    /// Parked rows, never removed by a purge: delete them, or clear `parked_at` to send them
-    /// again, once their cause is known.
+    /// Parked rows, never removed by a purge: delete them, or clear `parked_at` and
+    /// `attempts` to send them again, once their cause is known.
     pub parked: u64,
 }
 

@@ -31,7 +31,8 @@
 //! `max_attempts` it is **parked**: `parked_at` and `last_error` say why, it is never
 //! purged, and the messages behind it *of the same destination and key* wait — their order
 //! forbids sending them first — until an operator deletes the parked row or clears its
-//! `parked_at`. Messages of other keys go on.
+//! `parked_at` and its `attempts` (kept, the next refusal parks it again at once). Messages
+//! of other keys go on.
 
 use std::fmt;
 use std::future::Future;
@@ -343,7 +344,14 @@ impl Relay {
     async fn claim<S: Io>(&self, io: &mut S, token: &str) -> QueryResult<Vec<Outgoing>> {
         let backend = S::Backend::BACKEND;
         let table = backend.quote_table(self.outbox.table);
-        let (until_before, until_after) = S::Backend::LEASE_UNTIL;
+        // PostgreSQL: the lease from the moment each row is claimed (`clock_timestamp()`),
+        // not from the statement's start — a claim that takes seconds (a long backlog under
+        // one key, a table not yet analysed) would otherwise hand out rows whose lease had
+        // already run, for another relay to claim while this one sends them.
+        let (until_before, until_after) = match backend {
+            Backend::Postgres => ("clock_timestamp() + ", " * INTERVAL '1 millisecond'"),
+            _ => S::Backend::LEASE_UNTIL,
+        };
         let candidates = self.candidates::<S::Backend>(self.batch, true);
         // A candidate `c` of `candidates` whose unsent predecessors of its key are all
         // candidates (`within`: the candidates' seqs). Both lookups of a key's rows are
@@ -547,7 +555,8 @@ impl Relay {
 pub struct Report {
     /// Rounds run.
     pub rounds: u64,
-    /// Messages sent and marked.
+    /// Messages the sink took: marked sent, or found taken over at the mark (sent again by
+    /// another relay, so counted by both: the sum over relays can exceed the rows).
     pub sent: u64,
     /// Messages rejected by the sink (attempts counted).
     pub rejected: u64,
