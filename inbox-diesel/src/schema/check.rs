@@ -665,12 +665,17 @@ pub(crate) async fn refuse_statement_pooling<S: Io>(
 ) -> Result<(), SchemaError> {
     if S::Backend::BACKEND != Backend::Postgres
         || !matches!(io.transaction_status().transaction_depth(), Ok(None))
-        || io
-            .batch(crate::spec::HandlerSpec::POSTGRES_NONE_OPEN)
-            .await
-            .is_err()
     {
         return Ok(());
+    }
+    // A transaction opened as SQL, which diesel does not count, is left alone, and asked
+    // about without an error that would abort it: a savepoint is refused only outside any
+    // transaction (25P01), where there is nothing to abort.
+    if io.batch("SAVEPOINT inbox_probe").await.is_ok() {
+        return io
+            .batch("RELEASE SAVEPOINT inbox_probe")
+            .await
+            .map_err(SchemaError::Database);
     }
     match io.batch("BEGIN").await {
         Ok(()) => io.batch("ROLLBACK").await.map_err(SchemaError::Database),
