@@ -333,8 +333,9 @@ impl Pump {
                 let wide = lock(window_ref).wide(cx.waker());
                 match consumers_ref.poll_next(cx, channel, wide) {
                     std::task::Poll::Ready(Some(Ok(delivery))) => {
-                        let stranger = lock(window_ref).arrived(&delivery);
-                        std::task::Poll::Ready(Some(Ok((delivery, stranger))))
+                        let identity = identity(&delivery);
+                        let stranger = lock(window_ref).arrived(&delivery, identity);
+                        std::task::Poll::Ready(Some(Ok((delivery, stranger, identity))))
                     }
                     std::task::Poll::Ready(Some(Err(e))) => std::task::Poll::Ready(Some(Err(e))),
                     std::task::Poll::Ready(None) => {
@@ -348,7 +349,7 @@ impl Pump {
             });
             deliveries
                 .for_each_concurrent(usize::from(self.prefetch), |delivery| async move {
-                    let (delivery, stranger) = match delivery {
+                    let (delivery, stranger, identity) = match delivery {
                         Ok(delivery) => delivery,
                         Err(e) => {
                             let _ = failed_ref.send(Some(e.to_string()));
@@ -358,7 +359,6 @@ impl Pump {
                     };
                     let acker = delivery.acker.clone();
                     let count = delivery_count(&delivery);
-                    let identity = identity(&delivery);
                     let span = process_span("rabbitmq", queue, count);
                     // The database failed the last delivery for its connection: this one
                     // waits at the gate, in hand, until the pause has passed and a delivery
@@ -561,10 +561,10 @@ impl Window {
         self.wide
     }
 
-    /// A delivery arrived: whether it is a stranger's redelivery, delivered before and not
-    /// handed back by this pump.
-    fn arrived(&mut self, delivery: &Delivery) -> bool {
-        delivery_count(delivery) >= 2 && !self.handed_back.remove(&identity(delivery))
+    /// A delivery of the message `identity` arrived: whether it is a stranger's redelivery,
+    /// delivered before and not handed back by this pump.
+    fn arrived(&mut self, delivery: &Delivery, identity: u64) -> bool {
+        delivery_count(delivery) >= 2 && !self.handed_back.remove(&identity)
     }
 
     /// A handler answered — whatever it answered, it did not take the process down. A

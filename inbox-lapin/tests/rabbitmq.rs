@@ -629,6 +629,14 @@ mod outbox {
         SyncConnectionWrapper::new(store.connect())
     }
 
+    /// A relay that parks a message after two refusals and pauses a millisecond: the
+    /// refusal tests' rounds follow one another at once.
+    fn quick_relay() -> Relay {
+        Relay::new(OUTBOX)
+            .max_attempts(2)
+            .backoff(Duration::from_millis(1), Duration::from_millis(1))
+    }
+
     /// Every message on the queue now: (message_id, body, header `at`).
     async fn drain(channel: &Channel, queue: &str) -> Vec<(String, String, String)> {
         let mut messages = Vec::new();
@@ -715,9 +723,7 @@ mod outbox {
         );
         let mut sink = OutboxSink::new(broker_url(), "");
         let mut conn = relay_conn(&store).await;
-        let relay = Relay::new(OUTBOX)
-            .max_attempts(2)
-            .backoff(Duration::from_millis(1), Duration::from_millis(1));
+        let relay = quick_relay();
         let mut parked = 0;
         for _ in 0..20 {
             parked += relay.run_once(&mut conn, &mut sink).await.unwrap().parked;
@@ -772,9 +778,7 @@ mod outbox {
         );
         let mut sink = OutboxSink::new(broker_url(), "");
         let mut conn = relay_conn(&store).await;
-        let relay = Relay::new(OUTBOX)
-            .max_attempts(2)
-            .backoff(Duration::from_millis(1), Duration::from_millis(1));
+        let relay = quick_relay();
         let mut received = Vec::new();
         let (mut parked, mut rejected, mut unavailable) = (0, 0, 0);
         for round in 0..40 {
