@@ -94,6 +94,11 @@ impl Purge {
     }
 
     /// A pause between batches, to leave the server's I/O to the consumers.
+    ///
+    /// On SQLite, which has one writer at a time, give a purge beside live consumers a
+    /// millisecond or more here: a consumer waiting for the write lock sleeps in its busy handler
+    /// (up to 100 ms at a time) and takes the lock only if it wakes while no batch holds it,
+    /// so a purge without pauses can leave it waiting for most of the run.
     pub fn pause_between_batches(self, pause: Duration) -> Self {
         Self { pause, ..self }
     }

@@ -332,12 +332,15 @@ fn purge_of_a_large_table_beside_a_live_consumer() {
             during_purge.load(Ordering::SeqCst) > 0
         });
         let before = during_purge.load(Ordering::SeqCst);
-        let report = purge(
-            &mut conn,
-            &inbox_diesel::InboxSchema::DEFAULT,
-            &Purge::older_than(std::time::Duration::from_secs(86_400)),
-        )
-        .unwrap();
+        let mut asked = Purge::older_than(std::time::Duration::from_secs(86_400));
+        if <DbConnection as inbox_diesel::InboxConnection>::BACKEND
+            == inbox_diesel::schema::Backend::Sqlite
+        {
+            // One writer at a time: a waiting consumer's busy handler wakes at intervals of up
+            // to 100 ms and takes the lock only if it finds it free, so the purge leaves gaps.
+            asked = asked.pause_between_batches(std::time::Duration::from_millis(1));
+        }
+        let report = purge(&mut conn, &inbox_diesel::InboxSchema::DEFAULT, &asked).unwrap();
         let while_purging = during_purge.load(Ordering::SeqCst) - before;
         purging.store(false, Ordering::SeqCst);
         let processed = consumer.join().unwrap();
