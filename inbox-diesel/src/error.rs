@@ -206,6 +206,20 @@ pub enum Error {
         /// Whether the claim is within its lease.
         live: bool,
     },
+    /// A claim-mode handler given a pool in place of its connection took no connection from
+    /// it: the pool's checkout timed out, or it could not open one. The claim and the stamp
+    /// each take a connection of their own, and the side effect between them holds none.
+    /// `after_effect: None`: for the claim; nothing ran, class
+    /// [`ErrorClass::ConnectionLost`] (`Reconnect`): redeliver later. `Some(attempt)`: for
+    /// the stamp, after that attempt's side effect ran (three checkouts were tried): as
+    /// [`Error::EffectNotRecorded`], class [`ErrorClass::EffectNotRecorded`] (`Alert`) — the
+    /// claim stays open until its lease ends.
+    Checkout {
+        /// The attempt whose side effect ran before the checkout for its stamp failed.
+        after_effect: Option<u32>,
+        /// The pool's error.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 /// Why a handler with `store_result` could not store its result or read one back.
@@ -273,6 +287,13 @@ impl Error {
             Error::KeyReused { .. } => ErrorClass::Other,
             Error::OpenClaim { live: true, .. } => ErrorClass::ClaimLost,
             Error::OpenClaim { live: false, .. } => ErrorClass::Misuse,
+            Error::Checkout {
+                after_effect: None, ..
+            } => ErrorClass::ConnectionLost,
+            Error::Checkout {
+                after_effect: Some(_),
+                ..
+            } => ErrorClass::EffectNotRecorded,
         }
     }
 }
@@ -407,6 +428,20 @@ impl fmt::Display for Error {
                  duplicate. A claim-mode handler of the consumer takes it over (`on_expired`); \
                  give each mode its own consumer name"
             ),
+            Error::Checkout {
+                after_effect: None,
+                source,
+            } => write!(
+                f,
+                "inbox: the pool gave the claim no connection; nothing ran: {source}"
+            ),
+            Error::Checkout {
+                after_effect: Some(attempt),
+                source,
+            } => write!(
+                f,
+                "inbox: the side effect of attempt {attempt} ran, but the pool gave its stamp                  no connection: {source}"
+            ),
             // The server's words too (which table, which setting, which limit): an operator
             // who logs only `{e}` reads what to act on. The diesel error stays the
             // `source()`, where handlers' error types look for it.
@@ -452,6 +487,7 @@ impl std::error::Error for Error {
             Error::Database { source, .. } | Error::EffectNotRecorded { source, .. } => {
                 Some(source)
             }
+            Error::Checkout { source, .. } => Some(&**source),
         }
     }
 }

@@ -314,6 +314,7 @@ mod guard;
 pub mod handler;
 mod io;
 pub mod outbox;
+pub mod pool;
 pub mod purge;
 mod runtime;
 pub mod schema;
@@ -372,7 +373,7 @@ pub mod __private;
 /// |---|---|---|
 /// | `consumer` | string literal: the handler's name, stored in the marker; non-empty, ≤ 200 bytes, no control characters (checked at compile time) | required |
 /// | `key` | an expression over the parameters whose type implements [`ToMessageKey`] (`Uuid`, text, bytes, integers up to `u128`, `url::Url` with the feature `url`, a tuple of those — a composite key, `key = (version_id, email)`, each part borrowed —, `format!` with inline arguments); borrowed, not moved; an empty key or one over 64 KiB is an error before any SQL | required |
-/// | `conn` | the name of the connection parameter | the one `&mut …Connection` parameter |
+/// | `conn` | the name of the connection parameter (in claim mode, a `&` pool's: [`pool`]) | the one `&mut …Connection` parameter; in claim mode without one, the one `&…Pool<…>` parameter |
 /// | `retries` | integer: retries of transient failures, each in a fresh transaction | `3` |
 /// | `isolation` | `"read committed"`, `"repeatable read"` or `"serializable"` (PostgreSQL, MySQL, MariaDB; SQLite is always serializable) | the server's default |
 /// | `table` | string literal: the inbox table, optionally qualified (`"billing.inbox"`) | `"inbox"` |

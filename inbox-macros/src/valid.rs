@@ -133,7 +133,11 @@ pub fn validate(args: Args, item: &ItemFn) -> syn::Result<Handler> {
             None
         }
     };
-    let conn = errors.take(connection(args.conn.as_ref(), item));
+    let conn = errors.take(connection(
+        args.conn.as_ref(),
+        item,
+        matches!(mode, Mode::Claim { .. }),
+    ));
     let ret = errors.take(return_type(item));
     let retries = match &args.retries {
         Some(lit) => errors.take(lit.base10_parse::<u32>().map_err(|_| {
@@ -661,8 +665,9 @@ fn key_uses_a_parameter(key: Expr, item: &ItemFn) -> syn::Result<Expr> {
 }
 
 /// The parameter that carries the transaction: named with `conn = …`, or the one parameter of
-/// type `&mut …Connection`.
-fn connection(named: Option<&Ident>, item: &ItemFn) -> syn::Result<Ident> {
+/// type `&mut …Connection`. In claim mode a pool may carry the claim and the stamp instead:
+/// a parameter of type `&…Pool<…>` when no connection is there, or any `&` one named.
+fn connection(named: Option<&Ident>, item: &ItemFn, claim: bool) -> syn::Result<Ident> {
     let typed = item.sig.inputs.iter().filter_map(|input| match input {
         FnArg::Typed(typed) => match &*typed.pat {
             Pat::Ident(pat) if pat.subpat.is_none() => Some((&pat.ident, &*typed.ty)),
@@ -680,7 +685,9 @@ fn connection(named: Option<&Ident>, item: &ItemFn) -> syn::Result<Ident> {
             ));
         };
         return match peel(ty) {
-            Type::Reference(reference) if reference.mutability.is_some() => Ok(ident.clone()),
+            Type::Reference(reference) if reference.mutability.is_some() || claim => {
+                Ok(ident.clone())
+            }
             _ => Err(syn::Error::new_spanned(
                 ty,
                 format!(
@@ -694,6 +701,17 @@ fn connection(named: Option<&Ident>, item: &ItemFn) -> syn::Result<Ident> {
         .filter(|(_, ty)| is_connection_ref(ty, true))
         .map(|(ident, _)| ident)
         .collect();
+    let pools: Vec<&Ident> = typed
+        .clone()
+        .filter(|(_, ty)| is_pool_ref(ty))
+        .map(|(ident, _)| ident)
+        .collect();
+    if candidates.is_empty() && claim {
+        // Claim mode on a pool: the claim and the stamp each check a connection out.
+        if let [pool] = pools.as_slice() {
+            return Ok((*pool).clone());
+        }
+    }
     if candidates.is_empty() {
         // No type is named like a connection (an alias such as `type Db = …` hides it): the
         // one `&mut` parameter of a named type is the connection.
@@ -721,10 +739,21 @@ fn connection(named: Option<&Ident>, item: &ItemFn) -> syn::Result<Ident> {
     }
     match candidates.as_slice() {
         [conn] => Ok((*conn).clone()),
+        [] if !claim && !pools.is_empty() => Err(syn::Error::new(
+            pools[0].span(),
+            format!(
+                "a pool carries a handler's markers in claim mode only (`mode = \"claim\"`, \
+                 where the claim and the stamp each check a connection out and the side \
+                 effect holds none); a transaction-mode body runs in one transaction on one \
+                 connection: take `conn: &mut PgConnection` and pass `&mut {}.get()?`",
+                pools[0]
+            ),
+        )),
         [] => Err(syn::Error::new(
             item.sig.paren_token.span.join(),
             "an #[idempotent] handler needs its connection as a parameter, e.g. \
-             `conn: &mut PgConnection`; if it has another type, name it: `conn = db`",
+             `conn: &mut PgConnection` (in claim mode, or a pool: `pool: &Pool<…>`); if it \
+             has another type, name it: `conn = db`",
         )),
         // Several parameters are named like connections (a Redis or AMQP client can be):
         // the first is taken, and the compiler says so if it is not a diesel connection.
@@ -750,6 +779,24 @@ fn is_connection_ref(ty: &Type, by_name: bool) -> bool {
         let name = segment.ident.to_string();
         !by_name || name.ends_with("Connection") || name == "SyncConnectionWrapper"
     })
+}
+
+/// `&Pool<…>`, `&bb8::Pool<…>`, `&GuardedPool<…>`, `&PgPool`: a shared reference to a type
+/// whose name ends in `Pool`.
+fn is_pool_ref(ty: &Type) -> bool {
+    let Type::Reference(reference) = peel(ty) else {
+        return false;
+    };
+    if reference.mutability.is_some() {
+        return false;
+    }
+    let Type::Path(path) = peel(&reference.elem) else {
+        return false;
+    };
+    path.path
+        .segments
+        .last()
+        .is_some_and(|segment| segment.ident.to_string().ends_with("Pool"))
 }
 
 /// A type as written, without the invisible groups of a `macro_rules!` `$t:ty` or parentheses.

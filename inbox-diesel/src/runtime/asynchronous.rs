@@ -15,6 +15,7 @@ use tracing::Instrument;
 use crate::dialect::claim::{ClaimAnswer, ClaimStep};
 use crate::dialect::layout::Layout;
 use crate::io::Awaiting;
+use crate::pool::{AsyncClaimPool, ClaimOn, ClaimTarget};
 use crate::runtime::claim::ClaimSpec;
 use crate::runtime::driver::{self, BatchClaims, NewMessages, Steps};
 use crate::runtime::stored::{Fingerprint, Kept, Remembered};
@@ -293,15 +294,15 @@ where
     result
 }
 
-/// Runs `body` in claim mode, on a diesel-async connection; see `driver::drive_claim` for
-/// the steps.
+/// Runs `body` in claim mode, on a diesel-async connection or a pool (`conn`: `&mut` the
+/// one, `&` the other, [`crate::pool`]); see `driver::drive_claim` for the steps.
 #[allow(
     clippy::too_many_arguments,
     reason = "the pieces the expansion of `#[idempotent]` writes, each its own argument"
 )]
-pub async fn run_claim_async<C, T, E, B, A>(
+pub async fn run_claim_async<H, T, E, B, A>(
     _outcome: PhantomData<A>,
-    conn: &mut C,
+    mut conn: H,
     spec: &'static HandlerSpec,
     claim: ClaimSpec,
     key: Result<MessageKey, KeyError>,
@@ -310,25 +311,100 @@ pub async fn run_claim_async<C, T, E, B, A>(
     inbox_error: fn(Error) -> E,
 ) -> Result<A, E>
 where
-    C: AsyncInboxConnection,
+    H: ClaimTarget,
+    H::Connection: AsyncInboxConnection,
+    H::Pool: AsyncClaimPool<Connection = H::Connection>,
     B: for<'c> AsyncBody<&'c mut NoConnection, Result<T, E>, Fut: Send>,
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
     let key = key.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
     let run = Run::message(spec, &key, true);
-    let result = driver::drive_claim(
-        Awaiting(conn),
-        spec,
-        claim,
-        key,
-        OnceWithoutConnection(Some(body)),
-        remembered,
-        inbox_error,
-    )
-    .instrument(run.instrument_span())
-    .await;
+    let body = OnceWithoutConnection(Some(body));
+    let result = match conn.__inbox_claim_target() {
+        ClaimOn::Connection(conn) => {
+            driver::drive_claim(
+                Awaiting(conn),
+                spec,
+                claim,
+                key,
+                body,
+                remembered,
+                inbox_error,
+            )
+            .instrument(run.instrument_span())
+            .await
+        }
+        ClaimOn::Pool(pool) => {
+            claim_on_pool(pool, spec, claim, key, body, remembered, inbox_error)
+                .instrument(run.instrument_span())
+                .await
+        }
+    };
     run.finish(&result);
     result
+}
+
+/// Claim mode on a pool: the claim and the stamp each on a checkout of their own, the body
+/// with none.
+async fn claim_on_pool<P, T, E, B, A>(
+    pool: &P,
+    spec: &'static HandlerSpec,
+    claim: ClaimSpec,
+    key: MessageKey,
+    mut body: B,
+    remembered: Remembered<T>,
+    inbox_error: fn(Error) -> E,
+) -> Result<A, E>
+where
+    P: AsyncClaimPool,
+    P::Connection: AsyncInboxConnection,
+    B: driver::Body<NoConnection, Result<T, E>>,
+    A: HandlerOutcome<T, InFlightWitness = ()>,
+{
+    let started = {
+        let mut checkout = pool
+            .checkout()
+            .await
+            .map_err(|source| driver::claim_not_started(spec, source, inbox_error))?;
+        driver::claim_started(
+            &mut Awaiting(&mut *checkout),
+            spec,
+            claim,
+            &key,
+            remembered,
+            inbox_error,
+        )
+        .await?
+    };
+    let (holding, remembered) = match started {
+        driver::Started::Answered(answer) => return Ok(answer),
+        driver::Started::Holding(holding, remembered) => (holding, remembered),
+    };
+    let ran = driver::run_detached(spec, &holding, &mut body).await;
+    let mut failure = None;
+    for _ in 0..driver::STAMP_CHECKOUTS {
+        match pool.checkout().await {
+            Ok(mut checkout) => {
+                let mut steps = Awaiting(&mut *checkout);
+                if let Err(e) = driver::prepared_for_stamp(&mut steps, &holding).await {
+                    return driver::claim_unsettled(spec, holding, ran, Box::new(e), inbox_error);
+                }
+                return driver::claim_finished(
+                    &mut steps,
+                    spec,
+                    holding,
+                    key,
+                    ran,
+                    remembered,
+                    inbox_error,
+                )
+                .await;
+            }
+            Err(source) => failure = Some(source),
+        }
+    }
+    let source = failure.expect("a checkout was tried");
+    driver::claim_unsettled(spec, holding, ran, source, inbox_error)
 }
 
 impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {

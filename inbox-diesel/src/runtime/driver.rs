@@ -32,7 +32,7 @@ use crate::runtime::stored::{Fingerprint, Kept, Remembered};
 use crate::schema::check::SchemaError;
 use crate::spec::HandlerSpec;
 use crate::telemetry;
-use crate::{Error, classify, tripwire};
+use crate::{Error, NoConnection, classify, tripwire};
 
 /// What a connection does for the driver: open, claim, commit, roll back, wait.
 pub(crate) trait Steps {
@@ -1793,6 +1793,47 @@ where
     B: Body<S::Conn, Result<T, E>>,
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
+    let (holding, remembered) =
+        match claim_started(&mut steps, spec, claim, &key, remembered, inbox_error).await? {
+            Started::Answered(answer) => return Ok(answer),
+            Started::Holding(holding, remembered) => (holding, remembered),
+        };
+    let net = steps.net();
+    let ran = run_body(spec, &mut body, steps.conn(), None, net).await;
+    claim_finished(&mut steps, spec, holding, key, ran, remembered, inbox_error).await
+}
+
+/// What phase 1 of claim mode left: the answer, without a claim (a duplicate, a claim in
+/// flight, a stale claim reported), or the claim this delivery holds.
+pub(crate) enum Started<A, T> {
+    Answered(A),
+    Holding(Holding, Remembered<T>),
+}
+
+/// The claim a delivery holds while its body runs: its attempt, and the table's layout as
+/// the claim found it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Holding {
+    attempt: u32,
+    layout: Layout,
+    run: &'static HandlerSpec,
+    /// Whether the claim's connection had the net ([`tripwire::net`]).
+    netted: bool,
+}
+
+/// Phase 1 of claim mode ([`drive_claim`]): the claim, committed on its own.
+pub(crate) async fn claim_started<S, T, E, A>(
+    steps: &mut S,
+    spec: &'static HandlerSpec,
+    claim: ClaimSpec,
+    key: &MessageKey,
+    remembered: Remembered<T>,
+    inbox_error: fn(Error) -> E,
+) -> Result<Started<A, T>, E>
+where
+    S: Steps,
+    A: HandlerOutcome<T, InFlightWitness = ()>,
+{
     tracing::debug!(key = ?key, "handling message");
     // A lease given as an expression (a setting), checked before anything runs; a literal
     // was checked at compile time.
@@ -1801,17 +1842,17 @@ where
             lease_ms: claim.lease_ms,
         }));
     }
-    take_back(&mut steps).await;
-    let (mut layout, mut run) = schema_checked(&mut steps, spec, true, inbox_error).await?;
+    take_back(steps).await;
+    let (mut layout, mut run) = schema_checked(steps, spec, true, inbox_error).await?;
     kept_columns(spec, layout, &remembered, inbox_error)?;
     let (mut retries, mut rechecked, mut uncached) = (0, false, false);
     let attempt = loop {
         let acquired = acquire(
-            &mut steps,
+            steps,
             run,
             claim,
             layout,
-            &key,
+            key,
             A::STALE_CLAIM,
             remembered.fingerprint,
         )
@@ -1825,7 +1866,7 @@ where
                 telemetry::failed(spec, ErrorClass::Other.label());
                 return Err(inbox_error(Error::KeyReused {
                     consumer: spec.consumer.clone(),
-                    key,
+                    key: key.clone(),
                 }));
             }
             Ok(Acquired::Attempt(attempt)) => break attempt,
@@ -1834,13 +1875,16 @@ where
                 let stored = match remembered.store {
                     Some(_) => {
                         let kept =
-                            read_kept(&mut steps, run, &key, &remembered, false, inbox_error)
-                                .await?;
-                        stored_value(run, &key, kept, remembered, inbox_error)?
+                            read_kept(steps, run, key, &remembered, false, inbox_error).await?;
+                        stored_value(run, key, kept, remembered, inbox_error)?
                     }
                     None => None,
                 };
-                return Ok(A::from_duplicate(spec.consumer.clone(), key, stored));
+                return Ok(Started::Answered(A::from_duplicate(
+                    spec.consumer.clone(),
+                    key.clone(),
+                    stored,
+                )));
             }
             Ok(Acquired::Live(lease_left)) => {
                 tracing::info!(
@@ -1848,12 +1892,12 @@ where
                     lease_left_ms = lease_left.map(|left| left.as_millis() as u64),
                     "claimed by a live delivery; body not run"
                 );
-                return Ok(A::from_in_flight(
+                return Ok(Started::Answered(A::from_in_flight(
                     spec.consumer.clone(),
-                    key,
+                    key.clone(),
                     lease_left,
                     (),
-                ));
+                )));
             }
             Ok(Acquired::Stale(attempts, witness)) => {
                 telemetry::stale_claim(spec, "reported");
@@ -1862,29 +1906,159 @@ where
                     attempts,
                     "a claim's lease ended without completion; left for reconciliation"
                 );
-                return Ok(A::from_stale_claim(
+                return Ok(Started::Answered(A::from_stale_claim(
                     spec.consumer.clone(),
-                    key,
+                    key.clone(),
                     attempts,
                     witness,
-                ));
+                )));
             }
             Err(e) if !rechecked && needs_recheck(&e, spec) => {
                 rechecked = true;
-                (layout, run) = rechecked_layout(&mut steps, spec, true, inbox_error).await?;
+                (layout, run) = rechecked_layout(steps, spec, true, inbox_error).await?;
             }
             // A prepared statement lost or clashing behind a transaction-mode pooler: as in
             // transaction mode, the connection stops caching them, once, and claims again.
-            Err(e) if !uncached && statement_lost(&mut steps, &e, spec) => uncached = true,
-            Err(e) => wait_or_give_up(&mut steps, spec, e, &mut retries, inbox_error).await?,
+            Err(e) if !uncached && statement_lost(steps, &e, spec) => uncached = true,
+            Err(e) => wait_or_give_up(steps, spec, e, &mut retries, inbox_error).await?,
         }
     };
 
     tracing::debug!(attempt, "claimed; running the body");
     crash_point!(AfterClaim);
     telemetry::attempt(attempt);
-    let net = steps.net();
-    let result = match run_body(spec, &mut body, steps.conn(), None, net).await {
+    let netted = steps.net().is_some();
+    Ok(Started::Holding(
+        Holding {
+            attempt,
+            layout,
+            run,
+            netted,
+        },
+        remembered,
+    ))
+}
+
+/// Phase 2 of claim mode on a pool: the body, run with no connection checked out. Every
+/// write it sends on a connection with the net escapes; where the net is installed and the
+/// claim's connection had none, the body is refused ([`Error::NetMissing`]), as on one
+/// connection.
+pub(crate) async fn run_detached<T, E, B>(
+    spec: &'static HandlerSpec,
+    holding: &Holding,
+    body: &mut B,
+) -> Result<Result<T, E>, Panicked>
+where
+    B: Body<NoConnection, Result<T, E>>,
+{
+    /// No net's address: the body has no connection of its own to write on.
+    const NO_CONNECTION: usize = 0;
+    let net = holding.netted.then_some(NO_CONNECTION);
+    run_body(spec, body, &mut NoConnection::new(), None, net).await
+}
+
+/// Phase 3 of claim mode on a pool whose checkout for it failed (`source`): the claim stays
+/// until its lease ends. A body that failed or was stopped answers as it would have; a
+/// body that succeeded ran its side effect, which is [`Error::Checkout`] with its attempt.
+pub(crate) fn claim_unsettled<T, E, A>(
+    spec: &'static HandlerSpec,
+    holding: Holding,
+    ran: Result<Result<T, E>, Panicked>,
+    source: crate::pool::CheckoutFailure,
+    inbox_error: fn(Error) -> E,
+) -> Result<A, E> {
+    let attempt = holding.attempt;
+    match ran {
+        Ok(Ok(_)) => {
+            tracing::error!(
+                outcome = "effect_not_recorded",
+                attempt,
+                error = %source,
+                "the side effect ran, but the pool gave its stamp no connection"
+            );
+            telemetry::failed(spec, ErrorClass::EffectNotRecorded.label());
+            Err(inbox_error(Error::Checkout {
+                after_effect: Some(attempt),
+                source,
+            }))
+        }
+        Ok(Err(e)) => {
+            tracing::error!(
+                outcome = "failed",
+                attempt,
+                error = %source,
+                "handler returned an error; the pool gave its release no connection"
+            );
+            telemetry::failed(spec, telemetry::error_type(None));
+            Err(e)
+        }
+        Err(Panicked(payload)) if is_stopped(&*payload) => {
+            tracing::error!(error = %source, "the pool gave the release of a stopped body no connection");
+            telemetry::failed(spec, ErrorClass::Misuse.label());
+            Err(inbox_error(stopped(payload)))
+        }
+        Err(Panicked(payload)) => {
+            tracing::error!(
+                outcome = "panicked",
+                attempt,
+                "the handler's body panicked; its claim stays until the lease ends"
+            );
+            std::panic::resume_unwind(payload)
+        }
+    }
+}
+
+/// A checkout for a claim-mode handler's claim failed: nothing ran.
+pub(crate) fn claim_not_started<E>(
+    spec: &'static HandlerSpec,
+    source: crate::pool::CheckoutFailure,
+    inbox_error: fn(Error) -> E,
+) -> E {
+    tracing::warn!(error = %source, "the pool gave the claim no connection; nothing ran");
+    telemetry::failed(spec, ErrorClass::ConnectionLost.label());
+    inbox_error(Error::Checkout {
+        after_effect: None,
+        source,
+    })
+}
+
+/// How many checkouts the stamp of a claim made on a pool is given.
+pub(crate) const STAMP_CHECKOUTS: u32 = 3;
+
+/// Before phase 3 on a connection checked out for it: a connection a cancelled delivery
+/// left in error is taken back, and the connection is prepared as phase 1 prepares its own
+/// (no transaction open, SQLite's busy timeout).
+pub(crate) async fn prepared_for_stamp<S: Steps>(
+    steps: &mut S,
+    holding: &Holding,
+) -> QueryResult<()> {
+    take_back(steps).await;
+    steps.prepare_claim(holding.run).await
+}
+
+/// Phase 2 and 3 of claim mode ([`drive_claim`]): what the body `ran` to, settled on the
+/// claim `holding` — released after an error, stamped after success — on `steps`, the
+/// connection of the claim or another one.
+pub(crate) async fn claim_finished<S, T, E, A>(
+    steps: &mut S,
+    spec: &'static HandlerSpec,
+    holding: Holding,
+    key: MessageKey,
+    ran: Result<Result<T, E>, Panicked>,
+    remembered: Remembered<T>,
+    inbox_error: fn(Error) -> E,
+) -> Result<A, E>
+where
+    S: Steps,
+    A: HandlerOutcome<T, InFlightWitness = ()>,
+{
+    let Holding {
+        attempt,
+        layout,
+        run,
+        ..
+    } = holding;
+    let result = match ran {
         Ok(result) => result,
         Err(Panicked(payload)) if is_stopped(&*payload) => {
             if let Err(error) = steps
@@ -1994,7 +2168,7 @@ where
             // The side effect ran: a statement lost behind a pooler must not leave it
             // unrecorded. The cache off, diesel-async's driver still names what it prepares:
             // a few more tries, on another server connection each.
-            Err(e) if lost < 3 && statement_lost(&mut steps, &e, spec) => lost += 1,
+            Err(e) if lost < 3 && statement_lost(steps, &e, spec) => lost += 1,
             Err(e) => match retry_after(spec, &e, retries) {
                 Some(after) => {
                     retries += 1;
@@ -2455,7 +2629,7 @@ async fn run_body<C, R, B: Body<C, R>>(
 }
 
 /// The payload of a panic in the handler's body, resumed once the transaction is rolled back.
-struct Panicked(Box<dyn Any + Send>);
+pub(crate) struct Panicked(Box<dyn Any + Send>);
 
 /// Whether the body was stopped by the tripwire — a write the net stopped, a checkout a
 /// guarded pool refused, a handler's connection without the net the process installed —

@@ -12,6 +12,7 @@ use crate::backends::Visit;
 use crate::dialect::claim::{ClaimAnswer, ClaimStep};
 use crate::dialect::layout::Layout;
 use crate::io::{Blocking, complete_now};
+use crate::pool::{ClaimOn, ClaimPool, ClaimTarget};
 use crate::runtime::claim::ClaimSpec;
 use crate::runtime::driver::{self, BatchClaims, NewMessages, Steps};
 use crate::runtime::stored::{Fingerprint, Kept, Remembered};
@@ -311,14 +312,15 @@ where
     }
 }
 
-/// Runs `body` in claim mode, on a sync connection; see `driver::drive_claim` for the steps.
+/// Runs `body` in claim mode, on a sync connection or a pool (`conn`: `&mut` the one, `&`
+/// the other, [`crate::pool`]); see `driver::drive_claim` for the steps.
 #[allow(
     clippy::too_many_arguments,
     reason = "the pieces the expansion of `#[idempotent]` writes, each its own argument"
 )]
-pub fn run_claim<C, T, E, B, A>(
+pub fn run_claim<H, T, E, B, A>(
     _outcome: PhantomData<A>,
-    conn: &mut C,
+    mut conn: H,
     spec: &'static HandlerSpec,
     claim: ClaimSpec,
     key: Result<MessageKey, KeyError>,
@@ -327,20 +329,173 @@ pub fn run_claim<C, T, E, B, A>(
     inbox_error: fn(Error) -> E,
 ) -> Result<A, E>
 where
-    C: HandlerConnection,
+    H: ClaimTarget,
+    H::Connection: HandlerConnection,
+    H::Pool: ClaimPool<Connection = H::Connection>,
     B: FnOnce(&mut NoConnection) -> Result<T, E>,
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
     let key = key.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
-    conn.__inbox_visit(Claim {
-        outcome: PhantomData::<A>,
-        spec,
-        claim,
-        key,
-        body,
-        remembered,
-        inbox_error,
-    })
+    match conn.__inbox_claim_target() {
+        ClaimOn::Connection(conn) => conn.__inbox_visit(Claim {
+            outcome: PhantomData::<A>,
+            spec,
+            claim,
+            key,
+            body,
+            remembered,
+            inbox_error,
+        }),
+        ClaimOn::Pool(pool) => claim_on_pool(pool, spec, claim, key, body, remembered, inbox_error),
+    }
+}
+
+/// Claim mode on a pool: the claim and the stamp each on a checkout of their own, the body
+/// with none.
+fn claim_on_pool<P, T, E, B, A>(
+    pool: &P,
+    spec: &'static HandlerSpec,
+    claim: ClaimSpec,
+    key: MessageKey,
+    body: B,
+    remembered: Remembered<T>,
+    inbox_error: fn(Error) -> E,
+) -> Result<A, E>
+where
+    P: ClaimPool,
+    P::Connection: HandlerConnection,
+    B: FnOnce(&mut NoConnection) -> Result<T, E>,
+    A: HandlerOutcome<T, InFlightWitness = ()>,
+{
+    let run = Run::message(spec, &key, true);
+    let span = run.instrument_span();
+    let result = span.in_scope(|| {
+        let started = {
+            let mut checkout = pool
+                .checkout()
+                .map_err(|source| driver::claim_not_started(spec, source, inbox_error))?;
+            (*checkout).__inbox_visit(ClaimStart {
+                outcome: PhantomData::<A>,
+                spec,
+                claim,
+                key: &key,
+                remembered,
+                inbox_error,
+            })?
+        };
+        let (holding, remembered) = match started {
+            driver::Started::Answered(answer) => return Ok(answer),
+            driver::Started::Holding(holding, remembered) => (holding, remembered),
+        };
+        let ran = complete_now(driver::run_detached(
+            spec,
+            &holding,
+            &mut OnceWithoutConnection(Some(body)),
+        ));
+        let mut failure = None;
+        for _ in 0..driver::STAMP_CHECKOUTS {
+            match pool.checkout() {
+                Ok(mut checkout) => {
+                    return (*checkout).__inbox_visit(ClaimFinish {
+                        outcome: PhantomData::<A>,
+                        spec,
+                        holding,
+                        key,
+                        ran,
+                        remembered,
+                        inbox_error,
+                    });
+                }
+                Err(source) => failure = Some(source),
+            }
+        }
+        let source = failure.expect("a checkout was tried");
+        driver::claim_unsettled(spec, holding, ran, source, inbox_error)
+    });
+    run.finish(&result);
+    result
+}
+
+/// Phase 1 of claim mode on a pool's checkout.
+struct ClaimStart<'k, A, T, E> {
+    outcome: PhantomData<A>,
+    spec: &'static HandlerSpec,
+    claim: ClaimSpec,
+    key: &'k MessageKey,
+    remembered: Remembered<T>,
+    inbox_error: fn(Error) -> E,
+}
+
+impl<O, A, T, E> Visit<O> for ClaimStart<'_, A, T, E>
+where
+    A: HandlerOutcome<T, InFlightWitness = ()>,
+{
+    type Output = Result<driver::Started<A, T>, E>;
+
+    fn visit<C: InboxConnection>(
+        self,
+        outer: &mut O,
+        project: fn(&mut O) -> &mut C,
+    ) -> Self::Output {
+        let ClaimStart {
+            spec,
+            claim,
+            key,
+            remembered,
+            inbox_error,
+            ..
+        } = self;
+        complete_now(driver::claim_started(
+            &mut Projected { outer, project },
+            spec,
+            claim,
+            key,
+            remembered,
+            inbox_error,
+        ))
+    }
+}
+
+/// Phase 3 of claim mode on a pool's checkout.
+struct ClaimFinish<A, T, E> {
+    outcome: PhantomData<A>,
+    spec: &'static HandlerSpec,
+    holding: driver::Holding,
+    key: MessageKey,
+    ran: Result<Result<T, E>, driver::Panicked>,
+    remembered: Remembered<T>,
+    inbox_error: fn(Error) -> E,
+}
+
+impl<O, A, T, E> Visit<O> for ClaimFinish<A, T, E>
+where
+    A: HandlerOutcome<T, InFlightWitness = ()>,
+{
+    type Output = Result<A, E>;
+
+    fn visit<C: InboxConnection>(
+        self,
+        outer: &mut O,
+        project: fn(&mut O) -> &mut C,
+    ) -> Self::Output {
+        let ClaimFinish {
+            spec,
+            holding,
+            key,
+            ran,
+            remembered,
+            inbox_error,
+            ..
+        } = self;
+        let mut steps = Projected { outer, project };
+        complete_now(async {
+            if let Err(e) = driver::prepared_for_stamp(&mut steps, &holding).await {
+                return driver::claim_unsettled(spec, holding, ran, Box::new(e), inbox_error);
+            }
+            driver::claim_finished(&mut steps, spec, holding, key, ran, remembered, inbox_error)
+                .await
+        })
+    }
 }
 
 /// A claim-mode run, on the connection the handler's connection leads to.

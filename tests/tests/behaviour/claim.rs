@@ -507,3 +507,140 @@ fn a_claim_of_claim_mode_is_not_a_duplicate_for_another_mode() {
         (1, 0)
     );
 }
+
+/// A pool of these tests: what a claim-mode handler takes in place of its connection.
+type DbPool = diesel::r2d2::Pool<diesel::r2d2::ConnectionManager<DbConnection>>;
+
+/// `send` on a pool: the claim and the stamp each check a connection out; the body holds
+/// none.
+#[idempotent(consumer = "email", key = msg.id, mode = "claim")]
+fn send_pooled(
+    pool: &DbPool,
+    msg: &Credit,
+    sent: &AtomicUsize,
+    before: &dyn Fn() -> Result<(), AppError>,
+) -> Result<(), AppError> {
+    side_effect(sent, before)
+}
+
+/// A pool of one connection, whose checkout waits `timeout`.
+fn pool_of_one(db: &Db, timeout: Duration) -> DbPool {
+    diesel::r2d2::Pool::builder()
+        .max_size(1)
+        .connection_timeout(timeout)
+        .build(diesel::r2d2::ConnectionManager::new(db.url()))
+        .unwrap()
+}
+
+/// Two deliveries on a pool of one connection, each of whose side effects waits for the
+/// other's to start: both start, and both are stamped. A handler holding its connection
+/// through the side effect would leave the second claim waiting for the first stamp, which
+/// waits for the second side effect.
+#[test]
+fn on_a_pool_the_side_effects_in_flight_hold_no_connection() {
+    let db = <Db>::new("claim_pool_in_flight");
+    let pool = pool_of_one(&db, Duration::from_secs(20));
+    let (sent, inside) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let meet = || {
+        inside.fetch_add(1, Ordering::SeqCst);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while inside.load(Ordering::SeqCst) < 2 {
+            if std::time::Instant::now() > deadline {
+                return Err(AppError::Rejected);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(())
+    };
+    let outcomes: Vec<Result<InFlightOutcome<()>, AppError>> = std::thread::scope(|scope| {
+        let deliveries: Vec<_> = (1..=2)
+            .map(|n| {
+                let (pool, sent, meet) = (&pool, &sent, &meet);
+                scope.spawn(move || send_pooled(pool, &Credit::new(n), sent, meet))
+            })
+            .collect();
+        deliveries.into_iter().map(|d| d.join().unwrap()).collect()
+    });
+    for outcome in &outcomes {
+        assert!(
+            matches!(outcome, Ok(InFlightOutcome::Processed(()))),
+            "{outcome:?}"
+        );
+    }
+    assert_eq!(sent.load(Ordering::SeqCst), 2);
+    let completed: i64 = inbox::table
+        .filter(inbox::consumer.eq("email"))
+        .filter(inbox::processed_at.is_not_null())
+        .filter(inbox::attempts.eq(1))
+        .count()
+        .get_result(&mut *pool.get().unwrap())
+        .unwrap();
+    assert_eq!(completed, 2);
+    let msg = Credit::new(1);
+    assert!(send_pooled(&pool, &msg, &sent, &ok).unwrap().is_duplicate());
+}
+
+/// The pool's one connection taken elsewhere: before the claim, nothing runs and the
+/// delivery is to be retried (`Reconnect`); during the side effect, the stamp gets no
+/// connection — the effect is not recorded (`Alert`), and its claim holds the redelivery
+/// back until its lease ends, as after a crash.
+#[test]
+fn on_a_pool_without_a_connection_nothing_is_claimed_or_the_effect_is_not_recorded() {
+    use inbox_diesel::{Action, Error};
+    let db = <Db>::new("claim_pool_exhausted");
+    let pool = pool_of_one(&db, Duration::from_millis(300));
+    let (msg, sent) = (Credit::new(1), AtomicUsize::new(0));
+    {
+        let _elsewhere = pool.get().unwrap();
+        let refused = send_pooled(&pool, &msg, &sent, &ok);
+        match &refused {
+            Err(AppError::Inbox(
+                e @ Error::Checkout {
+                    after_effect: None, ..
+                },
+            )) => assert_eq!(e.action(), Action::Reconnect),
+            other => panic!("{other:?}"),
+        }
+    }
+    let claims: i64 = inbox::table
+        .count()
+        .get_result(&mut *pool.get().unwrap())
+        .unwrap();
+    assert_eq!((claims, sent.load(Ordering::SeqCst)), (0, 0));
+
+    let elsewhere = std::sync::Mutex::new(None);
+    let take_the_connection = || {
+        *elsewhere.lock().unwrap() = Some(pool.get().unwrap());
+        Ok(())
+    };
+    let unstamped = send_pooled(&pool, &msg, &sent, &take_the_connection);
+    match &unstamped {
+        Err(AppError::Inbox(
+            e @ Error::Checkout {
+                after_effect: Some(1),
+                ..
+            },
+        )) => assert_eq!(e.action(), Action::Alert),
+        other => panic!("{other:?}"),
+    }
+    drop(elsewhere.lock().unwrap().take());
+    assert_eq!(sent.load(Ordering::SeqCst), 1);
+    assert_eq!(row(&mut pool.get().unwrap()), (false, true, 1));
+    assert!(send_pooled(&pool, &msg, &sent, &ok).unwrap().is_in_flight());
+    assert_eq!(sent.load(Ordering::SeqCst), 1);
+}
+
+/// On a pool, a body's error releases the claim on a connection checked out for it: the
+/// redelivery runs the side effect at once, as attempt 2.
+#[test]
+fn on_a_pool_a_failed_side_effect_is_released_and_retried() {
+    let db = <Db>::new("claim_pool_release");
+    let pool = pool_of_one(&db, Duration::from_secs(20));
+    let (msg, sent) = (Credit::new(1), AtomicUsize::new(0));
+    let failed = send_pooled(&pool, &msg, &sent, &|| Err(AppError::Rejected));
+    assert!(matches!(failed, Err(AppError::Rejected)), "{failed:?}");
+    assert_eq!(row(&mut pool.get().unwrap()), (false, false, 1));
+    assert!(send_pooled(&pool, &msg, &sent, &ok).unwrap().is_processed());
+    assert_eq!(row(&mut pool.get().unwrap()), (true, false, 2));
+    assert_eq!(sent.load(Ordering::SeqCst), 1);
+}

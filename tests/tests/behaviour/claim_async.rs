@@ -255,3 +255,129 @@ async fn async_a_claim_of_claim_mode_is_not_a_duplicate_for_another_mode() {
         (1, 0)
     );
 }
+
+/// The pools of these tests: what an async claim-mode handler takes in place of its
+/// connection.
+type Bb8Pool = diesel_async::pooled_connection::bb8::Pool<AsyncConnection>;
+type DeadpoolPool = diesel_async::pooled_connection::deadpool::Pool<AsyncConnection>;
+
+/// Side effects that each wait, for up to 10 s, until both have started.
+#[derive(Default)]
+struct Meeting {
+    inside: AtomicUsize,
+    sent: AtomicUsize,
+}
+
+impl Meeting {
+    async fn both_inside(&self) -> Result<(), AppError> {
+        self.inside.fetch_add(1, Ordering::SeqCst);
+        let both = async {
+            while AtomicUsize::load(&self.inside, Ordering::SeqCst) < 2 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), both)
+            .await
+            .map_err(|_| AppError::Rejected)?;
+        self.sent.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+#[idempotent(consumer = "email", key = msg.id, mode = "claim")]
+async fn send_on_bb8(pool: &Bb8Pool, msg: &Credit, meeting: &Meeting) -> Result<(), AppError> {
+    meeting.both_inside().await
+}
+
+#[idempotent(consumer = "email", key = msg.id, mode = "claim")]
+async fn send_on_deadpool(
+    pool: &DeadpoolPool,
+    msg: &Credit,
+    meeting: &Meeting,
+) -> Result<(), AppError> {
+    meeting.both_inside().await
+}
+
+/// Messages 1 and 2 completed, each by its first attempt.
+async fn both_completed(conn: &mut AsyncConnection) -> i64 {
+    inbox::table
+        .filter(inbox::consumer.eq("email"))
+        .filter(inbox::processed_at.is_not_null())
+        .filter(inbox::attempts.eq(1))
+        .count()
+        .get_result(conn)
+        .await
+        .unwrap()
+}
+
+/// Two deliveries on a bb8 pool of one connection, each of whose side effects waits for the
+/// other's to start: both start, and both are stamped — the bodies hold no connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_bb8_pool_the_side_effects_in_flight_hold_no_connection() {
+    use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+    let db = <Db>::new("async_claim_bb8_in_flight");
+    let pool = Bb8Pool::builder()
+        .max_size(1)
+        .connection_timeout(Duration::from_secs(20))
+        .build(AsyncDieselConnectionManager::new(db.url()))
+        .await
+        .unwrap();
+    let meeting = Meeting::default();
+    let (first, second) = (Credit::new(1), Credit::new(2));
+    let (one, two) = tokio::join!(
+        send_on_bb8(&pool, &first, &meeting),
+        send_on_bb8(&pool, &second, &meeting),
+    );
+    assert!(matches!(one, Ok(InFlightOutcome::Processed(()))), "{one:?}");
+    assert!(matches!(two, Ok(InFlightOutcome::Processed(()))), "{two:?}");
+    assert_eq!(AtomicUsize::load(&meeting.sent, Ordering::SeqCst), 2);
+    assert_eq!(both_completed(&mut pool.get().await.unwrap()).await, 2);
+    let again = send_on_bb8(&pool, &Credit::new(1), &meeting).await;
+    assert!(again.unwrap().is_duplicate());
+
+    // The pool's one connection elsewhere: nothing is claimed, and the delivery is retried.
+    let pool = Bb8Pool::builder()
+        .max_size(1)
+        .connection_timeout(Duration::from_millis(300))
+        .build(AsyncDieselConnectionManager::new(db.url()))
+        .await
+        .unwrap();
+    let elsewhere = pool.get().await.unwrap();
+    let refused = send_on_bb8(&pool, &Credit::new(3), &meeting).await;
+    match &refused {
+        Err(AppError::Inbox(
+            e @ inbox_diesel::Error::Checkout {
+                after_effect: None, ..
+            },
+        )) => assert_eq!(e.action(), inbox_diesel::Action::Reconnect),
+        other => panic!("{other:?}"),
+    }
+    drop(elsewhere);
+    let claims: i64 = inbox::table
+        .count()
+        .get_result(&mut pool.get().await.unwrap())
+        .await
+        .unwrap();
+    assert_eq!(claims, 2);
+}
+
+/// The same on a deadpool pool of one connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_deadpool_pool_the_side_effects_in_flight_hold_no_connection() {
+    use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+    let db = <Db>::new("async_claim_deadpool_in_flight");
+    let pool = DeadpoolPool::builder(AsyncDieselConnectionManager::new(db.url()))
+        .max_size(1)
+        .build()
+        .unwrap();
+    let meeting = Meeting::default();
+    let (first, second) = (Credit::new(1), Credit::new(2));
+    let (one, two) = tokio::join!(
+        send_on_deadpool(&pool, &first, &meeting),
+        send_on_deadpool(&pool, &second, &meeting),
+    );
+    assert!(matches!(one, Ok(InFlightOutcome::Processed(()))), "{one:?}");
+    assert!(matches!(two, Ok(InFlightOutcome::Processed(()))), "{two:?}");
+    assert_eq!(AtomicUsize::load(&meeting.sent, Ordering::SeqCst), 2);
+    assert_eq!(both_completed(&mut pool.get().await.unwrap()).await, 2);
+}

@@ -1,0 +1,297 @@
+//! Claim mode on a pool: the claim and the stamp each take a connection of their own, and
+//! the side effect between them holds none.
+//!
+//! A claim-mode handler ([`idempotent`](crate::idempotent), `mode = "claim"`) commits its
+//! claim before the side effect and its stamp after it, each on its own; the side effect —
+//! an e-mail, a POST to a slow inbox — runs outside any transaction. Given a connection, the
+//! handler holds it, idle, for as long as the side effect takes. Given a pool in its place,
+//! it checks a connection out for the claim, gives it back before the body, and checks one
+//! out again for the stamp (or the release after an error): ten deliveries POSTing at once
+//! hold no connection while they wait.
+//!
+//! ```
+//! # #[cfg(all(feature = "sqlite", feature = "r2d2"))] {
+//! use diesel::connection::SimpleConnection;
+//! use diesel::prelude::*;
+//! use diesel::r2d2::{ConnectionManager, Pool};
+//! use inbox_diesel::{InFlightOutcome, InboxSchema, idempotent, schema};
+//!
+//! # #[derive(Debug)] struct AppError;
+//! # impl From<inbox_diesel::Error> for AppError { fn from(_: inbox_diesel::Error) -> Self { AppError } }
+//! struct SignedUp { id: i64, email: String }
+//!
+//! #[idempotent(consumer = "welcome-mail", key = msg.id, mode = "claim")]
+//! fn send_welcome(
+//!     pool: &Pool<ConnectionManager<SqliteConnection>>,
+//!     msg: &SignedUp,
+//! ) -> Result<(), AppError> {
+//!     // No connection is held here: the claim's went back to the pool.
+//!     println!("mailing {}", msg.email);
+//!     Ok(())
+//! }
+//!
+//! let dir = std::env::temp_dir().join(format!("inbox-pool-doc-{}", std::process::id()));
+//! std::fs::create_dir_all(&dir).unwrap();
+//! let file = dir.join("app.db");
+//! # let _ = std::fs::remove_file(&file);
+//! let pool = Pool::builder()
+//!     .max_size(1)
+//!     .build(ConnectionManager::<SqliteConnection>::new(file.to_str().unwrap()))
+//!     .unwrap();
+//! pool.get()
+//!     .unwrap()
+//!     .batch_execute(&schema::sqlite::create_table_sql(&InboxSchema::DEFAULT))
+//!     .unwrap();
+//! let msg = SignedUp { id: 7, email: "ada@example.com".into() };
+//! assert!(matches!(send_welcome(&pool, &msg), Ok(InFlightOutcome::Processed(()))));
+//! assert!(matches!(send_welcome(&pool, &msg), Ok(InFlightOutcome::Duplicate { .. })));
+//! # }
+//! ```
+//!
+//! The pools taken: r2d2's (feature `r2d2`, sync handlers), bb8's and deadpool's through
+//! diesel-async (features `bb8`, `deadpool`, `async fn` handlers), and each one's
+//! [`tripwire`](crate::tripwire) `GuardedPool`. The macro takes a parameter of type
+//! `&…Pool<…>` (or one named by `conn = …`) as the handler's connection in claim mode; the
+//! body is given [`NoConnection`](crate::NoConnection) in its place, as with a connection.
+//!
+//! What changes with a pool:
+//! - **A failed checkout** is [`Error::Checkout`](crate::Error::Checkout): before the claim,
+//!   nothing ran (class `ConnectionLost`: redeliver later); for the stamp, after the side
+//!   effect, three checkouts are tried, each as long as the pool waits, and then it is as
+//!   [`Error::EffectNotRecorded`](crate::Error::EffectNotRecorded): the claim stays open until
+//!   its lease ends. A checkout for the release after the body's error that fails leaves the
+//!   claim the same way, and the body's error is returned.
+//! - **Two connections**: the stamp may run on another connection than the claim; each is
+//!   checked as on one connection (the startup check, the session's settings).
+//! - **Transaction mode** has no such form: its body runs in the transaction, on the
+//!   connection, from the marker to the commit.
+
+use std::convert::Infallible;
+use std::marker::PhantomData;
+use std::ops::DerefMut;
+
+/// The error of a pool's checkout.
+pub type CheckoutFailure = Box<dyn std::error::Error + Send + Sync>;
+
+/// A pool a sync claim-mode handler takes in place of its connection.
+pub trait ClaimPool {
+    /// The pool's connection.
+    type Connection;
+    /// A connection checked out, back in the pool when dropped.
+    type Checkout<'a>: DerefMut<Target = Self::Connection>
+    where
+        Self: 'a;
+
+    /// Takes a connection, waiting as long as the pool is set to.
+    fn checkout(&self) -> Result<Self::Checkout<'_>, CheckoutFailure>;
+}
+
+/// A pool an `async fn` claim-mode handler takes in place of its connection.
+pub trait AsyncClaimPool: Sync {
+    /// The pool's connection.
+    type Connection;
+    /// A connection checked out, back in the pool when dropped.
+    type Checkout<'a>: DerefMut<Target = Self::Connection> + Send
+    where
+        Self: 'a;
+
+    /// Takes a connection, waiting as long as the pool is set to.
+    fn checkout(&self) -> impl Future<Output = Result<Self::Checkout<'_>, CheckoutFailure>> + Send;
+}
+
+/// What a claim-mode handler's connection parameter is: a connection, or a pool.
+#[doc(hidden)]
+pub enum ClaimOn<'a, C, P> {
+    Connection(&'a mut C),
+    Pool(&'a P),
+}
+
+/// A claim-mode handler's connection parameter: `&mut` a connection, or `&` a pool.
+#[doc(hidden)]
+pub trait ClaimTarget {
+    type Connection;
+    type Pool;
+    fn __inbox_claim_target(&mut self) -> ClaimOn<'_, Self::Connection, Self::Pool>;
+}
+
+impl<C> ClaimTarget for &mut C {
+    type Connection = C;
+    type Pool = NoPool<C>;
+    fn __inbox_claim_target(&mut self) -> ClaimOn<'_, C, NoPool<C>> {
+        ClaimOn::Connection(&mut **self)
+    }
+}
+
+/// The pool of a handler given a connection: there is none.
+#[doc(hidden)]
+pub struct NoPool<C>(Infallible, PhantomData<fn() -> C>);
+
+impl<C> ClaimPool for NoPool<C> {
+    type Connection = C;
+    type Checkout<'a>
+        = &'a mut C
+    where
+        Self: 'a;
+    fn checkout(&self) -> Result<&mut C, CheckoutFailure> {
+        match self.0 {}
+    }
+}
+
+impl<C: Send> AsyncClaimPool for NoPool<C> {
+    type Connection = C;
+    type Checkout<'a>
+        = &'a mut C
+    where
+        Self: 'a;
+    #[allow(clippy::manual_async_fn, reason = "the trait's future is `Send`")]
+    fn checkout(&self) -> impl Future<Output = Result<&mut C, CheckoutFailure>> + Send {
+        async move { match self.0 {} }
+    }
+}
+
+/// `ClaimTarget` for `&` a pool of these types.
+macro_rules! pool_target {
+    ($([$($generics:tt)*] $pool:ty => $conn:ty;)*) => {$(
+        impl<$($generics)*> ClaimTarget for &$pool {
+            type Connection = $conn;
+            type Pool = $pool;
+            fn __inbox_claim_target(&mut self) -> ClaimOn<'_, $conn, $pool> {
+                ClaimOn::Pool(*self)
+            }
+        }
+    )*};
+}
+
+#[cfg(feature = "r2d2")]
+mod r2d2_pools {
+    use diesel::r2d2::{ManageConnection, Pool, PooledConnection};
+
+    use super::{CheckoutFailure, ClaimOn, ClaimPool, ClaimTarget};
+    use crate::tripwire::r2d2::GuardedPool;
+
+    pool_target! {
+        [M: ManageConnection] Pool<M> => M::Connection;
+        [M: ManageConnection] GuardedPool<M> => M::Connection;
+    }
+
+    impl<M: ManageConnection> ClaimPool for Pool<M> {
+        type Connection = M::Connection;
+        type Checkout<'a>
+            = PooledConnection<M>
+        where
+            Self: 'a;
+        fn checkout(&self) -> Result<PooledConnection<M>, CheckoutFailure> {
+            self.get().map_err(Into::into)
+        }
+    }
+
+    /// The runtime's own checkouts, outside the handler's body: not refused.
+    impl<M: ManageConnection> ClaimPool for GuardedPool<M> {
+        type Connection = M::Connection;
+        type Checkout<'a>
+            = PooledConnection<M>
+        where
+            Self: 'a;
+        fn checkout(&self) -> Result<PooledConnection<M>, CheckoutFailure> {
+            self.inner().get().map_err(Into::into)
+        }
+    }
+}
+
+#[cfg(feature = "bb8")]
+mod bb8_pools {
+    use bb8::{ManageConnection, Pool, PooledConnection, RunError};
+
+    use super::{AsyncClaimPool, CheckoutFailure, ClaimOn, ClaimTarget};
+    use crate::tripwire::bb8::GuardedPool;
+
+    pool_target! {
+        [M: ManageConnection] Pool<M> => M::Connection;
+        [M: ManageConnection] GuardedPool<M> => M::Connection;
+    }
+
+    impl<M> AsyncClaimPool for Pool<M>
+    where
+        M: ManageConnection,
+        RunError<M::Error>: std::error::Error + Send + Sync + 'static,
+    {
+        type Connection = M::Connection;
+        type Checkout<'a>
+            = PooledConnection<'a, M>
+        where
+            Self: 'a;
+        #[allow(clippy::manual_async_fn, reason = "the trait's future is `Send`")]
+        fn checkout(
+            &self,
+        ) -> impl Future<Output = Result<PooledConnection<'_, M>, CheckoutFailure>> + Send {
+            async move { self.get().await.map_err(Into::into) }
+        }
+    }
+
+    /// The runtime's own checkouts, outside the handler's body: not refused.
+    impl<M> AsyncClaimPool for GuardedPool<M>
+    where
+        M: ManageConnection,
+        RunError<M::Error>: std::error::Error + Send + Sync + 'static,
+    {
+        type Connection = M::Connection;
+        type Checkout<'a>
+            = PooledConnection<'a, M>
+        where
+            Self: 'a;
+        #[allow(clippy::manual_async_fn, reason = "the trait's future is `Send`")]
+        fn checkout(
+            &self,
+        ) -> impl Future<Output = Result<PooledConnection<'_, M>, CheckoutFailure>> + Send {
+            async move { self.inner().get().await.map_err(Into::into) }
+        }
+    }
+}
+
+#[cfg(feature = "deadpool")]
+mod deadpool_pools {
+    use deadpool::managed::{Manager, Object, Pool, PoolError};
+
+    use super::{AsyncClaimPool, CheckoutFailure, ClaimOn, ClaimTarget};
+    use crate::tripwire::deadpool::GuardedPool;
+
+    pool_target! {
+        [M: Manager] Pool<M> => M::Type;
+        [M: Manager] GuardedPool<M> => M::Type;
+    }
+
+    impl<M> AsyncClaimPool for Pool<M>
+    where
+        M: Manager,
+        M::Type: Send,
+        PoolError<M::Error>: std::error::Error + Send + Sync + 'static,
+    {
+        type Connection = M::Type;
+        type Checkout<'a>
+            = Object<M>
+        where
+            Self: 'a;
+        #[allow(clippy::manual_async_fn, reason = "the trait's future is `Send`")]
+        fn checkout(&self) -> impl Future<Output = Result<Object<M>, CheckoutFailure>> + Send {
+            async move { self.get().await.map_err(Into::into) }
+        }
+    }
+
+    /// The runtime's own checkouts, outside the handler's body: not refused.
+    impl<M> AsyncClaimPool for GuardedPool<M>
+    where
+        M: Manager,
+        M::Type: Send,
+        PoolError<M::Error>: std::error::Error + Send + Sync + 'static,
+    {
+        type Connection = M::Type;
+        type Checkout<'a>
+            = Object<M>
+        where
+            Self: 'a;
+        #[allow(clippy::manual_async_fn, reason = "the trait's future is `Send`")]
+        fn checkout(&self) -> impl Future<Output = Result<Object<M>, CheckoutFailure>> + Send {
+            async move { self.inner().get().await.map_err(Into::into) }
+        }
+    }
+}
