@@ -150,6 +150,7 @@ impl<C: Send> AsyncClaimPool for NoPool<C> {
 }
 
 /// `ClaimTarget` for `&` a pool of these types.
+#[cfg(any(feature = "r2d2", feature = "bb8", feature = "deadpool"))]
 macro_rules! pool_target {
     ($([$($generics:tt)*] $pool:ty => $conn:ty;)*) => {$(
         impl<$($generics)*> ClaimTarget for &$pool {

@@ -67,7 +67,7 @@ fn generates_into_the_nearest_migrations_directory() {
 
 #[test]
 fn reads_the_backend_from_database_url_and_dot_env() {
-    let (project, other) = (project(), project());
+    let (project, other, beside) = (project(), project(), project());
     let out = Command::new(env!("CARGO_BIN_EXE_inbox-diesel"))
         .args(["migration", "generate", "--table", "billing.inbox"])
         .current_dir(project.path())
@@ -85,6 +85,30 @@ fn reads_the_backend_from_database_url_and_dot_env() {
         .join(&written[0])
         .join("up.sql");
     assert!(std::fs::read_to_string(up).unwrap().contains("UUID"));
+
+    // The outbox goes beside a qualified inbox, in its schema, unless named.
+    let out = inbox_diesel(
+        beside.path(),
+        &[
+            "migration",
+            "generate",
+            "--backend",
+            "postgres",
+            "--table",
+            "billing.inbox",
+            "--with",
+            "outbox",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let written = migrations(&beside.path().join("migrations"));
+    let up = beside
+        .path()
+        .join("migrations")
+        .join(&written[0])
+        .join("up.sql");
+    let up = std::fs::read_to_string(up).unwrap();
+    assert!(up.contains(r#"CREATE TABLE "billing"."outbox""#), "{up}");
 
     std::fs::write(
         other.path().join(".env"),

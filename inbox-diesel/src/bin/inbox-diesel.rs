@@ -40,7 +40,8 @@ options:
                                     a migration adding the part to an existing inbox
                                     instead (add_<part>_to_<table>, create_<outbox>;
                                     down.sql drops what up.sql added)
-  --outbox-table NAME               the outbox table, optionally qualified (default: outbox)
+  --outbox-table NAME               the outbox table, optionally qualified (default:
+                                    outbox, in the inbox table's schema or database)
   -h, --help                        this text
 ";
 
@@ -158,7 +159,13 @@ fn generate_migration(options: Options) -> Result<(), Failure> {
     if options.add.len() > 1 {
         return Err(usage("--add takes one part: one migration per change"));
     }
-    let outbox_table = options.outbox_table.as_deref().unwrap_or("outbox");
+    // Beside the inbox: in its schema (PostgreSQL) or database (MySQL, MariaDB) when its
+    // name is qualified.
+    let beside_the_inbox = match options.table.as_deref().and_then(|t| t.rsplit_once('.')) {
+        Some((qualifier, _)) => format!("{qualifier}.outbox"),
+        None => "outbox".to_owned(),
+    };
+    let outbox_table = options.outbox_table.as_deref().unwrap_or(&beside_the_inbox);
     InboxSchema::validate_table(outbox_table).map_err(|e| {
         usage(format!(
             "--outbox-table `{outbox_table}` is not a table name: {e}"

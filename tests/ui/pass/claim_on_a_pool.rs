@@ -27,7 +27,10 @@ type AsyncSqlite = SyncConnectionWrapper<SqliteConnection>;
 type DbPool = diesel::r2d2::Pool<ConnectionManager<SqliteConnection>>;
 
 #[idempotent(consumer = "mail", key = msg.id, mode = "claim")]
-fn on_r2d2(pool: &diesel::r2d2::Pool<ConnectionManager<SqliteConnection>>, msg: &Signup) -> Result<(), AppError> {
+fn on_r2d2(
+    pool: &diesel::r2d2::Pool<ConnectionManager<SqliteConnection>>,
+    msg: &Signup,
+) -> Result<(), AppError> {
     Ok(())
 }
 
