@@ -194,7 +194,7 @@ mod r2d2_pools {
         where
             Self: 'a;
         fn checkout(&self) -> Result<PooledConnection<M>, CheckoutFailure> {
-            self.inner().get().map_err(Into::into)
+            self.inner().checkout()
         }
     }
 }
@@ -240,11 +240,10 @@ mod bb8_pools {
             = PooledConnection<'a, M>
         where
             Self: 'a;
-        #[allow(clippy::manual_async_fn, reason = "the trait's future is `Send`")]
         fn checkout(
             &self,
         ) -> impl Future<Output = Result<PooledConnection<'_, M>, CheckoutFailure>> + Send {
-            async move { self.inner().get().await.map_err(Into::into) }
+            self.inner().checkout()
         }
     }
 }
@@ -290,9 +289,8 @@ mod deadpool_pools {
             = Object<M>
         where
             Self: 'a;
-        #[allow(clippy::manual_async_fn, reason = "the trait's future is `Send`")]
         fn checkout(&self) -> impl Future<Output = Result<Object<M>, CheckoutFailure>> + Send {
-            async move { self.inner().get().await.map_err(Into::into) }
+            self.inner().checkout()
         }
     }
 }
