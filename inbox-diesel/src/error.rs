@@ -171,7 +171,8 @@ pub enum Error {
     /// own connection has none: replaced by the application's own default instrumentation
     /// set after `install()`, or opened before it. Refused before the body ran (its
     /// transaction rolled back, a claim released). Class [`ErrorClass::Misuse`] (`Alert`):
-    /// install `Net::around(yours)` instead of both.
+    /// call [`tripwire::net::install_around`](crate::tripwire::net::install_around)`(yours)`
+    /// instead of both.
     NetMissing(crate::tripwire::net::NetMissing),
     /// A handler with `store_result`: its `Ok` value could not be stored, or a stored one
     /// could not be read back as the handler's type ([`StoredResultProblem`]). A value that
@@ -211,9 +212,10 @@ pub enum Error {
     /// each take a connection of their own, and the side effect between them holds none.
     /// `after_effect: None`: for the claim; nothing ran, class
     /// [`ErrorClass::ConnectionLost`] (`Reconnect`): redeliver later. `Some(attempt)`: for
-    /// the stamp, after that attempt's side effect ran (three checkouts were tried): as
-    /// [`Error::EffectNotRecorded`], class [`ErrorClass::EffectNotRecorded`] (`Alert`) — the
-    /// claim stays open until its lease ends.
+    /// the stamp, after that attempt's side effect ran (checkouts were tried until the
+    /// claim's lease ended): as [`Error::EffectNotRecorded`], class
+    /// [`ErrorClass::EffectNotRecorded`] (`Alert`) — the claim stays open until a redelivery
+    /// takes it over or reports it.
     Checkout {
         /// The attempt whose side effect ran before the checkout for its stamp failed.
         after_effect: Option<u32>,
@@ -433,14 +435,18 @@ impl fmt::Display for Error {
                 source,
             } => write!(
                 f,
-                "inbox: the pool gave the claim no connection; nothing ran: {source}"
+                "inbox: the pool gave the claim no connection; nothing ran, redeliver later: \
+                 {source}"
             ),
             Error::Checkout {
                 after_effect: Some(attempt),
                 source,
             } => write!(
                 f,
-                "inbox: the side effect of attempt {attempt} ran, but the pool gave its stamp                  no connection: {source}"
+                "inbox: the side effect of attempt {attempt} ran, but the pool gave its stamp \
+                 no connection ({source}); the claim holds redeliveries back until its lease \
+                 ends, then is taken over or reported as `on_expired` says: record the effect \
+                 (stamp the row) or make the downstream call idempotent by the message key"
             ),
             // The server's words too (which table, which setting, which limit): an operator
             // who logs only `{e}` reads what to act on. The diesel error stays the

@@ -166,7 +166,7 @@ impl<V: ?Sized> NotCapturedBySpawn<V> for NotAConnection {}
 
 /// Claim mode, the connection parameter: inside the body it stands for no connection.
 #[diagnostic::on_unimplemented(
-    message = "in a claim-mode body the connection parameter is `NoConnection`: the body runs outside any transaction and has no connection",
+    message = "in a claim-mode body the connection (or pool) parameter is `NoConnection`: the body runs outside any transaction and has no connection",
     label = "`NoConnection`, not a connection",
     note = "the body runs after the claim has committed and before the work is stamped: a statement run here would commit on its own and would not be undone when the side effect fails and the message is redelivered",
     note = "do the database work in a transaction-mode handler, or before or after this one, and pass the message key downstream as the provider's idempotency key"

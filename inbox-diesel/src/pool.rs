@@ -50,17 +50,24 @@
 //!
 //! The pools taken: r2d2's (feature `r2d2`, sync handlers), bb8's and deadpool's through
 //! diesel-async (features `bb8`, `deadpool`, `async fn` handlers), and each one's
-//! [`tripwire`](crate::tripwire) `GuardedPool`. The macro takes a parameter of type
+//! [`tripwire`](crate::tripwire) `GuardedPool`; an application's own pool type implements
+//! [`ConnectionPool`] and [`ClaimPool`] or [`AsyncClaimPool`]. The macro takes a parameter of type
 //! `&…Pool<…>` (or one named by `conn = …`) as the handler's connection in claim mode; the
 //! body is given [`NoConnection`](crate::NoConnection) in its place, as with a connection.
 //!
 //! What changes with a pool:
-//! - **A failed checkout** is [`Error::Checkout`](crate::Error::Checkout): before the claim,
-//!   nothing ran (class `ConnectionLost`: redeliver later); for the stamp, after the side
-//!   effect, three checkouts are tried, each as long as the pool waits, and then it is as
-//!   [`Error::EffectNotRecorded`](crate::Error::EffectNotRecorded): the claim stays open until
-//!   its lease ends. A checkout for the release after the body's error that fails leaves the
-//!   claim the same way, and the body's error is returned.
+//! - **A failed checkout** before the claim is [`Error::Checkout`](crate::Error::Checkout):
+//!   nothing ran (class `ConnectionLost`: redeliver later).
+//! - **The stamp keeps trying until the claim's lease ends**: a checkout that fails (the pool
+//!   busy with other work) is tried again, and a connection that is lost or refuses writes
+//!   under the stamp (a failover, a pooler's restart, an operator's kill — a dead connection
+//!   the pool handed out) is discarded and the stamp goes to another, pausing from 50 ms up
+//!   to a second between tries. Past the lease (a takeover may come then) the effect is not
+//!   recorded: [`Error::EffectNotRecorded`](crate::Error::EffectNotRecorded), or
+//!   [`Error::Checkout`](crate::Error::Checkout) with its attempt when the pool gave none —
+//!   the claim stays open until a redelivery takes it over or reports it. A release after
+//!   the body's error gets three checkouts; without one the claim is left to its lease, and
+//!   the body's error is returned.
 //! - **Two connections**: the stamp may run on another connection than the claim; each is
 //!   checked as on one connection (the startup check, the session's settings).
 //! - **Transaction mode** has no such form: its body runs in the transaction, on the
@@ -73,10 +80,50 @@ use std::ops::DerefMut;
 /// The error of a pool's checkout.
 pub type CheckoutFailure = Box<dyn std::error::Error + Send + Sync>;
 
-/// A pool a sync claim-mode handler takes in place of its connection.
-pub trait ClaimPool {
+/// A pool of connections, as a claim-mode handler takes it: the connection it hands out.
+/// With [`ClaimPool`] (sync handlers) or [`AsyncClaimPool`] (`async fn` handlers), what an
+/// application's own pool type implements to be taken in place of a connection.
+///
+/// ```
+/// # #[cfg(all(feature = "sqlite", feature = "r2d2"))] {
+/// use diesel::SqliteConnection;
+/// use diesel::r2d2::{ConnectionManager, Pool, PooledConnection};
+/// use inbox_diesel::pool::{CheckoutFailure, ClaimPool, ConnectionPool};
+///
+/// /// An application's pool, wrapping r2d2's.
+/// pub struct DbPool {
+///     pool: Pool<ConnectionManager<SqliteConnection>>,
+/// }
+///
+/// impl ConnectionPool for DbPool {
+///     type Connection = SqliteConnection;
+/// }
+///
+/// impl ClaimPool for DbPool {
+///     type Checkout<'a> = PooledConnection<ConnectionManager<SqliteConnection>>;
+///     fn checkout(&self) -> Result<Self::Checkout<'_>, CheckoutFailure> {
+///         Ok(self.pool.get()?)
+///     }
+/// }
+/// # }
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a pool a claim-mode handler takes in place of its connection",
+    label = "neither `&mut` a connection nor `&` a pool",
+    note = "a claim-mode handler's connection parameter is `&mut` a connection or `&` a pool: r2d2's, bb8's or deadpool's, or an application's own type implementing `inbox_diesel::pool::ConnectionPool` and `ClaimPool` (or `AsyncClaimPool`)"
+)]
+pub trait ConnectionPool {
     /// The pool's connection.
     type Connection;
+}
+
+/// A pool a sync claim-mode handler takes in place of its connection.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a pool a claim-mode handler takes in place of its connection",
+    label = "neither `&mut` a connection nor `&` a pool",
+    note = "a claim-mode handler's connection parameter is `&mut` a connection or `&` a pool: r2d2's (feature `r2d2`), or an application's own type implementing `inbox_diesel::pool::ConnectionPool` and `ClaimPool`"
+)]
+pub trait ClaimPool: ConnectionPool {
     /// A connection checked out, back in the pool when dropped.
     type Checkout<'a>: DerefMut<Target = Self::Connection>
     where
@@ -87,9 +134,12 @@ pub trait ClaimPool {
 }
 
 /// A pool an `async fn` claim-mode handler takes in place of its connection.
-pub trait AsyncClaimPool: Sync {
-    /// The pool's connection.
-    type Connection;
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a pool an `async fn` claim-mode handler takes in place of its connection",
+    label = "neither `&mut` a connection nor `&` a pool",
+    note = "an `async fn` claim-mode handler's connection parameter is `&mut` a connection or `&` a pool: bb8's or deadpool's through diesel-async (features `bb8`, `deadpool`), or an application's own type implementing `inbox_diesel::pool::ConnectionPool` and `AsyncClaimPool`"
+)]
+pub trait AsyncClaimPool: ConnectionPool + Sync {
     /// A connection checked out, back in the pool when dropped.
     type Checkout<'a>: DerefMut<Target = Self::Connection> + Send
     where
@@ -108,6 +158,11 @@ pub enum ClaimOn<'a, C, P> {
 
 /// A claim-mode handler's connection parameter: `&mut` a connection, or `&` a pool.
 #[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "a claim-mode handler's connection parameter is `&mut` a connection or `&` a pool; `{Self}` is neither",
+    label = "not a connection or a pool",
+    note = "a pool of the application's own implements `inbox_diesel::pool::ConnectionPool` and `ClaimPool` (sync handlers) or `AsyncClaimPool` (`async fn` handlers)"
+)]
 pub trait ClaimTarget {
     type Connection;
     type Pool;
@@ -122,12 +177,23 @@ impl<C> ClaimTarget for &mut C {
     }
 }
 
+impl<P: ConnectionPool> ClaimTarget for &P {
+    type Connection = P::Connection;
+    type Pool = P;
+    fn __inbox_claim_target(&mut self) -> ClaimOn<'_, P::Connection, P> {
+        ClaimOn::Pool(*self)
+    }
+}
+
 /// The pool of a handler given a connection: there is none.
 #[doc(hidden)]
 pub struct NoPool<C>(Infallible, PhantomData<fn() -> C>);
 
-impl<C> ClaimPool for NoPool<C> {
+impl<C> ConnectionPool for NoPool<C> {
     type Connection = C;
+}
+
+impl<C> ClaimPool for NoPool<C> {
     type Checkout<'a>
         = &'a mut C
     where
@@ -138,7 +204,6 @@ impl<C> ClaimPool for NoPool<C> {
 }
 
 impl<C: Send> AsyncClaimPool for NoPool<C> {
-    type Connection = C;
     type Checkout<'a>
         = &'a mut C
     where
@@ -149,34 +214,22 @@ impl<C: Send> AsyncClaimPool for NoPool<C> {
     }
 }
 
-/// `ClaimTarget` for `&` a pool of these types.
-#[cfg(any(feature = "r2d2", feature = "bb8", feature = "deadpool"))]
-macro_rules! pool_target {
-    ($([$($generics:tt)*] $pool:ty => $conn:ty;)*) => {$(
-        impl<$($generics)*> ClaimTarget for &$pool {
-            type Connection = $conn;
-            type Pool = $pool;
-            fn __inbox_claim_target(&mut self) -> ClaimOn<'_, $conn, $pool> {
-                ClaimOn::Pool(*self)
-            }
-        }
-    )*};
-}
-
 #[cfg(feature = "r2d2")]
 mod r2d2_pools {
     use diesel::r2d2::{ManageConnection, Pool, PooledConnection};
 
-    use super::{CheckoutFailure, ClaimOn, ClaimPool, ClaimTarget};
+    use super::{CheckoutFailure, ClaimPool, ConnectionPool};
     use crate::tripwire::r2d2::GuardedPool;
 
-    pool_target! {
-        [M: ManageConnection] Pool<M> => M::Connection;
-        [M: ManageConnection] GuardedPool<M> => M::Connection;
+    impl<M: ManageConnection> ConnectionPool for Pool<M> {
+        type Connection = M::Connection;
+    }
+
+    impl<M: ManageConnection> ConnectionPool for GuardedPool<M> {
+        type Connection = M::Connection;
     }
 
     impl<M: ManageConnection> ClaimPool for Pool<M> {
-        type Connection = M::Connection;
         type Checkout<'a>
             = PooledConnection<M>
         where
@@ -188,7 +241,6 @@ mod r2d2_pools {
 
     /// The runtime's own checkouts, outside the handler's body: not refused.
     impl<M: ManageConnection> ClaimPool for GuardedPool<M> {
-        type Connection = M::Connection;
         type Checkout<'a>
             = PooledConnection<M>
         where
@@ -203,12 +255,15 @@ mod r2d2_pools {
 mod bb8_pools {
     use bb8::{ManageConnection, Pool, PooledConnection, RunError};
 
-    use super::{AsyncClaimPool, CheckoutFailure, ClaimOn, ClaimTarget};
+    use super::{AsyncClaimPool, CheckoutFailure, ConnectionPool};
     use crate::tripwire::bb8::GuardedPool;
 
-    pool_target! {
-        [M: ManageConnection] Pool<M> => M::Connection;
-        [M: ManageConnection] GuardedPool<M> => M::Connection;
+    impl<M: ManageConnection> ConnectionPool for Pool<M> {
+        type Connection = M::Connection;
+    }
+
+    impl<M: ManageConnection> ConnectionPool for GuardedPool<M> {
+        type Connection = M::Connection;
     }
 
     impl<M> AsyncClaimPool for Pool<M>
@@ -216,7 +271,6 @@ mod bb8_pools {
         M: ManageConnection,
         RunError<M::Error>: std::error::Error + Send + Sync + 'static,
     {
-        type Connection = M::Connection;
         type Checkout<'a>
             = PooledConnection<'a, M>
         where
@@ -235,7 +289,6 @@ mod bb8_pools {
         M: ManageConnection,
         RunError<M::Error>: std::error::Error + Send + Sync + 'static,
     {
-        type Connection = M::Connection;
         type Checkout<'a>
             = PooledConnection<'a, M>
         where
@@ -252,12 +305,15 @@ mod bb8_pools {
 mod deadpool_pools {
     use deadpool::managed::{Manager, Object, Pool, PoolError};
 
-    use super::{AsyncClaimPool, CheckoutFailure, ClaimOn, ClaimTarget};
+    use super::{AsyncClaimPool, CheckoutFailure, ConnectionPool};
     use crate::tripwire::deadpool::GuardedPool;
 
-    pool_target! {
-        [M: Manager] Pool<M> => M::Type;
-        [M: Manager] GuardedPool<M> => M::Type;
+    impl<M: Manager> ConnectionPool for Pool<M> {
+        type Connection = M::Type;
+    }
+
+    impl<M: Manager> ConnectionPool for GuardedPool<M> {
+        type Connection = M::Type;
     }
 
     impl<M> AsyncClaimPool for Pool<M>
@@ -266,7 +322,6 @@ mod deadpool_pools {
         M::Type: Send,
         PoolError<M::Error>: std::error::Error + Send + Sync + 'static,
     {
-        type Connection = M::Type;
         type Checkout<'a>
             = Object<M>
         where
@@ -284,7 +339,6 @@ mod deadpool_pools {
         M::Type: Send,
         PoolError<M::Error>: std::error::Error + Send + Sync + 'static,
     {
-        type Connection = M::Type;
         type Checkout<'a>
             = Object<M>
         where

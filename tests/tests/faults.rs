@@ -75,6 +75,52 @@ fn shared_faults<C>(
     assert_eq!(schema.action(), Action::Alert);
 }
 
+/// A claim-mode handler on an r2d2 pool whose body runs `during` (the side effect).
+type OnPool<C> = fn(
+    &diesel::r2d2::Pool<diesel::r2d2::ConnectionManager<C>>,
+    &u64,
+    &dyn Fn(),
+) -> Result<inbox_diesel::InFlightOutcome<()>, inbox_tests::AppError>;
+
+/// Claim mode on a pool whose connection the server ends during the side effect (a
+/// failover, a pooler's restart, an operator's kill): the pool, not testing its
+/// connections on checkout, hands the dead one to the stamp, which fails on it and takes
+/// another — the effect is stamped, and its redelivery is a duplicate. Before, the stamp
+/// gave up at its first failure and the effect ran again after the lease.
+fn a_connection_ended_during_the_side_effect_is_replaced_for_the_stamp<C>(
+    url: &str,
+    kill_the_others: impl FnMut(),
+    handler: OnPool<C>,
+) where
+    C: diesel::r2d2::R2D2Connection + 'static,
+{
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let pool = diesel::r2d2::Pool::builder()
+        .max_size(1)
+        .test_on_check_out(false)
+        .connection_timeout(std::time::Duration::from_secs(20))
+        .build(diesel::r2d2::ConnectionManager::<C>::new(url))
+        .unwrap();
+    let (effects, kill) = (
+        AtomicUsize::new(0),
+        std::cell::RefCell::new(kill_the_others),
+    );
+    let during = || {
+        effects.fetch_add(1, Ordering::SeqCst);
+        (kill.borrow_mut())();
+    };
+    let outcome = handler(&pool, &1, &during);
+    assert!(
+        matches!(outcome, Ok(inbox_diesel::InFlightOutcome::Processed(()))),
+        "{outcome:?}"
+    );
+    let again = handler(&pool, &1, &|| {
+        effects.fetch_add(1, Ordering::SeqCst);
+    });
+    assert!(again.unwrap().is_duplicate());
+    assert_eq!(effects.load(Ordering::SeqCst), 1);
+}
+
 mod sqlite {
     use super::*;
     use diesel::SqliteConnection;
@@ -131,6 +177,36 @@ mod postgres {
     #[idempotent(consumer = "fault-claim", key = *id, mode = "claim", retries = 0)]
     fn claim(conn: &mut PgConnection, id: &u64) -> Result<(), inbox_tests::AppError> {
         Ok(())
+    }
+
+    type DbPool = diesel::r2d2::Pool<diesel::r2d2::ConnectionManager<PgConnection>>;
+
+    #[idempotent(consumer = "fault-pool", key = *id, mode = "claim")]
+    fn claim_on_a_pool(
+        pool: &DbPool,
+        id: &u64,
+        during: &dyn Fn(),
+    ) -> Result<(), inbox_tests::AppError> {
+        during();
+        Ok(())
+    }
+
+    #[test]
+    fn on_a_pool_a_connection_ended_during_the_side_effect_is_replaced_for_the_stamp() {
+        let db = PgDb::new("faults_pool_stamp");
+        let mut killer = db.connect();
+        a_connection_ended_during_the_side_effect_is_replaced_for_the_stamp(
+            db.url(),
+            move || {
+                killer
+                    .batch_execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                         WHERE datname = current_database() AND pid <> pg_backend_pid()",
+                    )
+                    .unwrap()
+            },
+            claim_on_a_pool,
+        );
     }
 
     #[test]
@@ -278,6 +354,49 @@ mod mysql {
     #[idempotent(consumer = "fault", key = *id, retries = 0)]
     fn run(conn: &mut MysqlConnection, id: &u64, sql: &str) -> diesel::QueryResult<()> {
         conn.batch_execute(sql)
+    }
+
+    type DbPool = diesel::r2d2::Pool<diesel::r2d2::ConnectionManager<MysqlConnection>>;
+
+    #[idempotent(consumer = "fault-pool", key = *id, mode = "claim")]
+    fn claim_on_a_pool(
+        pool: &DbPool,
+        id: &u64,
+        during: &dyn Fn(),
+    ) -> Result<(), inbox_tests::AppError> {
+        during();
+        Ok(())
+    }
+
+    #[test]
+    fn on_a_pool_a_connection_ended_during_the_side_effect_is_replaced_for_the_stamp() {
+        let db = MysqlDb::new("faults_pool_stamp");
+        // The pool's sessions of the test's database, ended by their ids.
+        let mut killer = db.connect();
+        a_connection_ended_during_the_side_effect_is_replaced_for_the_stamp(
+            db.url(),
+            move || {
+                use diesel::RunQueryDsl;
+                #[derive(diesel::QueryableByName)]
+                struct Session {
+                    #[diesel(sql_type = diesel::sql_types::BigInt)]
+                    id: i64,
+                }
+                let others: Vec<Session> = diesel::sql_query(
+                    "SELECT CAST(id AS SIGNED) AS id FROM information_schema.processlist \
+                     WHERE db = DATABASE() AND id <> CONNECTION_ID()",
+                )
+                .load(&mut killer)
+                .unwrap();
+                assert!(!others.is_empty(), "the pool's session is not listed");
+                for session in others {
+                    killer
+                        .batch_execute(&format!("KILL CONNECTION {}", session.id))
+                        .unwrap();
+                }
+            },
+            claim_on_a_pool,
+        );
     }
 
     #[test]

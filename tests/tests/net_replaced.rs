@@ -3,14 +3,14 @@
 //! on) — every connection opened since has no net, and a helper's write on its own
 //! connection committed once per delivery, with no error and no log line. The handler's own
 //! connection shows it: its handler is refused before the body runs (`Error::NetMissing`,
-//! an alert). `Net::around(logger)` as the default keeps both. A process of its own: the
+//! an alert). `net::install_around(logger)` keeps both. A process of its own: the
 //! default instrumentation is global.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use diesel::connection::{Instrumentation, InstrumentationEvent, SimpleConnection};
 use diesel::prelude::*;
-use inbox_diesel::tripwire::net::{self, Net};
+use inbox_diesel::tripwire::net;
 use inbox_diesel::{Action, Error, idempotent};
 use inbox_tests::sqlite::SqliteDb as Db;
 
@@ -66,7 +66,7 @@ fn a_net_replaced_by_the_applications_own_default_is_refused() {
     );
     assert_eq!(error.action(), Action::Alert);
     let text = error.to_string();
-    assert!(text.contains("Net::around"), "{text}");
+    assert!(text.contains("install_around"), "{text}");
     assert_eq!(count(&mut conn, "SELECT count(*) AS n FROM inbox"), 0);
     let mut audits = SqliteConnection::establish(&audit_url).unwrap();
     assert_eq!(
@@ -76,8 +76,7 @@ fn a_net_replaced_by_the_applications_own_default_is_refused() {
     );
 
     // Both, as the README says: the logger inside the net.
-    diesel::connection::set_default_instrumentation(|| Some(Box::new(Net::around(Logger))))
-        .unwrap();
+    net::install_around(|| Some(Box::new(Logger))).unwrap();
     let mut conn = db.connect();
     let before = LOGGED.load(Ordering::SeqCst);
     let stopped = audited(&mut conn, &1, &audit_url).unwrap_err();

@@ -381,21 +381,84 @@ where
         driver::Started::Holding(holding, remembered) => (holding, remembered),
     };
     let ran = driver::run_detached(spec, &holding, &mut body).await;
+    let mut value = match ran {
+        Ok(Ok(value)) => value,
+        ran => return released_on_pool(pool, spec, holding, key, ran, inbox_error).await,
+    };
+    let mut stamp = driver::ToStamp::before_stamp(&value, &holding, remembered);
+    let mut tries = driver::StampTries::new(&holding);
+    loop {
+        let failure = match pool.checkout().await {
+            Ok(mut checkout) => {
+                let stamped = driver::claim_stamped(
+                    &mut Awaiting(&mut *checkout),
+                    spec,
+                    &holding,
+                    &key,
+                    value,
+                    &mut stamp,
+                    inbox_error,
+                    true,
+                )
+                .await;
+                match stamped {
+                    Ok(answer) => return Ok(answer),
+                    Err(driver::Unstamped::Failed(e)) => return Err(e),
+                    Err(driver::Unstamped::Lost { value: back, error }) => {
+                        value = back;
+                        driver::StampFailure::Database(error)
+                    }
+                }
+            }
+            Err(source) => driver::StampFailure::Checkout(source),
+        };
+        match tries.failed() {
+            Some(pause) => tokio::time::sleep(pause).await,
+            None => {
+                return Err(driver::stamp_given_up(
+                    spec,
+                    &holding,
+                    failure,
+                    tries.tries(),
+                    inbox_error,
+                ));
+            }
+        }
+    }
+}
+
+/// Phase 3 of claim mode on a pool after a body that failed or was stopped: its claim
+/// released on a connection checked out for it (three checkouts tried; the claim is left
+/// to its lease when none comes).
+async fn released_on_pool<P, T, E, A>(
+    pool: &P,
+    spec: &'static HandlerSpec,
+    holding: driver::Holding,
+    key: MessageKey,
+    ran: Result<Result<T, E>, driver::Panicked>,
+    inbox_error: fn(Error) -> E,
+) -> Result<A, E>
+where
+    P: AsyncClaimPool,
+    P::Connection: AsyncInboxConnection,
+    A: HandlerOutcome<T, InFlightWitness = ()>,
+{
     let mut failure = None;
-    for _ in 0..driver::STAMP_CHECKOUTS {
+    for _ in 0..driver::RELEASE_CHECKOUTS {
         match pool.checkout().await {
             Ok(mut checkout) => {
                 let mut steps = Awaiting(&mut *checkout);
                 if let Err(e) = driver::prepared_for_stamp(&mut steps, &holding).await {
                     return driver::claim_unsettled(spec, holding, ran, Box::new(e), inbox_error);
                 }
+                let nothing = Remembered::nothing();
                 return driver::claim_finished(
                     &mut steps,
                     spec,
                     holding,
                     key,
                     ran,
-                    remembered,
+                    nothing,
                     inbox_error,
                 )
                 .await;

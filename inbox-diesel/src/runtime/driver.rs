@@ -1819,6 +1819,8 @@ pub(crate) struct Holding {
     run: &'static HandlerSpec,
     /// Whether the claim's connection had the net ([`tripwire::net`]).
     netted: bool,
+    /// When the claim's lease ends at the latest: its lease from before the claim was sent.
+    lease_ends: Instant,
 }
 
 /// Phase 1 of claim mode ([`drive_claim`]): the claim, committed on its own.
@@ -1846,7 +1848,8 @@ where
     let (mut layout, mut run) = schema_checked(steps, spec, true, inbox_error).await?;
     kept_columns(spec, layout, &remembered, inbox_error)?;
     let (mut retries, mut rechecked, mut uncached) = (0, false, false);
-    let attempt = loop {
+    let (attempt, sent) = loop {
+        let sent = Instant::now();
         let acquired = acquire(
             steps,
             run,
@@ -1869,7 +1872,7 @@ where
                     key: key.clone(),
                 }));
             }
-            Ok(Acquired::Attempt(attempt)) => break attempt,
+            Ok(Acquired::Attempt(attempt)) => break (attempt, sent),
             Ok(Acquired::Completed) => {
                 tracing::info!(outcome = "duplicate", "work completed before; body not run");
                 let stored = match remembered.store {
@@ -1934,6 +1937,7 @@ where
             layout,
             run,
             netted,
+            lease_ends: sent + Duration::from_millis(claim.lease_ms),
         },
         remembered,
     ))
@@ -2022,8 +2026,9 @@ pub(crate) fn claim_not_started<E>(
     })
 }
 
-/// How many checkouts the stamp of a claim made on a pool is given.
-pub(crate) const STAMP_CHECKOUTS: u32 = 3;
+/// How many checkouts the release of a claim made on a pool is given (after that, the claim
+/// is left to its lease).
+pub(crate) const RELEASE_CHECKOUTS: u32 = 3;
 
 /// Before phase 3 on a connection checked out for it: a connection a cancelled delivery
 /// left in error is taken back, and the connection is prepared as phase 1 prepares its own
@@ -2052,12 +2057,7 @@ where
     S: Steps,
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
-    let Holding {
-        attempt,
-        layout,
-        run,
-        ..
-    } = holding;
+    let Holding { attempt, run, .. } = holding;
     let result = match ran {
         Ok(result) => result,
         Err(Panicked(payload)) if is_stopped(&*payload) => {
@@ -2114,45 +2114,129 @@ where
         }
     };
 
-    // The result, written where the claim is still this attempt's, just before the stamp. A
-    // result that cannot be stored does not stop the stamp: the side effect happened.
-    let (stored, unstorable) = match remembered.store.map(|store| store.encode(&value, layout)) {
-        None => (None, None),
-        Some(Ok(text)) => (Some(text), None),
-        Some(Err(problem)) => (None, Some(problem)),
-    };
-    crash_point!(BeforeStamp);
+    let mut stamp = ToStamp::before_stamp(&value, &holding, remembered);
+    match claim_stamped(
+        steps,
+        spec,
+        &holding,
+        &key,
+        value,
+        &mut stamp,
+        inbox_error,
+        false,
+    )
+    .await
+    {
+        Ok(answer) => Ok(answer),
+        Err(Unstamped::Failed(e)) => Err(e),
+        Err(Unstamped::Lost { .. }) => unreachable!("on its own connection, a stamp is not lost"),
+    }
+}
+
+/// What a stamp writes besides `processed_at`: the result, written where the claim is still
+/// this attempt's, just before the stamp. A result that cannot be stored does not stop the
+/// stamp — the side effect happened — and is reported after it.
+pub(crate) struct ToStamp {
+    stored: Option<String>,
+    unstorable: Option<Error>,
+}
+
+impl ToStamp {
+    /// What the stamp of `value` writes; then the test kit's crash point before the stamp.
+    pub(crate) fn before_stamp<T>(value: &T, holding: &Holding, remembered: Remembered<T>) -> Self {
+        let stamp = Self::new(value, holding.layout, remembered);
+        crash_point!(BeforeStamp);
+        stamp
+    }
+
+    fn new<T>(value: &T, layout: Layout, remembered: Remembered<T>) -> Self {
+        match remembered.store.map(|store| store.encode(value, layout)) {
+            None => ToStamp {
+                stored: None,
+                unstorable: None,
+            },
+            Some(Ok(text)) => ToStamp {
+                stored: Some(text),
+                unstorable: None,
+            },
+            Some(Err(problem)) => ToStamp {
+                stored: None,
+                unstorable: Some(problem),
+            },
+        }
+    }
+}
+
+/// A stamp not written: a failure that is the answer, or (on a pool) a connection lost,
+/// whose stamp another connection tries.
+pub(crate) enum Unstamped<T, E> {
+    Failed(E),
+    Lost { value: T, error: DieselError },
+}
+
+/// Phase 3 of claim mode after a body's success: the stamp, where the claim is still this
+/// attempt's. `elsewhere`: the stamp may go to another connection (a pool's), so that a
+/// connection lost or refused for writes (`Reconnect`) ends this try as
+/// [`Unstamped::Lost`] instead of the effect's loss; the connection is prepared first, as a
+/// fresh one.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the claim, the value and what goes with it, each its own argument"
+)]
+pub(crate) async fn claim_stamped<S, T, E, A>(
+    steps: &mut S,
+    spec: &'static HandlerSpec,
+    holding: &Holding,
+    key: &MessageKey,
+    value: T,
+    stamp: &mut ToStamp,
+    inbox_error: fn(Error) -> E,
+    elsewhere: bool,
+) -> Result<A, Unstamped<T, E>>
+where
+    S: Steps,
+    A: HandlerOutcome<T, InFlightWitness = ()>,
+{
+    let (attempt, run) = (holding.attempt, holding.run);
     let (mut retries, mut lost) = (0, 0);
+    let prepared = match elsewhere {
+        true => prepared_for_stamp(steps, holding).await,
+        false => Ok(()),
+    };
+    let mut prepared = Some(prepared);
     loop {
-        let stamped = match &stored {
-            Some(text) => match steps
-                .store_result(run, &key, text.clone(), None, Some(attempt))
-                .await
-            {
-                Ok(_) => {
+        let stamped = match prepared.take() {
+            Some(Err(e)) => Err(e),
+            _ => match &stamp.stored {
+                Some(text) => match steps
+                    .store_result(run, key, text.clone(), None, Some(attempt))
+                    .await
+                {
+                    Ok(_) => {
+                        steps
+                            .claim_step(run, key, ClaimStep::Stamp { attempt })
+                            .await
+                    }
+                    Err(e) => Err(e),
+                },
+                None => {
                     steps
-                        .claim_step(run, &key, ClaimStep::Stamp { attempt })
+                        .claim_step(run, key, ClaimStep::Stamp { attempt })
                         .await
                 }
-                Err(e) => Err(e),
             },
-            None => {
-                steps
-                    .claim_step(run, &key, ClaimStep::Stamp { attempt })
-                    .await
-            }
         };
         match stamped {
             Ok(answer) if answer.changed() => {
                 tracing::debug!(outcome = "processed", attempt, "stamped complete");
-                if let Some(problem) = unstorable {
+                if let Some(problem) = stamp.unstorable.take() {
                     tracing::error!(
                         error = %problem,
                         attempt,
                         "the side effect ran and its claim is stamped, but its result is not stored"
                     );
                     telemetry::failed(spec, problem.class().label());
-                    return Err(inbox_error(problem));
+                    return Err(Unstamped::Failed(inbox_error(problem)));
                 }
                 return Ok(A::from_processed(value));
             }
@@ -2163,7 +2247,7 @@ where
                     "the side effect ran, but the claim had been taken over: not stamped"
                 );
                 telemetry::failed(spec, ErrorClass::ClaimLost.label());
-                return Err(inbox_error(Error::ClaimLost { attempt }));
+                return Err(Unstamped::Failed(inbox_error(Error::ClaimLost { attempt })));
             }
             // The side effect ran: a statement lost behind a pooler must not leave it
             // unrecorded. The cache off, diesel-async's driver still names what it prepares:
@@ -2173,6 +2257,19 @@ where
                 Some(after) => {
                     retries += 1;
                     steps.pause(after).await;
+                }
+                // On a pool, another connection: this one is gone, or refuses writes.
+                None if elsewhere
+                    && classify(&e, &spec.schema).action() == inbox_core::Action::Reconnect =>
+                {
+                    tracing::warn!(
+                        attempt,
+                        error = %e,
+                        "stamping the claim failed on its connection; trying another of the pool"
+                    );
+                    // Not back into the pool for the next try to take again.
+                    steps.discard();
+                    return Err(Unstamped::Lost { value, error: e });
                 }
                 // The effect happened: an error of its own, which says so, rather than the
                 // database's, which a pump would retry or dead-letter.
@@ -2184,14 +2281,85 @@ where
                         "the side effect ran, but stamping its claim complete failed"
                     );
                     telemetry::failed(spec, ErrorClass::EffectNotRecorded.label());
-                    return Err(inbox_error(Error::EffectNotRecorded {
+                    return Err(Unstamped::Failed(inbox_error(Error::EffectNotRecorded {
                         attempt,
                         attempts: retries + 1,
                         source: e,
-                    }));
+                    })));
                 }
             },
         }
+    }
+}
+
+/// The last of a pool's tries to stamp a claim failed (`last`) and the lease is over: the
+/// effect is not recorded — [`Error::EffectNotRecorded`] after a lost connection,
+/// [`Error::Checkout`] after a pool that gave none.
+pub(crate) fn stamp_given_up<E>(
+    spec: &'static HandlerSpec,
+    holding: &Holding,
+    last: StampFailure,
+    tries: u32,
+    inbox_error: fn(Error) -> E,
+) -> E {
+    let attempt = holding.attempt;
+    tracing::error!(
+        outcome = "effect_not_recorded",
+        attempt,
+        tries,
+        "the side effect ran, but no connection of the pool stamped its claim within its lease"
+    );
+    telemetry::failed(spec, ErrorClass::EffectNotRecorded.label());
+    inbox_error(match last {
+        StampFailure::Database(source) => Error::EffectNotRecorded {
+            attempt,
+            attempts: tries,
+            source,
+        },
+        StampFailure::Checkout(source) => Error::Checkout {
+            after_effect: Some(attempt),
+            source,
+        },
+    })
+}
+
+/// Why a pool's try to stamp a claim failed.
+pub(crate) enum StampFailure {
+    Database(DieselError),
+    Checkout(crate::pool::CheckoutFailure),
+}
+
+/// How long a pool's stamp keeps trying: until the claim's lease ends (a takeover may come
+/// after it), pausing between tries from 50 ms, doubling, up to a second.
+pub(crate) struct StampTries {
+    until: Instant,
+    pause: Duration,
+    tries: u32,
+}
+
+impl StampTries {
+    pub(crate) fn new(holding: &Holding) -> Self {
+        StampTries {
+            until: holding.lease_ends,
+            pause: Duration::from_millis(50),
+            tries: 0,
+        }
+    }
+
+    /// Counts a try that failed; the pause before the next one, `None` when the lease is
+    /// over (after at least three tries).
+    pub(crate) fn failed(&mut self) -> Option<Duration> {
+        self.tries += 1;
+        if self.tries >= 3 && Instant::now() >= self.until {
+            return None;
+        }
+        let pause = self.pause;
+        self.pause = (self.pause * 2).min(Duration::from_secs(1));
+        Some(pause)
+    }
+
+    pub(crate) fn tries(&self) -> u32 {
+        self.tries
     }
 }
 

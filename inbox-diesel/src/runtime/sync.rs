@@ -392,25 +392,48 @@ where
             &holding,
             &mut OnceWithoutConnection(Some(body)),
         ));
-        let mut failure = None;
-        for _ in 0..driver::STAMP_CHECKOUTS {
-            match pool.checkout() {
+        let mut value = match ran {
+            Ok(Ok(value)) => value,
+            ran => return released_on_pool(pool, spec, holding, key, ran, inbox_error),
+        };
+        let mut stamp = driver::ToStamp::before_stamp(&value, &holding, remembered);
+        let mut tries = driver::StampTries::new(&holding);
+        loop {
+            let failure = match pool.checkout() {
                 Ok(mut checkout) => {
-                    return (*checkout).__inbox_visit(ClaimFinish {
+                    let stamped = (*checkout).__inbox_visit(ClaimStamp {
                         outcome: PhantomData::<A>,
                         spec,
-                        holding,
-                        key,
-                        ran,
-                        remembered,
+                        holding: &holding,
+                        key: &key,
+                        value,
+                        stamp: &mut stamp,
                         inbox_error,
                     });
+                    match stamped {
+                        Ok(answer) => return Ok(answer),
+                        Err(driver::Unstamped::Failed(e)) => return Err(e),
+                        Err(driver::Unstamped::Lost { value: back, error }) => {
+                            value = back;
+                            driver::StampFailure::Database(error)
+                        }
+                    }
                 }
-                Err(source) => failure = Some(source),
+                Err(source) => driver::StampFailure::Checkout(source),
+            };
+            match tries.failed() {
+                Some(pause) => std::thread::sleep(pause),
+                None => {
+                    return Err(driver::stamp_given_up(
+                        spec,
+                        &holding,
+                        failure,
+                        tries.tries(),
+                        inbox_error,
+                    ));
+                }
             }
         }
-        let source = failure.expect("a checkout was tried");
-        driver::claim_unsettled(spec, holding, ran, source, inbox_error)
     });
     run.finish(&result);
     result
@@ -456,14 +479,93 @@ where
     }
 }
 
-/// Phase 3 of claim mode on a pool's checkout.
+/// Phase 3 of claim mode on a pool after a body that failed or was stopped: its claim
+/// released on a connection checked out for it (three checkouts tried; the claim is left
+/// to its lease when none comes).
+fn released_on_pool<P, T, E, A>(
+    pool: &P,
+    spec: &'static HandlerSpec,
+    holding: driver::Holding,
+    key: MessageKey,
+    ran: Result<Result<T, E>, driver::Panicked>,
+    inbox_error: fn(Error) -> E,
+) -> Result<A, E>
+where
+    P: ClaimPool,
+    P::Connection: HandlerConnection,
+    A: HandlerOutcome<T, InFlightWitness = ()>,
+{
+    let mut failure = None;
+    for _ in 0..driver::RELEASE_CHECKOUTS {
+        match pool.checkout() {
+            Ok(mut checkout) => {
+                return (*checkout).__inbox_visit(ClaimFinish {
+                    outcome: PhantomData::<A>,
+                    spec,
+                    holding,
+                    key,
+                    ran,
+                    inbox_error,
+                });
+            }
+            Err(source) => failure = Some(source),
+        }
+    }
+    let source = failure.expect("a checkout was tried");
+    driver::claim_unsettled(spec, holding, ran, source, inbox_error)
+}
+
+/// The stamp of claim mode on a pool's checkout.
+struct ClaimStamp<'h, A, T, E> {
+    outcome: PhantomData<A>,
+    spec: &'static HandlerSpec,
+    holding: &'h driver::Holding,
+    key: &'h MessageKey,
+    value: T,
+    stamp: &'h mut driver::ToStamp,
+    inbox_error: fn(Error) -> E,
+}
+
+impl<O, A, T, E> Visit<O> for ClaimStamp<'_, A, T, E>
+where
+    A: HandlerOutcome<T, InFlightWitness = ()>,
+{
+    type Output = Result<A, driver::Unstamped<T, E>>;
+
+    fn visit<C: InboxConnection>(
+        self,
+        outer: &mut O,
+        project: fn(&mut O) -> &mut C,
+    ) -> Self::Output {
+        let ClaimStamp {
+            spec,
+            holding,
+            key,
+            value,
+            stamp,
+            inbox_error,
+            ..
+        } = self;
+        complete_now(driver::claim_stamped(
+            &mut Projected { outer, project },
+            spec,
+            holding,
+            key,
+            value,
+            stamp,
+            inbox_error,
+            true,
+        ))
+    }
+}
+
+/// The release of claim mode on a pool's checkout.
 struct ClaimFinish<A, T, E> {
     outcome: PhantomData<A>,
     spec: &'static HandlerSpec,
     holding: driver::Holding,
     key: MessageKey,
     ran: Result<Result<T, E>, driver::Panicked>,
-    remembered: Remembered<T>,
     inbox_error: fn(Error) -> E,
 }
 
@@ -483,7 +585,6 @@ where
             holding,
             key,
             ran,
-            remembered,
             inbox_error,
             ..
         } = self;
@@ -492,8 +593,8 @@ where
             if let Err(e) = driver::prepared_for_stamp(&mut steps, &holding).await {
                 return driver::claim_unsettled(spec, holding, ran, Box::new(e), inbox_error);
             }
-            driver::claim_finished(&mut steps, spec, holding, key, ran, remembered, inbox_error)
-                .await
+            let nothing = Remembered::nothing();
+            driver::claim_finished(&mut steps, spec, holding, key, ran, nothing, inbox_error).await
         })
     }
 }

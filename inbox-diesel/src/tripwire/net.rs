@@ -154,6 +154,50 @@ pub fn install() -> diesel::QueryResult<()> {
     Ok(())
 }
 
+/// [`install`], with the application's own default instrumentation (a query logger, a
+/// tracer) inside the net, which passes every event on to it: what to call instead of both
+/// `install()` and diesel's `set_default_instrumentation(yours)`, which after `install()`
+/// would replace the net for every connection opened since ([`NetMissing`]). `yours` is
+/// what `set_default_instrumentation` takes.
+///
+/// ```no_run
+/// use diesel::connection::{Instrumentation, InstrumentationEvent};
+/// use inbox_diesel::tripwire::net;
+///
+/// struct QueryLog;
+///
+/// impl Instrumentation for QueryLog {
+///     fn on_connection_event(&mut self, event: InstrumentationEvent<'_>) {
+///         if let InstrumentationEvent::StartQuery { query, .. } = event {
+///             println!("{query}");
+///         }
+///     }
+/// }
+///
+/// net::install_around(|| Some(Box::new(QueryLog)))?;
+/// # Ok::<(), diesel::result::Error>(())
+/// ```
+///
+/// # Errors
+/// diesel's, when its global setting is poisoned.
+pub fn install_around(yours: fn() -> Option<Box<dyn Instrumentation>>) -> diesel::QueryResult<()> {
+    *AROUND.write().unwrap_or_else(|e| e.into_inner()) = Some(yours);
+    diesel::connection::set_default_instrumentation(|| {
+        let yours = *AROUND.read().unwrap_or_else(|e| e.into_inner());
+        Some(Box::new(Net {
+            inner: yours.and_then(|yours| yours()),
+        }))
+    })?;
+    INSTALLED.store(true, std::sync::atomic::Ordering::Relaxed);
+    Ok(())
+}
+
+/// What diesel's `set_default_instrumentation` takes: a default instrumentation's maker.
+type Maker = fn() -> Option<Box<dyn Instrumentation>>;
+
+/// The application's default instrumentation that [`install_around`] puts inside the net.
+static AROUND: std::sync::RwLock<Option<Maker>> = std::sync::RwLock::new(None);
+
 /// [`install`] was called: from then on a handler's own connection without a [`Net`] is
 /// refused ([`NetMissing`]).
 static INSTALLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -176,7 +220,7 @@ impl fmt::Display for NetMissing {
             "the run-time net was installed (`tripwire::net::install`), but the connection of \
              the #[idempotent] handler `{}` has no `Net`: a `set_default_instrumentation` of \
              the application's after `install()` replaced it for every connection opened \
-             since (install `Net::around(yours)` once, instead of both), or the connection \
+             since (call `tripwire::net::install_around(yours)` instead of both), or the connection \
              was opened before `install()`; a write on another connection would not be \
              stopped. Nothing ran",
             self.consumer

@@ -523,6 +523,23 @@ fn send_pooled(
     side_effect(sent, before)
 }
 
+/// `send_pooled` with a short lease, reporting an expired claim instead of taking it over.
+#[idempotent(
+    consumer = "email",
+    key = msg.id,
+    mode = "claim",
+    lease_ms = 1500,
+    on_expired = "report"
+)]
+fn send_pooled_or_report(
+    pool: &DbPool,
+    msg: &Credit,
+    sent: &AtomicUsize,
+    before: &dyn Fn() -> Result<(), AppError>,
+) -> Result<(), AppError> {
+    side_effect(sent, before)
+}
+
 /// A pool of one connection, whose checkout waits `timeout`.
 fn pool_of_one(db: &Db, timeout: Duration) -> DbPool {
     diesel::r2d2::Pool::builder()
@@ -581,9 +598,9 @@ fn on_a_pool_the_side_effects_in_flight_hold_no_connection() {
 }
 
 /// The pool's one connection taken elsewhere: before the claim, nothing runs and the
-/// delivery is to be retried (`Reconnect`); during the side effect, the stamp gets no
-/// connection — the effect is not recorded (`Alert`), and its claim holds the redelivery
-/// back until its lease ends, as after a crash.
+/// delivery is to be retried (`Reconnect`); during the side effect for a while, the stamp
+/// waits for it; past the claim's lease, the effect is not recorded (`Alert`), and the
+/// claim is left as after a crash.
 #[test]
 fn on_a_pool_without_a_connection_nothing_is_claimed_or_the_effect_is_not_recorded() {
     use inbox_diesel::{Action, Error};
@@ -608,26 +625,63 @@ fn on_a_pool_without_a_connection_nothing_is_claimed_or_the_effect_is_not_record
         .unwrap();
     assert_eq!((claims, sent.load(Ordering::SeqCst)), (0, 0));
 
+    // Taken for a while during the side effect (a request path sharing the pool): the stamp
+    // waits for it, within the lease.
+    let taken = std::sync::Mutex::new(None);
+    let take_for_a_while = || {
+        let connection = pool.get().unwrap();
+        *taken.lock().unwrap() = Some(std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(700));
+            drop(connection);
+        }));
+        Ok(())
+    };
+    let waited = send_pooled_or_report(&pool, &msg, &sent, &take_for_a_while);
+    assert!(waited.unwrap().is_processed());
+    taken.lock().unwrap().take().unwrap().join().unwrap();
+    assert_eq!(sent.load(Ordering::SeqCst), 1);
+
+    // Taken past the lease: the effect is not recorded, and the claim is reported when its
+    // lease is over, never run again.
+    let msg = Credit::new(2);
     let elsewhere = std::sync::Mutex::new(None);
     let take_the_connection = || {
         *elsewhere.lock().unwrap() = Some(pool.get().unwrap());
         Ok(())
     };
-    let unstamped = send_pooled(&pool, &msg, &sent, &take_the_connection);
+    let unstamped = send_pooled_or_report(&pool, &msg, &sent, &take_the_connection);
     match &unstamped {
         Err(AppError::Inbox(
             e @ Error::Checkout {
                 after_effect: Some(1),
                 ..
             },
-        )) => assert_eq!(e.action(), Action::Alert),
+        )) => {
+            assert_eq!(e.action(), Action::Alert);
+            let text = e.to_string();
+            assert!(
+                text.contains("no connection (") && text.contains("lease") && !text.contains("  "),
+                "{text}"
+            );
+        }
         other => panic!("{other:?}"),
     }
     drop(elsewhere.lock().unwrap().take());
-    assert_eq!(sent.load(Ordering::SeqCst), 1);
-    assert_eq!(row(&mut pool.get().unwrap()), (false, true, 1));
-    assert!(send_pooled(&pool, &msg, &sent, &ok).unwrap().is_in_flight());
-    assert_eq!(sent.load(Ordering::SeqCst), 1);
+    assert_eq!(sent.load(Ordering::SeqCst), 2);
+    let unfinished: (bool, i32) = inbox::table
+        .filter(inbox::consumer.eq("email"))
+        .filter(inbox::attempts.eq(1))
+        .select((inbox::processed_at.is_not_null(), inbox::attempts))
+        .order(inbox::processed_at.is_not_null())
+        .first(&mut *pool.get().unwrap())
+        .unwrap();
+    assert_eq!(unfinished, (false, 1));
+    let reported = send_pooled_or_report(&pool, &msg, &sent, &ok).unwrap();
+    assert!(
+        matches!(reported, StaleClaimOutcome::StaleClaim { .. }),
+        "{reported:?}"
+    );
+    assert_eq!(sent.load(Ordering::SeqCst), 2);
 }
 
 /// On a pool, a body's error releases the claim on a connection checked out for it: the
@@ -643,4 +697,48 @@ fn on_a_pool_a_failed_side_effect_is_released_and_retried() {
     assert!(send_pooled(&pool, &msg, &sent, &ok).unwrap().is_processed());
     assert_eq!(row(&mut pool.get().unwrap()), (true, false, 2));
     assert_eq!(sent.load(Ordering::SeqCst), 1);
+}
+
+/// An application's own pool type, wrapping r2d2's (as a service keeps its pool with its
+/// settings): taken in place of a connection once it says how it checks out.
+struct AppPool {
+    inner: DbPool,
+}
+
+impl inbox_diesel::pool::ConnectionPool for AppPool {
+    type Connection = DbConnection;
+}
+
+impl inbox_diesel::pool::ClaimPool for AppPool {
+    type Checkout<'a> =
+        diesel::r2d2::PooledConnection<diesel::r2d2::ConnectionManager<DbConnection>>;
+    fn checkout(&self) -> Result<Self::Checkout<'_>, inbox_diesel::pool::CheckoutFailure> {
+        Ok(self.inner.get()?)
+    }
+}
+
+#[idempotent(consumer = "email", key = msg.id, mode = "claim")]
+fn send_on_the_apps_pool(pool: &AppPool, msg: &Credit, sent: &AtomicUsize) -> Result<(), AppError> {
+    side_effect(sent, &ok)
+}
+
+#[test]
+fn on_an_applications_own_pool_type_the_claim_is_stamped() {
+    let db = <Db>::new("claim_app_pool");
+    let pool = AppPool {
+        inner: pool_of_one(&db, Duration::from_secs(20)),
+    };
+    let (msg, sent) = (Credit::new(1), AtomicUsize::new(0));
+    assert!(
+        send_on_the_apps_pool(&pool, &msg, &sent)
+            .unwrap()
+            .is_processed()
+    );
+    assert!(
+        send_on_the_apps_pool(&pool, &msg, &sent)
+            .unwrap()
+            .is_duplicate()
+    );
+    assert_eq!(sent.load(Ordering::SeqCst), 1);
+    assert_eq!(row(&mut pool.inner.get().unwrap()), (true, false, 1));
 }
