@@ -272,6 +272,7 @@ impl Error {
             Error::ClaimLost { .. } => ErrorClass::ClaimLost,
             Error::EffectNotRecorded { .. } => ErrorClass::EffectNotRecorded,
             Error::Session(_) => ErrorClass::Misuse,
+            Error::Schema(crate::schema::SchemaError::Session { .. }) => ErrorClass::ServerSetting,
             Error::Schema(_) => ErrorClass::Schema,
             Error::CalledInsideTransaction
             | Error::NoTransactionToJoin

@@ -224,12 +224,19 @@ mod postgres {
 
             // A role that may not: refused by the check, with the fix.
             let mut app = connect(&server.url("app", database));
-            let refusal = schema::verify(&mut app, &InboxSchema::DEFAULT)
-                .unwrap_err()
-                .to_string();
+            let refused = schema::verify(&mut app, &InboxSchema::DEFAULT).unwrap_err();
+            let refusal = refused.to_string();
             assert!(
-                refusal.contains(language) && refusal.contains("ALTER ROLE"),
+                refusal.starts_with("the session checking the inbox table")
+                    && refusal.contains(language)
+                    && refusal.contains("ALTER ROLE"),
                 "{context}: {refusal}"
+            );
+            // Not the table's fault: a setting's, an alert.
+            assert_eq!(
+                inbox_diesel::Error::Schema(refused).class(),
+                ErrorClass::ServerSetting,
+                "{context}"
             );
 
             // The session ended by an operator: a lost connection.

@@ -1350,9 +1350,10 @@ async fn schema_checked<S: Steps, E>(
             }))
         }
         Err(problem) => {
-            tracing::error!(error = %problem, "the inbox table is not as the runtime needs it; refusing to process");
-            telemetry::failed(spec, ErrorClass::Schema.label());
-            Err(inbox_error(Error::Schema(problem)))
+            tracing::error!(error = %problem, "the inbox table or its session is not as the runtime needs it; refusing to process");
+            let error = Error::Schema(problem);
+            telemetry::failed(spec, error.class().label());
+            Err(inbox_error(error))
         }
     }
 }

@@ -126,6 +126,15 @@ pub enum SchemaError {
         /// Everything found wrong.
         problems: Vec<SchemaProblem>,
     },
+    /// The session the check ran on cannot be used, whatever the table: a setting of its
+    /// role or database it may not change (its server messages' language). Class
+    /// [`ErrorClass::ServerSetting`](crate::ErrorClass::ServerSetting), an alert.
+    Session {
+        /// The table checked, as the handler names it.
+        table: &'static str,
+        /// What was found, why it matters, and the fix.
+        problem: SchemaProblem,
+    },
     /// Reading the catalog failed.
     Database(diesel::result::Error),
 }
@@ -167,6 +176,11 @@ impl fmt::Display for SchemaError {
                     false => Ok(()),
                 }
             }
+            SchemaError::Session { table, problem } => write!(
+                f,
+                "the session checking the inbox table `{table}` is not as the runtime needs \
+                 it: {problem}"
+            ),
             SchemaError::Database(_) => f.write_str("reading the inbox table's definition failed"),
         }
     }
@@ -176,7 +190,7 @@ impl std::error::Error for SchemaError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             SchemaError::Database(e) => Some(e),
-            SchemaError::Mismatch { .. } => None,
+            SchemaError::Mismatch { .. } | SchemaError::Session { .. } => None,
         }
     }
 }
@@ -881,10 +895,9 @@ async fn english_messages<S: Io>(
         .next()
         .map(|row| row.version)
         .unwrap_or_default();
-    Err(SchemaError::Mismatch {
+    Err(SchemaError::Session {
         table: schema.table(),
-        resolved: None,
-        problems: vec![SchemaProblem::Unsupported {
+        problem: SchemaProblem::Unsupported {
             found: format!(
                 "the session's server messages are in `lc_messages = '{setting}'`, which its \
                  role may not change"
@@ -897,7 +910,7 @@ async fn english_messages<S: Io>(
                   or let it set them itself: `GRANT SET ON PARAMETER lc_messages TO <role>` \
                   (PostgreSQL 15+)"
                 .into(),
-        }],
+        },
     })
 }
 

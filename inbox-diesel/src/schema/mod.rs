@@ -79,8 +79,9 @@ pub use check::{SchemaError, SchemaProblem};
 /// ```
 ///
 /// # Errors
-/// [`SchemaError::Mismatch`] listing each problem, or [`SchemaError::Database`] when the
-/// catalog could not be read.
+/// [`SchemaError::Mismatch`] listing each problem, [`SchemaError::Session`] for a session
+/// that cannot be used whatever the table, or [`SchemaError::Database`] when the catalog
+/// could not be read.
 pub fn verify<C: crate::HandlerConnection>(
     conn: &mut C,
     schema: &InboxSchema,
