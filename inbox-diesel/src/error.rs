@@ -32,7 +32,11 @@ pub enum Error {
     /// that no fresh transaction was tried against (`retries = 0`, or the retries spent on
     /// other failures), nothing committed, is reported as a transient failure instead
     /// ([`Error::Database`], a deadlock, `RetryLater`): the redelivery runs it again.
-    TransactionAborted,
+    TransactionAborted {
+        /// How many transactions the body ran in, the error swallowed in each (1 when it
+        /// was not retried, or when a statement of the body had committed).
+        attempts: u32,
+    },
     /// Claim mode: the body succeeded, but its claim was no longer this delivery's when the
     /// runtime came to stamp it: the lease had run out and another delivery took the claim
     /// over (or it was resolved by hand). Its class is [`ErrorClass::ClaimLost`]
@@ -268,7 +272,7 @@ impl Error {
     pub fn class(&self) -> ErrorClass {
         match self {
             Error::InvalidKey(_) => ErrorClass::Other,
-            Error::TransactionAborted => ErrorClass::TransactionAborted,
+            Error::TransactionAborted { .. } => ErrorClass::TransactionAborted,
             Error::ClaimLost { .. } => ErrorClass::ClaimLost,
             Error::EffectNotRecorded { .. } => ErrorClass::EffectNotRecorded,
             Error::Session(_) => ErrorClass::Misuse,
@@ -321,9 +325,9 @@ impl Error {
     /// was retried until the handler's retries were used up.
     pub fn attempts(&self) -> u32 {
         match self {
-            Error::Database { attempts, .. } | Error::EffectNotRecorded { attempts, .. } => {
-                *attempts
-            }
+            Error::Database { attempts, .. }
+            | Error::EffectNotRecorded { attempts, .. }
+            | Error::TransactionAborted { attempts } => *attempts,
             _ => 1,
         }
     }
@@ -375,10 +379,11 @@ impl fmt::Display for Error {
                  shorter lease never starts the body) to 2592000000 (30 days); nothing ran. Set \
                  it above the side effect's longest run"
             ),
-            Error::TransactionAborted => f.write_str(
+            Error::TransactionAborted { attempts } => write!(
+                f,
                 "inbox: the handler returned Ok, but its transaction had been aborted or ended \
-                 under it (a database error swallowed inside the handler, or on MariaDB a \
-                 ROLLBACK the body sent); it was rolled back, and the message not marked. Retried first \
+                 under it in each of its {attempts} attempts (a database error swallowed \
+                 inside the handler, or on MariaDB a ROLLBACK the body sent); it was rolled back, and the message not marked. Retried first \
                  where nothing of it had committed; on MySQL and MariaDB a statement in the \
                  body that commits implicitly (DDL) ends the transaction too, committing what \
                  came before it. Propagate database errors with `?`",
@@ -476,7 +481,7 @@ impl std::error::Error for Error {
             Error::InvalidKey(e) => Some(e),
             // Its text is in this error's own: what it stands on is the source.
             Error::Schema(e) => std::error::Error::source(e),
-            Error::TransactionAborted
+            Error::TransactionAborted { .. }
             | Error::ClaimLost { .. }
             | Error::Session(_)
             | Error::Outbox(_)

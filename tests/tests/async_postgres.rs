@@ -73,7 +73,10 @@ async fn async_swallowed_error_is_reported_never_processed() {
     };
     let result = credit(&mut conn, &msg, &swallow).await;
     assert!(
-        matches!(result, Err(AppError::Inbox(InboxError::TransactionAborted))),
+        matches!(
+            result,
+            Err(AppError::Inbox(InboxError::TransactionAborted { .. }))
+        ),
         "{result:?}"
     );
     assert_eq!(count_markers(&mut conn).await, 0);

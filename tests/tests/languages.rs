@@ -1029,7 +1029,7 @@ mod mariadb {
         let mut conn = db.connect();
         let error = with_ddl(&mut conn, "m-1").unwrap_err();
         assert!(
-            matches!(error, inbox_diesel::Error::TransactionAborted),
+            matches!(error, inbox_diesel::Error::TransactionAborted { .. }),
             "{error:?}"
         );
         assert_eq!(error.action(), inbox_diesel::Action::Alert);

@@ -561,7 +561,9 @@ pub(crate) fn transaction_gone(
 ) -> diesel::result::Error {
     match crate::classify::class_of(&error, schema) {
         inbox_core::ErrorClass::ConnectionLost => error,
-        _ => diesel::result::Error::QueryBuilderError(Box::new(crate::Error::TransactionAborted)),
+        _ => diesel::result::Error::QueryBuilderError(Box::new(crate::Error::TransactionAborted {
+            attempts: 1,
+        })),
     }
 }
 

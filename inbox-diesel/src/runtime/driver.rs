@@ -1088,7 +1088,11 @@ where
                     Failure::Database(DieselError::QueryBuilderError(Box::new(Error::Database {
                         class: DEADLOCK,
                         attempts: retries + 1,
-                        source: DieselError::QueryBuilderError(Box::new(Error::TransactionAborted)),
+                        source: DieselError::QueryBuilderError(Box::new(
+                            Error::TransactionAborted {
+                                attempts: retries + 1,
+                            },
+                        )),
                     })))
                 }
                 Failure::Body(mut result, ended) => {
@@ -2593,7 +2597,7 @@ fn give_up<T, E>(
                 "handler returned Ok over an aborted transaction (a swallowed database error); \
                  rolled back"
             );
-            inbox_error(Error::TransactionAborted)
+            inbox_error(Error::TransactionAborted { attempts })
         }
         Failure::Database(DieselError::AlreadyInTransaction) => {
             tracing::error!(
