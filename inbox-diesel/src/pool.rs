@@ -195,22 +195,39 @@ impl<C> ConnectionPool for NoPool<C> {
 
 impl<C> ClaimPool for NoPool<C> {
     type Checkout<'a>
-        = &'a mut C
+        = NoCheckout<C>
     where
         Self: 'a;
-    fn checkout(&self) -> Result<&mut C, CheckoutFailure> {
+    fn checkout(&self) -> Result<NoCheckout<C>, CheckoutFailure> {
         match self.0 {}
     }
 }
 
-impl<C: Send> AsyncClaimPool for NoPool<C> {
+impl<C> AsyncClaimPool for NoPool<C> {
     type Checkout<'a>
-        = &'a mut C
+        = NoCheckout<C>
     where
         Self: 'a;
     #[allow(clippy::manual_async_fn, reason = "the trait's future is `Send`")]
-    fn checkout(&self) -> impl Future<Output = Result<&mut C, CheckoutFailure>> + Send {
+    fn checkout(&self) -> impl Future<Output = Result<NoCheckout<C>, CheckoutFailure>> + Send {
         async move { match self.0 {} }
+    }
+}
+
+/// The checkout of [`NoPool`]: there is none (and no `Send` asked of the connection).
+#[doc(hidden)]
+pub struct NoCheckout<C>(Infallible, PhantomData<fn() -> C>);
+
+impl<C> std::ops::Deref for NoCheckout<C> {
+    type Target = C;
+    fn deref(&self) -> &C {
+        match self.0 {}
+    }
+}
+
+impl<C> DerefMut for NoCheckout<C> {
+    fn deref_mut(&mut self) -> &mut C {
+        match self.0 {}
     }
 }
 
