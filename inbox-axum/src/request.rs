@@ -249,12 +249,7 @@ fn missing() -> Problem {
 /// SHA-256 over the method, the path and query as sent, and the body, each length-prefixed
 /// so that no two requests share their concatenation.
 fn fingerprint(method: &Method, path_and_query: &str, body: &[u8]) -> Fingerprint {
-    let mut bytes = Vec::with_capacity(32 + path_and_query.len() + body.len());
-    for part in [method.as_str().as_bytes(), path_and_query.as_bytes(), body] {
-        bytes.extend_from_slice(&(part.len() as u64).to_be_bytes());
-        bytes.extend_from_slice(part);
-    }
-    Fingerprint::of(&bytes)
+    Fingerprint::of_parts([method.as_str().as_bytes(), path_and_query.as_bytes(), body])
 }
 
 /// A form's fields decoded (`+` and `%20` alike), in name order — a name's values in the

@@ -47,6 +47,34 @@ impl Fingerprint {
         Fingerprint(sha2::Sha256::digest(bytes.as_ref()).into())
     }
 
+    /// The fingerprint of a request made of parts — an HTTP request's method, path and
+    /// query, and body —, each length-prefixed (8 bytes, big-endian) so that no two
+    /// requests share their concatenation (`"ab" + "c"` is not `"a" + "bc"`). What
+    /// `inbox-axum` takes of a request, for another web framework to take the same.
+    ///
+    /// ```
+    /// use inbox_diesel::Fingerprint;
+    ///
+    /// let first = Fingerprint::of_parts(["POST", "/payments?account=7", r#"{"amount":500}"#]);
+    /// let retry = Fingerprint::of_parts(["POST", "/payments?account=7", r#"{"amount":500}"#]);
+    /// assert_eq!(first, retry);
+    /// assert_ne!(Fingerprint::of_parts(["ab", "c"]), Fingerprint::of_parts(["a", "bc"]));
+    /// ```
+    pub fn of_parts<I, B>(parts: I) -> Self
+    where
+        I: IntoIterator<Item = B>,
+        B: AsRef<[u8]>,
+    {
+        use sha2::Digest;
+        let mut digest = sha2::Sha256::new();
+        for part in parts {
+            let part = part.as_ref();
+            digest.update((part.len() as u64).to_be_bytes());
+            digest.update(part);
+        }
+        Fingerprint(digest.finalize().into())
+    }
+
     /// Its 32 bytes, as stored.
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
@@ -239,4 +267,22 @@ pub(crate) async fn write_fingerprint<S: Io>(
         Sql::new(S::Backend::store_fingerprint(&table)).bind_bytes(fingerprint.as_bytes().to_vec());
     let sql = S::Backend::bind_message_id(sql, &key.stored_id()).bind_text(consumer);
     io.execute(&sql).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Fingerprint;
+
+    /// The parts' digest is the digest of their length-prefixed concatenation, as
+    /// `inbox-axum` stored it before: fingerprints already stored still match.
+    #[test]
+    fn parts_are_digested_as_their_length_prefixed_concatenation() {
+        let parts: [&[u8]; 3] = [b"POST", b"/payments?account=7", b"{\"amount\":500}"];
+        let mut joined = Vec::new();
+        for part in parts {
+            joined.extend_from_slice(&(part.len() as u64).to_be_bytes());
+            joined.extend_from_slice(part);
+        }
+        assert_eq!(Fingerprint::of_parts(parts), Fingerprint::of(&joined));
+    }
 }
