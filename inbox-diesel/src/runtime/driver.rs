@@ -1167,18 +1167,10 @@ fn kept_columns<T, E>(
     remembered: &Remembered<T>,
     inbox_error: fn(Error) -> E,
 ) -> Result<(), E> {
-    let (column, why, part) = if remembered.store.is_some() && !layout.result {
-        (
-            "result",
-            "the handler stores its result with its marker (`store_result`)",
-            "result",
-        )
+    let column = if remembered.store.is_some() && !layout.result {
+        "result"
     } else if remembered.fingerprint.is_some() && !layout.fingerprint {
-        (
-            "fingerprint",
-            "the handler keeps the request's fingerprint with its marker (`fingerprint`)",
-            "fingerprint",
-        )
+        "fingerprint"
     } else {
         return Ok(());
     };
@@ -1187,14 +1179,7 @@ fn kept_columns<T, E>(
     Err(inbox_error(Error::Schema(SchemaError::Mismatch {
         table: spec.schema.table(),
         resolved: None,
-        problems: vec![crate::schema::SchemaProblem::Unsupported {
-            found: format!("no `{column}` column"),
-            why,
-            fix: format!(
-                "add it: `inbox-diesel migration generate --with {part}` (a new table) or \
-                 `--add {part}`"
-            ),
-        }],
+        problems: vec![crate::schema::missing_column(column)],
     })))
 }
 

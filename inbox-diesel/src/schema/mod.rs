@@ -86,18 +86,141 @@ pub fn verify<C: crate::HandlerConnection>(
     conn: &mut C,
     schema: &InboxSchema,
 ) -> Result<(), SchemaError> {
-    struct Verify<'s>(&'s InboxSchema);
+    verify_for(conn, schema, Needs::default())
+}
+
+/// What the handlers on an inbox table need of it beyond the shipped table, for
+/// [`verify_for`]: the optional columns they write (`store_result`, `fingerprint = …`,
+/// `key_text`), and whether one runs in claim mode (its claims are updated: the `UPDATE`
+/// privilege).
+///
+/// ```
+/// use inbox_diesel::schema::Needs;
+///
+/// let needs = Needs::default().result().fingerprint().claim();
+/// assert!(needs != Needs::default());
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Needs {
+    columns: OptionalColumns,
+    claim: bool,
+}
+
+impl Needs {
+    /// A handler stores its results (`store_result = true`): the `result` column.
+    pub const fn result(mut self) -> Self {
+        self.columns.result = true;
+        self
+    }
+
+    /// A handler keeps its requests' fingerprints (`fingerprint = …`, `inbox-axum`): the
+    /// `fingerprint` column.
+    pub const fn fingerprint(mut self) -> Self {
+        self.columns.fingerprint = true;
+        self
+    }
+
+    /// Operators read each marker's key as text: the `key_text` column.
+    pub const fn key_text(mut self) -> Self {
+        self.columns.key_text = true;
+        self
+    }
+
+    /// A handler runs in claim mode: the privilege to update the markers.
+    pub const fn claim(mut self) -> Self {
+        self.claim = true;
+        self
+    }
+}
+
+/// [`verify`], and what the application's handlers need of the table beyond it
+/// ([`Needs`]): a startup check that refuses a table without the `result` column a
+/// `store_result` handler writes, instead of each of its deliveries being refused.
+///
+/// ```
+/// # #[cfg(feature = "sqlite")] {
+/// use diesel::connection::SimpleConnection;
+/// use diesel::prelude::*;
+/// use inbox_diesel::schema::{self, Needs};
+/// use inbox_diesel::InboxSchema;
+///
+/// let mut conn = SqliteConnection::establish(":memory:")?;
+/// conn.batch_execute(&schema::sqlite::create_table_sql(&InboxSchema::DEFAULT))?;
+/// let error = schema::verify_for(&mut conn, &InboxSchema::DEFAULT, Needs::default().result())
+///     .unwrap_err();
+/// assert!(error.to_string().contains("no `result` column"), "{error}");
+/// # }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+/// As [`verify`], with a missing column each handler would need among the problems.
+pub fn verify_for<C: crate::HandlerConnection>(
+    conn: &mut C,
+    schema: &InboxSchema,
+    needs: Needs,
+) -> Result<(), SchemaError> {
+    struct Verify<'s>(&'s InboxSchema, Needs);
     impl crate::backends::OnBackend for Verify<'_> {
         type Output = Result<(), SchemaError>;
         fn run<C: crate::InboxConnection>(self, conn: &mut C) -> Self::Output {
-            verify_layout(conn, self.0, false)?;
+            let layout = verify_layout(conn, self.0, self.1.claim)?;
+            has_what_is_needed(self.0, layout, self.1)?;
             crate::io::complete_now(crate::schema::check::refuse_statement_pooling(
                 &mut crate::io::Blocking(conn),
                 self.0,
             ))
         }
     }
-    crate::backends::on_backend(conn, Verify(schema))
+    crate::backends::on_backend(conn, Verify(schema, needs))
+}
+
+/// The optional columns `needs` names and `layout` lacks, refused.
+fn has_what_is_needed(
+    schema: &InboxSchema,
+    layout: crate::dialect::layout::Layout,
+    needs: Needs,
+) -> Result<(), SchemaError> {
+    let wanted = [
+        (needs.columns.result && !layout.result, "result"),
+        (
+            needs.columns.fingerprint && !layout.fingerprint,
+            "fingerprint",
+        ),
+        (needs.columns.key_text && !layout.key_text, "key_text"),
+    ];
+    let problems: Vec<SchemaProblem> = wanted
+        .into_iter()
+        .filter(|(missing, _)| *missing)
+        .map(|(_, column)| missing_column(column))
+        .collect();
+    match problems.is_empty() {
+        true => Ok(()),
+        false => Err(SchemaError::Mismatch {
+            table: schema.table(),
+            resolved: None,
+            problems,
+        }),
+    }
+}
+
+/// An optional column a handler writes, missing: what it is for and how to add it.
+pub(crate) fn missing_column(column: &'static str) -> SchemaProblem {
+    let why = match column {
+        "result" => "the handler stores its result with its marker (`store_result`)",
+        "fingerprint" => {
+            "the handler keeps the request's fingerprint with its marker (`fingerprint`)"
+        }
+        _ => "operators read each marker's key as text there",
+    };
+    SchemaProblem::Unsupported {
+        found: format!("no `{column}` column"),
+        why,
+        fix: format!(
+            "add it: `inbox-diesel migration generate --with {column}` (a new table) or \
+             `--add {column}`"
+        ),
+    }
 }
 
 /// [`verify`], saying which optional columns the table has; `claim` for a claim-mode
@@ -123,7 +246,21 @@ pub async fn verify_async<C: crate::AsyncInboxConnection>(
     conn: &mut C,
     schema: &InboxSchema,
 ) -> Result<(), SchemaError> {
-    verify_layout_async(conn, schema, false).await?;
+    verify_for_async(conn, schema, Needs::default()).await
+}
+
+/// [`verify_for`] on a diesel-async connection.
+///
+/// # Errors
+/// As [`verify_for`].
+#[cfg(feature = "async")]
+pub async fn verify_for_async<C: crate::AsyncInboxConnection>(
+    conn: &mut C,
+    schema: &InboxSchema,
+    needs: Needs,
+) -> Result<(), SchemaError> {
+    let layout = verify_layout_async(conn, schema, needs.claim).await?;
+    has_what_is_needed(schema, layout, needs)?;
     crate::schema::check::refuse_statement_pooling(&mut crate::io::Awaiting(conn), schema).await
 }
 

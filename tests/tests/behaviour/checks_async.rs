@@ -71,3 +71,29 @@ async fn a_pooled_connection_is_checked_once_not_at_each_checkout() {
         "{checks} checks for {MESSAGES} messages on {CONNECTIONS} connections"
     );
 }
+
+/// [`inbox_diesel::schema::verify_for_async`]: a table without the `result` column a
+/// `store_result` handler writes is refused at startup, on a pool's connection.
+#[tokio::test]
+async fn the_async_startup_check_told_what_handlers_need_refuses_a_table_without_it() {
+    use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+    use diesel_async::pooled_connection::bb8::Pool;
+    use inbox_diesel::InboxSchema;
+    use inbox_diesel::schema::{self, Needs};
+    let db = <Db>::new("async_startup_needs");
+    let manager = AsyncDieselConnectionManager::<AsyncConnection>::new(db.url());
+    let pool = Pool::builder().max_size(1).build(manager).await.unwrap();
+    let mut pooled = pool.get().await.unwrap();
+    schema::verify_async(&mut *pooled, &InboxSchema::DEFAULT)
+        .await
+        .unwrap();
+    let refusal = schema::verify_for_async(
+        &mut *pooled,
+        &InboxSchema::DEFAULT,
+        Needs::default().result(),
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(refusal.contains("no `result` column"), "{refusal}");
+}

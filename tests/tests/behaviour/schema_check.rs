@@ -90,3 +90,30 @@ fn an_index_dropped_under_a_checked_connection_is_a_schema_fault() {
     assert_eq!(class(&result), Some(ErrorClass::Schema), "{result:?}");
     assert_eq!(balance(&db), 1);
 }
+
+/// The startup check told what the handlers need: a table without the `result` and
+/// `fingerprint` columns that `store_result` and `fingerprint = …` handlers write is refused
+/// at startup, naming both, instead of each of their deliveries; once added, it passes.
+#[test]
+fn the_startup_check_told_what_handlers_need_refuses_a_table_without_it() {
+    use inbox_diesel::schema::{self, Needs};
+    let db = <Db>::new("startup_needs");
+    let mut conn = db.connect();
+    schema::verify(&mut conn, &InboxSchema::DEFAULT).unwrap();
+    let needs = Needs::default().result().fingerprint().claim();
+    let refusal = schema::verify_for(&mut conn, &InboxSchema::DEFAULT, needs)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refusal.contains("no `result` column") && refusal.contains("no `fingerprint` column"),
+        "{refusal}"
+    );
+    let backend = <Conn as inbox_diesel::InboxConnection>::BACKEND;
+    let (result, fingerprint) = (
+        backend.add_result_sql(&InboxSchema::DEFAULT),
+        backend.add_fingerprint_sql(&InboxSchema::DEFAULT),
+    );
+    conn.batch_execute(&result).unwrap();
+    conn.batch_execute(&fingerprint).unwrap();
+    schema::verify_for(&mut db.connect(), &InboxSchema::DEFAULT, needs).unwrap();
+}
