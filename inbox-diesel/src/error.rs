@@ -646,7 +646,7 @@ impl From<Error> for diesel::result::Error {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` does not say where its diesel error is: the function API reads it through `HasDieselError`",
     label = "the body's error type",
-    note = "implement it, returning the diesel error the type carries (its variant, or a `downcast_ref` along its `source()`), so that a deadlock or a lost connection is retried and routed: `impl inbox_diesel::HasDieselError for {Self} {{ fn diesel_error(&self) -> Option<&diesel::result::Error> {{ … }} }}`",
+    note = "implement it, returning the diesel error the type carries, so that a deadlock or a lost connection is retried and routed — for a type with its causes on `source()`: `impl inbox_diesel::HasDieselError for {Self} {{ fn diesel_error(&self) -> Option<&diesel::result::Error> {{ inbox_diesel::find_diesel_error(self) }} }}`",
     note = "`#[idempotent]` reads a diesel error on `source()` by itself; `anyhow::Error` implements it with the feature `anyhow`"
 )]
 pub trait HasDieselError {
@@ -696,6 +696,63 @@ impl HasDieselError for anyhow::Error {
     }
 }
 
+/// The diesel error along `error`'s `source()` chain (`error` itself included, and an
+/// inbox [`Error`](crate::Error)'s on the way): what an application's error type that keeps
+/// its causes on `source()` returns for [`HasDieselError::diesel_error`], as `#[idempotent]`
+/// reads it by itself.
+///
+/// ```
+/// use inbox_diesel::{HasDieselError, find_diesel_error};
+///
+/// #[derive(Debug)]
+/// pub enum AppError {
+///     Db(diesel::result::Error),
+///     Rejected,
+/// }
+///
+/// impl std::fmt::Display for AppError {
+///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+///         f.write_str("app error")
+///     }
+/// }
+///
+/// impl std::error::Error for AppError {
+///     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+///         match self {
+///             AppError::Db(e) => Some(e),
+///             AppError::Rejected => None,
+///         }
+///     }
+/// }
+///
+/// impl HasDieselError for AppError {
+///     fn diesel_error(&self) -> Option<&diesel::result::Error> {
+///         find_diesel_error(self)
+///     }
+/// }
+///
+/// assert!(AppError::Db(diesel::result::Error::NotFound).diesel_error().is_some());
+/// assert!(AppError::Rejected.diesel_error().is_none());
+/// ```
+pub fn find_diesel_error<'e>(
+    error: &'e (dyn std::error::Error + 'static),
+) -> Option<&'e diesel::result::Error> {
+    let mut next = Some(error);
+    while let Some(error) = next {
+        if let Some(diesel) = error.downcast_ref::<diesel::result::Error>() {
+            return Some(diesel);
+        }
+        if let Some(diesel) = error
+            .downcast_ref::<crate::Error>()
+            .and_then(HasDieselError::diesel_error)
+        {
+            return Some(diesel);
+        }
+        next = error.source();
+    }
+    None
+}
+
 /// A boxed error (`Box<dyn std::error::Error + Send + Sync>`, the error type of many
 /// applications and of `?` on anything): the diesel error is looked for along its `source()`
 /// chain, an inbox error's included. A box does not implement `std::error::Error` itself, so
@@ -704,20 +761,7 @@ macro_rules! boxed_errors {
     ($($bounds:tt)*) => {
         impl HasDieselError for Box<dyn std::error::Error $($bounds)* + 'static> {
             fn diesel_error(&self) -> Option<&diesel::result::Error> {
-                let mut next: Option<&(dyn std::error::Error + 'static)> = Some(&**self);
-                while let Some(error) = next {
-                    if let Some(diesel) = error.downcast_ref::<diesel::result::Error>() {
-                        return Some(diesel);
-                    }
-                    if let Some(diesel) = error
-                        .downcast_ref::<crate::Error>()
-                        .and_then(HasDieselError::diesel_error)
-                    {
-                        return Some(diesel);
-                    }
-                    next = error.source();
-                }
-                None
+                find_diesel_error(&**self)
             }
 
             fn record_attempts(&mut self, attempts: u32) {

@@ -728,9 +728,9 @@ pub use inbox_macros::MultiConnection;
 #[cfg(feature = "async")]
 pub use backends::AsyncInboxConnection;
 pub use backends::{HandlerConnection, InboxConnection};
-pub use error::HasDieselError;
 pub use error::classify;
 pub use error::{Error, SessionProblem, StoredResultProblem};
+pub use error::{HasDieselError, find_diesel_error};
 pub use guard::NoConnection;
 pub use inbox_core::{
     Action, BatchOutcome, Consumer, ConsumerError, ErrorClass, Gate, HandlerOutcome,
