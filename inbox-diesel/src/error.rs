@@ -216,8 +216,8 @@ pub enum Error {
     /// each take a connection of their own, and the side effect between them holds none.
     /// `after_effect: None`: for the claim; nothing ran, class
     /// [`ErrorClass::ConnectionLost`] (`Reconnect`): redeliver later. `Some(attempt)`: for
-    /// the stamp, after that attempt's side effect ran (checkouts were tried until the
-    /// claim's lease ended): as [`Error::EffectNotRecorded`], class
+    /// the stamp, after that attempt's side effect ran (checkouts were tried for twice the
+    /// claim's lease): as [`Error::EffectNotRecorded`], class
     /// [`ErrorClass::EffectNotRecorded`] (`Alert`) — the claim stays open until a redelivery
     /// takes it over or reports it.
     Checkout {

@@ -58,12 +58,15 @@
 //! What changes with a pool:
 //! - **A failed checkout** before the claim is [`Error::Checkout`](crate::Error::Checkout):
 //!   nothing ran (class `ConnectionLost`: redeliver later).
-//! - **The stamp keeps trying until the claim's lease ends**: a checkout that fails (the pool
-//!   busy with other work) is tried again, and a connection that is lost or refuses writes
-//!   under the stamp (a failover, a pooler's restart, an operator's kill — a dead connection
-//!   the pool handed out) is discarded and the stamp goes to another, pausing from 50 ms up
-//!   to a second between tries. Past the lease (a takeover may come then) the effect is not
-//!   recorded: [`Error::EffectNotRecorded`](crate::Error::EffectNotRecorded), or
+//! - **The stamp keeps trying, for twice the claim's lease**: a checkout that fails (the
+//!   pool busy with other work) is tried again at once, keeping the stamp's place among the
+//!   pool's waiters; a connection that is lost or refuses writes under the stamp (a
+//!   failover, a pooler's restart, an operator's kill — a dead connection the pool handed
+//!   out) is discarded and the stamp goes to another, pausing from 50 ms up to a second.
+//!   Past the lease a stamp still completes the work unless a delivery has taken the claim
+//!   over (then `ClaimLost`); a stamp whose answer was lost with its connection, and which
+//!   had committed, is found so on the next connection. After twice the lease the effect is
+//!   not recorded: [`Error::EffectNotRecorded`](crate::Error::EffectNotRecorded), or
 //!   [`Error::Checkout`](crate::Error::Checkout) with its attempt when the pool gave none —
 //!   the claim stays open until a redelivery takes it over or reports it. A release after
 //!   the body's error gets three checkouts; without one the claim is left to its lease, and

@@ -398,7 +398,7 @@ where
                     value,
                     &mut stamp,
                     inbox_error,
-                    true,
+                    Some(tries.elsewhere()),
                 )
                 .await;
                 match stamped {
@@ -412,7 +412,7 @@ where
             }
             Err(source) => driver::StampFailure::Checkout(source),
         };
-        match tries.failed() {
+        match tries.failed(&failure) {
             Some(pause) => tokio::time::sleep(pause).await,
             None => {
                 return Err(driver::stamp_given_up(

@@ -1811,6 +1811,8 @@ pub(crate) struct Holding {
     netted: bool,
     /// When the claim's lease ends at the latest: its lease from before the claim was sent.
     lease_ends: Instant,
+    /// The claim's lease.
+    lease_ms: u64,
 }
 
 /// Phase 1 of claim mode ([`drive_claim`]): the claim, committed on its own.
@@ -1928,6 +1930,7 @@ where
             run,
             netted,
             lease_ends: sent + Duration::from_millis(claim.lease_ms),
+            lease_ms: claim.lease_ms,
         },
         remembered,
     ))
@@ -2113,7 +2116,7 @@ where
         value,
         &mut stamp,
         inbox_error,
-        false,
+        None,
     )
     .await
     {
@@ -2181,7 +2184,7 @@ pub(crate) async fn claim_stamped<S, T, E, A>(
     value: T,
     stamp: &mut ToStamp,
     inbox_error: fn(Error) -> E,
-    elsewhere: bool,
+    elsewhere: Option<Elsewhere>,
 ) -> Result<A, Unstamped<T, E>>
 where
     S: Steps,
@@ -2190,10 +2193,13 @@ where
     let (attempt, run) = (holding.attempt, holding.run);
     let (mut retries, mut lost) = (0, 0);
     let prepared = match elsewhere {
-        true => prepared_for_stamp(steps, holding).await,
-        false => Ok(()),
+        Some(_) => prepared_for_stamp(steps, holding).await,
+        None => Ok(()),
     };
     let mut prepared = Some(prepared);
+    // A try after a connection was lost under the stamp: its answer may have been lost
+    // with the connection after the stamp committed.
+    let after_loss = matches!(elsewhere, Some(Elsewhere { after_loss: true }));
     loop {
         let stamped = match prepared.take() {
             Some(Err(e)) => Err(e),
@@ -2215,6 +2221,23 @@ where
                         .await
                 }
             },
+        };
+        // No row stamped after a lost answer: the stamp that was lost may be this attempt's
+        // own, committed — the row completed at this attempt says so, and is its answer.
+        let stamped = match stamped {
+            Ok(answer) if after_loss && !answer.changed() => {
+                match steps.claim_step(run, key, ClaimStep::Read).await {
+                    Ok(ClaimAnswer::Read(Some((ClaimState::Completed, seen, _))))
+                        if seen == attempt =>
+                    {
+                        tracing::info!(attempt, "the stamp whose answer was lost had committed");
+                        Ok(ClaimAnswer::Rows(1))
+                    }
+                    Ok(_) => Ok(answer),
+                    Err(e) => Err(e),
+                }
+            }
+            other => other,
         };
         match stamped {
             Ok(answer) if answer.changed() => {
@@ -2249,7 +2272,7 @@ where
                     steps.pause(after).await;
                 }
                 // On a pool, another connection: this one is gone, or refuses writes.
-                None if elsewhere
+                None if elsewhere.is_some()
                     && classify(&e, &spec.schema).action() == inbox_core::Action::Reconnect =>
                 {
                     tracing::warn!(
@@ -2297,7 +2320,7 @@ pub(crate) fn stamp_given_up<E>(
         outcome = "effect_not_recorded",
         attempt,
         tries,
-        "the side effect ran, but no connection of the pool stamped its claim within its lease"
+        "the side effect ran, but no connection of the pool stamped its claim in time"
     );
     telemetry::failed(spec, ErrorClass::EffectNotRecorded.label());
     inbox_error(match last {
@@ -2313,39 +2336,65 @@ pub(crate) fn stamp_given_up<E>(
     })
 }
 
+/// A stamp on a pool's connection, which may be another than the claim's
+/// ([`claim_stamped`]): `after_loss` when a try before it lost its connection.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Elsewhere {
+    pub(crate) after_loss: bool,
+}
+
 /// Why a pool's try to stamp a claim failed.
 pub(crate) enum StampFailure {
     Database(DieselError),
     Checkout(crate::pool::CheckoutFailure),
 }
 
-/// How long a pool's stamp keeps trying: until the claim's lease ends (a takeover may come
-/// after it), pausing between tries from 50 ms, doubling, up to a second.
+/// How long a pool's stamp keeps trying: for a lease past the claim's lease — a stamp
+/// after the lease still completes the work unless a delivery took the claim over, which
+/// its compare-and-set then tells (`ClaimLost`) —, at least three tries. After a checkout
+/// the pool refused (it waited as long as it is set to) the next try comes at once, not to
+/// leave the pool's queue to new claims; after a lost connection, from 50 ms, doubling, up
+/// to a second (a server restarting).
 pub(crate) struct StampTries {
     until: Instant,
     pause: Duration,
     tries: u32,
+    lost: bool,
 }
 
 impl StampTries {
     pub(crate) fn new(holding: &Holding) -> Self {
         StampTries {
-            until: holding.lease_ends,
+            until: holding.lease_ends + Duration::from_millis(holding.lease_ms),
             pause: Duration::from_millis(50),
             tries: 0,
+            lost: false,
         }
     }
 
-    /// Counts a try that failed; the pause before the next one, `None` when the lease is
-    /// over (after at least three tries).
-    pub(crate) fn failed(&mut self) -> Option<Duration> {
+    /// Counts a try that failed (`failure`); the pause before the next one, `None` when
+    /// the time is over (after at least three tries).
+    pub(crate) fn failed(&mut self, failure: &StampFailure) -> Option<Duration> {
         self.tries += 1;
         if self.tries >= 3 && Instant::now() >= self.until {
             return None;
         }
-        let pause = self.pause;
-        self.pause = (self.pause * 2).min(Duration::from_secs(1));
-        Some(pause)
+        match failure {
+            StampFailure::Checkout(_) => Some(Duration::from_millis(1)),
+            StampFailure::Database(_) => {
+                self.lost = true;
+                let pause = self.pause;
+                self.pause = (self.pause * 2).min(Duration::from_secs(1));
+                Some(pause)
+            }
+        }
+    }
+
+    /// What the next try is: after a lost connection or not.
+    pub(crate) fn elsewhere(&self) -> Elsewhere {
+        Elsewhere {
+            after_loss: self.lost,
+        }
     }
 
     pub(crate) fn tries(&self) -> u32 {

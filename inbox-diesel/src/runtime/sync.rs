@@ -409,6 +409,7 @@ where
                         value,
                         stamp: &mut stamp,
                         inbox_error,
+                        elsewhere: tries.elsewhere(),
                     });
                     match stamped {
                         Ok(answer) => return Ok(answer),
@@ -421,7 +422,7 @@ where
                 }
                 Err(source) => driver::StampFailure::Checkout(source),
             };
-            match tries.failed() {
+            match tries.failed(&failure) {
                 Some(pause) => std::thread::sleep(pause),
                 None => {
                     return Err(driver::stamp_given_up(
@@ -524,6 +525,7 @@ struct ClaimStamp<'h, A, T, E> {
     value: T,
     stamp: &'h mut driver::ToStamp,
     inbox_error: fn(Error) -> E,
+    elsewhere: driver::Elsewhere,
 }
 
 impl<O, A, T, E> Visit<O> for ClaimStamp<'_, A, T, E>
@@ -544,6 +546,7 @@ where
             value,
             stamp,
             inbox_error,
+            elsewhere,
             ..
         } = self;
         complete_now(driver::claim_stamped(
@@ -554,7 +557,7 @@ where
             value,
             stamp,
             inbox_error,
-            true,
+            Some(elsewhere),
         ))
     }
 }

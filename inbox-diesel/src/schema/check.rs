@@ -253,6 +253,24 @@ pub(crate) struct FactRow {
     detail: String,
 }
 
+/// MySQL and MariaDB: a server that does not write its log at each commit
+/// (`innodb_flush_log_at_trx_commit = 0`), outside a Galera cluster (whose nodes recover
+/// each other's commits): a row when so. The variables are read from MariaDB's
+/// `information_schema` or MySQL's `performance_schema`, where `wsrep_on` may not exist.
+fn mysql_durability_sql(server: &str) -> String {
+    let variables = match server.contains("MariaDB") {
+        true => "information_schema.GLOBAL_VARIABLES",
+        false => "performance_schema.global_variables",
+    };
+    format!(
+        "SELECT CAST('flush log' AS CHAR) AS kind, \
+         CAST(@@global.innodb_flush_log_at_trx_commit AS CHAR) AS detail FROM DUAL \
+         WHERE @@global.innodb_flush_log_at_trx_commit = 0 AND NOT EXISTS (SELECT 1 FROM \
+         {variables} WHERE UPPER(VARIABLE_NAME) = 'WSREP_ON' AND VARIABLE_VALUE = 'ON') \
+         {MYSQL_ALL_ROWS}"
+    )
+}
+
 /// PostgreSQL: the table's oid, resolved as the runtime's statements resolve its name. Binds
 /// `$1` (qualifier, `''` when none) and `$2` (name).
 const PG_REL: &str = "to_regclass(CASE WHEN $1 = '' THEN quote_ident($2) \
@@ -654,6 +672,7 @@ async fn read_catalog<S: Io>(
         .await?;
     if backend == Backend::Mysql && !columns.is_empty() {
         facts.extend(mysql_privileges(io, schema, claim, key_text).await);
+        facts.extend(io.load(&Sql::new(mysql_durability_sql(&server))).await?);
     }
     Ok(Catalog {
         columns,
@@ -798,7 +817,14 @@ async fn lift_statement_timeout<S: Io>(io: &mut S) -> bool {
         .load::<ServerRow>(&Sql::new(PG_TIGHT_TIMEOUT))
         .await
         .is_ok_and(|rows| !rows.is_empty());
-    if !tight || io.batch(PG_LIFT_TIMEOUT).await.is_err() {
+    if !tight {
+        return false;
+    }
+    if io.batch(PG_LIFT_TIMEOUT).await.is_err() {
+        // Its `BEGIN` may have opened the transaction its `SELECT` then failed in (timed
+        // out under the very bound it lifts): ended here, or every read of the check after
+        // it would fail as an aborted transaction's (25P02, an alert) instead of as itself.
+        let _ = io.batch("ROLLBACK").await;
         return false;
     }
     io.load::<ServerRow>(&Sql::new(PG_LIFTED))
@@ -1384,6 +1410,17 @@ fn refusals(
                 "the index would call a new consumer's marker (`Credit`) a duplicate of \
                  another's (`credit`): its messages answered Duplicate, or never processed",
                 format!("recreate it without COLLATE (`CREATE UNIQUE INDEX {index} ON {table} (message_id, consumer)`)"),
+            )),
+            "flush log" => problems.push(problem(
+                "innodb_flush_log_at_trx_commit = 0 on a server outside a Galera cluster".into(),
+                "a commit the server acknowledged can vanish when the server crashes (about a \
+                 second of commits): a message acknowledged to the broker would be lost, a \
+                 claim or a stamp would vanish after its side effect ran, and the effect run \
+                 again",
+                "SET GLOBAL innodb_flush_log_at_trx_commit = 1 (and in the server's \
+                 configuration); 2 keeps commits through a crash of the server, not of the \
+                 machine"
+                    .into(),
             )),
             "clock" => problems.push(problem(
                 format!("the session's clock set to {detail} (`SET timestamp`)"),

@@ -598,9 +598,9 @@ fn on_a_pool_the_side_effects_in_flight_hold_no_connection() {
 }
 
 /// The pool's one connection taken elsewhere: before the claim, nothing runs and the
-/// delivery is to be retried (`Reconnect`); during the side effect for a while, the stamp
-/// waits for it; past the claim's lease, the effect is not recorded (`Alert`), and the
-/// claim is left as after a crash.
+/// delivery is to be retried (`Reconnect`); during the side effect for a while, even past
+/// the claim's lease, the stamp waits for it; past twice the lease, the effect is not
+/// recorded (`Alert`), and the claim is left as after a crash.
 #[test]
 fn on_a_pool_without_a_connection_nothing_is_claimed_or_the_effect_is_not_recorded() {
     use inbox_diesel::{Action, Error};
@@ -625,13 +625,14 @@ fn on_a_pool_without_a_connection_nothing_is_claimed_or_the_effect_is_not_record
         .unwrap();
     assert_eq!((claims, sent.load(Ordering::SeqCst)), (0, 0));
 
-    // Taken for a while during the side effect (a request path sharing the pool): the stamp
-    // waits for it, within the lease.
+    // Taken for a while during the side effect (a request path sharing the pool), past the
+    // claim's 1.5 s lease: the stamp waits for it — no delivery took the claim over, so the
+    // stamp still completes the work.
     let taken = std::sync::Mutex::new(None);
     let take_for_a_while = || {
         let connection = pool.get().unwrap();
         *taken.lock().unwrap() = Some(std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(700));
+            std::thread::sleep(Duration::from_millis(2_000));
             drop(connection);
         }));
         Ok(())
@@ -641,8 +642,8 @@ fn on_a_pool_without_a_connection_nothing_is_claimed_or_the_effect_is_not_record
     taken.lock().unwrap().take().unwrap().join().unwrap();
     assert_eq!(sent.load(Ordering::SeqCst), 1);
 
-    // Taken past the lease: the effect is not recorded, and the claim is reported when its
-    // lease is over, never run again.
+    // Taken past twice the lease: the effect is not recorded, and the claim is reported,
+    // never run again.
     let msg = Credit::new(2);
     let elsewhere = std::sync::Mutex::new(None);
     let take_the_connection = || {
