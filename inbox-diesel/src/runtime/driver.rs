@@ -1167,20 +1167,18 @@ fn kept_columns<T, E>(
     remembered: &Remembered<T>,
     inbox_error: fn(Error) -> E,
 ) -> Result<(), E> {
-    let column = if remembered.store.is_some() && !layout.result {
-        "result"
-    } else if remembered.fingerprint.is_some() && !layout.fingerprint {
-        "fingerprint"
-    } else {
-        return Ok(());
-    };
-    tracing::error!(column, "the inbox table has no column the handler writes");
-    telemetry::failed(spec, ErrorClass::Schema.label());
-    Err(inbox_error(Error::Schema(SchemaError::Mismatch {
-        table: spec.schema.table(),
-        resolved: None,
-        problems: vec![crate::schema::missing_column(column)],
-    })))
+    let mut needs = crate::schema::Needs::default();
+    if remembered.store.is_some() {
+        needs = needs.result();
+    }
+    if remembered.fingerprint.is_some() {
+        needs = needs.fingerprint();
+    }
+    crate::schema::has_what_is_needed(&spec.schema, layout, needs).map_err(|problem| {
+        tracing::error!(error = %problem, "the inbox table has no column the handler writes");
+        telemetry::failed(spec, ErrorClass::Schema.label());
+        inbox_error(Error::Schema(problem))
+    })
 }
 
 /// A duplicate of one message (`key`), with what its marker kept, for a handler that keeps
@@ -1954,9 +1952,10 @@ where
     run_body(spec, body, &mut NoConnection::new(), None, net).await
 }
 
-/// Phase 3 of claim mode on a pool whose checkout for it failed (`source`): the claim stays
-/// until its lease ends. A body that failed or was stopped answers as it would have; a
-/// body that succeeded ran its side effect, which is [`Error::Checkout`] with its attempt.
+/// The release of claim mode on a pool after a body that failed or was stopped, which got
+/// no usable connection (`source`: the pool's checkout, or the connection's preparation):
+/// the claim stays until its lease ends, and the body answers as
+/// it would have. (A body that succeeded is stamped, never released.)
 pub(crate) fn claim_unsettled<T, E, A>(
     spec: &'static HandlerSpec,
     holding: Holding,
@@ -1966,31 +1965,19 @@ pub(crate) fn claim_unsettled<T, E, A>(
 ) -> Result<A, E> {
     let attempt = holding.attempt;
     match ran {
-        Ok(Ok(_)) => {
-            tracing::error!(
-                outcome = "effect_not_recorded",
-                attempt,
-                error = %source,
-                "the side effect ran, but the pool gave its stamp no connection"
-            );
-            telemetry::failed(spec, ErrorClass::EffectNotRecorded.label());
-            Err(inbox_error(Error::Checkout {
-                after_effect: Some(attempt),
-                source,
-            }))
-        }
+        Ok(Ok(_)) => unreachable!("a body that succeeded is stamped, not released"),
         Ok(Err(e)) => {
             tracing::error!(
                 outcome = "failed",
                 attempt,
                 error = %source,
-                "handler returned an error; the pool gave its release no connection"
+                "handler returned an error; no connection of the pool could release its claim"
             );
             telemetry::failed(spec, telemetry::error_type(None));
             Err(e)
         }
         Err(Panicked(payload)) if is_stopped(&*payload) => {
-            tracing::error!(error = %source, "the pool gave the release of a stopped body no connection");
+            tracing::error!(error = %source, "no connection of the pool could release the claim of a stopped body");
             telemetry::failed(spec, ErrorClass::Misuse.label());
             Err(inbox_error(stopped(payload)))
         }

@@ -175,8 +175,9 @@ pub fn verify_for<C: crate::HandlerConnection>(
     crate::backends::on_backend(conn, Verify(schema, needs))
 }
 
-/// The optional columns `needs` names and `layout` lacks, refused.
-fn has_what_is_needed(
+/// The optional columns `needs` names and `layout` lacks, refused: at startup
+/// ([`verify_for`]) and by each handler's first delivery on a connection.
+pub(crate) fn has_what_is_needed(
     schema: &InboxSchema,
     layout: crate::dialect::layout::Layout,
     needs: Needs,
@@ -205,7 +206,7 @@ fn has_what_is_needed(
 }
 
 /// An optional column a handler writes, missing: what it is for and how to add it.
-pub(crate) fn missing_column(column: &'static str) -> SchemaProblem {
+fn missing_column(column: &'static str) -> SchemaProblem {
     let why = match column {
         "result" => "the handler stores its result with its marker (`store_result`)",
         "fingerprint" => {
