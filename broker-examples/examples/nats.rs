@@ -30,11 +30,11 @@
 //!
 //! Each consumer runs `inbox_nats::Pump` (4 messages in hand, each reported in progress every
 //! 500 ms, a quarter of `ack_wait`) with an `#[idempotent]` handler that writes one row to
-//! `effects` in the inbox's transaction, then pauses 100 ms before the commit. After `a` has
-//! answered 5 messages, the orchestrator kills it with SIGKILL the moment it prints that a
-//! handler is in that pause: its transaction is rolled back, its progress reports stop, and
-//! after `ack_wait` JetStream redelivers the messages it had not acknowledged to `b` or to
-//! `a2`, the restarted `a`. The consumer's `max_ack_pending` is 12: 4 for each running
+//! `effects` in the inbox's transaction, then pauses 100 ms before the commit. The first
+//! consumer to start its third handler — say `a` — is killed with SIGKILL the moment it
+//! prints that the handler is in that pause: its transaction is rolled back, its progress
+//! reports stop, and after `ack_wait` JetStream redelivers the messages it had not
+//! acknowledged to `b` or to `a2`, the restarted `a`. The consumer's `max_ack_pending` is 12: 4 for each running
 //! consumer, and 4 for what the killed one held until JetStream takes it back.
 //!
 //! The run ends when every message has its effect and JetStream has nothing left to deliver
@@ -63,7 +63,7 @@ const SCENARIO: Scenario = Scenario {
     messages: 40,
     copies: 2,
     // Early, among the first messages, which are mostly new: the kill lands in the third
-    // handler body the victim starts.
+    // handler body a consumer starts.
     kill_after: 3,
     timeout: Duration::from_secs(90),
 };
@@ -342,7 +342,7 @@ async fn run(jetstream: &Context, stream: &Stream) -> Result<ExitCode, String> {
     ])
     .map_err(|e| format!("find this program to start consumers: {e}"))?;
     SCENARIO.start(&mut fleet).await?;
-    // Published while the run is driven: the kill must land while the victim's handler is
+    // Published while the run is driven: the kill must land while a consumer's handler is
     // in its pause, not when the publisher is done.
     let ids = SCENARIO.message_ids();
     let pending = async || stream.pending().await;

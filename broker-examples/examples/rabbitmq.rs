@@ -15,12 +15,14 @@
 //! `b` — this binary again, as `rabbitmq consume <queue> <database> <name>` — and publishes
 //! 40 messages twice each with the same `message_id` (all once, then all again), as a
 //! publisher retrying after a lost confirm does; the retries reach the consumers while the
-//! first copies are still in their handlers. Each consumer runs `inbox_lapin::Pump` (prefetch 4) with an
-//! `#[idempotent]` handler that writes one row to `effects` in the inbox's transaction, then
-//! pauses 100 ms before the commit. After `a` has answered 10 deliveries, the orchestrator
-//! kills it with SIGKILL the moment it prints that a handler is in that pause: its
-//! transaction is rolled back, and the broker hands its unacknowledged deliveries to `b`
-//! (flagged redelivered), or to `a2`, the restarted `a`.
+//! first copies are still in their handlers. Each consumer runs `inbox_lapin::Pump`
+//! (prefetch 4) with an `#[idempotent]` handler that writes one row to `effects` in the
+//! inbox's transaction, then pauses 100 ms before the commit. The first consumer to start its
+//! third handler — say `a` — is killed with SIGKILL the moment it prints that the handler is
+//! in that pause: its transaction is rolled back, and the broker hands its unacknowledged
+//! deliveries to `b` (flagged redelivered), or to `a2`, the restarted `a`. Which consumer is
+//! the run's to decide: on SQLite the two processes queue for one write lock, and one of
+//! them may start two handlers and then none until the end.
 //!
 //! The run ends when every message has its effect and the queue is empty; the consumers
 //! are stopped (their standard input closed: the pump finishes what it holds), the queues

@@ -1,5 +1,6 @@
-//! The run every broker example makes: consumers `a` and `b` share one queue, `a` is killed
-//! with SIGKILL in the middle of a handler and started again as `a2`, and the run ends when
+//! The run every broker example makes: consumers `a` and `b` share one queue, the first of
+//! them to reach its `kill_after`-th handler body is killed there with SIGKILL and started
+//! again (`a2` or `b2`), and the run ends when
 //! every message has its effect and the broker has nothing left to deliver. Then the
 //! [`Tally`]: what each process did, the effects per message, and the verdict.
 
@@ -11,12 +12,13 @@ use crate::events::{Answer, Event};
 use crate::fleet::{Ended, Fleet, Heard};
 use crate::store::{Effects, Store};
 
-/// The consumer killed in the middle of a handler.
-pub const VICTIM: &str = "a";
-/// The consumer that runs throughout.
-pub const SURVIVOR: &str = "b";
-/// The killed consumer, started again.
-pub const RESTARTED: &str = "a2";
+/// The consumers that start together; one of them is killed.
+pub const CONSUMERS: [&str; 2] = ["a", "b"];
+
+/// The name of `victim` started again after the kill: `a2` for `a`.
+pub fn restarted(victim: &str) -> String {
+    format!("{victim}2")
+}
 
 /// How many messages, how often each is published, when the kill comes, how long the run
 /// may take.
@@ -26,9 +28,14 @@ pub struct Scenario {
     pub messages: u32,
     /// How many times each is published with the same id, as a publisher's retries do.
     pub copies: u32,
-    /// [`VICTIM`] is killed as it starts its `kill_after`-th handler body. Counted in bodies,
-    /// not in answers: a consumer that answers mostly duplicates (its peer took the first
-    /// copies) may start no body after its tenth answer, and then never be killed.
+    /// The first consumer to start its `kill_after`-th handler body is killed in it. Counted
+    /// in bodies, not in answers: a consumer that answers mostly duplicates (its peer took
+    /// the first copies) may start no body after its tenth answer. Whichever consumer gets
+    /// there, not one named in advance: on SQLite the handlers of both processes queue for
+    /// one write lock, and SQLite's busy handler sleeps longer the longer a connection has
+    /// waited (up to 100 ms at a time), so the lock goes to the fresh waiters of the process
+    /// that just committed; one consumer can start two bodies and then none for the rest of
+    /// the run, its deliveries answered `Duplicate` after its peer took their second copies.
     pub kill_after: u64,
     /// The run fails if the messages are not all applied by then.
     pub timeout: Duration,
@@ -40,13 +47,13 @@ impl Scenario {
         (1..=self.messages).map(|n| format!("m{n:03}")).collect()
     }
 
-    /// Starts [`VICTIM`] and [`SURVIVOR`] and waits until both have subscribed, so that
+    /// Starts the [`CONSUMERS`] and waits until both have subscribed, so that
     /// both share the messages from the first.
     ///
     /// # Errors
     /// A process could not be started, or exited, or did not subscribe within the timeout.
     pub async fn start(&self, fleet: &mut Fleet) -> Result<(), String> {
-        for name in [VICTIM, SURVIVOR] {
+        for name in CONSUMERS {
             fleet
                 .start(name)
                 .map_err(|e| format!("start consumer {name}: {e}"))?;
@@ -75,12 +82,12 @@ impl Scenario {
         Ok(())
     }
 
-    /// Runs until [`VICTIM`] has been killed and is gone, every message has its effect and
+    /// Runs until a consumer has been killed and is gone, every message has its effect and
     /// as many acknowledged answers as copies published, no consumer holds a delivery it has
     /// not answered, and `pending` — the broker's count of messages waiting for a consumer —
-    /// is 0, twice in a row (a delivery may be on its way); or until the timeout. Kills
-    /// [`VICTIM`] (SIGKILL) when it prints its `kill_after`-th [`Event::Handling`],
-    /// and starts [`RESTARTED`] at once. A problem (a consumer exiting, the timeout) ends
+    /// is 0, twice in a row (a delivery may be on its way); or until the timeout. Kills the
+    /// first consumer to print its `kill_after`-th [`Event::Handling`] (SIGKILL), and starts
+    /// it again at once under its [`restarted`] name. A problem (a consumer exiting, the timeout) ends
     /// the run early and is in the tally.
     ///
     /// # Errors
@@ -98,7 +105,7 @@ impl Scenario {
         let mut tally = Tally::new(self.message_ids(), published);
         let mut checked = Instant::now();
         let mut quiet_checks = 0;
-        let mut victim_bodies = 0;
+        let mut bodies = BTreeMap::<String, u64>::new();
         loop {
             if let Some((name, heard)) = fleet.next(Duration::from_millis(50)).await {
                 match heard {
@@ -108,24 +115,24 @@ impl Scenario {
                             _ => None,
                         };
                         tally.record(&name, event);
-                        if handling.is_some() && name == VICTIM {
-                            victim_bodies += 1;
-                        }
                         if let Some(id) = handling
-                            && name == VICTIM
                             && tally.kill.is_none()
-                            && victim_bodies >= self.kill_after
                         {
-                            fleet
-                                .kill(VICTIM)
-                                .map_err(|e| format!("kill consumer {VICTIM}: {e}"))?;
-                            tally.killed(id);
-                            fleet
-                                .start(RESTARTED)
-                                .map_err(|e| format!("start consumer {RESTARTED}: {e}"))?;
+                            let started = bodies.entry(name.clone()).or_default();
+                            *started += 1;
+                            if *started >= self.kill_after {
+                                fleet
+                                    .kill(&name)
+                                    .map_err(|e| format!("kill consumer {name}: {e}"))?;
+                                tally.killed(&name, id);
+                                let again = restarted(&name);
+                                fleet
+                                    .start(&again)
+                                    .map_err(|e| format!("start consumer {again}: {e}"))?;
+                            }
                         }
                     }
-                    Heard::Closed if name == VICTIM && tally.kill.is_some() => {
+                    Heard::Closed if tally.is_victim(&name) => {
                         tally.victim_gone();
                     }
                     Heard::Closed => {
@@ -205,6 +212,8 @@ impl PerConsumer {
 /// The kill, as the orchestrator saw it.
 #[derive(Debug, Clone)]
 pub struct Kill {
+    /// The consumer killed.
+    pub victim: String,
     /// The message whose handler was in its body when the signal went.
     pub id: String,
     /// How many deliveries the victim had answered before.
@@ -234,8 +243,8 @@ pub struct Tally {
     processed: BTreeMap<String, u64>,
     /// Processed and Duplicate answers by message.
     acknowledged: BTreeMap<String, u64>,
-    /// The messages the victim received before the kill.
-    victim_ids: BTreeSet<String>,
+    /// The messages each consumer received before the kill.
+    received: BTreeMap<String, BTreeSet<String>>,
     /// The kill, once it happened.
     pub kill: Option<Kill>,
     /// The effect rows at the end.
@@ -252,19 +261,24 @@ impl Tally {
             ids,
             published,
             deduplicated_by_broker: 0,
-            consumers: [VICTIM, SURVIVOR, RESTARTED]
+            consumers: CONSUMERS
                 .iter()
                 .map(|name| ((*name).to_owned(), PerConsumer::default()))
                 .collect(),
             after_kill: Vec::new(),
             processed: BTreeMap::new(),
             acknowledged: BTreeMap::new(),
-            victim_ids: BTreeSet::new(),
+            received: BTreeMap::new(),
             kill: None,
             effects: Effects::default(),
             problems: Vec::new(),
             elapsed: Duration::ZERO,
         }
+    }
+
+    /// `name` was killed.
+    fn is_victim(&self, name: &str) -> bool {
+        self.kill.as_ref().is_some_and(|kill| kill.victim == name)
     }
 
     /// What `name` did so far.
@@ -282,12 +296,15 @@ impl Tally {
             Event::Delivered {
                 id, redelivered, ..
             } => {
-                if self.kill.is_some() && name != VICTIM {
+                // The victim's lines are read after the kill too: what it printed before.
+                if self.kill.is_some() && !self.is_victim(name) {
                     self.after_kill
                         .push((name.to_owned(), id.clone(), redelivered));
-                }
-                if name == VICTIM {
-                    self.victim_ids.insert(id.clone());
+                } else {
+                    self.received
+                        .entry(name.to_owned())
+                        .or_default()
+                        .insert(id.clone());
                 }
                 let consumer = self.consumer(name);
                 consumer.delivered += 1;
@@ -300,8 +317,8 @@ impl Tally {
                 if matches!(answer, Answer::Processed | Answer::Duplicate) {
                     *self.acknowledged.entry(id.clone()).or_default() += 1;
                 }
-                if name == VICTIM
-                    && let Some(kill) = &mut self.kill
+                if let Some(kill) = &mut self.kill
+                    && kill.victim == name
                     && kill.id == id
                 {
                     kill.late = true;
@@ -324,9 +341,12 @@ impl Tally {
         }
     }
 
-    fn killed(&mut self, id: String) {
-        let answered_before = self.consumer(VICTIM).answered();
+    fn killed(&mut self, victim: &str, id: String) {
+        let answered_before = self.consumer(victim).answered();
+        // Its column, beside the others from the start.
+        self.consumer(&restarted(victim));
         self.kill = Some(Kill {
+            victim: victim.to_owned(),
             id,
             answered_before,
             in_hand: BTreeMap::new(),
@@ -337,7 +357,10 @@ impl Tally {
 
     /// Every line the victim printed has been read: what it had in hand is known.
     fn victim_gone(&mut self) {
-        let in_hand = self.consumer(VICTIM).outstanding.clone();
+        let Some(victim) = self.kill.as_ref().map(|kill| kill.victim.clone()) else {
+            return;
+        };
+        let in_hand = self.consumer(&victim).outstanding.clone();
         if let Some(kill) = &mut self.kill {
             kill.in_hand = in_hand;
             kill.gone = true;
@@ -360,7 +383,7 @@ impl Tally {
     fn nothing_in_hand(&self) -> bool {
         self.consumers
             .iter()
-            .filter(|(name, _)| name != VICTIM || self.kill.is_none())
+            .filter(|(name, _)| !self.is_victim(name))
             .all(|(_, c)| c.outstanding.is_empty())
     }
 
@@ -387,8 +410,12 @@ impl Tally {
         for (_, consumer) in &mut self.consumers {
             consumer.redelivered_after_kill = 0;
         }
+        let Some(victim) = self.kill.as_ref().map(|kill| kill.victim.clone()) else {
+            return;
+        };
+        let victim_ids = self.received.get(&victim).cloned().unwrap_or_default();
         for (name, id, redelivered) in self.after_kill.clone() {
-            if redelivered && self.victim_ids.contains(&id) {
+            if redelivered && victim_ids.contains(&id) {
                 self.consumer(&name).redelivered_after_kill += 1;
             }
         }
@@ -400,9 +427,10 @@ impl Tally {
         self.finish_counts();
         match &self.kill {
             Some(kill) => println!(
-                "{VICTIM} was killed (SIGKILL) after {} answers, {} the handler of {}; \
+                "{} was killed (SIGKILL) after {} answers, {} the handler of {}; \
                  the broker took back its {} without an answer ({}); \
-                 restarted as {RESTARTED}\n",
+                 restarted as {}\n",
+                kill.victim,
                 kill.answered_before,
                 if kill.late {
                     "just after"
@@ -422,8 +450,9 @@ impl Tally {
                     })
                     .collect::<Vec<_>>()
                     .join(" "),
+                restarted(&kill.victim),
             ),
-            None => println!("{VICTIM} was not killed\n"),
+            None => println!("no consumer was killed\n"),
         }
         self.print_table();
         let problems = self.verdict();
@@ -494,7 +523,7 @@ impl Tally {
             let cells = self
                 .consumers
                 .iter()
-                .map(|(name, c)| match victim_blank && name == VICTIM {
+                .map(|(name, c)| match victim_blank && self.is_victim(name) {
                     true => "-".to_owned(),
                     false => pick(c).to_string(),
                 })
@@ -541,12 +570,13 @@ impl Tally {
         }
         if self.kill.is_none() {
             problems.push(format!(
-                "{VICTIM} was never killed: it started fewer handler bodies than the kill waits for \
-                 ({} answers)",
+                "no consumer was killed: none started as many handler bodies as the kill waits \
+                 for (answers: {})",
                 self.consumers
                     .iter()
-                    .find(|(n, _)| n == VICTIM)
-                    .map_or(0, |(_, c)| c.answered())
+                    .map(|(name, c)| format!("{name} {}", c.answered()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ));
         }
         problems
