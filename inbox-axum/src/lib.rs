@@ -103,6 +103,10 @@
 //! A synchronous diesel application runs the same with [`Idempotent::run_blocking`], inside
 //! `spawn_blocking` (and turns the default feature `async` off).
 //!
+//! A route of another framework — actix-web, Rocket, warp, a plain `hyper` service — builds
+//! the request with [`Incoming`] from what its framework hands over, with the same checks,
+//! and sends the same answers.
+//!
 //! The inbox table needs the optional `result` and `fingerprint` columns:
 //! `inbox-diesel migration generate --with result --with fingerprint` (or
 //! [`inbox_diesel::schema::Backend::create_table_with_sql`]). Purge and
@@ -122,7 +126,7 @@ use inbox_diesel::handler::{Checked, Handler, OnLocked};
 pub use problem::{Error, Problem};
 pub use reply::Reply;
 pub use request::{
-    Fingerprinting, IDEMPOTENCY_KEY, Idempotent, MAX_KEY_LEN, MaybeIdempotent, Principal,
+    Fingerprinting, IDEMPOTENCY_KEY, Idempotent, Incoming, MAX_KEY_LEN, MaybeIdempotent, Principal,
 };
 
 /// The header a replayed response carries: `Idempotent-Replayed: true` (Stripe's name for

@@ -2,7 +2,7 @@
 
 use axum::extract::{FromRequest, MatchedPath, Request};
 use axum::http::header::CONTENT_TYPE;
-use axum::http::{HeaderMap, Method, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use inbox_diesel::{Fingerprint, MessageKey, Scoped, ToMessageKey};
@@ -182,6 +182,17 @@ impl<T> Idempotent<T> {
 
 /// The `Idempotency-Key`, unquoted; `None` when the request has none.
 fn key_of(headers: &HeaderMap) -> Result<Option<String>, Problem> {
+    key_in(
+        headers
+            .get_all(IDEMPOTENCY_KEY)
+            .iter()
+            .map(|v| v.as_bytes()),
+    )
+}
+
+/// The key in the `Idempotency-Key` header's `values` (every value it was sent with),
+/// unquoted; `None` when it has none.
+fn key_in<'v>(values: impl IntoIterator<Item = &'v [u8]>) -> Result<Option<String>, Problem> {
     let invalid = |detail: &str| {
         Problem::new(
             StatusCode::BAD_REQUEST,
@@ -189,17 +200,22 @@ fn key_of(headers: &HeaderMap) -> Result<Option<String>, Problem> {
             format!("the Idempotency-Key header {detail}"),
         )
     };
-    let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
+    let mut values = values.into_iter();
     let Some(value) = values.next() else {
         return Ok(None);
     };
     if values.next().is_some() {
         return Err(invalid("is sent more than once"));
     }
-    let value = value
-        .to_str()
-        .map_err(|_| invalid("is not visible ASCII"))?
-        .trim();
+    // What `HeaderValue::to_str` takes: visible ASCII, spaces and tabs.
+    let value = match value
+        .iter()
+        .all(|&b| b == b'\t' || (b' '..=b'~').contains(&b))
+    {
+        true => std::str::from_utf8(value).map_err(|_| invalid("is not visible ASCII"))?,
+        false => return Err(invalid("is not visible ASCII")),
+    }
+    .trim();
     let key = match value.strip_prefix('"') {
         // A structured-field string (RFC 8941 §3.3.3): `\"` and `\\` are its only escapes.
         Some(quoted) => {
@@ -248,8 +264,8 @@ fn missing() -> Problem {
 
 /// SHA-256 over the method, the path and query as sent, and the body, each length-prefixed
 /// so that no two requests share their concatenation.
-fn fingerprint(method: &Method, path_and_query: &str, body: &[u8]) -> Fingerprint {
-    Fingerprint::of_parts([method.as_str().as_bytes(), path_and_query.as_bytes(), body])
+fn fingerprint(method: &str, path_and_query: &str, body: &[u8]) -> Fingerprint {
+    Fingerprint::of_parts([method.as_bytes(), path_and_query.as_bytes(), body])
 }
 
 /// A form's fields decoded (`+` and `%20` alike), in name order — a name's values in the
@@ -284,6 +300,18 @@ struct Parts {
     fingerprint: Fingerprint,
 }
 
+/// A request as its framework hands it over, its body read.
+struct Gathered<'a> {
+    method: &'a str,
+    /// The route's pattern as the router matched it, or the path as sent.
+    pattern: &'a str,
+    path_and_query: &'a str,
+    content_type: Option<&'a str>,
+    fingerprinting: Fingerprinting,
+    principal: Option<Principal>,
+    body: &'a [u8],
+}
+
 /// The request's payload, and the parts of `key` (the request's `Idempotency-Key`, read by
 /// the caller) if it has one.
 async fn extract<T, S>(
@@ -295,36 +323,17 @@ where
     T: DeserializeOwned,
     S: Send + Sync,
 {
-    let principal = match (&key, request.extensions().get::<Principal>()) {
-        (_, Some(principal)) => Some(principal.clone()),
-        (None, None) => None,
-        (Some(_), None) => {
-            tracing::error!(
-                path = request.uri().path(),
-                "an idempotent request without a Principal in its extensions: insert one in the \
-                 authentication layer, or Principal::shared() where every client shares the keys"
-            );
-            inbox_diesel::telemetry::unseen(format_args!(
-                "an idempotent request to {} without a Principal in its extensions: insert one \
-                 in the authentication layer, or Principal::shared() where every client shares \
-                 the keys",
-                request.uri().path()
-            ));
-            return Err(Problem::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "principal-missing",
-                "the server does not say whose keys this route's are; the request did not run",
-            )
-            .into_response());
-        }
-    };
-    let matched = request
+    let principal = request.extensions().get::<Principal>().cloned();
+    if key.is_some() && principal.is_none() {
+        // Refused before the body is read.
+        return Err(principal_missing(request.uri().path()).into_response());
+    }
+    let pattern = request
         .extensions()
         .get::<MatchedPath>()
         .map(|path| path.as_str().to_owned())
         // Outside a router (a handler served on its own): the path as sent.
         .unwrap_or_else(|| request.uri().path().to_owned());
-    let route = format!("{} {matched}", request.method());
     let method = request.method().clone();
     let path_and_query = request.uri().path_and_query().map_or_else(
         || request.uri().path().to_owned(),
@@ -342,14 +351,65 @@ where
             Problem::new(rejection.status(), "body-unreadable", rejection.body_text())
                 .into_response()
         })?;
-    let essence = content_type
-        .as_ref()
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<mime_type::Essence>().ok());
+    let assembled = assemble(
+        Gathered {
+            method: method.as_str(),
+            pattern: &pattern,
+            path_and_query: &path_and_query,
+            content_type: content_type.as_ref().and_then(|v| v.to_str().ok()),
+            fingerprinting,
+            principal,
+            body: &body,
+        },
+        key,
+    );
+    assembled.map_err(IntoResponse::into_response)
+}
+
+/// 500 `principal-missing`, logged: a request under a key on a route that does not say whose
+/// keys they are.
+fn principal_missing(path: &str) -> Problem {
+    tracing::error!(
+        path,
+        "an idempotent request without a Principal in its extensions: insert one in the \
+         authentication layer, or Principal::shared() where every client shares the keys"
+    );
+    inbox_diesel::telemetry::unseen(format_args!(
+        "an idempotent request to {path} without a Principal in its extensions: insert one \
+         in the authentication layer, or Principal::shared() where every client shares \
+         the keys"
+    ));
+    Problem::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "principal-missing",
+        "the server does not say whose keys this route's are; the request did not run",
+    )
+}
+
+/// The payload of a gathered request, and the parts of `key` if it has one.
+fn assemble<T: DeserializeOwned>(
+    request: Gathered<'_>,
+    key: Option<String>,
+) -> Result<(Option<Parts>, T), Problem> {
+    let Gathered {
+        method,
+        pattern,
+        path_and_query,
+        content_type,
+        fingerprinting,
+        principal,
+        body,
+    } = request;
+    let principal = match (&key, principal) {
+        (Some(_), None) => return Err(principal_missing(path_and_query)),
+        (_, principal) => principal,
+    };
+    let route = format!("{method} {pattern}");
+    let essence = content_type.and_then(|v| v.parse::<mime_type::Essence>().ok());
     let form = essence.as_ref().is_some_and(mime_type::Essence::is_form);
     let is_json = essence.as_ref().is_some_and(mime_type::Essence::is_json);
     let text: &[u8] = match (is_json || form, content_type.is_none() && body.is_empty()) {
-        (true, _) => &body,
+        (true, _) => body,
         (false, true) => b"null",
         (false, false) => {
             return Err(Problem::new(
@@ -357,8 +417,7 @@ where
                 "body-type-unsupported",
                 "the request body must be JSON (`content-type: application/json`) or a form \
                  (`application/x-www-form-urlencoded`)",
-            )
-            .into_response());
+            ));
         }
     };
     let payload = if form {
@@ -370,7 +429,6 @@ where
                 "body-invalid",
                 format!("the request's form: {e}"),
             )
-            .into_response()
         })?
     } else {
         serde_json::from_slice::<T>(text).map_err(|e| {
@@ -380,29 +438,29 @@ where
                 }
                 _ => (StatusCode::BAD_REQUEST, "body-malformed"),
             };
-            Problem::new(status, problem, format!("the request body: {e}")).into_response()
+            Problem::new(status, problem, format!("the request body: {e}"))
         })?
     };
-    let parts = match key {
-        Some(key) => {
+    let parts = match (key, principal) {
+        (Some(key), Some(principal)) => {
             let fingerprinted = match fingerprinting {
-                Fingerprinting::AsSent => fingerprint(&method, &path_and_query, &body),
+                Fingerprinting::AsSent => fingerprint(method, path_and_query, body),
                 Fingerprinting::CanonicalJson if form => {
-                    fingerprint(&method, &path_and_query, &canonical_form(text))
+                    fingerprint(method, path_and_query, &canonical_form(text))
                 }
                 Fingerprinting::CanonicalJson => {
-                    let canonical = canonical(text).map_err(IntoResponse::into_response)?;
-                    fingerprint(&method, &path_and_query, &canonical)
+                    let canonical = canonical(text)?;
+                    fingerprint(method, path_and_query, &canonical)
                 }
             };
             Some(Parts {
                 route,
-                principal: principal.expect("a key's principal, checked above"),
+                principal,
                 fingerprint: fingerprinted,
                 key,
             })
         }
-        None => None,
+        _ => None,
     };
     Ok((parts, payload))
 }
@@ -436,6 +494,199 @@ where
             (Some(parts), payload) => Ok(Idempotent::of(parts, payload)),
             (None, _) => Err(missing().into_response()),
         }
+    }
+}
+
+/// A request as another web framework hands it over — actix-web, Rocket, warp, poem, a
+/// `hyper` service — made into an [`Idempotent`] with every check of the axum extractor:
+/// the same key rules, scope, fingerprint, payload formats and refusals. Then
+/// [`Idempotent::run`] (or `run_blocking`) and its answers are the same as under axum, an
+/// `http` response whose status, headers and body the framework sends as they are.
+///
+/// ```
+/// use std::sync::LazyLock;
+///
+/// use axum::http::StatusCode;
+/// use axum::response::Response;
+/// use diesel::prelude::*;
+/// use diesel_async::RunQueryDsl;
+/// use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+/// use inbox_axum::{Incoming, Principal, Reply};
+/// use inbox_diesel::guarded;
+/// use inbox_diesel::handler::Handler;
+///
+/// type Conn = SyncConnectionWrapper<SqliteConnection>;
+///
+/// diesel::table! {
+///     payments (id) {
+///         id -> Integer,
+///         cents -> BigInt,
+///     }
+/// }
+///
+/// #[derive(serde::Deserialize)]
+/// struct NewPayment {
+///     cents: i64,
+/// }
+///
+/// static PAYMENTS: LazyLock<Handler> =
+///     LazyLock::new(|| Handler::new("payments").expect("a valid consumer name"));
+///
+/// /// What the route gets from its framework: the method, the path and query as sent, the
+/// /// values of `Idempotency-Key` and `Content-Type`, who the client is, the body's bytes.
+/// async fn create(
+///     conn: &mut Conn,
+///     method: &str,
+///     path_and_query: &str,
+///     keys: Vec<&[u8]>,
+///     content_type: Option<&str>,
+///     tenant: &str,
+///     body: &[u8],
+/// ) -> Response {
+///     let principal = match Principal::new(tenant) {
+///         Ok(principal) => principal,
+///         Err(e) => return inbox_axum::Error::internal(e).into_response(),
+///     };
+///     let request = Incoming::new(method, "/payments", path_and_query)
+///         .idempotency_key(keys)
+///         .content_type(content_type)
+///         .principal(principal)
+///         .idempotent::<NewPayment>(body);
+///     let request = match request {
+///         Ok(request) => request,
+///         // 400, 415, 422: a problem+json response, before any SQL.
+///         Err(refused) => return refused.into_response(),
+///     };
+///     let cents = request.payload.cents;
+///     request
+///         .run(conn, &PAYMENTS, guarded!(async |tx: &mut Conn| {
+///             let id: i32 = diesel::insert_into(payments::table)
+///                 .values(payments::cents.eq(cents))
+///                 .returning(payments::id)
+///                 .get_result(tx)
+///                 .await?;
+///             Reply::json(StatusCode::CREATED, &serde_json::json!({ "id": id }))
+///         }))
+///         .await
+/// }
+///
+/// /// The answer in the framework's own terms: its status, its headers, its body.
+/// async fn into_parts(response: Response) -> (u16, Vec<(String, Vec<u8>)>, bytes::Bytes) {
+///     let (parts, body) = response.into_parts();
+///     let headers = parts
+///         .headers
+///         .iter()
+///         .map(|(name, value)| (name.as_str().to_owned(), value.as_bytes().to_vec()))
+///         .collect();
+///     // The answers are built in memory: reading them cannot fail.
+///     let body = axum::body::to_bytes(body, usize::MAX).await.unwrap_or_default();
+///     (parts.status.as_u16(), headers, body)
+/// }
+/// # use axum::response::IntoResponse;
+/// # fn main() {}
+/// ```
+///
+/// The route is the route's pattern as the framework's router names it (`/payments/{id}`,
+/// not `/payments/7`): a key is scoped by the method and the pattern, and the fingerprint
+/// reads the path and query as sent. A principal is required once the request has a key, as
+/// under axum ([`Principal::shared`] where every client shares the keys). The body is read by
+/// the framework first; take it as bytes, before any deserialisation, since the fingerprint
+/// reads them as sent.
+#[derive(Debug, Clone)]
+pub struct Incoming<'a> {
+    method: &'a str,
+    pattern: &'a str,
+    path_and_query: &'a str,
+    keys: Vec<&'a [u8]>,
+    content_type: Option<&'a str>,
+    principal: Option<Principal>,
+    fingerprinting: Fingerprinting,
+}
+
+impl<'a> Incoming<'a> {
+    /// A request to `pattern` (the route as the router names it) with `method`, sent to
+    /// `path_and_query`; without a key, a content type or a principal until they are given.
+    pub fn new(method: &'a str, pattern: &'a str, path_and_query: &'a str) -> Self {
+        Incoming {
+            method,
+            pattern,
+            path_and_query,
+            keys: Vec::new(),
+            content_type: None,
+            principal: None,
+            fingerprinting: Fingerprinting::default(),
+        }
+    }
+
+    /// Every value of the request's `Idempotency-Key` header, as sent: none for a request
+    /// without one, more than one is refused (400).
+    pub fn idempotency_key(mut self, values: impl IntoIterator<Item = &'a [u8]>) -> Self {
+        self.keys = values.into_iter().collect();
+        self
+    }
+
+    /// The request's `Content-Type`: JSON (`application/json`, `…+json`) or a form
+    /// (`application/x-www-form-urlencoded`); a body of another type is refused (415).
+    pub fn content_type(mut self, value: Option<&'a str>) -> Self {
+        self.content_type = value;
+        self
+    }
+
+    /// Who the request is from: the scope of its keys.
+    pub fn principal(mut self, principal: Principal) -> Self {
+        self.principal = Some(principal);
+        self
+    }
+
+    /// What the fingerprint reads of the body ([`Fingerprinting::AsSent`] unless given).
+    pub fn fingerprinting(mut self, fingerprinting: Fingerprinting) -> Self {
+        self.fingerprinting = fingerprinting;
+        self
+    }
+
+    /// The request under its key, its payload read from `body`; or the [`Problem`] that
+    /// refuses it (`into_response()` answers it): 400 for a missing or bad key or a malformed body, 415 for a body of
+    /// another type, 422 for a payload `T` cannot be, 500 without a principal.
+    pub fn idempotent<T: DeserializeOwned>(self, body: &[u8]) -> Result<Idempotent<T>, Problem> {
+        let Some(key) = key_in(self.keys.iter().copied())? else {
+            return Err(missing());
+        };
+        match self.assemble(body, Some(key))? {
+            (Some(parts), payload) => Ok(Idempotent::of(parts, payload)),
+            (None, _) => Err(missing()),
+        }
+    }
+
+    /// As [`idempotent`](Self::idempotent), for a route where the key is optional: a
+    /// request without one is its payload alone ([`MaybeIdempotent::Plain`]).
+    pub fn maybe_idempotent<T: DeserializeOwned>(
+        self,
+        body: &[u8],
+    ) -> Result<MaybeIdempotent<T>, Problem> {
+        let key = key_in(self.keys.iter().copied())?;
+        Ok(match self.assemble(body, key)? {
+            (Some(parts), payload) => MaybeIdempotent::Idempotent(Idempotent::of(parts, payload)),
+            (None, payload) => MaybeIdempotent::Plain(payload),
+        })
+    }
+
+    fn assemble<T: DeserializeOwned>(
+        self,
+        body: &[u8],
+        key: Option<String>,
+    ) -> Result<(Option<Parts>, T), Problem> {
+        assemble(
+            Gathered {
+                method: self.method,
+                pattern: self.pattern,
+                path_and_query: self.path_and_query,
+                content_type: self.content_type,
+                fingerprinting: self.fingerprinting,
+                principal: self.principal,
+                body,
+            },
+            key,
+        )
     }
 }
 
@@ -563,17 +814,14 @@ mod tests {
 
     #[test]
     fn requests_that_differ_in_method_path_or_body_differ_in_fingerprint() {
-        let base = fingerprint(&Method::POST, "/payments", b"{\"cents\":500}");
-        assert_eq!(
-            base,
-            fingerprint(&Method::POST, "/payments", b"{\"cents\":500}")
-        );
+        let base = fingerprint("POST", "/payments", b"{\"cents\":500}");
+        assert_eq!(base, fingerprint("POST", "/payments", b"{\"cents\":500}"));
         for other in [
-            fingerprint(&Method::PUT, "/payments", b"{\"cents\":500}"),
-            fingerprint(&Method::POST, "/payments?x=1", b"{\"cents\":500}"),
-            fingerprint(&Method::POST, "/payments", b"{\"cents\":501}"),
+            fingerprint("PUT", "/payments", b"{\"cents\":500}"),
+            fingerprint("POST", "/payments?x=1", b"{\"cents\":500}"),
+            fingerprint("POST", "/payments", b"{\"cents\":501}"),
             // The length prefixes keep the parts apart.
-            fingerprint(&Method::POST, "/payments{", b"\"cents\":500}"),
+            fingerprint("POST", "/payments{", b"\"cents\":500}"),
         ] {
             assert_ne!(base, other);
         }
