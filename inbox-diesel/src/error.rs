@@ -655,7 +655,7 @@ pub trait HasDieselError {
 
     /// Records how many attempts the runtime made before it handed this error back: a
     /// transient failure of the body is retried in fresh transactions, and the error of the
-    /// last attempt is returned. [`Error`](crate::Error) keeps the count
+    /// last attempt is returned. [`Error`] keeps the count
     /// ([`Error::attempts`](crate::Error::attempts)), as it does for a failure of the
     /// runtime's own statements, so that both agree; an `anyhow::Error` keeps it in the
     /// inbox error it carries. By default, nothing.
@@ -668,7 +668,7 @@ pub trait HasDieselError {
     /// text protocol gives no code for, is known by the transaction the server ended, and
     /// retried as one — when the retries run out, the error handed back says `Deadlock`
     /// (`RetryLater`) to whoever classifies it, not `Other` (`DeadLetter`). A diesel error
-    /// and [`Error`](crate::Error) keep it; an `anyhow::Error` in the one of them it
+    /// and [`Error`] keep it; an `anyhow::Error` in the one of them it
     /// carries. By default, nothing.
     fn record_class(&mut self, class: crate::ErrorClass, attempts: u32) {
         let _ = (class, attempts);

@@ -485,7 +485,7 @@ impl HasDieselError for Error {
 struct CheckedBody<B>(B);
 
 #[cfg(feature = "async")]
-impl<C, R, B> crate::runtime::driver::Body<C, R> for CheckedBody<B>
+impl<C, R, B> crate::runtime::steps::Body<C, R> for CheckedBody<B>
 where
     B: Clone + for<'c> AsyncBody<&'c mut C, Checked<R>, Fut: Send>,
 {

@@ -11,8 +11,8 @@ pub use crate::runtime::asynchronous::{
     AsyncBody, run_async, run_batch_async, run_claim_async, run_joined_async,
     run_joined_or_own_async,
 };
+pub use crate::runtime::batch::NewMessages;
 pub use crate::runtime::claim::ClaimSpec;
-pub use crate::runtime::driver::NewMessages;
 pub use crate::runtime::stored::{Remembered, Store};
 pub use crate::runtime::sync::{run, run_batch, run_claim, run_joined, run_joined_or_own};
 pub use crate::spec::HandlerSpec;

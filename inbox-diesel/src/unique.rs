@@ -97,7 +97,7 @@ use inbox_core::RetryPolicy;
 use crate::dialect::Dialect;
 use crate::dialect::Sql;
 use crate::io::{Blocking, Io, Transactions, complete_now};
-use crate::runtime::driver::Body;
+use crate::runtime::steps::Body;
 use crate::runtime::sync::Immediate;
 use crate::schema::Backend;
 

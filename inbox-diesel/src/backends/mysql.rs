@@ -42,7 +42,7 @@ impl Dialect for diesel::mysql::Mysql {
     /// instances whose pools set different time zones must agree on every lease and cutoff.
     const NOW: &'static str = "UTC_TIMESTAMP(6)";
     /// None: the plain insert fails with 1062 on a duplicate
-    /// ([`inserted_unless_duplicate`]).
+    /// ([`inserted_unless_duplicate`](crate::dialect::marker::inserted_unless_duplicate)).
     const ON_CONFLICT: &'static str = "";
     const CLAIM_ON_CONFLICT: &'static str = "";
     const LEASE_NOW: &'static str = "UTC_TIMESTAMP(6)";
@@ -52,7 +52,7 @@ impl Dialect for diesel::mysql::Mysql {
         "TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), claimed_until) DIV 1000";
     const BIGINT: &'static str = "SIGNED";
     /// MariaDB: the claim's insert requires `@@in_transaction = 0`
-    /// ([`Part::AutocommittedId`](crate::dialect::claim::Part)). MySQL has no such variable,
+    /// (`Part::AutocommittedId`, in `dialect::claim`). MySQL has no such variable,
     /// and no statement that tells without a privilege: not checked there.
     const OPEN_TRANSACTION_PROBE: Option<&'static str> = None;
     /// MySQL's `JSON`, cast to text (MariaDB's is `LONGTEXT` already).
@@ -301,7 +301,7 @@ mod sync {
 
         /// MariaDB: `ROLLBACK` and the restore in one round trip
         /// ([`HandlerSpec::MARIADB_ROLLBACK_AND_RESTORE`]), wherever the transaction ended
-        /// otherwise than by [`commit_inbox_transaction`](Self::commit_inbox_transaction).
+        /// otherwise than by `commit_inbox_transaction`.
         fn end_inbox_transaction(&mut self, _: &HandlerSpec, mariadb: bool) -> QueryResult<()> {
             use diesel::connection::TransactionManager;
             if !mariadb {
@@ -387,7 +387,7 @@ mod sync {
             Ok(inserted_unless_duplicate(inserted, schema)? > 0)
         }
 
-        /// In chunks of [`ROWS_PER_INSERT`], each one multi-row insert; a chunk with a
+        /// In chunks of [`ROWS_PER_INSERT`](crate::dialect::marker::ROWS_PER_INSERT), each one multi-row insert; a chunk with a
         /// duplicate among its keys fails whole (1062 on the inbox's index, that statement
         /// rolled back) and is claimed row by row, since MySQL and MariaDB return no rows from
         /// an `INSERT` to say which were new. Still one transaction and one commit.

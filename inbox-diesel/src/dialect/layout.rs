@@ -144,7 +144,7 @@ impl SessionMark {
 /// THEN <consumer> END` into the `NOT NULL` consumer).
 ///
 /// The runtime remembers a check by what stays with a connection on the client
-/// ([`identity`](crate::runtime::driver::identity)), and a connection to another database can
+/// ([`identity`](crate::runtime::checked::identity)), and a connection to another database can
 /// come to stand where a checked one stood: a database per tenant, connections opened in
 /// turn into one variable; a pool re-pointed after a failover. Its table was never checked,
 /// and might be one the check refuses (a trigger, another unique index, a missing

@@ -1,6 +1,6 @@
 //! The async runtime: the expansion of `#[idempotent]` on an `async fn`, on diesel-async.
 //!
-//! The steps and the retry loop are the sync runtime's (`driver::drive`), awaited; the SQL
+//! The steps and the retry loop are the sync runtime's (`transaction::drive`), awaited; the SQL
 //! is the same (`dialect/`, `backends/`).
 
 use std::convert::Infallible;
@@ -16,9 +16,11 @@ use crate::dialect::claim::{ClaimAnswer, ClaimStep};
 use crate::dialect::layout::Layout;
 use crate::io::Awaiting;
 use crate::pool::{AsyncClaimPool, ClaimOn, ClaimTarget};
+use crate::runtime::batch::{self, BatchClaims, NewMessages};
 use crate::runtime::claim::ClaimSpec;
-use crate::runtime::driver::{self, BatchClaims, NewMessages, Steps};
+use crate::runtime::steps::{self, Steps};
 use crate::runtime::stored::{Fingerprint, Kept, Remembered};
+use crate::runtime::{checked, claim_mode, transaction};
 use crate::spec::HandlerSpec;
 use crate::telemetry::Run;
 use crate::{AsyncInboxConnection, Error, NoConnection};
@@ -46,7 +48,7 @@ where
 /// handler's parameters by reference is a copy of those references.
 pub(crate) struct Cloned<B>(pub(crate) B);
 
-impl<C, R, B> driver::Body<C, R> for Cloned<B>
+impl<C, R, B> steps::Body<C, R> for Cloned<B>
 where
     B: Clone + for<'c> AsyncBody<&'c mut C, R, Fut: Send>,
 {
@@ -60,7 +62,7 @@ where
 /// parameters taken by value.
 struct OnceWithoutConnection<B>(Option<B>);
 
-impl<C, R, B> driver::Body<C, R> for OnceWithoutConnection<B>
+impl<C, R, B> steps::Body<C, R> for OnceWithoutConnection<B>
 where
     B: for<'c> AsyncBody<&'c mut NoConnection, R, Fut: Send>,
 {
@@ -72,7 +74,7 @@ where
 }
 
 /// Runs `body` once per message key and consumer, on a diesel-async connection; see
-/// `driver::drive` for the steps.
+/// `transaction::drive` for the steps.
 #[allow(
     clippy::too_many_arguments,
     reason = "the pieces the expansion of `#[idempotent]` writes, each its own argument"
@@ -106,7 +108,7 @@ where
     .await
 }
 
-/// [`run_async`] for any body the driver can run: the function API's, checked by `guarded!`.
+/// [`run_async`] for any body the runtime can run: the function API's, checked by `guarded!`.
 #[allow(
     clippy::too_many_arguments,
     reason = "run_async's arguments, with the body already wrapped"
@@ -123,15 +125,15 @@ pub(crate) async fn run_async_body<C, T, E, B, P, A>(
 ) -> Result<A, E>
 where
     C: AsyncInboxConnection,
-    B: driver::Body<C, Result<T, E>>,
+    B: steps::Body<C, Result<T, E>>,
     P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
     A: HandlerOutcome<T>,
 {
     let key = key.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
     // The stored id, not the key: a key can be business data (an e-mail address) or carry
-    // control characters; the key itself is logged escaped, at DEBUG (`driver`).
+    // control characters; the key itself is logged escaped, at DEBUG (`transaction`).
     let run = Run::message(spec, &key, false);
-    let result = driver::drive(
+    let result = transaction::drive(
         Awaiting(conn),
         spec,
         &key,
@@ -143,7 +145,7 @@ where
     )
     .instrument(run.instrument_span())
     .await
-    .map(|value| driver::outcome(spec, key, value));
+    .map(|value| transaction::outcome(spec, key, value));
     run.finish(&result);
     result
 }
@@ -203,7 +205,7 @@ where
 }
 
 /// Runs `body` once per message key and consumer inside the transaction the caller opened
-/// (`transaction = "caller"`), on a diesel-async connection; see `driver::drive_joined`.
+/// (`transaction = "caller"`), on a diesel-async connection; see `transaction::drive_joined`.
 #[allow(
     clippy::too_many_arguments,
     reason = "the pieces the expansion of `#[idempotent]` writes, each its own argument"
@@ -226,7 +228,7 @@ where
 {
     let key = key.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
     let run = Run::message(spec, &key, false);
-    let result = driver::drive_joined::<_, _, _, _, _, A::InFlightWitness>(
+    let result = transaction::drive_joined::<_, _, _, _, _, A::InFlightWitness>(
         Awaiting(conn),
         spec,
         &key,
@@ -237,7 +239,7 @@ where
     )
     .instrument(run.instrument_span())
     .await
-    .map(|value| driver::outcome(spec, key, value));
+    .map(|value| transaction::outcome(spec, key, value));
     run.finish(&result);
     result
 }
@@ -245,7 +247,7 @@ where
 /// An async body that runs once: in its caller's transaction, never retried.
 struct Once<B>(Option<B>);
 
-impl<C, R, B> driver::Body<C, R> for Once<B>
+impl<C, R, B> steps::Body<C, R> for Once<B>
 where
     B: for<'c> AsyncBody<&'c mut C, R, Fut: Send>,
 {
@@ -256,7 +258,7 @@ where
 }
 
 /// Runs `body` once for the messages of a batch that are new, in one transaction, on a
-/// diesel-async connection; see `driver::drive` for the steps.
+/// diesel-async connection; see `transaction::drive` for the steps.
 pub async fn run_batch_async<C, T, E, B, P>(
     conn: &mut C,
     spec: &'static HandlerSpec,
@@ -273,11 +275,11 @@ where
 {
     let keys = keys.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
     if keys.is_empty() {
-        return Ok(driver::batch_outcome(0, None, new));
+        return Ok(batch::batch_outcome(0, None, new));
     }
     let run = Run::batch(spec, keys.len());
     let claims = BatchClaims::new(&keys, new);
-    let result = driver::drive(
+    let result = transaction::drive(
         Awaiting(conn),
         spec,
         &claims,
@@ -289,13 +291,13 @@ where
     )
     .instrument(run.instrument_span())
     .await
-    .map(|value| driver::batch_outcome(keys.len(), value.value(), new));
+    .map(|value| batch::batch_outcome(keys.len(), value.value(), new));
     run.finish_batch(&result);
     result
 }
 
 /// Runs `body` in claim mode, on a diesel-async connection or a pool (`conn`: `&mut` the
-/// one, `&` the other, [`crate::pool`]); see `driver::drive_claim` for the steps.
+/// one, `&` the other, [`crate::pool`]); see `claim_mode::drive_claim` for the steps.
 #[allow(
     clippy::too_many_arguments,
     reason = "the pieces the expansion of `#[idempotent]` writes, each its own argument"
@@ -322,7 +324,7 @@ where
     let body = OnceWithoutConnection(Some(body));
     let result = match conn.__inbox_claim_target() {
         ClaimOn::Connection(conn) => {
-            driver::drive_claim(
+            claim_mode::drive_claim(
                 Awaiting(conn),
                 spec,
                 claim,
@@ -358,15 +360,15 @@ async fn claim_on_pool<P, T, E, B, A>(
 where
     P: AsyncClaimPool,
     P::Connection: AsyncInboxConnection,
-    B: driver::Body<NoConnection, Result<T, E>>,
+    B: steps::Body<NoConnection, Result<T, E>>,
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
     let started = {
         let mut checkout = pool
             .checkout()
             .await
-            .map_err(|source| driver::claim_not_started(spec, source, inbox_error))?;
-        driver::claim_started(
+            .map_err(|source| claim_mode::claim_not_started(spec, source, inbox_error))?;
+        claim_mode::claim_started(
             &mut Awaiting(&mut *checkout),
             spec,
             claim,
@@ -377,20 +379,20 @@ where
         .await?
     };
     let (holding, remembered) = match started {
-        driver::Started::Answered(answer) => return Ok(answer),
-        driver::Started::Holding(holding, remembered) => (holding, remembered),
+        claim_mode::Started::Answered(answer) => return Ok(answer),
+        claim_mode::Started::Holding(holding, remembered) => (holding, remembered),
     };
-    let ran = driver::run_detached(spec, &holding, &mut body).await;
+    let ran = claim_mode::run_detached(spec, &holding, &mut body).await;
     let mut value = match ran {
         Ok(Ok(value)) => value,
         ran => return released_on_pool(pool, spec, holding, key, ran, inbox_error).await,
     };
-    let mut stamp = driver::ToStamp::before_stamp(&value, &holding, remembered);
-    let mut tries = driver::StampTries::new(&holding);
+    let mut stamp = claim_mode::ToStamp::before_stamp(&value, &holding, remembered);
+    let mut tries = claim_mode::StampTries::new(&holding);
     loop {
         let failure = match pool.checkout().await {
             Ok(mut checkout) => {
-                let stamped = driver::claim_stamped(
+                let stamped = claim_mode::claim_stamped(
                     &mut Awaiting(&mut *checkout),
                     spec,
                     &holding,
@@ -403,19 +405,19 @@ where
                 .await;
                 match stamped {
                     Ok(answer) => return Ok(answer),
-                    Err(driver::Unstamped::Failed(e)) => return Err(e),
-                    Err(driver::Unstamped::Lost { value: back, error }) => {
+                    Err(claim_mode::Unstamped::Failed(e)) => return Err(e),
+                    Err(claim_mode::Unstamped::Lost { value: back, error }) => {
                         value = back;
-                        driver::StampFailure::Database(error)
+                        claim_mode::StampFailure::Database(error)
                     }
                 }
             }
-            Err(source) => driver::StampFailure::Checkout(source),
+            Err(source) => claim_mode::StampFailure::Checkout(source),
         };
         match tries.failed(&failure) {
             Some(pause) => tokio::time::sleep(pause).await,
             None => {
-                return Err(driver::stamp_given_up(
+                return Err(claim_mode::stamp_given_up(
                     spec,
                     &holding,
                     failure,
@@ -433,9 +435,9 @@ where
 async fn released_on_pool<P, T, E, A>(
     pool: &P,
     spec: &'static HandlerSpec,
-    holding: driver::Holding,
+    holding: claim_mode::Holding,
     key: MessageKey,
-    ran: Result<Result<T, E>, driver::Panicked>,
+    ran: Result<Result<T, E>, steps::Panicked>,
     inbox_error: fn(Error) -> E,
 ) -> Result<A, E>
 where
@@ -444,15 +446,21 @@ where
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
     let mut failure = None;
-    for _ in 0..driver::RELEASE_CHECKOUTS {
+    for _ in 0..claim_mode::RELEASE_CHECKOUTS {
         match pool.checkout().await {
             Ok(mut checkout) => {
                 let mut steps = Awaiting(&mut *checkout);
-                if let Err(e) = driver::prepared_for_stamp(&mut steps, &holding).await {
-                    return driver::claim_unsettled(spec, holding, ran, Box::new(e), inbox_error);
+                if let Err(e) = claim_mode::prepared_for_stamp(&mut steps, &holding).await {
+                    return claim_mode::claim_unsettled(
+                        spec,
+                        holding,
+                        ran,
+                        Box::new(e),
+                        inbox_error,
+                    );
                 }
                 let nothing = Remembered::nothing();
-                return driver::claim_finished(
+                return claim_mode::claim_finished(
                     &mut steps,
                     spec,
                     holding,
@@ -467,7 +475,7 @@ where
         }
     }
     let source = failure.expect("a checkout was tried");
-    driver::claim_unsettled(spec, holding, ran, source, inbox_error)
+    claim_mode::claim_unsettled(spec, holding, ran, source, inbox_error)
 }
 
 impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
@@ -484,7 +492,7 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
     fn identity(&mut self) -> usize {
         let instrumentation =
             std::ptr::from_mut(diesel_async::AsyncConnection::instrumentation(self.0));
-        driver::identity(
+        checked::identity(
             <C as AsyncInboxConnection>::BACKEND,
             std::ptr::from_mut(self.0).cast::<u8>() as usize,
             size_of::<C>(),
@@ -498,7 +506,7 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
         let instrumentation =
             std::ptr::from_mut(diesel_async::AsyncConnection::instrumentation(self.0));
         // As the identity of a PostgreSQL connection: what stays with it.
-        driver::identity(
+        checked::identity(
             crate::dialect::Backend::Postgres,
             std::ptr::from_mut(self.0).cast::<u8>() as usize,
             size_of::<C>(),

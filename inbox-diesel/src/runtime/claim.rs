@@ -7,7 +7,7 @@ use inbox_core::{InboxSchema, MessageKey};
 use crate::dialect::Sql;
 use crate::dialect::claim::{ClaimAnswer, ClaimSql, ClaimStep, read_answer};
 use crate::io::Io;
-use crate::runtime::driver::refused_marker;
+use crate::runtime::transaction::refused_marker;
 
 /// A claim-mode handler's lease. What a delivery does with an expired claim is in the
 /// handler's outcome type: reported if it can hold `StaleClaim` (`on_expired = "report"`),

@@ -1,10 +1,29 @@
-//! The runtime: the steps of every mode written once ([`driver`]) over the connection's
-//! steps, run synchronously ([`sync`]) or awaited ([`asynchronous`]).
+//! The runtime: the steps of every mode written once over the connection's steps
+//! ([`steps`]) — transaction mode ([`transaction`]), claim mode ([`claim_mode`]), a batch's
+//! markers ([`batch`]), the startup check's cache ([`checked`]), stored results
+//! ([`stored`]), failures and giving up ([`failure`]) — run synchronously ([`sync`]) or
+//! awaited ([`asynchronous`]).
 
+/// Where `inbox_diesel::testing::crash` may stop the handler; nothing without the feature.
+macro_rules! crash_point {
+    ($point:ident) => {
+        #[cfg(feature = "testing")]
+        crate::testing::reached(crate::testing::Crash::$point);
+    };
+}
+
+pub(crate) mod batch;
+pub(crate) mod checked;
 pub(crate) mod claim;
-pub(crate) mod driver;
+pub(crate) mod claim_mode;
+pub(crate) mod failure;
+pub(crate) mod steps;
 pub(crate) mod stored;
 pub(crate) mod sync;
+pub(crate) mod transaction;
 
 #[cfg(feature = "async")]
 pub(crate) mod asynchronous;
+
+#[cfg(test)]
+mod tests;

@@ -12,10 +12,15 @@ use inbox_core::{InboxSchema, MessageKey};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::classify;
 use crate::dialect::layout::Layout;
 use crate::dialect::{Dialect, Sql};
 use crate::io::Io;
+use crate::runtime::steps::{Decided, Steps};
+use crate::spec::HandlerSpec;
+use crate::telemetry;
 use crate::{Error, StoredResultProblem};
+use inbox_core::ErrorClass;
 
 /// The largest result a handler stores, in bytes of its JSON text: 1 MiB. A larger one is
 /// refused before any SQL with [`StoredResultProblem::TooLarge`].
@@ -267,6 +272,107 @@ pub(crate) async fn write_fingerprint<S: Io>(
         Sql::new(S::Backend::store_fingerprint(&table)).bind_bytes(fingerprint.as_bytes().to_vec());
     let sql = S::Backend::bind_message_id(sql, &key.stored_id()).bind_text(consumer);
     io.execute(&sql).await
+}
+
+/// Refuses a handler that stores its results on a table without the `result` column, or
+/// one with a fingerprint on a table without `fingerprint`, before anything is written.
+pub(super) fn kept_columns<T, E>(
+    spec: &'static HandlerSpec,
+    layout: Layout,
+    remembered: &Remembered<T>,
+    inbox_error: fn(Error) -> E,
+) -> Result<(), E> {
+    let mut needs = crate::schema::Needs::default();
+    if remembered.store.is_some() {
+        needs = needs.result();
+    }
+    if remembered.fingerprint.is_some() {
+        needs = needs.fingerprint();
+    }
+    crate::schema::has_what_is_needed(&spec.schema, layout, needs).map_err(|problem| {
+        tracing::error!(error = %problem, "the inbox table has no column the handler writes");
+        telemetry::failed(spec, ErrorClass::Schema.label());
+        inbox_error(Error::Schema(problem))
+    })
+}
+
+/// A duplicate of one message (`key`), with what its marker kept, for a handler that keeps
+/// something ([`Remembered`]): read after the delivery's own transaction ended, from the
+/// committed marker. A marker of a request with another fingerprint is
+/// [`Error::KeyReused`] — on the conflict path of a race as on a later delivery: the loser
+/// waited for the winner's commit, and reads its marker.
+pub(super) async fn kept_duplicate<S: Steps, T, E, W>(
+    steps: &mut S,
+    spec: &'static HandlerSpec,
+    key: Option<&MessageKey>,
+    remembered: Remembered<T>,
+    latest: bool,
+    inbox_error: fn(Error) -> E,
+) -> Result<Decided<T, W>, E> {
+    let Some(key) = key.filter(|_| remembered.reads()) else {
+        return Ok(Decided::Duplicate(None));
+    };
+    let kept = read_kept(steps, spec, key, &remembered, latest, inbox_error).await?;
+    stored_value(spec, key, kept, remembered, inbox_error).map(Decided::Duplicate)
+}
+
+/// What `key`'s marker kept, as the handler needs it.
+pub(super) async fn read_kept<S: Steps, T, E>(
+    steps: &mut S,
+    spec: &'static HandlerSpec,
+    key: &MessageKey,
+    remembered: &Remembered<T>,
+    latest: bool,
+    inbox_error: fn(Error) -> E,
+) -> Result<Kept, E> {
+    let columns = (remembered.store.is_some(), remembered.fingerprint.is_some());
+    steps
+        .read_kept(spec, key, columns, latest)
+        .await
+        .map_err(|source| {
+            let error = Error::Database {
+                class: classify(&source, &spec.schema),
+                attempts: 1,
+                source,
+            };
+            tracing::error!(error = %error, "the duplicate's marker could not be read");
+            telemetry::failed(spec, error.class().label());
+            inbox_error(error)
+        })
+}
+
+/// The value a marker stored, as the handler's type; [`Error::KeyReused`] when it was kept
+/// for a request with another fingerprint.
+pub(super) fn stored_value<T, E>(
+    spec: &'static HandlerSpec,
+    key: &MessageKey,
+    kept: Kept,
+    remembered: Remembered<T>,
+    inbox_error: fn(Error) -> E,
+) -> Result<Option<T>, E> {
+    let error = if kept.reused_by(remembered.fingerprint) {
+        tracing::warn!(
+            outcome = "key_reused",
+            "the key's marker is of a request with another fingerprint; body not run"
+        );
+        Error::KeyReused {
+            consumer: spec.consumer.clone(),
+            key: key.clone(),
+        }
+    } else {
+        match (remembered.store, kept.result) {
+            (Some(store), Some(text)) => match store.decode(&text) {
+                Ok(value) => return Ok(Some(value)),
+                Err(e) => {
+                    tracing::error!(error = %e, "the duplicate's stored result could not be read");
+                    e
+                }
+            },
+            _ => return Ok(None),
+        }
+    };
+    telemetry::failed(spec, error.class().label());
+    Err(inbox_error(error))
 }
 
 #[cfg(test)]

@@ -13,9 +13,11 @@ use crate::dialect::claim::{ClaimAnswer, ClaimStep};
 use crate::dialect::layout::Layout;
 use crate::io::{Blocking, complete_now};
 use crate::pool::{ClaimOn, ClaimPool, ClaimTarget};
+use crate::runtime::batch::{self, BatchClaims, NewMessages};
 use crate::runtime::claim::ClaimSpec;
-use crate::runtime::driver::{self, BatchClaims, NewMessages, Steps};
+use crate::runtime::steps::{self, Steps};
 use crate::runtime::stored::{Fingerprint, Kept, Remembered};
+use crate::runtime::{checked, claim_mode, transaction};
 use crate::spec::HandlerSpec;
 use crate::telemetry::Run;
 use crate::{Error, HandlerConnection, InboxConnection, NoConnection};
@@ -23,7 +25,7 @@ use diesel::connection::TransactionManagerStatus;
 
 /// Runs `body` once per message key and consumer, on a sync connection, answering in the
 /// outcome type `A` the caller names (`_outcome`); see
-/// `driver::drive` for the steps.
+/// `transaction::drive` for the steps.
 #[allow(
     clippy::too_many_arguments,
     reason = "the pieces the expansion of `#[idempotent]` writes, each its own argument"
@@ -105,7 +107,7 @@ where
 }
 
 /// Runs `body` once per message key and consumer inside the transaction the caller opened
-/// (`transaction = "caller"`), on a sync connection; see `driver::drive_joined`.
+/// (`transaction = "caller"`), on a sync connection; see `transaction::drive_joined`.
 #[allow(
     clippy::too_many_arguments,
     reason = "the pieces the expansion of `#[idempotent]` writes, each its own argument"
@@ -150,8 +152,8 @@ fn depth<C: diesel::Connection>(conn: &mut C) -> u32 {
 }
 
 /// One message's run, on the connection the handler's connection leads to
-/// ([`HandlerConnection`]): in the caller's transaction (`JOINED`, `driver::drive_joined`) or
-/// in its own (`driver::drive`).
+/// ([`HandlerConnection`]): in the caller's transaction (`JOINED`, `transaction::drive_joined`) or
+/// in its own (`transaction::drive`).
 struct Message<const JOINED: bool, A, T, E, B, P> {
     outcome: PhantomData<A>,
     spec: &'static HandlerSpec,
@@ -164,7 +166,7 @@ struct Message<const JOINED: bool, A, T, E, B, P> {
 
 impl<const JOINED: bool, O, T, E, B, P, A> Visit<O> for Message<JOINED, A, T, E, B, P>
 where
-    B: driver::Body<O, Result<T, E>>,
+    B: steps::Body<O, Result<T, E>>,
     P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
     A: HandlerOutcome<T>,
 {
@@ -186,11 +188,11 @@ where
         } = self;
         let steps = Projected { outer, project };
         // The stored id, not the key: a key can be business data (an e-mail address) or carry
-        // control characters; the key itself is logged escaped, at DEBUG (`driver`).
+        // control characters; the key itself is logged escaped, at DEBUG (`transaction`).
         let run = Run::message(spec, &key, false);
         let result = match JOINED {
             true => complete_now(
-                driver::drive_joined::<_, _, _, _, _, A::InFlightWitness>(
+                transaction::drive_joined::<_, _, _, _, _, A::InFlightWitness>(
                     steps,
                     spec,
                     &key,
@@ -202,7 +204,7 @@ where
                 .instrument(run.instrument_span()),
             ),
             false => complete_now(
-                driver::drive(
+                transaction::drive(
                     steps,
                     spec,
                     &key,
@@ -215,7 +217,7 @@ where
                 .instrument(run.instrument_span()),
             ),
         }
-        .map(|value| driver::outcome(spec, key, value));
+        .map(|value| transaction::outcome(spec, key, value));
         run.finish(&result);
         result
     }
@@ -224,7 +226,7 @@ where
 /// A sync body that runs once: in its caller's transaction, never retried.
 struct Once<B>(Option<B>);
 
-impl<C, R, B: FnOnce(&mut C) -> R> driver::Body<C, R> for Once<B> {
+impl<C, R, B: FnOnce(&mut C) -> R> steps::Body<C, R> for Once<B> {
     async fn call(&mut self, conn: &mut C) -> R {
         let body = self.0.take().expect("a joined body runs once");
         body(conn)
@@ -232,7 +234,7 @@ impl<C, R, B: FnOnce(&mut C) -> R> driver::Body<C, R> for Once<B> {
 }
 
 /// Runs `body` once for the messages of a batch that are new, in one transaction; see
-/// `driver::drive` for the steps.
+/// `transaction::drive` for the steps.
 pub fn run_batch<C, T, E, B, P>(
     conn: &mut C,
     spec: &'static HandlerSpec,
@@ -249,7 +251,7 @@ where
 {
     let keys = keys.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
     if keys.is_empty() {
-        return Ok(driver::batch_outcome(0, None, new));
+        return Ok(batch::batch_outcome(0, None, new));
     }
     conn.__inbox_visit(Batch {
         spec,
@@ -294,7 +296,7 @@ where
         let run = Run::batch(spec, keys.len());
         let claims = BatchClaims::new(&keys, new);
         let result = complete_now(
-            driver::drive(
+            transaction::drive(
                 Projected { outer, project },
                 spec,
                 &claims,
@@ -306,14 +308,14 @@ where
             )
             .instrument(run.instrument_span()),
         )
-        .map(|value| driver::batch_outcome(keys.len(), value.value(), new));
+        .map(|value| batch::batch_outcome(keys.len(), value.value(), new));
         run.finish_batch(&result);
         result
     }
 }
 
 /// Runs `body` in claim mode, on a sync connection or a pool (`conn`: `&mut` the one, `&`
-/// the other, [`crate::pool`]); see `driver::drive_claim` for the steps.
+/// the other, [`crate::pool`]); see `claim_mode::drive_claim` for the steps.
 #[allow(
     clippy::too_many_arguments,
     reason = "the pieces the expansion of `#[idempotent]` writes, each its own argument"
@@ -373,7 +375,7 @@ where
         let started = {
             let mut checkout = pool
                 .checkout()
-                .map_err(|source| driver::claim_not_started(spec, source, inbox_error))?;
+                .map_err(|source| claim_mode::claim_not_started(spec, source, inbox_error))?;
             (*checkout).__inbox_visit(ClaimStart {
                 outcome: PhantomData::<A>,
                 spec,
@@ -384,10 +386,10 @@ where
             })?
         };
         let (holding, remembered) = match started {
-            driver::Started::Answered(answer) => return Ok(answer),
-            driver::Started::Holding(holding, remembered) => (holding, remembered),
+            claim_mode::Started::Answered(answer) => return Ok(answer),
+            claim_mode::Started::Holding(holding, remembered) => (holding, remembered),
         };
-        let ran = complete_now(driver::run_detached(
+        let ran = complete_now(claim_mode::run_detached(
             spec,
             &holding,
             &mut OnceWithoutConnection(Some(body)),
@@ -396,8 +398,8 @@ where
             Ok(Ok(value)) => value,
             ran => return released_on_pool(pool, spec, holding, key, ran, inbox_error),
         };
-        let mut stamp = driver::ToStamp::before_stamp(&value, &holding, remembered);
-        let mut tries = driver::StampTries::new(&holding);
+        let mut stamp = claim_mode::ToStamp::before_stamp(&value, &holding, remembered);
+        let mut tries = claim_mode::StampTries::new(&holding);
         loop {
             let failure = match pool.checkout() {
                 Ok(mut checkout) => {
@@ -413,19 +415,19 @@ where
                     });
                     match stamped {
                         Ok(answer) => return Ok(answer),
-                        Err(driver::Unstamped::Failed(e)) => return Err(e),
-                        Err(driver::Unstamped::Lost { value: back, error }) => {
+                        Err(claim_mode::Unstamped::Failed(e)) => return Err(e),
+                        Err(claim_mode::Unstamped::Lost { value: back, error }) => {
                             value = back;
-                            driver::StampFailure::Database(error)
+                            claim_mode::StampFailure::Database(error)
                         }
                     }
                 }
-                Err(source) => driver::StampFailure::Checkout(source),
+                Err(source) => claim_mode::StampFailure::Checkout(source),
             };
             match tries.failed(&failure) {
                 Some(pause) => std::thread::sleep(pause),
                 None => {
-                    return Err(driver::stamp_given_up(
+                    return Err(claim_mode::stamp_given_up(
                         spec,
                         &holding,
                         failure,
@@ -454,7 +456,7 @@ impl<O, A, T, E> Visit<O> for ClaimStart<'_, A, T, E>
 where
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
-    type Output = Result<driver::Started<A, T>, E>;
+    type Output = Result<claim_mode::Started<A, T>, E>;
 
     fn visit<C: InboxConnection>(
         self,
@@ -469,7 +471,7 @@ where
             inbox_error,
             ..
         } = self;
-        complete_now(driver::claim_started(
+        complete_now(claim_mode::claim_started(
             &mut Projected { outer, project },
             spec,
             claim,
@@ -486,9 +488,9 @@ where
 fn released_on_pool<P, T, E, A>(
     pool: &P,
     spec: &'static HandlerSpec,
-    holding: driver::Holding,
+    holding: claim_mode::Holding,
     key: MessageKey,
-    ran: Result<Result<T, E>, driver::Panicked>,
+    ran: Result<Result<T, E>, steps::Panicked>,
     inbox_error: fn(Error) -> E,
 ) -> Result<A, E>
 where
@@ -497,7 +499,7 @@ where
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
     let mut failure = None;
-    for _ in 0..driver::RELEASE_CHECKOUTS {
+    for _ in 0..claim_mode::RELEASE_CHECKOUTS {
         match pool.checkout() {
             Ok(mut checkout) => {
                 return (*checkout).__inbox_visit(ClaimFinish {
@@ -513,26 +515,26 @@ where
         }
     }
     let source = failure.expect("a checkout was tried");
-    driver::claim_unsettled(spec, holding, ran, source, inbox_error)
+    claim_mode::claim_unsettled(spec, holding, ran, source, inbox_error)
 }
 
 /// The stamp of claim mode on a pool's checkout.
 struct ClaimStamp<'h, A, T, E> {
     outcome: PhantomData<A>,
     spec: &'static HandlerSpec,
-    holding: &'h driver::Holding,
+    holding: &'h claim_mode::Holding,
     key: &'h MessageKey,
     value: T,
-    stamp: &'h mut driver::ToStamp,
+    stamp: &'h mut claim_mode::ToStamp,
     inbox_error: fn(Error) -> E,
-    elsewhere: driver::Elsewhere,
+    elsewhere: claim_mode::Elsewhere,
 }
 
 impl<O, A, T, E> Visit<O> for ClaimStamp<'_, A, T, E>
 where
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
-    type Output = Result<A, driver::Unstamped<T, E>>;
+    type Output = Result<A, claim_mode::Unstamped<T, E>>;
 
     fn visit<C: InboxConnection>(
         self,
@@ -549,7 +551,7 @@ where
             elsewhere,
             ..
         } = self;
-        complete_now(driver::claim_stamped(
+        complete_now(claim_mode::claim_stamped(
             &mut Projected { outer, project },
             spec,
             holding,
@@ -566,9 +568,9 @@ where
 struct ClaimFinish<A, T, E> {
     outcome: PhantomData<A>,
     spec: &'static HandlerSpec,
-    holding: driver::Holding,
+    holding: claim_mode::Holding,
     key: MessageKey,
-    ran: Result<Result<T, E>, driver::Panicked>,
+    ran: Result<Result<T, E>, steps::Panicked>,
     inbox_error: fn(Error) -> E,
 }
 
@@ -593,11 +595,12 @@ where
         } = self;
         let mut steps = Projected { outer, project };
         complete_now(async {
-            if let Err(e) = driver::prepared_for_stamp(&mut steps, &holding).await {
-                return driver::claim_unsettled(spec, holding, ran, Box::new(e), inbox_error);
+            if let Err(e) = claim_mode::prepared_for_stamp(&mut steps, &holding).await {
+                return claim_mode::claim_unsettled(spec, holding, ran, Box::new(e), inbox_error);
             }
             let nothing = Remembered::nothing();
-            driver::claim_finished(&mut steps, spec, holding, key, ran, nothing, inbox_error).await
+            claim_mode::claim_finished(&mut steps, spec, holding, key, ran, nothing, inbox_error)
+                .await
         })
     }
 }
@@ -636,7 +639,7 @@ where
         } = self;
         let run = Run::message(spec, &key, true);
         let result = complete_now(
-            driver::drive_claim(
+            claim_mode::drive_claim(
                 Projected { outer, project },
                 spec,
                 claim,
@@ -655,7 +658,7 @@ where
 /// A sync body: it runs to its end when called.
 pub(crate) struct Immediate<B>(pub(crate) B);
 
-impl<C, R, B: FnMut(&mut C) -> R> driver::Body<C, R> for Immediate<B> {
+impl<C, R, B: FnMut(&mut C) -> R> steps::Body<C, R> for Immediate<B> {
     async fn call(&mut self, conn: &mut C) -> R {
         (self.0)(conn)
     }
@@ -666,7 +669,7 @@ impl<C, R, B: FnMut(&mut C) -> R> driver::Body<C, R> for Immediate<B> {
 /// consume what it captured: the handler's parameters taken by value.
 struct OnceWithoutConnection<B>(Option<B>);
 
-impl<C, R, B: FnOnce(&mut NoConnection) -> R> driver::Body<C, R> for OnceWithoutConnection<B> {
+impl<C, R, B: FnOnce(&mut NoConnection) -> R> steps::Body<C, R> for OnceWithoutConnection<B> {
     async fn call(&mut self, _: &mut C) -> R {
         let body = self.0.take().expect("a claim-mode body runs once");
         body(&mut NoConnection::new())
@@ -798,7 +801,7 @@ impl<O, C: InboxConnection> Steps for Projected<'_, O, C> {
 
     fn identity(&mut self) -> usize {
         let instrumentation = std::ptr::from_mut(diesel::Connection::instrumentation(self.inner()));
-        driver::identity(
+        checked::identity(
             <C as InboxConnection>::BACKEND,
             std::ptr::from_mut(self.inner()).cast::<u8>() as usize,
             size_of::<C>(),
