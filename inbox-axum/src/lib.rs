@@ -359,6 +359,64 @@ impl<T> Idempotent<T> {
     }
 }
 
+/// The `http` crate (1.x) that inbox-axum's requests and answers are built on, as axum
+/// re-exports it: a route of another framework names [`http::StatusCode`] for a [`Reply`]
+/// through it, without a dependency on axum of its own.
+pub use axum::http;
+
+/// An answer taken apart for another framework (actix-web, Rocket, warp, a `hyper`
+/// service): its status, its headers as names and bytes, and its body — the parts every
+/// framework builds its own response from, whichever version of `http` it is on.
+///
+/// ```
+/// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+/// use inbox_axum::{Answer, Incoming};
+///
+/// let refused = Incoming::new("POST", "/payments", "/payments")
+///     .idempotent::<serde_json::Value>(b"{}")
+///     .unwrap_err(); // no Idempotency-Key
+/// let answer = Answer::of(refused).await?;
+/// assert_eq!(answer.status, 400);
+/// assert!(answer.headers.iter().any(|(name, value)| {
+///     name == "content-type" && value.as_slice() == b"application/problem+json"
+/// }));
+/// # Ok(())
+/// # }
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(example()).unwrap();
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Answer {
+    /// The status code.
+    pub status: u16,
+    /// The headers, in order, a name as many times as it has values.
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// The body.
+    pub body: bytes::Bytes,
+}
+
+impl Answer {
+    /// The parts of `response`: an answer of [`Idempotent::run`], a refusal of
+    /// [`Incoming`] ([`Problem`]), [`unavailable`], or any other response.
+    ///
+    /// # Errors
+    /// The body could not be read: never for inbox-axum's own answers, which are built in
+    /// memory; a streaming body of the application's may fail.
+    pub async fn of(response: impl IntoResponse) -> Result<Self, axum::Error> {
+        let (parts, body) = response.into_response().into_parts();
+        let body = axum::body::to_bytes(body, usize::MAX).await?;
+        Ok(Answer {
+            status: parts.status.as_u16(),
+            headers: parts
+                .headers
+                .iter()
+                .map(|(name, value)| (name.as_str().to_owned(), value.as_bytes().to_vec()))
+                .collect(),
+            body,
+        })
+    }
+}
+
 /// 503 `unavailable`, for a handler that could not get a connection (a pool timeout): the
 /// request did not run, and a retry with the same key runs it once.
 pub fn unavailable(error: impl std::fmt::Display) -> Response {

@@ -500,18 +500,18 @@ where
 /// A request as another web framework hands it over — actix-web, Rocket, warp, poem, a
 /// `hyper` service — made into an [`Idempotent`] with every check of the axum extractor:
 /// the same key rules, scope, fingerprint, payload formats and refusals. Then
-/// [`Idempotent::run`] (or `run_blocking`) and its answers are the same as under axum, an
-/// `http` response whose status, headers and body the framework sends as they are.
+/// [`Idempotent::run`] (or `run_blocking`) answers as under axum, and
+/// [`Answer`](crate::Answer) takes the answer apart into the status, headers and body the
+/// framework builds its own response from.
 ///
 /// ```
 /// use std::sync::LazyLock;
 ///
-/// use axum::http::StatusCode;
-/// use axum::response::Response;
 /// use diesel::prelude::*;
 /// use diesel_async::RunQueryDsl;
 /// use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
-/// use inbox_axum::{Incoming, Principal, Reply};
+/// use inbox_axum::http::StatusCode;
+/// use inbox_axum::{Answer, Incoming, Principal, Reply};
 /// use inbox_diesel::guarded;
 /// use inbox_diesel::handler::Handler;
 ///
@@ -534,19 +534,16 @@ where
 ///
 /// /// What the route gets from its framework: the method, the path and query as sent, the
 /// /// values of `Idempotency-Key` and `Content-Type`, who the client is, the body's bytes.
+/// /// What it gives back: the parts of its framework's response.
 /// async fn create(
 ///     conn: &mut Conn,
 ///     method: &str,
 ///     path_and_query: &str,
 ///     keys: Vec<&[u8]>,
 ///     content_type: Option<&str>,
-///     tenant: &str,
+///     principal: Principal,
 ///     body: &[u8],
-/// ) -> Response {
-///     let principal = match Principal::new(tenant) {
-///         Ok(principal) => principal,
-///         Err(e) => return inbox_axum::Error::internal(e).into_response(),
-///     };
+/// ) -> Result<Answer, inbox_axum::Error> {
 ///     let request = Incoming::new(method, "/payments", path_and_query)
 ///         .idempotency_key(keys)
 ///         .content_type(content_type)
@@ -554,11 +551,11 @@ where
 ///         .idempotent::<NewPayment>(body);
 ///     let request = match request {
 ///         Ok(request) => request,
-///         // 400, 415, 422: a problem+json response, before any SQL.
-///         Err(refused) => return refused.into_response(),
+///         // 400, 415, 422: a problem+json answer, before any SQL.
+///         Err(refused) => return Answer::of(refused).await.map_err(inbox_axum::Error::internal),
 ///     };
 ///     let cents = request.payload.cents;
-///     request
+///     let answer = request
 ///         .run(conn, &PAYMENTS, guarded!(async |tx: &mut Conn| {
 ///             let id: i32 = diesel::insert_into(payments::table)
 ///                 .values(payments::cents.eq(cents))
@@ -567,22 +564,9 @@ where
 ///                 .await?;
 ///             Reply::json(StatusCode::CREATED, &serde_json::json!({ "id": id }))
 ///         }))
-///         .await
+///         .await;
+///     Answer::of(answer).await.map_err(inbox_axum::Error::internal)
 /// }
-///
-/// /// The answer in the framework's own terms: its status, its headers, its body.
-/// async fn into_parts(response: Response) -> (u16, Vec<(String, Vec<u8>)>, bytes::Bytes) {
-///     let (parts, body) = response.into_parts();
-///     let headers = parts
-///         .headers
-///         .iter()
-///         .map(|(name, value)| (name.as_str().to_owned(), value.as_bytes().to_vec()))
-///         .collect();
-///     // The answers are built in memory: reading them cannot fail.
-///     let body = axum::body::to_bytes(body, usize::MAX).await.unwrap_or_default();
-///     (parts.status.as_u16(), headers, body)
-/// }
-/// # use axum::response::IntoResponse;
 /// # fn main() {}
 /// ```
 ///
@@ -591,7 +575,8 @@ where
 /// reads the path and query as sent. A principal is required once the request has a key, as
 /// under axum ([`Principal::shared`] where every client shares the keys). The body is read by
 /// the framework first; take it as bytes, before any deserialisation, since the fingerprint
-/// reads them as sent.
+/// reads them as sent. A framework on `http` 0.2 (actix-web 4, Rocket 0.5) builds its
+/// response from the answer's `u16` status and its headers' names and bytes.
 #[derive(Debug, Clone)]
 pub struct Incoming<'a> {
     method: &'a str,

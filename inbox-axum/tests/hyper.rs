@@ -6,7 +6,6 @@ use std::convert::Infallible;
 use std::sync::LazyLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use diesel::prelude::*;
 use diesel_async::pooled_connection::AsyncDieselConnectionManager;
@@ -15,6 +14,7 @@ use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
+use inbox_axum::http::StatusCode;
 use inbox_axum::{Incoming, Principal, Reply};
 use inbox_diesel::guarded;
 use inbox_diesel::handler::Handler;
@@ -114,11 +114,15 @@ async fn route(
     }
     .await;
     // The answer in hyper's own terms, as another framework would take it.
-    let (answer_parts, answer_body) = answer.into_parts();
-    let bytes = axum::body::to_bytes(answer_body, usize::MAX).await.unwrap();
-    let mut response = hyper::Response::new(Full::new(bytes));
-    *response.status_mut() = answer_parts.status;
-    *response.headers_mut() = answer_parts.headers;
+    let answer = inbox_axum::Answer::of(answer).await.unwrap();
+    let mut response = hyper::Response::new(Full::new(answer.body));
+    *response.status_mut() = StatusCode::from_u16(answer.status).unwrap();
+    for (name, value) in answer.headers {
+        response.headers_mut().append(
+            hyper::header::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            hyper::header::HeaderValue::from_bytes(&value).unwrap(),
+        );
+    }
     Ok(response)
 }
 

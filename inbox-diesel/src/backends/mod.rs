@@ -327,9 +327,13 @@ mod asynchronous {
                 `features = [\"postgres\", \"async\"]`, `[\"mysql\", \"async\"]` or \
                 `[\"sqlite\", \"async\"]`",
         note = "a pooled connection derefs to its connection: declare `&mut AsyncPgConnection` and \
-                call the handler with `&mut pooled_connection`",
+                call the handler with `&mut pooled_connection`; a generic function \
+                (`handler::run_once_async`, `inbox_axum::Idempotent::run`) takes \
+                `&mut *pooled_connection`",
         note = "the handler's connection is its first `&mut …Connection` parameter; if that one is \
-                another client, name the database connection with `conn = …`"
+                another client, name the database connection with `conn = …`",
+        note = "inbox-diesel builds on diesel-async 0.9: with another version in the build \
+                (`cargo tree -d`), its `AsyncPgConnection` is another type"
     )]
     pub trait AsyncInboxConnection: sealed::AsyncConnection {
         /// The connection's backend: which SQL dialect, DDL and error codes apply.
