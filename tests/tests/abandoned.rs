@@ -105,6 +105,57 @@ macro_rules! abandoned {
             assert_eq!(count(&mut check, "SELECT count(*) AS n FROM inbox"), 2);
         }
 
+        /// A redelivery cancelled by its caller's timeout while its marker's insert waits on
+        /// the marker of a delivery dropped mid-body (a caller whose timeout is shorter than
+        /// the idle bound): the server is asked to cancel the waiting insert, so that it does
+        /// not take the marker when the first transaction ends and hold it, idle, in an
+        /// abandoned transaction of its own — where the next delivery would wait behind it
+        /// for the idle bound (10 s), and time out again under the same caller.
+        #[tokio::test]
+        async fn a_redelivery_cancelled_while_it_waits_leaves_no_lock_behind() {
+            let db = <$db>::new("abandoned_wait");
+            let mut first = db.$connect().await;
+            let cancelled =
+                tokio::time::timeout(Duration::from_millis(300), credit(&mut first, &1, true))
+                    .await;
+            assert!(
+                cancelled.is_err(),
+                "the first delivery was cancelled in its body"
+            );
+            let mut second = db.$connect().await;
+            let waited =
+                tokio::time::timeout(Duration::from_millis(600), credit(&mut second, &1, false))
+                    .await;
+            assert!(
+                waited.is_err(),
+                "the redelivery waited on the first's marker"
+            );
+            // The cancel is sent on a task of its own.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            // The first delivery's transaction ends with its session.
+            drop(first);
+            let mut third = db.$connect().await;
+            let started = std::time::Instant::now();
+            let outcome =
+                tokio::time::timeout(Duration::from_secs(5), credit(&mut third, &1, false)).await;
+            let outcome = outcome.unwrap_or_else(|_| {
+                panic!("the third delivery waited behind the cancelled second's marker")
+            });
+            assert!(outcome.unwrap().is_processed());
+            assert!(
+                started.elapsed() < Duration::from_secs(3),
+                "{:?}",
+                started.elapsed()
+            );
+            drop(second);
+            let mut check = db.connect();
+            assert_eq!(
+                count(&mut check, "SELECT balance AS n FROM accounts WHERE id = 1"),
+                1
+            );
+            assert_eq!(count(&mut check, "SELECT count(*) AS n FROM inbox"), 1);
+        }
+
         /// Cancelled at once, in the middle of its first statement's round trip, where the
         /// connection's protocol may be left with no answer to read: the next call is
         /// processed or asks for a new connection (`Reconnect`), never a dead letter or an

@@ -282,6 +282,10 @@ pub(crate) fn refuse_open_transaction(
 
 #[cfg(feature = "async")]
 pub use asynchronous::AsyncInboxConnection;
+#[cfg(feature = "async")]
+pub(crate) use asynchronous::CancelIfDropped;
+#[cfg(all(feature = "async", any(feature = "postgres", feature = "mysql")))]
+pub(crate) use asynchronous::StatementCancel;
 
 #[cfg(feature = "async")]
 mod asynchronous {
@@ -373,6 +377,13 @@ mod asynchronous {
                 _layout: Layout,
             ) -> impl Future<Output = Option<QueryResult<bool>>> + Send {
                 async { None }
+            }
+
+            /// What cancels the statement in flight on this connection from elsewhere (the
+            /// server's cancel request, `KILL QUERY`); `None` where the backend has none
+            /// (SQLite, whose statements run on the caller's thread).
+            fn statement_cancel(&self) -> Option<super::StatementCancel> {
+                None
             }
 
             /// After the handler's transaction ended: puts back what `begin_inbox_transaction` set
@@ -478,6 +489,106 @@ mod asynchronous {
                 );
                 async move { open }
             }
+        }
+    }
+
+    /// The server's way to cancel a statement of the runtime's own in flight on a
+    /// connection, from outside it: sent when the future awaiting the statement is dropped
+    /// ([`CancelIfDropped`]).
+    pub enum StatementCancel {
+        /// PostgreSQL's cancel request, on a connection of its own.
+        #[cfg(feature = "postgres")]
+        Postgres(tokio_postgres::CancelToken),
+        /// `KILL QUERY`, on a connection of its own.
+        #[cfg(feature = "mysql")]
+        Mysql(diesel_async::MysqlCancelToken),
+    }
+
+    /// Armed while one of the runtime's own statements that can wait on a lock — the
+    /// marker's insert — is in flight on a diesel-async connection. A future dropped there (a
+    /// caller's `tokio::time::timeout`) leaves the statement waiting on the server: it takes
+    /// the lock when the holder lets go and keeps it, idle in the abandoned transaction, until
+    /// the connection is used again or the idle bound ends the session, and the next
+    /// delivery of the message waits behind it — a chain of timeouts under a caller whose
+    /// timeout is shorter than the bound. Dropped armed after waiting [`Self::AFTER`], it
+    /// sends the server's cancel request on a task of the current tokio runtime; the
+    /// statement ends (`57014` or `1317`, classed `Canceled`, retried, should it reach the
+    /// connection's next statement instead) and its transaction holds no marker.
+    /// Best effort: without a runtime, or where the cancel's own connection is refused (a
+    /// PostgreSQL that requires TLS), the idle bound still ends it.
+    pub(crate) struct CancelIfDropped {
+        cancel: Option<StatementCancel>,
+        since: std::time::Instant,
+    }
+
+    impl CancelIfDropped {
+        /// How long a statement must have been in flight before a drop cancels it: a
+        /// statement cut off sooner has most likely not reached a lock, and a cancel that
+        /// arrives after it finished would land on the connection's next statement.
+        pub(crate) const AFTER: std::time::Duration = std::time::Duration::from_millis(100);
+
+        /// Armed for the statement about to be sent on `conn`.
+        pub(crate) fn arm<C: AsyncInboxConnection>(conn: &C) -> Self {
+            CancelIfDropped {
+                cancel: sealed::AsyncConnection::statement_cancel(conn),
+                since: std::time::Instant::now(),
+            }
+        }
+
+        /// The statement answered: nothing to cancel.
+        pub(crate) fn disarm(mut self) {
+            self.cancel = None;
+        }
+    }
+
+    impl Drop for CancelIfDropped {
+        fn drop(&mut self) {
+            let Some(cancel) = self.cancel.take() else {
+                return;
+            };
+            if self.since.elapsed() >= Self::AFTER {
+                cancel.send();
+            }
+        }
+    }
+
+    impl StatementCancel {
+        /// Sends the cancel on a task of the current tokio runtime.
+        #[cfg(any(feature = "postgres", feature = "mysql"))]
+        fn send(self) {
+            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                return;
+            };
+            tracing::debug!(
+                "a handler was dropped while its marker's insert waited: cancelling it"
+            );
+            let unsent = |error: String| {
+                tracing::debug!(%error, "the cancel of a dropped handler's statement was not sent");
+            };
+            match self {
+                #[cfg(feature = "postgres")]
+                StatementCancel::Postgres(token) => {
+                    runtime.spawn(async move {
+                        if let Err(e) = token.cancel_query(tokio_postgres::NoTls).await {
+                            unsent(e.to_string());
+                        }
+                    });
+                }
+                #[cfg(feature = "mysql")]
+                StatementCancel::Mysql(token) => {
+                    runtime.spawn(async move {
+                        if let Err(e) = token.cancel_query().await {
+                            unsent(e.to_string());
+                        }
+                    });
+                }
+            }
+        }
+
+        /// No backend with a cancel: no value to send.
+        #[cfg(not(any(feature = "postgres", feature = "mysql")))]
+        fn send(self) {
+            match self {}
         }
     }
 }

@@ -458,6 +458,10 @@ mod asynchronous {
     impl AsyncInboxConnection for AsyncMysqlConnection {}
 
     impl sealed::AsyncConnection for AsyncMysqlConnection {
+        fn statement_cancel(&self) -> Option<crate::backends::StatementCancel> {
+            Some(crate::backends::StatementCancel::Mysql(self.cancel_token()))
+        }
+
         async fn begin_inbox_transaction(
             &mut self,
             spec: &'static HandlerSpec,

@@ -370,6 +370,12 @@ mod asynchronous {
     impl AsyncInboxConnection for AsyncPgConnection {}
 
     impl sealed::AsyncConnection for AsyncPgConnection {
+        fn statement_cancel(&self) -> Option<crate::backends::StatementCancel> {
+            Some(crate::backends::StatementCancel::Postgres(
+                self.cancel_token(),
+            ))
+        }
+
         /// READ COMMITTED, so that each statement sees what committed before it.
         async fn begin_write_transaction(&mut self) -> QueryResult<()> {
             AnsiTransactionManager::begin_transaction_sql(

@@ -12,6 +12,7 @@ use diesel::QueryResult;
 use inbox_core::{BatchOutcome, ErrorClass, HandlerOutcome, KeyError, MessageKey};
 use tracing::Instrument;
 
+use crate::backends::CancelIfDropped;
 use crate::dialect::claim::{ClaimAnswer, ClaimStep};
 use crate::dialect::layout::Layout;
 use crate::io::Awaiting;
@@ -568,7 +569,10 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
         key: &MessageKey,
         layout: Layout,
     ) -> Option<QueryResult<bool>> {
-        self.0.begin_with_claim(spec, key, layout).await
+        let armed = CancelIfDropped::arm(&*self.0);
+        let claimed = self.0.begin_with_claim(spec, key, layout).await;
+        armed.disarm();
+        claimed
     }
 
     async fn end(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()> {
@@ -581,7 +585,10 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
         key: &MessageKey,
         layout: Layout,
     ) -> QueryResult<bool> {
-        self.0.claim_marker(spec, key, layout).await
+        let armed = CancelIfDropped::arm(&*self.0);
+        let claimed = self.0.claim_marker(spec, key, layout).await;
+        armed.disarm();
+        claimed
     }
 
     async fn claim_batch(
@@ -591,7 +598,10 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
         texts: Option<&[String]>,
         layout: Layout,
     ) -> QueryResult<Vec<uuid::Uuid>> {
-        self.0.claim_markers(spec, ids, texts, layout).await
+        let armed = CancelIfDropped::arm(&*self.0);
+        let claimed = self.0.claim_markers(spec, ids, texts, layout).await;
+        armed.disarm();
+        claimed
     }
 
     async fn commit(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()> {
