@@ -479,9 +479,15 @@ fn classify_message(message: &str) -> ErrorClass {
     // began (`OPTIMIZE TABLE`, `ALTER … FORCE`, a copying `ALTER`, `TRUNCATE`, an online
     // schema change's `RENAME` cut-over) — the statement diesel cached for it then waits,
     // executed again on the session, for an answer that never comes; and 1615 `Prepared
-    // statement needs to be re-prepared`. The attempt runs again, its statements unprepared.
+    // statement needs to be re-prepared`. PostgreSQL 08P01 `bind message supplies 3
+    // parameters, but prepared statement "__diesel_stmt_4" requires 2`: behind a
+    // transaction-mode pooler with diesel's statement cache on, another client's statement
+    // of that name on the server connection. The attempt runs again, its statements
+    // unprepared.
     if (message.starts_with("prepared statement \"")
         && (message.ends_with("\" does not exist") || message.ends_with("\" already exists")))
+        || (message.starts_with("bind message supplies ")
+            && message.contains(" parameters, but prepared statement \""))
         || message.starts_with("Unknown prepared statement handler")
         || message.starts_with("cached plan must not change result type")
         || message.starts_with("Table definition has changed, please retry transaction")
@@ -860,6 +866,11 @@ mod tests {
             ),
             (
                 "prepared statement \"__diesel_stmt_0\" already exists",
+                ErrorClass::StatementLost,
+            ),
+            (
+                "bind message supplies 3 parameters, but prepared statement \"__diesel_stmt_4\" \
+                 requires 2",
                 ErrorClass::StatementLost,
             ),
             (

@@ -191,6 +191,70 @@ mod postgres {
         Ok(())
     }
 
+    #[idempotent(consumer = "fault-unread", key = *id, mode = "claim")]
+    fn claim_counted(
+        conn: &mut PgConnection,
+        id: &u64,
+        effects: &std::sync::atomic::AtomicUsize,
+    ) -> Result<(), inbox_tests::AppError> {
+        effects.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// A stamp the server refuses in words the runtime cannot read — a server in another
+    /// language whose session a transaction-mode pooler handed the stamp without the
+    /// English the check set on another, a trigger's own message — is tried again, as a
+    /// transient failure would be: the side effect ran, and what failed may pass. Before, the
+    /// stamp gave up at once (`EffectNotRecorded`) and the effect ran again after the lease
+    /// (an operator's trial: a French server's statement timeout behind PgBouncer).
+    #[test]
+    fn a_stamp_refused_in_words_the_runtime_cannot_read_is_tried_again() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let db = PgDb::new("faults_unread_stamp");
+        let mut conn = db.connect();
+        let effects = AtomicUsize::new(0);
+        // The check passes on this connection, and is remembered for it.
+        assert!(
+            claim_counted(&mut conn, &1, &effects)
+                .unwrap()
+                .is_processed()
+        );
+        // The next two stamps refused with a message of the server's own words.
+        db.connect()
+            .batch_execute(
+                "CREATE SEQUENCE stamp_refusals; \
+                 CREATE FUNCTION refuse_stamp() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+                 IF nextval('stamp_refusals') <= 2 THEN \
+                 RAISE EXCEPTION 'Abbruch der Anweisung wegen Zeitüberschreitung'; END IF; \
+                 RETURN NEW; END $$; \
+                 CREATE TRIGGER refuse_stamp BEFORE UPDATE ON inbox \
+                 FOR EACH ROW EXECUTE FUNCTION refuse_stamp()",
+            )
+            .unwrap();
+        let outcome = claim_counted(&mut conn, &2, &effects);
+        assert!(
+            matches!(outcome, Ok(inbox_diesel::InFlightOutcome::Processed(()))),
+            "{outcome:?}"
+        );
+        assert!(
+            claim_counted(&mut conn, &2, &effects)
+                .unwrap()
+                .is_duplicate()
+        );
+        assert_eq!(
+            effects.load(Ordering::SeqCst),
+            2,
+            "each side effect ran once"
+        );
+        assert_eq!(
+            inbox_tests::count(
+                &mut db.connect(),
+                "SELECT count(*) AS n FROM inbox WHERE processed_at IS NOT NULL"
+            ),
+            2
+        );
+    }
+
     #[test]
     fn on_a_pool_a_connection_ended_during_the_side_effect_is_replaced_for_the_stamp() {
         let db = PgDb::new("faults_pool_stamp");

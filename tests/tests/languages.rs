@@ -92,6 +92,32 @@ mod postgres {
         PgConnection::establish(url).unwrap_or_else(|e| panic!("{url}: {e}"))
     }
 
+    /// A role that may set its messages (here PostgreSQL 15's grant) whose setting of them
+    /// fails for another reason, reported in German: that failure, not a role that may not
+    /// change its messages — an alert with the wrong advice (an operator's trial: a French
+    /// server's statement timeout read as the refusal). The failure here: the settings view
+    /// taken from the roles. A role without the grant is still told it may not.
+    #[test]
+    fn a_role_that_may_set_its_messages_is_not_told_it_may_not() {
+        use inbox_diesel::schema::SchemaError;
+        let server = server();
+        connect(&server.url("postgres", "postgres"))
+            .batch_execute("REVOKE SELECT ON pg_catalog.pg_settings FROM PUBLIC")
+            .unwrap();
+        let mut granted = connect(&server.url("app_granted", "postgres"));
+        let failed = schema::verify(&mut granted, &InboxSchema::DEFAULT).unwrap_err();
+        assert!(
+            matches!(failed, SchemaError::Database(_)),
+            "{failed}: {failed:?}"
+        );
+        let mut refused = connect(&server.url("app", "postgres"));
+        let refused = schema::verify(&mut refused, &InboxSchema::DEFAULT).unwrap_err();
+        assert!(
+            matches!(refused, SchemaError::Session { .. }),
+            "{refused}: {refused:?}"
+        );
+    }
+
     /// Each class, on a connection the check has seen, in each language.
     #[test]
     fn every_class_reads_the_same_in_german_french_and_spanish() {

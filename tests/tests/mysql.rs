@@ -306,3 +306,23 @@ fn a_case_insensitive_consumer_column_is_refused() {
     assert!(error.to_string().contains("utf8mb4_general_ci"), "{error}");
     assert!(credit_once(&mut conn, &inbox_tests::Credit::new(1)).is_err());
 }
+
+/// `autocommit` off on the session — a pool's connection setup, or the server's
+/// `autocommit = 0` (an operator's trial): claim mode commits its claim and its stamp each
+/// on its own, so the startup check told of claim handlers refuses it, naming autocommit and
+/// the fix, where before the first delivery found it (an alert that halts a pump);
+/// transaction mode, whose statements commit together, is not refused.
+#[test]
+fn autocommit_off_is_refused_at_startup_for_claim_mode() {
+    use inbox_diesel::schema::{self, Needs};
+    let db = MysqlDb::new("autocommit_claim");
+    let mut conn = db.connect();
+    conn.batch_execute("SET SESSION autocommit = 0").unwrap();
+    schema::verify(&mut conn, &InboxSchema::DEFAULT).unwrap();
+    let refusal = schema::verify_for(&mut conn, &InboxSchema::DEFAULT, Needs::default().claim())
+        .unwrap_err()
+        .to_string();
+    assert!(refusal.contains("autocommit is off"), "{refusal}");
+    conn.batch_execute("SET SESSION autocommit = 1").unwrap();
+    schema::verify_for(&mut conn, &InboxSchema::DEFAULT, Needs::default().claim()).unwrap();
+}

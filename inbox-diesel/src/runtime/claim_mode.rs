@@ -524,15 +524,17 @@ where
             // unrecorded. The cache off, diesel-async's driver still names what it prepares:
             // a few more tries, on another server connection each.
             Err(e) if lost < 3 && statement_lost(steps, &e, spec) => lost += 1,
-            Err(e) => match retry_after(spec, &e, retries) {
+            Err(e) => match retry_after(spec, &e, retries).or_else(|| unread(spec, &e, retries)) {
                 Some(after) => {
                     retries += 1;
                     steps.pause(after).await;
                 }
-                // On a pool, another connection: this one is gone, or refuses writes.
-                None if elsewhere.is_some()
-                    && classify(&e, &spec.schema).action() == inbox_core::Action::Reconnect =>
-                {
+                // On a pool, another connection: this one is gone, refuses writes, or
+                // answers what the runtime cannot read — a server in another language, whose
+                // session a transaction-mode pooler handed this statement without the
+                // English the check set on another (an operator's trial: a French server's
+                // statement timeout on the stamp, given up at once, ran effects twice).
+                None if elsewhere.is_some() => {
                     tracing::warn!(
                         attempt,
                         error = %e,
@@ -816,6 +818,25 @@ pub(super) async fn wait_or_give_up<S: Steps, E>(
             ))
         }
     }
+}
+
+/// The pause before trying a stamp again after an error the runtime cannot read
+/// ([`ErrorClass::Other`]: a server's message in another language, a driver's own text), as
+/// many times as a transient failure is retried: the side effect ran, and what failed may
+/// well be transient. `None` for any other error, or once the retries are used.
+fn unread(spec: &HandlerSpec, error: &DieselError, retries: u32) -> Option<Duration> {
+    let class = classify(error, &spec.schema);
+    if class != ErrorClass::Other || retries >= spec.retry.max_retries().max(3) {
+        return None;
+    }
+    let after = Duration::from_millis(50 << retries.min(5));
+    tracing::warn!(
+        error = %error,
+        retry = retries + 1,
+        after_ms = after.as_millis() as u64,
+        "stamping the claim failed with an error not recognised; trying again"
+    );
+    Some(after)
 }
 
 /// The pause before retrying a database error of claim mode, or `None` to give up.

@@ -683,6 +683,45 @@ async fn read_catalog<S: Io>(
     })
 }
 
+/// MySQL and MariaDB: `autocommit` off on the session (a pool's connection setup, the
+/// server's `autocommit = 0`): a row when so.
+const MYSQL_AUTOCOMMIT_OFF: &str = "SELECT CAST(@@SESSION.autocommit AS CHAR) AS version \
+     FROM DUAL WHERE @@SESSION.autocommit = 0";
+
+/// The startup check told of claim handlers ([`Needs::claim`](crate::schema::Needs::claim)),
+/// on MySQL and MariaDB: a session with `autocommit` off refused. Claim mode commits its
+/// claim and its stamp each on its own; each delivery refuses such a session before it
+/// writes (`SessionProblem::AutocommitOff`, an alert that halts a pump) — told at startup
+/// instead, where a deploy pipeline reads it.
+pub(crate) async fn refuse_autocommit_off<S: Io>(
+    io: &mut S,
+    schema: &InboxSchema,
+) -> Result<(), SchemaError> {
+    if S::Backend::BACKEND != Backend::Mysql {
+        return Ok(());
+    }
+    let off = io
+        .load::<ServerRow>(&Sql::new(MYSQL_AUTOCOMMIT_OFF))
+        .await
+        .map_err(SchemaError::Database)?;
+    if off.is_empty() {
+        return Ok(());
+    }
+    Err(SchemaError::Session {
+        table: schema.table(),
+        problem: SchemaProblem::Unsupported {
+            found: "autocommit is off on this session".into(),
+            why: "claim mode commits its claim and its stamp each on its own: with autocommit \
+                  off neither would commit, and the claim would vanish with the connection \
+                  after the side effect ran",
+            fix: "give claim mode connections with autocommit on: remove `SET autocommit = 0` \
+                  from the pool's connection setup, or `SET GLOBAL autocommit = 1` (and in the \
+                  server's configuration)"
+                .into(),
+        },
+    })
+}
+
 /// PostgreSQL behind PgBouncer in statement mode (`pool_mode = statement`): it allows no
 /// transaction of more than one statement and closes the client at the first, with a
 /// `FATAL` neither driver hands on — every handler's transaction would fail as a lost
@@ -852,6 +891,34 @@ const PG_ENGLISH: &str = "SELECT set_config('lc_messages', 'C', false) FROM pg_s
 /// `lc_messages` as the session has it.
 const PG_MESSAGES: &str = "SELECT current_setting('lc_messages') AS version";
 
+/// Whether the session's role is a superuser, and the server's version number.
+const PG_SUPERUSER: &str = "SELECT CASE WHEN rolsuper THEN 'superuser' \
+     ELSE current_setting('server_version_num') END AS version \
+     FROM pg_roles WHERE rolname = current_user";
+
+/// PostgreSQL 15+: whether the session's role was granted `SET` on `lc_messages`.
+const PG_MAY_SET_MESSAGES: &str = "SELECT CASE WHEN has_parameter_privilege('lc_messages', \
+     'SET') THEN 'granted' ELSE '' END AS version";
+
+/// PostgreSQL: whether the session's role may set `lc_messages` (a superuser, or a role
+/// granted `SET` on it); `false` where that cannot be read either.
+async fn may_set_messages<S: Io>(io: &mut S) -> bool {
+    let read = |rows: QueryResult<Vec<ServerRow>>| {
+        rows.ok()
+            .and_then(|rows| rows.into_iter().next())
+            .map(|row| row.version)
+            .unwrap_or_default()
+    };
+    let role = read(io.load::<ServerRow>(&Sql::new(PG_SUPERUSER)).await);
+    match role.as_str() {
+        "superuser" => true,
+        version if version.parse::<u32>().is_ok_and(|v| v >= 150_000) => {
+            read(io.load::<ServerRow>(&Sql::new(PG_MAY_SET_MESSAGES)).await) == "granted"
+        }
+        _ => false,
+    }
+}
+
 /// Makes the server speak English on this session, before anything else of the check.
 ///
 /// The runtime decides what a failure means by its code (SQLSTATE, MySQL's error number)
@@ -913,6 +980,12 @@ async fn english_messages<S: Io>(
         (Backend::Postgres, Some(false)) if unread => {}
         _ => return Err(SchemaError::Database(refused)),
     }
+    // Unread, it may be another failure in the session's language — a statement timeout, a
+    // session ended — of a role that may set the parameter: that failure, not a refusal
+    // (whose advice would be wrong, and an alert).
+    if may_set_messages(io).await {
+        return Err(SchemaError::Database(refused));
+    }
     let setting = io
         .load::<ServerRow>(&Sql::new(PG_MESSAGES))
         .await
@@ -934,7 +1007,8 @@ async fn english_messages<S: Io>(
             fix: "give the role English messages as a superuser: `ALTER ROLE <role> SET \
                   lc_messages = 'C'` (or `ALTER DATABASE <database> SET lc_messages = 'C'`), \
                   or let it set them itself: `GRANT SET ON PARAMETER lc_messages TO <role>` \
-                  (PostgreSQL 15+)"
+                  (PostgreSQL 15+; not enough for claim mode behind a transaction-mode \
+                  pooler, whose other server sessions keep the server's language)"
                 .into(),
         },
     })

@@ -126,7 +126,8 @@ impl Needs {
         self
     }
 
-    /// A handler runs in claim mode: the privilege to update the markers.
+    /// A handler runs in claim mode: the privilege to update the markers, and on MySQL and
+    /// MariaDB a session with `autocommit` on (claim mode commits each statement on its own).
     pub const fn claim(mut self) -> Self {
         self.claim = true;
         self
@@ -166,10 +167,11 @@ pub fn verify_for<C: crate::HandlerConnection>(
         fn run<C: crate::InboxConnection>(self, conn: &mut C) -> Self::Output {
             let layout = verify_layout(conn, self.0, self.1.claim)?;
             has_what_is_needed(self.0, layout, self.1)?;
-            crate::io::complete_now(crate::schema::check::refuse_statement_pooling(
-                &mut crate::io::Blocking(conn),
-                self.0,
-            ))
+            let io = &mut crate::io::Blocking(conn);
+            if self.1.claim {
+                crate::io::complete_now(crate::schema::check::refuse_autocommit_off(io, self.0))?;
+            }
+            crate::io::complete_now(crate::schema::check::refuse_statement_pooling(io, self.0))
         }
     }
     crate::backends::on_backend(conn, Verify(schema, needs))
@@ -262,7 +264,11 @@ pub async fn verify_for_async<C: crate::AsyncInboxConnection>(
 ) -> Result<(), SchemaError> {
     let layout = verify_layout_async(conn, schema, needs.claim).await?;
     has_what_is_needed(schema, layout, needs)?;
-    crate::schema::check::refuse_statement_pooling(&mut crate::io::Awaiting(conn), schema).await
+    let io = &mut crate::io::Awaiting(conn);
+    if needs.claim {
+        crate::schema::check::refuse_autocommit_off(io, schema).await?;
+    }
+    crate::schema::check::refuse_statement_pooling(io, schema).await
 }
 
 /// [`verify_async`], saying which optional columns the table has.
