@@ -401,7 +401,7 @@ fn assemble<T: DeserializeOwned>(
         body,
     } = request;
     let principal = match (&key, principal) {
-        (Some(_), None) => return Err(principal_missing(path_and_query)),
+        (Some(_), None) => return Err(principal_missing(pattern)),
         (_, principal) => principal,
     };
     let route = format!("{method} {pattern}");
