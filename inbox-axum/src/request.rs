@@ -490,9 +490,9 @@ where
         let Some(key) = key_of(request.headers()).map_err(IntoResponse::into_response)? else {
             return Err(missing().into_response());
         };
-        match extract(request, state, Some(key)).await? {
-            (Some(parts), payload) => Ok(Idempotent::of(parts, payload)),
-            (None, _) => Err(missing().into_response()),
+        match MaybeIdempotent::of(extract(request, state, Some(key)).await?) {
+            MaybeIdempotent::Idempotent(request) => Ok(request),
+            MaybeIdempotent::Plain(_) => Err(missing().into_response()),
         }
     }
 }
@@ -636,9 +636,9 @@ impl<'a> Incoming<'a> {
         let Some(key) = key_in(self.keys.iter().copied())? else {
             return Err(missing());
         };
-        match self.assemble(body, Some(key))? {
-            (Some(parts), payload) => Ok(Idempotent::of(parts, payload)),
-            (None, _) => Err(missing()),
+        match MaybeIdempotent::of(self.assemble(body, Some(key))?) {
+            MaybeIdempotent::Idempotent(request) => Ok(request),
+            MaybeIdempotent::Plain(_) => Err(missing()),
         }
     }
 
@@ -649,10 +649,7 @@ impl<'a> Incoming<'a> {
         body: &[u8],
     ) -> Result<MaybeIdempotent<T>, Problem> {
         let key = key_in(self.keys.iter().copied())?;
-        Ok(match self.assemble(body, key)? {
-            (Some(parts), payload) => MaybeIdempotent::Idempotent(Idempotent::of(parts, payload)),
-            (None, payload) => MaybeIdempotent::Plain(payload),
-        })
+        Ok(MaybeIdempotent::of(self.assemble(body, key)?))
     }
 
     fn assemble<T: DeserializeOwned>(
@@ -686,6 +683,16 @@ pub enum MaybeIdempotent<T> {
     Plain(T),
 }
 
+impl<T> MaybeIdempotent<T> {
+    /// A request's payload, under its key's parts if it has them.
+    fn of((parts, payload): (Option<Parts>, T)) -> Self {
+        match parts {
+            Some(parts) => MaybeIdempotent::Idempotent(Idempotent::of(parts, payload)),
+            None => MaybeIdempotent::Plain(payload),
+        }
+    }
+}
+
 impl<T, S> FromRequest<S> for MaybeIdempotent<T>
 where
     T: DeserializeOwned,
@@ -695,10 +702,7 @@ where
 
     async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
         let key = key_of(request.headers()).map_err(IntoResponse::into_response)?;
-        Ok(match extract(request, state, key).await? {
-            (Some(parts), payload) => MaybeIdempotent::Idempotent(Idempotent::of(parts, payload)),
-            (None, payload) => MaybeIdempotent::Plain(payload),
-        })
+        Ok(MaybeIdempotent::of(extract(request, state, key).await?))
     }
 }
 

@@ -8,6 +8,7 @@ use crate::dialect::Sql;
 use crate::dialect::claim::{ClaimAnswer, ClaimSql, ClaimStep, read_answer};
 use crate::io::Io;
 use crate::runtime::transaction::refused_marker;
+use crate::schema::check::autocommit_on;
 
 /// A claim-mode handler's lease. What a delivery does with an expired claim is in the
 /// handler's outcome type: reported if it can hold `StaleClaim` (`on_expired = "report"`),
@@ -98,7 +99,7 @@ pub(crate) async fn step<S: Io>(
                 && crate::dialect::claim::autocommit_off(e)
             {
                 // MariaDB: autocommit on, so the insert met a transaction left open.
-                if layout.mariadb && autocommit_on(io).await {
+                if layout.mariadb && autocommit_on(io).await.unwrap_or(false) {
                     return Err(crate::Error::CalledInsideTransaction.into());
                 }
                 return Err(crate::Error::Session(crate::SessionProblem::AutocommitOff {
@@ -192,21 +193,6 @@ fn keep_alive_mysql<DB: crate::dialect::Dialect>(lease_ms: u64) -> Option<String
             kept_for_ms(lease_ms).div_ceil(1000)
         )
     })
-}
-
-/// MySQL and MariaDB: whether `autocommit` is on for the session; `false` where the
-/// question fails.
-async fn autocommit_on<S: Io>(io: &mut S) -> bool {
-    #[derive(diesel::QueryableByName)]
-    struct Autocommit {
-        #[diesel(sql_type = diesel::sql_types::BigInt)]
-        n: i64,
-    }
-    let sql = Sql::new("SELECT CAST(@@SESSION.autocommit AS SIGNED) AS n");
-    match io.load::<Autocommit>(&sql).await {
-        Ok(rows) => rows.first().is_some_and(|row| row.n == 1),
-        Err(_) => false,
-    }
 }
 
 /// PostgreSQL, after the body failed: whether the transaction open is no longer the one the

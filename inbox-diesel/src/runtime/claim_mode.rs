@@ -15,8 +15,7 @@ use crate::runtime::checked::{
 use crate::runtime::claim::ClaimSpec;
 use crate::runtime::failure::{Failure, discard, give_up, take_back};
 use crate::runtime::steps::{Body, Panicked, Steps, is_stopped, run_body, stopped};
-use crate::runtime::stored::{Fingerprint, Remembered};
-use crate::runtime::stored::{kept_columns, read_kept, stored_value};
+use crate::runtime::stored::{Fingerprint, Remembered, kept_columns, read_kept, stored_value};
 use crate::runtime::transaction::swallowed;
 use crate::spec::HandlerSpec;
 use crate::telemetry;

@@ -683,10 +683,17 @@ async fn read_catalog<S: Io>(
     })
 }
 
-/// MySQL and MariaDB: `autocommit` off on the session (a pool's connection setup, the
-/// server's `autocommit = 0`): a row when so.
-const MYSQL_AUTOCOMMIT_OFF: &str = "SELECT CAST(@@SESSION.autocommit AS CHAR) AS version \
-     FROM DUAL WHERE @@SESSION.autocommit = 0";
+/// MySQL and MariaDB: whether `autocommit` is on for the session.
+pub(crate) async fn autocommit_on<S: Io>(io: &mut S) -> QueryResult<bool> {
+    #[derive(diesel::QueryableByName)]
+    struct Autocommit {
+        #[diesel(sql_type = BigInt)]
+        n: i64,
+    }
+    let sql = Sql::new("SELECT CAST(@@SESSION.autocommit AS SIGNED) AS n");
+    let rows = io.load::<Autocommit>(&sql).await?;
+    Ok(rows.first().is_some_and(|row| row.n == 1))
+}
 
 /// The startup check told of claim handlers ([`Needs::claim`](crate::schema::Needs::claim)),
 /// on MySQL and MariaDB: a session with `autocommit` off refused. Claim mode commits its
@@ -700,11 +707,7 @@ pub(crate) async fn refuse_autocommit_off<S: Io>(
     if S::Backend::BACKEND != Backend::Mysql {
         return Ok(());
     }
-    let off = io
-        .load::<ServerRow>(&Sql::new(MYSQL_AUTOCOMMIT_OFF))
-        .await
-        .map_err(SchemaError::Database)?;
-    if off.is_empty() {
+    if autocommit_on(io).await.map_err(SchemaError::Database)? {
         return Ok(());
     }
     Err(SchemaError::Session {
