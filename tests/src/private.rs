@@ -481,6 +481,19 @@ impl PrivatePgbouncer {
         mode: &str,
         pool: u32,
     ) -> Self {
+        Self::start_with(upstream_host, upstream_port, users, mode, pool, &[])
+    }
+
+    /// As [`start`](Self::start), with `settings` (`name = value` lines of its `[pgbouncer]`
+    /// section) added.
+    pub fn start_with(
+        upstream_host: &str,
+        upstream_port: u16,
+        users: &[&str],
+        mode: &str,
+        pool: u32,
+        settings: &[&str],
+    ) -> Self {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let port = free_port();
         let path = dir.path();
@@ -492,7 +505,11 @@ impl PrivatePgbouncer {
              auth_type = trust\nauth_file = {users}\npool_mode = {mode}\n\
              default_pool_size = {pool}\nmax_client_conn = 200\nunix_socket_dir =\n\
              logfile = {log}\npidfile = {pid}\n\
-             ignore_startup_parameters = extra_float_digits,options\n",
+             ignore_startup_parameters = extra_float_digits,options\n{settings}",
+            settings = settings
+                .iter()
+                .map(|s| format!("{s}\n"))
+                .collect::<String>(),
             users = path.join("users.txt").display(),
             log = path.join("pgbouncer.log").display(),
             pid = path.join("pgbouncer.pid").display(),

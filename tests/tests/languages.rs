@@ -408,6 +408,128 @@ mod postgres {
             }
         });
     }
+
+    /// A claim-mode handler: it counts its side effects, and fails while `fail` says so.
+    #[idempotent(consumer = "claimed-de", key = id, mode = "claim")]
+    fn send(
+        conn: &mut PgConnection,
+        id: &str,
+        sent: &std::sync::atomic::AtomicUsize,
+        fail: bool,
+    ) -> Result<(), inbox_diesel::Error> {
+        if fail {
+            return Err(diesel::result::Error::NotFound.into());
+        }
+        sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Claim mode behind a transaction-mode PgBouncer, on the German server, as a role that
+    /// may set its messages (the grant) but whose messages are German by default. Its
+    /// statements each commit on their own, on whichever server session the pooler gives:
+    /// here new ones the check never saw (the server sessions ended after the check), each
+    /// reset after every transaction (`server_reset_query_always`), so that nothing set for
+    /// a session by an earlier statement — the check's English among it — lasts. A claim
+    /// that waits for another delivery's row past the role's statement timeout — its insert
+    /// for an uncommitted claim, its takeover for a row another transaction holds — is that
+    /// timeout, retried, not an unknown error (an operator's trial: the insert's read as a
+    /// schema fault, an alert that halted the pump). Then each message runs once.
+    #[test]
+    fn claim_mode_behind_a_transaction_pooler_reads_a_german_timeout() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let server = server();
+        let mut admin = connect(&server.url("postgres", "postgres"));
+        admin
+            .batch_execute("ALTER ROLE app_granted SET statement_timeout = '300ms'")
+            .unwrap();
+        let upstream = url::Url::parse(&server.url("postgres", "postgres")).unwrap();
+        // Each server session reset after each transaction (`RESET ALL`): what the check
+        // and a claim set for the session is gone by the next statement.
+        let bouncer = inbox_tests::private::PrivatePgbouncer::start_with(
+            "127.0.0.1",
+            upstream.port().unwrap(),
+            &["app_granted", "postgres"],
+            "transaction",
+            2,
+            &[
+                "server_reset_query = RESET ALL",
+                "server_reset_query_always = 1",
+            ],
+        );
+        let mut conn = connect(&bouncer.url("app_granted", "postgres"));
+        conn.set_prepared_statement_cache_size(diesel::connection::CacheSize::Disabled);
+        let sent = AtomicUsize::new(0);
+        assert!(
+            send(&mut conn, "warm", &sent, false)
+                .unwrap()
+                .is_processed()
+        );
+        // The released claim of `m-2`: its next delivery takes it over.
+        send(&mut conn, "m-2", &sent, true).unwrap_err();
+        // Server sessions the check never saw: the pooler's are ended; it opens new ones.
+        let ended = |admin: &mut PgConnection| {
+            admin
+                .batch_execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                     WHERE usename = 'app_granted'",
+                )
+                .unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        };
+        ended(&mut admin);
+        assert_eq!(
+            message(&error_of(
+                &mut connect(&bouncer.url("app_granted", "postgres")),
+                "SELECT 1/0"
+            )),
+            "Division durch Null",
+            "a new server session speaks German"
+        );
+        let id = inbox_diesel::MessageKey::text("m-1").unwrap().stored_id();
+        let mut holder = connect(&server.url("postgres", "postgres"));
+        for (key, hold) in [
+            (
+                "m-1",
+                format!(
+                    "BEGIN; INSERT INTO inbox (message_id, consumer, received_at, \
+                     claimed_until, attempts) VALUES ('{id}', 'claimed-de', now(), \
+                     now() + interval '1 minute', 1)"
+                ),
+            ),
+            (
+                "m-2",
+                "BEGIN; UPDATE inbox SET received_at = received_at \
+                 WHERE consumer = 'claimed-de'"
+                    .to_owned(),
+            ),
+        ] {
+            ended(&mut admin);
+            holder.batch_execute(&hold).unwrap();
+            let error = send(&mut conn, key, &sent, false).unwrap_err();
+            assert_eq!(error.class(), TIMEOUT, "{key}: {error:?}");
+            assert_eq!(error.class().action(), Action::RetryLater, "{key}");
+            holder.batch_execute("ROLLBACK").unwrap();
+        }
+        for key in ["m-1", "m-2"] {
+            assert!(
+                send(&mut conn, key, &sent, false).unwrap().is_processed(),
+                "{key}"
+            );
+        }
+        assert_eq!(
+            sent.load(Ordering::SeqCst),
+            3,
+            "warm, m-1 and m-2 once each"
+        );
+        assert_eq!(
+            count(
+                &mut admin,
+                "SELECT count(*) AS n FROM inbox WHERE consumer = 'claimed-de' \
+                 AND processed_at IS NOT NULL"
+            ),
+            3
+        );
+    }
 }
 
 #[cfg(feature = "mysql")]

@@ -307,12 +307,24 @@ where
     S: Steps,
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
-    let Holding { attempt, run, .. } = holding;
+    let Holding {
+        attempt,
+        run,
+        layout,
+        ..
+    } = holding;
     let result = match ran {
         Ok(result) => result,
         Err(Panicked(payload)) if is_stopped(&*payload) => {
             if let Err(error) = steps
-                .claim_step(run, &key, ClaimStep::Release { attempt })
+                .claim_step(
+                    run,
+                    &key,
+                    ClaimStep::Release {
+                        attempt,
+                        english: layout.english,
+                    },
+                )
                 .await
             {
                 tracing::error!(error = %error, "releasing the claim of a stopped body failed");
@@ -336,7 +348,14 @@ where
         Ok(value) => value,
         Err(e) => {
             match steps
-                .claim_step(run, &key, ClaimStep::Release { attempt })
+                .claim_step(
+                    run,
+                    &key,
+                    ClaimStep::Release {
+                        attempt,
+                        english: layout.english,
+                    },
+                )
                 .await
             {
                 Ok(answer) if answer.changed() => {
@@ -447,7 +466,7 @@ where
     S: Steps,
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
-    let (attempt, run) = (holding.attempt, holding.run);
+    let (attempt, run, layout) = (holding.attempt, holding.run, holding.layout);
     let (mut retries, mut lost) = (0, 0);
     let prepared = match elsewhere {
         Some(_) => prepared_for_stamp(steps, holding).await,
@@ -467,14 +486,28 @@ where
                 {
                     Ok(_) => {
                         steps
-                            .claim_step(run, key, ClaimStep::Stamp { attempt })
+                            .claim_step(
+                                run,
+                                key,
+                                ClaimStep::Stamp {
+                                    attempt,
+                                    english: layout.english,
+                                },
+                            )
                             .await
                     }
                     Err(e) => Err(e),
                 },
                 None => {
                     steps
-                        .claim_step(run, key, ClaimStep::Stamp { attempt })
+                        .claim_step(
+                            run,
+                            key,
+                            ClaimStep::Stamp {
+                                attempt,
+                                english: layout.english,
+                            },
+                        )
                         .await
                 }
             },
@@ -704,7 +737,7 @@ pub(super) async fn acquire<S: Steps, W: Copy>(
         let sent = Instant::now();
         if steps.claim_step(spec, key, insert).await?.changed() {
             if claim.too_late(sent) {
-                give_back(steps, spec, key, 1).await?;
+                give_back(steps, spec, key, 1, layout).await?;
                 continue;
             }
             return Ok(Acquired::Attempt(1));
@@ -743,11 +776,12 @@ pub(super) async fn acquire<S: Steps, W: Copy>(
             seen,
             lease_ms: claim.lease_ms,
             expired,
+            english: layout.english,
         };
         let sent = Instant::now();
         if steps.claim_step(spec, key, take_over).await?.changed() {
             if claim.too_late(sent) {
-                give_back(steps, spec, key, seen + 1).await?;
+                give_back(steps, spec, key, seen + 1, layout).await?;
                 continue;
             }
             if expired {
@@ -775,13 +809,21 @@ pub(super) async fn give_back<S: Steps>(
     spec: &'static HandlerSpec,
     key: &MessageKey,
     attempt: u32,
+    layout: Layout,
 ) -> QueryResult<()> {
     tracing::warn!(
         attempt,
         "the claim took over a quarter of its lease to commit; released, claimed again"
     );
     steps
-        .claim_step(spec, key, ClaimStep::Release { attempt })
+        .claim_step(
+            spec,
+            key,
+            ClaimStep::Release {
+                attempt,
+                english: layout.english,
+            },
+        )
         .await
         .map(drop)
 }

@@ -159,8 +159,8 @@ impl Steps for &mut Script {
             ClaimStep::Insert { .. } => "insert".to_owned(),
             ClaimStep::Read | ClaimStep::Precheck { .. } => "read".to_owned(),
             ClaimStep::TakeOver { seen, .. } => format!("take over {seen}"),
-            ClaimStep::Stamp { attempt } => format!("stamp {attempt}"),
-            ClaimStep::Release { attempt } => format!("release {attempt}"),
+            ClaimStep::Stamp { attempt, .. } => format!("stamp {attempt}"),
+            ClaimStep::Release { attempt, .. } => format!("release {attempt}"),
         };
         self.did.push(name);
         Ok(self.claim_steps.pop_front().expect("scripted"))
