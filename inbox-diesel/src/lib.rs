@@ -315,6 +315,8 @@ pub mod handler;
 mod io;
 pub mod outbox;
 pub mod pool;
+#[cfg(feature = "async")]
+pub mod pump;
 pub mod purge;
 mod runtime;
 pub mod schema;

@@ -105,10 +105,11 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use futures_util::future::select;
-use futures_util::{FutureExt, StreamExt};
-use inbox_diesel::telemetry::{process_span, record_outage, record_settlement};
-use inbox_diesel::{Gate, KeyError, MessageKey, Outage, Redelivery, Settle, Settlement};
+use inbox_diesel::pump::{InHand, Processed, process};
+use inbox_diesel::telemetry::{process_span, record_settlement};
+use inbox_diesel::{KeyError, MessageKey, Outage, Redelivery, Settle, Settlement};
 use lapin::message::Delivery;
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
@@ -360,18 +361,36 @@ impl Pump {
                     let acker = delivery.acker.clone();
                     let count = delivery_count(&delivery);
                     let span = process_span("rabbitmq", queue, count);
-                    // The database failed the last delivery for its connection: this one
-                    // waits at the gate, in hand, until the pause has passed and a delivery
-                    // that tried alone got through — not requeued, which a quorum queue
-                    // counts against its `x-delivery-limit` on every turn of a long outage.
-                    // A pump that stops meanwhile hands it back unstarted.
-                    let mut stopping = stopping_rx_ref.clone();
-                    while let Gate::Closed(wait) = outage.enter() {
-                        let stopped = tokio::select! {
-                            () = tokio::time::sleep(wait) => false,
-                            _ = stopping.wait_for(|stopping| *stopping) => true,
-                        };
-                        if stopped {
+                    let in_hand = InHand {
+                        span: &span,
+                        system: "rabbitmq",
+                        noun: "delivery",
+                        progress_every: None,
+                    };
+                    // A stranger's redelivery runs alone, once the handlers in hand have
+                    // answered: if it is what killed a process, it dies alone.
+                    let alone = stranger && self.slow_start;
+                    let processed = process(
+                        in_hand,
+                        outage,
+                        stopping_rx_ref,
+                        || async {},
+                        || async {
+                            let (shared, alone) = match alone {
+                                true => (None, Some(lane_ref.write().await)),
+                                false => (Some(lane_ref.read().await), None),
+                            };
+                            let answer = handler(delivery).await;
+                            drop((shared, alone));
+                            answer
+                        },
+                    )
+                    .await;
+                    let settlement = match processed {
+                        // Handed back unstarted: the pump stopped while it waited at the gate
+                        // (not requeued during the outage, which a quorum queue counts against
+                        // its `x-delivery-limit` on every turn of a long one).
+                        Processed::Unstarted => {
                             let retry = Settlement::Retry { reconnect: false };
                             record_settlement(&span, "rabbitmq", retry);
                             let settled =
@@ -382,56 +401,21 @@ impl Pump {
                             counts_ref.settled(retry, settled, failed_ref, halt_ref);
                             return;
                         }
-                    }
-                    // A stranger's redelivery runs alone, once the handlers in hand have
-                    // answered: if it is what killed a process, it dies alone.
-                    let (shared, alone) = if stranger && self.slow_start {
-                        (None, Some(lane_ref.write().await))
-                    } else {
-                        (Some(lane_ref.read().await), None)
-                    };
-                    // The handler is called in the span as well as polled in it: a sync
-                    // handler runs when called.
-                    // A panic settles its own delivery ([`Settlement::of_panic`]), not the
-                    // pump: the deliveries beside it run on.
-                    let answer = std::panic::AssertUnwindSafe(async {
-                        span.in_scope(|| handler(delivery))
-                            .instrument(span.clone())
-                            .await
-                    })
-                    .catch_unwind()
-                    .await;
-                    drop((shared, alone));
-                    let settlement = match &answer {
-                        Ok(answer) => answer.settlement(),
-                        Err(panic) => {
-                            let (settlement, said) = Settlement::of_panic(panic.as_ref());
-                            span.in_scope(|| {
-                                tracing::error!(panic = said, "the handler panicked; its delivery is handed back");
-                            });
-                            inbox_diesel::telemetry::unseen(format_args!(
-                                "the handler panicked ({said}); its delivery is handed back"
-                            ));
+                        Processed::Panicked { settlement } => settlement,
+                        Processed::Answered { answer, settlement } => {
+                            if !matches!(
+                                settlement,
+                                Settlement::Ack
+                                    | Settlement::Retry { .. }
+                                    | Settlement::Held { .. }
+                                    | Settlement::DeadLetter
+                            ) {
+                                let _ = halt_ref.send(Some(format!("{answer:?}")));
+                                let _ = stopping_ref.send(true);
+                            }
                             settlement
                         }
                     };
-                    record_outage(&span, outage, settlement, answer.is_err());
-                    record_settlement(&span, "rabbitmq", settlement);
-                    if let (Settlement::DeadLetter, Ok(answer)) = (settlement, &answer) {
-                        inbox_diesel::telemetry::unseen(format_args!(
-                            "a delivery is dead-lettered on the handler's answer: {answer:?}"
-                        ));
-                    }
-                    if let (Settlement::Halt, Ok(answer)) = (settlement, &answer) {
-                        span.in_scope(|| {
-                            tracing::error!(answer = ?answer, "the handler's answer halts the consumer");
-                        });
-                        inbox_diesel::telemetry::unseen(format_args!(
-                            "the handler's answer halts the consumer: {answer:?}"
-                        ));
-                        let _ = halt_ref.send(Some(format!("{answer:?}")));
-                        let _ = stopping_ref.send(true);
-                    }
                     let delay = self.redelivery.delay_of(settlement, count);
                     {
                         let mut window = lock(window_ref);

@@ -136,9 +136,10 @@ use async_nats::jetstream::{AckKind, Context, ErrorCode, Message};
 use async_nats::{ConnectOptions, StatusCode};
 use futures_util::future::{Fuse, FusedFuture, FutureExt};
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use inbox_diesel::telemetry::{process_span, record_outage, record_settlement};
+use inbox_diesel::pump::{InHand, Processed, process};
+use inbox_diesel::telemetry::process_span;
 use inbox_diesel::{
-    Gate, KeyError, MessageKey, Outage, Redelivery, Retention, Settle, Settlement, broker,
+    KeyError, MessageKey, Outage, Redelivery, Retention, Settle, Settlement, broker,
 };
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -825,21 +826,24 @@ where
         Err(_) => (message.subject.to_string(), None),
     };
     let span = process_span("nats", &stream, count);
-    // The database failed the last message for its connection: this one waits at the gate,
-    // in hand and reported in progress, until the pause has passed and a delivery that tried
-    // alone got through — not handed back, which JetStream would count against
-    // `max_deliver` on every turn of a long outage. A pump that stops meanwhile hands it
-    // back unstarted.
-    let mut stopping = stopping.clone();
-    let mut reported = Instant::now();
-    while let Gate::Closed(wait) = outage.enter() {
-        // Awake at least as often as the message must be reported in progress: a pause can
-        // be longer than `ack_wait`.
-        let stopped = tokio::select! {
-            () = tokio::time::sleep(wait.min(settings.progress_every)) => false,
-            _ = stopping.wait_for(|stopping| *stopping) => true,
-        };
-        if stopped {
+    let in_hand = InHand {
+        span: &span,
+        system: "nats",
+        noun: "message",
+        progress_every: Some(settings.progress_every),
+    };
+    // Sent without waiting for a confirmation: a lost one is followed by the next well within
+    // `ack_wait`.
+    let progress = {
+        let acker = &acker;
+        move || async move {
+            if let Err(e) = acker.ack_with(AckKind::Progress).await {
+                tracing::warn!(error = %e, "reporting a message in progress failed");
+            }
+        }
+    };
+    let settlement = match process(in_hand, outage, stopping, progress, || handler(message)).await {
+        Processed::Unstarted => {
             let confirmed = confirm(&acker, AckKind::Nak(None), "nak")
                 .instrument(span)
                 .await;
@@ -848,87 +852,31 @@ where
                 confirmed,
             };
         }
-        if reported.elapsed() >= settings.progress_every {
-            reported = Instant::now();
-            if let Err(e) = acker.ack_with(AckKind::Progress).await {
-                tracing::warn!(error = %e, "reporting a waiting message in progress failed");
+        Processed::Panicked { settlement } => settlement,
+        Processed::Answered { answer, settlement } => match settlement {
+            Settlement::Ack
+            | Settlement::Retry { .. }
+            | Settlement::Held { .. }
+            | Settlement::DeadLetter => settlement,
+            // Back to the stream once the pump stopped pulling, for when the deployment is
+            // fixed; and `Settlement` is non-exhaustive: what a later version adds is not
+            // acknowledged blindly.
+            _ => {
+                return Done::Halted {
+                    answer: format!("{answer:?}"),
+                    acker: Box::new(acker),
+                };
             }
-        }
-    }
-    let answer = {
-        // Called in the span as well as polled in it: a sync handler runs when called.
-        // A panic settles its own message ([`Settlement::of_panic`]), not the pump.
-        let mut answer = pin!(
-            std::panic::AssertUnwindSafe(async {
-                span.in_scope(|| handler(message))
-                    .instrument(span.clone())
-                    .await
-            })
-            .catch_unwind()
-        );
-        let every = settings.progress_every;
-        let mut progress = tokio::time::interval_at(Instant::now() + every, every);
-        progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                answer = &mut answer => break answer,
-                _ = progress.tick() => {
-                    // Sent without waiting for a confirmation: a lost one is followed by the
-                    // next well within ack_wait.
-                    if let Err(e) = acker.ack_with(AckKind::Progress).await {
-                        tracing::warn!(error = %e, "reporting a message in progress failed");
-                    }
-                }
-            }
-        }
+        },
     };
-    let answer = match answer {
-        Ok(answer) => answer,
-        Err(panic) => {
-            let (settlement, said) = Settlement::of_panic(panic.as_ref());
-            record_outage(&span, outage, settlement, true);
-            span.in_scope(|| {
-                tracing::error!(
-                    panic = said,
-                    "the handler panicked; its message is handed back"
-                )
-            });
-            inbox_diesel::telemetry::unseen(format_args!(
-                "the handler panicked ({said}); its message is handed back"
-            ));
-            return settled(&acker, &span, settings, count, settlement, sequence).await;
-        }
-    };
-    let settlement = answer.settlement();
-    record_outage(&span, outage, settlement, false);
-    record_settlement(&span, "nats", settlement);
-    let _entered = span.enter();
     let kind = match settlement {
         Settlement::Ack => AckKind::Ack,
-        Settlement::Retry { .. } | Settlement::Held { .. } => {
+        Settlement::DeadLetter => AckKind::Term,
+        _ => {
             let delay = settings.redelivery.delay_of(settlement, count);
             AckKind::Nak((!delay.is_zero()).then_some(delay))
         }
-        Settlement::DeadLetter => {
-            inbox_diesel::telemetry::unseen(format_args!(
-                "a message is terminated (dead-lettered) on the handler's answer: {answer:?}"
-            ));
-            AckKind::Term
-        }
-        // Back to the stream, for when the deployment is fixed; and `Settlement` is
-        // non-exhaustive: what a later version adds is not acknowledged blindly.
-        _ => {
-            tracing::error!(answer = ?answer, "the handler's answer halts the consumer");
-            inbox_diesel::telemetry::unseen(format_args!(
-                "the handler's answer halts the consumer: {answer:?}"
-            ));
-            return Done::Halted {
-                answer: format!("{answer:?}"),
-                acker: Box::new(acker),
-            };
-        }
     };
-    drop(_entered);
     let handed_back = match kind {
         AckKind::Nak(_) => sequence,
         _ => None,
@@ -940,32 +888,6 @@ where
         settlement,
         confirmed,
         handed_back,
-    }
-}
-
-/// Settles the message of a handler that panicked ([`Settlement::of_panic`]): a `Nak` with
-/// the redelivery's delay.
-async fn settled(
-    acker: &Acker,
-    span: &tracing::Span,
-    settings: Settings,
-    count: u32,
-    settlement: Settlement,
-    sequence: Option<u64>,
-) -> Done {
-    record_settlement(span, "nats", settlement);
-    let delay = settings.redelivery.delay(count);
-    let confirmed = confirm(
-        acker,
-        AckKind::Nak((!delay.is_zero()).then_some(delay)),
-        settlement.as_str(),
-    )
-    .instrument(span.clone())
-    .await;
-    Done::Settled {
-        settlement,
-        confirmed,
-        handed_back: sequence,
     }
 }
 

@@ -278,27 +278,12 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB> {
                 }
                 parts.push(Sql(")"));
             }
-            ClaimStep::Stamp { attempt, english } => {
-                parts.extend([
-                    Sql("UPDATE "),
-                    Table,
-                    Sql(" SET processed_at = "),
-                    Sql(DB::NOW),
-                    Sql(", claimed_until = NULL"),
-                ]);
-                if english_first(english) {
-                    parts.push(Sql(", attempts = "));
-                    parts.extend(attempts("attempts", english));
+            ClaimStep::Stamp { attempt, english } | ClaimStep::Release { attempt, english } => {
+                parts.extend([Sql("UPDATE "), Table, Sql(" SET ")]);
+                if matches!(step, ClaimStep::Stamp { .. }) {
+                    parts.extend([Sql("processed_at = "), Sql(DB::NOW), Sql(", ")]);
                 }
-                parts.extend(WHERE_KEY);
-                parts.extend([
-                    Sql(" AND attempts = "),
-                    Int(attempt.into()),
-                    Sql(" AND processed_at IS NULL"),
-                ]);
-            }
-            ClaimStep::Release { attempt, english } => {
-                parts.extend([Sql("UPDATE "), Table, Sql(" SET claimed_until = NULL")]);
+                parts.push(Sql("claimed_until = NULL"));
                 if english_first(english) {
                     parts.push(Sql(", attempts = "));
                     parts.extend(attempts("attempts", english));
