@@ -1,0 +1,342 @@
+//! The sync runtime: the expansion of `#[idempotent]` on a `fn`.
+
+use std::convert::Infallible;
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use diesel::QueryResult;
+use inbox_core::{BatchOutcome, ErrorClass, HandlerOutcome, KeyError, MessageKey};
+use tracing::Instrument;
+
+use crate::backends::Visit;
+use crate::dialect::claim::{ClaimAnswer, ClaimStep};
+use crate::dialect::layout::Layout;
+use crate::io::{Blocking, complete_now};
+use crate::pool::{ClaimOn, ClaimPool, ClaimTarget};
+use crate::runtime::batch::{self, BatchClaims, NewMessages};
+use crate::runtime::claim::ClaimSpec;
+use crate::runtime::steps::{self, Steps};
+use crate::runtime::stored::{Fingerprint, Kept, Remembered};
+use crate::runtime::{checked, claim_mode, transaction};
+use crate::spec::HandlerSpec;
+use crate::telemetry::Run;
+use crate::{Error, HandlerConnection, InboxConnection, NoConnection};
+use diesel::connection::TransactionManagerStatus;
+
+mod claim;
+mod projected;
+
+pub use claim::run_claim;
+pub(crate) use projected::Projected;
+
+/// Runs `body` once per message key and consumer, on a sync connection, answering in the
+/// outcome type `A` the caller names (`_outcome`); see
+/// `transaction::drive` for the steps.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the pieces the expansion of `#[idempotent]` writes, each its own argument"
+)]
+pub fn run<C, T, E, B, P, A>(
+    _outcome: PhantomData<A>,
+    conn: &mut C,
+    spec: &'static HandlerSpec,
+    key: Result<MessageKey, KeyError>,
+    body: B,
+    probe: P,
+    remembered: Remembered<T>,
+    inbox_error: fn(Error) -> E,
+) -> Result<A, E>
+where
+    C: HandlerConnection,
+    B: FnMut(&mut C) -> Result<T, E>,
+    P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
+    A: HandlerOutcome<T>,
+{
+    let key = key.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
+    conn.__inbox_visit(Message::<false, A, T, E, _, P> {
+        outcome: PhantomData,
+        spec,
+        key,
+        body: Immediate(body),
+        probe,
+        remembered,
+        inbox_error,
+    })
+}
+
+/// `transaction = "caller_or_own"`: [`run_joined`] where the caller has a transaction open
+/// (diesel's manager counts it), [`run`] where it has none — a transaction the application
+/// opened as SQL is not counted, and `run` refuses it as it does for any handler.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the pieces the expansion of `#[idempotent]` writes, each its own argument"
+)]
+pub fn run_joined_or_own<C, T, E, B, P, A>(
+    outcome: PhantomData<A>,
+    conn: &mut C,
+    spec: &'static HandlerSpec,
+    key: Result<MessageKey, KeyError>,
+    body: B,
+    probe: P,
+    remembered: Remembered<T>,
+    inbox_error: fn(Error) -> E,
+) -> Result<A, E>
+where
+    C: HandlerConnection,
+    B: FnMut(&mut C) -> Result<T, E>,
+    P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
+    A: HandlerOutcome<T>,
+{
+    // The depth `drive_joined` refuses at 0, read the same way.
+    match depth(conn) > 0 {
+        true => run_joined(
+            outcome,
+            conn,
+            spec,
+            key,
+            body,
+            probe,
+            remembered,
+            inbox_error,
+        ),
+        false => run(
+            outcome,
+            conn,
+            spec,
+            key,
+            body,
+            probe,
+            remembered,
+            inbox_error,
+        ),
+    }
+}
+
+/// Runs `body` once per message key and consumer inside the transaction the caller opened
+/// (`transaction = "caller"`), on a sync connection; see `transaction::drive_joined`.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the pieces the expansion of `#[idempotent]` writes, each its own argument"
+)]
+pub fn run_joined<C, T, E, B, P, A>(
+    _outcome: PhantomData<A>,
+    conn: &mut C,
+    spec: &'static HandlerSpec,
+    key: Result<MessageKey, KeyError>,
+    body: B,
+    probe: P,
+    remembered: Remembered<T>,
+    inbox_error: fn(Error) -> E,
+) -> Result<A, E>
+where
+    C: HandlerConnection,
+    B: FnOnce(&mut C) -> Result<T, E>,
+    P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
+    A: HandlerOutcome<T>,
+{
+    let key = key.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
+    conn.__inbox_visit(Message::<true, A, T, E, _, P> {
+        outcome: PhantomData,
+        spec,
+        key,
+        body: Once(Some(body)),
+        probe,
+        remembered,
+        inbox_error,
+    })
+}
+
+/// How many transactions diesel's manager counts open on `conn` (0 where it is in error):
+/// for an application's enum of connections, its variant's.
+fn depth<C: diesel::Connection>(conn: &mut C) -> u32 {
+    use diesel::connection::TransactionManager;
+    C::TransactionManager::transaction_manager_status_mut(conn)
+        .transaction_depth()
+        .ok()
+        .flatten()
+        .map_or(0, std::num::NonZeroU32::get)
+}
+
+/// One message's run, on the connection the handler's connection leads to
+/// ([`HandlerConnection`]): in the caller's transaction (`JOINED`, `transaction::drive_joined`) or
+/// in its own (`transaction::drive`).
+struct Message<const JOINED: bool, A, T, E, B, P> {
+    outcome: PhantomData<A>,
+    spec: &'static HandlerSpec,
+    key: MessageKey,
+    body: B,
+    probe: P,
+    remembered: Remembered<T>,
+    inbox_error: fn(Error) -> E,
+}
+
+impl<const JOINED: bool, O, T, E, B, P, A> Visit<O> for Message<JOINED, A, T, E, B, P>
+where
+    B: steps::Body<O, Result<T, E>>,
+    P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
+    A: HandlerOutcome<T>,
+{
+    type Output = Result<A, E>;
+
+    fn visit<C: InboxConnection>(
+        self,
+        outer: &mut O,
+        project: fn(&mut O) -> &mut C,
+    ) -> Result<A, E> {
+        let Message {
+            spec,
+            key,
+            body,
+            probe,
+            remembered,
+            inbox_error,
+            ..
+        } = self;
+        let steps = Projected { outer, project };
+        // The stored id, not the key: a key can be business data (an e-mail address) or carry
+        // control characters; the key itself is logged escaped, at DEBUG (`transaction`).
+        let run = Run::message(spec, &key, false);
+        let result = match JOINED {
+            true => complete_now(
+                transaction::drive_joined::<_, _, _, _, _, A::InFlightWitness>(
+                    steps,
+                    spec,
+                    &key,
+                    body,
+                    probe,
+                    remembered,
+                    inbox_error,
+                )
+                .instrument(run.instrument_span()),
+            ),
+            false => complete_now(
+                transaction::drive(
+                    steps,
+                    spec,
+                    &key,
+                    body,
+                    probe,
+                    A::IN_FLIGHT,
+                    remembered,
+                    inbox_error,
+                )
+                .instrument(run.instrument_span()),
+            ),
+        }
+        .map(|value| transaction::outcome(spec, key, value));
+        run.finish(&result);
+        result
+    }
+}
+
+/// A sync body that runs once: in its caller's transaction, never retried.
+struct Once<B>(Option<B>);
+
+impl<C, R, B: FnOnce(&mut C) -> R> steps::Body<C, R> for Once<B> {
+    async fn call(&mut self, conn: &mut C) -> R {
+        let body = self.0.take().expect("a joined body runs once");
+        body(conn)
+    }
+}
+
+/// Runs `body` once for the messages of a batch that are new, in one transaction; see
+/// `transaction::drive` for the steps.
+pub fn run_batch<C, T, E, B, P>(
+    conn: &mut C,
+    spec: &'static HandlerSpec,
+    keys: Result<Vec<MessageKey>, KeyError>,
+    new: &NewMessages,
+    body: B,
+    probe: P,
+    inbox_error: fn(Error) -> E,
+) -> Result<BatchOutcome<T>, E>
+where
+    C: HandlerConnection,
+    B: FnMut(&mut C) -> Result<T, E>,
+    P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
+{
+    let keys = keys.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
+    if keys.is_empty() {
+        return Ok(batch::batch_outcome(0, None, new));
+    }
+    conn.__inbox_visit(Batch {
+        spec,
+        keys,
+        new,
+        body,
+        probe,
+        inbox_error,
+    })
+}
+
+/// A batch's run, on the connection the handler's connection leads to.
+struct Batch<'n, E, B, P> {
+    spec: &'static HandlerSpec,
+    keys: Vec<MessageKey>,
+    new: &'n NewMessages,
+    body: B,
+    probe: P,
+    inbox_error: fn(Error) -> E,
+}
+
+impl<O, T, E, B, P> Visit<O> for Batch<'_, E, B, P>
+where
+    B: FnMut(&mut O) -> Result<T, E>,
+    P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
+{
+    type Output = Result<BatchOutcome<T>, E>;
+
+    fn visit<C: InboxConnection>(
+        self,
+        outer: &mut O,
+        project: fn(&mut O) -> &mut C,
+    ) -> Self::Output {
+        let Batch {
+            spec,
+            keys,
+            new,
+            body,
+            probe,
+            inbox_error,
+        } = self;
+        let run = Run::batch(spec, keys.len());
+        let claims = BatchClaims::new(&keys, new);
+        let result = complete_now(
+            transaction::drive(
+                Projected { outer, project },
+                spec,
+                &claims,
+                Immediate(body),
+                probe,
+                None::<Infallible>,
+                Remembered::nothing(),
+                inbox_error,
+            )
+            .instrument(run.instrument_span()),
+        )
+        .map(|value| batch::batch_outcome(keys.len(), value.value(), new));
+        run.finish_batch(&result);
+        result
+    }
+}
+
+/// A sync body: it runs to its end when called.
+pub(crate) struct Immediate<B>(pub(crate) B);
+
+impl<C, R, B: FnMut(&mut C) -> R> steps::Body<C, R> for Immediate<B> {
+    async fn call(&mut self, conn: &mut C) -> R {
+        (self.0)(conn)
+    }
+}
+
+/// A sync claim-mode body: it runs to its end when called, and is given no connection. It
+/// runs once — a failed run is retried by the broker's redelivery, never here — so it may
+/// consume what it captured: the handler's parameters taken by value.
+struct OnceWithoutConnection<B>(Option<B>);
+
+impl<C, R, B: FnOnce(&mut NoConnection) -> R> steps::Body<C, R> for OnceWithoutConnection<B> {
+    async fn call(&mut self, _: &mut C) -> R {
+        let body = self.0.take().expect("a claim-mode body runs once");
+        body(&mut NoConnection::new())
+    }
+}
