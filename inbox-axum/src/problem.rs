@@ -129,6 +129,11 @@ impl axum::response::IntoResponse for Error {
                 error = &self as &dyn std::error::Error,
                 "an idempotent request failed"
             );
+            inbox_diesel::telemetry::unseen(format_args!(
+                "a request failed, answered {}: {}",
+                problem.status(),
+                inbox_diesel::telemetry::chain(&self)
+            ));
         }
         problem.into_response()
     }

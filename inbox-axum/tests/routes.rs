@@ -471,8 +471,8 @@ async fn canonical_json_fingerprints_see_through_key_order_and_whitespace() {
 /// An error that ends a request, where the application installed no tracing subscriber:
 /// written to standard error, never silent. Run in a child process of this test binary, so
 /// that no other test's subscriber (or its absence) decides it: the child answers a route
-/// without a `Principal` (500) and one whose reply is over the stored limit (500), with no
-/// subscriber; the parent reads what the child wrote. With a subscriber, nothing is written
+/// without a `Principal` (500), one whose reply is over the stored limit (500) and a plain
+/// route whose handler fails with its own `inbox_axum::Error` (500), with no subscriber; the parent reads what the child wrote. With a subscriber, nothing is written
 /// there.
 #[test]
 fn a_failure_is_written_to_stderr_without_a_tracing_subscriber() {
@@ -493,6 +493,16 @@ fn a_failure_is_written_to_stderr_without_a_tracing_subscriber() {
             assert_eq!(refused.0, StatusCode::INTERNAL_SERVER_ERROR);
             let too_large = "x".repeat(inbox_diesel::MAX_STORED_RESULT_BYTES + 1);
             let refused = answer(&router, note("/lists/1/notes", Some("big"), &too_large)).await;
+            assert_eq!(refused.0, StatusCode::INTERNAL_SERVER_ERROR);
+            // A handler's own `inbox_axum::Error`, outside any key (a plain route, or the
+            // keyless branch of `MaybeIdempotent`).
+            let plain = Router::new().route(
+                "/plain",
+                post(async || -> Result<(), inbox_axum::Error> {
+                    Err(inbox_axum::Error::internal("the mail server refused"))
+                }),
+            );
+            let refused = answer(&plain, note("/plain", None, "milk")).await;
             assert_eq!(refused.0, StatusCode::INTERNAL_SERVER_ERROR);
             // With a subscriber, the event is the record: nothing more on stderr.
             let subscriber = tracing_subscriber::fmt()
@@ -520,9 +530,10 @@ fn a_failure_is_written_to_stderr_without_a_tracing_subscriber() {
         .lines()
         .filter(|l| l.starts_with("inbox: "))
         .collect();
-    assert_eq!(lines.len(), 2, "{stderr}");
+    assert_eq!(lines.len(), 3, "{stderr}");
     assert!(lines[0].contains("without a Principal"), "{stderr}");
     assert!(lines[1].contains("over the"), "{stderr}");
+    assert!(lines[2].contains("the mail server refused"), "{stderr}");
 }
 
 /// Whether the body ran in this call, from the response's extensions (`Processed`): what

@@ -84,7 +84,7 @@ impl Parse for Args {
             match name.to_string().as_str() {
                 "consumer" => set_once(&mut args.consumer, &name, value(input, form)?)?,
                 "key" => set_once(&mut args.key, &name, value(input, form)?)?,
-                "conn" => set_once(&mut args.conn, &name, value(input, form)?)?,
+                "conn" => set_once(&mut args.conn, &name, parameter(input, &name, form)?)?,
                 "retries" => set_once(&mut args.retries, &name, value(input, form)?)?,
                 "isolation" => set_once(&mut args.isolation, &name, value(input, form)?)?,
                 "table" => set_once(&mut args.table, &name, value(input, form)?)?,
@@ -96,7 +96,7 @@ impl Parse for Args {
                 "mode" => set_once(&mut args.mode, &name, value(input, form)?)?,
                 "lease_ms" => set_once(&mut args.lease_ms, &name, value(input, form)?)?,
                 "on_expired" => set_once(&mut args.on_expired, &name, value(input, form)?)?,
-                "batch" => set_once(&mut args.batch, &name, value(input, form)?)?,
+                "batch" => set_once(&mut args.batch, &name, parameter(input, &name, form)?)?,
                 "precheck" => set_once(&mut args.precheck, &name, value(input, form)?)?,
                 "on_locked" => set_once(&mut args.on_locked, &name, value(input, form)?)?,
                 "store_result" => set_once(&mut args.store_result, &name, value(input, form)?)?,
@@ -130,6 +130,33 @@ fn value<T: Parse>(input: ParseStream, form: &str) -> syn::Result<T> {
     input
         .parse()
         .map_err(|e| syn::Error::new(e.span(), format!("{e}; the correct form is `{form}`")))
+}
+
+/// Parses the name of one of the handler's parameters (`conn`, `batch`): a path into a
+/// value (`conn = ctx.db_pool`) is refused with what to write instead, rather than as a
+/// missing comma.
+fn parameter(input: ParseStream, option: &Ident, form: &str) -> syn::Result<Ident> {
+    let name: Ident = value(input, form)?;
+    if input.is_empty() || input.peek(Token![,]) {
+        return Ok(name);
+    }
+    let rest: proc_macro2::TokenStream = input.parse()?;
+    let said = rest
+        .clone()
+        .into_iter()
+        .take_while(
+            |token| !matches!(token, proc_macro2::TokenTree::Punct(p) if p.as_char() == ','),
+        )
+        .collect::<proc_macro2::TokenStream>();
+    Err(syn::Error::new_spanned(
+        quote::quote!(#name #said),
+        format!(
+            "`{option}` names one of the handler's parameters (`{form}`), not a value inside \
+             one (`{name}{said}`): take it as a parameter of its own — `pool: &PgPool`, \
+             `conn: &mut PgConnection` — and pass `{name}{said}` where the handler is called",
+            said = said.to_string().replace(' ', ""),
+        ),
+    ))
 }
 
 /// Stores an option's value; the one place that rejects an option given twice.
