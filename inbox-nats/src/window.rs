@@ -1,0 +1,92 @@
+//! How many messages the pump takes at once (the window after a restart), and what it counted.
+
+use super::*;
+
+/// How many messages the pump takes at once: one after it starts, doubling with each
+/// message its handler answered, up to `max_ack_pending` — and one again when a stranger's
+/// redelivery arrives, a message delivered before that this pump did not hand back itself.
+///
+/// A process that dies with messages in hand — a build with `panic = "abort"`, an
+/// out-of-memory kill, a handler that exits — has each of them delivered again, and each
+/// death counts against `max_deliver`. Run at full width after a restart, the message that
+/// kills the process would take every message pulled with it down with it again, until
+/// their deliveries ran out. One at a time, it dies alone: the others lose the one delivery
+/// of the first death.
+pub(crate) struct Window {
+    pub(crate) size: usize,
+    pub(crate) max: usize,
+    /// Stream sequences of messages this pump handed back (`Nak`), until they come again.
+    pub(crate) handed_back: std::collections::HashSet<u64>,
+}
+
+impl Window {
+    /// Sequences remembered at most: a message handed back that never comes again (past
+    /// `max_deliver`, deleted) is forgotten with the others past this many, and is then
+    /// taken for a stranger's if it does.
+    pub(crate) const REMEMBERED: usize = 100_000;
+
+    pub(crate) fn new(max: usize) -> Self {
+        Self {
+            size: 1,
+            max: max.max(1),
+            handed_back: std::collections::HashSet::new(),
+        }
+    }
+
+    /// A message arrived: a stranger's redelivery narrows the window to one.
+    pub(crate) fn arrived(&mut self, message: &Message) {
+        let Ok(info) = message.info() else { return };
+        if info.delivered >= 2 && !self.handed_back.remove(&info.stream_sequence) {
+            self.size = 1;
+        }
+    }
+
+    /// A message's handler answered — whatever it answered, it did not take the process
+    /// down: the window widens (a failure too: in a database outage, a window kept narrow
+    /// would put every try on the same few messages, and spend their deliveries). A
+    /// message handed back is remembered.
+    pub(crate) fn done(&mut self, done: &Done) {
+        if let Done::Settled { handed_back, .. } = done {
+            self.size = (self.size * 2).min(self.max);
+            if let Some(sequence) = handed_back {
+                if self.handed_back.len() >= Self::REMEMBERED {
+                    self.handed_back.clear();
+                }
+                self.handed_back.insert(*sequence);
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct Tally {
+    pub(crate) report: Report,
+    pub(crate) halted: Option<String>,
+    pub(crate) to_return: Vec<Acker>,
+}
+
+impl Tally {
+    pub(crate) fn record(&mut self, done: Done) {
+        let counter = match done {
+            Done::Settled {
+                confirmed: false, ..
+            }
+            | Done::Returned {
+                confirmed: false, ..
+            } => &mut self.report.unconfirmed,
+            Done::Settled { settlement, .. } => match settlement {
+                Settlement::Ack => &mut self.report.acked,
+                Settlement::Retry { .. } | Settlement::Held { .. } => &mut self.report.retried,
+                _ => &mut self.report.dead_lettered,
+            },
+            Done::Halted { answer, acker } => {
+                self.halted.get_or_insert(answer);
+                self.to_return.push(*acker);
+                return;
+            }
+            Done::Returned { halted: true, .. } => &mut self.report.halted,
+            Done::Returned { halted: false, .. } => &mut self.report.returned_unstarted,
+        };
+        *counter += 1;
+    }
+}
