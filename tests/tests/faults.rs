@@ -255,6 +255,67 @@ mod postgres {
         );
     }
 
+    #[idempotent(consumer = "fault-locked", key = *id, mode = "claim", lease_ms = 6000)]
+    fn claim_while_locked(
+        conn: &mut PgConnection,
+        id: &u64,
+        effects: &std::sync::atomic::AtomicUsize,
+        during: &dyn Fn(),
+    ) -> Result<(), inbox_tests::AppError> {
+        during();
+        effects.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// A stamp that meets a lock on the whole table — a migration's `ACCESS EXCLUSIVE`, a
+    /// `VACUUM FULL` — past the session's `lock_timeout` through more than the handler's
+    /// retries, while the claim's lease lasts: tried again until the lock is gone, and the
+    /// effect recorded once. Before, the stamp gave up after its four tries
+    /// (`EffectNotRecorded`), and the redelivery after the lease ran the effect again (an
+    /// operator's trial: two effects for one message, on PostgreSQL and MariaDB).
+    #[test]
+    fn a_stamp_held_back_by_a_table_lock_is_tried_while_the_claim_lasts() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let db = PgDb::new("faults_locked_stamp");
+        let mut conn = db.connect();
+        conn.batch_execute("SET lock_timeout = '100ms'").unwrap();
+        let effects = AtomicUsize::new(0);
+        let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+        let locker = {
+            let url = db.url().to_owned();
+            std::thread::spawn(move || {
+                let mut admin = <PgConnection as diesel::Connection>::establish(&url).unwrap();
+                locked_rx.recv().unwrap();
+                admin
+                    .batch_execute("BEGIN; LOCK TABLE inbox IN ACCESS EXCLUSIVE MODE")
+                    .unwrap();
+                std::thread::sleep(std::time::Duration::from_millis(2500));
+                admin.batch_execute("COMMIT").unwrap();
+            })
+        };
+        // The lock taken while the side effect runs, before its stamp.
+        let during = || {
+            locked_tx.send(()).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        };
+        let outcome = claim_while_locked(&mut conn, &1, &effects, &during);
+        locker.join().unwrap();
+        assert!(
+            matches!(outcome, Ok(inbox_diesel::InFlightOutcome::Processed(()))),
+            "{outcome:?}"
+        );
+        assert!(
+            claim_while_locked(&mut conn, &1, &effects, &|| ())
+                .unwrap()
+                .is_duplicate()
+        );
+        assert_eq!(
+            effects.load(Ordering::SeqCst),
+            1,
+            "the side effect ran once"
+        );
+    }
+
     #[test]
     fn on_a_pool_a_connection_ended_during_the_side_effect_is_replaced_for_the_stamp() {
         let db = PgDb::new("faults_pool_stamp");

@@ -157,7 +157,7 @@ where
             // unrecorded. The cache off, diesel-async's driver still names what it prepares:
             // a few more tries, on another server connection each.
             Err(e) if lost < 3 && statement_lost(steps, &e, spec) => lost += 1,
-            Err(e) => match retry_after(spec, &e, retries).or_else(|| unread(spec, &e, retries)) {
+            Err(e) => match stamp_retry(spec, holding, &e, retries) {
                 Some(after) => {
                     retries += 1;
                     steps.pause(after).await;
@@ -196,6 +196,41 @@ where
             },
         }
     }
+}
+
+/// The pause before a stamp is tried again on its connection after `error`, or `None` to
+/// give up there. The side effect ran: a stamp given up leaves it unrecorded, and once the
+/// lease ends a redelivery takes the claim over and runs it again (an operator's trial: a
+/// migration's table lock outlasting a role's `lock_timeout` through the four tries of
+/// `retries`, two e-mails for one message). So a transient failure, or one the runtime
+/// cannot read, is tried again past the handler's retries for as long as a pool's stamp
+/// keeps trying ([`StampTries`]: until the lease has passed once more), from 50 ms, doubling,
+/// up to a second; a stamp after the lease still completes the claim unless a delivery took
+/// it over, which its compare-and-set tells.
+fn stamp_retry(
+    spec: &'static HandlerSpec,
+    holding: &Holding,
+    error: &DieselError,
+    retries: u32,
+) -> Option<Duration> {
+    if let Some(after) = retry_after(spec, error, retries).or_else(|| unread(spec, error, retries))
+    {
+        return Some(after);
+    }
+    let class = classify(error, &spec.schema);
+    let transient = class == ErrorClass::Other || class.action() == inbox_core::Action::RetryLater;
+    let until = holding.lease_ends + Duration::from_millis(holding.lease_ms);
+    if !transient || Instant::now() >= until {
+        return None;
+    }
+    let after = Duration::from_millis(50 << retries.min(5)).min(Duration::from_secs(1));
+    tracing::warn!(
+        class = %class,
+        retry = retries + 1,
+        after_ms = after.as_millis() as u64,
+        "stamping the claim failed; trying again while the claim's time lasts"
+    );
+    Some(after)
 }
 
 /// The last of a pool's tries to stamp a claim failed (`last`) and the lease is over: the
