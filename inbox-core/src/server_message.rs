@@ -483,9 +483,15 @@ fn classify_message(message: &str) -> ErrorClass {
     // parameters, but prepared statement "__diesel_stmt_4" requires 2`: behind a
     // transaction-mode pooler with diesel's statement cache on, another client's statement
     // of that name on the server connection. The attempt runs again, its statements
-    // unprepared.
-    if (message.starts_with("prepared statement \"")
-        && (message.ends_with("\" does not exist") || message.ends_with("\" already exists")))
+    // unprepared. Each of the three names diesel's statement (`__diesel_stmt_<n>`), in
+    // whatever language the server speaks (its quotes are the language's: `»…«`, `"…"`):
+    // nothing else names one, so the name is enough where the text is not English — a
+    // pooler's server session the check never set English on, a reset (`DISCARD ALL`)
+    // that dropped both the statements and the English (an operator's trial: a Japanese
+    // server, every delivery an alert).
+    if message.contains("__diesel_stmt_")
+        || (message.starts_with("prepared statement \"")
+            && (message.ends_with("\" does not exist") || message.ends_with("\" already exists")))
         || (message.starts_with("bind message supplies ")
             && message.contains(" parameters, but prepared statement \""))
         || message.starts_with("Unknown prepared statement handler")
@@ -845,6 +851,19 @@ mod tests {
             ),
             (
                 "Unknown prepared statement handler (7) given to mysqld_stmt_execute",
+                ErrorClass::StatementLost,
+            ),
+            // 26000, 42P05 and 08P01 in other languages: diesel's statement named.
+            (
+                "vorbereitete Anweisung »__diesel_stmt_1« existiert nicht",
+                ErrorClass::StatementLost,
+            ),
+            (
+                "準備された文\"__diesel_stmt_1\"は存在しません",
+                ErrorClass::StatementLost,
+            ),
+            (
+                "la instrucción preparada «__diesel_stmt_0» ya existe",
                 ErrorClass::StatementLost,
             ),
             (

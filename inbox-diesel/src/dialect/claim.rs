@@ -79,22 +79,12 @@ pub enum ClaimStep {
         seen: u32,
         lease_ms: u64,
         expired: bool,
-        /// [`Layout::english`].
-        english: bool,
     },
     /// Stamps the claim of `attempt` complete: 1 row, or 0 when it was taken over.
-    Stamp {
-        attempt: u32,
-        /// [`Layout::english`].
-        english: bool,
-    },
+    Stamp { attempt: u32 },
     /// Releases the claim of `attempt` for a redelivery to retry: 1 row, or 0 when it was
     /// taken over.
-    Release {
-        attempt: u32,
-        /// [`Layout::english`].
-        english: bool,
-    },
+    Release { attempt: u32 },
 }
 
 /// What a [`ClaimStep`] answered.
@@ -162,23 +152,6 @@ pub struct ClaimSql<'a, DB, ST = ()> {
     types: PhantomData<(DB, ST)>,
 }
 
-/// PostgreSQL, where the startup check found the session's messages in another language
-/// ([`Layout::english`]): what follows a claim statement's new `attempts` value, which sets
-/// the messages of the server session that runs it to English first (`set_config`, kept by
-/// the session once the statement commits). Claim mode's statements each commit on their
-/// own, outside the handler's transaction whose `BEGIN` sets them ([`Layout::english`]);
-/// behind a transaction-mode pooler each may run on a server session that neither the check
-/// nor a marker's `PREPARE` has seen, in the server's language — where a statement timeout,
-/// a lock timeout, a deadlock or a cancel while the statement waits for another delivery's
-/// row would read as an unknown error (a schema fault on the claim's insert, an alert)
-/// instead of a transient one. The value is computed before the row is locked (an insert's
-/// values before its conflict is looked for, an update's new row before it waits for the
-/// row), so an error of that wait is in English. One that comes before the statement runs —
-/// a wait for a lock on the whole table, a migration's — is not: the README's deployments
-/// section says to give such roles English messages by default.
-const ENGLISH_ATTEMPTS: &str = " + 0 * length(CASE WHEN current_setting('lc_messages') \
-     !~ '^(C|POSIX|en)([._@]|$)' THEN set_config('lc_messages', 'C', false) ELSE '' END))";
-
 /// `WHERE` of every statement but the insert.
 const WHERE_KEY: [Part; 4] = [
     Part::Sql(" WHERE message_id = "),
@@ -203,13 +176,7 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB> {
                 Sql(DB::LEASE_UNTIL.1),
             ]
         };
-        // The new `attempts`, with [`ENGLISH_ATTEMPTS`] where the layout needs it.
-        let english_first = |english: bool| english && DB::BACKEND == super::Backend::Postgres;
-        let attempts = |value: &'static str, english: bool| match english_first(english) {
-            true => vec![Sql("("), Sql(value), Sql(ENGLISH_ATTEMPTS)],
-            false => vec![Sql(value)],
-        };
-        let mut parts = Vec::with_capacity(24);
+        let mut parts = Vec::with_capacity(20);
         match step {
             ClaimStep::Insert {
                 lease_ms,
@@ -250,9 +217,7 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB> {
                 }
                 parts.extend([Sql(DB::NOW), Sql(", ")]);
                 parts.extend(lease(lease_ms));
-                parts.push(Sql(", "));
-                parts.extend(attempts("1", layout.english));
-                parts.extend([Sql(")"), Sql(DB::CLAIM_ON_CONFLICT)]);
+                parts.extend([Sql(", 1)"), Sql(DB::CLAIM_ON_CONFLICT)]);
             }
             ClaimStep::Read | ClaimStep::Precheck { .. } => {
                 unreachable!("a read is built by ClaimSql::read")
@@ -261,12 +226,10 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB> {
                 seen,
                 lease_ms,
                 expired,
-                english,
             } => {
                 parts.extend([Sql("UPDATE "), Table, Sql(" SET claimed_until = ")]);
                 parts.extend(lease(lease_ms));
-                parts.push(Sql(", attempts = "));
-                parts.extend(attempts("attempts + 1", english));
+                parts.push(Sql(", attempts = attempts + 1"));
                 parts.extend(WHERE_KEY);
                 parts.extend([
                     Sql(" AND attempts = "),
@@ -278,16 +241,12 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB> {
                 }
                 parts.push(Sql(")"));
             }
-            ClaimStep::Stamp { attempt, english } | ClaimStep::Release { attempt, english } => {
+            ClaimStep::Stamp { attempt } | ClaimStep::Release { attempt } => {
                 parts.extend([Sql("UPDATE "), Table, Sql(" SET ")]);
                 if matches!(step, ClaimStep::Stamp { .. }) {
                     parts.extend([Sql("processed_at = "), Sql(DB::NOW), Sql(", ")]);
                 }
                 parts.push(Sql("claimed_until = NULL"));
-                if english_first(english) {
-                    parts.push(Sql(", attempts = "));
-                    parts.extend(attempts("attempts", english));
-                }
                 parts.extend(WHERE_KEY);
                 parts.extend([
                     Sql(" AND attempts = "),

@@ -46,7 +46,7 @@ pub(in crate::runtime) async fn acquire<S: Steps, W: Copy>(
         let sent = Instant::now();
         if steps.claim_step(spec, key, insert).await?.changed() {
             if claim.too_late(sent) {
-                give_back(steps, spec, key, 1, layout).await?;
+                give_back(steps, spec, key, 1).await?;
                 continue;
             }
             return Ok(Acquired::Attempt(1));
@@ -85,12 +85,11 @@ pub(in crate::runtime) async fn acquire<S: Steps, W: Copy>(
             seen,
             lease_ms: claim.lease_ms,
             expired,
-            english: layout.english,
         };
         let sent = Instant::now();
         if steps.claim_step(spec, key, take_over).await?.changed() {
             if claim.too_late(sent) {
-                give_back(steps, spec, key, seen + 1, layout).await?;
+                give_back(steps, spec, key, seen + 1).await?;
                 continue;
             }
             if expired {
@@ -118,21 +117,13 @@ pub(in crate::runtime) async fn give_back<S: Steps>(
     spec: &'static HandlerSpec,
     key: &MessageKey,
     attempt: u32,
-    layout: Layout,
 ) -> QueryResult<()> {
     tracing::warn!(
         attempt,
         "the claim took over a quarter of its lease to commit; released, claimed again"
     );
     steps
-        .claim_step(
-            spec,
-            key,
-            ClaimStep::Release {
-                attempt,
-                english: layout.english,
-            },
-        )
+        .claim_step(spec, key, ClaimStep::Release { attempt })
         .await
         .map(drop)
 }

@@ -313,24 +313,12 @@ where
     S: Steps,
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
-    let Holding {
-        attempt,
-        run,
-        layout,
-        ..
-    } = holding;
+    let Holding { attempt, run, .. } = holding;
     let result = match ran {
         Ok(result) => result,
         Err(Panicked(payload)) if is_stopped(&*payload) => {
             if let Err(error) = steps
-                .claim_step(
-                    run,
-                    &key,
-                    ClaimStep::Release {
-                        attempt,
-                        english: layout.english,
-                    },
-                )
+                .claim_step(run, &key, ClaimStep::Release { attempt })
                 .await
             {
                 tracing::error!(error = %error, "releasing the claim of a stopped body failed");
@@ -354,14 +342,7 @@ where
         Ok(value) => value,
         Err(e) => {
             match steps
-                .claim_step(
-                    run,
-                    &key,
-                    ClaimStep::Release {
-                        attempt,
-                        english: layout.english,
-                    },
-                )
+                .claim_step(run, &key, ClaimStep::Release { attempt })
                 .await
             {
                 Ok(answer) if answer.changed() => {

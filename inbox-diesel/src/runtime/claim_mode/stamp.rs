@@ -67,7 +67,7 @@ where
     S: Steps,
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
-    let (attempt, run, layout) = (holding.attempt, holding.run, holding.layout);
+    let (attempt, run) = (holding.attempt, holding.run);
     let (mut retries, mut lost) = (0, 0);
     let prepared = match elsewhere {
         Some(_) => prepared_for_stamp(steps, holding).await,
@@ -87,28 +87,14 @@ where
                 {
                     Ok(_) => {
                         steps
-                            .claim_step(
-                                run,
-                                key,
-                                ClaimStep::Stamp {
-                                    attempt,
-                                    english: layout.english,
-                                },
-                            )
+                            .claim_step(run, key, ClaimStep::Stamp { attempt })
                             .await
                     }
                     Err(e) => Err(e),
                 },
                 None => {
                     steps
-                        .claim_step(
-                            run,
-                            key,
-                            ClaimStep::Stamp {
-                                attempt,
-                                english: layout.english,
-                            },
-                        )
+                        .claim_step(run, key, ClaimStep::Stamp { attempt })
                         .await
                 }
             },

@@ -281,6 +281,16 @@ pub(crate) async fn check_table<S: Io>(
             return Err(refused);
         }
     };
+    let read = match claim {
+        true => refuse_default_messages_for_claims(io, schema).await,
+        false => Ok(()),
+    };
+    if let Err(refused) = read {
+        if lifted {
+            let _ = io.batch("ROLLBACK").await;
+        }
+        return Err(refused);
+    }
     let read = read_catalog(io, schema, claim).await;
     if lifted {
         let end = match read {

@@ -172,6 +172,62 @@ pub(super) const PG_ENGLISH: &str = "SELECT set_config('lc_messages', 'C', false
      WHERE name = 'lc_messages' AND (reset_val !~ '^(C|POSIX|en)([._@]|$)' \
      OR current_setting('lc_messages') !~ '^(C|POSIX|en)([._@]|$)')";
 
+/// PostgreSQL: `lc_messages` as a new session of the role starts with it (`reset_val`: the
+/// role's, the database's or the server's setting), or `english` where that is English.
+pub(super) const PG_DEFAULT_MESSAGES: &str = "SELECT CASE WHEN reset_val ~ \
+     '^(C|POSIX|en)([._@]|$)' THEN 'english' ELSE reset_val END AS version FROM pg_settings \
+     WHERE name = 'lc_messages'";
+
+/// PostgreSQL, claim mode: refused where a new session of the role speaks another language.
+///
+/// The startup check sets its own session's messages to English, and each handler
+/// transaction sets them again for itself (`SET LOCAL`). Claim mode's statements run outside
+/// any transaction, each on whichever server session a transaction-mode pooler has free:
+/// one the check never ran on, or one reset since (`DISCARD ALL`), where the role's default
+/// holds. There a wait before the statement runs — for a migration's lock on the table — or
+/// a prepared statement the reset dropped fails in that language, read as an unknown error:
+/// a schema fault, an alert that halts a pump (an operator's trial: a Japanese server behind
+/// PgBouncer, three in three). Each claim statement sets English for its server session
+/// before it waits for a row, but not before the statement starts. The role's own default,
+/// `ALTER ROLE … SET lc_messages = 'C'`, holds on every session from its first statement.
+pub(super) async fn refuse_default_messages_for_claims<S: Io>(
+    io: &mut S,
+    schema: &InboxSchema,
+) -> Result<(), SchemaError> {
+    if S::Backend::BACKEND != Backend::Postgres {
+        return Ok(());
+    }
+    let default = io
+        .load::<ServerRow>(&Sql::new(PG_DEFAULT_MESSAGES))
+        .await
+        .map_err(SchemaError::Database)?
+        .into_iter()
+        .next()
+        .map(|row| row.version)
+        .unwrap_or_default();
+    if default == "english" {
+        return Ok(());
+    }
+    Err(SchemaError::Session {
+        table: schema.table(),
+        problem: SchemaProblem::Unsupported {
+            found: format!(
+                "claim mode, for a role whose sessions start with their server messages in \
+                 `lc_messages = '{default}'`"
+            ),
+            why: "claim mode's statements run outside any transaction, each on whichever \
+                  server session a transaction-mode pooler has free, where the role's default \
+                  language holds: a wait for a migration's table lock or a prepared statement \
+                  the pooler's reset dropped would fail in that language, read as an unknown \
+                  error — a schema fault, an alert",
+            fix: "give the role English messages by default: `ALTER ROLE <role> SET \
+                  lc_messages = 'C'` (or `ALTER DATABASE <database> SET lc_messages = 'C'`); \
+                  the grant of `SET` on the parameter is not enough for claim mode"
+                .into(),
+        },
+    })
+}
+
 /// `lc_messages` as the session has it.
 pub(super) const PG_MESSAGES: &str = "SELECT current_setting('lc_messages') AS version";
 
@@ -291,8 +347,8 @@ pub(super) async fn english_messages<S: Io>(
             fix: "give the role English messages as a superuser: `ALTER ROLE <role> SET \
                   lc_messages = 'C'` (or `ALTER DATABASE <database> SET lc_messages = 'C'`), \
                   or let it set them itself: `GRANT SET ON PARAMETER lc_messages TO <role>` \
-                  (PostgreSQL 15+; not enough for claim mode behind a transaction-mode \
-                  pooler, whose other server sessions keep the server's language)"
+                  (PostgreSQL 15+; transaction mode only: claim mode needs the role's \
+                  default)"
                 .into(),
         },
     })
