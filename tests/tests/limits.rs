@@ -141,3 +141,37 @@ fn statements_are_sized_from_the_servers_packet_limit() {
     );
     assert_eq!(count(&mut conn, "SELECT count(*) AS n FROM inbox"), 41);
 }
+
+/// A batch redelivered with most of its messages done, on a server whose packet is 4 KiB: the
+/// read of the duplicates' evidence goes in as many statements as the packet needs. Before,
+/// it went in one, which the server answered by dropping the connection (`Got a packet
+/// bigger than 'max_allowed_packet'`) on every redelivery: the batch's new messages were
+/// never applied, and a broker's delivery limit dead-lettered them (an operator's trial:
+/// 900 duplicates and 100 new).
+#[test]
+fn a_batch_of_duplicates_is_read_back_in_packets() {
+    let server = PrivateMariadb::start(&["--max-allowed-packet=4096"]);
+    let mut admin = server.admin();
+    admin
+        .batch_execute(&Backend::Mysql.create_table_sql(&InboxSchema::DEFAULT))
+        .unwrap();
+    admin
+        .batch_execute(
+            "CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance BIGINT NOT NULL);
+             INSERT INTO accounts VALUES (1, 0)",
+        )
+        .unwrap();
+    let mut conn = MysqlConnection::establish(&server.url("root")).unwrap();
+    let first: Vec<String> = (0..900).map(|n| format!("m-{n}")).collect();
+    let outcome = apply_all(&mut conn, &first).unwrap();
+    assert_eq!(outcome.processed.len(), 900, "{outcome:?}");
+    let redelivered: Vec<String> = (0..1000).map(|n| format!("m-{n}")).collect();
+    let outcome = apply_all(&mut conn, &redelivered).unwrap();
+    assert_eq!(outcome.processed.len(), 100);
+    assert_eq!(outcome.duplicates.len(), 900);
+    assert_eq!(
+        count(&mut conn, "SELECT balance AS n FROM accounts WHERE id = 1"),
+        1000,
+        "each message applied once"
+    );
+}

@@ -232,7 +232,7 @@ impl Claims for BatchClaims<'_> {
             .filter(|id| inserted.binary_search(id).is_err())
             .copied()
             .collect();
-        for chunk in existing.chunks(MARKERS_PER_STATEMENT) {
+        for chunk in existing.chunks(present_per_statement(layout)) {
             confirm_duplicates(steps, spec, chunk).await?;
         }
         let mut new: Vec<usize> = self
@@ -251,6 +251,19 @@ impl Claims for BatchClaims<'_> {
 /// Markers per insert statement of a batch: with three bind parameters each, under a quarter
 /// of PostgreSQL's limit, under half of SQLite's.
 pub(super) const MARKERS_PER_STATEMENT: usize = 5_000;
+
+/// Ids per read of the duplicates' evidence ([`confirm_duplicates`]): as many as a packet of
+/// the server's takes (MySQL, MariaDB: `max_allowed_packet`, which the check read), each id
+/// its 16 bytes with its length and type and its `?, ` in the statement, the statement's own
+/// text besides; at most [`MARKERS_PER_STATEMENT`]. A redelivered batch of 1 000 duplicates
+/// made one read larger than a 4 KiB packet, which the server answers by dropping the
+/// connection — on every redelivery, the batch's new messages never applied (an operator's
+/// trial).
+fn present_per_statement(layout: Layout) -> usize {
+    const PER_ID: usize = 24;
+    const STATEMENT: usize = 512;
+    (layout.room(STATEMENT) / PER_ID).clamp(1, MARKERS_PER_STATEMENT)
+}
 
 /// The positions of the messages of a batch that are new in the current attempt, written by
 /// the runtime before each run of the body and read by the body.
