@@ -3,7 +3,8 @@
 //! built on it.
 //!
 //! The closure's first parameter is the transaction; its body is rewritten by
-//! [`guard::instrument`] exactly as a transaction-mode handler's body is, so a value it hands
+//! [`guard::instrument`] exactly as a transaction-mode handler's body is (a closure without
+//! parameters is a claim-mode body, `handler::claim_once`'s, and rewritten as one), so a value it hands
 //! on — a captured pool, a connection established in it, a second connection parameter — is
 //! asked at its type whether it is a connection, and one that is fails to compile with the
 //! guard's message. The closure then returns its value wrapped in
@@ -20,7 +21,9 @@ use crate::guard;
 use crate::valid::Mode;
 
 const SHAPE: &str = "guarded! takes a closure whose first parameter is the transaction: \
-                     `guarded!(|tx| …)`, or `guarded!(async |tx| …)` for diesel-async";
+                     `guarded!(|tx| …)`, or `guarded!(async |tx| …)` for diesel-async; or, \
+                     for a claim-mode body, which has no connection, one without parameters: \
+                     `guarded!(|| …)`, `guarded!(async || …)`";
 
 pub fn guarded(input: TokenStream) -> TokenStream {
     let mut closure: ExprClosure = match syn::parse2(input) {
@@ -52,7 +55,18 @@ pub fn guarded(input: TokenStream) -> TokenStream {
 }
 
 fn instrument(closure: &mut ExprClosure) -> syn::Result<()> {
-    let conn = transaction_parameter(closure)?;
+    // No parameter: a claim-mode body, which has no transaction and touches no database
+    // (`handler::claim_once`); every value it hands on is asked with claim mode's question.
+    let (conn, mode) = match closure.inputs.is_empty() {
+        true => (
+            Ident::new("__inbox_no_connection", Span::call_site()),
+            Mode::Claim {
+                lease_ms: None,
+                report: false,
+            },
+        ),
+        false => (transaction_parameter(closure)?, Mode::Transaction),
+    };
     if closure.asyncness.is_none()
         && let Expr::Async(block) = &*closure.body
     {
@@ -89,7 +103,7 @@ fn instrument(closure: &mut ExprClosure) -> syn::Result<()> {
     );
     function.sig.inputs = inputs.into_iter().collect();
     function.block = Box::new(block);
-    let instrumented = guard::instrument(&mut function, &conn, Mode::Transaction);
+    let instrumented = guard::instrument(&mut function, &conn, mode);
     guard::strip_escapes(&mut function);
     instrumented?;
     let block = function.block;

@@ -5,6 +5,9 @@
 //! `async`, `run_once_async`) runs a body once per message key and consumer, through the
 //! same runtime the attribute's expansion calls: the marker first, in the body's transaction,
 //! a duplicate recognised by the inbox's own unique index, transient failures retried.
+//! Claim mode, for a side effect outside the database, is [`ClaimHandler`] and
+//! [`claim_once`] (`claim_once_async`): the claim committed first, the body given no
+//! connection, the stamp after it.
 //!
 //! The checks are the attribute's. The body is a closure written in
 //! [`guarded!`](crate::guarded), which rewrites it as `#[idempotent]` rewrites a handler's
@@ -18,10 +21,15 @@ use std::marker::PhantomData;
 
 use inbox_core::{ConsumerError, ErrorClass, HandlerOutcome, InboxSchema, ToMessageKey};
 
+mod claim;
+
 #[cfg(feature = "async")]
 pub use crate::runtime::asynchronous::AsyncBody;
 use crate::spec::HandlerSpec;
 use crate::{Error, HandlerConnection, HasDieselError, Isolation, classify};
+#[cfg(feature = "async")]
+pub use claim::claim_once_async;
+pub use claim::{ClaimHandler, OnExpired, ReportExpired, TakeOver, claim_once};
 
 /// A handler's settings: its consumer name and the attribute's other options. Build it once,
 /// in a `static` — the runtime keeps a reference to it while it runs:

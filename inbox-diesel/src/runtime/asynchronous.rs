@@ -305,7 +305,7 @@ where
 )]
 pub async fn run_claim_async<H, T, E, B, A>(
     _outcome: PhantomData<A>,
-    mut conn: H,
+    conn: H,
     spec: &'static HandlerSpec,
     claim: ClaimSpec,
     key: Result<MessageKey, KeyError>,
@@ -320,9 +320,44 @@ where
     B: for<'c> AsyncBody<&'c mut NoConnection, Result<T, E>, Fut: Send>,
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
+    run_claim_async_with(
+        PhantomData,
+        conn,
+        spec,
+        claim,
+        key,
+        OnceWithoutConnection(Some(body)),
+        remembered,
+        inbox_error,
+    )
+    .await
+}
+
+/// [`run_claim_async`] with the body as the runtime calls it: given no connection, whatever
+/// the connection type it is asked with, once.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the pieces the expansion of `#[idempotent]` writes, each its own argument"
+)]
+pub(crate) async fn run_claim_async_with<H, T, E, B, A>(
+    _outcome: PhantomData<A>,
+    mut conn: H,
+    spec: &'static HandlerSpec,
+    claim: ClaimSpec,
+    key: Result<MessageKey, KeyError>,
+    body: B,
+    remembered: Remembered<T>,
+    inbox_error: fn(Error) -> E,
+) -> Result<A, E>
+where
+    H: ClaimTarget,
+    H::Connection: AsyncInboxConnection,
+    H::Pool: AsyncClaimPool<Connection = H::Connection>,
+    B: steps::Body<H::Connection, Result<T, E>> + steps::Body<NoConnection, Result<T, E>>,
+    A: HandlerOutcome<T, InFlightWitness = ()>,
+{
     let key = key.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
     let run = Run::message(spec, &key, true);
-    let body = OnceWithoutConnection(Some(body));
     let result = match conn.__inbox_claim_target() {
         ClaimOn::Connection(conn) => {
             claim_mode::drive_claim(

@@ -743,3 +743,124 @@ fn on_an_applications_own_pool_type_the_claim_is_stamped() {
     assert_eq!(sent.load(Ordering::SeqCst), 1);
     assert_eq!(row(&mut pool.inner.get().unwrap()), (true, false, 1));
 }
+
+/// The function API's claim mode ([`claim_once`](inbox_diesel::handler::claim_once)), for a
+/// job whose pool lives in a runner's context: the same race as `send`'s — four instances
+/// behind a barrier for each message —, a failing body's claim released and run again, the
+/// report policy, and a lease out of range refused before any SQL.
+#[test]
+fn the_function_api_claims_as_the_attribute_does() {
+    use inbox_diesel::handler::{ClaimHandler, ReportExpired, claim_once};
+    use inbox_diesel::{Error as InboxError, guarded};
+    use std::sync::LazyLock;
+    static MAIL: LazyLock<ClaimHandler> = LazyLock::new(|| ClaimHandler::new("mail").unwrap());
+    static REPORTING: LazyLock<ClaimHandler<ReportExpired>> = LazyLock::new(|| {
+        ClaimHandler::new("mail-reported")
+            .unwrap()
+            .lease(Duration::from_millis(1500))
+            .report_expired()
+    });
+    static NO_LEASE: LazyLock<ClaimHandler> = LazyLock::new(|| {
+        ClaimHandler::new("mail")
+            .unwrap()
+            .lease(Duration::from_millis(10))
+    });
+    const INSTANCES: usize = 4;
+    const MESSAGES: u64 = 20;
+    let db = <Db>::new("claim_function_api");
+    let barrier = Barrier::new(INSTANCES);
+    let sent = AtomicUsize::new(0);
+    let outcomes: Vec<Result<InFlightOutcome<()>, AppError>> = std::thread::scope(|scope| {
+        let instances: Vec<_> = (0..INSTANCES)
+            .map(|_| {
+                let mut conn = db.connect();
+                let (barrier, sent) = (&barrier, &sent);
+                scope.spawn(move || {
+                    (0..MESSAGES)
+                        .map(|n| {
+                            barrier.wait();
+                            let slow = || {
+                                std::thread::sleep(Duration::from_millis(2));
+                                Ok(())
+                            };
+                            claim_once(&mut conn, &MAIL, &n, guarded!(|| side_effect(sent, &slow)))
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        instances
+            .into_iter()
+            .flat_map(|i| i.join().unwrap())
+            .collect()
+    });
+    let processed = outcomes
+        .iter()
+        .filter(|o| o.as_ref().expect("no delivery fails").is_processed())
+        .count();
+    assert_eq!(processed, MESSAGES as usize);
+    assert_eq!(sent.load(Ordering::SeqCst), MESSAGES as usize);
+
+    let mut conn = db.connect();
+    let failed = claim_once(
+        &mut conn,
+        &MAIL,
+        "m-failing",
+        guarded!(|| { Err::<(), _>(AppError::Rejected) }),
+    );
+    assert!(matches!(failed, Err(AppError::Rejected)), "{failed:?}");
+    let retried = claim_once(
+        &mut conn,
+        &MAIL,
+        "m-failing",
+        guarded!(|| side_effect(&sent, &ok)),
+    );
+    assert!(
+        retried.unwrap().is_processed(),
+        "the released claim runs again"
+    );
+    let again = claim_once(
+        &mut conn,
+        &MAIL,
+        "m-failing",
+        guarded!(|| side_effect(&sent, &ok)),
+    );
+    assert!(again.unwrap().is_duplicate());
+    assert_eq!(sent.load(Ordering::SeqCst), MESSAGES as usize + 1);
+
+    // A claim whose body died: reported once its lease ended, not run again.
+    testing::crash(db.connect(), Crash::AfterClaim, |conn| {
+        claim_once(
+            conn,
+            &REPORTING,
+            "m-crashed",
+            guarded!(|| side_effect(&sent, &ok)),
+        )
+    });
+    std::thread::sleep(Duration::from_millis(1600));
+    let reported = claim_once(
+        &mut conn,
+        &REPORTING,
+        "m-crashed",
+        guarded!(|| { side_effect(&sent, &ok) }),
+    );
+    assert!(
+        matches!(reported, Ok(StaleClaimOutcome::StaleClaim { .. })),
+        "{reported:?}"
+    );
+    assert_eq!(sent.load(Ordering::SeqCst), MESSAGES as usize + 1);
+
+    let refused = claim_once(
+        &mut conn,
+        &NO_LEASE,
+        "m-lease",
+        guarded!(|| side_effect(&sent, &ok)),
+    );
+    assert!(
+        matches!(
+            refused,
+            Err(AppError::Inbox(InboxError::InvalidLease { .. }))
+        ),
+        "{refused:?}"
+    );
+}

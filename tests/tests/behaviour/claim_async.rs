@@ -381,3 +381,47 @@ async fn on_a_deadpool_pool_the_side_effects_in_flight_hold_no_connection() {
     assert_eq!(AtomicUsize::load(&meeting.sent, Ordering::SeqCst), 2);
     assert_eq!(both_completed(&mut pool.get().await.unwrap()).await, 2);
 }
+
+/// The function API's claim mode on diesel-async ([`claim_once_async`]
+/// (inbox_diesel::handler::claim_once_async)), on a bb8 pool of one connection: two
+/// deliveries whose side effects each wait for the other's to start are both stamped — the
+/// bodies hold no connection —, and a redelivery is a duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_function_api_claims_on_a_pool() {
+    use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+    use inbox_diesel::guarded;
+    use inbox_diesel::handler::{ClaimHandler, claim_once_async};
+    use std::sync::LazyLock;
+    static MAIL: LazyLock<ClaimHandler> = LazyLock::new(|| ClaimHandler::new("email").unwrap());
+    let db = <Db>::new("async_claim_function_api");
+    let pool = Bb8Pool::builder()
+        .max_size(1)
+        .connection_timeout(Duration::from_secs(20))
+        .build(AsyncDieselConnectionManager::new(db.url()))
+        .await
+        .unwrap();
+    let meeting = Meeting::default();
+    let deliver = |n: u128| {
+        let (pool, meeting) = (&pool, &meeting);
+        async move {
+            claim_once_async(
+                pool,
+                &MAIL,
+                &n,
+                guarded!(async || meeting.both_inside().await),
+            )
+            .await
+        }
+    };
+    // What a server spawns: the delivery's future is `Send`.
+    fn spawnable<F: std::future::Future + Send>(future: F) -> F {
+        future
+    }
+    let (one, two) = tokio::join!(spawnable(deliver(1)), spawnable(deliver(2)));
+    assert!(matches!(one, Ok(InFlightOutcome::Processed(()))), "{one:?}");
+    assert!(matches!(two, Ok(InFlightOutcome::Processed(()))), "{two:?}");
+    assert_eq!(AtomicUsize::load(&meeting.sent, Ordering::SeqCst), 2);
+    assert_eq!(both_completed(&mut pool.get().await.unwrap()).await, 2);
+    let again: Result<InFlightOutcome<()>, AppError> = deliver(1).await;
+    assert!(again.unwrap().is_duplicate());
+}
