@@ -161,19 +161,19 @@ fn quick() -> Redelivery {
     Redelivery::exponential(Duration::from_millis(50), Duration::from_millis(200))
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_rabbitmq_pump_pauses_for_a_read_only_database() {
+/// A quorum queue of the test's own, bounded at [`DELIVERY_LIMIT`] deliveries, with
+/// [`MESSAGES`] messages in it: the connection (kept open), its channel and the queue's name.
+async fn quorum_queue(test: &str) -> (lapin::Connection, lapin::Channel, String) {
     use lapin::options::{BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions};
     use lapin::types::FieldTable;
     use lapin::{BasicProperties, ConnectionProperties};
 
-    let db = Db::new("rabbitmq");
     let url = env("INBOX_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672/%2f");
     let connection = lapin::Connection::connect(&url, ConnectionProperties::default())
         .await
         .unwrap_or_else(|e| panic!("RabbitMQ is not reachable at {url} (INBOX_TEST_AMQP): {e}"));
     let channel = connection.create_channel().await.unwrap();
-    let queue = format!("inbox-outage-{}", std::process::id());
+    let queue = format!("inbox-{test}-{}", std::process::id());
     let _ = channel
         .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
         .await;
@@ -212,6 +212,15 @@ async fn a_rabbitmq_pump_pauses_for_a_read_only_database() {
             .await
             .unwrap();
     }
+    (connection, channel, queue)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rabbitmq_pump_pauses_for_a_read_only_database() {
+    use lapin::options::QueueDeleteOptions;
+
+    let db = Db::new("rabbitmq");
+    let (_connection, channel, queue) = quorum_queue("outage").await;
     db.read_only(true);
     let pump = inbox_lapin::Pump::new()
         .prefetch(16)
@@ -235,6 +244,101 @@ async fn a_rabbitmq_pump_pauses_for_a_read_only_database() {
         (1..=AT_MOST).contains(&refused),
         "{refused} handlers ran into the read-only database; {report:?}"
     );
+    assert_eq!(report.acked, u64::from(MESSAGES), "{report:?}");
+    let effects = db.effects();
+    assert_eq!(effects.len(), MESSAGES as usize);
+    assert!(effects.iter().all(|&n| n == 1), "{effects:?}");
+}
+
+/// How long a migration holds its lock on the inbox in [`a_rabbitmq_pump_holds_its_deliveries_through_a_table_lock`].
+const LOCKED_FOR: Duration = Duration::from_secs(4);
+
+/// The handler as a pump calls it, counted while a lock on the whole inbox fails it past
+/// the database's `lock_timeout`.
+async fn handle_locked(
+    url: &str,
+    key: MessageKey,
+    body: String,
+    timed_out: &AtomicU32,
+) -> Result<Outcome<()>, Action> {
+    let mut conn = AsyncPgConnection::establish(url)
+        .await
+        .map_err(|_| Action::Reconnect)?;
+    let answer = apply(&mut conn, &key, &body).await;
+    if let Err(e) = &answer {
+        assert_eq!(
+            e.class(),
+            ErrorClass::Transient(inbox_diesel::TransientKind::LockWaitTimeout),
+            "{e:?}"
+        );
+        timed_out.fetch_add(1, Ordering::SeqCst);
+    }
+    answer.map_err(|e| e.action())
+}
+
+/// A migration's lock on the whole inbox — `SHARE`, as a `CREATE INDEX` without
+/// `CONCURRENTLY` takes — held for four seconds, past the database's `lock_timeout` of
+/// 100 ms: every delivery's marker fails its four attempts and is settled `Retry`. Three of
+/// those in a row close the pump's gate as a lost database does: the deliveries wait in hand
+/// instead of going back to the queue, whose `x-delivery-limit` of 5 would dead-letter them
+/// unapplied (an operator's trial: 10 of 31 dead-lettered in a 45 s lock). When the lock
+/// goes, every message is applied once, none dead-lettered.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rabbitmq_pump_holds_its_deliveries_through_a_table_lock() {
+    use lapin::options::QueueDeleteOptions;
+
+    let db = Db::new("locked");
+    PgConnection::establish(&db.admin)
+        .unwrap()
+        .batch_execute(&format!(
+            "ALTER DATABASE {} SET lock_timeout = '100ms'",
+            db.name
+        ))
+        .unwrap();
+    let (_connection, channel, queue) = quorum_queue("locked").await;
+    let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+    let migration = {
+        let url = db.url.clone();
+        std::thread::spawn(move || {
+            let mut conn = PgConnection::establish(&url).unwrap();
+            conn.batch_execute("SET lock_timeout = 0; BEGIN; LOCK TABLE inbox IN SHARE MODE")
+                .unwrap();
+            locked_tx.send(()).unwrap();
+            std::thread::sleep(LOCKED_FOR);
+            conn.batch_execute("COMMIT").unwrap();
+        })
+    };
+    locked_rx.recv().unwrap();
+    let pump = inbox_lapin::Pump::new()
+        .prefetch(16)
+        .redelivery(quick())
+        .outage(pause());
+    let consumer = pump.subscribe(&channel, &queue, "locked").await.unwrap();
+    let timed_out = AtomicU32::new(0);
+    let finished = async {
+        tokio::time::sleep(LOCKED_FOR).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while db.effects().len() < MESSAGES as usize && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let report = pump
+        .run(&channel, consumer, finished, |delivery| {
+            let key = inbox_lapin::key(&delivery).unwrap();
+            let body = String::from_utf8_lossy(&delivery.data).into_owned();
+            handle_locked(&db.url, key, body, &timed_out)
+        })
+        .await
+        .unwrap();
+    migration.join().unwrap();
+    let _ = channel
+        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+        .await;
+    assert!(
+        AtomicU32::load(&timed_out, Ordering::SeqCst) >= 1,
+        "the lock failed no delivery: {report:?}"
+    );
+    assert_eq!(report.dead_lettered, 0, "{report:?}");
     assert_eq!(report.acked, u64::from(MESSAGES), "{report:?}");
     let effects = db.effects();
     assert_eq!(effects.len(), MESSAGES as usize);

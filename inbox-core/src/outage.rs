@@ -14,8 +14,14 @@ use crate::{Redelivery, Settlement};
 /// connection attempt and a log line, and each one a delivery counted against the broker's
 /// limit. With it, after such a delivery the pump starts no handler for a pause (the
 /// policy's delay for the number of such deliveries in a row: doubling, up to its `max`),
-/// then lets one delivery try alone; the others wait for its answer. Any other settlement
-/// opens the gate: the database answers again.
+/// then lets one delivery try alone; the others wait for its answer. So do
+/// [`TRANSIENT_IN_A_ROW`](Outage::TRANSIENT_IN_A_ROW) deliveries in a row settled
+/// [`Retry { reconnect: false }`](Settlement::Retry) — each a transient failure that
+/// outlasted the handler's own retries, one after the other, with no success between: a
+/// lock on the whole table (a migration's `CREATE INDEX`, a `VACUUM FULL`) past the role's
+/// `lock_timeout`, a server too busy to answer within `statement_timeout`. One message's
+/// lock (its row held by another transaction) fails alone, among successes, and closes
+/// nothing. Any other settlement opens the gate: the database answers again.
 ///
 /// The pumps keep a delivery taken while the gate is closed in hand, unstarted, and ask
 /// again when [`Gate::Closed`]'s wait has passed: handed back, it would come again counted
@@ -45,6 +51,8 @@ pub struct Outage {
 struct State {
     /// Deliveries in a row that needed a new connection, each after the pause before it.
     in_a_row: u32,
+    /// Deliveries in a row settled `Retry { reconnect: false }` while the gate was open.
+    transient: u32,
     /// The end of the pause.
     until: Option<Instant>,
     /// A delivery is trying the database after a pause; the others wait for its answer.
@@ -65,6 +73,11 @@ impl Outage {
     /// connection, doubling with each such delivery in a row, at most 30 seconds.
     pub const DEFAULT: Redelivery =
         Redelivery::exponential(Duration::from_millis(500), Duration::from_secs(30));
+
+    /// How many deliveries in a row settled `Retry { reconnect: false }` close the gate as
+    /// one that needed a new connection does: three, so that one message's own failure —
+    /// its row locked, its deadlock — among the others' successes closes nothing.
+    pub const TRANSIENT_IN_A_ROW: u32 = 3;
 
     /// A gate whose pauses follow `policy`.
     pub fn new(policy: Redelivery) -> Self {
@@ -104,7 +117,13 @@ impl Outage {
     pub fn settled(&self, settlement: Settlement) -> Option<Duration> {
         let mut state = self.state();
         match settlement {
-            Settlement::Retry { reconnect: true } => {
+            Settlement::Retry { reconnect: false }
+                if state.in_a_row == 0 && state.transient + 1 < Self::TRANSIENT_IN_A_ROW =>
+            {
+                state.transient += 1;
+                None
+            }
+            Settlement::Retry { .. } => {
                 let now = Instant::now();
                 state.trying = false;
                 if state.until.is_some_and(|until| now < until) {
@@ -175,9 +194,40 @@ mod tests {
         assert_eq!(outage.settled(Settlement::Ack), None);
         assert_eq!((outage.enter(), outage.enter()), (Gate::Open, Gate::Open));
         assert_eq!(outage.in_a_row(), 0);
-        // A failure that is not the connection's opens it too.
+        // A failure that is not the database's opens it too.
         outage.settled(LOST);
-        outage.settled(Settlement::Retry { reconnect: false });
+        outage.settled(Settlement::DeadLetter);
         assert_eq!(outage.enter(), Gate::Open);
+    }
+
+    /// Transient failures past the handler's retries close the gate only three in a row:
+    /// one message's own (its row locked) among successes closes nothing; a table lock, which
+    /// fails every delivery, does.
+    #[test]
+    fn transient_failures_close_it_only_in_a_row() {
+        const TRANSIENT: Settlement = Settlement::Retry { reconnect: false };
+        let ms = Duration::from_millis;
+        let outage = Outage::new(Redelivery::exponential(ms(20), ms(50)));
+        for _ in 0..5 {
+            assert_eq!(outage.settled(TRANSIENT), None);
+            assert_eq!(outage.settled(TRANSIENT), None);
+            assert_eq!(outage.settled(Settlement::Ack), None);
+            assert_eq!(outage.enter(), Gate::Open);
+        }
+        assert_eq!(outage.settled(TRANSIENT), None);
+        assert_eq!(outage.settled(TRANSIENT), None);
+        assert_eq!(
+            outage.settled(TRANSIENT),
+            Some(ms(20)),
+            "the third in a row"
+        );
+        assert!(matches!(outage.enter(), Gate::Closed(_)));
+        std::thread::sleep(ms(25));
+        assert_eq!(outage.enter(), Gate::Open, "one tries");
+        assert_eq!(outage.settled(TRANSIENT), Some(ms(40)), "and fails: longer");
+        std::thread::sleep(ms(45));
+        assert_eq!(outage.enter(), Gate::Open);
+        assert_eq!(outage.settled(Settlement::Ack), None);
+        assert_eq!((outage.enter(), outage.enter()), (Gate::Open, Gate::Open));
     }
 }

@@ -89,7 +89,8 @@ pub fn process_span(system: &'static str, destination: &str, delivery_count: u32
 
 /// Tells a pump's [`Outage`](crate::Outage) how the delivery it let through settled, and
 /// logs, in the delivery's span, a pause that settlement began. A panic (`panicked`) is the
-/// handler's, not the database's: it does not close the gate.
+/// handler's, not the database's: it neither closes the gate nor counts towards closing it,
+/// and is told as a settlement that is no database failure (a dead letter's), which opens it.
 pub fn record_outage(
     span: &Span,
     outage: &crate::Outage,
@@ -97,7 +98,7 @@ pub fn record_outage(
     panicked: bool,
 ) {
     let seen = match panicked {
-        true => crate::Settlement::Retry { reconnect: false },
+        true => crate::Settlement::DeadLetter,
         false => settlement,
     };
     if let Some(pause) = outage.settled(seen) {
@@ -105,8 +106,9 @@ pub fn record_outage(
             tracing::warn!(
                 pause_ms = u64::try_from(pause.as_millis()).unwrap_or(u64::MAX),
                 in_a_row = outage.in_a_row(),
-                "a delivery needed a new database connection; no handler starts until the \
-                 pause has passed, then one tries"
+                "the database failed deliveries in a row (a connection needed, or a \
+                 transient failure past the handler's retries, as a table lock gives); no \
+                 handler starts until the pause has passed, then one tries"
             );
         });
     }
