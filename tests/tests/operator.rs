@@ -494,6 +494,49 @@ mod postgres {
         assert!(apply_qualified(&mut conn, &1).unwrap().is_duplicate());
     }
 
+    /// A schema per tenant, each with its inbox, and a role per tenant that may use its own
+    /// schema only (its `search_path` that schema): an unqualified name can mean one table
+    /// only for that role, and it is not refused for tables it cannot reach (an operator's
+    /// trial: every delivery of such a role an alert). A role that may use two of them still
+    /// is.
+    #[test]
+    fn tables_of_the_name_a_role_cannot_reach_are_not_counted() {
+        let db = Db::new("tenant_roles");
+        let tenant = format!("inbox_tenant_{}", std::process::id());
+        let both = format!("inbox_both_{}", std::process::id());
+        let admin = |sql: &str| {
+            db.connect()
+                .batch_execute(sql)
+                .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        };
+        let inbox =
+            inbox_diesel::schema::postgres::create_table_sql(&inbox_diesel::InboxSchema::DEFAULT);
+        admin(&format!(
+            "REVOKE ALL ON SCHEMA public FROM PUBLIC;
+             CREATE SCHEMA t1; SET search_path = t1; {inbox}; SET search_path = public;
+             CREATE TABLE t1.accounts (LIKE public.accounts INCLUDING ALL);
+             INSERT INTO t1.accounts VALUES (1, 0);
+             CREATE ROLE {tenant} LOGIN; ALTER ROLE {tenant} SET search_path = t1;
+             GRANT USAGE ON SCHEMA t1 TO {tenant};
+             GRANT SELECT, INSERT, UPDATE ON t1.inbox, t1.accounts TO {tenant};
+             GRANT USAGE ON ALL SEQUENCES IN SCHEMA t1 TO {tenant};
+             CREATE ROLE {both} LOGIN IN ROLE {tenant}; ALTER ROLE {both} SET search_path = t1;
+             GRANT USAGE ON SCHEMA public TO {both}"
+        ));
+        let mut conn = db.connect_as(&tenant);
+        assert!(apply(&mut conn, &1).unwrap().is_processed());
+        assert!(apply(&mut conn, &1).unwrap().is_duplicate());
+        assert_eq!(balance(&mut conn), 1, "t1's account");
+        let text = refusal(apply(&mut db.connect_as(&both), &2));
+        assert!(
+            text.contains("tables named `inbox` in the schemas"),
+            "{text}"
+        );
+        for role in [&tenant, &both] {
+            admin(&format!("DROP OWNED BY {role}; DROP ROLE {role}"));
+        }
+    }
+
     /// A role that may read the table but not insert: the check refuses before any
     /// delivery; a privilege revoked under a checked connection is a permission fault
     /// (`Alert`), not dead-lettered.

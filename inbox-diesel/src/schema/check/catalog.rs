@@ -191,6 +191,7 @@ pub(super) fn facts_sql(backend: Backend, qualifier: &str, needs: &[(&str, &str)
                  JOIN pg_namespace n ON n.oid = c.relnamespace \
                  WHERE $1 = '' AND c.relname = $2 AND c.relkind IN ('r', 'p', 'v', 'm', 'f') \
                  AND n.nspname NOT LIKE 'pg\\_temp\\_%' \
+                 AND has_schema_privilege(n.oid, 'USAGE') \
                  UNION ALL SELECT 'privilege', p.privilege || ' on ' || p.col \
                  FROM (VALUES {privileges}) AS p(privilege, col) JOIN t ON true \
                  JOIN pg_attribute a ON a.attrelid = t.rel AND a.attname = p.col \
