@@ -244,6 +244,10 @@ impl Pump {
     ///   process, what dies with it is what the broker had sent before it: answered messages,
     ///   whose redelivery answers `Duplicate`, and at most the deliveries buffered behind it.
     ///
+    /// While the narrow start's one delivery runs, or a stranger's redelivery runs alone,
+    /// no other handler starts: a slow handler there holds the pump as long as it runs.
+    /// Bound a handler's slow calls (an HTTP client's timeout) so that it stays short.
+    ///
     /// Off, [`Pump::subscribe`] consumes `prefetch` at once and strangers run beside the
     /// others: for a queue with `x-single-active-consumer`, where the added consumer would
     /// only wait its turn, so the pump would run one delivery at a time.

@@ -282,6 +282,7 @@ pub struct Pump {
     progress_every: Option<Duration>,
     ack_wait: Duration,
     max_deliver: i64,
+    slow_start: bool,
 }
 
 impl Default for Pump {
@@ -302,7 +303,21 @@ impl Pump {
             progress_every: None,
             ack_wait: DEFAULT_ACK_WAIT,
             max_deliver: 10,
+            slow_start: true,
         }
+    }
+
+    /// Whether the pump takes one message at a time after it starts, and again while a
+    /// stranger's redelivery arrives — a message delivered before that this pump did not
+    /// hand back itself —, widening by doubling with each handler's answer (on by default).
+    /// A message that kills the process then dies alone, instead of taking the messages
+    /// pulled with it down again at every restart until their `max_deliver` ran out.
+    ///
+    /// While the window is one, a slow handler holds the pump as long as it runs: bound a
+    /// handler's slow calls (an HTTP client's timeout) so that it stays short. Off, the pump
+    /// takes `max_ack_pending` at once from the start.
+    pub const fn slow_start(self, slow_start: bool) -> Self {
+        Self { slow_start, ..self }
     }
 
     /// How many handlers run at once (the pump pulls no more messages than it has free
@@ -498,7 +513,7 @@ impl Pump {
                 })?;
 
         let mut tally = Tally::default();
-        let mut window = Window::new(self.max_ack_pending);
+        let mut window = Window::new(self.max_ack_pending, self.slow_start);
         let outage = Outage::new(self.outage);
         let outage = &outage;
         // Set once the pump stops pulling: a message waiting at the outage gate goes back.

@@ -15,6 +15,8 @@ use super::*;
 pub(crate) struct Window {
     pub(crate) size: usize,
     pub(crate) max: usize,
+    /// [`Pump::slow_start`]: off, the window is `max` from the start and stays so.
+    pub(crate) slow_start: bool,
     /// Stream sequences of messages this pump handed back (`Nak`), until they come again.
     pub(crate) handed_back: std::collections::HashSet<u64>,
 }
@@ -25,10 +27,12 @@ impl Window {
     /// taken for a stranger's if it does.
     pub(crate) const REMEMBERED: usize = 100_000;
 
-    pub(crate) fn new(max: usize) -> Self {
+    pub(crate) fn new(max: usize, slow_start: bool) -> Self {
+        let max = max.max(1);
         Self {
-            size: 1,
-            max: max.max(1),
+            size: if slow_start { 1 } else { max },
+            max,
+            slow_start,
             handed_back: std::collections::HashSet::new(),
         }
     }
@@ -36,7 +40,8 @@ impl Window {
     /// A message arrived: a stranger's redelivery narrows the window to one.
     pub(crate) fn arrived(&mut self, message: &Message) {
         let Ok(info) = message.info() else { return };
-        if info.delivered >= 2 && !self.handed_back.remove(&info.stream_sequence) {
+        if info.delivered >= 2 && !self.handed_back.remove(&info.stream_sequence) && self.slow_start
+        {
             self.size = 1;
         }
     }

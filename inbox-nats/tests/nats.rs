@@ -390,6 +390,54 @@ async fn a_transient_failure_is_retried_after_a_delay() {
     stream.delete().await;
 }
 
+/// How many of 9 messages — the first of which takes a second — were answered while that
+/// first one ran, on a new consumer of `pump`.
+async fn answered_beside_a_slow_first(test: &str, pump: Pump) -> u32 {
+    let stream = Stream::create(test, Duration::from_secs(120)).await;
+    for n in 0..9 {
+        stream
+            .publish(Some(&format!("m{n}")), &format!("m{n}"))
+            .await;
+    }
+    let store = Store::new();
+    let consumer = stream.consumer(&pump, test).await;
+    let (answered, beside) = (AtomicU32::new(0), AtomicU32::new(0));
+    let first = std::sync::atomic::AtomicBool::new(true);
+    within(
+        Duration::from_secs(30),
+        "the pump",
+        pump.run(&stream.jetstream, &consumer, store.applied(9), |message| {
+            let slow = first.swap(false, Ordering::SeqCst);
+            let (answered, beside) = (&answered, &beside);
+            let answer = handle(&store, &message).map_err(|e| e.action());
+            async move {
+                if slow {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    beside.store(answered.load(Ordering::SeqCst), Ordering::SeqCst);
+                }
+                answered.fetch_add(1, Ordering::SeqCst);
+                answer
+            }
+        }),
+    )
+    .await
+    .unwrap();
+    stream.delete().await;
+    beside.load(Ordering::SeqCst)
+}
+
+/// A first handler that is slow holds a slow-starting pump (its window is one) for as long as
+/// it runs; `slow_start(false)` takes `max_ack_pending` from the start, and the others run
+/// beside it (an operator's trial: no healthy message answered while a nine-second first
+/// handler ran).
+#[tokio::test]
+async fn a_slow_first_handler_holds_a_slow_start_only() {
+    let pump = Pump::new().max_ack_pending(8);
+    assert_eq!(answered_beside_a_slow_first("slow-start", pump).await, 0);
+    let wide = answered_beside_a_slow_first("wide-start", pump.slow_start(false)).await;
+    assert!(wide >= 7, "{wide} answered beside the slow one");
+}
+
 /// A message that breaks a business constraint (a payment reference already taken) is
 /// terminated: the server says so in its advisory, and never delivers it again, also not
 /// after `ack_wait`; the other message is processed.
