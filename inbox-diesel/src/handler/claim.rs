@@ -12,7 +12,7 @@ use crate::pool::{ClaimPool, ClaimTarget};
 use crate::runtime::claim::ClaimSpec;
 use crate::runtime::stored::Remembered;
 use crate::spec::HandlerSpec;
-use crate::{Error, HandlerConnection, Isolation, NoConnection};
+use crate::{Error, HandlerConnection, NoConnection};
 
 /// What a claim-mode handler's options say (`#[idempotent(mode = "claim", …)]`), for
 /// [`claim_once`] and [`claim_once_async`]: its consumer, its table, its lease, and what a
@@ -79,16 +79,9 @@ impl ClaimHandler {
     /// The rules of `#[idempotent(consumer = …)]`, checked here at run time.
     pub fn new(consumer: impl Into<String>) -> Result<Self, ConsumerError> {
         Ok(Self {
-            spec: HandlerSpec {
-                consumer: inbox_core::Consumer::new(consumer.into())?,
-                schema: InboxSchema::DEFAULT,
-                retry: inbox_core::RetryPolicy::default(),
-                isolation: Isolation::ServerDefault,
-                sqlite_busy_timeout_ms: HandlerSpec::SQLITE_BUSY_TIMEOUT_MS,
-                precheck: false,
-                idle_in_transaction_ms: HandlerSpec::IDLE_IN_TRANSACTION_MS,
-                in_flight_when_locked: false,
-            },
+            // A transaction-mode handler's settings, whose transaction settings claim mode
+            // does not use.
+            spec: super::Handler::new(consumer)?.spec,
             claim: ClaimSpec {
                 lease_ms: ClaimSpec::DEFAULT_LEASE_MS,
             },
