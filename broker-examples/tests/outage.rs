@@ -124,20 +124,22 @@ async fn apply(
 }
 
 /// The handler as a pump calls it: a new connection each time (as a pool gives one after
-/// dropping the last), counted while the database refuses writes.
+/// dropping the last), each failure counted — every one of class `failing`, what the test
+/// provokes.
 async fn handle(
     url: &str,
     key: MessageKey,
     body: String,
-    refused: &AtomicU32,
+    failing: ErrorClass,
+    failed: &AtomicU32,
 ) -> Result<Outcome<()>, Action> {
     let mut conn = AsyncPgConnection::establish(url)
         .await
         .map_err(|_| Action::Reconnect)?;
     let answer = apply(&mut conn, &key, &body).await;
     if let Err(e) = &answer {
-        assert_eq!(e.class(), ErrorClass::ReadOnly, "{e:?}");
-        refused.fetch_add(1, Ordering::SeqCst);
+        assert_eq!(e.class(), failing, "{e:?}");
+        failed.fetch_add(1, Ordering::SeqCst);
     }
     answer.map_err(|e| e.action())
 }
@@ -232,7 +234,7 @@ async fn a_rabbitmq_pump_pauses_for_a_read_only_database() {
         .run(&channel, consumer, spell(&db), |delivery| {
             let key = inbox_lapin::key(&delivery).unwrap();
             let body = String::from_utf8_lossy(&delivery.data).into_owned();
-            handle(&db.url, key, body, &refused)
+            handle(&db.url, key, body, ErrorClass::ReadOnly, &refused)
         })
         .await
         .unwrap();
@@ -250,31 +252,12 @@ async fn a_rabbitmq_pump_pauses_for_a_read_only_database() {
     assert!(effects.iter().all(|&n| n == 1), "{effects:?}");
 }
 
+/// What the lock fails a delivery with, once its retries are used up.
+const LOCK_TIMEOUT: ErrorClass =
+    ErrorClass::Transient(inbox_diesel::TransientKind::LockWaitTimeout);
+
 /// How long a migration holds its lock on the inbox in [`a_rabbitmq_pump_holds_its_deliveries_through_a_table_lock`].
 const LOCKED_FOR: Duration = Duration::from_secs(4);
-
-/// The handler as a pump calls it, counted while a lock on the whole inbox fails it past
-/// the database's `lock_timeout`.
-async fn handle_locked(
-    url: &str,
-    key: MessageKey,
-    body: String,
-    timed_out: &AtomicU32,
-) -> Result<Outcome<()>, Action> {
-    let mut conn = AsyncPgConnection::establish(url)
-        .await
-        .map_err(|_| Action::Reconnect)?;
-    let answer = apply(&mut conn, &key, &body).await;
-    if let Err(e) = &answer {
-        assert_eq!(
-            e.class(),
-            ErrorClass::Transient(inbox_diesel::TransientKind::LockWaitTimeout),
-            "{e:?}"
-        );
-        timed_out.fetch_add(1, Ordering::SeqCst);
-    }
-    answer.map_err(|e| e.action())
-}
 
 /// A migration's lock on the whole inbox — `SHARE`, as a `CREATE INDEX` without
 /// `CONCURRENTLY` takes — held for four seconds, past the database's `lock_timeout` of
@@ -326,7 +309,7 @@ async fn a_rabbitmq_pump_holds_its_deliveries_through_a_table_lock() {
         .run(&channel, consumer, finished, |delivery| {
             let key = inbox_lapin::key(&delivery).unwrap();
             let body = String::from_utf8_lossy(&delivery.data).into_owned();
-            handle_locked(&db.url, key, body, &timed_out)
+            handle(&db.url, key, body, LOCK_TIMEOUT, &timed_out)
         })
         .await
         .unwrap();
@@ -388,7 +371,7 @@ async fn a_nats_pump_pauses_for_a_read_only_database() {
         .run(&jetstream, &consumer, spell(&db), |message| {
             let key = inbox_nats::key(&message).unwrap();
             let body = String::from_utf8_lossy(&message.payload).into_owned();
-            handle(&db.url, key, body, &refused)
+            handle(&db.url, key, body, ErrorClass::ReadOnly, &refused)
         })
         .await
         .unwrap();

@@ -424,6 +424,24 @@ mod postgres {
         Ok(())
     }
 
+    /// PgBouncer in transaction mode in front of `server`, two server sessions for each
+    /// client's database and user, each reset after every transaction (`DISCARD ALL`: the
+    /// prepared statements and what the session set go).
+    fn resetting_bouncer(server: &PrivatePostgres) -> inbox_tests::private::PrivatePgbouncer {
+        let upstream = url::Url::parse(&server.url("postgres", "postgres")).unwrap();
+        inbox_tests::private::PrivatePgbouncer::start_with(
+            "127.0.0.1",
+            upstream.port().unwrap(),
+            &["app_granted", "postgres"],
+            "transaction",
+            2,
+            &[
+                "server_reset_query = DISCARD ALL",
+                "server_reset_query_always = 1",
+            ],
+        )
+    }
+
     /// A transaction-mode handler whose body runs diesel's DSL.
     #[idempotent(consumer = "credited-de", key = id)]
     fn credit_dsl(conn: &mut PgConnection, id: &str) -> Result<(), inbox_diesel::Error> {
@@ -446,18 +464,7 @@ mod postgres {
     #[test]
     fn a_cached_statement_a_pooler_dropped_is_read_in_any_language() {
         let server = server();
-        let upstream = url::Url::parse(&server.url("postgres", "postgres")).unwrap();
-        let bouncer = inbox_tests::private::PrivatePgbouncer::start_with(
-            "127.0.0.1",
-            upstream.port().unwrap(),
-            &["app_granted", "postgres"],
-            "transaction",
-            2,
-            &[
-                "server_reset_query = DISCARD ALL",
-                "server_reset_query_always = 1",
-            ],
-        );
+        let bouncer = resetting_bouncer(&server);
         let url = bouncer.url("app_granted", "postgres");
         std::thread::scope(|scope| {
             for consumer in 0..2 {
@@ -499,18 +506,7 @@ mod postgres {
         admin
             .batch_execute("ALTER ROLE app_granted SET statement_timeout = '300ms'")
             .unwrap();
-        let upstream = url::Url::parse(&server.url("postgres", "postgres")).unwrap();
-        let bouncer = inbox_tests::private::PrivatePgbouncer::start_with(
-            "127.0.0.1",
-            upstream.port().unwrap(),
-            &["app_granted", "postgres"],
-            "transaction",
-            2,
-            &[
-                "server_reset_query = DISCARD ALL",
-                "server_reset_query_always = 1",
-            ],
-        );
+        let bouncer = resetting_bouncer(&server);
         let sent = AtomicUsize::new(0);
         for url in [
             bouncer.url("app_granted", "postgres"),

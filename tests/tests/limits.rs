@@ -49,6 +49,22 @@ fn notify(
 
 /// A stored result and a claim-mode key too large for the packet: refused, said why, before
 /// anything is sent (before, the server dropped the connection on every redelivery).
+/// A private MariaDB whose packet is `packet` bytes, with the inbox `inbox` creates and
+/// account 1; a connection to it.
+fn server_with(packet: u32, inbox: &str) -> (PrivateMariadb, MysqlConnection) {
+    let server = PrivateMariadb::start(&[&format!("--max-allowed-packet={packet}")]);
+    let mut admin = server.admin();
+    admin.batch_execute(inbox).unwrap();
+    admin
+        .batch_execute(
+            "CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance BIGINT NOT NULL);
+             INSERT INTO accounts VALUES (1, 0)",
+        )
+        .unwrap();
+    let conn = MysqlConnection::establish(&server.url("root")).unwrap();
+    (server, conn)
+}
+
 #[test]
 fn results_and_claims_are_sized_too() {
     let server = PrivateMariadb::start(&["--max-allowed-packet=16384"]);
@@ -89,18 +105,10 @@ fn results_and_claims_are_sized_too() {
 
 #[test]
 fn statements_are_sized_from_the_servers_packet_limit() {
-    let server = PrivateMariadb::start(&["--max-allowed-packet=16384"]);
-    let mut admin = server.admin();
-    admin
-        .batch_execute(&Backend::Mysql.create_table_with_key_text_sql(&InboxSchema::DEFAULT))
-        .unwrap();
-    admin
-        .batch_execute(
-            "CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance BIGINT NOT NULL);
-             INSERT INTO accounts VALUES (1, 0)",
-        )
-        .unwrap();
-    let mut conn = MysqlConnection::establish(&server.url("root")).unwrap();
+    let (_server, mut conn) = server_with(
+        16384,
+        &Backend::Mysql.create_table_with_key_text_sql(&InboxSchema::DEFAULT),
+    );
 
     // 10 KiB of key: in the transaction's first string, as hex, 20 KiB — too large; as the
     // prepared insert's parameter it fits.
@@ -150,18 +158,10 @@ fn statements_are_sized_from_the_servers_packet_limit() {
 /// 900 duplicates and 100 new).
 #[test]
 fn a_batch_of_duplicates_is_read_back_in_packets() {
-    let server = PrivateMariadb::start(&["--max-allowed-packet=4096"]);
-    let mut admin = server.admin();
-    admin
-        .batch_execute(&Backend::Mysql.create_table_sql(&InboxSchema::DEFAULT))
-        .unwrap();
-    admin
-        .batch_execute(
-            "CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance BIGINT NOT NULL);
-             INSERT INTO accounts VALUES (1, 0)",
-        )
-        .unwrap();
-    let mut conn = MysqlConnection::establish(&server.url("root")).unwrap();
+    let (_server, mut conn) = server_with(
+        4096,
+        &Backend::Mysql.create_table_sql(&InboxSchema::DEFAULT),
+    );
     let first: Vec<String> = (0..900).map(|n| format!("m-{n}")).collect();
     let outcome = apply_all(&mut conn, &first).unwrap();
     assert_eq!(outcome.processed.len(), 900, "{outcome:?}");

@@ -178,6 +178,18 @@ pub(super) const PG_DEFAULT_MESSAGES: &str = "SELECT CASE WHEN reset_val ~ \
      '^(C|POSIX|en)([._@]|$)' THEN 'english' ELSE reset_val END AS version FROM pg_settings \
      WHERE name = 'lc_messages'";
 
+/// The one value `sql` reads (as `version`), empty where it reads no row.
+async fn read_setting<S: Io>(io: &mut S, sql: &'static str) -> Result<String, SchemaError> {
+    Ok(io
+        .load::<ServerRow>(&Sql::new(sql))
+        .await
+        .map_err(SchemaError::Database)?
+        .into_iter()
+        .next()
+        .map(|row| row.version)
+        .unwrap_or_default())
+}
+
 /// PostgreSQL, claim mode: refused where a new session of the role speaks another language.
 ///
 /// The startup check sets its own session's messages to English, and each handler
@@ -197,14 +209,7 @@ pub(super) async fn refuse_default_messages_for_claims<S: Io>(
     if S::Backend::BACKEND != Backend::Postgres {
         return Ok(());
     }
-    let default = io
-        .load::<ServerRow>(&Sql::new(PG_DEFAULT_MESSAGES))
-        .await
-        .map_err(SchemaError::Database)?
-        .into_iter()
-        .next()
-        .map(|row| row.version)
-        .unwrap_or_default();
+    let default = read_setting(io, PG_DEFAULT_MESSAGES).await?;
     if default == "english" {
         return Ok(());
     }
@@ -326,14 +331,7 @@ pub(super) async fn english_messages<S: Io>(
     if may_set_messages(io).await {
         return Err(SchemaError::Database(refused));
     }
-    let setting = io
-        .load::<ServerRow>(&Sql::new(PG_MESSAGES))
-        .await
-        .map_err(SchemaError::Database)?
-        .into_iter()
-        .next()
-        .map(|row| row.version)
-        .unwrap_or_default();
+    let setting = read_setting(io, PG_MESSAGES).await?;
     Err(SchemaError::Session {
         table: schema.table(),
         problem: SchemaProblem::Unsupported {
