@@ -15,7 +15,7 @@ use crate::spec::HandlerSpec;
 use crate::{Error, HandlerConnection, NoConnection};
 
 /// What a claim-mode handler's options say (`#[idempotent(mode = "claim", …)]`), for
-/// [`claim_once`] and [`claim_once_async`]: its consumer, its table, its lease, and what a
+/// [`claim_once`] and `claim_once_async`: its consumer, its table, its lease, and what a
 /// delivery does with a claim whose lease ended without completion.
 ///
 /// `X` is that last choice, and so the outcome type: [`TakeOver`] (the default, `on_expired
