@@ -532,6 +532,8 @@ mod postgres {
             text.contains("tables named `inbox` in the schemas"),
             "{text}"
         );
+        // The fix names the table this session means, not the first of the others.
+        assert!(text.contains("this session's is `t1.inbox`"), "{text}");
         for role in [&tenant, &both] {
             admin(&format!("DROP OWNED BY {role}; DROP ROLE {role}"));
         }

@@ -226,8 +226,11 @@ pub(super) async fn refuse_default_messages_for_claims<S: Io>(
                   the pooler's reset dropped would fail in that language, read as an unknown \
                   error — a schema fault, an alert",
             fix: "give the role English messages by default: `ALTER ROLE <role> SET \
-                  lc_messages = 'C'` (or `ALTER DATABASE <database> SET lc_messages = 'C'`); \
-                  the grant of `SET` on the parameter is not enough for claim mode"
+                  lc_messages = 'C'` (or `ALTER DATABASE <database> SET lc_messages = 'C'`), \
+                  which sessions take when they start — a pooler's server sessions open \
+                  before it keep their language until they are opened again (PgBouncer: \
+                  `RECONNECT` on its console, or `server_lifetime`); the grant of `SET` on \
+                  the parameter is not enough for claim mode"
                 .into(),
         },
     })

@@ -334,6 +334,13 @@ pub(super) fn refusals(
         .map(|f| f.detail.as_str())
         .collect();
     if same_name.len() > 1 {
+        // The schema this session's name resolved to: the table it means now, which a
+        // tenant's own handler names (not the first of the others).
+        let own = facts
+            .iter()
+            .find(|fact| fact.kind == "table")
+            .and_then(|fact| fact.detail.rsplit_once('.'))
+            .map_or(same_name[0], |(qualifier, _)| qualifier);
         problems.push(SchemaProblem::Unsupported {
             found: format!(
                 "tables named `{table}` in the schemas {}",
@@ -343,11 +350,12 @@ pub(super) fn refusals(
                   instances with different settings would each keep markers in their own \
                   table and apply a message once in each",
             fix: format!(
-                "name the table with its schema (`table = \"{}.{table}\"`); tenants that then \
-                 share that one table and number their messages each on their own must key by \
-                 the tenant too (`key = Scoped(tenant, msg.id)`), or one tenant's message is \
-                 another's duplicate",
-                same_name[0]
+                "name the table with its schema — this session's is `{own}.{table}` (`table = \
+                 \"{own}.{table}\"`, a handler per tenant schema), or give each tenant a role \
+                 that may use its own schema only; tenants that share one table and number \
+                 their messages each on their own must key by the tenant too \
+                 (`key = Scoped(tenant, msg.id)`), or one tenant's message is another's \
+                 duplicate"
             ),
         });
     }
