@@ -56,11 +56,20 @@ pub enum Processed<A> {
     /// ran. Hand it back without delay.
     Unstarted,
     /// The handler answered; `settlement` is what its answer says
-    /// ([`Settle::settlement`]).
+    /// ([`Settle::settlement`]): an ack, a retry, a dead letter.
     Answered {
         /// The handler's answer.
         answer: A,
         /// What to do with the delivery.
+        settlement: Settlement,
+    },
+    /// The handler's answer halts the consumer ([`Settlement::Halt`], or a settlement a
+    /// later version adds, which is not acknowledged blindly): a deployment fault every
+    /// delivery would meet. Stop taking deliveries, and hand this one back.
+    Halted {
+        /// The answer, as `Debug` prints it.
+        answer: String,
+        /// What the answer said.
         settlement: Settlement,
     },
     /// The handler panicked: its delivery alone is handed back ([`Settlement::of_panic`]).
@@ -166,6 +175,10 @@ where
             unseen(format_args!(
                 "the handler's answer halts the consumer: {answer:?}"
             ));
+            return Processed::Halted {
+                answer: format!("{answer:?}"),
+                settlement,
+            };
         }
     }
     Processed::Answered { answer, settlement }

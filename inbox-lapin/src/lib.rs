@@ -413,18 +413,11 @@ impl Pump {
                             counts_ref.settled(retry, settled, failed_ref, halt_ref);
                             return;
                         }
-                        Processed::Panicked { settlement } => settlement,
-                        Processed::Answered { answer, settlement } => {
-                            if !matches!(
-                                settlement,
-                                Settlement::Ack
-                                    | Settlement::Retry { .. }
-                                    | Settlement::Held { .. }
-                                    | Settlement::DeadLetter
-                            ) {
-                                let _ = halt_ref.send(Some(format!("{answer:?}")));
-                                let _ = stopping_ref.send(true);
-                            }
+                        Processed::Panicked { settlement }
+                        | Processed::Answered { settlement, .. } => settlement,
+                        Processed::Halted { answer, settlement } => {
+                            let _ = halt_ref.send(Some(answer));
+                            let _ = stopping_ref.send(true);
                             settlement
                         }
                     };

@@ -144,22 +144,14 @@ where
                 confirmed,
             };
         }
-        Processed::Panicked { settlement } => settlement,
-        Processed::Answered { answer, settlement } => match settlement {
-            Settlement::Ack
-            | Settlement::Retry { .. }
-            | Settlement::Held { .. }
-            | Settlement::DeadLetter => settlement,
-            // Back to the stream once the pump stopped pulling, for when the deployment is
-            // fixed; and `Settlement` is non-exhaustive: what a later version adds is not
-            // acknowledged blindly.
-            _ => {
-                return Done::Halted {
-                    answer: format!("{answer:?}"),
-                    acker: Box::new(acker),
-                };
-            }
-        },
+        Processed::Panicked { settlement } | Processed::Answered { settlement, .. } => settlement,
+        // Back to the stream once the pump stopped pulling, for when the deployment is fixed.
+        Processed::Halted { answer, .. } => {
+            return Done::Halted {
+                answer,
+                acker: Box::new(acker),
+            };
+        }
     };
     let kind = match settlement {
         Settlement::Ack => AckKind::Ack,
