@@ -158,7 +158,7 @@ pub(crate) trait Transactions: Io {
     async fn roll_back(&mut self) -> QueryResult<()>;
 }
 
-impl<C: crate::InboxConnection> Transactions for Blocking<'_, C> {
+impl<C: crate::backends::InboxConnection> Transactions for Blocking<'_, C> {
     type Conn = C;
 
     fn conn(&mut self) -> &mut C {
@@ -186,7 +186,7 @@ impl<C: crate::InboxConnection> Transactions for Blocking<'_, C> {
 }
 
 #[cfg(feature = "async")]
-impl<C: crate::AsyncInboxConnection> Transactions for Awaiting<'_, C> {
+impl<C: crate::backends::AsyncInboxConnection> Transactions for Awaiting<'_, C> {
     type Conn = C;
 
     fn conn(&mut self) -> &mut C {

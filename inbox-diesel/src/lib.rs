@@ -301,13 +301,18 @@
 
 extern crate self as inbox_diesel;
 
-// The layers, bottom up: `dialect` (SQL text, which backend) and `classify`; `spec` (a
-// handler's settings); `backends` (each backend's connections); `io` (one interface over
-// sync and async connections); `schema` (DDL, the startup check, migrations); `runtime`
-// (the steps of every mode, sync and async); `purge`, `unique` and `handler` on top;
-// `__private`, what the expansion names. Arrows run down only.
+// The layers, bottom up; arrows run down only, and no two modules import each other:
+// values every layer names (`value`, `spec`, `classify`, `tripwire`'s net), then `error`
+// (with the check's and the outbox's refusals, `error::schema`, `error::outbox`) and
+// `dialect` (SQL text, which backend); `backends` (each backend's connections), the test
+// kit's crash points (`testing`, `crash`); `io` (one interface over sync and async
+// connections); `schema` (DDL, the startup check, migrations), `outbox`, `purge`; `runtime`
+// (what a read of markers found and what a duplicate is answered on, the steps, the check's
+// cache, failures, stored results, batches, transaction and claim mode, then the sync and
+// async entry points); `handler` and `unique` on top; `__private`, what the expansion names.
 mod backends;
 mod classify;
+mod crash;
 mod dialect;
 mod error;
 mod guard;
@@ -324,30 +329,8 @@ mod spec;
 pub mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod value;
 
-/// A crash point of the application's own, named: where a test's
-/// `testing::crash(conn, Crash::At(name), …)` stops the call it runs, as a killed process
-/// would stop there — between two e-mails of one job, between a job's effect and its row's
-/// deletion, inside a handler's body or around it, sync or async. Without the `testing`
-/// feature (a production build, where only `[dev-dependencies]` turn it on) it does
-/// nothing and is compiled away; with it, it costs one thread-local read unless a crash
-/// plan names it.
-///
-/// ```
-/// fn run_job(job: &str) {
-///     // … the first e-mail …
-///     inbox_diesel::crash_point("between-emails");
-///     // … the second e-mail …
-/// }
-/// # run_job("welcome");
-/// ```
-#[inline(always)]
-pub fn crash_point(name: &'static str) {
-    #[cfg(feature = "testing")]
-    testing::reached(testing::Crash::At(name));
-    #[cfg(not(feature = "testing"))]
-    let _ = name;
-}
 pub mod tripwire;
 pub mod unique;
 
@@ -730,6 +713,7 @@ pub use inbox_macros::MultiConnection;
 #[cfg(feature = "async")]
 pub use backends::AsyncInboxConnection;
 pub use backends::{HandlerConnection, InboxConnection};
+pub use crash::crash_point;
 pub use error::classify;
 pub use error::{Error, SessionProblem, StoredResultProblem};
 pub use error::{HasDieselError, find_diesel_error};
@@ -740,6 +724,6 @@ pub use inbox_core::{
     Outage, Outcome, Redelivery, Retention, RetryDecision, RetryPolicy, Scoped, Settle, Settlement,
     StaleClaimOutcome, ToKeyPart, ToMessageKey, TransientKind, broker,
 };
-pub use runtime::stored::{Fingerprint, MAX_STORED_RESULT_BYTES};
 pub use schema::migration;
 pub use uuid::Uuid;
+pub use value::{Fingerprint, MAX_STORED_RESULT_BYTES};

@@ -49,11 +49,12 @@ use diesel::result::Error as DieselError;
 use diesel::sql_types::BigInt;
 use inbox_core::{InboxSchema, Retention};
 
+use crate::backends::HandlerConnection;
+use crate::backends::InboxConnection;
 use crate::backends::{OnBackend, on_backend};
 use crate::dialect::Dialect;
 use crate::dialect::Sql;
 use crate::io::{Blocking, Io, complete_now};
-use crate::{HandlerConnection, InboxConnection};
 
 /// What to purge, and in what steps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -286,13 +287,17 @@ async fn run<S: Io>(io: &mut S, schema: &InboxSchema, purge: &Purge) -> QueryRes
         let sql = Sql::new(sql).bind_text(&lock_name).bind_text(&lock_name);
         let locked = one_n(io.load(&sql).await?);
         if locked == -1 {
-            return Err(crate::Error::Session(crate::SessionProblem::AutocommitOff {
-                needed_by: "the purge",
-            })
+            return Err(crate::error::Error::Session(
+                crate::error::SessionProblem::AutocommitOff {
+                    needed_by: "the purge",
+                },
+            )
             .into());
         }
         if locked == -2 {
-            return Err(crate::Error::Session(crate::SessionProblem::ClockSet).into());
+            return Err(
+                crate::error::Error::Session(crate::error::SessionProblem::ClockSet).into(),
+            );
         }
         if locked != 1 {
             let mut report = PurgeReport::default();
@@ -453,7 +458,7 @@ mod asynchronous {
     use tracing::Instrument;
 
     use super::*;
-    use crate::AsyncInboxConnection;
+    use crate::backends::AsyncInboxConnection;
     use crate::io::Awaiting;
 
     /// [`purge`] on a diesel-async connection: the same batches, awaited.

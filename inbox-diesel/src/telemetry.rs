@@ -93,12 +93,12 @@ pub fn process_span(system: &'static str, destination: &str, delivery_count: u32
 /// and is told as a settlement that is no database failure (a dead letter's), which opens it.
 pub fn record_outage(
     span: &Span,
-    outage: &crate::Outage,
-    settlement: crate::Settlement,
+    outage: &inbox_core::Outage,
+    settlement: inbox_core::Settlement,
     panicked: bool,
 ) {
     let seen = match panicked {
-        true => crate::Settlement::DeadLetter,
+        true => inbox_core::Settlement::DeadLetter,
         false => settlement,
     };
     if let Some(pause) = outage.settled(seen) {
@@ -155,9 +155,9 @@ pub fn chain(error: &dyn std::error::Error) -> String {
 /// and with the feature `metrics` each settlement is counted in `inbox.settlements`, labelled
 /// `messaging.system` and `inbox.settlement`: dead letters can be alerted on apart from
 /// retries.
-pub fn record_settlement(span: &Span, system: &'static str, settlement: crate::Settlement) {
+pub fn record_settlement(span: &Span, system: &'static str, settlement: inbox_core::Settlement) {
     record(span, "inbox.settlement", settlement.as_str());
-    if settlement == crate::Settlement::DeadLetter {
+    if settlement == inbox_core::Settlement::DeadLetter {
         span.in_scope(|| {
             tracing::warn!(
                 settlement = settlement.as_str(),

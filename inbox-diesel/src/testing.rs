@@ -412,11 +412,11 @@ mod clock {
 ///
 /// # Panics
 /// If the statement fails (no such table).
-pub fn end_leases<C: crate::HandlerConnection>(conn: &mut C, schema: &InboxSchema) {
+pub fn end_leases<C: crate::backends::HandlerConnection>(conn: &mut C, schema: &InboxSchema) {
     struct EndLeases<'s>(&'s InboxSchema);
     impl crate::backends::OnBackend for EndLeases<'_> {
         type Output = ();
-        fn run<C: crate::InboxConnection>(self, conn: &mut C) {
+        fn run<C: crate::backends::InboxConnection>(self, conn: &mut C) {
             let sql = clock::end_leases(C::BACKEND, self.0);
             conn.batch_execute(&sql)
                 .unwrap_or_else(|e| panic!("`{sql}` failed: {e}"));
@@ -432,11 +432,15 @@ pub fn end_leases<C: crate::HandlerConnection>(conn: &mut C, schema: &InboxSchem
 ///
 /// # Panics
 /// If the statement fails (no such table).
-pub fn pass_time<C: crate::HandlerConnection>(conn: &mut C, schema: &InboxSchema, by: Duration) {
+pub fn pass_time<C: crate::backends::HandlerConnection>(
+    conn: &mut C,
+    schema: &InboxSchema,
+    by: Duration,
+) {
     struct PassTime<'s>(&'s InboxSchema, Duration);
     impl crate::backends::OnBackend for PassTime<'_> {
         type Output = ();
-        fn run<C: crate::InboxConnection>(self, conn: &mut C) {
+        fn run<C: crate::backends::InboxConnection>(self, conn: &mut C) {
             let sql = clock::pass_time(C::BACKEND, self.0, self.1);
             conn.batch_execute(&sql)
                 .unwrap_or_else(|e| panic!("`{sql}` failed: {e}"));
@@ -597,7 +601,7 @@ mod asynchronous {
     ///
     /// # Panics
     /// As [`end_leases`](super::end_leases).
-    pub async fn end_leases_async<C: crate::AsyncInboxConnection>(
+    pub async fn end_leases_async<C: crate::backends::AsyncInboxConnection>(
         conn: &mut C,
         schema: &inbox_core::InboxSchema,
     ) {
@@ -611,7 +615,7 @@ mod asynchronous {
     ///
     /// # Panics
     /// As [`pass_time`](super::pass_time).
-    pub async fn pass_time_async<C: crate::AsyncInboxConnection>(
+    pub async fn pass_time_async<C: crate::backends::AsyncInboxConnection>(
         conn: &mut C,
         schema: &inbox_core::InboxSchema,
         by: std::time::Duration,

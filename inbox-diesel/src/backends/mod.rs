@@ -606,7 +606,7 @@ mod asynchronous {
 pub(crate) fn inside_callers(error: diesel::result::Error) -> diesel::result::Error {
     match crate::dialect::open_transaction(&error) {
         true => diesel::result::Error::QueryBuilderError(Box::new(
-            crate::Error::CalledInsideTransaction,
+            crate::error::Error::CalledInsideTransaction,
         )),
         false => error,
     }
@@ -617,7 +617,7 @@ pub(crate) fn refused_inside(error: &diesel::result::Error) -> bool {
     matches!(
         error,
         diesel::result::Error::QueryBuilderError(inner)
-            if matches!(inner.downcast_ref::<crate::Error>(), Some(crate::Error::CalledInsideTransaction))
+            if matches!(inner.downcast_ref::<crate::error::Error>(), Some(crate::error::Error::CalledInsideTransaction))
     )
 }
 
@@ -676,9 +676,9 @@ pub(crate) fn transaction_gone(
 ) -> diesel::result::Error {
     match crate::classify::class_of(&error, schema) {
         inbox_core::ErrorClass::ConnectionLost => error,
-        _ => diesel::result::Error::QueryBuilderError(Box::new(crate::Error::TransactionAborted {
-            attempts: 1,
-        })),
+        _ => diesel::result::Error::QueryBuilderError(Box::new(
+            crate::error::Error::TransactionAborted { attempts: 1 },
+        )),
     }
 }
 

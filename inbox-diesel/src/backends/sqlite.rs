@@ -262,7 +262,7 @@ mod sync {
                 }
                 forget_ended(self);
                 return Err(diesel::result::Error::QueryBuilderError(Box::new(
-                    crate::Error::TransactionEnded,
+                    crate::error::Error::TransactionEnded,
                 )));
             }
             AnsiTransactionManager::commit_transaction(self)

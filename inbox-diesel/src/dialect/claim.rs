@@ -64,7 +64,7 @@ pub enum ClaimStep {
         lease_ms: u64,
         layout: Layout,
         /// The request's fingerprint, written with the claim.
-        fingerprint: Option<crate::runtime::stored::Fingerprint>,
+        fingerprint: Option<crate::value::Fingerprint>,
     },
     /// Reads the row's state and attempt counter.
     Read,
@@ -145,7 +145,7 @@ pub struct ClaimSql<'a, DB, ST = ()> {
     /// The key's text, when a part binds it.
     key_text: String,
     /// The request's fingerprint, when a part binds it.
-    fingerprint: Option<crate::runtime::stored::Fingerprint>,
+    fingerprint: Option<crate::value::Fingerprint>,
     /// The ids of [`Part::Ids`].
     ids: &'a [Uuid],
     parts: Vec<Part>,

@@ -190,7 +190,7 @@ impl DatabaseMark {
                 name,
             },
             false => DatabaseMark::Sqlite {
-                file: crate::schema::check::intern(second),
+                file: intern(second),
                 root_page: first.parse().ok()?,
                 name,
             },
@@ -282,5 +282,20 @@ pub(crate) fn key_text(key: &MessageKey) -> String {
     match text.contains('\0') {
         true => text.replace('\0', "\u{fffd}"),
         false => text,
+    }
+}
+
+/// A resolved table name, or an SQLite database's file, kept for the life of the process:
+/// one per table a handler's name resolved to, and per database file checked.
+pub(crate) fn intern(name: &str) -> &'static str {
+    static NAMES: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+    let mut names = NAMES.lock().unwrap_or_else(|e| e.into_inner());
+    match names.iter().find(|known| **known == name) {
+        Some(known) => known,
+        None => {
+            let leaked: &'static str = Box::leak(name.to_owned().into_boxed_str());
+            names.push(leaked);
+            leaked
+        }
     }
 }

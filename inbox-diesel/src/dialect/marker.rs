@@ -260,7 +260,7 @@ pub(crate) fn marker_fits(
         return Ok(());
     }
     Err(diesel::result::Error::QueryBuilderError(Box::new(
-        crate::Error::InvalidKey(inbox_core::KeyError::TooLongForServer {
+        crate::error::Error::InvalidKey(inbox_core::KeyError::TooLongForServer {
             len: text.map_or(0, str::len),
             max_packet: layout.max_packet,
         }),

@@ -11,8 +11,10 @@ use diesel::query_builder::{AstPass, BoxedSqlQuery, SqlQuery};
 use uuid::Uuid;
 
 pub(crate) mod claim;
+pub(crate) mod ddl;
 pub(crate) mod layout;
 pub(crate) mod marker;
+mod outbox;
 mod sql;
 
 use claim::{ClaimRead, ClaimSql};
@@ -275,6 +277,14 @@ pub enum Backend {
 }
 
 impl Backend {
+    /// The `n`th placeholder of a statement: `$n` on PostgreSQL, `?` elsewhere.
+    pub(crate) fn placeholder(self, n: usize) -> String {
+        match self {
+            Backend::Postgres => format!("${n}"),
+            Backend::Mysql | Backend::Sqlite => "?".to_owned(),
+        }
+    }
+
     /// The backend a database URL names, as the diesel CLI reads it: `postgres://` or
     /// `postgresql://`, `mysql://`; anything else is a SQLite file.
     pub fn from_database_url(url: &str) -> Self {

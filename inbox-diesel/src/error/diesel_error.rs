@@ -62,7 +62,7 @@ pub trait HasDieselError {
     /// (`RetryLater`) to whoever classifies it, not `Other` (`DeadLetter`). A diesel error
     /// and [`Error`] keep it; an `anyhow::Error` in the one of them it
     /// carries. By default, nothing.
-    fn record_class(&mut self, class: crate::ErrorClass, attempts: u32) {
+    fn record_class(&mut self, class: inbox_core::ErrorClass, attempts: u32) {
         let _ = (class, attempts);
     }
 }
@@ -74,13 +74,13 @@ impl HasDieselError for anyhow::Error {
     }
 
     fn record_attempts(&mut self, attempts: u32) {
-        if let Some(error) = self.downcast_mut::<crate::Error>() {
+        if let Some(error) = self.downcast_mut::<crate::error::Error>() {
             error.record_attempts(attempts);
         }
     }
 
-    fn record_class(&mut self, class: crate::ErrorClass, attempts: u32) {
-        if let Some(error) = self.downcast_mut::<crate::Error>() {
+    fn record_class(&mut self, class: inbox_core::ErrorClass, attempts: u32) {
+        if let Some(error) = self.downcast_mut::<crate::error::Error>() {
             error.record_class(class, attempts);
         } else if let Some(error) = self.downcast_mut::<diesel::result::Error>() {
             error.record_class(class, attempts);
@@ -135,7 +135,7 @@ pub fn find_diesel_error<'e>(
             return Some(diesel);
         }
         if let Some(diesel) = error
-            .downcast_ref::<crate::Error>()
+            .downcast_ref::<crate::error::Error>()
             .and_then(HasDieselError::diesel_error)
         {
             return Some(diesel);
@@ -157,13 +157,13 @@ macro_rules! boxed_errors {
             }
 
             fn record_attempts(&mut self, attempts: u32) {
-                if let Some(error) = self.downcast_mut::<crate::Error>() {
+                if let Some(error) = self.downcast_mut::<crate::error::Error>() {
                     error.record_attempts(attempts);
                 }
             }
 
-            fn record_class(&mut self, class: crate::ErrorClass, attempts: u32) {
-                if let Some(error) = self.downcast_mut::<crate::Error>() {
+            fn record_class(&mut self, class: inbox_core::ErrorClass, attempts: u32) {
+                if let Some(error) = self.downcast_mut::<crate::error::Error>() {
                     error.record_class(class, attempts);
                 } else if let Some(error) = self.downcast_mut::<diesel::result::Error>() {
                     error.record_class(class, attempts);

@@ -3,6 +3,8 @@ use std::fmt;
 use inbox_core::{Action, ErrorClass, KeyError};
 
 mod diesel_error;
+pub(crate) mod outbox;
+pub(crate) mod schema;
 
 pub use diesel_error::{HasDieselError, classify, find_diesel_error};
 
@@ -142,7 +144,7 @@ pub enum Error {
     /// ([`SchemaProblem`](crate::schema::SchemaProblem) names each, with the fix). Found the first time
     /// a connection runs the handler, before any marker is written: nothing was processed, and
     /// no delivery will be until the table is fixed. Alert; do not retry.
-    Schema(crate::schema::SchemaError),
+    Schema(schema::SchemaError),
     /// A database error while beginning, claiming, or committing — after `retries` retries
     /// when it was transient. In claim mode, an error from the stamp leaves the claim open
     /// until its lease ends (the side effect has happened), then is taken over or reported
@@ -160,7 +162,7 @@ pub enum Error {
     /// [`ErrorClass::Other`]: dead-lettered, as the message that asked for it would fail on
     /// every delivery), or published outside a handler's body (class
     /// [`ErrorClass::Misuse`]).
-    Outbox(crate::outbox::OutboxProblem),
+    Outbox(outbox::OutboxProblem),
     /// The body wrote on a diesel connection that is not the handler's transaction — a
     /// helper's own connection, a pool without a wrapper — and the
     /// [net](crate::tripwire::net) stopped the statement before it was sent. The handler's
@@ -280,7 +282,7 @@ impl Error {
             Error::ClaimLost { .. } => ErrorClass::ClaimLost,
             Error::EffectNotRecorded { .. } => ErrorClass::EffectNotRecorded,
             Error::Session(_) => ErrorClass::Misuse,
-            Error::Schema(crate::schema::SchemaError::Session { .. }) => ErrorClass::ServerSetting,
+            Error::Schema(schema::SchemaError::Session { .. }) => ErrorClass::ServerSetting,
             Error::Schema(_) => ErrorClass::Schema,
             Error::CalledInsideTransaction
             | Error::NoTransactionToJoin
@@ -288,7 +290,7 @@ impl Error {
             | Error::TransactionEnded => ErrorClass::Misuse,
             Error::IdleBoundExceeded { .. } => ErrorClass::ConnectionLost,
             Error::Database { class, .. } => class.clone(),
-            Error::Outbox(crate::outbox::OutboxProblem::OutsideHandler) => ErrorClass::Misuse,
+            Error::Outbox(outbox::OutboxProblem::OutsideHandler) => ErrorClass::Misuse,
             Error::Outbox(_) => ErrorClass::Other,
             Error::WriteOutsideTransaction(_)
             | Error::CheckoutInsideHandler(_)

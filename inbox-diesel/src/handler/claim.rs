@@ -8,11 +8,13 @@ use std::time::Duration;
 use inbox_core::{ConsumerError, InboxSchema, ToMessageKey};
 
 use super::Checked;
+use crate::backends::HandlerConnection;
+use crate::error::Error;
+use crate::guard::NoConnection;
 use crate::pool::{ClaimPool, ClaimTarget};
 use crate::runtime::claim::ClaimSpec;
 use crate::runtime::stored::Remembered;
 use crate::spec::HandlerSpec;
-use crate::{Error, HandlerConnection, NoConnection};
 
 /// What a claim-mode handler's options say (`#[idempotent(mode = "claim", …)]`), for
 /// [`claim_once`] and `claim_once_async`: its consumer, its table, its lease, and what a
@@ -234,7 +236,7 @@ pub async fn claim_once_async<H, K, T, E, B, F, X>(
 ) -> Result<X::Outcome<T>, E>
 where
     H: ClaimTarget,
-    H::Connection: crate::AsyncInboxConnection,
+    H::Connection: crate::backends::AsyncInboxConnection,
     H::Pool: crate::pool::AsyncClaimPool<Connection = H::Connection>,
     K: ToMessageKey + ?Sized,
     B: FnOnce() -> F,

@@ -23,13 +23,17 @@ use inbox_core::{ConsumerError, ErrorClass, HandlerOutcome, InboxSchema, ToMessa
 
 mod claim;
 
+use crate::backends::HandlerConnection;
+use crate::classify;
+use crate::error::Error;
+use crate::error::HasDieselError;
 #[cfg(feature = "async")]
 pub use crate::runtime::asynchronous::AsyncBody;
 use crate::spec::HandlerSpec;
-use crate::{Error, HandlerConnection, HasDieselError, Isolation, classify};
 #[cfg(feature = "async")]
 pub use claim::claim_once_async;
 pub use claim::{ClaimHandler, OnExpired, ReportExpired, TakeOver, claim_once};
+use inbox_core::Isolation;
 
 /// A handler's settings: its consumer name and the attribute's other options. Build it once,
 /// in a `static` — the runtime keeps a reference to it while it runs:
@@ -351,7 +355,7 @@ pub fn run_once_stored<C, K, T, E, B, L: OnLocked>(
     conn: &mut C,
     handler: &'static Handler<L>,
     key: &K,
-    fingerprint: Option<crate::Fingerprint>,
+    fingerprint: Option<crate::value::Fingerprint>,
     body: B,
 ) -> Result<L::Outcome<T>, E>
 where
@@ -393,7 +397,7 @@ pub async fn run_once_async<C, K, T, E, B, L: OnLocked>(
     body: B,
 ) -> Result<L::Outcome<T>, E>
 where
-    C: crate::AsyncInboxConnection,
+    C: crate::backends::AsyncInboxConnection,
     K: ToMessageKey + ?Sized,
     B: Clone + for<'c> AsyncBody<&'c mut C, Checked<Result<T, E>>, Fut: Send>,
     E: From<Error> + HasDieselError,
@@ -421,11 +425,11 @@ pub async fn run_once_stored_async<C, K, T, E, B, L: OnLocked>(
     conn: &mut C,
     handler: &'static Handler<L>,
     key: &K,
-    fingerprint: Option<crate::Fingerprint>,
+    fingerprint: Option<crate::value::Fingerprint>,
     body: B,
 ) -> Result<L::Outcome<T>, E>
 where
-    C: crate::AsyncInboxConnection,
+    C: crate::backends::AsyncInboxConnection,
     K: ToMessageKey + ?Sized,
     T: serde::Serialize + serde::de::DeserializeOwned,
     B: Clone + for<'c> AsyncBody<&'c mut C, Checked<Result<T, E>>, Fut: Send>,

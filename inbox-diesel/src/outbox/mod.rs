@@ -68,7 +68,6 @@
 //! here say what the relay does with them).
 
 use std::cell::Cell;
-use std::fmt;
 use std::future::Future;
 use std::pin::pin;
 
@@ -80,6 +79,8 @@ use crate::io::{Blocking, Io, complete_now};
 
 #[cfg(feature = "async")]
 pub mod relay;
+
+pub use crate::error::outbox::OutboxProblem;
 
 /// What a sink can carry: checked by [`Outbox::publish`] before the row is written.
 #[derive(Debug, Clone, Copy)]
@@ -165,38 +166,6 @@ impl Message {
     }
 }
 
-/// Why a message was not written to the outbox.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum OutboxProblem {
-    /// `publish` was called outside the body of an `#[idempotent]` handler (or in a claim-mode
-    /// body), or on a connection without an open transaction: the row would commit on its
-    /// own, whatever happened to the handler's work.
-    OutsideHandler,
-    /// The message is larger than the sink carries, or its destination or key is refused.
-    Refused {
-        /// What was refused.
-        what: String,
-        /// Why.
-        why: String,
-    },
-}
-
-impl fmt::Display for OutboxProblem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            OutboxProblem::OutsideHandler => f.write_str(
-                "outbox: a message is published inside the body of an #[idempotent] handler, \
-                 on its connection, so that it commits with the handler's work; here there is \
-                 no such body (or no transaction on the connection)",
-            ),
-            OutboxProblem::Refused { what, why } => {
-                write!(f, "outbox: {what} cannot be sent: {why}")
-            }
-        }
-    }
-}
-
 /// An outbox table and the limits of the sink its relay publishes to.
 #[derive(Debug, Clone, Copy)]
 pub struct Outbox {
@@ -258,7 +227,7 @@ impl Outbox {
     /// A database error; or, before any SQL, diesel's `QueryBuilderError` carrying
     /// [`Error::Outbox`](crate::Error::Outbox) when the message is refused or `publish` is
     /// not in a handler's body ([`OutboxProblem`]; `inbox_diesel::Error::from` takes it out).
-    pub fn publish<C: crate::HandlerConnection>(
+    pub fn publish<C: crate::backends::HandlerConnection>(
         &self,
         conn: &mut C,
         message: Message,
@@ -266,7 +235,7 @@ impl Outbox {
         struct Publish<'o>(&'o Outbox, Message);
         impl crate::backends::OnBackend for Publish<'_> {
             type Output = QueryResult<Uuid>;
-            fn run<C: crate::InboxConnection>(self, conn: &mut C) -> Self::Output {
+            fn run<C: crate::backends::InboxConnection>(self, conn: &mut C) -> Self::Output {
                 complete_now(self.0.append(&mut Blocking(conn), self.1))
             }
         }
@@ -278,7 +247,7 @@ impl Outbox {
     /// # Errors
     /// As [`publish`](Self::publish).
     #[cfg(feature = "async")]
-    pub async fn publish_async<C: crate::AsyncInboxConnection>(
+    pub async fn publish_async<C: crate::backends::AsyncInboxConnection>(
         &self,
         conn: &mut C,
         message: Message,
@@ -307,26 +276,8 @@ impl Outbox {
         let backend = S::Backend::BACKEND;
         let table = backend.quote_table(self.table);
         let headers = headers_json(&message.headers);
-        let sql = match backend {
-            // The notification in the same statement: no round trip of its own.
-            Backend::Postgres if self.notify => format!(
-                "WITH appended AS (INSERT INTO {table} (id, destination, ordering_key, headers, \
-                 payload) VALUES (CAST($1 AS uuid), $2, $3, $4, $5) RETURNING seq) \
-                 SELECT pg_notify($6, '') FROM appended"
-            ),
-            Backend::Postgres => format!(
-                "INSERT INTO {table} (id, destination, ordering_key, headers, payload) \
-                 VALUES (CAST($1 AS uuid), $2, $3, $4, $5)"
-            ),
-            Backend::Mysql => format!(
-                "INSERT INTO {table} (id, destination, ordering_key, headers, payload, created_at) \
-                 VALUES (?, ?, ?, ?, ?, UTC_TIMESTAMP(6))"
-            ),
-            Backend::Sqlite => format!(
-                "INSERT INTO {table} (id, destination, ordering_key, headers, payload) \
-                 VALUES (?, ?, ?, ?, ?)"
-            ),
-        };
+        let notify = self.notify && backend.notifies();
+        let sql = backend.outbox_insert_sql(&table, notify);
         let mut sql = Sql::new(sql)
             .cached()
             .bind_text(id.to_string())
@@ -334,7 +285,7 @@ impl Outbox {
             .bind_text(message.key)
             .bind_text(headers)
             .bind_bytes(message.payload);
-        if self.notify && backend == Backend::Postgres {
+        if notify {
             sql = sql.bind_text(self.channel());
         }
         io.execute(&sql).await?;
@@ -388,83 +339,7 @@ impl Outbox {
 
     /// The statement creating the table and its indexes on `backend`.
     pub fn create_table_sql(&self, backend: Backend) -> String {
-        let table = backend.quote_table(self.table);
-        let name = self.table.rsplit('.').next().unwrap_or(self.table);
-        let index = |suffix: &str| backend.quote(&index_name(name, suffix));
-        match backend {
-            Backend::Postgres => format!(
-                "CREATE TABLE {table} (\n    \
-                 seq           BIGINT      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,\n    \
-                 id            UUID        NOT NULL,\n    \
-                 destination   TEXT        NOT NULL,\n    \
-                 ordering_key  TEXT        NOT NULL DEFAULT '',\n    \
-                 headers       TEXT        NOT NULL DEFAULT '{{}}',\n    \
-                 payload       BYTEA       NOT NULL,\n    \
-                 created_at    TIMESTAMPTZ NOT NULL DEFAULT CURRENT_TIMESTAMP,\n    \
-                 claimed_until TIMESTAMPTZ,\n    \
-                 claimed_by    TEXT,\n    \
-                 attempts      INTEGER     NOT NULL DEFAULT 0,\n    \
-                 last_error    TEXT,\n    \
-                 sent_at       TIMESTAMPTZ,\n    \
-                 parked_at     TIMESTAMPTZ,\n    \
-                 CONSTRAINT {ux} UNIQUE (id)\n);\n\
-                 CREATE INDEX {pending} ON {table} (seq) WHERE sent_at IS NULL;\n\
-                 CREATE INDEX {unsent} ON {table} (destination, ordering_key, seq) WHERE sent_at IS NULL;\n\
-                 CREATE INDEX {sent} ON {table} (sent_at) WHERE sent_at IS NOT NULL;\n",
-                ux = index("id"),
-                pending = index("pending"),
-                unsent = index("unsent"),
-                sent = index("sent_at"),
-            ),
-            Backend::Mysql => format!(
-                "CREATE TABLE {table} (\n    \
-                 seq           BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,\n    \
-                 id            CHAR(36)     CHARACTER SET ascii COLLATE ascii_bin NOT NULL,\n    \
-                 destination   VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,\n    \
-                 ordering_key  VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL DEFAULT '',\n    \
-                 headers       MEDIUMTEXT   CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,\n    \
-                 payload       LONGBLOB     NOT NULL,\n    \
-                 created_at    DATETIME(6)  NOT NULL DEFAULT (UTC_TIMESTAMP(6)),\n    \
-                 claimed_until DATETIME(6)  NULL,\n    \
-                 claimed_by    CHAR(36)     CHARACTER SET ascii COLLATE ascii_bin NULL,\n    \
-                 attempts      INT          NOT NULL DEFAULT 0,\n    \
-                 last_error    TEXT         NULL,\n    \
-                 sent_at       DATETIME(6)  NULL,\n    \
-                 parked_at     DATETIME(6)  NULL,\n    \
-                 UNIQUE KEY {ux} (id),\n    \
-                 KEY {unsent} (destination, ordering_key, sent_at, seq),\n    \
-                 KEY {sent} (sent_at, seq)\n\
-                 ) ENGINE = InnoDB;\n",
-                ux = index("id"),
-                unsent = index("unsent"),
-                sent = index("sent_at"),
-            ),
-            Backend::Sqlite => format!(
-                "CREATE TABLE {table} (\n    \
-                 seq           INTEGER   PRIMARY KEY NOT NULL,\n    \
-                 id            TEXT      NOT NULL,\n    \
-                 destination   TEXT      NOT NULL,\n    \
-                 ordering_key  TEXT      NOT NULL DEFAULT '',\n    \
-                 headers       TEXT      NOT NULL DEFAULT '{{}}',\n    \
-                 payload       BLOB      NOT NULL,\n    \
-                 created_at    TIMESTAMP NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),\n    \
-                 claimed_until TIMESTAMP,\n    \
-                 claimed_by    TEXT,\n    \
-                 attempts      INTEGER   NOT NULL DEFAULT 0,\n    \
-                 last_error    TEXT,\n    \
-                 sent_at       TIMESTAMP,\n    \
-                 parked_at     TIMESTAMP\n\
-                 );\n\
-                 CREATE UNIQUE INDEX {ux} ON {table} (id);\n\
-                 CREATE INDEX {pending} ON {table} (seq) WHERE sent_at IS NULL;\n\
-                 CREATE INDEX {unsent} ON {table} (destination, ordering_key, seq) WHERE sent_at IS NULL;\n\
-                 CREATE INDEX {sent} ON {table} (sent_at) WHERE sent_at IS NOT NULL;\n",
-                ux = index("id"),
-                pending = index("pending"),
-                unsent = index("unsent"),
-                sent = index("sent_at"),
-            ),
-        }
+        backend.outbox_create_sql(self.table)
     }
 }
 
@@ -490,7 +365,7 @@ impl Outbox {
     ///
     /// # Errors
     /// A database error, or diesel's `AlreadyInTransaction` inside a transaction.
-    pub fn purge<C: crate::HandlerConnection>(
+    pub fn purge<C: crate::backends::HandlerConnection>(
         &self,
         conn: &mut C,
         older_than: std::time::Duration,
@@ -499,7 +374,7 @@ impl Outbox {
         struct Purge<'o>(&'o Outbox, std::time::Duration, u32);
         impl crate::backends::OnBackend for Purge<'_> {
             type Output = QueryResult<OutboxPurge>;
-            fn run<C: crate::InboxConnection>(self, conn: &mut C) -> Self::Output {
+            fn run<C: crate::backends::InboxConnection>(self, conn: &mut C) -> Self::Output {
                 complete_now(self.0.purge_batches(&mut Blocking(conn), self.1, self.2))
             }
         }
@@ -511,7 +386,7 @@ impl Outbox {
     /// # Errors
     /// As [`purge`](Self::purge).
     #[cfg(feature = "async")]
-    pub async fn purge_async<C: crate::AsyncInboxConnection>(
+    pub async fn purge_async<C: crate::backends::AsyncInboxConnection>(
         &self,
         conn: &mut C,
         older_than: std::time::Duration,
@@ -531,22 +406,7 @@ impl Outbox {
         let backend = S::Backend::BACKEND;
         let table = backend.quote_table(self.table);
         let batch = batch.max(1);
-        let (before, after) = S::Backend::LEASE_UNTIL;
-        let p = if backend == Backend::Postgres {
-            "$1"
-        } else {
-            "?"
-        };
-        let cutoff = format!("{before}{p}{after}");
-        let sql = match backend {
-            Backend::Mysql => format!(
-                "DELETE FROM {table} WHERE sent_at < {cutoff} ORDER BY sent_at LIMIT {batch}"
-            ),
-            Backend::Postgres | Backend::Sqlite => format!(
-                "DELETE FROM {table} WHERE seq IN (SELECT seq FROM {table} \
-                 WHERE sent_at < {cutoff} ORDER BY sent_at LIMIT {batch})"
-            ),
-        };
+        let sql = backend.outbox_purge_sql(&table, S::Backend::LEASE_UNTIL, batch);
         let age_ms = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX / 2);
         let mut report = OutboxPurge::default();
         loop {
@@ -579,14 +439,6 @@ impl Outbox {
     }
 }
 
-/// `ux_{table}_id`, `ix_{table}_unsent`, …: within 63 bytes, as every backend takes.
-fn index_name(table: &str, suffix: &str) -> String {
-    let prefix = if suffix == "id" { "ux" } else { "ix" };
-    let room = 63 - prefix.len() - suffix.len() - 2;
-    let table: String = table.chars().take(room).collect();
-    format!("{prefix}_{table}_{suffix}")
-}
-
 const fn valid_table(name: &[u8]) -> bool {
     let (mut at, mut part, mut parts) = (0, 0, 1);
     while at < name.len() {
@@ -612,7 +464,7 @@ const fn valid_table(name: &[u8]) -> bool {
 
 /// A problem as the `QueryResult` error `publish` returns.
 fn refused(problem: OutboxProblem) -> diesel::result::Error {
-    diesel::result::Error::QueryBuilderError(Box::new(crate::Error::Outbox(problem)))
+    diesel::result::Error::QueryBuilderError(Box::new(crate::error::Error::Outbox(problem)))
 }
 
 /// The headers as a JSON object of strings.

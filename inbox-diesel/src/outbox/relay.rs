@@ -43,7 +43,7 @@ use diesel::sql_types::{BigInt, Binary, Integer, Text};
 use uuid::Uuid;
 
 use super::Outbox;
-use crate::dialect::{Backend, Dialect, Sql};
+use crate::dialect::{Dialect, Sql};
 use crate::io::{Awaiting, Io};
 
 /// A message the relay hands to its sink.
@@ -187,7 +187,7 @@ impl Relay {
     /// (the rows this round claimed are claimed again when their lease ends).
     pub async fn run<C, S, F>(&self, conn: &mut C, sink: &mut S, shutdown: F) -> QueryResult<Report>
     where
-        C: crate::AsyncInboxConnection + 'static,
+        C: crate::backends::AsyncInboxConnection + 'static,
         S: Sink,
         F: Future<Output = ()>,
     {
@@ -231,7 +231,7 @@ impl Relay {
 
     /// PostgreSQL, an outbox that notifies on commit, an `AsyncPgConnection`: `LISTEN` on its
     /// channel; whether the relay listens.
-    async fn listen<C: crate::AsyncInboxConnection + 'static>(
+    async fn listen<C: crate::backends::AsyncInboxConnection + 'static>(
         &self,
         conn: &mut C,
     ) -> QueryResult<bool> {
@@ -258,7 +258,7 @@ impl Relay {
     /// A database error (see [`run`](Self::run)).
     pub async fn run_once<C, S>(&self, conn: &mut C, sink: &mut S) -> QueryResult<Round>
     where
-        C: crate::AsyncInboxConnection,
+        C: crate::backends::AsyncInboxConnection,
         S: Sink,
     {
         let io = &mut Awaiting(conn);
@@ -267,7 +267,7 @@ impl Relay {
         // SQLite's claim takes the database's one write lock even when it finds nothing, and
         // handlers committing meanwhile wait for it (`busy_timeout`): a read first, which
         // takes no lock, so that an idle relay polling often does not hold up the writers.
-        if C::BACKEND == Backend::Sqlite && !self.claimable(io).await? {
+        if C::BACKEND.single_writer() && !self.claimable(io).await? {
             return Ok(Round::default());
         }
         let claimed = self.claim(io, &token).await?;
@@ -292,7 +292,7 @@ impl Relay {
             match sink.send(&message).await {
                 Ok(()) => {
                     sent.push(message.seq);
-                    crate::crash_point(Self::SENT);
+                    crate::crash::crash_point(Self::SENT);
                 }
                 Err(SinkError::Rejected(why)) => {
                     round.rejected += 1;
@@ -344,14 +344,11 @@ impl Relay {
     async fn claim<S: Io>(&self, io: &mut S, token: &str) -> QueryResult<Vec<Outgoing>> {
         let backend = S::Backend::BACKEND;
         let table = backend.quote_table(self.outbox.table);
-        // PostgreSQL: the lease from the moment each row is claimed (`clock_timestamp()`),
-        // not from the statement's start — a claim that takes seconds (a long backlog under
-        // one key, a table not yet analysed) would otherwise hand out rows whose lease had
-        // already run, for another relay to claim while this one sends them.
-        let (until_before, until_after) = match backend {
-            Backend::Postgres => ("clock_timestamp() + ", " * INTERVAL '1 millisecond'"),
-            _ => S::Backend::LEASE_UNTIL,
-        };
+        // The lease from the moment each row is claimed where the server can tell, not from
+        // the statement's start — a claim that takes seconds (a long backlog under one key, a
+        // table not yet analysed) would otherwise hand out rows whose lease had already run,
+        // for another relay to claim while this one sends them.
+        let (until_before, until_after) = backend.lease_per_row(S::Backend::LEASE_UNTIL);
         let candidates = self.candidates::<S::Backend>(self.batch, true);
         // A candidate `c` of `candidates` whose unsent predecessors of its key are all
         // candidates (`within`: the candidates' seqs). Both lookups of a key's rows are
@@ -369,21 +366,15 @@ impl Relay {
         let lease_ms = i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX);
         let lease = |sql: String| Sql::new(sql).bind_i64(lease_ms).bind_text(token);
         let columns = |alias: &str| {
-            let id = match backend {
-                Backend::Postgres => format!("CAST({alias}id AS text)"),
-                _ => format!("{alias}id"),
-            };
+            let id = backend.outbox_id_text(&format!("{alias}id"));
             format!(
                 "{alias}seq, {id} AS id, {alias}destination, {alias}ordering_key, \
                  {alias}headers, {alias}payload, {alias}attempts"
             )
         };
-        let mut rows: Vec<ClaimedRow> = match backend {
-            Backend::Postgres | Backend::Sqlite => {
-                let (p1, p2) = match backend {
-                    Backend::Postgres => ("$1", "$2"),
-                    _ => ("?", "?"),
-                };
+        let mut rows: Vec<ClaimedRow> = match backend.updates_from_own_subquery() {
+            true => {
+                let (p1, p2) = (backend.placeholder(1), backend.placeholder(2));
                 let sql = format!(
                     "WITH c AS ({candidates}) \
                      UPDATE {table} SET claimed_until = {until_before}{p1}{until_after}, \
@@ -397,7 +388,7 @@ impl Relay {
             // MySQL and MariaDB refuse the table in a subquery of its own UPDATE: the
             // candidates are read and locked first, then the claimable ones read whole, then
             // claimed by their `seq`, in one transaction.
-            Backend::Mysql => {
+            false => {
                 io.execute(&Sql::new("START TRANSACTION")).await?;
                 let claimed = async {
                     let seqs: Vec<Seq> = io.load(&Sql::new(candidates)).await?;
@@ -443,10 +434,9 @@ impl Relay {
         let backend = D::BACKEND;
         let table = backend.quote_table(self.outbox.table);
         let free = free::<D>;
-        let lock = match (lock, backend) {
-            (true, Backend::Postgres) => " FOR UPDATE OF o SKIP LOCKED",
-            (true, Backend::Mysql) => " FOR UPDATE SKIP LOCKED",
-            _ => "",
+        let lock = match lock {
+            true => backend.skip_locked(),
+            false => "",
         };
         format!(
             "SELECT o.seq, o.destination, o.ordering_key FROM {table} o \
@@ -483,7 +473,7 @@ impl Relay {
             table = backend.quote_table(self.outbox.table),
             now = S::Backend::LEASE_NOW,
             list = seq_list(seqs.iter().copied()),
-            p1 = placeholder(backend, 1),
+            p1 = backend.placeholder(1),
         );
         io.execute(&Sql::new(sql).bind_text(token)).await
     }
@@ -516,10 +506,10 @@ impl Relay {
              claimed_until = {until_before}{p2}{until_after} \
              WHERE seq = {p3} AND claimed_by = {p4}",
             table = backend.quote_table(self.outbox.table),
-            p1 = placeholder(backend, 1),
-            p2 = placeholder(backend, 2),
-            p3 = placeholder(backend, 3),
-            p4 = placeholder(backend, 4),
+            p1 = backend.placeholder(1),
+            p2 = backend.placeholder(2),
+            p3 = backend.placeholder(3),
+            p4 = backend.placeholder(4),
         );
         let why: String = why.chars().take(2000).collect();
         io.execute(
@@ -540,8 +530,8 @@ impl Relay {
             "UPDATE {table} SET claimed_until = NULL, claimed_by = NULL \
              WHERE seq = {p1} AND claimed_by = {p2}",
             table = backend.quote_table(self.outbox.table),
-            p1 = placeholder(backend, 1),
-            p2 = placeholder(backend, 2),
+            p1 = backend.placeholder(1),
+            p2 = backend.placeholder(2),
         );
         io.execute(&Sql::new(sql).bind_i64(message.seq).bind_text(token))
             .await?;
@@ -637,14 +627,6 @@ fn seq_list(seqs: impl Iterator<Item = i64>) -> String {
     seqs.map(|seq| seq.to_string())
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-/// The `n`th placeholder of a statement.
-fn placeholder(backend: Backend, n: usize) -> String {
-    match backend {
-        Backend::Postgres => format!("${n}"),
-        Backend::Mysql | Backend::Sqlite => "?".to_owned(),
-    }
 }
 
 #[derive(diesel::QueryableByName)]

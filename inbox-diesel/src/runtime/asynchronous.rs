@@ -12,19 +12,23 @@ use diesel::QueryResult;
 use inbox_core::{BatchOutcome, ErrorClass, HandlerOutcome, KeyError, MessageKey};
 use tracing::Instrument;
 
+use crate::backends::AsyncInboxConnection;
 use crate::backends::CancelIfDropped;
 use crate::dialect::claim::{ClaimAnswer, ClaimStep};
 use crate::dialect::layout::Layout;
+use crate::error::Error;
+use crate::guard::NoConnection;
 use crate::io::Awaiting;
 use crate::pool::{AsyncClaimPool, ClaimOn, ClaimTarget};
 use crate::runtime::batch::{self, BatchClaims, NewMessages};
 use crate::runtime::claim::ClaimSpec;
+use crate::runtime::found::Kept;
 use crate::runtime::steps::{self, Steps};
-use crate::runtime::stored::{Fingerprint, Kept, Remembered};
+use crate::runtime::stored::Remembered;
 use crate::runtime::{checked, claim_mode, transaction};
 use crate::spec::HandlerSpec;
 use crate::telemetry::Run;
-use crate::{AsyncInboxConnection, Error, NoConnection};
+use crate::value::Fingerprint;
 
 /// An async closure taking the connection, whose future can be named — and so be required
 /// to be `Send`. Async closures always implement `FnOnce` returning their future; the bounds
@@ -719,7 +723,7 @@ impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
         spec: &'static HandlerSpec,
         ids: &[uuid::Uuid],
         latest: bool,
-    ) -> QueryResult<crate::runtime::claim::Presence> {
+    ) -> QueryResult<crate::runtime::found::Presence> {
         crate::runtime::claim::present(self, &spec.schema, spec.consumer.as_str(), ids, latest)
             .await
     }

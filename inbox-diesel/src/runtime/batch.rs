@@ -7,8 +7,8 @@ use inbox_core::{BatchOutcome, ErrorClass, MessageKey};
 use crate::classify;
 use crate::dialect::claim::{ClaimAnswer, ClaimState, ClaimStep};
 use crate::dialect::layout::{Layout, key_text};
+use crate::runtime::evidence::{confirm_duplicates, evidence};
 use crate::runtime::steps::{Steps, roll_back};
-use crate::runtime::transaction::{confirm_duplicates, evidence};
 use crate::spec::HandlerSpec;
 
 /// The outcome of a batch of `len` messages: the body's value, if it ran, and which

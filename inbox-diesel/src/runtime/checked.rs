@@ -4,13 +4,14 @@
 use diesel::result::Error as DieselError;
 use inbox_core::ErrorClass;
 
+use crate::classify;
 use crate::dialect::layout::Layout;
+use crate::error::Error;
 use crate::runtime::failure::discard;
 use crate::runtime::steps::Steps;
 use crate::schema::check::SchemaError;
 use crate::spec::HandlerSpec;
 use crate::telemetry;
-use crate::{Error, classify};
 
 /// Checks, the first time a connection runs a handler, that the handler's inbox table can
 /// recognise a duplicate, and reads which optional columns it has (its [`Layout`]): on MySQL and MariaDB a plain `INSERT` of the marker succeeds twice

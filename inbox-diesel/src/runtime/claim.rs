@@ -7,7 +7,8 @@ use inbox_core::{InboxSchema, MessageKey};
 use crate::dialect::Sql;
 use crate::dialect::claim::{ClaimAnswer, ClaimSql, ClaimStep, read_answer};
 use crate::io::Io;
-use crate::runtime::transaction::refused_marker;
+use crate::runtime::evidence::refused_marker;
+use crate::runtime::found::Presence;
 use crate::schema::check::autocommit_on;
 
 /// A claim-mode handler's lease. What a delivery does with an expired claim is in the
@@ -84,7 +85,7 @@ pub(crate) async fn step<S: Io>(
                 };
                 match io.batch(&probe).await {
                     Err(e) if crate::dialect::open_transaction(&e) => {
-                        return Err(crate::Error::CalledInsideTransaction.into());
+                        return Err(crate::error::Error::CalledInsideTransaction.into());
                     }
                     other => other?,
                 }
@@ -100,11 +101,13 @@ pub(crate) async fn step<S: Io>(
             {
                 // MariaDB: autocommit on, so the insert met a transaction left open.
                 if layout.mariadb && autocommit_on(io).await.unwrap_or(false) {
-                    return Err(crate::Error::CalledInsideTransaction.into());
+                    return Err(crate::error::Error::CalledInsideTransaction.into());
                 }
-                return Err(crate::Error::Session(crate::SessionProblem::AutocommitOff {
-                    needed_by: "claim mode",
-                })
+                return Err(crate::error::Error::Session(
+                    crate::error::SessionProblem::AutocommitOff {
+                        needed_by: "claim mode",
+                    },
+                )
                 .into());
             }
             crate::dialect::marker::inserted_unless_duplicate(inserted, schema)
@@ -149,16 +152,6 @@ pub(crate) async fn present<S: Io>(
             completed: count(completed),
             live_claims: count(live),
         }))
-}
-
-/// The markers [`present`] found: all of them, those completed (`processed_at` set), and
-/// claims of claim mode still within their lease. A claim is a marker too, but not a
-/// duplicate's evidence for a handler of another mode: its side effect may not have run.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Presence {
-    pub(crate) present: usize,
-    pub(crate) completed: usize,
-    pub(crate) live_claims: usize,
 }
 
 /// How long claim mode needs the server to keep a session that sends nothing: the side

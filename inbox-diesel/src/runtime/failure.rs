@@ -8,14 +8,14 @@ use diesel::QueryResult;
 use diesel::result::Error as DieselError;
 use inbox_core::ErrorClass;
 
+use crate::classify;
 use crate::dialect::layout::Layout;
+use crate::error::Error;
 use crate::runtime::batch::Claims;
-use crate::runtime::checked::CHECKED_MAX;
-use crate::runtime::claim::Presence;
+use crate::runtime::found::Presence;
 use crate::runtime::steps::Steps;
 use crate::spec::HandlerSpec;
 use crate::telemetry;
-use crate::{Error, classify};
 
 /// MariaDB writes a deadlock (1213) in the server's own language, whatever the session's
 /// `lc_messages`, and its text protocol and the async driver report no code for it: an
@@ -172,6 +172,10 @@ impl<S: Steps> Drop for Abandoned<S> {
 /// checks remembered are.
 pub(super) static DISCARDED: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
 
+/// How many connections [`discard`] remembers as put in error, as the check's cache
+/// remembers its pairs.
+const DISCARDED_MAX: usize = 256;
+
 /// A delivery that failed with a class whose action is a new connection
 /// ([`Action::Reconnect`](inbox_core::Action::Reconnect): the session lost, read-only — a
 /// standby, or a primary demoted by a failover, whose open sessions stay —, a prepared
@@ -192,7 +196,7 @@ pub(super) fn discard<S: Steps>(steps: &mut S, class: Option<&ErrorClass>) {
     let address = steps.address();
     let mut discarded = DISCARDED.lock().unwrap_or_else(|e| e.into_inner());
     if !discarded.contains(&address) {
-        if discarded.len() == CHECKED_MAX {
+        if discarded.len() == DISCARDED_MAX {
             discarded.clear();
         }
         discarded.push(address);

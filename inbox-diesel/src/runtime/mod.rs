@@ -1,6 +1,7 @@
 //! The runtime: the steps of every mode written once over the connection's steps
 //! ([`steps`]) — transaction mode ([`transaction`]), claim mode ([`claim_mode`]), a batch's
-//! markers ([`batch`]), the startup check's cache ([`checked`]), stored results
+//! markers ([`batch`]), what a duplicate is answered on ([`evidence`]), what a read of
+//! markers found ([`found`]), the startup check's cache ([`checked`]), stored results
 //! ([`stored`]), failures and giving up ([`failure`]) — run synchronously ([`sync`]) or
 //! awaited ([`asynchronous`]).
 
@@ -16,7 +17,9 @@ pub(crate) mod batch;
 pub(crate) mod checked;
 pub(crate) mod claim;
 pub(crate) mod claim_mode;
+pub(crate) mod evidence;
 pub(crate) mod failure;
+pub(crate) mod found;
 pub(crate) mod steps;
 pub(crate) mod stored;
 pub(crate) mod sync;

@@ -13,11 +13,13 @@ use inbox_core::MessageKey;
 
 use crate::dialect::claim::{ClaimAnswer, ClaimStep};
 use crate::dialect::layout::Layout;
-use crate::runtime::claim::Presence;
-use crate::runtime::stored::{Fingerprint, Kept};
+use crate::error::Error;
+use crate::runtime::found::Kept;
+use crate::runtime::found::Presence;
 use crate::schema::check::SchemaError;
 use crate::spec::HandlerSpec;
-use crate::{Error, tripwire};
+use crate::tripwire;
+use crate::value::Fingerprint;
 
 /// What a connection does for the driver: open, claim, commit, roll back, wait.
 pub(crate) trait Steps {

@@ -17,16 +17,18 @@ use diesel::QueryResult;
 use diesel::result::Error as DieselError;
 use inbox_core::{HandlerOutcome, MessageKey};
 
-use crate::Error;
-use crate::Isolation;
 use crate::dialect::claim::{ClaimAnswer, ClaimState, ClaimStep};
 use crate::dialect::layout::Layout;
+use crate::error::Error;
 use crate::io::complete_now;
-use crate::runtime::claim::{ClaimSpec, Presence};
-use crate::runtime::stored::{Fingerprint, Kept};
+use crate::runtime::claim::ClaimSpec;
+use crate::runtime::found::Kept;
+use crate::runtime::found::Presence;
 use crate::runtime::sync::Immediate;
 use crate::schema::check::SchemaError;
 use crate::spec::HandlerSpec;
+use crate::value::Fingerprint;
+use inbox_core::Isolation;
 
 #[test]
 fn a_check_is_remembered_by_what_stays_with_the_connection() {

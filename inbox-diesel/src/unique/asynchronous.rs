@@ -1,7 +1,7 @@
 //! The entry points on a diesel-async connection.
 
 use super::*;
-use crate::AsyncInboxConnection;
+use crate::backends::AsyncInboxConnection;
 use crate::io::Awaiting;
 use crate::runtime::asynchronous::{AsyncBody, Cloned};
 use std::marker::PhantomData;

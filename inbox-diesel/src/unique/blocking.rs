@@ -37,7 +37,7 @@ pub fn insert_or_get<C, T>(
     reread: impl FnMut(&mut C) -> QueryResult<T>,
 ) -> Result<Created<T>, UniqueError>
 where
-    C: crate::HandlerConnection,
+    C: crate::backends::HandlerConnection,
 {
     // On an application's enum of connections (`#[derive(inbox_diesel::MultiConnection)]`)
     // the statements of the runtime's own run on its variant; `insert` and `reread` are
@@ -67,7 +67,7 @@ where
 {
     type Output = Result<Created<T>, UniqueError>;
 
-    fn visit<C: crate::InboxConnection>(
+    fn visit<C: crate::backends::InboxConnection>(
         self,
         outer: &mut O,
         project: fn(&mut O) -> &mut C,
@@ -112,7 +112,7 @@ pub fn upsert<'q, C, S, Id>(
     #[allow(unused_variables)] id: Id,
 ) -> Result<i64, UniqueError>
 where
-    C: crate::InboxConnection,
+    C: crate::backends::InboxConnection,
     S: Clone,
     Upsert<S, Id>:
         diesel::query_dsl::LoadQuery<'q, C, i64> + diesel::query_dsl::methods::ExecuteDsl<C>,
@@ -157,7 +157,7 @@ pub fn upsert_all<'q, 'r, C, R, S, Id>(
     #[allow(unused_variables)] id: Id,
 ) -> Result<Vec<i64>, UniqueError>
 where
-    C: crate::InboxConnection,
+    C: crate::backends::InboxConnection,
     Upsert<S, Id>: diesel::query_dsl::LoadQuery<'q, C, i64>,
 {
     use diesel::RunQueryDsl;
@@ -196,7 +196,7 @@ where
 /// [`UniqueError::OtherViolation`] for another index, or the database's error.
 pub fn insert_if_absent<C, S>(conn: &mut C, key: &UniqueKey, insert: S) -> Result<bool, UniqueError>
 where
-    C: crate::InboxConnection,
+    C: crate::backends::InboxConnection,
     S: Clone,
     InsertIfAbsent<S>: diesel::query_dsl::methods::ExecuteDsl<C>,
 {
@@ -242,7 +242,7 @@ pub fn serialize_on<C, T, E>(
     body: impl FnOnce(&mut C) -> Result<T, E>,
 ) -> Result<T, E>
 where
-    C: crate::HandlerConnection,
+    C: crate::backends::HandlerConnection,
     E: From<UniqueError>,
 {
     conn.__inbox_visit(SerializeOn {
@@ -266,7 +266,7 @@ where
 {
     type Output = Result<T, E>;
 
-    fn visit<C: crate::InboxConnection>(
+    fn visit<C: crate::backends::InboxConnection>(
         self,
         outer: &mut O,
         project: fn(&mut O) -> &mut C,

@@ -7,19 +7,22 @@ use diesel::QueryResult;
 use diesel::result::Error as DieselError;
 use inbox_core::{ErrorClass, HandlerOutcome, MessageKey, RetryDecision};
 
+use crate::classify;
 use crate::dialect::claim::{ClaimAnswer, ClaimState, ClaimStep};
 use crate::dialect::layout::Layout;
+use crate::error::Error;
+use crate::guard::NoConnection;
 use crate::runtime::checked::{
     forget_check, needs_recheck, rechecked_layout, schema_checked, statement_lost,
 };
 use crate::runtime::claim::ClaimSpec;
+use crate::runtime::evidence::swallowed;
 use crate::runtime::failure::{Failure, discard, give_up, take_back};
 use crate::runtime::steps::{Body, Panicked, Steps, is_stopped, run_body, stopped};
-use crate::runtime::stored::{Fingerprint, Remembered, kept_columns, read_kept, stored_value};
-use crate::runtime::transaction::swallowed;
+use crate::runtime::stored::{Remembered, kept_columns, read_kept, stored_value};
 use crate::spec::HandlerSpec;
 use crate::telemetry;
-use crate::{Error, NoConnection, classify};
+use crate::value::Fingerprint;
 
 mod acquire;
 mod stamp;

@@ -8,19 +8,24 @@ use diesel::QueryResult;
 use inbox_core::{BatchOutcome, ErrorClass, HandlerOutcome, KeyError, MessageKey};
 use tracing::Instrument;
 
+use crate::backends::HandlerConnection;
+use crate::backends::InboxConnection;
 use crate::backends::Visit;
 use crate::dialect::claim::{ClaimAnswer, ClaimStep};
 use crate::dialect::layout::Layout;
+use crate::error::Error;
+use crate::guard::NoConnection;
 use crate::io::{Blocking, complete_now};
 use crate::pool::{ClaimOn, ClaimPool, ClaimTarget};
 use crate::runtime::batch::{self, BatchClaims, NewMessages};
 use crate::runtime::claim::ClaimSpec;
+use crate::runtime::found::Kept;
 use crate::runtime::steps::{self, Steps};
-use crate::runtime::stored::{Fingerprint, Kept, Remembered};
+use crate::runtime::stored::Remembered;
 use crate::runtime::{checked, claim_mode, transaction};
 use crate::spec::HandlerSpec;
 use crate::telemetry::Run;
-use crate::{Error, HandlerConnection, InboxConnection, NoConnection};
+use crate::value::Fingerprint;
 use diesel::connection::TransactionManagerStatus;
 
 mod claim;

@@ -263,7 +263,7 @@ impl<O, C: InboxConnection> Steps for Projected<'_, O, C> {
         spec: &'static HandlerSpec,
         ids: &[uuid::Uuid],
         latest: bool,
-    ) -> QueryResult<crate::runtime::claim::Presence> {
+    ) -> QueryResult<crate::runtime::found::Presence> {
         crate::runtime::claim::present(
             &mut self.io(),
             &spec.schema,
