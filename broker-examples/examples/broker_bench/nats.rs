@@ -230,7 +230,11 @@ impl Nats {
         let stream = self.prepare(run, &ids).await?;
         let client = nats_client(&self.url).await?;
         let jetstream = jetstream::new(client.clone());
-        let pump = inbox_nats::Pump::new().max_ack_pending(in_flight);
+        // The full window from the start: the gate answers no handler until every message is
+        // in hand, and a narrow start would take one and wait for its answer.
+        let pump = inbox_nats::Pump::new()
+            .max_ack_pending(in_flight)
+            .slow_start(false);
         let consumer = match variant {
             Variant::Pump => pump
                 .consumer(&jetstream, &stream, DURABLE)

@@ -224,7 +224,12 @@ impl Rabbit {
         let consume = async {
             match variant {
                 Variant::Pump => {
-                    let pump = inbox_lapin::Pump::new().prefetch(in_flight);
+                    // The full window from the start: the gate answers no handler until
+                    // every delivery is in hand, and a narrow start would take one and wait
+                    // for its answer.
+                    let pump = inbox_lapin::Pump::new()
+                        .prefetch(in_flight)
+                        .slow_start(false);
                     let consumer = pump
                         .subscribe(&channel, &queue, "bench-pump")
                         .await
