@@ -10,6 +10,7 @@ use diesel::QueryResult;
 use diesel::query_builder::{AstPass, BoxedSqlQuery, SqlQuery};
 use uuid::Uuid;
 
+pub(crate) mod catalog;
 pub(crate) mod claim;
 pub(crate) mod ddl;
 pub(crate) mod layout;
