@@ -47,16 +47,16 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use async_nats::jetstream::consumer::PullConsumer;
-use async_nats::jetstream::{Context, Message, stream};
-use async_nats::{ConnectOptions, HeaderMap, header};
-use inbox_broker_examples::events::{Answer, Event};
+use async_nats::jetstream::{Context, Message};
+use async_nats::{HeaderMap, header};
+use inbox_broker_examples::brokers::{Stream, connect_nats};
+use inbox_broker_examples::events::{Event, reported};
 use inbox_broker_examples::fleet::{self, Fleet};
 use inbox_broker_examples::scenario::Scenario;
 use inbox_broker_examples::store::{Database, Failure, Store};
 use inbox_broker_examples::{nats_url, without_password};
 use inbox_diesel::Redelivery;
-use inbox_nats::{Pump, Unreachable, delivery_count, key};
+use inbox_nats::{Pump, delivery_count, key};
 use tokio::time::Instant;
 
 const SCENARIO: Scenario = Scenario {
@@ -125,38 +125,6 @@ async fn main() -> ExitCode {
     }
 }
 
-/// JetStream on the server at `url`, or a message naming the address and what failed.
-async fn connect(url: &str) -> Result<Context, String> {
-    let shown = without_password(url);
-    match tokio::time::timeout(
-        Duration::from_secs(10),
-        inbox_nats::connect(url, ConnectOptions::new()),
-    )
-    .await
-    {
-        Ok(Ok(jetstream)) => Ok(jetstream),
-        Ok(Err(Unreachable::NoJetStream { .. })) => Err(format!(
-            "the NATS server at {shown} runs without JetStream: start it with \
-             `nats-server -js`, or set NATS_URL to one that has it"
-        )),
-        Ok(Err(e)) => Err(format!(
-            "NATS is not reachable at {shown} (set NATS_URL to change it): {}",
-            std::error::Error::source(&e).map_or_else(|| e.to_string(), ToString::to_string)
-        )),
-        Err(_) => Err(format!(
-            "NATS at {shown} (NATS_URL) did not answer within 10 s"
-        )),
-    }
-}
-
-/// The run's stream, in memory, taking the subjects `<name>.>`, and the durable pull
-/// consumer the consumer processes share.
-struct Stream {
-    name: String,
-    durable: String,
-    consumer: PullConsumer,
-}
-
 /// What the publisher sent, and what JetStream did with it.
 #[derive(Debug, Default)]
 struct Publication {
@@ -166,149 +134,97 @@ struct Publication {
     dropped: u64,
 }
 
-impl Stream {
-    /// The stream and its consumer, named for this process; the stream is deleted again if
-    /// the consumer cannot be made.
-    async fn create(jetstream: &Context) -> Result<Self, String> {
-        let name = format!("inbox-broker-example-{}", std::process::id());
-        let durable = format!("{name}-consumer");
-        // A stream of an earlier run under the same process id.
-        let _ = jetstream.delete_stream(&name).await;
-        let created = jetstream
-            .create_stream(stream::Config {
-                name: name.clone(),
-                subjects: vec![format!("{name}.>")],
-                storage: stream::StorageType::Memory,
-                duplicate_window: DUPLICATE_WINDOW,
-                max_age: ABANDONED_AFTER,
-                ..stream::Config::default()
-            })
-            .await
-            .map_err(|e| format!("create the stream {name}: {e}"))?;
-        let window = created.cached_info().config.duplicate_window;
-        let consumer = if window == DUPLICATE_WINDOW {
-            // The two running consumers' messages in hand, and the killed one's until
-            // JetStream takes them back.
-            let config = PUMP.max_ack_pending(3 * IN_HAND).consumer_config(&durable);
-            jetstream
-                .create_consumer_on_stream(config, &name)
-                .await
-                .map_err(|e| format!("create the consumer {durable} on {name}: {e}"))
+/// The run's stream, in memory, taking the subjects `<name>.>`, and the durable pull
+/// consumer the consumer processes share, named for this process.
+async fn create_stream(jetstream: &Context) -> Result<Stream, String> {
+    let name = format!("inbox-broker-example-{}", std::process::id());
+    // The two running consumers' messages in hand, and the killed one's until JetStream
+    // takes them back.
+    let consumer = |durable: &str| PUMP.max_ack_pending(3 * IN_HAND).consumer_config(durable);
+    Stream::create(jetstream, name, DUPLICATE_WINDOW, ABANDONED_AFTER, consumer).await
+}
+
+/// Each message with `Nats-Msg-Id` set to its id, one every [`PACE`]: sent, retried at
+/// once (inside the window: dropped), and retried [`RETRY_AFTER_WINDOW`] after it was
+/// first sent (stored). Fresh messages keep arriving among the late retries, as they do
+/// from a live publisher, so that the consumers still have new work when the kill comes.
+async fn publish(
+    stream: &Stream,
+    jetstream: &Context,
+    ids: &[String],
+) -> Result<Publication, String> {
+    let mut publication = Publication::default();
+    let start = Instant::now();
+    let sent_at = |n: usize| start + PACE * u32::try_from(n).unwrap_or(u32::MAX);
+    let (mut first, mut late) = (0, 0);
+    while late < ids.len() {
+        let late_at = sent_at(late) + RETRY_AFTER_WINDOW;
+        if first < ids.len() && sent_at(first) <= late_at {
+            tokio::time::sleep_until(sent_at(first)).await;
+            for _ in 0..2 {
+                send(stream, jetstream, &ids[first], &mut publication).await?;
+            }
+            first += 1;
         } else {
-            Err(format!(
-                "the server gave the stream {name} a duplicate window of {window:?}, not \
-                 {DUPLICATE_WINDOW:?}: the publisher's retry after the window would be dropped"
-            ))
-        };
-        match consumer {
-            Ok(consumer) => Ok(Self {
-                name,
-                durable,
-                consumer,
-            }),
-            Err(e) => {
-                let _ = jetstream.delete_stream(&name).await;
-                Err(e)
-            }
+            tokio::time::sleep_until(late_at).await;
+            send_after_window(stream, jetstream, &ids[late], &mut publication).await?;
+            late += 1;
         }
     }
+    Ok(publication)
+}
 
-    /// Each message with `Nats-Msg-Id` set to its id, one every [`PACE`]: sent, retried at
-    /// once (inside the window: dropped), and retried [`RETRY_AFTER_WINDOW`] after it was
-    /// first sent (stored). Fresh messages keep arriving among the late retries, as they do
-    /// from a live publisher, so that the consumers still have new work when the kill comes.
-    async fn publish(&self, jetstream: &Context, ids: &[String]) -> Result<Publication, String> {
-        let mut publication = Publication::default();
-        let start = Instant::now();
-        let sent_at = |n: usize| start + PACE * u32::try_from(n).unwrap_or(u32::MAX);
-        let (mut first, mut late) = (0, 0);
-        while late < ids.len() {
-            let late_at = sent_at(late) + RETRY_AFTER_WINDOW;
-            if first < ids.len() && sent_at(first) <= late_at {
-                tokio::time::sleep_until(sent_at(first)).await;
-                for _ in 0..2 {
-                    self.send(jetstream, &ids[first], &mut publication).await?;
-                }
-                first += 1;
-            } else {
-                tokio::time::sleep_until(late_at).await;
-                self.send_after_window(jetstream, &ids[late], &mut publication)
-                    .await?;
-                late += 1;
-            }
+/// Publishes `id` until JetStream stores it: a copy it still takes for a duplicate (its
+/// window not yet over, the publisher having fallen behind) is sent again 250 ms later.
+async fn send_after_window(
+    stream: &Stream,
+    jetstream: &Context,
+    id: &str,
+    publication: &mut Publication,
+) -> Result<(), String> {
+    for _ in 0..20 {
+        if send(stream, jetstream, id, publication).await? {
+            return Ok(());
         }
-        Ok(publication)
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    Err(format!(
+        "JetStream still drops {id} as a duplicate 5 s after its {DUPLICATE_WINDOW:?} window"
+    ))
+}
 
-    /// Publishes `id` until JetStream stores it: a copy it still takes for a duplicate (its
-    /// window not yet over, the publisher having fallen behind) is sent again 250 ms later.
-    async fn send_after_window(
-        &self,
-        jetstream: &Context,
-        id: &str,
-        publication: &mut Publication,
-    ) -> Result<(), String> {
-        for _ in 0..20 {
-            if self.send(jetstream, id, publication).await? {
-                return Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-        Err(format!(
-            "JetStream still drops {id} as a duplicate 5 s after its {DUPLICATE_WINDOW:?} window"
-        ))
+/// Publishes one copy of `id` and waits for the server's answer: whether JetStream
+/// stored it (not a duplicate).
+async fn send(
+    stream: &Stream,
+    jetstream: &Context,
+    id: &str,
+    publication: &mut Publication,
+) -> Result<bool, String> {
+    let mut headers = HeaderMap::new();
+    headers.insert(header::NATS_MESSAGE_ID, id);
+    let ack = jetstream
+        .publish_with_headers(
+            format!("{}.messages", stream.name),
+            headers,
+            id.to_owned().into(),
+        )
+        .await
+        .map_err(|e| format!("publish {id}: {e}"))?
+        .await
+        .map_err(|e| format!("publish {id}: {e}"))?;
+    publication.sent += 1;
+    if ack.duplicate {
+        publication.dropped += 1;
     }
-
-    /// Publishes one copy of `id` and waits for the server's answer: whether JetStream
-    /// stored it (not a duplicate).
-    async fn send(
-        &self,
-        jetstream: &Context,
-        id: &str,
-        publication: &mut Publication,
-    ) -> Result<bool, String> {
-        let mut headers = HeaderMap::new();
-        headers.insert(header::NATS_MESSAGE_ID, id);
-        let ack = jetstream
-            .publish_with_headers(
-                format!("{}.messages", self.name),
-                headers,
-                id.to_owned().into(),
-            )
-            .await
-            .map_err(|e| format!("publish {id}: {e}"))?
-            .await
-            .map_err(|e| format!("publish {id}: {e}"))?;
-        publication.sent += 1;
-        if ack.duplicate {
-            publication.dropped += 1;
-        }
-        Ok(!ack.duplicate)
-    }
-
-    /// Messages the consumer has not delivered yet, and those delivered and not yet
-    /// acknowledged (a killed consumer's, until `ack_wait` passes).
-    async fn pending(&self) -> Result<u64, String> {
-        let info = self
-            .consumer
-            .get_info()
-            .await
-            .map_err(|e| format!("ask for the state of the consumer {}: {e}", self.durable))?;
-        Ok(info.num_pending + info.num_ack_pending as u64)
-    }
-
-    async fn delete(&self, jetstream: &Context) {
-        if let Err(e) = jetstream.delete_stream(&self.name).await {
-            eprintln!("delete the stream {}: {e}", self.name);
-        }
-    }
+    Ok(!ack.duplicate)
 }
 
 /// The orchestrator: stream, database, consumers, messages, the kill, the table.
 async fn orchestrate() -> Result<ExitCode, String> {
     let url = nats_url();
-    let jetstream = connect(&url).await?;
-    let stream = Stream::create(&jetstream).await?;
+    let jetstream = connect_nats(&url).await?;
+    let stream = create_stream(&jetstream).await?;
     let outcome = run(&jetstream, &stream).await;
     stream.delete(&jetstream).await;
     outcome
@@ -347,7 +263,7 @@ async fn run(jetstream: &Context, stream: &Stream) -> Result<ExitCode, String> {
     let ids = SCENARIO.message_ids();
     let pending = async || stream.pending().await;
     let outcome = tokio::try_join!(
-        stream.publish(jetstream, &ids),
+        publish(stream, jetstream, &ids),
         SCENARIO.drive(&mut fleet, &store, pending),
     );
     let ended = fleet.stop(Duration::from_secs(15)).await;
@@ -381,7 +297,7 @@ fn message_id(message: &Message) -> String {
 async fn consume(stream: &str, durable: &str, database: &str, name: &str) -> Result<(), String> {
     let connections = u32::try_from(IN_HAND).expect("a few connections");
     let inbox = Database::connect(database, connections).await?;
-    let jetstream = connect(&nats_url()).await?;
+    let jetstream = connect_nats(&nats_url()).await?;
     let consumer = PUMP
         .consumer(&jetstream, stream, durable)
         .await
@@ -396,25 +312,15 @@ async fn consume(stream: &str, durable: &str, database: &str, name: &str) -> Res
             |message| async move {
                 let id = message_id(&message);
                 let count = delivery_count(&message);
-                Event::Delivered {
-                    id: id.clone(),
-                    redelivered: count > 1,
-                    count,
-                }
-                .emit();
-                let answer = match key(&message) {
-                    Ok(key) => inbox.apply(&key, &id, name, PAUSE).await,
-                    Err(invalid) => Err(Failure::from(inbox_diesel::Error::InvalidKey(invalid))),
-                };
-                if let Err(e) = &answer {
-                    eprintln!("consumer {name}: {id}: {e}");
-                }
-                Event::Answered {
-                    answer: Answer::of(&answer),
-                    id,
-                }
-                .emit();
-                answer
+                reported(&id, count > 1, count, name, async {
+                    match key(&message) {
+                        Ok(key) => inbox.apply(&key, &id, name, PAUSE).await,
+                        Err(invalid) => {
+                            Err(Failure::from(inbox_diesel::Error::InvalidKey(invalid)))
+                        }
+                    }
+                })
+                .await
             },
         )
         .await

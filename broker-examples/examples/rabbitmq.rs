@@ -31,18 +31,16 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use inbox_broker_examples::events::{Answer, Event};
+use inbox_broker_examples::brokers::{Queues, connect_rabbitmq};
+use inbox_broker_examples::events::{Event, reported};
 use inbox_broker_examples::fleet::{self, Fleet};
 use inbox_broker_examples::scenario::Scenario;
 use inbox_broker_examples::store::{Database, Failure, Store};
 use inbox_broker_examples::{amqp_url, without_password};
 use inbox_diesel::Redelivery;
 use inbox_lapin::{Pump, delivery_count, key};
-use lapin::options::{
-    BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
-};
-use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::{BasicProperties, Channel};
 
 const SCENARIO: Scenario = Scenario {
     messages: 40,
@@ -81,125 +79,55 @@ async fn main() -> ExitCode {
     }
 }
 
-/// A connection to the broker, or a message naming the address and what failed.
-async fn connect(url: &str) -> Result<Connection, String> {
-    let shown = without_password(url);
-    match tokio::time::timeout(
-        Duration::from_secs(10),
-        Connection::connect(url, ConnectionProperties::default()),
-    )
-    .await
-    {
-        Ok(Ok(connection)) => Ok(connection),
-        Ok(Err(e)) => Err(format!(
-            "RabbitMQ is not reachable at {shown} (set AMQP_URL to change it): {e}"
-        )),
-        Err(_) => Err(format!(
-            "RabbitMQ at {shown} (AMQP_URL) did not answer within 10 s"
-        )),
-    }
-}
-
 /// The run's quorum queue — delivery counts in `x-delivery-count`, redeliveries bounded —
 /// and its dead-letter queue, named for this process.
-struct Queues {
-    name: String,
-    dead: String,
+async fn declare_queues(channel: &Channel) -> Result<Queues, String> {
+    Queues::declare(
+        channel,
+        format!("inbox-broker-example-{}", std::process::id()),
+    )
+    .await
 }
 
-impl Queues {
-    async fn declare(channel: &Channel) -> Result<Self, String> {
-        let name = format!("inbox-broker-example-{}", std::process::id());
-        let dead = format!("{name}-dead");
-        let durable = QueueDeclareOptions {
-            durable: true,
-            ..QueueDeclareOptions::default()
-        };
-        // Queues a run abandons (an orchestrator interrupted) go after 10 minutes unused.
-        let mut expiring = FieldTable::default();
-        expiring.insert("x-expires".into(), AMQPValue::LongInt(600_000));
-        let mut arguments = expiring.clone();
-        arguments.insert(
-            "x-queue-type".into(),
-            AMQPValue::LongString("quorum".into()),
-        );
-        arguments.insert("x-delivery-limit".into(), AMQPValue::LongInt(10));
-        arguments.insert(
-            "x-dead-letter-exchange".into(),
-            AMQPValue::LongString("".into()),
-        );
-        arguments.insert(
-            "x-dead-letter-routing-key".into(),
-            AMQPValue::LongString(dead.as_str().into()),
-        );
-        for (queue, arguments) in [(&dead, expiring), (&name, arguments)] {
-            channel
-                .queue_declare(queue.as_str().into(), durable, arguments)
+/// Each message `copies` times with the same `message_id`, each copy confirmed by the
+/// broker before the next: every message once, then every message again, as a publisher
+/// that retries what it has not seen confirmed. (Copies published back to back would go
+/// to the two consumers in turn, and `a` could be handed only second copies: it would
+/// wait for `b`'s lock, answer duplicates, and never start a handler to be killed in.)
+async fn publish(
+    queues: &Queues,
+    channel: &Channel,
+    ids: &[String],
+    copies: u32,
+) -> Result<(), String> {
+    for _ in 0..copies {
+        for id in ids {
+            let confirmation = channel
+                .basic_publish(
+                    "".into(),
+                    queues.name.as_str().into(),
+                    BasicPublishOptions::default(),
+                    id.as_bytes(),
+                    BasicProperties::default()
+                        .with_message_id(id.as_str().into())
+                        .with_delivery_mode(2),
+                )
                 .await
-                .map_err(|e| format!("declare the queue {queue}: {e}"))?;
-        }
-        Ok(Self { name, dead })
-    }
-
-    /// Each message `copies` times with the same `message_id`, each copy confirmed by the
-    /// broker before the next: every message once, then every message again, as a publisher
-    /// that retries what it has not seen confirmed. (Copies published back to back would go
-    /// to the two consumers in turn, and `a` could be handed only second copies: it would
-    /// wait for `b`'s lock, answer duplicates, and never start a handler to be killed in.)
-    async fn publish(&self, channel: &Channel, ids: &[String], copies: u32) -> Result<(), String> {
-        for _ in 0..copies {
-            for id in ids {
-                let confirmation = channel
-                    .basic_publish(
-                        "".into(),
-                        self.name.as_str().into(),
-                        BasicPublishOptions::default(),
-                        id.as_bytes(),
-                        BasicProperties::default()
-                            .with_message_id(id.as_str().into())
-                            .with_delivery_mode(2),
-                    )
-                    .await
-                    .map_err(|e| format!("publish {id}: {e}"))?
-                    .await
-                    .map_err(|e| format!("publish {id}: {e}"))?;
-                if !confirmation.is_ack() {
-                    return Err(format!("the broker refused {id}: {confirmation:?}"));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Messages waiting in `queue` for a consumer (not those delivered and unacknowledged).
-    async fn ready(channel: &Channel, queue: &str) -> Result<u64, String> {
-        let passive = QueueDeclareOptions {
-            passive: true,
-            ..QueueDeclareOptions::default()
-        };
-        channel
-            .queue_declare(queue.into(), passive, FieldTable::default())
-            .await
-            .map(|queue| u64::from(queue.message_count()))
-            .map_err(|e| format!("ask for the length of {queue}: {e}"))
-    }
-
-    async fn delete(&self, channel: &Channel) {
-        for queue in [&self.name, &self.dead] {
-            if let Err(e) = channel
-                .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                .map_err(|e| format!("publish {id}: {e}"))?
                 .await
-            {
-                eprintln!("delete the queue {queue}: {e}");
+                .map_err(|e| format!("publish {id}: {e}"))?;
+            if !confirmation.is_ack() {
+                return Err(format!("the broker refused {id}: {confirmation:?}"));
             }
         }
     }
+    Ok(())
 }
 
 /// The orchestrator: queues, database, consumers, messages, the kill, the table.
 async fn orchestrate() -> Result<ExitCode, String> {
     let url = amqp_url();
-    let connection = connect(&url).await?;
+    let connection = connect_rabbitmq(&url).await?;
     let channel = connection
         .create_channel()
         .await
@@ -208,7 +136,7 @@ async fn orchestrate() -> Result<ExitCode, String> {
         .confirm_select(ConfirmSelectOptions::default())
         .await
         .map_err(|e| format!("publisher confirms: {e}"))?;
-    let queues = Queues::declare(&channel).await?;
+    let queues = declare_queues(&channel).await?;
     let outcome = run(&channel, &queues).await;
     if let Ok(n @ 1..) = Queues::ready(&channel, &queues.dead).await {
         eprintln!("{n} messages were dead-lettered to {}", queues.dead);
@@ -234,9 +162,7 @@ async fn run(channel: &Channel, queues: &Queues) -> Result<ExitCode, String> {
     let mut fleet = Fleet::new(["consume", queues.name.as_str(), store.url()])
         .map_err(|e| format!("find this program to start consumers: {e}"))?;
     SCENARIO.start(&mut fleet).await?;
-    queues
-        .publish(channel, &SCENARIO.message_ids(), SCENARIO.copies)
-        .await?;
+    publish(queues, channel, &SCENARIO.message_ids(), SCENARIO.copies).await?;
     let pending = async || Queues::ready(channel, &queues.name).await;
     let tally = SCENARIO.drive(&mut fleet, &store, pending).await;
     let ended = fleet.stop(Duration::from_secs(15)).await;
@@ -250,7 +176,7 @@ async fn run(channel: &Channel, queues: &Queues) -> Result<ExitCode, String> {
 async fn consume(queue: &str, database: &str, name: &str) -> Result<(), String> {
     let inbox = Database::connect(database, u32::from(PREFETCH)).await?;
     let url = amqp_url();
-    let connection = connect(&url).await?;
+    let connection = connect_rabbitmq(&url).await?;
     let channel = connection
         .create_channel()
         .await
@@ -279,25 +205,21 @@ async fn consume(queue: &str, database: &str, name: &str) -> Result<(), String> 
                     .message_id()
                     .as_ref()
                     .map_or_else(|| "-".to_owned(), |id| id.as_str().to_owned());
-                Event::Delivered {
-                    id: id.clone(),
-                    redelivered: delivery.redelivered,
-                    count: delivery_count(&delivery),
-                }
-                .emit();
-                let answer = match key(&delivery) {
-                    Ok(key) => inbox.apply(&key, &id, name, PAUSE).await,
-                    Err(missing) => Err(Failure::from(inbox_diesel::Error::InvalidKey(missing))),
-                };
-                if let Err(e) = &answer {
-                    eprintln!("consumer {name}: {id}: {e}");
-                }
-                Event::Answered {
-                    answer: Answer::of(&answer),
-                    id,
-                }
-                .emit();
-                answer
+                reported(
+                    &id,
+                    delivery.redelivered,
+                    delivery_count(&delivery),
+                    name,
+                    async {
+                        match key(&delivery) {
+                            Ok(key) => inbox.apply(&key, &id, name, PAUSE).await,
+                            Err(missing) => {
+                                Err(Failure::from(inbox_diesel::Error::InvalidKey(missing)))
+                            }
+                        }
+                    },
+                )
+                .await
             },
         )
         .await

@@ -108,6 +108,34 @@ impl Event {
     }
 }
 
+/// One delivery of `id` as the orchestrator reads it: [`Event::Delivered`], then `handle`'s
+/// answer — its error also printed on standard error as `consumer <name>: <id>: <error>` —
+/// and [`Event::Answered`].
+pub async fn reported<T, E: Settle + fmt::Display>(
+    id: &str,
+    redelivered: bool,
+    count: u32,
+    name: &str,
+    handle: impl Future<Output = Result<Outcome<T>, E>>,
+) -> Result<Outcome<T>, E> {
+    Event::Delivered {
+        id: id.to_owned(),
+        redelivered,
+        count,
+    }
+    .emit();
+    let answer = handle.await;
+    if let Err(e) = &answer {
+        eprintln!("consumer {name}: {id}: {e}");
+    }
+    Event::Answered {
+        answer: Answer::of(&answer),
+        id: id.to_owned(),
+    }
+    .emit();
+    answer
+}
+
 impl fmt::Display for Event {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -1,6 +1,7 @@
 //! What the broker examples share: consumer processes started from the example's own
 //! binary ([`fleet`]), the lines they print for the orchestrator ([`events`]), the database
-//! of their effects ([`store`]), and the run with its kill and its table ([`scenario`]).
+//! of their effects ([`store`]), the brokers' connections, queues and streams
+//! ([`brokers`]), and the run with its kill and its table ([`scenario`]).
 //!
 //! An example is one binary in two modes. Run without arguments it orchestrates: it
 //! declares a queue, starts two consumer processes (itself, with `consume <queue>
@@ -37,6 +38,7 @@
 //! an [`Event`](events::Event) per delivery and per answer, until its standard input closes
 //! ([`fleet::until_stdin_closes`]).
 
+pub mod brokers;
 pub mod events;
 pub mod fleet;
 pub mod scenario;

@@ -1,243 +1,60 @@
-//! The brokers: connections that name their address when they fail, service A's RabbitMQ
-//! queue and service B's JetStream stream.
+//! Service A's RabbitMQ queue and service B's JetStream stream, as this example names and
+//! configures them, and what the orchestrator publishes to A.
 
-use std::time::Duration;
+use lapin::options::BasicPublishOptions;
+use lapin::{BasicProperties, Channel};
 
-use async_nats::ConnectOptions;
-use async_nats::jetstream::consumer::PullConsumer;
-use async_nats::jetstream::{Context, stream};
-use inbox_broker_examples::without_password;
-use inbox_nats::Unreachable;
-use lapin::options::{BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions};
-use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+pub use inbox_broker_examples::brokers::{Queues, Stream, connect_nats, connect_rabbitmq};
 
 use crate::{ABANDONED_AFTER, COPIES, DUPLICATE_WINDOW, IN_HAND, PUMP};
 
-/// A connection to RabbitMQ, or a message naming the address and what failed.
-pub async fn connect_rabbitmq(url: &str) -> Result<Connection, String> {
-    let shown = without_password(url);
-    match tokio::time::timeout(
-        Duration::from_secs(10),
-        Connection::connect(url, ConnectionProperties::default()),
-    )
-    .await
-    {
-        Ok(Ok(connection)) => Ok(connection),
-        Ok(Err(e)) => Err(format!(
-            "RabbitMQ is not reachable at {shown} (set AMQP_URL to change it): {e}"
-        )),
-        Err(_) => Err(format!(
-            "RabbitMQ at {shown} (AMQP_URL) did not answer within 10 s"
-        )),
-    }
+/// Service A's quorum queue — redeliveries bounded — and its dead-letter queue, named for
+/// this process.
+pub async fn declare_queues(channel: &Channel) -> Result<Queues, String> {
+    let name = format!("inbox-broker-example-outbox-{}", std::process::id());
+    Queues::declare(channel, name).await
 }
 
-/// JetStream on the NATS server at `url`, or a message naming the address and what failed.
-pub async fn connect_nats(url: &str) -> Result<Context, String> {
-    let shown = without_password(url);
-    match tokio::time::timeout(
-        Duration::from_secs(10),
-        inbox_nats::connect(url, ConnectOptions::new()),
-    )
-    .await
-    {
-        Ok(Ok(jetstream)) => Ok(jetstream),
-        Ok(Err(Unreachable::NoJetStream { .. })) => Err(format!(
-            "the NATS server at {shown} runs without JetStream: start it with \
-             `nats-server -js`, or set NATS_URL to one that has it"
-        )),
-        Ok(Err(e)) => Err(format!(
-            "NATS is not reachable at {shown} (set NATS_URL to change it): {}",
-            std::error::Error::source(&e).map_or_else(|| e.to_string(), ToString::to_string)
-        )),
-        Err(_) => Err(format!(
-            "NATS at {shown} (NATS_URL) did not answer within 10 s"
-        )),
-    }
+/// Service B's stream, named for this process, and the durable pull consumer B's processes
+/// share.
+pub async fn create_stream(jetstream: &async_nats::jetstream::Context) -> Result<Stream, String> {
+    let name = format!("inbox-broker-example-outbox-{}", std::process::id());
+    // The two running consumers' messages in hand, and the killed one's until JetStream
+    // takes them back.
+    let consumer = |durable: &str| PUMP.max_ack_pending(3 * IN_HAND).consumer_config(durable);
+    Stream::create(jetstream, name, DUPLICATE_WINDOW, ABANDONED_AFTER, consumer).await
 }
 
-/// Service A's quorum queue — redeliveries bounded — and its dead-letter queue.
-pub struct Queues {
-    pub name: String,
-    pub dead: String,
-}
-
-impl Queues {
-    pub async fn declare(channel: &Channel) -> Result<Self, String> {
-        let name = format!("inbox-broker-example-outbox-{}", std::process::id());
-        let dead = format!("{name}-dead");
-        let durable = QueueDeclareOptions {
-            durable: true,
-            ..QueueDeclareOptions::default()
-        };
-        // Queues a run abandons (an orchestrator interrupted) go after 10 minutes unused.
-        let mut expiring = FieldTable::default();
-        expiring.insert("x-expires".into(), AMQPValue::LongInt(600_000));
-        let mut arguments = expiring.clone();
-        arguments.insert(
-            "x-queue-type".into(),
-            AMQPValue::LongString("quorum".into()),
-        );
-        arguments.insert("x-delivery-limit".into(), AMQPValue::LongInt(10));
-        arguments.insert(
-            "x-dead-letter-exchange".into(),
-            AMQPValue::LongString("".into()),
-        );
-        arguments.insert(
-            "x-dead-letter-routing-key".into(),
-            AMQPValue::LongString(dead.as_str().into()),
-        );
-        let queues = Self { name, dead };
-        for (queue, arguments) in [(&queues.dead, expiring), (&queues.name, arguments)] {
-            if let Err(e) = channel
-                .queue_declare(queue.as_str().into(), durable, arguments)
+/// Each message `COPIES` times with the same `message_id` to service A's queue, each copy
+/// confirmed.
+pub async fn publish(queues: &Queues, channel: &Channel, ids: &[String]) -> Result<u64, String> {
+    let mut published = 0;
+    for id in ids {
+        for _ in 0..COPIES {
+            let confirmation = channel
+                .basic_publish(
+                    "".into(),
+                    queues.name.as_str().into(),
+                    BasicPublishOptions::default(),
+                    id.as_bytes(),
+                    BasicProperties::default()
+                        .with_message_id(id.as_str().into())
+                        .with_delivery_mode(2),
+                )
                 .await
-            {
-                queues.delete(channel).await;
-                return Err(format!("declare the queue {queue}: {e}"));
-            }
-        }
-        Ok(queues)
-    }
-
-    /// Each message `COPIES` times with the same `message_id`, each copy confirmed.
-    pub async fn publish(&self, channel: &Channel, ids: &[String]) -> Result<u64, String> {
-        let mut published = 0;
-        for id in ids {
-            for _ in 0..COPIES {
-                let confirmation = channel
-                    .basic_publish(
-                        "".into(),
-                        self.name.as_str().into(),
-                        BasicPublishOptions::default(),
-                        id.as_bytes(),
-                        BasicProperties::default()
-                            .with_message_id(id.as_str().into())
-                            .with_delivery_mode(2),
-                    )
-                    .await
-                    .map_err(|e| format!("publish {id}: {e}"))?
-                    .await
-                    .map_err(|e| format!("publish {id}: {e}"))?;
-                if !confirmation.is_ack() {
-                    return Err(format!("RabbitMQ refused {id}: {confirmation:?}"));
-                }
-                published += 1;
-            }
-        }
-        Ok(published)
-    }
-
-    /// Messages waiting in `queue` for a consumer (not those delivered and unacknowledged).
-    pub async fn ready(channel: &Channel, queue: &str) -> Result<u64, String> {
-        let passive = QueueDeclareOptions {
-            passive: true,
-            ..QueueDeclareOptions::default()
-        };
-        channel
-            .queue_declare(queue.into(), passive, FieldTable::default())
-            .await
-            .map(|queue| u64::from(queue.message_count()))
-            .map_err(|e| format!("ask for the length of {queue}: {e}"))
-    }
-
-    pub async fn delete(&self, channel: &Channel) {
-        for queue in [&self.name, &self.dead] {
-            let _ = channel
-                .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-                .await;
-        }
-    }
-}
-
-/// Service B's stream, in memory, taking the subjects `<name>.>`, and the durable pull
-/// consumer B's processes share.
-pub struct Stream {
-    pub name: String,
-    pub durable: String,
-    consumer: PullConsumer,
-}
-
-impl Stream {
-    /// The stream and its consumer; the stream is deleted again if the consumer cannot be
-    /// made.
-    pub async fn create(jetstream: &Context) -> Result<Self, String> {
-        let name = format!("inbox-broker-example-outbox-{}", std::process::id());
-        let durable = format!("{name}-consumer");
-        // A stream of an earlier run under the same process id.
-        let _ = jetstream.delete_stream(&name).await;
-        let created = jetstream
-            .create_stream(stream::Config {
-                name: name.clone(),
-                subjects: vec![format!("{name}.>")],
-                storage: stream::StorageType::Memory,
-                duplicate_window: DUPLICATE_WINDOW,
-                max_age: ABANDONED_AFTER,
-                ..stream::Config::default()
-            })
-            .await
-            .map_err(|e| format!("create the stream {name}: {e}"))?;
-        let window = created.cached_info().config.duplicate_window;
-        let consumer = if window == DUPLICATE_WINDOW {
-            // The two running consumers' messages in hand, and the killed one's until
-            // JetStream takes them back.
-            let config = PUMP.max_ack_pending(3 * IN_HAND).consumer_config(&durable);
-            jetstream
-                .create_consumer_on_stream(config, &name)
+                .map_err(|e| format!("publish {id}: {e}"))?
                 .await
-                .map_err(|e| format!("create the consumer {durable} on {name}: {e}"))
-        } else {
-            Err(format!(
-                "the server gave the stream {name} a duplicate window of {window:?}, not \
-                 {DUPLICATE_WINDOW:?}"
-            ))
-        };
-        match consumer {
-            Ok(consumer) => Ok(Self {
-                name,
-                durable,
-                consumer,
-            }),
-            Err(e) => {
-                let _ = jetstream.delete_stream(&name).await;
-                Err(e)
+                .map_err(|e| format!("publish {id}: {e}"))?;
+            if !confirmation.is_ack() {
+                return Err(format!("RabbitMQ refused {id}: {confirmation:?}"));
             }
+            published += 1;
         }
     }
+    Ok(published)
+}
 
-    /// The subject A's handler publishes to.
-    pub fn subject(name: &str) -> String {
-        format!("{name}.effects")
-    }
-
-    /// Messages the consumer has not delivered yet, and those delivered and not yet
-    /// acknowledged (a killed consumer's, until `ack_wait` passes).
-    pub async fn pending(&self) -> Result<u64, String> {
-        let info = self
-            .consumer
-            .get_info()
-            .await
-            .map_err(|e| format!("ask for the state of the consumer {}: {e}", self.durable))?;
-        Ok(info.num_pending + info.num_ack_pending as u64)
-    }
-
-    /// Messages the stream stored.
-    pub async fn stored(&self, jetstream: &Context) -> Result<u64, String> {
-        let mut stream = jetstream
-            .get_stream(&self.name)
-            .await
-            .map_err(|e| format!("the stream {}: {e}", self.name))?;
-        let info = stream
-            .info()
-            .await
-            .map_err(|e| format!("ask for the state of the stream {}: {e}", self.name))?;
-        Ok(info.state.messages)
-    }
-
-    pub async fn delete(&self, jetstream: &Context) {
-        if let Err(e) = jetstream.delete_stream(&self.name).await {
-            eprintln!("delete the stream {}: {e}", self.name);
-        }
-    }
+/// The subject A's handler publishes to, on service B's stream `name`.
+pub fn subject(name: &str) -> String {
+    format!("{name}.effects")
 }

@@ -80,7 +80,9 @@ use inbox_nats::outbox::LIMITS;
 use lapin::Channel;
 use lapin::options::ConfirmSelectOptions;
 
-use crate::brokers::{Queues, Stream, connect_nats, connect_rabbitmq};
+use crate::brokers::{
+    Queues, Stream, connect_nats, connect_rabbitmq, create_stream, declare_queues, publish,
+};
 use crate::services::{Places, serve};
 use crate::tally::Tally;
 use inbox_broker_examples::{amqp_url, nats_url};
@@ -228,8 +230,8 @@ async fn orchestrate(seed: u64) -> Result<ExitCode, String> {
         .confirm_select(ConfirmSelectOptions::default())
         .await
         .map_err(|e| format!("publisher confirms: {e}"))?;
-    let queues = Queues::declare(&channel).await?;
-    let outcome = match Stream::create(&jetstream).await {
+    let queues = declare_queues(&channel).await?;
+    let outcome = match create_stream(&jetstream).await {
         Ok(stream) => {
             let outcome = run(plan, &channel, &queues, &jetstream, &stream).await;
             stream.delete(&jetstream).await;
@@ -313,7 +315,7 @@ async fn run(
     start(&mut fleet).await?;
     let started = Instant::now();
     let mut tally = Tally::new(ids.clone(), started);
-    tally.published = queues.publish(channel, &ids).await?;
+    tally.published = publish(queues, channel, &ids).await?;
     let observed = Observed {
         a: &a,
         b: &b,

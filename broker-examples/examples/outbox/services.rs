@@ -4,14 +4,14 @@
 use std::time::Duration;
 
 use async_nats::jetstream::Message;
-use inbox_broker_examples::events::{Answer, Event};
+use inbox_broker_examples::events::{Event, reported};
 use inbox_broker_examples::fleet;
 use inbox_broker_examples::store::{Database, Failure, Publish};
 use inbox_diesel::Redelivery;
 use inbox_diesel::outbox::relay::{Outgoing, Relay, Sink, SinkError};
 use inbox_nats::outbox::OutboxSink;
 
-use crate::brokers::{Stream, connect_nats, connect_rabbitmq};
+use crate::brokers::{connect_nats, connect_rabbitmq, subject};
 use crate::{IN_HAND, OUTBOX, PAUSE, PREFETCH, PUMP, RELAY_BATCH, RELAY_LEASE, SEND_PAUSE};
 use inbox_broker_examples::{amqp_url, nats_url};
 
@@ -38,7 +38,7 @@ pub async fn serve(places: &Places<'_>, name: &str) -> Result<(), String> {
 /// outbox row, an event line per delivery and per answer, until standard input closes.
 async fn service_a(places: &Places<'_>, name: &str) -> Result<(), String> {
     let database = Database::connect(places.a, u32::from(PREFETCH)).await?;
-    let subject = Stream::subject(places.stream);
+    let subject = subject(places.stream);
     let connection = connect_rabbitmq(&amqp_url()).await?;
     let channel = connection
         .create_channel()
@@ -68,39 +68,35 @@ async fn service_a(places: &Places<'_>, name: &str) -> Result<(), String> {
                     .message_id()
                     .as_ref()
                     .map_or_else(|| "-".to_owned(), |id| id.as_str().to_owned());
-                Event::Delivered {
-                    id: id.clone(),
-                    redelivered: delivery.redelivered,
-                    count: inbox_lapin::delivery_count(&delivery),
-                }
-                .emit();
-                let answer = match inbox_lapin::key(&delivery) {
-                    Ok(key) => {
-                        database
-                            .apply_and_publish(
-                                &key,
-                                &id,
-                                name,
-                                PAUSE,
-                                Publish {
-                                    outbox: &OUTBOX,
-                                    destination: subject,
-                                    ordering_key: "",
-                                },
-                            )
-                            .await
-                    }
-                    Err(missing) => Err(Failure::from(inbox_diesel::Error::InvalidKey(missing))),
-                };
-                if let Err(e) = &answer {
-                    eprintln!("{name}: {id}: {e}");
-                }
-                Event::Answered {
-                    answer: Answer::of(&answer),
-                    id,
-                }
-                .emit();
-                answer
+                reported(
+                    &id,
+                    delivery.redelivered,
+                    inbox_lapin::delivery_count(&delivery),
+                    name,
+                    async {
+                        match inbox_lapin::key(&delivery) {
+                            Ok(key) => {
+                                database
+                                    .apply_and_publish(
+                                        &key,
+                                        &id,
+                                        name,
+                                        PAUSE,
+                                        Publish {
+                                            outbox: &OUTBOX,
+                                            destination: subject,
+                                            ordering_key: "",
+                                        },
+                                    )
+                                    .await
+                            }
+                            Err(missing) => {
+                                Err(Failure::from(inbox_diesel::Error::InvalidKey(missing)))
+                            }
+                        }
+                    },
+                )
+                .await
             },
         )
         .await
@@ -201,25 +197,15 @@ async fn service_b(places: &Places<'_>, name: &str) -> Result<(), String> {
                 // The payload: the id of the message A applied.
                 let id = String::from_utf8_lossy(&message.payload).into_owned();
                 let count = inbox_nats::delivery_count(&message);
-                Event::Delivered {
-                    id: id.clone(),
-                    redelivered: count > 1,
-                    count,
-                }
-                .emit();
-                let answer = match inbox_nats::key(&message) {
-                    Ok(key) => database.apply(&key, &id, name, PAUSE).await,
-                    Err(invalid) => Err(Failure::from(inbox_diesel::Error::InvalidKey(invalid))),
-                };
-                if let Err(e) = &answer {
-                    eprintln!("{name}: {id}: {e}");
-                }
-                Event::Answered {
-                    answer: Answer::of(&answer),
-                    id,
-                }
-                .emit();
-                answer
+                reported(&id, count > 1, count, name, async {
+                    match inbox_nats::key(&message) {
+                        Ok(key) => database.apply(&key, &id, name, PAUSE).await,
+                        Err(invalid) => {
+                            Err(Failure::from(inbox_diesel::Error::InvalidKey(invalid)))
+                        }
+                    }
+                })
+                .await
             },
         )
         .await

@@ -1,0 +1,226 @@
+//! The brokers as the examples set them up: a connection to each that names its address
+//! when it fails, a RabbitMQ quorum queue with its dead-letter queue, a JetStream stream
+//! with the durable pull consumer the consumer processes share.
+
+use std::time::Duration;
+
+use async_nats::ConnectOptions;
+use async_nats::jetstream::consumer::{PullConsumer, pull};
+use async_nats::jetstream::{Context, stream};
+use inbox_nats::Unreachable;
+use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{Channel, Connection, ConnectionProperties};
+
+use crate::without_password;
+
+/// A connection to RabbitMQ, or a message naming the address and what failed.
+pub async fn connect_rabbitmq(url: &str) -> Result<Connection, String> {
+    let shown = without_password(url);
+    match tokio::time::timeout(
+        Duration::from_secs(10),
+        Connection::connect(url, ConnectionProperties::default()),
+    )
+    .await
+    {
+        Ok(Ok(connection)) => Ok(connection),
+        Ok(Err(e)) => Err(format!(
+            "RabbitMQ is not reachable at {shown} (set AMQP_URL to change it): {e}"
+        )),
+        Err(_) => Err(format!(
+            "RabbitMQ at {shown} (AMQP_URL) did not answer within 10 s"
+        )),
+    }
+}
+
+/// JetStream on the NATS server at `url`, or a message naming the address and what failed.
+pub async fn connect_nats(url: &str) -> Result<Context, String> {
+    let shown = without_password(url);
+    match tokio::time::timeout(
+        Duration::from_secs(10),
+        inbox_nats::connect(url, ConnectOptions::new()),
+    )
+    .await
+    {
+        Ok(Ok(jetstream)) => Ok(jetstream),
+        Ok(Err(Unreachable::NoJetStream { .. })) => Err(format!(
+            "the NATS server at {shown} runs without JetStream: start it with \
+             `nats-server -js`, or set NATS_URL to one that has it"
+        )),
+        Ok(Err(e)) => Err(format!(
+            "NATS is not reachable at {shown} (set NATS_URL to change it): {}",
+            std::error::Error::source(&e).map_or_else(|| e.to_string(), ToString::to_string)
+        )),
+        Err(_) => Err(format!(
+            "NATS at {shown} (NATS_URL) did not answer within 10 s"
+        )),
+    }
+}
+
+/// A quorum queue — delivery counts in `x-delivery-count`, redeliveries bounded — and its
+/// dead-letter queue.
+pub struct Queues {
+    pub name: String,
+    pub dead: String,
+}
+
+impl Queues {
+    /// Declares `name` (durable, quorum, at most 10 deliveries of a message, then to the
+    /// dead-letter queue) and `<name>-dead`; a queue a run abandons goes after 10 minutes
+    /// unused. If either cannot be declared, both are deleted again.
+    pub async fn declare(channel: &Channel, name: String) -> Result<Self, String> {
+        let dead = format!("{name}-dead");
+        let durable = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        // Queues a run abandons (an orchestrator interrupted) go after 10 minutes unused.
+        let mut expiring = FieldTable::default();
+        expiring.insert("x-expires".into(), AMQPValue::LongInt(600_000));
+        let mut arguments = expiring.clone();
+        arguments.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString("quorum".into()),
+        );
+        arguments.insert("x-delivery-limit".into(), AMQPValue::LongInt(10));
+        arguments.insert(
+            "x-dead-letter-exchange".into(),
+            AMQPValue::LongString("".into()),
+        );
+        arguments.insert(
+            "x-dead-letter-routing-key".into(),
+            AMQPValue::LongString(dead.as_str().into()),
+        );
+        let queues = Self { name, dead };
+        for (queue, arguments) in [(&queues.dead, expiring), (&queues.name, arguments)] {
+            if let Err(e) = channel
+                .queue_declare(queue.as_str().into(), durable, arguments)
+                .await
+            {
+                for queue in [&queues.name, &queues.dead] {
+                    let _ = channel
+                        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                        .await;
+                }
+                return Err(format!("declare the queue {queue}: {e}"));
+            }
+        }
+        Ok(queues)
+    }
+
+    /// Messages waiting in `queue` for a consumer (not those delivered and unacknowledged).
+    pub async fn ready(channel: &Channel, queue: &str) -> Result<u64, String> {
+        let passive = QueueDeclareOptions {
+            passive: true,
+            ..QueueDeclareOptions::default()
+        };
+        channel
+            .queue_declare(queue.into(), passive, FieldTable::default())
+            .await
+            .map(|queue| u64::from(queue.message_count()))
+            .map_err(|e| format!("ask for the length of {queue}: {e}"))
+    }
+
+    pub async fn delete(&self, channel: &Channel) {
+        for queue in [&self.name, &self.dead] {
+            if let Err(e) = channel
+                .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                .await
+            {
+                eprintln!("delete the queue {queue}: {e}");
+            }
+        }
+    }
+}
+
+/// A stream in memory taking the subjects `<name>.>`, and the durable pull consumer the
+/// consumer processes share.
+pub struct Stream {
+    pub name: String,
+    pub durable: String,
+    consumer: PullConsumer,
+}
+
+impl Stream {
+    /// The stream `name`, in memory, dropping a message published again with the same
+    /// `Nats-Msg-Id` within `duplicate_window` (refused if the server gives it another) and
+    /// keeping messages at most `max_age` (a run abandoned leaves nothing for long), and the
+    /// durable consumer `<name>-consumer` as `consumer` configures it for that name (a
+    /// pump's `consumer_config`). The stream is deleted again if the consumer cannot be made.
+    pub async fn create(
+        jetstream: &Context,
+        name: String,
+        duplicate_window: Duration,
+        max_age: Duration,
+        consumer: impl FnOnce(&str) -> pull::Config,
+    ) -> Result<Self, String> {
+        let durable = format!("{name}-consumer");
+        // A stream of an earlier run under the same process id.
+        let _ = jetstream.delete_stream(&name).await;
+        let created = jetstream
+            .create_stream(stream::Config {
+                name: name.clone(),
+                subjects: vec![format!("{name}.>")],
+                storage: stream::StorageType::Memory,
+                duplicate_window,
+                max_age,
+                ..stream::Config::default()
+            })
+            .await
+            .map_err(|e| format!("create the stream {name}: {e}"))?;
+        let window = created.cached_info().config.duplicate_window;
+        let consumer = if window == duplicate_window {
+            jetstream
+                .create_consumer_on_stream(consumer(&durable), &name)
+                .await
+                .map_err(|e| format!("create the consumer {durable} on {name}: {e}"))
+        } else {
+            Err(format!(
+                "the server gave the stream {name} a duplicate window of {window:?}, not \
+                 {duplicate_window:?}: the copies published again inside it would be stored, \
+                 and a retry after it dropped"
+            ))
+        };
+        match consumer {
+            Ok(consumer) => Ok(Self {
+                name,
+                durable,
+                consumer,
+            }),
+            Err(e) => {
+                let _ = jetstream.delete_stream(&name).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Messages the consumer has not delivered yet, and those delivered and not yet
+    /// acknowledged (a killed consumer's, until `ack_wait` passes).
+    pub async fn pending(&self) -> Result<u64, String> {
+        let info = self
+            .consumer
+            .get_info()
+            .await
+            .map_err(|e| format!("ask for the state of the consumer {}: {e}", self.durable))?;
+        Ok(info.num_pending + info.num_ack_pending as u64)
+    }
+
+    /// Messages the stream stored.
+    pub async fn stored(&self, jetstream: &Context) -> Result<u64, String> {
+        let mut stream = jetstream
+            .get_stream(&self.name)
+            .await
+            .map_err(|e| format!("the stream {}: {e}", self.name))?;
+        let info = stream
+            .info()
+            .await
+            .map_err(|e| format!("ask for the state of the stream {}: {e}", self.name))?;
+        Ok(info.state.messages)
+    }
+
+    pub async fn delete(&self, jetstream: &Context) {
+        if let Err(e) = jetstream.delete_stream(&self.name).await {
+            eprintln!("delete the stream {}: {e}", self.name);
+        }
+    }
+}
