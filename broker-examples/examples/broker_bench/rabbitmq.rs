@@ -1,18 +1,18 @@
 //! RabbitMQ: a quorum queue per run, the direct consumer and the pump on it, timed, and the
 //! memory they hold per delivery.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use futures_util::StreamExt;
+use inbox_broker_examples::brokers::connect_rabbitmq;
 use inbox_broker_examples::store::Failure;
-use inbox_broker_examples::without_password;
 use inbox_diesel::{Outcome, broker};
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions,
     ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use lapin::{BasicProperties, Channel, Connection};
 
 use crate::database::Database;
 use crate::memory::{Gate, Held, SETTLE, allocated};
@@ -27,7 +27,7 @@ pub(crate) struct Rabbit {
 
 impl Rabbit {
     pub(crate) async fn connect(url: String) -> Result<Self, String> {
-        let admin = rabbit_connection(&url).await?;
+        let admin = connect_rabbitmq(&url).await?;
         let channel = admin
             .create_channel()
             .await
@@ -124,7 +124,7 @@ impl Rabbit {
         database: &Database,
         tally: &Tally,
     ) -> Result<Timing, RunError> {
-        let connection = rabbit_connection(&self.url).await?;
+        let connection = connect_rabbitmq(&self.url).await?;
         let channel = connection
             .create_channel()
             .await
@@ -212,7 +212,7 @@ impl Rabbit {
     ) -> Result<Held, String> {
         let ids = message_ids(run, usize::from(in_flight));
         let queue = self.prepare(run, &ids).await?;
-        let connection = rabbit_connection(&self.url).await?;
+        let connection = connect_rabbitmq(&self.url).await?;
         let channel = connection
             .create_channel()
             .await
@@ -279,21 +279,5 @@ impl Rabbit {
             return Err(format!("{left} messages were left unacknowledged"));
         }
         Ok(Held::between(before, held, in_flight))
-    }
-}
-
-async fn rabbit_connection(url: &str) -> Result<Connection, String> {
-    let shown = without_password(url);
-    match tokio::time::timeout(
-        Duration::from_secs(10),
-        Connection::connect(url, ConnectionProperties::default()),
-    )
-    .await
-    {
-        Ok(Ok(connection)) => Ok(connection),
-        Ok(Err(e)) => Err(format!(
-            "RabbitMQ is not reachable at {shown} (set AMQP_URL to change it): {e}"
-        )),
-        Err(_) => Err(format!("RabbitMQ at {shown} did not answer within 10 s")),
     }
 }
