@@ -209,7 +209,11 @@ impl fmt::Display for InsideHandler {
              connection to the code that needs one (`helper(conn, …)`, a helper taking \
              `&mut` the connection instead of a pool); if the write must commit on its own, \
              say so with `inbox_diesel::tripwire::allow_outside_transaction(\"why\", || …)` \
-             (`allow_outside_transaction_async(\"why\", future)` for a future)",
+             (`allow_outside_transaction_async(\"why\", future)` for a future). A guarded \
+             checkout is refused whatever it would run, reads too: for a pool the handlers' \
+             helpers only read through, leave the checkout unguarded and install the net \
+             (`inbox_diesel::tripwire::net::install()`), which stops writes and lets reads \
+             through",
             self.consumer
         )
     }
@@ -243,6 +247,11 @@ pub fn inside_handler() -> Option<InsideHandler> {
 ///
 /// A refusal is also logged at error level, so that a helper that swallows the error is
 /// still seen.
+///
+/// It refuses every checkout inside a handler, a read's too: where the handlers' helpers read
+/// through the same checkout function (a site's settings, a user looked up), leave this out
+/// and install the [net](net::install) instead, which stops a write on any connection but
+/// the handler's and lets reads through — or read on the handler's own connection.
 pub fn refuse_checkout() -> Result<(), InsideHandler> {
     match inside_handler() {
         None => Ok(()),
