@@ -1,6 +1,9 @@
 //! What the startup check found that changes the SQL: the table's optional columns, the
 //! server's flavour, the session's mark.
 
+use std::cell::RefCell;
+use std::rc::Rc;
+
 use inbox_core::{InboxSchema, MessageKey};
 
 /// What the startup check found beyond what every table has: the optional columns the
@@ -245,17 +248,48 @@ pub enum Mark {
 
 impl Mark {
     /// Whether the session is one the check ran for: an SQL condition.
-    pub(crate) fn condition(self) -> String {
-        match self {
-            Mark::Session(mark) => mark.condition(),
-            Mark::Database(mark) => mark.condition(),
-        }
+    pub(crate) fn condition(self) -> Rc<str> {
+        self.text(false)
     }
 
     /// What goes before the consumer's bind, and what after it: the consumer where the
     /// session is one the check ran for, `NULL` elsewhere.
-    pub(crate) fn guard(self) -> (String, &'static str) {
-        (format!("CASE WHEN {} THEN ", self.condition()), " END")
+    pub(crate) fn guard(self) -> (Rc<str>, &'static str) {
+        (self.text(true), " END")
+    }
+
+    /// The condition (`guard`: the text before the consumer), written once per mark on a
+    /// thread and kept: each marker insert's text is built again for every message, and
+    /// writing the condition cost more than the rest of the statement's text together.
+    fn text(self, guard: bool) -> Rc<str> {
+        /// Marks a thread keeps the text of: the connections it runs handlers on.
+        const KEPT: usize = 64;
+        thread_local! {
+            static TEXTS: RefCell<Vec<(Mark, bool, Rc<str>)>> = const { RefCell::new(Vec::new()) };
+        }
+        TEXTS.with(|texts| {
+            if let Some((.., text)) = texts
+                .borrow()
+                .iter()
+                .find(|(m, g, _)| *m == self && *g == guard)
+            {
+                return Rc::clone(text);
+            }
+            let condition = match self {
+                Mark::Session(mark) => mark.condition(),
+                Mark::Database(mark) => mark.condition(),
+            };
+            let text: Rc<str> = match guard {
+                true => format!("CASE WHEN {condition} THEN ").into(),
+                false => condition.into(),
+            };
+            let mut texts = texts.borrow_mut();
+            if texts.len() == KEPT {
+                texts.clear();
+            }
+            texts.push((self, guard, Rc::clone(&text)));
+            text
+        })
     }
 }
 
