@@ -322,63 +322,6 @@ where
     })
 }
 
-/// `UPDATE` statements that make time pass for the markers of `schema`'s table, on
-/// `backend`: [`end_leases`] and [`pass_time`].
-mod clock {
-    use std::time::Duration;
-
-    use inbox_core::InboxSchema;
-
-    use crate::dialect::Backend;
-
-    /// Every open claim's lease, ended a second ago.
-    pub(super) fn end_leases(backend: Backend, schema: &InboxSchema) -> String {
-        let past = match backend {
-            Backend::Postgres => "CURRENT_TIMESTAMP - INTERVAL '1 second'",
-            Backend::Mysql => "UTC_TIMESTAMP(6) - INTERVAL 1 SECOND",
-            Backend::Sqlite => "strftime('%Y-%m-%d %H:%M:%f', 'now', '-1 seconds')",
-        };
-        format!(
-            "UPDATE {} SET claimed_until = {past} \
-             WHERE processed_at IS NULL AND claimed_until IS NOT NULL",
-            backend.quote_table(schema.table())
-        )
-    }
-
-    /// Every marker's times, `by` earlier.
-    pub(super) fn pass_time(backend: Backend, schema: &InboxSchema, by: Duration) -> String {
-        let micros = by.as_micros();
-        let earlier = |column: &str, precise: bool| match backend {
-            Backend::Postgres => {
-                format!("{column} = {column} - {micros} * INTERVAL '1 microsecond'")
-            }
-            Backend::Mysql => format!("{column} = {column} - INTERVAL {micros} MICROSECOND"),
-            // Each column as the runtime writes it: seconds (`CURRENT_TIMESTAMP`), or
-            // milliseconds for a lease.
-            Backend::Sqlite => {
-                let seconds = format!(
-                    "'-{}.{:06} seconds'",
-                    micros / 1_000_000,
-                    micros % 1_000_000
-                );
-                match precise {
-                    true => {
-                        format!("{column} = strftime('%Y-%m-%d %H:%M:%f', {column}, {seconds})")
-                    }
-                    false => format!("{column} = datetime({column}, {seconds})"),
-                }
-            }
-        };
-        format!(
-            "UPDATE {} SET {}, {}, {}",
-            backend.quote_table(schema.table()),
-            earlier("received_at", false),
-            earlier("processed_at", false),
-            earlier("claimed_until", true),
-        )
-    }
-}
-
 /// Ends the lease of every claim still open in `schema`'s table (claim mode), as if it had
 /// run out: the next delivery of such a message takes the claim over (or, with
 /// `StaleClaimOutcome`, reports it) without the test waiting for the lease. For the
@@ -417,7 +360,7 @@ pub fn end_leases<C: crate::backends::HandlerConnection>(conn: &mut C, schema: &
     impl crate::backends::OnBackend for EndLeases<'_> {
         type Output = ();
         fn run<C: crate::backends::InboxConnection>(self, conn: &mut C) {
-            let sql = clock::end_leases(C::BACKEND, self.0);
+            let sql = crate::dialect::clock::end_leases(C::BACKEND, self.0);
             conn.batch_execute(&sql)
                 .unwrap_or_else(|e| panic!("`{sql}` failed: {e}"));
         }
@@ -441,7 +384,7 @@ pub fn pass_time<C: crate::backends::HandlerConnection>(
     impl crate::backends::OnBackend for PassTime<'_> {
         type Output = ();
         fn run<C: crate::backends::InboxConnection>(self, conn: &mut C) {
-            let sql = clock::pass_time(C::BACKEND, self.0, self.1);
+            let sql = crate::dialect::clock::pass_time(C::BACKEND, self.0, self.1);
             conn.batch_execute(&sql)
                 .unwrap_or_else(|e| panic!("`{sql}` failed: {e}"));
         }
@@ -605,7 +548,7 @@ mod asynchronous {
         conn: &mut C,
         schema: &inbox_core::InboxSchema,
     ) {
-        let sql = super::clock::end_leases(C::BACKEND, schema);
+        let sql = crate::dialect::clock::end_leases(C::BACKEND, schema);
         diesel_async::SimpleAsyncConnection::batch_execute(conn, &sql)
             .await
             .unwrap_or_else(|e| panic!("`{sql}` failed: {e}"));
@@ -620,7 +563,7 @@ mod asynchronous {
         schema: &inbox_core::InboxSchema,
         by: std::time::Duration,
     ) {
-        let sql = super::clock::pass_time(C::BACKEND, schema, by);
+        let sql = crate::dialect::clock::pass_time(C::BACKEND, schema, by);
         diesel_async::SimpleAsyncConnection::batch_execute(conn, &sql)
             .await
             .unwrap_or_else(|e| panic!("`{sql}` failed: {e}"));

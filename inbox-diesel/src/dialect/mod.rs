@@ -12,6 +12,8 @@ use uuid::Uuid;
 
 pub(crate) mod catalog;
 pub(crate) mod claim;
+#[cfg(feature = "testing")]
+pub(crate) mod clock;
 pub(crate) mod ddl;
 pub(crate) mod layout;
 pub(crate) mod marker;
