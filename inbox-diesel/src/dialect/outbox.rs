@@ -136,6 +136,7 @@ impl Backend {
         }
     }
 
+    #[cfg(feature = "async")]
     /// The relay's lock on the candidates it reads before claiming them, so that relays side
     /// by side take different ones without waiting: `FOR UPDATE SKIP LOCKED` (of the alias
     /// `o` on PostgreSQL); nothing on SQLite, which has one writer.
@@ -147,6 +148,7 @@ impl Backend {
         }
     }
 
+    #[cfg(feature = "async")]
     /// An outbox id column read as text (PostgreSQL stores a `UUID`).
     pub(crate) fn outbox_id_text(self, column: &str) -> String {
         match self {
@@ -155,6 +157,7 @@ impl Backend {
         }
     }
 
+    #[cfg(feature = "async")]
     /// Whether an `UPDATE` may read its own table in a subquery (MySQL and MariaDB refuse
     /// it): then the relay claims in one `UPDATE … RETURNING`, else in a transaction of
     /// reads and an update by `seq`.
@@ -162,12 +165,14 @@ impl Backend {
         self != Backend::Mysql
     }
 
+    #[cfg(feature = "async")]
     /// Whether every writer waits for one database lock, even a claim that finds nothing
     /// (SQLite): a relay then reads before it claims.
     pub(crate) fn single_writer(self) -> bool {
         self == Backend::Sqlite
     }
 
+    #[cfg(feature = "async")]
     /// "Now plus the bound milliseconds" for a claim's lease where it is taken row by row:
     /// PostgreSQL's `clock_timestamp()`, not the statement's start, so that a claim taking
     /// seconds does not hand out rows whose lease has already run; `lease_until` elsewhere.
