@@ -39,8 +39,8 @@ use inbox_broker_examples::store::{Database, Failure, Store};
 use inbox_broker_examples::{amqp_url, without_password};
 use inbox_diesel::Redelivery;
 use inbox_lapin::{Pump, delivery_count, key};
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
-use lapin::{BasicProperties, Channel};
+use lapin::Channel;
+use lapin::options::ConfirmSelectOptions;
 
 const SCENARIO: Scenario = Scenario {
     messages: 40,
@@ -102,23 +102,7 @@ async fn publish(
 ) -> Result<(), String> {
     for _ in 0..copies {
         for id in ids {
-            let confirmation = channel
-                .basic_publish(
-                    "".into(),
-                    queues.name.as_str().into(),
-                    BasicPublishOptions::default(),
-                    id.as_bytes(),
-                    BasicProperties::default()
-                        .with_message_id(id.as_str().into())
-                        .with_delivery_mode(2),
-                )
-                .await
-                .map_err(|e| format!("publish {id}: {e}"))?
-                .await
-                .map_err(|e| format!("publish {id}: {e}"))?;
-            if !confirmation.is_ack() {
-                return Err(format!("the broker refused {id}: {confirmation:?}"));
-            }
+            queues.publish_one(channel, id).await?;
         }
     }
     Ok(())

@@ -8,9 +8,9 @@ use async_nats::ConnectOptions;
 use async_nats::jetstream::consumer::{PullConsumer, pull};
 use async_nats::jetstream::{Context, stream};
 use inbox_nats::Unreachable;
-use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
+use lapin::options::{BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{Channel, Connection, ConnectionProperties};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 
 use crate::without_password;
 
@@ -106,6 +106,29 @@ impl Queues {
             }
         }
         Ok(queues)
+    }
+
+    /// One persistent copy of the message `id` (its body and `message_id`) to the queue,
+    /// confirmed by the broker before this returns.
+    pub async fn publish_one(&self, channel: &Channel, id: &str) -> Result<(), String> {
+        let confirmation = channel
+            .basic_publish(
+                "".into(),
+                self.name.as_str().into(),
+                BasicPublishOptions::default(),
+                id.as_bytes(),
+                BasicProperties::default()
+                    .with_message_id(id.into())
+                    .with_delivery_mode(2),
+            )
+            .await
+            .map_err(|e| format!("publish {id}: {e}"))?
+            .await
+            .map_err(|e| format!("publish {id}: {e}"))?;
+        match confirmation.is_ack() {
+            true => Ok(()),
+            false => Err(format!("RabbitMQ refused {id}: {confirmation:?}")),
+        }
     }
 
     /// Messages waiting in `queue` for a consumer (not those delivered and unacknowledged).

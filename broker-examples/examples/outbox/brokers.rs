@@ -1,8 +1,7 @@
 //! Service A's RabbitMQ queue and service B's JetStream stream, as this example names and
 //! configures them, and what the orchestrator publishes to A.
 
-use lapin::options::BasicPublishOptions;
-use lapin::{BasicProperties, Channel};
+use lapin::Channel;
 
 pub use inbox_broker_examples::brokers::{Queues, Stream, connect_nats, connect_rabbitmq};
 
@@ -31,23 +30,7 @@ pub async fn publish(queues: &Queues, channel: &Channel, ids: &[String]) -> Resu
     let mut published = 0;
     for id in ids {
         for _ in 0..COPIES {
-            let confirmation = channel
-                .basic_publish(
-                    "".into(),
-                    queues.name.as_str().into(),
-                    BasicPublishOptions::default(),
-                    id.as_bytes(),
-                    BasicProperties::default()
-                        .with_message_id(id.as_str().into())
-                        .with_delivery_mode(2),
-                )
-                .await
-                .map_err(|e| format!("publish {id}: {e}"))?
-                .await
-                .map_err(|e| format!("publish {id}: {e}"))?;
-            if !confirmation.is_ack() {
-                return Err(format!("RabbitMQ refused {id}: {confirmation:?}"));
-            }
+            queues.publish_one(channel, id).await?;
             published += 1;
         }
     }
