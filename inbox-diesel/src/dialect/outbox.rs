@@ -40,6 +40,18 @@ impl Backend {
         let table = self.quote_table(table_name);
         let name = table_name.rsplit('.').next().unwrap_or(table_name);
         let index = |suffix: &str| self.quote(&index_name(name, suffix));
+        // PostgreSQL and SQLite: the relay's indexes, on the unsent rows and the sent ones
+        // apart (MySQL and MariaDB have no partial index: theirs are in the table).
+        let partial = || {
+            format!(
+                "CREATE INDEX {pending} ON {table} (seq) WHERE sent_at IS NULL;\n\
+                 CREATE INDEX {unsent} ON {table} (destination, ordering_key, seq) WHERE sent_at IS NULL;\n\
+                 CREATE INDEX {sent} ON {table} (sent_at) WHERE sent_at IS NOT NULL;\n",
+                pending = index("pending"),
+                unsent = index("unsent"),
+                sent = index("sent_at"),
+            )
+        };
         match self {
             Backend::Postgres => format!(
                 "CREATE TABLE {table} (\n    \
@@ -56,14 +68,9 @@ impl Backend {
                  last_error    TEXT,\n    \
                  sent_at       TIMESTAMPTZ,\n    \
                  parked_at     TIMESTAMPTZ,\n    \
-                 CONSTRAINT {ux} UNIQUE (id)\n);\n\
-                 CREATE INDEX {pending} ON {table} (seq) WHERE sent_at IS NULL;\n\
-                 CREATE INDEX {unsent} ON {table} (destination, ordering_key, seq) WHERE sent_at IS NULL;\n\
-                 CREATE INDEX {sent} ON {table} (sent_at) WHERE sent_at IS NOT NULL;\n",
+                 CONSTRAINT {ux} UNIQUE (id)\n);\n{partial}",
                 ux = index("id"),
-                pending = index("pending"),
-                unsent = index("unsent"),
-                sent = index("sent_at"),
+                partial = partial(),
             ),
             Backend::Mysql => format!(
                 "CREATE TABLE {table} (\n    \
@@ -104,14 +111,9 @@ impl Backend {
                  sent_at       TIMESTAMP,\n    \
                  parked_at     TIMESTAMP\n\
                  );\n\
-                 CREATE UNIQUE INDEX {ux} ON {table} (id);\n\
-                 CREATE INDEX {pending} ON {table} (seq) WHERE sent_at IS NULL;\n\
-                 CREATE INDEX {unsent} ON {table} (destination, ordering_key, seq) WHERE sent_at IS NULL;\n\
-                 CREATE INDEX {sent} ON {table} (sent_at) WHERE sent_at IS NOT NULL;\n",
+                 CREATE UNIQUE INDEX {ux} ON {table} (id);\n{partial}",
                 ux = index("id"),
-                pending = index("pending"),
-                unsent = index("unsent"),
-                sent = index("sent_at"),
+                partial = partial(),
             ),
         }
     }
@@ -136,10 +138,10 @@ impl Backend {
         }
     }
 
-    #[cfg(feature = "async")]
     /// The relay's lock on the candidates it reads before claiming them, so that relays side
     /// by side take different ones without waiting: `FOR UPDATE SKIP LOCKED` (of the alias
     /// `o` on PostgreSQL); nothing on SQLite, which has one writer.
+    #[cfg(feature = "async")]
     pub(crate) fn skip_locked(self) -> &'static str {
         match self {
             Backend::Postgres => " FOR UPDATE OF o SKIP LOCKED",
@@ -148,8 +150,8 @@ impl Backend {
         }
     }
 
-    #[cfg(feature = "async")]
     /// An outbox id column read as text (PostgreSQL stores a `UUID`).
+    #[cfg(feature = "async")]
     pub(crate) fn outbox_id_text(self, column: &str) -> String {
         match self {
             Backend::Postgres => format!("CAST({column} AS text)"),
@@ -157,25 +159,25 @@ impl Backend {
         }
     }
 
-    #[cfg(feature = "async")]
     /// Whether an `UPDATE` may read its own table in a subquery (MySQL and MariaDB refuse
     /// it): then the relay claims in one `UPDATE … RETURNING`, else in a transaction of
     /// reads and an update by `seq`.
+    #[cfg(feature = "async")]
     pub(crate) fn updates_from_own_subquery(self) -> bool {
         self != Backend::Mysql
     }
 
-    #[cfg(feature = "async")]
     /// Whether every writer waits for one database lock, even a claim that finds nothing
     /// (SQLite): a relay then reads before it claims.
+    #[cfg(feature = "async")]
     pub(crate) fn single_writer(self) -> bool {
         self == Backend::Sqlite
     }
 
-    #[cfg(feature = "async")]
     /// "Now plus the bound milliseconds" for a claim's lease where it is taken row by row:
     /// PostgreSQL's `clock_timestamp()`, not the statement's start, so that a claim taking
     /// seconds does not hand out rows whose lease has already run; `lease_until` elsewhere.
+    #[cfg(feature = "async")]
     pub(crate) fn lease_per_row(
         self,
         lease_until: (&'static str, &'static str),
