@@ -1,5 +1,7 @@
-//! The broker's consumer as the pump reads it: started, polled within the window, cancelled
-//! with what it had buffered handed back; a settlement sent and counted.
+//! The broker's consumers as the pump core reads them ([`inbox_diesel::pump::Source`]):
+//! started, polled within the window, cancelled with what they had buffered handed back.
+
+use inbox_diesel::pump::{Next, Source};
 
 use super::*;
 
@@ -62,133 +64,119 @@ impl Consumers {
         Poll::Pending
     }
 
-    /// Cancels the consumers and requeues what the channel had buffered for them.
-    pub(crate) async fn close(mut self, channel: &Channel) -> (lapin::Result<()>, u64) {
+    /// Cancels the consumers: the broker sends them nothing more, and their streams end once
+    /// what the channel had buffered for them is out.
+    pub(crate) async fn cancel(&mut self, channel: &Channel) {
         if let Some(adding) = self.adding.take()
             && let Ok(Ok(consumer)) = tokio::time::timeout(Duration::from_secs(5), adding).await
         {
             self.added = Some(consumer);
         }
-        let mut cancelled = Ok(());
         for consumer in [&self.given, &self.added].into_iter().flatten() {
             if let Err(e) = channel
                 .basic_cancel(consumer.tag(), BasicCancelOptions::default())
                 .await
             {
-                cancelled = Err(e);
+                tracing::warn!(error = %e, "cancelling the consumer failed");
             }
         }
-        let mut requeued = 0;
-        for consumer in [&mut self.given, &mut self.added].into_iter().flatten() {
-            requeued += requeue_buffered(consumer).await;
-        }
-        (cancelled, requeued)
+    }
+
+    /// What the channel had buffered for the cancelled consumers, one at a time; `None` once
+    /// both streams ended.
+    pub(crate) async fn buffered(&mut self) -> Option<Delivery> {
+        futures_util::future::poll_fn(|cx| {
+            use std::task::Poll;
+            for consumer in [&mut self.given, &mut self.added] {
+                if let Some(stream) = consumer
+                    && let Poll::Ready(next) = stream.poll_next_unpin(cx)
+                {
+                    match next {
+                        Some(Ok(delivery)) => return Poll::Ready(Some(delivery)),
+                        // Ended (or failed: what is left returns to the queue with the
+                        // channel).
+                        _ => *consumer = None,
+                    }
+                }
+            }
+            match (&self.given, &self.added) {
+                (None, None) => Poll::Ready(None),
+                _ => Poll::Pending,
+            }
+        })
+        .await
     }
 }
 
-/// Requeues the deliveries the channel had buffered when the pump stopped: the consumer was
-/// cancelled, so the stream ends once they are out.
-pub(crate) async fn requeue_buffered(stream: &mut Consumer) -> u64 {
-    let mut requeued = 0;
-    let drain = async {
-        while let Some(Ok(delivery)) = stream.next().await {
-            if delivery
-                .acker
-                .nack(BasicNackOptions {
-                    requeue: true,
-                    ..BasicNackOptions::default()
-                })
-                .await
-                // `false`: the channel could no longer send it (the broker redelivers it).
-                .is_ok_and(|sent| sent)
-            {
-                requeued += 1;
-            }
-        }
-    };
-    // A consumer the broker did not confirm cancelled may not end: what is left is returned
-    // to the queue when the channel closes.
-    let _ = tokio::time::timeout(Duration::from_secs(5), drain).await;
-    requeued
+/// Why the broker ended the pump.
+pub(crate) enum End {
+    /// The broker cancelled the consumer (its queue deleted, say).
+    Cancelled,
+    /// The channel failed.
+    Broker(String),
 }
 
-/// Settles one delivery. A retry waits out its delay before the requeue — or less, when the
-/// pump stops meanwhile (`stopping`): a shutdown does not wait for it.
-pub(crate) async fn settle(
-    acker: &lapin::Acker,
-    settlement: Settlement,
-    delay: Duration,
-    mut stopping: tokio::sync::watch::Receiver<bool>,
-) -> lapin::Result<bool> {
-    match settlement {
-        Settlement::Ack => acker.ack(BasicAckOptions::default()).await,
-        Settlement::Retry { .. } | Settlement::Held { .. } => {
-            tokio::select! {
-                () = tokio::time::sleep(delay) => {}
-                _ = stopping.wait_for(|stopping| *stopping) => {}
-            }
-            acker
-                .nack(BasicNackOptions {
-                    requeue: true,
-                    ..BasicNackOptions::default()
-                })
-                .await
+/// A delivery as it arrived: whether it is a stranger's redelivery ([`Pump::slow_start`]),
+/// and what tells it from the message's other deliveries.
+pub(crate) struct Arrived {
+    pub(crate) delivery: Delivery,
+    pub(crate) stranger: bool,
+    pub(crate) identity: u64,
+}
+
+/// The pump's consumers as the pump core reads them.
+pub(crate) struct Delivered<'a> {
+    pub(crate) channel: &'a Channel,
+    pub(crate) consumers: Consumers,
+    pub(crate) window: &'a std::sync::Mutex<Window>,
+    pub(crate) prefetch: usize,
+    /// Until when a stopping pump waits for what the channel had buffered.
+    pub(crate) requeue_deadline: Option<tokio::time::Instant>,
+}
+
+impl Source for Delivered<'_> {
+    type Delivery = Arrived;
+    type Back = lapin::Acker;
+    type End = End;
+
+    async fn next(&mut self, in_hand: usize) -> Next<Arrived, lapin::Acker, End> {
+        if in_hand >= self.prefetch {
+            return std::future::pending().await;
         }
-        Settlement::DeadLetter => acker.reject(BasicRejectOptions { requeue: false }).await,
-        // Back to the queue, for when the deployment is fixed; and `Settlement` is
-        // non-exhaustive: what a later version adds is not acknowledged blindly.
-        _ => {
-            acker
-                .nack(BasicNackOptions {
-                    requeue: true,
-                    ..BasicNackOptions::default()
+        let (channel, window, consumers) = (self.channel, self.window, &mut self.consumers);
+        let next = futures_util::future::poll_fn(|cx| {
+            let wide = lock(window).wide(cx.waker());
+            consumers.poll_next(cx, channel, wide)
+        })
+        .await;
+        match next {
+            Some(Ok(delivery)) => {
+                let identity = identity(&delivery);
+                let stranger = lock(window).arrived(&delivery, identity);
+                Next::Delivery(Arrived {
+                    delivery,
+                    stranger,
+                    identity,
                 })
-                .await
+            }
+            Some(Err(e)) => Next::End(End::Broker(e.to_string())),
+            None => Next::End(End::Cancelled),
         }
     }
-}
 
-#[derive(Default)]
-pub(crate) struct Counts {
-    pub(crate) ack: AtomicU64,
-    pub(crate) retry: AtomicU64,
-    pub(crate) dead_letter: AtomicU64,
-    pub(crate) halt: AtomicU64,
-    pub(crate) unsettled: AtomicU64,
-}
+    async fn close(&mut self) {
+        self.consumers.cancel(self.channel).await;
+        self.requeue_deadline = Some(tokio::time::Instant::now() + Duration::from_secs(5));
+    }
 
-impl Counts {
-    /// Counts a settlement the broker was sent. One the channel could no longer send (closed
-    /// or failed since the delivery: lapin answers `false`) is unsettled — the broker delivers
-    /// the message again — and the channel's failure stops the pump.
-    pub(crate) fn settled(
-        &self,
-        settlement: Settlement,
-        settled: lapin::Result<bool>,
-        failed: &tokio::sync::watch::Sender<Option<String>>,
-        halt: &tokio::sync::watch::Sender<Option<String>>,
-    ) {
-        let counter = match (settled, settlement) {
-            (Ok(false), _) => {
-                let why = "the channel closed before the delivery was settled; the broker \
-                           delivers it again";
-                tracing::warn!("{why}");
-                failed.send_if_modified(|failed| {
-                    failed.is_none() && failed.replace(why.into()).is_none()
-                });
-                let _ = halt.send(Some(format!("settling failed: {why}")));
-                &self.unsettled
-            }
-            (Err(e), _) => {
-                let _ = failed.send(Some(e.to_string()));
-                let _ = halt.send(Some(format!("settling failed: {e}")));
-                &self.unsettled
-            }
-            (Ok(true), Settlement::Ack) => &self.ack,
-            (Ok(true), Settlement::Retry { .. } | Settlement::Held { .. }) => &self.retry,
-            (Ok(true), Settlement::DeadLetter) => &self.dead_letter,
-            (Ok(true), _) => &self.halt,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
+    async fn returned(&mut self) -> Option<lapin::Acker> {
+        // A consumer the broker did not confirm cancelled may not end: what is left is
+        // returned to the queue when the channel closes.
+        let deadline = self.requeue_deadline?;
+        tokio::time::timeout_at(deadline, self.consumers.buffered())
+            .await
+            .ok()
+            .flatten()
+            .map(|delivery| delivery.acker)
     }
 }

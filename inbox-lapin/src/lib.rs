@@ -36,7 +36,7 @@
 //! | `InFlight` on a live claim (claim mode) | `Held` | as `Retry`; from the message's second delivery on, holds it until the claim's lease has ended ([`Redelivery::delay_of`]) |
 //! | a failure of the connection (`Action::Reconnect`) | `Retry { reconnect: true }` | as `Retry`; the connection is the handler's, and the handler drops it (see below) |
 //! | a business constraint, a missing or invalid key, a stale claim | `DeadLetter` | `basic.reject` without requeue: to the queue's dead-letter exchange, if it has one |
-//! | misuse, a schema fault, a missing privilege | `Halt` | requeues it, stops taking deliveries, finishes those in hand, and returns [`Stopped::Halted`] |
+//! | misuse, a schema fault, a missing privilege | `Halt` | stops taking deliveries, cancels its consumers, requeues it, finishes those in hand, and returns [`Stopped::Halted`] |
 //!
 //! **Delays.** RabbitMQ has no delayed redelivery. The pump keeps a message it retries for
 //! the delay, then requeues it: no topology to declare, and the delay is exact, but the
@@ -102,12 +102,10 @@
 pub mod outbox;
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use futures_util::future::select;
-use inbox_diesel::pump::{InHand, Processed, process};
+use inbox_diesel::pump::{self, InHand, Processed, process};
 use inbox_diesel::telemetry::{process_span, record_settlement};
 use inbox_diesel::{KeyError, MessageKey, Outage, Redelivery, Settle, Settlement};
 use lapin::message::Delivery;
@@ -122,10 +120,12 @@ use tracing::Instrument;
 mod consumers;
 mod report;
 mod window;
+mod work;
 
 use consumers::*;
 pub use report::{Report, Stopped};
 use window::*;
+use work::*;
 
 /// The key of a delivery: its `message_id` property ([`inbox_diesel::broker::amqp`]).
 ///
@@ -303,173 +303,46 @@ impl Pump {
         S: Future<Output = ()>,
     {
         let queue_name = consumer.queue();
-        let queue = queue_name.as_str();
-        let counts = Counts::default();
         let outage = Outage::new(self.outage);
-        let outage = &outage;
-        let (halt, mut halted) = tokio::sync::watch::channel(None::<String>);
-        let (failed, mut broker_failure) = tokio::sync::watch::channel(None::<String>);
         // Set once the pump stops taking deliveries: a retry's delay is cut short by it.
-        let (stopping, stopping_rx) = tokio::sync::watch::channel(false);
-        let ended_by_broker = std::sync::atomic::AtomicBool::new(false);
-        let stop = select(
-            Box::pin(shutdown),
-            Box::pin(async move {
-                let _ = halted.wait_for(Option::is_some).await;
-            }),
-        );
+        let (stop, stopping) = tokio::sync::watch::channel(false);
         let window = std::sync::Mutex::new(Window::new(self.slow_start));
-        // Handlers hold it shared; a stranger's redelivery alone ([`Pump::slow_start`]).
-        // tokio's lock is fair: a stranger waiting for it holds back the handlers after it.
         let lane = tokio::sync::RwLock::new(());
-        let mut consumers = Consumers::new(consumer, self);
-        let mut stop = Some(stop);
-        let handler = &handler;
-        let (counts_ref, halt_ref, failed_ref) = (&counts, &halt, &failed);
-        let (stopping_ref, stopping_rx_ref, ended_ref) =
-            (&stopping, &stopping_rx, &ended_by_broker);
-        let (window_ref, lane_ref) = (&window, &lane);
-        let consumers_ref = &mut consumers;
-        // Deliveries are taken until the stop; each runs its handler and settles.
-        let taken = async {
-            let deliveries = futures_util::stream::poll_fn(|cx| {
-                if let Some(stop_future) = stop.as_mut()
-                    && std::pin::Pin::new(stop_future).poll(cx).is_ready()
-                {
-                    stop = None;
-                    let _ = stopping_ref.send(true);
-                    return std::task::Poll::Ready(None);
-                }
-                if stop.is_none() {
-                    return std::task::Poll::Ready(None);
-                }
-                let wide = lock(window_ref).wide(cx.waker());
-                match consumers_ref.poll_next(cx, channel, wide) {
-                    std::task::Poll::Ready(Some(Ok(delivery))) => {
-                        let identity = identity(&delivery);
-                        let stranger = lock(window_ref).arrived(&delivery, identity);
-                        std::task::Poll::Ready(Some(Ok((delivery, stranger, identity))))
-                    }
-                    std::task::Poll::Ready(Some(Err(e))) => std::task::Poll::Ready(Some(Err(e))),
-                    std::task::Poll::Ready(None) => {
-                        // The broker cancelled the consumer (its queue deleted, say).
-                        ended_ref.store(true, Ordering::SeqCst);
-                        let _ = stopping_ref.send(true);
-                        std::task::Poll::Ready(None)
-                    }
-                    std::task::Poll::Pending => std::task::Poll::Pending,
-                }
-            });
-            deliveries
-                .for_each_concurrent(usize::from(self.prefetch), |delivery| async move {
-                    let (delivery, stranger, identity) = match delivery {
-                        Ok(delivery) => delivery,
-                        Err(e) => {
-                            let _ = failed_ref.send(Some(e.to_string()));
-                            let _ = halt_ref.send(Some(format!("the channel failed: {e}")));
-                            return;
-                        }
-                    };
-                    let acker = delivery.acker.clone();
-                    let count = delivery_count(&delivery);
-                    let span = process_span("rabbitmq", queue, count);
-                    let in_hand = InHand {
-                        span: &span,
-                        system: "rabbitmq",
-                        noun: "delivery",
-                        progress_every: None,
-                    };
-                    // A stranger's redelivery runs alone, once the handlers in hand have
-                    // answered: if it is what killed a process, it dies alone.
-                    let alone = stranger && self.slow_start;
-                    let processed = process(
-                        in_hand,
-                        outage,
-                        stopping_rx_ref,
-                        || async {},
-                        || async {
-                            let (shared, alone) = match alone {
-                                true => (None, Some(lane_ref.write().await)),
-                                false => (Some(lane_ref.read().await), None),
-                            };
-                            let answer = handler(delivery).await;
-                            drop((shared, alone));
-                            answer
-                        },
-                    )
-                    .await;
-                    let settlement = match processed {
-                        // Handed back unstarted: the pump stopped while it waited at the gate
-                        // (not requeued during the outage, which a quorum queue counts against
-                        // its `x-delivery-limit` on every turn of a long one).
-                        Processed::Unstarted => {
-                            let retry = Settlement::Retry { reconnect: false };
-                            record_settlement(&span, "rabbitmq", retry);
-                            let settled =
-                                settle(&acker, retry, Duration::ZERO, stopping_rx_ref.clone())
-                                    .instrument(span)
-                                    .await;
-                            lock(window_ref).handed_back(identity);
-                            counts_ref.settled(retry, settled, failed_ref, halt_ref);
-                            return;
-                        }
-                        Processed::Panicked { settlement }
-                        | Processed::Answered { settlement, .. } => settlement,
-                        Processed::Halted { answer, settlement } => {
-                            let _ = halt_ref.send(Some(answer));
-                            let _ = stopping_ref.send(true);
-                            settlement
-                        }
-                    };
-                    let delay = self.redelivery.delay_of(settlement, count);
-                    {
-                        let mut window = lock(window_ref);
-                        if !matches!(settlement, Settlement::Ack | Settlement::DeadLetter) {
-                            window.handed_back(identity);
-                        }
-                        let held = matches!(
-                            settlement,
-                            Settlement::Retry { .. } | Settlement::Held { .. }
-                        ) && !delay.is_zero();
-                        window.answered(stranger, held);
-                    }
-                    // While a stranger waits or runs alone, the others' settlements wait
-                    // too: each would free a prefetch slot, and the broker would fill it
-                    // with a delivery that dies with the stranger if it kills the process.
-                    if !stranger {
-                        drop(lane_ref.read().await);
-                    }
-                    let settled = settle(&acker, settlement, delay, stopping_rx_ref.clone())
-                        .instrument(span)
-                        .await;
-                    counts_ref.settled(settlement, settled, failed_ref, halt_ref);
-                })
-                .await;
+        let shared = Shared {
+            pump: self,
+            handler: &handler,
+            queue: queue_name.as_str(),
+            outage: &outage,
+            stopping: &stopping,
+            window: &window,
+            lane: &lane,
         };
-        taken.await;
-        // Stop the broker's deliveries, then hand back what the channel had buffered.
-        let (cancelled, requeued) = consumers.close(channel).await;
-        let report = Report {
-            acked: counts.ack.load(Ordering::Relaxed),
-            retried: counts.retry.load(Ordering::Relaxed),
-            dead_lettered: counts.dead_letter.load(Ordering::Relaxed),
-            halted: counts.halt.load(Ordering::Relaxed),
-            requeued_unstarted: requeued,
-            unsettled: counts.unsettled.load(Ordering::Relaxed),
+        let mut delivered = Delivered {
+            channel,
+            consumers: Consumers::new(consumer, self),
+            window: &window,
+            prefetch: usize::from(self.prefetch),
+            requeue_deadline: None,
         };
-        if let Some(failure) = broker_failure.borrow_and_update().clone() {
-            return Err(Stopped::Broker { failure, report });
+        let shared = &shared;
+        let ended = pump::run(
+            &mut delivered,
+            shutdown,
+            &stop,
+            |arrived| work(shared, arrived),
+            give_back,
+        )
+        .await;
+        let report = Report::from(ended.counts);
+        // The first failure: one that stopped the loop, else the channel's as its stream ended.
+        match (ended.end, ended.failed, ended.halted) {
+            (Some(End::Broker(failure)), _, _) | (_, Some(failure), _) => {
+                Err(Stopped::Broker { failure, report })
+            }
+            (_, None, Some(answer)) => Err(Stopped::Halted { answer, report }),
+            (Some(End::Cancelled), None, None) => Err(Stopped::Cancelled { report }),
+            (None, None, None) => Ok(report),
         }
-        if let Some(answer) = halt.borrow().clone() {
-            return Err(Stopped::Halted { answer, report });
-        }
-        if ended_by_broker.load(Ordering::SeqCst) {
-            return Err(Stopped::Cancelled { report });
-        }
-        if let Err(e) = cancelled {
-            tracing::warn!(error = %e, "cancelling the consumer failed");
-        }
-        Ok(report)
     }
 }
 

@@ -1,5 +1,7 @@
 //! What a pump did before it stopped, and why it stopped.
 
+use inbox_diesel::pump::Counts;
+
 /// What a pump did before it stopped.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -18,6 +20,19 @@ pub struct Report {
     /// failed first (the broker killed, say). The broker delivers them again — a handler
     /// that had processed one answers `Duplicate` then.
     pub unsettled: u64,
+}
+
+impl From<Counts> for Report {
+    fn from(counts: Counts) -> Self {
+        Report {
+            acked: counts.acked,
+            retried: counts.retried,
+            dead_lettered: counts.dead_lettered,
+            halted: counts.halted,
+            requeued_unstarted: counts.returned_unstarted,
+            unsettled: counts.unsettled,
+        }
+    }
 }
 
 /// Why a pump stopped before its shutdown.

@@ -1,6 +1,8 @@
 //! How many deliveries the pump takes at once (the window after a restart), and which
 //! deliveries are strangers' redeliveries.
 
+use inbox_diesel::pump::HandedBack;
+
 use super::*;
 
 /// How wide the pump runs ([`Pump::slow_start`]): one delivery after it starts, `prefetch`
@@ -9,21 +11,16 @@ use super::*;
 pub(crate) struct Window {
     pub(crate) wide: bool,
     /// The messages this pump handed back, until they come again.
-    pub(crate) handed_back: std::collections::HashSet<u64>,
+    pub(crate) handed_back: HandedBack,
     /// The pump's stream, woken when it widens.
     pub(crate) waker: Option<std::task::Waker>,
 }
 
 impl Window {
-    /// Messages remembered at most: one handed back that never comes again (past the
-    /// delivery limit, purged) is forgotten with the others past this many, and is then
-    /// taken for a stranger's if it does.
-    pub(crate) const REMEMBERED: usize = 100_000;
-
     pub(crate) fn new(slow_start: bool) -> Self {
         Self {
             wide: !slow_start,
-            handed_back: std::collections::HashSet::new(),
+            handed_back: HandedBack::default(),
             waker: None,
         }
     }
@@ -42,7 +39,8 @@ impl Window {
     /// A delivery of the message `identity` arrived: whether it is a stranger's redelivery,
     /// delivered before and not handed back by this pump.
     pub(crate) fn arrived(&mut self, delivery: &Delivery, identity: u64) -> bool {
-        delivery_count(delivery) >= 2 && !self.handed_back.remove(&identity)
+        self.handed_back
+            .stranger(delivery_count(delivery), identity)
     }
 
     /// A handler answered — whatever it answered, it did not take the process down. A
@@ -59,9 +57,6 @@ impl Window {
 
     /// The pump handed a delivery back: when it comes again, it is not a stranger's.
     pub(crate) fn handed_back(&mut self, identity: u64) {
-        if self.handed_back.len() >= Self::REMEMBERED {
-            self.handed_back.clear();
-        }
-        self.handed_back.insert(identity);
+        self.handed_back.remember(identity);
     }
 }

@@ -124,7 +124,6 @@
 pub mod outbox;
 
 use std::future::Future;
-use std::pin::pin;
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::pull::{self, BatchConfig};
@@ -135,8 +134,8 @@ use async_nats::jetstream::stream::{ConsumerError, ConsumerErrorKind};
 use async_nats::jetstream::{AckKind, Context, ErrorCode, Message};
 use async_nats::{ConnectOptions, StatusCode};
 use futures_util::future::{Fuse, FusedFuture, FutureExt};
-use futures_util::stream::{FuturesUnordered, StreamExt};
-use inbox_diesel::pump::{InHand, Processed, process};
+use futures_util::stream::StreamExt;
+use inbox_diesel::pump::{self, InHand, Processed, process};
 use inbox_diesel::telemetry::process_span;
 use inbox_diesel::{
     KeyError, MessageKey, Outage, Redelivery, Retention, Settle, Settlement, broker,
@@ -145,10 +144,12 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 mod report;
+mod source;
 mod window;
 mod work;
 
 pub use report::{Report, Stopped};
+use source::*;
 use window::*;
 use work::*;
 
@@ -499,11 +500,8 @@ impl Pump {
         };
 
         let client = jetstream.client();
-        // One subscription for every pull request's replies, each request answered on a
-        // subject of its own (`<inbox>.<n>`): the status ending a request given up for lost
-        // is told apart from the current request's.
         let inbox = client.new_inbox();
-        let mut replies =
+        let replies =
             client
                 .subscribe(format!("{inbox}.*"))
                 .await
@@ -511,197 +509,37 @@ impl Pump {
                     failure: format!("subscribing to the pull replies failed: {e}"),
                     report: Report::default(),
                 })?;
-
-        let mut tally = Tally::default();
-        let mut window = Window::new(self.max_ack_pending, self.slow_start);
         let outage = Outage::new(self.outage);
         let outage = &outage;
+        let mut pulled = Pulled {
+            jetstream,
+            consumer,
+            outage,
+            inbox,
+            replies,
+            window: Window::new(self.max_ack_pending, self.slow_start),
+            max_ack_pending: self.max_ack_pending,
+            max_batch,
+            expires,
+            pull: None,
+            requests: 0,
+            pull_after: Instant::now(),
+            check: Fuse::terminated(),
+            drain_deadline: None,
+        };
         // Set once the pump stops pulling: a message waiting at the outage gate goes back.
         let (stop, stopping) = tokio::sync::watch::channel(false);
-        let mut in_hand = FuturesUnordered::new();
-        let mut pull: Option<Pull> = None;
-        let mut requests: u64 = 0;
-        let mut pull_after = Instant::now();
-        let mut end: Option<End> = None;
-        let mut shutdown = pin!(shutdown);
-        // Whether the consumer still exists, asked when JetStream did not answer a pull.
-        let mut check = pin!(Fuse::terminated());
         let handler = &handler;
-
-        while end.is_none() && tally.halted.is_none() {
-            // No messages pulled while the database is given a pause.
-            pull_after = pull_after.max(Instant::now() + outage.pause_left());
-            if pull.is_none()
-                && check.is_terminated()
-                && in_hand.len() < window.size
-                && Instant::now() >= pull_after
-            {
-                let wanted = (window.size - in_hand.len()).min(max_batch);
-                requests += 1;
-                let request = BatchConfig {
-                    batch: wanted,
-                    expires: Some(expires),
-                    ..BatchConfig::default()
-                };
-                match consumer
-                    .request_batch(request, format!("{inbox}.{requests}").into())
-                    .await
-                {
-                    Ok(()) => {
-                        pull = Some(Pull {
-                            id: requests,
-                            wanted,
-                            received: 0,
-                            deadline: Instant::now() + expires + PULL_GRACE,
-                        });
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "sending a pull request failed");
-                        pull_after = Instant::now() + PULL_PAUSE;
-                    }
-                }
-            }
-            // When to look again without a reply: a pull request's deadline, or the end of a
-            // pause before the next one (never while the consumer's info is being asked).
-            let wake = match &pull {
-                Some(pull) => Some(pull.deadline),
-                None if check.is_terminated() && in_hand.len() < window.size => Some(pull_after),
-                None => None,
-            };
-            tokio::select! {
-                // A shutdown goes before the replies waiting: what arrived is handed back.
-                biased;
-                () = &mut shutdown => break,
-                Some(done) = in_hand.next(), if !in_hand.is_empty() => {
-                    window.done(&done);
-                    tally.record(done);
-                }
-                info = &mut check, if !check.is_terminated() => match info {
-                    Ok(_) => pull_after = Instant::now() + PULL_PAUSE,
-                    Err(e) if is_gone(&e) => end = Some(End::Deleted),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "asking for the consumer's info failed");
-                        pull_after = Instant::now() + PULL_PAUSE;
-                    }
-                },
-                reply = replies.next() => {
-                    let Some(reply) = reply else {
-                        end = Some(End::Broker(
-                            "the client's connection closed for good".to_owned(),
-                        ));
-                        break;
-                    };
-                    match reply.status {
-                        None | Some(StatusCode::OK) => {
-                            // A message keeps the subject it was published on: it is counted
-                            // to the request waiting now (a late one to a request given up
-                            // for lost is rare, and only makes the next request early).
-                            if let Some(request) = pull.as_mut() {
-                                request.received += 1;
-                                if request.received >= request.wanted {
-                                    pull = None;
-                                }
-                            }
-                            let message = Message { message: reply, context: jetstream.clone() };
-                            window.arrived(&message);
-                            let job = if in_hand.len() < self.max_ack_pending {
-                                Job::Handle(message)
-                            } else {
-                                // A late answer to a request given up for lost, with every
-                                // slot taken: back to the stream for another consumer.
-                                Job::Return { acker: acker(&message), halted: false }
-                            };
-                            in_hand.push(work(handler, settings, outage, &stopping, job));
-                        }
-                        Some(StatusCode::IDLE_HEARTBEAT) => {}
-                        // A status comes on the subject of the request it ends.
-                        Some(status) if pull.as_ref().is_some_and(|pull| {
-                            reply.subject.as_str().rsplit('.').next()
-                                == Some(pull.id.to_string().as_str())
-                        }) => {
-                            pull = None;
-                            let description = reply.description.unwrap_or_default();
-                            match PullEnd::of(status, &description) {
-                                PullEnd::Expired => {}
-                                PullEnd::ConsumerDeleted => end = Some(End::Deleted),
-                                PullEnd::Refused => {
-                                    end = Some(End::Broker(format!(
-                                        "the server refused the pull request: {description}"
-                                    )));
-                                }
-                                // Nobody answers for the consumer: deleted, or its stream
-                                // between leaders. The consumer's info tells which.
-                                PullEnd::NoResponders => check.set(consumer.get_info().fuse()),
-                                PullEnd::Other => {
-                                    tracing::warn!(
-                                        %status, %description, "the server ended a pull request"
-                                    );
-                                    pull_after = Instant::now() + PULL_PAUSE;
-                                }
-                            }
-                        }
-                        // The end of a request given up before.
-                        Some(_) => {}
-                    }
-                }
-                () = sleep_until(wake) => {
-                    if pull.as_ref().is_some_and(|pull| Instant::now() >= pull.deadline) {
-                        tracing::warn!("a pull request went unanswered past its expiry; pulling again");
-                        pull = None;
-                    }
-                }
-            }
-        }
-
-        let _ = stop.send(true);
-        // Stop pulling: the server forgets the pull requests of a subject without interest.
-        // Unsubscribing before any `Nak` below also keeps a message handed back from coming
-        // straight back to this pump.
-        if let Err(e) = replies.drain().await {
-            tracing::warn!(error = %e, "unsubscribing from the pull replies failed");
-        }
-        for acker in std::mem::take(&mut tally.to_return) {
-            in_hand.push(work(
-                handler,
-                settings,
-                outage,
-                &stopping,
-                Job::Return {
-                    acker,
-                    halted: true,
-                },
-            ));
-        }
-        let mut draining = true;
-        let mut drain_deadline = pin!(tokio::time::sleep(DRAIN_TIMEOUT));
-        while draining || !in_hand.is_empty() {
-            tokio::select! {
-                Some(done) = in_hand.next(), if !in_hand.is_empty() => {
-                    tally.record(done);
-                    for acker in std::mem::take(&mut tally.to_return) {
-                        in_hand.push(work(handler, settings, outage, &stopping, Job::Return { acker, halted: true }));
-                    }
-                }
-                reply = replies.next(), if draining => match reply {
-                    Some(reply) if matches!(reply.status, None | Some(StatusCode::OK)) => {
-                        let message = Message { message: reply, context: jetstream.clone() };
-                        in_hand.push(work(
-                            handler,
-                            settings,
-                            outage,
-                            &stopping,
-                            Job::Return { acker: acker(&message), halted: false },
-                        ));
-                    }
-                    Some(_) => {}
-                    None => draining = false,
-                },
-                () = &mut drain_deadline, if draining => draining = false,
-            }
-        }
-
-        let report = tally.report;
-        match (end, tally.halted) {
+        let ended = pump::run(
+            &mut pulled,
+            shutdown,
+            &stop,
+            |message| work(handler, settings, outage, &stopping, message),
+            give_back,
+        )
+        .await;
+        let report = Report::from(ended.counts);
+        match (ended.end, ended.halted) {
             (Some(End::Broker(failure)), _) => Err(Stopped::Broker { failure, report }),
             (_, Some(answer)) => Err(Stopped::Halted { answer, report }),
             (Some(End::Deleted), None) => Err(Stopped::Deleted { report }),
@@ -715,20 +553,6 @@ fn is_consumer_not_found(error: &ConsumerError) -> bool {
         error.kind(),
         ConsumerErrorKind::JetStream(e) if e.error_code() == ErrorCode::CONSUMER_NOT_FOUND
     )
-}
-
-fn is_gone(error: &ConsumerInfoError) -> bool {
-    matches!(
-        error.kind(),
-        ConsumerInfoErrorKind::NotFound | ConsumerInfoErrorKind::StreamNotFound
-    )
-}
-
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
-    }
 }
 
 fn acker(message: &Message) -> Acker {
@@ -784,41 +608,6 @@ mod tests {
             Duration::from_secs(1),
         ));
         assert_eq!(quick.retention().keep_for(), Duration::from_secs(10 * 30));
-    }
-
-    #[test]
-    fn each_message_is_counted_once() {
-        let mut tally = Tally::default();
-        let settled = |settlement, confirmed| Done::Settled {
-            settlement,
-            confirmed,
-            handed_back: None,
-        };
-        tally.record(settled(Settlement::Ack, true));
-        tally.record(settled(Settlement::Retry { reconnect: true }, true));
-        tally.record(settled(Settlement::DeadLetter, true));
-        tally.record(settled(Settlement::Ack, false));
-        tally.record(Done::Returned {
-            halted: false,
-            confirmed: true,
-        });
-        tally.record(Done::Returned {
-            halted: true,
-            confirmed: true,
-        });
-        tally.record(Done::Returned {
-            halted: true,
-            confirmed: false,
-        });
-        let report = tally.report;
-        assert_eq!(
-            (report.acked, report.retried, report.dead_lettered),
-            (1, 1, 1)
-        );
-        assert_eq!(
-            (report.halted, report.returned_unstarted, report.unconfirmed),
-            (1, 1, 2)
-        );
     }
 
     /// A pump runs on a multi-threaded runtime (`tokio::spawn`) when its handler's futures

@@ -1,5 +1,7 @@
 //! What a pump did before it stopped, and why it stopped.
 
+use inbox_diesel::pump::Counts;
+
 /// What a pump did before it stopped. Each message it took is counted once.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -17,6 +19,19 @@ pub struct Report {
     /// Settlements the server did not confirm (the connection was down): JetStream
     /// redelivers those messages after `ack_wait`.
     pub unconfirmed: u64,
+}
+
+impl From<Counts> for Report {
+    fn from(counts: Counts) -> Self {
+        Report {
+            acked: counts.acked,
+            retried: counts.retried,
+            dead_lettered: counts.dead_lettered,
+            halted: counts.halted,
+            returned_unstarted: counts.returned_unstarted,
+            unconfirmed: counts.unsettled,
+        }
+    }
 }
 
 /// Why a pump stopped before its shutdown.

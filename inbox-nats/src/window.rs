@@ -1,4 +1,6 @@
-//! How many messages the pump takes at once (the window after a restart), and what it counted.
+//! How many messages the pump takes at once (the window after a restart).
+
+use inbox_diesel::pump::{Done, HandedBack};
 
 use super::*;
 
@@ -18,30 +20,25 @@ pub(crate) struct Window {
     /// [`Pump::slow_start`]: off, the window is `max` from the start and stays so.
     pub(crate) slow_start: bool,
     /// Stream sequences of messages this pump handed back (`Nak`), until they come again.
-    pub(crate) handed_back: std::collections::HashSet<u64>,
+    pub(crate) handed_back: HandedBack,
 }
 
 impl Window {
-    /// Sequences remembered at most: a message handed back that never comes again (past
-    /// `max_deliver`, deleted) is forgotten with the others past this many, and is then
-    /// taken for a stranger's if it does.
-    pub(crate) const REMEMBERED: usize = 100_000;
-
     pub(crate) fn new(max: usize, slow_start: bool) -> Self {
         let max = max.max(1);
         Self {
             size: if slow_start { 1 } else { max },
             max,
             slow_start,
-            handed_back: std::collections::HashSet::new(),
+            handed_back: HandedBack::default(),
         }
     }
 
     /// A message arrived: a stranger's redelivery narrows the window to one.
     pub(crate) fn arrived(&mut self, message: &Message) {
         let Ok(info) = message.info() else { return };
-        if info.delivered >= 2 && !self.handed_back.remove(&info.stream_sequence) && self.slow_start
-        {
+        let count = u32::try_from(info.delivered).unwrap_or(u32::MAX);
+        if self.handed_back.stranger(count, info.stream_sequence) && self.slow_start {
             self.size = 1;
         }
     }
@@ -50,48 +47,12 @@ impl Window {
     /// down: the window widens (a failure too: in a database outage, a window kept narrow
     /// would put every try on the same few messages, and spend their deliveries). A
     /// message handed back is remembered.
-    pub(crate) fn done(&mut self, done: &Done) {
+    pub(crate) fn done(&mut self, done: &Done<Acker>) {
         if let Done::Settled { handed_back, .. } = done {
             self.size = (self.size * 2).min(self.max);
             if let Some(sequence) = handed_back {
-                if self.handed_back.len() >= Self::REMEMBERED {
-                    self.handed_back.clear();
-                }
-                self.handed_back.insert(*sequence);
+                self.handed_back.remember(*sequence);
             }
         }
-    }
-}
-
-#[derive(Default)]
-pub(crate) struct Tally {
-    pub(crate) report: Report,
-    pub(crate) halted: Option<String>,
-    pub(crate) to_return: Vec<Acker>,
-}
-
-impl Tally {
-    pub(crate) fn record(&mut self, done: Done) {
-        let counter = match done {
-            Done::Settled {
-                confirmed: false, ..
-            }
-            | Done::Returned {
-                confirmed: false, ..
-            } => &mut self.report.unconfirmed,
-            Done::Settled { settlement, .. } => match settlement {
-                Settlement::Ack => &mut self.report.acked,
-                Settlement::Retry { .. } | Settlement::Held { .. } => &mut self.report.retried,
-                _ => &mut self.report.dead_lettered,
-            },
-            Done::Halted { answer, acker } => {
-                self.halted.get_or_insert(answer);
-                self.to_return.push(*acker);
-                return;
-            }
-            Done::Returned { halted: true, .. } => &mut self.report.halted,
-            Done::Returned { halted: false, .. } => &mut self.report.returned_unstarted,
-        };
-        *counter += 1;
     }
 }

@@ -1,27 +1,4 @@
-//! What a broker pump does with each delivery in its hands, whatever the broker: for the
-//! adapters (`inbox-lapin`, `inbox-nats`) and the next ones, so that each holds only what its
-//! broker differs in — how deliveries are taken, how a settlement is sent.
-//!
-//! [`process`] takes one delivery from the moment the pump holds it to the handler's
-//! settlement:
-//!
-//! 1. **The outage gate.** After the database failed a delivery for its connection
-//!    ([`Outage`]), the next ones wait in hand until the pause has passed and one that tried
-//!    alone got through — not handed back, which a broker would count against its delivery
-//!    limit on every turn of a long outage. A pump that stops meanwhile hands them back
-//!    unstarted ([`Processed::Unstarted`]).
-//! 2. **The handler**, called inside the delivery's span as well as polled in it (a sync
-//!    handler runs when called). A panic settles its own delivery ([`Settlement::of_panic`]),
-//!    not the pump: the deliveries beside it run on ([`Processed::Panicked`]).
-//! 3. **Progress.** Where the broker takes back a delivery that is not reported in progress
-//!    within a bound (JetStream's `ack_wait`, SQS's visibility timeout), it is reported at
-//!    [`InHand::progress_every`], while it waits at the gate and while its handler runs.
-//! 4. **The settlement**, recorded on the span and in the metrics, the outage told of it; a
-//!    dead letter and a halt also written to standard error when no tracing subscriber
-//!    listens ([`telemetry::unseen`](crate::telemetry::unseen)).
-//!
-//! What the broker then does with the settlement — ack, requeue with a delay, reject, stop
-//! the pump — is the adapter's.
+//! One delivery from the moment a pump holds it to the handler's settlement ([`process`]).
 
 use std::fmt::Debug;
 use std::future::Future;
@@ -80,7 +57,7 @@ pub enum Processed<A> {
 }
 
 /// Takes one delivery through the outage gate, its handler and its settlement; see the
-/// [module documentation](self). `stopping` turns `true` once the pump stops taking
+/// [module documentation](crate::pump). `stopping` turns `true` once the pump stops taking
 /// deliveries; `progress` reports the delivery in progress to the broker (called only with
 /// [`InHand::progress_every`]); `handler` calls the application's handler on the delivery.
 pub async fn process<A, F, P, PF>(

@@ -1,0 +1,51 @@
+//! The core of a broker pump, whatever the broker: for the adapters (`inbox-lapin`,
+//! `inbox-nats`) and the next ones, so that each holds only what its broker differs in — how
+//! deliveries are taken, how a settlement is sent, how wide it runs after a restart.
+//!
+//! **The loop** ([`run`]) takes deliveries from a [`Source`] while it has room, runs each to
+//! its settlement beside the others, counts what became of each ([`Counts`]), and stops on
+//! the shutdown, on a halting answer, on a settlement the broker could not take, or when the
+//! source ends. Stopping, it tells the deliveries in hand (`stopping`: a retry's delay is cut
+//! short, a delivery waiting at the outage gate is handed back), closes the source, hands
+//! back what the source had taken but no handler started and the halting deliveries, and
+//! waits for the handlers in hand to settle:
+//!
+//! ```text
+//! take (Source::next) → run (process) → settle (the adapter's) → count (Done)
+//!   … stop → Source::close → hand back (Source::returned, halted) → the rest settles → Ended
+//! ```
+//!
+//! **One delivery** ([`process`]) goes from the moment the pump holds it to the handler's
+//! settlement:
+//!
+//! 1. **The outage gate.** After the database failed a delivery for its connection
+//!    ([`Outage`](inbox_core::Outage)), the next ones wait in hand until the pause has passed
+//!    and one that tried alone got through — not handed back, which a broker would count
+//!    against its delivery limit on every turn of a long outage. A pump that stops meanwhile
+//!    hands them back unstarted ([`Processed::Unstarted`]).
+//! 2. **The handler**, called inside the delivery's span as well as polled in it (a sync
+//!    handler runs when called). A panic settles its own delivery
+//!    ([`Settlement::of_panic`](inbox_core::Settlement::of_panic)), not the pump: the
+//!    deliveries beside it run on ([`Processed::Panicked`]).
+//! 3. **Progress.** Where the broker takes back a delivery that is not reported in progress
+//!    within a bound (JetStream's `ack_wait`, SQS's visibility timeout), it is reported at
+//!    [`InHand::progress_every`], while it waits at the gate and while its handler runs.
+//! 4. **The settlement**, recorded on the span and in the metrics, the outage told of it; a
+//!    dead letter and a halt also written to standard error when no tracing subscriber
+//!    listens ([`telemetry::unseen`](crate::telemetry::unseen)).
+//!
+//! What the broker then does with the settlement — ack, requeue with a delay, reject — is the
+//! adapter's, which answers the loop with a [`Done`].
+//!
+//! **A new broker** supplies a [`Source`] (how deliveries arrive, how the broker is asked for
+//! more, what it had taken when the pump stops), a function from a delivery to its [`Done`]
+//! (usually [`process`], then the broker's settlement), and one that hands a delivery back
+//! unstarted; its report is made from the [`Counts`].
+
+mod done;
+mod process;
+mod run;
+
+pub use done::{Counts, Done, HandedBack, Sent};
+pub use process::{InHand, Processed, process};
+pub use run::{Ended, Next, Source, run};
