@@ -16,7 +16,7 @@ use diesel::QueryResult;
 use diesel::connection::TransactionManagerStatus;
 
 use crate::dialect::claim::{ClaimRead, ClaimSql};
-use crate::dialect::{Dialect, Row, Sql};
+use crate::dialect::{Binds, Dialect, Row, Rows, Sql};
 
 /// What the runtime's algorithms do with a connection, sync or async.
 pub(crate) trait Io {
@@ -61,7 +61,7 @@ where
     type Backend = C::Backend;
 
     async fn execute(&mut self, sql: &Sql) -> QueryResult<usize> {
-        C::Backend::execute(self.0, sql)
+        crate::dialect::execute(self.0, sql)
     }
 
     async fn load<R: Row>(&mut self, sql: &Sql) -> QueryResult<Vec<R>> {
@@ -73,7 +73,7 @@ where
     }
 
     async fn execute_claim(&mut self, sql: ClaimSql<'_, C::Backend>) -> QueryResult<usize> {
-        C::Backend::execute_claim(self.0, sql)
+        crate::dialect::execute_claim(self.0, sql)
     }
 
     async fn read_claim(
@@ -106,7 +106,7 @@ where
     type Backend = C::Backend;
 
     async fn execute(&mut self, sql: &Sql) -> QueryResult<usize> {
-        C::Backend::execute_async(self.0, sql).await
+        crate::dialect::execute_async(self.0, sql).await
     }
 
     async fn load<R: Row>(&mut self, sql: &Sql) -> QueryResult<Vec<R>> {
@@ -118,7 +118,7 @@ where
     }
 
     async fn execute_claim(&mut self, sql: ClaimSql<'_, C::Backend>) -> QueryResult<usize> {
-        C::Backend::execute_claim_async(self.0, sql).await
+        crate::dialect::execute_claim_async(self.0, sql).await
     }
 
     async fn read_claim(

@@ -27,15 +27,19 @@
 //! node's write could take. `ROLLBACK` may share its round trip with a restore after it:
 //! whatever it answers, nothing commits.
 
-use diesel::query_builder::{AstPass, BoxedSqlQuery, SqlQuery};
-use diesel::sql_types::{BigInt, Binary, Text};
+use diesel::query_builder::AstPass;
 
 use diesel::QueryResult;
 
 use uuid::Uuid;
 
-use crate::dialect::claim::{ClaimRead, ClaimSql};
-use crate::dialect::{self, Backend, Dialect, Row, Sql};
+use crate::dialect::{self, Backend, Dialect};
+
+impl dialect::BindId for diesel::mysql::Mysql {
+    fn bind_id<'b>(out: &mut AstPass<'_, 'b, Self>, id: &'b Uuid) -> QueryResult<()> {
+        out.push_bind_param::<diesel::sql_types::Binary, [u8]>(&id.as_bytes()[..])
+    }
+}
 
 impl Dialect for diesel::mysql::Mysql {
     /// UTC, whatever the session's `time_zone`: `DATETIME` stores what it is given, and
@@ -58,118 +62,7 @@ impl Dialect for diesel::mysql::Mysql {
     /// MySQL's `JSON`, cast to text (MariaDB's is `LONGTEXT` already).
     const RESULT_AS_TEXT: &'static str = "CAST(result AS CHAR)";
 
-    fn bind_id<'b>(out: &mut AstPass<'_, 'b, Self>, id: &'b Uuid) -> QueryResult<()> {
-        out.push_bind_param::<diesel::sql_types::Binary, [u8]>(&id.as_bytes()[..])
-    }
-
-    fn bind_int<'b>(out: &mut AstPass<'_, 'b, Self>, value: &'b i64) -> QueryResult<()> {
-        out.push_bind_param::<BigInt, i64>(value)
-    }
-
     const BACKEND: Backend = Backend::Mysql;
-
-    fn bind_i64<'f>(
-        query: BoxedSqlQuery<'f, Self, SqlQuery>,
-        value: &'f i64,
-    ) -> BoxedSqlQuery<'f, Self, SqlQuery> {
-        query.bind::<BigInt, _>(value)
-    }
-
-    fn bind_text<'f>(
-        query: BoxedSqlQuery<'f, Self, SqlQuery>,
-        value: &'f str,
-    ) -> BoxedSqlQuery<'f, Self, SqlQuery> {
-        query.bind::<Text, _>(value)
-    }
-
-    fn bind_bytes<'f>(
-        query: BoxedSqlQuery<'f, Self, SqlQuery>,
-        value: &'f [u8],
-    ) -> BoxedSqlQuery<'f, Self, SqlQuery> {
-        query.bind::<Binary, _>(value)
-    }
-
-    fn execute_claim<C>(conn: &mut C, sql: ClaimSql<'_, Self>) -> QueryResult<usize>
-    where
-        C: diesel::Connection<Backend = Self>,
-    {
-        diesel::RunQueryDsl::execute(sql, conn)
-    }
-
-    fn read_claim<C>(
-        conn: &mut C,
-        sql: ClaimRead<'_, Self>,
-    ) -> QueryResult<Vec<crate::dialect::claim::ClaimRow>>
-    where
-        C: diesel::connection::LoadConnection<Backend = Self>,
-    {
-        diesel::RunQueryDsl::load(sql, conn)
-    }
-
-    #[cfg(feature = "async")]
-    fn execute_claim_async<'c, C>(
-        conn: &'c mut C,
-        sql: ClaimSql<'c, Self>,
-    ) -> impl Future<Output = QueryResult<usize>> + Send + 'c
-    where
-        C: diesel_async::AsyncConnection<Backend = Self>,
-    {
-        diesel_async::RunQueryDsl::execute(sql, conn)
-    }
-
-    #[cfg(feature = "async")]
-    fn read_claim_async<'c, C>(
-        conn: &'c mut C,
-        sql: ClaimRead<'c, Self>,
-    ) -> impl Future<Output = QueryResult<Vec<crate::dialect::claim::ClaimRow>>> + Send + 'c
-    where
-        C: diesel_async::AsyncConnection<Backend = Self>,
-    {
-        diesel_async::RunQueryDsl::load(sql, conn)
-    }
-
-    fn execute<C>(conn: &mut C, sql: &Sql) -> QueryResult<usize>
-    where
-        C: diesel::Connection<Backend = Self>,
-    {
-        dialect::execute(conn, sql)
-    }
-
-    fn load<C, R: Row>(conn: &mut C, sql: &Sql) -> QueryResult<Vec<R>>
-    where
-        C: diesel::connection::LoadConnection<Backend = Self>,
-    {
-        dialect::load(conn, sql)
-    }
-
-    #[cfg(feature = "async")]
-    fn execute_async<'c, C>(
-        conn: &'c mut C,
-        sql: &'c Sql,
-    ) -> impl Future<Output = QueryResult<usize>> + Send + 'c
-    where
-        C: diesel_async::AsyncConnection<Backend = Self>,
-    {
-        dialect::execute_async(conn, sql)
-    }
-
-    #[cfg(feature = "async")]
-    fn load_async<'c, C, R: Row>(
-        conn: &'c mut C,
-        sql: &'c Sql,
-    ) -> impl Future<Output = QueryResult<Vec<R>>> + Send + 'c
-    where
-        C: diesel_async::AsyncConnection<Backend = Self>,
-    {
-        dialect::load_async(conn, sql)
-    }
-
-    fn bind_fragment_bytes<'b>(
-        out: &mut AstPass<'_, 'b, Self>,
-        bytes: &'b [u8],
-    ) -> QueryResult<()> {
-        out.push_bind_param::<Binary, [u8]>(bytes)
-    }
 
     fn delete_batch(table: &str) -> String {
         format!(

@@ -1,14 +1,18 @@
 //! Postgres: what the runtime writes differently for it.
 
-use diesel::query_builder::{AstPass, BoxedSqlQuery, SqlQuery};
-use diesel::sql_types::{BigInt, Binary, Text};
+use diesel::query_builder::AstPass;
 
 use diesel::QueryResult;
 
 use uuid::Uuid;
 
-use crate::dialect::claim::{ClaimRead, ClaimSql};
-use crate::dialect::{self, Backend, Dialect, Row, Sql, marker};
+use crate::dialect::{self, Backend, Dialect, Sql, marker};
+
+impl dialect::BindId for diesel::pg::Pg {
+    fn bind_id<'b>(out: &mut AstPass<'_, 'b, Self>, id: &'b Uuid) -> QueryResult<()> {
+        out.push_bind_param::<diesel::sql_types::Uuid, Uuid>(id)
+    }
+}
 
 impl Dialect for diesel::pg::Pg {
     const NOW: &'static str = "CURRENT_TIMESTAMP";
@@ -25,111 +29,7 @@ impl Dialect for diesel::pg::Pg {
     const OPEN_TRANSACTION_PROBE: Option<&'static str> =
         Some(crate::spec::HandlerSpec::POSTGRES_NONE_OPEN);
 
-    fn bind_id<'b>(out: &mut AstPass<'_, 'b, Self>, id: &'b Uuid) -> QueryResult<()> {
-        out.push_bind_param::<diesel::sql_types::Uuid, Uuid>(id)
-    }
-
-    fn bind_int<'b>(out: &mut AstPass<'_, 'b, Self>, value: &'b i64) -> QueryResult<()> {
-        out.push_bind_param::<BigInt, i64>(value)
-    }
-
     const BACKEND: Backend = Backend::Postgres;
-
-    fn bind_i64<'f>(
-        query: BoxedSqlQuery<'f, Self, SqlQuery>,
-        value: &'f i64,
-    ) -> BoxedSqlQuery<'f, Self, SqlQuery> {
-        query.bind::<BigInt, _>(value)
-    }
-
-    fn bind_text<'f>(
-        query: BoxedSqlQuery<'f, Self, SqlQuery>,
-        value: &'f str,
-    ) -> BoxedSqlQuery<'f, Self, SqlQuery> {
-        query.bind::<Text, _>(value)
-    }
-
-    fn bind_bytes<'f>(
-        query: BoxedSqlQuery<'f, Self, SqlQuery>,
-        value: &'f [u8],
-    ) -> BoxedSqlQuery<'f, Self, SqlQuery> {
-        query.bind::<Binary, _>(value)
-    }
-
-    fn execute_claim<C>(conn: &mut C, sql: ClaimSql<'_, Self>) -> QueryResult<usize>
-    where
-        C: diesel::Connection<Backend = Self>,
-    {
-        diesel::RunQueryDsl::execute(sql, conn)
-    }
-
-    fn read_claim<C>(
-        conn: &mut C,
-        sql: ClaimRead<'_, Self>,
-    ) -> QueryResult<Vec<crate::dialect::claim::ClaimRow>>
-    where
-        C: diesel::connection::LoadConnection<Backend = Self>,
-    {
-        diesel::RunQueryDsl::load(sql, conn)
-    }
-
-    #[cfg(feature = "async")]
-    fn execute_claim_async<'c, C>(
-        conn: &'c mut C,
-        sql: ClaimSql<'c, Self>,
-    ) -> impl Future<Output = QueryResult<usize>> + Send + 'c
-    where
-        C: diesel_async::AsyncConnection<Backend = Self>,
-    {
-        diesel_async::RunQueryDsl::execute(sql, conn)
-    }
-
-    #[cfg(feature = "async")]
-    fn read_claim_async<'c, C>(
-        conn: &'c mut C,
-        sql: ClaimRead<'c, Self>,
-    ) -> impl Future<Output = QueryResult<Vec<crate::dialect::claim::ClaimRow>>> + Send + 'c
-    where
-        C: diesel_async::AsyncConnection<Backend = Self>,
-    {
-        diesel_async::RunQueryDsl::load(sql, conn)
-    }
-
-    fn execute<C>(conn: &mut C, sql: &Sql) -> QueryResult<usize>
-    where
-        C: diesel::Connection<Backend = Self>,
-    {
-        dialect::execute(conn, sql)
-    }
-
-    fn load<C, R: Row>(conn: &mut C, sql: &Sql) -> QueryResult<Vec<R>>
-    where
-        C: diesel::connection::LoadConnection<Backend = Self>,
-    {
-        dialect::load(conn, sql)
-    }
-
-    #[cfg(feature = "async")]
-    fn execute_async<'c, C>(
-        conn: &'c mut C,
-        sql: &'c Sql,
-    ) -> impl Future<Output = QueryResult<usize>> + Send + 'c
-    where
-        C: diesel_async::AsyncConnection<Backend = Self>,
-    {
-        dialect::execute_async(conn, sql)
-    }
-
-    #[cfg(feature = "async")]
-    fn load_async<'c, C, R: Row>(
-        conn: &'c mut C,
-        sql: &'c Sql,
-    ) -> impl Future<Output = QueryResult<Vec<R>>> + Send + 'c
-    where
-        C: diesel_async::AsyncConnection<Backend = Self>,
-    {
-        dialect::load_async(conn, sql)
-    }
 
     fn store_result(table: &str, fingerprint: bool, fenced: bool) -> String {
         // $1 the result, then the fingerprint if any, then the key and the attempt.
@@ -170,13 +70,6 @@ impl Dialect for diesel::pg::Pg {
             "UPDATE {table} SET fingerprint = $1 \
              WHERE message_id = CAST($2 AS uuid) AND consumer = $3"
         )
-    }
-
-    fn bind_fragment_bytes<'b>(
-        out: &mut AstPass<'_, 'b, Self>,
-        bytes: &'b [u8],
-    ) -> QueryResult<()> {
-        out.push_bind_param::<Binary, [u8]>(bytes)
     }
 
     fn bind_message_id(sql: Sql, id: &Uuid) -> Sql {

@@ -21,13 +21,14 @@ use std::time::Duration;
 
 use diesel::QueryResult;
 use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
-use diesel::sql_types::{BigInt, Text};
+use diesel::sql_types::BigInt;
 use inbox_core::{InboxSchema, MessageKey};
 use uuid::Uuid;
 
 use super::Dialect;
 use super::layout::{Layout, Mark};
 use super::marker::push_table;
+use super::sql::Binds;
 
 /// The state of an existing inbox row, as one delivery read it.
 #[doc(hidden)]
@@ -149,7 +150,8 @@ pub struct ClaimSql<'a, DB, ST = ()> {
     /// The ids of [`Part::Ids`].
     ids: &'a [Uuid],
     parts: Vec<Part>,
-    types: PhantomData<(DB, ST)>,
+    /// `fn() ->`: the statement is `Send` whatever the backend's type is.
+    types: PhantomData<fn() -> (DB, ST)>,
 }
 
 /// `WHERE` of every statement but the insert.
@@ -433,30 +435,27 @@ impl<DB, ST> Query for ClaimSql<'_, DB, ST> {
 
 impl<DB, ST, C> diesel::RunQueryDsl<C> for ClaimSql<'_, DB, ST> {}
 
-impl<DB: Dialect, ST> QueryFragment<DB> for ClaimSql<'_, DB, ST>
-where
-    str: diesel::serialize::ToSql<Text, DB>,
-{
+impl<DB: Binds, ST> QueryFragment<DB> for ClaimSql<'_, DB, ST> {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
         for part in &self.parts {
             match part {
                 Part::Sql(sql) => out.push_sql(sql),
                 Part::Table => push_table(&mut out, self.table)?,
                 Part::Id => DB::bind_id(&mut out, &self.id)?,
-                Part::Consumer => out.push_bind_param::<Text, str>(self.consumer)?,
+                Part::Consumer => DB::push_text(&mut out, self.consumer)?,
                 Part::MarkedConsumer(mark) => {
                     let (before, after) = mark.guard();
                     out.push_sql(&before);
-                    out.push_bind_param::<Text, str>(self.consumer)?;
+                    DB::push_text(&mut out, self.consumer)?;
                     out.push_sql(after);
                 }
                 Part::MarkCondition(mark) => {
                     out.push_sql(" AND ");
                     out.push_sql(&mark.condition());
                 }
-                Part::KeyText => out.push_bind_param::<Text, str>(&self.key_text)?,
+                Part::KeyText => DB::push_text(&mut out, &self.key_text)?,
                 Part::Fingerprint => match &self.fingerprint {
-                    Some(fingerprint) => DB::bind_fragment_bytes(&mut out, fingerprint.as_bytes())?,
+                    Some(fingerprint) => DB::push_bytes(&mut out, fingerprint.as_bytes())?,
                     None => out.push_sql("NULL"),
                 },
                 Part::Ids => {
@@ -475,7 +474,7 @@ where
                     DB::bind_id(&mut out, &self.id)?;
                     out.push_sql(", NULL)");
                 }
-                Part::Int(value) => DB::bind_int(&mut out, value)?,
+                Part::Int(value) => DB::push_int(&mut out, value)?,
             }
         }
         Ok(())

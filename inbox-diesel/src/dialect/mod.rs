@@ -6,8 +6,6 @@
 use std::fmt;
 use std::str::FromStr;
 
-use diesel::QueryResult;
-use diesel::query_builder::{AstPass, BoxedSqlQuery, SqlQuery};
 use uuid::Uuid;
 
 pub(crate) mod catalog;
@@ -20,12 +18,10 @@ pub(crate) mod marker;
 mod outbox;
 mod sql;
 
-use claim::{ClaimRead, ClaimSql};
-
-pub use sql::{Row, Sql};
-pub(crate) use sql::{execute, load};
+pub use sql::{BindId, Binds, Row, Rows, Sql};
+pub(crate) use sql::{execute, execute_claim};
 #[cfg(feature = "async")]
-pub(crate) use sql::{execute_async, load_async};
+pub(crate) use sql::{execute_async, execute_claim_async};
 
 /// What [`Dialect::OPEN_TRANSACTION_PROBE`] fails with on PostgreSQL, quoted in the server's
 /// error whatever its language.
@@ -55,9 +51,7 @@ pub(crate) fn ended_in_body(error: &diesel::result::Error) -> bool {
 
 /// A diesel backend the runtime writes SQL for. Public only in name, so that the sealed
 /// connection traits can require it: it is not reachable from outside the crate.
-pub trait Dialect:
-    diesel::backend::Backend + diesel::sql_types::HasSqlType<diesel::sql_types::Text> + Sized + 'static
-{
+pub trait Dialect: Binds + Rows {
     /// Which backend this is, for what is decided by value (quoting, the migration's SQL).
     const BACKEND: Backend;
 
@@ -82,89 +76,6 @@ pub trait Dialect:
     /// side effect ran. `None` where the claim's insert asks the server itself (MariaDB's
     /// `@@in_transaction`), or nothing can (MySQL). Recognised by [`OPEN_TRANSACTION`].
     const OPEN_TRANSACTION_PROBE: Option<&'static str>;
-
-    /// Binds the 16-byte message id into a query fragment.
-    fn bind_id<'b>(out: &mut AstPass<'_, 'b, Self>, id: &'b Uuid) -> QueryResult<()>;
-
-    /// Binds a 64-bit integer into a query fragment.
-    fn bind_int<'b>(out: &mut AstPass<'_, 'b, Self>, value: &'b i64) -> QueryResult<()>;
-
-    /// Binds a 64-bit integer.
-    fn bind_i64<'f>(
-        query: BoxedSqlQuery<'f, Self, SqlQuery>,
-        value: &'f i64,
-    ) -> BoxedSqlQuery<'f, Self, SqlQuery>;
-
-    /// Binds text.
-    fn bind_text<'f>(
-        query: BoxedSqlQuery<'f, Self, SqlQuery>,
-        value: &'f str,
-    ) -> BoxedSqlQuery<'f, Self, SqlQuery>;
-
-    /// Binds bytes.
-    fn bind_bytes<'f>(
-        query: BoxedSqlQuery<'f, Self, SqlQuery>,
-        value: &'f [u8],
-    ) -> BoxedSqlQuery<'f, Self, SqlQuery>;
-
-    /// Runs a claim-mode statement on a sync connection.
-    fn execute_claim<C>(conn: &mut C, sql: ClaimSql<'_, Self>) -> QueryResult<usize>
-    where
-        C: diesel::Connection<Backend = Self>;
-
-    /// Reads a claim's state on a sync connection.
-    fn read_claim<C>(
-        conn: &mut C,
-        sql: ClaimRead<'_, Self>,
-    ) -> QueryResult<Vec<crate::dialect::claim::ClaimRow>>
-    where
-        C: diesel::connection::LoadConnection<Backend = Self>;
-
-    /// Runs a claim-mode statement on a diesel-async connection.
-    #[cfg(feature = "async")]
-    fn execute_claim_async<'c, C>(
-        conn: &'c mut C,
-        sql: ClaimSql<'c, Self>,
-    ) -> impl Future<Output = QueryResult<usize>> + Send + 'c
-    where
-        C: diesel_async::AsyncConnection<Backend = Self>;
-
-    /// Reads a claim's state on a diesel-async connection.
-    #[cfg(feature = "async")]
-    fn read_claim_async<'c, C>(
-        conn: &'c mut C,
-        sql: ClaimRead<'c, Self>,
-    ) -> impl Future<Output = QueryResult<Vec<crate::dialect::claim::ClaimRow>>> + Send + 'c
-    where
-        C: diesel_async::AsyncConnection<Backend = Self>;
-
-    /// Runs a statement on a sync connection (`sql::execute`, with this backend concrete).
-    fn execute<C>(conn: &mut C, sql: &Sql) -> QueryResult<usize>
-    where
-        C: diesel::Connection<Backend = Self>;
-
-    /// Runs a query on a sync connection (`io::load`).
-    fn load<C, R: Row>(conn: &mut C, sql: &Sql) -> QueryResult<Vec<R>>
-    where
-        C: diesel::connection::LoadConnection<Backend = Self>;
-
-    /// Runs a statement on a diesel-async connection (`io::execute_async`).
-    #[cfg(feature = "async")]
-    fn execute_async<'c, C>(
-        conn: &'c mut C,
-        sql: &'c Sql,
-    ) -> impl Future<Output = QueryResult<usize>> + Send + 'c
-    where
-        C: diesel_async::AsyncConnection<Backend = Self>;
-
-    /// Runs a query on a diesel-async connection (`io::load_async`).
-    #[cfg(feature = "async")]
-    fn load_async<'c, C, R: Row>(
-        conn: &'c mut C,
-        sql: &'c Sql,
-    ) -> impl Future<Output = QueryResult<Vec<R>>> + Send + 'c
-    where
-        C: diesel_async::AsyncConnection<Backend = Self>;
 
     // Stored results (`store_result`); `table` is quoted.
 
@@ -208,10 +119,6 @@ pub trait Dialect:
     fn store_fingerprint(table: &str) -> String {
         format!("UPDATE {table} SET fingerprint = ? WHERE message_id = ? AND consumer = ?")
     }
-
-    /// Binds bytes into a query fragment.
-    fn bind_fragment_bytes<'b>(out: &mut AstPass<'_, 'b, Self>, bytes: &'b [u8])
-    -> QueryResult<()>;
 
     /// Binds the message id as [`Dialect::store_result`] and [`Dialect::read_marker`] compare
     /// it: its 16 bytes (PostgreSQL: its text, cast to `uuid`).

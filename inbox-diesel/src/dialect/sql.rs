@@ -3,9 +3,12 @@
 use std::borrow::Cow;
 
 use diesel::QueryResult;
-use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
+use diesel::query_builder::{AstPass, BoxedSqlQuery, SqlQuery};
+use diesel::serialize::ToSql;
+use diesel::sql_types::{BigInt, Binary, Text};
 
 use super::Dialect;
+use super::claim::{ClaimRead, ClaimRow, ClaimSql};
 
 /// A value bound to a statement.
 #[derive(Debug, Clone)]
@@ -59,20 +62,17 @@ impl Sql {
         self
     }
 
-    /// The statement as diesel runs it: a boxed `sql_query`, prepared for each run, or, when
-    /// [`cached`](Sql::cached), kept prepared.
-    pub(crate) fn query<DB: Dialect>(&self) -> Statement<'_, DB> {
+    /// The statement as diesel runs it on backend `DB`: a boxed `sql_query`, prepared for
+    /// each run, or, when [`cached`](Sql::cached), kept prepared.
+    pub(crate) fn query<DB: Binds>(&self) -> Statement<'_, DB> {
         if self.cached {
             return Statement::Cached(self, std::marker::PhantomData);
         }
-        Statement::Boxed(self.binds.iter().fold(
-            diesel::sql_query(self.text.as_ref()).into_boxed(),
-            |query, bind| match bind {
-                Bind::BigInt(value) => DB::bind_i64(query, value),
-                Bind::Text(value) => DB::bind_text(query, value),
-                Bind::Bytes(value) => DB::bind_bytes(query, value),
-            },
-        ))
+        Statement::Boxed(
+            self.binds
+                .iter()
+                .fold(diesel::sql_query(self.text.as_ref()).into_boxed(), DB::bind),
+        )
     }
 }
 
@@ -80,42 +80,26 @@ impl Sql {
 /// statement, which is right for text built from values; a [`cached`](Sql::cached) one is
 /// written out with its binds in the order of its placeholders (`?`, or `$1`, `$2`, … in
 /// order), and diesel keeps it prepared by its text.
-pub enum Statement<'f, DB: Dialect> {
+pub enum Statement<'f, DB: diesel::backend::Backend> {
     Boxed(BoxedSqlQuery<'f, DB, SqlQuery>),
-    Cached(&'f Sql, std::marker::PhantomData<DB>),
+    /// `fn() ->`: the statement is `Send` whatever the backend's type is.
+    Cached(&'f Sql, std::marker::PhantomData<fn() -> DB>),
 }
 
-impl<'f, DB> diesel::query_builder::QueryFragment<DB> for Statement<'f, DB>
-where
-    DB: Dialect
-        + diesel::sql_types::HasSqlType<diesel::sql_types::BigInt>
-        + diesel::sql_types::HasSqlType<diesel::sql_types::Binary>,
-    BoxedSqlQuery<'f, DB, SqlQuery>: diesel::query_builder::QueryFragment<DB>,
-    i64: diesel::serialize::ToSql<diesel::sql_types::BigInt, DB>,
-    str: diesel::serialize::ToSql<diesel::sql_types::Text, DB>,
-    [u8]: diesel::serialize::ToSql<diesel::sql_types::Binary, DB>,
-{
+impl<DB: Binds> diesel::query_builder::QueryFragment<DB> for Statement<'_, DB> {
     fn walk_ast<'b>(
         &'b self,
         mut out: diesel::query_builder::AstPass<'_, 'b, DB>,
     ) -> QueryResult<()> {
         let sql = match self {
-            Statement::Boxed(query) => return query.walk_ast(out),
+            Statement::Boxed(query) => return DB::walk_boxed(query, out),
             Statement::Cached(sql, _) => sql,
         };
         let mut binds = sql.binds.iter();
         for (at, segment) in placeholders(&sql.text).into_iter().enumerate() {
             if at > 0 {
                 match binds.next() {
-                    Some(Bind::BigInt(value)) => {
-                        out.push_bind_param::<diesel::sql_types::BigInt, i64>(value)?
-                    }
-                    Some(Bind::Text(value)) => {
-                        out.push_bind_param::<diesel::sql_types::Text, str>(value.as_str())?
-                    }
-                    Some(Bind::Bytes(value)) => {
-                        out.push_bind_param::<diesel::sql_types::Binary, [u8]>(value.as_slice())?
-                    }
+                    Some(bind) => DB::push_bind(&mut out, bind)?,
                     None => {
                         return Err(diesel::result::Error::QueryBuilderError(
                             "a statement has more placeholders than binds".into(),
@@ -158,16 +142,138 @@ fn placeholders(text: &str) -> Vec<&str> {
     segments
 }
 
-impl<DB: Dialect> diesel::query_builder::QueryId for Statement<'_, DB> {
+impl<DB: diesel::backend::Backend> diesel::query_builder::QueryId for Statement<'_, DB> {
     type QueryId = ();
     const HAS_STATIC_QUERY_ID: bool = false;
 }
 
-impl<DB: Dialect> diesel::query_builder::Query for Statement<'_, DB> {
+impl<DB: diesel::backend::Backend> diesel::query_builder::Query for Statement<'_, DB> {
     type SqlType = diesel::sql_types::Untyped;
 }
 
-impl<DB: Dialect, C> diesel::RunQueryDsl<C> for Statement<'_, DB> {}
+impl<DB: diesel::backend::Backend, C> diesel::RunQueryDsl<C> for Statement<'_, DB> {}
+
+/// How a backend binds the runtime's values, and runs the statements whose rows are the
+/// runtime's own: written once, for every diesel backend that binds `i64`, text and bytes —
+/// facts each backend states for its concrete type, which code generic over the backend
+/// cannot name. A [`Dialect`] is one.
+pub trait Binds:
+    BindId
+    + diesel::sql_types::HasSqlType<BigInt>
+    + diesel::sql_types::HasSqlType<Text>
+    + diesel::sql_types::HasSqlType<Binary>
+    + Sized
+    + 'static
+{
+    /// Binds a value into a statement, its placeholder written.
+    fn push_bind<'b>(out: &mut AstPass<'_, 'b, Self>, bind: &'b Bind) -> QueryResult<()>;
+
+    /// Binds a value to a boxed `sql_query`, whose text has the placeholders.
+    fn bind<'f>(
+        query: BoxedSqlQuery<'f, Self, SqlQuery>,
+        bind: &'f Bind,
+    ) -> BoxedSqlQuery<'f, Self, SqlQuery>;
+
+    /// Writes a boxed `sql_query` out.
+    fn walk_boxed<'b>(
+        query: &'b BoxedSqlQuery<'_, Self, SqlQuery>,
+        out: AstPass<'_, 'b, Self>,
+    ) -> QueryResult<()>;
+
+    /// Binds text, its placeholder written.
+    fn push_text<'b>(out: &mut AstPass<'_, 'b, Self>, value: &'b str) -> QueryResult<()>;
+
+    /// Binds a 64-bit integer, its placeholder written.
+    fn push_int<'b>(out: &mut AstPass<'_, 'b, Self>, value: &'b i64) -> QueryResult<()>;
+
+    /// Binds bytes, its placeholder written.
+    fn push_bytes<'b>(out: &mut AstPass<'_, 'b, Self>, value: &'b [u8]) -> QueryResult<()>;
+
+    /// Reads a claim's state on a sync connection.
+    fn read_claim<C>(conn: &mut C, sql: ClaimRead<'_, Self>) -> QueryResult<Vec<ClaimRow>>
+    where
+        C: diesel::connection::LoadConnection<Backend = Self>;
+
+    /// Reads a claim's state on a diesel-async connection.
+    #[cfg(feature = "async")]
+    fn read_claim_async<'c, C>(
+        conn: &'c mut C,
+        sql: ClaimRead<'c, Self>,
+    ) -> impl Future<Output = QueryResult<Vec<ClaimRow>>> + Send + 'c
+    where
+        C: diesel_async::AsyncConnection<Backend = Self>;
+}
+
+impl<DB> Binds for DB
+where
+    DB: BindId
+        + diesel::sql_types::HasSqlType<BigInt>
+        + diesel::sql_types::HasSqlType<Text>
+        + diesel::sql_types::HasSqlType<Binary>
+        + diesel::expression::QueryMetadata<(BigInt, BigInt, BigInt)>
+        + 'static,
+    i64: ToSql<BigInt, DB>,
+    str: ToSql<Text, DB>,
+    [u8]: ToSql<Binary, DB>,
+    ClaimRow: diesel::deserialize::FromSqlRow<(BigInt, BigInt, BigInt), DB>,
+    for<'f> BoxedSqlQuery<'f, DB, SqlQuery>: diesel::query_builder::QueryFragment<DB>,
+{
+    fn push_bind<'b>(out: &mut AstPass<'_, 'b, Self>, bind: &'b Bind) -> QueryResult<()> {
+        match bind {
+            Bind::BigInt(value) => out.push_bind_param::<BigInt, i64>(value),
+            Bind::Text(value) => out.push_bind_param::<Text, str>(value),
+            Bind::Bytes(value) => out.push_bind_param::<Binary, [u8]>(value),
+        }
+    }
+
+    fn bind<'f>(
+        query: BoxedSqlQuery<'f, Self, SqlQuery>,
+        bind: &'f Bind,
+    ) -> BoxedSqlQuery<'f, Self, SqlQuery> {
+        match bind {
+            Bind::BigInt(value) => query.bind::<BigInt, _>(value),
+            Bind::Text(value) => query.bind::<Text, _>(value.as_str()),
+            Bind::Bytes(value) => query.bind::<Binary, _>(value.as_slice()),
+        }
+    }
+
+    fn walk_boxed<'b>(
+        query: &'b BoxedSqlQuery<'_, Self, SqlQuery>,
+        out: AstPass<'_, 'b, Self>,
+    ) -> QueryResult<()> {
+        diesel::query_builder::QueryFragment::walk_ast(query, out)
+    }
+
+    fn push_text<'b>(out: &mut AstPass<'_, 'b, Self>, value: &'b str) -> QueryResult<()> {
+        out.push_bind_param::<Text, str>(value)
+    }
+
+    fn push_int<'b>(out: &mut AstPass<'_, 'b, Self>, value: &'b i64) -> QueryResult<()> {
+        out.push_bind_param::<BigInt, i64>(value)
+    }
+
+    fn push_bytes<'b>(out: &mut AstPass<'_, 'b, Self>, value: &'b [u8]) -> QueryResult<()> {
+        out.push_bind_param::<Binary, [u8]>(value)
+    }
+
+    fn read_claim<C>(conn: &mut C, sql: ClaimRead<'_, Self>) -> QueryResult<Vec<ClaimRow>>
+    where
+        C: diesel::connection::LoadConnection<Backend = Self>,
+    {
+        diesel::RunQueryDsl::load(sql, conn)
+    }
+
+    #[cfg(feature = "async")]
+    fn read_claim_async<'c, C>(
+        conn: &'c mut C,
+        sql: ClaimRead<'c, Self>,
+    ) -> impl Future<Output = QueryResult<Vec<ClaimRow>>> + Send + 'c
+    where
+        C: diesel_async::AsyncConnection<Backend = Self>,
+    {
+        diesel_async::RunQueryDsl::load(sql, conn)
+    }
+}
 
 /// A row the runtime reads: one the derive `QueryableByName` reads on every enabled backend.
 pub trait Row: Send + 'static + rows::OnPostgres + rows::OnMysql + rows::OnSqlite {}
@@ -205,54 +311,107 @@ pub mod rows {
     impl<R> OnSqlite for R {}
 }
 
-/// A statement run on a sync connection of a backend `DB`, whose query diesel can run there:
-/// what each backend's [`Dialect::execute`] calls, with `DB` concrete.
+/// How a backend binds a message id, the one value the backends bind differently: a
+/// `uuid` on PostgreSQL, its 16 bytes elsewhere.
+pub trait BindId: diesel::backend::Backend {
+    /// Binds the message id into a query fragment.
+    fn bind_id<'b>(out: &mut AstPass<'_, 'b, Self>, id: &'b uuid::Uuid) -> QueryResult<()>;
+}
+
+/// Runs a statement on a sync connection.
 pub(crate) fn execute<DB, C>(conn: &mut C, sql: &Sql) -> QueryResult<usize>
 where
-    DB: Dialect,
+    DB: Binds,
     C: diesel::Connection<Backend = DB>,
-    for<'f> Statement<'f, DB>: diesel::query_dsl::methods::ExecuteDsl<C>,
 {
     diesel::RunQueryDsl::execute(sql.query::<DB>(), conn)
 }
 
-/// A query run on a sync connection: what each backend's [`Dialect::load`] calls.
-pub(crate) fn load<DB, C, R>(conn: &mut C, sql: &Sql) -> QueryResult<Vec<R>>
+/// Runs a claim-mode statement on a sync connection.
+pub(crate) fn execute_claim<DB, C>(conn: &mut C, sql: ClaimSql<'_, DB>) -> QueryResult<usize>
 where
     DB: Dialect,
-    C: diesel::connection::LoadConnection<Backend = DB>,
-    for<'f> Statement<'f, DB>: diesel::query_dsl::LoadQuery<'f, C, R>,
+    C: diesel::Connection<Backend = DB>,
 {
-    diesel::RunQueryDsl::load(sql.query::<DB>(), conn)
+    diesel::RunQueryDsl::execute(sql, conn)
 }
 
-/// A statement run on a diesel-async connection: what each backend's
-/// [`Dialect::execute_async`] calls.
+/// Runs a statement on a diesel-async connection.
 #[cfg(feature = "async")]
-pub(crate) async fn execute_async<DB, C>(conn: &mut C, sql: &Sql) -> QueryResult<usize>
-where
-    DB: Dialect,
-    C: diesel_async::AsyncConnection<Backend = DB>,
-    for<'f> Statement<'f, DB>: diesel_async::methods::ExecuteDsl<C>,
-{
-    diesel_async::RunQueryDsl::execute(sql.query::<DB>(), conn).await
-}
-
-/// A query run on a diesel-async connection: what each backend's [`Dialect::load_async`]
-/// calls.
-#[cfg(feature = "async")]
-pub(crate) fn load_async<'c, DB, C, R>(
+pub(crate) fn execute_async<'c, DB, C>(
     conn: &'c mut C,
     sql: &'c Sql,
-) -> impl Future<Output = QueryResult<Vec<R>>> + Send + 'c
+) -> impl Future<Output = QueryResult<usize>> + Send + 'c
+where
+    DB: Binds,
+    C: diesel_async::AsyncConnection<Backend = DB>,
+{
+    diesel_async::RunQueryDsl::execute(sql.query::<DB>(), conn)
+}
+
+/// Runs a claim-mode statement on a diesel-async connection.
+#[cfg(feature = "async")]
+pub(crate) fn execute_claim_async<'c, DB, C>(
+    conn: &'c mut C,
+    sql: ClaimSql<'c, DB>,
+) -> impl Future<Output = QueryResult<usize>> + Send + 'c
 where
     DB: Dialect,
     C: diesel_async::AsyncConnection<Backend = DB>,
-    R: Send + 'static,
-    Statement<'c, DB>: diesel_async::methods::LoadQuery<'c, C, R>,
 {
-    diesel_async::RunQueryDsl::load(sql.query::<DB>(), conn)
+    diesel_async::RunQueryDsl::execute(sql, conn)
 }
+
+/// How a backend reads the runtime's rows ([`Row`]): one implementation per backend, written
+/// once below, since only for a concrete backend does a [`Row`] read its rows.
+pub trait Rows: diesel::backend::Backend {
+    /// Runs a query on a sync connection; its rows.
+    fn load<C, R: Row>(conn: &mut C, sql: &Sql) -> QueryResult<Vec<R>>
+    where
+        C: diesel::connection::LoadConnection<Backend = Self>;
+
+    /// Runs a query on a diesel-async connection; its rows.
+    #[cfg(feature = "async")]
+    fn load_async<'c, C, R: Row>(
+        conn: &'c mut C,
+        sql: &'c Sql,
+    ) -> impl Future<Output = QueryResult<Vec<R>>> + Send + 'c
+    where
+        C: diesel_async::AsyncConnection<Backend = Self>;
+}
+
+/// [`Rows`] for a backend whose rows every [`Row`] reads.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+macro_rules! rows {
+    ($backend:ty) => {
+        impl Rows for $backend {
+            fn load<C, R: Row>(conn: &mut C, sql: &Sql) -> QueryResult<Vec<R>>
+            where
+                C: diesel::connection::LoadConnection<Backend = Self>,
+            {
+                diesel::RunQueryDsl::load(sql.query::<Self>(), conn)
+            }
+
+            #[cfg(feature = "async")]
+            fn load_async<'c, C, R: Row>(
+                conn: &'c mut C,
+                sql: &'c Sql,
+            ) -> impl Future<Output = QueryResult<Vec<R>>> + Send + 'c
+            where
+                C: diesel_async::AsyncConnection<Backend = Self>,
+            {
+                diesel_async::RunQueryDsl::load(sql.query::<Self>(), conn)
+            }
+        }
+    };
+}
+
+#[cfg(feature = "postgres")]
+rows!(diesel::pg::Pg);
+#[cfg(feature = "mysql")]
+rows!(diesel::mysql::Mysql);
+#[cfg(feature = "sqlite")]
+rows!(diesel::sqlite::Sqlite);
 
 #[cfg(test)]
 mod tests {
