@@ -15,8 +15,8 @@ use std::time::Duration;
 use diesel::QueryResult;
 use diesel::connection::TransactionManagerStatus;
 
-use crate::dialect::claim::{ClaimRead, ClaimSql};
-use crate::dialect::{Binds, Dialect, Row, Rows, Sql};
+use crate::dialect::claim::{ClaimRead, ClaimSql, ReadsClaims};
+use crate::dialect::{Dialect, Row, Rows, Sql};
 
 /// What the runtime's algorithms do with a connection, sync or async.
 pub(crate) trait Io {

@@ -481,6 +481,70 @@ impl<DB: Binds, ST> QueryFragment<DB> for ClaimSql<'_, DB, ST> {
     }
 }
 
+/// How a backend reads a claim's row ([`ClaimRead`]): written once, for every backend that
+/// binds the runtime's values and reads three `BIGINT`s into a [`ClaimRow`].
+pub trait ReadsClaims: Binds {
+    /// Reads a claim's state on a sync connection.
+    fn read_claim<C>(conn: &mut C, sql: ClaimRead<'_, Self>) -> QueryResult<Vec<ClaimRow>>
+    where
+        C: diesel::connection::LoadConnection<Backend = Self>;
+
+    /// Reads a claim's state on a diesel-async connection.
+    #[cfg(feature = "async")]
+    fn read_claim_async<'c, C>(
+        conn: &'c mut C,
+        sql: ClaimRead<'c, Self>,
+    ) -> impl Future<Output = QueryResult<Vec<ClaimRow>>> + Send + 'c
+    where
+        C: diesel_async::AsyncConnection<Backend = Self>;
+}
+
+impl<DB> ReadsClaims for DB
+where
+    DB: Binds + diesel::expression::QueryMetadata<(BigInt, BigInt, BigInt)>,
+    ClaimRow: diesel::deserialize::FromSqlRow<(BigInt, BigInt, BigInt), DB>,
+{
+    fn read_claim<C>(conn: &mut C, sql: ClaimRead<'_, Self>) -> QueryResult<Vec<ClaimRow>>
+    where
+        C: diesel::connection::LoadConnection<Backend = Self>,
+    {
+        diesel::RunQueryDsl::load(sql, conn)
+    }
+
+    #[cfg(feature = "async")]
+    fn read_claim_async<'c, C>(
+        conn: &'c mut C,
+        sql: ClaimRead<'c, Self>,
+    ) -> impl Future<Output = QueryResult<Vec<ClaimRow>>> + Send + 'c
+    where
+        C: diesel_async::AsyncConnection<Backend = Self>,
+    {
+        diesel_async::RunQueryDsl::load(sql, conn)
+    }
+}
+
+/// Runs a claim-mode statement on a sync connection.
+pub(crate) fn execute_claim<DB, C>(conn: &mut C, sql: ClaimSql<'_, DB>) -> QueryResult<usize>
+where
+    DB: Dialect,
+    C: diesel::Connection<Backend = DB>,
+{
+    diesel::RunQueryDsl::execute(sql, conn)
+}
+
+/// Runs a claim-mode statement on a diesel-async connection.
+#[cfg(feature = "async")]
+pub(crate) fn execute_claim_async<'c, DB, C>(
+    conn: &'c mut C,
+    sql: ClaimSql<'c, DB>,
+) -> impl Future<Output = QueryResult<usize>> + Send + 'c
+where
+    DB: Dialect,
+    C: diesel_async::AsyncConnection<Backend = DB>,
+{
+    diesel_async::RunQueryDsl::execute(sql, conn)
+}
+
 /// Whether a failed claim insert says that `autocommit` is off on the session (MySQL and
 /// MariaDB), or a transaction is open there (MariaDB): error 1048 on `message_id`, which
 /// only [`Part::AutocommittedId`] makes NULL.

@@ -18,10 +18,13 @@ pub(crate) mod marker;
 mod outbox;
 mod sql;
 
-pub use sql::{BindId, Binds, Row, Rows, Sql};
-pub(crate) use sql::{execute, execute_claim};
+pub(crate) use claim::execute_claim;
 #[cfg(feature = "async")]
-pub(crate) use sql::{execute_async, execute_claim_async};
+pub(crate) use claim::execute_claim_async;
+pub(crate) use sql::execute;
+#[cfg(feature = "async")]
+pub(crate) use sql::execute_async;
+pub use sql::{BindId, Binds, Row, Rows, Sql};
 
 /// What [`Dialect::OPEN_TRANSACTION_PROBE`] fails with on PostgreSQL, quoted in the server's
 /// error whatever its language.
@@ -51,7 +54,7 @@ pub(crate) fn ended_in_body(error: &diesel::result::Error) -> bool {
 
 /// A diesel backend the runtime writes SQL for. Public only in name, so that the sealed
 /// connection traits can require it: it is not reachable from outside the crate.
-pub trait Dialect: Binds + Rows {
+pub trait Dialect: Binds + Rows + claim::ReadsClaims {
     /// Which backend this is, for what is decided by value (quoting, the migration's SQL).
     const BACKEND: Backend;
 

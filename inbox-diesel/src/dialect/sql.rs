@@ -7,9 +7,6 @@ use diesel::query_builder::{AstPass, BoxedSqlQuery, SqlQuery};
 use diesel::serialize::ToSql;
 use diesel::sql_types::{BigInt, Binary, Text};
 
-use super::Dialect;
-use super::claim::{ClaimRead, ClaimRow, ClaimSql};
-
 /// A value bound to a statement.
 #[derive(Debug, Clone)]
 pub enum Bind {
@@ -153,10 +150,9 @@ impl<DB: diesel::backend::Backend> diesel::query_builder::Query for Statement<'_
 
 impl<DB: diesel::backend::Backend, C> diesel::RunQueryDsl<C> for Statement<'_, DB> {}
 
-/// How a backend binds the runtime's values, and runs the statements whose rows are the
-/// runtime's own: written once, for every diesel backend that binds `i64`, text and bytes —
-/// facts each backend states for its concrete type, which code generic over the backend
-/// cannot name. A [`Dialect`] is one.
+/// How a backend binds the runtime's values: written once, for every diesel backend that
+/// binds `i64`, text and bytes — facts each backend states for its concrete type, which code
+/// generic over the backend cannot name. A [`Dialect`](super::Dialect) is one.
 pub trait Binds:
     BindId
     + diesel::sql_types::HasSqlType<BigInt>
@@ -188,20 +184,6 @@ pub trait Binds:
 
     /// Binds bytes, its placeholder written.
     fn push_bytes<'b>(out: &mut AstPass<'_, 'b, Self>, value: &'b [u8]) -> QueryResult<()>;
-
-    /// Reads a claim's state on a sync connection.
-    fn read_claim<C>(conn: &mut C, sql: ClaimRead<'_, Self>) -> QueryResult<Vec<ClaimRow>>
-    where
-        C: diesel::connection::LoadConnection<Backend = Self>;
-
-    /// Reads a claim's state on a diesel-async connection.
-    #[cfg(feature = "async")]
-    fn read_claim_async<'c, C>(
-        conn: &'c mut C,
-        sql: ClaimRead<'c, Self>,
-    ) -> impl Future<Output = QueryResult<Vec<ClaimRow>>> + Send + 'c
-    where
-        C: diesel_async::AsyncConnection<Backend = Self>;
 }
 
 impl<DB> Binds for DB
@@ -210,12 +192,10 @@ where
         + diesel::sql_types::HasSqlType<BigInt>
         + diesel::sql_types::HasSqlType<Text>
         + diesel::sql_types::HasSqlType<Binary>
-        + diesel::expression::QueryMetadata<(BigInt, BigInt, BigInt)>
         + 'static,
     i64: ToSql<BigInt, DB>,
     str: ToSql<Text, DB>,
     [u8]: ToSql<Binary, DB>,
-    ClaimRow: diesel::deserialize::FromSqlRow<(BigInt, BigInt, BigInt), DB>,
     for<'f> BoxedSqlQuery<'f, DB, SqlQuery>: diesel::query_builder::QueryFragment<DB>,
 {
     fn push_bind<'b>(out: &mut AstPass<'_, 'b, Self>, bind: &'b Bind) -> QueryResult<()> {
@@ -255,24 +235,6 @@ where
     fn push_bytes<'b>(out: &mut AstPass<'_, 'b, Self>, value: &'b [u8]) -> QueryResult<()> {
         out.push_bind_param::<Binary, [u8]>(value)
     }
-
-    fn read_claim<C>(conn: &mut C, sql: ClaimRead<'_, Self>) -> QueryResult<Vec<ClaimRow>>
-    where
-        C: diesel::connection::LoadConnection<Backend = Self>,
-    {
-        diesel::RunQueryDsl::load(sql, conn)
-    }
-
-    #[cfg(feature = "async")]
-    fn read_claim_async<'c, C>(
-        conn: &'c mut C,
-        sql: ClaimRead<'c, Self>,
-    ) -> impl Future<Output = QueryResult<Vec<ClaimRow>>> + Send + 'c
-    where
-        C: diesel_async::AsyncConnection<Backend = Self>,
-    {
-        diesel_async::RunQueryDsl::load(sql, conn)
-    }
 }
 
 /// A row the runtime reads: one the derive `QueryableByName` reads on every enabled backend.
@@ -281,7 +243,7 @@ pub trait Row: Send + 'static + rows::OnPostgres + rows::OnMysql + rows::OnSqlit
 impl<R: Send + 'static + rows::OnPostgres + rows::OnMysql + rows::OnSqlite> Row for R {}
 
 /// [`Row`]'s parts, one per backend, empty where the backend's feature is off: each backend's
-/// [`Dialect`] reads rows through its own part, where the backend is a concrete type.
+/// [`Dialect`](super::Dialect) reads rows through its own part, where the backend is a concrete type.
 pub mod rows {
     #[cfg(feature = "postgres")]
     pub trait OnPostgres: diesel::QueryableByName<diesel::pg::Pg> {}
@@ -327,15 +289,6 @@ where
     diesel::RunQueryDsl::execute(sql.query::<DB>(), conn)
 }
 
-/// Runs a claim-mode statement on a sync connection.
-pub(crate) fn execute_claim<DB, C>(conn: &mut C, sql: ClaimSql<'_, DB>) -> QueryResult<usize>
-where
-    DB: Dialect,
-    C: diesel::Connection<Backend = DB>,
-{
-    diesel::RunQueryDsl::execute(sql, conn)
-}
-
 /// Runs a statement on a diesel-async connection.
 #[cfg(feature = "async")]
 pub(crate) fn execute_async<'c, DB, C>(
@@ -347,19 +300,6 @@ where
     C: diesel_async::AsyncConnection<Backend = DB>,
 {
     diesel_async::RunQueryDsl::execute(sql.query::<DB>(), conn)
-}
-
-/// Runs a claim-mode statement on a diesel-async connection.
-#[cfg(feature = "async")]
-pub(crate) fn execute_claim_async<'c, DB, C>(
-    conn: &'c mut C,
-    sql: ClaimSql<'c, DB>,
-) -> impl Future<Output = QueryResult<usize>> + Send + 'c
-where
-    DB: Dialect,
-    C: diesel_async::AsyncConnection<Backend = DB>,
-{
-    diesel_async::RunQueryDsl::execute(sql, conn)
 }
 
 /// How a backend reads the runtime's rows ([`Row`]): one implementation per backend, written
