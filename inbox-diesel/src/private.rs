@@ -12,6 +12,7 @@ pub use crate::runtime::asynchronous::{
     run_joined_or_own_async,
 };
 pub use crate::runtime::batch::NewMessages;
+pub use crate::runtime::call::Call;
 pub use crate::runtime::claim::ClaimSpec;
 pub use crate::runtime::stored::{Remembered, Store};
 pub use crate::runtime::sync::{run, run_batch, run_claim, run_joined, run_joined_or_own};

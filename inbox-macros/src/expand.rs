@@ -142,6 +142,34 @@ fn outcome_form(args: &TokenStream) -> OutcomeForm {
     }
 }
 
+/// The type of the body's connection parameter: `&mut` the handler's declared connection
+/// type, named so that the body's calls on it resolve as they do in the handler (the body is a
+/// closure in a struct, where no bound tells its parameter's type), and so that the closure
+/// takes a connection of any lifetime. `&mut _` where the declared type cannot be named
+/// (`impl Trait`) or is not `&mut`.
+fn body_connection_type(sig: &syn::Signature, conn: &syn::Ident) -> TokenStream {
+    let declared = sig.inputs.iter().find_map(|input| match input {
+        syn::FnArg::Typed(typed) => match &*typed.pat {
+            syn::Pat::Ident(pat) if pat.ident == *conn => Some(&*typed.ty),
+            _ => None,
+        },
+        syn::FnArg::Receiver(_) => None,
+    });
+    match declared {
+        Some(syn::Type::Reference(reference))
+            if reference.mutability.is_some()
+                && !quote!(#reference)
+                    .to_string()
+                    .split(|c: char| !c.is_alphanumeric() && c != '_')
+                    .any(|word| word == "impl") =>
+        {
+            let elem = &reference.elem;
+            quote!(&mut #elem)
+        }
+        _ => quote!(&mut _),
+    }
+}
+
 fn with_error(item: TokenStream, error: syn::Error) -> TokenStream {
     let error = error.to_compile_error();
     quote!(#item #error)
@@ -257,6 +285,7 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
         None => quote!(::core::option::Option::None),
     };
     let store = quote!(::inbox_diesel::__private::Remembered::new(#store, #fingerprint));
+    let conn_type = body_connection_type(&sig, &conn);
     let call = match (mode, batch) {
         (Mode::Transaction, Some(batch)) => {
             let runtime = match &sig.asyncness {
@@ -296,14 +325,16 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
                 // What the marker keeps, evaluated before the body's closure takes the parameters.
                 let __inbox_remembered = #store;
                 ::inbox_diesel::__private::#runtime(
-                    ::core::marker::PhantomData::<#wrapper<_>>,
                     #conn,
-                    &__INBOX_SPEC,
-                    #message_key,
-                    #body_asyncness |#[allow(unused_variables)] #conn| -> #ret #block,
-                    #probe,
-                    __inbox_remembered,
-                    #inbox_error,
+                    ::inbox_diesel::__private::Call {
+                        outcome: ::core::marker::PhantomData::<#wrapper<_>>,
+                        spec: &__INBOX_SPEC,
+                        key: #message_key,
+                        body: #body_asyncness |#[allow(unused_variables)] #conn: #conn_type| -> #ret #block,
+                        probe: #probe,
+                        remembered: __inbox_remembered,
+                        inbox_error: #inbox_error,
+                    },
                 ) #awaited
             }
         }
@@ -317,14 +348,16 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
                 // What the marker keeps, evaluated before the body's closure takes the parameters.
                 let __inbox_remembered = #store;
                 ::inbox_diesel::__private::#runtime(
-                    ::core::marker::PhantomData::<#wrapper<_>>,
                     #conn,
-                    &__INBOX_SPEC,
-                    #message_key,
-                    #body_asyncness move |#[allow(unused_variables)] #conn| -> #ret #block,
-                    #probe,
-                    __inbox_remembered,
-                    #inbox_error,
+                    ::inbox_diesel::__private::Call {
+                        outcome: ::core::marker::PhantomData::<#wrapper<_>>,
+                        spec: &__INBOX_SPEC,
+                        key: #message_key,
+                        body: #body_asyncness move |#[allow(unused_variables)] #conn: #conn_type| -> #ret #block,
+                        probe: #probe,
+                        remembered: __inbox_remembered,
+                        inbox_error: #inbox_error,
+                    },
                 ) #awaited
             }
         }
@@ -339,14 +372,16 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
                 // What the marker keeps, evaluated before the body's closure takes the parameters.
                 let __inbox_remembered = #store;
                 ::inbox_diesel::__private::#runtime(
-                    ::core::marker::PhantomData::<#wrapper<_>>,
                     #conn,
-                    &__INBOX_SPEC,
-                    #message_key,
-                    #body_asyncness |#[allow(unused_variables)] #conn| -> #ret #block,
-                    #probe,
-                    __inbox_remembered,
-                    #inbox_error,
+                    ::inbox_diesel::__private::Call {
+                        outcome: ::core::marker::PhantomData::<#wrapper<_>>,
+                        spec: &__INBOX_SPEC,
+                        key: #message_key,
+                        body: #body_asyncness |#[allow(unused_variables)] #conn: #conn_type| -> #ret #block,
+                        probe: #probe,
+                        remembered: __inbox_remembered,
+                        inbox_error: #inbox_error,
+                    },
                 ) #awaited
             }
         }
@@ -367,14 +402,17 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
                 // What the marker keeps, evaluated before the body's closure takes the parameters.
                 let __inbox_remembered = #store;
                 ::inbox_diesel::__private::#runtime(
-                    ::core::marker::PhantomData::<#wrapper<_>>,
                     #conn,
-                    &__INBOX_SPEC,
                     ::inbox_diesel::__private::ClaimSpec { lease_ms: #lease_ms },
-                    #message_key,
-                    #body_asyncness |#[allow(unused_variables)] #conn| -> #ret #block,
-                    __inbox_remembered,
-                    #inbox_error,
+                    ::inbox_diesel::__private::Call {
+                        outcome: ::core::marker::PhantomData::<#wrapper<_>>,
+                        spec: &__INBOX_SPEC,
+                        key: #message_key,
+                        body: #body_asyncness |#[allow(unused_variables)] #conn: &mut ::inbox_diesel::NoConnection| -> #ret #block,
+                        probe: (),
+                        remembered: __inbox_remembered,
+                        inbox_error: #inbox_error,
+                    },
                 ) #awaited
             }
         }

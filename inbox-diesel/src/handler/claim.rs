@@ -12,6 +12,7 @@ use crate::backends::HandlerConnection;
 use crate::error::Error;
 use crate::guard::NoConnection;
 use crate::pool::{ClaimPool, ClaimTarget};
+use crate::runtime::call::Call;
 use crate::runtime::claim::ClaimSpec;
 use crate::runtime::stored::Remembered;
 use crate::spec::HandlerSpec;
@@ -211,14 +212,17 @@ where
     X: OnExpired,
 {
     crate::runtime::sync::run_claim(
-        PhantomData,
         conn,
-        &handler.spec,
         handler.claim,
-        key.to_message_key(),
-        move |_: &mut NoConnection| body().into_inner(),
-        Remembered::nothing(),
-        E::from,
+        Call {
+            outcome: PhantomData,
+            spec: &handler.spec,
+            key: key.to_message_key(),
+            body: move |_: &mut NoConnection| body().into_inner(),
+            probe: (),
+            remembered: Remembered::nothing(),
+            inbox_error: E::from,
+        },
     )
 }
 
@@ -245,14 +249,17 @@ where
     X: OnExpired,
 {
     crate::runtime::asynchronous::run_claim_async_with(
-        PhantomData,
         conn,
-        &handler.spec,
         handler.claim,
-        key.to_message_key(),
-        Once(Some(body)),
-        Remembered::nothing(),
-        E::from,
+        Call {
+            outcome: PhantomData,
+            spec: &handler.spec,
+            key: key.to_message_key(),
+            body: Once(Some(body)),
+            probe: (),
+            remembered: Remembered::nothing(),
+            inbox_error: E::from,
+        },
     )
     .await
 }

@@ -29,6 +29,7 @@ use crate::error::Error;
 use crate::error::HasDieselError;
 #[cfg(feature = "async")]
 pub use crate::runtime::asynchronous::AsyncBody;
+use crate::runtime::call::Call;
 use crate::spec::HandlerSpec;
 #[cfg(feature = "async")]
 pub use claim::claim_once_async;
@@ -293,14 +294,16 @@ where
     let spec = &handler.spec;
     let mut body = body;
     crate::runtime::sync::run(
-        PhantomData,
         conn,
-        spec,
-        key.to_message_key(),
-        |tx: &mut C| body(tx).into_inner(),
-        error_class(&spec.schema),
-        crate::runtime::stored::Remembered::nothing(),
-        E::from,
+        Call {
+            outcome: PhantomData,
+            spec,
+            key: key.to_message_key(),
+            body: |tx: &mut C| body(tx).into_inner(),
+            probe: error_class(&spec.schema),
+            remembered: crate::runtime::stored::Remembered::nothing(),
+            inbox_error: E::from,
+        },
     )
 }
 
@@ -368,17 +371,19 @@ where
     let spec = &handler.spec;
     let mut body = body;
     crate::runtime::sync::run(
-        PhantomData,
         conn,
-        spec,
-        key.to_message_key(),
-        |tx: &mut C| body(tx).into_inner(),
-        error_class(&spec.schema),
-        crate::runtime::stored::Remembered::new(
-            Some(crate::runtime::stored::Store::json()),
-            fingerprint,
-        ),
-        E::from,
+        Call {
+            outcome: PhantomData,
+            spec,
+            key: key.to_message_key(),
+            body: |tx: &mut C| body(tx).into_inner(),
+            probe: error_class(&spec.schema),
+            remembered: crate::runtime::stored::Remembered::new(
+                Some(crate::runtime::stored::Store::json()),
+                fingerprint,
+            ),
+            inbox_error: E::from,
+        },
     )
 }
 
@@ -404,14 +409,16 @@ where
 {
     let spec = &handler.spec;
     crate::runtime::asynchronous::run_async_body(
-        PhantomData,
         conn,
-        spec,
-        key.to_message_key(),
-        CheckedBody(body),
-        error_class(&spec.schema),
-        crate::runtime::stored::Remembered::nothing(),
-        E::from,
+        Call {
+            outcome: PhantomData,
+            spec,
+            key: key.to_message_key(),
+            body: CheckedBody(body),
+            probe: error_class(&spec.schema),
+            remembered: crate::runtime::stored::Remembered::nothing(),
+            inbox_error: E::from,
+        },
     )
     .await
 }
@@ -437,17 +444,19 @@ where
 {
     let spec = &handler.spec;
     crate::runtime::asynchronous::run_async_body(
-        PhantomData,
         conn,
-        spec,
-        key.to_message_key(),
-        CheckedBody(body),
-        error_class(&spec.schema),
-        crate::runtime::stored::Remembered::new(
-            Some(crate::runtime::stored::Store::json()),
-            fingerprint,
-        ),
-        E::from,
+        Call {
+            outcome: PhantomData,
+            spec,
+            key: key.to_message_key(),
+            body: CheckedBody(body),
+            probe: error_class(&spec.schema),
+            remembered: crate::runtime::stored::Remembered::new(
+                Some(crate::runtime::stored::Store::json()),
+                fingerprint,
+            ),
+            inbox_error: E::from,
+        },
     )
     .await
 }

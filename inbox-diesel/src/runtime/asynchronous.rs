@@ -5,7 +5,6 @@
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::marker::PhantomData;
 use std::time::Duration;
 
 use diesel::QueryResult;
@@ -21,6 +20,7 @@ use crate::guard::NoConnection;
 use crate::io::Awaiting;
 use crate::pool::{AsyncClaimPool, ClaimOn, ClaimTarget};
 use crate::runtime::batch::{self, BatchClaims, NewMessages};
+use crate::runtime::call::Call;
 use crate::runtime::claim::ClaimSpec;
 use crate::runtime::found::Kept;
 use crate::runtime::steps::{self, Steps};
@@ -78,55 +78,22 @@ where
     }
 }
 
-/// Runs `body` once per message key and consumer, on a diesel-async connection; see
+/// Runs a call's body once per message key and consumer, on a diesel-async connection; see
 /// `transaction::drive` for the steps.
-#[allow(
-    clippy::too_many_arguments,
-    reason = "the pieces the expansion of `#[idempotent]` writes, each its own argument"
-)]
-pub async fn run_async<C, T, E, B, P, A>(
-    _outcome: PhantomData<A>,
-    conn: &mut C,
-    spec: &'static HandlerSpec,
-    key: Result<MessageKey, KeyError>,
-    body: B,
-    probe: P,
-    remembered: Remembered<T>,
-    inbox_error: fn(Error) -> E,
-) -> Result<A, E>
+pub async fn run_async<C, T, E, B, P, A>(conn: &mut C, call: Call<A, T, E, B, P>) -> Result<A, E>
 where
     C: AsyncInboxConnection,
     B: Clone + for<'c> AsyncBody<&'c mut C, Result<T, E>, Fut: Send>,
     P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
     A: HandlerOutcome<T>,
 {
-    run_async_body(
-        PhantomData,
-        conn,
-        spec,
-        key,
-        Cloned(body),
-        probe,
-        remembered,
-        inbox_error,
-    )
-    .await
+    run_async_body(conn, call.with_body(Cloned)).await
 }
 
 /// [`run_async`] for any body the runtime can run: the function API's, checked by `guarded!`.
-#[allow(
-    clippy::too_many_arguments,
-    reason = "run_async's arguments, with the body already wrapped"
-)]
 pub(crate) async fn run_async_body<C, T, E, B, P, A>(
-    _outcome: PhantomData<A>,
     conn: &mut C,
-    spec: &'static HandlerSpec,
-    key: Result<MessageKey, KeyError>,
-    body: B,
-    probe: P,
-    remembered: Remembered<T>,
-    inbox_error: fn(Error) -> E,
+    call: Call<A, T, E, B, P>,
 ) -> Result<A, E>
 where
     C: AsyncInboxConnection,
@@ -134,19 +101,30 @@ where
     P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
     A: HandlerOutcome<T>,
 {
+    let Call {
+        spec,
+        key,
+        body,
+        probe,
+        remembered,
+        inbox_error,
+        ..
+    } = call;
     let key = key.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
     // The stored id, not the key: a key can be business data (an e-mail address) or carry
     // control characters; the key itself is logged escaped, at DEBUG (`transaction`).
     let run = Run::message(spec, &key, false);
     let result = transaction::drive(
         Awaiting(conn),
-        spec,
         &key,
-        body,
-        probe,
-        A::IN_FLIGHT,
-        remembered,
-        inbox_error,
+        transaction::Handling {
+            spec,
+            body,
+            probe,
+            in_flight: A::IN_FLIGHT,
+            remembered,
+            inbox_error,
+        },
     )
     .instrument(run.instrument_span())
     .await
@@ -158,19 +136,9 @@ where
 /// `transaction = "caller_or_own"` on a diesel-async connection: [`run_joined_async`] where
 /// the caller has a transaction open (diesel-async's manager counts it), [`run_async`] where
 /// it has none.
-#[allow(
-    clippy::too_many_arguments,
-    reason = "the pieces the expansion of `#[idempotent]` writes, each its own argument"
-)]
 pub async fn run_joined_or_own_async<C, T, E, B, P, A>(
-    outcome: PhantomData<A>,
     conn: &mut C,
-    spec: &'static HandlerSpec,
-    key: Result<MessageKey, KeyError>,
-    body: B,
-    probe: P,
-    remembered: Remembered<T>,
-    inbox_error: fn(Error) -> E,
+    call: Call<A, T, E, B, P>,
 ) -> Result<A, E>
 where
     C: AsyncInboxConnection,
@@ -180,50 +148,17 @@ where
 {
     // The depth `drive_joined` refuses at 0, read the same way.
     match Awaiting(&mut *conn).depth() > 0 {
-        true => {
-            run_joined_async(
-                outcome,
-                conn,
-                spec,
-                key,
-                body,
-                probe,
-                remembered,
-                inbox_error,
-            )
-            .await
-        }
-        false => {
-            run_async(
-                outcome,
-                conn,
-                spec,
-                key,
-                body,
-                probe,
-                remembered,
-                inbox_error,
-            )
-            .await
-        }
+        true => run_joined_async(conn, call).await,
+        false => run_async(conn, call).await,
     }
 }
 
-/// Runs `body` once per message key and consumer inside the transaction the caller opened
-/// (`transaction = "caller"`), on a diesel-async connection; see `transaction::drive_joined`.
-#[allow(
-    clippy::too_many_arguments,
-    reason = "the pieces the expansion of `#[idempotent]` writes, each its own argument"
-)]
+/// Runs a call's body once per message key and consumer inside the transaction the caller
+/// opened (`transaction = "caller"`), on a diesel-async connection; see
+/// `transaction::drive_joined`.
 pub async fn run_joined_async<C, T, E, B, P, A>(
-    _outcome: PhantomData<A>,
     conn: &mut C,
-    spec: &'static HandlerSpec,
-    key: Result<MessageKey, KeyError>,
-    body: B,
-    probe: P,
-    remembered: Remembered<T>,
-    inbox_error: fn(Error) -> E,
+    call: Call<A, T, E, B, P>,
 ) -> Result<A, E>
 where
     C: AsyncInboxConnection,
@@ -231,6 +166,15 @@ where
     P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
     A: HandlerOutcome<T>,
 {
+    let Call {
+        spec,
+        key,
+        body,
+        probe,
+        remembered,
+        inbox_error,
+        ..
+    } = call;
     let key = key.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
     let run = Run::message(spec, &key, false);
     let result = transaction::drive_joined::<_, _, _, _, _, A::InFlightWitness>(
@@ -286,13 +230,15 @@ where
     let claims = BatchClaims::new(&keys, new);
     let result = transaction::drive(
         Awaiting(conn),
-        spec,
         &claims,
-        Cloned(body),
-        probe,
-        None::<Infallible>,
-        Remembered::nothing(),
-        inbox_error,
+        transaction::Handling {
+            spec,
+            body: Cloned(body),
+            probe,
+            in_flight: None::<Infallible>,
+            remembered: Remembered::nothing(),
+            inbox_error,
+        },
     )
     .instrument(run.instrument_span())
     .await
@@ -301,21 +247,12 @@ where
     result
 }
 
-/// Runs `body` in claim mode, on a diesel-async connection or a pool (`conn`: `&mut` the
-/// one, `&` the other, [`crate::pool`]); see `claim_mode::drive_claim` for the steps.
-#[allow(
-    clippy::too_many_arguments,
-    reason = "the pieces the expansion of `#[idempotent]` writes, each its own argument"
-)]
+/// Runs a call's body in claim mode, on a diesel-async connection or a pool (`conn`: `&mut`
+/// the one, `&` the other, [`crate::pool`]); see `claim_mode::drive_claim` for the steps.
 pub async fn run_claim_async<H, T, E, B, A>(
-    _outcome: PhantomData<A>,
     conn: H,
-    spec: &'static HandlerSpec,
     claim: ClaimSpec,
-    key: Result<MessageKey, KeyError>,
-    body: B,
-    remembered: Remembered<T>,
-    inbox_error: fn(Error) -> E,
+    call: Call<A, T, E, B>,
 ) -> Result<A, E>
 where
     H: ClaimTarget,
@@ -325,33 +262,19 @@ where
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
     run_claim_async_with(
-        PhantomData,
         conn,
-        spec,
         claim,
-        key,
-        OnceWithoutConnection(Some(body)),
-        remembered,
-        inbox_error,
+        call.with_body(|body| OnceWithoutConnection(Some(body))),
     )
     .await
 }
 
 /// [`run_claim_async`] with the body as the runtime calls it: given no connection, whatever
 /// the connection type it is asked with, once.
-#[allow(
-    clippy::too_many_arguments,
-    reason = "the pieces the expansion of `#[idempotent]` writes, each its own argument"
-)]
 pub(crate) async fn run_claim_async_with<H, T, E, B, A>(
-    _outcome: PhantomData<A>,
     mut conn: H,
-    spec: &'static HandlerSpec,
     claim: ClaimSpec,
-    key: Result<MessageKey, KeyError>,
-    body: B,
-    remembered: Remembered<T>,
-    inbox_error: fn(Error) -> E,
+    call: Call<A, T, E, B>,
 ) -> Result<A, E>
 where
     H: ClaimTarget,
@@ -360,6 +283,14 @@ where
     B: steps::Body<H::Connection, Result<T, E>> + steps::Body<NoConnection, Result<T, E>>,
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
+    let Call {
+        spec,
+        key,
+        body,
+        remembered,
+        inbox_error,
+        ..
+    } = call;
     let key = key.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
     let run = Run::message(spec, &key, true);
     let result = match conn.__inbox_claim_target() {

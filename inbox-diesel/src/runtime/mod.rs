@@ -14,6 +14,7 @@ macro_rules! crash_point {
 }
 
 pub(crate) mod batch;
+pub(crate) mod call;
 pub(crate) mod checked;
 pub(crate) mod claim;
 pub(crate) mod claim_mode;

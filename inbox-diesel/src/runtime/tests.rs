@@ -258,13 +258,15 @@ fn a_deadlock_on_the_marker_is_retried_in_a_fresh_transaction() {
     let key = MessageKey::integer(1);
     let decided = complete_now(drive(
         &mut script,
-        &SPEC,
         &key,
-        Immediate(body),
-        |_, _, _| None,
-        None::<std::convert::Infallible>,
-        Remembered::nothing(),
-        std::convert::identity,
+        Handling {
+            spec: &SPEC,
+            body: Immediate(body),
+            probe: |_: &mut _, _, _| None,
+            in_flight: None::<std::convert::Infallible>,
+            remembered: Remembered::nothing(),
+            inbox_error: std::convert::identity,
+        },
     ));
     assert!(matches!(decided, Ok(Decided::Processed(()))));
     assert_eq!(

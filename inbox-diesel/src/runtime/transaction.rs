@@ -31,6 +31,18 @@ use crate::runtime::stored::{kept_columns, kept_duplicate};
 use crate::spec::HandlerSpec;
 use crate::telemetry;
 
+/// What one delivery in transaction mode is handled with: the handler's settings, its body,
+/// how the body's error is classified (`probe`), the outcome type's witness that it can answer
+/// `InFlight`, what the marker keeps, and the inbox's error as the handler's.
+pub(crate) struct Handling<T, E, B, P, W> {
+    pub(crate) spec: &'static HandlerSpec,
+    pub(crate) body: B,
+    pub(crate) probe: P,
+    pub(crate) in_flight: Option<W>,
+    pub(crate) remembered: Remembered<T>,
+    pub(crate) inbox_error: fn(Error) -> E,
+}
+
 /// Runs `body` once per message key and consumer:
 ///
 /// 1. `BEGIN` (SQLite `BEGIN IMMEDIATE`; PostgreSQL with the handler's isolation level);
@@ -45,19 +57,10 @@ use crate::telemetry;
 ///
 /// `in_flight` is the outcome type's witness that it can answer `InFlight`: without one, a
 /// marker found locked is an error like any other (`on_locked = "in_flight"` needs it).
-#[allow(
-    clippy::too_many_arguments,
-    reason = "what the handler's expansion hands on, each its own argument"
-)]
 pub(crate) async fn drive<S, K, T, E, B, P, W: Copy>(
     mut steps: S,
-    spec: &'static HandlerSpec,
     claims: &K,
-    body: B,
-    probe: P,
-    in_flight: Option<W>,
-    remembered: Remembered<T>,
-    inbox_error: fn(Error) -> E,
+    handling: Handling<T, E, B, P, W>,
 ) -> Result<Decided<T, W>, E>
 where
     S: Steps,
@@ -69,7 +72,7 @@ where
     if S::CANCELLABLE
         && let Err(source) = recover(&mut steps).await
     {
-        return Err(inbox_error(Error::Database {
+        return Err((handling.inbox_error)(Error::Database {
             class: ErrorClass::ConnectionLost,
             attempts: 1,
             source,
@@ -77,17 +80,7 @@ where
     }
     take_back(&mut steps).await;
     let mut watched = Abandoned::watch(steps);
-    let decided = run_delivery(
-        &mut watched.steps,
-        spec,
-        claims,
-        body,
-        probe,
-        in_flight,
-        remembered,
-        inbox_error,
-    )
-    .await;
+    let decided = run_delivery(&mut watched.steps, claims, handling).await;
     watched.finished = true;
     decided
 }
@@ -316,19 +309,10 @@ impl<S: Steps> Drop for Joined<S> {
     }
 }
 
-#[allow(
-    clippy::too_many_arguments,
-    reason = "what the handler's expansion hands on, each its own argument"
-)]
 pub(super) async fn run_delivery<S, K, T, E, B, P, W: Copy>(
     steps: &mut S,
-    spec: &'static HandlerSpec,
     claims: &K,
-    mut body: B,
-    probe: P,
-    in_flight: Option<W>,
-    remembered: Remembered<T>,
-    inbox_error: fn(Error) -> E,
+    handling: Handling<T, E, B, P, W>,
 ) -> Result<Decided<T, W>, E>
 where
     S: Steps,
@@ -336,6 +320,14 @@ where
     B: Body<S::Conn, Result<T, E>>,
     P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
 {
+    let Handling {
+        spec,
+        mut body,
+        probe,
+        in_flight,
+        remembered,
+        inbox_error,
+    } = handling;
     let (mut layout, mut run) = schema_checked(steps, spec, false, inbox_error).await?;
     kept_columns(spec, layout, &remembered, inbox_error)?;
     if spec.precheck && claims.completed_before(steps, run, layout).await {

@@ -3,21 +3,12 @@
 
 use super::*;
 
-/// Runs `body` in claim mode, on a sync connection or a pool (`conn`: `&mut` the one, `&`
-/// the other, [`crate::pool`]); see `claim_mode::drive_claim` for the steps.
-#[allow(
-    clippy::too_many_arguments,
-    reason = "the pieces the expansion of `#[idempotent]` writes, each its own argument"
-)]
+/// Runs a call's body in claim mode, on a sync connection or a pool (`conn`: `&mut` the one,
+/// `&` the other, [`crate::pool`]); see `claim_mode::drive_claim` for the steps.
 pub fn run_claim<H, T, E, B, A>(
-    _outcome: PhantomData<A>,
     mut conn: H,
-    spec: &'static HandlerSpec,
     claim: ClaimSpec,
-    key: Result<MessageKey, KeyError>,
-    body: B,
-    remembered: Remembered<T>,
-    inbox_error: fn(Error) -> E,
+    call: Call<A, T, E, B>,
 ) -> Result<A, E>
 where
     H: ClaimTarget,
@@ -26,6 +17,14 @@ where
     B: FnOnce(&mut NoConnection) -> Result<T, E>,
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
+    let Call {
+        spec,
+        key,
+        body,
+        remembered,
+        inbox_error,
+        ..
+    } = call;
     let key = key.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
     match conn.__inbox_claim_target() {
         ClaimOn::Connection(conn) => conn.__inbox_visit(Claim {

@@ -18,6 +18,7 @@ use crate::guard::NoConnection;
 use crate::io::{Blocking, complete_now};
 use crate::pool::{ClaimOn, ClaimPool, ClaimTarget};
 use crate::runtime::batch::{self, BatchClaims, NewMessages};
+use crate::runtime::call::Call;
 use crate::runtime::claim::ClaimSpec;
 use crate::runtime::found::Kept;
 use crate::runtime::steps::{self, Steps};
@@ -34,58 +35,22 @@ mod projected;
 pub use claim::run_claim;
 pub(crate) use projected::Projected;
 
-/// Runs `body` once per message key and consumer, on a sync connection, answering in the
-/// outcome type `A` the caller names (`_outcome`); see
-/// `transaction::drive` for the steps.
-#[allow(
-    clippy::too_many_arguments,
-    reason = "the pieces the expansion of `#[idempotent]` writes, each its own argument"
-)]
-pub fn run<C, T, E, B, P, A>(
-    _outcome: PhantomData<A>,
-    conn: &mut C,
-    spec: &'static HandlerSpec,
-    key: Result<MessageKey, KeyError>,
-    body: B,
-    probe: P,
-    remembered: Remembered<T>,
-    inbox_error: fn(Error) -> E,
-) -> Result<A, E>
+/// Runs a call's body once per message key and consumer, on a sync connection, answering
+/// in the outcome type `A` the caller names; see `transaction::drive` for the steps.
+pub fn run<C, T, E, B, P, A>(conn: &mut C, call: Call<A, T, E, B, P>) -> Result<A, E>
 where
     C: HandlerConnection,
     B: FnMut(&mut C) -> Result<T, E>,
     P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
     A: HandlerOutcome<T>,
 {
-    let key = key.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
-    conn.__inbox_visit(Message::<false, A, T, E, _, P> {
-        outcome: PhantomData,
-        spec,
-        key,
-        body: Immediate(body),
-        probe,
-        remembered,
-        inbox_error,
-    })
+    visit::<false, _, _, _, _, _, _>(conn, call.with_body(Immediate))
 }
 
 /// `transaction = "caller_or_own"`: [`run_joined`] where the caller has a transaction open
 /// (diesel's manager counts it), [`run`] where it has none — a transaction the application
 /// opened as SQL is not counted, and `run` refuses it as it does for any handler.
-#[allow(
-    clippy::too_many_arguments,
-    reason = "the pieces the expansion of `#[idempotent]` writes, each its own argument"
-)]
-pub fn run_joined_or_own<C, T, E, B, P, A>(
-    outcome: PhantomData<A>,
-    conn: &mut C,
-    spec: &'static HandlerSpec,
-    key: Result<MessageKey, KeyError>,
-    body: B,
-    probe: P,
-    remembered: Remembered<T>,
-    inbox_error: fn(Error) -> E,
-) -> Result<A, E>
+pub fn run_joined_or_own<C, T, E, B, P, A>(conn: &mut C, call: Call<A, T, E, B, P>) -> Result<A, E>
 where
     C: HandlerConnection,
     B: FnMut(&mut C) -> Result<T, E>,
@@ -94,57 +59,47 @@ where
 {
     // The depth `drive_joined` refuses at 0, read the same way.
     match depth(conn) > 0 {
-        true => run_joined(
-            outcome,
-            conn,
-            spec,
-            key,
-            body,
-            probe,
-            remembered,
-            inbox_error,
-        ),
-        false => run(
-            outcome,
-            conn,
-            spec,
-            key,
-            body,
-            probe,
-            remembered,
-            inbox_error,
-        ),
+        true => run_joined(conn, call),
+        false => run(conn, call),
     }
 }
 
-/// Runs `body` once per message key and consumer inside the transaction the caller opened
-/// (`transaction = "caller"`), on a sync connection; see `transaction::drive_joined`.
-#[allow(
-    clippy::too_many_arguments,
-    reason = "the pieces the expansion of `#[idempotent]` writes, each its own argument"
-)]
-pub fn run_joined<C, T, E, B, P, A>(
-    _outcome: PhantomData<A>,
-    conn: &mut C,
-    spec: &'static HandlerSpec,
-    key: Result<MessageKey, KeyError>,
-    body: B,
-    probe: P,
-    remembered: Remembered<T>,
-    inbox_error: fn(Error) -> E,
-) -> Result<A, E>
+/// Runs a call's body once per message key and consumer inside the transaction the caller
+/// opened (`transaction = "caller"`), on a sync connection; see `transaction::drive_joined`.
+pub fn run_joined<C, T, E, B, P, A>(conn: &mut C, call: Call<A, T, E, B, P>) -> Result<A, E>
 where
     C: HandlerConnection,
     B: FnOnce(&mut C) -> Result<T, E>,
     P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
     A: HandlerOutcome<T>,
 {
+    visit::<true, _, _, _, _, _, _>(conn, call.with_body(|body| Once(Some(body))))
+}
+
+/// Checks the call's key, then runs it on the connection the handler's connection leads to.
+fn visit<const JOINED: bool, C, A, T, E, B, P>(
+    conn: &mut C,
+    call: Call<A, T, E, B, P>,
+) -> Result<A, E>
+where
+    C: HandlerConnection,
+    Message<JOINED, A, T, E, B, P>: Visit<C, Output = Result<A, E>>,
+{
+    let Call {
+        spec,
+        key,
+        body,
+        probe,
+        remembered,
+        inbox_error,
+        ..
+    } = call;
     let key = key.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
-    conn.__inbox_visit(Message::<true, A, T, E, _, P> {
+    conn.__inbox_visit(Message::<JOINED, A, T, E, B, P> {
         outcome: PhantomData,
         spec,
         key,
-        body: Once(Some(body)),
+        body,
         probe,
         remembered,
         inbox_error,
@@ -217,13 +172,15 @@ where
             false => complete_now(
                 transaction::drive(
                     steps,
-                    spec,
                     &key,
-                    body,
-                    probe,
-                    A::IN_FLIGHT,
-                    remembered,
-                    inbox_error,
+                    transaction::Handling {
+                        spec,
+                        body,
+                        probe,
+                        in_flight: A::IN_FLIGHT,
+                        remembered,
+                        inbox_error,
+                    },
                 )
                 .instrument(run.instrument_span()),
             ),
@@ -309,13 +266,15 @@ where
         let result = complete_now(
             transaction::drive(
                 Projected { outer, project },
-                spec,
                 &claims,
-                Immediate(body),
-                probe,
-                None::<Infallible>,
-                Remembered::nothing(),
-                inbox_error,
+                transaction::Handling {
+                    spec,
+                    body: Immediate(body),
+                    probe,
+                    in_flight: None::<Infallible>,
+                    remembered: Remembered::nothing(),
+                    inbox_error,
+                },
             )
             .instrument(run.instrument_span()),
         )

@@ -1,0 +1,53 @@
+//! One handler call as the runtime takes it ([`Call`]).
+
+use std::marker::PhantomData;
+
+use inbox_core::{KeyError, MessageKey};
+
+use crate::error::Error;
+use crate::runtime::stored::Remembered;
+use crate::spec::HandlerSpec;
+
+/// One message's call of a handler: what the runtime needs besides the connection, as the
+/// expansion of `#[idempotent]` and the function API write it.
+pub struct Call<A, T, E, B, P = ()> {
+    /// The outcome type the caller answers in (`Outcome`, `InFlightOutcome`, …).
+    pub outcome: PhantomData<A>,
+    /// The handler's settings.
+    pub spec: &'static HandlerSpec,
+    /// The message's key, or why it has none.
+    pub key: Result<MessageKey, KeyError>,
+    /// The handler's body.
+    pub body: B,
+    /// How the body's error is classified for retries (transaction mode); `()` in claim mode,
+    /// whose body is not retried.
+    pub probe: P,
+    /// What the marker keeps: the stored result's codec and the request's fingerprint.
+    pub remembered: Remembered<T>,
+    /// The inbox's error as the handler's error type.
+    pub inbox_error: fn(Error) -> E,
+}
+
+impl<A, T, E, B, P> Call<A, T, E, B, P> {
+    /// The same call with its body wrapped as the runtime runs it.
+    pub(crate) fn with_body<W>(self, wrap: impl FnOnce(B) -> W) -> Call<A, T, E, W, P> {
+        let Call {
+            outcome,
+            spec,
+            key,
+            body,
+            probe,
+            remembered,
+            inbox_error,
+        } = self;
+        Call {
+            outcome,
+            spec,
+            key,
+            body: wrap(body),
+            probe,
+            remembered,
+            inbox_error,
+        }
+    }
+}
