@@ -1,11 +1,13 @@
-//! One connection interface for both IO models: an [`Io`] that runs the runtime's
-//! statements ([`Sql`]), implemented by [`Blocking`] over a sync diesel connection and by
-//! [`Awaiting`] over a diesel-async one.
+//! The one seam between the two IO models: an [`Io`] runs the runtime's statements
+//! ([`Sql`], the marker's and claim mode's query fragments) and its transactions as the
+//! connection's transaction manager counts them — implemented by [`Blocking`] over a sync
+//! diesel connection and by [`Awaiting`] over a diesel-async one, the only two.
 //!
-//! The algorithms (the purge's batches, the startup check's catalog, get-or-create's
-//! transactions) are written once as `async fn`s over `Io`. The async entry points await
-//! them; the sync ones run them with [`complete_now`]: every method of `Blocking` has done
-//! its work when it returns, so the future completes in its first poll.
+//! Everything above is written once as `async fn`s over `Io`: each backend's handler
+//! transaction ([`Session`], implemented in `backends/`), the runtime's steps, the purge's
+//! batches, the startup check's catalog, get-or-create's transactions. The async entry
+//! points await them; the sync ones run them with [`complete_now`]: every method of
+//! `Blocking` has done its work when it returns, so the future completes in its first poll.
 
 use std::future::Future;
 use std::pin::pin;
@@ -14,38 +16,264 @@ use std::time::Duration;
 
 use diesel::QueryResult;
 use diesel::connection::TransactionManagerStatus;
+use diesel::query_builder::{QueryFragment, QueryId};
+use uuid::Uuid;
 
-use crate::dialect::claim::{ClaimRead, ClaimSql, ReadsClaims};
-use crate::dialect::{Dialect, Row, Rows, Sql};
+use crate::dialect::claim::{ClaimRead, ClaimRow, ClaimSql, ReadsClaims};
+use crate::dialect::layout::Layout;
+use crate::dialect::marker::{ClaimMarker, ClaimMarkers, InsertsMarkers};
+use crate::dialect::{BindId, Row, Rows, Sql};
+use crate::spec::HandlerSpec;
+use inbox_core::MessageKey;
 
-/// What the runtime's algorithms do with a connection, sync or async.
-pub(crate) trait Io {
+/// What the runtime's algorithms do with a connection, sync or async: its statements, and
+/// its transactions as the connection's transaction manager counts them. Every future is
+/// `Send`, so that what is written once over `Io` is `Send` on a diesel-async connection
+/// wherever the connection's type is generic.
+pub trait Io: Send {
     /// The diesel backend the statements are for.
-    type Backend: Dialect;
+    type Backend: Session;
 
     /// Runs a statement; the rows it changed.
-    async fn execute(&mut self, sql: &Sql) -> QueryResult<usize>;
+    fn execute(&mut self, sql: &Sql) -> impl Future<Output = QueryResult<usize>> + Send;
 
     /// Runs a query; its rows.
-    async fn load<R: Row>(&mut self, sql: &Sql) -> QueryResult<Vec<R>>;
+    fn load<R: Row>(&mut self, sql: &Sql) -> impl Future<Output = QueryResult<Vec<R>>> + Send;
 
     /// Runs SQL without parameters over the simple protocol (`batch_execute`).
-    async fn batch(&mut self, sql: &str) -> QueryResult<()>;
+    fn batch(&mut self, sql: &str) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// Runs a query fragment that returns no rows (prepared once, cached by its SQL): MySQL's
+    /// marker inserts.
+    fn run<Q>(&mut self, query: Q) -> impl Future<Output = QueryResult<usize>> + Send
+    where
+        Q: QueryFragment<Self::Backend> + QueryId + Send;
+
+    /// Inserts one marker ([`InsertsMarkers::insert_marker`]): the rows it returned.
+    fn insert_marker(
+        &mut self,
+        insert: ClaimMarker<'_, Self::Backend>,
+    ) -> impl Future<Output = QueryResult<usize>> + Send;
+
+    /// Inserts markers ([`InsertsMarkers::insert_markers`]): the ids of those it inserted.
+    fn insert_markers(
+        &mut self,
+        insert: ClaimMarkers<'_, Self::Backend, <Self::Backend as BindId>::IdSql>,
+    ) -> impl Future<Output = QueryResult<Vec<Uuid>>> + Send;
 
     /// Runs a claim-mode statement (a query fragment: prepared once, cached by its SQL).
-    async fn execute_claim(&mut self, sql: ClaimSql<'_, Self::Backend>) -> QueryResult<usize>;
+    fn execute_claim(
+        &mut self,
+        sql: ClaimSql<'_, Self::Backend>,
+    ) -> impl Future<Output = QueryResult<usize>> + Send;
 
     /// Reads a claim's state and attempt counter.
-    async fn read_claim(
+    fn read_claim(
         &mut self,
         sql: ClaimRead<'_, Self::Backend>,
-    ) -> QueryResult<Vec<crate::dialect::claim::ClaimRow>>;
+    ) -> impl Future<Output = QueryResult<Vec<ClaimRow>>> + Send;
+
+    /// Opens a transaction with `sql` (which must open exactly one), counted by the
+    /// transaction manager as if it had sent its own `BEGIN`.
+    fn begin_sql(&mut self, sql: &str) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// The transaction manager's `BEGIN`: a transaction, or a savepoint inside the open one.
+    fn begin_transaction(&mut self) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// The transaction manager's `COMMIT` (or savepoint release).
+    fn commit_transaction(&mut self) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// The transaction manager's `ROLLBACK` (or rollback to the savepoint).
+    fn rollback_transaction(&mut self) -> impl Future<Output = QueryResult<()>> + Send;
 
     /// The transaction manager's state: whether a transaction is open, or broken.
     fn transaction_status(&mut self) -> &mut TransactionManagerStatus;
 
     /// Waits, between batches or before a retry.
-    async fn sleep(&mut self, pause: Duration);
+    fn sleep(&mut self, pause: Duration) -> impl Future<Output = ()> + Send;
+}
+
+/// The handler's transaction on one backend, written once for both IO models over
+/// [`Io`]: how it opens (with the marker, where the backend can), claims, commits, rolls
+/// back and puts back what it set for the session. Each backend's file implements it; the
+/// runtime's steps call it with a sync connection's [`Blocking`](crate::io::Blocking) or a
+/// diesel-async connection's [`Awaiting`](crate::io::Awaiting).
+pub trait Session: crate::dialect::Dialect + InsertsMarkers {
+    /// Opens the handler's transaction, as the startup check's `layout` says (a MariaDB
+    /// server; PostgreSQL messages to be set to English).
+    fn begin<I: Io<Backend = Self>>(
+        io: &mut I,
+        spec: &'static HandlerSpec,
+        layout: Layout,
+    ) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// Opens the handler's transaction with `key`'s marker claimed in it, in one round trip
+    /// where the backend can; `None` where it opens and claims in two steps. `Ok(false)`: the
+    /// inbox's own index refused the marker, a duplicate proven by the server. After an error
+    /// or a duplicate the transaction is counted open (it is aborted on the server), for the
+    /// runtime's rollback to end it.
+    fn begin_with_claim<I: Io<Backend = Self>>(
+        _io: &mut I,
+        _spec: &'static HandlerSpec,
+        _key: &MessageKey,
+        _layout: Layout,
+    ) -> impl Future<Output = Option<QueryResult<bool>>> + Send {
+        async { None }
+    }
+
+    /// After the handler's transaction ended (committed or rolled back): puts back what
+    /// [`begin`](Self::begin) set for the session.
+    fn end<I: Io<Backend = Self>>(
+        _io: &mut I,
+        _spec: &'static HandlerSpec,
+        _mariadb: bool,
+    ) -> impl Future<Output = QueryResult<()>> + Send {
+        async { Ok(()) }
+    }
+
+    /// `on_locked = "in_flight"`: lock waits as the session had them, after the marker's claim.
+    fn wait_for_locks<I: Io<Backend = Self>>(
+        _io: &mut I,
+        _spec: &'static HandlerSpec,
+        _claimed: bool,
+    ) -> impl Future<Output = QueryResult<()>> + Send {
+        async { Ok(()) }
+    }
+
+    /// Inserts the marker unless it exists; `Ok(false)` when it already did. The key's text
+    /// is written to `key_text` where the table has it. Written for a backend whose insert
+    /// returns a row only where it wrote one (`ON CONFLICT … DO NOTHING RETURNING`:
+    /// PostgreSQL, SQLite).
+    fn claim_marker<I: Io<Backend = Self>>(
+        io: &mut I,
+        spec: &'static HandlerSpec,
+        key: &MessageKey,
+        layout: Layout,
+    ) -> impl Future<Output = QueryResult<bool>> + Send {
+        async move {
+            let id = key.stored_id();
+            let text = layout
+                .key_text
+                .then(|| crate::dialect::layout::key_text(key));
+            let consumer = spec.consumer.as_str();
+            let insert =
+                ClaimMarker::new(&spec.schema, consumer, &id, text.as_deref(), layout.mark());
+            Ok(io.insert_marker(insert).await? > 0)
+        }
+    }
+
+    /// Inserts the markers of `ids` (distinct) that do not exist yet; returns those it
+    /// inserted. `texts`: the keys' texts, in the order of `ids`, written to `key_text`.
+    /// Written, as [`claim_marker`](Self::claim_marker), for a backend whose insert returns
+    /// the ids it wrote.
+    fn claim_markers<I: Io<Backend = Self>>(
+        io: &mut I,
+        spec: &'static HandlerSpec,
+        ids: &[Uuid],
+        texts: Option<&[String]>,
+        layout: Layout,
+    ) -> impl Future<Output = QueryResult<Vec<Uuid>>> + Send {
+        async move {
+            let consumer = spec.consumer.as_str();
+            let insert = ClaimMarkers::new(&spec.schema, consumer, ids, texts, layout.mark());
+            io.insert_markers(insert).await
+        }
+    }
+
+    /// Before the startup check's catalog reads, the first time a connection runs the
+    /// handler.
+    fn prepare_check<I: Io<Backend = Self>>(
+        _io: &mut I,
+        _spec: &'static HandlerSpec,
+    ) -> impl Future<Output = QueryResult<()>> + Send {
+        async { Ok(()) }
+    }
+
+    /// Claim mode: checks that no transaction is open — each claim statement must commit on
+    /// its own — and prepares the connection for them.
+    fn prepare_claim<I: Io<Backend = Self>>(
+        io: &mut I,
+        _spec: &'static HandlerSpec,
+    ) -> impl Future<Output = QueryResult<()>> + Send {
+        let open = refuse_open_transaction(io.transaction_status());
+        async move { open }
+    }
+
+    /// Commits the handler's transaction, failing if the transaction had been aborted, and
+    /// puts back what [`begin`](Self::begin) set for the session: after it succeeded, the
+    /// runtime sends no [`end`](Self::end).
+    fn commit<I: Io<Backend = Self>>(
+        io: &mut I,
+        _spec: &'static HandlerSpec,
+        _mariadb: bool,
+    ) -> impl Future<Output = QueryResult<()>> + Send {
+        io.commit_transaction()
+    }
+
+    /// Rolls back the transaction of a duplicate and puts back what `begin` set for the
+    /// session, as [`commit`](Self::commit) does.
+    fn roll_back_and_end<I: Io<Backend = Self>>(
+        io: &mut I,
+        spec: &'static HandlerSpec,
+        mariadb: bool,
+    ) -> impl Future<Output = QueryResult<()>> + Send {
+        async move {
+            Self::roll_back(io).await?;
+            Self::end(io, spec, mariadb).await
+        }
+    }
+
+    /// Opens the transaction of [`unique::serialize_on`](crate::unique::serialize_on): one
+    /// that holds the database's write lock from its start where the backend has one
+    /// (SQLite's `BEGIN IMMEDIATE`), one whose statements each see what committed before
+    /// them on PostgreSQL (READ COMMITTED), a plain one elsewhere.
+    fn begin_write<I: Io<Backend = Self>>(
+        io: &mut I,
+    ) -> impl Future<Output = QueryResult<()>> + Send {
+        io.begin_transaction()
+    }
+
+    /// Rolls the handler's transaction back if it is open; `Ok` when none is.
+    fn roll_back<I: Io<Backend = Self>>(
+        io: &mut I,
+    ) -> impl Future<Output = QueryResult<()>> + Send {
+        async move {
+            match io.rollback_transaction().await {
+                Err(diesel::result::Error::NotInTransaction) => Ok(()),
+                other => other,
+            }
+        }
+    }
+
+    /// After the body failed: whether the transaction open is no longer the one the handler
+    /// began — the body's own `ROLLBACK` or `COMMIT` ended it. `false` where the backend
+    /// cannot tell: SQLite rolls a transaction back itself on some errors (a busy database,
+    /// a full disk), so its savepoint's absence after a body's error does not say the body
+    /// did; MySQL's and MariaDB's failures are read otherwise ([`Steps::ended_by_server`](crate::runtime::steps::Steps)).
+    fn ended_in_body<I: Io<Backend = Self>>(_io: &mut I) -> impl Future<Output = bool> + Send {
+        async { false }
+    }
+
+    /// Rolls back the transaction a cancelled handler left open, which the manager no longer
+    /// counts (sent as it is), and puts back what its `begin` set for the session, which it
+    /// never did.
+    fn roll_back_abandoned<I: Io<Backend = Self>>(
+        io: &mut I,
+    ) -> impl Future<Output = QueryResult<()>> + Send {
+        io.batch("ROLLBACK")
+    }
+}
+
+/// `AlreadyInTransaction` when the transaction manager whose `status` this is — diesel's or
+/// diesel-async's, which share the type — has a transaction open: claim mode's statements
+/// and purge's batches must commit as they run, not when the caller's transaction does.
+pub(crate) fn refuse_open_transaction(
+    status: &mut diesel::connection::TransactionManagerStatus,
+) -> QueryResult<()> {
+    match status.transaction_depth()? {
+        Some(_) => Err(diesel::result::Error::AlreadyInTransaction),
+        None => Ok(()),
+    }
 }
 
 /// A sync diesel connection as an [`Io`]: each method completes before it returns.
@@ -55,8 +283,8 @@ impl<C> Io for Blocking<'_, C>
 where
     C: diesel::connection::LoadConnection<
             TransactionManager = diesel::connection::AnsiTransactionManager,
-        >,
-    C::Backend: Dialect,
+        > + Send,
+    C::Backend: Session,
 {
     type Backend = C::Backend;
 
@@ -72,15 +300,49 @@ where
         diesel::connection::SimpleConnection::batch_execute(self.0, sql)
     }
 
+    async fn run<Q>(&mut self, query: Q) -> QueryResult<usize>
+    where
+        Q: QueryFragment<C::Backend> + QueryId + Send,
+    {
+        diesel::query_dsl::methods::ExecuteDsl::execute(query, self.0)
+    }
+
+    async fn insert_marker(&mut self, insert: ClaimMarker<'_, C::Backend>) -> QueryResult<usize> {
+        C::Backend::insert_marker(self.0, insert)
+    }
+
+    async fn insert_markers(
+        &mut self,
+        insert: ClaimMarkers<'_, C::Backend, <C::Backend as BindId>::IdSql>,
+    ) -> QueryResult<Vec<Uuid>> {
+        C::Backend::insert_markers(self.0, insert)
+    }
+
     async fn execute_claim(&mut self, sql: ClaimSql<'_, C::Backend>) -> QueryResult<usize> {
         crate::dialect::execute_claim(self.0, sql)
     }
 
-    async fn read_claim(
-        &mut self,
-        sql: ClaimRead<'_, C::Backend>,
-    ) -> QueryResult<Vec<crate::dialect::claim::ClaimRow>> {
+    async fn read_claim(&mut self, sql: ClaimRead<'_, C::Backend>) -> QueryResult<Vec<ClaimRow>> {
         C::Backend::read_claim(self.0, sql)
+    }
+
+    async fn begin_sql(&mut self, sql: &str) -> QueryResult<()> {
+        diesel::connection::AnsiTransactionManager::begin_transaction_sql(self.0, sql)
+    }
+
+    async fn begin_transaction(&mut self) -> QueryResult<()> {
+        use diesel::connection::TransactionManager;
+        diesel::connection::AnsiTransactionManager::begin_transaction(self.0)
+    }
+
+    async fn commit_transaction(&mut self) -> QueryResult<()> {
+        use diesel::connection::TransactionManager;
+        diesel::connection::AnsiTransactionManager::commit_transaction(self.0)
+    }
+
+    async fn rollback_transaction(&mut self) -> QueryResult<()> {
+        use diesel::connection::TransactionManager;
+        diesel::connection::AnsiTransactionManager::rollback_transaction(self.0)
     }
 
     fn transaction_status(&mut self) -> &mut TransactionManagerStatus {
@@ -97,11 +359,19 @@ where
 #[cfg(feature = "async")]
 pub(crate) struct Awaiting<'c, C>(pub(crate) &'c mut C);
 
+/// How a diesel-async connection's transaction manager opens a transaction with SQL
+/// ([`Io::begin_sql`]): diesel-async's `AnsiTransactionManager` has it for PostgreSQL and
+/// MySQL, and SQLite's, run on a blocking thread, is diesel's.
+#[cfg(feature = "async")]
+pub trait BeginWithSql {
+    /// Opens a transaction with `sql`, counted by the transaction manager.
+    fn begin_sql(&mut self, sql: &str) -> impl Future<Output = QueryResult<()>> + Send;
+}
+
 #[cfg(feature = "async")]
 impl<C> Io for Awaiting<'_, C>
 where
-    C: diesel_async::AsyncConnection,
-    C::Backend: Dialect,
+    C: diesel_async::AsyncConnection<Backend: Session> + BeginWithSql + Send,
 {
     type Backend = C::Backend;
 
@@ -117,15 +387,49 @@ where
         diesel_async::SimpleAsyncConnection::batch_execute(self.0, sql).await
     }
 
+    async fn run<Q>(&mut self, query: Q) -> QueryResult<usize>
+    where
+        Q: QueryFragment<C::Backend> + QueryId + Send,
+    {
+        diesel_async::methods::ExecuteDsl::execute(query, self.0).await
+    }
+
+    async fn insert_marker(&mut self, insert: ClaimMarker<'_, C::Backend>) -> QueryResult<usize> {
+        C::Backend::insert_marker_async(self.0, insert).await
+    }
+
+    async fn insert_markers(
+        &mut self,
+        insert: ClaimMarkers<'_, C::Backend, <C::Backend as BindId>::IdSql>,
+    ) -> QueryResult<Vec<Uuid>> {
+        C::Backend::insert_markers_async(self.0, insert).await
+    }
+
     async fn execute_claim(&mut self, sql: ClaimSql<'_, C::Backend>) -> QueryResult<usize> {
         crate::dialect::execute_claim_async(self.0, sql).await
     }
 
-    async fn read_claim(
-        &mut self,
-        sql: ClaimRead<'_, C::Backend>,
-    ) -> QueryResult<Vec<crate::dialect::claim::ClaimRow>> {
+    async fn read_claim(&mut self, sql: ClaimRead<'_, C::Backend>) -> QueryResult<Vec<ClaimRow>> {
         C::Backend::read_claim_async(self.0, sql).await
+    }
+
+    async fn begin_sql(&mut self, sql: &str) -> QueryResult<()> {
+        BeginWithSql::begin_sql(self.0, sql).await
+    }
+
+    async fn begin_transaction(&mut self) -> QueryResult<()> {
+        use diesel_async::TransactionManager;
+        C::TransactionManager::begin_transaction(self.0).await
+    }
+
+    async fn commit_transaction(&mut self) -> QueryResult<()> {
+        use diesel_async::TransactionManager;
+        C::TransactionManager::commit_transaction(self.0).await
+    }
+
+    async fn rollback_transaction(&mut self) -> QueryResult<()> {
+        use diesel_async::TransactionManager;
+        C::TransactionManager::rollback_transaction(self.0).await
     }
 
     fn transaction_status(&mut self) -> &mut TransactionManagerStatus {
@@ -140,76 +444,52 @@ where
 
 /// What get-or-create needs beyond statements: the connection itself, for the caller's
 /// closures, and its transactions — a savepoint inside an open one.
-pub(crate) trait Transactions: Io {
+pub(crate) trait Transactions: Io + Sized {
     /// The connection the caller's closures are given.
     type Conn;
 
     fn conn(&mut self) -> &mut Self::Conn;
 
     /// A transaction, or a savepoint inside the open one.
-    async fn begin(&mut self) -> QueryResult<()>;
+    async fn begin(&mut self) -> QueryResult<()> {
+        self.begin_transaction().await
+    }
 
     /// `serialize_on`'s transaction: one holding the write lock from its start where the
     /// backend has one (SQLite's `BEGIN IMMEDIATE`), READ COMMITTED on PostgreSQL.
-    async fn begin_write(&mut self) -> QueryResult<()>;
+    async fn begin_write(&mut self) -> QueryResult<()> {
+        Self::Backend::begin_write(self).await
+    }
 
-    async fn commit(&mut self) -> QueryResult<()>;
+    async fn commit(&mut self) -> QueryResult<()> {
+        self.commit_transaction().await
+    }
 
-    async fn roll_back(&mut self) -> QueryResult<()>;
+    async fn roll_back(&mut self) -> QueryResult<()> {
+        self.rollback_transaction().await
+    }
 }
 
-impl<C: crate::backends::InboxConnection> Transactions for Blocking<'_, C> {
+impl<C> Transactions for Blocking<'_, C>
+where
+    Self: Io,
+{
     type Conn = C;
 
     fn conn(&mut self) -> &mut C {
         self.0
-    }
-
-    async fn begin(&mut self) -> QueryResult<()> {
-        use diesel::connection::TransactionManager;
-        diesel::connection::AnsiTransactionManager::begin_transaction(self.0)
-    }
-
-    async fn begin_write(&mut self) -> QueryResult<()> {
-        self.0.begin_write_transaction()
-    }
-
-    async fn commit(&mut self) -> QueryResult<()> {
-        use diesel::connection::TransactionManager;
-        diesel::connection::AnsiTransactionManager::commit_transaction(self.0)
-    }
-
-    async fn roll_back(&mut self) -> QueryResult<()> {
-        use diesel::connection::TransactionManager;
-        diesel::connection::AnsiTransactionManager::rollback_transaction(self.0)
     }
 }
 
 #[cfg(feature = "async")]
-impl<C: crate::backends::AsyncInboxConnection> Transactions for Awaiting<'_, C> {
+impl<C> Transactions for Awaiting<'_, C>
+where
+    Self: Io,
+{
     type Conn = C;
 
     fn conn(&mut self) -> &mut C {
         self.0
-    }
-
-    async fn begin(&mut self) -> QueryResult<()> {
-        use diesel_async::TransactionManager;
-        C::TransactionManager::begin_transaction(self.0).await
-    }
-
-    async fn begin_write(&mut self) -> QueryResult<()> {
-        self.0.begin_write_transaction().await
-    }
-
-    async fn commit(&mut self) -> QueryResult<()> {
-        use diesel_async::TransactionManager;
-        C::TransactionManager::commit_transaction(self.0).await
-    }
-
-    async fn roll_back(&mut self) -> QueryResult<()> {
-        use diesel_async::TransactionManager;
-        C::TransactionManager::rollback_transaction(self.0).await
     }
 }
 

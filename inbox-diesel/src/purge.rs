@@ -280,7 +280,7 @@ async fn list_stale<S: Io>(
 /// The purge: the lock where the backend has a session lock, then the batches, then the
 /// count of stale claims; the lock released whatever happened.
 async fn run<S: Io>(io: &mut S, schema: &InboxSchema, purge: &Purge) -> QueryResult<PurgeReport> {
-    crate::backends::refuse_open_transaction(io.transaction_status())?;
+    crate::io::refuse_open_transaction(io.transaction_status())?;
     let lock_name = format!("inbox purge {}", schema.table());
     let table = &S::Backend::BACKEND.quote_table(schema.table());
     if let Some(sql) = S::Backend::try_lock(table) {

@@ -1,11 +1,14 @@
-//! Everything one backend knows, a file each: its SQL where it differs ([`Dialect`]), its
-//! sync connection's and its diesel-async connection's transactions and marker inserts.
-//! Adding a backend is adding a file here. The connection traits are sealed: their methods
-//! are the runtime's.
+//! Everything one backend knows, a file each: its SQL where it differs ([`Dialect`]), and
+//! its handler's transaction ([`Session`]), written once over [`Io`] for its sync and its
+//! diesel-async connection, which each file names as the backend's connections. The
+//! connection traits are sealed: only this crate's connections implement them.
 //!
 //! [`Dialect`]: crate::dialect::Dialect
+//! [`Io`]: crate::io::Io
 
 use diesel::QueryResult;
+
+pub(crate) use crate::io::Session;
 
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -14,133 +17,22 @@ mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
-/// The connection traits' methods, in a trait no other crate can name: only this crate's
-/// connections implement it (sealed), and its methods are not reachable from outside — a
-/// `PgConnection` gains none of them for a user who imports `InboxConnection`.
+/// The connection traits, in a module no other crate can name: only this crate's
+/// connections implement them (sealed), and what they carry is not reachable from outside —
+/// a `PgConnection` gains nothing for a user who imports `InboxConnection`.
 pub(crate) mod sealed {
     #[cfg(feature = "async")]
     pub use super::asynchronous::sealed::AsyncConnection;
-    use diesel::QueryResult;
-    use diesel::connection::{AnsiTransactionManager, TransactionManager};
-    use inbox_core::{InboxSchema, MessageKey};
-    use uuid::Uuid;
+    use diesel::connection::AnsiTransactionManager;
 
-    use super::refuse_open_transaction;
-    use crate::dialect::layout::Layout;
-    use crate::spec::HandlerSpec;
-
-    /// What the runtime asks of a sync connection.
+    /// A sync connection the runtime runs on: its statements and transactions are the
+    /// backend's [`Session`](crate::io::Session), over [`Blocking`](crate::io::Blocking).
     pub trait Connection:
         diesel::connection::LoadConnection<
             TransactionManager = AnsiTransactionManager,
-            Backend: crate::dialect::Dialect,
-        >
+            Backend: crate::io::Session,
+        > + Send
     {
-        /// Opens the handler's transaction, as the startup check's `layout` says (a MariaDB
-        /// server; PostgreSQL messages to be set to English).
-        fn begin_inbox_transaction(
-            &mut self,
-            spec: &HandlerSpec,
-            layout: Layout,
-        ) -> QueryResult<()>;
-
-        /// Opens the handler's transaction with `key`'s marker claimed in it, in one round
-        /// trip where the backend can (PostgreSQL); `None` where it opens and claims in two
-        /// steps. `Ok(false)`: the inbox's own index refused the marker, a duplicate proven by
-        /// the server. After an error or a duplicate the transaction is counted open (it is
-        /// aborted on the server), for the runtime's rollback to end it.
-        fn begin_with_claim(
-            &mut self,
-            _spec: &HandlerSpec,
-            _key: &MessageKey,
-            _layout: Layout,
-        ) -> Option<QueryResult<bool>> {
-            None
-        }
-
-        /// After the handler's transaction ended (committed or rolled back): puts back what
-        /// [`begin_inbox_transaction`](Self::begin_inbox_transaction) set for the session.
-        fn end_inbox_transaction(
-            &mut self,
-            _spec: &HandlerSpec,
-            _mariadb: bool,
-        ) -> QueryResult<()> {
-            Ok(())
-        }
-
-        /// `on_locked = "in_flight"`: lock waits as the session had them, after the marker's claim.
-        fn wait_for_locks(&mut self, _spec: &HandlerSpec, _claimed: bool) -> QueryResult<()> {
-            Ok(())
-        }
-
-        /// Inserts the marker unless it exists; `Ok(false)` when it already did. `text`: the
-        /// key's text, written to `key_text`.
-        fn claim_marker(
-            &mut self,
-            schema: &InboxSchema,
-            consumer: &str,
-            key: &MessageKey,
-            layout: Layout,
-        ) -> QueryResult<bool>;
-
-        /// Inserts the markers of `ids` (distinct) that do not exist yet; returns those it
-        /// inserted. `texts`: the keys' texts, in the order of `ids`, written to `key_text`.
-        fn claim_markers(
-            &mut self,
-            schema: &InboxSchema,
-            consumer: &str,
-            ids: &[Uuid],
-            texts: Option<&[String]>,
-            layout: Layout,
-        ) -> QueryResult<Vec<Uuid>>;
-
-        /// Before the startup check's catalog reads, the first time a connection runs the
-        /// handler: SQLite waits for a writer's lock as the handler's statements do (a fresh
-        /// connection's first read of a WAL database can meet another's write lock).
-        fn prepare_check(&mut self, _spec: &HandlerSpec) -> QueryResult<()> {
-            Ok(())
-        }
-
-        /// Claim mode: checks that no transaction is open — each claim statement must commit on
-        /// its own — and prepares the connection for them.
-        fn prepare_claim(&mut self, _spec: &HandlerSpec) -> QueryResult<()> {
-            refuse_open_transaction(AnsiTransactionManager::transaction_manager_status_mut(self))
-        }
-
-        /// Commits the handler's transaction, failing if the transaction had been aborted, and
-        /// puts back what [`begin_inbox_transaction`](Self::begin_inbox_transaction) set for
-        /// the session: after it succeeded, the runtime sends no
-        /// [`end_inbox_transaction`](Self::end_inbox_transaction).
-        fn commit_inbox_transaction(
-            &mut self,
-            _spec: &HandlerSpec,
-            _mariadb: bool,
-        ) -> QueryResult<()> {
-            AnsiTransactionManager::commit_transaction(self)
-        }
-
-        /// Rolls back the transaction of a duplicate and puts back what `begin` set for the
-        /// session, as [`commit_inbox_transaction`](Self::commit_inbox_transaction) does.
-        fn roll_back_and_end(&mut self, spec: &HandlerSpec, mariadb: bool) -> QueryResult<()> {
-            self.roll_back_inbox_transaction()?;
-            self.end_inbox_transaction(spec, mariadb)
-        }
-
-        /// Opens the transaction of [`unique::serialize_on`](crate::unique::serialize_on): one
-        /// that holds the database's write lock from its start where the backend has one
-        /// (SQLite's `BEGIN IMMEDIATE`), one whose statements each see what committed before them
-        /// on PostgreSQL (READ COMMITTED), a plain one elsewhere.
-        fn begin_write_transaction(&mut self) -> QueryResult<()> {
-            AnsiTransactionManager::begin_transaction(self)
-        }
-
-        /// Rolls the handler's transaction back if it is open; `Ok` when none is.
-        fn roll_back_inbox_transaction(&mut self) -> QueryResult<()> {
-            match AnsiTransactionManager::rollback_transaction(self) {
-                Err(diesel::result::Error::NotInTransaction) => Ok(()),
-                other => other,
-            }
-        }
     }
 }
 
@@ -192,7 +84,7 @@ pub trait InboxConnection: sealed::Connection {
     note = "an application's enum of connections (`#[derive(diesel::MultiConnection)]`) also \
             derives `inbox_diesel::MultiConnection`"
 )]
-pub trait HandlerConnection: diesel::Connection + Sized {
+pub trait HandlerConnection: diesel::Connection + Sized + Send {
     /// Calls `visit` with the connection and the way from it to the connection the runtime
     /// runs on: itself, or the enum's variant.
     #[doc(hidden)]
@@ -268,18 +160,6 @@ pub fn variant_replaced() -> ! {
     )
 }
 
-/// `AlreadyInTransaction` when the transaction manager whose `status` this is — diesel's or
-/// diesel-async's, which share the type — has a transaction open: claim mode's statements
-/// and purge's batches must commit as they run, not when the caller's transaction does.
-pub(crate) fn refuse_open_transaction(
-    status: &mut diesel::connection::TransactionManagerStatus,
-) -> QueryResult<()> {
-    match status.transaction_depth()? {
-        Some(_) => Err(diesel::result::Error::AlreadyInTransaction),
-        None => Ok(()),
-    }
-}
-
 #[cfg(feature = "async")]
 pub use asynchronous::AsyncInboxConnection;
 #[cfg(feature = "async")]
@@ -345,149 +225,21 @@ mod asynchronous {
             <Self::Backend as crate::dialect::Dialect>::BACKEND;
     }
 
-    /// The async connection trait's methods, sealed like the sync one's.
+    /// What a diesel-async connection adds to its backend's [`Session`](crate::io::Session):
+    /// how its manager opens a transaction with SQL ([`BeginWithSql`](crate::io::BeginWithSql)),
+    /// and how a statement in flight is cancelled. Sealed like the sync one.
     pub(crate) mod sealed {
-        use std::future::Future;
-
-        use diesel::QueryResult;
-        use diesel_async::TransactionManager;
-        use inbox_core::MessageKey;
-
-        use crate::dialect::layout::Layout;
-        use crate::spec::HandlerSpec;
-
         /// What the runtime asks of a diesel-async connection.
         pub trait AsyncConnection:
-            diesel_async::AsyncConnection<Backend: crate::dialect::Dialect> + Send
+            diesel_async::AsyncConnection<Backend: crate::io::Session>
+            + crate::io::BeginWithSql
+            + Send
         {
-            /// Opens the handler's transaction, as the sync connection's.
-            fn begin_inbox_transaction(
-                &mut self,
-                spec: &'static HandlerSpec,
-                layout: Layout,
-            ) -> impl Future<Output = QueryResult<()>> + Send;
-
-            /// Opens the handler's transaction with `key`'s marker claimed in it, in one round
-            /// trip where the backend can (PostgreSQL); `None` where it opens and claims in two
-            /// steps. As the sync connection's.
-            fn begin_with_claim(
-                &mut self,
-                _spec: &'static HandlerSpec,
-                _key: &MessageKey,
-                _layout: Layout,
-            ) -> impl Future<Output = Option<QueryResult<bool>>> + Send {
-                async { None }
-            }
-
             /// What cancels the statement in flight on this connection from elsewhere (the
             /// server's cancel request, `KILL QUERY`); `None` where the backend has none
             /// (SQLite, whose statements run on the caller's thread).
             fn statement_cancel(&self) -> Option<super::StatementCancel> {
                 None
-            }
-
-            /// After the handler's transaction ended: puts back what `begin_inbox_transaction` set
-            /// for the session.
-            fn end_inbox_transaction(
-                &mut self,
-                _spec: &'static HandlerSpec,
-                _mariadb: bool,
-            ) -> impl Future<Output = QueryResult<()>> + Send {
-                async { Ok(()) }
-            }
-
-            /// `on_locked = "in_flight"`: lock waits as the session had them, after the marker's claim.
-            fn wait_for_locks(
-                &mut self,
-                _spec: &'static HandlerSpec,
-                _claimed: bool,
-            ) -> impl Future<Output = QueryResult<()>> + Send {
-                async { Ok(()) }
-            }
-
-            /// Inserts the marker unless it exists; `Ok(false)` when it already did. `text`: the
-            /// key's text, written to `key_text`.
-            fn claim_marker(
-                &mut self,
-                spec: &'static HandlerSpec,
-                key: &MessageKey,
-                layout: Layout,
-            ) -> impl Future<Output = QueryResult<bool>> + Send;
-
-            /// Inserts the markers of `ids` that do not exist; returns those it inserted. `texts`:
-            /// the keys' texts, in the order of `ids`, written to `key_text`.
-            fn claim_markers(
-                &mut self,
-                spec: &'static HandlerSpec,
-                ids: &[uuid::Uuid],
-                texts: Option<&[String]>,
-                layout: Layout,
-            ) -> impl Future<Output = QueryResult<Vec<uuid::Uuid>>> + Send;
-
-            /// Commits the handler's transaction, failing if it had been aborted, and puts back
-            /// what `begin_inbox_transaction` set for the session, as the sync connection's.
-            fn commit_inbox_transaction(
-                &mut self,
-                spec: &'static HandlerSpec,
-                mariadb: bool,
-            ) -> impl Future<Output = QueryResult<()>> + Send;
-
-            /// Rolls back the transaction of a duplicate and puts back what `begin` set for
-            /// the session, as the sync connection's.
-            fn roll_back_and_end(
-                &mut self,
-                spec: &'static HandlerSpec,
-                mariadb: bool,
-            ) -> impl Future<Output = QueryResult<()>> + Send {
-                async move {
-                    self.roll_back_inbox_transaction().await?;
-                    self.end_inbox_transaction(spec, mariadb).await
-                }
-            }
-
-            /// Rolls the handler's transaction back if it is open; `Ok` when none is.
-            fn roll_back_inbox_transaction(
-                &mut self,
-            ) -> impl Future<Output = QueryResult<()>> + Send {
-                async {
-                    match Self::TransactionManager::rollback_transaction(self).await {
-                        Err(diesel::result::Error::NotInTransaction) => Ok(()),
-                        other => other,
-                    }
-                }
-            }
-
-            /// Rolls back the transaction a cancelled handler left open, which the manager no
-            /// longer counts (sent as it is), and puts back what its `begin_inbox_transaction`
-            /// set for the session, which it never did.
-            fn roll_back_abandoned(&mut self) -> impl Future<Output = QueryResult<()>> + Send {
-                diesel_async::SimpleAsyncConnection::batch_execute(self, "ROLLBACK")
-            }
-
-            /// Opens a transaction holding the write lock from its start where the backend has one
-            /// (SQLite's `BEGIN IMMEDIATE`), READ COMMITTED on PostgreSQL, a plain one elsewhere.
-            fn begin_write_transaction(&mut self) -> impl Future<Output = QueryResult<()>> + Send {
-                Self::TransactionManager::begin_transaction(self)
-            }
-
-            /// Before the startup check's catalog reads, as the sync connection's.
-            fn prepare_check(
-                &mut self,
-                _spec: &'static HandlerSpec,
-            ) -> impl Future<Output = QueryResult<()>> + Send {
-                async { Ok(()) }
-            }
-
-            /// Claim mode: checks that no transaction is open — each claim statement must commit
-            /// on its own — and prepares the connection for them.
-            fn prepare_claim(
-                &mut self,
-                _spec: &'static HandlerSpec,
-            ) -> impl Future<Output = QueryResult<()>> + Send {
-                let open = crate::backends::refuse_open_transaction(
-                    Self::TransactionManager::transaction_manager_status_mut(self),
-                );
-                async move { open }
             }
         }
     }
@@ -717,11 +469,7 @@ pub(crate) fn open(status: &mut diesel::connection::TransactionManagerStatus) ->
 
 /// The transaction manager told that the transaction it counts open ended: after a
 /// `COMMIT` or `ROLLBACK` the runtime sent itself, with other statements in one round trip.
-#[cfg(any(
-    feature = "mysql",
-    feature = "sqlite",
-    all(feature = "postgres", feature = "async")
-))]
+#[cfg(any(feature = "mysql", feature = "sqlite", feature = "postgres"))]
 pub(crate) fn ended(status: &mut diesel::connection::TransactionManagerStatus) -> QueryResult<()> {
     let state = valid(status)?;
     match state.transaction_depth() {

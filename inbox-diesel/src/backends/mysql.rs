@@ -33,11 +33,31 @@ use diesel::QueryResult;
 
 use uuid::Uuid;
 
+use diesel::mysql::{Mysql, MysqlConnection};
+use inbox_core::MessageKey;
+
+use super::{InboxConnection, Session, sealed};
+use crate::dialect::layout::{self, Layout};
+use crate::dialect::marker::{
+    self, ClaimMarker, ClaimMarkers, claim_rows_then_each, inserted_unless_duplicate,
+    marker_chunks, marker_fits,
+};
 use crate::dialect::{self, Backend, Dialect};
+use crate::io::Io;
+use crate::spec::HandlerSpec;
+#[cfg(feature = "async")]
+use {super::AsyncInboxConnection, diesel_async::AsyncMysqlConnection};
 
 impl dialect::BindId for diesel::mysql::Mysql {
+    type IdSql = diesel::sql_types::Binary;
+    type IdRow = Vec<u8>;
+
     fn bind_id<'b>(out: &mut AstPass<'_, 'b, Self>, id: &'b Uuid) -> QueryResult<()> {
         out.push_bind_param::<diesel::sql_types::Binary, [u8]>(&id.as_bytes()[..])
+    }
+
+    fn id_of(row: Vec<u8>) -> Option<Uuid> {
+        Uuid::from_slice(&row).ok()
     }
 }
 
@@ -132,424 +152,195 @@ fn broken(status: &mut diesel::connection::TransactionManagerStatus) {
     status.set_in_error();
 }
 
-/// The sync connection.
-mod sync {
-    use diesel::connection::AnsiTransactionManager;
-    use diesel::{QueryResult, RunQueryDsl};
-    use inbox_core::{InboxSchema, MessageKey};
-    use uuid::Uuid;
+/// The handler's transaction on MySQL and MariaDB, for both IO models.
+impl Session for Mysql {
+    async fn begin<I: Io<Backend = Self>>(
+        io: &mut I,
+        spec: &'static HandlerSpec,
+        layout: Layout,
+    ) -> QueryResult<()> {
+        io.begin_sql(&spec.mysql_begin_sql(layout.mariadb)).await
+    }
 
-    use crate::backends::{InboxConnection, sealed};
-    use crate::dialect::layout::Layout;
-    use crate::dialect::marker::{
-        ClaimMarker, ClaimMarkers, claim_rows_then_each, inserted_unless_duplicate, marker_chunks,
-        marker_fits,
-    };
-    use crate::spec::HandlerSpec;
-
-    use diesel::connection::SimpleConnection;
-    use diesel::mysql::{Mysql, MysqlConnection};
-
-    impl InboxConnection for MysqlConnection {}
-
-    impl sealed::Connection for MysqlConnection {
-        fn begin_inbox_transaction(
-            &mut self,
-            spec: &HandlerSpec,
-            layout: Layout,
-        ) -> QueryResult<()> {
-            AnsiTransactionManager::begin_transaction_sql(
-                self,
-                &spec.mysql_begin_sql(layout.mariadb),
-            )
+    /// `START TRANSACTION` and the marker's insert in one round trip
+    /// ([`start_with_marker`](marker::start_with_marker)).
+    async fn begin_with_claim<I: Io<Backend = Self>>(
+        io: &mut I,
+        spec: &'static HandlerSpec,
+        key: &MessageKey,
+        layout: Layout,
+    ) -> Option<QueryResult<bool>> {
+        if !super::none_open(io.transaction_status()) {
+            return None;
         }
-
-        /// `START TRANSACTION` and the marker's insert in one round trip
-        /// ([`start_with_marker`](crate::dialect::marker::start_with_marker)).
-        fn begin_with_claim(
-            &mut self,
-            spec: &HandlerSpec,
-            key: &MessageKey,
-            layout: Layout,
-        ) -> Option<QueryResult<bool>> {
-            use diesel::connection::TransactionManager;
-            if !crate::backends::none_open(AnsiTransactionManager::transaction_manager_status_mut(
-                self,
-            )) {
-                return None;
-            }
-            let sql = crate::dialect::marker::start_with_marker(spec, key, layout);
-            // Too long for one packet (a long key's text in hex): the prepared insert takes
-            // it as a parameter, or refuses it.
-            if !layout.fits(sql.len()) {
-                return None;
-            }
-            let begun = AnsiTransactionManager::begin_transaction_sql(self, &sql);
-            Some(crate::backends::claimed(
-                begun,
-                &spec.schema,
-                AnsiTransactionManager::transaction_manager_status_mut(self),
-            ))
+        let sql = marker::start_with_marker(spec, key, layout);
+        // Too long for one packet (a long key's text in hex): the prepared insert takes
+        // it as a parameter, or refuses it.
+        if !layout.fits(sql.len()) {
+            return None;
         }
+        let begun = io.begin_sql(&sql).await;
+        Some(super::claimed(begun, &spec.schema, io.transaction_status()))
+    }
 
-        /// MariaDB: `ROLLBACK` and the restore in one round trip
-        /// ([`HandlerSpec::MARIADB_ROLLBACK_AND_RESTORE`]), wherever the transaction ended
-        /// otherwise than by `commit_inbox_transaction`.
-        fn end_inbox_transaction(&mut self, _: &HandlerSpec, mariadb: bool) -> QueryResult<()> {
-            use diesel::connection::TransactionManager;
-            if !mariadb {
-                return Ok(());
-            }
-            self.batch_execute(HandlerSpec::MARIADB_ROLLBACK_AND_RESTORE)?;
-            crate::backends::ended(AnsiTransactionManager::transaction_manager_status_mut(self))
+    /// MariaDB: `ROLLBACK` and the restore in one round trip
+    /// ([`HandlerSpec::MARIADB_ROLLBACK_AND_RESTORE`]), wherever the transaction ended
+    /// otherwise than by [`commit`](Session::commit).
+    async fn end<I: Io<Backend = Self>>(
+        io: &mut I,
+        _: &'static HandlerSpec,
+        mariadb: bool,
+    ) -> QueryResult<()> {
+        if !mariadb {
+            return Ok(());
         }
+        io.batch(HandlerSpec::MARIADB_ROLLBACK_AND_RESTORE).await?;
+        super::ended(io.transaction_status())
+    }
 
-        /// `COMMIT` as the only statement of its round trip (the module's "A `COMMIT`
-        /// alone"); on MariaDB the check that the transaction is still the handler's and the
-        /// idle bound's restore before it, and `autocommit` put back after it, each alone.
-        fn commit_inbox_transaction(
-            &mut self,
-            spec: &HandlerSpec,
-            mariadb: bool,
-        ) -> QueryResult<()> {
-            if mariadb {
-                let ours = self.batch_execute(HandlerSpec::MARIADB_STILL_OURS);
-                ours.map_err(|e| crate::backends::transaction_gone(e, &spec.schema))?;
+    /// `COMMIT` as the only statement of its round trip (the module's "A `COMMIT`
+    /// alone"); on MariaDB the check that the transaction is still the handler's and the
+    /// idle bound's restore before it, and `autocommit` put back after it, each alone.
+    async fn commit<I: Io<Backend = Self>>(
+        io: &mut I,
+        spec: &'static HandlerSpec,
+        mariadb: bool,
+    ) -> QueryResult<()> {
+        if mariadb {
+            let ours = io.batch(HandlerSpec::MARIADB_STILL_OURS).await;
+            ours.map_err(|e| super::transaction_gone(e, &spec.schema))?;
+        }
+        io.batch(HandlerSpec::MYSQL_COMMIT).await?;
+        super::ended(io.transaction_status())?;
+        if mariadb {
+            super::autocommit_back(io.batch(HandlerSpec::MARIADB_AUTOCOMMIT_BACK).await);
+        }
+        Ok(())
+    }
+
+    /// The handler's transaction rolled back whatever `completion_type` says
+    /// ([`HandlerSpec::MYSQL_ROLLBACK`]); a savepoint of a caller's transaction
+    /// (`transaction = "caller"`) as the manager rolls it back.
+    async fn roll_back<I: Io<Backend = Self>>(io: &mut I) -> QueryResult<()> {
+        let depth = io.transaction_status().transaction_depth()?;
+        match depth.map(std::num::NonZeroU32::get) {
+            None => Ok(()),
+            Some(1) => {
+                if let Err(e) = io.batch(HandlerSpec::MYSQL_ROLLBACK).await {
+                    broken(io.transaction_status());
+                    return Err(e);
+                }
+                super::ended(io.transaction_status())
             }
-            self.batch_execute(HandlerSpec::MYSQL_COMMIT)?;
-            crate::backends::ended(
-                <AnsiTransactionManager as diesel::connection::TransactionManager<_>>::transaction_manager_status_mut(self),
-            )?;
-            if mariadb {
-                crate::backends::autocommit_back(
-                    self.batch_execute(HandlerSpec::MARIADB_AUTOCOMMIT_BACK),
+            Some(_) => io.rollback_transaction().await,
+        }
+    }
+
+    /// MariaDB: `ROLLBACK` and the restore in one round trip.
+    async fn roll_back_and_end<I: Io<Backend = Self>>(
+        io: &mut I,
+        spec: &'static HandlerSpec,
+        mariadb: bool,
+    ) -> QueryResult<()> {
+        match mariadb {
+            true => Self::end(io, spec, mariadb).await,
+            false => Self::roll_back(io).await,
+        }
+    }
+
+    /// The rollback, then MariaDB's settings put back where a handler kept them
+    /// ([`HandlerSpec::MARIADB_ABANDONED_RESTORE`]; its failure on MySQL ignored).
+    async fn roll_back_abandoned<I: Io<Backend = Self>>(io: &mut I) -> QueryResult<()> {
+        io.batch(HandlerSpec::MYSQL_ROLLBACK).await?;
+        if let Err(e) = io.batch(HandlerSpec::MARIADB_ABANDONED_RESTORE).await {
+            tracing::debug!(error = %e, "no MariaDB session settings to put back");
+        }
+        Ok(())
+    }
+
+    /// The session's lock wait is put back whether the claim succeeded or not.
+    async fn wait_for_locks<I: Io<Backend = Self>>(
+        io: &mut I,
+        _spec: &'static HandlerSpec,
+        _claimed: bool,
+    ) -> QueryResult<()> {
+        io.batch(HandlerSpec::MYSQL_LOCK_WAIT).await
+    }
+
+    async fn claim_marker<I: Io<Backend = Self>>(
+        io: &mut I,
+        spec: &'static HandlerSpec,
+        key: &MessageKey,
+        layout: Layout,
+    ) -> QueryResult<bool> {
+        let (schema, consumer) = (&spec.schema, spec.consumer.as_str());
+        let id = key.stored_id();
+        let text = layout.key_text.then(|| layout::key_text(key));
+        marker_fits(consumer, text.as_deref(), layout)?;
+        let insert = ClaimMarker::new(schema, consumer, &id, text.as_deref(), layout.mark());
+        Ok(inserted_unless_duplicate(io.run(insert).await, schema)? > 0)
+    }
+
+    /// In chunks of [`ROWS_PER_INSERT`](marker::ROWS_PER_INSERT), each one multi-row insert;
+    /// a chunk with a duplicate among its keys fails whole (1062 on the inbox's index, that
+    /// statement rolled back) and is claimed row by row, since MySQL and MariaDB return no
+    /// rows from an `INSERT` to say which were new. Still one transaction and one commit.
+    async fn claim_markers<I: Io<Backend = Self>>(
+        io: &mut I,
+        spec: &'static HandlerSpec,
+        ids: &[Uuid],
+        texts: Option<&[String]>,
+        layout: Layout,
+    ) -> QueryResult<Vec<Uuid>> {
+        let (schema, consumer) = (&spec.schema, spec.consumer.as_str());
+        let mut inserted = Vec::with_capacity(ids.len());
+        let all_ids = ids;
+        for range in marker_chunks(all_ids.len(), consumer, texts, layout)? {
+            let ids = &all_ids[range.clone()];
+            let texts = texts.map(|texts| &texts[range]);
+            if ids.len() > 1 {
+                let all = ClaimMarkers::<Mysql, diesel::sql_types::BigInt>::all_or_none(
+                    schema,
+                    consumer,
+                    ids,
+                    texts,
+                    layout.mark(),
+                    layout.mariadb,
                 );
-            }
-            Ok(())
-        }
-
-        /// The handler's transaction rolled back whatever `completion_type` says
-        /// ([`HandlerSpec::MYSQL_ROLLBACK`]); a savepoint of a caller's transaction
-        /// (`transaction = "caller"`) as the manager rolls it back.
-        fn roll_back_inbox_transaction(&mut self) -> QueryResult<()> {
-            use diesel::connection::TransactionManager;
-            let status = AnsiTransactionManager::transaction_manager_status_mut(self);
-            match status.transaction_depth()?.map(std::num::NonZeroU32::get) {
-                None => Ok(()),
-                Some(1) => {
-                    if let Err(e) = self.batch_execute(HandlerSpec::MYSQL_ROLLBACK) {
-                        super::broken(AnsiTransactionManager::transaction_manager_status_mut(self));
-                        return Err(e);
-                    }
-                    crate::backends::ended(AnsiTransactionManager::transaction_manager_status_mut(
-                        self,
-                    ))
-                }
-                Some(_) => AnsiTransactionManager::rollback_transaction(self),
-            }
-        }
-
-        /// MariaDB: `ROLLBACK` and the restore in one round trip.
-        fn roll_back_and_end(&mut self, spec: &HandlerSpec, mariadb: bool) -> QueryResult<()> {
-            match mariadb {
-                true => self.end_inbox_transaction(spec, mariadb),
-                false => self.roll_back_inbox_transaction(),
-            }
-        }
-
-        /// The session's lock wait is put back whether the claim succeeded or not.
-        fn wait_for_locks(&mut self, _spec: &HandlerSpec, _claimed: bool) -> QueryResult<()> {
-            self.batch_execute(HandlerSpec::MYSQL_LOCK_WAIT)
-        }
-
-        fn claim_marker(
-            &mut self,
-            schema: &InboxSchema,
-            consumer: &str,
-            key: &MessageKey,
-            layout: Layout,
-        ) -> QueryResult<bool> {
-            let id = key.stored_id();
-            let text = layout
-                .key_text
-                .then(|| crate::dialect::layout::key_text(key));
-            marker_fits(consumer, text.as_deref(), layout)?;
-            let inserted =
-                ClaimMarker::<Mysql>::new(schema, consumer, &id, text.as_deref(), layout.mark())
-                    .execute(self);
-            Ok(inserted_unless_duplicate(inserted, schema)? > 0)
-        }
-
-        /// In chunks of [`ROWS_PER_INSERT`](crate::dialect::marker::ROWS_PER_INSERT), each one multi-row insert; a chunk with a
-        /// duplicate among its keys fails whole (1062 on the inbox's index, that statement
-        /// rolled back) and is claimed row by row, since MySQL and MariaDB return no rows from
-        /// an `INSERT` to say which were new. Still one transaction and one commit.
-        fn claim_markers(
-            &mut self,
-            schema: &InboxSchema,
-            consumer: &str,
-            ids: &[Uuid],
-            texts: Option<&[String]>,
-            layout: Layout,
-        ) -> QueryResult<Vec<Uuid>> {
-            let mut inserted = Vec::with_capacity(ids.len());
-            let all_ids = ids;
-            for range in marker_chunks(all_ids.len(), consumer, texts, layout)? {
-                let ids = &all_ids[range.clone()];
-                let texts = texts.map(|texts| &texts[range]);
-                if ids.len() > 1 {
-                    let all = ClaimMarkers::<Mysql, diesel::sql_types::BigInt>::all_or_none(
-                        schema,
-                        consumer,
-                        ids,
-                        texts,
-                        layout.mark(),
-                        layout.mariadb,
-                    )
-                    .execute(self);
-                    if claim_rows_then_each(all, schema, ids.len())? {
-                        inserted.extend_from_slice(ids);
-                        continue;
-                    }
-                }
-                for (n, id) in ids.iter().enumerate() {
-                    let text = texts.map(|texts| texts[n].as_str());
-                    let result =
-                        ClaimMarker::<Mysql>::new(schema, consumer, id, text, layout.mark())
-                            .execute(self);
-                    if inserted_unless_duplicate(result, schema)? > 0 {
-                        inserted.push(*id);
-                    }
+                if claim_rows_then_each(io.run(all).await, schema, ids.len())? {
+                    inserted.extend_from_slice(ids);
+                    continue;
                 }
             }
-            Ok(inserted)
+            for (n, id) in ids.iter().enumerate() {
+                let text = texts.map(|texts| texts[n].as_str());
+                let insert = ClaimMarker::new(schema, consumer, id, text, layout.mark());
+                if inserted_unless_duplicate(io.run(insert).await, schema)? > 0 {
+                    inserted.push(*id);
+                }
+            }
         }
+        Ok(inserted)
     }
 }
 
-/// The diesel-async connection.
+impl InboxConnection for MysqlConnection {}
+
+impl sealed::Connection for MysqlConnection {}
+
 #[cfg(feature = "async")]
-mod asynchronous {
-    use diesel::QueryResult;
-    use inbox_core::MessageKey;
+impl AsyncInboxConnection for AsyncMysqlConnection {}
 
-    use crate::backends::{AsyncInboxConnection, sealed};
-    use crate::dialect::layout::Layout;
-    use crate::spec::HandlerSpec;
+#[cfg(feature = "async")]
+impl crate::io::BeginWithSql for AsyncMysqlConnection {
+    async fn begin_sql(&mut self, sql: &str) -> QueryResult<()> {
+        diesel_async::AnsiTransactionManager::begin_transaction_sql(self, sql).await
+    }
+}
 
-    use diesel::mysql::Mysql;
-    use diesel_async::{
-        AnsiTransactionManager, AsyncMysqlConnection, RunQueryDsl, SimpleAsyncConnection,
-        TransactionManager,
-    };
-
-    use crate::dialect::marker::{
-        ClaimMarker, ClaimMarkers, claim_rows_then_each, inserted_unless_duplicate, marker_chunks,
-        marker_fits,
-    };
-
-    impl AsyncInboxConnection for AsyncMysqlConnection {}
-
-    impl sealed::AsyncConnection for AsyncMysqlConnection {
-        fn statement_cancel(&self) -> Option<crate::backends::StatementCancel> {
-            Some(crate::backends::StatementCancel::Mysql(self.cancel_token()))
-        }
-
-        async fn begin_inbox_transaction(
-            &mut self,
-            spec: &'static HandlerSpec,
-            layout: Layout,
-        ) -> QueryResult<()> {
-            AnsiTransactionManager::begin_transaction_sql(
-                self,
-                &spec.mysql_begin_sql(layout.mariadb),
-            )
-            .await
-        }
-
-        /// `START TRANSACTION` and the marker's insert in one round trip, as on the sync
-        /// connection.
-        async fn begin_with_claim(
-            &mut self,
-            spec: &'static HandlerSpec,
-            key: &MessageKey,
-            layout: Layout,
-        ) -> Option<QueryResult<bool>> {
-            if !crate::backends::none_open(AnsiTransactionManager::transaction_manager_status_mut(
-                self,
-            )) {
-                return None;
-            }
-            let sql = crate::dialect::marker::start_with_marker(spec, key, layout);
-            // Too long for one packet (a long key's text in hex): the prepared insert takes
-            // it as a parameter, or refuses it.
-            if !layout.fits(sql.len()) {
-                return None;
-            }
-            let begun = AnsiTransactionManager::begin_transaction_sql(self, &sql).await;
-            Some(crate::backends::claimed(
-                begun,
-                &spec.schema,
-                AnsiTransactionManager::transaction_manager_status_mut(self),
-            ))
-        }
-
-        /// As on the sync connection.
-        async fn end_inbox_transaction(
-            &mut self,
-            _: &'static HandlerSpec,
-            mariadb: bool,
-        ) -> QueryResult<()> {
-            if !mariadb {
-                return Ok(());
-            }
-            SimpleAsyncConnection::batch_execute(self, HandlerSpec::MARIADB_ROLLBACK_AND_RESTORE)
-                .await?;
-            crate::backends::ended(AnsiTransactionManager::transaction_manager_status_mut(self))
-        }
-
-        async fn wait_for_locks(
-            &mut self,
-            _spec: &'static HandlerSpec,
-            _claimed: bool,
-        ) -> QueryResult<()> {
-            SimpleAsyncConnection::batch_execute(self, HandlerSpec::MYSQL_LOCK_WAIT).await
-        }
-
-        async fn claim_marker(
-            &mut self,
-            spec: &'static HandlerSpec,
-            key: &MessageKey,
-            layout: Layout,
-        ) -> QueryResult<bool> {
-            let id = key.stored_id();
-            let text = layout
-                .key_text
-                .then(|| crate::dialect::layout::key_text(key));
-            marker_fits(spec.consumer.as_str(), text.as_deref(), layout)?;
-            let claim = ClaimMarker::<Mysql>::new(
-                &spec.schema,
-                spec.consumer.as_str(),
-                &id,
-                text.as_deref(),
-                layout.mark(),
-            );
-            let inserted = RunQueryDsl::execute(claim, self).await;
-            Ok(inserted_unless_duplicate(inserted, &spec.schema)? > 0)
-        }
-
-        /// In multi-row chunks, a chunk with a duplicate row by row, as the sync connection
-        /// does.
-        async fn claim_markers(
-            &mut self,
-            spec: &'static HandlerSpec,
-            ids: &[uuid::Uuid],
-            texts: Option<&[String]>,
-            layout: Layout,
-        ) -> QueryResult<Vec<uuid::Uuid>> {
-            let (schema, consumer) = (&spec.schema, spec.consumer.as_str());
-            let mut inserted = Vec::with_capacity(ids.len());
-            let all_ids = ids;
-            for range in marker_chunks(all_ids.len(), consumer, texts, layout)? {
-                let ids = &all_ids[range.clone()];
-                let texts = texts.map(|texts| &texts[range]);
-                if ids.len() > 1 {
-                    let all = ClaimMarkers::<Mysql, diesel::sql_types::BigInt>::all_or_none(
-                        schema,
-                        consumer,
-                        ids,
-                        texts,
-                        layout.mark(),
-                        layout.mariadb,
-                    );
-                    let all = RunQueryDsl::execute(all, self).await;
-                    if claim_rows_then_each(all, schema, ids.len())? {
-                        inserted.extend_from_slice(ids);
-                        continue;
-                    }
-                }
-                for (n, id) in ids.iter().enumerate() {
-                    let text = texts.map(|texts| texts[n].as_str());
-                    let claim =
-                        ClaimMarker::<Mysql>::new(schema, consumer, id, text, layout.mark());
-                    let result = RunQueryDsl::execute(claim, self).await;
-                    if inserted_unless_duplicate(result, schema)? > 0 {
-                        inserted.push(*id);
-                    }
-                }
-            }
-            Ok(inserted)
-        }
-
-        /// `COMMIT` alone, with what goes before and after it alone, as on the sync
-        /// connection (the module's "A `COMMIT` alone").
-        async fn commit_inbox_transaction(
-            &mut self,
-            spec: &'static HandlerSpec,
-            mariadb: bool,
-        ) -> QueryResult<()> {
-            if mariadb {
-                SimpleAsyncConnection::batch_execute(self, HandlerSpec::MARIADB_STILL_OURS)
-                    .await
-                    .map_err(|e| crate::backends::transaction_gone(e, &spec.schema))?;
-            }
-            SimpleAsyncConnection::batch_execute(self, HandlerSpec::MYSQL_COMMIT).await?;
-            crate::backends::ended(AnsiTransactionManager::transaction_manager_status_mut(self))?;
-            if mariadb {
-                let back = SimpleAsyncConnection::batch_execute(
-                    self,
-                    HandlerSpec::MARIADB_AUTOCOMMIT_BACK,
-                )
-                .await;
-                crate::backends::autocommit_back(back);
-            }
-            Ok(())
-        }
-
-        /// As on the sync connection.
-        async fn roll_back_inbox_transaction(&mut self) -> QueryResult<()> {
-            let status = AnsiTransactionManager::transaction_manager_status_mut(self);
-            match status.transaction_depth()?.map(std::num::NonZeroU32::get) {
-                None => Ok(()),
-                Some(1) => {
-                    let rolled_back =
-                        SimpleAsyncConnection::batch_execute(self, HandlerSpec::MYSQL_ROLLBACK)
-                            .await;
-                    if let Err(e) = rolled_back {
-                        super::broken(AnsiTransactionManager::transaction_manager_status_mut(self));
-                        return Err(e);
-                    }
-                    crate::backends::ended(AnsiTransactionManager::transaction_manager_status_mut(
-                        self,
-                    ))
-                }
-                Some(_) => AnsiTransactionManager::rollback_transaction(self).await,
-            }
-        }
-
-        /// The rollback, then MariaDB's settings put back where a handler kept them
-        /// ([`HandlerSpec::MARIADB_ABANDONED_RESTORE`]; its failure on MySQL ignored).
-        async fn roll_back_abandoned(&mut self) -> QueryResult<()> {
-            SimpleAsyncConnection::batch_execute(self, HandlerSpec::MYSQL_ROLLBACK).await?;
-            if let Err(e) =
-                SimpleAsyncConnection::batch_execute(self, HandlerSpec::MARIADB_ABANDONED_RESTORE)
-                    .await
-            {
-                tracing::debug!(error = %e, "no MariaDB session settings to put back");
-            }
-            Ok(())
-        }
-
-        /// As on the sync connection.
-        async fn roll_back_and_end(
-            &mut self,
-            spec: &'static HandlerSpec,
-            mariadb: bool,
-        ) -> QueryResult<()> {
-            match mariadb {
-                true => self.end_inbox_transaction(spec, mariadb).await,
-                false => self.roll_back_inbox_transaction().await,
-            }
-        }
+#[cfg(feature = "async")]
+impl sealed::AsyncConnection for AsyncMysqlConnection {
+    fn statement_cancel(&self) -> Option<super::StatementCancel> {
+        Some(super::StatementCancel::Mysql(self.cancel_token()))
     }
 }

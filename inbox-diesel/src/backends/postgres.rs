@@ -6,11 +6,27 @@ use diesel::QueryResult;
 
 use uuid::Uuid;
 
+use diesel::pg::{Pg, PgConnection};
+use inbox_core::MessageKey;
+
+use super::{InboxConnection, Session, sealed};
+use crate::dialect::layout::Layout;
 use crate::dialect::{self, Backend, Dialect, Sql, marker};
+use crate::io::Io;
+use crate::spec::HandlerSpec;
+#[cfg(feature = "async")]
+use {super::AsyncInboxConnection, diesel_async::AsyncPgConnection};
 
 impl dialect::BindId for diesel::pg::Pg {
+    type IdSql = diesel::sql_types::Uuid;
+    type IdRow = Uuid;
+
     fn bind_id<'b>(out: &mut AstPass<'_, 'b, Self>, id: &'b Uuid) -> QueryResult<()> {
         out.push_bind_param::<diesel::sql_types::Uuid, Uuid>(id)
+    }
+
+    fn id_of(row: Uuid) -> Option<Uuid> {
+        Some(row)
     }
 }
 
@@ -127,262 +143,107 @@ impl Dialect for diesel::pg::Pg {
     }
 }
 
-/// The sync connection.
-mod sync {
-    use diesel::connection::AnsiTransactionManager;
-    use diesel::{QueryResult, RunQueryDsl};
-    use inbox_core::{InboxSchema, MessageKey};
-    use uuid::Uuid;
+/// The handler's transaction on PostgreSQL, for both IO models.
+impl Session for Pg {
+    async fn begin<I: Io<Backend = Self>>(
+        io: &mut I,
+        spec: &'static HandlerSpec,
+        layout: Layout,
+    ) -> QueryResult<()> {
+        io.begin_sql(&marker::postgres_begin(spec, layout)).await
+    }
 
-    use crate::backends::{InboxConnection, sealed};
-    use crate::dialect::layout::Layout;
-    use crate::dialect::marker::ClaimMarkers;
-    use crate::dialect::marker::claim_returning;
-    use crate::spec::HandlerSpec;
-
-    use diesel::connection::SimpleConnection;
-    use diesel::pg::{Pg, PgConnection};
-
-    impl InboxConnection for PgConnection {}
-
-    impl sealed::Connection for PgConnection {
-        fn begin_inbox_transaction(
-            &mut self,
-            spec: &HandlerSpec,
-            layout: Layout,
-        ) -> QueryResult<()> {
-            AnsiTransactionManager::begin_transaction_sql(
-                self,
-                &crate::dialect::marker::postgres_begin(spec, layout),
-            )
+    /// `BEGIN` and the marker's insert in one round trip ([`PgMarker`](marker::PgMarker));
+    /// the first time on a session, the insert is prepared there first.
+    async fn begin_with_claim<I: Io<Backend = Self>>(
+        io: &mut I,
+        spec: &'static HandlerSpec,
+        key: &MessageKey,
+        layout: Layout,
+    ) -> Option<QueryResult<bool>> {
+        if !super::none_open(io.transaction_status()) {
+            return None;
         }
-
-        /// `BEGIN` and the marker's insert in one round trip
-        /// ([`PgMarker`](crate::dialect::marker::PgMarker)); the first time on a session, the
-        /// insert is prepared there first.
-        fn begin_with_claim(
-            &mut self,
-            spec: &HandlerSpec,
-            key: &MessageKey,
-            layout: Layout,
-        ) -> Option<QueryResult<bool>> {
-            use diesel::connection::TransactionManager;
-            if !crate::backends::none_open(AnsiTransactionManager::transaction_manager_status_mut(
-                self,
-            )) {
-                return None;
-            }
-            let marker = crate::dialect::marker::PgMarker::new(&spec.schema, layout);
-            let sql = marker.begin(spec, key);
-            let mut begun = AnsiTransactionManager::begin_transaction_sql(self, &sql);
-            if let Err(e) = &begun
-                && marker.missing(e)
-            {
-                begun =
-                    AnsiTransactionManager::begin_transaction_sql(self, &marker.prepared_and(&sql));
-            }
-            Some(crate::backends::claimed(
-                begun,
-                &spec.schema,
-                AnsiTransactionManager::transaction_manager_status_mut(self),
-            ))
+        let marker = marker::PgMarker::new(&spec.schema, layout);
+        let sql = marker.begin(spec, key);
+        let mut begun = io.begin_sql(&sql).await;
+        if let Err(e) = &begun
+            && marker.missing(e)
+        {
+            begun = io.begin_sql(&marker.prepared_and(&sql)).await;
         }
+        Some(super::claimed(begun, &spec.schema, io.transaction_status()))
+    }
 
-        /// After a duplicate or a failed claim the transaction is aborted, and it is rolled
-        /// back with its `SET LOCAL`.
-        fn wait_for_locks(&mut self, _spec: &HandlerSpec, claimed: bool) -> QueryResult<()> {
-            match claimed {
-                true => self.batch_execute(HandlerSpec::POSTGRES_LOCK_WAIT),
-                false => Ok(()),
-            }
+    /// After a duplicate or a failed claim the transaction is aborted, and it is rolled
+    /// back with its `SET LOCAL`.
+    async fn wait_for_locks<I: Io<Backend = Self>>(
+        io: &mut I,
+        _spec: &'static HandlerSpec,
+        claimed: bool,
+    ) -> QueryResult<()> {
+        match claimed {
+            true => io.batch(HandlerSpec::POSTGRES_LOCK_WAIT).await,
+            false => Ok(()),
         }
+    }
 
-        fn begin_write_transaction(&mut self) -> QueryResult<()> {
-            AnsiTransactionManager::begin_transaction_sql(
-                self,
-                "BEGIN ISOLATION LEVEL READ COMMITTED",
-            )
+    /// Whether the transaction open is no longer the one the handler began
+    /// ([`HandlerSpec::POSTGRES_STILL_OURS`]): PostgreSQL ends none by itself but with the
+    /// session. An aborted transaction (25P02) is still the handler's.
+    async fn ended_in_body<I: Io<Backend = Self>>(io: &mut I) -> bool {
+        match io.batch(HandlerSpec::POSTGRES_STILL_OURS).await {
+            Ok(()) => false,
+            Err(e) => dialect::ended_in_body(&e),
         }
+    }
 
-        fn claim_marker(
-            &mut self,
-            schema: &InboxSchema,
-            consumer: &str,
-            key: &MessageKey,
-            layout: Layout,
-        ) -> QueryResult<bool> {
-            claim_returning(self, schema, consumer, key, layout)
-        }
+    /// READ COMMITTED, so that each statement sees what committed before it.
+    async fn begin_write<I: Io<Backend = Self>>(io: &mut I) -> QueryResult<()> {
+        io.begin_sql("BEGIN ISOLATION LEVEL READ COMMITTED").await
+    }
 
-        fn claim_markers(
-            &mut self,
-            schema: &InboxSchema,
-            consumer: &str,
-            ids: &[Uuid],
-            texts: Option<&[String]>,
-            layout: Layout,
-        ) -> QueryResult<Vec<Uuid>> {
-            ClaimMarkers::<Pg, diesel::sql_types::Uuid>::new(
-                schema,
-                consumer,
-                ids,
-                texts,
-                layout.mark(),
-            )
-            .load(self)
-        }
-
-        /// PostgreSQL answers `COMMIT` in an aborted transaction with a silent `ROLLBACK`, so
-        /// diesel would report success for work that was thrown away — and with a warning
-        /// only where the body's own `ROLLBACK` or `COMMIT` ended the transaction. The check
-        /// sent in the same round trip ([`HandlerSpec::POSTGRES_STILL_OURS`]) fails in
-        /// either case (25P02 in the first), and the `COMMIT` after it is then never run.
-        fn commit_inbox_transaction(&mut self, _: &HandlerSpec, _: bool) -> QueryResult<()> {
-            self.batch_execute(HandlerSpec::POSTGRES_COMMIT_IF_OURS)
-        }
+    /// PostgreSQL answers `COMMIT` in an aborted transaction with a silent `ROLLBACK`, so
+    /// diesel would report success for work that was thrown away — and with a warning only
+    /// where the body's own `ROLLBACK` or `COMMIT` ended the transaction. The check sent in
+    /// the same round trip ([`HandlerSpec::POSTGRES_STILL_OURS`]) fails in either case
+    /// (25P02 in the first), and the `COMMIT` after it is then never run. The transaction
+    /// manager, which did not send the `COMMIT`, is told the transaction ended once the
+    /// server answered; until then it counts the transaction open, so a commit dropped
+    /// half-way leaves a connection that a pool discards.
+    ///
+    /// A manager in error refuses the commit before anything is sent. One that counts no
+    /// transaction open does not: a sync `PgConnection` reads the session's state after
+    /// each statement, and counts none after a body's own `ROLLBACK` or `COMMIT` — which
+    /// the check then reports as the transaction the body ended.
+    async fn commit<I: Io<Backend = Self>>(
+        io: &mut I,
+        _: &'static HandlerSpec,
+        _: bool,
+    ) -> QueryResult<()> {
+        super::open(io.transaction_status())?;
+        io.batch(HandlerSpec::POSTGRES_COMMIT_IF_OURS).await?;
+        super::ended(io.transaction_status())
     }
 }
 
-/// The diesel-async connection.
+impl InboxConnection for PgConnection {}
+
+impl sealed::Connection for PgConnection {}
+
 #[cfg(feature = "async")]
-mod asynchronous {
-    use diesel::QueryResult;
-    use inbox_core::MessageKey;
+impl AsyncInboxConnection for AsyncPgConnection {}
 
-    use crate::backends::{AsyncInboxConnection, sealed};
-    use crate::dialect::layout::Layout;
-    use crate::spec::HandlerSpec;
+#[cfg(feature = "async")]
+impl crate::io::BeginWithSql for AsyncPgConnection {
+    async fn begin_sql(&mut self, sql: &str) -> QueryResult<()> {
+        diesel_async::AnsiTransactionManager::begin_transaction_sql(self, sql).await
+    }
+}
 
-    use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
-
-    use diesel::pg::Pg;
-    use diesel_async::{AnsiTransactionManager, TransactionManager};
-
-    use crate::dialect::marker::ClaimMarker;
-
-    impl AsyncInboxConnection for AsyncPgConnection {}
-
-    impl sealed::AsyncConnection for AsyncPgConnection {
-        fn statement_cancel(&self) -> Option<crate::backends::StatementCancel> {
-            Some(crate::backends::StatementCancel::Postgres(
-                self.cancel_token(),
-            ))
-        }
-
-        /// READ COMMITTED, so that each statement sees what committed before it.
-        async fn begin_write_transaction(&mut self) -> QueryResult<()> {
-            AnsiTransactionManager::begin_transaction_sql(
-                self,
-                "BEGIN ISOLATION LEVEL READ COMMITTED",
-            )
-            .await
-        }
-
-        async fn begin_inbox_transaction(
-            &mut self,
-            spec: &'static HandlerSpec,
-            layout: Layout,
-        ) -> QueryResult<()> {
-            let sql = crate::dialect::marker::postgres_begin(spec, layout);
-            AnsiTransactionManager::begin_transaction_sql(self, &sql).await
-        }
-
-        /// `BEGIN` and the marker's insert in one round trip, as on the sync connection.
-        async fn begin_with_claim(
-            &mut self,
-            spec: &'static HandlerSpec,
-            key: &MessageKey,
-            layout: Layout,
-        ) -> Option<QueryResult<bool>> {
-            if !crate::backends::none_open(AnsiTransactionManager::transaction_manager_status_mut(
-                self,
-            )) {
-                return None;
-            }
-            let marker = crate::dialect::marker::PgMarker::new(&spec.schema, layout);
-            let sql = marker.begin(spec, key);
-            let mut begun = AnsiTransactionManager::begin_transaction_sql(self, &sql).await;
-            if let Err(e) = &begun
-                && marker.missing(e)
-            {
-                begun =
-                    AnsiTransactionManager::begin_transaction_sql(self, &marker.prepared_and(&sql))
-                        .await;
-            }
-            Some(crate::backends::claimed(
-                begun,
-                &spec.schema,
-                AnsiTransactionManager::transaction_manager_status_mut(self),
-            ))
-        }
-
-        async fn wait_for_locks(
-            &mut self,
-            _spec: &'static HandlerSpec,
-            claimed: bool,
-        ) -> QueryResult<()> {
-            match claimed {
-                true => self.batch_execute(HandlerSpec::POSTGRES_LOCK_WAIT).await,
-                false => Ok(()),
-            }
-        }
-
-        async fn claim_marker(
-            &mut self,
-            spec: &'static HandlerSpec,
-            key: &MessageKey,
-            layout: Layout,
-        ) -> QueryResult<bool> {
-            let id = key.stored_id();
-            let text = layout
-                .key_text
-                .then(|| crate::dialect::layout::key_text(key));
-            let claim = ClaimMarker::<Pg>::new(
-                &spec.schema,
-                spec.consumer.as_str(),
-                &id,
-                text.as_deref(),
-                None,
-            );
-            let rows: Vec<i64> = RunQueryDsl::load(claim, self).await?;
-            Ok(!rows.is_empty())
-        }
-
-        async fn claim_markers(
-            &mut self,
-            spec: &'static HandlerSpec,
-            ids: &[uuid::Uuid],
-            texts: Option<&[String]>,
-            layout: Layout,
-        ) -> QueryResult<Vec<uuid::Uuid>> {
-            let claim = crate::dialect::marker::ClaimMarkers::<Pg, diesel::sql_types::Uuid>::new(
-                &spec.schema,
-                spec.consumer.as_str(),
-                ids,
-                texts,
-                layout.mark(),
-            );
-            RunQueryDsl::load(claim, self).await
-        }
-
-        /// PostgreSQL answers `COMMIT` in an aborted transaction with a silent `ROLLBACK`. As
-        /// on the sync connection, `SELECT 1` goes in the same round trip as `COMMIT` and fails
-        /// with 25P02 in exactly that case, and the `COMMIT` after it is then never run. The
-        /// transaction manager, which did not send the `COMMIT`, is told the transaction ended
-        /// once the server answered; until then it counts the transaction open, so a commit
-        /// dropped half-way leaves a connection that a pool discards.
-        async fn commit_inbox_transaction(
-            &mut self,
-            _: &'static HandlerSpec,
-            _: bool,
-        ) -> QueryResult<()> {
-            if !crate::backends::open(AnsiTransactionManager::transaction_manager_status_mut(self))?
-            {
-                return Err(diesel::result::Error::NotInTransaction);
-            }
-            SimpleAsyncConnection::batch_execute(self, HandlerSpec::POSTGRES_COMMIT_IF_OURS)
-                .await?;
-            crate::backends::ended(AnsiTransactionManager::transaction_manager_status_mut(self))
-        }
+#[cfg(feature = "async")]
+impl sealed::AsyncConnection for AsyncPgConnection {
+    fn statement_cancel(&self) -> Option<super::StatementCancel> {
+        Some(super::StatementCancel::Postgres(self.cancel_token()))
     }
 }

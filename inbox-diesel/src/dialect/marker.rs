@@ -33,14 +33,15 @@ use super::layout::Mark;
 ///
 /// A query fragment rather than `sql_query`, so that diesel caches its prepared statement
 /// (keyed by the SQL text).
-pub(crate) struct ClaimMarker<'a, DB> {
+pub struct ClaimMarker<'a, DB> {
     table: &'a str,
     id: &'a Uuid,
     consumer: &'a str,
     text: Option<&'a str>,
     /// The insert requires what the check found of the session ([`Mark`]).
     mark: Option<Mark>,
-    backend: PhantomData<DB>,
+    /// `fn() ->`: the insert is `Send` whatever the backend's type is.
+    backend: PhantomData<fn() -> DB>,
 }
 
 impl<'a, DB> ClaimMarker<'a, DB> {
@@ -114,7 +115,7 @@ where
 /// inserts every marker or none: a duplicate among them fails the statement with 1062 on the
 /// inbox's index, InnoDB rolls back that statement only, and the caller then claims the batch
 /// row by row ([`claim_rows_then_each`]). Every other error is the statement's own.
-pub(crate) struct ClaimMarkers<'a, DB, ST> {
+pub struct ClaimMarkers<'a, DB, ST> {
     table: &'a str,
     ids: &'a [Uuid],
     consumer: &'a str,
@@ -130,11 +131,10 @@ pub(crate) struct ClaimMarkers<'a, DB, ST> {
     strict: bool,
     /// `ON CONFLICT … DO NOTHING RETURNING message_id` (PostgreSQL, SQLite).
     returning: bool,
-    types: PhantomData<(DB, ST)>,
+    types: PhantomData<fn() -> (DB, ST)>,
 }
 
 impl<'a, DB, ST> ClaimMarkers<'a, DB, ST> {
-    #[cfg(any(feature = "sqlite", feature = "postgres"))]
     pub(crate) fn new(
         schema: &'a InboxSchema,
         consumer: &'a str,
@@ -301,6 +301,95 @@ pub(crate) fn marker_chunks(
     Ok(chunks)
 }
 
+/// How a backend reads what a marker's insert returned ([`ClaimMarker`], [`ClaimMarkers`]):
+/// written once, for every backend that reads a `BIGINT` and its ids
+/// ([`BindId::IdSql`](super::BindId)). MySQL's inserts return nothing: they are run
+/// (`Io::run`), not read.
+pub trait InsertsMarkers: Dialect {
+    /// Inserts one marker on a sync connection; the rows it returned (0: it existed).
+    fn insert_marker<C>(conn: &mut C, insert: ClaimMarker<'_, Self>) -> QueryResult<usize>
+    where
+        C: diesel::connection::LoadConnection<Backend = Self>;
+
+    /// Inserts markers on a sync connection; the ids of those it inserted.
+    fn insert_markers<C>(
+        conn: &mut C,
+        insert: ClaimMarkers<'_, Self, Self::IdSql>,
+    ) -> QueryResult<Vec<Uuid>>
+    where
+        C: diesel::connection::LoadConnection<Backend = Self>;
+
+    /// [`insert_marker`](Self::insert_marker) on a diesel-async connection.
+    #[cfg(feature = "async")]
+    fn insert_marker_async<'c, C>(
+        conn: &'c mut C,
+        insert: ClaimMarker<'c, Self>,
+    ) -> impl Future<Output = QueryResult<usize>> + Send + 'c
+    where
+        C: diesel_async::AsyncConnection<Backend = Self>;
+
+    /// [`insert_markers`](Self::insert_markers) on a diesel-async connection.
+    #[cfg(feature = "async")]
+    fn insert_markers_async<'c, C>(
+        conn: &'c mut C,
+        insert: ClaimMarkers<'c, Self, Self::IdSql>,
+    ) -> impl Future<Output = QueryResult<Vec<Uuid>>> + Send + 'c
+    where
+        C: diesel_async::AsyncConnection<Backend = Self>;
+}
+
+impl<DB> InsertsMarkers for DB
+where
+    DB: Dialect
+        + diesel::expression::QueryMetadata<BigInt>
+        + diesel::expression::QueryMetadata<DB::IdSql>,
+    i64: diesel::deserialize::FromSqlRow<BigInt, DB>,
+    DB::IdRow: diesel::deserialize::FromSqlRow<DB::IdSql, DB>,
+    str: diesel::serialize::ToSql<Text, DB>,
+{
+    fn insert_marker<C>(conn: &mut C, insert: ClaimMarker<'_, Self>) -> QueryResult<usize>
+    where
+        C: diesel::connection::LoadConnection<Backend = Self>,
+    {
+        Ok(RunQueryDsl::load::<i64>(insert, conn)?.len())
+    }
+
+    fn insert_markers<C>(
+        conn: &mut C,
+        insert: ClaimMarkers<'_, Self, Self::IdSql>,
+    ) -> QueryResult<Vec<Uuid>>
+    where
+        C: diesel::connection::LoadConnection<Backend = Self>,
+    {
+        let rows: Vec<DB::IdRow> = RunQueryDsl::load(insert, conn)?;
+        Ok(rows.into_iter().filter_map(DB::id_of).collect())
+    }
+
+    #[cfg(feature = "async")]
+    fn insert_marker_async<'c, C>(
+        conn: &'c mut C,
+        insert: ClaimMarker<'c, Self>,
+    ) -> impl Future<Output = QueryResult<usize>> + Send + 'c
+    where
+        C: diesel_async::AsyncConnection<Backend = Self>,
+    {
+        let rows = diesel_async::RunQueryDsl::load::<i64>(insert, conn);
+        async move { Ok(rows.await?.len()) }
+    }
+
+    #[cfg(feature = "async")]
+    fn insert_markers_async<'c, C>(
+        conn: &'c mut C,
+        insert: ClaimMarkers<'c, Self, Self::IdSql>,
+    ) -> impl Future<Output = QueryResult<Vec<Uuid>>> + Send + 'c
+    where
+        C: diesel_async::AsyncConnection<Backend = Self>,
+    {
+        let rows = diesel_async::RunQueryDsl::load::<DB::IdRow>(insert, conn);
+        async move { Ok(rows.await?.into_iter().filter_map(DB::id_of).collect()) }
+    }
+}
+
 /// What a chunk's multi-row insert decided: all its markers inserted, or a duplicate among
 /// them (the statement rolled back: claim them one by one).
 #[cfg(feature = "mysql")]
@@ -327,28 +416,6 @@ pub(crate) const ON_CONFLICT_RETURNING: &str =
 /// `ON CONFLICT … DO NOTHING`: 0 rows inserted means the row existed.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) const ON_CONFLICT_DO_NOTHING: &str = " ON CONFLICT (message_id, consumer) DO NOTHING";
-
-/// Runs the claim of PostgreSQL and SQLite; `Ok(false)` when the marker already existed.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) fn claim_returning<C>(
-    conn: &mut C,
-    schema: &InboxSchema,
-    consumer: &str,
-    key: &inbox_core::MessageKey,
-    layout: super::layout::Layout,
-) -> QueryResult<bool>
-where
-    C: diesel::Connection,
-    for<'q> ClaimMarker<'q, C::Backend>: diesel::query_dsl::LoadQuery<'q, C, i64>,
-{
-    let id = key.stored_id();
-    let text = layout.key_text.then(|| super::layout::key_text(key));
-    Ok(
-        !ClaimMarker::new(schema, consumer, &id, text.as_deref(), layout.mark())
-            .load::<i64>(conn)?
-            .is_empty(),
-    )
-}
 
 /// The rows an insert of a marker or a claim wrote: 0 when the row existed. MySQL and
 /// MariaDB have no `ON CONFLICT`: their plain insert fails with error 1062 naming the inbox's

@@ -276,8 +276,17 @@ pub mod rows {
 /// How a backend binds a message id, the one value the backends bind differently: a
 /// `uuid` on PostgreSQL, its 16 bytes elsewhere.
 pub trait BindId: diesel::backend::Backend {
+    /// The SQL type an insert returns its markers' ids in (`RETURNING message_id`).
+    type IdSql: diesel::sql_types::SqlType + diesel::sql_types::SingleValue + 'static;
+
+    /// What such an id is read into.
+    type IdRow: Send + 'static;
+
     /// Binds the message id into a query fragment.
     fn bind_id<'b>(out: &mut AstPass<'_, 'b, Self>, id: &'b uuid::Uuid) -> QueryResult<()>;
+
+    /// The id an insert returned; `None` for one that is not 16 bytes.
+    fn id_of(row: Self::IdRow) -> Option<uuid::Uuid>;
 }
 
 /// Runs a statement on a sync connection.

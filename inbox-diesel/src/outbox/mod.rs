@@ -402,7 +402,7 @@ impl Outbox {
         older_than: std::time::Duration,
         batch: u32,
     ) -> QueryResult<OutboxPurge> {
-        crate::backends::refuse_open_transaction(io.transaction_status())?;
+        crate::io::refuse_open_transaction(io.transaction_status())?;
         let backend = S::Backend::BACKEND;
         let table = backend.quote_table(self.table);
         let batch = batch.max(1);

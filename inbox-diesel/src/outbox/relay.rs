@@ -262,7 +262,7 @@ impl Relay {
         S: Sink,
     {
         let io = &mut Awaiting(conn);
-        crate::backends::refuse_open_transaction(io.transaction_status())?;
+        crate::io::refuse_open_transaction(io.transaction_status())?;
         let token = Uuid::from_u128(fastrand::u128(..)).to_string();
         // SQLite's claim takes the database's one write lock even when it finds nothing, and
         // handlers committing meanwhile wait for it (`busy_timeout`): a read first, which

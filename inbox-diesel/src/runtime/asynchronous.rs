@@ -5,16 +5,12 @@
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::time::Duration;
 
-use diesel::QueryResult;
 use inbox_core::{BatchOutcome, ErrorClass, HandlerOutcome, KeyError, MessageKey};
 use tracing::Instrument;
 
 use crate::backends::AsyncInboxConnection;
 use crate::backends::CancelIfDropped;
-use crate::dialect::claim::{ClaimAnswer, ClaimStep};
-use crate::dialect::layout::Layout;
 use crate::error::Error;
 use crate::guard::NoConnection;
 use crate::io::Awaiting;
@@ -22,13 +18,12 @@ use crate::pool::{AsyncClaimPool, ClaimOn, ClaimTarget};
 use crate::runtime::batch::{self, BatchClaims, NewMessages};
 use crate::runtime::call::Call;
 use crate::runtime::claim::ClaimSpec;
-use crate::runtime::found::Kept;
+use crate::runtime::handle::Handle;
 use crate::runtime::steps::{self, Steps};
 use crate::runtime::stored::Remembered;
-use crate::runtime::{checked, claim_mode, transaction};
+use crate::runtime::{claim_mode, transaction};
 use crate::spec::HandlerSpec;
 use crate::telemetry::Run;
-use crate::value::Fingerprint;
 
 /// An async closure taking the connection, whose future can be named — and so be required
 /// to be `Send`. Async closures always implement `FnOnce` returning their future; the bounds
@@ -101,36 +96,8 @@ where
     P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
     A: HandlerOutcome<T>,
 {
-    let Call {
-        spec,
-        key,
-        body,
-        probe,
-        remembered,
-        inbox_error,
-        ..
-    } = call;
-    let key = key.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
-    // The stored id, not the key: a key can be business data (an e-mail address) or carry
-    // control characters; the key itself is logged escaped, at DEBUG (`transaction`).
-    let run = Run::message(spec, &key, false);
-    let result = transaction::drive(
-        Awaiting(conn),
-        &key,
-        transaction::Handling {
-            spec,
-            body,
-            probe,
-            in_flight: A::IN_FLIGHT,
-            remembered,
-            inbox_error,
-        },
-    )
-    .instrument(run.instrument_span())
-    .await
-    .map(|value| transaction::outcome(spec, key, value));
-    run.finish(&result);
-    result
+    let (key, handling) = call.keyed(A::IN_FLIGHT)?;
+    transaction::message(Awaiting(conn), false, key, handling).await
 }
 
 /// `transaction = "caller_or_own"` on a diesel-async connection: [`run_joined_async`] where
@@ -166,31 +133,10 @@ where
     P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
     A: HandlerOutcome<T>,
 {
-    let Call {
-        spec,
-        key,
-        body,
-        probe,
-        remembered,
-        inbox_error,
-        ..
-    } = call;
-    let key = key.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
-    let run = Run::message(spec, &key, false);
-    let result = transaction::drive_joined::<_, _, _, _, _, A::InFlightWitness>(
-        Awaiting(conn),
-        spec,
-        &key,
-        Once(Some(body)),
-        probe,
-        remembered,
-        inbox_error,
-    )
-    .instrument(run.instrument_span())
-    .await
-    .map(|value| transaction::outcome(spec, key, value));
-    run.finish(&result);
-    result
+    let (key, handling) = call
+        .with_body(|body| Once(Some(body)))
+        .keyed(A::IN_FLIGHT)?;
+    transaction::message(Awaiting(conn), true, key, handling).await
 }
 
 /// An async body that runs once: in its caller's transaction, never retried.
@@ -283,32 +229,16 @@ where
     B: steps::Body<H::Connection, Result<T, E>> + steps::Body<NoConnection, Result<T, E>>,
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
-    let Call {
-        spec,
-        key,
-        body,
-        remembered,
-        inbox_error,
-        ..
-    } = call;
-    let key = key.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
-    let run = Run::message(spec, &key, true);
+    let (key, handling) = call.keyed(None)?;
+    let run = Run::message(handling.spec, &key, true);
     let result = match conn.__inbox_claim_target() {
         ClaimOn::Connection(conn) => {
-            claim_mode::drive_claim(
-                Awaiting(conn),
-                spec,
-                claim,
-                key,
-                body,
-                remembered,
-                inbox_error,
-            )
-            .instrument(run.instrument_span())
-            .await
+            claim_mode::drive_claim(Awaiting(conn), claim, key, handling)
+                .instrument(run.instrument_span())
+                .await
         }
         ClaimOn::Pool(pool) => {
-            claim_on_pool(pool, spec, claim, key, body, remembered, inbox_error)
+            claim_mode::claim_on_pool(&AwaitingPool(pool), claim, key, handling)
                 .instrument(run.instrument_span())
                 .await
         }
@@ -317,415 +247,67 @@ where
     result
 }
 
-/// Claim mode on a pool: the claim and the stamp each on a checkout of their own, the body
-/// with none.
-async fn claim_on_pool<P, T, E, B, A>(
-    pool: &P,
-    spec: &'static HandlerSpec,
-    claim: ClaimSpec,
-    key: MessageKey,
-    mut body: B,
-    remembered: Remembered<T>,
-    inbox_error: fn(Error) -> E,
-) -> Result<A, E>
+/// A diesel-async pool as claim mode takes its connections.
+struct AwaitingPool<'p, P>(&'p P);
+
+impl<P> claim_mode::Checkouts for AwaitingPool<'_, P>
 where
     P: AsyncClaimPool,
     P::Connection: AsyncInboxConnection,
-    B: steps::Body<NoConnection, Result<T, E>>,
-    A: HandlerOutcome<T, InFlightWitness = ()>,
 {
-    let started = {
-        let mut checkout = pool
-            .checkout()
-            .await
-            .map_err(|source| claim_mode::claim_not_started(spec, source, inbox_error))?;
-        claim_mode::claim_started(
-            &mut Awaiting(&mut *checkout),
-            spec,
-            claim,
-            &key,
-            remembered,
-            inbox_error,
-        )
-        .await?
-    };
-    let (holding, remembered) = match started {
-        claim_mode::Started::Answered(answer) => return Ok(answer),
-        claim_mode::Started::Holding(holding, remembered) => (holding, remembered),
-    };
-    let ran = claim_mode::run_detached(spec, &holding, &mut body).await;
-    let mut value = match ran {
-        Ok(Ok(value)) => value,
-        ran => return released_on_pool(pool, spec, holding, key, ran, inbox_error).await,
-    };
-    let mut stamp = claim_mode::ToStamp::before_stamp(&value, &holding, remembered);
-    let mut tries = claim_mode::StampTries::new(&holding);
-    loop {
-        let failure = match pool.checkout().await {
-            Ok(mut checkout) => {
-                let stamped = claim_mode::claim_stamped(
-                    &mut Awaiting(&mut *checkout),
-                    spec,
-                    &holding,
-                    &key,
-                    value,
-                    &mut stamp,
-                    inbox_error,
-                    Some(tries.elsewhere()),
-                )
-                .await;
-                match stamped {
-                    Ok(answer) => return Ok(answer),
-                    Err(claim_mode::Unstamped::Failed(e)) => return Err(e),
-                    Err(claim_mode::Unstamped::Lost { value: back, error }) => {
-                        value = back;
-                        claim_mode::StampFailure::Database(error)
-                    }
-                }
-            }
-            Err(source) => claim_mode::StampFailure::Checkout(source),
-        };
-        match tries.failed(&failure) {
-            Some(pause) => tokio::time::sleep(pause).await,
-            None => {
-                return Err(claim_mode::stamp_given_up(
-                    spec,
-                    &holding,
-                    failure,
-                    tries.tries(),
-                    inbox_error,
-                ));
-            }
+    async fn on_checkout<W: claim_mode::OnCheckout>(
+        &self,
+        work: W,
+    ) -> Result<W::Output, (W, crate::pool::CheckoutFailure)> {
+        match self.0.checkout().await {
+            Ok(mut checkout) => Ok(work.run(&mut Awaiting(&mut *checkout)).await),
+            Err(source) => Err((work, source)),
         }
+    }
+
+    async fn pause(&self, pause: std::time::Duration) {
+        tokio::time::sleep(pause).await;
     }
 }
 
-/// Phase 3 of claim mode on a pool after a body that failed or was stopped: its claim
-/// released on a connection checked out for it (three checkouts tried; the claim is left
-/// to its lease when none comes).
-async fn released_on_pool<P, T, E, A>(
-    pool: &P,
-    spec: &'static HandlerSpec,
-    holding: claim_mode::Holding,
-    key: MessageKey,
-    ran: Result<Result<T, E>, steps::Panicked>,
-    inbox_error: fn(Error) -> E,
-) -> Result<A, E>
-where
-    P: AsyncClaimPool,
-    P::Connection: AsyncInboxConnection,
-    A: HandlerOutcome<T, InFlightWitness = ()>,
-{
-    let mut failure = None;
-    for _ in 0..claim_mode::RELEASE_CHECKOUTS {
-        match pool.checkout().await {
-            Ok(mut checkout) => {
-                let mut steps = Awaiting(&mut *checkout);
-                if let Err(e) = claim_mode::prepared_for_stamp(&mut steps, &holding).await {
-                    return claim_mode::claim_unsettled(
-                        spec,
-                        holding,
-                        ran,
-                        Box::new(e),
-                        inbox_error,
-                    );
-                }
-                let nothing = Remembered::nothing();
-                return claim_mode::claim_finished(
-                    &mut steps,
-                    spec,
-                    holding,
-                    key,
-                    ran,
-                    nothing,
-                    inbox_error,
-                )
-                .await;
-            }
-            Err(source) => failure = Some(source),
-        }
-    }
-    let source = failure.expect("a checkout was tried");
-    claim_mode::claim_unsettled(spec, holding, ran, source, inbox_error)
-}
-
-impl<C: AsyncInboxConnection> Steps for Awaiting<'_, C> {
+impl<C: AsyncInboxConnection> Handle for Awaiting<'_, C> {
     type Conn = C;
+    type Armed = CancelIfDropped;
+
+    const CANCELLABLE: bool = true;
 
     fn conn(&mut self) -> &mut C {
         self.0
     }
 
-    fn net(&mut self) -> Option<usize> {
-        crate::tripwire::net::Net::id(diesel_async::AsyncConnection::instrumentation(self.0))
+    fn instrumentation(&mut self) -> &mut dyn diesel::connection::Instrumentation {
+        diesel_async::AsyncConnection::instrumentation(self.0)
     }
 
-    fn identity(&mut self) -> usize {
-        let instrumentation =
-            std::ptr::from_mut(diesel_async::AsyncConnection::instrumentation(self.0));
-        checked::identity(
-            <C as AsyncInboxConnection>::BACKEND,
+    fn place(&mut self) -> (usize, usize) {
+        (
             std::ptr::from_mut(self.0).cast::<u8>() as usize,
             size_of::<C>(),
-            instrumentation.cast::<u8>() as usize,
         )
     }
 
-    const CANCELLABLE: bool = true;
-
-    fn address(&mut self) -> usize {
-        let instrumentation =
-            std::ptr::from_mut(diesel_async::AsyncConnection::instrumentation(self.0));
-        // As the identity of a PostgreSQL connection: what stays with it.
-        checked::identity(
-            crate::dialect::Backend::Postgres,
-            std::ptr::from_mut(self.0).cast::<u8>() as usize,
-            size_of::<C>(),
-            instrumentation.cast::<u8>() as usize,
-        )
-    }
-
-    fn in_transaction(&mut self) -> bool {
-        use diesel_async::TransactionManager;
-        matches!(
-            C::TransactionManager::transaction_manager_status_mut(self.0).transaction_depth(),
-            Ok(Some(_))
-        )
+    fn arm(&mut self) -> CancelIfDropped {
+        CancelIfDropped::arm(&*self.0)
     }
 
     /// diesel-async counts an open transaction as broken too (for its pools): here only a
     /// manager that is broken with no transaction open — its `BEGIN` cut off, or in error.
     fn broken(&mut self) -> bool {
         use diesel_async::TransactionManager;
-        C::TransactionManager::is_broken_transaction_manager(self.0) && !self.in_transaction()
-    }
-
-    fn abandon(&mut self) -> bool {
-        use diesel_async::TransactionManager;
-        let open = self.in_transaction();
-        if open {
-            C::TransactionManager::transaction_manager_status_mut(self.0).set_in_error();
-        }
-        open
-    }
-
-    fn in_error(&mut self) -> bool {
-        use diesel_async::TransactionManager;
-        C::TransactionManager::transaction_manager_status_mut(self.0)
-            .transaction_depth()
-            .is_err()
-    }
-
-    fn forget_transaction(&mut self) {
-        use diesel_async::TransactionManager;
-        *C::TransactionManager::transaction_manager_status_mut(self.0) = Default::default();
-    }
-
-    fn discard(&mut self) {
-        use diesel_async::TransactionManager;
-        C::TransactionManager::transaction_manager_status_mut(self.0).set_in_error();
-    }
-
-    async fn begin(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()> {
-        self.0
-            .begin_inbox_transaction(spec, layout)
-            .await
-            .map_err(crate::backends::inside_callers)
-    }
-
-    async fn begin_with_claim(
-        &mut self,
-        spec: &'static HandlerSpec,
-        key: &MessageKey,
-        layout: Layout,
-    ) -> Option<QueryResult<bool>> {
-        let armed = CancelIfDropped::arm(&*self.0);
-        let claimed = self.0.begin_with_claim(spec, key, layout).await;
-        armed.disarm();
-        claimed
-    }
-
-    async fn end(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()> {
-        self.0.end_inbox_transaction(spec, layout.mariadb).await
-    }
-
-    async fn claim(
-        &mut self,
-        spec: &'static HandlerSpec,
-        key: &MessageKey,
-        layout: Layout,
-    ) -> QueryResult<bool> {
-        let armed = CancelIfDropped::arm(&*self.0);
-        let claimed = self.0.claim_marker(spec, key, layout).await;
-        armed.disarm();
-        claimed
-    }
-
-    async fn claim_batch(
-        &mut self,
-        spec: &'static HandlerSpec,
-        ids: &[uuid::Uuid],
-        texts: Option<&[String]>,
-        layout: Layout,
-    ) -> QueryResult<Vec<uuid::Uuid>> {
-        let armed = CancelIfDropped::arm(&*self.0);
-        let claimed = self.0.claim_markers(spec, ids, texts, layout).await;
-        armed.disarm();
-        claimed
-    }
-
-    async fn commit(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()> {
-        self.0.commit_inbox_transaction(spec, layout.mariadb).await
-    }
-
-    async fn roll_back_and_end(
-        &mut self,
-        spec: &'static HandlerSpec,
-        layout: Layout,
-    ) -> QueryResult<()> {
-        self.0.roll_back_and_end(spec, layout.mariadb).await
-    }
-
-    async fn roll_back(&mut self) -> QueryResult<()> {
-        self.0.roll_back_inbox_transaction().await
-    }
-
-    async fn roll_back_abandoned(&mut self) -> QueryResult<()> {
-        self.0.roll_back_abandoned().await
-    }
-
-    async fn prepare_claim(&mut self, spec: &'static HandlerSpec) -> QueryResult<()> {
-        self.0.prepare_claim(spec).await
-    }
-
-    async fn wait_for_locks(
-        &mut self,
-        spec: &'static HandlerSpec,
-        claimed: bool,
-    ) -> QueryResult<()> {
-        self.0.wait_for_locks(spec, claimed).await
-    }
-
-    async fn ended_by_server(&mut self) -> bool {
-        crate::runtime::claim::ended_by_server(self).await
-    }
-
-    async fn ended_in_body(&mut self) -> bool {
-        match <C as AsyncInboxConnection>::BACKEND {
-            crate::dialect::Backend::Postgres => crate::runtime::claim::ended_in_body(self).await,
-            // As on the sync connection.
-            crate::dialect::Backend::Sqlite | crate::dialect::Backend::Mysql => false,
-        }
-    }
-
-    async fn discard_foreign(&mut self) {
-        let _ = diesel_async::SimpleAsyncConnection::batch_execute(self.0, "ROLLBACK").await;
-        self.forget_transaction();
+        C::TransactionManager::is_broken_transaction_manager(self.0)
+            && !matches!(
+                crate::io::Io::transaction_status(self).transaction_depth(),
+                Ok(Some(_))
+            )
     }
 
     fn stop_caching_statements(&mut self) {
         self.0
             .set_prepared_statement_cache_size(diesel::connection::CacheSize::Disabled);
-    }
-
-    async fn verify(
-        &mut self,
-        spec: &'static HandlerSpec,
-        claim: bool,
-    ) -> Result<Layout, crate::schema::check::SchemaError> {
-        self.0
-            .prepare_check(spec)
-            .await
-            .map_err(crate::schema::check::SchemaError::Database)?;
-        crate::schema::verify_layout_async(self.0, &spec.schema, claim).await
-    }
-
-    async fn claim_step(
-        &mut self,
-        spec: &'static HandlerSpec,
-        key: &MessageKey,
-        step: ClaimStep,
-    ) -> QueryResult<ClaimAnswer> {
-        crate::runtime::claim::step(self, &spec.schema, spec.consumer.as_str(), key, step).await
-    }
-
-    async fn markers_present(
-        &mut self,
-        spec: &'static HandlerSpec,
-        ids: &[uuid::Uuid],
-        latest: bool,
-    ) -> QueryResult<crate::runtime::found::Presence> {
-        crate::runtime::claim::present(self, &spec.schema, spec.consumer.as_str(), ids, latest)
-            .await
-    }
-
-    fn depth(&mut self) -> u32 {
-        use diesel_async::TransactionManager;
-        C::TransactionManager::transaction_manager_status_mut(self.0)
-            .transaction_depth()
-            .ok()
-            .flatten()
-            .map_or(0, std::num::NonZeroU32::get)
-    }
-
-    async fn savepoint(&mut self) -> QueryResult<()> {
-        use diesel_async::TransactionManager;
-        C::TransactionManager::begin_transaction(self.0).await
-    }
-
-    async fn release(&mut self) -> QueryResult<()> {
-        use diesel_async::TransactionManager;
-        C::TransactionManager::commit_transaction(self.0).await
-    }
-
-    async fn store_result(
-        &mut self,
-        spec: &'static HandlerSpec,
-        key: &MessageKey,
-        text: String,
-        fingerprint: Option<Fingerprint>,
-        attempt: Option<u32>,
-    ) -> QueryResult<usize> {
-        crate::runtime::stored::write(
-            self,
-            &spec.schema,
-            spec.consumer.as_str(),
-            key,
-            text,
-            fingerprint,
-            attempt,
-        )
-        .await
-    }
-
-    async fn read_kept(
-        &mut self,
-        spec: &'static HandlerSpec,
-        key: &MessageKey,
-        columns: (bool, bool),
-        latest: bool,
-    ) -> QueryResult<Kept> {
-        let consumer = spec.consumer.as_str();
-        crate::runtime::stored::read(self, &spec.schema, consumer, key, columns, latest).await
-    }
-
-    async fn write_fingerprint(
-        &mut self,
-        spec: &'static HandlerSpec,
-        key: &MessageKey,
-        fingerprint: Fingerprint,
-    ) -> QueryResult<usize> {
-        crate::runtime::stored::write_fingerprint(
-            self,
-            &spec.schema,
-            spec.consumer.as_str(),
-            key,
-            fingerprint,
-        )
-        .await
-    }
-
-    async fn pause(&mut self, delay: Duration) {
-        tokio::time::sleep(delay).await;
     }
 }

@@ -6,7 +6,12 @@ use inbox_core::{KeyError, MessageKey};
 
 use crate::error::Error;
 use crate::runtime::stored::Remembered;
+use crate::runtime::transaction::Handling;
 use crate::spec::HandlerSpec;
+use crate::telemetry::Run;
+
+/// A call whose key was checked: the key, and how the runtime handles its message.
+pub(crate) type Keyed<T, E, B, P, W> = (MessageKey, Handling<T, E, B, P, W>);
 
 /// One message's call of a handler: what the runtime needs besides the connection, as the
 /// expansion of `#[idempotent]` and the function API write it.
@@ -49,5 +54,30 @@ impl<A, T, E, B, P> Call<A, T, E, B, P> {
             remembered,
             inbox_error,
         }
+    }
+
+    /// The call's key, checked — an invalid one is the caller's error, and a run that never
+    /// started — and how the runtime handles the message: `in_flight`, what a delivery
+    /// that finds another's claim in flight answers (transaction mode's `on_locked`).
+    pub(crate) fn keyed<W>(self, in_flight: Option<W>) -> Result<Keyed<T, E, B, P, W>, E> {
+        let Call {
+            spec,
+            key,
+            body,
+            probe,
+            remembered,
+            inbox_error,
+            ..
+        } = self;
+        let key = key.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
+        let handling = Handling {
+            spec,
+            body,
+            probe,
+            in_flight,
+            remembered,
+            inbox_error,
+        };
+        Ok((key, handling))
     }
 }

@@ -188,20 +188,6 @@ fn keep_alive_mysql<DB: crate::dialect::Dialect>(lease_ms: u64) -> Option<String
     })
 }
 
-/// PostgreSQL, after the body failed: whether the transaction open is no longer the one the
-/// handler began ([`HandlerSpec::POSTGRES_STILL_OURS`](crate::spec::HandlerSpec)) — the
-/// body's `ROLLBACK` or `COMMIT` ended it. An aborted transaction (25P02) is still the
-/// handler's.
-pub(crate) async fn ended_in_body<S: Io>(io: &mut S) -> bool {
-    match io
-        .batch(crate::spec::HandlerSpec::POSTGRES_STILL_OURS)
-        .await
-    {
-        Ok(()) => false,
-        Err(e) => crate::dialect::ended_in_body(&e),
-    }
-}
-
 /// MariaDB, inside the handler's transaction after a failure: whether the transaction is
 /// no longer the one the handler began — a deadlock or a Galera abort rolled it back (or a
 /// statement that commits implicitly ended it). Its savepoint

@@ -1,5 +1,6 @@
-//! What the runtime asks of a connection ([`Steps`]), written once for both IO models, and
-//! the handler's body ([`Body`]): how it is run, and a panic in it caught.
+//! What the runtime asks of a connection ([`Steps`]) — implemented once, over a connection
+//! of either IO model ([`handle`](super::handle)), and by the unit tests' scripts — and the
+//! handler's body ([`Body`]): how it is run, and a panic in it caught.
 
 use std::any::Any;
 use std::future::Future;

@@ -288,12 +288,16 @@ fn a_deadlock_on_the_marker_is_retried_in_a_fresh_transaction() {
 fn claim<A: HandlerOutcome<(), InFlightWitness = ()>>(script: &mut Script) -> Result<A, Error> {
     complete_now(drive_claim(
         script,
-        &SPEC,
         CLAIM,
         MessageKey::integer(1),
-        Immediate(body),
-        Remembered::nothing(),
-        std::convert::identity,
+        Handling {
+            spec: &SPEC,
+            body: Immediate(body),
+            probe: (),
+            in_flight: None,
+            remembered: Remembered::nothing(),
+            inbox_error: std::convert::identity,
+        },
     ))
 }
 

@@ -30,6 +30,7 @@ use crate::runtime::stored::Remembered;
 use crate::runtime::stored::{kept_columns, kept_duplicate};
 use crate::spec::HandlerSpec;
 use crate::telemetry;
+use tracing::Instrument;
 
 /// What one delivery in transaction mode is handled with: the handler's settings, its body,
 /// how the body's error is classified (`probe`), the outcome type's witness that it can answer
@@ -101,18 +102,23 @@ where
 /// refused before anything is written ([`Error::NoTransactionToJoin`]).
 pub(crate) async fn drive_joined<S, T, E, B, P, W: Copy>(
     steps: S,
-    spec: &'static HandlerSpec,
     key: &MessageKey,
-    mut body: B,
-    probe: P,
-    remembered: Remembered<T>,
-    inbox_error: fn(Error) -> E,
+    handling: Handling<T, E, B, P, W>,
 ) -> Result<Decided<T, W>, E>
 where
     S: Steps,
     B: Body<S::Conn, Result<T, E>>,
     P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
 {
+    // A transaction of the caller's is not the runtime's to wait on: no `on_locked` here.
+    let Handling {
+        spec,
+        mut body,
+        probe,
+        remembered,
+        inbox_error,
+        ..
+    } = handling;
     // One attempt, as the other modes report theirs.
     let failed = |steps: &mut S, source: DieselError| {
         let class = Some(classify(&source, &spec.schema));
@@ -514,6 +520,35 @@ where
             }
         }
     }
+}
+
+/// One message's run in transaction mode — in its own transaction ([`drive`]), or in the
+/// caller's (`joined`, [`drive_joined`]) — under the run's span, answered in the handler's
+/// outcome type `A` and reported when it ends.
+pub(crate) async fn message<S, T, E, B, P, A>(
+    steps: S,
+    joined: bool,
+    key: MessageKey,
+    handling: Handling<T, E, B, P, A::InFlightWitness>,
+) -> Result<A, E>
+where
+    S: Steps,
+    B: Body<S::Conn, Result<T, E>>,
+    P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
+    A: HandlerOutcome<T>,
+{
+    let spec = handling.spec;
+    // The stored id, not the key: a key can be business data (an e-mail address) or carry
+    // control characters; the key itself is logged escaped, at DEBUG (`drive`).
+    let run = telemetry::Run::message(spec, &key, false);
+    let span = run.instrument_span();
+    let decided = match joined {
+        true => drive_joined(steps, &key, handling).instrument(span).await,
+        false => drive(steps, &key, handling).instrument(span).await,
+    };
+    let result = decided.map(|value| outcome(spec, key, value));
+    run.finish(&result);
+    result
 }
 
 /// The outcome of a single message, in the handler's outcome type.

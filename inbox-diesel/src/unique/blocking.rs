@@ -62,6 +62,7 @@ pub(super) struct InsertOrGet<'k, I, R, T> {
 
 impl<O, T, I, R> crate::backends::Visit<O> for InsertOrGet<'_, I, R, T>
 where
+    O: Send,
     I: FnMut(&mut O) -> QueryResult<T>,
     R: FnMut(&mut O) -> QueryResult<T>,
 {
@@ -261,6 +262,7 @@ pub(super) struct SerializeOn<'k, B, T, E> {
 
 impl<O, T, E, B> crate::backends::Visit<O> for SerializeOn<'_, B, T, E>
 where
+    O: Send,
     B: FnOnce(&mut O) -> Result<T, E>,
     E: From<UniqueError>,
 {

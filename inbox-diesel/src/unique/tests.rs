@@ -57,6 +57,48 @@ impl Io for Script {
         unreachable!("not claim mode")
     }
 
+    async fn run<Q>(&mut self, _: Q) -> QueryResult<usize>
+    where
+        Q: diesel::query_builder::QueryFragment<Self::Backend>
+            + diesel::query_builder::QueryId
+            + Send,
+    {
+        unreachable!("no statement on SQLite's path")
+    }
+
+    async fn insert_marker(
+        &mut self,
+        _: crate::dialect::marker::ClaimMarker<'_, Self::Backend>,
+    ) -> QueryResult<usize> {
+        unreachable!("no marker here")
+    }
+
+    async fn insert_markers(
+        &mut self,
+        _: crate::dialect::marker::ClaimMarkers<'_, Self::Backend, diesel::sql_types::Binary>,
+    ) -> QueryResult<Vec<uuid::Uuid>> {
+        unreachable!("no marker here")
+    }
+
+    async fn begin_sql(&mut self, _: &str) -> QueryResult<()> {
+        unreachable!("the steps open transactions through the manager")
+    }
+
+    async fn begin_transaction(&mut self) -> QueryResult<()> {
+        self.did.push("begin");
+        self.depth(TransactionDepthChange::IncreaseDepth)
+    }
+
+    async fn commit_transaction(&mut self) -> QueryResult<()> {
+        self.did.push("commit");
+        self.depth(TransactionDepthChange::DecreaseDepth)
+    }
+
+    async fn rollback_transaction(&mut self) -> QueryResult<()> {
+        self.did.push("roll back");
+        self.depth(TransactionDepthChange::DecreaseDepth)
+    }
+
     fn transaction_status(&mut self) -> &mut TransactionManagerStatus {
         &mut self.status
     }
@@ -73,24 +115,9 @@ impl Transactions for Script {
         &mut self.did
     }
 
-    async fn begin(&mut self) -> QueryResult<()> {
-        self.did.push("begin");
-        self.depth(TransactionDepthChange::IncreaseDepth)
-    }
-
     async fn begin_write(&mut self) -> QueryResult<()> {
         self.did.push("begin write");
         self.depth(TransactionDepthChange::IncreaseDepth)
-    }
-
-    async fn commit(&mut self) -> QueryResult<()> {
-        self.did.push("commit");
-        self.depth(TransactionDepthChange::DecreaseDepth)
-    }
-
-    async fn roll_back(&mut self) -> QueryResult<()> {
-        self.did.push("roll back");
-        self.depth(TransactionDepthChange::DecreaseDepth)
     }
 }
 

@@ -20,14 +20,17 @@ use crate::runtime::evidence::swallowed;
 use crate::runtime::failure::{Failure, discard, give_up, take_back};
 use crate::runtime::steps::{Body, Panicked, Steps, is_stopped, run_body, stopped};
 use crate::runtime::stored::{Remembered, kept_columns, read_kept, stored_value};
+use crate::runtime::transaction::Handling;
 use crate::spec::HandlerSpec;
 use crate::telemetry;
 use crate::value::Fingerprint;
 
 mod acquire;
+mod on_pool;
 mod stamp;
 
 pub(super) use acquire::*;
+pub(crate) use on_pool::{Checkouts, OnCheckout, claim_on_pool};
 pub(crate) use stamp::*;
 
 /// Runs `body` in claim mode: its side effect cannot join a transaction, so the inbox row is
@@ -48,18 +51,24 @@ pub(crate) use stamp::*;
 /// not: the broker's redelivery retries it, after the release.
 pub(crate) async fn drive_claim<S, T, E, B, A>(
     mut steps: S,
-    spec: &'static HandlerSpec,
     claim: ClaimSpec,
     key: MessageKey,
-    mut body: B,
-    remembered: Remembered<T>,
-    inbox_error: fn(Error) -> E,
+    handling: Handling<T, E, B, (), ()>,
 ) -> Result<A, E>
 where
     S: Steps,
     B: Body<S::Conn, Result<T, E>>,
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
+    // Claim mode's body is not retried here (no probe), and its in-flight answer is the
+    // claim's own.
+    let Handling {
+        spec,
+        mut body,
+        remembered,
+        inbox_error,
+        ..
+    } = handling;
     let (holding, remembered) =
         match claim_started(&mut steps, spec, claim, &key, remembered, inbox_error).await? {
             Started::Answered(answer) => return Ok(answer),

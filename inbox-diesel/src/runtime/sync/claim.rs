@@ -17,39 +17,24 @@ where
     B: FnOnce(&mut NoConnection) -> Result<T, E>,
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
-    let Call {
-        spec,
-        key,
-        body,
-        remembered,
-        inbox_error,
-        ..
-    } = call;
-    let key = key.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
+    let (key, handling) = call.keyed(None)?;
     match conn.__inbox_claim_target() {
         ClaimOn::Connection(conn) => conn.__inbox_visit(Claim {
             outcome: PhantomData::<A>,
-            spec,
             claim,
             key,
-            body,
-            remembered,
-            inbox_error,
+            handling,
         }),
-        ClaimOn::Pool(pool) => claim_on_pool(pool, spec, claim, key, body, remembered, inbox_error),
+        ClaimOn::Pool(pool) => claim_on_pool(pool, claim, key, handling),
     }
 }
 
-/// Claim mode on a pool: the claim and the stamp each on a checkout of their own, the body
-/// with none.
-pub(super) fn claim_on_pool<P, T, E, B, A>(
+/// Claim mode on a pool: `claim_mode::claim_on_pool`, each phase run to its end.
+fn claim_on_pool<P, T, E, B, A>(
     pool: &P,
-    spec: &'static HandlerSpec,
     claim: ClaimSpec,
     key: MessageKey,
-    body: B,
-    remembered: Remembered<T>,
-    inbox_error: fn(Error) -> E,
+    handling: transaction::Handling<T, E, B, (), ()>,
 ) -> Result<A, E>
 where
     P: ClaimPool,
@@ -57,255 +42,69 @@ where
     B: FnOnce(&mut NoConnection) -> Result<T, E>,
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
-    let run = Run::message(spec, &key, true);
-    let span = run.instrument_span();
-    let result = span.in_scope(|| {
-        let started = {
-            let mut checkout = pool
-                .checkout()
-                .map_err(|source| claim_mode::claim_not_started(spec, source, inbox_error))?;
-            (*checkout).__inbox_visit(ClaimStart {
-                outcome: PhantomData::<A>,
-                spec,
-                claim,
-                key: &key,
-                remembered,
-                inbox_error,
-            })?
-        };
-        let (holding, remembered) = match started {
-            claim_mode::Started::Answered(answer) => return Ok(answer),
-            claim_mode::Started::Holding(holding, remembered) => (holding, remembered),
-        };
-        let ran = complete_now(claim_mode::run_detached(
-            spec,
-            &holding,
-            &mut OnceWithoutConnection(Some(body)),
-        ));
-        let mut value = match ran {
-            Ok(Ok(value)) => value,
-            ran => return released_on_pool(pool, spec, holding, key, ran, inbox_error),
-        };
-        let mut stamp = claim_mode::ToStamp::before_stamp(&value, &holding, remembered);
-        let mut tries = claim_mode::StampTries::new(&holding);
-        loop {
-            let failure = match pool.checkout() {
-                Ok(mut checkout) => {
-                    let stamped = (*checkout).__inbox_visit(ClaimStamp {
-                        outcome: PhantomData::<A>,
-                        spec,
-                        holding: &holding,
-                        key: &key,
-                        value,
-                        stamp: &mut stamp,
-                        inbox_error,
-                        elsewhere: tries.elsewhere(),
-                    });
-                    match stamped {
-                        Ok(answer) => return Ok(answer),
-                        Err(claim_mode::Unstamped::Failed(e)) => return Err(e),
-                        Err(claim_mode::Unstamped::Lost { value: back, error }) => {
-                            value = back;
-                            claim_mode::StampFailure::Database(error)
-                        }
-                    }
-                }
-                Err(source) => claim_mode::StampFailure::Checkout(source),
-            };
-            match tries.failed(&failure) {
-                Some(pause) => std::thread::sleep(pause),
-                None => {
-                    return Err(claim_mode::stamp_given_up(
-                        spec,
-                        &holding,
-                        failure,
-                        tries.tries(),
-                        inbox_error,
-                    ));
-                }
-            }
-        }
-    });
+    let run = Run::message(handling.spec, &key, true);
+    let handling = transaction::Handling {
+        spec: handling.spec,
+        body: OnceWithoutConnection(Some(handling.body)),
+        probe: (),
+        in_flight: None,
+        remembered: handling.remembered,
+        inbox_error: handling.inbox_error,
+    };
+    let result = complete_now(
+        claim_mode::claim_on_pool(&Blocking(pool), claim, key, handling)
+            .instrument(run.instrument_span()),
+    );
     run.finish(&result);
     result
 }
 
-/// Phase 1 of claim mode on a pool's checkout.
-pub(super) struct ClaimStart<'k, A, T, E> {
-    outcome: PhantomData<A>,
-    spec: &'static HandlerSpec,
-    claim: ClaimSpec,
-    key: &'k MessageKey,
-    remembered: Remembered<T>,
-    inbox_error: fn(Error) -> E,
-}
+/// A sync pool as claim mode takes its connections: each checkout's phase on the connection
+/// the checkout leads to (the variant of an application's enum).
+struct Blocking<'p, P>(&'p P);
 
-impl<O, A, T, E> Visit<O> for ClaimStart<'_, A, T, E>
-where
-    A: HandlerOutcome<T, InFlightWitness = ()>,
-{
-    type Output = Result<claim_mode::Started<A, T>, E>;
-
-    fn visit<C: InboxConnection>(
-        self,
-        outer: &mut O,
-        project: fn(&mut O) -> &mut C,
-    ) -> Self::Output {
-        let ClaimStart {
-            spec,
-            claim,
-            key,
-            remembered,
-            inbox_error,
-            ..
-        } = self;
-        complete_now(claim_mode::claim_started(
-            &mut Projected { outer, project },
-            spec,
-            claim,
-            key,
-            remembered,
-            inbox_error,
-        ))
-    }
-}
-
-/// Phase 3 of claim mode on a pool after a body that failed or was stopped: its claim
-/// released on a connection checked out for it (three checkouts tried; the claim is left
-/// to its lease when none comes).
-pub(super) fn released_on_pool<P, T, E, A>(
-    pool: &P,
-    spec: &'static HandlerSpec,
-    holding: claim_mode::Holding,
-    key: MessageKey,
-    ran: Result<Result<T, E>, steps::Panicked>,
-    inbox_error: fn(Error) -> E,
-) -> Result<A, E>
+impl<P> claim_mode::Checkouts for Blocking<'_, P>
 where
     P: ClaimPool,
     P::Connection: HandlerConnection,
-    A: HandlerOutcome<T, InFlightWitness = ()>,
 {
-    let mut failure = None;
-    for _ in 0..claim_mode::RELEASE_CHECKOUTS {
-        match pool.checkout() {
-            Ok(mut checkout) => {
-                return (*checkout).__inbox_visit(ClaimFinish {
-                    outcome: PhantomData::<A>,
-                    spec,
-                    holding,
-                    key,
-                    ran,
-                    inbox_error,
-                });
-            }
-            Err(source) => failure = Some(source),
+    async fn on_checkout<W: claim_mode::OnCheckout>(
+        &self,
+        work: W,
+    ) -> Result<W::Output, (W, crate::pool::CheckoutFailure)> {
+        match self.0.checkout() {
+            Ok(mut checkout) => Ok((*checkout).__inbox_visit(OnCheckout(work))),
+            Err(source) => Err((work, source)),
         }
     }
-    let source = failure.expect("a checkout was tried");
-    claim_mode::claim_unsettled(spec, holding, ran, source, inbox_error)
-}
 
-/// The stamp of claim mode on a pool's checkout.
-pub(super) struct ClaimStamp<'h, A, T, E> {
-    outcome: PhantomData<A>,
-    spec: &'static HandlerSpec,
-    holding: &'h claim_mode::Holding,
-    key: &'h MessageKey,
-    value: T,
-    stamp: &'h mut claim_mode::ToStamp,
-    inbox_error: fn(Error) -> E,
-    elsewhere: claim_mode::Elsewhere,
-}
-
-impl<O, A, T, E> Visit<O> for ClaimStamp<'_, A, T, E>
-where
-    A: HandlerOutcome<T, InFlightWitness = ()>,
-{
-    type Output = Result<A, claim_mode::Unstamped<T, E>>;
-
-    fn visit<C: InboxConnection>(
-        self,
-        outer: &mut O,
-        project: fn(&mut O) -> &mut C,
-    ) -> Self::Output {
-        let ClaimStamp {
-            spec,
-            holding,
-            key,
-            value,
-            stamp,
-            inbox_error,
-            elsewhere,
-            ..
-        } = self;
-        complete_now(claim_mode::claim_stamped(
-            &mut Projected { outer, project },
-            spec,
-            holding,
-            key,
-            value,
-            stamp,
-            inbox_error,
-            Some(elsewhere),
-        ))
+    async fn pause(&self, pause: Duration) {
+        std::thread::sleep(pause);
     }
 }
 
-/// The release of claim mode on a pool's checkout.
-pub(super) struct ClaimFinish<A, T, E> {
-    outcome: PhantomData<A>,
-    spec: &'static HandlerSpec,
-    holding: claim_mode::Holding,
-    key: MessageKey,
-    ran: Result<Result<T, E>, steps::Panicked>,
-    inbox_error: fn(Error) -> E,
-}
+/// A phase's work on the connection a checkout leads to.
+struct OnCheckout<W>(W);
 
-impl<O, A, T, E> Visit<O> for ClaimFinish<A, T, E>
-where
-    A: HandlerOutcome<T, InFlightWitness = ()>,
-{
-    type Output = Result<A, E>;
+impl<O: Send, W: claim_mode::OnCheckout> Visit<O> for OnCheckout<W> {
+    type Output = W::Output;
 
-    fn visit<C: InboxConnection>(
-        self,
-        outer: &mut O,
-        project: fn(&mut O) -> &mut C,
-    ) -> Self::Output {
-        let ClaimFinish {
-            spec,
-            holding,
-            key,
-            ran,
-            inbox_error,
-            ..
-        } = self;
-        let mut steps = Projected { outer, project };
-        complete_now(async {
-            if let Err(e) = claim_mode::prepared_for_stamp(&mut steps, &holding).await {
-                return claim_mode::claim_unsettled(spec, holding, ran, Box::new(e), inbox_error);
-            }
-            let nothing = Remembered::nothing();
-            claim_mode::claim_finished(&mut steps, spec, holding, key, ran, nothing, inbox_error)
-                .await
-        })
+    fn visit<C: InboxConnection>(self, outer: &mut O, project: fn(&mut O) -> &mut C) -> W::Output {
+        complete_now(self.0.run(&mut Projected { outer, project }))
     }
 }
 
 /// A claim-mode run, on the connection the handler's connection leads to.
 pub(super) struct Claim<A, T, E, B> {
     outcome: PhantomData<A>,
-    spec: &'static HandlerSpec,
     claim: ClaimSpec,
     key: MessageKey,
-    body: B,
-    remembered: Remembered<T>,
-    inbox_error: fn(Error) -> E,
+    handling: transaction::Handling<T, E, B, (), ()>,
 }
 
 impl<O, T, E, B, A> Visit<O> for Claim<A, T, E, B>
 where
+    O: Send,
     B: FnOnce(&mut NoConnection) -> Result<T, E>,
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
@@ -317,26 +116,24 @@ where
         project: fn(&mut O) -> &mut C,
     ) -> Self::Output {
         let Claim {
-            spec,
             claim,
             key,
-            body,
-            remembered,
-            inbox_error,
+            handling,
             ..
         } = self;
+        let spec = handling.spec;
+        let handling = transaction::Handling {
+            spec,
+            body: OnceWithoutConnection(Some(handling.body)),
+            probe: (),
+            in_flight: None,
+            remembered: handling.remembered,
+            inbox_error: handling.inbox_error,
+        };
         let run = Run::message(spec, &key, true);
+        let steps = Projected { outer, project };
         let result = complete_now(
-            claim_mode::drive_claim(
-                Projected { outer, project },
-                spec,
-                claim,
-                key,
-                OnceWithoutConnection(Some(body)),
-                remembered,
-                inbox_error,
-            )
-            .instrument(run.instrument_span()),
+            claim_mode::drive_claim(steps, claim, key, handling).instrument(run.instrument_span()),
         );
         run.finish(&result);
         result

@@ -11,8 +11,6 @@ use tracing::Instrument;
 use crate::backends::HandlerConnection;
 use crate::backends::InboxConnection;
 use crate::backends::Visit;
-use crate::dialect::claim::{ClaimAnswer, ClaimStep};
-use crate::dialect::layout::Layout;
 use crate::error::Error;
 use crate::guard::NoConnection;
 use crate::io::{Blocking, complete_now};
@@ -20,13 +18,11 @@ use crate::pool::{ClaimOn, ClaimPool, ClaimTarget};
 use crate::runtime::batch::{self, BatchClaims, NewMessages};
 use crate::runtime::call::Call;
 use crate::runtime::claim::ClaimSpec;
-use crate::runtime::found::Kept;
-use crate::runtime::steps::{self, Steps};
+use crate::runtime::steps;
 use crate::runtime::stored::Remembered;
-use crate::runtime::{checked, claim_mode, transaction};
+use crate::runtime::{claim_mode, transaction};
 use crate::spec::HandlerSpec;
 use crate::telemetry::Run;
-use crate::value::Fingerprint;
 use diesel::connection::TransactionManagerStatus;
 
 mod claim;
@@ -83,55 +79,31 @@ fn visit<const JOINED: bool, C, A, T, E, B, P>(
 ) -> Result<A, E>
 where
     C: HandlerConnection,
+    A: HandlerOutcome<T>,
     Message<JOINED, A, T, E, B, P>: Visit<C, Output = Result<A, E>>,
 {
-    let Call {
-        spec,
-        key,
-        body,
-        probe,
-        remembered,
-        inbox_error,
-        ..
-    } = call;
-    let key = key.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
-    conn.__inbox_visit(Message::<JOINED, A, T, E, B, P> {
-        outcome: PhantomData,
-        spec,
-        key,
-        body,
-        probe,
-        remembered,
-        inbox_error,
-    })
+    let (key, handling) = call.keyed(A::IN_FLIGHT)?;
+    conn.__inbox_visit(Message::<JOINED, A, T, E, B, P> { key, handling })
 }
 
 /// How many transactions diesel's manager counts open on `conn` (0 where it is in error):
 /// for an application's enum of connections, its variant's.
 fn depth<C: diesel::Connection>(conn: &mut C) -> u32 {
     use diesel::connection::TransactionManager;
-    C::TransactionManager::transaction_manager_status_mut(conn)
-        .transaction_depth()
-        .ok()
-        .flatten()
-        .map_or(0, std::num::NonZeroU32::get)
+    crate::runtime::handle::depth(C::TransactionManager::transaction_manager_status_mut(conn))
 }
 
 /// One message's run, on the connection the handler's connection leads to
 /// ([`HandlerConnection`]): in the caller's transaction (`JOINED`, `transaction::drive_joined`) or
 /// in its own (`transaction::drive`).
-struct Message<const JOINED: bool, A, T, E, B, P> {
-    outcome: PhantomData<A>,
-    spec: &'static HandlerSpec,
+struct Message<const JOINED: bool, A: HandlerOutcome<T>, T, E, B, P> {
     key: MessageKey,
-    body: B,
-    probe: P,
-    remembered: Remembered<T>,
-    inbox_error: fn(Error) -> E,
+    handling: transaction::Handling<T, E, B, P, A::InFlightWitness>,
 }
 
 impl<const JOINED: bool, O, T, E, B, P, A> Visit<O> for Message<JOINED, A, T, E, B, P>
 where
+    O: Send,
     B: steps::Body<O, Result<T, E>>,
     P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
     A: HandlerOutcome<T>,
@@ -143,51 +115,9 @@ where
         outer: &mut O,
         project: fn(&mut O) -> &mut C,
     ) -> Result<A, E> {
-        let Message {
-            spec,
-            key,
-            body,
-            probe,
-            remembered,
-            inbox_error,
-            ..
-        } = self;
+        let Message { key, handling } = self;
         let steps = Projected { outer, project };
-        // The stored id, not the key: a key can be business data (an e-mail address) or carry
-        // control characters; the key itself is logged escaped, at DEBUG (`transaction`).
-        let run = Run::message(spec, &key, false);
-        let result = match JOINED {
-            true => complete_now(
-                transaction::drive_joined::<_, _, _, _, _, A::InFlightWitness>(
-                    steps,
-                    spec,
-                    &key,
-                    body,
-                    probe,
-                    remembered,
-                    inbox_error,
-                )
-                .instrument(run.instrument_span()),
-            ),
-            false => complete_now(
-                transaction::drive(
-                    steps,
-                    &key,
-                    transaction::Handling {
-                        spec,
-                        body,
-                        probe,
-                        in_flight: A::IN_FLIGHT,
-                        remembered,
-                        inbox_error,
-                    },
-                )
-                .instrument(run.instrument_span()),
-            ),
-        }
-        .map(|value| transaction::outcome(spec, key, value));
-        run.finish(&result);
-        result
+        complete_now(transaction::message(steps, JOINED, key, handling))
     }
 }
 
@@ -243,6 +173,7 @@ struct Batch<'n, E, B, P> {
 
 impl<O, T, E, B, P> Visit<O> for Batch<'_, E, B, P>
 where
+    O: Send,
     B: FnMut(&mut O) -> Result<T, E>,
     P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
 {

@@ -2,6 +2,7 @@
 //! variant of an application's enum of connections.
 
 use super::*;
+use crate::runtime::handle::Handle;
 
 /// The handler's connection, given to the body, and the connection the runtime's statements
 /// run on: the same one, or an application's enum of connections and its variant
@@ -35,7 +36,7 @@ impl<'c, O, C: InboxConnection> Projected<'c, O, C> {
 }
 
 /// The runtime's statements on the variant ([`Projected::inner`]).
-impl<O, C: InboxConnection> crate::io::Io for Projected<'_, O, C> {
+impl<O: Send, C: InboxConnection> crate::io::Io for Projected<'_, O, C> {
     type Backend = C::Backend;
 
     async fn execute(&mut self, sql: &crate::dialect::Sql) -> QueryResult<usize> {
@@ -67,6 +68,47 @@ impl<O, C: InboxConnection> crate::io::Io for Projected<'_, O, C> {
         self.io().read_claim(sql).await
     }
 
+    async fn run<Q>(&mut self, query: Q) -> QueryResult<usize>
+    where
+        Q: diesel::query_builder::QueryFragment<C::Backend> + diesel::query_builder::QueryId + Send,
+    {
+        self.io().run(query).await
+    }
+
+    async fn insert_marker(
+        &mut self,
+        insert: crate::dialect::marker::ClaimMarker<'_, C::Backend>,
+    ) -> QueryResult<usize> {
+        self.io().insert_marker(insert).await
+    }
+
+    async fn insert_markers(
+        &mut self,
+        insert: crate::dialect::marker::ClaimMarkers<
+            '_,
+            C::Backend,
+            <C::Backend as crate::dialect::BindId>::IdSql,
+        >,
+    ) -> QueryResult<Vec<uuid::Uuid>> {
+        self.io().insert_markers(insert).await
+    }
+
+    async fn begin_sql(&mut self, sql: &str) -> QueryResult<()> {
+        self.io().begin_sql(sql).await
+    }
+
+    async fn begin_transaction(&mut self) -> QueryResult<()> {
+        self.io().begin_transaction().await
+    }
+
+    async fn commit_transaction(&mut self) -> QueryResult<()> {
+        self.io().commit_transaction().await
+    }
+
+    async fn rollback_transaction(&mut self) -> QueryResult<()> {
+        self.io().rollback_transaction().await
+    }
+
     fn transaction_status(&mut self) -> &mut diesel::connection::TransactionManagerStatus {
         self.status()
     }
@@ -79,264 +121,37 @@ impl<O, C: InboxConnection> crate::io::Io for Projected<'_, O, C> {
 /// Transactions on the variant, whose manager is the enum's too (diesel's
 /// `MultiConnection` hands its transactions to the variant); the caller's closures are given
 /// the enum.
-impl<O, C: InboxConnection> crate::io::Transactions for Projected<'_, O, C> {
+impl<O: Send, C: InboxConnection> crate::io::Transactions for Projected<'_, O, C> {
     type Conn = O;
 
     fn conn(&mut self) -> &mut O {
         self.outer
-    }
-
-    async fn begin(&mut self) -> QueryResult<()> {
-        crate::io::Transactions::begin(&mut self.io()).await
-    }
-
-    async fn begin_write(&mut self) -> QueryResult<()> {
-        crate::io::Transactions::begin_write(&mut self.io()).await
-    }
-
-    async fn commit(&mut self) -> QueryResult<()> {
-        crate::io::Transactions::commit(&mut self.io()).await
-    }
-
-    async fn roll_back(&mut self) -> QueryResult<()> {
-        crate::io::Transactions::roll_back(&mut self.io()).await
     }
 }
 
-impl<O, C: InboxConnection> Steps for Projected<'_, O, C> {
+impl<O: Send, C: InboxConnection> Handle for Projected<'_, O, C> {
     type Conn = O;
+    type Armed = ();
 
     fn conn(&mut self) -> &mut O {
         self.outer
     }
 
-    fn net(&mut self) -> Option<usize> {
-        crate::tripwire::net::Net::id(diesel::Connection::instrumentation(self.inner()))
+    fn instrumentation(&mut self) -> &mut dyn diesel::connection::Instrumentation {
+        diesel::Connection::instrumentation(self.inner())
     }
 
-    fn in_error(&mut self) -> bool {
-        self.status().transaction_depth().is_err()
-    }
-
-    fn discard(&mut self) {
-        self.status().set_in_error();
-    }
-
-    fn forget_transaction(&mut self) {
-        *self.status() = Default::default();
-    }
-
-    fn identity(&mut self) -> usize {
-        let instrumentation = std::ptr::from_mut(diesel::Connection::instrumentation(self.inner()));
-        checked::identity(
-            <C as InboxConnection>::BACKEND,
+    fn place(&mut self) -> (usize, usize) {
+        (
             std::ptr::from_mut(self.inner()).cast::<u8>() as usize,
             size_of::<C>(),
-            instrumentation.cast::<u8>() as usize,
         )
     }
 
-    async fn begin(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()> {
-        self.inner()
-            .begin_inbox_transaction(spec, layout)
-            .map_err(crate::backends::inside_callers)
-    }
-
-    async fn begin_with_claim(
-        &mut self,
-        spec: &'static HandlerSpec,
-        key: &MessageKey,
-        layout: Layout,
-    ) -> Option<QueryResult<bool>> {
-        self.inner().begin_with_claim(spec, key, layout)
-    }
-
-    async fn end(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()> {
-        self.inner().end_inbox_transaction(spec, layout.mariadb)
-    }
-
-    async fn claim(
-        &mut self,
-        spec: &'static HandlerSpec,
-        key: &MessageKey,
-        layout: Layout,
-    ) -> QueryResult<bool> {
-        self.inner()
-            .claim_marker(&spec.schema, spec.consumer.as_str(), key, layout)
-    }
-
-    async fn claim_batch(
-        &mut self,
-        spec: &'static HandlerSpec,
-        ids: &[uuid::Uuid],
-        texts: Option<&[String]>,
-        layout: Layout,
-    ) -> QueryResult<Vec<uuid::Uuid>> {
-        self.inner()
-            .claim_markers(&spec.schema, spec.consumer.as_str(), ids, texts, layout)
-    }
-
-    async fn commit(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()> {
-        self.inner().commit_inbox_transaction(spec, layout.mariadb)
-    }
-
-    async fn roll_back_and_end(
-        &mut self,
-        spec: &'static HandlerSpec,
-        layout: Layout,
-    ) -> QueryResult<()> {
-        self.inner().roll_back_and_end(spec, layout.mariadb)
-    }
-
-    async fn roll_back(&mut self) -> QueryResult<()> {
-        self.inner().roll_back_inbox_transaction()
-    }
-
-    async fn prepare_claim(&mut self, spec: &'static HandlerSpec) -> QueryResult<()> {
-        self.inner().prepare_claim(spec)
-    }
-
-    async fn wait_for_locks(
-        &mut self,
-        spec: &'static HandlerSpec,
-        claimed: bool,
-    ) -> QueryResult<()> {
-        self.inner().wait_for_locks(spec, claimed)
-    }
-
-    async fn ended_by_server(&mut self) -> bool {
-        crate::runtime::claim::ended_by_server(&mut self.io()).await
-    }
-
-    async fn ended_in_body(&mut self) -> bool {
-        match <C as InboxConnection>::BACKEND {
-            crate::dialect::Backend::Postgres => {
-                crate::runtime::claim::ended_in_body(&mut self.io()).await
-            }
-            // SQLite rolls a transaction back itself on some errors (a busy database, a full
-            // disk): after a body's error its savepoint's absence does not say the body did.
-            crate::dialect::Backend::Sqlite | crate::dialect::Backend::Mysql => false,
-        }
-    }
-
-    async fn discard_foreign(&mut self) {
-        use diesel::connection::TransactionManager;
-        let _ = diesel::connection::SimpleConnection::batch_execute(self.inner(), "ROLLBACK");
-        *diesel::connection::AnsiTransactionManager::transaction_manager_status_mut(self.inner()) =
-            Default::default();
-    }
+    fn arm(&mut self) {}
 
     fn stop_caching_statements(&mut self) {
         self.inner()
             .set_prepared_statement_cache_size(diesel::connection::CacheSize::Disabled);
-    }
-
-    async fn verify(
-        &mut self,
-        spec: &'static HandlerSpec,
-        claim: bool,
-    ) -> Result<Layout, crate::schema::check::SchemaError> {
-        self.inner()
-            .prepare_check(spec)
-            .map_err(crate::schema::check::SchemaError::Database)?;
-        crate::schema::verify_layout(self.inner(), &spec.schema, claim)
-    }
-
-    async fn claim_step(
-        &mut self,
-        spec: &'static HandlerSpec,
-        key: &MessageKey,
-        step: ClaimStep,
-    ) -> QueryResult<ClaimAnswer> {
-        crate::runtime::claim::step(
-            &mut self.io(),
-            &spec.schema,
-            spec.consumer.as_str(),
-            key,
-            step,
-        )
-        .await
-    }
-
-    async fn markers_present(
-        &mut self,
-        spec: &'static HandlerSpec,
-        ids: &[uuid::Uuid],
-        latest: bool,
-    ) -> QueryResult<crate::runtime::found::Presence> {
-        crate::runtime::claim::present(
-            &mut self.io(),
-            &spec.schema,
-            spec.consumer.as_str(),
-            ids,
-            latest,
-        )
-        .await
-    }
-
-    fn depth(&mut self) -> u32 {
-        depth(self.inner())
-    }
-
-    async fn savepoint(&mut self) -> QueryResult<()> {
-        use diesel::connection::TransactionManager;
-        diesel::connection::AnsiTransactionManager::begin_transaction(self.inner())
-    }
-
-    async fn release(&mut self) -> QueryResult<()> {
-        use diesel::connection::TransactionManager;
-        diesel::connection::AnsiTransactionManager::commit_transaction(self.inner())
-    }
-
-    async fn store_result(
-        &mut self,
-        spec: &'static HandlerSpec,
-        key: &MessageKey,
-        text: String,
-        fingerprint: Option<Fingerprint>,
-        attempt: Option<u32>,
-    ) -> QueryResult<usize> {
-        crate::runtime::stored::write(
-            &mut self.io(),
-            &spec.schema,
-            spec.consumer.as_str(),
-            key,
-            text,
-            fingerprint,
-            attempt,
-        )
-        .await
-    }
-
-    async fn read_kept(
-        &mut self,
-        spec: &'static HandlerSpec,
-        key: &MessageKey,
-        columns: (bool, bool),
-        latest: bool,
-    ) -> QueryResult<Kept> {
-        let consumer = spec.consumer.as_str();
-        crate::runtime::stored::read(&mut self.io(), &spec.schema, consumer, key, columns, latest)
-            .await
-    }
-
-    async fn write_fingerprint(
-        &mut self,
-        spec: &'static HandlerSpec,
-        key: &MessageKey,
-        fingerprint: Fingerprint,
-    ) -> QueryResult<usize> {
-        crate::runtime::stored::write_fingerprint(
-            &mut self.io(),
-            &spec.schema,
-            spec.consumer.as_str(),
-            key,
-            fingerprint,
-        )
-        .await
-    }
-
-    async fn pause(&mut self, delay: Duration) {
-        std::thread::sleep(delay);
     }
 }

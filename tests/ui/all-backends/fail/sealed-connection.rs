@@ -1,19 +1,14 @@
-// The connection traits are sealed and their methods are the runtime's: importing
-// `InboxConnection` gives a connection none of them, and no other crate can implement it.
+// The connection traits are sealed: no other crate can implement them, and what the
+// runtime does on a connection (its backend's session) is not reachable from outside.
 
 use diesel::prelude::*;
 use inbox_diesel::InboxConnection;
-
-fn begin_by_hand(conn: &mut SqliteConnection) -> QueryResult<()> {
-    conn.commit_inbox_transaction()
-}
 
 struct Tenant(SqliteConnection);
 
 impl InboxConnection for Tenant {}
 
 fn main() {
-    let _ = begin_by_hand;
     // The backend of a connection type is public.
     let _ = <SqliteConnection as InboxConnection>::BACKEND;
 }
