@@ -545,3 +545,71 @@ mod schema_per_tenant {
         assert_eq!(n("SELECT count(*) AS n FROM ten2.effects"), 0);
     }
 }
+
+/// [`schema_per_tenant`] on diesel-async, in a caller's transaction (`transaction =
+/// "caller"`): there the marker's insert is a statement of its own, not the one round trip
+/// of the handler's own start, and it requires the checked table as that start does. It did
+/// not on diesel-async: the second tenant's marker went into the first tenant's table.
+#[cfg(feature = "postgres")]
+mod schema_per_tenant_joined_async {
+    use diesel::sql_types::Text;
+    use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+    use inbox_diesel::{ErrorClass, Outcome, idempotent};
+    use inbox_tests::count;
+    use inbox_tests::postgres::PgDb;
+
+    #[idempotent(consumer = "tenant", key = id, transaction = "caller")]
+    async fn record(conn: &mut AsyncPgConnection, id: &str) -> Result<(), inbox_diesel::Error> {
+        diesel::sql_query("INSERT INTO effects (id) VALUES ($1)")
+            .bind::<Text, _>(id)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn in_callers_transaction(
+        conn: &mut AsyncPgConnection,
+        id: &str,
+    ) -> Result<Outcome<()>, inbox_diesel::Error> {
+        conn.transaction::<_, inbox_diesel::Error, _>(async |conn| record(conn, id).await)
+            .await
+    }
+
+    #[tokio::test]
+    async fn a_session_pointed_at_another_tenants_schema_is_checked_there() {
+        let db = PgDb::new("schema_tenants_async");
+        let inbox =
+            inbox_diesel::schema::postgres::create_table_sql(&inbox_diesel::InboxSchema::DEFAULT);
+        let mut admin = db.connect_async().await;
+        admin
+            .batch_execute(&format!(
+                "DROP TABLE inbox; CREATE SCHEMA ten1; CREATE SCHEMA ten2;
+                 CREATE TABLE ten1.effects (id TEXT NOT NULL);
+                 CREATE TABLE ten2.effects (id TEXT NOT NULL);
+                 SET search_path = ten1; {inbox}"
+            ))
+            .await
+            .unwrap();
+        let mut conn = db.connect_async().await;
+        conn.batch_execute("SET search_path = ten1").await.unwrap();
+        let first = in_callers_transaction(&mut conn, "m-1").await.unwrap();
+        assert!(first.is_processed());
+        // The second tenant onboarded while the connection lives.
+        admin
+            .batch_execute(&format!("SET search_path = ten2; {inbox}"))
+            .await
+            .unwrap();
+        conn.batch_execute("SET search_path = ten2").await.unwrap();
+        for id in ["m-1", "m-2"] {
+            let error = in_callers_transaction(&mut conn, id).await.unwrap_err();
+            assert_eq!(error.class(), ErrorClass::Schema, "{id}: {error:?}");
+            let chain = inbox_tests::error_chain(&error);
+            assert!(chain.contains("ten1, ten2"), "{chain}");
+        }
+        let n = |sql: &str| count(&mut db.connect(), sql);
+        assert_eq!(n("SELECT count(*) AS n FROM ten1.inbox"), 1);
+        assert_eq!(n("SELECT count(*) AS n FROM ten2.inbox"), 0);
+        assert_eq!(n("SELECT count(*) AS n FROM ten1.effects"), 1);
+        assert_eq!(n("SELECT count(*) AS n FROM ten2.effects"), 0);
+    }
+}
