@@ -24,7 +24,9 @@ use crate::dialect::layout::Layout;
 use crate::dialect::marker::{ClaimMarker, ClaimMarkers, InsertsMarkers};
 use crate::dialect::{BindId, Row, Rows, Sql};
 use crate::spec::HandlerSpec;
-use inbox_core::MessageKey;
+use inbox_core::{InboxSchema, MessageKey};
+
+use crate::error::schema::SchemaError;
 
 /// What the runtime's algorithms do with a connection, sync or async: its statements, and
 /// its transactions as the connection's transaction manager counts them. Every future is
@@ -252,6 +254,57 @@ pub trait Session: crate::dialect::Dialect + InsertsMarkers {
     /// did; MySQL's and MariaDB's failures are read otherwise ([`Steps::ended_by_server`](crate::runtime::steps::Steps)).
     fn ended_in_body<I: Io<Backend = Self>>(_io: &mut I) -> impl Future<Output = bool> + Send {
         async { false }
+    }
+
+    /// The startup check, told of claim handlers: a session on which claim mode's
+    /// statements would not commit each on its own refused (MySQL's `autocommit` off).
+    fn refuse_autocommit_off<I: Io<Backend = Self>>(
+        _io: &mut I,
+        _schema: &InboxSchema,
+    ) -> impl Future<Output = Result<(), SchemaError>> + Send {
+        async { Ok(()) }
+    }
+
+    /// The startup check: a pooler that allows no transaction refused (PgBouncer in
+    /// statement mode).
+    fn refuse_statement_pooling<I: Io<Backend = Self>>(
+        _io: &mut I,
+        _schema: &InboxSchema,
+    ) -> impl Future<Output = Result<(), SchemaError>> + Send {
+        async { Ok(()) }
+    }
+
+    /// The startup check, before its reads: a statement timeout too short for them lifted,
+    /// in a transaction of their own. Whether it began that transaction, which the check
+    /// then ends.
+    fn lift_statement_timeout<I: Io<Backend = Self>>(
+        _io: &mut I,
+    ) -> impl Future<Output = bool> + Send {
+        async { false }
+    }
+
+    /// The startup check, first: the server's messages in English on this session, which
+    /// the runtime reads some failures from. Whether it changed a setting that the handler's
+    /// transactions then set again for themselves (PostgreSQL, [`Layout::english`]).
+    /// `in_transaction`: the check's reads run in a transaction of their own
+    /// ([`lift_statement_timeout`](Self::lift_statement_timeout)), which a refusal must not
+    /// leave aborted.
+    fn english_messages<I: Io<Backend = Self>>(
+        _io: &mut I,
+        _schema: &InboxSchema,
+        _in_transaction: bool,
+    ) -> impl Future<Output = Result<bool, SchemaError>> + Send {
+        async { Ok(false) }
+    }
+
+    /// The startup check, told of claim handlers: a role whose new sessions speak another
+    /// language refused (PostgreSQL: claim mode's statements run on whichever server session
+    /// a pooler has free).
+    fn refuse_default_messages_for_claims<I: Io<Backend = Self>>(
+        _io: &mut I,
+        _schema: &InboxSchema,
+    ) -> impl Future<Output = Result<(), SchemaError>> + Send {
+        async { Ok(()) }
     }
 
     /// Rolls back the transaction a cancelled handler left open, which the manager no longer

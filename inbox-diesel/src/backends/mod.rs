@@ -148,6 +148,18 @@ pub(crate) fn on_backend<H: HandlerConnection, F: OnBackend>(
     conn.__inbox_visit(OnProjected(operation))
 }
 
+/// MySQL and MariaDB: whether `autocommit` is on for the session.
+pub(crate) async fn autocommit_on<I: crate::io::Io>(io: &mut I) -> QueryResult<bool> {
+    #[derive(diesel::QueryableByName)]
+    struct Autocommit {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let sql = crate::dialect::Sql::new("SELECT CAST(@@SESSION.autocommit AS SIGNED) AS n");
+    let rows = io.load::<Autocommit>(&sql).await?;
+    Ok(rows.first().is_some_and(|row| row.n == 1))
+}
+
 /// What the derive of `MultiConnection` calls where the body replaced the enum's variant with
 /// another while the handler's transaction was open on the first: that transaction is gone
 /// with the connection that held it, and nothing of it can commit.

@@ -42,9 +42,11 @@ use crate::dialect::marker::{
     self, ClaimMarker, ClaimMarkers, claim_rows_then_each, inserted_unless_duplicate,
     marker_chunks, marker_fits,
 };
-use crate::dialect::{self, Backend, Dialect};
+use crate::dialect::{self, Backend, Dialect, Sql};
+use crate::error::schema::{SchemaError, SchemaProblem};
 use crate::io::Io;
 use crate::spec::HandlerSpec;
+use inbox_core::InboxSchema;
 #[cfg(feature = "async")]
 use {super::AsyncInboxConnection, diesel_async::AsyncMysqlConnection};
 
@@ -322,7 +324,55 @@ impl Session for Mysql {
         }
         Ok(inserted)
     }
+
+    /// The startup check told of claim handlers ([`Needs::claim`](crate::schema::Needs::claim)),
+    /// on MySQL and MariaDB: a session with `autocommit` off refused. Claim mode commits its
+    /// claim and its stamp each on its own; each delivery refuses such a session before it
+    /// writes (`SessionProblem::AutocommitOff`, an alert that halts a pump) — told at startup
+    /// instead, where a deploy pipeline reads it.
+    async fn refuse_autocommit_off<I: Io<Backend = Self>>(
+        io: &mut I,
+        schema: &InboxSchema,
+    ) -> Result<(), SchemaError> {
+        if super::autocommit_on(io)
+            .await
+            .map_err(SchemaError::Database)?
+        {
+            return Ok(());
+        }
+        Err(SchemaError::Session {
+            table: schema.table(),
+            problem: SchemaProblem::Unsupported {
+                found: "autocommit is off on this session".into(),
+                why: "claim mode commits its claim and its stamp each on its own: with autocommit \
+                      off neither would commit, and the claim would vanish with the connection \
+                      after the side effect ran",
+                fix: "give claim mode connections with autocommit on: remove `SET autocommit = 0` \
+                      from the pool's connection setup, or `SET GLOBAL autocommit = 1` (and in the \
+                      server's configuration)"
+                    .into(),
+            },
+        })
+    }
+
+    /// The server's messages in English on this session ([`MYSQL_ENGLISH`]): any session may
+    /// set its own.
+    async fn english_messages<I: Io<Backend = Self>>(
+        io: &mut I,
+        _schema: &InboxSchema,
+        _in_transaction: bool,
+    ) -> Result<bool, SchemaError> {
+        io.execute(&Sql::new(MYSQL_ENGLISH))
+            .await
+            .map(|_| false)
+            .map_err(SchemaError::Database)
+    }
 }
+
+/// MySQL and MariaDB: the session's messages in English, unless they are already (`en_GB`
+/// stays `en_GB`). Any session may set its own `lc_messages`.
+const MYSQL_ENGLISH: &str =
+    "SET SESSION lc_messages = IF(@@lc_messages LIKE 'en\\_%', @@lc_messages, 'en_US')";
 
 impl InboxConnection for MysqlConnection {}
 

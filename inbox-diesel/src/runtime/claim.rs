@@ -4,12 +4,12 @@
 use diesel::QueryResult;
 use inbox_core::{InboxSchema, MessageKey};
 
+use crate::backends::autocommit_on;
 use crate::dialect::Sql;
 use crate::dialect::claim::{ClaimAnswer, ClaimSql, ClaimStep, read_answer};
 use crate::io::Io;
 use crate::runtime::evidence::refused_marker;
 use crate::runtime::found::Presence;
-use crate::schema::check::autocommit_on;
 
 /// A claim-mode handler's lease. What a delivery does with an expired claim is in the
 /// handler's outcome type: reported if it can hold `StaleClaim` (`on_expired = "report"`),

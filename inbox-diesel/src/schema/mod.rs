@@ -167,11 +167,12 @@ pub fn verify_for<C: crate::backends::HandlerConnection>(
         fn run<C: crate::backends::InboxConnection>(self, conn: &mut C) -> Self::Output {
             let layout = verify_layout(conn, self.0, self.1.claim)?;
             has_what_is_needed(self.0, layout, self.1)?;
+            use crate::io::Session;
             let io = &mut crate::io::Blocking(conn);
             if self.1.claim {
-                crate::io::complete_now(crate::schema::check::refuse_autocommit_off(io, self.0))?;
+                crate::io::complete_now(C::Backend::refuse_autocommit_off(io, self.0))?;
             }
-            crate::io::complete_now(crate::schema::check::refuse_statement_pooling(io, self.0))
+            crate::io::complete_now(C::Backend::refuse_statement_pooling(io, self.0))
         }
     }
     crate::backends::on_backend(conn, Verify(schema, needs))
@@ -264,11 +265,12 @@ pub async fn verify_for_async<C: crate::backends::AsyncInboxConnection>(
 ) -> Result<(), SchemaError> {
     let layout = verify_layout_async(conn, schema, needs.claim).await?;
     has_what_is_needed(schema, layout, needs)?;
+    use crate::io::Session;
     let io = &mut crate::io::Awaiting(conn);
     if needs.claim {
-        crate::schema::check::refuse_autocommit_off(io, schema).await?;
+        C::Backend::refuse_autocommit_off(io, schema).await?;
     }
-    crate::schema::check::refuse_statement_pooling(io, schema).await
+    C::Backend::refuse_statement_pooling(io, schema).await
 }
 
 /// [`verify_async`], saying which optional columns the table has.

@@ -7,19 +7,16 @@ use inbox_core::InboxSchema;
 use crate::dialect::Dialect;
 use crate::dialect::Sql;
 use crate::dialect::layout::{DatabaseMark, Layout, SessionMark, intern};
-use crate::io::Io;
+use crate::io::{Io, Session};
 use crate::schema::Backend;
 
 mod catalog;
-mod session;
 mod table;
 
 use catalog::*;
-use session::*;
 use table::*;
 
 pub use crate::error::schema::{SchemaError, SchemaProblem};
-pub(crate) use session::{autocommit_on, refuse_autocommit_off, refuse_statement_pooling};
 
 /// The catalog's view of the inbox table: its columns, the named index, and the facts of
 /// [`facts_sql`].
@@ -42,12 +39,6 @@ pub(crate) struct ColumnRow {
     type_name: String,
     #[diesel(sql_type = BigInt)]
     nullable: i64,
-}
-
-#[derive(Debug, diesel::QueryableByName)]
-pub(crate) struct ServerRow {
-    #[diesel(sql_type = Text)]
-    pub(crate) version: String,
 }
 
 /// The server's version and packet limit, read with the catalog on MySQL and MariaDB.
@@ -87,8 +78,8 @@ pub(crate) async fn check_table<S: Io>(
     schema: &InboxSchema,
     claim: bool,
 ) -> Result<Layout, SchemaError> {
-    let lifted = lift_statement_timeout(io).await;
-    let set_english = match english_messages(io, schema, lifted).await {
+    let lifted = S::Backend::lift_statement_timeout(io).await;
+    let set_english = match S::Backend::english_messages(io, schema, lifted).await {
         Ok(set) => set,
         Err(refused) => {
             if lifted {
@@ -98,7 +89,7 @@ pub(crate) async fn check_table<S: Io>(
         }
     };
     let read = match claim {
-        true => refuse_default_messages_for_claims(io, schema).await,
+        true => S::Backend::refuse_default_messages_for_claims(io, schema).await,
         false => Ok(()),
     };
     if let Err(refused) = read {
