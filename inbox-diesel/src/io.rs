@@ -495,31 +495,18 @@ where
     }
 }
 
-/// What get-or-create needs beyond statements: the connection itself, for the caller's
-/// closures, and its transactions — a savepoint inside an open one.
+/// What get-or-create needs beyond [`Io`]: the connection itself, for the caller's closures,
+/// and `serialize_on`'s transaction.
 pub(crate) trait Transactions: Io + Sized {
     /// The connection the caller's closures are given.
     type Conn;
 
     fn conn(&mut self) -> &mut Self::Conn;
 
-    /// A transaction, or a savepoint inside the open one.
-    async fn begin(&mut self) -> QueryResult<()> {
-        self.begin_transaction().await
-    }
-
     /// `serialize_on`'s transaction: one holding the write lock from its start where the
     /// backend has one (SQLite's `BEGIN IMMEDIATE`), READ COMMITTED on PostgreSQL.
     async fn begin_write(&mut self) -> QueryResult<()> {
         Self::Backend::begin_write(self).await
-    }
-
-    async fn commit(&mut self) -> QueryResult<()> {
-        self.commit_transaction().await
-    }
-
-    async fn roll_back(&mut self) -> QueryResult<()> {
-        self.rollback_transaction().await
     }
 }
 

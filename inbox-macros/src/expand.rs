@@ -314,57 +314,25 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
                 ) #awaited
             }
         }
-        (Mode::Transaction, None) if or_own => {
-            let runtime = match &sig.asyncness {
-                Some(_) => quote!(run_joined_or_own_async),
-                None => quote!(run_joined_or_own),
-            };
-            // Run once where it joins, as often as its retries where it is on its own: the
-            // body is one that may run again.
-            quote! {
-                // What the marker keeps, evaluated before the body's closure takes the parameters.
-                let __inbox_remembered = #store;
-                ::inbox_diesel::__private::#runtime(
-                    #conn,
-                    ::inbox_diesel::__private::Call {
-                        outcome: ::core::marker::PhantomData::<#wrapper<_>>,
-                        spec: &__INBOX_SPEC,
-                        key: #message_key,
-                        body: #body_asyncness |#[allow(unused_variables)] #conn: #conn_type| -> #ret #block,
-                        probe: #probe,
-                        remembered: __inbox_remembered,
-                        inbox_error: #inbox_error,
-                    },
-                ) #awaited
-            }
-        }
-        (Mode::Transaction, None) if joins => {
-            let runtime = match &sig.asyncness {
-                Some(_) => quote!(run_joined_async),
-                None => quote!(run_joined),
-            };
-            // In the caller's transaction, run once: the body may consume its parameters.
-            quote! {
-                // What the marker keeps, evaluated before the body's closure takes the parameters.
-                let __inbox_remembered = #store;
-                ::inbox_diesel::__private::#runtime(
-                    #conn,
-                    ::inbox_diesel::__private::Call {
-                        outcome: ::core::marker::PhantomData::<#wrapper<_>>,
-                        spec: &__INBOX_SPEC,
-                        key: #message_key,
-                        body: #body_asyncness move |#[allow(unused_variables)] #conn: #conn_type| -> #ret #block,
-                        probe: #probe,
-                        remembered: __inbox_remembered,
-                        inbox_error: #inbox_error,
-                    },
-                ) #awaited
-            }
-        }
         (Mode::Transaction, None) => {
+            // Which entry point, and how the body's closure takes the handler's parameters:
+            // - `caller_or_own`: run once where it joins, as often as its retries where it is
+            //   on its own, so the body is one that may run again;
+            // - `caller`: run once, in the caller's transaction, so the body may consume its
+            //   parameters (`move`);
+            // - its own transaction: as often as its retries.
+            let (run, run_async, capture) = match (or_own, joins) {
+                (true, _) => (
+                    quote!(run_joined_or_own),
+                    quote!(run_joined_or_own_async),
+                    quote!(),
+                ),
+                (false, true) => (quote!(run_joined), quote!(run_joined_async), quote!(move)),
+                (false, false) => (quote!(run), quote!(run_async), quote!()),
+            };
             let runtime = match &sig.asyncness {
-                Some(_) => quote!(run_async),
-                None => quote!(run),
+                Some(_) => run_async,
+                None => run,
             };
             // The outcome type named here, not inferred from the declared return type: it is
             // what the runtime answers by (`InFlight` only with `on_locked = "in_flight"`).
@@ -377,7 +345,7 @@ pub fn expand(handler: Handler, function: ItemFn) -> TokenStream {
                         outcome: ::core::marker::PhantomData::<#wrapper<_>>,
                         spec: &__INBOX_SPEC,
                         key: #message_key,
-                        body: #body_asyncness |#[allow(unused_variables)] #conn: #conn_type| -> #ret #block,
+                        body: #body_asyncness #capture |#[allow(unused_variables)] #conn: #conn_type| -> #ret #block,
                         probe: #probe,
                         remembered: __inbox_remembered,
                         inbox_error: #inbox_error,

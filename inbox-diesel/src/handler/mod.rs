@@ -30,6 +30,7 @@ use crate::error::HasDieselError;
 #[cfg(feature = "async")]
 pub use crate::runtime::asynchronous::AsyncBody;
 use crate::runtime::call::Call;
+use crate::runtime::stored::{Remembered, Store};
 use crate::spec::HandlerSpec;
 #[cfg(feature = "async")]
 pub use claim::claim_once_async;
@@ -211,6 +212,38 @@ pub async fn checked_future<R, F: std::future::Future<Output = R>>(body: F) -> C
 }
 
 /// How the body's error is read for retries: through [`HasDieselError`].
+/// How a body's result is classed for retries, as the runtime asks it ([`error_class`]).
+trait Probe<T, E>: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass> {}
+
+impl<T, E, F> Probe<T, E> for F where
+    F: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>
+{
+}
+
+/// One call of a function-API handler as the runtime takes it: its key, its body, what its
+/// marker keeps, its failures classified for retries ([`error_class`]) and the inbox's error
+/// as `E`.
+fn call<A, K, T, E, B>(
+    spec: &'static HandlerSpec,
+    key: &K,
+    body: B,
+    remembered: Remembered<T>,
+) -> Call<A, T, E, B, impl Probe<T, E>>
+where
+    K: ToMessageKey + ?Sized,
+    E: From<Error> + HasDieselError,
+{
+    Call {
+        outcome: PhantomData,
+        spec,
+        key: key.to_message_key(),
+        body,
+        probe: error_class(&spec.schema),
+        remembered,
+        inbox_error: E::from,
+    }
+}
+
 fn error_class<T, E: HasDieselError>(
     schema: &InboxSchema,
 ) -> impl Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass> + '_ {
@@ -295,15 +328,12 @@ where
     let mut body = body;
     crate::runtime::sync::run(
         conn,
-        Call {
-            outcome: PhantomData,
+        call(
             spec,
-            key: key.to_message_key(),
-            body: |tx: &mut C| body(tx).into_inner(),
-            probe: error_class(&spec.schema),
-            remembered: crate::runtime::stored::Remembered::nothing(),
-            inbox_error: E::from,
-        },
+            key,
+            |tx: &mut C| body(tx).into_inner(),
+            Remembered::nothing(),
+        ),
     )
 }
 
@@ -372,18 +402,12 @@ where
     let mut body = body;
     crate::runtime::sync::run(
         conn,
-        Call {
-            outcome: PhantomData,
+        call(
             spec,
-            key: key.to_message_key(),
-            body: |tx: &mut C| body(tx).into_inner(),
-            probe: error_class(&spec.schema),
-            remembered: crate::runtime::stored::Remembered::new(
-                Some(crate::runtime::stored::Store::json()),
-                fingerprint,
-            ),
-            inbox_error: E::from,
-        },
+            key,
+            |tx: &mut C| body(tx).into_inner(),
+            Remembered::new(Some(Store::json()), fingerprint),
+        ),
     )
 }
 
@@ -410,15 +434,7 @@ where
     let spec = &handler.spec;
     crate::runtime::asynchronous::run_async_body(
         conn,
-        Call {
-            outcome: PhantomData,
-            spec,
-            key: key.to_message_key(),
-            body: CheckedBody(body),
-            probe: error_class(&spec.schema),
-            remembered: crate::runtime::stored::Remembered::nothing(),
-            inbox_error: E::from,
-        },
+        call(spec, key, CheckedBody(body), Remembered::nothing()),
     )
     .await
 }
@@ -445,18 +461,12 @@ where
     let spec = &handler.spec;
     crate::runtime::asynchronous::run_async_body(
         conn,
-        Call {
-            outcome: PhantomData,
+        call(
             spec,
-            key: key.to_message_key(),
-            body: CheckedBody(body),
-            probe: error_class(&spec.schema),
-            remembered: crate::runtime::stored::Remembered::new(
-                Some(crate::runtime::stored::Store::json()),
-                fingerprint,
-            ),
-            inbox_error: E::from,
-        },
+            key,
+            CheckedBody(body),
+            Remembered::new(Some(Store::json()), fingerprint),
+        ),
     )
     .await
 }

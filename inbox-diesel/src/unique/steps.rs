@@ -135,7 +135,7 @@ where
         // A transaction of its own, or a savepoint inside the caller's: `insert` may run more
         // than one statement, and on PostgreSQL a violation must not abort the caller's
         // transaction. The re-read runs after it, in the caller's context.
-        io.begin().await?;
+        io.begin_transaction().await?;
         let inserted = insert.call(io.conn()).await;
         let failure = match end(io, inserted, |e| e).await {
             Ok(row) => return Ok(Created::New(row)),
@@ -183,7 +183,7 @@ where
     loop {
         let result = match nested {
             true => {
-                io.begin().await?;
+                io.begin_transaction().await?;
                 let result = run.call(io.conn()).await;
                 end(io, result, |e| e).await
             }
@@ -249,7 +249,7 @@ where
     // previous holder committed; SQLite: BEGIN IMMEDIATE, whose write lock is the
     // serialisation), or a savepoint inside the caller's.
     let begun = match nested {
-        true => io.begin().await,
+        true => io.begin_transaction().await,
         false => io.begin_write().await,
     };
     let result = match begun {
@@ -327,7 +327,7 @@ pub(super) async fn end<S: Transactions, T, E>(
     match result {
         Ok(value) => {
             let committed = match probe_transaction(io).await {
-                Ok(()) => io.commit().await,
+                Ok(()) => io.commit_transaction().await,
                 Err(error) => Err(error),
             };
             match committed {
@@ -346,7 +346,7 @@ pub(super) async fn end<S: Transactions, T, E>(
 }
 
 pub(super) async fn roll_back<S: Transactions>(io: &mut S) {
-    match io.roll_back().await {
+    match io.rollback_transaction().await {
         // A failed COMMIT has already ended the transaction.
         Ok(()) | Err(DieselError::NotInTransaction) => {}
         Err(error) => tracing::warn!(%error, "rolling back after a failure failed"),
