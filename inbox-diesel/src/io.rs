@@ -19,6 +19,7 @@ use diesel::connection::TransactionManagerStatus;
 use diesel::query_builder::{QueryFragment, QueryId};
 use uuid::Uuid;
 
+use crate::dialect::catalog::{Catalogs, FactRow};
 use crate::dialect::claim::{ClaimRead, ClaimRow, ClaimSql, ReadsClaims};
 use crate::dialect::layout::Layout;
 use crate::dialect::marker::{ClaimMarker, ClaimMarkers, InsertsMarkers};
@@ -100,7 +101,7 @@ pub trait Io: Send {
 /// back and puts back what it set for the session. Each backend's file implements it; the
 /// runtime's steps call it with a sync connection's [`Blocking`](crate::io::Blocking) or a
 /// diesel-async connection's [`Awaiting`](crate::io::Awaiting).
-pub trait Session: crate::dialect::Dialect + InsertsMarkers {
+pub trait Session: crate::dialect::Dialect + InsertsMarkers + Catalogs {
     /// Opens the handler's transaction, as the startup check's `layout` says (a MariaDB
     /// server; PostgreSQL messages to be set to English).
     fn begin<I: Io<Backend = Self>>(
@@ -305,6 +306,27 @@ pub trait Session: crate::dialect::Dialect + InsertsMarkers {
         _schema: &InboxSchema,
     ) -> impl Future<Output = Result<(), SchemaError>> + Send {
         async { Ok(()) }
+    }
+
+    /// The startup check, with the catalog: the server's version and its packet limit
+    /// (MySQL, MariaDB); nothing elsewhere.
+    fn read_server<I: Io<Backend = Self>>(
+        _io: &mut I,
+    ) -> impl Future<Output = QueryResult<(String, u64)>> + Send {
+        async { Ok((String::new(), 0)) }
+    }
+
+    /// The startup check, of a table that exists: the facts the catalog's query cannot
+    /// read (MySQL and MariaDB: the privileges the handler's statements take, the server's
+    /// durability); none elsewhere. `server` as [`read_server`](Self::read_server) read it.
+    fn more_facts<I: Io<Backend = Self>>(
+        _io: &mut I,
+        _schema: &InboxSchema,
+        _claim: bool,
+        _key_text: bool,
+        _server: &str,
+    ) -> impl Future<Output = QueryResult<Vec<FactRow>>> + Send {
+        async { Ok(Vec::new()) }
     }
 
     /// Rolls back the transaction a cancelled handler left open, which the manager no longer

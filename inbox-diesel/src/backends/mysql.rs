@@ -37,6 +37,8 @@ use diesel::mysql::{Mysql, MysqlConnection};
 use inbox_core::MessageKey;
 
 use super::{InboxConnection, Session, sealed};
+use crate::dialect::catalog::{self, Catalogs, FactRow};
+use crate::dialect::layout::SessionMark;
 use crate::dialect::layout::{self, Layout};
 use crate::dialect::marker::{
     self, ClaimMarker, ClaimMarkers, claim_rows_then_each, inserted_unless_duplicate,
@@ -46,6 +48,7 @@ use crate::dialect::{self, Backend, Dialect, Sql};
 use crate::error::schema::{SchemaError, SchemaProblem};
 use crate::io::Io;
 use crate::spec::HandlerSpec;
+use diesel::sql_types::{BigInt, Text};
 use inbox_core::InboxSchema;
 #[cfg(feature = "async")]
 use {super::AsyncInboxConnection, diesel_async::AsyncMysqlConnection};
@@ -64,6 +67,21 @@ impl dialect::BindId for diesel::mysql::Mysql {
 }
 
 impl Dialect for diesel::mysql::Mysql {
+    const CONFLICTS: dialect::keys::Conflicts = dialect::keys::Conflicts::OnDuplicateKey;
+
+    /// `GET_LOCK`, waiting as long as a row lock would: 1 granted, 0 timed out, NULL an
+    /// error (out of memory, a killed thread).
+    fn lock_key(key: &str) -> Option<Sql> {
+        Some(
+            Sql::new("SELECT GET_LOCK(?, @@innodb_lock_wait_timeout) AS n")
+                .bind_text(lock_name(key)),
+        )
+    }
+
+    fn unlock_key(key: &str) -> Option<Sql> {
+        Some(Sql::new("SELECT RELEASE_LOCK(?) AS n").bind_text(lock_name(key)))
+    }
+
     /// UTC, whatever the session's `time_zone`: `DATETIME` stores what it is given, and
     /// instances whose pools set different time zones must agree on every lease and cutoff.
     const NOW: &'static str = "UTC_TIMESTAMP(6)";
@@ -81,6 +99,16 @@ impl Dialect for diesel::mysql::Mysql {
     /// (`Part::AutocommittedId`, in `dialect::claim`). MySQL has no such variable,
     /// and no statement that tells without a privilege: not checked there.
     const OPEN_TRANSACTION_PROBE: Option<&'static str> = None;
+
+    /// The session's `wait_timeout` raised to `kept_ms` where it is shorter.
+    fn keep_session(kept_ms: u64) -> Option<String> {
+        Some(format!(
+            "SET SESSION wait_timeout = GREATEST(@@SESSION.wait_timeout, {})",
+            kept_ms.div_ceil(1000)
+        ))
+    }
+
+    const LATEST_READ: &'static str = " LOCK IN SHARE MODE";
     /// MySQL's `JSON`, cast to text (MariaDB's is `LONGTEXT` already).
     const RESULT_AS_TEXT: &'static str = "CAST(result AS CHAR)";
 
@@ -141,6 +169,243 @@ impl Dialect for diesel::mysql::Mysql {
              WHERE ID = IS_USED_LOCK(CONCAT(DATABASE(), ' ', ?)) AND COMMAND = 'Sleep'"
                 .into(),
         )
+    }
+}
+
+/// MySQL and MariaDB: the table's database, without an empty-string literal (which
+/// `EMPTY_STRING_IS_NULL` reads as NULL). Binds the qualifier twice.
+const MYSQL_SCHEMA: &str = "IF(IFNULL(CHAR_LENGTH(?), 0) = 0, DATABASE(), ?)";
+
+/// MySQL and MariaDB: every row of a `SELECT` whatever the session's `sql_select_limit`
+/// (which a `SELECT` with a `LIMIT` of its own ignores): a session with `sql_select_limit = 1`
+/// (MySQL Workbench's safe mode sets 1000) read one column of the table and refused it.
+const MYSQL_ALL_ROWS: &str = "LIMIT 18446744073709551615";
+
+/// Get-or-create's lock name for `key`: at most 64 characters, whatever the key.
+fn lock_name(key: &str) -> String {
+    format!("inbox:{:016x}", dialect::keys::lock_hash(key) as u64)
+}
+
+/// MySQL and MariaDB: a server that does not write its log at each commit
+/// (`innodb_flush_log_at_trx_commit = 0`), outside a Galera cluster (whose nodes recover
+/// each other's commits): a row when so. The variables are read from MariaDB's
+/// `information_schema` or MySQL's `performance_schema`, where `wsrep_on` may not exist.
+fn mysql_durability_sql(server: &str) -> String {
+    let variables = match server.contains("MariaDB") {
+        true => "information_schema.GLOBAL_VARIABLES",
+        false => "performance_schema.global_variables",
+    };
+    format!(
+        "SELECT CAST('flush log' AS CHAR) AS kind, \
+         CAST(@@global.innodb_flush_log_at_trx_commit AS CHAR) AS detail FROM DUAL \
+         WHERE @@global.innodb_flush_log_at_trx_commit = 0 AND NOT EXISTS (SELECT 1 FROM \
+         {variables} WHERE UPPER(VARIABLE_NAME) = 'WSREP_ON' AND VARIABLE_VALUE = 'ON') \
+         {MYSQL_ALL_ROWS}"
+    )
+}
+
+/// The server's version and packet limit, read with the catalog on MySQL and MariaDB.
+const SERVER_VERSION_SQL: &str = "SELECT CAST(VERSION() AS CHAR) AS version, \
+     CAST(@@max_allowed_packet AS SIGNED) AS max_packet";
+
+#[derive(Debug, diesel::QueryableByName)]
+struct ServerInfo {
+    #[diesel(sql_type = Text)]
+    version: String,
+    #[diesel(sql_type = BigInt)]
+    max_packet: i64,
+}
+
+/// MySQL and MariaDB: the privileges the handler's statements take, asked of the server by
+/// `EXPLAIN`ing them — which needs the statement's privileges and writes nothing — rather
+/// than read from grants (roles, wildcard databases and column grants are the server's to
+/// weigh). A `privilege` fact for each refused; any other failure of an `EXPLAIN` is no
+/// answer, and the check goes on without it.
+async fn privileges<S: Io>(
+    io: &mut S,
+    schema: &InboxSchema,
+    claim: bool,
+    key_text: bool,
+) -> Vec<FactRow> {
+    let table = Backend::Mysql.quote_table(schema.table());
+    let mut columns = String::from("message_id, consumer, received_at, processed_at");
+    if claim {
+        columns.push_str(", claimed_until, attempts");
+    }
+    if key_text {
+        columns.push_str(", key_text");
+    }
+    let mut read = String::from("message_id, consumer, processed_at");
+    if claim {
+        read.push_str(", claimed_until, attempts");
+    }
+    let nulls = vec!["NULL"; columns.split(", ").count()].join(", ");
+    // Each privilege by a statement that needs it alone: an `INSERT … SELECT` refused for
+    // want of SELECT would be reported as INSERT.
+    let mut statements = vec![
+        (
+            "SELECT",
+            format!("EXPLAIN SELECT {read} FROM {table} WHERE 1 = 0"),
+        ),
+        (
+            "INSERT",
+            format!("EXPLAIN INSERT INTO {table} ({columns}) VALUES ({nulls})"),
+        ),
+    ];
+    if claim {
+        statements.push((
+            "UPDATE",
+            format!(
+                "EXPLAIN UPDATE {table} SET claimed_until = NULL, processed_at = NULL, \
+                 attempts = attempts WHERE id = 0"
+            ),
+        ));
+    }
+    let mut refused = Vec::new();
+    for (privilege, sql) in statements {
+        if let Err(e) = io.load::<ExplainRow>(&Sql::new(sql)).await
+            && crate::classify::class_of(&e, schema) == inbox_core::ErrorClass::PermissionDenied
+        {
+            // The command the server names (`SELECT command denied … for column 'id'`: the
+            // UPDATE's `WHERE` reads), where it names one.
+            let named = crate::classify::with_server_error(&e, |server| {
+                server
+                    .message
+                    .split_once(" command denied")
+                    .map(|(command, _)| command.to_owned())
+            })
+            .flatten()
+            .filter(|command| ["SELECT", "INSERT", "UPDATE"].contains(&command.as_str()));
+            let detail = named.unwrap_or_else(|| privilege.to_owned());
+            if !refused.iter().any(|fact: &FactRow| fact.detail == detail) {
+                refused.push(FactRow {
+                    kind: "privilege".into(),
+                    detail,
+                });
+            }
+        }
+    }
+    refused
+}
+
+/// A row of MySQL's `EXPLAIN`, of which only its being there matters.
+#[derive(Debug, diesel::QueryableByName)]
+struct ExplainRow {
+    #[diesel(sql_type = diesel::sql_types::Nullable<Text>)]
+    #[allow(dead_code)]
+    select_type: Option<String>,
+}
+
+impl Catalogs for Mysql {
+    fn catalog_sql() -> (String, String) {
+        (
+            format!(
+                "SELECT CAST(column_name AS CHAR) AS name, \
+                 CAST(CONCAT_WS(' collate ', column_type, collation_name) AS CHAR) AS type_name, \
+                 CAST(is_nullable = 'YES' AS SIGNED) AS nullable \
+                 FROM information_schema.columns \
+                 WHERE table_schema = {MYSQL_SCHEMA} AND table_name = ? \
+                 ORDER BY ordinal_position {MYSQL_ALL_ROWS}"
+            ),
+            format!(
+                "SELECT CAST(1 - non_unique AS SIGNED) AS is_unique, \
+                 CAST(IFNULL(column_name, '(expression)') AS CHAR) AS name \
+                 FROM information_schema.statistics \
+                 WHERE table_schema = {MYSQL_SCHEMA} AND table_name = ? \
+                 AND index_name = ? ORDER BY seq_in_index {MYSQL_ALL_ROWS}"
+            ),
+        )
+    }
+
+    fn facts_sql(_qualifier: &str, _needs: &[(&str, &str)]) -> String {
+        format!(
+            "WITH w AS (SELECT CAST({MYSQL_SCHEMA} AS CHAR) AS s, CAST(? AS CHAR) AS t, \
+                        CAST(? AS CHAR) AS ix) \
+             SELECT CAST(f.kind AS CHAR) AS kind, CAST(f.detail AS CHAR) AS detail FROM ( \
+             SELECT 'table' AS kind, CONCAT(tb.table_schema, '.', tb.table_name) AS detail \
+             FROM information_schema.tables tb JOIN w \
+             ON tb.table_schema = w.s AND tb.table_name = w.t \
+             UNION ALL SELECT 'engine', IFNULL(tb.engine, tb.table_type) \
+             FROM information_schema.tables tb JOIN w \
+             ON tb.table_schema = w.s AND tb.table_name = w.t \
+             WHERE tb.table_type <> 'BASE TABLE' OR tb.engine IS NULL OR tb.engine <> 'InnoDB' \
+             UNION ALL SELECT 'trigger', tr.trigger_name FROM information_schema.triggers tr \
+             JOIN w ON tr.event_object_schema = w.s AND tr.event_object_table = w.t \
+             UNION ALL SELECT 'index prefix', \
+             CONCAT(IFNULL(st.column_name, '(expression)'), '(', st.sub_part, ')') \
+             FROM information_schema.statistics st JOIN w \
+             ON st.table_schema = w.s AND st.table_name = w.t AND st.index_name = w.ix \
+             WHERE st.sub_part IS NOT NULL \
+             UNION ALL SELECT 'other unique', CONCAT(st.index_name, ' (', \
+             GROUP_CONCAT(IFNULL(st.column_name, '(expression)') ORDER BY st.seq_in_index \
+             SEPARATOR ', '), ')') FROM information_schema.statistics st JOIN w \
+             ON st.table_schema = w.s AND st.table_name = w.t \
+             WHERE st.non_unique = 0 AND st.index_name <> w.ix GROUP BY st.index_name \
+             UNION ALL SELECT DISTINCT 'index name elsewhere', \
+             CONCAT(st.table_schema, '.', st.table_name) FROM information_schema.statistics st \
+             JOIN w ON st.table_schema = w.s AND st.table_name <> w.t AND st.index_name = w.ix \
+             WHERE st.non_unique = 0 AND VERSION() LIKE '%MariaDB%' \
+             UNION ALL SELECT 'clock', CAST(NOW(6) AS CHAR) FROM DUAL \
+             WHERE NOT ({clock})) AS f {MYSQL_ALL_ROWS}",
+            clock = crate::dialect::layout::SessionMark::CLOCK
+        )
+    }
+
+    /// `?` is positional: the qualifier is bound twice.
+    const QUALIFIER_BINDS: usize = 2;
+
+    fn accepts(column: &str) -> &'static [&'static str] {
+        match column {
+            "id" => &["bigint"],
+            "message_id" => &["binary(16)"],
+            "consumer" => &["varchar", "text", "mediumtext", "longtext"],
+            "key_text" => &["mediumtext", "longtext"],
+            "received_at" | "processed_at" | "claimed_until" => &["datetime"],
+            "attempts" => &["int", "bigint"],
+            "result" => &["json", "longtext", "mediumtext"],
+            "fingerprint" => &["binary(32)", "varbinary", "blob"],
+            _ => &[],
+        }
+    }
+
+    /// Any character of a UTF-8 name, compared byte by byte.
+    fn holds(column: &str, type_name: &str) -> bool {
+        match column {
+            "consumer" => {
+                type_name.contains("collate utf8mb4_")
+                    && type_name.contains("_bin")
+                    && catalog::bound(type_name).is_none_or(|n| n >= catalog::CONSUMER_CHARS)
+            }
+            "key_text" => type_name.contains("collate utf8mb4_"),
+            _ => true,
+        }
+    }
+
+    /// A case- or accent-insensitive collation would let `Credit` share the markers of
+    /// `credit`; another character set would turn names it cannot hold into `?`s that
+    /// compare equal.
+    fn expected(column: &str) -> Option<&'static str> {
+        (column == "consumer").then_some(
+            "VARCHAR(200) with a binary utf8mb4 collation (utf8mb4_bin), so that every \
+             consumer name fits and compares byte by byte",
+        )
+    }
+
+    /// MySQL and MariaDB report whichever index a duplicate meets first: only an index with
+    /// `id` is harmless.
+    fn harmless_unique(columns: &[&str]) -> bool {
+        columns.contains(&"id")
+    }
+
+    const OTHER_UNIQUE_FIX: &'static str = "drop it; the primary key belongs on `id` alone";
+
+    /// A database-qualified name means the same table to every session.
+    const PINS_TABLE: bool = false;
+
+    const MARKS_SESSIONS: bool = true;
+
+    fn mark(layout: &mut Layout, schema: &InboxSchema, claim: bool, _oids: Option<&str>) {
+        layout.session_mark = Some(SessionMark::new(schema, *layout, claim));
     }
 }
 
@@ -357,6 +622,28 @@ impl Session for Mysql {
 
     /// The server's messages in English on this session ([`MYSQL_ENGLISH`]): any session may
     /// set its own.
+    async fn read_server<I: Io<Backend = Self>>(io: &mut I) -> QueryResult<(String, u64)> {
+        Ok(io
+            .load::<ServerInfo>(&Sql::new(SERVER_VERSION_SQL))
+            .await?
+            .into_iter()
+            .next()
+            .map(|row| (row.version, u64::try_from(row.max_packet).unwrap_or(0)))
+            .unwrap_or_default())
+    }
+
+    async fn more_facts<I: Io<Backend = Self>>(
+        io: &mut I,
+        schema: &InboxSchema,
+        claim: bool,
+        key_text: bool,
+        server: &str,
+    ) -> QueryResult<Vec<FactRow>> {
+        let mut facts = privileges(io, schema, claim, key_text).await;
+        facts.extend(io.load(&Sql::new(mysql_durability_sql(server))).await?);
+        Ok(facts)
+    }
+
     async fn english_messages<I: Io<Backend = Self>>(
         io: &mut I,
         _schema: &InboxSchema,

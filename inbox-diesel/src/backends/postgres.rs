@@ -10,6 +10,8 @@ use diesel::pg::{Pg, PgConnection};
 use inbox_core::MessageKey;
 
 use super::{InboxConnection, Session, sealed};
+use crate::dialect::catalog::{self, Catalogs};
+use crate::dialect::layout::DatabaseMark;
 use crate::dialect::layout::Layout;
 use crate::dialect::{self, Backend, Dialect, Sql, marker};
 use crate::error::schema::{SchemaError, SchemaProblem};
@@ -33,6 +35,23 @@ impl dialect::BindId for diesel::pg::Pg {
 }
 
 impl Dialect for diesel::pg::Pg {
+    const CONFLICTS: dialect::keys::Conflicts = dialect::keys::Conflicts::OnConflict;
+
+    /// `pg_advisory_xact_lock`, held until the transaction ends; 2 when the transaction's
+    /// snapshot was taken before the lock was granted (above READ COMMITTED).
+    fn lock_key(key: &str) -> Option<Sql> {
+        Some(
+            Sql::new(
+                "SELECT (CASE current_setting('transaction_isolation') \
+                 WHEN 'read committed' THEN 1 ELSE 2 END)::BIGINT AS n \
+                 FROM (SELECT pg_advisory_xact_lock($1)) AS locked",
+            )
+            .bind_i64(dialect::keys::lock_hash(key)),
+        )
+    }
+
+    const ABORTED_PROBE: Option<&'static str> = Some("SELECT CAST(1 AS BIGINT) AS n");
+
     const NOW: &'static str = "CURRENT_TIMESTAMP";
     const ON_CONFLICT: &'static str = marker::ON_CONFLICT_RETURNING;
     const CLAIM_ON_CONFLICT: &'static str = marker::ON_CONFLICT_DO_NOTHING;
@@ -46,6 +65,19 @@ impl Dialect for diesel::pg::Pg {
     /// ([`HandlerSpec::POSTGRES_NONE_OPEN`](crate::spec::HandlerSpec::POSTGRES_NONE_OPEN)).
     const OPEN_TRANSACTION_PROBE: Option<&'static str> =
         Some(crate::spec::HandlerSpec::POSTGRES_NONE_OPEN);
+
+    /// The session's `idle_session_timeout` (PostgreSQL 14+; a role's or an operator's
+    /// setting) raised to `kept_ms` where it is shorter: a server that ended the session
+    /// while the side effect ran would leave the effect unrecorded — its stamp failing on a
+    /// closed connection (`EffectNotRecorded`) — and, once the lease ended, taken over and
+    /// run again. Nothing where it is off or long enough, or on a server without the setting.
+    fn keep_session(kept_ms: u64) -> Option<String> {
+        Some(format!(
+            "SELECT set_config('idle_session_timeout', '{kept_ms}', false) FROM pg_settings \
+             WHERE name = 'idle_session_timeout' AND setting::bigint BETWEEN 1 AND {}",
+            kept_ms - 1
+        ))
+    }
 
     const BACKEND: Backend = Backend::Postgres;
 
@@ -142,6 +174,158 @@ impl Dialect for diesel::pg::Pg {
              SELECT CASE WHEN (SELECT ok FROM lock) THEN 1 ELSE 0 END::int8 AS locked, \
              (SELECT count(*) FROM deleted)::int8 AS n"
         ))
+    }
+}
+
+/// PostgreSQL: the table's oid, resolved as the runtime's statements resolve its name. Binds
+/// `$1` (qualifier, `''` when none) and `$2` (name).
+const PG_REL: &str = "to_regclass(CASE WHEN $1 = '' THEN quote_ident($2) \
+     ELSE quote_ident($1) || '.' || quote_ident($2) END)";
+
+impl Catalogs for Pg {
+    fn catalog_sql() -> (String, String) {
+        (
+            format!(
+                "SELECT a.attname::text AS name, \
+                 replace(format_type(a.atttypid, a.atttypmod), '\"', '') AS type_name, \
+                 CASE WHEN a.attnotnull THEN 0 ELSE 1 END::int8 AS nullable \
+                 FROM pg_attribute a WHERE a.attrelid = {PG_REL} \
+                 AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum"
+            ),
+            // Key columns only (not `INCLUDE`d ones); an expression is named `(expression)`,
+            // so that an index on (message_id, consumer, lower(x)) is not taken for the key.
+            format!(
+                "SELECT CASE WHEN i.indisunique THEN 1 ELSE 0 END::int8 AS is_unique, \
+                 COALESCE(a.attname::text, '(expression)') AS name FROM pg_index i \
+                 JOIN pg_class c ON c.oid = i.indexrelid \
+                 CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord) \
+                 LEFT JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum \
+                 AND k.attnum > 0 \
+                 WHERE i.indrelid = {PG_REL} AND c.relname = $3 AND k.ord <= i.indnkeyatts \
+                 ORDER BY k.ord"
+            ),
+        )
+    }
+
+    fn facts_sql(_qualifier: &str, needs: &[(&str, &str)]) -> String {
+        let privileges = needs
+            .iter()
+            .map(|(privilege, column)| format!("('{privilege}', '{column}')"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        format!(
+            "WITH t AS (SELECT {PG_REL} AS rel), \
+             ix AS (SELECT i.* FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid \
+                    JOIN t ON i.indrelid = t.rel WHERE c.relname = $3), \
+             parts AS (SELECT t.rel AS relid FROM t WHERE t.rel IS NOT NULL \
+                       UNION SELECT p.relid FROM t, pg_partition_tree(t.rel) AS p) \
+             SELECT 'table' AS kind, n.nspname::text || '.' || c.relname::text AS detail \
+             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             JOIN t ON c.oid = t.rel \
+             UNION ALL SELECT 'oids', d.oid::text || ' ' || t.rel::oid::text \
+             FROM pg_database d JOIN t ON t.rel IS NOT NULL \
+             WHERE d.datname = current_database() \
+             UNION ALL SELECT 'persistence', c.relpersistence::text FROM pg_class c \
+             JOIN parts ON c.oid = parts.relid WHERE c.relpersistence <> 'p' \
+             UNION ALL SELECT 'relkind', c.relkind::text FROM pg_class c \
+             JOIN parts ON c.oid = parts.relid WHERE c.relkind NOT IN ('r', 'p') \
+             UNION ALL SELECT 'trigger', tg.tgname::text || ' ON ' || \
+             tg.tgrelid::regclass::text FROM pg_trigger tg \
+             JOIN parts ON tg.tgrelid = parts.relid WHERE NOT tg.tgisinternal \
+             UNION ALL SELECT 'row security', c.oid::regclass::text FROM pg_class c \
+             JOIN parts ON c.oid = parts.relid WHERE c.relrowsecurity \
+             AND (c.relforcerowsecurity OR c.relowner <> (SELECT oid FROM pg_roles \
+             WHERE rolname = current_user)) AND NOT (SELECT rolsuper OR rolbypassrls \
+             FROM pg_roles WHERE rolname = current_user) \
+             UNION ALL SELECT 'rule', r.rulename::text FROM pg_rewrite r \
+             JOIN parts ON r.ev_class = parts.relid WHERE r.rulename <> '_RETURN' \
+             UNION ALL SELECT 'child', h.inhrelid::regclass::text FROM pg_inherits h \
+             JOIN pg_class k ON k.oid = h.inhrelid JOIN parts ON h.inhparent = parts.relid \
+             WHERE NOT k.relispartition \
+             UNION ALL SELECT 'other unique', c.relname::text || ' (' || \
+             string_agg(COALESCE(a.attname::text, '(expression)'), ', ' ORDER BY k.ord) || ')' \
+             FROM pg_index i JOIN t ON i.indrelid = t.rel \
+             JOIN pg_class c ON c.oid = i.indexrelid \
+             CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord) \
+             LEFT JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum \
+             AND k.attnum > 0 \
+             WHERE (i.indisunique OR i.indisexclusion) AND c.relname <> $3 \
+             AND k.ord <= i.indnkeyatts GROUP BY c.relname \
+             UNION ALL SELECT 'index collation', co.collname::text FROM ix \
+             CROSS JOIN LATERAL unnest(ix.indcollation::oid[]) AS ic(oid) \
+             JOIN pg_collation co ON co.oid = ic.oid WHERE NOT co.collisdeterministic \
+             UNION ALL SELECT 'synchronous_commit', current_setting('synchronous_commit') \
+             WHERE current_setting('synchronous_commit') = 'off' \
+             UNION ALL SELECT 'read only', source FROM pg_settings \
+             WHERE name = 'default_transaction_read_only' AND setting = 'on' \
+             AND source IN ('user', 'database user') \
+             AND NOT pg_is_in_recovery() \
+             UNION ALL SELECT 'exit_on_error', current_setting('exit_on_error') \
+             WHERE current_setting('exit_on_error') = 'on' \
+             UNION ALL SELECT DISTINCT 'unidentified', c.oid::regclass::text \
+             FROM pg_class c JOIN parts ON c.oid = parts.relid \
+             JOIN pg_namespace pn ON pn.oid = c.relnamespace \
+             JOIN pg_publication_tables pt ON pt.schemaname = pn.nspname \
+             AND pt.tablename = c.relname \
+             JOIN pg_publication pb ON pb.pubname = pt.pubname AND (pb.pubupdate OR pb.pubdelete) \
+             WHERE c.relkind = 'r' AND (c.relreplident = 'n' OR (c.relreplident = 'd' \
+             AND NOT EXISTS (SELECT 1 FROM pg_index pk WHERE pk.indrelid = c.oid AND pk.indisprimary))) \
+             UNION ALL SELECT 'index invalid', 'invalid' FROM ix \
+             WHERE NOT (ix.indisvalid AND ix.indisready AND ix.indislive) \
+             UNION ALL SELECT 'index partial', pg_get_expr(ix.indpred, ix.indrelid) FROM ix \
+             WHERE ix.indpred IS NOT NULL \
+             UNION ALL SELECT 'index deferrable', co.conname::text FROM pg_constraint co \
+             JOIN ix ON co.conindid = ix.indexrelid AND co.conrelid = ix.indrelid \
+             WHERE co.condeferrable \
+             UNION ALL SELECT 'collation', co.collname::text FROM pg_attribute a \
+             JOIN pg_collation co ON co.oid = a.attcollation JOIN t ON a.attrelid = t.rel \
+             WHERE a.attname = 'consumer' AND NOT co.collisdeterministic \
+             UNION ALL SELECT 'encoding', pg_encoding_to_char(d.encoding)::text \
+             FROM pg_database d WHERE d.datname = current_database() \
+             AND d.encoding <> pg_char_to_encoding('UTF8') \
+             UNION ALL SELECT 'same name', n.nspname::text FROM pg_class c \
+             JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE $1 = '' AND c.relname = $2 AND c.relkind IN ('r', 'p', 'v', 'm', 'f') \
+             AND n.nspname NOT LIKE 'pg\\_temp\\_%' \
+             AND has_schema_privilege(n.oid, 'USAGE') \
+             UNION ALL SELECT 'privilege', p.privilege || ' on ' || p.col \
+             FROM (VALUES {privileges}) AS p(privilege, col) JOIN t ON true \
+             JOIN pg_attribute a ON a.attrelid = t.rel AND a.attname = p.col \
+             AND NOT a.attisdropped \
+             WHERE NOT has_column_privilege(t.rel, a.attnum, p.privilege)"
+        )
+    }
+
+    fn accepts(column: &str) -> &'static [&'static str] {
+        match column {
+            "id" => &["bigint"],
+            "message_id" => &["uuid"],
+            "consumer" | "key_text" => &["text", "character varying"],
+            "received_at" | "processed_at" | "claimed_until" => {
+                &["timestamp with time zone", "timestamp("]
+            }
+            "attempts" => &["integer", "bigint"],
+            "result" => &["jsonb", "json", "text"],
+            "fingerprint" => &["bytea"],
+            _ => &[],
+        }
+    }
+
+    fn holds(column: &str, type_name: &str) -> bool {
+        match column {
+            "received_at" | "processed_at" | "claimed_until" => {
+                type_name.contains("with time zone") && !type_name.contains("without")
+            }
+            "consumer" => catalog::bound(type_name).is_none_or(|n| n >= catalog::CONSUMER_CHARS),
+            "key_text" => catalog::bound(type_name).is_none(),
+            _ => true,
+        }
+    }
+
+    /// The name as the handler gives it, resolved by the session's `search_path` as the
+    /// check resolved it: a session pointed at another schema since is checked there.
+    fn mark(layout: &mut Layout, schema: &InboxSchema, _claim: bool, oids: Option<&str>) {
+        layout.database_mark = oids.and_then(|fact| DatabaseMark::postgres(fact, schema.table()));
     }
 }
 

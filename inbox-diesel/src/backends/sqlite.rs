@@ -9,10 +9,13 @@ use uuid::Uuid;
 use diesel::sqlite::{Sqlite, SqliteConnection};
 
 use super::{InboxConnection, Session, sealed};
+use crate::dialect::catalog::Catalogs;
+use crate::dialect::layout::DatabaseMark;
 use crate::dialect::layout::Layout;
 use crate::dialect::{self, Backend, Dialect, marker};
 use crate::io::Io;
 use crate::spec::HandlerSpec;
+use inbox_core::InboxSchema;
 #[cfg(feature = "async")]
 use {super::AsyncInboxConnection, diesel_async::sync_connection_wrapper::SyncConnectionWrapper};
 
@@ -30,6 +33,13 @@ impl dialect::BindId for diesel::sqlite::Sqlite {
 }
 
 impl Dialect for diesel::sqlite::Sqlite {
+    const CONFLICTS: dialect::keys::Conflicts = dialect::keys::Conflicts::OnConflict;
+
+    /// The write lock of `BEGIN IMMEDIATE`, already held.
+    fn lock_key(_key: &str) -> Option<dialect::Sql> {
+        None
+    }
+
     const NOW: &'static str = "CURRENT_TIMESTAMP";
     const ON_CONFLICT: &'static str = marker::ON_CONFLICT_RETURNING;
     const CLAIM_ON_CONFLICT: &'static str = marker::ON_CONFLICT_DO_NOTHING;
@@ -99,6 +109,86 @@ impl Dialect for diesel::sqlite::Sqlite {
 
     fn unlock(_: &str) -> Option<String> {
         None
+    }
+}
+
+/// SQLite: the name of the index the inbox's key is checked on, in the database `schema` (an
+/// SQL expression): the index named as the inbox's (bound as `?3`), or else the table's
+/// primary-key index — the lean table's key (`WITHOUT ROWID`), which SQLite names itself.
+/// Every check of the index (its columns, uniqueness, predicate, collations) reads this one.
+fn sqlite_key_index(schema: &str) -> String {
+    format!(
+        "SELECT name FROM pragma_index_list(?2, {schema}) \
+         WHERE name = ?3 OR origin = 'pk' ORDER BY name = ?3 DESC LIMIT 1"
+    )
+}
+
+impl Catalogs for Sqlite {
+    fn catalog_sql() -> (String, String) {
+        (
+            "SELECT name, type AS type_name, CAST(\"notnull\" = 0 AS BIGINT) AS nullable \
+             FROM pragma_table_info(?2, COALESCE(NULLIF(?1, ''), 'main')) ORDER BY cid"
+                .into(),
+            format!(
+                "SELECT CAST(l.\"unique\" AS BIGINT) AS is_unique, \
+                 COALESCE(i.name, '(expression)') AS name \
+                 FROM pragma_index_list(?2, COALESCE(NULLIF(?1, ''), 'main')) AS l, \
+                 pragma_index_info(l.name, COALESCE(NULLIF(?1, ''), 'main')) AS i \
+                 WHERE l.name = ({}) ORDER BY i.seqno",
+                sqlite_key_index("COALESCE(NULLIF(?1, ''), 'main')")
+            ),
+        )
+    }
+
+    fn facts_sql(qualifier: &str, _needs: &[(&str, &str)]) -> String {
+        let schema = match qualifier {
+            "" => "main",
+            qualifier => qualifier,
+        };
+        // A temporary table of the same name shadows an unqualified one: statements
+        // would write the marker there, and it is gone with the connection.
+        format!(
+            "SELECT 'table' AS kind, '{schema}.' || name AS detail \
+             FROM \"{schema}\".sqlite_master WHERE type = 'table' AND name = ?2 COLLATE NOCASE \
+             UNION ALL SELECT 'oids', CAST(m.rootpage AS TEXT) || ' ' || d.file \
+             FROM \"{schema}\".sqlite_master m, pragma_database_list d \
+             WHERE m.type = 'table' AND m.name = ?2 COLLATE NOCASE AND d.name = '{schema}' \
+             UNION ALL SELECT 'trigger', name FROM \"{schema}\".sqlite_master \
+             WHERE type = 'trigger' AND tbl_name = ?2 COLLATE NOCASE \
+             UNION ALL SELECT 'trigger', name FROM temp.sqlite_master \
+             WHERE type = 'trigger' AND tbl_name = ?2 COLLATE NOCASE \
+             UNION ALL SELECT 'relkind', type FROM \"{schema}\".sqlite_master \
+             WHERE name = ?2 COLLATE NOCASE AND type NOT IN ('table', 'index', 'trigger') \
+             UNION ALL SELECT 'shadowed', name FROM temp.sqlite_master \
+             WHERE ?1 = '' AND '{schema}' <> 'temp' AND type = 'table' \
+             AND name = ?2 COLLATE NOCASE \
+             UNION ALL SELECT 'index partial', name \
+             FROM pragma_index_list(?2, '{schema}') WHERE name = ({index}) AND partial = 1 \
+             UNION ALL SELECT 'index collation', coll \
+             FROM pragma_index_xinfo(({index}), '{schema}') WHERE key = 1 AND coll <> 'BINARY'",
+            index = sqlite_key_index(&format!("'{schema}'"))
+        )
+    }
+
+    fn accepts(column: &str) -> &'static [&'static str] {
+        match column {
+            "id" => &["integer"],
+            "message_id" | "fingerprint" => &["blob"],
+            "consumer" | "key_text" | "result" => &["text"],
+            "received_at" | "processed_at" | "claimed_until" => &["timestamp", "datetime", "text"],
+            "attempts" => &["integer", "bigint"],
+            _ => &[],
+        }
+    }
+
+    /// The lean design keys the table by the pair: nothing reads `id` there (the purge goes
+    /// by the key).
+    const ID_OPTIONAL: bool = true;
+
+    /// The table as pinned, in its database.
+    fn mark(layout: &mut Layout, schema: &InboxSchema, _claim: bool, oids: Option<&str>) {
+        let name = layout.pinned.unwrap_or(schema.table());
+        layout.database_mark = oids.and_then(|fact| DatabaseMark::sqlite(fact, name));
     }
 }
 

@@ -4,7 +4,7 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use inbox_core::{InboxSchema, MessageKey};
+use inbox_core::MessageKey;
 
 /// What the startup check found beyond what every table has: the optional columns the
 /// runtime writes, and the server's flavour where the SQL differs.
@@ -98,7 +98,8 @@ impl Layout {
 pub struct SessionMark(u64);
 
 impl SessionMark {
-    pub(crate) fn new(schema: &InboxSchema, layout: Layout, claim: bool) -> Self {
+    #[cfg(feature = "mysql")]
+    pub(crate) fn new(schema: &inbox_core::InboxSchema, layout: Layout, claim: bool) -> Self {
         let name = format!(
             "{}\0{}\0key_text={}\0mariadb={}\0claim={claim}",
             schema.table(),
@@ -139,6 +140,7 @@ impl SessionMark {
     /// purge (queries, never replicated), not in the marker's insert: a replica of
     /// statement-based replication runs the insert with the source's `NOW()` and its own
     /// `SYSDATE()`, and a lagging one would stop.
+    #[cfg(feature = "mysql")]
     pub(crate) const CLOCK: &'static str = "ABS(TIMESTAMPDIFF(SECOND, NOW(), SYSDATE())) < 60";
 }
 
@@ -165,6 +167,7 @@ impl SessionMark {
 /// few lookups in the catalog per insert, no round trip.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DatabaseMark {
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     Postgres {
         database: u32,
         table: u32,
@@ -173,6 +176,7 @@ pub enum DatabaseMark {
         /// tenant) finds another table there, and is checked there.
         name: &'static str,
     },
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     Sqlite {
         file: &'static str,
         root_page: i64,
@@ -182,21 +186,25 @@ pub enum DatabaseMark {
 }
 
 impl DatabaseMark {
-    /// Reads the check's `oids` fact: `<database oid> <table oid>` (PostgreSQL),
-    /// `<root page> <file>` (SQLite).
-    pub(crate) fn read(postgres: bool, fact: &str, name: &'static str) -> Option<Self> {
-        let (first, second) = fact.split_once(' ')?;
-        Some(match postgres {
-            true => DatabaseMark::Postgres {
-                database: first.parse().ok()?,
-                table: second.parse().ok()?,
-                name,
-            },
-            false => DatabaseMark::Sqlite {
-                file: intern(second),
-                root_page: first.parse().ok()?,
-                name,
-            },
+    /// Reads PostgreSQL's `oids` fact: `<database oid> <table oid>`.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn postgres(fact: &str, name: &'static str) -> Option<Self> {
+        let (database, table) = fact.split_once(' ')?;
+        Some(DatabaseMark::Postgres {
+            database: database.parse().ok()?,
+            table: table.parse().ok()?,
+            name,
+        })
+    }
+
+    /// Reads SQLite's `oids` fact: `<root page> <file>`.
+    #[cfg(feature = "sqlite")]
+    pub(crate) fn sqlite(fact: &str, name: &'static str) -> Option<Self> {
+        let (root_page, file) = fact.split_once(' ')?;
+        Some(DatabaseMark::Sqlite {
+            file: intern(file),
+            root_page: root_page.parse().ok()?,
+            name,
         })
     }
 

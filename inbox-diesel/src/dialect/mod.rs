@@ -13,6 +13,7 @@ pub(crate) mod claim;
 #[cfg(feature = "testing")]
 pub(crate) mod clock;
 pub(crate) mod ddl;
+pub(crate) mod keys;
 pub(crate) mod layout;
 pub(crate) mod marker;
 mod outbox;
@@ -79,6 +80,42 @@ pub trait Dialect: Binds + Rows + claim::ReadsClaims {
     /// side effect ran. `None` where the claim's insert asks the server itself (MariaDB's
     /// `@@in_transaction`), or nothing can (MySQL). Recognised by [`OPEN_TRANSACTION`].
     const OPEN_TRANSACTION_PROBE: Option<&'static str>;
+
+    /// Claim mode: a statement that keeps the server from ending a session idle for
+    /// `kept_ms` (the side effect runs between the claim and the stamp with the session
+    /// idle), on every claim, as a pool's checkout hook may have shortened it since; sent
+    /// with [`OPEN_TRANSACTION_PROBE`](Dialect::OPEN_TRANSACTION_PROBE) in one round trip
+    /// where there is one. `None` where the server ends no idle session.
+    fn keep_session(_kept_ms: u64) -> Option<String> {
+        None
+    }
+
+    /// Appended to [`read_marker`](Dialect::read_marker) for a read that must see the
+    /// latest committed marker inside a caller's transaction, where a plain read sees the
+    /// transaction's snapshot (MySQL's and MariaDB's `REPEATABLE READ`): a locking read.
+    const LATEST_READ: &'static str = "";
+
+    // Get-or-create (`unique`).
+
+    /// How an insert meets the row its key duplicates.
+    const CONFLICTS: keys::Conflicts;
+
+    /// Takes get-or-create's lock on `key`, answering `n`: 1 held, 2 held in a transaction
+    /// whose snapshot predates it, 0 or NULL not granted. `None` where the transaction's
+    /// own begin holds the lock (SQLite's `BEGIN IMMEDIATE`).
+    fn lock_key(key: &str) -> Option<Sql>;
+
+    /// Releases the lock of [`Dialect::lock_key`], where it is the session's rather than the
+    /// transaction's (MySQL's `GET_LOCK`): taken before `BEGIN`, released after `COMMIT`.
+    /// `None` where the transaction's end releases it.
+    fn unlock_key(_key: &str) -> Option<Sql> {
+        None
+    }
+
+    /// A statement that fails when an earlier statement aborted the transaction, whose
+    /// `COMMIT` would otherwise be a silent rollback (PostgreSQL's 25P02); `None` where
+    /// a failed statement leaves the transaction usable.
+    const ABORTED_PROBE: Option<&'static str> = None;
 
     // Stored results (`store_result`); `table` is quoted.
 

@@ -130,9 +130,10 @@ pub(super) fn check_key<S: Steps>(steps: &mut S, spec: &HandlerSpec) -> (usize, 
     (steps.identity(), std::ptr::from_ref(spec) as usize)
 }
 
-/// What a check is remembered by for a connection of `backend` at `at`, `size` bytes long,
-/// whose diesel instrumentation is at `instrumentation`. MySQL and MariaDB: nothing (`0`),
-/// the check is remembered per handler — the server refuses the marker of a session that was
+/// What a check is remembered by for a connection at `at`, `size` bytes long, whose diesel
+/// instrumentation is at `instrumentation`. `per_handler` (MySQL and MariaDB, whose sessions
+/// the check marks, [`Catalogs::MARKS_SESSIONS`](crate::dialect::catalog::Catalogs)):
+/// nothing (`0`), the check is remembered per handler — the server refuses the marker of a session that was
 /// not checked for the statements it is given ([`SessionMark`](crate::dialect::layout::SessionMark)),
 /// and that session is checked then. PostgreSQL and SQLite: the instrumentation's address where it lives
 /// outside the connection's own bytes — on the heap, where it stays while the connection
@@ -147,13 +148,8 @@ pub(super) fn check_key<S: Steps>(steps: &mut S, spec: &HandlerSpec) -> (usize, 
 /// whether they may run — each marker insert requires the database and table the check read
 /// ([`DatabaseMark`](crate::dialect::layout::DatabaseMark)), and the connection is checked
 /// where they are not this session's.
-pub(crate) fn identity(
-    backend: crate::dialect::Backend,
-    at: usize,
-    size: usize,
-    instrumentation: usize,
-) -> usize {
-    if backend == crate::dialect::Backend::Mysql {
+pub(crate) fn identity(per_handler: bool, at: usize, size: usize, instrumentation: usize) -> usize {
+    if per_handler {
         return 0;
     }
     match (at..=at.saturating_add(size)).contains(&instrumentation) {

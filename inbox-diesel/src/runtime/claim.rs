@@ -75,23 +75,26 @@ pub(crate) async fn step<S: Io>(
                 let text = crate::dialect::layout::key_text(key);
                 crate::dialect::marker::marker_fits(consumer, Some(&text), layout)?;
             }
-            if let Some(probe) = <S::Backend as crate::dialect::Dialect>::OPEN_TRANSACTION_PROBE {
-                let probe = match <S::Backend as crate::dialect::Dialect>::BACKEND {
-                    // The same round trip keeps the session through the lease.
-                    crate::dialect::Backend::Postgres => {
-                        format!("{probe}; {}", keep_alive_postgres(lease_ms))
+            let keep = <S::Backend as crate::dialect::Dialect>::keep_session(kept_for_ms(lease_ms));
+            match <S::Backend as crate::dialect::Dialect>::OPEN_TRANSACTION_PROBE {
+                // The same round trip keeps the session through the lease.
+                Some(probe) => {
+                    let probe = match keep {
+                        Some(keep) => format!("{probe}; {keep}"),
+                        None => probe.to_owned(),
+                    };
+                    match io.batch(&probe).await {
+                        Err(e) if crate::dialect::open_transaction(&e) => {
+                            return Err(crate::error::Error::CalledInsideTransaction.into());
+                        }
+                        other => other?,
                     }
-                    _ => probe.to_owned(),
-                };
-                match io.batch(&probe).await {
-                    Err(e) if crate::dialect::open_transaction(&e) => {
-                        return Err(crate::error::Error::CalledInsideTransaction.into());
-                    }
-                    other => other?,
                 }
-            }
-            if let Some(keep) = keep_alive_mysql::<S::Backend>(lease_ms) {
-                io.execute(&Sql::new(keep)).await?;
+                None => {
+                    if let Some(keep) = keep {
+                        io.execute(&Sql::new(keep)).await?;
+                    }
+                }
             }
             let inserted = io
                 .execute_claim(ClaimSql::new(schema, consumer, key, step))
@@ -156,36 +159,10 @@ pub(crate) async fn present<S: Io>(
 
 /// How long claim mode needs the server to keep a session that sends nothing: the side
 /// effect runs between the claim and the stamp with the session idle, outside any
-/// transaction, for up to its lease — and a minute more for the stamp.
+/// transaction, for up to its lease — and a minute more for the stamp
+/// ([`Dialect::keep_session`](crate::dialect::Dialect::keep_session)).
 fn kept_for_ms(lease_ms: u64) -> u64 {
     lease_ms.saturating_add(60_000)
-}
-
-/// PostgreSQL: the session's `idle_session_timeout` (PostgreSQL 14+; a role's or an
-/// operator's setting) raised for this session to the lease where it is shorter: a server
-/// that ended the session while the side effect ran would leave the effect unrecorded — its
-/// stamp failing on a closed connection (`EffectNotRecorded`) — and, once the lease ended,
-/// taken over and run again. Nothing where it is off or long enough, or on a server without
-/// the setting.
-fn keep_alive_postgres(lease_ms: u64) -> String {
-    let keep = kept_for_ms(lease_ms);
-    format!(
-        "SELECT set_config('idle_session_timeout', '{keep}', false) FROM pg_settings \
-         WHERE name = 'idle_session_timeout' AND setting::bigint BETWEEN 1 AND {}",
-        keep - 1
-    )
-}
-
-/// MySQL and MariaDB: the session's `wait_timeout` raised for this session to the lease where
-/// it is shorter, as [`keep_alive_postgres`] does — on every claim, as a pool's checkout
-/// hook may set it on a session checked before. `None` elsewhere.
-fn keep_alive_mysql<DB: crate::dialect::Dialect>(lease_ms: u64) -> Option<String> {
-    (DB::BACKEND == crate::dialect::Backend::Mysql).then(|| {
-        format!(
-            "SET SESSION wait_timeout = GREATEST(@@SESSION.wait_timeout, {})",
-            kept_for_ms(lease_ms).div_ceil(1000)
-        )
-    })
 }
 
 /// MariaDB, inside the handler's transaction after a failure: whether the transaction is

@@ -13,9 +13,9 @@ use diesel::QueryResult;
 use inbox_core::MessageKey;
 
 use crate::backends::Session;
+use crate::dialect::catalog::Catalogs;
 use crate::dialect::claim::{ClaimAnswer, ClaimStep};
 use crate::dialect::layout::Layout;
-use crate::dialect::{Backend, Dialect};
 use crate::io::Io;
 use crate::runtime::found::{Kept, Presence};
 use crate::runtime::steps::Steps;
@@ -101,12 +101,12 @@ impl<H: Handle> Steps for H {
     }
 
     fn identity(&mut self) -> usize {
-        identity(self, H::Backend::BACKEND)
+        identity(self, <H::Backend as Catalogs>::MARKS_SESSIONS)
     }
 
     /// As the identity of a PostgreSQL connection: what stays with it, on every backend.
     fn address(&mut self) -> usize {
-        identity(self, Backend::Postgres)
+        identity(self, false)
     }
 
     fn in_transaction(&mut self) -> bool {
@@ -321,10 +321,10 @@ impl<H: Handle> Steps for H {
     }
 }
 
-/// What the connection's startup check is remembered by, for a connection of `backend`
-/// ([`checked::identity`]).
-fn identity<H: Handle>(handle: &mut H, backend: Backend) -> usize {
+/// What the connection's startup check is remembered by: 0 `per_handler`, or what stays
+/// with the connection ([`checked::identity`]).
+fn identity<H: Handle>(handle: &mut H, per_handler: bool) -> usize {
     let (at, size) = handle.place();
     let instrumentation = std::ptr::from_mut(handle.instrumentation());
-    checked::identity(backend, at, size, instrumentation.cast::<u8>() as usize)
+    checked::identity(per_handler, at, size, instrumentation.cast::<u8>() as usize)
 }

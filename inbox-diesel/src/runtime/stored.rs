@@ -163,10 +163,8 @@ pub(crate) async fn read<S: Io>(
 ) -> QueryResult<Kept> {
     let table = S::Backend::BACKEND.quote_table(schema.table());
     let mut sql = S::Backend::read_marker(&table, result, fingerprint);
-    // In a transaction of the caller's, under MySQL's and MariaDB's `REPEATABLE READ`, a
-    // plain read sees the snapshot, from before another delivery committed the marker.
-    if latest && S::Backend::BACKEND == crate::dialect::Backend::Mysql {
-        sql.push_str(" LOCK IN SHARE MODE");
+    if latest {
+        sql.push_str(S::Backend::LATEST_READ);
     }
     let sql = Sql::new(sql);
     let sql = S::Backend::bind_message_id(sql, &key.stored_id()).bind_text(consumer);

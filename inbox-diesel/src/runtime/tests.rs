@@ -34,7 +34,7 @@ use inbox_core::Isolation;
 fn a_check_is_remembered_by_what_stays_with_the_connection() {
     // Inside the connection's bytes (an inline `NoInstrumentation`, at its end for a
     // zero-sized one): the connection's address.
-    let pg = crate::dialect::Backend::Postgres;
+    let pg = false;
     assert_eq!(identity(pg, 1000, 64, 1000), 1000);
     assert_eq!(identity(pg, 1000, 64, 1032), 1000);
     assert_eq!(identity(pg, 1000, 64, 1064), 1000);
@@ -43,7 +43,7 @@ fn a_check_is_remembered_by_what_stays_with_the_connection() {
     assert_eq!(identity(pg, 2000, 64, 5000), 5000);
     assert_eq!(identity(pg, 1000, 64, 999), 999);
     // MySQL and MariaDB: per handler; the session mark checks each session.
-    let mysql = crate::dialect::Backend::Mysql;
+    let mysql = true;
     assert_eq!(
         identity(mysql, 1000, 64, 5000),
         identity(mysql, 2000, 64, 7000)

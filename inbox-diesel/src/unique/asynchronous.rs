@@ -78,7 +78,7 @@ where
     Id: Send + 'q,
     Upsert<S, Id>: diesel_async::methods::LoadQuery<'q, C, i64> + 'q,
 {
-    if C::BACKEND == Backend::Mysql {
+    if <C::Backend as Dialect>::CONFLICTS == Conflicts::OnDuplicateKey {
         return Err(NO_UPSERT_ALL_ON_MYSQL);
     }
     if rows.is_empty() {
@@ -150,8 +150,8 @@ where
         diesel_async::methods::LoadQuery<'q, C, i64> + diesel_async::methods::ExecuteDsl<C> + 'q,
 {
     async fn call(&mut self, conn: &mut C) -> QueryResult<i64> {
-        match C::BACKEND {
-            Backend::Mysql => {
+        match <C::Backend as Dialect>::CONFLICTS {
+            Conflicts::OnDuplicateKey => {
                 diesel_async::RunQueryDsl::execute(self.0.clone(), conn).await?;
                 last_insert_id(&mut Awaiting(conn)).await
             }

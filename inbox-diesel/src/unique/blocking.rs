@@ -124,8 +124,8 @@ where
         insert,
         id: std::marker::PhantomData::<Id>,
     };
-    let mut run = Immediate(|conn: &mut C| match C::BACKEND {
-        Backend::Mysql => {
+    let mut run = Immediate(|conn: &mut C| match <C::Backend as Dialect>::CONFLICTS {
+        Conflicts::OnDuplicateKey => {
             statement.clone().execute(conn)?;
             complete_now(last_insert_id(&mut Blocking(conn)))
         }
@@ -162,7 +162,7 @@ where
     Upsert<S, Id>: diesel::query_dsl::LoadQuery<'q, C, i64>,
 {
     use diesel::RunQueryDsl;
-    if C::BACKEND == Backend::Mysql {
+    if <C::Backend as Dialect>::CONFLICTS == Conflicts::OnDuplicateKey {
         return Err(NO_UPSERT_ALL_ON_MYSQL);
     }
     if rows.is_empty() {

@@ -96,10 +96,10 @@ use inbox_core::RetryPolicy;
 
 use crate::dialect::Dialect;
 use crate::dialect::Sql;
+use crate::dialect::keys::Conflicts;
 use crate::io::{Blocking, Io, Transactions, complete_now};
 use crate::runtime::steps::Body;
 use crate::runtime::sync::Immediate;
-use crate::schema::Backend;
 
 #[cfg(feature = "async")]
 mod asynchronous;

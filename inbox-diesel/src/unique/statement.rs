@@ -47,7 +47,7 @@ where
 {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
         self.insert.walk_ast(out.reborrow())?;
-        if DB::BACKEND == Backend::Mysql {
+        if DB::CONFLICTS == Conflicts::OnDuplicateKey {
             out.push_sql(" ON DUPLICATE KEY UPDATE ");
             out.push_identifier(Id::NAME)?;
             out.push_sql(" = LAST_INSERT_ID(");
@@ -92,7 +92,7 @@ where
 {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
         self.insert.walk_ast(out.reborrow())?;
-        if DB::BACKEND != Backend::Mysql {
+        if DB::CONFLICTS == Conflicts::OnConflict {
             push_conflict_target(&mut out, &self.key)?;
             out.push_sql(" DO NOTHING");
         }

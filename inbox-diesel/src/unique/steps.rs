@@ -3,22 +3,6 @@
 
 use super::*;
 
-/// The lock of [`serialize_on`]: a stable 64-bit FNV-1a hash of the key, the same in every
-/// process and version (the standard library's hasher promises neither).
-pub(crate) fn lock_hash(key: &str) -> i64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in key.bytes() {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
-    hash as i64
-}
-
-/// MySQL's lock name for `key`: at most 64 characters, whatever the key.
-pub(crate) fn lock_name(key: &str) -> String {
-    format!("inbox:{:016x}", lock_hash(key) as u64)
-}
-
 /// What taking a key lock gave.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum KeyLock {
@@ -51,30 +35,9 @@ impl Answer {
 
 /// Takes the lock on `key`: what [`serialize_on`] holds while its body runs.
 pub(super) async fn lock_key<S: Io>(io: &mut S, key: &str) -> QueryResult<KeyLock> {
-    let n = match S::Backend::BACKEND {
-        // 1 when the transaction reads each statement's own snapshot, 2 when its snapshot was
-        // taken before the lock was granted.
-        Backend::Postgres => Answer::of(
-            io.load(
-                &Sql::new(
-                    "SELECT (CASE current_setting('transaction_isolation') \
-                     WHEN 'read committed' THEN 1 ELSE 2 END)::BIGINT AS n \
-                     FROM (SELECT pg_advisory_xact_lock($1)) AS locked",
-                )
-                .bind_i64(lock_hash(key)),
-            )
-            .await?,
-        )?,
-        // 1 granted, 0 timed out, NULL an error (out of memory, a killed thread).
-        Backend::Mysql => Answer::of(
-            io.load(
-                &Sql::new("SELECT GET_LOCK(?, @@innodb_lock_wait_timeout) AS n")
-                    .bind_text(lock_name(key)),
-            )
-            .await?,
-        )?,
-        // The write lock of BEGIN IMMEDIATE, already held.
-        Backend::Sqlite => Some(1),
+    let n = match S::Backend::lock_key(key) {
+        Some(sql) => Answer::of(io.load(&sql).await?)?,
+        None => Some(1),
     };
     Ok(match n {
         Some(1) => KeyLock::Held,
@@ -83,21 +46,19 @@ pub(super) async fn lock_key<S: Io>(io: &mut S, key: &str) -> QueryResult<KeyLoc
     })
 }
 
-/// PostgreSQL: fails with 25P02 when an earlier statement aborted the transaction — whose
-/// `COMMIT` would otherwise be a silent rollback. Nothing elsewhere.
+/// Fails when an earlier statement aborted the transaction ([`Dialect::ABORTED_PROBE`]).
 pub(super) async fn probe_transaction<S: Io>(io: &mut S) -> QueryResult<()> {
-    if S::Backend::BACKEND == Backend::Postgres {
-        io.load::<Answer>(&Sql::new("SELECT CAST(1 AS BIGINT) AS n"))
-            .await?;
+    if let Some(probe) = S::Backend::ABORTED_PROBE {
+        io.load::<Answer>(&Sql::new(probe)).await?;
     }
     Ok(())
 }
 
-/// Releases MySQL's session lock; nothing elsewhere, where the transaction's end does.
+/// Releases a session's key lock ([`Dialect::unlock_key`]); nothing where the transaction's
+/// end does.
 pub(super) async fn unlock_key<S: Io>(io: &mut S, key: &str) -> QueryResult<()> {
-    if S::Backend::BACKEND == Backend::Mysql {
-        io.load::<Answer>(&Sql::new("SELECT RELEASE_LOCK(?) AS n").bind_text(lock_name(key)))
-            .await?;
+    if let Some(sql) = S::Backend::unlock_key(key) {
+        io.load::<Answer>(&sql).await?;
     }
     Ok(())
 }
@@ -217,7 +178,8 @@ pub(super) async fn upsert_steps<S: Transactions>(
     .await
 }
 
-/// MySQL has no `RETURNING`: a multi-row upsert cannot yield every row's id.
+/// [`Conflicts::OnDuplicateKey`](crate::dialect::keys::Conflicts): a multi-row upsert cannot
+/// yield every row's id.
 pub(super) const NO_UPSERT_ALL_ON_MYSQL: UniqueError = UniqueError::Unsupported {
     what: "MySQL has no RETURNING: a multi-row upsert cannot yield every row's id; call upsert \
            or insert_or_get per row, in one transaction",
@@ -234,11 +196,11 @@ where
 {
     let database = |error: DieselError| E::from(UniqueError::Database(error));
     let nested = in_transaction(io).map_err(database)?;
-    // MySQL's GET_LOCK belongs to the session: released by RELEASE_LOCK, not by COMMIT.
-    // Taken inside a transaction it would be released before the commit that publishes the
-    // rows, and the next caller would not see them; so it is taken before BEGIN and released
-    // after COMMIT, and refused inside a transaction.
-    let session_lock = S::Backend::BACKEND == Backend::Mysql;
+    // A session's lock (MySQL's GET_LOCK) is released by its unlock, not by COMMIT. Taken
+    // inside a transaction it would be released before the commit that publishes the rows,
+    // and the next caller would not see them; so it is taken before BEGIN and released after
+    // COMMIT, and refused inside a transaction.
+    let session_lock = S::Backend::unlock_key(name).is_some();
     if session_lock && nested {
         return Err(database(DieselError::AlreadyInTransaction));
     }

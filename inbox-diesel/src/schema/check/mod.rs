@@ -4,11 +4,10 @@ use diesel::QueryResult;
 use diesel::sql_types::{BigInt, Text};
 use inbox_core::InboxSchema;
 
-use crate::dialect::Dialect;
 use crate::dialect::Sql;
-use crate::dialect::layout::{DatabaseMark, Layout, SessionMark, intern};
+use crate::dialect::catalog::{Catalogs, FactRow};
+use crate::dialect::layout::{Layout, intern};
 use crate::io::{Io, Session};
-use crate::schema::Backend;
 
 mod catalog;
 mod table;
@@ -41,33 +40,12 @@ pub(crate) struct ColumnRow {
     nullable: i64,
 }
 
-/// The server's version and packet limit, read with the catalog on MySQL and MariaDB.
-pub(crate) const SERVER_VERSION_SQL: &str = "SELECT CAST(VERSION() AS CHAR) AS version, \
-     CAST(@@max_allowed_packet AS SIGNED) AS max_packet";
-
-#[derive(Debug, diesel::QueryableByName)]
-pub(crate) struct ServerInfo {
-    #[diesel(sql_type = Text)]
-    version: String,
-    #[diesel(sql_type = BigInt)]
-    max_packet: i64,
-}
-
 #[derive(Debug, diesel::QueryableByName)]
 pub(crate) struct IndexRow {
     #[diesel(sql_type = BigInt)]
     is_unique: i64,
     #[diesel(sql_type = Text)]
     name: String,
-}
-
-/// One fact about the table that the check refuses or reports: its kind and a detail.
-#[derive(Debug, diesel::QueryableByName)]
-pub(crate) struct FactRow {
-    #[diesel(sql_type = Text)]
-    kind: String,
-    #[diesel(sql_type = Text)]
-    detail: String,
 }
 
 /// The startup check on one connection: reads the catalog, compares, and on MySQL and
@@ -110,8 +88,8 @@ pub(crate) async fn check_table<S: Io>(
         }
     }
     let catalog = read.map_err(SchemaError::Database)?;
-    let mut layout = check(S::Backend::BACKEND, schema, catalog, claim)?;
-    layout.english = set_english && S::Backend::BACKEND == Backend::Postgres;
+    let mut layout = check::<S::Backend>(schema, catalog, claim)?;
+    layout.english = set_english;
     if let Some(mark) = layout.session_mark {
         io.execute(&Sql::new(mark.set_sql()))
             .await

@@ -3,143 +3,55 @@
 
 use super::*;
 
-/// Each column the runtime uses, and the types it works with on each backend: a prefix of
-/// the catalog's type name, compared case-insensitively. Times are UTC everywhere: on
+/// Each column the runtime uses, and what it must be: each backend's
+/// [`Catalogs::accepts`] lists the type names it works with. Times are UTC everywhere: on
 /// PostgreSQL `timestamp with time zone` (a `timestamp` column is compared in each session's
 /// `TimeZone`), on MySQL and MariaDB `DATETIME` written with `UTC_TIMESTAMP()` (a `TIMESTAMP`
 /// column converts from and to each session's `time_zone`).
-pub(super) const COLUMNS: [(&str, [&[&str]; 3], &str); 7] = [
-    // (column, [postgres, mysql, sqlite], expected)
-    (
-        "id",
-        [&["bigint"], &["bigint"], &["integer"]],
-        "a 64-bit integer key",
-    ),
+pub(super) const COLUMNS: [(&str, &str); 7] = [
+    ("id", "a 64-bit integer key"),
     (
         "message_id",
-        [&["uuid"], &["binary(16)"], &["blob"]],
         "UUID (PostgreSQL), BINARY(16) (MySQL), BLOB (SQLite)",
     ),
-    (
-        "consumer",
-        [
-            &["text", "character varying"],
-            &["varchar", "text", "mediumtext", "longtext"],
-            &["text"],
-        ],
-        "text of at least 200 characters",
-    ),
-    (
-        "received_at",
-        [
-            &["timestamp with time zone", "timestamp("],
-            &["datetime"],
-            &["timestamp", "datetime", "text"],
-        ],
-        TIMESTAMP,
-    ),
-    (
-        "processed_at",
-        [
-            &["timestamp with time zone", "timestamp("],
-            &["datetime"],
-            &["timestamp", "datetime", "text"],
-        ],
-        TIMESTAMP,
-    ),
-    (
-        "claimed_until",
-        [
-            &["timestamp with time zone", "timestamp("],
-            &["datetime"],
-            &["timestamp", "datetime", "text"],
-        ],
-        TIMESTAMP,
-    ),
-    (
-        "attempts",
-        [
-            &["integer", "bigint"],
-            &["int", "bigint"],
-            &["integer", "bigint"],
-        ],
-        "an integer",
-    ),
+    ("consumer", "text of at least 200 characters"),
+    ("received_at", TIMESTAMP),
+    ("processed_at", TIMESTAMP),
+    ("claimed_until", TIMESTAMP),
+    ("attempts", "an integer"),
 ];
 
 pub(super) const TIMESTAMP: &str = "a time the runtime writes and compares in UTC: TIMESTAMPTZ \
     (PostgreSQL; `timestamp without time zone` is read in each session's TimeZone), DATETIME \
     (MySQL, MariaDB; `TIMESTAMP` converts with each session's time_zone), TIMESTAMP (SQLite)";
 
-/// The optional column the runtime fills when the table has it, and the types it accepts:
-/// the key as text, for operators and for migrating from a table of text ids
+/// The optional column the runtime fills when the table has it: the key as text, for
+/// operators and for migrating from a table of text ids
 /// (`inbox-diesel migration generate --with key_text`). A key is up to 64 KiB of text, a
 /// bytes key twice that in hex: no bounded type holds every key.
-pub(super) const KEY_TEXT: (&str, [&[&str]; 3], &str) = (
+pub(super) const KEY_TEXT: (&str, &str) = (
     "key_text",
-    [
-        &["text", "character varying"],
-        &["mediumtext", "longtext"],
-        &["text"],
-    ],
     "unbounded text in UTF-8: TEXT (PostgreSQL, SQLite), MEDIUMTEXT with a utf8mb4 collation \
      (MySQL, MariaDB)",
 );
 
 /// The optional column where a handler with `store_result` keeps its `Ok` value, as JSON
 /// (`inbox-diesel migration generate --with result`).
-pub(super) const RESULT: (&str, [&[&str]; 3], &str) = (
+pub(super) const RESULT: (&str, &str) = (
     "result",
-    [
-        &["jsonb", "json", "text"],
-        &["json", "longtext", "mediumtext"],
-        &["text"],
-    ],
     "JSON text: jsonb (PostgreSQL), JSON (MySQL; MariaDB's JSON is LONGTEXT), TEXT (SQLite)",
 );
 
 /// The optional column where a handler with `fingerprint = …` keeps the request's SHA-256
 /// digest (`inbox-diesel migration generate --with fingerprint`).
-pub(super) const FINGERPRINT: (&str, [&[&str]; 3], &str) = (
+pub(super) const FINGERPRINT: (&str, &str) = (
     "fingerprint",
-    [&["bytea"], &["binary(32)", "varbinary", "blob"], &["blob"]],
     "32 bytes: BYTEA (PostgreSQL), BINARY(32) (MySQL, MariaDB), BLOB (SQLite)",
 );
 
-/// The longest consumer name, in characters: what `consumer` must hold.
-pub(super) const CONSUMER_CHARS: u64 = inbox_core::Consumer::MAX_LEN as u64;
-
-/// The length a type name bounds a text to, `varchar(50)` → 50; `None` when unbounded.
-pub(super) fn bound(type_name: &str) -> Option<u64> {
-    let (_, rest) = type_name.split_once('(')?;
-    rest.split_once(')')?.0.trim().parse().ok()
-}
-
-/// Whether the column `found` (its type name lower-cased, with MySQL's collation) can hold
-/// what the runtime writes into `column`, beyond the type's name.
-pub(super) fn holds(backend: Backend, column: &str, type_name: &str) -> bool {
-    let timestamp = matches!(column, "received_at" | "processed_at" | "claimed_until");
-    match (backend, column) {
-        (Backend::Postgres, _) if timestamp => {
-            type_name.contains("with time zone") && !type_name.contains("without")
-        }
-        (Backend::Postgres, "consumer") => bound(type_name).is_none_or(|n| n >= CONSUMER_CHARS),
-        (Backend::Postgres, "key_text") => bound(type_name).is_none(),
-        // Any character of a UTF-8 name, compared byte by byte.
-        (Backend::Mysql, "consumer") => {
-            type_name.contains("collate utf8mb4_")
-                && type_name.contains("_bin")
-                && bound(type_name).is_none_or(|n| n >= CONSUMER_CHARS)
-        }
-        (Backend::Mysql, "key_text") => type_name.contains("collate utf8mb4_"),
-        _ => true,
-    }
-}
-
 /// Compares what the catalog says with what the runtime needs, and says which optional
 /// columns the table has.
-pub(crate) fn check(
-    backend: Backend,
+pub(crate) fn check<D: Catalogs>(
     schema: &InboxSchema,
     catalog: Catalog,
     claim: bool,
@@ -148,7 +60,7 @@ pub(crate) fn check(
         key_text: false,
         result: false,
         fingerprint: false,
-        mariadb: backend == Backend::Mysql && catalog.server.contains("MariaDB"),
+        mariadb: catalog.server.contains("MariaDB"),
         session_mark: None,
         database_mark: None,
         pinned: None,
@@ -192,11 +104,6 @@ pub(crate) fn check(
             });
         }
     } else {
-        let slot = match backend {
-            Backend::Postgres => 0,
-            Backend::Mysql => 1,
-            Backend::Sqlite => 2,
-        };
         layout.key_text = catalog.columns.iter().any(|c| c.name == KEY_TEXT.0);
         layout.result = catalog.columns.iter().any(|c| c.name == RESULT.0);
         layout.fingerprint = catalog.columns.iter().any(|c| c.name == FINGERPRINT.0);
@@ -206,31 +113,19 @@ pub(crate) fn check(
             layout.result.then_some(&RESULT),
             layout.fingerprint.then_some(&FINGERPRINT),
         ];
-        for &(column, types, expected) in COLUMNS.iter().chain(optional.into_iter().flatten()) {
+        for &(column, expected) in COLUMNS.iter().chain(optional.into_iter().flatten()) {
             match catalog.columns.iter().find(|c| c.name == column) {
-                // SQLite's lean design keys the table by the pair: nothing reads `id` there
-                // (the purge goes by the key).
-                None if column == "id" && backend == Backend::Sqlite => {}
+                None if column == "id" && D::ID_OPTIONAL => {}
                 None => problems.push(SchemaProblem::MissingColumn { column }),
                 Some(found) => {
                     let type_name = found.type_name.to_ascii_lowercase();
-                    if !types[slot].iter().any(|t| type_name.starts_with(t))
-                        || !holds(backend, column, &type_name)
+                    if !D::accepts(column).iter().any(|t| type_name.starts_with(t))
+                        || !D::holds(column, &type_name)
                     {
                         problems.push(SchemaProblem::WrongType {
                             column,
                             found: found.type_name.clone(),
-                            expected: match (backend, column) {
-                                // A case- or accent-insensitive collation would let `Credit`
-                                // share the markers of `credit`; another character set would
-                                // turn names it cannot hold into `?`s that compare equal.
-                                (Backend::Mysql, "consumer") => {
-                                    "VARCHAR(200) with a binary utf8mb4 collation \
-                                     (utf8mb4_bin), so that every consumer name fits and \
-                                     compares byte by byte"
-                                }
-                                _ => expected,
-                            },
+                            expected: D::expected(column).unwrap_or(expected),
                         });
                     } else if found.nullable != 0 && matches!(column, "message_id" | "consumer") {
                         problems.push(SchemaProblem::Nullable { column });
@@ -252,7 +147,7 @@ pub(crate) fn check(
         }
         let index_missing = catalog.index.is_empty();
         problems.extend(
-            refusals(backend, schema, &catalog.facts, layout.key_text, claim)
+            refusals::<D>(schema, &catalog.facts, layout.key_text, claim)
                 .into_iter()
                 // The inbox's index under another name: the missing index's problem says so.
                 .filter(|problem| {
@@ -262,29 +157,19 @@ pub(crate) fn check(
                 }),
         );
     }
-    if backend != Backend::Mysql && !schema.table().contains('.') {
+    if D::PINS_TABLE && !schema.table().contains('.') {
         layout.pinned = resolved
             .as_deref()
             .filter(|name| InboxSchema::validate_table(name).is_ok())
             .map(intern);
     }
-    if backend == Backend::Mysql {
-        layout.session_mark = Some(SessionMark::new(schema, layout, claim));
-    }
-    if backend != Backend::Mysql {
-        // PostgreSQL: the name as the handler gives it, resolved by the session's
-        // `search_path` as the check resolved it (a session pointed at another schema since
-        // is checked there); SQLite: the table as pinned, in its database.
-        let name = match backend {
-            Backend::Postgres => schema.table(),
-            _ => layout.pinned.unwrap_or(schema.table()),
-        };
-        layout.database_mark = catalog
-            .facts
-            .iter()
-            .find(|fact| fact.kind == "oids")
-            .and_then(|fact| DatabaseMark::read(backend == Backend::Postgres, &fact.detail, name));
-    }
+    let oids = catalog.facts.iter().find(|fact| fact.kind == "oids");
+    D::mark(
+        &mut layout,
+        schema,
+        claim,
+        oids.map(|fact| fact.detail.as_str()),
+    );
     match problems.is_empty() {
         true => Ok(layout),
         false => Err(SchemaError::Mismatch {
@@ -295,30 +180,19 @@ pub(crate) fn check(
     }
 }
 
-/// Whether another unique index of the inbox table (`name (columns)`) is harmless: one with
-/// `id`; on PostgreSQL also one covering `(message_id, consumer)` (it cannot be violated
-/// unless the inbox's index is, and `ON CONFLICT` names the columns) — not on MySQL and
-/// MariaDB, which report whichever index a duplicate meets first.
-pub(super) fn harmless_unique(backend: Backend, detail: &str) -> bool {
+/// Whether another unique index of the inbox table (`name (columns)`) is harmless
+/// ([`Catalogs::harmless_unique`]).
+fn harmless_unique<D: Catalogs>(detail: &str) -> bool {
     let columns: Vec<&str> = detail
         .rsplit_once(" (")
         .and_then(|(_, columns)| columns.strip_suffix(')'))
         .map(|columns| columns.split(", ").collect())
         .unwrap_or_default();
-    // `id` is unique by itself (generated): an index with it is never violated first — the
-    // primary key a partitioned table needs, `(id, message_id)`, included.
-    match backend {
-        Backend::Mysql => columns.contains(&"id"),
-        _ => {
-            columns.contains(&"id")
-                || (columns.contains(&"message_id") && columns.contains(&"consumer"))
-        }
-    }
+    D::harmless_unique(&columns)
 }
 
 /// The facts the check refuses, each with what it breaks and the fix.
-pub(super) fn refusals(
-    backend: Backend,
+pub(super) fn refusals<D: Catalogs>(
     schema: &InboxSchema,
     facts: &[FactRow],
     key_text: bool,
@@ -382,9 +256,9 @@ pub(super) fn refusals(
                 ),
             }),
             "relkind" | "engine" => problems.push(problem(
-                match (backend, detail) {
-                    (Backend::Mysql, "VIEW") | (_, "v") | (_, "view") => "a view".into(),
-                    (Backend::Mysql, engine) => format!("the {engine} storage engine"),
+                match (fact.kind.as_str(), detail) {
+                    ("engine", "VIEW") | (_, "v") | (_, "view") => "a view".into(),
+                    ("engine", engine) => format!("the {engine} storage engine"),
                     (_, "f") => "a foreign table".into(),
                     (_, "m") => "a materialized view".into(),
                     (_, other) => format!("a relation of kind `{other}`"),
@@ -392,8 +266,8 @@ pub(super) fn refusals(
                 "the marker must be a row of a transactional table, written and rolled back \
                  with the business change (MyISAM and Aria keep a marker whose transaction \
                  rolled back: the message would never be applied)",
-                match backend {
-                    Backend::Mysql => format!("ALTER TABLE {table} ENGINE = InnoDB"),
+                match fact.kind.as_str() {
+                    "engine" => format!("ALTER TABLE {table} ENGINE = InnoDB"),
                     _ => "use a plain table (`inbox-diesel migration generate`)".into(),
                 },
             )),
@@ -456,15 +330,12 @@ pub(super) fn refusals(
                 "keys (or consumer names) that share the prefix would share one marker",
                 format!("recreate it on the whole columns (`UNIQUE KEY {index} (message_id, consumer)`)"),
             )),
-            "other unique" if !harmless_unique(backend, detail) => problems.push(problem(
+            "other unique" if !harmless_unique::<D>(detail) => problems.push(problem(
                 format!("the unique index `{detail}`"),
                 "a marker insert that violates another unique index is not a duplicate to the \
                  runtime: every delivery (or every redelivery) of such a message would fail, \
                  where the inbox's index alone decides",
-                match backend {
-                    Backend::Mysql => "drop it; the primary key belongs on `id` alone".into(),
-                    _ => "drop it, or make it cover (message_id, consumer)".into(),
-                },
+                D::OTHER_UNIQUE_FIX.into(),
             )),
             // MariaDB's duplicate-key error names the index but not its table: a business
             // table's violation of an index of the same name would read as the inbox's own,
