@@ -382,7 +382,6 @@ impl<'a, DB: Dialect> ClaimRead<'a, DB> {
         latest: bool,
     ) -> Self {
         use Part::{Consumer, Ids, Sql, Table};
-        let locking = latest && DB::BACKEND == super::Backend::Mysql;
         ClaimSql {
             table: schema.table(),
             id: Uuid::nil(),
@@ -405,7 +404,8 @@ impl<'a, DB: Dialect> ClaimRead<'a, DB> {
                 Consumer,
                 Sql(" AND message_id IN ("),
                 Ids,
-                Sql(if locking { ") LOCK IN SHARE MODE" } else { ")" }),
+                Sql(")"),
+                Sql(if latest { DB::LATEST_READ } else { "" }),
             ],
             types: PhantomData,
         }
