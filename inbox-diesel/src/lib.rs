@@ -304,9 +304,9 @@ extern crate self as inbox_diesel;
 // The layers, bottom up; arrows run down only, and no two modules import each other:
 // values every layer names (`value`, `spec`, `classify`, `tripwire`'s net), then `error`
 // (with the check's and the outbox's refusals, `error::schema`, `error::outbox`) and
-// `dialect` (SQL text, which backend); `backends` (each backend's connections), the test
-// kit's crash points (`testing`, `crash`); `io` (one interface over sync and async
-// connections); `schema` (DDL, the startup check, migrations), `outbox`, `purge`; `runtime`
+// `dialect` (SQL text, which backend); `io` (one interface over sync and async
+// connections); `backends` (each backend's SQL, catalog, session and connections), the test
+// kit's crash points (`testing`, `crash`); `schema` (DDL, the startup check, migrations), `outbox`, `purge`; `runtime`
 // (what a read of markers found and what a duplicate is answered on, the steps, the check's
 // cache, failures, stored results, batches, transaction and claim mode, then the sync and
 // async entry points); `handler` and `unique` on top; `__private`, what the expansion names.

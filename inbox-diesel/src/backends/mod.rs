@@ -1,4 +1,6 @@
-//! Everything one backend knows, a file each: its SQL where it differs ([`Dialect`]), and
+//! What each backend knows, a file each: its SQL where it differs ([`Dialect`]), how it
+//! binds and reads a message id ([`BindId`](crate::dialect::BindId)), its catalog's queries
+//! and rules for the startup check ([`Catalogs`](crate::dialect::catalog::Catalogs)), and
 //! its handler's transaction ([`Session`]), written once over [`Io`] for its sync and its
 //! diesel-async connection, which each file names as the backend's connections. The
 //! connection traits are sealed: only this crate's connections implement them.
@@ -57,7 +59,7 @@ pub(crate) mod sealed {
             another client, name the database connection with `conn = …`"
 )]
 pub trait InboxConnection: sealed::Connection {
-    /// The connection's backend: which SQL dialect, DDL and error codes apply.
+    /// The connection's backend: which SQL dialect and DDL apply.
     const BACKEND: crate::dialect::Backend = <Self::Backend as crate::dialect::Dialect>::BACKEND;
 }
 
@@ -232,7 +234,7 @@ mod asynchronous {
                 (`cargo tree -d`), its `AsyncPgConnection` is another type"
     )]
     pub trait AsyncInboxConnection: sealed::AsyncConnection {
-        /// The connection's backend: which SQL dialect, DDL and error codes apply.
+        /// The connection's backend: which SQL dialect and DDL apply.
         const BACKEND: crate::dialect::Backend =
             <Self::Backend as crate::dialect::Dialect>::BACKEND;
     }

@@ -620,8 +620,7 @@ impl Session for Mysql {
         })
     }
 
-    /// The server's messages in English on this session ([`MYSQL_ENGLISH`]): any session may
-    /// set its own.
+    /// `VERSION()` and `@@max_allowed_packet`.
     async fn read_server<I: Io<Backend = Self>>(io: &mut I) -> QueryResult<(String, u64)> {
         Ok(io
             .load::<ServerInfo>(&Sql::new(SERVER_VERSION_SQL))
@@ -644,6 +643,8 @@ impl Session for Mysql {
         Ok(facts)
     }
 
+    /// The server's messages in English on this session ([`MYSQL_ENGLISH`]): any session may
+    /// set its own.
     async fn english_messages<I: Io<Backend = Self>>(
         io: &mut I,
         _schema: &InboxSchema,

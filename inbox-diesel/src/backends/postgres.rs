@@ -657,7 +657,7 @@ const PG_LIFTED: &str = "SELECT coalesce(current_setting('inbox.check', true), '
 /// (or none: an empty `lc_messages` takes the server's environment), now or after a `RESET`
 /// (`reset_val`: the role's, the database's or the server's setting). A row where either
 /// does: the handler's transactions then set English for themselves. Only a superuser, or
-/// a role granted `SET` on the parameter, may; see [`english_messages`]. Read from the reset
+/// a role granted `SET` on the parameter, may; see [`Session::english_messages`]. Read from the reset
 /// value as well, because a session can be English already without being so by default: the
 /// marker's statement prepared on it set English before a check ran there
 /// (`PgMarker::prepared_and`).

@@ -1,6 +1,7 @@
-//! Get-or-create's parts that differ between the backends: the lock that serialises the
-//! callers of one key, and the form of an insert that meets a row with its key. Each
-//! backend's [`Dialect`](super::Dialect) names them; `unique` runs them.
+//! Get-or-create's vocabulary where the backends differ: the forms of an insert that meets
+//! the row with its key ([`Conflicts`]) and the hash a key's lock is taken on. Each
+//! backend's [`Dialect`](super::Dialect) names its form and its lock's statements
+//! (`lock_key`, `unlock_key`); `unique` runs them.
 
 /// How an insert meets the row its key duplicates, by the SQL the backend has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -14,7 +15,8 @@ pub enum Conflicts {
     OnDuplicateKey,
 }
 
-/// The key lock's 64-bit value: a stable FNV-1a hash of the key, the same in every process
+/// A key's lock as a 64-bit number (PostgreSQL's advisory lock; MySQL's lock name is made
+/// of it): a stable FNV-1a hash of the key, the same in every process
 /// and version (the standard library's hasher promises neither).
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn lock_hash(key: &str) -> i64 {

@@ -18,7 +18,7 @@ use table::*;
 pub use crate::error::schema::{SchemaError, SchemaProblem};
 
 /// The catalog's view of the inbox table: its columns, the named index, and the facts of
-/// [`facts_sql`].
+/// [`Catalogs::facts_sql`] and [`Session::more_facts`].
 #[derive(Debug, Default)]
 pub(crate) struct Catalog {
     columns: Vec<ColumnRow>,
@@ -48,8 +48,9 @@ pub(crate) struct IndexRow {
     name: String,
 }
 
-/// The startup check on one connection: reads the catalog, compares, and on MySQL and
-/// MariaDB marks the session as checked ([`SessionMark`]). `claim`: the handler runs in
+/// The startup check on one connection: reads the catalog, compares, and marks the layout
+/// ([`Catalogs::mark`]); where that is a session mark (MySQL and MariaDB,
+/// [`SessionMark`](crate::dialect::layout::SessionMark)), sets it on the session. `claim`: the handler runs in
 /// claim mode, whose statements take more privileges.
 pub(crate) async fn check_table<S: Io>(
     io: &mut S,
