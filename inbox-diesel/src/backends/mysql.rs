@@ -67,6 +67,26 @@ impl dialect::BindId for diesel::mysql::Mysql {
 }
 
 impl Dialect for diesel::mysql::Mysql {
+    fn outbox_insert_sql(table: &str, _notify: bool) -> String {
+        format!(
+            "INSERT INTO {table} (id, destination, ordering_key, headers, payload, created_at) \
+             VALUES (?, ?, ?, ?, ?, UTC_TIMESTAMP(6))"
+        )
+    }
+
+    /// `DELETE … ORDER BY … LIMIT`: MySQL and MariaDB refuse the table in a subquery of its
+    /// own `DELETE`.
+    fn outbox_purge_sql(table: &str, batch: u32) -> String {
+        let (before, after) = Self::LEASE_UNTIL;
+        format!(
+            "DELETE FROM {table} WHERE sent_at < {before}?{after} ORDER BY sent_at LIMIT {batch}"
+        )
+    }
+
+    const SKIP_LOCKED: &'static str = " FOR UPDATE SKIP LOCKED";
+    const UPDATES_FROM_OWN_SUBQUERY: bool = false;
+    const SINGLE_WRITER: bool = false;
+
     const CONFLICTS: dialect::keys::Conflicts = dialect::keys::Conflicts::OnDuplicateKey;
 
     /// `GET_LOCK`, waiting as long as a row lock would: 1 granted, 0 timed out, NULL an
@@ -109,6 +129,31 @@ impl Dialect for diesel::mysql::Mysql {
     }
 
     const LATEST_READ: &'static str = " LOCK IN SHARE MODE";
+
+    /// A session set to read uncommitted rows for its next transaction only cannot be told
+    /// from the variables: the read locks. Only on a session in autocommit: with
+    /// `autocommit` off the read would begin a transaction that keeps the lock after a
+    /// duplicate is answered; there the condition is false before any row is read, and the
+    /// transaction decides.
+    fn precheck_read(mariadb: bool, nowait: bool) -> Option<(&'static str, &'static str)> {
+        // MariaDB before 11.1 has only `tx_isolation`; MySQL 8 only `transaction_isolation`.
+        let head = match mariadb {
+            true => {
+                "SELECT CAST(CASE WHEN @@SESSION.tx_isolation = 'READ-UNCOMMITTED' \
+                 THEN 4 WHEN processed_at IS NOT NULL THEN 0 "
+            }
+            false => {
+                "SELECT CAST(CASE WHEN @@SESSION.transaction_isolation = 'READ-UNCOMMITTED' \
+                 THEN 4 WHEN processed_at IS NOT NULL THEN 0 "
+            }
+        };
+        let lock = match (nowait, mariadb) {
+            (false, _) => " AND @@autocommit = 1 LOCK IN SHARE MODE",
+            (true, true) => " AND @@autocommit = 1 LOCK IN SHARE MODE NOWAIT",
+            (true, false) => " AND @@autocommit = 1 FOR SHARE NOWAIT",
+        };
+        Some((head, lock))
+    }
     /// MySQL's `JSON`, cast to text (MariaDB's is `LONGTEXT` already).
     const RESULT_AS_TEXT: &'static str = "CAST(result AS CHAR)";
 

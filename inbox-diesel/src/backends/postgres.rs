@@ -35,6 +35,37 @@ impl dialect::BindId for diesel::pg::Pg {
 }
 
 impl Dialect for diesel::pg::Pg {
+    const NOTIFIES: bool = true;
+
+    fn outbox_insert_sql(table: &str, notify: bool) -> String {
+        match notify {
+            // The notification in the same statement: no round trip of its own.
+            true => format!(
+                "WITH appended AS (INSERT INTO {table} (id, destination, ordering_key, headers, \
+                 payload) VALUES (CAST($1 AS uuid), $2, $3, $4, $5) RETURNING seq) \
+                 SELECT pg_notify($6, '') FROM appended"
+            ),
+            false => format!(
+                "INSERT INTO {table} (id, destination, ordering_key, headers, payload) \
+                 VALUES (CAST($1 AS uuid), $2, $3, $4, $5)"
+            ),
+        }
+    }
+
+    const SKIP_LOCKED: &'static str = " FOR UPDATE OF o SKIP LOCKED";
+    const UPDATES_FROM_OWN_SUBQUERY: bool = true;
+    const SINGLE_WRITER: bool = false;
+
+    /// The outbox's id is a `UUID`.
+    fn outbox_id_text(column: &str) -> String {
+        format!("CAST({column} AS text)")
+    }
+
+    /// `clock_timestamp()`, not the statement's start: a claim taking seconds does not hand
+    /// out rows whose lease has already run.
+    const LEASE_PER_ROW: (&'static str, &'static str) =
+        ("clock_timestamp() + ", " * INTERVAL '1 millisecond'");
+
     const CONFLICTS: dialect::keys::Conflicts = dialect::keys::Conflicts::OnConflict;
 
     /// `pg_advisory_xact_lock`, held until the transaction ends; 2 when the transaction's

@@ -33,6 +33,18 @@ impl dialect::BindId for diesel::sqlite::Sqlite {
 }
 
 impl Dialect for diesel::sqlite::Sqlite {
+    fn outbox_insert_sql(table: &str, _notify: bool) -> String {
+        format!(
+            "INSERT INTO {table} (id, destination, ordering_key, headers, payload) \
+             VALUES (?, ?, ?, ?, ?)"
+        )
+    }
+
+    /// One writer: nothing to skip.
+    const SKIP_LOCKED: &'static str = "";
+    const UPDATES_FROM_OWN_SUBQUERY: bool = true;
+    const SINGLE_WRITER: bool = true;
+
     const CONFLICTS: dialect::keys::Conflicts = dialect::keys::Conflicts::OnConflict;
 
     /// The write lock of `BEGIN IMMEDIATE`, already held.

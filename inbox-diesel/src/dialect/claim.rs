@@ -294,23 +294,12 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB> {
         nowait: bool,
     ) -> ClaimRead<'a, DB> {
         use Part::{Sql, Table};
-        let isolation = match committed_only {
-            Some(layout) if DB::BACKEND == super::Backend::Mysql => Some(match layout.mariadb {
-                // MariaDB before 11.1 has only `tx_isolation`; MySQL 8 only this.
-                true => {
-                    "SELECT CAST(CASE WHEN @@SESSION.tx_isolation = 'READ-UNCOMMITTED' \
-                         THEN 4 WHEN processed_at IS NOT NULL THEN 0 "
-                }
-                false => {
-                    "SELECT CAST(CASE WHEN @@SESSION.transaction_isolation = \
-                          'READ-UNCOMMITTED' THEN 4 WHEN processed_at IS NOT NULL THEN 0 "
-                }
-            }),
-            _ => None,
-        };
-        let locking = isolation.is_some();
+        let locking = committed_only.and_then(|layout| DB::precheck_read(layout.mariadb, nowait));
         let mut parts = vec![
-            Sql(isolation.unwrap_or("SELECT CAST(CASE WHEN processed_at IS NOT NULL THEN 0 ")),
+            Sql(locking.map_or(
+                "SELECT CAST(CASE WHEN processed_at IS NOT NULL THEN 0 ",
+                |l| l.0,
+            )),
             Sql("WHEN claimed_until IS NULL THEN 1 WHEN claimed_until > "),
             Sql(DB::LEASE_NOW),
             Sql(" THEN 2 ELSE 3 END AS "),
@@ -332,21 +321,8 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB> {
         if let Some(mark) = committed_only.and_then(Layout::mark) {
             parts.push(Part::MarkCondition(mark));
         }
-        // A locking read, which waits for a delivery's uncommitted marker (MySQL and MariaDB,
-        // where a session set to read uncommitted rows for its next transaction only cannot
-        // be told from the variables) — or with `nowait` fails at once, and the transaction
-        // decides. Only on a session in autocommit: with `autocommit` off the read would begin
-        // a transaction that keeps the lock after a duplicate is answered; there the
-        // condition is false before any row is read, and the transaction decides.
-        if locking {
-            parts.push(Sql(" AND @@autocommit = 1"));
-            parts.push(Sql(
-                match (nowait, committed_only.is_some_and(|l| l.mariadb)) {
-                    (false, _) => " LOCK IN SHARE MODE",
-                    (true, true) => " LOCK IN SHARE MODE NOWAIT",
-                    (true, false) => " FOR SHARE NOWAIT",
-                },
-            ));
+        if let Some((_, lock)) = locking {
+            parts.push(Sql(lock));
         }
         ClaimSql {
             table: schema.table(),

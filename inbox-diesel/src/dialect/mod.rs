@@ -81,6 +81,15 @@ pub trait Dialect: Binds + Rows + claim::ReadsClaims {
     /// `@@in_transaction`), or nothing can (MySQL). Recognised by [`OPEN_TRANSACTION`].
     const OPEN_TRANSACTION_PROBE: Option<&'static str>;
 
+    /// Claim mode's precheck, where a plain read may see a marker that is not committed: the
+    /// read's head (its first column, whose `CASE` answers 4 where the session reads
+    /// uncommitted rows) and what follows its condition (a locking read, which waits for an
+    /// uncommitted marker, or with `nowait` fails at once and the transaction decides).
+    /// `None` where a read sees committed rows only.
+    fn precheck_read(_mariadb: bool, _nowait: bool) -> Option<(&'static str, &'static str)> {
+        None
+    }
+
     /// Claim mode: a statement that keeps the server from ending a session idle for
     /// `kept_ms` (the side effect runs between the claim and the stamp with the session
     /// idle), on every claim, as a pool's checkout hook may have shortened it since; sent
@@ -94,6 +103,50 @@ pub trait Dialect: Binds + Rows + claim::ReadsClaims {
     /// latest committed marker inside a caller's transaction, where a plain read sees the
     /// transaction's snapshot (MySQL's and MariaDB's `REPEATABLE READ`): a locking read.
     const LATEST_READ: &'static str = "";
+
+    // The outbox and its relay; `table` is quoted.
+
+    /// Whether an append can wake a relay in the same statement (PostgreSQL's `NOTIFY`).
+    const NOTIFIES: bool = false;
+
+    /// The append of one message to `table`: five binds — id, destination, ordering key,
+    /// headers, payload — and, with `notify` (where [`NOTIFIES`](Dialect::NOTIFIES)), the
+    /// channel a sixth.
+    fn outbox_insert_sql(table: &str, notify: bool) -> String;
+
+    /// One batch of the purge of rows sent before a cutoff, bound as the (negative) age in
+    /// milliseconds: by `seq` through a subquery of the oldest.
+    fn outbox_purge_sql(table: &str, batch: u32) -> String {
+        let (before, after) = Self::LEASE_UNTIL;
+        let cutoff = format!("{before}{p}{after}", p = Self::BACKEND.placeholder(1));
+        format!(
+            "DELETE FROM {table} WHERE seq IN (SELECT seq FROM {table} \
+             WHERE sent_at < {cutoff} ORDER BY sent_at LIMIT {batch})"
+        )
+    }
+
+    /// The relay's lock on the candidates it reads (alias `o`) before claiming them, so that
+    /// relays side by side take different ones without waiting (`FOR UPDATE SKIP LOCKED`);
+    /// empty where there is one writer.
+    const SKIP_LOCKED: &'static str;
+
+    /// Whether an `UPDATE` may read its own table in a subquery: then the relay claims in
+    /// one `UPDATE … RETURNING`, else in a transaction of reads and an update by `seq`.
+    const UPDATES_FROM_OWN_SUBQUERY: bool;
+
+    /// Whether every writer waits for one database lock, even a claim that finds nothing
+    /// (SQLite): a relay then reads before it claims.
+    const SINGLE_WRITER: bool;
+
+    /// An outbox id column read as text.
+    fn outbox_id_text(column: &str) -> String {
+        column.to_owned()
+    }
+
+    /// "Now plus the bound milliseconds" for a claim's lease where it is taken row by row,
+    /// from the moment each row is claimed where the server can tell:
+    /// [`LEASE_UNTIL`](Dialect::LEASE_UNTIL) elsewhere.
+    const LEASE_PER_ROW: (&'static str, &'static str) = Self::LEASE_UNTIL;
 
     // Get-or-create (`unique`).
 

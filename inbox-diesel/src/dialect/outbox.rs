@@ -1,39 +1,11 @@
-//! The outbox table's SQL on each backend: its DDL, the append of a message, the purge of
-//! sent rows, and the pieces of the relay's statements that differ between servers.
+//! The outbox table's DDL on each backend, for the migration generator and the command
+//! line, which write it for backends that are not compiled in. The append, the purge and
+//! the relay's pieces that differ between servers are each backend's
+//! [`Dialect`](super::Dialect)'s.
 
 use crate::dialect::Backend;
 
 impl Backend {
-    /// Whether an append can wake a relay in the same statement (PostgreSQL's `NOTIFY`).
-    pub(crate) fn notifies(self) -> bool {
-        self == Backend::Postgres
-    }
-
-    /// The append of one message to `table` (quoted): five binds — id, destination, ordering
-    /// key, headers, payload — and, with `notify`, the channel a sixth.
-    pub(crate) fn outbox_insert_sql(self, table: &str, notify: bool) -> String {
-        match self {
-            // The notification in the same statement: no round trip of its own.
-            Backend::Postgres if notify => format!(
-                "WITH appended AS (INSERT INTO {table} (id, destination, ordering_key, headers, \
-                 payload) VALUES (CAST($1 AS uuid), $2, $3, $4, $5) RETURNING seq) \
-                 SELECT pg_notify($6, '') FROM appended"
-            ),
-            Backend::Postgres => format!(
-                "INSERT INTO {table} (id, destination, ordering_key, headers, payload) \
-                 VALUES (CAST($1 AS uuid), $2, $3, $4, $5)"
-            ),
-            Backend::Mysql => format!(
-                "INSERT INTO {table} (id, destination, ordering_key, headers, payload, created_at) \
-                 VALUES (?, ?, ?, ?, ?, UTC_TIMESTAMP(6))"
-            ),
-            Backend::Sqlite => format!(
-                "INSERT INTO {table} (id, destination, ordering_key, headers, payload) \
-                 VALUES (?, ?, ?, ?, ?)"
-            ),
-        }
-    }
-
     /// The statement creating the outbox table `table_name` (one or two identifiers) and its
     /// indexes.
     pub(crate) fn outbox_create_sql(self, table_name: &str) -> String {
@@ -115,76 +87,6 @@ impl Backend {
                 ux = index("id"),
                 partial = partial(),
             ),
-        }
-    }
-
-    /// One batch of the purge of rows sent before a cutoff: the cutoff bound as the (negative)
-    /// age in milliseconds, `lease_until` the backend's "now plus" around it.
-    pub(crate) fn outbox_purge_sql(
-        self,
-        table: &str,
-        (before, after): (&str, &str),
-        batch: u32,
-    ) -> String {
-        let cutoff = format!("{before}{p}{after}", p = self.placeholder(1));
-        match self {
-            Backend::Mysql => format!(
-                "DELETE FROM {table} WHERE sent_at < {cutoff} ORDER BY sent_at LIMIT {batch}"
-            ),
-            Backend::Postgres | Backend::Sqlite => format!(
-                "DELETE FROM {table} WHERE seq IN (SELECT seq FROM {table} \
-                 WHERE sent_at < {cutoff} ORDER BY sent_at LIMIT {batch})"
-            ),
-        }
-    }
-
-    /// The relay's lock on the candidates it reads before claiming them, so that relays side
-    /// by side take different ones without waiting: `FOR UPDATE SKIP LOCKED` (of the alias
-    /// `o` on PostgreSQL); nothing on SQLite, which has one writer.
-    #[cfg(feature = "async")]
-    pub(crate) fn skip_locked(self) -> &'static str {
-        match self {
-            Backend::Postgres => " FOR UPDATE OF o SKIP LOCKED",
-            Backend::Mysql => " FOR UPDATE SKIP LOCKED",
-            Backend::Sqlite => "",
-        }
-    }
-
-    /// An outbox id column read as text (PostgreSQL stores a `UUID`).
-    #[cfg(feature = "async")]
-    pub(crate) fn outbox_id_text(self, column: &str) -> String {
-        match self {
-            Backend::Postgres => format!("CAST({column} AS text)"),
-            Backend::Mysql | Backend::Sqlite => column.to_owned(),
-        }
-    }
-
-    /// Whether an `UPDATE` may read its own table in a subquery (MySQL and MariaDB refuse
-    /// it): then the relay claims in one `UPDATE … RETURNING`, else in a transaction of
-    /// reads and an update by `seq`.
-    #[cfg(feature = "async")]
-    pub(crate) fn updates_from_own_subquery(self) -> bool {
-        self != Backend::Mysql
-    }
-
-    /// Whether every writer waits for one database lock, even a claim that finds nothing
-    /// (SQLite): a relay then reads before it claims.
-    #[cfg(feature = "async")]
-    pub(crate) fn single_writer(self) -> bool {
-        self == Backend::Sqlite
-    }
-
-    /// "Now plus the bound milliseconds" for a claim's lease where it is taken row by row:
-    /// PostgreSQL's `clock_timestamp()`, not the statement's start, so that a claim taking
-    /// seconds does not hand out rows whose lease has already run; `lease_until` elsewhere.
-    #[cfg(feature = "async")]
-    pub(crate) fn lease_per_row(
-        self,
-        lease_until: (&'static str, &'static str),
-    ) -> (&'static str, &'static str) {
-        match self {
-            Backend::Postgres => ("clock_timestamp() + ", " * INTERVAL '1 millisecond'"),
-            Backend::Mysql | Backend::Sqlite => lease_until,
         }
     }
 }

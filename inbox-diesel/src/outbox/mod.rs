@@ -273,11 +273,10 @@ impl Outbox {
         let id = message
             .id
             .unwrap_or_else(|| message_id(origin.seed.origin(), position));
-        let backend = S::Backend::BACKEND;
-        let table = backend.quote_table(self.table);
+        let table = S::Backend::BACKEND.quote_table(self.table);
         let headers = headers_json(&message.headers);
-        let notify = self.notify && backend.notifies();
-        let sql = backend.outbox_insert_sql(&table, notify);
+        let notify = self.notify && S::Backend::NOTIFIES;
+        let sql = S::Backend::outbox_insert_sql(&table, notify);
         let mut sql = Sql::new(sql)
             .cached()
             .bind_text(id.to_string())
@@ -403,10 +402,9 @@ impl Outbox {
         batch: u32,
     ) -> QueryResult<OutboxPurge> {
         crate::io::refuse_open_transaction(io.transaction_status())?;
-        let backend = S::Backend::BACKEND;
-        let table = backend.quote_table(self.table);
+        let table = S::Backend::BACKEND.quote_table(self.table);
         let batch = batch.max(1);
-        let sql = backend.outbox_purge_sql(&table, S::Backend::LEASE_UNTIL, batch);
+        let sql = S::Backend::outbox_purge_sql(&table, batch);
         let age_ms = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX / 2);
         let mut report = OutboxPurge::default();
         loop {

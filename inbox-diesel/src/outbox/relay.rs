@@ -267,7 +267,7 @@ impl Relay {
         // SQLite's claim takes the database's one write lock even when it finds nothing, and
         // handlers committing meanwhile wait for it (`busy_timeout`): a read first, which
         // takes no lock, so that an idle relay polling often does not hold up the writers.
-        if C::BACKEND.single_writer() && !self.claimable(io).await? {
+        if <C::Backend as Dialect>::SINGLE_WRITER && !self.claimable(io).await? {
             return Ok(Round::default());
         }
         let claimed = self.claim(io, &token).await?;
@@ -348,7 +348,7 @@ impl Relay {
         // the statement's start — a claim that takes seconds (a long backlog under one key, a
         // table not yet analysed) would otherwise hand out rows whose lease had already run,
         // for another relay to claim while this one sends them.
-        let (until_before, until_after) = backend.lease_per_row(S::Backend::LEASE_UNTIL);
+        let (until_before, until_after) = S::Backend::LEASE_PER_ROW;
         let candidates = self.candidates::<S::Backend>(self.batch, true);
         // A candidate `c` of `candidates` whose unsent predecessors of its key are all
         // candidates (`within`: the candidates' seqs). Both lookups of a key's rows are
@@ -366,13 +366,13 @@ impl Relay {
         let lease_ms = i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX);
         let lease = |sql: String| Sql::new(sql).bind_i64(lease_ms).bind_text(token);
         let columns = |alias: &str| {
-            let id = backend.outbox_id_text(&format!("{alias}id"));
+            let id = S::Backend::outbox_id_text(&format!("{alias}id"));
             format!(
                 "{alias}seq, {id} AS id, {alias}destination, {alias}ordering_key, \
                  {alias}headers, {alias}payload, {alias}attempts"
             )
         };
-        let mut rows: Vec<ClaimedRow> = match backend.updates_from_own_subquery() {
+        let mut rows: Vec<ClaimedRow> = match S::Backend::UPDATES_FROM_OWN_SUBQUERY {
             true => {
                 let (p1, p2) = (backend.placeholder(1), backend.placeholder(2));
                 let sql = format!(
@@ -435,7 +435,7 @@ impl Relay {
         let table = backend.quote_table(self.outbox.table);
         let free = free::<D>;
         let lock = match lock {
-            true => backend.skip_locked(),
+            true => D::SKIP_LOCKED,
             false => "",
         };
         format!(
