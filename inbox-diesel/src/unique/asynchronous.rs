@@ -78,11 +78,8 @@ where
     Id: Send + 'q,
     Upsert<S, Id>: diesel_async::methods::LoadQuery<'q, C, i64> + 'q,
 {
-    if <C::Backend as Dialect>::CONFLICTS == Conflicts::OnDuplicateKey {
-        return Err(NO_UPSERT_ALL_ON_MYSQL);
-    }
-    if rows.is_empty() {
-        return Ok(Vec::new());
+    if let Some(answer) = upsert_all_answered::<C::Backend>(rows.len()) {
+        return answer;
     }
     let statement = || Upsert {
         key: *key,

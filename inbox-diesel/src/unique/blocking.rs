@@ -162,11 +162,8 @@ where
     Upsert<S, Id>: diesel::query_dsl::LoadQuery<'q, C, i64>,
 {
     use diesel::RunQueryDsl;
-    if <C::Backend as Dialect>::CONFLICTS == Conflicts::OnDuplicateKey {
-        return Err(NO_UPSERT_ALL_ON_MYSQL);
-    }
-    if rows.is_empty() {
-        return Ok(Vec::new());
+    if let Some(answer) = upsert_all_answered::<C::Backend>(rows.len()) {
+        return answer;
     }
     // Built again for each attempt: a multi-row insert is not `Clone`.
     let statement = || Upsert {

@@ -178,12 +178,20 @@ pub(super) async fn upsert_steps<S: Transactions>(
     .await
 }
 
-/// [`Conflicts::OnDuplicateKey`](crate::dialect::keys::Conflicts): a multi-row upsert cannot
-/// yield every row's id.
-pub(super) const NO_UPSERT_ALL_ON_MYSQL: UniqueError = UniqueError::Unsupported {
-    what: "MySQL has no RETURNING: a multi-row upsert cannot yield every row's id; call upsert \
-           or insert_or_get per row, in one transaction",
-};
+/// What `upsert_all` answers before any statement: refused where the backend's upsert
+/// leaves one id in `LAST_INSERT_ID()` ([`Conflicts::OnDuplicateKey`]), which cannot yield
+/// every row's; no ids for no rows. `None`: the statement runs.
+pub(super) fn upsert_all_answered<D: Dialect>(
+    rows: usize,
+) -> Option<Result<Vec<i64>, UniqueError>> {
+    if D::CONFLICTS == Conflicts::OnDuplicateKey {
+        return Some(Err(UniqueError::Unsupported {
+            what: "MySQL has no RETURNING: a multi-row upsert cannot yield every row's id; call \
+                   upsert or insert_or_get per row, in one transaction",
+        }));
+    }
+    (rows == 0).then(|| Ok(Vec::new()))
+}
 
 pub(super) async fn serialize_on_steps<S, T, E>(
     io: &mut S,
