@@ -871,6 +871,27 @@ mod postgres {
         assert!(apply(&mut conn, &1).unwrap().is_duplicate());
     }
 
+    /// Another unique index on the key itself, older than the inbox's own once that is
+    /// rebuilt (`REINDEX … CONCURRENTLY`, the fix the check gives for an invalid index):
+    /// PostgreSQL reports a duplicate on whichever index it checks first, the older.
+    #[test]
+    fn a_twin_of_the_inbox_index_checked_first_still_answers_duplicate() {
+        let db = Db::new("twin_unique");
+        db.connect()
+            .batch_execute("CREATE UNIQUE INDEX ux_inbox_twin ON inbox (message_id, consumer)")
+            .unwrap();
+        db.connect()
+            .batch_execute("REINDEX INDEX CONCURRENTLY ux_inbox_message_consumer")
+            .unwrap();
+        let mut conn = db.connect();
+        assert!(apply(&mut conn, &1).unwrap().is_processed());
+        let again = apply(&mut conn, &1);
+        assert!(
+            matches!(&again, Ok(outcome) if outcome.is_duplicate()),
+            "{again:?}"
+        );
+    }
+
     /// The unique index compares consumers with a nondeterministic collation (the column's
     /// own is "C"): refused, where it made a new consumer's every message an error.
     #[test]
