@@ -442,7 +442,9 @@ impl Catalogs for Mysql {
         columns.contains(&"id")
     }
 
-    const OTHER_UNIQUE_FIX: &'static str = "drop it; the primary key belongs on `id` alone";
+    const OTHER_UNIQUE_FIX: &'static str = "drop it (MySQL and MariaDB name whichever unique \
+        index a duplicate meets first, so even one on (message_id, consumer) under another \
+        name is not harmless here); a primary key belongs on `id` alone";
 
     /// A database-qualified name means the same table to every session.
     const PINS_TABLE: bool = false;
