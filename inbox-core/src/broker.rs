@@ -6,7 +6,7 @@
 //! |---|---|---|
 //! | RabbitMQ (AMQP 0-9-1) | the `message_id` property, set by the publisher ([`amqp`]) | refused: [`KeyError::Missing`], dead-lettered |
 //! | NATS JetStream | the `Nats-Msg-Id` header (the publisher's deduplication id), else the stream and its stream sequence ([`jetstream`]) | never: a stream numbers every message |
-//! | Kafka | topic, partition, offset ([`MessageKey::kafka`]) | never |
+//! | Kafka | the `message-id` header when the producer set one, else topic, partition, offset ([`kafka`]) | never: every record has a position |
 //! | Amazon SQS | `MessageId` ([`sqs`]); on FIFO queues with publisher retries, `MessageDeduplicationId` | refused |
 //! | Azure Service Bus | `MessageId` ([`service_bus`]) | refused |
 //! | CloudEvents | `source` and `id` ([`MessageKey::cloud_event`]) | refused: [`KeyError::Empty`] |
@@ -18,9 +18,26 @@
 //! message with a new id: key such messages on an id the publisher sets (`Nats-Msg-Id`, an AMQP
 //! `message_id`, a business id in the body).
 //!
+//! **A business id in the body.** A consumer may key on an id of its own — an order number
+//! the publisher puts in the body — rather than the broker's: that is the way where the
+//! broker's id is assigned per send (above), and the handler reads the body anyway. A key
+//! is its text, wherever it was read: `MessageKey::text("7")` from a body is the same key as
+//! an AMQP `message_id` of `"7"`. A consumer that keys some messages by the broker's id and
+//! others by a body id, or that takes body ids of two kinds (order 7, invoice 7), scopes
+//! each kind ([`MessageKey::scoped`]) so that their texts cannot meet; and it reads the id
+//! before the handler's transaction, refusing a body without one ([`KeyError`], which the
+//! pumps dead-letter) rather than falling back to the broker's id — a redelivery would then
+//! be keyed the same way, but a publisher's retry would not.
+//!
 //! ```
 //! use std::time::Duration;
 //! use inbox_core::{KeyError, MessageKey, broker};
+//!
+//! // The same text is the same key, whether a broker or a body carried it; scoped, not.
+//! assert_eq!(broker::amqp(Some("7"))?, MessageKey::text("7")?);
+//! let order = MessageKey::text("7")?.scoped("order")?;
+//! assert_ne!(order, MessageKey::text("7")?);
+//! assert_ne!(order, MessageKey::text("7")?.scoped("invoice")?);
 //!
 //! assert_eq!(broker::amqp(Some("order-7"))?, MessageKey::text("order-7")?);
 //! assert!(matches!(broker::amqp(None), Err(KeyError::Missing { .. })));
@@ -73,6 +90,33 @@ pub fn jetstream(
     match msg_id {
         Some(id) if !id.is_empty() => MessageKey::text(id),
         _ => (stream, stream_sequence, published_unix_nanos).to_message_key(),
+    }
+}
+
+/// A Kafka record's key: the `message-id` header when the producer set one (the outbox's
+/// Kafka sink sets it to the outbox id), else the record's position — topic, partition and
+/// offset ([`MessageKey::kafka`]).
+///
+/// A position names a record, not a message. A producer that retries a send without
+/// Kafka's idempotent producer (`enable.idempotence`) may write one message at two offsets,
+/// and each copy is then applied: key such messages by a header the producer sets, or
+/// enable idempotence (the broker then drops the retry of a send it already wrote). A topic
+/// deleted and created again under its name numbers its partitions from 0 again, and its
+/// records meet the old topic's markers (answered `Duplicate`, never applied): purge those
+/// markers when a topic is recreated, or key by header.
+///
+/// # Errors
+/// [`KeyError::Empty`] for an empty topic; [`KeyError::TooLong`] past
+/// [`MessageKey::MAX_LEN`].
+pub fn kafka(
+    message_id: Option<&str>,
+    topic: &str,
+    partition: i32,
+    offset: i64,
+) -> Result<MessageKey, KeyError> {
+    match message_id {
+        Some(id) if !id.is_empty() => MessageKey::text(id),
+        _ => MessageKey::kafka(topic, partition, offset),
     }
 }
 
@@ -167,6 +211,22 @@ mod tests {
         assert_ne!(by_sequence, jetstream(None, "ORDERS2", 42, AT).unwrap());
         // The same name and number in a stream created again: another message.
         assert_ne!(by_sequence, jetstream(None, "ORDERS", 42, AT + 1).unwrap());
+    }
+
+    #[test]
+    fn kafka_keys_are_the_header_else_the_position() {
+        let by_position = kafka(None, "payments", 3, 1_204).unwrap();
+        assert_eq!(
+            by_position,
+            MessageKey::kafka("payments", 3, 1_204).unwrap()
+        );
+        assert_eq!(kafka(Some(""), "payments", 3, 1_204).unwrap(), by_position);
+        assert_ne!(by_position, kafka(None, "payments", 3, 1_205).unwrap());
+        // The header wins wherever the record sits: a copy at another offset is the same.
+        let by_header = kafka(Some("order-7"), "payments", 3, 1_204).unwrap();
+        assert_eq!(by_header, kafka(Some("order-7"), "payments", 0, 9).unwrap());
+        assert_eq!(by_header, MessageKey::text("order-7").unwrap());
+        assert_eq!(kafka(None, "", 0, 0), Err(KeyError::Empty));
     }
 
     #[test]
