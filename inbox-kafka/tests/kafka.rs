@@ -138,9 +138,12 @@ impl Broker {
     }
 
     fn consumer(&self, pump: &Pump, group: &str, topic: &str) -> GroupConsumer {
-        let consumer = pump
-            .consumer(&Pump::consumer_config(&self.address, group))
-            .unwrap();
+        let mut config = Pump::consumer_config(&self.address, group);
+        config
+            .set("session.timeout.ms", "6000")
+            .set("heartbeat.interval.ms", "500")
+            .set("max.poll.interval.ms", "10000");
+        let consumer = pump.consumer(&config).unwrap();
         consumer.subscribe(&[topic]).unwrap();
         consumer
     }
@@ -308,4 +311,423 @@ async fn each_message_produced_twice_is_applied_once_and_committed() {
     assert_eq!(effects.len(), 30);
     assert!(effects.values().all(|n| *n == 1), "{effects:?}");
     assert_eq!(broker.committed("twice", "credits", 3), vec![20, 20, 20]);
+}
+
+/// Records of one partition run one after the other, in offset order; records of different
+/// partitions run beside each other.
+#[tokio::test]
+async fn a_partition_runs_in_order_and_partitions_beside_each_other() {
+    let broker = Broker::start().await;
+    broker.topic("ordered", 3).await;
+    let producer = broker.producer();
+    for n in 0..24 {
+        let id = format!("o{n:02}");
+        broker
+            .produce(&producer, "ordered", n % 3, Some(&id), &id)
+            .await;
+    }
+    let store = Store::new();
+    let pump = Pump::new().max_in_hand(8);
+    let consumer = broker.consumer(&pump, "ordered", "ordered");
+    let started: Mutex<Vec<(i32, i64)>> = Mutex::new(Vec::new());
+    let running: Mutex<HashMap<i32, u32>> = Mutex::new(HashMap::new());
+    let (now, most) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let answered = AtomicU32::new(0);
+    let report = within(
+        Duration::from_secs(60),
+        "the pump",
+        pump.run(&consumer, &producer, counted(&answered, 24), |record| {
+            let (store, started, running) = (&store, &started, &running);
+            let (now, most, answered) = (&now, &most, &answered);
+            async move {
+                let partition = record.partition();
+                started.lock().unwrap().push((partition, record.offset()));
+                let overlapping = {
+                    let mut running = running.lock().unwrap();
+                    let mine = running.entry(partition).or_default();
+                    *mine += 1;
+                    *mine
+                };
+                assert_eq!(
+                    overlapping, 1,
+                    "two records of partition {partition} in hand"
+                );
+                most.fetch_max(now.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                let answer = handle(store, &record);
+                now.fetch_sub(1, Ordering::SeqCst);
+                *running.lock().unwrap().get_mut(&partition).unwrap() -= 1;
+                answered.fetch_add(1, Ordering::SeqCst);
+                answer
+            }
+        }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.acked, 24, "{report:?}");
+    let started = started.into_inner().unwrap();
+    for partition in 0..3 {
+        let offsets: Vec<i64> = started
+            .iter()
+            .filter(|(p, _)| *p == partition)
+            .map(|(_, offset)| *offset)
+            .collect();
+        assert_eq!(offsets, (0..8).collect::<Vec<_>>(), "partition {partition}");
+    }
+    assert!(
+        most.load(Ordering::SeqCst) >= 2,
+        "the partitions' records never ran beside each other"
+    );
+}
+
+/// A payment whose reference must be new: `payments.reference` is unique.
+#[idempotent(consumer = "payments", key = key)]
+fn pay(
+    conn: &mut SqliteConnection,
+    key: &MessageKey,
+    reference: &str,
+) -> Result<(), inbox_diesel::Error> {
+    diesel::sql_query("INSERT INTO payments (reference) VALUES (?)")
+        .bind::<diesel::sql_types::Text, _>(reference)
+        .execute(conn)?;
+    diesel::sql_query("INSERT INTO effects (message) VALUES (?)")
+        .bind::<diesel::sql_types::Text, _>(reference)
+        .execute(conn)?;
+    Ok(())
+}
+
+fn header(record: &OwnedMessage, name: &str) -> Option<String> {
+    record.headers().and_then(|headers| {
+        headers
+            .iter()
+            .find(|header| header.key == name)
+            .and_then(|header| header.value)
+            .map(|value| String::from_utf8_lossy(value).into_owned())
+    })
+}
+
+/// Two payments with one reference: the second breaks the business's unique constraint,
+/// which the runtime answers `DeadLetter`. It is written to `payments.DLT` with its key,
+/// payload and headers and where it came from; the partition goes on past it, and the offset
+/// is committed past it once the dead letter was acknowledged.
+#[tokio::test]
+async fn a_business_constraint_goes_to_the_dead_letter_topic() {
+    let broker = Broker::start().await;
+    broker.topic("payments", 1).await;
+    broker.topic("payments.DLT", 1).await;
+    let producer = broker.producer();
+    for (id, reference) in [("p0", "r0"), ("p1", "r1"), ("p2", "r1"), ("p3", "r3")] {
+        let mut headers = OwnedHeaders::new();
+        headers = headers
+            .insert(Header {
+                key: MESSAGE_ID,
+                value: Some(id),
+            })
+            .insert(Header {
+                key: "trace",
+                value: Some(id),
+            });
+        let record = FutureRecord::to("payments")
+            .key(id)
+            .payload(reference)
+            .headers(headers);
+        producer
+            .send(record, Timeout::After(Duration::from_secs(10)))
+            .await
+            .unwrap();
+    }
+    let store = Store::new();
+    store
+        .connect()
+        .batch_execute("CREATE TABLE payments (reference TEXT NOT NULL UNIQUE);")
+        .unwrap();
+    let pump = Pump::new();
+    let consumer = broker.consumer(&pump, "payments", "payments");
+    let answered = AtomicU32::new(0);
+    let report = within(
+        Duration::from_secs(60),
+        "the pump",
+        pump.run(&consumer, &producer, counted(&answered, 4), |record| {
+            let answer = key(&record)
+                .map_err(inbox_diesel::Error::InvalidKey)
+                .and_then(|key| {
+                    let reference = String::from_utf8_lossy(record.payload().unwrap_or_default());
+                    pay(&mut store.connect(), &key, &reference)
+                });
+            answered.fetch_add(1, Ordering::SeqCst);
+            async move { answer }
+        }),
+    )
+    .await
+    .unwrap();
+    assert_eq!((report.acked, report.dead_lettered), (3, 1), "{report:?}");
+    let dead = broker.read("payments.DLT", 1).await;
+    let dead = &dead[0];
+    assert_eq!(dead.key(), Some(&b"p2"[..]));
+    assert_eq!(dead.payload(), Some(&b"r1"[..]));
+    assert_eq!(header(dead, MESSAGE_ID).as_deref(), Some("p2"));
+    assert_eq!(header(dead, "trace").as_deref(), Some("p2"));
+    assert_eq!(header(dead, DEAD_LETTER_TOPIC).as_deref(), Some("payments"));
+    assert_eq!(header(dead, DEAD_LETTER_OFFSET).as_deref(), Some("2"));
+    let reason = header(dead, DEAD_LETTER_REASON).unwrap();
+    assert!(reason.contains("UniqueViolation"), "{reason}");
+    assert_eq!(broker.committed("payments", "payments", 1), vec![4]);
+    assert_eq!(store.effects().len(), 3);
+}
+
+/// A record whose handler keeps answering a retry holds its partition — the record behind
+/// it waits — and runs `max_attempts` times, then goes to the dead-letter topic; the record
+/// behind it runs after that.
+#[tokio::test]
+async fn a_record_retried_past_its_attempts_is_dead_lettered_and_its_partition_goes_on() {
+    let broker = Broker::start().await;
+    broker.topic("retried", 1).await;
+    broker.topic("retried.DLT", 1).await;
+    let producer = broker.producer();
+    for id in ["a", "poison", "b"] {
+        broker.produce(&producer, "retried", 0, Some(id), id).await;
+    }
+    let pump = Pump::new()
+        .max_attempts(3)
+        .redelivery(Redelivery::exponential(
+            Duration::from_millis(20),
+            Duration::from_millis(50),
+        ));
+    let consumer = broker.consumer(&pump, "retried", "retried");
+    let runs = Mutex::new(Vec::new());
+    let answered = AtomicU32::new(0);
+    let report = within(
+        Duration::from_secs(60),
+        "the pump",
+        pump.run(&consumer, &producer, counted(&answered, 2), |record| {
+            let body = String::from_utf8_lossy(record.payload().unwrap_or_default()).into_owned();
+            runs.lock().unwrap().push(body.clone());
+            let answer = if body == "poison" {
+                Settlement::Retry { reconnect: false }
+            } else {
+                answered.fetch_add(1, Ordering::SeqCst);
+                Settlement::Ack
+            };
+            async move { answer }
+        }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        runs.into_inner().unwrap(),
+        ["a", "poison", "poison", "poison", "b"]
+    );
+    assert_eq!(
+        (report.acked, report.dead_lettered, report.retries),
+        (2, 1, 2),
+        "{report:?}"
+    );
+    let dead = broker.read("retried.DLT", 1).await;
+    let reason = header(&dead[0], DEAD_LETTER_REASON).unwrap();
+    assert!(reason.contains("after 3 attempts"), "{reason}");
+    assert_eq!(broker.committed("retried", "retried", 1), vec![3]);
+}
+
+/// A handler that panics on a record's first run: its transaction is rolled back, the
+/// record runs again and is applied once, and the pump goes on.
+#[tokio::test]
+async fn a_panicking_handler_retries_its_own_record_and_the_pump_goes_on() {
+    let broker = Broker::start().await;
+    broker.topic("panics", 2).await;
+    let producer = broker.producer();
+    for n in 0..6 {
+        let id = format!("q{n}");
+        broker
+            .produce(&producer, "panics", n % 2, Some(&id), &id)
+            .await;
+    }
+    let store = Store::new();
+    let pump = Pump::new().redelivery(Redelivery::exponential(
+        Duration::from_millis(20),
+        Duration::from_millis(50),
+    ));
+    let consumer = broker.consumer(&pump, "panics", "panics");
+    let panicked = std::sync::atomic::AtomicBool::new(false);
+    let answered = AtomicU32::new(0);
+    let report = within(
+        Duration::from_secs(60),
+        "the pump",
+        pump.run(&consumer, &producer, counted(&answered, 6), |record| {
+            let answer = if record.offset() == 1
+                && record.partition() == 0
+                && !panicked.swap(true, Ordering::SeqCst)
+            {
+                let key = key(&record).unwrap();
+                #[idempotent(consumer = "credits", key = key)]
+                fn apply_then_panic(
+                    conn: &mut SqliteConnection,
+                    key: &MessageKey,
+                ) -> Result<(), inbox_diesel::Error> {
+                    diesel::sql_query("INSERT INTO effects (message) VALUES ('q2')")
+                        .execute(conn)?;
+                    panic!("the handler fails mid-transaction");
+                }
+                apply_then_panic(&mut store.connect(), &key)
+            } else {
+                let answer = handle(&store, &record);
+                answered.fetch_add(1, Ordering::SeqCst);
+                answer
+            };
+            async move { answer }
+        }),
+    )
+    .await
+    .unwrap();
+    assert_eq!((report.acked, report.retries), (6, 1), "{report:?}");
+    let effects = store.effects();
+    assert_eq!(effects.len(), 6);
+    assert!(effects.values().all(|n| *n == 1), "{effects:?}");
+}
+
+/// A halting answer (a deployment fault) stops the pump with nothing stored for its record
+/// or past it: the group's offset stays at it, and a pump started after the fix applies it.
+#[tokio::test]
+async fn a_halt_commits_nothing_past_its_record() {
+    let broker = Broker::start().await;
+    broker.topic("halts", 1).await;
+    let producer = broker.producer();
+    for id in ["h0", "h1", "h2"] {
+        broker.produce(&producer, "halts", 0, Some(id), id).await;
+    }
+    let store = Store::new();
+    let pump = Pump::new();
+    let consumer = broker.consumer(&pump, "halts", "halts");
+    let stopped = within(
+        Duration::from_secs(60),
+        "the pump",
+        pump.run(&consumer, &producer, std::future::pending(), |record| {
+            let answer = if record.offset() == 1 {
+                Err(Settlement::Halt)
+            } else {
+                handle(&store, &record).map_err(|e| inbox_diesel::Settle::settlement(&e))
+            };
+            async move { answer }
+        }),
+    )
+    .await
+    .unwrap_err();
+    let Stopped::Halted { report, .. } = stopped else {
+        panic!("{stopped:?}")
+    };
+    assert_eq!((report.acked, report.halted), (1, 1), "{report:?}");
+    drop(consumer);
+    assert_eq!(broker.committed("halts", "halts", 1), vec![1]);
+
+    let consumer = broker.consumer(&pump, "halts", "halts");
+    let answered = AtomicU32::new(0);
+    within(
+        Duration::from_secs(60),
+        "the pump after the fix",
+        pump.run(&consumer, &producer, counted(&answered, 2), |record| {
+            let answer = handle(&store, &record);
+            answered.fetch_add(1, Ordering::SeqCst);
+            async move { answer }
+        }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(store.effects().len(), 3);
+    assert_eq!(broker.committed("halts", "halts", 1), vec![3]);
+}
+
+/// A shutdown while handlers run: those in hand settle and their offsets are committed;
+/// nothing past a record not yet run is. A pump started again applies the rest, each once.
+#[tokio::test]
+async fn a_shutdown_commits_what_settled_and_loses_nothing() {
+    let broker = Broker::start().await;
+    broker.topic("stops", 2).await;
+    let producer = broker.producer();
+    for n in 0..20 {
+        let id = format!("s{n:02}");
+        broker
+            .produce(&producer, "stops", n % 2, Some(&id), &id)
+            .await;
+    }
+    let store = Store::new();
+    let pump = Pump::new();
+    let answered = AtomicU32::new(0);
+    let slow = |record: OwnedMessage| {
+        let (store, answered) = (&store, &answered);
+        async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let answer = handle(store, &record);
+            answered.fetch_add(1, Ordering::SeqCst);
+            answer
+        }
+    };
+    let consumer = broker.consumer(&pump, "stops", "stops");
+    let report = within(
+        Duration::from_secs(60),
+        "the pump",
+        pump.run(&consumer, &producer, counted(&answered, 5), slow),
+    )
+    .await
+    .unwrap();
+    drop(consumer);
+    let applied = store.effects().len();
+    assert!(applied >= 5, "{applied}");
+    assert_eq!(report.acked as usize, applied, "{report:?}");
+    let committed: i64 = broker.committed("stops", "stops", 2).iter().sum();
+    assert_eq!(
+        committed as usize, applied,
+        "every settled record committed, none past"
+    );
+
+    let consumer = broker.consumer(&pump, "stops", "stops");
+    within(
+        Duration::from_secs(60),
+        "the pump started again",
+        pump.run(&consumer, &producer, counted(&answered, 20), slow),
+    )
+    .await
+    .unwrap();
+    let effects = store.effects();
+    assert_eq!(effects.len(), 20);
+    assert!(effects.values().all(|n| *n == 1), "{effects:?}");
+    assert_eq!(broker.committed("stops", "stops", 2), vec![10, 10]);
+}
+
+/// Records without a `message-id` are keyed by their position: each is applied once
+/// however often it is delivered — and two records with the same body at two offsets are
+/// two messages, as a producer's retry without idempotence would write them.
+#[tokio::test]
+async fn records_without_a_message_id_are_keyed_by_their_position() {
+    let broker = Broker::start().await;
+    broker.topic("positions", 1).await;
+    let producer = broker.producer();
+    for body in ["x", "x", "y"] {
+        broker.produce(&producer, "positions", 0, None, body).await;
+    }
+    let store = Store::new();
+    let pump = Pump::new();
+    for _ in 0..2 {
+        // The second group reads the topic again from its start: every record a duplicate.
+        let group = format!("positions-{}", store.effects().len());
+        let consumer = broker.consumer(&pump, &group, "positions");
+        let answered = AtomicU32::new(0);
+        within(
+            Duration::from_secs(60),
+            "the pump",
+            pump.run(&consumer, &producer, counted(&answered, 3), |record| {
+                assert_eq!(
+                    key(&record).unwrap(),
+                    MessageKey::kafka("positions", 0, record.offset()).unwrap()
+                );
+                let answer = handle(&store, &record);
+                answered.fetch_add(1, Ordering::SeqCst);
+                async move { answer }
+            }),
+        )
+        .await
+        .unwrap();
+    }
+    assert_eq!(
+        store.effects(),
+        BTreeMap::from([("x".to_owned(), 2), ("y".to_owned(), 1)])
+    );
 }
