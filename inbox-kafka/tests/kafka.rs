@@ -731,3 +731,247 @@ async fn records_without_a_message_id_are_keyed_by_their_position() {
         BTreeMap::from([("x".to_owned(), 2), ("y".to_owned(), 1)])
     );
 }
+
+/// A dead letter that cannot be written (its topic does not exist) stops the pump before
+/// anything past its record is committed: the record and those behind it are delivered
+/// again once the topic exists.
+#[tokio::test]
+async fn a_dead_letter_that_cannot_be_written_stops_the_pump_before_its_offset() {
+    let broker = Broker::start().await;
+    // A topic name at Kafka's limit of 249 characters: its dead-letter topic's is too long.
+    let orphans = format!("orphans{}", "o".repeat(242));
+    broker.topic(&orphans, 1).await;
+    let producer: FutureProducer = producer_config(&broker.address)
+        .set("message.timeout.ms", "3000")
+        .create()
+        .unwrap();
+    for id in ["d0", "d1", "d2"] {
+        broker.produce(&producer, &orphans, 0, Some(id), id).await;
+    }
+    let pump = Pump::new();
+    let consumer = broker.consumer(&pump, "orphans", &orphans);
+    let stopped = within(
+        Duration::from_secs(60),
+        "the pump",
+        pump.run(&consumer, &producer, std::future::pending(), |record| {
+            let answer = if record.offset() == 1 {
+                Settlement::DeadLetter
+            } else {
+                Settlement::Ack
+            };
+            async move { answer }
+        }),
+    )
+    .await
+    .unwrap_err();
+    let Stopped::DeadLetter { report, failure } = stopped else {
+        panic!("{stopped:?}")
+    };
+    assert!(failure.contains(".DLT"), "{failure}");
+    assert_eq!(report.acked, 1, "{report:?}");
+    drop(consumer);
+    assert_eq!(broker.committed("orphans", &orphans, 1), vec![1]);
+}
+
+/// A second member joins the group while the first holds a record in its handler (the
+/// first takes one at a time, and has queued the other partition's): the rebalance splits
+/// the partitions between them. The held record's handler finishes; the records the first
+/// had queued for a partition it lost are dropped, not run; each partition's owner reads it
+/// from its committed offset. Every message is applied once, no record but the held one runs
+/// in both members, and every offset is committed.
+#[tokio::test]
+async fn a_rebalance_while_a_handler_runs_loses_nothing_and_applies_nothing_twice() {
+    let broker = Broker::start().await;
+    broker.topic("shared", 2).await;
+    let producer = broker.producer();
+    for n in 0..20 {
+        let id = format!("r{n:02}");
+        broker
+            .produce(&producer, "shared", n % 2, Some(&id), &id)
+            .await;
+    }
+    let store = Store::new();
+    let total = AtomicU32::new(0);
+    let held = std::sync::atomic::AtomicBool::new(false);
+    let (ran_first, ran_second) = (Mutex::new(Vec::new()), Mutex::new(Vec::new()));
+    let one_at_a_time = Pump::new().max_in_hand(1);
+    let first = broker.consumer(&one_at_a_time, "shared", "shared");
+    let first_pump = one_at_a_time.run(&first, &producer, counted(&total, 20), |record| {
+        let (store, total, held, ran, first) = (&store, &total, &held, &ran_first, &first);
+        async move {
+            ran.lock()
+                .unwrap()
+                .push((record.partition(), record.offset()));
+            if !held.swap(true, Ordering::SeqCst) {
+                // The first record waits until the rebalance left the first one partition.
+                within(Duration::from_secs(60), "the rebalance", async {
+                    while first.rdkafka().assignment().unwrap().count() != 1 {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                })
+                .await;
+            }
+            let answer = handle(store, &record);
+            total.fetch_add(1, Ordering::SeqCst);
+            answer
+        }
+    });
+    let second_pump = async {
+        // Joins once the first holds its record.
+        while !held.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let pump = Pump::new();
+        let second = broker.consumer(&pump, "shared", "shared");
+        pump.run(&second, &producer, counted(&total, 20), |record| {
+            ran_second
+                .lock()
+                .unwrap()
+                .push((record.partition(), record.offset()));
+            let answer = handle(&store, &record);
+            total.fetch_add(1, Ordering::SeqCst);
+            async move { answer }
+        })
+        .await
+    };
+    let (first, second) = within(Duration::from_secs(120), "both members", async {
+        tokio::join!(first_pump, second_pump)
+    })
+    .await;
+    let (first, second) = (first.unwrap(), second.unwrap());
+    assert!(second.acked >= 9, "{second:?}");
+    let effects = store.effects();
+    assert_eq!(effects.len(), 20, "{first:?} {second:?}");
+    assert!(effects.values().all(|n| *n == 1), "{effects:?}");
+    let (ran_first, ran_second) = (
+        ran_first.into_inner().unwrap(),
+        ran_second.into_inner().unwrap(),
+    );
+    let both: Vec<_> = ran_first
+        .iter()
+        .filter(|run| ran_second.contains(run))
+        .collect();
+    assert!(
+        both.len() <= 1 && both.iter().all(|run| **run == ran_first[0]),
+        "{ran_first:?} {ran_second:?}"
+    );
+    assert_eq!(broker.committed("shared", "shared", 2), vec![10, 10]);
+}
+
+mod outbox {
+    use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+    use inbox_diesel::outbox::relay::Relay;
+    use inbox_diesel::outbox::{Message as Outgoing, Outbox};
+    use inbox_kafka::outbox::{LIMITS, OutboxSink};
+
+    use super::*;
+
+    static OUTBOX: Outbox = Outbox::new("outbox").limits(LIMITS);
+
+    /// Publishes three events of one order, keyed by the order, beside the business change.
+    #[idempotent(consumer = "orders", key = key)]
+    fn place(
+        conn: &mut SqliteConnection,
+        key: &MessageKey,
+        order: &str,
+    ) -> Result<(), inbox_diesel::Error> {
+        diesel::sql_query("INSERT INTO effects (message) VALUES ('placed')").execute(conn)?;
+        for at in 0..3 {
+            OUTBOX.publish(
+                conn,
+                Outgoing::new("events", format!("{order} event {at}"))
+                    .key(order)
+                    .header("at", at.to_string()),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The relay produces each outbox row with its id as `message-id` and its ordering key
+    /// as the record's key; a relay that sends the rows again (it stopped before marking
+    /// them) writes second records with the same ids, which the consumer's inbox answers
+    /// `Duplicate`: each event applied once downstream, in the order of its key.
+    #[tokio::test]
+    async fn the_outbox_sink_produces_each_row_keyed_with_its_id() {
+        let broker = Broker::start().await;
+        broker.topic("events", 3).await;
+        let upstream = Store::new();
+        upstream
+            .connect()
+            .batch_execute(&OUTBOX.create_table_sql(inbox_diesel::schema::Backend::Sqlite))
+            .unwrap();
+        for order in ["order-1", "order-2"] {
+            let _ = place(
+                &mut upstream.connect(),
+                &MessageKey::text(order).unwrap(),
+                order,
+            )
+            .unwrap();
+        }
+        let mut sink = OutboxSink::new(broker.producer());
+        let mut conn = SyncConnectionWrapper::new(upstream.connect());
+        let relay = Relay::new(OUTBOX);
+        assert_eq!(relay.run_once(&mut conn, &mut sink).await.unwrap().sent, 6);
+        upstream
+            .connect()
+            .batch_execute("UPDATE outbox SET sent_at = NULL")
+            .unwrap();
+        assert_eq!(relay.run_once(&mut conn, &mut sink).await.unwrap().sent, 6);
+
+        let records = broker.read("events", 12).await;
+        #[derive(QueryableByName)]
+        struct Row {
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            id: String,
+        }
+        let ids: Vec<String> = diesel::sql_query("SELECT id FROM outbox ORDER BY seq")
+            .load::<Row>(&mut upstream.connect())
+            .unwrap()
+            .into_iter()
+            .map(|row| row.id)
+            .collect();
+        let mut by_key: HashMap<Vec<u8>, (i32, Vec<String>)> = HashMap::new();
+        for record in &records {
+            let id = header(record, MESSAGE_ID).unwrap();
+            assert!(ids.contains(&id), "{id} is no outbox id");
+            let body = String::from_utf8_lossy(record.payload().unwrap()).into_owned();
+            let entry = by_key
+                .entry(record.key().unwrap().to_vec())
+                .or_insert((record.partition(), Vec::new()));
+            assert_eq!(entry.0, record.partition(), "one key, one partition");
+            entry.1.push(body);
+        }
+        for (key, (_, bodies)) in &by_key {
+            let order = String::from_utf8_lossy(key);
+            let expected: Vec<String> = (0..2)
+                .flat_map(|_| (0..3).map(|at| format!("{order} event {at}")))
+                .collect();
+            assert_eq!(bodies, &expected, "in the relay's order, per key");
+        }
+
+        let downstream = Store::new();
+        let pump = Pump::new();
+        let consumer = broker.consumer(&pump, "downstream", "events");
+        let answered = AtomicU32::new(0);
+        let report = within(
+            Duration::from_secs(60),
+            "the pump",
+            pump.run(
+                &consumer,
+                &broker.producer(),
+                counted(&answered, 12),
+                |record| {
+                    let answer = handle(&downstream, &record);
+                    answered.fetch_add(1, Ordering::SeqCst);
+                    async move { answer }
+                },
+            ),
+        )
+        .await
+        .unwrap();
+        assert_eq!(report.acked, 12);
+        let effects = downstream.effects();
+        assert_eq!(effects.len(), 6);
+        assert!(effects.values().all(|n| *n == 1), "{effects:?}");
+    }
+}
