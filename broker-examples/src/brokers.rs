@@ -247,3 +247,154 @@ impl Stream {
         }
     }
 }
+
+/// The Kafka brokers of a run: `KAFKA_BROKERS`, or a private tansu broker (an Apache
+/// Kafka-compatible broker; `TANSU`, else `tansu` on the PATH) on a free port, its storage in
+/// memory, killed when this is dropped.
+pub struct Kafka {
+    /// The bootstrap list the clients connect to.
+    pub bootstrap: String,
+    tansu: Option<(std::process::Child, tempfile::TempDir)>,
+}
+
+impl Kafka {
+    /// `KAFKA_BROKERS` if set, else a private tansu broker, started and listening.
+    pub async fn start() -> Result<Self, String> {
+        if let Some(bootstrap) = crate::kafka_brokers() {
+            return Ok(Self {
+                bootstrap,
+                tansu: None,
+            });
+        }
+        let program = std::env::var("TANSU").unwrap_or_else(|_| "tansu".to_owned());
+        let dir = tempfile::tempdir().map_err(|e| format!("a directory for tansu: {e}"))?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .map_err(|e| format!("a free port for tansu: {e}"))?
+            .port();
+        let bootstrap = format!("127.0.0.1:{port}");
+        let url = format!("tcp://{bootstrap}");
+        let child = std::process::Command::new(&program)
+            .args([
+                "broker",
+                "--listener-url",
+                &url,
+                "--advertised-listener-url",
+                &url,
+            ])
+            .args(["--storage-engine", "memory://tansu/"])
+            .current_dir(dir.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .map_err(|e| {
+                format!(
+                    "set KAFKA_BROKERS to your Kafka brokers, or TANSU to a tansu binary to start \
+                     a private one (`{program}` did not start: {e})"
+                )
+            })?;
+        let kafka = Self {
+            bootstrap,
+            tansu: Some((child, dir)),
+        };
+        for _ in 0..200 {
+            if tokio::net::TcpStream::connect(&kafka.bootstrap)
+                .await
+                .is_ok()
+            {
+                return Ok(kafka);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Err(format!(
+            "tansu did not listen on {} within 10 s",
+            kafka.bootstrap
+        ))
+    }
+
+    /// What [`Kafka::start`] connected to, for the run's header.
+    pub fn describe(&self) -> String {
+        match self.tansu {
+            Some(_) => format!("tansu at {} (private, in memory)", self.bootstrap),
+            None => format!("Kafka at {} (KAFKA_BROKERS)", self.bootstrap),
+        }
+    }
+
+    /// Creates `topic` with `partitions` partitions (one replica each).
+    pub async fn create_topic(&self, topic: &str, partitions: i32) -> Result<(), String> {
+        use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+        let admin: AdminClient<rdkafka::client::DefaultClientContext> =
+            rdkafka::ClientConfig::new()
+                .set("bootstrap.servers", &self.bootstrap)
+                .create()
+                .map_err(|e| format!("a Kafka admin client for {}: {e}", self.bootstrap))?;
+        let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+        let results = admin
+            .create_topics(
+                &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
+                &options,
+            )
+            .await
+            .map_err(|e| format!("create the topic {topic} on {}: {e}", self.bootstrap))?;
+        for result in results {
+            result.map_err(|(topic, e)| format!("create the topic {topic}: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// Deletes `topic` (on brokers the run did not start; a private broker goes with its
+    /// process).
+    pub async fn delete_topic(&self, topic: &str) {
+        use rdkafka::admin::{AdminClient, AdminOptions};
+        if self.tansu.is_some() {
+            return;
+        }
+        if let Ok(admin) = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &self.bootstrap)
+            .create::<AdminClient<rdkafka::client::DefaultClientContext>>()
+        {
+            let _ = admin.delete_topics(&[topic], &AdminOptions::new()).await;
+        }
+    }
+
+    /// The group's lag on `topic`: records past its committed offsets, over `partitions`.
+    pub fn lag(&self, group: &str, topic: &str, partitions: i32) -> Result<u64, String> {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &self.bootstrap)
+            .set("group.id", group)
+            .create()
+            .map_err(|e| format!("a Kafka client for {}: {e}", self.bootstrap))?;
+        let mut list = rdkafka::TopicPartitionList::new();
+        for partition in 0..partitions {
+            list.add_partition(topic, partition);
+        }
+        let committed = consumer
+            .committed_offsets(list, Duration::from_secs(10))
+            .map_err(|e| format!("the committed offsets of {group}: {e}"))?;
+        let mut lag = 0;
+        for partition in 0..partitions {
+            let (_, high) = consumer
+                .fetch_watermarks(topic, partition, Duration::from_secs(10))
+                .map_err(|e| format!("the end of {topic}/{partition}: {e}"))?;
+            let at = match committed
+                .find_partition(topic, partition)
+                .map(|element| element.offset())
+            {
+                Some(rdkafka::Offset::Offset(offset)) => offset,
+                _ => 0,
+            };
+            lag += u64::try_from(high - at).unwrap_or(0);
+        }
+        Ok(lag)
+    }
+}
+
+impl Drop for Kafka {
+    fn drop(&mut self) {
+        if let Some((child, _)) = &mut self.tansu {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

@@ -54,6 +54,14 @@ pub fn nats_url() -> String {
     env_or("NATS_URL", "nats://127.0.0.1:4222")
 }
 
+/// The Kafka brokers the examples use: `KAFKA_BROKERS` (a bootstrap list), else none — the
+/// example then starts a private broker ([`brokers::Kafka::start`]).
+pub fn kafka_brokers() -> Option<String> {
+    std::env::var("KAFKA_BROKERS")
+        .ok()
+        .filter(|brokers| !brokers.is_empty())
+}
+
 fn env_or(name: &str, default: &str) -> String {
     std::env::var(name)
         .ok()
