@@ -398,3 +398,178 @@ impl Drop for Kafka {
         }
     }
 }
+
+/// The SQS endpoint of a run: `SQS_ENDPOINT` (an SQS-compatible server; the credentials
+/// and region come from the usual `AWS_*` variables, else test ones), or a private moto
+/// server (`MOTO`, else `moto_server` on the PATH) on a free port, killed when this is
+/// dropped.
+pub struct Sqs {
+    /// The endpoint the clients connect to.
+    pub endpoint: String,
+    moto: Option<std::process::Child>,
+}
+
+impl Sqs {
+    /// `SQS_ENDPOINT` if set, else a private moto server, started and answering.
+    pub async fn start() -> Result<Self, String> {
+        if let Ok(endpoint) = std::env::var("SQS_ENDPOINT")
+            && !endpoint.is_empty()
+        {
+            return Ok(Self {
+                endpoint,
+                moto: None,
+            });
+        }
+        let program = std::env::var("MOTO").unwrap_or_else(|_| "moto_server".to_owned());
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .map_err(|e| format!("a free port for moto: {e}"))?
+            .port();
+        let child = std::process::Command::new(&program)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .map_err(|e| {
+                format!(
+                    "set SQS_ENDPOINT to an SQS-compatible server, or MOTO to moto's moto_server \
+                     to start a private one (`{program}` did not start: {e})"
+                )
+            })?;
+        let sqs = Self {
+            endpoint: format!("http://127.0.0.1:{port}"),
+            moto: Some(child),
+        };
+        let client = sqs.client();
+        for _ in 0..300 {
+            if client.list_queues().send().await.is_ok() {
+                return Ok(sqs);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err(format!(
+            "moto did not answer at {} within 30 s",
+            sqs.endpoint
+        ))
+    }
+
+    /// What [`Sqs::start`] connected to, for the run's header.
+    pub fn describe(&self) -> String {
+        match self.moto {
+            Some(_) => format!("moto at {} (private)", self.endpoint),
+            None => format!("SQS at {} (SQS_ENDPOINT)", self.endpoint),
+        }
+    }
+
+    /// A client of the endpoint: the region and credentials of the environment where set,
+    /// else `us-east-1` and test credentials.
+    pub fn client(&self) -> aws_sdk_sqs::Client {
+        sqs_client(&self.endpoint)
+    }
+
+    /// Creates `name` with visibility timeout `visibility` and a dead-letter queue
+    /// `<name>-dead` after `max_receive_count` receives; the queue's URL.
+    pub async fn create_queue(
+        &self,
+        name: &str,
+        visibility: Duration,
+        max_receive_count: u32,
+    ) -> Result<String, String> {
+        use aws_sdk_sqs::types::QueueAttributeName;
+        let client = self.client();
+        let failed =
+            |what: &str, e: &dyn std::fmt::Display| format!("{what} at {}: {e}", self.endpoint);
+        let dead = client
+            .create_queue()
+            .queue_name(format!("{name}-dead"))
+            .send()
+            .await
+            .map_err(|e| failed("create the dead-letter queue", &e))?
+            .queue_url
+            .unwrap_or_default();
+        let arn = client
+            .get_queue_attributes()
+            .queue_url(&dead)
+            .attribute_names(QueueAttributeName::QueueArn)
+            .send()
+            .await
+            .map_err(|e| failed("read the dead-letter queue", &e))?
+            .attributes
+            .and_then(|mut attributes| attributes.remove(&QueueAttributeName::QueueArn))
+            .unwrap_or_default();
+        client
+            .create_queue()
+            .queue_name(name)
+            .attributes(
+                QueueAttributeName::VisibilityTimeout,
+                visibility.as_secs().to_string(),
+            )
+            .attributes(
+                QueueAttributeName::RedrivePolicy,
+                format!(
+                    r#"{{"deadLetterTargetArn":"{arn}","maxReceiveCount":"{max_receive_count}"}}"#
+                ),
+            )
+            .send()
+            .await
+            .map_err(|e| failed("create the queue", &e))
+            .map(|output| output.queue_url.unwrap_or_default())
+    }
+
+    /// Deletes the queue `url` and its dead-letter queue.
+    pub async fn delete_queue(&self, url: &str) {
+        let client = self.client();
+        for url in [url.to_owned(), format!("{url}-dead")] {
+            let _ = client.delete_queue().queue_url(url).send().await;
+        }
+    }
+
+    /// Messages in the queue: visible, delayed and in flight.
+    pub async fn pending(&self, url: &str) -> Result<u64, String> {
+        use aws_sdk_sqs::types::QueueAttributeName;
+        let attributes = self
+            .client()
+            .get_queue_attributes()
+            .queue_url(url)
+            .attribute_names(QueueAttributeName::All)
+            .send()
+            .await
+            .map_err(|e| format!("read the queue {url}: {e}"))?
+            .attributes
+            .unwrap_or_default();
+        Ok([
+            QueueAttributeName::ApproximateNumberOfMessages,
+            QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
+            QueueAttributeName::ApproximateNumberOfMessagesDelayed,
+        ]
+        .iter()
+        .filter_map(|name| attributes.get(name)?.parse::<u64>().ok())
+        .sum())
+    }
+}
+
+/// A client of the SQS endpoint `endpoint`: the region and credentials of the environment
+/// (`AWS_REGION`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`) where set, else `us-east-1`
+/// and test credentials, as a local server takes them.
+pub fn sqs_client(endpoint: &str) -> aws_sdk_sqs::Client {
+    use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
+    let region = std::env::var("AWS_REGION").unwrap_or_else(|_| "us-east-1".to_owned());
+    let key = std::env::var("AWS_ACCESS_KEY_ID").unwrap_or_else(|_| "test".to_owned());
+    let secret = std::env::var("AWS_SECRET_ACCESS_KEY").unwrap_or_else(|_| "test".to_owned());
+    let config = aws_sdk_sqs::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new(region))
+        .endpoint_url(endpoint)
+        .credentials_provider(Credentials::new(key, secret, None, None, "environment"))
+        .build();
+    aws_sdk_sqs::Client::from_conf(config)
+}
+
+impl Drop for Sqs {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.moto {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
