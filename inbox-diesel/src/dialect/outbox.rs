@@ -16,9 +16,9 @@ impl Backend {
         // apart (MySQL and MariaDB have no partial index: theirs are in the table).
         let partial = || {
             format!(
-                "CREATE INDEX {pending} ON {table} (seq) WHERE sent_at IS NULL;\n\
-                 CREATE INDEX {unsent} ON {table} (destination, ordering_key, seq) WHERE sent_at IS NULL;\n\
-                 CREATE INDEX {sent} ON {table} (sent_at) WHERE sent_at IS NOT NULL;\n",
+                "CREATE INDEX IF NOT EXISTS {pending} ON {table} (seq) WHERE sent_at IS NULL;\n\
+                 CREATE INDEX IF NOT EXISTS {unsent} ON {table} (destination, ordering_key, seq) WHERE sent_at IS NULL;\n\
+                 CREATE INDEX IF NOT EXISTS {sent} ON {table} (sent_at) WHERE sent_at IS NOT NULL;\n",
                 pending = index("pending"),
                 unsent = index("unsent"),
                 sent = index("sent_at"),
@@ -26,7 +26,7 @@ impl Backend {
         };
         match self {
             Backend::Postgres => format!(
-                "CREATE TABLE {table} (\n    \
+                "CREATE TABLE IF NOT EXISTS {table} (\n    \
                  seq           BIGINT      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,\n    \
                  id            UUID        NOT NULL,\n    \
                  destination   TEXT        NOT NULL,\n    \
@@ -45,7 +45,7 @@ impl Backend {
                 partial = partial(),
             ),
             Backend::Mysql => format!(
-                "CREATE TABLE {table} (\n    \
+                "CREATE TABLE IF NOT EXISTS {table} (\n    \
                  seq           BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,\n    \
                  id            CHAR(36)     CHARACTER SET ascii COLLATE ascii_bin NOT NULL,\n    \
                  destination   VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,\n    \
@@ -68,7 +68,7 @@ impl Backend {
                 sent = index("sent_at"),
             ),
             Backend::Sqlite => format!(
-                "CREATE TABLE {table} (\n    \
+                "CREATE TABLE IF NOT EXISTS {table} (\n    \
                  seq           INTEGER   PRIMARY KEY NOT NULL,\n    \
                  id            TEXT      NOT NULL,\n    \
                  destination   TEXT      NOT NULL,\n    \
@@ -83,7 +83,7 @@ impl Backend {
                  sent_at       TIMESTAMP,\n    \
                  parked_at     TIMESTAMP\n\
                  );\n\
-                 CREATE UNIQUE INDEX {ux} ON {table} (id);\n{partial}",
+                 CREATE UNIQUE INDEX IF NOT EXISTS {ux} ON {table} (id);\n{partial}",
                 ux = index("id"),
                 partial = partial(),
             ),

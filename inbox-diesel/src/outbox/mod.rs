@@ -336,7 +336,8 @@ impl Outbox {
         Ok(())
     }
 
-    /// The statement creating the table and its indexes on `backend`.
+    /// The statements creating the table and its indexes on `backend`, each idempotent
+    /// (`IF NOT EXISTS`): run at every start, they leave an existing table as it is.
     pub fn create_table_sql(&self, backend: Backend) -> String {
         backend.outbox_create_sql(self.table)
     }
