@@ -10,7 +10,10 @@
 //! | `messaging.operation.name`, `messaging.operation.type` | `process` |
 //! | `messaging.system`, `messaging.destination.name` | what the pump passed to [`process_span`] (`rabbitmq` and the queue, `nats` and the subject or stream) |
 //! | `messaging.consumer.group.name` | the handler's consumer (`credit`) |
-//! | `messaging.message.id` | the **stored id** (a UUID): never the raw key, which can be business data |
+//! | `messaging.message.id` | the broker's id of the message, recorded by the pump: RabbitMQ's `message_id`, NATS's `Nats-Msg-Id` (else the stream sequence), Kafka's `message-id` header, SQS's `MessageId` |
+//! | `inbox.stored_id` | the **stored id** (a UUID) the inbox's row has: never the raw key, which can be business data |
+//! | `messaging.rabbitmq.destination.routing_key` | the routing key a RabbitMQ delivery was published with |
+//! | `messaging.destination.partition.id`, `messaging.kafka.offset` | a Kafka record's partition and offset |
 //! | `messaging.batch.message_count` | the number of messages of a batch handler |
 //! | `inbox.outcome` | `processed`, `duplicate`, `in_flight`, `stale_claim` or `failed` |
 //! | `inbox.attempt` | transactions run (marker mode: 1 + the retries of transient failures); the claim's attempt (claim mode) |
@@ -79,6 +82,10 @@ pub fn process_span(system: &'static str, destination: &str, delivery_count: u32
         messaging.consumer.group.name = Empty,
         messaging.message.id = Empty,
         messaging.batch.message_count = Empty,
+        messaging.rabbitmq.destination.routing_key = Empty,
+        messaging.destination.partition.id = Empty,
+        messaging.kafka.offset = Empty,
+        inbox.stored_id = Empty,
         inbox.delivery_count = i64::from(delivery_count),
         inbox.outcome = Empty,
         inbox.attempt = Empty,
@@ -206,7 +213,7 @@ impl Run {
         let run = Self::start(spec, claim);
         record(
             &run.span,
-            "messaging.message.id",
+            "inbox.stored_id",
             tracing::field::display(key.stored_id()),
         );
         #[cfg(feature = "metrics")]
@@ -249,8 +256,8 @@ impl Run {
                 messaging.operation.name = "process",
                 messaging.operation.type = "process",
                 messaging.consumer.group.name = Empty,
-                messaging.message.id = Empty,
                 messaging.batch.message_count = Empty,
+                inbox.stored_id = Empty,
                 inbox.mode = if claim { "claim" } else { "marker" },
                 inbox.outcome = Empty,
                 inbox.attempt = Empty,

@@ -92,8 +92,9 @@
 //! returns.
 //!
 //! **Traces.** Each run of a handler is one span, [`process_span`]`("kafka", topic,
-//! attempt)`, with the handler's consumer, the stored id, the outcome and the settlement
-//! recorded on it ([`inbox_diesel::telemetry`]).
+//! attempt)`, with the record's `message-id`, partition and offset, the handler's consumer,
+//! the stored id, the outcome and the settlement recorded on it
+//! ([`inbox_diesel::telemetry`]).
 //!
 //! [rdkafka]: https://docs.rs/rdkafka
 

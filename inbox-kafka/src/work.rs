@@ -39,6 +39,7 @@ where
     let mut attempt = 1u32;
     loop {
         let span = process_span("kafka", message.topic(), attempt);
+        record_position(&span, message);
         let in_hand = InHand {
             span: &span,
             system: "kafka",
@@ -124,6 +125,23 @@ where
             handed_back: None,
         };
     }
+}
+
+/// The record's `message-id` header, partition and offset on its span.
+fn record_position(span: &tracing::Span, message: &OwnedMessage) {
+    if let Some(id) = message.headers().and_then(|headers| {
+        headers
+            .iter()
+            .find(|header| header.key == MESSAGE_ID)
+            .and_then(|header| header.value)
+    }) {
+        span.record("messaging.message.id", String::from_utf8_lossy(id).as_ref());
+    }
+    span.record(
+        "messaging.destination.partition.id",
+        tracing::field::display(message.partition()),
+    );
+    span.record("messaging.kafka.offset", message.offset());
 }
 
 /// Writes `message` to its dead-letter topic — its key, payload and headers, with where it

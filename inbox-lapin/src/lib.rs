@@ -94,8 +94,9 @@
 //!
 //! **Traces.** Each delivery is handled and settled in one span,
 //! [`process_span`]`("rabbitmq", queue, delivery_count)`: named `process {queue}` in the
-//! OpenTelemetry messaging conventions, with the handler's consumer, the stored id, the
-//! outcome and the settlement recorded on it ([`inbox_diesel::telemetry`]).
+//! OpenTelemetry messaging conventions, with the delivery's `message_id` and routing key,
+//! the handler's consumer, the stored id, the outcome and the settlement recorded on it
+//! ([`inbox_diesel::telemetry`]).
 //!
 //! [lapin]: https://docs.rs/lapin
 

@@ -42,6 +42,13 @@ where
     let acker = delivery.acker.clone();
     let count = delivery_count(&delivery);
     let span = process_span("rabbitmq", queue, count);
+    if let Some(id) = delivery.properties.message_id() {
+        span.record("messaging.message.id", id.as_str());
+    }
+    span.record(
+        "messaging.rabbitmq.destination.routing_key",
+        delivery.routing_key.as_str(),
+    );
     let in_hand = InHand {
         span: &span,
         system: "rabbitmq",

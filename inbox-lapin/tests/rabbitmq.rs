@@ -578,7 +578,13 @@ async fn each_delivery_is_one_process_span() {
         assert_eq!(attribute("messaging.destination.name"), queue);
         assert_eq!(attribute("messaging.operation.type"), "process");
         assert_eq!(attribute("messaging.consumer.group.name"), "credits");
-        assert_eq!(attribute("messaging.message.id"), stored);
+        // The broker's id as the conventions name it, the inbox's row's beside it.
+        assert_eq!(attribute("messaging.message.id"), "s1");
+        assert_eq!(attribute("inbox.stored_id"), stored);
+        assert_eq!(
+            attribute("messaging.rabbitmq.destination.routing_key"),
+            queue
+        );
         assert_eq!(attribute("inbox.delivery_count"), "1");
         assert_eq!(attribute("inbox.settlement"), "ack");
         outcomes.push(attribute("inbox.outcome"));

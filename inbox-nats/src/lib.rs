@@ -115,9 +115,9 @@
 //!
 //! **Traces.** Each message is handled and settled in one span,
 //! [`process_span`]`("nats", stream, delivery_count)`:
-//! named `process {stream}` in the OpenTelemetry messaging conventions, with the handler's
-//! consumer, the stored id, the outcome and the settlement recorded on it
-//! ([`inbox_diesel::telemetry`]).
+//! named `process {stream}` in the OpenTelemetry messaging conventions, with the message's
+//! `Nats-Msg-Id` (else its stream sequence), the handler's consumer, the stored id, the
+//! outcome and the settlement recorded on it ([`inbox_diesel::telemetry`]).
 //!
 //! [async-nats]: https://docs.rs/async-nats
 

@@ -33,6 +33,20 @@ where
         Err(_) => (message.subject.to_string(), None),
     };
     let span = process_span("nats", &stream, count);
+    match message
+        .headers
+        .as_ref()
+        .and_then(|headers| headers.get(async_nats::header::NATS_MESSAGE_ID))
+    {
+        Some(id) => {
+            span.record("messaging.message.id", id.as_str());
+        }
+        None => {
+            if let Some(sequence) = sequence {
+                span.record("messaging.message.id", tracing::field::display(sequence));
+            }
+        }
+    }
     let in_hand = InHand {
         span: &span,
         system: "nats",

@@ -916,7 +916,9 @@ async fn each_message_is_one_process_span() {
         assert_eq!(attribute("messaging.system"), "nats");
         assert_eq!(attribute("messaging.destination.name"), name);
         assert_eq!(attribute("messaging.consumer.group.name"), "credits");
-        assert_eq!(attribute("messaging.message.id"), stored);
+        // The broker's id as the conventions name it, the inbox's row's beside it.
+        assert_eq!(attribute("messaging.message.id"), "s1");
+        assert_eq!(attribute("inbox.stored_id"), stored);
         assert_eq!(attribute("inbox.delivery_count"), "1");
         assert_eq!(attribute("inbox.settlement"), "ack");
         outcomes.push(attribute("inbox.outcome"));
