@@ -15,7 +15,7 @@ use diesel_async::{AsyncConnection, RunQueryDsl, SimpleAsyncConnection};
 use inbox_diesel::outbox::relay::{Relay, Report as RelayReport, Sink};
 use inbox_diesel::outbox::{Message, Outbox};
 use inbox_diesel::schema::Backend;
-use inbox_diesel::{Action, InboxSchema, MessageKey, Outcome, Settle, Settlement, idempotent};
+use inbox_diesel::{InboxSchema, MessageKey, Outcome, Settle, Settlement, idempotent};
 
 use crate::events::Event;
 
@@ -90,13 +90,12 @@ mod mysql {
     }
 }
 
-/// Why a handler failed: the inbox's answer, or no connection to run it on.
+/// Why a handler failed: the inbox's answer — among them no connection from the pool to run
+/// it on ([`inbox_diesel::Error::checkout`]).
 #[derive(Debug)]
 pub enum Failure {
     /// The inbox's error (nothing was committed).
     Inbox(inbox_diesel::Error),
-    /// The pool gave no connection in time.
-    Pool(String),
 }
 
 impl From<inbox_diesel::Error> for Failure {
@@ -112,7 +111,6 @@ impl Settle for Failure {
     fn settlement(&self) -> Settlement {
         match self {
             Failure::Inbox(e) => e.settlement(),
-            Failure::Pool(_) => Action::Reconnect.settlement(),
         }
     }
 }
@@ -121,7 +119,6 @@ impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Failure::Inbox(e) => write!(f, "{e}"),
-            Failure::Pool(e) => write!(f, "no database connection: {e}"),
         }
     }
 }
@@ -173,7 +170,8 @@ impl Database {
     /// [`Event::Handling`] once the row is written.
     ///
     /// # Errors
-    /// The inbox's error ([`Failure::Inbox`]), or no connection ([`Failure::Pool`]).
+    /// The inbox's error ([`Failure::Inbox`]), among them no connection from the pool
+    /// ([`inbox_diesel::Error::checkout`]).
     pub async fn apply(
         &self,
         key: &MessageKey,

@@ -86,6 +86,12 @@
 //! failure of the database the pump starts no handler for a pause, doubling while it
 //! lasts ([`Pump::outage`]). librdkafka reconnects to the brokers by itself.
 //!
+//! **Pool checkouts.** A closure that takes the handler's connection from a pool (bb8,
+//! deadpool, r2d2) before calling it answers a failed checkout with
+//! [`inbox_diesel::Error::checkout`]: nothing ran, and its class (`ConnectionLost`) settles
+//! it as the database's outage — retried after a delay, the pump pausing as above — never as
+//! a dead letter: `pool.get().await.map_err(inbox_diesel::Error::checkout)?`.
+//!
 //! **Shutdown.** When `shutdown` completes (or the pump halts), the pump pauses its
 //! partitions, drops what it had queued (not stored: read again by whoever consumes the
 //! partition next), lets the handlers in hand settle, commits the stored offsets, and

@@ -74,6 +74,12 @@
 //! killed the process comes alone and dies alone, and the others lose one delivery, the
 //! first death's.
 //!
+//! **Pool checkouts.** A closure that takes the handler's connection from a pool (bb8,
+//! deadpool, r2d2) before calling it answers a failed checkout with
+//! [`inbox_diesel::Error::checkout`]: nothing ran, and its class (`ConnectionLost`) settles
+//! it as the database's outage — retried after a delay, the pump pausing as above — never as
+//! a dead letter: `pool.get().await.map_err(inbox_diesel::Error::checkout)?`.
+//!
 //! **Shutdown.** When `shutdown` completes (or the pump halts), the pump cancels its
 //! consumers, lets the deliveries in hand finish and settle (a retry's delay cut short), and
 //! requeues those the channel had buffered but no handler had started. A consumer the broker

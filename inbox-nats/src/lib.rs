@@ -91,6 +91,12 @@
 //! message applied once). JetStream keeps what it stored on file storage; a stream in
 //! memory loses its messages with the server.
 //!
+//! **Pool checkouts.** A closure that takes the handler's connection from a pool (bb8,
+//! deadpool, r2d2) before calling it answers a failed checkout with
+//! [`inbox_diesel::Error::checkout`]: nothing ran, and its class (`ConnectionLost`) settles
+//! it as the database's outage — retried after a delay, the pump pausing as above — never as
+//! a dead letter: `pool.get().await.map_err(inbox_diesel::Error::checkout)?`.
+//!
 //! **Shutdown.** When `shutdown` completes (or the pump halts), the pump stops pulling: it
 //! unsubscribes from its pull requests' replies, `Nak`s without delay the messages that had
 //! arrived but that no handler had started (another consumer takes them at once), lets the

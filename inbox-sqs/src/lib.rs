@@ -75,6 +75,12 @@
 //! that fails (SQS out of reach, throttling the SDK's retries did not outlast) is retried
 //! after a pause, doubling up to 30 s.
 //!
+//! **Pool checkouts.** A closure that takes the handler's connection from a pool (bb8,
+//! deadpool, r2d2) before calling it answers a failed checkout with
+//! [`inbox_diesel::Error::checkout`]: nothing ran, and its class (`ConnectionLost`) settles
+//! it as the database's outage — retried after a delay, the pump pausing as above — never as
+//! a dead letter: `pool.get().await.map_err(inbox_diesel::Error::checkout)?`.
+//!
 //! **Shutdown.** When `shutdown` completes (or the pump halts), the pump stops receiving,
 //! waits for a receive in flight (at most [`Pump::wait_time`]) and makes what it received
 //! but did not start visible again at once, lets the handlers in hand finish and settle,

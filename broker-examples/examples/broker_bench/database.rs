@@ -50,7 +50,7 @@ mod sqlite {
         key: &MessageKey,
         message: &str,
     ) -> Result<Outcome<()>, Failure> {
-        let mut conn = pool.get().await.map_err(|e| Failure::Pool(e.to_string()))?;
+        let mut conn = pool.get().await.map_err(inbox_diesel::Error::checkout)?;
         Ok(apply(&mut conn, key, message).await?)
     }
 
@@ -144,7 +144,7 @@ mod postgres {
         key: &MessageKey,
         message: &str,
     ) -> Result<Outcome<()>, Failure> {
-        let mut conn = pool.get().await.map_err(|e| Failure::Pool(e.to_string()))?;
+        let mut conn = pool.get().await.map_err(inbox_diesel::Error::checkout)?;
         Ok(apply(&mut conn, key, message).await?)
     }
 

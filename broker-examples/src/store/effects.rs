@@ -53,7 +53,7 @@ pub(super) async fn handle(
 ) -> Result<Outcome<()>, Failure> {
     // bb8 tests a connection as it is checked out: one the database closed is replaced
     // before a handler gets it.
-    let mut conn = pool.get().await.map_err(|e| Failure::Pool(e.to_string()))?;
+    let mut conn = pool.get().await.map_err(inbox_diesel::Error::checkout)?;
     Ok(apply(&mut conn, key, message, consumer, pause).await?)
 }
 

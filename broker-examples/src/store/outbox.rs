@@ -43,7 +43,7 @@ pub(super) async fn handle_and_publish(
     pause: Duration,
     to: Publish<'_>,
 ) -> Result<Outcome<()>, Failure> {
-    let mut conn = pool.get().await.map_err(|e| Failure::Pool(e.to_string()))?;
+    let mut conn = pool.get().await.map_err(inbox_diesel::Error::checkout)?;
     Ok(apply_and_publish(&mut conn, key, message, consumer, pause, &to).await?)
 }
 

@@ -217,10 +217,11 @@ pub enum Error {
         /// Whether the claim is within its lease.
         live: bool,
     },
-    /// A claim-mode handler given a pool in place of its connection took no connection from
-    /// it: the pool's checkout timed out, or it could not open one. The claim and the stamp
-    /// each take a connection of their own, and the side effect between them holds none.
-    /// `after_effect: None`: for the claim; nothing ran, class
+    /// No connection could be taken from a pool: its checkout timed out, or it could not open
+    /// one — a claim-mode handler's (given a pool in place of its connection: the claim and
+    /// the stamp each take a connection of their own, and the side effect between them holds
+    /// none), or the caller's before a handler ran ([`Error::checkout`]).
+    /// `after_effect: None`: for the claim, or before the handler; nothing ran, class
     /// [`ErrorClass::ConnectionLost`] (`Reconnect`): redeliver later. `Some(attempt)`: for
     /// the stamp, after that attempt's side effect ran (checkouts were tried for twice the
     /// claim's lease): as [`Error::EffectNotRecorded`], class
@@ -274,6 +275,30 @@ impl fmt::Display for StoredResultProblem {
 }
 
 impl Error {
+    /// A connection the handler's caller could not take from its pool before calling the
+    /// handler — a pump's closure that checks one out of bb8, deadpool or r2d2: nothing ran.
+    /// Its class is [`ErrorClass::ConnectionLost`], so a pump settles it as the database's
+    /// outage ([`Settlement::Retry`](inbox_core::Settlement::Retry) with `reconnect`): the
+    /// delivery comes back after a delay, and the pump pauses and lets one delivery try
+    /// alone while the others wait in hand, rather than spend their deliveries on a pool
+    /// that has none to give.
+    ///
+    /// ```
+    /// use inbox_diesel::{ErrorClass, Settle, Settlement};
+    ///
+    /// // What `pool.get().await` failed with (bb8's `RunError`, deadpool's `PoolError`).
+    /// let timed_out = std::io::Error::new(std::io::ErrorKind::TimedOut, "no connection in 30 s");
+    /// let error = inbox_diesel::Error::checkout(timed_out);
+    /// assert_eq!(error.class(), ErrorClass::ConnectionLost);
+    /// assert_eq!(error.settlement(), Settlement::Retry { reconnect: true });
+    /// ```
+    pub fn checkout(source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Error::Checkout {
+            after_effect: None,
+            source: source.into(),
+        }
+    }
+
     /// The class of the failure: [`ErrorClass::Other`] for an invalid key.
     pub fn class(&self) -> ErrorClass {
         match self {
@@ -447,8 +472,7 @@ impl fmt::Display for Error {
                 source,
             } => write!(
                 f,
-                "inbox: the pool gave the claim no connection; nothing ran, redeliver later: \
-                 {source}"
+                "inbox: the pool gave no connection; nothing ran, redeliver later: {source}"
             ),
             Error::Checkout {
                 after_effect: Some(attempt),
