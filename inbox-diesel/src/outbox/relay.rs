@@ -191,6 +191,46 @@ impl Relay {
         S: Sink,
         F: Future<Output = ()>,
     {
+        self.run_counted(conn, sink, shutdown, &Counts::default())
+            .await
+    }
+
+    /// As [`run`](Self::run), adding each round to `counts` as it ends: what the relay did
+    /// so far, for a health check or a metrics exporter to read while it runs — and after it
+    /// failed, when `run` returns no report.
+    ///
+    /// ```no_run
+    /// # use inbox_diesel::outbox::{Outbox, relay::{Counts, Relay, Sink}};
+    /// # async fn relay(
+    /// #     conn: &mut diesel_async::sync_connection_wrapper::SyncConnectionWrapper<diesel::SqliteConnection>,
+    /// #     sink: &mut impl Sink,
+    /// # ) -> diesel::QueryResult<()> {
+    /// static OUTBOX: Outbox = Outbox::new("outbox");
+    /// let counts = std::sync::Arc::new(Counts::default());
+    /// let seen = counts.clone();
+    /// // Elsewhere: a health endpoint, a gauge.
+    /// tokio::spawn(async move { println!("sent so far: {}", seen.report().sent) });
+    /// Relay::new(OUTBOX)
+    ///     .run_counted(conn, sink, std::future::pending(), &counts)
+    ///     .await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`run`](Self::run).
+    pub async fn run_counted<C, S, F>(
+        &self,
+        conn: &mut C,
+        sink: &mut S,
+        shutdown: F,
+        counts: &Counts,
+    ) -> QueryResult<Report>
+    where
+        C: crate::backends::AsyncInboxConnection + 'static,
+        S: Sink,
+        F: Future<Output = ()>,
+    {
         let mut shutdown = std::pin::pin!(shutdown);
         let mut report = Report::default();
         let mut pause = self.backoff.0;
@@ -198,6 +238,7 @@ impl Relay {
         loop {
             let round = self.run_once(conn, sink).await?;
             report.add(&round);
+            counts.add(&round);
             let wait = if round.unavailable {
                 let wait = pause;
                 pause = (pause * 2).min(self.backoff.1);
@@ -552,6 +593,39 @@ pub struct Report {
     pub rejected: u64,
     /// Messages parked.
     pub parked: u64,
+}
+
+/// What a relay has done so far, updated as each round ends ([`Relay::run_counted`]);
+/// readable from any thread while the relay runs.
+#[derive(Debug, Default)]
+pub struct Counts {
+    rounds: std::sync::atomic::AtomicU64,
+    sent: std::sync::atomic::AtomicU64,
+    rejected: std::sync::atomic::AtomicU64,
+    parked: std::sync::atomic::AtomicU64,
+}
+
+impl Counts {
+    /// The counts now, as a [`Report`].
+    pub fn report(&self) -> Report {
+        use std::sync::atomic::Ordering::Relaxed;
+        Report {
+            rounds: self.rounds.load(Relaxed),
+            sent: self.sent.load(Relaxed),
+            rejected: self.rejected.load(Relaxed),
+            parked: self.parked.load(Relaxed),
+        }
+    }
+
+    fn add(&self, round: &Round) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut one = Report::default();
+        one.add(round);
+        self.rounds.fetch_add(one.rounds, Relaxed);
+        self.sent.fetch_add(one.sent, Relaxed);
+        self.rejected.fetch_add(one.rejected, Relaxed);
+        self.parked.fetch_add(one.parked, Relaxed);
+    }
 }
 
 impl Report {

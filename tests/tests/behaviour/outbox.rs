@@ -528,6 +528,7 @@ fn a_broker_outage_pauses_the_relay_and_loses_nothing() {
     keyed_orders(&db, 5);
     let downstream = Downstream::default();
     downstream.down.store(true, Ordering::SeqCst);
+    let counts = inbox_diesel::outbox::relay::Counts::default();
     let report = runtime().block_on(async {
         let mut conn = connect_url(db.url()).await;
         let relay = Relay::new(OUTBOX)
@@ -537,18 +538,27 @@ fn a_broker_outage_pauses_the_relay_and_loses_nothing() {
         let down = downstream.down.clone();
         let refused = downstream.refused.clone();
         let received = downstream.received.clone();
-        // Up again after three rounds met it down, however slow the machine.
+        let counts = &counts;
+        // Up again after three rounds met it down, however slow the machine; the counts
+        // are read while the relay runs, not only once it stopped.
         let stop = async move {
             while refused.load(Ordering::SeqCst) < 3 {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
+            let during = counts.report();
+            assert!(during.rounds >= 1 && during.sent == 0, "{during:?}");
             down.store(false, Ordering::SeqCst);
-            while received.lock().unwrap().len() < 15 {
+            while counts.report().sent < 15 {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
+            assert_eq!(received.lock().unwrap().len(), 15);
         };
-        relay.run(&mut conn, &mut sink, stop).await.unwrap()
+        relay
+            .run_counted(&mut conn, &mut sink, stop, counts)
+            .await
+            .unwrap()
     });
+    assert_eq!(counts.report(), report);
     assert_eq!(report.sent, 15, "{report:?}");
     assert_eq!(report.rejected, 0);
     assert!(report.rounds > 3, "{report:?}");
