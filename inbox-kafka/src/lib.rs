@@ -69,7 +69,7 @@
 //! **Retries and dead letters.** Kafka redelivers nothing by itself and has no dead-letter
 //! queue. A record whose handler answers a retry keeps its partition waiting while the pump
 //! runs the handler on it again after [`Redelivery`]'s delay (the partition is paused at
-//! the broker while its queue is long); after [`Pump::max_attempts`] runs (10 by default) it
+//! the broker while its queue is long); after [`Pump::max_attempts`] runs (20 by default) it
 //! is dead-lettered, so that a poison record cannot stall its partition for ever. A dead
 //! letter is written to the record's topic with [`Pump::dead_letter_suffix`] appended
 //! (`credits.DLT`), with its key, payload and headers and the headers
@@ -222,14 +222,15 @@ impl Default for Pump {
 
 impl Pump {
     /// 16 records in hand (at most one per partition), [`Redelivery::DEFAULT`] between runs
-    /// of a retried record, at most 10 runs, dead letters to `<topic>.DLT`,
+    /// of a retried record, at most 20 runs (a database outage of almost an hour,
+    /// [`pump::outage_tolerance`]), dead letters to `<topic>.DLT`,
     /// [`Outage::DEFAULT`].
     pub const fn new() -> Self {
         Self {
             max_in_hand: 16,
             redelivery: Redelivery::DEFAULT,
             outage: Outage::DEFAULT,
-            max_attempts: 10,
+            max_attempts: 20,
             dead_letter_suffix: ".DLT",
             dead_letter_timeout: Duration::from_secs(30),
             queued_per_partition: 256,
@@ -251,7 +252,9 @@ impl Pump {
     }
 
     /// How often the handler runs on a record that answers a retry before it is
-    /// dead-lettered. At least 1.
+    /// dead-lettered. At least 1. [`Pump::run`] warns when a database outage shorter than
+    /// [`OUTAGE_TO_RIDE_OUT`](pump::OUTAGE_TO_RIDE_OUT) can spend them
+    /// ([`pump::outage_tolerance`]).
     pub const fn max_attempts(self, max_attempts: u32) -> Self {
         Self {
             max_attempts: if max_attempts == 0 { 1 } else { max_attempts },
@@ -336,6 +339,11 @@ impl Pump {
         A: Settle + std::fmt::Debug,
         S: Future<Output = ()>,
     {
+        pump::warn_short_tolerance(
+            "the Kafka pump",
+            self.max_attempts,
+            pump::outage_tolerance(&self.redelivery, self.max_attempts),
+        );
         let settings = Settings {
             redelivery: self.redelivery,
             max_attempts: self.max_attempts,

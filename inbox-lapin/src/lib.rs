@@ -126,11 +126,13 @@ use tracing::Instrument;
 
 mod consumers;
 mod report;
+mod topology;
 mod window;
 mod work;
 
 use consumers::*;
 pub use report::{Report, Stopped};
+pub use topology::Topology;
 use window::*;
 use work::*;
 

@@ -1568,3 +1568,62 @@ async fn a_crashed_claim_is_waited_out_within_the_delivery_limit() {
     assert_eq!(queues.depth(&channel, &queues.dead).await, 0);
     queues.delete(&channel).await;
 }
+
+/// The topology the docs recommend, declared by `Topology`: a message the handler
+/// dead-letters and one retried past its delivery limit both reach the dead-letter queue; a
+/// second declaration of the same topology is a no-op; and a limit whose retries an outage
+/// would outlast is declared all the same (with a warning).
+#[tokio::test]
+async fn the_declared_topology_bounds_deliveries_and_keeps_dead_letters() {
+    use inbox_lapin::Topology;
+    let (_connection, channel) = channel().await;
+    let name = format!("inbox-lapin-topology-{}", std::process::id());
+    let topology = Topology::new(name.as_str()).delivery_limit(2);
+    for queue in [topology.queue(), topology.dead()] {
+        channel
+            .queue_delete(queue.into(), QueueDeleteOptions::default())
+            .await
+            .unwrap();
+    }
+    let pump = Pump::new().redelivery(Redelivery::exponential(
+        Duration::from_millis(10),
+        Duration::from_millis(20),
+    ));
+    topology.declare(&channel, &pump).await.unwrap();
+    topology.declare(&channel, &pump).await.unwrap();
+    let queues = Queues {
+        name: topology.queue().to_owned(),
+        dead: topology.dead().to_owned(),
+    };
+    queues.publish(&channel, Some("refused"), "refused").await;
+    queues.publish(&channel, Some("poison"), "poison").await;
+    let consumer = pump
+        .subscribe(&channel, &queues.name, "topology")
+        .await
+        .unwrap();
+    let poison_runs = Arc::new(AtomicU32::new(0));
+    let dead = async {
+        wait_for_depth(&queues, &channel, &queues.dead, 2).await;
+    };
+    let report = pump
+        .run(&channel, consumer, dead, |delivery| {
+            let settlement = match key(&delivery).unwrap() {
+                k if k == MessageKey::text("refused").unwrap() => Settlement::DeadLetter,
+                _ => {
+                    poison_runs.fetch_add(1, Ordering::SeqCst);
+                    Settlement::Retry { reconnect: false }
+                }
+            };
+            async move { Err::<Outcome<()>, _>(settlement) }
+        })
+        .await
+        .unwrap();
+    assert_eq!(report.dead_lettered, 1, "{report:?}");
+    // A delivery limit of 2: the first delivery and two returns.
+    assert!(
+        (2..=3).contains(&poison_runs.load(Ordering::SeqCst)),
+        "{poison_runs:?}"
+    );
+    assert_eq!(queues.depth(&channel, &queues.name).await, 0);
+    queues.delete(&channel).await;
+}

@@ -111,7 +111,7 @@
 //! `MAX_DELIVERIES`) and copies the message by its sequence.
 //!
 //! **Consumers and retention.** [`Pump::consumer`] creates a durable pull consumer with
-//! explicit acknowledgements, `ack_wait` 30 s, `max_deliver` 10 and the pump's
+//! explicit acknowledgements, `ack_wait` 30 s, `max_deliver` 20 and the pump's
 //! `max_ack_pending` ([`Pump::consumer_config`] to start from those and change more). A
 //! marker must outlive every delivery of its message: JetStream redelivers a message at
 //! most `max_deliver` times, each after at most `ack_wait` or the longest `Nak` delay, and
@@ -301,7 +301,9 @@ impl Default for Pump {
 impl Pump {
     /// 16 messages in hand, [`Redelivery::DEFAULT`], [`Outage::DEFAULT`], progress every half
     /// `ack_wait`; consumers
-    /// created with `ack_wait` 30 s and `max_deliver` 10.
+    /// created with `ack_wait` 30 s and `max_deliver` 20 (RabbitMQ 4's default delivery
+    /// limit: with [`Redelivery::DEFAULT`] a message outlives a database outage of almost
+    /// an hour, [`Pump::outage_tolerance`]).
     pub const fn new() -> Self {
         Self {
             max_ack_pending: 16,
@@ -309,7 +311,7 @@ impl Pump {
             outage: Outage::DEFAULT,
             progress_every: None,
             ack_wait: DEFAULT_ACK_WAIT,
-            max_deliver: 10,
+            max_deliver: 20,
             slow_start: true,
         }
     }
@@ -396,6 +398,18 @@ impl Pump {
         broker::jetstream_retention(longest_wait, self.max_deliver)
     }
 
+    /// The longest database outage a message outlives before the `max_deliver` of the
+    /// consumers this pump creates is spent, at worst, under its redelivery delays
+    /// ([`pump::outage_tolerance`]). [`Pump::consumer`] warns when it creates a consumer
+    /// whose tolerance is under [`OUTAGE_TO_RIDE_OUT`](pump::OUTAGE_TO_RIDE_OUT).
+    pub fn outage_tolerance(&self) -> Duration {
+        let deliveries = u32::try_from(self.max_deliver)
+            .ok()
+            .filter(|n| *n > 0)
+            .unwrap_or(u32::MAX);
+        pump::outage_tolerance(&self.redelivery, deliveries)
+    }
+
     /// The configuration [`Pump::consumer`] creates a consumer with: a durable pull consumer
     /// named `durable` over the whole stream, explicit acknowledgements, and this pump's
     /// `ack_wait`, `max_deliver` and `max_ack_pending`. Start from it to set more (a
@@ -426,6 +440,13 @@ impl Pump {
     ) -> Result<PullConsumer, ConsumerError> {
         match jetstream.get_consumer_from_stream(durable, stream).await {
             Err(e) if is_consumer_not_found(&e) => {
+                if self.max_deliver > 0 {
+                    pump::warn_short_tolerance(
+                        &format!("the consumer {durable} of {stream}"),
+                        u32::try_from(self.max_deliver).unwrap_or(u32::MAX),
+                        self.outage_tolerance(),
+                    );
+                }
                 jetstream
                     .create_consumer_on_stream(self.consumer_config(durable), stream)
                     .await

@@ -350,7 +350,9 @@ impl Pump {
 
     /// Reads the queue at `url`: its visibility timeout, whether it is FIFO, and its redrive
     /// policy — the dead-letter queue dead letters go to, and the `maxReceiveCount` after
-    /// which SQS moves a message there itself.
+    /// which SQS moves a message there itself. Warns when a database outage shorter than
+    /// [`OUTAGE_TO_RIDE_OUT`](pump::OUTAGE_TO_RIDE_OUT) can spend `maxReceiveCount` under
+    /// this pump's redelivery delays ([`pump::outage_tolerance`]).
     ///
     /// # Errors
     /// [`Stopped::Unsuitable`] when the queue cannot be read, or has no redrive policy (a
@@ -400,6 +402,11 @@ impl Pump {
             })?
             .queue_url
             .unwrap_or_default();
+        pump::warn_short_tolerance(
+            &format!("the queue {name}"),
+            max_receive_count,
+            pump::outage_tolerance(&self.redelivery, max_receive_count),
+        );
         Ok(Queue {
             url: url.to_owned(),
             fifo: name.ends_with(".fifo"),

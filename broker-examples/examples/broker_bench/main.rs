@@ -54,12 +54,14 @@
 //! `--prefetch none` measures the memory alone.
 
 mod database;
+mod kafka;
 mod memory;
 mod nats;
 mod options;
 mod rabbitmq;
 mod report;
 mod run;
+mod sqs;
 mod sweep;
 
 use std::collections::BTreeMap;
@@ -68,12 +70,14 @@ use std::process::ExitCode;
 use inbox_broker_examples::without_password;
 
 use crate::database::Target;
+use crate::kafka::Kafka;
 use crate::memory::Held;
 use crate::nats::Nats;
 use crate::options::Options;
 use crate::rabbitmq::Rabbit;
 use crate::report::{Rates, cell, median, rate, ratio};
 use crate::run::{Broker, PAYLOAD, Variant};
+use crate::sqs::Sqs;
 use crate::sweep::Bench;
 
 #[tokio::main]
@@ -104,7 +108,25 @@ async fn bench() -> Result<ExitCode, String> {
         true => Some(Nats::connect(nats_url.clone()).await?),
         false => None,
     };
+    let kafka = match brokers.contains(&Broker::Kafka) {
+        true => Some(Kafka::connect().await?),
+        false => None,
+    };
+    let sqs = match brokers.contains(&Broker::Sqs) {
+        true => Some(Sqs::connect().await?),
+        false => None,
+    };
     println!("effects in {}", target.describe());
+    if let Some(kafka) = &kafka {
+        println!(
+            "{}, a topic of {} partitions per run",
+            kafka.describe(),
+            crate::kafka::PARTITIONS
+        );
+    }
+    if let Some(sqs) = &sqs {
+        println!("{}, a queue per run", sqs.describe());
+    }
     if rabbit.is_some() {
         println!(
             "RabbitMQ {}, a quorum queue per run",
@@ -130,6 +152,8 @@ async fn bench() -> Result<ExitCode, String> {
         connections,
         rabbit,
         nats,
+        kafka,
+        sqs,
         runs: 0,
         failures: Vec::new(),
     };
@@ -174,7 +198,10 @@ async fn bench() -> Result<ExitCode, String> {
                 round + 1,
                 bench.options.rounds
             );
-            for &broker in &brokers {
+            for &broker in brokers
+                .iter()
+                .filter(|broker| matches!(broker, Broker::RabbitMq | Broker::Nats))
+            {
                 for &variant in broker.variants() {
                     if variant == Variant::DirectConfirmed {
                         continue;
@@ -195,6 +222,7 @@ async fn bench() -> Result<ExitCode, String> {
         let setting = match broker {
             Broker::RabbitMq => "prefetch",
             Broker::Nats => "max_ack_pending",
+            Broker::Kafka | Broker::Sqs => "in hand",
         };
         println!(
             "{broker}: messages per second, median of {} rounds; Pump / direct per round, \
@@ -202,7 +230,7 @@ async fn bench() -> Result<ExitCode, String> {
             bench.options.rounds
         );
         match broker {
-            Broker::RabbitMq => {
+            Broker::RabbitMq | Broker::Kafka | Broker::Sqs => {
                 println!("| {setting} | direct | Pump | Pump / direct |");
                 println!("|---:|---:|---:|---:|");
             }
@@ -259,7 +287,10 @@ async fn bench() -> Result<ExitCode, String> {
         );
         println!("| adapter | direct | Pump | Pump − direct |");
         println!("|---|---:|---:|---:|");
-        for &broker in &brokers {
+        for &broker in brokers
+            .iter()
+            .filter(|broker| matches!(broker, Broker::RabbitMq | Broker::Nats))
+        {
             let median_of = |variant| {
                 let helds = memory.get(&(broker, variant))?;
                 let bytes: Vec<f64> = helds.iter().map(|held| held.bytes).collect();

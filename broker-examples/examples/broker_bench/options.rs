@@ -51,14 +51,18 @@ impl Options {
                     options.only = Some(match value()?.as_str() {
                         "rabbitmq" => Broker::RabbitMq,
                         "nats" => Broker::Nats,
-                        other => return Err(format!("--only {other}: rabbitmq or nats")),
+                        "kafka" => Broker::Kafka,
+                        "sqs" => Broker::Sqs,
+                        other => {
+                            return Err(format!("--only {other}: rabbitmq, nats, kafka or sqs"));
+                        }
                     });
                 }
                 other => {
                     return Err(format!(
                         "unknown argument {other}; usage: broker_bench [--messages N] \
                          [--rounds R] [--prefetch 1,4,16,64,256|none] [--in-flight K (0: no memory \
-                         measurement)] [--connections C] [--only rabbitmq|nats] [--no-database]"
+                         measurement)] [--connections C] [--only rabbitmq|nats|kafka|sqs] [--no-database]"
                     ));
                 }
             }
@@ -72,7 +76,7 @@ impl Options {
     pub(crate) fn brokers(&self) -> Vec<Broker> {
         match self.only {
             Some(broker) => vec![broker],
-            None => vec![Broker::RabbitMq, Broker::Nats],
+            None => vec![Broker::RabbitMq, Broker::Nats, Broker::Kafka, Broker::Sqs],
         }
     }
 }

@@ -81,6 +81,8 @@ impl Tally {
 pub(crate) enum Broker {
     RabbitMq,
     Nats,
+    Kafka,
+    Sqs,
 }
 
 impl fmt::Display for Broker {
@@ -88,6 +90,8 @@ impl fmt::Display for Broker {
         f.write_str(match self {
             Broker::RabbitMq => "RabbitMQ",
             Broker::Nats => "JetStream",
+            Broker::Kafka => "Kafka",
+            Broker::Sqs => "SQS",
         })
     }
 }
@@ -98,6 +102,7 @@ impl Broker {
         match self {
             Broker::RabbitMq => &[Variant::Direct, Variant::Pump],
             Broker::Nats => &[Variant::Direct, Variant::DirectConfirmed, Variant::Pump],
+            Broker::Kafka | Broker::Sqs => &[Variant::Direct, Variant::Pump],
         }
     }
 }

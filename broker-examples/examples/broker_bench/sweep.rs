@@ -5,12 +5,14 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::database::Target;
+use crate::kafka::Kafka;
 use crate::memory::Held;
 use crate::nats::Nats;
 use crate::options::Options;
 use crate::rabbitmq::Rabbit;
 use crate::report::rate;
 use crate::run::{Broker, Tally, Timing, Variant, message_ids};
+use crate::sqs::Sqs;
 
 pub(crate) struct Bench {
     pub(crate) options: Options,
@@ -18,6 +20,8 @@ pub(crate) struct Bench {
     pub(crate) connections: u32,
     pub(crate) rabbit: Option<Rabbit>,
     pub(crate) nats: Option<Nats>,
+    pub(crate) kafka: Option<Kafka>,
+    pub(crate) sqs: Option<Sqs>,
     pub(crate) runs: usize,
     pub(crate) failures: Vec<String>,
 }
@@ -99,6 +103,32 @@ impl Bench {
                 nats.delete(&stream).await;
                 (consumed, left)
             }
+            Broker::Kafka => {
+                let kafka = self.kafka.as_ref().expect("connected");
+                let topic = kafka.prepare(run, &ids).await?;
+                let consumed = tokio::time::timeout(
+                    limit,
+                    kafka.consume(&topic, variant, usize::from(prefetch), &database, &tally),
+                )
+                .await
+                .unwrap_or_else(|_| Err(format!("not done after {} s", limit.as_secs())));
+                let left = kafka.left(&topic).await;
+                kafka.delete(&topic).await;
+                (consumed, left)
+            }
+            Broker::Sqs => {
+                let sqs = self.sqs.as_ref().expect("connected");
+                let queue = sqs.prepare(run, &ids).await?;
+                let consumed = tokio::time::timeout(
+                    limit,
+                    sqs.consume(&queue, variant, usize::from(prefetch), &database, &tally),
+                )
+                .await
+                .unwrap_or_else(|_| Err(format!("not done after {} s", limit.as_secs())));
+                let left = sqs.left(&queue).await;
+                sqs.delete(&queue).await;
+                (consumed, left)
+            }
         };
         let timing = timing?;
         let left = left?;
@@ -135,6 +165,8 @@ impl Bench {
                 let nats = self.nats.as_ref().expect("connected");
                 nats.memory(run, variant, usize::from(k)).await
             }
+            // Not measured: throughput only.
+            Broker::Kafka | Broker::Sqs => return None,
         };
         match held {
             Ok(held) => {

@@ -46,6 +46,57 @@ mod done;
 mod process;
 mod run;
 
+use std::time::Duration;
+
+use inbox_core::Redelivery;
+
 pub use done::{Counts, Done, HandedBack, Sent};
 pub use process::{InHand, Processed, process};
 pub use run::{Ended, Next, Source, run};
+
+/// A database outage a pump is expected to ride out without dead-lettering live messages: a
+/// failover or a restart takes minutes; half an hour leaves the person paged for it the time
+/// to act. A broker's delivery limit whose [`outage_tolerance`] is shorter is set up with a
+/// warning ([`warn_short_tolerance`]).
+pub const OUTAGE_TO_RIDE_OUT: Duration = Duration::from_secs(30 * 60);
+
+/// The longest database outage a message outlives, at worst, before `deliveries` (the
+/// broker's delivery limit: `x-delivery-limit`, `max_deliver`, `maxReceiveCount`, a Kafka
+/// pump's attempts) are spent: a message whose every delivery fails waits `redelivery`'s
+/// delay after each, and is dead-lettered at the last. The outage gate keeps most messages
+/// in hand, unstarted and uncounted, while the database is down; the one that tries alone is
+/// counted, and the same message can be that one each time.
+///
+/// ```
+/// use std::time::Duration;
+/// use inbox_diesel::Redelivery;
+/// use inbox_diesel::pump::outage_tolerance;
+///
+/// let redelivery = Redelivery::exponential(Duration::from_secs(1), Duration::from_secs(60));
+/// // 1 + 2 + 4 + 8 s before deliveries 2 to 5.
+/// assert_eq!(outage_tolerance(&redelivery, 5), Duration::from_secs(15));
+/// ```
+pub fn outage_tolerance(redelivery: &Redelivery, deliveries: u32) -> Duration {
+    (1..deliveries)
+        .map(|delivery| redelivery.delay(delivery))
+        .fold(Duration::ZERO, Duration::saturating_add)
+}
+
+/// Warns — a `tracing` warning, and on standard error without a subscriber — that `what`
+/// (`"the queue credits"`) dead-letters a message after `deliveries`, which a database
+/// outage longer than `tolerance` can spend, when `tolerance` is under
+/// [`OUTAGE_TO_RIDE_OUT`]. Whether it warned.
+pub fn warn_short_tolerance(what: &str, deliveries: u32, tolerance: Duration) -> bool {
+    if tolerance >= OUTAGE_TO_RIDE_OUT {
+        return false;
+    }
+    let said = format!(
+        "{what} dead-letters a message after {deliveries} deliveries: a database outage longer \
+         than {} s can spend them and dead-letter live messages; raise the delivery limit or \
+         the pump's redelivery delays",
+        tolerance.as_secs()
+    );
+    tracing::warn!(tolerance_s = tolerance.as_secs(), "{said}");
+    crate::telemetry::unseen(format_args!("{said}"));
+    true
+}
