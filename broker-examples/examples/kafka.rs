@@ -61,9 +61,10 @@ const IN_HAND: usize = 4;
 const PAUSE: Duration = Duration::from_millis(100);
 
 /// The consumers' pump: a retry (a busy database) runs again after 100 ms, then 200 ms, …
-/// at most 2 s.
+/// at most 2 s, up to 1 000 times (a half-hour database outage at those delays).
 const PUMP: Pump = Pump::new()
     .max_in_hand(IN_HAND)
+    .max_attempts(1000)
     .redelivery(Redelivery::exponential(
         Duration::from_millis(100),
         Duration::from_secs(2),

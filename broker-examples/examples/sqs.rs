@@ -13,7 +13,8 @@
 //! `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` and `AWS_REGION`, else test ones); without
 //! it the run starts a private moto server (`MOTO`, else `moto_server` on the PATH) on a free
 //! port. The run creates a queue of its own, `inbox-broker-example-<pid>` (visibility timeout
-//! 2 s), with its dead-letter queue after 10 receives, starts consumers `a` and `b` — this
+//! 2 s), with its dead-letter queue after 1 000 receives (a half-hour database outage at the
+//! retries' delays of 1–2 s), starts consumers `a` and `b` — this
 //! binary again, as `sqs consume <endpoint> <queue url> <database> <name>` — and sends 40
 //! messages twice each with one `message-id` attribute (all once, then all again), as a
 //! sender does that retries after a lost answer: SQS gives each copy a `MessageId` of its
@@ -126,7 +127,7 @@ async fn send(client: &Client, url: &str, ids: &[String]) -> Result<(), String> 
 async fn orchestrate() -> Result<ExitCode, String> {
     let sqs = Sqs::start().await?;
     let name = format!("inbox-broker-example-{}", std::process::id());
-    let url = sqs.create_queue(&name, VISIBILITY, 10).await?;
+    let url = sqs.create_queue(&name, VISIBILITY, 1000).await?;
     let outcome = run(&sqs, &url).await;
     sqs.delete_queue(&url).await;
     outcome

@@ -573,3 +573,23 @@ impl Drop for Sqs {
         }
     }
 }
+
+impl Kafka {
+    /// Records `topic` holds over `partitions`: the sum of their end offsets (nothing is
+    /// deleted in a run).
+    pub fn records(&self, topic: &str, partitions: i32) -> Result<u64, String> {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &self.bootstrap)
+            .create()
+            .map_err(|e| format!("a Kafka client for {}: {e}", self.bootstrap))?;
+        let mut records = 0;
+        for partition in 0..partitions {
+            let (low, high) = consumer
+                .fetch_watermarks(topic, partition, Duration::from_secs(10))
+                .map_err(|e| format!("the offsets of {topic}/{partition}: {e}"))?;
+            records += u64::try_from(high - low).unwrap_or(0);
+        }
+        Ok(records)
+    }
+}

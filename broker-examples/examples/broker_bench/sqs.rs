@@ -32,7 +32,7 @@ impl Sqs {
         let name = format!("inbox-bench-{}-{run}", std::process::id());
         let url = self
             .server
-            .create_queue(&name, Duration::from_secs(30), 10)
+            .create_queue(&name, Duration::from_secs(30), 20)
             .await?;
         let body = String::from_utf8_lossy(&PAYLOAD).into_owned();
         for chunk in ids.chunks(10) {

@@ -3,7 +3,7 @@
 
 use lapin::Channel;
 
-pub use inbox_broker_examples::brokers::{Queues, Stream, connect_nats, connect_rabbitmq};
+pub use inbox_broker_examples::brokers::{Kafka, Queues, Stream, connect_nats, connect_rabbitmq};
 
 use crate::{ABANDONED_AFTER, COPIES, DUPLICATE_WINDOW, IN_HAND, PUMP};
 
@@ -37,7 +37,8 @@ pub async fn publish(queues: &Queues, channel: &Channel, ids: &[String]) -> Resu
     Ok(published)
 }
 
-/// The subject A's handler publishes to, on service B's stream `name`.
+/// The subject A's handler publishes to, on service B's stream `name` (with `--downstream
+/// kafka`, the topic).
 pub fn subject(name: &str) -> String {
     format!("{name}.effects")
 }

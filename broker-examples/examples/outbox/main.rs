@@ -8,6 +8,8 @@
 //! ```text
 //! cargo run --example outbox                   # A's and B's databases: SQLite files
 //! cargo run --example outbox -- --seed 1234    # the kill points of the run of seed 1234
+//! TANSU=/path/to/tansu cargo run --example outbox -- --downstream kafka
+//!                                              # relays to Kafka, B a Kafka consumer group
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test \
 //!     cargo run --example outbox --features inbox-broker-examples/postgres
 //! DATABASE_URL=mysql://root@127.0.0.1:3306/test \
@@ -15,7 +17,14 @@
 //! ```
 //!
 //! The brokers are `AMQP_URL` (by default `amqp://guest:guest@127.0.0.1:5672/%2f`) and
-//! `NATS_URL` (by default `nats://127.0.0.1:4222`, with JetStream). Each service has its own
+//! `NATS_URL` (by default `nats://127.0.0.1:4222`, with JetStream). With `--downstream
+//! kafka`, the relays send to Kafka instead — `KAFKA_BROKERS`, else a private tansu broker
+//! (`TANSU`, else `tansu` on the PATH) — through `inbox_kafka::outbox::OutboxSink` (the
+//! outbox id in the `message-id` header), to a topic of four partitions, and service B is a
+//! consumer group of `inbox_kafka::Pump`s (4 records in hand, one per partition, offsets
+//! committed every 500 ms): a killed B's partitions go to the others once the group misses
+//! its heartbeats (a session of 6 s), from the committed offsets. Kafka keeps every copy a
+//! relay sends again: B's inbox drops them. Each service has its own
 //! database: two SQLite files in temporary directories, or with `DATABASE_URL` the schemas
 //! (PostgreSQL) or databases (MySQL/MariaDB) `inbox_broker_example_a` and
 //! `inbox_broker_example_b`, created afresh. A's holds the inbox, `effects` and `outbox`; B's
@@ -81,7 +90,8 @@ use lapin::Channel;
 use lapin::options::ConfirmSelectOptions;
 
 use crate::brokers::{
-    Queues, Stream, connect_nats, connect_rabbitmq, create_stream, declare_queues, publish,
+    Kafka, Queues, Stream, connect_nats, connect_rabbitmq, create_stream, declare_queues, publish,
+    subject,
 };
 use crate::services::{Places, serve};
 use crate::tally::Tally;
@@ -131,6 +141,88 @@ const PUMP: inbox_nats::Pump = inbox_nats::Pump::new()
         Duration::from_secs(2),
     ));
 
+/// Where the relays send A's outbox and service B consumes: `--downstream nats` (the
+/// default) or `kafka`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Downstream {
+    Nats,
+    Kafka,
+}
+
+impl Downstream {
+    fn parse(name: &str) -> Option<Self> {
+        match name {
+            "nats" => Some(Downstream::Nats),
+            "kafka" => Some(Downstream::Kafka),
+            _ => None,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Downstream::Nats => "nats",
+            Downstream::Kafka => "kafka",
+        }
+    }
+
+    /// The broker, as the table names it.
+    pub fn broker(self) -> &'static str {
+        match self {
+            Downstream::Nats => "JetStream",
+            Downstream::Kafka => "Kafka",
+        }
+    }
+
+    /// What carries the outbox id to B.
+    pub fn id_header(self) -> &'static str {
+        match self {
+            Downstream::Nats => "Nats-Msg-Id",
+            Downstream::Kafka => "message-id header",
+        }
+    }
+
+    /// Who drops a copy a relay sent again.
+    pub fn copies_dropped(self) -> String {
+        match self {
+            Downstream::Nats => format!(
+                "JetStream drops a copy inside its {} s window, B's inbox one after it.",
+                DUPLICATE_WINDOW.as_secs_f64()
+            ),
+            Downstream::Kafka => "Kafka stores every copy; B's inbox drops them.".to_owned(),
+        }
+    }
+
+    /// How a killed B's messages come back.
+    pub fn taken_back(self) -> String {
+        match self {
+            Downstream::Nats => {
+                format!("redelivered after ack_wait ({} s)", ACK_WAIT.as_secs_f64())
+            }
+            Downstream::Kafka => format!(
+                "read again from the committed offsets once the group's session ran out ({} s)",
+                KAFKA_SESSION.as_secs_f64()
+            ),
+        }
+    }
+}
+
+/// How long the Kafka group waits for a member's heartbeats before it gives its partitions
+/// to the others.
+const KAFKA_SESSION: Duration = Duration::from_secs(6);
+/// Partitions of B's topic with `--downstream kafka`.
+const KAFKA_PARTITIONS: i32 = 4;
+
+/// Service B's pump with `--downstream kafka`: a retry (a busy database) run again after
+/// 100 ms, then 200 ms, … at most 2 s, up to 1 000 times (a half-hour outage at those
+/// delays).
+const KAFKA_PUMP: inbox_kafka::Pump = inbox_kafka::Pump::new()
+    .max_in_hand(IN_HAND)
+    .max_attempts(1000)
+    .redelivery(Redelivery::exponential(
+        Duration::from_millis(100),
+        Duration::from_secs(2),
+    ));
+
 /// The processes, by service: the first two run from the start, the first is the one
 /// killed, the third is it started again.
 const A: [&str; 3] = ["a1", "a2", "a3"];
@@ -143,36 +235,48 @@ async fn main() -> ExitCode {
     let arguments: Vec<&str> = arguments.iter().map(String::as_str).collect();
     let usage = || {
         eprintln!(
-            "usage: outbox [--seed N]  (the orchestrator; it starts the services' processes \
-             itself)"
+            "usage: outbox [--seed N] [--downstream nats|kafka]  (the orchestrator; it starts \
+             the services' processes itself)"
         );
         ExitCode::from(2)
     };
-    let seed = match arguments.as_slice() {
-        [] => fastrand::u64(..1_000_000),
-        ["--seed", seed] => match seed.parse() {
-            Ok(seed) => seed,
-            Err(_) => return usage(),
-        },
-        ["serve", queue, stream, durable, a, b, name] => {
-            let places = Places {
-                queue,
-                stream,
-                durable,
-                a,
-                b,
-            };
-            return match serve(&places, name).await {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("{name}: {e}");
-                    ExitCode::FAILURE
-                }
-            };
+    if let ["serve", downstream, queue, stream, durable, a, b, name] = arguments.as_slice() {
+        let Some(downstream) = Downstream::parse(downstream) else {
+            return usage();
+        };
+        let places = Places {
+            downstream,
+            queue,
+            stream,
+            durable,
+            a,
+            b,
+        };
+        return match serve(&places, name).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("{name}: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let (mut seed, mut downstream) = (fastrand::u64(..1_000_000), Downstream::Nats);
+    let mut rest = arguments.iter();
+    while let Some(flag) = rest.next() {
+        let value = rest.next();
+        match (*flag, value) {
+            ("--seed", Some(value)) => match value.parse() {
+                Ok(value) => seed = value,
+                Err(_) => return usage(),
+            },
+            ("--downstream", Some(value)) => match Downstream::parse(value) {
+                Some(value) => downstream = value,
+                None => return usage(),
+            },
+            _ => return usage(),
         }
-        _ => return usage(),
-    };
-    match orchestrate(seed).await {
+    }
+    match orchestrate(seed, downstream).await {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e}");
@@ -217,11 +321,11 @@ impl Plan {
 
 /// The orchestrator: brokers first (an unreachable one is named before anything is made),
 /// then the queue and the stream, the run, and their deletion whatever the run's outcome.
-async fn orchestrate(seed: u64) -> Result<ExitCode, String> {
+async fn orchestrate(seed: u64, downstream: Downstream) -> Result<ExitCode, String> {
     let plan = Plan::draw(seed);
     let amqp = amqp_url();
     let connection = connect_rabbitmq(&amqp).await?;
-    let jetstream = connect_nats(&nats_url()).await?;
+    let place = Place::connect(downstream).await?;
     let channel = connection
         .create_channel()
         .await
@@ -231,10 +335,10 @@ async fn orchestrate(seed: u64) -> Result<ExitCode, String> {
         .await
         .map_err(|e| format!("publisher confirms: {e}"))?;
     let queues = declare_queues(&channel).await?;
-    let outcome = match create_stream(&jetstream).await {
-        Ok(stream) => {
-            let outcome = run(plan, &channel, &queues, &jetstream, &stream).await;
-            stream.delete(&jetstream).await;
+    let outcome = match place.create().await {
+        Ok(place) => {
+            let outcome = run(plan, &channel, &queues, &place).await;
+            place.delete().await;
             outcome
         }
         Err(e) => Err(e),
@@ -247,18 +351,119 @@ async fn orchestrate(seed: u64) -> Result<ExitCode, String> {
     outcome
 }
 
+/// The downstream broker, connected to: what the orchestrator makes its place on.
+enum Place {
+    Nats(Context),
+    Kafka(Kafka),
+}
+
+/// Service B's place on the downstream broker: a JetStream stream and its durable consumer,
+/// or a Kafka topic (its group named for it).
+enum Made {
+    Nats(Context, Stream),
+    Kafka(Kafka, String),
+}
+
+impl Place {
+    async fn connect(downstream: Downstream) -> Result<Self, String> {
+        Ok(match downstream {
+            Downstream::Nats => Place::Nats(connect_nats(&nats_url()).await?),
+            Downstream::Kafka => Place::Kafka(Kafka::start().await?),
+        })
+    }
+
+    async fn create(self) -> Result<Made, String> {
+        Ok(match self {
+            Place::Nats(jetstream) => {
+                let stream = create_stream(&jetstream).await?;
+                Made::Nats(jetstream, stream)
+            }
+            Place::Kafka(kafka) => {
+                let name = format!("inbox-broker-example-outbox-{}", std::process::id());
+                kafka
+                    .create_topic(&subject(&name), KAFKA_PARTITIONS)
+                    .await?;
+                Made::Kafka(kafka, name)
+            }
+        })
+    }
+}
+
+impl Made {
+    fn downstream(&self) -> Downstream {
+        match self {
+            Made::Nats(..) => Downstream::Nats,
+            Made::Kafka(..) => Downstream::Kafka,
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Made::Nats(_, stream) => format!(
+                "NATS {}, stream {} (in memory, duplicate window {} s), consumer {} (ack_wait {} \
+                 s)",
+                without_password(&nats_url()),
+                stream.name,
+                DUPLICATE_WINDOW.as_secs_f64(),
+                stream.durable,
+                ACK_WAIT.as_secs_f64(),
+            ),
+            Made::Kafka(kafka, name) => format!(
+                "{}, topic {} ({KAFKA_PARTITIONS} partitions), group {0} (session {} s)",
+                kafka.describe(),
+                subject(name),
+                KAFKA_SESSION.as_secs_f64(),
+            ),
+        }
+    }
+
+    /// What the processes are told: the stream and its consumer, or the topic's base name
+    /// and the brokers.
+    fn places(&self) -> (&str, &str) {
+        match self {
+            Made::Nats(_, stream) => (&stream.name, &stream.durable),
+            Made::Kafka(kafka, name) => (name, &kafka.bootstrap),
+        }
+    }
+
+    /// Messages B has not acknowledged (or whose offsets are not committed).
+    async fn pending(&self) -> Result<u64, String> {
+        match self {
+            Made::Nats(_, stream) => stream.pending().await,
+            Made::Kafka(kafka, name) => {
+                let topic = subject(name);
+                kafka.lag(&topic, &topic, KAFKA_PARTITIONS)
+            }
+        }
+    }
+
+    /// Messages the broker stored.
+    async fn stored(&self) -> Result<u64, String> {
+        match self {
+            Made::Nats(jetstream, stream) => stream.stored(jetstream).await,
+            Made::Kafka(kafka, name) => kafka.records(&subject(name), KAFKA_PARTITIONS),
+        }
+    }
+
+    async fn delete(&self) {
+        match self {
+            Made::Nats(jetstream, stream) => stream.delete(jetstream).await,
+            Made::Kafka(kafka, name) => kafka.delete_topic(&subject(name)).await,
+        }
+    }
+}
+
 async fn run(
     plan: Plan,
     channel: &Channel,
     queues: &Queues,
-    jetstream: &Context,
-    stream: &Stream,
+    place: &Made,
 ) -> Result<ExitCode, String> {
     let a = Store::prepare_service("a", Some(&OUTBOX)).await?;
     let b = Store::prepare_service("b", None).await?;
     println!(
         "RabbitMQ {}, quorum queue {}\n\
-         NATS {}, stream {} (in memory, duplicate window {} s), consumer {} (ack_wait {} s)\n\
+         {}\n\
          A's database: {} (inbox, effects, outbox)\n\
          B's database: {} (inbox, effects)\n\n\
          {MESSAGES} messages, each published {COPIES} times to RabbitMQ with one message_id.\n\
@@ -274,11 +479,7 @@ async fn run(
          again at once ({}, {}, {}).\n",
         without_password(&amqp_url()),
         queues.name,
-        without_password(&nats_url()),
-        stream.name,
-        DUPLICATE_WINDOW.as_secs_f64(),
-        stream.durable,
-        ACK_WAIT.as_secs_f64(),
+        place.describe(),
         a.describe(),
         b.describe(),
         A[0],
@@ -302,11 +503,13 @@ async fn run(
         RELAYS[2],
         B[2],
     );
+    let (stream, durable) = place.places();
     let mut fleet = Fleet::new([
         "serve",
+        place.downstream().name(),
         queues.name.as_str(),
-        stream.name.as_str(),
-        stream.durable.as_str(),
+        stream,
+        durable,
         a.url(),
         b.url(),
     ])
@@ -314,14 +517,14 @@ async fn run(
     let ids: Vec<String> = (1..=MESSAGES).map(|n| format!("m{n:03}")).collect();
     start(&mut fleet).await?;
     let started = Instant::now();
-    let mut tally = Tally::new(ids.clone(), started);
+    let mut tally = Tally::new(ids.clone(), started, place.downstream());
     tally.published = publish(queues, channel, &ids).await?;
     let observed = Observed {
         a: &a,
         b: &b,
         channel,
         queues,
-        stream,
+        place,
     };
     let driven = drive(plan, &mut fleet, &mut tally, &observed).await;
     let ended = fleet.stop(Duration::from_secs(15)).await;
@@ -331,7 +534,7 @@ async fn run(
     tally.a_effects = a.effects().await?;
     tally.outbox = a.outbox(&OUTBOX).await?;
     tally.b_effects = b.effects().await?;
-    tally.stored = stream.stored(jetstream).await?;
+    tally.stored = place.stored().await?;
     Ok(tally.report(plan))
 }
 
@@ -368,7 +571,7 @@ struct Observed<'a> {
     b: &'a Store,
     channel: &'a Channel,
     queues: &'a Queues,
-    stream: &'a Stream,
+    place: &'a Made,
 }
 
 impl Observed<'_> {
@@ -386,7 +589,7 @@ impl Observed<'_> {
             }
             && applied(&self.b.effects().await?)
             && Queues::ready(self.channel, &self.queues.name).await? == 0
-            && self.stream.pending().await? == 0)
+            && self.place.pending().await? == 0)
     }
 }
 

@@ -9,7 +9,7 @@ use inbox_broker_examples::events::{Answer, Event};
 use inbox_broker_examples::fleet::Ended;
 use inbox_broker_examples::store::{Effects, OutboxRows, OutboxState};
 
-use crate::{A, ACK_WAIT, B, COPIES, DUPLICATE_WINDOW, MESSAGES, Plan, RELAY_LEASE, RELAYS};
+use crate::{A, B, COPIES, Downstream, MESSAGES, Plan, RELAY_LEASE, RELAYS};
 
 /// What one process did, from its events.
 #[derive(Debug, Clone, Default)]
@@ -77,14 +77,16 @@ pub struct Tally {
     pub a_effects: Effects,
     pub outbox: OutboxRows,
     pub b_effects: Effects,
-    /// Messages the stream stored.
+    /// Messages the downstream broker stored.
     pub stored: u64,
+    /// Where the relays send and service B consumes.
+    pub downstream: Downstream,
     pub problems: Vec<String>,
     pub elapsed: Duration,
 }
 
 impl Tally {
-    pub fn new(ids: Vec<String>, started: Instant) -> Self {
+    pub fn new(ids: Vec<String>, started: Instant, downstream: Downstream) -> Self {
         Self {
             ids,
             published: 0,
@@ -102,6 +104,7 @@ impl Tally {
             outbox: OutboxRows::default(),
             b_effects: Effects::default(),
             stored: 0,
+            downstream,
             problems: Vec::new(),
             elapsed: Duration::ZERO,
         }
@@ -276,11 +279,10 @@ impl Tally {
             println!(
                 "\n{} sent twice by relays side by side: a relay's round outlived its {} s \
                  lease — its marks waited for A's database, whose one writer A's handlers hold \
-                 through their pause — and the other relay claimed the rows again. JetStream \
-                 drops a copy inside its {} s window, B's inbox one after it.",
+                 through their pause — and the other relay claimed the rows again. {}",
                 count(after_lease, "message was", "messages were"),
                 RELAY_LEASE.as_secs_f64(),
-                DUPLICATE_WINDOW.as_secs_f64(),
+                self.downstream.copies_dropped(),
             );
         }
         let problems = self.verdict();
@@ -341,9 +343,10 @@ impl Tally {
         if RELAYS.contains(&kill.victim.as_str()) {
             let then = match &kill.resent_by {
                 Some((relay, at)) => format!(
-                    "between JetStream's confirm of {id} and the mark; its claim ran out after \
-                     {lease} s and {relay} sent {id} again at {at:.1} s, with the same \
-                     Nats-Msg-Id",
+                    "between {broker}'s confirm of {id} and the mark; its claim ran out after \
+                     {lease} s and {relay} sent {id} again at {at:.1} s, with the same {header}",
+                    broker = self.downstream.broker(),
+                    header = self.downstream.id_header(),
                     id = kill.id,
                     lease = RELAY_LEASE.as_secs_f64(),
                     at = at.as_secs_f64(),
@@ -372,11 +375,10 @@ impl Tally {
             )
         } else {
             format!(
-                "{at}, service B, {} by the service, {handler}; {}, redelivered after \
-                 ack_wait ({} s); restarted as {}",
+                "{at}, service B, {} by the service, {handler}; {}, {}; restarted as {}",
                 count(kill.after, "answer", "answers"),
-                held("JetStream"),
-                ACK_WAIT.as_secs_f64(),
+                held(self.downstream.broker()),
+                self.downstream.taken_back(),
                 kill.restarted
             )
         }
@@ -453,22 +455,30 @@ impl Tally {
         );
 
         println!();
-        header("relays: A's outbox -> NATS", &RELAYS);
+        let broker = self.downstream.broker();
+        header(&format!("relays: A's outbox -> {broker}"), &RELAYS);
         let (cells, total) = counts(&RELAYS, |p| p.sent);
-        row("sent, confirmed by JetStream", cells, total);
+        row(&format!("sent, confirmed by {broker}"), cells, total);
         let (cells, total) = counts(&RELAYS, |p| p.resent_after_kill);
         row("of those, sent again after the kill", cells, total);
         let (cells, total) = counts(&RELAYS, |p| p.resent_after_lease);
         row("of those, sent again after a lease ran out", cells, total);
-        row("stored by JetStream", None, self.stored.to_string());
         row(
-            "deduplicated by JetStream (same Nats-Msg-Id)",
+            &format!("stored by {broker}"),
+            None,
+            self.stored.to_string(),
+        );
+        row(
+            &format!(
+                "deduplicated by {broker} (same {})",
+                self.downstream.id_header()
+            ),
             None,
             self.sent().saturating_sub(self.stored).to_string(),
         );
 
         println!();
-        header("service B: NATS -> B's effects", &B);
+        header(&format!("service B: {broker} -> B's effects"), &B);
         for (label, pick) in consumer_rows() {
             let (cells, total) = counts(&B, pick);
             row(label, cells, total);
