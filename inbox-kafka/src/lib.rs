@@ -53,8 +53,10 @@
 //! partitions, add partitions.
 //!
 //! **Rebalances.** A partition revoked while its record's handler runs is not waited for:
-//! the handler finishes, its offset is not stored (the partition is no longer this
-//! consumer's), and the new owner delivers the record again — the inbox answers `Duplicate`
+//! the handler finishes, its offset is not stored — nor retried or dead-lettered — even if
+//! the partition was assigned back since (another member may have read and committed past
+//! it meanwhile: storing the offset would move the group back), and the owner delivers the
+//! record again — the inbox answers `Duplicate`
 //! if it was processed, or waits (`InFlight`) if its transaction is still open. What the pump
 //! had queued for a revoked partition is dropped; the new owner reads it from the committed
 //! offset.
@@ -317,7 +319,8 @@ impl Pump {
     /// and beside each other across partitions, up to [`Pump::max_in_hand`] at once; settles
     /// each by its answer; and stores its offset once it is settled, until `shutdown`
     /// completes, an answer halts, or a dead letter cannot be written. Dead letters are
-    /// written with `producer` ([`producer_config`]).
+    /// written with `producer` ([`producer_config`]); one the brokers do not acknowledge
+    /// within the producer's `delivery.timeout.ms` (300 s by default) stops the pump.
     ///
     /// A handler that panics settles its own record ([`Settlement::of_panic`]): its
     /// transaction was rolled back as the panic unwound, and the record is retried like a

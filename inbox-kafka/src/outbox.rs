@@ -29,10 +29,12 @@
 //! retry of the client's own within one send is written once: the producer is idempotent
 //! ([`producer_config`](crate::producer_config)).
 //!
-//! A topic that does not exist (where the brokers create none), a record over the
-//! broker's `message.max.bytes`, an invalid topic name are
-//! [`Rejected`](SinkError::Rejected) — parked after the relay's `max_attempts`; a timeout or
-//! brokers out of reach are [`Unavailable`](SinkError::Unavailable).
+//! A topic the cluster does not know (where the brokers create none), a record over
+//! `message.max.bytes`, an invalid topic name are [`Rejected`](SinkError::Rejected) — parked
+//! after the relay's `max_attempts`; a timeout, brokers out of reach, a partition without a
+//! leader yet (`UnknownTopicOrPartition` on a topic just made) and a missing ACL
+//! (`TopicAuthorizationFailed`: every message would be parked until it is granted) are
+//! [`Unavailable`](SinkError::Unavailable): the relay pauses and tries again.
 
 use std::time::Duration;
 
@@ -45,12 +47,14 @@ use rdkafka::util::Timeout;
 
 use crate::MESSAGE_ID;
 
-/// What Kafka carries: records up to the broker's default `message.max.bytes` (1 MiB, with
-/// their key and headers; a broker or topic configured lower rejects larger ones at the
-/// send), topic names of at most 249 characters from `[a-zA-Z0-9._-]`, keys and headers of
-/// any text.
+/// What Kafka carries: payloads up to 900 000 bytes — librdkafka's producer refuses a
+/// record over its `message.max.bytes` (1 000 000 by default) with its key, headers and
+/// framing, and the broker one over its own (1 MiB by default); the rest is room for the
+/// key and headers — topic names of at most 249 characters from `[a-zA-Z0-9._-]`, keys and
+/// headers of any text. A producer or broker configured lower refuses larger records at
+/// the send (rejected, then parked).
 pub const LIMITS: Limits = Limits {
-    max_payload: 1 << 20,
+    max_payload: 900_000,
     max_destination: 249,
     max_key: 255,
     destination: topic,
@@ -95,8 +99,11 @@ impl std::fmt::Debug for OutboxSink {
 
 impl OutboxSink {
     /// A sink producing through `producer`, made from
-    /// [`producer_config`](crate::producer_config) (idempotent, `acks=all`); a send not
-    /// acknowledged within 30 s is [`Unavailable`](SinkError::Unavailable).
+    /// [`producer_config`](crate::producer_config) (idempotent, `acks=all`). A send waits
+    /// up to 30 s for room in the producer's queue, then for the broker's acknowledgement
+    /// up to the producer's `delivery.timeout.ms` (`message.timeout.ms`, 300 s by default):
+    /// a send that times out is [`Unavailable`](SinkError::Unavailable). Lower that setting
+    /// for a relay that should pause sooner when the brokers are out of reach.
     pub fn new(producer: FutureProducer) -> Self {
         Self {
             producer,
@@ -104,8 +111,8 @@ impl OutboxSink {
         }
     }
 
-    /// How long one send waits for the broker's acknowledgement (and for room in the
-    /// producer's queue).
+    /// How long one send waits for room in the producer's queue (the wait for the broker's
+    /// acknowledgement is the producer's `delivery.timeout.ms`).
     pub fn timeout(self, timeout: Duration) -> Self {
         Self { timeout, ..self }
     }
@@ -151,8 +158,6 @@ fn classify(error: &KafkaError) -> SinkError {
             | RDKafkaErrorCode::InvalidMessageSize
             | RDKafkaErrorCode::InvalidTopic
             | RDKafkaErrorCode::UnknownTopic
-            | RDKafkaErrorCode::UnknownTopicOrPartition
-            | RDKafkaErrorCode::TopicAuthorizationFailed
             | RDKafkaErrorCode::MessageBatchTooLarge
             | RDKafkaErrorCode::InvalidRecord,
         ) => SinkError::Rejected(error.to_string()),

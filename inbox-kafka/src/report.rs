@@ -18,9 +18,10 @@ pub struct Report {
     /// Records the pump had taken but not started, or was waiting to retry, when it
     /// stopped: their offsets not stored, so the group delivers them again.
     pub returned_unstarted: u64,
-    /// Records settled whose offset could not be stored (the partition was revoked while its
-    /// handler ran): the partition's next owner delivers them again, and the inbox answers
-    /// `Duplicate` for those that were processed.
+    /// Records whose offset was not stored though their handler answered: the partition was
+    /// revoked while the record was in hand (its owner delivers it again, and the inbox
+    /// answers `Duplicate` if it was processed), or its dead letter could not be written
+    /// ([`Stopped::DeadLetter`]).
     pub unstored: u64,
     /// Handler runs repeated in place after a retrying answer (a busy database, a claim
     /// held, a panic).

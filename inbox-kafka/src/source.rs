@@ -26,17 +26,31 @@ pub(crate) type Partition = (Arc<str>, i32);
 /// the pump.
 pub struct Rebalances {
     revoked: Mutex<Vec<Partition>>,
+    /// How many times each partition was revoked: a record taken before a revocation is no
+    /// longer this consumer's to settle, even if the partition came back since.
+    generations: Mutex<HashMap<Partition, u64>>,
 }
 
 impl Rebalances {
     pub(crate) fn new() -> Self {
         Self {
             revoked: Mutex::new(Vec::new()),
+            generations: Mutex::new(HashMap::new()),
         }
     }
 
     fn take_revoked(&self) -> Vec<Partition> {
         std::mem::take(&mut *self.revoked.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// How many times `partition` was revoked so far.
+    pub(crate) fn generation(&self, partition: &Partition) -> u64 {
+        self.generations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(partition)
+            .copied()
+            .unwrap_or(0)
     }
 }
 
@@ -52,8 +66,14 @@ impl ConsumerContext for Rebalances {
     fn pre_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(list) = rebalance {
             let mut revoked = self.revoked.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut generations = self
+                .generations
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
             for element in list.elements() {
-                revoked.push((Arc::from(element.topic()), element.partition()));
+                let partition: Partition = (Arc::from(element.topic()), element.partition());
+                *generations.entry(partition.clone()).or_default() += 1;
+                revoked.push(partition);
             }
         }
     }
@@ -71,6 +91,10 @@ impl ConsumerContext for Rebalances {
 /// A record in the pump's hands, and what tells the source its partition is free again.
 pub(crate) struct Delivery {
     pub(crate) message: OwnedMessage,
+    /// Its partition, and the partition's generation when the record was taken: a
+    /// revocation since means another consumer may have read past it.
+    pub(crate) partition: Partition,
+    pub(crate) generation: u64,
     /// Dropped when the record is done, whatever became of it.
     _free: Free,
 }
@@ -117,6 +141,13 @@ impl<'c> Records<'c> {
         max_in_hand: usize,
         pause_at: usize,
     ) -> Self {
+        // A consumer a previous run stopped has its assignment paused.
+        if let Ok(assignment) = consumer.assignment()
+            && assignment.count() > 0
+            && let Err(e) = consumer.resume(&assignment)
+        {
+            tracing::debug!(error = %e, "resuming the assignment at the start failed");
+        }
         Self {
             consumer,
             stream: consumer.stream(),
@@ -177,6 +208,8 @@ impl<'c> Records<'c> {
     fn delivery(&self, message: OwnedMessage, partition: Partition) -> Delivery {
         Delivery {
             message,
+            generation: self.consumer.context().generation(&partition),
+            partition: partition.clone(),
             _free: Free {
                 partition,
                 freed: Arc::clone(&self.freed),

@@ -36,6 +36,23 @@ where
 {
     let message = &delivery.message;
     let mut stopping_now = stopping.clone();
+    // Whether the partition is still this consumer's as it was when the record was taken:
+    // revoked since (even if assigned back), another consumer may have read and committed
+    // past the record, and storing its offset now would move the group's offset back.
+    let still_ours =
+        || consumer.rdkafka().context().generation(&delivery.partition) == delivery.generation;
+    let revoked = |settlement: Settlement, span: &tracing::Span| {
+        tracing::info!(
+            parent: span,
+            "the record's partition was revoked while it was in hand: its offset is not \
+             stored, and the partition's owner delivers it again"
+        );
+        Done::Settled {
+            settlement,
+            sent: Sent::Unconfirmed,
+            handed_back: None,
+        }
+    };
     let mut attempt = 1u32;
     loop {
         let span = process_span("kafka", message.topic(), attempt);
@@ -62,6 +79,10 @@ where
             Processed::Panicked { settlement } => (settlement, "the handler panicked".to_owned()),
             Processed::Answered { answer, settlement } => (settlement, format!("{answer:?}")),
         };
+        if !still_ours() {
+            return revoked(settlement, &span);
+        }
+        let answered_dead_letter = settlement == Settlement::DeadLetter;
         let settlement = match settlement {
             Settlement::Ack => Settlement::Ack,
             Settlement::DeadLetter => Settlement::DeadLetter,
@@ -88,16 +109,19 @@ where
                         handed_back: None,
                     };
                 }
+                if !still_ours() {
+                    return revoked(retry, &span);
+                }
                 settings.retries.fetch_add(1, Ordering::Relaxed);
                 attempt += 1;
                 continue;
             }
         };
         if settlement == Settlement::DeadLetter {
-            let reason = if attempt >= settings.max_attempts && reason != "DeadLetter" {
-                format!("{reason} (after {attempt} attempts)")
-            } else {
+            let reason = if answered_dead_letter {
                 reason
+            } else {
+                format!("{reason} (after {attempt} attempts)")
             };
             if let Err(failure) = dead_letter(settings, producer, message, &reason).await {
                 return Done::Settled {
@@ -106,6 +130,9 @@ where
                     handed_back: None,
                 };
             }
+        }
+        if !still_ours() {
+            return revoked(settlement, &span);
         }
         let sent = match store(consumer.rdkafka(), message) {
             Ok(()) => Sent::Confirmed,

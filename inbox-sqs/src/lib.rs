@@ -44,23 +44,33 @@
 //! redrive policy's `maxReceiveCount` and is moved to the dead-letter queue by SQS itself.
 //!
 //! **Receives and deletes.** The pump long-polls (`WaitTimeSeconds`, [`Pump::wait_time`])
-//! for at most its free slots, so that no message waits invisible in its hands for a slot;
-//! a receive in flight is kept until it answers. Of a batch, each message is deleted on its
-//! own once it is settled: a message whose handler failed stays in the queue, whatever
-//! became of the others.
+//! for at most its free slots, so that no message waits invisible in its hands for a slot
+//! (but a FIFO group's, above); a receive in flight is kept until it answers. Of a batch,
+//! each message is deleted on its own once it is settled: a message whose handler failed
+//! stays in the queue, whatever became of the others. A delete, a visibility change or a
+//! dead letter that SQS refuses for good — no permission, no such queue, a KMS key the role
+//! cannot use — stops the pump ([`Stopped::Broker`]): every message would otherwise be
+//! processed and come back until the redrive policy moved it, processed, to the dead-letter
+//! queue.
 //!
 //! **FIFO queues.** SQS delivers a message group's messages in order, and no more of a
 //! group while one is in flight; a receive may still bring several of one group. The pump
-//! runs them one after the other in that order, groups beside each other; when one is
-//! retried, the rest of its group that the pump holds goes back at once, to come after it.
+//! runs them one after the other in that order, groups beside each other, and extends the
+//! visibility of those waiting behind with that of the one in hand. A retried FIFO message
+//! runs again in place after the delay, its visibility and its group's extended meanwhile:
+//! handed back, it would come again with the messages behind it, and each would count a
+//! receive against the redrive policy. The handler is given the message with its receives
+//! and runs so far as `ApproximateReceiveCount` ([`receive_count`]); once they reach the
+//! policy's `maxReceiveCount` the pump moves it to the dead-letter queue itself. A message
+//! that is not deleted (its dead letter or its delete failed) sends the rest of its group
+//! the pump holds back at once, to come after it.
 //!
 //! **Keys.** [`key`] is the message's `message-id` attribute ([`MESSAGE_ID`], which the
 //! outbox's [`OutboxSink`](outbox::OutboxSink) sets to the outbox id) when the sender set
-//! one, else on a FIFO queue its `MessageDeduplicationId`, else its `MessageId`. SQS assigns
-//! the `MessageId` at each `SendMessage`: a sender that retries a send makes a second
-//! message with a new id, which the inbox cannot tell from a new one — set the attribute,
-//! or use a FIFO queue (which drops a copy with the same deduplication id within five
-//! minutes, and whose id this key then is).
+//! one, else its `MessageId`. SQS assigns the `MessageId` at each `SendMessage`: a sender
+//! that retries a send makes a second message with a new id, which the inbox cannot tell
+//! from a new one — set the attribute. A FIFO queue drops a copy with the same
+//! deduplication id within five minutes only, and is not keyed by it (see [`key`]).
 //!
 //! **Dead letters and retention.** The queue must have a redrive policy ([`Pump::queue`]
 //! refuses one without): a dead letter goes to its dead-letter queue at once, with the
@@ -122,10 +132,16 @@ pub const DEAD_LETTER_MESSAGE_ID: &str = "inbox-dead-letter-message-id";
 pub const DEAD_LETTER_REASON: &str = "inbox-dead-letter-reason";
 
 /// The key of an SQS message: its [`MESSAGE_ID`] attribute when the sender set one, else
-/// its `MessageDeduplicationId` (FIFO queues), else its `MessageId` ([`broker::sqs`]).
+/// its `MessageId` ([`broker::sqs`]).
+///
+/// Not a FIFO queue's `MessageDeduplicationId`: SQS deduplicates by it for five minutes
+/// only, and a queue with content-based deduplication derives it from the body — two
+/// messages with one body sent an hour apart would share it, and the second be answered
+/// `Duplicate` and deleted unapplied. A sender that wants its retries recognised after the
+/// five minutes sets the attribute (the outbox's sink sets both to the outbox id).
 ///
 /// # Errors
-/// [`KeyError::Missing`] for a message without any of them (never from SQS itself);
+/// [`KeyError::Missing`] for a message without either (never from SQS itself);
 /// [`KeyError::TooLong`] past [`MessageKey::MAX_LEN`].
 pub fn key(message: &Message) -> Result<MessageKey, KeyError> {
     let sender = message
@@ -133,15 +149,10 @@ pub fn key(message: &Message) -> Result<MessageKey, KeyError> {
         .and_then(|attributes| attributes.get(MESSAGE_ID))
         .and_then(|value| value.string_value())
         .filter(|id| !id.is_empty());
-    if let Some(id) = sender {
-        return MessageKey::text(id);
+    match sender {
+        Some(id) => MessageKey::text(id),
+        None => broker::sqs(message.message_id().unwrap_or_default()),
     }
-    if let Some(id) = attribute(message, MessageSystemAttributeName::MessageDeduplicationId)
-        .filter(|id| !id.is_empty())
-    {
-        return MessageKey::text(id);
-    }
-    broker::sqs(message.message_id().unwrap_or_default())
 }
 
 /// How many times SQS has delivered `message`, this delivery included
@@ -241,7 +252,9 @@ pub struct Report {
     pub dead_lettered: u64,
     /// Messages whose answer halted the pump, made visible again at once.
     pub halted: u64,
-    /// Messages received as the pump stopped, made visible again unstarted.
+    /// Messages received as the pump stopped, made visible again unstarted — and the
+    /// messages of a FIFO group held behind one that was not deleted, sent back to come
+    /// after it.
     pub returned_unstarted: u64,
     /// Settlements SQS did not take (a receipt handle expired, SQS out of reach): those
     /// messages come back after their visibility timeout.
@@ -260,6 +273,14 @@ pub enum Stopped {
         /// What the pump did before.
         report: Report,
     },
+    /// SQS refused a settlement for good (no permission, no such queue, a KMS key the role
+    /// cannot use); the messages not deleted come back after their visibility timeout.
+    Broker {
+        /// The refusal.
+        failure: String,
+        /// What the pump did before.
+        report: Report,
+    },
     /// The pump cannot run this queue.
     Unsuitable {
         /// Why.
@@ -275,6 +296,7 @@ impl std::fmt::Display for Stopped {
                 "the consumer halted: a handler answered {answer}, which every message would \
                  meet until the deployment is fixed"
             ),
+            Stopped::Broker { failure, .. } => write!(f, "the SQS consumer failed: {failure}"),
             Stopped::Unsuitable { reason } => f.write_str(reason),
         }
     }
@@ -327,14 +349,16 @@ impl Pump {
         Self { redelivery, ..self }
     }
 
-    /// How long the pump starts no handler and receives nothing after a message that
-    /// needed a new database connection ([`Outage`]).
+    /// How long the pump starts no handler after a message that needed a new database
+    /// connection ([`Outage`]): a pause per such message in a row, then one tries alone. The
+    /// messages received meanwhile (no more than the free slots) wait in hand, their
+    /// visibility extended, rather than count a receive each time they come back.
     pub const fn outage(self, outage: Redelivery) -> Self {
         Self { outage, ..self }
     }
 
-    /// How long a receive waits for messages (`WaitTimeSeconds`, whole seconds, at most
-    /// 20), and a stopping pump at most for a receive in flight.
+    /// How long a receive waits for messages (`WaitTimeSeconds`, whole seconds from 1 to 20),
+    /// and a stopping pump at most for a receive in flight.
     pub const fn wait_time(self, wait_time: Duration) -> Self {
         Self { wait_time, ..self }
     }
@@ -427,7 +451,8 @@ impl Pump {
     /// visible again after the redelivery's delay.
     ///
     /// # Errors
-    /// [`Stopped::Halted`] when an answer halted the pump.
+    /// [`Stopped::Halted`] when an answer halted the pump; [`Stopped::Broker`] when SQS
+    /// refused a settlement for good.
     pub async fn run<H, F, A, S>(
         &self,
         client: &Client,
@@ -449,7 +474,7 @@ impl Pump {
                 .max(Duration::from_millis(100)),
         };
         let outage = Outage::new(self.outage);
-        let wait_seconds = i32::try_from(self.wait_time.as_secs().min(20)).unwrap_or(20);
+        let wait_seconds = i32::try_from(self.wait_time.as_secs().clamp(1, 20)).unwrap_or(20);
         let mut receiving = source::Receiving::new(client, queue, wait_seconds, self.max_in_hand);
         let (stop, stopping) = tokio::sync::watch::channel(false);
         let (settings, outage, handler, stopping) = (&settings, &outage, &handler, &stopping);
@@ -470,9 +495,10 @@ impl Pump {
             returned_unstarted: counts.returned_unstarted,
             unconfirmed: counts.unsettled,
         };
-        match ended.halted {
-            Some(answer) => Err(Stopped::Halted { answer, report }),
-            None => Ok(report),
+        match (ended.halted, ended.failed) {
+            (Some(answer), _) => Err(Stopped::Halted { answer, report }),
+            (None, Some(failure)) => Err(Stopped::Broker { failure, report }),
+            (None, None) => Ok(report),
         }
     }
 }
@@ -517,6 +543,7 @@ mod tests {
         use aws_sdk_sqs::types::MessageAttributeValue;
         let plain = Message::builder().message_id("m-1").build();
         assert_eq!(key(&plain).unwrap(), MessageKey::text("m-1").unwrap());
+        // Not the deduplication id: content-based, it is the body's hash.
         let fifo = Message::builder()
             .message_id("m-2")
             .attributes(
@@ -524,7 +551,7 @@ mod tests {
                 "order-7",
             )
             .build();
-        assert_eq!(key(&fifo).unwrap(), MessageKey::text("order-7").unwrap());
+        assert_eq!(key(&fifo).unwrap(), MessageKey::text("m-2").unwrap());
         let sent = Message::builder()
             .message_id("m-3")
             .attributes(

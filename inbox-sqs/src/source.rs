@@ -22,16 +22,50 @@ type Receive = Pin<Box<dyn Future<Output = Received> + Send>>;
 /// A message in the pump's hands, and what frees its group when it is done.
 pub(crate) struct Delivery {
     pub(crate) message: Message,
+    /// On a FIFO queue: the receipts of its group's messages the pump holds behind it.
+    pub(crate) behind: Option<Behind>,
     /// Dropped when the message is done, whatever became of it.
-    pub(crate) free: Option<Free>,
+    free: Option<Free>,
+}
+
+impl Delivery {
+    /// The message is not deleted and comes again: the messages of its group the pump holds
+    /// behind it go back too, to come after it.
+    pub(crate) fn hand_group_back(&mut self) {
+        if let Some(free) = &mut self.free {
+            free.back = true;
+        }
+    }
+}
+
+/// The receipts of the messages the pump holds, unstarted, behind a FIFO group's first.
+type Held = Arc<Mutex<HashMap<String, Vec<String>>>>;
+
+/// A FIFO group's messages held behind the one in hand.
+#[derive(Clone)]
+pub(crate) struct Behind {
+    group: String,
+    held: Held,
+}
+
+impl Behind {
+    /// Their receipts, now.
+    pub(crate) fn receipts(&self) -> Vec<String> {
+        self.held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&self.group)
+            .cloned()
+            .unwrap_or_default()
+    }
 }
 
 /// Frees a FIFO group for its next message when dropped; `back` set, the group's queued
 /// messages are handed back instead (the one before them will be delivered again first).
-pub(crate) struct Free {
+struct Free {
     group: String,
     freed: Arc<Mutex<Vec<(String, bool)>>>,
-    pub(crate) back: bool,
+    back: bool,
 }
 
 impl Drop for Free {
@@ -58,6 +92,9 @@ pub(crate) struct Receiving<'q> {
     /// Messages received and not yet handed out (beyond a FIFO group's).
     ready: VecDeque<Message>,
     groups: HashMap<String, Group>,
+    /// The receipts of the groups' queued messages, for the visibility extensions of the
+    /// message in hand before them.
+    held: Held,
     freed: Arc<Mutex<Vec<(String, bool)>>>,
     /// Messages to hand back unstarted.
     back: VecDeque<Message>,
@@ -81,6 +118,7 @@ impl<'q> Receiving<'q> {
             receive: None,
             ready: VecDeque::new(),
             groups: HashMap::new(),
+            held: Held::default(),
             freed: Arc::new(Mutex::new(Vec::new())),
             back: VecDeque::new(),
             pause_until: None,
@@ -119,9 +157,11 @@ impl<'q> Receiving<'q> {
                 group.busy = true;
                 self.ready.push_back(next);
             }
+            let receipts: Vec<String> = group.queued.iter().map(receipt_of).collect();
             if !group.busy {
                 self.groups.remove(&name);
             }
+            self.hold(&name, receipts);
         }
     }
 
@@ -136,9 +176,11 @@ impl<'q> Receiving<'q> {
         match group {
             None => self.ready.push_back(message),
             Some(name) => {
-                let group = self.groups.entry(name).or_default();
+                let group = self.groups.entry(name.clone()).or_default();
                 if group.busy {
                     group.queued.push_back(message);
+                    let receipts = group.queued.iter().map(receipt_of).collect();
+                    self.hold(&name, receipts);
                 } else {
                     group.busy = true;
                     self.ready.push_back(message);
@@ -147,18 +189,37 @@ impl<'q> Receiving<'q> {
         }
     }
 
+    /// What the group `name` holds queued now.
+    fn hold(&self, name: &str, receipts: Vec<String>) {
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        if receipts.is_empty() {
+            held.remove(name);
+        } else {
+            held.insert(name.to_owned(), receipts);
+        }
+    }
+
     fn delivery(&self, message: Message) -> Delivery {
-        let free = self
+        let group = self
             .queue
             .fifo
             .then(|| crate::attribute(&message, MessageSystemAttributeName::MessageGroupId))
             .flatten()
-            .map(|group| Free {
-                group: group.to_owned(),
-                freed: Arc::clone(&self.freed),
-                back: false,
-            });
-        Delivery { message, free }
+            .map(str::to_owned);
+        let free = group.clone().map(|group| Free {
+            group,
+            freed: Arc::clone(&self.freed),
+            back: false,
+        });
+        let behind = group.map(|group| Behind {
+            group,
+            held: Arc::clone(&self.held),
+        });
+        Delivery {
+            message,
+            behind,
+            free,
+        }
     }
 
     fn received(&mut self, received: Received) {
@@ -225,12 +286,15 @@ impl Source for Receiving<'_> {
         if let Some(message) = self.back.pop_front().or_else(|| self.ready.pop_front()) {
             return Some(message);
         }
-        if let Some(group) = self
+        if let Some((name, group)) = self
             .groups
-            .values_mut()
-            .find(|group| !group.queued.is_empty())
+            .iter_mut()
+            .find(|(_, group)| !group.queued.is_empty())
         {
-            return group.queued.pop_front();
+            let message = group.queued.pop_front();
+            let (name, receipts) = (name.clone(), group.queued.iter().map(receipt_of).collect());
+            self.hold(&name, receipts);
+            return message;
         }
         // A receive in flight as the pump stopped: its messages go back too.
         let receive = self.receive.as_mut()?;
@@ -241,4 +305,8 @@ impl Source for Receiving<'_> {
         }
         self.back.pop_front()
     }
+}
+
+fn receipt_of(message: &Message) -> String {
+    message.receipt_handle().unwrap_or_default().to_owned()
 }

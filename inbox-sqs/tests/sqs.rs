@@ -503,6 +503,7 @@ async fn a_fifo_groups_messages_run_in_order_even_across_a_retry() {
     let queue = pump.queue(&server.client, &url).await.unwrap();
     assert!(queue.is_fifo());
     let runs = Mutex::new(Vec::new());
+    let counts = Mutex::new(Vec::new());
     let answered = AtomicU32::new(0);
     within(
         Duration::from_secs(60),
@@ -510,6 +511,10 @@ async fn a_fifo_groups_messages_run_in_order_even_across_a_retry() {
         pump.run(&server.client, &queue, counted(&answered, 10), |message| {
             let body = message.body().unwrap_or_default().to_owned();
             runs.lock().unwrap().push(body.clone());
+            counts
+                .lock()
+                .unwrap()
+                .push((body.clone(), receive_count(&message)));
             let answer = if body == "a1" && receive_count(&message) == 1 {
                 Err(Settlement::Retry { reconnect: false })
             } else {
@@ -536,9 +541,72 @@ async fn a_fifo_groups_messages_run_in_order_even_across_a_retry() {
         };
         assert_eq!(order, expected, "group {group}: {runs:?}");
     }
+    // Retried in place: the messages behind `a1` were not received again with it, and `a1`'s
+    // second run counts its first.
+    let counts = counts.into_inner().unwrap();
+    for (body, count) in &counts {
+        let expected = if body == "a1" && counts.iter().filter(|(b, _)| b == "a1").count() > 1 {
+            count
+        } else {
+            &1
+        };
+        assert_eq!(count, expected, "{counts:?}");
+    }
+    assert!(counts.contains(&("a1".to_owned(), 2)), "{counts:?}");
     let effects = store.effects();
     assert_eq!(effects.len(), 10);
     assert!(effects.values().all(|n| *n == 1), "{effects:?}");
+}
+
+/// A FIFO group's messages held behind a handler that runs three times the visibility
+/// timeout stay invisible with it: a second consumer, receiving all along, gets none of
+/// them, and each runs once, in order, after it.
+#[tokio::test]
+async fn a_fifo_groups_messages_wait_invisible_behind_a_long_handler() {
+    let server = Server::start().await;
+    let url = server.queue("long.fifo", 2, 5).await;
+    for n in 0..3 {
+        let id = format!("g{n}");
+        server.send(&url, Some(&id), &id, Some("g")).await;
+    }
+    let store = Store::new();
+    let pump = Pump::new().wait_time(Duration::from_secs(1));
+    let queue = pump.queue(&server.client, &url).await.unwrap();
+    let runs = Mutex::new(Vec::new());
+    let done = AtomicU32::new(0);
+    let consumer = |message: Message| {
+        let (store, runs, done) = (&store, &runs, &done);
+        async move {
+            let body = message.body().unwrap_or_default().to_owned();
+            runs.lock()
+                .unwrap()
+                .push((body.clone(), receive_count(&message)));
+            if body == "g0" {
+                tokio::time::sleep(Duration::from_secs(6)).await;
+            }
+            let answer = handle(store, &message);
+            done.fetch_add(1, Ordering::SeqCst);
+            answer
+        }
+    };
+    within(Duration::from_secs(60), "both consumers", async {
+        let (first, second) = tokio::join!(
+            pump.run(&server.client, &queue, counted(&done, 3), consumer),
+            pump.run(&server.client, &queue, counted(&done, 3), consumer),
+        );
+        first.unwrap();
+        second.unwrap();
+    })
+    .await;
+    assert_eq!(
+        runs.into_inner().unwrap(),
+        [
+            ("g0".to_owned(), 1),
+            ("g1".to_owned(), 1),
+            ("g2".to_owned(), 1)
+        ]
+    );
+    assert_eq!(server.depth(&url).await, (0, 0));
 }
 
 /// A halting answer stops the pump and makes its message visible again at once: it is
