@@ -1,7 +1,8 @@
-//! What the broker adapters cost: messages per second through `inbox_lapin::Pump` and
-//! `inbox_nats::Pump` against the same `#[idempotent]` handler called directly on the same
-//! deliveries by the broker's own client, at several prefetch / `max_ack_pending` values, and
-//! the memory the consumer holds per delivery in flight.
+//! What the broker adapters cost: messages per second through `inbox_lapin::Pump`,
+//! `inbox_nats::Pump`, `inbox_kafka::Pump` and `inbox_sqs::Pump` against the same
+//! `#[idempotent]` handler called directly on the same deliveries by the broker's own client,
+//! at several prefetch / `max_ack_pending` / in-hand values, and (RabbitMQ, JetStream) the
+//! memory the consumer holds per delivery in flight.
 //!
 //! ```text
 //! cargo run --release --example broker_bench                  # effects in SQLite
@@ -12,8 +13,10 @@
 //! cargo run --release --example broker_bench -- --no-database
 //! ```
 //!
-//! The brokers are `AMQP_URL` (by default `amqp://guest:guest@127.0.0.1:5672/%2f`) and
-//! `NATS_URL` (by default `nats://127.0.0.1:4222`, with JetStream).
+//! The brokers are `AMQP_URL` (by default `amqp://guest:guest@127.0.0.1:5672/%2f`),
+//! `NATS_URL` (by default `nats://127.0.0.1:4222`, with JetStream), `KAFKA_BROKERS` (else a
+//! private tansu broker: `TANSU`, else `tansu` on the PATH) and `SQS_ENDPOINT` (else a
+//! private moto server: `MOTO`, else `moto_server` on the PATH).
 //!
 //! **Throughput.** Each run publishes `--messages` messages (a 100-byte payload and an id of
 //! their own) to a fresh RabbitMQ quorum queue or JetStream stream, and waits for the broker
@@ -35,6 +38,14 @@
 //!   see `DIRECT_PULL_EXPIRES`); `direct, double_ack`: the same, acknowledged with
 //!   `double_ack()`, which waits for the server's confirmation as the pump does; `Pump`:
 //!   `Pump::new().max_ack_pending(n)`, `consumer` and `run`.
+//! - Kafka (a topic of 8 partitions per run, the records keyed by their ids): `direct`:
+//!   rdkafka's `StreamConsumer` with `enable.auto.offset.store` off, up to `n` handlers at
+//!   once over its stream, each offset stored after its answer (out of order across a
+//!   partition: what one writes first, and what can commit past a record in hand); `Pump`:
+//!   `Pump::new().max_in_hand(n)` — at most one record of a partition in hand, so at most 8.
+//! - SQS (a queue with a redrive policy per run): `direct`: receives of up to 10 messages
+//!   (`WaitTimeSeconds` 1) with the SDK, up to `n` handlers at once, `DeleteMessage` after
+//!   each answer; `Pump`: `Pump::new().max_in_hand(n)`.
 //!
 //! Every run, of every variant, gets its own queue or stream and its own database; the
 //! rounds repeat the whole sweep, each round in another order of the variants, and the
