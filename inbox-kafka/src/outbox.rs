@@ -22,7 +22,7 @@
 //! Each message is produced to the topic its destination names, with its ordering key as
 //! the record's key (records of one key go to one partition, in the relay's order; a
 //! message without one goes where the producer's partitioner puts it), its headers, and its
-//! outbox id in the [`MESSAGE_ID`](crate::MESSAGE_ID) header, which [`key`](crate::key)
+//! outbox id in the [`MESSAGE_ID`] header, which [`key`](crate::key)
 //! reads downstream. The row is marked sent once the broker acknowledged the record. A
 //! relay that sends a message again (it stopped between the send and the mark) writes a
 //! second record with the same `message-id`: the consumer's inbox answers it `Duplicate`. A

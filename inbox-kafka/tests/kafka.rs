@@ -975,3 +975,94 @@ mod outbox {
         assert!(effects.values().all(|n| *n == 1), "{effects:?}");
     }
 }
+
+/// A partition revoked while its record is in hand, read to its end by another member, and
+/// assigned back: the record's offset is not stored when its handler answers (it would move
+/// the group's committed offset back behind what the other member committed).
+#[tokio::test]
+async fn a_record_whose_partition_came_back_stores_no_offset() {
+    let broker = Broker::start().await;
+    broker.topic("returns", 1).await;
+    let producer = broker.producer();
+    for n in 0..10 {
+        let id = format!("t{n}");
+        broker
+            .produce(&producer, "returns", 0, Some(&id), &id)
+            .await;
+    }
+    let store = Store::new();
+    // The range assignor gives the partition to the member whose id sorts first: the
+    // second member's client id sorts before the first's, so the rebalance hands it over.
+    let member = |client: &str, pump: &Pump| {
+        let mut config = Pump::consumer_config(&broker.address, "returns");
+        config
+            .set("client.id", client)
+            .set("session.timeout.ms", "6000")
+            .set("heartbeat.interval.ms", "500");
+        let consumer = pump.consumer(&config).unwrap();
+        consumer.subscribe(&["returns"]).unwrap();
+        consumer
+    };
+    let pump = Pump::new().max_in_hand(1);
+    let first = member("z-first", &pump);
+    let (held, release) = (
+        std::sync::atomic::AtomicBool::new(false),
+        tokio::sync::Notify::new(),
+    );
+    let first_stop = tokio::sync::Notify::new();
+    let second_ran = Mutex::new(Vec::new());
+    let first_pump = pump.run(&first, &producer, first_stop.notified(), |record| {
+        let (store, held, release) = (&store, &held, &release);
+        async move {
+            if record.offset() == 0 && !held.swap(true, Ordering::SeqCst) {
+                release.notified().await;
+            }
+            handle(store, &record)
+        }
+    });
+    let rest = async {
+        while !held.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let second = member("a-second", &pump);
+        let answered = AtomicU32::new(0);
+        let report = pump
+            .run(&second, &producer, counted(&answered, 10), |record| {
+                second_ran.lock().unwrap().push(record.offset());
+                let answer = handle(&store, &record);
+                answered.fetch_add(1, Ordering::SeqCst);
+                async move { answer }
+            })
+            .await
+            .unwrap();
+        drop(second);
+        // The partition back with the first member, its record still in hand.
+        within(Duration::from_secs(60), "the partition's return", async {
+            while first.rdkafka().assignment().unwrap().count() != 1
+                || broker.committed("returns", "returns", 1) != vec![10]
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+        release.notify_one();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        first_stop.notify_one();
+        report
+    };
+    let (first_report, second_report) = within(Duration::from_secs(120), "both members", async {
+        tokio::join!(first_pump, rest)
+    })
+    .await;
+    let first_report = first_report.unwrap();
+    assert_eq!(
+        second_ran.into_inner().unwrap(),
+        (0..10).collect::<Vec<_>>(),
+        "the second member read the partition from its start: {second_report:?}"
+    );
+    assert_eq!(first_report.unstored, 1, "{first_report:?}");
+    assert_eq!(broker.committed("returns", "returns", 1), vec![10]);
+    let effects = store.effects();
+    assert_eq!(effects.len(), 10);
+    assert!(effects.values().all(|n| *n == 1), "{effects:?}");
+}

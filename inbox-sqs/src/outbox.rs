@@ -21,7 +21,7 @@
 //!
 //! Each message is sent to the queue its destination names (its URL looked up once per
 //! name), with its headers as `String` message attributes and its outbox id in the
-//! [`MESSAGE_ID`](crate::MESSAGE_ID) attribute, which [`key`](crate::key) reads downstream.
+//! [`MESSAGE_ID`] attribute, which [`key`](crate::key) reads downstream.
 //! To a FIFO queue (a name ending in `.fifo`) the ordering key is the `MessageGroupId` — a
 //! group's messages are delivered in the relay's order — and the outbox id the
 //! `MessageDeduplicationId`: a relay that sends a message again within five minutes (it

@@ -360,7 +360,7 @@ enum Place {
 /// Service B's place on the downstream broker: a JetStream stream and its durable consumer,
 /// or a Kafka topic (its group named for it).
 enum Made {
-    Nats(Context, Stream),
+    Nats(Context, Box<Stream>),
     Kafka(Kafka, String),
 }
 
@@ -376,7 +376,7 @@ impl Place {
         Ok(match self {
             Place::Nats(jetstream) => {
                 let stream = create_stream(&jetstream).await?;
-                Made::Nats(jetstream, stream)
+                Made::Nats(jetstream, Box::new(stream))
             }
             Place::Kafka(kafka) => {
                 let name = format!("inbox-broker-example-outbox-{}", std::process::id());
