@@ -7,7 +7,7 @@
 //! | RabbitMQ (AMQP 0-9-1) | the `message_id` property, set by the publisher ([`amqp`]) | refused: [`KeyError::Missing`], dead-lettered |
 //! | NATS JetStream | the `Nats-Msg-Id` header (the publisher's deduplication id), else the stream and its stream sequence ([`jetstream`]) | never: a stream numbers every message |
 //! | Kafka | the `message-id` header when the producer set one, else topic, partition, offset ([`kafka`]) | never: every record has a position |
-//! | Amazon SQS | `MessageId` ([`sqs`]); on FIFO queues with publisher retries, `MessageDeduplicationId` | refused |
+//! | Amazon SQS | the sender's `message-id` attribute, else `MessageId` ([`sqs`]) | refused |
 //! | Azure Service Bus | `MessageId` ([`service_bus`]) | refused |
 //! | CloudEvents | `source` and `id` ([`MessageKey::cloud_event`]) | refused: [`KeyError::Empty`] |
 //!
@@ -121,9 +121,10 @@ pub fn kafka(
 }
 
 /// An Amazon SQS message's key: its `MessageId`. SQS assigns it on each `SendMessage`, so a
-/// publisher's retried send is another message: on FIFO queues key on
-/// `MessageDeduplicationId`, elsewhere on an id the publisher puts in the body or an
-/// attribute.
+/// publisher's retried send is another message: key on an id the publisher puts in an
+/// attribute (`inbox-sqs` reads `message-id`) or the body. Not on a FIFO queue's
+/// `MessageDeduplicationId`: SQS honours it for five minutes, and content-based
+/// deduplication derives it from the body (two orders with one body would share it).
 ///
 /// # Errors
 /// [`KeyError::Missing`] for an empty id; [`KeyError::TooLong`] past [`MessageKey::MAX_LEN`].

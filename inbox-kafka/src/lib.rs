@@ -80,8 +80,9 @@
 //! dead letter that cannot be written stops the pump ([`Stopped::DeadLetter`]) rather than
 //! commit past it. A record that takes the process down with it (an abort, an
 //! out-of-memory kill) is not counted: it comes back first on its partition after every
-//! restart, until it is skipped by hand (`kafka-consumer-groups --reset-offsets
-//! --shift-by 1`).
+//! restart, until it is skipped by hand, the group's members stopped:
+//! `kafka-consumer-groups --bootstrap-server <brokers> --group <group> --topic
+//! <topic>:<partition> --reset-offsets --shift-by 1 --execute`.
 //!
 //! **Reconnect and outages.** As in the other pumps ([`inbox_diesel::pump`]): the database
 //! connection is the handler's, discarded by its pool after an `Action::Reconnect`; after a

@@ -50,8 +50,9 @@ use crate::MESSAGE_ID;
 /// What Kafka carries: payloads up to 900 000 bytes — librdkafka's producer refuses a
 /// record over its `message.max.bytes` (1 000 000 by default) with its key, headers and
 /// framing, and the broker one over its own (1 MiB by default); the rest is room for the
-/// key and headers — topic names of at most 249 characters from `[a-zA-Z0-9._-]`, keys and
-/// headers of any text. A producer or broker configured lower refuses larger records at
+/// key and headers — topic names of at most 249 characters from `[a-zA-Z0-9._-]`, ordering
+/// keys of up to 255 bytes, and headers of any text but `message-id` (the outbox id's). A
+/// producer or broker configured lower refuses larger records at
 /// the send (rejected, then parked).
 pub const LIMITS: Limits = Limits {
     max_payload: 900_000,

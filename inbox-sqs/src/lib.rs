@@ -16,7 +16,7 @@
 //! let shutdown = std::future::pending::<()>();
 //! let report = pump
 //!     .run(&client, &queue, shutdown, |message| async move {
-//!         // The `message-id` attribute, else the FIFO deduplication id, else the MessageId.
+//!         // The `message-id` attribute, else the MessageId.
 //!         let key = match key(&message) {
 //!             Ok(key) => key,
 //!             Err(invalid) => return Err(inbox_diesel::Error::InvalidKey(invalid)),
@@ -138,7 +138,8 @@ pub const DEAD_LETTER_REASON: &str = "inbox-dead-letter-reason";
 /// only, and a queue with content-based deduplication derives it from the body — two
 /// messages with one body sent an hour apart would share it, and the second be answered
 /// `Duplicate` and deleted unapplied. A sender that wants its retries recognised after the
-/// five minutes sets the attribute (the outbox's sink sets both to the outbox id).
+/// five minutes sets the attribute (the outbox's sink sets it to the outbox id, and on a
+/// FIFO queue the deduplication id too).
 ///
 /// # Errors
 /// [`KeyError::Missing`] for a message without either (never from SQS itself);

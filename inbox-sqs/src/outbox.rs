@@ -42,13 +42,14 @@ use inbox_diesel::outbox::relay::{Outgoing, Sink, SinkError};
 
 use crate::{MESSAGE_ID, described};
 
-/// What SQS carries: bodies of up to 256 KiB (the long-standing default of
-/// `MaximumMessageSize`; queues that allow more take more), queue names of up to 80
+/// What SQS carries: bodies of up to 248 KiB (`MaximumMessageSize` is 256 KiB by default,
+/// the message attributes counted in it: 8 KiB are left for them), queue names of up to 80
 /// characters from `[A-Za-z0-9_-]` (with a `.fifo` suffix), ordering keys of up to 128
-/// characters (a `MessageGroupId`), and nine headers (SQS takes ten message attributes, one
-/// of them the outbox id) whose names are SQS attribute names.
+/// characters (a `MessageGroupId`: printable ASCII, no spaces — checked at the send), and
+/// nine headers (SQS takes ten message attributes, one of them the outbox id) whose names
+/// are SQS attribute names.
 pub const LIMITS: Limits = Limits {
-    max_payload: 256 << 10,
+    max_payload: 248 << 10,
     max_destination: 80,
     max_key: 128,
     destination: queue_name,
@@ -145,6 +146,12 @@ impl OutboxSink {
         if fifo && message.key.is_empty() {
             return Err(rejected(
                 "a message to a FIFO queue needs an ordering key (its MessageGroupId)",
+            ));
+        }
+        if fifo && !message.key.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(rejected(
+                "a FIFO queue's MessageGroupId (the ordering key) is printable ASCII without \
+                 spaces",
             ));
         }
         let url = self.url(&message.destination).await?;
