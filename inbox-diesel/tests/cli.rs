@@ -108,7 +108,10 @@ fn reads_the_backend_from_database_url_and_dot_env() {
         .join(&written[0])
         .join("up.sql");
     let up = std::fs::read_to_string(up).unwrap();
-    assert!(up.contains(r#"CREATE TABLE "billing"."outbox""#), "{up}");
+    assert!(
+        up.contains(r#"CREATE TABLE IF NOT EXISTS "billing"."outbox""#),
+        "{up}"
+    );
 
     std::fs::write(
         other.path().join(".env"),

@@ -318,7 +318,7 @@ impl InboxMigration {
     /// use inbox_diesel::schema::Backend;
     ///
     /// let migration = InboxMigration::new(Backend::Postgres, InboxSchema::DEFAULT).with_outbox("outbox");
-    /// assert!(migration.up_sql().contains("CREATE TABLE \"outbox\""));
+    /// assert!(migration.up_sql().contains("CREATE TABLE IF NOT EXISTS \"outbox\""));
     /// assert!(migration.down_sql().contains("DROP TABLE \"outbox\""));
     /// ```
     ///
