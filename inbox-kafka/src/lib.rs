@@ -343,11 +343,7 @@ impl Pump {
         A: Settle + std::fmt::Debug,
         S: Future<Output = ()>,
     {
-        pump::warn_short_tolerance(
-            "the Kafka pump",
-            self.max_attempts,
-            pump::outage_tolerance(&self.redelivery, self.max_attempts),
-        );
+        pump::warn_short_tolerance("the Kafka pump", &self.redelivery, self.max_attempts);
         let settings = Settings {
             redelivery: self.redelivery,
             max_attempts: self.max_attempts,

@@ -124,8 +124,8 @@ impl Topology {
             .await?;
         pump::warn_short_tolerance(
             &format!("the queue {}", self.queue),
+            &pump.redelivery,
             self.delivery_limit,
-            self.outage_tolerance(pump),
         );
         Ok(())
     }

@@ -403,11 +403,16 @@ impl Pump {
     /// ([`pump::outage_tolerance`]). [`Pump::consumer`] warns when it creates a consumer
     /// whose tolerance is under [`OUTAGE_TO_RIDE_OUT`](pump::OUTAGE_TO_RIDE_OUT).
     pub fn outage_tolerance(&self) -> Duration {
-        let deliveries = u32::try_from(self.max_deliver)
+        pump::outage_tolerance(&self.redelivery, self.deliveries())
+    }
+
+    /// The `max_deliver` of the consumers this pump creates; JetStream's "unlimited" (0 or
+    /// less) as `u32::MAX`.
+    fn deliveries(&self) -> u32 {
+        u32::try_from(self.max_deliver)
             .ok()
             .filter(|n| *n > 0)
-            .unwrap_or(u32::MAX);
-        pump::outage_tolerance(&self.redelivery, deliveries)
+            .unwrap_or(u32::MAX)
     }
 
     /// The configuration [`Pump::consumer`] creates a consumer with: a durable pull consumer
@@ -440,13 +445,11 @@ impl Pump {
     ) -> Result<PullConsumer, ConsumerError> {
         match jetstream.get_consumer_from_stream(durable, stream).await {
             Err(e) if is_consumer_not_found(&e) => {
-                if self.max_deliver > 0 {
-                    pump::warn_short_tolerance(
-                        &format!("the consumer {durable} of {stream}"),
-                        u32::try_from(self.max_deliver).unwrap_or(u32::MAX),
-                        self.outage_tolerance(),
-                    );
-                }
+                pump::warn_short_tolerance(
+                    &format!("the consumer {durable} of {stream}"),
+                    &self.redelivery,
+                    self.deliveries(),
+                );
                 jetstream
                     .create_consumer_on_stream(self.consumer_config(durable), stream)
                     .await

@@ -429,8 +429,8 @@ impl Pump {
             .unwrap_or_default();
         pump::warn_short_tolerance(
             &format!("the queue {name}"),
+            &self.redelivery,
             max_receive_count,
-            pump::outage_tolerance(&self.redelivery, max_receive_count),
         );
         Ok(Queue {
             url: url.to_owned(),

@@ -75,18 +75,26 @@ pub const OUTAGE_TO_RIDE_OUT: Duration = Duration::from_secs(30 * 60);
 /// let redelivery = Redelivery::exponential(Duration::from_secs(1), Duration::from_secs(60));
 /// // 1 + 2 + 4 + 8 s before deliveries 2 to 5.
 /// assert_eq!(outage_tolerance(&redelivery, 5), Duration::from_secs(15));
+/// // Then 60 s each: 1 + 2 + 4 + 8 + 16 + 32 s, and 60 s before each of deliveries 8 to 100.
+/// assert_eq!(outage_tolerance(&redelivery, 100), Duration::from_secs(63 + 93 * 60));
 /// ```
 pub fn outage_tolerance(redelivery: &Redelivery, deliveries: u32) -> Duration {
-    (1..deliveries)
+    // The delay stops doubling after 32 deliveries: from there on each adds the same, and a
+    // limit of `u32::MAX` (unlimited) is not walked delivery by delivery.
+    const DOUBLINGS: u32 = 34;
+    let walked = (1..deliveries.min(DOUBLINGS))
         .map(|delivery| redelivery.delay(delivery))
-        .fold(Duration::ZERO, Duration::saturating_add)
+        .fold(Duration::ZERO, Duration::saturating_add);
+    let rest = deliveries.saturating_sub(DOUBLINGS);
+    walked.saturating_add(redelivery.delay(DOUBLINGS).saturating_mul(rest))
 }
 
 /// Warns — a `tracing` warning, and on standard error without a subscriber — that `what`
-/// (`"the queue credits"`) dead-letters a message after `deliveries`, which a database
-/// outage longer than `tolerance` can spend, when `tolerance` is under
-/// [`OUTAGE_TO_RIDE_OUT`]. Whether it warned.
-pub fn warn_short_tolerance(what: &str, deliveries: u32, tolerance: Duration) -> bool {
+/// (`"the queue credits"`) dead-letters a message after `deliveries`, when a database outage
+/// shorter than [`OUTAGE_TO_RIDE_OUT`] can spend them under `redelivery`'s delays
+/// ([`outage_tolerance`]). Whether it warned.
+pub fn warn_short_tolerance(what: &str, redelivery: &Redelivery, deliveries: u32) -> bool {
+    let tolerance = outage_tolerance(redelivery, deliveries);
     if tolerance >= OUTAGE_TO_RIDE_OUT {
         return false;
     }
