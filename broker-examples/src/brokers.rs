@@ -359,12 +359,8 @@ impl Kafka {
 
     /// The group's lag on `topic`: records past its committed offsets, over `partitions`.
     pub fn lag(&self, group: &str, topic: &str, partitions: i32) -> Result<u64, String> {
-        use rdkafka::consumer::{BaseConsumer, Consumer};
-        let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", &self.bootstrap)
-            .set("group.id", group)
-            .create()
-            .map_err(|e| format!("a Kafka client for {}: {e}", self.bootstrap))?;
+        use rdkafka::consumer::Consumer;
+        let consumer = self.client(group)?;
         let mut list = rdkafka::TopicPartitionList::new();
         for partition in 0..partitions {
             list.add_partition(topic, partition);
@@ -373,10 +369,8 @@ impl Kafka {
             .committed_offsets(list, Duration::from_secs(10))
             .map_err(|e| format!("the committed offsets of {group}: {e}"))?;
         let mut lag = 0;
-        for partition in 0..partitions {
-            let (_, high) = consumer
-                .fetch_watermarks(topic, partition, Duration::from_secs(10))
-                .map_err(|e| format!("the end of {topic}/{partition}: {e}"))?;
+        for (partition, (_, high)) in (0..partitions).zip(watermarks(&consumer, topic, partitions)?)
+        {
             let at = match committed
                 .find_partition(topic, partition)
                 .map(|element| element.offset())
@@ -388,6 +382,41 @@ impl Kafka {
         }
         Ok(lag)
     }
+
+    /// Records `topic` holds over `partitions`: the sum of their end offsets less their
+    /// starts (nothing is deleted in a run).
+    pub fn records(&self, topic: &str, partitions: i32) -> Result<u64, String> {
+        let consumer = self.client(&format!("{topic}-reader"))?;
+        Ok(watermarks(&consumer, topic, partitions)?
+            .into_iter()
+            .map(|(low, high)| u64::try_from(high - low).unwrap_or(0))
+            .sum())
+    }
+
+    /// A client of the brokers, in `group` (which it never joins).
+    fn client(&self, group: &str) -> Result<rdkafka::consumer::BaseConsumer, String> {
+        rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &self.bootstrap)
+            .set("group.id", group)
+            .create()
+            .map_err(|e| format!("a Kafka client for {}: {e}", self.bootstrap))
+    }
+}
+
+/// The low and high watermarks of `topic`'s partitions `0..partitions`.
+fn watermarks(
+    consumer: &rdkafka::consumer::BaseConsumer,
+    topic: &str,
+    partitions: i32,
+) -> Result<Vec<(i64, i64)>, String> {
+    use rdkafka::consumer::Consumer;
+    (0..partitions)
+        .map(|partition| {
+            consumer
+                .fetch_watermarks(topic, partition, Duration::from_secs(10))
+                .map_err(|e| format!("the offsets of {topic}/{partition}: {e}"))
+        })
+        .collect()
 }
 
 impl Drop for Kafka {
@@ -571,25 +600,5 @@ impl Drop for Sqs {
             let _ = child.kill();
             let _ = child.wait();
         }
-    }
-}
-
-impl Kafka {
-    /// Records `topic` holds over `partitions`: the sum of their end offsets (nothing is
-    /// deleted in a run).
-    pub fn records(&self, topic: &str, partitions: i32) -> Result<u64, String> {
-        use rdkafka::consumer::{BaseConsumer, Consumer};
-        let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", &self.bootstrap)
-            .create()
-            .map_err(|e| format!("a Kafka client for {}: {e}", self.bootstrap))?;
-        let mut records = 0;
-        for partition in 0..partitions {
-            let (low, high) = consumer
-                .fetch_watermarks(topic, partition, Duration::from_secs(10))
-                .map_err(|e| format!("the offsets of {topic}/{partition}: {e}"))?;
-            records += u64::try_from(high - low).unwrap_or(0);
-        }
-        Ok(records)
     }
 }

@@ -148,19 +148,23 @@ pub const DEAD_LETTER_REASON: &str = "inbox-dead-letter-reason";
 /// [`KeyError::TooLong`] for a header past [`MessageKey::MAX_LEN`]; [`KeyError::Missing`]
 /// for a header that is not UTF-8.
 pub fn key(record: &impl Message) -> Result<MessageKey, KeyError> {
-    let header = record.headers().and_then(|headers| {
-        headers
-            .iter()
-            .find(|header| header.key == MESSAGE_ID)
-            .and_then(|header| header.value)
-    });
-    let id = match header {
+    let id = match message_id(record) {
         Some(bytes) => Some(std::str::from_utf8(bytes).map_err(|_| KeyError::Missing {
             field: "Kafka message-id header (UTF-8)",
         })?),
         None => None,
     };
     broker::kafka(id, record.topic(), record.partition(), record.offset())
+}
+
+/// The record's [`MESSAGE_ID`] header, as bytes.
+pub(crate) fn message_id(record: &impl Message) -> Option<&[u8]> {
+    record.headers().and_then(|headers| {
+        headers
+            .iter()
+            .find(|header| header.key == MESSAGE_ID)
+            .and_then(|header| header.value)
+    })
 }
 
 /// A producer's configuration for `bootstrap_servers` as the pump's dead letters and the

@@ -156,12 +156,7 @@ where
 
 /// The record's `message-id` header, partition and offset on its span.
 fn record_position(span: &tracing::Span, message: &OwnedMessage) {
-    if let Some(id) = message.headers().and_then(|headers| {
-        headers
-            .iter()
-            .find(|header| header.key == MESSAGE_ID)
-            .and_then(|header| header.value)
-    }) {
+    if let Some(id) = crate::message_id(message) {
         span.record("messaging.message.id", String::from_utf8_lossy(id).as_ref());
     }
     span.record(

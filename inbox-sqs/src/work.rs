@@ -150,15 +150,7 @@ where
                         .instrument(span.clone())
                         .await
                 }
-                Err(failed) => {
-                    tracing::warn!(
-                        parent: &span,
-                        error = %failed.0,
-                        "moving a message to the dead-letter queue failed; it is delivered \
-                         again after its visibility timeout"
-                    );
-                    failed.1
-                }
+                Err(sent) => sent,
             },
             _ => {
                 delete(client, queue, &receipt)
@@ -291,7 +283,7 @@ async fn dead_letter(
     queue: &Queue,
     message: &Message,
     reason: &str,
-) -> Result<(), (String, Sent)> {
+) -> Result<(), Sent> {
     let mut request = client
         .send_message()
         .queue_url(&queue.dead_letter_url)
@@ -308,7 +300,14 @@ async fn dead_letter(
     ] {
         // SQS takes at most 10 attributes: the message's own come first.
         if attributes.len() < 10 {
-            let value = text_attribute(value).map_err(|e| (e, Sent::Unconfirmed))?;
+            let value = text_attribute(value).map_err(|e| {
+                tracing::warn!(
+                    error = %e,
+                    "a dead letter's attribute was refused; the message is delivered again after \
+                     its visibility timeout"
+                );
+                Sent::Unconfirmed
+            })?;
             attributes.insert(name.to_owned(), value);
         }
     }
@@ -322,10 +321,7 @@ async fn dead_letter(
     }
     match request.send().await {
         Ok(_) => Ok(()),
-        Err(e) => Err((
-            described(&e),
-            sent_of(&e, "sending a dead letter to its queue"),
-        )),
+        Err(e) => Err(sent_of(&e, "sending a dead letter to its queue")),
     }
 }
 
