@@ -93,8 +93,8 @@ pub fn jetstream(
     }
 }
 
-/// A Kafka record's key: the `message-id` header when the producer set one (the outbox's
-/// Kafka sink sets it to the outbox id), else the record's position — topic, partition and
+/// A Kafka record's key: the `message-id` header when the producer set one, not empty (the
+/// outbox's Kafka sink sets it to the outbox id), else the record's position — topic, partition and
 /// offset ([`MessageKey::kafka`]).
 ///
 /// A position names a record, not a message. A producer that retries a send without

@@ -288,7 +288,10 @@ impl Pump {
     /// and a group with no committed offset reading from the earliest record
     /// (`auto.offset.reset=earliest`: a new group does not skip what was produced before
     /// it joined). Add what your brokers need (security, timeouts) before
-    /// [`Pump::consumer`].
+    /// [`Pump::consumer`]. librdkafka's group timings are left as they are: a member killed
+    /// without leaving keeps its partitions until its `session.timeout.ms` (45 s by default)
+    /// runs out, and some brokers hold a new group's first assignment as long; lower it
+    /// (with `heartbeat.interval.ms` below a third of it) where that wait matters.
     pub fn consumer_config(bootstrap_servers: &str, group_id: &str) -> ClientConfig {
         let mut config = ClientConfig::new();
         config

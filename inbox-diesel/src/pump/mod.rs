@@ -100,9 +100,9 @@ pub fn warn_short_tolerance(what: &str, redelivery: &Redelivery, deliveries: u32
     }
     let said = format!(
         "{what} dead-letters a message after {deliveries} deliveries: a database outage longer \
-         than {} s can spend them and dead-letter live messages; raise the delivery limit or \
+         than {:.1} s can spend them and dead-letter live messages; raise the delivery limit or \
          the pump's redelivery delays",
-        tolerance.as_secs()
+        tolerance.as_secs_f64()
     );
     tracing::warn!(tolerance_s = tolerance.as_secs(), "{said}");
     crate::telemetry::unseen(format_args!("{said}"));
