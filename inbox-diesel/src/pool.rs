@@ -271,6 +271,60 @@ mod r2d2_pools {
     }
 }
 
+/// The impls of an async pool crate's pool and of its tripwire `GuardedPool`: the pool checks
+/// out with its own `get`, the guarded one through the pool inside it.
+#[cfg(any(feature = "bb8", feature = "deadpool"))]
+macro_rules! async_claim_pools {
+    (
+        impl<M: $manager:path> for $pool:ty, $guarded:ty
+        where [$($bounds:tt)*]
+        {
+            type Connection = $connection:ty;
+            type Checkout<$a:lifetime> = $checkout:ty;
+        }
+    ) => {
+        impl<M: $manager> ConnectionPool for $pool {
+            type Connection = $connection;
+        }
+
+        impl<M: $manager> ConnectionPool for $guarded {
+            type Connection = $connection;
+        }
+
+        impl<M: $manager> AsyncClaimPool for $pool
+        where
+            $($bounds)*
+        {
+            type Checkout<$a>
+                = $checkout
+            where
+                Self: $a;
+            #[allow(clippy::manual_async_fn, reason = "the trait's future is `Send`")]
+            fn checkout(
+                &self,
+            ) -> impl Future<Output = Result<Self::Checkout<'_>, CheckoutFailure>> + Send {
+                async move { self.get().await.map_err(Into::into) }
+            }
+        }
+
+        /// The runtime's own checkouts, outside the handler's body: not refused.
+        impl<M: $manager> AsyncClaimPool for $guarded
+        where
+            $($bounds)*
+        {
+            type Checkout<$a>
+                = $checkout
+            where
+                Self: $a;
+            fn checkout(
+                &self,
+            ) -> impl Future<Output = Result<Self::Checkout<'_>, CheckoutFailure>> + Send {
+                self.inner().checkout()
+            }
+        }
+    };
+}
+
 #[cfg(feature = "bb8")]
 mod bb8_pools {
     use bb8::{ManageConnection, Pool, PooledConnection, RunError};
@@ -278,45 +332,12 @@ mod bb8_pools {
     use super::{AsyncClaimPool, CheckoutFailure, ConnectionPool};
     use crate::tripwire::bb8::GuardedPool;
 
-    impl<M: ManageConnection> ConnectionPool for Pool<M> {
-        type Connection = M::Connection;
-    }
-
-    impl<M: ManageConnection> ConnectionPool for GuardedPool<M> {
-        type Connection = M::Connection;
-    }
-
-    impl<M> AsyncClaimPool for Pool<M>
-    where
-        M: ManageConnection,
-        RunError<M::Error>: std::error::Error + Send + Sync + 'static,
-    {
-        type Checkout<'a>
-            = PooledConnection<'a, M>
-        where
-            Self: 'a;
-        #[allow(clippy::manual_async_fn, reason = "the trait's future is `Send`")]
-        fn checkout(
-            &self,
-        ) -> impl Future<Output = Result<PooledConnection<'_, M>, CheckoutFailure>> + Send {
-            async move { self.get().await.map_err(Into::into) }
-        }
-    }
-
-    /// The runtime's own checkouts, outside the handler's body: not refused.
-    impl<M> AsyncClaimPool for GuardedPool<M>
-    where
-        M: ManageConnection,
-        RunError<M::Error>: std::error::Error + Send + Sync + 'static,
-    {
-        type Checkout<'a>
-            = PooledConnection<'a, M>
-        where
-            Self: 'a;
-        fn checkout(
-            &self,
-        ) -> impl Future<Output = Result<PooledConnection<'_, M>, CheckoutFailure>> + Send {
-            self.inner().checkout()
+    async_claim_pools! {
+        impl<M: ManageConnection> for Pool<M>, GuardedPool<M>
+        where [RunError<M::Error>: std::error::Error + Send + Sync + 'static]
+        {
+            type Connection = M::Connection;
+            type Checkout<'a> = PooledConnection<'a, M>;
         }
     }
 }
@@ -328,43 +349,12 @@ mod deadpool_pools {
     use super::{AsyncClaimPool, CheckoutFailure, ConnectionPool};
     use crate::tripwire::deadpool::GuardedPool;
 
-    impl<M: Manager> ConnectionPool for Pool<M> {
-        type Connection = M::Type;
-    }
-
-    impl<M: Manager> ConnectionPool for GuardedPool<M> {
-        type Connection = M::Type;
-    }
-
-    impl<M> AsyncClaimPool for Pool<M>
-    where
-        M: Manager,
-        M::Type: Send,
-        PoolError<M::Error>: std::error::Error + Send + Sync + 'static,
-    {
-        type Checkout<'a>
-            = Object<M>
-        where
-            Self: 'a;
-        #[allow(clippy::manual_async_fn, reason = "the trait's future is `Send`")]
-        fn checkout(&self) -> impl Future<Output = Result<Object<M>, CheckoutFailure>> + Send {
-            async move { self.get().await.map_err(Into::into) }
-        }
-    }
-
-    /// The runtime's own checkouts, outside the handler's body: not refused.
-    impl<M> AsyncClaimPool for GuardedPool<M>
-    where
-        M: Manager,
-        M::Type: Send,
-        PoolError<M::Error>: std::error::Error + Send + Sync + 'static,
-    {
-        type Checkout<'a>
-            = Object<M>
-        where
-            Self: 'a;
-        fn checkout(&self) -> impl Future<Output = Result<Object<M>, CheckoutFailure>> + Send {
-            self.inner().checkout()
+    async_claim_pools! {
+        impl<M: Manager> for Pool<M>, GuardedPool<M>
+        where [M::Type: Send, PoolError<M::Error>: std::error::Error + Send + Sync + 'static]
+        {
+            type Connection = M::Type;
+            type Checkout<'a> = Object<M>;
         }
     }
 }
