@@ -124,22 +124,9 @@ impl<M: ManageConnection> GuardedPool<M> {
     }
 }
 
-impl<M: ManageConnection> Clone for GuardedPool<M> {
-    fn clone(&self) -> Self {
-        GuardedPool(self.0.clone())
-    }
-}
-
-impl<M: ManageConnection> std::fmt::Debug for GuardedPool<M> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("GuardedPool").field(&self.0).finish()
-    }
-}
-
-impl<M: ManageConnection> From<bb8::Pool<M>> for GuardedPool<M> {
-    fn from(pool: bb8::Pool<M>) -> Self {
-        GuardedPool(pool)
-    }
+guarded_pool_impls! {
+    impl[M: ManageConnection] GuardedPool<M>, wrapping bb8::Pool<M>;
+    Debug where []
 }
 
 /// diesel-async's check of a connection on checkout, `then` (its default is

@@ -121,27 +121,9 @@ impl<M: Manager, W: From<Object<M>>> GuardedPool<M, W> {
     }
 }
 
-impl<M: Manager, W: From<Object<M>>> Clone for GuardedPool<M, W> {
-    fn clone(&self) -> Self {
-        GuardedPool(self.0.clone())
-    }
-}
-
-impl<M, W> std::fmt::Debug for GuardedPool<M, W>
-where
-    M: Manager + std::fmt::Debug,
-    M::Type: std::fmt::Debug,
-    W: From<Object<M>>,
-{
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("GuardedPool").field(&self.0).finish()
-    }
-}
-
-impl<M: Manager, W: From<Object<M>>> From<managed::Pool<M, W>> for GuardedPool<M, W> {
-    fn from(pool: managed::Pool<M, W>) -> Self {
-        GuardedPool(pool)
-    }
+guarded_pool_impls! {
+    impl[M: Manager, W: From<Object<M>>] GuardedPool<M, W>, wrapping managed::Pool<M, W>;
+    Debug where [M: std::fmt::Debug, M::Type: std::fmt::Debug]
 }
 
 /// A deadpool hook that logs (or panics at) a checkout inside an `#[idempotent]` handler's

@@ -111,6 +111,34 @@
 //! a hook 20–40 (bb8's, around a boxed future, 340) — BENCHMARKS.md has the figures and the
 //! commands.
 
+/// What each pool crate's `GuardedPool` has as the plain pool inside it has: `Clone`,
+/// `Debug` (with the bounds the plain pool's takes) and `From` the plain pool.
+#[cfg(any(feature = "bb8", feature = "deadpool", feature = "r2d2"))]
+macro_rules! guarded_pool_impls {
+    (impl[$($generics:tt)*] $guarded:ty, wrapping $pool:ty; Debug where [$($debug:tt)*]) => {
+        impl<$($generics)*> Clone for $guarded {
+            fn clone(&self) -> Self {
+                GuardedPool(self.0.clone())
+            }
+        }
+
+        impl<$($generics)*> std::fmt::Debug for $guarded
+        where
+            $($debug)*
+        {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_tuple("GuardedPool").field(&self.0).finish()
+            }
+        }
+
+        impl<$($generics)*> From<$pool> for $guarded {
+            fn from(pool: $pool) -> Self {
+                GuardedPool(pool)
+            }
+        }
+    };
+}
+
 #[cfg(feature = "bb8")]
 pub mod bb8;
 #[cfg(feature = "deadpool")]

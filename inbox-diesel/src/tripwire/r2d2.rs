@@ -122,22 +122,9 @@ impl<M: ManageConnection> GuardedPool<M> {
     }
 }
 
-impl<M: ManageConnection> Clone for GuardedPool<M> {
-    fn clone(&self) -> Self {
-        GuardedPool(self.0.clone())
-    }
-}
-
-impl<M: ManageConnection + std::fmt::Debug> std::fmt::Debug for GuardedPool<M> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("GuardedPool").field(&self.0).finish()
-    }
-}
-
-impl<M: ManageConnection> From<r2d2::Pool<M>> for GuardedPool<M> {
-    fn from(pool: r2d2::Pool<M>) -> Self {
-        GuardedPool(pool)
-    }
+guarded_pool_impls! {
+    impl[M: ManageConnection] GuardedPool<M>, wrapping r2d2::Pool<M>;
+    Debug where [M: std::fmt::Debug]
 }
 
 /// An r2d2 event handler that logs (or panics at) a checkout inside an `#[idempotent]`
@@ -166,39 +153,36 @@ impl Tripwire {
         self.then = Some(Box::new(handler));
         self
     }
+
+    /// Hands an event to the handler set with [`and_then`](Tripwire::and_then), if any.
+    fn forward(&self, send: impl FnOnce(&dyn HandleEvent)) {
+        if let Some(then) = &self.then {
+            send(&**then);
+        }
+    }
 }
 
 impl HandleEvent for Tripwire {
     fn handle_acquire(&self, event: AcquireEvent) {
-        if let Some(then) = &self.then {
-            then.handle_acquire(event);
-        }
+        self.forward(|then| then.handle_acquire(event));
     }
 
     fn handle_release(&self, event: ReleaseEvent) {
-        if let Some(then) = &self.then {
-            then.handle_release(event);
-        }
+        self.forward(|then| then.handle_release(event));
     }
 
     /// Forwarded first: a handler that counts checkouts and checkins sees the checkin of a
     /// connection this check panics on.
     fn handle_checkout(&self, event: CheckoutEvent) {
-        if let Some(then) = &self.then {
-            then.handle_checkout(event);
-        }
+        self.forward(|then| then.handle_checkout(event));
         on_checkout(self.on);
     }
 
     fn handle_timeout(&self, event: TimeoutEvent) {
-        if let Some(then) = &self.then {
-            then.handle_timeout(event);
-        }
+        self.forward(|then| then.handle_timeout(event));
     }
 
     fn handle_checkin(&self, event: CheckinEvent) {
-        if let Some(then) = &self.then {
-            then.handle_checkin(event);
-        }
+        self.forward(|then| then.handle_checkin(event));
     }
 }
