@@ -67,25 +67,34 @@ pub trait HasDieselError {
     }
 }
 
+/// [`HasDieselError::record_attempts`] and [`HasDieselError::record_class`] of an error type
+/// that erases the error it holds (`anyhow::Error`, a boxed `dyn Error`): handed on to the
+/// inbox or diesel error it holds, found by its `downcast_mut`.
+macro_rules! record_in_erased_error {
+    () => {
+        fn record_attempts(&mut self, attempts: u32) {
+            if let Some(error) = self.downcast_mut::<crate::error::Error>() {
+                error.record_attempts(attempts);
+            }
+        }
+
+        fn record_class(&mut self, class: inbox_core::ErrorClass, attempts: u32) {
+            if let Some(error) = self.downcast_mut::<crate::error::Error>() {
+                error.record_class(class, attempts);
+            } else if let Some(error) = self.downcast_mut::<diesel::result::Error>() {
+                error.record_class(class, attempts);
+            }
+        }
+    };
+}
+
 #[cfg(feature = "anyhow")]
 impl HasDieselError for anyhow::Error {
     fn diesel_error(&self) -> Option<&diesel::result::Error> {
         self.chain().find_map(|cause| cause.downcast_ref())
     }
 
-    fn record_attempts(&mut self, attempts: u32) {
-        if let Some(error) = self.downcast_mut::<crate::error::Error>() {
-            error.record_attempts(attempts);
-        }
-    }
-
-    fn record_class(&mut self, class: inbox_core::ErrorClass, attempts: u32) {
-        if let Some(error) = self.downcast_mut::<crate::error::Error>() {
-            error.record_class(class, attempts);
-        } else if let Some(error) = self.downcast_mut::<diesel::result::Error>() {
-            error.record_class(class, attempts);
-        }
-    }
+    record_in_erased_error!();
 }
 
 /// The diesel error along `error`'s `source()` chain (`error` itself included, and an
@@ -156,19 +165,7 @@ macro_rules! boxed_errors {
                 find_diesel_error(&**self)
             }
 
-            fn record_attempts(&mut self, attempts: u32) {
-                if let Some(error) = self.downcast_mut::<crate::error::Error>() {
-                    error.record_attempts(attempts);
-                }
-            }
-
-            fn record_class(&mut self, class: inbox_core::ErrorClass, attempts: u32) {
-                if let Some(error) = self.downcast_mut::<crate::error::Error>() {
-                    error.record_class(class, attempts);
-                } else if let Some(error) = self.downcast_mut::<diesel::result::Error>() {
-                    error.record_class(class, attempts);
-                }
-            }
+            record_in_erased_error!();
         }
     };
 }
