@@ -269,15 +269,21 @@ pub(crate) fn claim_unsettled<T, E, A>(
             telemetry::failed(spec, ErrorClass::Misuse.label());
             Err(inbox_error(stopped(payload)))
         }
-        Err(Panicked(payload)) => {
-            tracing::error!(
-                outcome = "panicked",
-                attempt,
-                "the handler's body panicked; its claim stays until the lease ends"
-            );
-            std::panic::resume_unwind(payload)
-        }
+        Err(Panicked(payload)) => panicked_holding(attempt, payload),
     }
+}
+
+/// A panic in a claim-mode body goes on once it is logged. No transaction is open while the
+/// body runs: the panic leaves the outcome of the side effect unknown, as a crash does, and
+/// is left as one — the claim stays until its lease ends, then is taken over or reported, as
+/// the outcome type says.
+fn panicked_holding(attempt: u32, payload: Box<dyn std::any::Any + Send>) -> ! {
+    tracing::error!(
+        outcome = "panicked",
+        attempt,
+        "the handler's body panicked; its claim stays until the lease ends"
+    );
+    std::panic::resume_unwind(payload)
 }
 
 /// A checkout for a claim-mode handler's claim failed: nothing ran.
@@ -338,17 +344,7 @@ where
             telemetry::failed(spec, ErrorClass::Misuse.label());
             return Err(inbox_error(stopped(payload)));
         }
-        // No transaction is open while a claim-mode body runs. A panic leaves the outcome of
-        // the side effect unknown, as a crash does, and is left as one: the claim stays
-        // until its lease ends, then is taken over or reported, as the outcome type says.
-        Err(Panicked(payload)) => {
-            tracing::error!(
-                outcome = "panicked",
-                attempt,
-                "the handler's body panicked; its claim stays until the lease ends"
-            );
-            std::panic::resume_unwind(payload)
-        }
+        Err(Panicked(payload)) => panicked_holding(attempt, payload),
     };
     let value = match result {
         Ok(value) => value,
@@ -382,19 +378,8 @@ where
         }
     };
 
-    let mut stamp = ToStamp::before_stamp(&value, &holding, remembered);
-    match claim_stamped(
-        steps,
-        spec,
-        &holding,
-        &key,
-        value,
-        &mut stamp,
-        inbox_error,
-        None,
-    )
-    .await
-    {
+    let mut stamp = ToStamp::before_stamp(spec, &holding, &key, &value, remembered, inbox_error);
+    match claim_stamped(steps, &mut stamp, value, None).await {
         Ok(answer) => Ok(answer),
         Err(Unstamped::Failed(e)) => Err(e),
         Err(Unstamped::Lost { .. }) => unreachable!("on its own connection, a stamp is not lost"),

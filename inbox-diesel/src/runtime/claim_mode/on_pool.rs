@@ -80,17 +80,13 @@ where
         Ok(Ok(value)) => value,
         ran => return released_on_pool(pool, spec, holding, key, ran, inbox_error).await,
     };
-    let mut stamp = ToStamp::before_stamp(&value, &holding, remembered);
+    let mut stamp = ToStamp::before_stamp(spec, &holding, &key, &value, remembered, inbox_error);
     let mut tries = StampTries::new(&holding);
     loop {
         let work = Stamp {
             outcome: PhantomData::<A>,
-            spec,
-            holding: &holding,
-            key: &key,
-            value,
             stamp: &mut stamp,
-            inbox_error,
+            value,
             elsewhere: tries.elsewhere(),
         };
         let failure = match pool.on_checkout(work).await {
@@ -182,46 +178,22 @@ where
 }
 
 /// Phase 3 after a body that succeeded: the stamp.
-struct Stamp<'h, A, T, E> {
+struct Stamp<'s, 'k, A, T, E> {
     outcome: PhantomData<A>,
-    spec: &'static HandlerSpec,
-    holding: &'h Holding,
-    key: &'h MessageKey,
+    stamp: &'s mut ToStamp<'k, E>,
     value: T,
-    stamp: &'h mut ToStamp,
-    inbox_error: fn(Error) -> E,
     elsewhere: super::Elsewhere,
 }
 
-impl<A, T, E> OnCheckout for Stamp<'_, A, T, E>
+impl<A, T, E> OnCheckout for Stamp<'_, '_, A, T, E>
 where
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
     type Output = Result<A, Unstamped<T, E>>;
 
     async fn run<S: Steps>(self, steps: &mut S) -> Self::Output {
-        let Stamp {
-            spec,
-            holding,
-            key,
-            value,
-            stamp,
-            inbox_error,
-            elsewhere,
-            ..
-        } = self;
-        let elsewhere = Some(elsewhere);
-        claim_stamped(
-            steps,
-            spec,
-            holding,
-            key,
-            value,
-            stamp,
-            inbox_error,
-            elsewhere,
-        )
-        .await
+        let elsewhere = Some(self.elsewhere);
+        claim_stamped(steps, self.stamp, self.value, elsewhere).await
     }
 }
 
