@@ -1,6 +1,7 @@
 //! Claim mode: acquire the claim (each statement committing on its own), run the body
 //! outside any transaction, stamp the claim completed — or release it.
 
+use std::marker::PhantomData;
 use std::time::{Duration, Instant};
 
 use diesel::QueryResult;
@@ -60,23 +61,53 @@ where
     B: Body<S::Conn, Result<T, E>>,
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
-    // Claim mode's body is not retried here (no probe), and its in-flight answer is the
-    // claim's own.
-    let Handling {
-        spec,
-        mut body,
-        remembered,
-        inbox_error,
-        ..
-    } = handling;
-    let (holding, remembered) =
-        match claim_started(&mut steps, spec, claim, &key, remembered, inbox_error).await? {
-            Started::Answered(answer) => return Ok(answer),
-            Started::Holding(holding, remembered) => (holding, remembered),
-        };
+    let (start, mut body) = Start::of(handling, claim, &key);
+    let (spec, inbox_error) = (start.spec, start.inbox_error);
+    let (holding, remembered) = match claim_started(&mut steps, start).await? {
+        Started::Answered(answer) => return Ok(answer),
+        Started::Holding(holding, remembered) => (holding, remembered),
+    };
     let net = steps.net();
     let ran = run_body(spec, &mut body, steps.conn(), None, net).await;
     claim_finished(&mut steps, spec, holding, key, ran, remembered, inbox_error).await
+}
+
+/// Phase 1 of claim mode ([`claim_started`]): what the claim is made with, answered in the
+/// outcome type `A`.
+pub(crate) struct Start<'k, A, T, E> {
+    outcome: PhantomData<A>,
+    spec: &'static HandlerSpec,
+    claim: ClaimSpec,
+    key: &'k MessageKey,
+    remembered: Remembered<T>,
+    inbox_error: fn(Error) -> E,
+}
+
+impl<'k, A, T, E> Start<'k, A, T, E> {
+    /// The claim of `key` a claim-mode `handling` makes, and its body. Claim mode's body is
+    /// not retried here (no probe), and its in-flight answer is the claim's own.
+    pub(crate) fn of<B>(
+        handling: Handling<T, E, B, (), ()>,
+        claim: ClaimSpec,
+        key: &'k MessageKey,
+    ) -> (Self, B) {
+        let Handling {
+            spec,
+            body,
+            remembered,
+            inbox_error,
+            ..
+        } = handling;
+        let start = Start {
+            outcome: PhantomData,
+            spec,
+            claim,
+            key,
+            remembered,
+            inbox_error,
+        };
+        (start, body)
+    }
 }
 
 /// What phase 1 of claim mode left: the answer, without a claim (a duplicate, a claim in
@@ -104,16 +135,20 @@ pub(crate) struct Holding {
 /// Phase 1 of claim mode ([`drive_claim`]): the claim, committed on its own.
 pub(crate) async fn claim_started<S, T, E, A>(
     steps: &mut S,
-    spec: &'static HandlerSpec,
-    claim: ClaimSpec,
-    key: &MessageKey,
-    remembered: Remembered<T>,
-    inbox_error: fn(Error) -> E,
+    start: Start<'_, A, T, E>,
 ) -> Result<Started<A, T>, E>
 where
     S: Steps,
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
+    let Start {
+        spec,
+        claim,
+        key,
+        remembered,
+        inbox_error,
+        ..
+    } = start;
     tracing::debug!(key = ?key, "handling message");
     // A lease given as an expression (a setting), checked before anything runs; a literal
     // was checked at compile time.

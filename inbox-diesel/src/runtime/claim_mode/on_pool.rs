@@ -7,7 +7,7 @@ use std::time::Duration;
 use inbox_core::{HandlerOutcome, MessageKey};
 
 use super::{
-    Holding, RELEASE_CHECKOUTS, StampFailure, StampTries, Started, ToStamp, Unstamped,
+    Holding, RELEASE_CHECKOUTS, StampFailure, StampTries, Start, Started, ToStamp, Unstamped,
     claim_finished, claim_not_started, claim_stamped, claim_started, claim_unsettled,
     prepared_for_stamp, run_detached, stamp_given_up,
 };
@@ -52,21 +52,8 @@ where
     B: Body<NoConnection, Result<T, E>>,
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
-    let Handling {
-        spec,
-        mut body,
-        remembered,
-        inbox_error,
-        ..
-    } = handling;
-    let start = Start {
-        outcome: PhantomData::<A>,
-        spec,
-        claim,
-        key: &key,
-        remembered,
-        inbox_error,
-    };
+    let (start, mut body) = Start::of(handling, claim, &key);
+    let (spec, inbox_error) = (start.spec, start.inbox_error);
     let started = match pool.on_checkout(start).await {
         Ok(started) => started?,
         Err((_, source)) => return Err(claim_not_started(spec, source, inbox_error)),
@@ -149,15 +136,6 @@ where
 }
 
 /// Phase 1: the claim, committed on its own.
-struct Start<'k, A, T, E> {
-    outcome: PhantomData<A>,
-    spec: &'static HandlerSpec,
-    claim: ClaimSpec,
-    key: &'k MessageKey,
-    remembered: Remembered<T>,
-    inbox_error: fn(Error) -> E,
-}
-
 impl<A, T, E> OnCheckout for Start<'_, A, T, E>
 where
     A: HandlerOutcome<T, InFlightWitness = ()>,
@@ -165,15 +143,7 @@ where
     type Output = Result<Started<A, T>, E>;
 
     async fn run<S: Steps>(self, steps: &mut S) -> Self::Output {
-        let Start {
-            spec,
-            claim,
-            key,
-            remembered,
-            inbox_error,
-            ..
-        } = self;
-        claim_started(steps, spec, claim, key, remembered, inbox_error).await
+        claim_started(steps, self).await
     }
 }
 
