@@ -19,7 +19,7 @@ use crate::runtime::checked::{
 use crate::runtime::claim::ClaimSpec;
 use crate::runtime::evidence::swallowed;
 use crate::runtime::failure::{Failure, discard, give_up, take_back};
-use crate::runtime::steps::{Body, Panicked, Steps, is_stopped, run_body, stopped};
+use crate::runtime::steps::{Body, Panicked, Steps, is_stopped, run_body, run_body_on, stopped};
 use crate::runtime::stored::{Remembered, kept_columns, read_kept, stored_value};
 use crate::runtime::transaction::Handling;
 use crate::spec::HandlerSpec;
@@ -67,8 +67,7 @@ where
         Started::Answered(answer) => return Ok(answer),
         Started::Holding(holding, remembered) => (holding, remembered),
     };
-    let net = steps.net();
-    let ran = run_body(spec, &mut body, steps.conn(), None, net).await;
+    let ran = run_body_on(&mut steps, spec, &mut body, None).await;
     claim_finished(&mut steps, spec, holding, key, ran, remembered, inbox_error).await
 }
 
