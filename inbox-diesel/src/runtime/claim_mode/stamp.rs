@@ -256,7 +256,7 @@ pub(crate) fn stamp_given_up<E>(
 }
 
 /// A stamp on a pool's connection, which may be another than the claim's
-/// ([`ToStamp::stamped`]): `after_loss` when a try before it lost its connection.
+/// ([`claim_stamped`]): `after_loss` when a try before it lost its connection.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Elsewhere {
     pub(crate) after_loss: bool,
