@@ -41,14 +41,19 @@ pub(crate) trait Claims {
     ) -> QueryResult<bool>;
 
     /// Opens the transaction and claims in it: one round trip where the connection sends
-    /// both together ([`Steps::begin_with_claim`]). The outer error is the transaction's
-    /// start failing, before any claim.
+    /// both together ([`Steps::begin_with_claim`], one message's marker). The outer error is
+    /// the transaction's start failing, before any claim.
     async fn begin_and_claim<S: Steps>(
         &self,
         steps: &mut S,
         spec: &'static HandlerSpec,
         layout: Layout,
     ) -> QueryResult<QueryResult<bool>> {
+        if let Some(key) = self.key()
+            && let Some(claimed) = steps.begin_with_claim(spec, key, layout).await
+        {
+            return Ok(claimed_with_begin(steps, spec, key, claimed).await);
+        }
         steps.begin(spec, layout).await?;
         Ok(self.claim(steps, spec, layout).await)
     }
@@ -81,51 +86,6 @@ impl Claims for MessageKey {
 
     fn key(&self) -> Option<&MessageKey> {
         Some(self)
-    }
-
-    /// Where the connection sends `BEGIN` and the marker together, its duplicate is the
-    /// violation of an index of the inbox's name — and confirmed by reading the marker of
-    /// this key and consumer once the transaction is rolled back ([`confirm_duplicates`]):
-    /// an index redefined under that name since the check (`UNIQUE (message_id)`, say, on a
-    /// live MariaDB) refuses a new message of another consumer with the same error, and
-    /// MariaDB names no table beside the index. A duplicate costs that one read.
-    async fn begin_and_claim<S: Steps>(
-        &self,
-        steps: &mut S,
-        spec: &'static HandlerSpec,
-        layout: Layout,
-    ) -> QueryResult<QueryResult<bool>> {
-        if let Some(claimed) = steps.begin_with_claim(spec, self, layout).await {
-            return Ok(match claimed {
-                // Another unique index refused the marker: on a partitioned inbox, the
-                // partition's own. A duplicate only where the marker is there once this
-                // transaction is rolled back (the other one committed: the insert waited).
-                Err(e)
-                    if matches!(
-                        classify(&e, &spec.schema),
-                        ErrorClass::UniqueViolation { .. }
-                    ) =>
-                {
-                    roll_back(steps).await;
-                    match steps
-                        .markers_present(spec, &[self.stored_id()], false)
-                        .await
-                    {
-                        Ok(found) if found.present == 1 => evidence(spec, found, 1).map(|()| false),
-                        _ => Err(e),
-                    }
-                }
-                Ok(false) => {
-                    roll_back(steps).await;
-                    confirm_duplicates(steps, spec, &[self.stored_id()])
-                        .await
-                        .map(|()| false)
-                }
-                claimed => claimed,
-            });
-        }
-        steps.begin(spec, layout).await?;
-        Ok(self.claim(steps, spec, layout).await)
     }
 
     async fn claim<S: Steps>(
@@ -165,6 +125,44 @@ impl Claims for MessageKey {
                 false
             }
         }
+    }
+}
+
+/// What [`Steps::begin_with_claim`] answered for `key`'s marker. Its duplicate is the
+/// violation of an index of the inbox's name — and confirmed by reading the marker of this key
+/// and consumer once the transaction is rolled back ([`confirm_duplicates`]): an index
+/// redefined under that name since the check (`UNIQUE (message_id)`, say, on a live MariaDB)
+/// refuses a new message of another consumer with the same error, and MariaDB names no table
+/// beside the index. A duplicate costs that one read.
+async fn claimed_with_begin<S: Steps>(
+    steps: &mut S,
+    spec: &'static HandlerSpec,
+    key: &MessageKey,
+    claimed: QueryResult<bool>,
+) -> QueryResult<bool> {
+    match claimed {
+        // Another unique index refused the marker: on a partitioned inbox, the partition's
+        // own. A duplicate only where the marker is there once this transaction is rolled
+        // back (the other one committed: the insert waited).
+        Err(e)
+            if matches!(
+                classify(&e, &spec.schema),
+                ErrorClass::UniqueViolation { .. }
+            ) =>
+        {
+            roll_back(steps).await;
+            match steps.markers_present(spec, &[key.stored_id()], false).await {
+                Ok(found) if found.present == 1 => evidence(spec, found, 1).map(|()| false),
+                _ => Err(e),
+            }
+        }
+        Ok(false) => {
+            roll_back(steps).await;
+            confirm_duplicates(steps, spec, &[key.stored_id()])
+                .await
+                .map(|()| false)
+        }
+        claimed => claimed,
     }
 }
 

@@ -312,6 +312,17 @@ pub(super) async fn run_body<C, R, B: Body<C, R>>(
     .await
 }
 
+/// Runs the handler's body ([`run_body`]) on the connection of `steps`, under its net.
+pub(super) async fn run_body_on<S: Steps, R, B: Body<S::Conn, R>>(
+    steps: &mut S,
+    spec: &'static HandlerSpec,
+    body: &mut B,
+    origin: Option<crate::outbox::Seed>,
+) -> Result<R, Panicked> {
+    let net = steps.net();
+    run_body(spec, body, steps.conn(), origin, net).await
+}
+
 /// The payload of a panic in the handler's body, resumed once the transaction is rolled back.
 pub(crate) struct Panicked(pub(super) Box<dyn Any + Send>);
 

@@ -301,19 +301,40 @@ fn claim<A: HandlerOutcome<(), InFlightWitness = ()>>(script: &mut Script) -> Re
     ))
 }
 
+/// A script whose claim steps answer `answers`, in turn.
+fn claim_steps<const N: usize>(answers: [ClaimAnswer; N]) -> Script {
+    Script {
+        claim_steps: VecDeque::from(answers),
+        ..Script::default()
+    }
+}
+
+/// A claim read in `state`, at `attempt`.
+fn read(state: ClaimState, attempt: u32) -> ClaimAnswer {
+    ClaimAnswer::Read(Some((state, attempt, Duration::ZERO)))
+}
+
+/// A claim of attempt 1 in `state`, read after the insert found the row; the takeover and
+/// the stamp that follow, where the runtime sends them, each change a row.
+fn taken_over(state: ClaimState) -> Script {
+    claim_steps([
+        ClaimAnswer::Rows(0),
+        read(state, 1),
+        ClaimAnswer::Rows(1),
+        ClaimAnswer::Rows(1),
+    ])
+}
+
 #[test]
 fn a_claim_taken_over_between_the_read_and_the_takeover_is_in_flight() {
-    let mut script = Script {
-        claim_steps: VecDeque::from([
-            ClaimAnswer::Rows(0),
-            ClaimAnswer::Read(Some((ClaimState::Released, 1, Duration::ZERO))),
-            // Another delivery took it over first: the next round finds its live claim.
-            ClaimAnswer::Rows(0),
-            ClaimAnswer::Rows(0),
-            ClaimAnswer::Read(Some((ClaimState::Live, 2, Duration::ZERO))),
-        ]),
-        ..Script::default()
-    };
+    let mut script = claim_steps([
+        ClaimAnswer::Rows(0),
+        read(ClaimState::Released, 1),
+        // Another delivery took it over first: the next round finds its live claim.
+        ClaimAnswer::Rows(0),
+        ClaimAnswer::Rows(0),
+        read(ClaimState::Live, 2),
+    ]);
     let outcome = claim(&mut script);
     assert!(
         matches!(outcome, Ok(InFlightOutcome::InFlight { .. })),
@@ -325,34 +346,28 @@ fn a_claim_taken_over_between_the_read_and_the_takeover_is_in_flight() {
     );
 }
 
+/// A released claim, and an expired one when the outcome type has no stale claims, are
+/// taken over by the next attempt, which stamps them.
 #[test]
-fn a_released_claim_is_taken_over_and_stamped_by_its_attempt() {
-    let mut script = Script {
-        claim_steps: VecDeque::from([
-            ClaimAnswer::Rows(0),
-            ClaimAnswer::Read(Some((ClaimState::Released, 1, Duration::ZERO))),
-            ClaimAnswer::Rows(1),
-            ClaimAnswer::Rows(1),
-        ]),
-        ..Script::default()
-    };
-    let outcome = claim(&mut script);
-    assert!(
-        matches!(outcome, Ok(InFlightOutcome::Processed(()))),
-        "{outcome:?}"
-    );
-    assert_eq!(
-        script.did,
-        ["insert", "read", "take over 1", "body", "stamp 2"]
-    );
+fn a_released_or_expired_claim_is_taken_over_and_stamped_by_its_attempt() {
+    for state in [ClaimState::Released, ClaimState::Expired] {
+        let mut script = taken_over(state);
+        let outcome = claim(&mut script);
+        assert!(
+            matches!(outcome, Ok(InFlightOutcome::Processed(()))),
+            "{state:?}: {outcome:?}"
+        );
+        assert_eq!(
+            script.did,
+            ["insert", "read", "take over 1", "body", "stamp 2"],
+            "{state:?}"
+        );
+    }
 }
 
 #[test]
 fn a_stamp_that_finds_the_claim_taken_over_is_claim_lost() {
-    let mut script = Script {
-        claim_steps: VecDeque::from([ClaimAnswer::Rows(1), ClaimAnswer::Rows(0)]),
-        ..Script::default()
-    };
+    let mut script = claim_steps([ClaimAnswer::Rows(1), ClaimAnswer::Rows(0)]);
     let outcome: Result<InFlightOutcome<()>, _> = claim(&mut script);
     assert!(
         matches!(outcome, Err(Error::ClaimLost { attempt: 1 })),
@@ -361,22 +376,9 @@ fn a_stamp_that_finds_the_claim_taken_over_is_claim_lost() {
     assert_eq!(script.did, ["insert", "body", "stamp 1"]);
 }
 
-/// An expired claim, read after the insert found the row.
-fn expired_claim() -> Script {
-    Script {
-        claim_steps: VecDeque::from([
-            ClaimAnswer::Rows(0),
-            ClaimAnswer::Read(Some((ClaimState::Expired, 1, Duration::ZERO))),
-            ClaimAnswer::Rows(1),
-            ClaimAnswer::Rows(1),
-        ]),
-        ..Script::default()
-    }
-}
-
 #[test]
 fn an_expired_claim_is_reported_when_the_outcome_type_holds_stale_claims() {
-    let mut script = expired_claim();
+    let mut script = taken_over(ClaimState::Expired);
     let outcome = claim(&mut script);
     assert!(
         matches!(
@@ -386,18 +388,4 @@ fn an_expired_claim_is_reported_when_the_outcome_type_holds_stale_claims() {
         "{outcome:?}"
     );
     assert_eq!(script.did, ["insert", "read"]);
-}
-
-#[test]
-fn an_expired_claim_is_taken_over_when_the_outcome_type_has_no_stale_claims() {
-    let mut script = expired_claim();
-    let outcome = claim(&mut script);
-    assert!(
-        matches!(outcome, Ok(InFlightOutcome::Processed(()))),
-        "{outcome:?}"
-    );
-    assert_eq!(
-        script.did,
-        ["insert", "read", "take over 1", "body", "stamp 2"]
-    );
 }

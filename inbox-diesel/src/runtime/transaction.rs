@@ -8,6 +8,7 @@
 
 use std::time::Instant;
 
+use diesel::QueryResult;
 use diesel::result::Error as DieselError;
 use inbox_core::{ErrorClass, HandlerOutcome, MessageKey, RetryDecision};
 
@@ -24,7 +25,7 @@ use crate::runtime::failure::{
     give_up, idle_bound_hint, nothing_committed, recover, take_back,
 };
 use crate::runtime::steps::{
-    Body, Decided, Panicked, Steps, end, is_stopped, roll_back, run_body, stopped,
+    Body, Decided, Panicked, Steps, end, is_stopped, roll_back, run_body_on, stopped,
 };
 use crate::runtime::stored::Remembered;
 use crate::runtime::stored::{kept_columns, kept_duplicate};
@@ -215,9 +216,8 @@ where
             return Err(failed(steps, e));
         }
     };
-    let net = steps.net();
     let origin = Some(Claims::origin(key, spec));
-    let mut result = match run_body(spec, &mut body, steps.conn(), origin, net).await {
+    let mut result = match run_body_on(steps, spec, &mut body, origin).await {
         Ok(result) => result,
         Err(Panicked(payload)) if is_stopped(&*payload) => {
             roll_back(steps).await;
@@ -251,20 +251,10 @@ where
         ));
     }
     // The result, stored with the marker in the savepoint.
-    if let (Ok(value), Some(store)) = (&result, remembered.store) {
-        let written = match store.encode(value, layout) {
-            Ok(text) => {
-                steps
-                    .store_result(run, key, text, remembered.fingerprint, None)
-                    .await
-            }
-            Err(problem) => Err(DieselError::QueryBuilderError(Box::new(problem))),
-        };
-        if let Err(e) = written {
-            roll_back(steps).await;
-            joined.open = false;
-            return Err(failed(steps, e));
-        }
+    if let Err(e) = store_result(steps, run, key, &result, remembered, layout).await {
+        roll_back(steps).await;
+        joined.open = false;
+        return Err(failed(steps, e));
     }
     let depth = steps.depth();
     let released = steps.release().await;
@@ -636,9 +626,8 @@ where
             return Err(Failure::Database(refused_marker(e, &spec.schema)));
         }
     }
-    let net = steps.net();
     let origin = Some(claims.origin(spec));
-    let result = match run_body(spec, body, steps.conn(), origin, net).await {
+    let result = match run_body_on(steps, spec, body, origin).await {
         Ok(result) => result,
         Err(Panicked(payload)) if is_stopped(&*payload) => {
             roll_back(steps).await;
@@ -659,19 +648,11 @@ where
         }
     };
     // The result, stored with the marker in this transaction.
-    if let (Ok(value), Some(store), Some(key)) = (&result, remembered.store, claims.key()) {
-        let written = match store.encode(value, layout) {
-            Ok(text) => {
-                steps
-                    .store_result(spec, key, text, remembered.fingerprint, None)
-                    .await
-            }
-            Err(problem) => Err(DieselError::QueryBuilderError(Box::new(problem))),
-        };
-        if let Err(e) = written {
-            roll_back(steps).await;
-            return Err(Failure::Database(e));
-        }
+    if let Some(key) = claims.key()
+        && let Err(e) = store_result(steps, spec, key, &result, remembered, layout).await
+    {
+        roll_back(steps).await;
+        return Err(Failure::Database(e));
     }
     if result.is_ok() {
         crash_point!(BeforeCommit);
@@ -706,4 +687,27 @@ where
             Err(Failure::Body(Err(e), ended))
         }
     }
+}
+
+/// The body's value, stored as the result of `key`'s marker with the request's fingerprint,
+/// in the open transaction or savepoint: for a handler that stores its result
+/// (`remembered`), after a body that succeeded.
+async fn store_result<S: Steps, T, E>(
+    steps: &mut S,
+    spec: &'static HandlerSpec,
+    key: &MessageKey,
+    result: &Result<T, E>,
+    remembered: Remembered<T>,
+    layout: Layout,
+) -> QueryResult<()> {
+    let (Ok(value), Some(store)) = (result, remembered.store) else {
+        return Ok(());
+    };
+    let text = store
+        .encode(value, layout)
+        .map_err(|problem| DieselError::QueryBuilderError(Box::new(problem)))?;
+    steps
+        .store_result(spec, key, text, remembered.fingerprint, None)
+        .await
+        .map(drop)
 }

@@ -1,6 +1,7 @@
 //! Claim mode: acquire the claim (each statement committing on its own), run the body
 //! outside any transaction, stamp the claim completed — or release it.
 
+use std::marker::PhantomData;
 use std::time::{Duration, Instant};
 
 use diesel::QueryResult;
@@ -18,7 +19,7 @@ use crate::runtime::checked::{
 use crate::runtime::claim::ClaimSpec;
 use crate::runtime::evidence::swallowed;
 use crate::runtime::failure::{Failure, discard, give_up, take_back};
-use crate::runtime::steps::{Body, Panicked, Steps, is_stopped, run_body, stopped};
+use crate::runtime::steps::{Body, Panicked, Steps, is_stopped, run_body, run_body_on, stopped};
 use crate::runtime::stored::{Remembered, kept_columns, read_kept, stored_value};
 use crate::runtime::transaction::Handling;
 use crate::spec::HandlerSpec;
@@ -60,23 +61,52 @@ where
     B: Body<S::Conn, Result<T, E>>,
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
-    // Claim mode's body is not retried here (no probe), and its in-flight answer is the
-    // claim's own.
-    let Handling {
-        spec,
-        mut body,
-        remembered,
-        inbox_error,
-        ..
-    } = handling;
-    let (holding, remembered) =
-        match claim_started(&mut steps, spec, claim, &key, remembered, inbox_error).await? {
-            Started::Answered(answer) => return Ok(answer),
-            Started::Holding(holding, remembered) => (holding, remembered),
-        };
-    let net = steps.net();
-    let ran = run_body(spec, &mut body, steps.conn(), None, net).await;
+    let (start, mut body) = Start::of(handling, claim, &key);
+    let (spec, inbox_error) = (start.spec, start.inbox_error);
+    let (holding, remembered) = match claim_started(&mut steps, start).await? {
+        Started::Answered(answer) => return Ok(answer),
+        Started::Holding(holding, remembered) => (holding, remembered),
+    };
+    let ran = run_body_on(&mut steps, spec, &mut body, None).await;
     claim_finished(&mut steps, spec, holding, key, ran, remembered, inbox_error).await
+}
+
+/// Phase 1 of claim mode ([`claim_started`]): what the claim is made with, answered in the
+/// outcome type `A`.
+pub(crate) struct Start<'k, A, T, E> {
+    outcome: PhantomData<A>,
+    spec: &'static HandlerSpec,
+    claim: ClaimSpec,
+    key: &'k MessageKey,
+    remembered: Remembered<T>,
+    inbox_error: fn(Error) -> E,
+}
+
+impl<'k, A, T, E> Start<'k, A, T, E> {
+    /// The claim of `key` a claim-mode `handling` makes, and its body. Claim mode's body is
+    /// not retried here (no probe), and its in-flight answer is the claim's own.
+    pub(crate) fn of<B>(
+        handling: Handling<T, E, B, (), ()>,
+        claim: ClaimSpec,
+        key: &'k MessageKey,
+    ) -> (Self, B) {
+        let Handling {
+            spec,
+            body,
+            remembered,
+            inbox_error,
+            ..
+        } = handling;
+        let start = Start {
+            outcome: PhantomData,
+            spec,
+            claim,
+            key,
+            remembered,
+            inbox_error,
+        };
+        (start, body)
+    }
 }
 
 /// What phase 1 of claim mode left: the answer, without a claim (a duplicate, a claim in
@@ -104,16 +134,20 @@ pub(crate) struct Holding {
 /// Phase 1 of claim mode ([`drive_claim`]): the claim, committed on its own.
 pub(crate) async fn claim_started<S, T, E, A>(
     steps: &mut S,
-    spec: &'static HandlerSpec,
-    claim: ClaimSpec,
-    key: &MessageKey,
-    remembered: Remembered<T>,
-    inbox_error: fn(Error) -> E,
+    start: Start<'_, A, T, E>,
 ) -> Result<Started<A, T>, E>
 where
     S: Steps,
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
+    let Start {
+        spec,
+        claim,
+        key,
+        remembered,
+        inbox_error,
+        ..
+    } = start;
     tracing::debug!(key = ?key, "handling message");
     // A lease given as an expression (a setting), checked before anything runs; a literal
     // was checked at compile time.
@@ -269,15 +303,21 @@ pub(crate) fn claim_unsettled<T, E, A>(
             telemetry::failed(spec, ErrorClass::Misuse.label());
             Err(inbox_error(stopped(payload)))
         }
-        Err(Panicked(payload)) => {
-            tracing::error!(
-                outcome = "panicked",
-                attempt,
-                "the handler's body panicked; its claim stays until the lease ends"
-            );
-            std::panic::resume_unwind(payload)
-        }
+        Err(Panicked(payload)) => panicked_holding(attempt, payload),
     }
+}
+
+/// A panic in a claim-mode body goes on once it is logged. No transaction is open while the
+/// body runs: the panic leaves the outcome of the side effect unknown, as a crash does, and
+/// is left as one — the claim stays until its lease ends, then is taken over or reported, as
+/// the outcome type says.
+fn panicked_holding(attempt: u32, payload: Box<dyn std::any::Any + Send>) -> ! {
+    tracing::error!(
+        outcome = "panicked",
+        attempt,
+        "the handler's body panicked; its claim stays until the lease ends"
+    );
+    std::panic::resume_unwind(payload)
 }
 
 /// A checkout for a claim-mode handler's claim failed: nothing ran.
@@ -338,17 +378,7 @@ where
             telemetry::failed(spec, ErrorClass::Misuse.label());
             return Err(inbox_error(stopped(payload)));
         }
-        // No transaction is open while a claim-mode body runs. A panic leaves the outcome of
-        // the side effect unknown, as a crash does, and is left as one: the claim stays
-        // until its lease ends, then is taken over or reported, as the outcome type says.
-        Err(Panicked(payload)) => {
-            tracing::error!(
-                outcome = "panicked",
-                attempt,
-                "the handler's body panicked; its claim stays until the lease ends"
-            );
-            std::panic::resume_unwind(payload)
-        }
+        Err(Panicked(payload)) => panicked_holding(attempt, payload),
     };
     let value = match result {
         Ok(value) => value,
@@ -382,19 +412,8 @@ where
         }
     };
 
-    let mut stamp = ToStamp::before_stamp(&value, &holding, remembered);
-    match claim_stamped(
-        steps,
-        spec,
-        &holding,
-        &key,
-        value,
-        &mut stamp,
-        inbox_error,
-        None,
-    )
-    .await
-    {
+    let mut stamp = ToStamp::before_stamp(spec, &holding, &key, &value, remembered, inbox_error);
+    match claim_stamped(steps, &mut stamp, value, None).await {
         Ok(answer) => Ok(answer),
         Err(Unstamped::Failed(e)) => Err(e),
         Err(Unstamped::Lost { .. }) => unreachable!("on its own connection, a stamp is not lost"),

@@ -7,7 +7,7 @@ use std::time::Duration;
 use inbox_core::{HandlerOutcome, MessageKey};
 
 use super::{
-    Holding, RELEASE_CHECKOUTS, StampFailure, StampTries, Started, ToStamp, Unstamped,
+    Holding, RELEASE_CHECKOUTS, StampFailure, StampTries, Start, Started, ToStamp, Unstamped,
     claim_finished, claim_not_started, claim_stamped, claim_started, claim_unsettled,
     prepared_for_stamp, run_detached, stamp_given_up,
 };
@@ -52,21 +52,8 @@ where
     B: Body<NoConnection, Result<T, E>>,
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
-    let Handling {
-        spec,
-        mut body,
-        remembered,
-        inbox_error,
-        ..
-    } = handling;
-    let start = Start {
-        outcome: PhantomData::<A>,
-        spec,
-        claim,
-        key: &key,
-        remembered,
-        inbox_error,
-    };
+    let (start, mut body) = Start::of(handling, claim, &key);
+    let (spec, inbox_error) = (start.spec, start.inbox_error);
     let started = match pool.on_checkout(start).await {
         Ok(started) => started?,
         Err((_, source)) => return Err(claim_not_started(spec, source, inbox_error)),
@@ -80,17 +67,13 @@ where
         Ok(Ok(value)) => value,
         ran => return released_on_pool(pool, spec, holding, key, ran, inbox_error).await,
     };
-    let mut stamp = ToStamp::before_stamp(&value, &holding, remembered);
+    let mut stamp = ToStamp::before_stamp(spec, &holding, &key, &value, remembered, inbox_error);
     let mut tries = StampTries::new(&holding);
     loop {
         let work = Stamp {
             outcome: PhantomData::<A>,
-            spec,
-            holding: &holding,
-            key: &key,
-            value,
             stamp: &mut stamp,
-            inbox_error,
+            value,
             elsewhere: tries.elsewhere(),
         };
         let failure = match pool.on_checkout(work).await {
@@ -153,15 +136,6 @@ where
 }
 
 /// Phase 1: the claim, committed on its own.
-struct Start<'k, A, T, E> {
-    outcome: PhantomData<A>,
-    spec: &'static HandlerSpec,
-    claim: ClaimSpec,
-    key: &'k MessageKey,
-    remembered: Remembered<T>,
-    inbox_error: fn(Error) -> E,
-}
-
 impl<A, T, E> OnCheckout for Start<'_, A, T, E>
 where
     A: HandlerOutcome<T, InFlightWitness = ()>,
@@ -169,59 +143,27 @@ where
     type Output = Result<Started<A, T>, E>;
 
     async fn run<S: Steps>(self, steps: &mut S) -> Self::Output {
-        let Start {
-            spec,
-            claim,
-            key,
-            remembered,
-            inbox_error,
-            ..
-        } = self;
-        claim_started(steps, spec, claim, key, remembered, inbox_error).await
+        claim_started(steps, self).await
     }
 }
 
 /// Phase 3 after a body that succeeded: the stamp.
-struct Stamp<'h, A, T, E> {
+struct Stamp<'s, 'k, A, T, E> {
     outcome: PhantomData<A>,
-    spec: &'static HandlerSpec,
-    holding: &'h Holding,
-    key: &'h MessageKey,
+    stamp: &'s mut ToStamp<'k, E>,
     value: T,
-    stamp: &'h mut ToStamp,
-    inbox_error: fn(Error) -> E,
     elsewhere: super::Elsewhere,
 }
 
-impl<A, T, E> OnCheckout for Stamp<'_, A, T, E>
+impl<A, T, E> OnCheckout for Stamp<'_, '_, A, T, E>
 where
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
     type Output = Result<A, Unstamped<T, E>>;
 
     async fn run<S: Steps>(self, steps: &mut S) -> Self::Output {
-        let Stamp {
-            spec,
-            holding,
-            key,
-            value,
-            stamp,
-            inbox_error,
-            elsewhere,
-            ..
-        } = self;
-        let elsewhere = Some(elsewhere);
-        claim_stamped(
-            steps,
-            spec,
-            holding,
-            key,
-            value,
-            stamp,
-            inbox_error,
-            elsewhere,
-        )
-        .await
+        let elsewhere = Some(self.elsewhere);
+        claim_stamped(steps, self.stamp, self.value, elsewhere).await
     }
 }
 

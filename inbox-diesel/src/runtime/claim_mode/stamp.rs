@@ -3,37 +3,48 @@
 
 use super::*;
 
-/// What a stamp writes besides `processed_at`: the result, written where the claim is still
-/// this attempt's, just before the stamp. A result that cannot be stored does not stop the
-/// stamp — the side effect happened — and is reported after it.
-pub(crate) struct ToStamp {
+/// The stamp of a claim whose body returned, and what it writes besides `processed_at`: the
+/// result, written where the claim is still this attempt's, just before the stamp. A result
+/// that cannot be stored does not stop the stamp — the side effect happened — and is
+/// reported after it.
+pub(crate) struct ToStamp<'k, E> {
+    spec: &'static HandlerSpec,
+    holding: Holding,
+    key: &'k MessageKey,
+    inbox_error: fn(Error) -> E,
     stored: Option<String>,
     unstorable: Option<Error>,
 }
 
-impl ToStamp {
-    /// What the stamp of `value` writes; then the test kit's crash point before the stamp.
-    pub(crate) fn before_stamp<T>(value: &T, holding: &Holding, remembered: Remembered<T>) -> Self {
-        let stamp = Self::new(value, holding.layout, remembered);
+impl<'k, E> ToStamp<'k, E> {
+    /// What the stamp of `value` on the claim `holding` of `key` writes; then the test kit's
+    /// crash point before the stamp.
+    pub(crate) fn before_stamp<T>(
+        spec: &'static HandlerSpec,
+        holding: &Holding,
+        key: &'k MessageKey,
+        value: &T,
+        remembered: Remembered<T>,
+        inbox_error: fn(Error) -> E,
+    ) -> Self {
+        let (stored, unstorable) = match remembered
+            .store
+            .map(|store| store.encode(value, holding.layout))
+        {
+            None => (None, None),
+            Some(Ok(text)) => (Some(text), None),
+            Some(Err(problem)) => (None, Some(problem)),
+        };
+        let stamp = ToStamp {
+            spec,
+            holding: *holding,
+            key,
+            inbox_error,
+            stored,
+            unstorable,
+        };
         crash_point!(BeforeStamp);
         stamp
-    }
-
-    fn new<T>(value: &T, layout: Layout, remembered: Remembered<T>) -> Self {
-        match remembered.store.map(|store| store.encode(value, layout)) {
-            None => ToStamp {
-                stored: None,
-                unstorable: None,
-            },
-            Some(Ok(text)) => ToStamp {
-                stored: Some(text),
-                unstorable: None,
-            },
-            Some(Err(problem)) => ToStamp {
-                stored: None,
-                unstorable: Some(problem),
-            },
-        }
     }
 }
 
@@ -44,33 +55,27 @@ pub(crate) enum Unstamped<T, E> {
     Lost { value: T, error: DieselError },
 }
 
-/// Phase 3 of claim mode after a body's success: the stamp, where the claim is still this
-/// attempt's. `elsewhere`: the stamp may go to another connection (a pool's), so that a
-/// connection lost or refused for writes (`Reconnect`) ends this try as
+/// Phase 3 of claim mode after a body's success: the stamp of `value`, where the claim is
+/// still this attempt's. `elsewhere`: the stamp may go to another connection (a pool's), so
+/// that a connection lost or refused for writes (`Reconnect`) ends this try as
 /// [`Unstamped::Lost`] instead of the effect's loss; the connection is prepared first, as a
 /// fresh one.
-#[allow(
-    clippy::too_many_arguments,
-    reason = "the claim, the value and what goes with it, each its own argument"
-)]
 pub(crate) async fn claim_stamped<S, T, E, A>(
     steps: &mut S,
-    spec: &'static HandlerSpec,
-    holding: &Holding,
-    key: &MessageKey,
+    stamp: &mut ToStamp<'_, E>,
     value: T,
-    stamp: &mut ToStamp,
-    inbox_error: fn(Error) -> E,
     elsewhere: Option<Elsewhere>,
 ) -> Result<A, Unstamped<T, E>>
 where
     S: Steps,
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
+    let (spec, holding, key, inbox_error) =
+        (stamp.spec, stamp.holding, stamp.key, stamp.inbox_error);
     let (attempt, run) = (holding.attempt, holding.run);
     let (mut retries, mut lost) = (0, 0);
     let prepared = match elsewhere {
-        Some(_) => prepared_for_stamp(steps, holding).await,
+        Some(_) => prepared_for_stamp(steps, &holding).await,
         None => Ok(()),
     };
     let mut prepared = Some(prepared);
@@ -143,7 +148,7 @@ where
             // unrecorded. The cache off, diesel-async's driver still names what it prepares:
             // a few more tries, on another server connection each.
             Err(e) if lost < 3 && statement_lost(steps, &e, spec) => lost += 1,
-            Err(e) => match stamp_retry(spec, holding, &e, retries) {
+            Err(e) => match stamp_retry(spec, &holding, &e, retries) {
                 Some(after) => {
                     retries += 1;
                     steps.pause(after).await;
