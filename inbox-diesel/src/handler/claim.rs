@@ -43,35 +43,16 @@ impl<X: OnExpired> Clone for ClaimHandler<X> {
     }
 }
 
-/// What a delivery does with a claim whose lease ended without completion: the type
-/// parameter of [`ClaimHandler`], which picks the outcome type. Sealed.
-pub trait OnExpired: sealed::Sealed {
-    /// The outcome type of a handler with this setting.
-    type Outcome<T>: inbox_core::HandlerOutcome<T, InFlightWitness = ()>;
-}
-
-/// `on_expired = "take_over"`: run the side effect again; returns
-/// [`InFlightOutcome`](crate::InFlightOutcome).
-#[derive(Debug)]
-pub enum TakeOver {}
-
-/// `on_expired = "report"`: leave the claim for reconciliation; returns
-/// [`StaleClaimOutcome`](crate::StaleClaimOutcome).
-#[derive(Debug)]
-pub enum ReportExpired {}
-
-impl OnExpired for TakeOver {
-    type Outcome<T> = inbox_core::InFlightOutcome<T>;
-}
-
-impl OnExpired for ReportExpired {
-    type Outcome<T> = inbox_core::StaleClaimOutcome<T>;
-}
-
-mod sealed {
-    pub trait Sealed {}
-    impl Sealed for super::TakeOver {}
-    impl Sealed for super::ReportExpired {}
+settings! {
+    /// What a delivery does with a claim whose lease ended without completion: the type
+    /// parameter of [`ClaimHandler`], which picks the outcome type. Sealed.
+    OnExpired: inbox_core::HandlerOutcome<T, InFlightWitness = ()>;
+    /// `on_expired = "take_over"`: run the side effect again; returns
+    /// [`InFlightOutcome`](crate::InFlightOutcome).
+    TakeOver => inbox_core::InFlightOutcome<T>;
+    /// `on_expired = "report"`: leave the claim for reconciliation; returns
+    /// [`StaleClaimOutcome`](crate::StaleClaimOutcome).
+    ReportExpired => inbox_core::StaleClaimOutcome<T>;
 }
 
 impl ClaimHandler {
@@ -211,19 +192,9 @@ where
     E: From<Error>,
     X: OnExpired,
 {
-    crate::runtime::sync::run_claim(
-        conn,
-        handler.claim,
-        Call {
-            outcome: PhantomData,
-            spec: &handler.spec,
-            key: key.to_message_key(),
-            body: move |_: &mut NoConnection| body().into_inner(),
-            probe: (),
-            remembered: Remembered::nothing(),
-            inbox_error: E::from,
-        },
-    )
+    let body = move |_: &mut NoConnection| body().into_inner();
+    let call = Call::new(&handler.spec, key, body, (), Remembered::nothing());
+    crate::runtime::sync::run_claim(conn, handler.claim, call)
 }
 
 /// [`claim_once`] on a diesel-async connection or pool; the body is an async closure
@@ -233,7 +204,7 @@ where
 /// As [`claim_once`].
 #[cfg(feature = "async")]
 pub async fn claim_once_async<H, K, T, E, B, F, X>(
-    conn: H,
+    mut conn: H,
     handler: &'static ClaimHandler<X>,
     key: &K,
     body: B,
@@ -248,20 +219,15 @@ where
     E: From<Error>,
     X: OnExpired,
 {
-    crate::runtime::asynchronous::run_claim_async_with(
-        conn,
-        handler.claim,
-        Call {
-            outcome: PhantomData,
-            spec: &handler.spec,
-            key: key.to_message_key(),
-            body: Once(Some(body)),
-            probe: (),
-            remembered: Remembered::nothing(),
-            inbox_error: E::from,
-        },
-    )
-    .await
+    let call = Call::new(
+        &handler.spec,
+        key,
+        Once(Some(body)),
+        (),
+        Remembered::nothing(),
+    );
+    crate::runtime::asynchronous::run_claim_on(conn.__inbox_claim_target(), handler.claim, call)
+        .await
 }
 
 /// A claim-mode body of the function API: given no connection, called once.

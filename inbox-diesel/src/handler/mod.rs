@@ -21,6 +21,38 @@ use std::marker::PhantomData;
 
 use inbox_core::{ConsumerError, ErrorClass, HandlerOutcome, InboxSchema, ToMessageKey};
 
+/// A handler's type parameter ([`OnLocked`], [`OnExpired`]): the sealed trait, its outcome
+/// type bound by `$bound`, and its values, each an uninhabited type and the outcome type it
+/// picks.
+macro_rules! settings {
+    (
+        $(#[$trait_doc:meta])*
+        $setting:ident: $bound:path;
+        $($(#[$doc:meta])* $name:ident => $outcome:ty;)+
+    ) => {
+        $(#[$trait_doc])*
+        pub trait $setting: sealed::Sealed {
+            /// The outcome type of a handler with this setting.
+            type Outcome<T>: $bound;
+        }
+
+        $(
+            $(#[$doc])*
+            #[derive(Debug)]
+            pub enum $name {}
+
+            impl $setting for $name {
+                type Outcome<T> = $outcome;
+            }
+        )+
+
+        mod sealed {
+            pub trait Sealed {}
+            $(impl Sealed for super::$name {})+
+        }
+    };
+}
+
 mod claim;
 
 use crate::backends::HandlerConnection;
@@ -68,35 +100,16 @@ impl<L: OnLocked> Clone for Handler<L> {
     }
 }
 
-/// What a delivery does when another one holds the message's marker, uncommitted: the type
-/// parameter of [`Handler`], which picks the outcome type of [`run_once`]. Sealed.
-pub trait OnLocked: sealed::Sealed {
-    /// The outcome type of a handler with this setting.
-    type Outcome<T>: HandlerOutcome<T>;
-}
-
-/// `on_locked = "wait"`: wait for the other delivery's outcome; [`run_once`] returns
-/// [`Outcome`](crate::Outcome).
-#[derive(Debug)]
-pub enum Wait {}
-
-/// `on_locked = "in_flight"`: answer `InFlight` at once; [`run_once`] returns
-/// [`InFlightOutcome`](crate::InFlightOutcome).
-#[derive(Debug)]
-pub enum AnswerInFlight {}
-
-impl OnLocked for Wait {
-    type Outcome<T> = inbox_core::Outcome<T>;
-}
-
-impl OnLocked for AnswerInFlight {
-    type Outcome<T> = inbox_core::InFlightOutcome<T>;
-}
-
-mod sealed {
-    pub trait Sealed {}
-    impl Sealed for super::Wait {}
-    impl Sealed for super::AnswerInFlight {}
+settings! {
+    /// What a delivery does when another one holds the message's marker, uncommitted: the type
+    /// parameter of [`Handler`], which picks the outcome type of [`run_once`]. Sealed.
+    OnLocked: HandlerOutcome<T>;
+    /// `on_locked = "wait"`: wait for the other delivery's outcome; [`run_once`] returns
+    /// [`Outcome`](crate::Outcome).
+    Wait => inbox_core::Outcome<T>;
+    /// `on_locked = "in_flight"`: answer `InFlight` at once; [`run_once`] returns
+    /// [`InFlightOutcome`](crate::InFlightOutcome).
+    AnswerInFlight => inbox_core::InFlightOutcome<T>;
 }
 
 impl Handler {
@@ -223,25 +236,24 @@ impl<T, E, F> Probe<T, E> for F where
 /// One call of a function-API handler as the runtime takes it: its key, its body, what its
 /// marker keeps, its failures classified for retries ([`error_class`]) and the inbox's error
 /// as `E`.
-fn call<A, K, T, E, B>(
-    spec: &'static HandlerSpec,
+fn call<L, K, T, E, B>(
+    handler: &'static Handler<L>,
     key: &K,
     body: B,
     remembered: Remembered<T>,
-) -> Call<A, T, E, B, impl Probe<T, E>>
+) -> Call<L::Outcome<T>, T, E, B, impl Probe<T, E>>
 where
+    L: OnLocked,
     K: ToMessageKey + ?Sized,
     E: From<Error> + HasDieselError,
 {
-    Call {
-        outcome: PhantomData,
-        spec,
-        key: key.to_message_key(),
-        body,
-        probe: error_class(&spec.schema),
-        remembered,
-        inbox_error: E::from,
-    }
+    let spec = &handler.spec;
+    Call::new(spec, key, body, error_class(&spec.schema), remembered)
+}
+
+/// A sync body of the function API, its value unwrapped from its [`Checked`].
+fn unchecked<C, R>(mut body: impl FnMut(&mut C) -> Checked<R>) -> impl FnMut(&mut C) -> R {
+    move |tx| body(tx).into_inner()
 }
 
 fn error_class<T, E: HasDieselError>(
@@ -324,16 +336,9 @@ where
     B: FnMut(&mut C) -> Checked<Result<T, E>>,
     E: From<Error> + HasDieselError,
 {
-    let spec = &handler.spec;
-    let mut body = body;
     crate::runtime::sync::run(
         conn,
-        call(
-            spec,
-            key,
-            |tx: &mut C| body(tx).into_inner(),
-            Remembered::nothing(),
-        ),
+        call(handler, key, unchecked(body), Remembered::nothing()),
     )
 }
 
@@ -398,17 +403,8 @@ where
     B: FnMut(&mut C) -> Checked<Result<T, E>>,
     E: From<Error> + HasDieselError,
 {
-    let spec = &handler.spec;
-    let mut body = body;
-    crate::runtime::sync::run(
-        conn,
-        call(
-            spec,
-            key,
-            |tx: &mut C| body(tx).into_inner(),
-            Remembered::new(Some(Store::json()), fingerprint),
-        ),
-    )
+    let remembered = Remembered::new(Some(Store::json()), fingerprint);
+    crate::runtime::sync::run(conn, call(handler, key, unchecked(body), remembered))
 }
 
 /// Runs `body` once per message key and consumer, on a diesel-async connection: what a
@@ -431,12 +427,8 @@ where
     B: Clone + for<'c> AsyncBody<&'c mut C, Checked<Result<T, E>>, Fut: Send>,
     E: From<Error> + HasDieselError,
 {
-    let spec = &handler.spec;
-    crate::runtime::asynchronous::run_async_body(
-        conn,
-        call(spec, key, CheckedBody(body), Remembered::nothing()),
-    )
-    .await
+    let call = call(handler, key, CheckedBody(body), Remembered::nothing());
+    crate::runtime::asynchronous::run_async_body(conn, call).await
 }
 
 /// [`run_once_stored`] on a diesel-async connection.
@@ -458,17 +450,9 @@ where
     B: Clone + for<'c> AsyncBody<&'c mut C, Checked<Result<T, E>>, Fut: Send>,
     E: From<Error> + HasDieselError,
 {
-    let spec = &handler.spec;
-    crate::runtime::asynchronous::run_async_body(
-        conn,
-        call(
-            spec,
-            key,
-            CheckedBody(body),
-            Remembered::new(Some(Store::json()), fingerprint),
-        ),
-    )
-    .await
+    let remembered = Remembered::new(Some(Store::json()), fingerprint);
+    let call = call(handler, key, CheckedBody(body), remembered);
+    crate::runtime::asynchronous::run_async_body(conn, call).await
 }
 
 impl HasDieselError for diesel::result::Error {

@@ -16,7 +16,7 @@ use crate::guard::NoConnection;
 use crate::io::Awaiting;
 use crate::pool::{AsyncClaimPool, ClaimOn, ClaimTarget};
 use crate::runtime::batch::{self, BatchClaims, NewMessages};
-use crate::runtime::call::Call;
+use crate::runtime::call::{Call, WithoutConnection, checked_key, claimed};
 use crate::runtime::claim::ClaimSpec;
 use crate::runtime::handle::Handle;
 use crate::runtime::steps::{self, Steps};
@@ -54,22 +54,6 @@ where
 {
     async fn call(&mut self, conn: &mut C) -> R {
         (self.0.clone())(conn).await
-    }
-}
-
-/// A claim-mode body, given no connection. It runs once — a failed run is retried by the
-/// broker's redelivery, never here — so it may consume what it captured: the handler's
-/// parameters taken by value.
-struct OnceWithoutConnection<B>(Option<B>);
-
-impl<C, R, B> steps::Body<C, R> for OnceWithoutConnection<B>
-where
-    B: for<'c> AsyncBody<&'c mut NoConnection, R, Fut: Send>,
-{
-    async fn call(&mut self, _: &mut C) -> R {
-        let body = self.0.take().expect("a claim-mode body runs once");
-        let mut none = NoConnection::new();
-        body(&mut none).await
     }
 }
 
@@ -139,7 +123,9 @@ where
     transaction::message(Awaiting(conn), true, key, handling).await
 }
 
-/// An async body that runs once: in its caller's transaction, never retried.
+/// An async body that runs once, never retried: in its caller's transaction, or in claim
+/// mode (whose failed run the broker's redelivery retries, so that it may consume what it
+/// captured: the handler's parameters taken by value).
 struct Once<B>(Option<B>);
 
 impl<C, R, B> steps::Body<C, R> for Once<B>
@@ -147,7 +133,7 @@ where
     B: for<'c> AsyncBody<&'c mut C, R, Fut: Send>,
 {
     async fn call(&mut self, conn: &mut C) -> R {
-        let body = self.0.take().expect("a joined body runs once");
+        let body = self.0.take().expect("a body that runs once is called once");
         body(conn).await
     }
 }
@@ -168,7 +154,7 @@ where
     B: Clone + for<'c> AsyncBody<&'c mut C, Result<T, E>, Fut: Send>,
     P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
 {
-    let keys = keys.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
+    let keys = checked_key(spec, keys, inbox_error)?;
     if keys.is_empty() {
         return Ok(batch::batch_outcome(0, None, new));
     }
@@ -196,7 +182,7 @@ where
 /// Runs a call's body in claim mode, on a diesel-async connection or a pool (`conn`: `&mut`
 /// the one, `&` the other, [`crate::pool`]); see `claim_mode::drive_claim` for the steps.
 pub async fn run_claim_async<H, T, E, B, A>(
-    conn: H,
+    mut conn: H,
     claim: ClaimSpec,
     call: Call<A, T, E, B>,
 ) -> Result<A, E>
@@ -207,44 +193,36 @@ where
     B: for<'c> AsyncBody<&'c mut NoConnection, Result<T, E>, Fut: Send>,
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
-    run_claim_async_with(
-        conn,
-        claim,
-        call.with_body(|body| OnceWithoutConnection(Some(body))),
-    )
-    .await
+    let call = call.with_body(|body| WithoutConnection(Once(Some(body))));
+    run_claim_on(conn.__inbox_claim_target(), claim, call).await
 }
 
-/// [`run_claim_async`] with the body as the runtime calls it: given no connection, whatever
-/// the connection type it is asked with, once.
-pub(crate) async fn run_claim_async_with<H, T, E, B, A>(
-    mut conn: H,
+/// [`run_claim_async`] on what the handler's connection parameter leads to, a connection or
+/// a pool, with the body as the runtime calls it: given no connection, whatever the
+/// connection type it is asked with, once.
+pub(crate) async fn run_claim_on<C, P, T, E, B, A>(
+    target: ClaimOn<'_, C, P>,
     claim: ClaimSpec,
     call: Call<A, T, E, B>,
 ) -> Result<A, E>
 where
-    H: ClaimTarget,
-    H::Connection: AsyncInboxConnection,
-    H::Pool: AsyncClaimPool<Connection = H::Connection>,
-    B: steps::Body<H::Connection, Result<T, E>> + steps::Body<NoConnection, Result<T, E>>,
+    C: AsyncInboxConnection,
+    P: AsyncClaimPool<Connection = C>,
+    B: steps::Body<C, Result<T, E>> + steps::Body<NoConnection, Result<T, E>>,
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
     let (key, handling) = call.keyed(None)?;
-    let run = Run::message(handling.spec, &key, true);
-    let result = match conn.__inbox_claim_target() {
-        ClaimOn::Connection(conn) => {
-            claim_mode::drive_claim(Awaiting(conn), claim, key, handling)
-                .instrument(run.instrument_span())
-                .await
+    claimed(handling.spec, key, |key| async move {
+        match target {
+            ClaimOn::Connection(conn) => {
+                claim_mode::drive_claim(Awaiting(conn), claim, key, handling).await
+            }
+            ClaimOn::Pool(pool) => {
+                claim_mode::claim_on_pool(&AwaitingPool(pool), claim, key, handling).await
+            }
         }
-        ClaimOn::Pool(pool) => {
-            claim_mode::claim_on_pool(&AwaitingPool(pool), claim, key, handling)
-                .instrument(run.instrument_span())
-                .await
-        }
-    };
-    run.finish(&result);
-    result
+    })
+    .await
 }
 
 /// A diesel-async pool as claim mode takes its connections.

@@ -1,10 +1,14 @@
 //! One handler call as the runtime takes it ([`Call`]).
 
+use std::future::Future;
 use std::marker::PhantomData;
 
-use inbox_core::{KeyError, MessageKey};
+use inbox_core::{HandlerOutcome, KeyError, MessageKey, ToMessageKey};
+use tracing::Instrument;
 
 use crate::error::Error;
+use crate::guard::NoConnection;
+use crate::runtime::steps::Body;
 use crate::runtime::stored::Remembered;
 use crate::runtime::transaction::Handling;
 use crate::spec::HandlerSpec;
@@ -33,26 +37,38 @@ pub struct Call<A, T, E, B, P = ()> {
     pub inbox_error: fn(Error) -> E,
 }
 
-impl<A, T, E, B, P> Call<A, T, E, B, P> {
-    /// The same call with its body wrapped as the runtime runs it.
-    pub(crate) fn with_body<W>(self, wrap: impl FnOnce(B) -> W) -> Call<A, T, E, W, P> {
-        let Call {
-            outcome,
+impl<A, T, E: From<Error>, B, P> Call<A, T, E, B, P> {
+    /// A call of the function API: `key`'s message, the inbox's error as `E` through `From`.
+    pub(crate) fn new<K: ToMessageKey + ?Sized>(
+        spec: &'static HandlerSpec,
+        key: &K,
+        body: B,
+        probe: P,
+        remembered: Remembered<T>,
+    ) -> Self {
+        Call {
+            outcome: PhantomData,
             spec,
-            key,
+            key: key.to_message_key(),
             body,
             probe,
             remembered,
-            inbox_error,
-        } = self;
+            inbox_error: E::from,
+        }
+    }
+}
+
+impl<A, T, E, B, P> Call<A, T, E, B, P> {
+    /// The same call with its body wrapped as the runtime runs it.
+    pub(crate) fn with_body<W>(self, wrap: impl FnOnce(B) -> W) -> Call<A, T, E, W, P> {
         Call {
-            outcome,
-            spec,
-            key,
-            body: wrap(body),
-            probe,
-            remembered,
-            inbox_error,
+            outcome: self.outcome,
+            spec: self.spec,
+            key: self.key,
+            body: wrap(self.body),
+            probe: self.probe,
+            remembered: self.remembered,
+            inbox_error: self.inbox_error,
         }
     }
 
@@ -60,24 +76,52 @@ impl<A, T, E, B, P> Call<A, T, E, B, P> {
     /// started — and how the runtime handles the message: `in_flight`, what a delivery
     /// that finds another's claim in flight answers (transaction mode's `on_locked`).
     pub(crate) fn keyed<W>(self, in_flight: Option<W>) -> Result<Keyed<T, E, B, P, W>, E> {
-        let Call {
-            spec,
-            key,
-            body,
-            probe,
-            remembered,
-            inbox_error,
-            ..
-        } = self;
-        let key = key.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
+        let key = checked_key(self.spec, self.key, self.inbox_error)?;
         let handling = Handling {
-            spec,
-            body,
-            probe,
+            spec: self.spec,
+            body: self.body,
+            probe: self.probe,
             in_flight,
-            remembered,
-            inbox_error,
+            remembered: self.remembered,
+            inbox_error: self.inbox_error,
         };
         Ok((key, handling))
     }
+}
+
+/// A message's key (or a batch's keys), checked: an invalid one is the caller's error, in
+/// its error type, and a run that never started.
+pub(crate) fn checked_key<K, E>(
+    spec: &'static HandlerSpec,
+    key: Result<K, KeyError>,
+    inbox_error: fn(Error) -> E,
+) -> Result<K, E> {
+    key.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))
+}
+
+/// A claim-mode body as the runtime calls it: given no connection, whatever the connection
+/// it is asked with.
+pub(crate) struct WithoutConnection<B>(pub(crate) B);
+
+impl<C, R, B: Body<NoConnection, R>> Body<C, R> for WithoutConnection<B> {
+    async fn call(&mut self, _: &mut C) -> R {
+        self.0.call(&mut NoConnection::new()).await
+    }
+}
+
+/// A claim-mode run of `key`'s message: `drive` (the claim, the body, the stamp or the
+/// release) in the run's span, and how it ended recorded.
+pub(crate) async fn claimed<T, A, E, F>(
+    spec: &'static HandlerSpec,
+    key: MessageKey,
+    drive: impl FnOnce(MessageKey) -> F,
+) -> Result<A, E>
+where
+    A: HandlerOutcome<T>,
+    F: Future<Output = Result<A, E>>,
+{
+    let run = Run::message(spec, &key, true);
+    let result = drive(key).instrument(run.instrument_span()).await;
+    run.finish(&result);
+    result
 }

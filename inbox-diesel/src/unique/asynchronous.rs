@@ -52,12 +52,7 @@ where
     Upsert<S, Id>:
         diesel_async::methods::LoadQuery<'q, C, i64> + diesel_async::methods::ExecuteDsl<C> + 'q,
 {
-    let statement = Upsert {
-        key: *key,
-        insert,
-        id: std::marker::PhantomData::<Id>,
-    };
-    let mut run = Statement(statement, PhantomData);
+    let mut run = Statement(Upsert::<S, Id>::new(key, insert), PhantomData);
     upsert_steps(&mut Awaiting(conn), key, &mut run).await
 }
 
@@ -81,11 +76,7 @@ where
     if let Some(answer) = upsert_all_answered::<C::Backend>(rows.len()) {
         return answer;
     }
-    let statement = || Upsert {
-        key: *key,
-        insert: insert(rows),
-        id: std::marker::PhantomData::<Id>,
-    };
+    let statement = || Upsert::<S, Id>::new(key, insert(rows));
     let mut run = Statements(statement, PhantomData);
     one_statement(&mut Awaiting(conn), key, &mut run, Ok, || {
         Err(UniqueError::WinnerNotFound { key: *key })
@@ -141,10 +132,10 @@ struct Statement<'q, Q>(Q, PhantomData<&'q ()>);
 impl<'q, C, S, Id> Body<C, QueryResult<i64>> for Statement<'q, Upsert<S, Id>>
 where
     C: AsyncInboxConnection,
-    S: Clone + Send + 'q,
-    Id: Send + 'q,
-    Upsert<S, Id>:
-        diesel_async::methods::LoadQuery<'q, C, i64> + diesel_async::methods::ExecuteDsl<C> + 'q,
+    Upsert<S, Id>: Clone
+        + diesel_async::methods::LoadQuery<'q, C, i64>
+        + diesel_async::methods::ExecuteDsl<C>
+        + 'q,
 {
     async fn call(&mut self, conn: &mut C) -> QueryResult<i64> {
         match <C::Backend as Dialect>::CONFLICTS {

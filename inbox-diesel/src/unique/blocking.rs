@@ -119,11 +119,7 @@ where
         diesel::query_dsl::LoadQuery<'q, C, i64> + diesel::query_dsl::methods::ExecuteDsl<C>,
 {
     use diesel::RunQueryDsl;
-    let statement = Upsert {
-        key: *key,
-        insert,
-        id: std::marker::PhantomData::<Id>,
-    };
+    let statement = Upsert::<S, Id>::new(key, insert);
     let mut run = Immediate(|conn: &mut C| match <C::Backend as Dialect>::CONFLICTS {
         Conflicts::OnDuplicateKey => {
             statement.clone().execute(conn)?;
@@ -166,11 +162,7 @@ where
         return answer;
     }
     // Built again for each attempt: a multi-row insert is not `Clone`.
-    let statement = || Upsert {
-        key: *key,
-        insert: insert(rows),
-        id: std::marker::PhantomData::<Id>,
-    };
+    let statement = || Upsert::<S, Id>::new(key, insert(rows));
     let mut run = Immediate(|conn: &mut C| statement().get_results::<i64>(conn));
     complete_now(one_statement(
         &mut Blocking(conn),

@@ -226,6 +226,17 @@ impl fmt::Display for UniqueKey {
     }
 }
 
+impl<S, Id> Upsert<S, Id> {
+    /// [`upsert`]'s statement: `insert` on `key`, yielding the id in `Id`.
+    fn new(key: &UniqueKey, insert: S) -> Self {
+        Upsert {
+            key: *key,
+            insert,
+            id: std::marker::PhantomData,
+        }
+    }
+}
+
 /// What [`insert_or_get`] found: the row it inserted, or the one another caller had.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use]

@@ -17,7 +17,9 @@ where
     B: FnOnce(&mut NoConnection) -> Result<T, E>,
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
-    let (key, handling) = call.keyed(None)?;
+    let (key, handling) = call
+        .with_body(|body| WithoutConnection(Once(Some(body))))
+        .keyed(None)?;
     match conn.__inbox_claim_target() {
         ClaimOn::Connection(conn) => conn.__inbox_visit(Claim {
             outcome: PhantomData::<A>,
@@ -25,38 +27,13 @@ where
             key,
             handling,
         }),
-        ClaimOn::Pool(pool) => claim_on_pool(pool, claim, key, handling),
+        ClaimOn::Pool(pool) => {
+            let pool = Blocking(pool);
+            complete_now(claimed(handling.spec, key, |key| {
+                claim_mode::claim_on_pool(&pool, claim, key, handling)
+            }))
+        }
     }
-}
-
-/// Claim mode on a pool: `claim_mode::claim_on_pool`, each phase run to its end.
-fn claim_on_pool<P, T, E, B, A>(
-    pool: &P,
-    claim: ClaimSpec,
-    key: MessageKey,
-    handling: transaction::Handling<T, E, B, (), ()>,
-) -> Result<A, E>
-where
-    P: ClaimPool,
-    P::Connection: HandlerConnection,
-    B: FnOnce(&mut NoConnection) -> Result<T, E>,
-    A: HandlerOutcome<T, InFlightWitness = ()>,
-{
-    let run = Run::message(handling.spec, &key, true);
-    let handling = transaction::Handling {
-        spec: handling.spec,
-        body: OnceWithoutConnection(Some(handling.body)),
-        probe: (),
-        in_flight: None,
-        remembered: handling.remembered,
-        inbox_error: handling.inbox_error,
-    };
-    let result = complete_now(
-        claim_mode::claim_on_pool(&Blocking(pool), claim, key, handling)
-            .instrument(run.instrument_span()),
-    );
-    run.finish(&result);
-    result
 }
 
 /// A sync pool as claim mode takes its connections: each checkout's phase on the connection
@@ -105,7 +82,7 @@ pub(super) struct Claim<A, T, E, B> {
 impl<O, T, E, B, A> Visit<O> for Claim<A, T, E, B>
 where
     O: Send,
-    B: FnOnce(&mut NoConnection) -> Result<T, E>,
+    B: steps::Body<O, Result<T, E>>,
     A: HandlerOutcome<T, InFlightWitness = ()>,
 {
     type Output = Result<A, E>;
@@ -115,27 +92,9 @@ where
         outer: &mut O,
         project: fn(&mut O) -> &mut C,
     ) -> Self::Output {
-        let Claim {
-            claim,
-            key,
-            handling,
-            ..
-        } = self;
-        let spec = handling.spec;
-        let handling = transaction::Handling {
-            spec,
-            body: OnceWithoutConnection(Some(handling.body)),
-            probe: (),
-            in_flight: None,
-            remembered: handling.remembered,
-            inbox_error: handling.inbox_error,
-        };
-        let run = Run::message(spec, &key, true);
         let steps = Projected { outer, project };
-        let result = complete_now(
-            claim_mode::drive_claim(steps, claim, key, handling).instrument(run.instrument_span()),
-        );
-        run.finish(&result);
-        result
+        complete_now(claimed(self.handling.spec, self.key, |key| {
+            claim_mode::drive_claim(steps, self.claim, key, self.handling)
+        }))
     }
 }

@@ -16,7 +16,7 @@ use crate::guard::NoConnection;
 use crate::io::{Blocking, complete_now};
 use crate::pool::{ClaimOn, ClaimPool, ClaimTarget};
 use crate::runtime::batch::{self, BatchClaims, NewMessages};
-use crate::runtime::call::Call;
+use crate::runtime::call::{Call, WithoutConnection, checked_key, claimed};
 use crate::runtime::claim::ClaimSpec;
 use crate::runtime::steps;
 use crate::runtime::stored::Remembered;
@@ -121,12 +121,14 @@ where
     }
 }
 
-/// A sync body that runs once: in its caller's transaction, never retried.
+/// A sync body that runs once, never retried: in its caller's transaction, or in claim mode
+/// (whose failed run the broker's redelivery retries, so that it may consume what it
+/// captured: the handler's parameters taken by value).
 struct Once<B>(Option<B>);
 
 impl<C, R, B: FnOnce(&mut C) -> R> steps::Body<C, R> for Once<B> {
     async fn call(&mut self, conn: &mut C) -> R {
-        let body = self.0.take().expect("a joined body runs once");
+        let body = self.0.take().expect("a body that runs once is called once");
         body(conn)
     }
 }
@@ -147,7 +149,7 @@ where
     B: FnMut(&mut C) -> Result<T, E>,
     P: Fn(&mut Result<T, E>, u32, Option<ErrorClass>) -> Option<ErrorClass>,
 {
-    let keys = keys.map_err(|e| Run::invalid_key(spec, inbox_error(Error::InvalidKey(e))))?;
+    let keys = checked_key(spec, keys, inbox_error)?;
     if keys.is_empty() {
         return Ok(batch::batch_outcome(0, None, new));
     }
@@ -221,17 +223,5 @@ pub(crate) struct Immediate<B>(pub(crate) B);
 impl<C, R, B: FnMut(&mut C) -> R> steps::Body<C, R> for Immediate<B> {
     async fn call(&mut self, conn: &mut C) -> R {
         (self.0)(conn)
-    }
-}
-
-/// A sync claim-mode body: it runs to its end when called, and is given no connection. It
-/// runs once — a failed run is retried by the broker's redelivery, never here — so it may
-/// consume what it captured: the handler's parameters taken by value.
-struct OnceWithoutConnection<B>(Option<B>);
-
-impl<C, R, B: FnOnce(&mut NoConnection) -> R> steps::Body<C, R> for OnceWithoutConnection<B> {
-    async fn call(&mut self, _: &mut C) -> R {
-        let body = self.0.take().expect("a claim-mode body runs once");
-        body(&mut NoConnection::new())
     }
 }
