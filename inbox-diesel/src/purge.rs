@@ -311,10 +311,14 @@ async fn run<S: Io>(io: &mut S, schema: &InboxSchema, purge: &Purge) -> QueryRes
             return Ok(report);
         }
     }
-    let result = match by_key(io, schema).await? {
-        Some(delete) => keyed_batches(io, table, &delete, purge).await,
-        None => batches(io, table, &lock_name, purge).await,
+    let delete = match by_key(io, schema).await? {
+        Some(delete) => Batch::Keyed {
+            delete,
+            after: (Vec::new(), String::new()),
+        },
+        None => Batch::by_age::<S::Backend>(table, &lock_name, purge),
     };
+    let result = batches(io, table, delete, purge).await;
     if let Some(sql) = S::Backend::unlock(table) {
         // The lock is the session's: if releasing it fails, it goes with the connection.
         if let Err(e) = io.load::<N>(&Sql::new(sql).bind_text(&lock_name)).await {
@@ -329,39 +333,21 @@ async fn run<S: Io>(io: &mut S, schema: &InboxSchema, purge: &Purge) -> QueryRes
 async fn batches<S: Io>(
     io: &mut S,
     table: &str,
-    lock_name: &str,
+    mut delete: Batch,
     purge: &Purge,
 ) -> QueryResult<PurgeReport> {
     let mut report = PurgeReport {
         ran: true,
         ..PurgeReport::default()
     };
-    let (age, size) = (purge.age_seconds(), i64::from(purge.batch_size));
-    let delete = Sql::new(S::Backend::delete_batch(table))
-        .bind_i64(age)
-        .bind_i64(size);
-    let locked_delete = S::Backend::locked_delete_batch(table).map(|sql| {
-        Sql::new(sql)
-            .bind_i64(age)
-            .bind_i64(size)
-            .bind_text(lock_name)
-    });
     loop {
-        let removed = match &locked_delete {
-            None => io.execute(&delete).await?,
-            Some(sql) => {
-                let batch: Vec<LockedDelete> = io.load(sql).await?;
-                let batch = batch.into_iter().next().ok_or(DieselError::NotFound)?;
-                if batch.locked != 1 {
-                    // Another purge holds the lock: the first batch leaves the table to it; a
-                    // later one stops with what was done.
-                    if report.batches == 0 {
-                        return Ok(PurgeReport::default());
-                    }
-                    break;
-                }
-                batch.n as usize
+        let Some(removed) = delete.run(io, purge).await? else {
+            // Another purge holds the lock: the first batch leaves the table to it; a
+            // later one stops with what was done.
+            if report.batches == 0 {
+                return Ok(PurgeReport::default());
             }
+            break;
         };
         report.batches += 1;
         report.removed += removed as u64;
@@ -372,10 +358,75 @@ async fn batches<S: Io>(
             io.sleep(purge.pause).await;
         }
     }
-    stale_claims_counted(io, table, age, report).await
+    stale_claims_counted(io, table, purge.age_seconds(), report).await
 }
 
-/// The `n` of a query that returns one row.
+/// A purge's batch statement.
+enum Batch {
+    /// Oldest rows first, through the table's index on `processed_at`.
+    ByAge(Sql),
+    /// As [`Batch::ByAge`], taking the purge lock in the same statement (PostgreSQL).
+    Locked(Sql),
+    /// The purge of a table keyed by `(message_id, consumer)` alone: batches in key order,
+    /// each after the last key the previous one deleted, so that the run reads the table
+    /// once.
+    Keyed {
+        /// The statement, bound at each batch.
+        delete: String,
+        /// The last key deleted.
+        after: (Vec<u8>, String),
+    },
+}
+
+impl Batch {
+    /// The statement of a table with `id`, purged oldest first.
+    fn by_age<B: Dialect>(table: &str, lock_name: &str, purge: &Purge) -> Self {
+        let (age, size) = (purge.age_seconds(), i64::from(purge.batch_size));
+        match B::locked_delete_batch(table) {
+            Some(sql) => Batch::Locked(
+                Sql::new(sql)
+                    .bind_i64(age)
+                    .bind_i64(size)
+                    .bind_text(lock_name),
+            ),
+            None => Batch::ByAge(
+                Sql::new(B::delete_batch(table))
+                    .bind_i64(age)
+                    .bind_i64(size),
+            ),
+        }
+    }
+
+    /// Runs one batch: the rows it removed, or `None` where another purge holds the lock.
+    async fn run<S: Io>(&mut self, io: &mut S, purge: &Purge) -> QueryResult<Option<usize>> {
+        match self {
+            Batch::ByAge(delete) => io.execute(delete).await.map(Some),
+            Batch::Locked(delete) => {
+                let batch: Vec<LockedDelete> = io.load(delete).await?;
+                let batch = batch.into_iter().next().ok_or(DieselError::NotFound)?;
+                Ok((batch.locked == 1).then_some(batch.n as usize))
+            }
+            Batch::Keyed { delete, after } => {
+                let sql = Sql::new(delete.clone())
+                    .bind_bytes(after.0.clone())
+                    .bind_text(&after.1)
+                    .bind_i64(purge.age_seconds())
+                    .bind_i64(i64::from(purge.batch_size));
+                let deleted: Vec<KeyRow> = io.load(&sql).await?;
+                let removed = deleted.len();
+                if let Some(last) = deleted
+                    .into_iter()
+                    .map(|row| (row.message_id, row.consumer))
+                    .max()
+                {
+                    *after = last;
+                }
+                Ok(Some(removed))
+            }
+        }
+    }
+}
+
 /// The batch statement of a table without `id` (SQLite's lean design); `None` for a table
 /// with it, purged oldest first through its index on `processed_at`.
 async fn by_key<S: Io>(io: &mut S, schema: &InboxSchema) -> QueryResult<Option<String>> {
@@ -393,47 +444,6 @@ async fn by_key<S: Io>(io: &mut S, schema: &InboxSchema) -> QueryResult<Option<S
     Ok((one_n(io.load(&sql).await?) == 0).then_some(delete))
 }
 
-/// The purge of a table keyed by `(message_id, consumer)` alone: batches in key order, each
-/// after the last key the previous one deleted, so that the run reads the table once.
-async fn keyed_batches<S: Io>(
-    io: &mut S,
-    table: &str,
-    delete: &str,
-    purge: &Purge,
-) -> QueryResult<PurgeReport> {
-    let mut report = PurgeReport {
-        ran: true,
-        ..PurgeReport::default()
-    };
-    let (age, size) = (purge.age_seconds(), i64::from(purge.batch_size));
-    let mut cursor: (Vec<u8>, String) = (Vec::new(), String::new());
-    loop {
-        let sql = Sql::new(delete.to_owned())
-            .bind_bytes(cursor.0.clone())
-            .bind_text(&cursor.1)
-            .bind_i64(age)
-            .bind_i64(size);
-        let deleted: Vec<KeyRow> = io.load(&sql).await?;
-        report.batches += 1;
-        report.removed += deleted.len() as u64;
-        let full = deleted.len() >= purge.batch_size as usize;
-        if let Some(last) = deleted
-            .into_iter()
-            .map(|row| (row.message_id, row.consumer))
-            .max()
-        {
-            cursor = last;
-        }
-        if !full {
-            break;
-        }
-        if !purge.pause.is_zero() {
-            io.sleep(purge.pause).await;
-        }
-    }
-    stale_claims_counted(io, table, age, report).await
-}
-
 /// `report` with the open claims older than `age` seconds counted.
 async fn stale_claims_counted<S: Io>(
     io: &mut S,
@@ -446,6 +456,7 @@ async fn stale_claims_counted<S: Io>(
     Ok(report)
 }
 
+/// The `n` of a query that returns one row.
 fn one_n(rows: Vec<N>) -> i64 {
     rows.first().map_or(0, |row| row.n)
 }

@@ -12,6 +12,49 @@ use diesel::QueryResult;
 
 pub(crate) use crate::io::Session;
 
+/// [`BindId`](crate::dialect::BindId) for a backend that stores a message id as its 16 bytes
+/// (MySQL's `BINARY(16)`, SQLite's `BLOB`).
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+macro_rules! bind_id_as_bytes {
+    ($backend:ty) => {
+        impl crate::dialect::BindId for $backend {
+            type IdSql = diesel::sql_types::Binary;
+            type IdRow = Vec<u8>;
+
+            fn bind_id<'b>(
+                out: &mut diesel::query_builder::AstPass<'_, 'b, Self>,
+                id: &'b uuid::Uuid,
+            ) -> diesel::QueryResult<()> {
+                out.push_bind_param::<diesel::sql_types::Binary, [u8]>(&id.as_bytes()[..])
+            }
+
+            fn id_of(row: Vec<u8>) -> Option<uuid::Uuid> {
+                uuid::Uuid::from_slice(&row).ok()
+            }
+        }
+    };
+}
+
+/// The sealed part of `$conn`, a diesel-async connection of a server: its transaction opened
+/// with SQL by diesel-async's manager, and its statement in flight cancelled by the
+/// [`StatementCancel`] `$cancel` made of the connection's cancel token.
+#[cfg(all(feature = "async", any(feature = "postgres", feature = "mysql")))]
+macro_rules! async_server_connection {
+    ($conn:ty, $cancel:path) => {
+        impl crate::io::BeginWithSql for $conn {
+            async fn begin_sql(&mut self, sql: &str) -> diesel::QueryResult<()> {
+                diesel_async::AnsiTransactionManager::begin_transaction_sql(self, sql).await
+            }
+        }
+
+        impl super::sealed::AsyncConnection for $conn {
+            fn statement_cancel(&self) -> Option<super::StatementCancel> {
+                Some($cancel(self.cancel_token()))
+            }
+        }
+    };
+}
+
 #[cfg(feature = "mysql")]
 mod mysql;
 #[cfg(feature = "postgres")]

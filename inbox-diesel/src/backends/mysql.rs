@@ -27,8 +27,6 @@
 //! node's write could take. `ROLLBACK` may share its round trip with a restore after it:
 //! whatever it answers, nothing commits.
 
-use diesel::query_builder::AstPass;
-
 use diesel::QueryResult;
 
 use uuid::Uuid;
@@ -53,18 +51,7 @@ use inbox_core::InboxSchema;
 #[cfg(feature = "async")]
 use {super::AsyncInboxConnection, diesel_async::AsyncMysqlConnection};
 
-impl dialect::BindId for diesel::mysql::Mysql {
-    type IdSql = diesel::sql_types::Binary;
-    type IdRow = Vec<u8>;
-
-    fn bind_id<'b>(out: &mut AstPass<'_, 'b, Self>, id: &'b Uuid) -> QueryResult<()> {
-        out.push_bind_param::<diesel::sql_types::Binary, [u8]>(&id.as_bytes()[..])
-    }
-
-    fn id_of(row: Vec<u8>) -> Option<Uuid> {
-        Uuid::from_slice(&row).ok()
-    }
-}
+bind_id_as_bytes!(Mysql);
 
 impl Dialect for diesel::mysql::Mysql {
     fn outbox_insert_sql(table: &str, _notify: bool) -> String {
@@ -717,15 +704,4 @@ impl sealed::Connection for MysqlConnection {}
 impl AsyncInboxConnection for AsyncMysqlConnection {}
 
 #[cfg(feature = "async")]
-impl crate::io::BeginWithSql for AsyncMysqlConnection {
-    async fn begin_sql(&mut self, sql: &str) -> QueryResult<()> {
-        diesel_async::AnsiTransactionManager::begin_transaction_sql(self, sql).await
-    }
-}
-
-#[cfg(feature = "async")]
-impl sealed::AsyncConnection for AsyncMysqlConnection {
-    fn statement_cancel(&self) -> Option<super::StatementCancel> {
-        Some(super::StatementCancel::Mysql(self.cancel_token()))
-    }
-}
+async_server_connection!(AsyncMysqlConnection, super::StatementCancel::Mysql);

@@ -753,15 +753,4 @@ impl sealed::Connection for PgConnection {}
 impl AsyncInboxConnection for AsyncPgConnection {}
 
 #[cfg(feature = "async")]
-impl crate::io::BeginWithSql for AsyncPgConnection {
-    async fn begin_sql(&mut self, sql: &str) -> QueryResult<()> {
-        diesel_async::AnsiTransactionManager::begin_transaction_sql(self, sql).await
-    }
-}
-
-#[cfg(feature = "async")]
-impl sealed::AsyncConnection for AsyncPgConnection {
-    fn statement_cancel(&self) -> Option<super::StatementCancel> {
-        Some(super::StatementCancel::Postgres(self.cancel_token()))
-    }
-}
+async_server_connection!(AsyncPgConnection, super::StatementCancel::Postgres);

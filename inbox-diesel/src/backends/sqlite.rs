@@ -1,10 +1,6 @@
 //! Sqlite: what the runtime writes differently for it.
 
-use diesel::query_builder::AstPass;
-
 use diesel::QueryResult;
-
-use uuid::Uuid;
 
 use diesel::sqlite::{Sqlite, SqliteConnection};
 
@@ -19,18 +15,7 @@ use inbox_core::InboxSchema;
 #[cfg(feature = "async")]
 use {super::AsyncInboxConnection, diesel_async::sync_connection_wrapper::SyncConnectionWrapper};
 
-impl dialect::BindId for diesel::sqlite::Sqlite {
-    type IdSql = diesel::sql_types::Binary;
-    type IdRow = Vec<u8>;
-
-    fn bind_id<'b>(out: &mut AstPass<'_, 'b, Self>, id: &'b Uuid) -> QueryResult<()> {
-        out.push_bind_param::<diesel::sql_types::Binary, [u8]>(&id.as_bytes()[..])
-    }
-
-    fn id_of(row: Vec<u8>) -> Option<Uuid> {
-        Uuid::from_slice(&row).ok()
-    }
-}
+bind_id_as_bytes!(Sqlite);
 
 impl Dialect for diesel::sqlite::Sqlite {
     fn outbox_insert_sql(table: &str, _notify: bool) -> String {

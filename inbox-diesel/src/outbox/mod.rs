@@ -302,16 +302,22 @@ impl Outbox {
             );
         }
         let shown = |text: &str| format!("{:?}", text.chars().take(64).collect::<String>());
-        if message.destination.len() > limits.max_destination.min(255) {
-            return refuse(
-                format!("the destination {}…", shown(&message.destination)),
-                format!(
-                    "it has {} bytes, over {}",
-                    message.destination.len(),
-                    limits.max_destination.min(255)
+        // The sink's limit, and the table's 255 bytes.
+        let fits = |what: &str, text: &str, max: usize| {
+            let max = max.min(255);
+            match text.len() > max {
+                true => refuse(
+                    format!("{what} {}…", shown(text)),
+                    format!("it has {} bytes, over {max}", text.len()),
                 ),
-            );
-        }
+                false => Ok(()),
+            }
+        };
+        fits(
+            "the destination",
+            &message.destination,
+            limits.max_destination,
+        )?;
         if let Err(why) = (limits.destination)(&message.destination) {
             return refuse(
                 format!("the destination {}", shown(&message.destination)),
@@ -323,17 +329,7 @@ impl Outbox {
                 return refuse(format!("the header {}", shown(name)), why.to_owned());
             }
         }
-        if message.key.len() > limits.max_key.min(255) {
-            return refuse(
-                format!("the ordering key {}…", shown(&message.key)),
-                format!(
-                    "it has {} bytes, over {}",
-                    message.key.len(),
-                    limits.max_key.min(255)
-                ),
-            );
-        }
-        Ok(())
+        fits("the ordering key", &message.key, limits.max_key)
     }
 
     /// The statements creating the table and its indexes on `backend`, each idempotent
