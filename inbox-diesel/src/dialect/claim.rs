@@ -162,6 +162,16 @@ const WHERE_KEY: [Part; 4] = [
     Part::Consumer,
 ];
 
+/// `WHERE` of a statement that changes the claim of `attempt`: [`WHERE_KEY`], the attempt, and
+/// not completed.
+fn where_open_claim(attempt: u32) -> impl Iterator<Item = Part> {
+    WHERE_KEY.into_iter().chain([
+        Part::Sql(" AND attempts = "),
+        Part::Int(attempt.into()),
+        Part::Sql(" AND processed_at IS NULL"),
+    ])
+}
+
 impl<'a, DB: Dialect> ClaimSql<'a, DB> {
     /// The statement of `step` (not `Read`: see [`ClaimSql::read`]).
     pub(crate) fn new(
@@ -232,12 +242,8 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB> {
                 parts.extend([Sql("UPDATE "), Table, Sql(" SET claimed_until = ")]);
                 parts.extend(lease(lease_ms));
                 parts.push(Sql(", attempts = attempts + 1"));
-                parts.extend(WHERE_KEY);
-                parts.extend([
-                    Sql(" AND attempts = "),
-                    Int(seen.into()),
-                    Sql(" AND processed_at IS NULL AND (claimed_until IS NULL"),
-                ]);
+                parts.extend(where_open_claim(seen));
+                parts.push(Sql(" AND (claimed_until IS NULL"));
                 if expired {
                     parts.extend([Sql(" OR claimed_until <= "), Sql(DB::LEASE_NOW)]);
                 }
@@ -249,31 +255,23 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB> {
                     parts.extend([Sql("processed_at = "), Sql(DB::NOW), Sql(", ")]);
                 }
                 parts.push(Sql("claimed_until = NULL"));
-                parts.extend(WHERE_KEY);
-                parts.extend([
-                    Sql(" AND attempts = "),
-                    Int(attempt.into()),
-                    Sql(" AND processed_at IS NULL"),
-                ]);
+                parts.extend(where_open_claim(attempt));
             }
         }
-        let key_text = match step {
-            ClaimStep::Insert { layout, .. } if layout.key_text => super::layout::key_text(key),
-            _ => String::new(),
-        };
-        let fingerprint = match step {
-            ClaimStep::Insert { fingerprint, .. } => fingerprint,
-            _ => None,
-        };
-        Self {
-            table: schema.table(),
-            id: key.stored_id(),
-            consumer,
-            key_text,
-            fingerprint,
-            ids: &[],
-            parts,
-            types: PhantomData,
+        match step {
+            ClaimStep::Insert {
+                layout,
+                fingerprint,
+                ..
+            } => Self {
+                key_text: match layout.key_text {
+                    true => super::layout::key_text(key),
+                    false => String::new(),
+                },
+                fingerprint,
+                ..Self::of(schema, consumer, key.stored_id(), parts)
+            },
+            _ => Self::of(schema, consumer, key.stored_id(), parts),
         }
     }
 
@@ -293,28 +291,28 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB> {
         committed_only: Option<Layout>,
         nowait: bool,
     ) -> ClaimRead<'a, DB> {
-        use Part::{Sql, Table};
         let locking = committed_only.and_then(|layout| DB::precheck_read(layout.mariadb, nowait));
-        let mut parts = vec![
-            Sql(locking.map_or(
+        let mut parts = select_bigints::<DB>(
+            locking.map_or(
                 "SELECT CAST(CASE WHEN processed_at IS NOT NULL THEN 0 ",
                 |l| l.0,
-            )),
-            Sql("WHEN claimed_until IS NULL THEN 1 WHEN claimed_until > "),
-            Sql(DB::LEASE_NOW),
-            Sql(" THEN 2 ELSE 3 END AS "),
-            Sql(DB::BIGINT),
-            Sql("), CAST(attempts AS "),
-            Sql(DB::BIGINT),
-            Sql("), CAST(CASE WHEN claimed_until > "),
-            Sql(DB::LEASE_NOW),
-            Sql(" THEN "),
-            Sql(DB::LEASE_LEFT_MS),
-            Sql(" ELSE 0 END AS "),
-            Sql(DB::BIGINT),
-            Sql(") FROM "),
-            Table,
-        ];
+            ),
+            [
+                &[
+                    "WHEN claimed_until IS NULL THEN 1 WHEN claimed_until > ",
+                    DB::LEASE_NOW,
+                    " THEN 2 ELSE 3 END",
+                ],
+                &["attempts"],
+                &[
+                    "CASE WHEN claimed_until > ",
+                    DB::LEASE_NOW,
+                    " THEN ",
+                    DB::LEASE_LEFT_MS,
+                    " ELSE 0 END",
+                ],
+            ],
+        );
         parts.extend(WHERE_KEY);
         // A precheck reads only where the check ran: a session pointed at another database
         // or schema since reads nothing here, and its transaction's insert has it checked.
@@ -322,18 +320,9 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB> {
             parts.push(Part::MarkCondition(mark));
         }
         if let Some((_, lock)) = locking {
-            parts.push(Sql(lock));
+            parts.push(Part::Sql(lock));
         }
-        ClaimSql {
-            table: schema.table(),
-            id: key.stored_id(),
-            consumer,
-            key_text: String::new(),
-            fingerprint: None,
-            ids: &[],
-            parts,
-            types: PhantomData,
-        }
+        ClaimSql::of(schema, consumer, key.stored_id(), parts)
     }
 }
 
@@ -357,35 +346,66 @@ impl<'a, DB: Dialect> ClaimRead<'a, DB> {
         ids: &'a [Uuid],
         latest: bool,
     ) -> Self {
-        use Part::{Consumer, Ids, Sql, Table};
+        use Part::{Consumer, Ids, Sql};
+        let mut parts = select_bigints::<DB>(
+            "SELECT CAST(",
+            [
+                &["count(*)"],
+                &["count(processed_at)"],
+                &[
+                    "count(CASE WHEN processed_at IS NULL AND claimed_until > ",
+                    DB::LEASE_NOW,
+                    " THEN 1 END)",
+                ],
+            ],
+        );
+        parts.extend([
+            Sql(" WHERE consumer = "),
+            Consumer,
+            Sql(" AND message_id IN ("),
+            Ids,
+            Sql(")"),
+            Sql(if latest { DB::LATEST_READ } else { "" }),
+        ]);
+        ClaimSql {
+            ids,
+            ..ClaimSql::of(schema, consumer, Uuid::nil(), parts)
+        }
+    }
+}
+
+impl<'a, DB, ST> ClaimSql<'a, DB, ST> {
+    /// The statement of `parts` on the row of `id` and `consumer`, binding no key text,
+    /// fingerprint or list of ids.
+    fn of(schema: &'a InboxSchema, consumer: &'a str, id: Uuid, parts: Vec<Part>) -> Self {
         ClaimSql {
             table: schema.table(),
-            id: Uuid::nil(),
+            id,
             consumer,
             key_text: String::new(),
             fingerprint: None,
-            ids,
-            parts: vec![
-                Sql("SELECT CAST(count(*) AS "),
-                Sql(DB::BIGINT),
-                Sql("), CAST(count(processed_at) AS "),
-                Sql(DB::BIGINT),
-                Sql("), CAST(count(CASE WHEN processed_at IS NULL AND claimed_until > "),
-                Sql(DB::LEASE_NOW),
-                Sql(" THEN 1 END) AS "),
-                Sql(DB::BIGINT),
-                Sql(") FROM "),
-                Table,
-                Sql(" WHERE consumer = "),
-                Consumer,
-                Sql(" AND message_id IN ("),
-                Ids,
-                Sql(")"),
-                Sql(if latest { DB::LATEST_READ } else { "" }),
-            ],
+            ids: &[],
+            parts,
             types: PhantomData,
         }
     }
+}
+
+/// `SELECT CAST(<column> AS BIGINT), … FROM <table>` with [`Dialect::BIGINT`], each column's
+/// expression in pieces of SQL. `head` is the SQL up to the first column's first piece:
+/// `SELECT CAST(` and what of the column a backend writes itself
+/// ([`Dialect::precheck_read`]).
+fn select_bigints<DB: Dialect>(head: &'static str, columns: [&[&'static str]; 3]) -> Vec<Part> {
+    let mut parts = vec![Part::Sql(head)];
+    for (n, column) in columns.into_iter().enumerate() {
+        if n > 0 {
+            parts.push(Part::Sql(", CAST("));
+        }
+        parts.extend(column.iter().map(|&sql| Part::Sql(sql)));
+        parts.extend([Part::Sql(" AS "), Part::Sql(DB::BIGINT), Part::Sql(")")]);
+    }
+    parts.extend([Part::Sql(" FROM "), Part::Table]);
+    parts
 }
 
 /// The row a [`ClaimSql::read`] returns, as the driver reads it.
@@ -599,104 +619,104 @@ mod tests {
         all
     }
 
-    #[cfg(feature = "postgres")]
     #[test]
-    fn postgres_claim_sql() {
-        let expected = [
-            "SELECT CAST(CASE WHEN processed_at IS NOT NULL THEN 0 WHEN claimed_until IS NULL \
-             THEN 1 WHEN claimed_until > CURRENT_TIMESTAMP THEN 2 ELSE 3 END AS BIGINT), \
-             CAST(attempts AS BIGINT), CAST(CASE WHEN claimed_until > CURRENT_TIMESTAMP THEN \
-             EXTRACT(EPOCH FROM claimed_until - CURRENT_TIMESTAMP) * 1000 ELSE 0 END AS BIGINT) \
-             FROM \"billing\".\"inbox\" WHERE message_id = $1 AND consumer = $2",
-            "SELECT CAST(count(*) AS BIGINT), CAST(count(processed_at) AS BIGINT), \
-             CAST(count(CASE WHEN processed_at IS NULL AND claimed_until > CURRENT_TIMESTAMP THEN \
-             1 END) AS BIGINT) FROM \"billing\".\"inbox\" WHERE consumer = $1 AND message_id IN ($2)",
-            "INSERT INTO \"billing\".\"inbox\" (message_id, consumer, received_at, claimed_until, \
-             attempts) VALUES ($1, $2, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP + $3 * INTERVAL '1 \
-             millisecond', 1) ON CONFLICT (message_id, consumer) DO NOTHING",
-            "UPDATE \"billing\".\"inbox\" SET claimed_until = CURRENT_TIMESTAMP + $1 * INTERVAL '1 \
-             millisecond', attempts = attempts + 1 WHERE message_id = $2 AND consumer = $3 AND \
-             attempts = $4 AND processed_at IS NULL AND (claimed_until IS NULL OR claimed_until \
-             <= CURRENT_TIMESTAMP)",
-            "UPDATE \"billing\".\"inbox\" SET processed_at = CURRENT_TIMESTAMP, claimed_until = NULL \
-             WHERE message_id = $1 AND consumer = $2 AND attempts = $3 AND processed_at IS NULL",
-            "UPDATE \"billing\".\"inbox\" SET claimed_until = NULL WHERE message_id = $1 AND consumer \
-             = $2 AND attempts = $3 AND processed_at IS NULL",
-        ];
-        assert_eq!(rendered::<diesel::pg::Pg>(), expected);
-    }
+    fn claim_statements_sql() {
+        #[cfg(feature = "postgres")]
+        assert_eq!(
+            rendered::<diesel::pg::Pg>(),
+            [
+                "SELECT CAST(CASE WHEN processed_at IS NOT NULL THEN 0 WHEN claimed_until IS NULL \
+                 THEN 1 WHEN claimed_until > CURRENT_TIMESTAMP THEN 2 ELSE 3 END AS BIGINT), \
+                 CAST(attempts AS BIGINT), CAST(CASE WHEN claimed_until > CURRENT_TIMESTAMP THEN \
+                 EXTRACT(EPOCH FROM claimed_until - CURRENT_TIMESTAMP) * 1000 ELSE 0 END AS BIGINT) \
+                 FROM \"billing\".\"inbox\" WHERE message_id = $1 AND consumer = $2",
+                "SELECT CAST(count(*) AS BIGINT), CAST(count(processed_at) AS BIGINT), \
+                 CAST(count(CASE WHEN processed_at IS NULL AND claimed_until > CURRENT_TIMESTAMP THEN \
+                 1 END) AS BIGINT) FROM \"billing\".\"inbox\" WHERE consumer = $1 AND message_id IN ($2)",
+                "INSERT INTO \"billing\".\"inbox\" (message_id, consumer, received_at, claimed_until, \
+                 attempts) VALUES ($1, $2, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP + $3 * INTERVAL '1 \
+                 millisecond', 1) ON CONFLICT (message_id, consumer) DO NOTHING",
+                "UPDATE \"billing\".\"inbox\" SET claimed_until = CURRENT_TIMESTAMP + $1 * INTERVAL '1 \
+                 millisecond', attempts = attempts + 1 WHERE message_id = $2 AND consumer = $3 AND \
+                 attempts = $4 AND processed_at IS NULL AND (claimed_until IS NULL OR claimed_until \
+                 <= CURRENT_TIMESTAMP)",
+                "UPDATE \"billing\".\"inbox\" SET processed_at = CURRENT_TIMESTAMP, claimed_until = NULL \
+                 WHERE message_id = $1 AND consumer = $2 AND attempts = $3 AND processed_at IS NULL",
+                "UPDATE \"billing\".\"inbox\" SET claimed_until = NULL WHERE message_id = $1 AND consumer \
+                 = $2 AND attempts = $3 AND processed_at IS NULL",
+            ]
+        );
 
-    #[cfg(feature = "mysql")]
-    #[test]
-    fn mysql_claim_sql() {
-        let expected = [
-            "SELECT CAST(CASE WHEN processed_at IS NOT NULL THEN 0 WHEN claimed_until IS NULL \
-             THEN 1 WHEN claimed_until > UTC_TIMESTAMP(6) THEN 2 ELSE 3 END AS SIGNED), \
-             CAST(attempts AS SIGNED), CAST(CASE WHEN claimed_until > UTC_TIMESTAMP(6) THEN \
-             TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), claimed_until) DIV 1000 ELSE 0 END AS \
-             SIGNED) FROM `billing`.`inbox` WHERE message_id = ? AND consumer = ?",
-            "SELECT CAST(CASE WHEN @@SESSION.transaction_isolation = 'READ-UNCOMMITTED' THEN 4 \
-             WHEN processed_at IS NOT NULL THEN 0 WHEN claimed_until IS NULL THEN 1 WHEN \
-             claimed_until > UTC_TIMESTAMP(6) THEN 2 ELSE 3 END AS SIGNED), CAST(attempts AS \
-             SIGNED), CAST(CASE WHEN claimed_until > UTC_TIMESTAMP(6) THEN \
-             TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), claimed_until) DIV 1000 ELSE 0 END AS \
-             SIGNED) FROM `billing`.`inbox` WHERE message_id = ? AND consumer = ? AND \
-             @@autocommit = 1 FOR SHARE NOWAIT",
-            "SELECT CAST(CASE WHEN @@SESSION.tx_isolation = 'READ-UNCOMMITTED' THEN 4 WHEN \
-             processed_at IS NOT NULL THEN 0 WHEN claimed_until IS NULL THEN 1 WHEN claimed_until \
-             > UTC_TIMESTAMP(6) THEN 2 ELSE 3 END AS SIGNED), CAST(attempts AS SIGNED), CAST(CASE \
-             WHEN claimed_until > UTC_TIMESTAMP(6) THEN TIMESTAMPDIFF(MICROSECOND, \
-             UTC_TIMESTAMP(6), claimed_until) DIV 1000 ELSE 0 END AS SIGNED) FROM \
-             `billing`.`inbox` WHERE message_id = ? AND consumer = ? AND @@autocommit = 1 LOCK IN \
-             SHARE MODE",
-            "SELECT CAST(count(*) AS SIGNED), CAST(count(processed_at) AS SIGNED), \
-             CAST(count(CASE WHEN processed_at IS NULL AND claimed_until > UTC_TIMESTAMP(6) THEN \
-             1 END) AS SIGNED) FROM `billing`.`inbox` WHERE consumer = ? AND message_id IN (?)",
-            "SELECT CAST(count(*) AS SIGNED), CAST(count(processed_at) AS SIGNED), \
-             CAST(count(CASE WHEN processed_at IS NULL AND claimed_until > UTC_TIMESTAMP(6) THEN \
-             1 END) AS SIGNED) FROM `billing`.`inbox` WHERE consumer = ? AND message_id IN (?) \
-             LOCK IN SHARE MODE",
-            "INSERT INTO `billing`.`inbox` (message_id, consumer, received_at, claimed_until, \
-             attempts) VALUES (?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL (? * 1000) \
-             MICROSECOND, 1)",
-            "UPDATE `billing`.`inbox` SET claimed_until = UTC_TIMESTAMP(6) + INTERVAL (? * 1000) \
-             MICROSECOND, attempts = attempts + 1 WHERE message_id = ? AND consumer = ? AND \
-             attempts = ? AND processed_at IS NULL AND (claimed_until IS NULL OR claimed_until <= \
-             UTC_TIMESTAMP(6))",
-            "UPDATE `billing`.`inbox` SET processed_at = UTC_TIMESTAMP(6), claimed_until = NULL \
-             WHERE message_id = ? AND consumer = ? AND attempts = ? AND processed_at IS NULL",
-            "UPDATE `billing`.`inbox` SET claimed_until = NULL WHERE message_id = ? AND consumer \
-             = ? AND attempts = ? AND processed_at IS NULL",
-        ];
-        assert_eq!(rendered::<diesel::mysql::Mysql>(), expected);
-    }
+        #[cfg(feature = "mysql")]
+        assert_eq!(
+            rendered::<diesel::mysql::Mysql>(),
+            [
+                "SELECT CAST(CASE WHEN processed_at IS NOT NULL THEN 0 WHEN claimed_until IS NULL \
+                 THEN 1 WHEN claimed_until > UTC_TIMESTAMP(6) THEN 2 ELSE 3 END AS SIGNED), \
+                 CAST(attempts AS SIGNED), CAST(CASE WHEN claimed_until > UTC_TIMESTAMP(6) THEN \
+                 TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), claimed_until) DIV 1000 ELSE 0 END AS \
+                 SIGNED) FROM `billing`.`inbox` WHERE message_id = ? AND consumer = ?",
+                "SELECT CAST(CASE WHEN @@SESSION.transaction_isolation = 'READ-UNCOMMITTED' THEN 4 \
+                 WHEN processed_at IS NOT NULL THEN 0 WHEN claimed_until IS NULL THEN 1 WHEN \
+                 claimed_until > UTC_TIMESTAMP(6) THEN 2 ELSE 3 END AS SIGNED), CAST(attempts AS \
+                 SIGNED), CAST(CASE WHEN claimed_until > UTC_TIMESTAMP(6) THEN \
+                 TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), claimed_until) DIV 1000 ELSE 0 END AS \
+                 SIGNED) FROM `billing`.`inbox` WHERE message_id = ? AND consumer = ? AND \
+                 @@autocommit = 1 FOR SHARE NOWAIT",
+                "SELECT CAST(CASE WHEN @@SESSION.tx_isolation = 'READ-UNCOMMITTED' THEN 4 WHEN \
+                 processed_at IS NOT NULL THEN 0 WHEN claimed_until IS NULL THEN 1 WHEN claimed_until \
+                 > UTC_TIMESTAMP(6) THEN 2 ELSE 3 END AS SIGNED), CAST(attempts AS SIGNED), CAST(CASE \
+                 WHEN claimed_until > UTC_TIMESTAMP(6) THEN TIMESTAMPDIFF(MICROSECOND, \
+                 UTC_TIMESTAMP(6), claimed_until) DIV 1000 ELSE 0 END AS SIGNED) FROM \
+                 `billing`.`inbox` WHERE message_id = ? AND consumer = ? AND @@autocommit = 1 LOCK IN \
+                 SHARE MODE",
+                "SELECT CAST(count(*) AS SIGNED), CAST(count(processed_at) AS SIGNED), \
+                 CAST(count(CASE WHEN processed_at IS NULL AND claimed_until > UTC_TIMESTAMP(6) THEN \
+                 1 END) AS SIGNED) FROM `billing`.`inbox` WHERE consumer = ? AND message_id IN (?)",
+                "SELECT CAST(count(*) AS SIGNED), CAST(count(processed_at) AS SIGNED), \
+                 CAST(count(CASE WHEN processed_at IS NULL AND claimed_until > UTC_TIMESTAMP(6) THEN \
+                 1 END) AS SIGNED) FROM `billing`.`inbox` WHERE consumer = ? AND message_id IN (?) \
+                 LOCK IN SHARE MODE",
+                "INSERT INTO `billing`.`inbox` (message_id, consumer, received_at, claimed_until, \
+                 attempts) VALUES (?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL (? * 1000) \
+                 MICROSECOND, 1)",
+                "UPDATE `billing`.`inbox` SET claimed_until = UTC_TIMESTAMP(6) + INTERVAL (? * 1000) \
+                 MICROSECOND, attempts = attempts + 1 WHERE message_id = ? AND consumer = ? AND \
+                 attempts = ? AND processed_at IS NULL AND (claimed_until IS NULL OR claimed_until <= \
+                 UTC_TIMESTAMP(6))",
+                "UPDATE `billing`.`inbox` SET processed_at = UTC_TIMESTAMP(6), claimed_until = NULL \
+                 WHERE message_id = ? AND consumer = ? AND attempts = ? AND processed_at IS NULL",
+                "UPDATE `billing`.`inbox` SET claimed_until = NULL WHERE message_id = ? AND consumer \
+                 = ? AND attempts = ? AND processed_at IS NULL",
+            ]
+        );
 
-    #[cfg(feature = "sqlite")]
-    #[test]
-    fn sqlite_claim_sql() {
-        let expected = [
-            "SELECT CAST(CASE WHEN processed_at IS NOT NULL THEN 0 WHEN claimed_until IS NULL \
-             THEN 1 WHEN claimed_until > strftime('%Y-%m-%d %H:%M:%f', 'now') THEN 2 ELSE 3 END \
-             AS BIGINT), CAST(attempts AS BIGINT), CAST(CASE WHEN claimed_until > \
-             strftime('%Y-%m-%d %H:%M:%f', 'now') THEN (julianday(claimed_until) - \
-             julianday('now')) * 86400000.0 ELSE 0 END AS BIGINT) FROM `billing`.`inbox` WHERE \
-             message_id = ? AND consumer = ?",
-            "SELECT CAST(count(*) AS BIGINT), CAST(count(processed_at) AS BIGINT), \
-             CAST(count(CASE WHEN processed_at IS NULL AND claimed_until > strftime('%Y-%m-%d \
-             %H:%M:%f', 'now') THEN 1 END) AS BIGINT) FROM `billing`.`inbox` WHERE consumer = ? \
-             AND message_id IN (?)",
-            "INSERT INTO `billing`.`inbox` (message_id, consumer, received_at, claimed_until, \
-             attempts) VALUES (?, ?, CURRENT_TIMESTAMP, strftime('%Y-%m-%d %H:%M:%f', 'now', (? / \
-             1000.0) || ' seconds'), 1) ON CONFLICT (message_id, consumer) DO NOTHING",
-            "UPDATE `billing`.`inbox` SET claimed_until = strftime('%Y-%m-%d %H:%M:%f', 'now', (? \
-             / 1000.0) || ' seconds'), attempts = attempts + 1 WHERE message_id = ? AND consumer \
-             = ? AND attempts = ? AND processed_at IS NULL AND (claimed_until IS NULL OR \
-             claimed_until <= strftime('%Y-%m-%d %H:%M:%f', 'now'))",
-            "UPDATE `billing`.`inbox` SET processed_at = CURRENT_TIMESTAMP, claimed_until = NULL \
-             WHERE message_id = ? AND consumer = ? AND attempts = ? AND processed_at IS NULL",
-            "UPDATE `billing`.`inbox` SET claimed_until = NULL WHERE message_id = ? AND consumer \
-             = ? AND attempts = ? AND processed_at IS NULL",
-        ];
-        assert_eq!(rendered::<diesel::sqlite::Sqlite>(), expected);
+        #[cfg(feature = "sqlite")]
+        assert_eq!(
+            rendered::<diesel::sqlite::Sqlite>(),
+            [
+                "SELECT CAST(CASE WHEN processed_at IS NOT NULL THEN 0 WHEN claimed_until IS NULL \
+                 THEN 1 WHEN claimed_until > strftime('%Y-%m-%d %H:%M:%f', 'now') THEN 2 ELSE 3 END \
+                 AS BIGINT), CAST(attempts AS BIGINT), CAST(CASE WHEN claimed_until > \
+                 strftime('%Y-%m-%d %H:%M:%f', 'now') THEN (julianday(claimed_until) - \
+                 julianday('now')) * 86400000.0 ELSE 0 END AS BIGINT) FROM `billing`.`inbox` WHERE \
+                 message_id = ? AND consumer = ?",
+                "SELECT CAST(count(*) AS BIGINT), CAST(count(processed_at) AS BIGINT), \
+                 CAST(count(CASE WHEN processed_at IS NULL AND claimed_until > strftime('%Y-%m-%d \
+                 %H:%M:%f', 'now') THEN 1 END) AS BIGINT) FROM `billing`.`inbox` WHERE consumer = ? \
+                 AND message_id IN (?)",
+                "INSERT INTO `billing`.`inbox` (message_id, consumer, received_at, claimed_until, \
+                 attempts) VALUES (?, ?, CURRENT_TIMESTAMP, strftime('%Y-%m-%d %H:%M:%f', 'now', (? / \
+                 1000.0) || ' seconds'), 1) ON CONFLICT (message_id, consumer) DO NOTHING",
+                "UPDATE `billing`.`inbox` SET claimed_until = strftime('%Y-%m-%d %H:%M:%f', 'now', (? \
+                 / 1000.0) || ' seconds'), attempts = attempts + 1 WHERE message_id = ? AND consumer \
+                 = ? AND attempts = ? AND processed_at IS NULL AND (claimed_until IS NULL OR \
+                 claimed_until <= strftime('%Y-%m-%d %H:%M:%f', 'now'))",
+                "UPDATE `billing`.`inbox` SET processed_at = CURRENT_TIMESTAMP, claimed_until = NULL \
+                 WHERE message_id = ? AND consumer = ? AND attempts = ? AND processed_at IS NULL",
+                "UPDATE `billing`.`inbox` SET claimed_until = NULL WHERE message_id = ? AND consumer \
+                 = ? AND attempts = ? AND processed_at IS NULL",
+            ]
+        );
     }
 }
