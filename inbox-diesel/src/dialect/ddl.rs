@@ -386,3 +386,52 @@ fn mysql_create(schema: &InboxSchema, key_text: &str) -> String {
         processed = Backend::Mysql.quote(&processed_at_index(schema.table_name())),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use inbox_core::InboxSchema;
+
+    use super::{Backend, OptionalColumns};
+
+    #[test]
+    fn sqlite_designs_ddl() {
+        let schema = InboxSchema::new("aux.inbox", "ux_inbox").unwrap();
+        let ddl = |lean| {
+            let columns = OptionalColumns {
+                key_text: true,
+                lean,
+                ..OptionalColumns::default()
+            };
+            Backend::Sqlite.create_table_with_sql(&schema, columns)
+        };
+        let shipped = ddl(false);
+        assert_eq!(
+            shipped,
+            "CREATE TABLE IF NOT EXISTS \"aux\".\"inbox\" (\n\
+             \x20   id            INTEGER   PRIMARY KEY NOT NULL,\n\
+             \x20   message_id    BLOB      NOT NULL,\n\
+             \x20   consumer      TEXT      NOT NULL,\n\
+             \x20   key_text      TEXT,\n\
+             \x20   received_at   TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP,\n\
+             \x20   processed_at  TIMESTAMP,\n\
+             \x20   claimed_until TIMESTAMP,\n\
+             \x20   attempts      INTEGER   NOT NULL DEFAULT 1\n\
+             );\n\
+             CREATE UNIQUE INDEX IF NOT EXISTS \"aux\".\"ux_inbox\" ON \"inbox\" (message_id, consumer);\n\
+             CREATE INDEX IF NOT EXISTS \"aux\".\"ix_inbox_processed_at\" ON \"inbox\" (processed_at);\n"
+        );
+        // The lean design: the same columns but `id`, keyed by the pair in the table itself.
+        let columns = shipped
+            .split_once("NOT NULL,\n")
+            .and_then(|(_, rest)| rest.split_once("\n);"))
+            .unwrap()
+            .0;
+        assert_eq!(
+            ddl(true),
+            format!(
+                "CREATE TABLE IF NOT EXISTS \"aux\".\"inbox\" (\n{columns},\n    \
+                 CONSTRAINT \"ux_inbox\" PRIMARY KEY (message_id, consumer)\n) WITHOUT ROWID;\n"
+            )
+        );
+    }
+}
