@@ -325,20 +325,15 @@ fn sqlite_create(schema: &InboxSchema, key_text: &str) -> String {
     };
     format!(
         "CREATE TABLE IF NOT EXISTS {table} (\n    \
-             id            INTEGER   PRIMARY KEY NOT NULL,\n    \
-             message_id    BLOB      NOT NULL,\n    \
-             consumer      TEXT      NOT NULL,\n\
-             {key_text}    \
-             received_at   TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP,\n    \
-             processed_at  TIMESTAMP,\n    \
-             claimed_until TIMESTAMP,\n    \
-             attempts      INTEGER   NOT NULL DEFAULT 1\n\
+             id            INTEGER   PRIMARY KEY NOT NULL,\n\
+         {columns}\n\
          );\n\
          CREATE UNIQUE INDEX IF NOT EXISTS {index_prefix}{index} \
          ON {name} (message_id, consumer);\n\
          CREATE INDEX IF NOT EXISTS {index_prefix}{processed} \
          ON {name} (processed_at);\n",
         table = Backend::Sqlite.quote_table(schema.table()),
+        columns = sqlite_columns(key_text),
         index = quote(schema.constraint()),
         name = quote(table_name),
         processed = quote(&processed_at_index(table_name)),
@@ -349,18 +344,27 @@ fn sqlite_create(schema: &InboxSchema, key_text: &str) -> String {
 /// the inbox's index so that the check finds it by the name it looks for.
 fn sqlite_lean_create(schema: &InboxSchema, key_text: &str) -> String {
     format!(
-        "CREATE TABLE IF NOT EXISTS {table} (\n    \
-             message_id    BLOB      NOT NULL,\n    \
-             consumer      TEXT      NOT NULL,\n\
-             {key_text}    \
-             received_at   TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP,\n    \
-             processed_at  TIMESTAMP,\n    \
-             claimed_until TIMESTAMP,\n    \
-             attempts      INTEGER   NOT NULL DEFAULT 1,\n    \
+        "CREATE TABLE IF NOT EXISTS {table} (\n\
+         {columns},\n    \
              CONSTRAINT {index} PRIMARY KEY (message_id, consumer)\n\
          ) WITHOUT ROWID;\n",
         table = Backend::Sqlite.quote_table(schema.table()),
+        columns = sqlite_columns(key_text),
         index = Backend::Sqlite.quote(schema.constraint()),
+    )
+}
+
+/// The columns of both SQLite designs (the shipped one's `id` aside), `optional` the optional
+/// columns' lines, each line indented, the last without its comma.
+fn sqlite_columns(optional: &str) -> String {
+    format!(
+        "    message_id    BLOB      NOT NULL,\n    \
+             consumer      TEXT      NOT NULL,\n\
+         {optional}    \
+             received_at   TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP,\n    \
+             processed_at  TIMESTAMP,\n    \
+             claimed_until TIMESTAMP,\n    \
+             attempts      INTEGER   NOT NULL DEFAULT 1"
     )
 }
 
