@@ -258,6 +258,7 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB> {
                 parts.extend(where_open_claim(attempt));
             }
         }
+        let statement = Self::of(schema, consumer, key.stored_id(), parts);
         match step {
             ClaimStep::Insert {
                 layout,
@@ -269,9 +270,9 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB> {
                     false => String::new(),
                 },
                 fingerprint,
-                ..Self::of(schema, consumer, key.stored_id(), parts)
+                ..statement
             },
-            _ => Self::of(schema, consumer, key.stored_id(), parts),
+            _ => statement,
         }
     }
 
