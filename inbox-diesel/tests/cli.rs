@@ -14,8 +14,32 @@ fn inbox_diesel(dir: &Path, args: &[&str]) -> Output {
         .expect("the binary runs")
 }
 
+/// `inbox-diesel migration generate <args>` in `dir`.
+fn generate(dir: &Path, args: &[&str]) -> Output {
+    inbox_diesel(dir, &[&["migration", "generate"], args].concat())
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Asserts that the run succeeded.
+fn succeeds(out: &Output) {
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+/// Asserts that the run exited with `code`, saying `says`.
+fn fails(out: &Output, code: i32, says: &str) {
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "{stderr}");
+    assert!(stderr.contains(says), "{stderr}");
+}
+
+/// The `file` of the one migration under `dir` whose name ends with `suffix`.
+fn read_migration(dir: &Path, suffix: &str, file: &str) -> String {
+    let written = migrations(dir);
+    let name = written.iter().find(|n| n.ends_with(suffix)).unwrap();
+    std::fs::read_to_string(dir.join(name).join(file)).unwrap()
 }
 
 /// A project as `cargo new` and `diesel setup` leave it.
@@ -43,11 +67,8 @@ fn migrations(dir: &Path) -> Vec<String> {
 #[test]
 fn generates_into_the_nearest_migrations_directory() {
     let project = project();
-    let out = inbox_diesel(
-        project.path(),
-        &["migration", "generate", "--backend", "sqlite"],
-    );
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = generate(project.path(), &["--backend", "sqlite"]);
+    succeeds(&out);
     let written = migrations(&project.path().join("migrations"));
     assert_eq!(written.len(), 1);
     let name = &written[0];
@@ -76,22 +97,18 @@ fn reads_the_backend_from_database_url_and_dot_env() {
         .env_remove("DIESEL_CONFIG_FILE")
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let written = migrations(&project.path().join("migrations"));
-    assert!(written[0].ends_with("_create_billing_inbox"), "{written:?}");
-    let up = project
-        .path()
-        .join("migrations")
-        .join(&written[0])
-        .join("up.sql");
-    assert!(std::fs::read_to_string(up).unwrap().contains("UUID"));
+    succeeds(&out);
+    let up = read_migration(
+        &project.path().join("migrations"),
+        "_create_billing_inbox",
+        "up.sql",
+    );
+    assert!(up.contains("UUID"));
 
     // The outbox goes beside a qualified inbox, in its schema, unless named.
-    let out = inbox_diesel(
+    succeeds(&generate(
         beside.path(),
         &[
-            "migration",
-            "generate",
             "--backend",
             "postgres",
             "--table",
@@ -99,15 +116,8 @@ fn reads_the_backend_from_database_url_and_dot_env() {
             "--with",
             "outbox",
         ],
-    );
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let written = migrations(&beside.path().join("migrations"));
-    let up = beside
-        .path()
-        .join("migrations")
-        .join(&written[0])
-        .join("up.sql");
-    let up = std::fs::read_to_string(up).unwrap();
+    ));
+    let up = read_migration(&beside.path().join("migrations"), "", "up.sql");
     assert!(
         up.contains(r#"CREATE TABLE IF NOT EXISTS "billing"."outbox""#),
         "{up}"
@@ -118,19 +128,9 @@ fn reads_the_backend_from_database_url_and_dot_env() {
         "DATABASE_URL=mysql://root@localhost/app\n",
     )
     .unwrap();
-    let out = inbox_diesel(other.path(), &["migration", "generate"]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let written = migrations(&other.path().join("migrations"));
-    let up = other
-        .path()
-        .join("migrations")
-        .join(&written[0])
-        .join("up.sql");
-    assert!(
-        std::fs::read_to_string(up)
-            .unwrap()
-            .contains("ENGINE = InnoDB")
-    );
+    succeeds(&generate(other.path(), &[]));
+    let up = read_migration(&other.path().join("migrations"), "", "up.sql");
+    assert!(up.contains("ENGINE = InnoDB"));
 }
 
 #[test]
@@ -144,8 +144,7 @@ fn reads_the_directory_from_diesel_toml() {
     std::fs::create_dir_all(project.path().join("db/migrations")).unwrap();
     let src = project.path().join("src");
     std::fs::create_dir(&src).unwrap();
-    let out = inbox_diesel(&src, &["migration", "generate", "--backend", "mysql"]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    succeeds(&generate(&src, &["--backend", "mysql"]));
     assert_eq!(migrations(&project.path().join("db/migrations")).len(), 1);
     assert!(migrations(&project.path().join("migrations")).is_empty());
 }
@@ -155,58 +154,25 @@ fn reads_the_directory_from_diesel_toml() {
 fn bad_input_is_refused_and_writes_nothing() {
     let project = project();
     let cases: [(&[&str], &str); 8] = [
+        (&["--backend", "oracle"], "unknown backend `oracle`"),
         (
-            &["migration", "generate", "--backend", "oracle"],
-            "unknown backend `oracle`",
-        ),
-        (
-            &[
-                "migration",
-                "generate",
-                "--backend",
-                "sqlite",
-                "--table",
-                "inbox; drop",
-            ],
+            &["--backend", "sqlite", "--table", "inbox; drop"],
             "--table `inbox; drop` is not a table name",
         ),
         (
-            &[
-                "migration",
-                "generate",
-                "--backend",
-                "sqlite",
-                "--constraint",
-                "1x",
-            ],
+            &["--backend", "sqlite", "--constraint", "1x"],
             "--constraint `1x` is not an index name",
         ),
         (
-            &[
-                "migration",
-                "generate",
-                "--backend",
-                "sqlite",
-                "--with",
-                "checksum",
-            ],
+            &["--backend", "sqlite", "--with", "checksum"],
             "unknown part `checksum`",
         ),
         (
-            &[
-                "migration",
-                "generate",
-                "--backend",
-                "sqlite",
-                "--add",
-                "claim",
-            ],
+            &["--backend", "sqlite", "--add", "claim"],
             "unknown part `claim` in --add",
         ),
         (
             &[
-                "migration",
-                "generate",
                 "--backend",
                 "sqlite",
                 "--with",
@@ -216,17 +182,11 @@ fn bad_input_is_refused_and_writes_nothing() {
             ],
             "--with and --add do not go together",
         ),
-        (
-            &["migration", "generate", "--backend"],
-            "`--backend` needs a value",
-        ),
-        (&["migration", "generate"], "cannot tell the backend"),
+        (&["--backend"], "`--backend` needs a value"),
+        (&[], "cannot tell the backend"),
     ];
     for (args, expected) in cases {
-        let out = inbox_diesel(project.path(), args);
-        assert_eq!(out.status.code(), Some(2), "{args:?}");
-        let stderr = text(&out.stderr);
-        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+        fails(&generate(project.path(), args), 2, expected);
     }
     let out = inbox_diesel(project.path(), &["migrate"]);
     assert_eq!(out.status.code(), Some(2));
@@ -238,37 +198,16 @@ fn bad_input_is_refused_and_writes_nothing() {
 #[test]
 fn key_text_with_the_table_or_added_to_it() {
     let project = project();
-    let out = inbox_diesel(
+    let add_key_text = ["--backend", "mysql", "--add", "key_text"];
+    succeeds(&generate(
         project.path(),
-        &[
-            "migration",
-            "generate",
-            "--backend",
-            "mysql",
-            "--with",
-            "key_text",
-        ],
-    );
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let out = inbox_diesel(
-        project.path(),
-        &[
-            "migration",
-            "generate",
-            "--backend",
-            "mysql",
-            "--add",
-            "key_text",
-        ],
-    );
-    assert!(out.status.success(), "{}", text(&out.stderr));
+        &["--backend", "mysql", "--with", "key_text"],
+    ));
+    succeeds(&generate(project.path(), &add_key_text));
     let dir = project.path().join("migrations");
     let written = migrations(&dir);
     assert_eq!(written.len(), 2, "{written:?}");
-    let read = |suffix: &str, file: &str| {
-        let name = written.iter().find(|n| n.ends_with(suffix)).unwrap();
-        std::fs::read_to_string(dir.join(name).join(file)).unwrap()
-    };
+    let read = |suffix: &str, file: &str| read_migration(&dir, suffix, file);
     let create = read("_create_inbox", "up.sql");
     assert!(
         create.contains("key_text      MEDIUMTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,"),
@@ -283,17 +222,7 @@ fn key_text_with_the_table_or_added_to_it() {
             .contains("ALTER TABLE `inbox` DROP COLUMN key_text;")
     );
     // Never twice.
-    let out = inbox_diesel(
-        project.path(),
-        &[
-            "migration",
-            "generate",
-            "--backend",
-            "mysql",
-            "--add",
-            "key_text",
-        ],
-    );
+    let out = generate(project.path(), &add_key_text);
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(migrations(&dir).len(), 2);
 }
@@ -305,22 +234,20 @@ fn result_and_fingerprint_with_the_table_or_added_to_it() {
     use diesel::connection::SimpleConnection;
     use diesel::{Connection, SqliteConnection};
     let project = project();
-    let generate = |args: &[&str]| {
-        let mut all = vec!["migration", "generate", "--backend", "sqlite"];
-        all.extend_from_slice(args);
-        let out = inbox_diesel(project.path(), &all);
-        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
-    };
-    generate(&["--with", "result,fingerprint"]);
-    generate(&["--add", "result"]);
-    generate(&["--add", "fingerprint"]);
+    for args in [
+        ["--with", "result,fingerprint"],
+        ["--add", "result"],
+        ["--add", "fingerprint"],
+    ] {
+        succeeds(&generate(
+            project.path(),
+            &[&["--backend", "sqlite"][..], &args].concat(),
+        ));
+    }
     let dir = project.path().join("migrations");
     let written = migrations(&dir);
     assert_eq!(written.len(), 3, "{written:?}");
-    let read = |suffix: &str, file: &str| {
-        let name = written.iter().find(|n| n.ends_with(suffix)).unwrap();
-        std::fs::read_to_string(dir.join(name).join(file)).unwrap()
-    };
+    let read = |suffix: &str, file: &str| read_migration(&dir, suffix, file);
     let create = read("_create_inbox", "up.sql");
     assert!(create.contains("result        TEXT,"), "{create}");
     assert!(create.contains("fingerprint   BLOB,"), "{create}");
@@ -352,35 +279,13 @@ fn lean_is_sqlites_design_and_refused_elsewhere() {
         &["--backend", "sqlite", "--lean", "--add", "result"],
         &["--backend", "sqlite", "--lean=yes"],
     ] {
-        let mut args = vec!["migration", "generate"];
-        args.extend_from_slice(refused);
-        let out = inbox_diesel(project.path(), &args);
-        assert_eq!(
-            out.status.code(),
-            Some(2),
-            "{refused:?}: {}",
-            text(&out.stderr)
-        );
-        assert!(
-            text(&out.stderr).contains("--lean"),
-            "{refused:?}: {}",
-            text(&out.stderr)
-        );
+        fails(&generate(project.path(), refused), 2, "--lean");
         assert!(migrations(&dir).is_empty(), "{refused:?}");
     }
-    let out = inbox_diesel(
+    succeeds(&generate(
         project.path(),
-        &[
-            "migration",
-            "generate",
-            "--backend",
-            "sqlite",
-            "--lean",
-            "--with",
-            "key_text",
-        ],
-    );
-    assert!(out.status.success(), "{}", text(&out.stderr));
+        &["--backend", "sqlite", "--lean", "--with", "key_text"],
+    ));
     let written = migrations(&dir);
     assert_eq!(written.len(), 1, "{written:?}");
     let up = std::fs::read_to_string(dir.join(&written[0]).join("up.sql")).unwrap();
@@ -403,49 +308,19 @@ fn lean_is_sqlites_design_and_refused_elsewhere() {
 fn unwritable_or_existing_migrations_are_refused() {
     let project = project();
     let missing = project.path().join("nowhere");
-    let out = inbox_diesel(
-        project.path(),
-        &[
-            "migration",
-            "generate",
-            "--backend",
-            "sqlite",
-            "--migration-dir",
-            missing.to_str().unwrap(),
-        ],
-    );
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        text(&out.stderr).contains("does not exist"),
-        "{}",
-        text(&out.stderr)
-    );
+    let sqlite_into = |dir: &str| {
+        generate(
+            project.path(),
+            &["--backend", "sqlite", "--migration-dir", dir],
+        )
+    };
+    fails(&sqlite_into(missing.to_str().unwrap()), 1, "does not exist");
     assert!(!missing.exists());
 
     // Not even root may create a directory under /proc.
-    let out = inbox_diesel(
-        project.path(),
-        &[
-            "migration",
-            "generate",
-            "--backend",
-            "sqlite",
-            "--migration-dir",
-            "/proc/self",
-        ],
-    );
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("nothing written"),
-        "{}",
-        text(&out.stderr)
-    );
+    fails(&sqlite_into("/proc/self"), 1, "nothing written");
 
-    let first = inbox_diesel(
-        project.path(),
-        &["migration", "generate", "--backend", "sqlite"],
-    );
-    assert!(first.status.success());
+    succeeds(&generate(project.path(), &["--backend", "sqlite"]));
     let before = migrations(&project.path().join("migrations"));
     let up = project
         .path()
@@ -453,15 +328,10 @@ fn unwritable_or_existing_migrations_are_refused() {
         .join(&before[0])
         .join("up.sql");
     let original = std::fs::read_to_string(&up).unwrap();
-    let second = inbox_diesel(
-        project.path(),
-        &["migration", "generate", "--backend", "postgres"],
-    );
-    assert_eq!(second.status.code(), Some(1));
-    assert!(
-        text(&second.stderr).contains("exists already"),
-        "{}",
-        text(&second.stderr)
+    fails(
+        &generate(project.path(), &["--backend", "postgres"]),
+        1,
+        "exists already",
     );
     assert_eq!(migrations(&project.path().join("migrations")), before);
     assert_eq!(std::fs::read_to_string(&up).unwrap(), original);

@@ -49,35 +49,53 @@ fn run(program: &str, project: &Path, url: &str, args: &[&str]) -> String {
     stdout
 }
 
-/// The new user's steps, in a fresh project; returns `diesel print-schema`'s output.
-fn new_project_applies_the_migration(url: &str) -> String {
-    let project = tempfile::tempdir().unwrap();
-    std::fs::write(
-        project.path().join("Cargo.toml"),
-        "[package]\nname = \"app\"\n",
-    )
-    .unwrap();
-    run("diesel", project.path(), url, &["setup"]);
-    let generated = run(
-        env!("CARGO_BIN_EXE_inbox-diesel"),
-        project.path(),
-        url,
-        &["migration", "generate"],
-    );
+/// A fresh project, as `cargo new` and `diesel setup` leave it, on the database at `url`.
+struct Project<'u> {
+    dir: tempfile::TempDir,
+    url: &'u str,
+}
+
+impl<'u> Project<'u> {
+    fn set_up(url: &'u str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("Cargo.toml"), "[package]\nname = \"app\"\n").unwrap();
+        let project = Project { dir, url };
+        project.diesel(&["setup"]);
+        project
+    }
+
+    /// `diesel <args>`; its output.
+    fn diesel(&self, args: &[&str]) -> String {
+        run("diesel", self.dir.path(), self.url, args)
+    }
+
+    /// `inbox-diesel migration generate <args>`; its output.
+    fn generate(&self, args: &[&str]) -> String {
+        let args = [&["migration", "generate"], args].concat();
+        run(
+            env!("CARGO_BIN_EXE_inbox-diesel"),
+            self.dir.path(),
+            self.url,
+            &args,
+        )
+    }
+}
+
+/// The new user's steps, in a fresh project; then `diesel print-schema` prints the `table!`
+/// of `schema/mod.rs`'s `module`.
+fn new_project_applies_the_migration(url: &str, module: &str) {
+    let project = Project::set_up(url);
+    let generated = project.generate(&[]);
     assert!(generated.contains("_create_inbox/up.sql"), "{generated}");
-    let ran = run("diesel", project.path(), url, &["migration", "run"]);
+    let ran = project.diesel(&["migration", "run"]);
     assert!(ran.contains("_create_inbox"), "{ran}");
-    let redone = run("diesel", project.path(), url, &["migration", "redo"]);
+    let redone = project.diesel(&["migration", "redo"]);
     assert!(
         redone.contains("Rolling back migration") && redone.contains("_create_inbox"),
         "{redone}"
     );
-    run(
-        "diesel",
-        project.path(),
-        url,
-        &["print-schema", "--only-tables", "inbox"],
-    )
+    let printed = project.diesel(&["print-schema", "--only-tables", "inbox"]);
+    assert_eq!(printed_table(&printed), shipped_table(module));
 }
 
 /// The `table!` of `module` in this crate's `schema/mod.rs`, without its doc comments.
@@ -111,8 +129,7 @@ fn printed_table(schema: &str) -> Vec<String> {
 fn sqlite_migration_through_the_diesel_cli() {
     let dir = tempfile::tempdir().unwrap();
     let url = dir.path().join("app.sqlite").display().to_string();
-    let printed = new_project_applies_the_migration(&url);
-    assert_eq!(printed_table(&printed), shipped_table("sqlite"));
+    new_project_applies_the_migration(&url, "sqlite");
     handler_works!(diesel::SqliteConnection, &url);
 }
 
@@ -155,8 +172,7 @@ impl<C: Connection> Drop for ServerDatabase<C> {
 #[test]
 fn postgres_migration_through_the_diesel_cli() {
     let db = ServerDatabase::<diesel::PgConnection>::new("INBOX_TEST_PG", "pg");
-    let printed = new_project_applies_the_migration(&db.url);
-    assert_eq!(printed_table(&printed), shipped_table("postgres"));
+    new_project_applies_the_migration(&db.url, "postgres");
     handler_works!(diesel::PgConnection, &db.url);
 }
 
@@ -164,8 +180,7 @@ fn postgres_migration_through_the_diesel_cli() {
 #[test]
 fn mysql_migration_through_the_diesel_cli() {
     let db = ServerDatabase::<diesel::MysqlConnection>::new("INBOX_TEST_MYSQL", "mysql");
-    let printed = new_project_applies_the_migration(&db.url);
-    assert_eq!(printed_table(&printed), shipped_table("mysql"));
+    new_project_applies_the_migration(&db.url, "mysql");
     handler_works!(diesel::MysqlConnection, &db.url);
 }
 
@@ -200,38 +215,22 @@ macro_rules! outbox_works {
 /// `--with outbox` creates the outbox beside the inbox in one migration, `--add outbox` a
 /// second one beside an inbox that exists; both run and revert through the diesel CLI.
 fn outbox_migrations_apply(url: &str) {
-    let project = tempfile::tempdir().unwrap();
-    std::fs::write(
-        project.path().join("Cargo.toml"),
-        "[package]\nname = \"app\"\n",
-    )
-    .unwrap();
-    run("diesel", project.path(), url, &["setup"]);
-    let generate = |args: &[&str]| {
-        let mut all = vec!["migration", "generate"];
-        all.extend_from_slice(args);
-        run(
-            env!("CARGO_BIN_EXE_inbox-diesel"),
-            project.path(),
-            url,
-            &all,
-        )
-    };
-    assert!(generate(&["--with", "outbox"]).contains("_create_inbox/up.sql"));
+    let project = Project::set_up(url);
     assert!(
-        generate(&["--add", "outbox", "--outbox-table", "billing_outbox"])
+        project
+            .generate(&["--with", "outbox"])
+            .contains("_create_inbox/up.sql")
+    );
+    assert!(
+        project
+            .generate(&["--add", "outbox", "--outbox-table", "billing_outbox"])
             .contains("_create_billing_outbox/up.sql")
     );
-    let ran = run("diesel", project.path(), url, &["migration", "run"]);
+    let ran = project.diesel(&["migration", "run"]);
     assert!(ran.contains("_create_billing_outbox"), "{ran}");
-    let redone = run(
-        "diesel",
-        project.path(),
-        url,
-        &["migration", "redo", "--all"],
-    );
+    let redone = project.diesel(&["migration", "redo", "--all"]);
     assert!(redone.contains("Rolling back migration"), "{redone}");
-    let printed = run("diesel", project.path(), url, &["print-schema"]);
+    let printed = project.diesel(&["print-schema"]);
     for table in ["inbox (", "outbox (seq)", "billing_outbox (seq)"] {
         assert!(printed.contains(table), "{table} not in\n{printed}");
     }

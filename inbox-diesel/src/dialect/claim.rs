@@ -162,6 +162,16 @@ const WHERE_KEY: [Part; 4] = [
     Part::Consumer,
 ];
 
+/// `WHERE` of a statement that changes the claim of `attempt`: [`WHERE_KEY`], the attempt, and
+/// not completed.
+fn where_open_claim(attempt: u32) -> impl Iterator<Item = Part> {
+    WHERE_KEY.into_iter().chain([
+        Part::Sql(" AND attempts = "),
+        Part::Int(attempt.into()),
+        Part::Sql(" AND processed_at IS NULL"),
+    ])
+}
+
 impl<'a, DB: Dialect> ClaimSql<'a, DB> {
     /// The statement of `step` (not `Read`: see [`ClaimSql::read`]).
     pub(crate) fn new(
@@ -232,12 +242,8 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB> {
                 parts.extend([Sql("UPDATE "), Table, Sql(" SET claimed_until = ")]);
                 parts.extend(lease(lease_ms));
                 parts.push(Sql(", attempts = attempts + 1"));
-                parts.extend(WHERE_KEY);
-                parts.extend([
-                    Sql(" AND attempts = "),
-                    Int(seen.into()),
-                    Sql(" AND processed_at IS NULL AND (claimed_until IS NULL"),
-                ]);
+                parts.extend(where_open_claim(seen));
+                parts.push(Sql(" AND (claimed_until IS NULL"));
                 if expired {
                     parts.extend([Sql(" OR claimed_until <= "), Sql(DB::LEASE_NOW)]);
                 }
@@ -249,31 +255,24 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB> {
                     parts.extend([Sql("processed_at = "), Sql(DB::NOW), Sql(", ")]);
                 }
                 parts.push(Sql("claimed_until = NULL"));
-                parts.extend(WHERE_KEY);
-                parts.extend([
-                    Sql(" AND attempts = "),
-                    Int(attempt.into()),
-                    Sql(" AND processed_at IS NULL"),
-                ]);
+                parts.extend(where_open_claim(attempt));
             }
         }
-        let key_text = match step {
-            ClaimStep::Insert { layout, .. } if layout.key_text => super::layout::key_text(key),
-            _ => String::new(),
-        };
-        let fingerprint = match step {
-            ClaimStep::Insert { fingerprint, .. } => fingerprint,
-            _ => None,
-        };
-        Self {
-            table: schema.table(),
-            id: key.stored_id(),
-            consumer,
-            key_text,
-            fingerprint,
-            ids: &[],
-            parts,
-            types: PhantomData,
+        let statement = Self::of(schema, consumer, key.stored_id(), parts);
+        match step {
+            ClaimStep::Insert {
+                layout,
+                fingerprint,
+                ..
+            } => Self {
+                key_text: match layout.key_text {
+                    true => super::layout::key_text(key),
+                    false => String::new(),
+                },
+                fingerprint,
+                ..statement
+            },
+            _ => statement,
         }
     }
 
@@ -293,28 +292,28 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB> {
         committed_only: Option<Layout>,
         nowait: bool,
     ) -> ClaimRead<'a, DB> {
-        use Part::{Sql, Table};
         let locking = committed_only.and_then(|layout| DB::precheck_read(layout.mariadb, nowait));
-        let mut parts = vec![
-            Sql(locking.map_or(
+        let mut parts = select_bigints::<DB>(
+            locking.map_or(
                 "SELECT CAST(CASE WHEN processed_at IS NOT NULL THEN 0 ",
                 |l| l.0,
-            )),
-            Sql("WHEN claimed_until IS NULL THEN 1 WHEN claimed_until > "),
-            Sql(DB::LEASE_NOW),
-            Sql(" THEN 2 ELSE 3 END AS "),
-            Sql(DB::BIGINT),
-            Sql("), CAST(attempts AS "),
-            Sql(DB::BIGINT),
-            Sql("), CAST(CASE WHEN claimed_until > "),
-            Sql(DB::LEASE_NOW),
-            Sql(" THEN "),
-            Sql(DB::LEASE_LEFT_MS),
-            Sql(" ELSE 0 END AS "),
-            Sql(DB::BIGINT),
-            Sql(") FROM "),
-            Table,
-        ];
+            ),
+            [
+                &[
+                    "WHEN claimed_until IS NULL THEN 1 WHEN claimed_until > ",
+                    DB::LEASE_NOW,
+                    " THEN 2 ELSE 3 END",
+                ],
+                &["attempts"],
+                &[
+                    "CASE WHEN claimed_until > ",
+                    DB::LEASE_NOW,
+                    " THEN ",
+                    DB::LEASE_LEFT_MS,
+                    " ELSE 0 END",
+                ],
+            ],
+        );
         parts.extend(WHERE_KEY);
         // A precheck reads only where the check ran: a session pointed at another database
         // or schema since reads nothing here, and its transaction's insert has it checked.
@@ -322,18 +321,9 @@ impl<'a, DB: Dialect> ClaimSql<'a, DB> {
             parts.push(Part::MarkCondition(mark));
         }
         if let Some((_, lock)) = locking {
-            parts.push(Sql(lock));
+            parts.push(Part::Sql(lock));
         }
-        ClaimSql {
-            table: schema.table(),
-            id: key.stored_id(),
-            consumer,
-            key_text: String::new(),
-            fingerprint: None,
-            ids: &[],
-            parts,
-            types: PhantomData,
-        }
+        ClaimSql::of(schema, consumer, key.stored_id(), parts)
     }
 }
 
@@ -357,35 +347,66 @@ impl<'a, DB: Dialect> ClaimRead<'a, DB> {
         ids: &'a [Uuid],
         latest: bool,
     ) -> Self {
-        use Part::{Consumer, Ids, Sql, Table};
+        use Part::{Consumer, Ids, Sql};
+        let mut parts = select_bigints::<DB>(
+            "SELECT CAST(",
+            [
+                &["count(*)"],
+                &["count(processed_at)"],
+                &[
+                    "count(CASE WHEN processed_at IS NULL AND claimed_until > ",
+                    DB::LEASE_NOW,
+                    " THEN 1 END)",
+                ],
+            ],
+        );
+        parts.extend([
+            Sql(" WHERE consumer = "),
+            Consumer,
+            Sql(" AND message_id IN ("),
+            Ids,
+            Sql(")"),
+            Sql(if latest { DB::LATEST_READ } else { "" }),
+        ]);
+        ClaimSql {
+            ids,
+            ..ClaimSql::of(schema, consumer, Uuid::nil(), parts)
+        }
+    }
+}
+
+impl<'a, DB, ST> ClaimSql<'a, DB, ST> {
+    /// The statement of `parts` on the row of `id` and `consumer`, binding no key text,
+    /// fingerprint or list of ids.
+    fn of(schema: &'a InboxSchema, consumer: &'a str, id: Uuid, parts: Vec<Part>) -> Self {
         ClaimSql {
             table: schema.table(),
-            id: Uuid::nil(),
+            id,
             consumer,
             key_text: String::new(),
             fingerprint: None,
-            ids,
-            parts: vec![
-                Sql("SELECT CAST(count(*) AS "),
-                Sql(DB::BIGINT),
-                Sql("), CAST(count(processed_at) AS "),
-                Sql(DB::BIGINT),
-                Sql("), CAST(count(CASE WHEN processed_at IS NULL AND claimed_until > "),
-                Sql(DB::LEASE_NOW),
-                Sql(" THEN 1 END) AS "),
-                Sql(DB::BIGINT),
-                Sql(") FROM "),
-                Table,
-                Sql(" WHERE consumer = "),
-                Consumer,
-                Sql(" AND message_id IN ("),
-                Ids,
-                Sql(")"),
-                Sql(if latest { DB::LATEST_READ } else { "" }),
-            ],
+            ids: &[],
+            parts,
             types: PhantomData,
         }
     }
+}
+
+/// `SELECT CAST(<column> AS BIGINT), … FROM <table>` with [`Dialect::BIGINT`], each column's
+/// expression in pieces of SQL. `head` is the SQL up to the first column's first piece:
+/// `SELECT CAST(` and what of the column a backend writes itself
+/// ([`Dialect::precheck_read`]).
+fn select_bigints<DB: Dialect>(head: &'static str, columns: [&[&'static str]; 3]) -> Vec<Part> {
+    let mut parts = vec![Part::Sql(head)];
+    for (n, column) in columns.into_iter().enumerate() {
+        if n > 0 {
+            parts.push(Part::Sql(", CAST("));
+        }
+        parts.extend(column.iter().map(|&sql| Part::Sql(sql)));
+        parts.extend([Part::Sql(" AS "), Part::Sql(DB::BIGINT), Part::Sql(")")]);
+    }
+    parts.extend([Part::Sql(" FROM "), Part::Table]);
+    parts
 }
 
 /// The row a [`ClaimSql::read`] returns, as the driver reads it.
@@ -532,3 +553,6 @@ pub(crate) fn autocommit_off(error: &diesel::result::Error) -> bool {
     })
     .unwrap_or(false)
 }
+
+#[cfg(all(test, any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
+mod tests;

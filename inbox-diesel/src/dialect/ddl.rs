@@ -325,20 +325,15 @@ fn sqlite_create(schema: &InboxSchema, key_text: &str) -> String {
     };
     format!(
         "CREATE TABLE IF NOT EXISTS {table} (\n    \
-             id            INTEGER   PRIMARY KEY NOT NULL,\n    \
-             message_id    BLOB      NOT NULL,\n    \
-             consumer      TEXT      NOT NULL,\n\
-             {key_text}    \
-             received_at   TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP,\n    \
-             processed_at  TIMESTAMP,\n    \
-             claimed_until TIMESTAMP,\n    \
-             attempts      INTEGER   NOT NULL DEFAULT 1\n\
+             id            INTEGER   PRIMARY KEY NOT NULL,\n\
+         {columns}\n\
          );\n\
          CREATE UNIQUE INDEX IF NOT EXISTS {index_prefix}{index} \
          ON {name} (message_id, consumer);\n\
          CREATE INDEX IF NOT EXISTS {index_prefix}{processed} \
          ON {name} (processed_at);\n",
         table = Backend::Sqlite.quote_table(schema.table()),
+        columns = sqlite_columns(key_text),
         index = quote(schema.constraint()),
         name = quote(table_name),
         processed = quote(&processed_at_index(table_name)),
@@ -349,18 +344,27 @@ fn sqlite_create(schema: &InboxSchema, key_text: &str) -> String {
 /// the inbox's index so that the check finds it by the name it looks for.
 fn sqlite_lean_create(schema: &InboxSchema, key_text: &str) -> String {
     format!(
-        "CREATE TABLE IF NOT EXISTS {table} (\n    \
-             message_id    BLOB      NOT NULL,\n    \
-             consumer      TEXT      NOT NULL,\n\
-             {key_text}    \
-             received_at   TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP,\n    \
-             processed_at  TIMESTAMP,\n    \
-             claimed_until TIMESTAMP,\n    \
-             attempts      INTEGER   NOT NULL DEFAULT 1,\n    \
+        "CREATE TABLE IF NOT EXISTS {table} (\n\
+         {columns},\n    \
              CONSTRAINT {index} PRIMARY KEY (message_id, consumer)\n\
          ) WITHOUT ROWID;\n",
         table = Backend::Sqlite.quote_table(schema.table()),
+        columns = sqlite_columns(key_text),
         index = Backend::Sqlite.quote(schema.constraint()),
+    )
+}
+
+/// The columns of both SQLite designs (the shipped one's `id` aside), `optional` the optional
+/// columns' lines, each line indented, the last without its comma.
+fn sqlite_columns(optional: &str) -> String {
+    format!(
+        "    message_id    BLOB      NOT NULL,\n    \
+             consumer      TEXT      NOT NULL,\n\
+         {optional}    \
+             received_at   TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP,\n    \
+             processed_at  TIMESTAMP,\n    \
+             claimed_until TIMESTAMP,\n    \
+             attempts      INTEGER   NOT NULL DEFAULT 1"
     )
 }
 
@@ -385,4 +389,53 @@ fn mysql_create(schema: &InboxSchema, key_text: &str) -> String {
         index = Backend::Mysql.quote(schema.constraint()),
         processed = Backend::Mysql.quote(&processed_at_index(schema.table_name())),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use inbox_core::InboxSchema;
+
+    use super::{Backend, OptionalColumns};
+
+    #[test]
+    fn sqlite_designs_ddl() {
+        let schema = InboxSchema::new("aux.inbox", "ux_inbox").unwrap();
+        let ddl = |lean| {
+            let columns = OptionalColumns {
+                key_text: true,
+                lean,
+                ..OptionalColumns::default()
+            };
+            Backend::Sqlite.create_table_with_sql(&schema, columns)
+        };
+        let shipped = ddl(false);
+        assert_eq!(
+            shipped,
+            "CREATE TABLE IF NOT EXISTS \"aux\".\"inbox\" (\n\
+             \x20   id            INTEGER   PRIMARY KEY NOT NULL,\n\
+             \x20   message_id    BLOB      NOT NULL,\n\
+             \x20   consumer      TEXT      NOT NULL,\n\
+             \x20   key_text      TEXT,\n\
+             \x20   received_at   TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP,\n\
+             \x20   processed_at  TIMESTAMP,\n\
+             \x20   claimed_until TIMESTAMP,\n\
+             \x20   attempts      INTEGER   NOT NULL DEFAULT 1\n\
+             );\n\
+             CREATE UNIQUE INDEX IF NOT EXISTS \"aux\".\"ux_inbox\" ON \"inbox\" (message_id, consumer);\n\
+             CREATE INDEX IF NOT EXISTS \"aux\".\"ix_inbox_processed_at\" ON \"inbox\" (processed_at);\n"
+        );
+        // The lean design: the same columns but `id`, keyed by the pair in the table itself.
+        let columns = shipped
+            .split_once("NOT NULL,\n")
+            .and_then(|(_, rest)| rest.split_once("\n);"))
+            .unwrap()
+            .0;
+        assert_eq!(
+            ddl(true),
+            format!(
+                "CREATE TABLE IF NOT EXISTS \"aux\".\"inbox\" (\n{columns},\n    \
+                 CONSTRAINT \"ux_inbox\" PRIMARY KEY (message_id, consumer)\n) WITHOUT ROWID;\n"
+            )
+        );
+    }
 }

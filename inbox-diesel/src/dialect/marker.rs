@@ -79,24 +79,8 @@ where
     str: diesel::serialize::ToSql<Text, DB>,
 {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
-        out.push_sql("INSERT INTO ");
-        push_table(&mut out, self.table)?;
-        out.push_sql(match self.text {
-            Some(_) => " (message_id, consumer, key_text, received_at, processed_at) VALUES (",
-            None => " (message_id, consumer, received_at, processed_at) VALUES (",
-        });
-        DB::bind_id(&mut out, self.id)?;
-        out.push_sql(", ");
-        push_consumer(&mut out, self.consumer, self.mark)?;
-        out.push_sql(", ");
-        if let Some(text) = self.text {
-            out.push_bind_param::<Text, str>(text)?;
-            out.push_sql(", ");
-        }
-        out.push_sql(DB::NOW);
-        out.push_sql(", ");
-        out.push_sql(DB::NOW);
-        out.push_sql(")");
+        push_insert_into(&mut out, self.table, self.text.is_some())?;
+        push_values(&mut out, self.id, self.consumer, self.mark, self.text)?;
         out.push_sql(DB::ON_CONFLICT);
         Ok(())
     }
@@ -164,14 +148,9 @@ impl<'a, DB, ST> ClaimMarkers<'a, DB, ST> {
         mariadb: bool,
     ) -> Self {
         Self {
-            table: schema.table(),
-            ids,
-            consumer,
-            texts,
-            mark,
             strict: mariadb,
             returning: false,
-            types: PhantomData,
+            ..Self::new(schema, consumer, ids, texts, mark)
         }
     }
 }
@@ -195,29 +174,13 @@ where
         if self.strict {
             out.push_sql("SET STATEMENT sql_mode = 'STRICT_ALL_TABLES' FOR ");
         }
-        out.push_sql("INSERT INTO ");
-        push_table(&mut out, self.table)?;
-        out.push_sql(match self.texts {
-            Some(_) => " (message_id, consumer, key_text, received_at, processed_at) VALUES ",
-            None => " (message_id, consumer, received_at, processed_at) VALUES ",
-        });
+        push_insert_into(&mut out, self.table, self.texts.is_some())?;
         for (n, id) in self.ids.iter().enumerate() {
             if n > 0 {
                 out.push_sql(", ");
             }
-            out.push_sql("(");
-            DB::bind_id(&mut out, id)?;
-            out.push_sql(", ");
-            push_consumer(&mut out, self.consumer, self.mark)?;
-            out.push_sql(", ");
-            if let Some(texts) = self.texts {
-                out.push_bind_param::<Text, str>(&texts[n])?;
-                out.push_sql(", ");
-            }
-            out.push_sql(DB::NOW);
-            out.push_sql(", ");
-            out.push_sql(DB::NOW);
-            out.push_sql(")");
+            let text = self.texts.map(|texts| texts[n].as_str());
+            push_values(&mut out, id, self.consumer, self.mark, text)?;
         }
         if self.returning {
             out.push_sql(" ON CONFLICT (message_id, consumer) DO NOTHING RETURNING message_id");
@@ -435,6 +398,48 @@ pub(crate) fn inserted_unless_duplicate(
     }
 }
 
+/// `INSERT INTO <table> (message_id, consumer, [key_text, ]received_at, processed_at) VALUES `
+fn push_insert_into<DB: diesel::backend::Backend>(
+    out: &mut AstPass<'_, '_, DB>,
+    table: &str,
+    key_text: bool,
+) -> QueryResult<()> {
+    out.push_sql("INSERT INTO ");
+    push_table(out, table)?;
+    out.push_sql(match key_text {
+        true => " (message_id, consumer, key_text, received_at, processed_at) VALUES ",
+        false => " (message_id, consumer, received_at, processed_at) VALUES ",
+    });
+    Ok(())
+}
+
+/// One marker's row of [`push_insert_into`]: `(<id>, <consumer>, [<key text>, ]<now>, <now>)`.
+fn push_values<'b, DB: Dialect>(
+    out: &mut AstPass<'_, 'b, DB>,
+    id: &'b Uuid,
+    consumer: &'b str,
+    mark: Option<Mark>,
+    text: Option<&'b str>,
+) -> QueryResult<()>
+where
+    str: diesel::serialize::ToSql<Text, DB>,
+{
+    out.push_sql("(");
+    DB::bind_id(out, id)?;
+    out.push_sql(", ");
+    push_consumer(out, consumer, mark)?;
+    out.push_sql(", ");
+    if let Some(text) = text {
+        out.push_bind_param::<Text, str>(text)?;
+        out.push_sql(", ");
+    }
+    out.push_sql(DB::NOW);
+    out.push_sql(", ");
+    out.push_sql(DB::NOW);
+    out.push_sql(")");
+    Ok(())
+}
+
 /// The consumer's bind, inside the [`Mark`]'s guard where the insert requires one.
 fn push_consumer<'b, DB: diesel::backend::Backend>(
     out: &mut AstPass<'_, 'b, DB>,
@@ -514,7 +519,7 @@ pub(crate) struct PgMarker {
 #[cfg(feature = "postgres")]
 impl PgMarker {
     pub(crate) fn new(schema: &InboxSchema, layout: super::layout::Layout) -> Self {
-        let table = quoted_table(schema.table());
+        let table = quoted_table(schema.table(), '"');
         let (types, columns, text) = match layout.key_text {
             true => ("uuid, text, text", "message_id, consumer, key_text", ", $3"),
             false => ("uuid, text", "message_id, consumer", ""),
@@ -651,21 +656,14 @@ pub(crate) fn start_with_marker(
 ) -> String {
     use std::fmt::Write as _;
     let begin = spec.mysql_begin_sql(layout.mariadb);
-    let table = spec
-        .schema
-        .table()
-        .split('.')
-        .map(|part| format!("`{}`", part.replace('`', "``")))
-        .collect::<Vec<_>>()
-        .join(".");
+    let table = quoted_table(spec.schema.table(), '`');
     let mut sql = String::with_capacity(400 + begin.len());
     let _ = write!(sql, "{begin}; INSERT INTO {table} (message_id, consumer, ");
     if layout.key_text {
         sql.push_str("key_text, ");
     }
-    sql.push_str("received_at, processed_at) VALUES (X'");
-    hex_into(&mut sql, key.stored_id().as_bytes());
-    sql.push_str("', ");
+    sql.push_str("received_at, processed_at) VALUES (");
+    sql.push_str(&hex_literal("X'", key.stored_id().as_bytes(), "', "));
     let consumer = utf8mb4_text(spec.consumer.as_str());
     match layout.mark() {
         Some(mark) => {
@@ -690,38 +688,45 @@ pub(crate) fn start_with_marker(
 /// Text as a MySQL literal that cannot end early: its UTF-8 bytes as a hex literal.
 #[cfg(feature = "mysql")]
 fn utf8mb4_text(text: &str) -> String {
-    let mut literal = String::with_capacity(24 + 2 * text.len());
-    literal.push_str("CONVERT(X'");
-    hex_into(&mut literal, text.as_bytes());
-    literal.push_str("' USING utf8mb4)");
-    literal
-}
-
-/// Appends `bytes` in lowercase hex.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-fn hex_into(out: &mut String, bytes: &[u8]) {
-    use std::fmt::Write as _;
-    for byte in bytes {
-        let _ = write!(out, "{byte:02x}");
-    }
+    hex_literal("CONVERT(X'", text.as_bytes(), "' USING utf8mb4)")
 }
 
 /// Text as a literal that cannot end early: its UTF-8 bytes in hex, decoded by the server.
 #[cfg(feature = "postgres")]
 fn hex_text(text: &str) -> String {
-    let mut literal = String::with_capacity(40 + 2 * text.len());
-    literal.push_str("convert_from(decode('");
-    hex_into(&mut literal, text.as_bytes());
-    literal.push_str("', 'hex'), 'UTF8')");
+    hex_literal(
+        "convert_from(decode('",
+        text.as_bytes(),
+        "', 'hex'), 'UTF8')",
+    )
+}
+
+/// `bytes` in lowercase hex, between `before` and `after`.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn hex_literal(before: &str, bytes: &[u8], after: &str) -> String {
+    use std::fmt::Write as _;
+    let mut literal = String::with_capacity(before.len() + 2 * bytes.len() + after.len());
+    literal.push_str(before);
+    for byte in bytes {
+        let _ = write!(literal, "{byte:02x}");
+    }
+    literal.push_str(after);
     literal
 }
 
-/// A table name, each part double-quoted as diesel quotes identifiers for PostgreSQL.
-#[cfg(feature = "postgres")]
-fn quoted_table(table: &str) -> String {
+/// A table name, each part between `quote`s (doubled inside) as diesel quotes identifiers:
+/// `"` for PostgreSQL, `` ` `` for MySQL.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn quoted_table(table: &str, quote: char) -> String {
+    let doubled = format!("{quote}{quote}");
     table
         .split('.')
-        .map(|part| format!("\"{}\"", part.replace('"', "\"\"")))
+        .map(|part| format!("{quote}{}{quote}", part.replace(quote, &doubled)))
         .collect::<Vec<_>>()
         .join(".")
 }
+
+/// The inserts' SQL text on PostgreSQL and MySQL (SQLite's differs from PostgreSQL's only in
+/// its placeholders and quotes).
+#[cfg(all(test, any(feature = "postgres", feature = "mysql")))]
+mod tests;

@@ -27,6 +27,17 @@ pub(crate) use sql::execute;
 pub(crate) use sql::execute_async;
 pub use sql::{BindId, Binds, Row, Rows, Sql};
 
+/// `fragment` as the SQL text sent on backend `DB` (the binds left out).
+#[cfg(all(test, any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
+fn sql_text<DB>(fragment: &dyn diesel::query_builder::QueryFragment<DB>) -> String
+where
+    DB: diesel::backend::Backend<QueryBuilder: Default> + Default,
+{
+    let mut builder = DB::QueryBuilder::default();
+    fragment.to_sql(&mut builder, &DB::default()).unwrap();
+    diesel::query_builder::QueryBuilder::finish(builder)
+}
+
 /// What [`Dialect::OPEN_TRANSACTION_PROBE`] fails with on PostgreSQL, quoted in the server's
 /// error whatever its language.
 pub(crate) const OPEN_TRANSACTION: &str = "inbox: a transaction is open on this session";

@@ -245,32 +245,24 @@ impl<R: Send + 'static + rows::OnPostgres + rows::OnMysql + rows::OnSqlite> Row 
 /// [`Row`]'s parts, one per backend, empty where the backend's feature is off: each backend's
 /// [`Dialect`](super::Dialect) reads rows through its own part, where the backend is a concrete type.
 pub mod rows {
-    #[cfg(feature = "postgres")]
-    pub trait OnPostgres: diesel::QueryableByName<diesel::pg::Pg> {}
-    #[cfg(feature = "postgres")]
-    impl<R: diesel::QueryableByName<diesel::pg::Pg>> OnPostgres for R {}
-    #[cfg(not(feature = "postgres"))]
-    pub trait OnPostgres {}
-    #[cfg(not(feature = "postgres"))]
-    impl<R> OnPostgres for R {}
+    /// `$part`: a row the derive `QueryableByName` reads on `$backend` where `$feature` is on;
+    /// every type where it is off.
+    macro_rules! part {
+        ($part:ident, $feature:literal, $backend:ty) => {
+            #[cfg(feature = $feature)]
+            pub trait $part: diesel::QueryableByName<$backend> {}
+            #[cfg(feature = $feature)]
+            impl<R: diesel::QueryableByName<$backend>> $part for R {}
+            #[cfg(not(feature = $feature))]
+            pub trait $part {}
+            #[cfg(not(feature = $feature))]
+            impl<R> $part for R {}
+        };
+    }
 
-    #[cfg(feature = "mysql")]
-    pub trait OnMysql: diesel::QueryableByName<diesel::mysql::Mysql> {}
-    #[cfg(feature = "mysql")]
-    impl<R: diesel::QueryableByName<diesel::mysql::Mysql>> OnMysql for R {}
-    #[cfg(not(feature = "mysql"))]
-    pub trait OnMysql {}
-    #[cfg(not(feature = "mysql"))]
-    impl<R> OnMysql for R {}
-
-    #[cfg(feature = "sqlite")]
-    pub trait OnSqlite: diesel::QueryableByName<diesel::sqlite::Sqlite> {}
-    #[cfg(feature = "sqlite")]
-    impl<R: diesel::QueryableByName<diesel::sqlite::Sqlite>> OnSqlite for R {}
-    #[cfg(not(feature = "sqlite"))]
-    pub trait OnSqlite {}
-    #[cfg(not(feature = "sqlite"))]
-    impl<R> OnSqlite for R {}
+    part!(OnPostgres, "postgres", diesel::pg::Pg);
+    part!(OnMysql, "mysql", diesel::mysql::Mysql);
+    part!(OnSqlite, "sqlite", diesel::sqlite::Sqlite);
 }
 
 /// How a backend binds a message id, the one value the backends bind differently: a

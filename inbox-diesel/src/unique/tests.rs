@@ -154,15 +154,25 @@ fn reread(row: i64) -> Immediate<impl FnMut(&mut Vec<&'static str>) -> QueryResu
     })
 }
 
+/// `insert_or_get` of [`EMAIL`] on `script`, its insert answering `answers` in turn and its
+/// re-read `row`.
+fn insert_or_get(
+    script: &mut Script,
+    answers: Vec<QueryResult<i64>>,
+    row: i64,
+) -> Result<Created<i64>, UniqueError> {
+    complete_now(insert_or_get_steps(
+        script,
+        &EMAIL,
+        &mut insert(answers),
+        &mut reread(row),
+    ))
+}
+
 #[test]
 fn a_deadlock_outside_a_transaction_is_retried_in_a_fresh_one() {
     let mut script = Script::default();
-    let created = complete_now(insert_or_get_steps(
-        &mut script,
-        &EMAIL,
-        &mut insert(vec![Err(deadlock()), Ok(7)]),
-        &mut reread(0),
-    ));
+    let created = insert_or_get(&mut script, vec![Err(deadlock()), Ok(7)], 0);
     assert_eq!(created.unwrap(), Created::New(7));
     assert_eq!(
         script.did,
@@ -182,12 +192,7 @@ fn a_deadlock_outside_a_transaction_is_retried_in_a_fresh_one() {
 fn a_deadlock_inside_the_callers_transaction_is_returned_after_its_savepoint() {
     let mut script = Script::default();
     script.depth(TransactionDepthChange::IncreaseDepth).unwrap();
-    let created = complete_now(insert_or_get_steps(
-        &mut script,
-        &EMAIL,
-        &mut insert(vec![Err(deadlock()), Ok(7)]),
-        &mut reread(0),
-    ));
+    let created = insert_or_get(&mut script, vec![Err(deadlock()), Ok(7)], 0);
     assert!(
         matches!(created, Err(ref e) if e.is_transient()),
         "{created:?}"
@@ -200,12 +205,7 @@ fn a_deadlock_inside_the_callers_transaction_is_returned_after_its_savepoint() {
 #[test]
 fn the_keys_violation_reads_the_winners_row_after_the_rollback() {
     let mut script = Script::default();
-    let created = complete_now(insert_or_get_steps(
-        &mut script,
-        &EMAIL,
-        &mut insert(vec![Err(the_keys_violation())]),
-        &mut reread(42),
-    ));
+    let created = insert_or_get(&mut script, vec![Err(the_keys_violation())], 42);
     assert_eq!(created.unwrap(), Created::Existing(42));
     assert_eq!(script.did, ["begin", "insert", "roll back", "re-read"]);
 }
@@ -214,12 +214,7 @@ fn the_keys_violation_reads_the_winners_row_after_the_rollback() {
 fn retries_stop_after_the_last_one() {
     let mut script = Script::default();
     let answers = (0..=UniqueKey::RETRIES).map(|_| Err(deadlock())).collect();
-    let created = complete_now(insert_or_get_steps(
-        &mut script,
-        &EMAIL,
-        &mut insert(answers),
-        &mut reread(0),
-    ));
+    let created = insert_or_get(&mut script, answers, 0);
     assert!(created.is_err());
     let sleeps = script.did.iter().filter(|&&d| d == "sleep").count();
     assert_eq!(sleeps, UniqueKey::RETRIES as usize);
