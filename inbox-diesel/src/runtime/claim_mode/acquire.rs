@@ -190,14 +190,20 @@ pub(in crate::runtime) fn retry_after(
     match spec.retry.decide(&class, retries, fastrand::f64()) {
         RetryDecision::Retry { after } => {
             telemetry::retried(spec, &class);
-            tracing::warn!(
-                class = %class,
-                retry = retries + 1,
-                after_ms = after.as_millis() as u64,
-                "transient failure; retrying"
-            );
+            warn_retrying(&class, retries, after, "transient failure; retrying");
             Some(after)
         }
         RetryDecision::GiveUp => None,
     }
+}
+
+/// Logs that a statement of claim mode failed with `class` and is tried again `after` a
+/// pause: the `retries + 1`th retry.
+pub(super) fn warn_retrying(class: &ErrorClass, retries: u32, after: Duration, message: &str) {
+    tracing::warn!(
+        class = %class,
+        retry = retries + 1,
+        after_ms = after.as_millis() as u64,
+        "{message}"
+    );
 }

@@ -215,11 +215,11 @@ fn stamp_retry(
         return None;
     }
     let after = Duration::from_millis(50 << retries.min(5)).min(Duration::from_secs(1));
-    tracing::warn!(
-        class = %class,
-        retry = retries + 1,
-        after_ms = after.as_millis() as u64,
-        "stamping the claim failed; trying again while the claim's time lasts"
+    warn_retrying(
+        &class,
+        retries,
+        after,
+        "stamping the claim failed; trying again while the claim's time lasts",
     );
     Some(after)
 }
