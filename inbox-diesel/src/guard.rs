@@ -223,47 +223,31 @@ pub fn vet<T, K>(value: T, _kind: impl FnOnce(&T) -> K) -> T {
 /// cache clients, broker channels — is not one.
 pub trait Pool {}
 
-#[cfg(feature = "r2d2")]
-impl<M: diesel::r2d2::ManageConnection> Pool for diesel::r2d2::Pool<M> where
-    M::Connection: SimpleConnection
-{
+/// A pool crate's pool and the tripwire's guarded pool over it, both recognised where the
+/// pool's connections are diesel connections. The guarded pools refuse a checkout inside a
+/// handler at run time; handing one to a helper is still refused at compile time, where the
+/// mistake is cheaper.
+macro_rules! pools {
+    ($feature:literal: impl<$($param:ident: $bound:path),+> for $pool:ty, $guarded:ty where $($where:tt)+) => {
+        #[cfg(feature = $feature)]
+        impl<$($param: $bound),+> Pool for $pool where $($where)+ {}
+
+        #[cfg(feature = $feature)]
+        impl<$($param: $bound),+> Pool for $guarded where $($where)+ {}
+    };
 }
 
-#[cfg(feature = "deadpool")]
-impl<M: deadpool::managed::Manager, W: From<deadpool::managed::Object<M>>> Pool
-    for deadpool::managed::Pool<M, W>
-where
-    M::Type: diesel_async::SimpleAsyncConnection,
-{
-}
+pools!("r2d2": impl<M: diesel::r2d2::ManageConnection>
+    for diesel::r2d2::Pool<M>, crate::tripwire::r2d2::GuardedPool<M>
+    where M::Connection: SimpleConnection);
 
-#[cfg(feature = "bb8")]
-impl<M: bb8::ManageConnection> Pool for bb8::Pool<M> where
-    M::Connection: diesel_async::SimpleAsyncConnection
-{
-}
+pools!("deadpool": impl<M: deadpool::managed::Manager, W: From<deadpool::managed::Object<M>>>
+    for deadpool::managed::Pool<M, W>, crate::tripwire::deadpool::GuardedPool<M, W>
+    where M::Type: diesel_async::SimpleAsyncConnection);
 
-// The tripwire's guarded pools refuse a checkout inside a handler at run time; handing one
-// to a helper is still refused at compile time, where the mistake is cheaper.
-#[cfg(feature = "r2d2")]
-impl<M: diesel::r2d2::ManageConnection> Pool for crate::tripwire::r2d2::GuardedPool<M> where
-    M::Connection: SimpleConnection
-{
-}
-
-#[cfg(feature = "deadpool")]
-impl<M: deadpool::managed::Manager, W: From<deadpool::managed::Object<M>>> Pool
-    for crate::tripwire::deadpool::GuardedPool<M, W>
-where
-    M::Type: diesel_async::SimpleAsyncConnection,
-{
-}
-
-#[cfg(feature = "bb8")]
-impl<M: bb8::ManageConnection> Pool for crate::tripwire::bb8::GuardedPool<M> where
-    M::Connection: diesel_async::SimpleAsyncConnection
-{
-}
+pools!("bb8": impl<M: bb8::ManageConnection>
+    for bb8::Pool<M>, crate::tripwire::bb8::GuardedPool<M>
+    where M::Connection: diesel_async::SimpleAsyncConnection);
 
 /// `dyn Any`: a connection may have been erased into it, to be downcast inside a helper.
 pub trait Erased {}

@@ -11,10 +11,12 @@ use diesel::Connection;
 use inbox_diesel::schema::verify;
 use inbox_diesel::{InboxSchema, Uuid, idempotent};
 
-/// A handler run on the migrated table: the first delivery processes, the second is a
+/// The new user's steps through the diesel CLI (`new_project_applies_the_migration`), then a
+/// handler run on the migrated table: the first delivery processes, the second is a
 /// duplicate.
-macro_rules! handler_works {
-    ($conn:ty, $url:expr) => {{
+macro_rules! migration_works {
+    ($conn:ty, $url:expr, $module:literal) => {{
+        new_project_applies_the_migration($url, $module);
         #[idempotent(consumer = "welcome", key = *id)]
         fn welcome(conn: &mut $conn, id: &Uuid) -> diesel::QueryResult<usize> {
             diesel::RunQueryDsl::execute(diesel::sql_query("SELECT 1"), conn)
@@ -129,8 +131,7 @@ fn printed_table(schema: &str) -> Vec<String> {
 fn sqlite_migration_through_the_diesel_cli() {
     let dir = tempfile::tempdir().unwrap();
     let url = dir.path().join("app.sqlite").display().to_string();
-    new_project_applies_the_migration(&url, "sqlite");
-    handler_works!(diesel::SqliteConnection, &url);
+    migration_works!(diesel::SqliteConnection, &url, "sqlite");
 }
 
 /// A database of its own on the server `variable` names, dropped afterwards.
@@ -172,16 +173,14 @@ impl<C: Connection> Drop for ServerDatabase<C> {
 #[test]
 fn postgres_migration_through_the_diesel_cli() {
     let db = ServerDatabase::<diesel::PgConnection>::new("INBOX_TEST_PG", "pg");
-    new_project_applies_the_migration(&db.url, "postgres");
-    handler_works!(diesel::PgConnection, &db.url);
+    migration_works!(diesel::PgConnection, &db.url, "postgres");
 }
 
 #[cfg(feature = "mysql")]
 #[test]
 fn mysql_migration_through_the_diesel_cli() {
     let db = ServerDatabase::<diesel::MysqlConnection>::new("INBOX_TEST_MYSQL", "mysql");
-    new_project_applies_the_migration(&db.url, "mysql");
-    handler_works!(diesel::MysqlConnection, &db.url);
+    migration_works!(diesel::MysqlConnection, &db.url, "mysql");
 }
 
 /// A handler that publishes to the outbox, run on the migrated tables: the message is
@@ -236,29 +235,33 @@ fn outbox_migrations_apply(url: &str) {
     }
 }
 
+/// The outbox migrations applied through the diesel CLI (`outbox_migrations_apply`), then
+/// a handler publishing to each of the two outboxes they create.
+macro_rules! outbox_migrations_work {
+    ($conn:ty, $url:expr) => {{
+        outbox_migrations_apply($url);
+        outbox_works!($conn, $url, "outbox");
+        outbox_works!($conn, $url, "billing_outbox");
+    }};
+}
+
 #[test]
 fn sqlite_outbox_migrations_through_the_diesel_cli() {
     let dir = tempfile::tempdir().unwrap();
     let url = dir.path().join("app.sqlite").display().to_string();
-    outbox_migrations_apply(&url);
-    outbox_works!(diesel::SqliteConnection, &url, "outbox");
-    outbox_works!(diesel::SqliteConnection, &url, "billing_outbox");
+    outbox_migrations_work!(diesel::SqliteConnection, &url);
 }
 
 #[cfg(feature = "postgres")]
 #[test]
 fn postgres_outbox_migrations_through_the_diesel_cli() {
     let db = ServerDatabase::<diesel::PgConnection>::new("INBOX_TEST_PG", "pg_outbox");
-    outbox_migrations_apply(&db.url);
-    outbox_works!(diesel::PgConnection, &db.url, "outbox");
-    outbox_works!(diesel::PgConnection, &db.url, "billing_outbox");
+    outbox_migrations_work!(diesel::PgConnection, &db.url);
 }
 
 #[cfg(feature = "mysql")]
 #[test]
 fn mysql_outbox_migrations_through_the_diesel_cli() {
     let db = ServerDatabase::<diesel::MysqlConnection>::new("INBOX_TEST_MYSQL", "mysql_outbox");
-    outbox_migrations_apply(&db.url);
-    outbox_works!(diesel::MysqlConnection, &db.url, "outbox");
-    outbox_works!(diesel::MysqlConnection, &db.url, "billing_outbox");
+    outbox_migrations_work!(diesel::MysqlConnection, &db.url);
 }
