@@ -433,7 +433,6 @@ pub(crate) fn refused_inside(error: &diesel::result::Error) -> bool {
 /// No transaction is open and the manager is sound: the handler's transaction may begin
 /// with its marker. Otherwise the runtime begins on its own, which reports the transaction
 /// already open (or the broken manager) before anything is sent.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn none_open(status: &mut diesel::connection::TransactionManagerStatus) -> bool {
     matches!(open(status), Ok(false))
 }
@@ -446,7 +445,6 @@ pub(crate) fn none_open(status: &mut diesel::connection::TransactionManagerStatu
 /// PostgreSQL): the transaction manager is told it is open (it counted none, as the string
 /// failed as a whole), so that the runtime's rollback ends it — and a pool discards the
 /// connection if that rollback never runs.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn claimed(
     begun: QueryResult<()>,
     schema: &inbox_core::InboxSchema,
@@ -493,7 +491,6 @@ pub(crate) fn transaction_gone(
 
 /// The manager's state unless it is broken (diesel's own `transaction_state`, which is public
 /// only to implementers of backends: a user's build of this crate does not enable that).
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 fn valid(
     status: &mut diesel::connection::TransactionManagerStatus,
 ) -> QueryResult<&mut diesel::connection::ValidTransactionManagerStatus> {
@@ -519,14 +516,12 @@ pub(crate) fn autocommit_back(put_back: QueryResult<()>) {
 /// Before a `COMMIT` or `ROLLBACK` the runtime sends itself, with other statements in one
 /// round trip: the transaction manager is sound and counts the transaction open (diesel's own
 /// commit refuses the same way, before anything is sent). `Ok(false)`: none is open.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn open(status: &mut diesel::connection::TransactionManagerStatus) -> QueryResult<bool> {
     Ok(valid(status)?.transaction_depth().is_some())
 }
 
 /// The transaction manager told that the transaction it counts open ended: after a
 /// `COMMIT` or `ROLLBACK` the runtime sent itself, with other statements in one round trip.
-#[cfg(any(feature = "mysql", feature = "sqlite", feature = "postgres"))]
 pub(crate) fn ended(status: &mut diesel::connection::TransactionManagerStatus) -> QueryResult<()> {
     let state = valid(status)?;
     match state.transaction_depth() {
