@@ -81,59 +81,66 @@ pub(crate) mod sealed {
     }
 }
 
-/// A diesel connection an `#[idempotent]` handler can run on.
-///
-/// Implemented for the connections of the enabled backends: `SqliteConnection` (feature
-/// `sqlite`), `PgConnection` (feature `postgres`) and `MysqlConnection` (feature `mysql`).
-/// Declare the handler's connection parameter as `&mut` one of them; a pooled connection
-/// (`r2d2::PooledConnection`, …) derefs to it, so `handler(&mut pooled, &msg)` compiles as it
-/// is.
-///
-/// Sealed: only this crate's connections implement it, and what the runtime calls on them is
-/// not reachable from outside the crate.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` is not a connection an #[idempotent] handler can run on",
-    label = "declare this parameter as `&mut PgConnection`, `&mut MysqlConnection` or `&mut SqliteConnection`",
-    note = "each backend is a feature of inbox-diesel, none of them on by default: \
-            `features = [\"postgres\"]`, `[\"mysql\"]` or `[\"sqlite\"]`",
-    note = "a pooled connection derefs to its connection: declare `&mut PgConnection` and call \
-            the handler with `&mut pooled_connection`",
-    note = "the handler's connection is its first `&mut …Connection` parameter; if that one is \
-            another client, name the database connection with `conn = …`"
-)]
-pub trait InboxConnection: sealed::Connection {
-    /// The connection's backend: which SQL dialect and DDL apply.
-    const BACKEND: crate::dialect::Backend = <Self::Backend as crate::dialect::Dialect>::BACKEND;
+/// The compile error of a handler parameter that is not a connection the runtime runs on, the
+/// same on [`InboxConnection`] and [`HandlerConnection`]; `more_notes` are added after the
+/// shared ones.
+macro_rules! not_a_connection {
+    (more_notes: [$($note:literal),*] $item:item) => {
+        #[diagnostic::on_unimplemented(
+            message = "`{Self}` is not a connection an #[idempotent] handler can run on",
+            label = "declare this parameter as `&mut PgConnection`, `&mut MysqlConnection` or `&mut SqliteConnection`",
+            note = "each backend is a feature of inbox-diesel, none of them on by default: \
+                    `features = [\"postgres\"]`, `[\"mysql\"]` or `[\"sqlite\"]`",
+            note = "a pooled connection derefs to its connection: declare `&mut PgConnection` and call \
+                    the handler with `&mut pooled_connection`",
+            note = "the handler's connection is its first `&mut …Connection` parameter; if that one is \
+                    another client, name the database connection with `conn = …`"
+            $(, note = $note)*
+        )]
+        $item
+    };
+    ($item:item) => {
+        not_a_connection! { more_notes: [] $item }
+    };
 }
 
-/// What a sync handler's connection parameter may be: a connection the runtime runs on
-/// ([`InboxConnection`]), or an application's enum of them — diesel's `MultiConnection`, one
-/// type for several backends, as Vaultwarden's — that also derives
-/// [`inbox_diesel::MultiConnection`](crate::MultiConnection).
-///
-/// On an enum, the runtime runs its own statements on the variant the enum holds, and the
-/// body is given the enum: its queries, written for diesel's `MultiBackend`, run in the same
-/// transaction as the marker (diesel's `MultiConnection` hands its transactions to the
-/// variant).
-///
-/// Not to be implemented by hand: the derive writes the one method.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` is not a connection an #[idempotent] handler can run on",
-    label = "declare this parameter as `&mut PgConnection`, `&mut MysqlConnection` or `&mut SqliteConnection`",
-    note = "each backend is a feature of inbox-diesel, none of them on by default: \
-            `features = [\"postgres\"]`, `[\"mysql\"]` or `[\"sqlite\"]`",
-    note = "a pooled connection derefs to its connection: declare `&mut PgConnection` and call \
-            the handler with `&mut pooled_connection`",
-    note = "the handler's connection is its first `&mut …Connection` parameter; if that one is \
-            another client, name the database connection with `conn = …`",
-    note = "an application's enum of connections (`#[derive(diesel::MultiConnection)]`) also \
-            derives `inbox_diesel::MultiConnection`"
-)]
-pub trait HandlerConnection: diesel::Connection + Sized + Send {
-    /// Calls `visit` with the connection and the way from it to the connection the runtime
-    /// runs on: itself, or the enum's variant.
-    #[doc(hidden)]
-    fn __inbox_visit<V: Visit<Self>>(&mut self, visit: V) -> V::Output;
+not_a_connection! {
+    /// A diesel connection an `#[idempotent]` handler can run on.
+    ///
+    /// Implemented for the connections of the enabled backends: `SqliteConnection` (feature
+    /// `sqlite`), `PgConnection` (feature `postgres`) and `MysqlConnection` (feature `mysql`).
+    /// Declare the handler's connection parameter as `&mut` one of them; a pooled connection
+    /// (`r2d2::PooledConnection`, …) derefs to it, so `handler(&mut pooled, &msg)` compiles as it
+    /// is.
+    ///
+    /// Sealed: only this crate's connections implement it, and what the runtime calls on them is
+    /// not reachable from outside the crate.
+    pub trait InboxConnection: sealed::Connection {
+        /// The connection's backend: which SQL dialect and DDL apply.
+        const BACKEND: crate::dialect::Backend = <Self::Backend as crate::dialect::Dialect>::BACKEND;
+    }
+}
+
+not_a_connection! {
+    more_notes: ["an application's enum of connections (`#[derive(diesel::MultiConnection)]`) \
+                  also derives `inbox_diesel::MultiConnection`"]
+    /// What a sync handler's connection parameter may be: a connection the runtime runs on
+    /// ([`InboxConnection`]), or an application's enum of them — diesel's `MultiConnection`, one
+    /// type for several backends, as Vaultwarden's — that also derives
+    /// [`inbox_diesel::MultiConnection`](crate::MultiConnection).
+    ///
+    /// On an enum, the runtime runs its own statements on the variant the enum holds, and the
+    /// body is given the enum: its queries, written for diesel's `MultiBackend`, run in the same
+    /// transaction as the marker (diesel's `MultiConnection` hands its transactions to the
+    /// variant).
+    ///
+    /// Not to be implemented by hand: the derive writes the one method.
+    pub trait HandlerConnection: diesel::Connection + Sized + Send {
+        /// Calls `visit` with the connection and the way from it to the connection the runtime
+        /// runs on: itself, or the enum's variant.
+        #[doc(hidden)]
+        fn __inbox_visit<V: Visit<Self>>(&mut self, visit: V) -> V::Output;
+    }
 }
 
 impl<C: InboxConnection> HandlerConnection for C {

@@ -565,14 +565,14 @@ impl Session for Mysql {
             let ids = &all_ids[range.clone()];
             let texts = texts.map(|texts| &texts[range]);
             if ids.len() > 1 {
-                let all = ClaimMarkers::<Mysql, diesel::sql_types::BigInt>::all_or_none(
+                let all = ClaimMarkers::<Mysql, diesel::sql_types::BigInt>::new(
                     schema,
                     consumer,
                     ids,
                     texts,
                     layout.mark(),
-                    layout.mariadb,
-                );
+                )
+                .all_or_none(layout.mariadb);
                 if claim_rows_then_each(io.run(all).await, schema, ids.len())? {
                     inserted.extend_from_slice(ids);
                     continue;
