@@ -35,12 +35,15 @@ macro_rules! bind_id_as_bytes {
     };
 }
 
-/// The sealed part of `$conn`, a diesel-async connection of a server: its transaction opened
-/// with SQL by diesel-async's manager, and its statement in flight cancelled by the
-/// [`StatementCancel`] `$cancel` made of the connection's cancel token.
+/// The async side of a server backend: `$conn`, a diesel-async connection, runs handlers
+/// ([`AsyncInboxConnection`]); its transaction is opened with SQL by diesel-async's manager,
+/// and its statement in flight cancelled by the [`StatementCancel`] `$cancel` made of the
+/// connection's cancel token.
 #[cfg(all(feature = "async", any(feature = "postgres", feature = "mysql")))]
 macro_rules! async_server_connection {
     ($conn:ty, $cancel:path) => {
+        impl super::AsyncInboxConnection for $conn {}
+
         impl crate::io::BeginWithSql for $conn {
             async fn begin_sql(&mut self, sql: &str) -> diesel::QueryResult<()> {
                 diesel_async::AnsiTransactionManager::begin_transaction_sql(self, sql).await

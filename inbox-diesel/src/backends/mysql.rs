@@ -49,8 +49,6 @@ use crate::io::Io;
 use crate::spec::HandlerSpec;
 use diesel::sql_types::{BigInt, Text};
 use inbox_core::InboxSchema;
-#[cfg(feature = "async")]
-use {super::AsyncInboxConnection, diesel_async::AsyncMysqlConnection};
 
 bind_id_as_bytes!(Mysql);
 
@@ -666,7 +664,7 @@ impl InboxConnection for MysqlConnection {}
 impl sealed::Connection for MysqlConnection {}
 
 #[cfg(feature = "async")]
-impl AsyncInboxConnection for AsyncMysqlConnection {}
-
-#[cfg(feature = "async")]
-async_server_connection!(AsyncMysqlConnection, super::StatementCancel::Mysql);
+async_server_connection!(
+    diesel_async::AsyncMysqlConnection,
+    super::StatementCancel::Mysql
+);

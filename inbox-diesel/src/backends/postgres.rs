@@ -19,8 +19,6 @@ use crate::error::schema::{SchemaError, SchemaProblem};
 use crate::io::Io;
 use crate::spec::HandlerSpec;
 use inbox_core::InboxSchema;
-#[cfg(feature = "async")]
-use {super::AsyncInboxConnection, diesel_async::AsyncPgConnection};
 
 impl dialect::BindId for diesel::pg::Pg {
     type IdSql = diesel::sql_types::Uuid;
@@ -736,7 +734,7 @@ impl InboxConnection for PgConnection {}
 impl sealed::Connection for PgConnection {}
 
 #[cfg(feature = "async")]
-impl AsyncInboxConnection for AsyncPgConnection {}
-
-#[cfg(feature = "async")]
-async_server_connection!(AsyncPgConnection, super::StatementCancel::Postgres);
+async_server_connection!(
+    diesel_async::AsyncPgConnection,
+    super::StatementCancel::Postgres
+);
