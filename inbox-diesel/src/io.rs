@@ -9,6 +9,7 @@
 //! points await them; the sync ones run them with [`complete_now`]: every method of
 //! `Blocking` has done its work when it returns, so the future completes in its first poll.
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
@@ -102,45 +103,121 @@ pub trait Io: Send {
 /// runtime's steps call it with a sync connection's [`Blocking`](crate::io::Blocking) or a
 /// diesel-async connection's [`Awaiting`](crate::io::Awaiting).
 pub trait Session: crate::dialect::Dialect + InsertsMarkers + Catalogs {
-    /// Opens the handler's transaction, as the startup check's `layout` says (a MariaDB
-    /// server; PostgreSQL messages to be set to English).
+    /// The statement that opens the handler's transaction, as the startup check's `layout`
+    /// says (a MariaDB server; PostgreSQL messages to be set to English).
+    fn begin_statement(spec: &'static HandlerSpec, layout: Layout) -> Cow<'static, str>;
+
+    /// The statement that opens the handler's transaction with `key`'s marker inserted in
+    /// it, in one round trip; `None` where the backend opens and claims in two steps (or
+    /// the statement would not fit).
+    fn begin_with_marker_statement(
+        _spec: &'static HandlerSpec,
+        _key: &MessageKey,
+        _layout: Layout,
+    ) -> Option<String> {
+        None
+    }
+
+    /// What to send instead after `begun`, the statement of
+    /// [`begin_with_marker_statement`](Self::begin_with_marker_statement), failed with
+    /// `error`: `None`, the failure stands (PostgreSQL: the insert prepared on a session
+    /// that lacked it).
+    fn begin_again_statement(
+        _spec: &'static HandlerSpec,
+        _layout: Layout,
+        _begun: &str,
+        _error: &diesel::result::Error,
+    ) -> Option<String> {
+        None
+    }
+
+    /// The statement that puts back what [`begin`](Self::begin) set for the session, after
+    /// the handler's transaction ended — one that rolls back a transaction still open too;
+    /// `None` where there is nothing to put back.
+    fn end_statement(_mariadb: bool) -> Option<&'static str> {
+        None
+    }
+
+    /// `on_locked = "in_flight"`: the statement that puts lock waits back as the session
+    /// had them, after the marker's claim (`claimed`: it succeeded); `None`, nothing to send.
+    fn lock_wait_statement(_claimed: bool) -> Option<&'static str> {
+        None
+    }
+
+    /// The statement that opens [`begin_write`](Self::begin_write)'s transaction; `None`:
+    /// the transaction manager's own.
+    const BEGIN_WRITE: Option<&'static str> = None;
+
+    /// Opens the handler's transaction ([`begin_statement`](Self::begin_statement)).
     fn begin<I: Io<Backend = Self>>(
         io: &mut I,
         spec: &'static HandlerSpec,
         layout: Layout,
-    ) -> impl Future<Output = QueryResult<()>> + Send;
+    ) -> impl Future<Output = QueryResult<()>> + Send {
+        async move { io.begin_sql(&Self::begin_statement(spec, layout)).await }
+    }
 
     /// Opens the handler's transaction with `key`'s marker claimed in it, in one round trip
-    /// where the backend can; `None` where it opens and claims in two steps. `Ok(false)`: the
-    /// inbox's own index refused the marker, a duplicate proven by the server. After an error
-    /// or a duplicate the transaction is counted open (it is aborted on the server), for the
-    /// runtime's rollback to end it.
+    /// where the backend can ([`begin_with_marker_statement`](Self::begin_with_marker_statement));
+    /// `None` where it opens and claims in two steps, or a transaction is already open (the
+    /// runtime's own begin then reports it). `Ok(false)`: the inbox's own index refused the
+    /// marker, a duplicate proven by the server. After an error or a duplicate the
+    /// transaction is counted open (it is aborted on the server), for the runtime's rollback
+    /// to end it.
     fn begin_with_claim<I: Io<Backend = Self>>(
-        _io: &mut I,
-        _spec: &'static HandlerSpec,
-        _key: &MessageKey,
-        _layout: Layout,
+        io: &mut I,
+        spec: &'static HandlerSpec,
+        key: &MessageKey,
+        layout: Layout,
     ) -> impl Future<Output = Option<QueryResult<bool>>> + Send {
-        async { None }
+        async move {
+            if !crate::backends::none_open(io.transaction_status()) {
+                return None;
+            }
+            let sql = Self::begin_with_marker_statement(spec, key, layout)?;
+            let mut begun = io.begin_sql(&sql).await;
+            if let Err(e) = &begun
+                && let Some(again) = Self::begin_again_statement(spec, layout, &sql, e)
+            {
+                begun = io.begin_sql(&again).await;
+            }
+            Some(crate::backends::claimed(
+                begun,
+                &spec.schema,
+                io.transaction_status(),
+            ))
+        }
     }
 
     /// After the handler's transaction ended (committed or rolled back): puts back what
-    /// [`begin`](Self::begin) set for the session.
+    /// [`begin`](Self::begin) set for the session ([`end_statement`](Self::end_statement)).
     fn end<I: Io<Backend = Self>>(
-        _io: &mut I,
+        io: &mut I,
         _spec: &'static HandlerSpec,
-        _mariadb: bool,
+        mariadb: bool,
     ) -> impl Future<Output = QueryResult<()>> + Send {
-        async { Ok(()) }
+        async move {
+            let Some(sql) = Self::end_statement(mariadb) else {
+                return Ok(());
+            };
+            io.batch(sql).await?;
+            crate::backends::ended(io.transaction_status())
+        }
     }
 
-    /// `on_locked = "in_flight"`: lock waits as the session had them, after the marker's claim.
+    /// `on_locked = "in_flight"`: lock waits as the session had them, after the marker's
+    /// claim ([`lock_wait_statement`](Self::lock_wait_statement)).
     fn wait_for_locks<I: Io<Backend = Self>>(
-        _io: &mut I,
+        io: &mut I,
         _spec: &'static HandlerSpec,
-        _claimed: bool,
+        claimed: bool,
     ) -> impl Future<Output = QueryResult<()>> + Send {
-        async { Ok(()) }
+        async move {
+            match Self::lock_wait_statement(claimed) {
+                Some(sql) => io.batch(sql).await,
+                None => Ok(()),
+            }
+        }
     }
 
     /// Inserts the marker unless it exists; `Ok(false)` when it already did. The key's text
@@ -214,26 +291,35 @@ pub trait Session: crate::dialect::Dialect + InsertsMarkers + Catalogs {
     }
 
     /// Rolls back the transaction of a duplicate and puts back what `begin` set for the
-    /// session, as [`commit`](Self::commit) does.
+    /// session, as [`commit`](Self::commit) does: the [`end_statement`](Self::end_statement),
+    /// which rolls back too, where there is one (MariaDB: one round trip).
     fn roll_back_and_end<I: Io<Backend = Self>>(
         io: &mut I,
         spec: &'static HandlerSpec,
         mariadb: bool,
     ) -> impl Future<Output = QueryResult<()>> + Send {
         async move {
-            Self::roll_back(io).await?;
-            Self::end(io, spec, mariadb).await
+            match Self::end_statement(mariadb) {
+                Some(_) => Self::end(io, spec, mariadb).await,
+                None => Self::roll_back(io).await,
+            }
         }
     }
 
     /// Opens the transaction of [`unique::serialize_on`](crate::unique::serialize_on): one
     /// that holds the database's write lock from its start where the backend has one
     /// (SQLite's `BEGIN IMMEDIATE`), one whose statements each see what committed before
-    /// them on PostgreSQL (READ COMMITTED), a plain one elsewhere.
+    /// them on PostgreSQL (READ COMMITTED), a plain one elsewhere
+    /// ([`BEGIN_WRITE`](Self::BEGIN_WRITE)).
     fn begin_write<I: Io<Backend = Self>>(
         io: &mut I,
     ) -> impl Future<Output = QueryResult<()>> + Send {
-        io.begin_transaction()
+        async move {
+            match Self::BEGIN_WRITE {
+                Some(sql) => io.begin_sql(sql).await,
+                None => io.begin_transaction().await,
+            }
+        }
     }
 
     /// Rolls the handler's transaction back if it is open; `Ok` when none is.

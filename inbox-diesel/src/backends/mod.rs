@@ -35,12 +35,15 @@ macro_rules! bind_id_as_bytes {
     };
 }
 
-/// The sealed part of `$conn`, a diesel-async connection of a server: its transaction opened
-/// with SQL by diesel-async's manager, and its statement in flight cancelled by the
-/// [`StatementCancel`] `$cancel` made of the connection's cancel token.
+/// The async side of a server backend: `$conn`, a diesel-async connection, runs handlers
+/// ([`AsyncInboxConnection`]); its transaction is opened with SQL by diesel-async's manager,
+/// and its statement in flight cancelled by the [`StatementCancel`] `$cancel` made of the
+/// connection's cancel token.
 #[cfg(all(feature = "async", any(feature = "postgres", feature = "mysql")))]
 macro_rules! async_server_connection {
     ($conn:ty, $cancel:path) => {
+        impl super::AsyncInboxConnection for $conn {}
+
         impl crate::io::BeginWithSql for $conn {
             async fn begin_sql(&mut self, sql: &str) -> diesel::QueryResult<()> {
                 diesel_async::AnsiTransactionManager::begin_transaction_sql(self, sql).await
@@ -81,59 +84,66 @@ pub(crate) mod sealed {
     }
 }
 
-/// A diesel connection an `#[idempotent]` handler can run on.
-///
-/// Implemented for the connections of the enabled backends: `SqliteConnection` (feature
-/// `sqlite`), `PgConnection` (feature `postgres`) and `MysqlConnection` (feature `mysql`).
-/// Declare the handler's connection parameter as `&mut` one of them; a pooled connection
-/// (`r2d2::PooledConnection`, …) derefs to it, so `handler(&mut pooled, &msg)` compiles as it
-/// is.
-///
-/// Sealed: only this crate's connections implement it, and what the runtime calls on them is
-/// not reachable from outside the crate.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` is not a connection an #[idempotent] handler can run on",
-    label = "declare this parameter as `&mut PgConnection`, `&mut MysqlConnection` or `&mut SqliteConnection`",
-    note = "each backend is a feature of inbox-diesel, none of them on by default: \
-            `features = [\"postgres\"]`, `[\"mysql\"]` or `[\"sqlite\"]`",
-    note = "a pooled connection derefs to its connection: declare `&mut PgConnection` and call \
-            the handler with `&mut pooled_connection`",
-    note = "the handler's connection is its first `&mut …Connection` parameter; if that one is \
-            another client, name the database connection with `conn = …`"
-)]
-pub trait InboxConnection: sealed::Connection {
-    /// The connection's backend: which SQL dialect and DDL apply.
-    const BACKEND: crate::dialect::Backend = <Self::Backend as crate::dialect::Dialect>::BACKEND;
+/// The compile error of a handler parameter that is not a connection the runtime runs on, the
+/// same on [`InboxConnection`] and [`HandlerConnection`]; `more_notes` are added after the
+/// shared ones.
+macro_rules! not_a_connection {
+    (more_notes: [$($note:literal),*] $item:item) => {
+        #[diagnostic::on_unimplemented(
+            message = "`{Self}` is not a connection an #[idempotent] handler can run on",
+            label = "declare this parameter as `&mut PgConnection`, `&mut MysqlConnection` or `&mut SqliteConnection`",
+            note = "each backend is a feature of inbox-diesel, none of them on by default: \
+                    `features = [\"postgres\"]`, `[\"mysql\"]` or `[\"sqlite\"]`",
+            note = "a pooled connection derefs to its connection: declare `&mut PgConnection` and call \
+                    the handler with `&mut pooled_connection`",
+            note = "the handler's connection is its first `&mut …Connection` parameter; if that one is \
+                    another client, name the database connection with `conn = …`"
+            $(, note = $note)*
+        )]
+        $item
+    };
+    ($item:item) => {
+        not_a_connection! { more_notes: [] $item }
+    };
 }
 
-/// What a sync handler's connection parameter may be: a connection the runtime runs on
-/// ([`InboxConnection`]), or an application's enum of them — diesel's `MultiConnection`, one
-/// type for several backends, as Vaultwarden's — that also derives
-/// [`inbox_diesel::MultiConnection`](crate::MultiConnection).
-///
-/// On an enum, the runtime runs its own statements on the variant the enum holds, and the
-/// body is given the enum: its queries, written for diesel's `MultiBackend`, run in the same
-/// transaction as the marker (diesel's `MultiConnection` hands its transactions to the
-/// variant).
-///
-/// Not to be implemented by hand: the derive writes the one method.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` is not a connection an #[idempotent] handler can run on",
-    label = "declare this parameter as `&mut PgConnection`, `&mut MysqlConnection` or `&mut SqliteConnection`",
-    note = "each backend is a feature of inbox-diesel, none of them on by default: \
-            `features = [\"postgres\"]`, `[\"mysql\"]` or `[\"sqlite\"]`",
-    note = "a pooled connection derefs to its connection: declare `&mut PgConnection` and call \
-            the handler with `&mut pooled_connection`",
-    note = "the handler's connection is its first `&mut …Connection` parameter; if that one is \
-            another client, name the database connection with `conn = …`",
-    note = "an application's enum of connections (`#[derive(diesel::MultiConnection)]`) also \
-            derives `inbox_diesel::MultiConnection`"
-)]
-pub trait HandlerConnection: diesel::Connection + Sized + Send {
-    /// Calls `visit` with the connection and the way from it to the connection the runtime
-    /// runs on: itself, or the enum's variant.
-    #[doc(hidden)]
-    fn __inbox_visit<V: Visit<Self>>(&mut self, visit: V) -> V::Output;
+not_a_connection! {
+    /// A diesel connection an `#[idempotent]` handler can run on.
+    ///
+    /// Implemented for the connections of the enabled backends: `SqliteConnection` (feature
+    /// `sqlite`), `PgConnection` (feature `postgres`) and `MysqlConnection` (feature `mysql`).
+    /// Declare the handler's connection parameter as `&mut` one of them; a pooled connection
+    /// (`r2d2::PooledConnection`, …) derefs to it, so `handler(&mut pooled, &msg)` compiles as it
+    /// is.
+    ///
+    /// Sealed: only this crate's connections implement it, and what the runtime calls on them is
+    /// not reachable from outside the crate.
+    pub trait InboxConnection: sealed::Connection {
+        /// The connection's backend: which SQL dialect and DDL apply.
+        const BACKEND: crate::dialect::Backend = <Self::Backend as crate::dialect::Dialect>::BACKEND;
+    }
+}
+
+not_a_connection! {
+    more_notes: ["an application's enum of connections (`#[derive(diesel::MultiConnection)]`) \
+                  also derives `inbox_diesel::MultiConnection`"]
+    /// What a sync handler's connection parameter may be: a connection the runtime runs on
+    /// ([`InboxConnection`]), or an application's enum of them — diesel's `MultiConnection`, one
+    /// type for several backends, as Vaultwarden's — that also derives
+    /// [`inbox_diesel::MultiConnection`](crate::MultiConnection).
+    ///
+    /// On an enum, the runtime runs its own statements on the variant the enum holds, and the
+    /// body is given the enum: its queries, written for diesel's `MultiBackend`, run in the same
+    /// transaction as the marker (diesel's `MultiConnection` hands its transactions to the
+    /// variant).
+    ///
+    /// Not to be implemented by hand: the derive writes the one method.
+    pub trait HandlerConnection: diesel::Connection + Sized + Send {
+        /// Calls `visit` with the connection and the way from it to the connection the runtime
+        /// runs on: itself, or the enum's variant.
+        #[doc(hidden)]
+        fn __inbox_visit<V: Visit<Self>>(&mut self, visit: V) -> V::Output;
+    }
 }
 
 impl<C: InboxConnection> HandlerConnection for C {
@@ -433,7 +443,6 @@ pub(crate) fn refused_inside(error: &diesel::result::Error) -> bool {
 /// No transaction is open and the manager is sound: the handler's transaction may begin
 /// with its marker. Otherwise the runtime begins on its own, which reports the transaction
 /// already open (or the broken manager) before anything is sent.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn none_open(status: &mut diesel::connection::TransactionManagerStatus) -> bool {
     matches!(open(status), Ok(false))
 }
@@ -446,7 +455,6 @@ pub(crate) fn none_open(status: &mut diesel::connection::TransactionManagerStatu
 /// PostgreSQL): the transaction manager is told it is open (it counted none, as the string
 /// failed as a whole), so that the runtime's rollback ends it — and a pool discards the
 /// connection if that rollback never runs.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn claimed(
     begun: QueryResult<()>,
     schema: &inbox_core::InboxSchema,
@@ -493,7 +501,6 @@ pub(crate) fn transaction_gone(
 
 /// The manager's state unless it is broken (diesel's own `transaction_state`, which is public
 /// only to implementers of backends: a user's build of this crate does not enable that).
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 fn valid(
     status: &mut diesel::connection::TransactionManagerStatus,
 ) -> QueryResult<&mut diesel::connection::ValidTransactionManagerStatus> {
@@ -519,14 +526,12 @@ pub(crate) fn autocommit_back(put_back: QueryResult<()>) {
 /// Before a `COMMIT` or `ROLLBACK` the runtime sends itself, with other statements in one
 /// round trip: the transaction manager is sound and counts the transaction open (diesel's own
 /// commit refuses the same way, before anything is sent). `Ok(false)`: none is open.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn open(status: &mut diesel::connection::TransactionManagerStatus) -> QueryResult<bool> {
     Ok(valid(status)?.transaction_depth().is_some())
 }
 
 /// The transaction manager told that the transaction it counts open ended: after a
 /// `COMMIT` or `ROLLBACK` the runtime sent itself, with other statements in one round trip.
-#[cfg(any(feature = "mysql", feature = "sqlite", feature = "postgres"))]
 pub(crate) fn ended(status: &mut diesel::connection::TransactionManagerStatus) -> QueryResult<()> {
     let state = valid(status)?;
     match state.transaction_depth() {

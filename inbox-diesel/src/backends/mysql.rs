@@ -28,6 +28,7 @@
 //! whatever it answers, nothing commits.
 
 use diesel::QueryResult;
+use std::borrow::Cow;
 
 use uuid::Uuid;
 
@@ -48,8 +49,6 @@ use crate::io::Io;
 use crate::spec::HandlerSpec;
 use diesel::sql_types::{BigInt, Text};
 use inbox_core::InboxSchema;
-#[cfg(feature = "async")]
-use {super::AsyncInboxConnection, diesel_async::AsyncMysqlConnection};
 
 bind_id_as_bytes!(Mysql);
 
@@ -455,48 +454,33 @@ fn broken(status: &mut diesel::connection::TransactionManagerStatus) {
 
 /// The handler's transaction on MySQL and MariaDB, for both IO models.
 impl Session for Mysql {
-    async fn begin<I: Io<Backend = Self>>(
-        io: &mut I,
-        spec: &'static HandlerSpec,
-        layout: Layout,
-    ) -> QueryResult<()> {
-        io.begin_sql(&spec.mysql_begin_sql(layout.mariadb)).await
+    fn begin_statement(spec: &'static HandlerSpec, layout: Layout) -> Cow<'static, str> {
+        spec.mysql_begin_sql(layout.mariadb)
     }
 
     /// `START TRANSACTION` and the marker's insert in one round trip
     /// ([`start_with_marker`](marker::start_with_marker)).
-    async fn begin_with_claim<I: Io<Backend = Self>>(
-        io: &mut I,
+    fn begin_with_marker_statement(
         spec: &'static HandlerSpec,
         key: &MessageKey,
         layout: Layout,
-    ) -> Option<QueryResult<bool>> {
-        if !super::none_open(io.transaction_status()) {
-            return None;
-        }
+    ) -> Option<String> {
         let sql = marker::start_with_marker(spec, key, layout);
         // Too long for one packet (a long key's text in hex): the prepared insert takes
         // it as a parameter, or refuses it.
-        if !layout.fits(sql.len()) {
-            return None;
-        }
-        let begun = io.begin_sql(&sql).await;
-        Some(super::claimed(begun, &spec.schema, io.transaction_status()))
+        layout.fits(sql.len()).then_some(sql)
     }
 
     /// MariaDB: `ROLLBACK` and the restore in one round trip
     /// ([`HandlerSpec::MARIADB_ROLLBACK_AND_RESTORE`]), wherever the transaction ended
     /// otherwise than by [`commit`](Session::commit).
-    async fn end<I: Io<Backend = Self>>(
-        io: &mut I,
-        _: &'static HandlerSpec,
-        mariadb: bool,
-    ) -> QueryResult<()> {
-        if !mariadb {
-            return Ok(());
-        }
-        io.batch(HandlerSpec::MARIADB_ROLLBACK_AND_RESTORE).await?;
-        super::ended(io.transaction_status())
+    fn end_statement(mariadb: bool) -> Option<&'static str> {
+        mariadb.then_some(HandlerSpec::MARIADB_ROLLBACK_AND_RESTORE)
+    }
+
+    /// The session's lock wait is put back whether the claim succeeded or not.
+    fn lock_wait_statement(_claimed: bool) -> Option<&'static str> {
+        Some(HandlerSpec::MYSQL_LOCK_WAIT)
     }
 
     /// `COMMIT` as the only statement of its round trip (the module's "A `COMMIT`
@@ -537,18 +521,6 @@ impl Session for Mysql {
         }
     }
 
-    /// MariaDB: `ROLLBACK` and the restore in one round trip.
-    async fn roll_back_and_end<I: Io<Backend = Self>>(
-        io: &mut I,
-        spec: &'static HandlerSpec,
-        mariadb: bool,
-    ) -> QueryResult<()> {
-        match mariadb {
-            true => Self::end(io, spec, mariadb).await,
-            false => Self::roll_back(io).await,
-        }
-    }
-
     /// The rollback, then MariaDB's settings put back where a handler kept them
     /// ([`HandlerSpec::MARIADB_ABANDONED_RESTORE`]; its failure on MySQL ignored).
     async fn roll_back_abandoned<I: Io<Backend = Self>>(io: &mut I) -> QueryResult<()> {
@@ -557,15 +529,6 @@ impl Session for Mysql {
             tracing::debug!(error = %e, "no MariaDB session settings to put back");
         }
         Ok(())
-    }
-
-    /// The session's lock wait is put back whether the claim succeeded or not.
-    async fn wait_for_locks<I: Io<Backend = Self>>(
-        io: &mut I,
-        _spec: &'static HandlerSpec,
-        _claimed: bool,
-    ) -> QueryResult<()> {
-        io.batch(HandlerSpec::MYSQL_LOCK_WAIT).await
     }
 
     async fn claim_marker<I: Io<Backend = Self>>(
@@ -600,14 +563,14 @@ impl Session for Mysql {
             let ids = &all_ids[range.clone()];
             let texts = texts.map(|texts| &texts[range]);
             if ids.len() > 1 {
-                let all = ClaimMarkers::<Mysql, diesel::sql_types::BigInt>::all_or_none(
+                let all = ClaimMarkers::<Mysql, diesel::sql_types::BigInt>::new(
                     schema,
                     consumer,
                     ids,
                     texts,
                     layout.mark(),
-                    layout.mariadb,
-                );
+                )
+                .all_or_none(layout.mariadb);
                 if claim_rows_then_each(io.run(all).await, schema, ids.len())? {
                     inserted.extend_from_slice(ids);
                     continue;
@@ -701,7 +664,7 @@ impl InboxConnection for MysqlConnection {}
 impl sealed::Connection for MysqlConnection {}
 
 #[cfg(feature = "async")]
-impl AsyncInboxConnection for AsyncMysqlConnection {}
-
-#[cfg(feature = "async")]
-async_server_connection!(AsyncMysqlConnection, super::StatementCancel::Mysql);
+async_server_connection!(
+    diesel_async::AsyncMysqlConnection,
+    super::StatementCancel::Mysql
+);

@@ -3,6 +3,7 @@
 use diesel::query_builder::AstPass;
 
 use diesel::QueryResult;
+use std::borrow::Cow;
 
 use uuid::Uuid;
 
@@ -18,8 +19,6 @@ use crate::error::schema::{SchemaError, SchemaProblem};
 use crate::io::Io;
 use crate::spec::HandlerSpec;
 use inbox_core::InboxSchema;
-#[cfg(feature = "async")]
-use {super::AsyncInboxConnection, diesel_async::AsyncPgConnection};
 
 impl dialect::BindId for diesel::pg::Pg {
     type IdSql = diesel::sql_types::Uuid;
@@ -362,48 +361,38 @@ impl Catalogs for Pg {
 
 /// The handler's transaction on PostgreSQL, for both IO models.
 impl Session for Pg {
-    async fn begin<I: Io<Backend = Self>>(
-        io: &mut I,
-        spec: &'static HandlerSpec,
-        layout: Layout,
-    ) -> QueryResult<()> {
-        io.begin_sql(&marker::postgres_begin(spec, layout)).await
+    fn begin_statement(spec: &'static HandlerSpec, layout: Layout) -> Cow<'static, str> {
+        marker::postgres_begin(spec, layout)
     }
 
-    /// `BEGIN` and the marker's insert in one round trip ([`PgMarker`](marker::PgMarker));
-    /// the first time on a session, the insert is prepared there first.
-    async fn begin_with_claim<I: Io<Backend = Self>>(
-        io: &mut I,
+    /// `BEGIN` and the marker's insert in one round trip ([`PgMarker`](marker::PgMarker)).
+    fn begin_with_marker_statement(
         spec: &'static HandlerSpec,
         key: &MessageKey,
         layout: Layout,
-    ) -> Option<QueryResult<bool>> {
-        if !super::none_open(io.transaction_status()) {
-            return None;
-        }
+    ) -> Option<String> {
+        Some(marker::PgMarker::new(&spec.schema, layout).begin(spec, key))
+    }
+
+    /// The first time on a session, the insert is prepared there first.
+    fn begin_again_statement(
+        spec: &'static HandlerSpec,
+        layout: Layout,
+        begun: &str,
+        error: &diesel::result::Error,
+    ) -> Option<String> {
         let marker = marker::PgMarker::new(&spec.schema, layout);
-        let sql = marker.begin(spec, key);
-        let mut begun = io.begin_sql(&sql).await;
-        if let Err(e) = &begun
-            && marker.missing(e)
-        {
-            begun = io.begin_sql(&marker.prepared_and(&sql)).await;
-        }
-        Some(super::claimed(begun, &spec.schema, io.transaction_status()))
+        marker.missing(error).then(|| marker.prepared_and(begun))
     }
 
     /// After a duplicate or a failed claim the transaction is aborted, and it is rolled
     /// back with its `SET LOCAL`.
-    async fn wait_for_locks<I: Io<Backend = Self>>(
-        io: &mut I,
-        _spec: &'static HandlerSpec,
-        claimed: bool,
-    ) -> QueryResult<()> {
-        match claimed {
-            true => io.batch(HandlerSpec::POSTGRES_LOCK_WAIT).await,
-            false => Ok(()),
-        }
+    fn lock_wait_statement(claimed: bool) -> Option<&'static str> {
+        claimed.then_some(HandlerSpec::POSTGRES_LOCK_WAIT)
     }
+
+    /// READ COMMITTED, so that each statement sees what committed before it.
+    const BEGIN_WRITE: Option<&'static str> = Some("BEGIN ISOLATION LEVEL READ COMMITTED");
 
     /// Whether the transaction open is no longer the one the handler began
     /// ([`HandlerSpec::POSTGRES_STILL_OURS`]): PostgreSQL ends none by itself but with the
@@ -413,11 +402,6 @@ impl Session for Pg {
             Ok(()) => false,
             Err(e) => dialect::ended_in_body(&e),
         }
-    }
-
-    /// READ COMMITTED, so that each statement sees what committed before it.
-    async fn begin_write<I: Io<Backend = Self>>(io: &mut I) -> QueryResult<()> {
-        io.begin_sql("BEGIN ISOLATION LEVEL READ COMMITTED").await
     }
 
     /// PostgreSQL answers `COMMIT` in an aborted transaction with a silent `ROLLBACK`, so
@@ -750,7 +734,7 @@ impl InboxConnection for PgConnection {}
 impl sealed::Connection for PgConnection {}
 
 #[cfg(feature = "async")]
-impl AsyncInboxConnection for AsyncPgConnection {}
-
-#[cfg(feature = "async")]
-async_server_connection!(AsyncPgConnection, super::StatementCancel::Postgres);
+async_server_connection!(
+    diesel_async::AsyncPgConnection,
+    super::StatementCancel::Postgres
+);

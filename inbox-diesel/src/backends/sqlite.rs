@@ -1,6 +1,7 @@
 //! Sqlite: what the runtime writes differently for it.
 
 use diesel::QueryResult;
+use std::borrow::Cow;
 
 use diesel::sqlite::{Sqlite, SqliteConnection};
 
@@ -217,16 +218,12 @@ impl Session for Sqlite {
     /// commits on its own — or, after its own `BEGIN`, with the handler's `COMMIT` and
     /// without the marker. The savepoint is released before `COMMIT`, which fails in any
     /// other transaction, or none.
-    async fn begin<I: Io<Backend = Self>>(
-        io: &mut I,
-        spec: &'static HandlerSpec,
-        _: Layout,
-    ) -> QueryResult<()> {
-        let sql = format!(
+    fn begin_statement(spec: &'static HandlerSpec, _: Layout) -> Cow<'static, str> {
+        format!(
             "PRAGMA busy_timeout = {}; BEGIN IMMEDIATE; SAVEPOINT {OURS}",
             spec.sqlite_busy_timeout_ms
-        );
-        io.begin_sql(&sql).await
+        )
+        .into()
     }
 
     /// The savepoint released ([`OURS`]), then `COMMIT`. A savepoint gone is a transaction
@@ -251,9 +248,7 @@ impl Session for Sqlite {
 
     /// `BEGIN IMMEDIATE`: the write lock from the start, so that a transaction that reads
     /// before it writes cannot lose its snapshot to another writer.
-    async fn begin_write<I: Io<Backend = Self>>(io: &mut I) -> QueryResult<()> {
-        io.begin_sql("BEGIN IMMEDIATE").await
-    }
+    const BEGIN_WRITE: Option<&'static str> = Some("BEGIN IMMEDIATE");
 
     /// The busy timeout the handler's statements wait with, set before the check's reads: a
     /// connection's first read of a WAL database waits while another connection holds the

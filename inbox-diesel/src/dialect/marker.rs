@@ -138,19 +138,14 @@ impl<'a, DB, ST> ClaimMarkers<'a, DB, ST> {
         }
     }
 
+    /// The insert of MySQL and MariaDB (`mariadb`: in strict mode): all of the markers or
+    /// none, returning nothing.
     #[cfg(feature = "mysql")]
-    pub(crate) fn all_or_none(
-        schema: &'a InboxSchema,
-        consumer: &'a str,
-        ids: &'a [Uuid],
-        texts: Option<&'a [String]>,
-        mark: Option<Mark>,
-        mariadb: bool,
-    ) -> Self {
+    pub(crate) fn all_or_none(self, mariadb: bool) -> Self {
         Self {
             strict: mariadb,
             returning: false,
-            ..Self::new(schema, consumer, ids, texts, mark)
+            ..self
         }
     }
 }

@@ -102,9 +102,7 @@ fn marker_inserts_sql() {
         let ids = [Uuid::nil(), Uuid::max()];
         let texts = [String::from("a"), String::from("b")];
         let all_or_none = [None, Some(&texts[..])].map(|texts| {
-            sql(&ClaimMarkers::<Mysql, ()>::all_or_none(
-                &schema, "c", &ids, texts, None, true,
-            ))
+            sql(&ClaimMarkers::<Mysql, ()>::new(&schema, "c", &ids, texts, None).all_or_none(true))
         });
         assert_eq!(
             all_or_none,
