@@ -17,6 +17,9 @@
 //! `--section batches` only the batch form against one message per transaction;
 //! `--section floor postgres` only the raw-SQL floor.
 //!
+//! `--section body` runs only the realistic body — a read of the worker's account, an update
+//! of it and an insert into a ledger — with and without the inbox, sync and on diesel-async.
+//!
 //! `--section stored` runs only the stored-result section: `#[idempotent]` with
 //! `store_result = true` (and with a `fingerprint`) against the marker alone, and the bytes
 //! per row of each.
@@ -82,6 +85,18 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    /// The realistic body's insert: one entry per message, the account's balance after it.
+    ledger (id) {
+        id -> BigInt,
+        account_id -> Integer,
+        amount -> BigInt,
+        balance -> BigInt,
+    }
+}
+
+diesel::allow_tables_to_appear_in_same_query!(accounts, ledger);
+
 /// The inbox keyed by `(message_id, consumer)` itself: no surrogate `id`, so one index
 /// fewer to write (PostgreSQL: the primary key is the unique index the classifier names;
 /// SQLite: a `WITHOUT ROWID` table stored in that key's B-tree; MySQL, for the table-design
@@ -119,8 +134,10 @@ fn lean_schema(backend: &str) -> String {
     )
 }
 
-/// The accounts the workers write, one row each.
-fn accounts_sql() -> Vec<String> {
+/// The accounts the workers write, one row each, and the realistic body's ledger (a
+/// generated key and an index on the account, as such tables have).
+fn accounts_sql(backend: inbox_diesel::schema::Backend) -> Vec<String> {
+    use inbox_diesel::schema::Backend;
     let mut statements =
         vec!["CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance BIGINT NOT NULL)".to_owned()];
     let rows: Vec<String> = (1..=16).map(|id| format!("({id}, 0)")).collect();
@@ -128,6 +145,16 @@ fn accounts_sql() -> Vec<String> {
         "INSERT INTO accounts (id, balance) VALUES {}",
         rows.join(", ")
     ));
+    let id = match backend {
+        Backend::Postgres => "BIGSERIAL PRIMARY KEY",
+        Backend::Mysql => "BIGINT AUTO_INCREMENT PRIMARY KEY",
+        _ => "INTEGER PRIMARY KEY",
+    };
+    statements.push(format!(
+        "CREATE TABLE ledger (id {id}, account_id INTEGER NOT NULL, \
+         amount BIGINT NOT NULL, balance BIGINT NOT NULL)"
+    ));
+    statements.push("CREATE INDEX ix_ledger_account ON ledger (account_id)".to_owned());
     statements
 }
 
@@ -155,7 +182,7 @@ fn sqlite_database(dir: &std::path::Path) -> impl Fn() -> diesel::SqliteConnecti
         .unwrap();
     conn.batch_execute(&OUTBOX.create_table_sql(inbox_diesel::schema::Backend::Sqlite))
         .unwrap();
-    for statement in accounts_sql() {
+    for statement in accounts_sql(inbox_diesel::schema::Backend::Sqlite) {
         conn.batch_execute(&statement).unwrap();
     }
     connect
@@ -200,6 +227,9 @@ fn bench_sqlite(seconds: f64) {
     if ONLY_STORED.load(Ordering::Relaxed) {
         return stored();
     }
+    if ONLY_BODY.load(Ordering::Relaxed) {
+        return sqlite::body(&label, seconds, &connect);
+    }
     if ONLY_BATCHES.load(Ordering::Relaxed) {
         println!("\n### {label}: batches");
         sqlite::batches(seconds, &connect, 0);
@@ -218,6 +248,7 @@ fn bench_sqlite(seconds: f64) {
         return;
     }
     stored();
+    sqlite::body(&label, seconds, &connect);
     let list = designs_of(
         inbox_diesel::schema::Backend::Sqlite,
         "no surrogate key (`WITHOUT ROWID`)",
@@ -282,7 +313,7 @@ fn bench_postgres(seconds: f64) {
     let mut schema = vec![inbox_diesel::schema::postgres::create_table_sql(
         &InboxSchema::DEFAULT,
     )];
-    schema.extend(accounts_sql());
+    schema.extend(accounts_sql(inbox_diesel::schema::Backend::Postgres));
     schema.push(OUTBOX.create_table_sql(inbox_diesel::schema::Backend::Postgres));
     schema.push(kept_sql(inbox_diesel::schema::Backend::Postgres));
     let (url, _drop) = server_database::<diesel::PgConnection>(&admin, &schema);
@@ -312,6 +343,14 @@ fn bench_postgres(seconds: f64) {
     if ONLY_FLOOR.load(Ordering::Relaxed) {
         return floor::floor(&format!("PostgreSQL {version}"), &url, seconds);
     }
+    let body = || {
+        let label = format!("PostgreSQL {version}");
+        postgres::body(&label, seconds, &connect);
+        async_postgres::body(&format!("{label}, diesel-async"), &url, seconds);
+    };
+    if ONLY_BODY.load(Ordering::Relaxed) {
+        return body();
+    }
     if ONLY_BATCHES.load(Ordering::Relaxed) {
         println!("\n### PostgreSQL {version}: batches");
         postgres::batches(seconds, &connect, 0);
@@ -340,6 +379,7 @@ fn bench_postgres(seconds: f64) {
         return;
     }
     stored();
+    body();
     let list = designs_of(
         inbox_diesel::schema::Backend::Postgres,
         "no surrogate key (primary key on the pair)",
@@ -414,7 +454,7 @@ fn bench_mysql(seconds: f64) {
     let mut schema = vec![inbox_diesel::schema::mysql::create_table_sql(
         &InboxSchema::DEFAULT,
     )];
-    schema.extend(accounts_sql());
+    schema.extend(accounts_sql(inbox_diesel::schema::Backend::Mysql));
     schema.push(OUTBOX.create_table_sql(inbox_diesel::schema::Backend::Mysql));
     schema.push(kept_sql(inbox_diesel::schema::Backend::Mysql));
     let (url, _drop) = server_database::<diesel::MysqlConnection>(&admin, &schema);
@@ -444,6 +484,14 @@ fn bench_mysql(seconds: f64) {
     };
     if ONLY_STORED.load(Ordering::Relaxed) {
         return stored();
+    }
+    let body = || {
+        let label = format!("MariaDB/MySQL {version}");
+        mysql::body(&label, seconds, &connect);
+        async_mysql::body(&format!("{label}, diesel-async"), &url, seconds);
+    };
+    if ONLY_BODY.load(Ordering::Relaxed) {
+        return body();
     }
     if ONLY_BATCHES.load(Ordering::Relaxed) {
         println!("\n### MariaDB/MySQL {version}: batches");
@@ -478,6 +526,7 @@ fn bench_mysql(seconds: f64) {
         return;
     }
     stored();
+    body();
     let list = designs_of(
         inbox_diesel::schema::Backend::Mysql,
         "no surrogate key (clustered on the pair)",
@@ -551,9 +600,10 @@ fn main() {
                 Some("batches") => ONLY_BATCHES.store(true, Ordering::Relaxed),
                 Some("floor") => ONLY_FLOOR.store(true, Ordering::Relaxed),
                 Some("main") => ONLY_MAIN.store(true, Ordering::Relaxed),
-                other => {
-                    panic!("--section takes `main`, `stored`, `batches` or `floor`, not {other:?}")
-                }
+                Some("body") => ONLY_BODY.store(true, Ordering::Relaxed),
+                other => panic!(
+                    "--section takes `main`, `stored`, `batches`, `body` or `floor`, not {other:?}"
+                ),
             },
             "--schema" => match args.next().as_deref() {
                 Some("lean") => LEAN.store(true, Ordering::Relaxed),

@@ -176,6 +176,29 @@ pub(crate) static ONLY_MAIN: AtomicBool = AtomicBool::new(false);
 /// `--section batches`: only the batch form against one message per transaction.
 pub(crate) static ONLY_BATCHES: AtomicBool = AtomicBool::new(false);
 
+/// `--section body`: only the realistic body (a read, an update, an insert), sync and
+/// diesel-async, with and without the inbox.
+pub(crate) static ONLY_BODY: AtomicBool = AtomicBool::new(false);
+
+/// The median of `rates`.
+pub(crate) fn median<const N: usize>(mut rates: [f64; N]) -> f64 {
+    rates.sort_by(f64::total_cmp);
+    rates[N / 2]
+}
+
+/// The realistic body's report: a row per concurrency, `plain` and `#[idempotent]` (the
+/// medians of interleaved rounds, `rates[clients][variant]`).
+pub(crate) fn body_report(label: &str, unit: &str, rates: &[[f64; 2]]) {
+    println!("\n### {label}: a read, an update and an insert per message\n");
+    println!("| {unit} | plain | #[idempotent] |\n|---|---:|---:|");
+    for (clients, [plain, idempotent]) in CONCURRENCY.into_iter().zip(rates) {
+        println!(
+            "| {clients} | 1.00 ({plain:.0}/s) | {:.2} ({idempotent:.0}/s) |",
+            idempotent / plain
+        );
+    }
+}
+
 /// What the stored-result handlers return and keep: a typical small answer.
 #[derive(serde::Serialize, serde::Deserialize)]
 pub(crate) struct Receipt {

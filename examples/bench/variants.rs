@@ -24,6 +24,69 @@ macro_rules! backend {
                 Ok(())
             }
 
+            /// The realistic body: the worker's balance read, its account updated, a ledger
+            /// entry inserted.
+            fn transfer(conn: &mut Conn, worker: usize) -> QueryResult<()> {
+                let account = worker as i32 + 1;
+                let balance: i64 = accounts::table
+                    .find(account)
+                    .select(accounts::balance)
+                    .first(conn)?;
+                diesel::update(accounts::table.find(account))
+                    .set(accounts::balance.eq(balance + 1))
+                    .execute(conn)?;
+                diesel::insert_into(ledger::table)
+                    .values((
+                        ledger::account_id.eq(account),
+                        ledger::amount.eq(1),
+                        ledger::balance.eq(balance + 1),
+                    ))
+                    .execute(conn)?;
+                Ok(())
+            }
+
+            #[idempotent(consumer = "bench", key = *id)]
+            fn transferring(conn: &mut Conn, id: &Uuid, worker: usize) -> QueryResult<()> {
+                transfer(conn, worker)
+            }
+
+            /// The realistic body with and without the inbox: interleaved rounds at each
+            /// concurrency, the median of each.
+            pub fn body(label: &str, seconds: f64, connect: &(dyn Fn() -> Conn + Sync)) {
+                let mut run = 7_000;
+                let mut rates = Vec::new();
+                // Each round connects anew: the handler's startup check runs before the
+                // timing starts, on a message of run 6 999.
+                let warmed = AtomicU64::new(0);
+                let checked = || {
+                    let mut conn = connect();
+                    let id = key(6_999, 0, warmed.fetch_add(1, Ordering::Relaxed));
+                    assert!(transferring(&mut conn, &id, 0).unwrap().is_processed());
+                    conn
+                };
+                for clients in CONCURRENCY {
+                    let mut rounds = [[0.0; ROUNDS]; 2];
+                    for round in 0..ROUNDS {
+                        for (slot, cell) in rounds.iter_mut().enumerate() {
+                            run += 1;
+                            let connect: &(dyn Fn() -> Conn + Sync) = match slot {
+                                0 => connect,
+                                _ => &checked,
+                            };
+                            cell[round] = measure(clients, seconds / ROUNDS as f64, connect, &|c, w, n| {
+                                match slot {
+                                    0 => c.$begin(|c| transfer(c, w)).unwrap(),
+                                    _ => assert!(transferring(c, &key(run, w, n), w).unwrap().is_processed()),
+                                }
+                                1
+                            });
+                        }
+                    }
+                    rates.push(rounds.map(median));
+                }
+                body_report(label, "clients", &rates);
+            }
+
             fn now() -> diesel::expression::SqlLiteral<diesel::sql_types::Nullable<$ts>> {
                 diesel::dsl::sql("CURRENT_TIMESTAMP")
             }
@@ -211,10 +274,7 @@ macro_rules! backend {
                             });
                         }
                     }
-                    let rates = rounds.map(|mut rates| {
-                        rates.sort_by(f64::total_cmp);
-                        rates[ROUNDS / 2]
-                    });
+                    let rates = rounds.map(median);
                     println!(
                         "| {clients} | 1.00 ({:.0}/s) | {:.2} ({:.0}/s) | {:.2} ({:.0}/s) |",
                         rates[0],
@@ -576,6 +636,34 @@ macro_rules! async_backend {
                 write(conn, worker).await
             }
 
+            /// The realistic body, as the sync bench's `transfer`.
+            async fn transfer(conn: &mut Conn, worker: usize) -> QueryResult<()> {
+                let account = worker as i32 + 1;
+                let balance: i64 = accounts::table
+                    .find(account)
+                    .select(accounts::balance)
+                    .first(conn)
+                    .await?;
+                diesel::update(accounts::table.find(account))
+                    .set(accounts::balance.eq(balance + 1))
+                    .execute(conn)
+                    .await?;
+                diesel::insert_into(ledger::table)
+                    .values((
+                        ledger::account_id.eq(account),
+                        ledger::amount.eq(1),
+                        ledger::balance.eq(balance + 1),
+                    ))
+                    .execute(conn)
+                    .await?;
+                Ok(())
+            }
+
+            #[idempotent(consumer = "bench", key = *id)]
+            async fn transferring(conn: &mut Conn, id: &Uuid, worker: usize) -> QueryResult<()> {
+                transfer(conn, worker).await
+            }
+
             /// `tasks` tasks run `variant` for `seconds`; messages per second.
             async fn measure(
                 url: &str,
@@ -589,6 +677,12 @@ macro_rules! async_backend {
                 let mut handles = Vec::new();
                 for worker in 0..tasks {
                     let mut conn = Conn::establish(url).await.unwrap();
+                    if variant == "body #[idempotent]" {
+                        // The handler's startup check, before the timing starts.
+                        let id = key(run, worker, u64::MAX);
+                        let outcome = transferring(&mut conn, &id, worker).await;
+                        assert!(outcome.unwrap().is_processed());
+                    }
                     if variant == "duplicate" {
                         for n in 0..duplicate_keys() {
                             let outcome = handler(&mut conn, &key(run, worker, n), worker).await;
@@ -608,6 +702,15 @@ macro_rules! async_backend {
                                 "#[idempotent]" => {
                                     let id = key(run, worker, n);
                                     let outcome = handler(&mut conn, &id, worker).await;
+                                    assert!(outcome.unwrap().is_processed());
+                                }
+                                "body plain" => conn
+                                    .transaction(async |c| transfer(c, worker).await)
+                                    .await
+                                    .unwrap(),
+                                "body #[idempotent]" => {
+                                    let id = key(run, worker, n);
+                                    let outcome = transferring(&mut conn, &id, worker).await;
                                     assert!(outcome.unwrap().is_processed());
                                 }
                                 _ => {
@@ -630,6 +733,36 @@ macro_rules! async_backend {
                     done += handle.await.unwrap();
                 }
                 done as f64 / began.elapsed().as_secs_f64()
+            }
+
+            /// The realistic body with and without the inbox, tasks as in [`run`]:
+            /// interleaved rounds at each concurrency, the median of each.
+            pub fn body(label: &str, url: &str, seconds: f64) {
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                let mut run = 8_000;
+                let mut rates = Vec::new();
+                for clients in CONCURRENCY {
+                    let mut rounds = [[0.0; ROUNDS]; 2];
+                    for round in 0..ROUNDS {
+                        for (slot, variant) in
+                            ["body plain", "body #[idempotent]"].into_iter().enumerate()
+                        {
+                            run += 1;
+                            rounds[slot][round] = runtime.block_on(measure(
+                                url,
+                                clients,
+                                seconds / ROUNDS as f64,
+                                variant,
+                                run,
+                            ));
+                        }
+                    }
+                    rates.push(rounds.map(median));
+                }
+                body_report(label, "tasks", &rates);
             }
 
             pub fn run(label: &str, url: &str, seconds: f64) {
