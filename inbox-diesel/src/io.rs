@@ -30,6 +30,8 @@ use inbox_core::{InboxSchema, MessageKey};
 
 use crate::error::schema::SchemaError;
 
+pub(crate) mod status;
+
 /// What the runtime's algorithms do with a connection, sync or async: its statements, and
 /// its transactions as the connection's transaction manager counts them. Every future is
 /// `Send`, so that what is written once over `Io` is `Send` on a diesel-async connection
@@ -171,7 +173,7 @@ pub trait Session: crate::dialect::Dialect + InsertsMarkers + Catalogs {
         layout: Layout,
     ) -> impl Future<Output = Option<QueryResult<bool>>> + Send {
         async move {
-            if !crate::backends::none_open(io.transaction_status()) {
+            if !status::none_open(io.transaction_status()) {
                 return None;
             }
             let sql = Self::begin_with_marker_statement(spec, key, layout)?;
@@ -181,7 +183,7 @@ pub trait Session: crate::dialect::Dialect + InsertsMarkers + Catalogs {
             {
                 begun = io.begin_sql(&again).await;
             }
-            Some(crate::backends::claimed(
+            Some(status::claimed(
                 begun,
                 &spec.schema,
                 io.transaction_status(),
@@ -201,7 +203,7 @@ pub trait Session: crate::dialect::Dialect + InsertsMarkers + Catalogs {
                 return Ok(());
             };
             io.batch(sql).await?;
-            crate::backends::ended(io.transaction_status())
+            status::ended(io.transaction_status())
         }
     }
 

@@ -496,7 +496,7 @@ impl Session for Mysql {
             ours.map_err(|e| super::transaction_gone(e, &spec.schema))?;
         }
         io.batch(HandlerSpec::MYSQL_COMMIT).await?;
-        super::ended(io.transaction_status())?;
+        crate::io::status::ended(io.transaction_status())?;
         if mariadb {
             super::autocommit_back(io.batch(HandlerSpec::MARIADB_AUTOCOMMIT_BACK).await);
         }
@@ -515,7 +515,7 @@ impl Session for Mysql {
                     broken(io.transaction_status());
                     return Err(e);
                 }
-                super::ended(io.transaction_status())
+                crate::io::status::ended(io.transaction_status())
             }
             Some(_) => io.rollback_transaction().await,
         }

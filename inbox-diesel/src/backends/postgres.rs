@@ -422,9 +422,9 @@ impl Session for Pg {
         _: &'static HandlerSpec,
         _: bool,
     ) -> QueryResult<()> {
-        super::open(io.transaction_status())?;
+        crate::io::status::open(io.transaction_status())?;
         io.batch(HandlerSpec::POSTGRES_COMMIT_IF_OURS).await?;
-        super::ended(io.transaction_status())
+        crate::io::status::ended(io.transaction_status())
     }
 
     /// PostgreSQL behind PgBouncer in statement mode (`pool_mode = statement`): it allows no

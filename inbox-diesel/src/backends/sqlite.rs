@@ -203,7 +203,7 @@ fn no_such_savepoint(error: &diesel::result::Error) -> bool {
 /// failure, where none is open, is the answer), and the manager told none is open.
 async fn forget_ended<I: Io>(io: &mut I) {
     let _ = io.batch("ROLLBACK").await;
-    if let Err(e) = super::ended(io.transaction_status()) {
+    if let Err(e) = crate::io::status::ended(io.transaction_status()) {
         tracing::warn!(error = %e, "the transaction manager could not be told");
     }
 }

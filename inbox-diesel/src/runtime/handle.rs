@@ -140,7 +140,7 @@ impl<H: Handle> Steps for H {
     async fn begin(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()> {
         H::Backend::begin(self, spec, layout)
             .await
-            .map_err(crate::backends::inside_callers)
+            .map_err(crate::io::status::inside_callers)
     }
 
     async fn begin_with_claim(

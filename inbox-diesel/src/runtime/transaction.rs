@@ -343,7 +343,7 @@ where
         // transaction the caller opened refused `begin` before it set anything, and is not
         // the runtime's to end.
         if !matches!(attempted, Ok(Decided::Processed(_) | Decided::Duplicate(_)))
-            && !matches!(&attempted, Err(Failure::Database(e)) if crate::backends::refused_inside(e))
+            && !matches!(&attempted, Err(Failure::Database(e)) if crate::io::status::refused_inside(e))
         {
             end(steps, run, layout).await;
         }
