@@ -24,9 +24,10 @@
 //! `store_result = true` (and with a `fingerprint`) against the marker alone, and the bytes
 //! per row of each.
 //!
-//! `--instructions <plain|idempotent|outbox|hand-written> <n>` runs `n` messages of one variant on
-//! SQLite, one at a time, and nothing else: for `valgrind --tool=callgrind`, whose
-//! instruction count a shared machine's load does not move (BENCHMARKS.md).
+//! `--instructions [postgres] <plain|idempotent|outbox|hand-written> <n>` runs `n` messages of
+//! one variant on SQLite (or on PostgreSQL, one connection), one at a time, and nothing else:
+//! for `valgrind --tool=callgrind`, whose instruction count a shared machine's load does not
+//! move (BENCHMARKS.md).
 //!
 //! PostgreSQL and MariaDB are found at `INBOX_BENCH_PG` / `INBOX_BENCH_MYSQL` (default: the
 //! local servers); each run creates and drops a database of its own. SQLite runs on a
@@ -188,13 +189,25 @@ fn sqlite_database(dir: &std::path::Path) -> impl Fn() -> diesel::SqliteConnecti
     connect
 }
 
-/// `--instructions <variant> <n>`: `n` messages of `variant` on SQLite, one at a time on one
-/// connection, and nothing else — run under `valgrind --tool=callgrind`, whose instruction
-/// count does not depend on what else the machine is doing.
-fn instructions(variant: &str, n: u64) {
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let connect = sqlite_database(dir.path());
-    sqlite::sequential(&mut connect(), variant, n);
+/// `--instructions [postgres] <variant> <n>`: `n` messages of `variant` on SQLite (or on
+/// PostgreSQL), one at a time on one connection, and nothing else — run under
+/// `valgrind --tool=callgrind`, whose instruction count does not depend on what else the
+/// machine is doing (on PostgreSQL: the client's instructions, not the server's).
+fn instructions(backend: &str, variant: &str, n: u64) {
+    match backend {
+        "sqlite" => {
+            let dir = tempfile::tempdir().expect("a temporary directory");
+            let connect = sqlite_database(dir.path());
+            sqlite::sequential(&mut connect(), variant, n);
+        }
+        #[cfg(feature = "postgres")]
+        "postgres" => {
+            let (url, _drop) = postgres_database();
+            let mut conn = diesel::PgConnection::establish(&url).unwrap();
+            postgres::sequential(&mut conn, variant, n);
+        }
+        other => panic!("--instructions runs on sqlite or postgres, not {other}"),
+    }
 }
 
 fn bench_sqlite(seconds: f64) {
@@ -275,7 +288,7 @@ fn bench_sqlite(seconds: f64) {
 
 /// A database of its own on a server, dropped afterwards.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-fn server_database<C: Connection>(admin: &str, schema: &[String]) -> (String, impl Drop) {
+fn server_database<C: Connection>(admin: &str, schema: &[String]) -> (String, impl Drop + use<C>) {
     struct Dropper<C: Connection>(String, String, std::marker::PhantomData<C>);
     impl<C: Connection> Drop for Dropper<C> {
         fn drop(&mut self) {
@@ -302,21 +315,28 @@ fn server_database<C: Connection>(admin: &str, schema: &[String]) -> (String, im
     )
 }
 
+/// The PostgreSQL database of a run (`INBOX_BENCH_PG`, or the local server), with the shipped
+/// inbox, the accounts, the outbox and the stored-result table; dropped afterwards.
 #[cfg(feature = "postgres")]
-fn bench_postgres(seconds: f64) {
+fn postgres_database() -> (String, impl Drop) {
     let admin = std::env::var("INBOX_BENCH_PG")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
-    if LEAN.load(Ordering::Relaxed) {
-        eprintln!("skipping `postgres`: `--schema lean` is SQLite's design (`--lean`)");
-        return;
-    }
     let mut schema = vec![inbox_diesel::schema::postgres::create_table_sql(
         &InboxSchema::DEFAULT,
     )];
     schema.extend(accounts_sql(inbox_diesel::schema::Backend::Postgres));
     schema.push(OUTBOX.create_table_sql(inbox_diesel::schema::Backend::Postgres));
     schema.push(kept_sql(inbox_diesel::schema::Backend::Postgres));
-    let (url, _drop) = server_database::<diesel::PgConnection>(&admin, &schema);
+    server_database::<diesel::PgConnection>(&admin, &schema)
+}
+
+#[cfg(feature = "postgres")]
+fn bench_postgres(seconds: f64) {
+    if LEAN.load(Ordering::Relaxed) {
+        eprintln!("skipping `postgres`: `--schema lean` is SQLite's design (`--lean`)");
+        return;
+    }
+    let (url, _drop) = postgres_database();
     let connect = || diesel::PgConnection::establish(&url).unwrap();
     let version: String = diesel::select(diesel::dsl::sql::<diesel::sql_types::Text>(
         "current_setting('server_version')",
@@ -583,9 +603,17 @@ fn main() {
                     .expect("--seconds takes a number")
             }
             "--instructions" => {
-                let variant = args.next().expect("--instructions takes a variant");
+                let mut variant = args.next().expect("--instructions takes a variant");
+                let backend = match variant.as_str() {
+                    "sqlite" | "postgres" => std::mem::replace(
+                        &mut variant,
+                        args.next().expect("--instructions takes a variant"),
+                    ),
+                    _ => "sqlite".to_owned(),
+                };
                 let n = args.next().and_then(|n| n.parse().ok());
                 instructions(
+                    &backend,
                     &variant,
                     n.expect("--instructions takes a number of messages"),
                 );

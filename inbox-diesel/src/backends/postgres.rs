@@ -371,7 +371,7 @@ impl Session for Pg {
         key: &MessageKey,
         layout: Layout,
     ) -> Option<String> {
-        Some(marker::PgMarker::new(&spec.schema, layout).begin(spec, key))
+        Some(marker::PgMarker::of(&spec.schema, layout).begin(spec, key))
     }
 
     /// The first time on a session, the insert is prepared there first.
@@ -381,7 +381,7 @@ impl Session for Pg {
         begun: &str,
         error: &diesel::result::Error,
     ) -> Option<String> {
-        let marker = marker::PgMarker::new(&spec.schema, layout);
+        let marker = marker::PgMarker::of(&spec.schema, layout);
         marker.missing(error).then(|| marker.prepared_and(begun))
     }
 

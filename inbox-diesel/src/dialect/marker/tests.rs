@@ -119,3 +119,155 @@ fn marker_inserts_sql() {
         );
     }
 }
+
+/// PostgreSQL: the marker's prepared statement, its name and what each message sends, for a
+/// table with and without `key_text`, with and without the check's mark and English.
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_marker_statements() {
+    use crate::dialect::layout::{DatabaseMark, Layout};
+    static SPEC: crate::spec::HandlerSpec = crate::spec::HandlerSpec {
+        consumer: inbox_core::Consumer::from_validated("credit"),
+        schema: InboxSchema::new_unchecked("billing.inbox", "ux_billing"),
+        retry: inbox_core::RetryPolicy::new(3),
+        isolation: inbox_core::Isolation::ServerDefault,
+        sqlite_busy_timeout_ms: crate::spec::HandlerSpec::SQLITE_BUSY_TIMEOUT_MS,
+        precheck: false,
+        idle_in_transaction_ms: 0,
+        in_flight_when_locked: false,
+    };
+    let key = inbox_core::MessageKey::uuid(Uuid::nil());
+    let marked = Layout {
+        key_text: true,
+        english: true,
+        database_mark: DatabaseMark::postgres("5 16384", "billing.inbox"),
+        ..Layout::default()
+    };
+    let sent = [Layout::default(), marked].map(|layout| {
+        let marker = super::PgMarker::of(&SPEC.schema, layout);
+        let begin = marker.begin(&SPEC, &key);
+        let prepared = marker.prepared_and("…");
+        let prepared = prepared
+            .strip_prefix(&format!(
+                "ROLLBACK; {}; COMMIT; ",
+                super::ENGLISH_WHERE_ALLOWED
+            ))
+            .unwrap();
+        let begin = begin.strip_prefix(&*SPEC.postgres_begin_sql()).unwrap();
+        [prepared.to_owned(), begin.to_owned()]
+    });
+    assert_eq!(
+        sent,
+        [
+            [
+                "PREPARE inbox_marker_6006f7e509125817bd2f22422a56ca87 (uuid, text) AS WITH marker \
+                 AS (INSERT INTO \"billing\".\"inbox\" (message_id, consumer, received_at, \
+                 processed_at) VALUES ($1, $2, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP) RETURNING 1), \
+                 arbiter AS (INSERT INTO \"billing\".\"inbox\" (message_id, consumer) SELECT \
+                 message_id, consumer FROM \"billing\".\"inbox\" WHERE false ON CONFLICT \
+                 (message_id, consumer) DO NOTHING) SELECT CASE count(*) WHEN 1 THEN 1 ELSE \
+                 CAST('inbox: the marker insert wrote ' || count(*) || ' rows' AS integer) END FROM \
+                 marker; …",
+                "; EXECUTE \
+                 inbox_marker_6006f7e509125817bd2f22422a56ca87('00000000-0000-0000-0000-000000000000', \
+                 convert_from(decode('637265646974', 'hex'), 'UTF8'))",
+            ],
+            [
+                "PREPARE inbox_marker_b62f4d713bab53e28f200689c577682e (uuid, text, text) AS WITH \
+                 marker AS (INSERT INTO \"billing\".\"inbox\" (message_id, consumer, key_text, \
+                 received_at, processed_at) VALUES ($1, CASE WHEN \
+                 to_regclass('\"billing\".\"inbox\"') = CAST(16384 AS oid) AND (SELECT oid FROM \
+                 pg_database WHERE datname = current_database()) = CAST(5 AS oid) THEN $2 END, $3, \
+                 CURRENT_TIMESTAMP, CURRENT_TIMESTAMP) RETURNING 1), arbiter AS (INSERT INTO \
+                 \"billing\".\"inbox\" (message_id, consumer) SELECT message_id, consumer FROM \
+                 \"billing\".\"inbox\" WHERE false ON CONFLICT (message_id, consumer) DO NOTHING) \
+                 SELECT CASE count(*) WHEN 1 THEN 1 ELSE CAST('inbox: the marker insert wrote ' || \
+                 count(*) || ' rows' AS integer) END FROM marker; …",
+                "; SET LOCAL lc_messages = 'C'; EXECUTE \
+                 inbox_marker_b62f4d713bab53e28f200689c577682e('00000000-0000-0000-0000-000000000000', \
+                 convert_from(decode('637265646974', 'hex'), 'UTF8'), \
+                 convert_from(decode('30303030303030302d303030302d303030302d303030302d303030303030303030303030', \
+                 'hex'), 'UTF8'))",
+            ],
+        ]
+    );
+}
+
+/// PostgreSQL: a thread keeps each marker, by the table and all of the layout its statement is
+/// written from, and hands out the one written afresh.
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_markers_are_kept() {
+    use super::{PgMarker, PgMarkerOf};
+    use crate::dialect::layout::{DatabaseMark, Layout};
+    use std::rc::Rc;
+    let billing = InboxSchema::new_unchecked("billing.kept", "ux_billing");
+    let orders = InboxSchema::new_unchecked("orders.kept", "ux_orders");
+    let marked = Layout {
+        database_mark: DatabaseMark::postgres("5 16384", "billing.kept"),
+        ..Layout::default()
+    };
+    let other_database = Layout {
+        database_mark: DatabaseMark::postgres("6 16384", "billing.kept"),
+        ..Layout::default()
+    };
+    let layouts = [
+        Layout::default(),
+        Layout {
+            key_text: true,
+            ..Layout::default()
+        },
+        Layout {
+            english: true,
+            ..Layout::default()
+        },
+        marked,
+        other_database,
+    ];
+    let mut names = Vec::new();
+    for schema in [&billing, &orders] {
+        for layout in layouts {
+            let kept = PgMarker::of(schema, layout);
+            // The same inputs: the same marker, not another one.
+            assert!(Rc::ptr_eq(&kept, &PgMarker::of(schema, layout)));
+            // What is kept is what would be written afresh.
+            let fresh = PgMarker::new(PgMarkerOf::new(schema, layout));
+            assert_eq!(
+                (
+                    &kept.name,
+                    kept.types,
+                    &kept.statement,
+                    kept.key_text,
+                    kept.english
+                ),
+                (
+                    &fresh.name,
+                    fresh.types,
+                    &fresh.statement,
+                    fresh.key_text,
+                    fresh.english
+                )
+            );
+            names.push(kept.name.clone());
+        }
+    }
+    // Parts of the layout the statement does not depend on share the marker.
+    let claimable = Layout {
+        result: true,
+        fingerprint: true,
+        max_packet: 1 << 20,
+        ..Layout::default()
+    };
+    assert!(Rc::ptr_eq(
+        &PgMarker::of(&billing, Layout::default()),
+        &PgMarker::of(&billing, claimable)
+    ));
+    // `english` changes what each message sends, not the statement.
+    assert_eq!(names[0], names[2]);
+    names.remove(2);
+    names.remove(layouts.len() + 1);
+    let mut distinct = names.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), names.len(), "{names:?}");
+}
