@@ -542,12 +542,12 @@ impl PgMarker {
     /// The marker of a handler on `schema`'s table for `layout`, built once per thread and
     /// kept: only [`begin`](Self::begin) depends on the message, and writing the statement
     /// and hashing it for its name cost about 24 000 instructions per message, a fifth of
-    /// the client's work for one. Kept by all that the marker is written from ([`PgMarkerOf`]: the table as
-    /// checked, `key_text`, English, the check's mark), so that a kept marker is the one that
-    /// would be written afresh — the statement sent is the same text — and handlers on one
-    /// table share it. A thread keeps
-    /// a few: its handlers' tables by the layouts checked on its connections (a database mark
-    /// per database, tenants' included); past that many it starts again.
+    /// the client's work for one. Kept by all that the marker is written from
+    /// ([`PgMarkerOf`]: the table as checked, `key_text`, English, the check's mark), so that
+    /// a kept marker is the one that would be written afresh — the statement sent is the same
+    /// text — and handlers on one table share it. A thread keeps a few: its handlers' tables
+    /// by the layouts checked on its connections (a database mark per database, tenants'
+    /// included); past 64 it starts again.
     pub(crate) fn of(schema: &InboxSchema, layout: super::layout::Layout) -> Rc<Self> {
         /// Markers a thread keeps.
         const KEPT: usize = 64;
