@@ -283,15 +283,21 @@ macro_rules! async_claim_pools {
             type Checkout<$a:lifetime> = $checkout:ty;
         }
     ) => {
-        impl<M: $manager> ConnectionPool for $pool {
+        async_claim_pools!(@one $manager, $pool, [$($bounds)*], $connection, $a, $checkout,
+            |pool| pool.get().await.map_err(Into::into));
+        // The runtime's own checkouts, outside the handler's body: not refused.
+        async_claim_pools!(@one $manager, $guarded, [$($bounds)*], $connection, $a, $checkout,
+            |pool| pool.inner().checkout().await);
+    };
+    (
+        @one $manager:path, $ty:ty, [$($bounds:tt)*], $connection:ty, $a:lifetime, $checkout:ty,
+        |$this:ident| $get:expr
+    ) => {
+        impl<M: $manager> ConnectionPool for $ty {
             type Connection = $connection;
         }
 
-        impl<M: $manager> ConnectionPool for $guarded {
-            type Connection = $connection;
-        }
-
-        impl<M: $manager> AsyncClaimPool for $pool
+        impl<M: $manager> AsyncClaimPool for $ty
         where
             $($bounds)*
         {
@@ -303,23 +309,8 @@ macro_rules! async_claim_pools {
             fn checkout(
                 &self,
             ) -> impl Future<Output = Result<Self::Checkout<'_>, CheckoutFailure>> + Send {
-                async move { self.get().await.map_err(Into::into) }
-            }
-        }
-
-        /// The runtime's own checkouts, outside the handler's body: not refused.
-        impl<M: $manager> AsyncClaimPool for $guarded
-        where
-            $($bounds)*
-        {
-            type Checkout<$a>
-                = $checkout
-            where
-                Self: $a;
-            fn checkout(
-                &self,
-            ) -> impl Future<Output = Result<Self::Checkout<'_>, CheckoutFailure>> + Send {
-                self.inner().checkout()
+                let $this = self;
+                async move { $get }
             }
         }
     };
