@@ -206,7 +206,10 @@ fn instructions(backend: &str, variant: &str, n: u64) {
             let mut conn = diesel::PgConnection::establish(&url).unwrap();
             postgres::sequential(&mut conn, variant, n);
         }
-        other => panic!("--instructions runs on sqlite or postgres, not {other}"),
+        other => panic!(
+            "--instructions runs on sqlite or postgres (with --features inbox-examples/postgres), \
+             not {other}"
+        ),
     }
 }
 

@@ -55,9 +55,15 @@ macro_rules! backend {
             pub fn body(label: &str, seconds: f64, connect: &(dyn Fn() -> Conn + Sync)) {
                 let mut run = 7_000;
                 let mut rates = Vec::new();
-                // Each round connects anew: the handler's startup check runs before the
-                // timing starts, on a message of run 6 999.
+                // Each round connects anew: one message on each connection before the timing
+                // starts, so that neither variant's first timed message prepares its
+                // statements, and the handler's startup check has run (on a key of run 6 999).
                 let warmed = AtomicU64::new(0);
+                let plain = || {
+                    let mut conn = connect();
+                    conn.$begin(|c| transfer(c, 0)).unwrap();
+                    conn
+                };
                 let checked = || {
                     let mut conn = connect();
                     let id = key(6_999, 0, warmed.fetch_add(1, Ordering::Relaxed));
@@ -70,7 +76,7 @@ macro_rules! backend {
                         for (slot, cell) in rounds.iter_mut().enumerate() {
                             run += 1;
                             let connect: &(dyn Fn() -> Conn + Sync) = match slot {
-                                0 => connect,
+                                0 => &plain,
                                 _ => &checked,
                             };
                             cell[round] = measure(clients, seconds / ROUNDS as f64, connect, &|c, w, n| {
@@ -677,11 +683,19 @@ macro_rules! async_backend {
                 let mut handles = Vec::new();
                 for worker in 0..tasks {
                     let mut conn = Conn::establish(url).await.unwrap();
-                    if variant == "body #[idempotent]" {
-                        // The handler's startup check, before the timing starts.
-                        let id = key(run, worker, u64::MAX);
-                        let outcome = transferring(&mut conn, &id, worker).await;
-                        assert!(outcome.unwrap().is_processed());
+                    // The body's statements prepared, and the handler's startup check run,
+                    // before the timing starts.
+                    match variant {
+                        "body plain" => conn
+                            .transaction(async |c| transfer(c, worker).await)
+                            .await
+                            .unwrap(),
+                        "body #[idempotent]" => {
+                            let id = key(run, worker, u64::MAX);
+                            let outcome = transferring(&mut conn, &id, worker).await;
+                            assert!(outcome.unwrap().is_processed());
+                        }
+                        _ => {}
                     }
                     if variant == "duplicate" {
                         for n in 0..duplicate_keys() {

@@ -267,8 +267,8 @@ impl Mark {
     }
 
     /// The condition (`guard`: the text before the consumer), written once per mark on a
-    /// thread and kept: each marker insert's text is built again for every message, and
-    /// writing the condition cost more than the rest of the statement's text together.
+    /// thread and kept: MySQL's and SQLite's marker inserts are written for every message,
+    /// and writing the condition cost more than the rest of the statement's text together.
     fn text(self, guard: bool) -> Rc<str> {
         /// Marks a thread keeps the text of: the connections it runs handlers on.
         const KEPT: usize = 64;

@@ -40,9 +40,8 @@ pub(crate) fn none_open(status: &mut diesel::connection::TransactionManagerStatu
     matches!(open(status), Ok(false))
 }
 
-/// What a transaction's start sent with its marker
-/// ([`PgMarker`](crate::dialect::marker::PgMarker),
-/// [`start_with_marker`](crate::dialect::marker::start_with_marker)) decided: `true` when it
+/// What a transaction's start sent with its marker (PostgreSQL's `PgMarker`, MySQL's
+/// `start_with_marker`, in `dialect/marker.rs`) decided: `true` when it
 /// began and the marker is new; `false` when the inbox's own index refused the marker; the
 /// error otherwise. After a failure the server may hold the transaction open (aborted on
 /// PostgreSQL): the transaction manager is told it is open (it counted none, as the string

@@ -194,7 +194,9 @@ fn postgres_marker_statements() {
 }
 
 /// PostgreSQL: a thread keeps each marker, by the table and all of the layout its statement is
-/// written from, and hands out the one written afresh.
+/// written from, and hands out the one written afresh. That the key holds all the statement
+/// is written from is the compiler's part (`PgMarker::new` reads nothing but a `PgMarkerOf`);
+/// `postgres_marker_statements` pins what is written.
 #[cfg(feature = "postgres")]
 #[test]
 fn postgres_markers_are_kept() {
