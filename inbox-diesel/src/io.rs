@@ -23,7 +23,7 @@ use uuid::Uuid;
 use crate::dialect::catalog::{Catalogs, FactRow};
 use crate::dialect::claim::{ClaimRead, ClaimRow, ClaimSql, ReadsClaims};
 use crate::dialect::layout::Layout;
-use crate::dialect::marker::{ClaimMarker, ClaimMarkers, InsertsMarkers};
+use crate::dialect::marker::{ClaimMarker, ClaimMarkers, InsertsMarkers, Keeps, MarkerValues};
 use crate::dialect::{BindId, Row, Rows, Sql};
 use crate::spec::HandlerSpec;
 use inbox_core::{InboxSchema, MessageKey};
@@ -111,11 +111,14 @@ pub trait Session: crate::dialect::Dialect + InsertsMarkers + Catalogs {
 
     /// The statement that opens the handler's transaction with `key`'s marker inserted in
     /// it, in one round trip; `None` where the backend opens and claims in two steps (or
-    /// the statement would not fit).
+    /// the statement would not fit). Where the backend [defers](Self::defers_marker) a
+    /// marker that `keeps` anything, the statement takes the key's lock and fails with
+    /// [`MARKER_SEEN`](crate::dialect::marker::MARKER_SEEN) where the marker exists instead.
     fn begin_with_marker_statement(
         _spec: &'static HandlerSpec,
         _key: &MessageKey,
         _layout: Layout,
+        _keeps: Keeps,
     ) -> Option<String> {
         None
     }
@@ -127,8 +130,35 @@ pub trait Session: crate::dialect::Dialect + InsertsMarkers + Catalogs {
     fn begin_again_statement(
         _spec: &'static HandlerSpec,
         _layout: Layout,
+        _keeps: Keeps,
         _begun: &str,
         _error: &diesel::result::Error,
+    ) -> Option<String> {
+        None
+    }
+
+    /// Whether the marker of `spec`'s handler, keeping `keeps` beside its key (a stored
+    /// result, a fingerprint), is written at the commit
+    /// ([`commit_with_marker_statement`](Self::commit_with_marker_statement)) rather than
+    /// at the start: one version of its row, where an insert and then an update of what it
+    /// keeps would write two. The start then takes the key's lock, which a concurrent
+    /// delivery waits for as it would for the marker, and looks for a marker committed
+    /// before ([`begin_with_marker_statement`](Self::begin_with_marker_statement)). The
+    /// inbox's unique index still decides: a marker that committed without the lock (a
+    /// process of an older version) refuses the insert at the commit, the body's work is
+    /// rolled back and the delivery answered as the duplicate it is.
+    fn defers_marker(_spec: &'static HandlerSpec, _keeps: Keeps) -> bool {
+        false
+    }
+
+    /// The marker's insert with `values`, then `COMMIT`, for a transaction
+    /// [`begin_with_marker_statement`](Self::begin_with_marker_statement) opened with its
+    /// marker [deferred](Self::defers_marker); `None` where the backend defers none.
+    fn commit_with_marker_statement(
+        _spec: &'static HandlerSpec,
+        _key: &MessageKey,
+        _layout: Layout,
+        _values: MarkerValues<'_>,
     ) -> Option<String> {
         None
     }
@@ -166,28 +196,57 @@ pub trait Session: crate::dialect::Dialect + InsertsMarkers + Catalogs {
     /// marker, a duplicate proven by the server. After an error or a duplicate the
     /// transaction is counted open (it is aborted on the server), for the runtime's rollback
     /// to end it.
+    ///
+    /// With its marker [deferred](Self::defers_marker) (`keeps`), `Ok(true)` says that no
+    /// marker exists yet and the key's lock is held; `Ok(false)` that the marker exists.
     fn begin_with_claim<I: Io<Backend = Self>>(
         io: &mut I,
         spec: &'static HandlerSpec,
         key: &MessageKey,
         layout: Layout,
+        keeps: Keeps,
     ) -> impl Future<Output = Option<QueryResult<bool>>> + Send {
         async move {
             if !status::none_open(io.transaction_status()) {
                 return None;
             }
-            let sql = Self::begin_with_marker_statement(spec, key, layout)?;
+            let sql = Self::begin_with_marker_statement(spec, key, layout, keeps)?;
             let mut begun = io.begin_sql(&sql).await;
             if let Err(e) = &begun
-                && let Some(again) = Self::begin_again_statement(spec, layout, &sql, e)
+                && let Some(again) = Self::begin_again_statement(spec, layout, keeps, &sql, e)
             {
                 begun = io.begin_sql(&again).await;
             }
-            Some(status::claimed(
-                begun,
-                &spec.schema,
-                io.transaction_status(),
-            ))
+            Some(
+                match status::claimed(begun, &spec.schema, io.transaction_status()) {
+                    Err(e) if crate::dialect::marker::marker_seen(&e) => Ok(false),
+                    claimed => claimed,
+                },
+            )
+        }
+    }
+
+    /// Inserts the marker [deferred](Self::defers_marker) with `values` and commits, in one
+    /// round trip ([`commit_with_marker_statement`](Self::commit_with_marker_statement)),
+    /// as [`commit`](Self::commit) does otherwise. A refusal by the inbox's unique index is
+    /// returned as it is: a marker committed without the key's lock.
+    fn commit_with_marker<I: Io<Backend = Self>>(
+        io: &mut I,
+        spec: &'static HandlerSpec,
+        key: &MessageKey,
+        layout: Layout,
+        values: MarkerValues<'_>,
+    ) -> impl Future<Output = QueryResult<()>> + Send {
+        let sql = Self::commit_with_marker_statement(spec, key, layout, values);
+        async move {
+            let Some(sql) = sql else {
+                return Err(diesel::result::Error::QueryBuilderError(
+                    "the backend writes no marker at the commit".into(),
+                ));
+            };
+            status::open(io.transaction_status())?;
+            io.batch(&sql).await?;
+            status::ended(io.transaction_status())
         }
     }
 

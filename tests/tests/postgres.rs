@@ -78,6 +78,122 @@ mod stored {
     fn a_snapshot_older_than_the_markers_commit_reads_the_stored_result() {
         a_snapshot_older_than_the_markers_commit_reads_the_result();
     }
+
+    /// `pay_checked`, whose body waits at `held` until the test lets it go on.
+    #[idempotent(consumer = "pay", key = msg.id, store_result = true, fingerprint = msg.amount.to_string())]
+    fn pay_held(
+        conn: &mut DbConnection,
+        msg: &Credit,
+        ran: &AtomicUsize,
+        held: &Barrier,
+    ) -> Result<Receipt, AppError> {
+        held.wait();
+        held.wait();
+        pay_body(conn, msg, ran)
+    }
+
+    /// Waits until a session of `db` waits for a lock: the delivery sent to wait did.
+    fn until_one_waits(db: &Db) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while db.waiting_for_a_lock() == 0 {
+            assert!(std::time::Instant::now() < deadline, "no session waits for a lock");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
+    /// The marker of a handler that keeps its result and fingerprint is written once, with
+    /// both, at the commit: one version of its row (an insert then an update in the same
+    /// transaction would leave the row at its second place in the page).
+    #[test]
+    fn a_stored_result_and_fingerprint_are_one_version_of_the_markers_row() {
+        let db = with_result("stored_one_version");
+        let mut conn = db.connect();
+        let (msg, ran) = (Credit::new(1), AtomicUsize::new(0));
+        let first = pay_checked(&mut conn, &msg, &ran).unwrap();
+        assert!(matches!(first, Outcome::Processed(_)), "{first:?}");
+        #[derive(QueryableByName)]
+        struct Place {
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            place: String,
+            #[diesel(sql_type = diesel::sql_types::Bool)]
+            kept: bool,
+        }
+        let row = diesel::sql_query(
+            "SELECT ctid::text AS place, result IS NOT NULL AND fingerprint IS NOT NULL AS kept \
+             FROM inbox",
+        )
+        .get_result::<Place>(&mut conn)
+        .unwrap();
+        assert_eq!((row.place.as_str(), row.kept), ("(0,1)", true));
+        let again = pay_checked(&mut conn, &msg, &ran).unwrap();
+        assert!(
+            matches!(&again, Outcome::Duplicate { stored: Some(r), .. } if r.balance == 10),
+            "{again:?}"
+        );
+        assert_eq!(ran.load(Ordering::SeqCst), 1);
+    }
+
+    /// A retry sent while the first delivery's body runs waits for the key's lock, not for
+    /// a marker (none is written before the commit), and replays what the first stored;
+    /// its body never runs.
+    #[test]
+    fn a_retry_waits_for_the_first_delivery_and_replays_its_result() {
+        let db = with_result("stored_retry_waits");
+        let (msg, ran, held) = (Credit::new(3), AtomicUsize::new(0), Barrier::new(2));
+        let (first, retry) = std::thread::scope(|scope| {
+            let mut conn = db.connect();
+            let (msg, ran, held) = (&msg, &ran, &held);
+            let first = scope.spawn(move || pay_held(&mut conn, msg, ran, held));
+            held.wait();
+            let mut conn = db.connect();
+            let retry = scope.spawn(move || pay_checked(&mut conn, msg, ran));
+            until_one_waits(&db);
+            held.wait();
+            (first.join().unwrap(), retry.join().unwrap())
+        });
+        let Ok(Outcome::Processed(receipt)) = first else {
+            panic!("{first:?}")
+        };
+        assert!(
+            matches!(&retry, Ok(Outcome::Duplicate { stored: Some(r), .. }) if *r == receipt),
+            "{retry:?}"
+        );
+        assert_eq!(ran.load(Ordering::SeqCst), 1, "the retry's body never ran");
+        assert_eq!(credits_of(&mut db.connect(), &msg), 1);
+        assert_eq!(markers(&mut db.connect()), 1);
+    }
+
+    /// A marker written without the key's lock (a process of an older version inserts it
+    /// first) is still the arbiter: the deferred insert waits for it and is refused once it
+    /// commits, the body's work is rolled back, and the delivery is a duplicate.
+    #[test]
+    fn a_marker_committed_without_the_lock_rolls_the_body_back() {
+        let db = with_result("stored_older_process");
+        let (msg, ran) = (Credit::new(5), AtomicUsize::new(0));
+        let mut older = db.connect();
+        older
+            .batch_execute(&format!(
+                "BEGIN; INSERT INTO inbox (message_id, consumer, received_at, processed_at) \
+                 VALUES ('{}', 'pay', now(), now())",
+                msg.id
+            ))
+            .unwrap();
+        let outcome = std::thread::scope(|scope| {
+            let mut conn = db.connect();
+            let (msg, ran) = (&msg, &ran);
+            let delivery = scope.spawn(move || pay_checked(&mut conn, msg, ran));
+            until_one_waits(&db);
+            older.batch_execute("COMMIT").unwrap();
+            delivery.join().unwrap()
+        });
+        assert!(
+            matches!(&outcome, Ok(Outcome::Duplicate { .. })),
+            "{outcome:?}"
+        );
+        assert_eq!(ran.load(Ordering::SeqCst), 1, "the body ran before the commit");
+        assert_eq!(credits_of(&mut db.connect(), &msg), 0, "the body's work rolled back");
+        assert_eq!(markers(&mut db.connect()), 1);
+    }
 }
 /// Claim mode, sync.
 mod claim_mode {

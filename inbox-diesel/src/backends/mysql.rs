@@ -464,6 +464,7 @@ impl Session for Mysql {
         spec: &'static HandlerSpec,
         key: &MessageKey,
         layout: Layout,
+        _: marker::Keeps,
     ) -> Option<String> {
         let sql = marker::start_with_marker(spec, key, layout);
         // Too long for one packet (a long key's text in hex): the prepared insert takes

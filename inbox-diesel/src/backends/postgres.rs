@@ -14,6 +14,7 @@ use super::{InboxConnection, Session, sealed};
 use crate::dialect::catalog::{self, Catalogs};
 use crate::dialect::layout::DatabaseMark;
 use crate::dialect::layout::Layout;
+use crate::dialect::marker::{Keeps, MarkerValues};
 use crate::dialect::{self, Backend, Dialect, Sql, marker};
 use crate::error::schema::{SchemaError, SchemaProblem};
 use crate::io::Io;
@@ -365,24 +366,54 @@ impl Session for Pg {
         marker::postgres_begin(spec, layout)
     }
 
-    /// `BEGIN` and the marker's insert in one round trip ([`PgMarker`](marker::PgMarker)).
+    /// `BEGIN` and the marker's insert in one round trip ([`PgMarker`](marker::PgMarker));
+    /// for a deferred marker, `BEGIN`, the key's lock and the look for the marker.
     fn begin_with_marker_statement(
         spec: &'static HandlerSpec,
         key: &MessageKey,
         layout: Layout,
+        keeps: Keeps,
     ) -> Option<String> {
-        Some(marker::PgMarker::of(&spec.schema, layout).begin(spec, key))
+        Some(marker::PgMarker::of(&spec.schema, layout, keeps).begin(spec, key))
     }
 
-    /// The first time on a session, the insert is prepared there first.
+    /// The first time on a session, the insert (and a deferred marker's look) is prepared
+    /// there first.
     fn begin_again_statement(
         spec: &'static HandlerSpec,
         layout: Layout,
+        keeps: Keeps,
         begun: &str,
         error: &diesel::result::Error,
     ) -> Option<String> {
-        let marker = marker::PgMarker::of(&spec.schema, layout);
+        let marker = marker::PgMarker::of(&spec.schema, layout, keeps);
         marker.missing(error).then(|| marker.prepared_and(begun))
+    }
+
+    /// At READ COMMITTED (the server's default unless configured), where the look after
+    /// the lock sees a marker that committed while the lock was waited for. Above it the
+    /// transaction's snapshot is taken before the lock is granted, and a concurrent
+    /// delivery would run its body only to be refused at the commit: the marker is
+    /// inserted first there.
+    fn defers_marker(spec: &'static HandlerSpec, keeps: Keeps) -> bool {
+        keeps.any()
+            && matches!(
+                spec.isolation,
+                inbox_core::Isolation::ServerDefault | inbox_core::Isolation::ReadCommitted
+            )
+    }
+
+    fn commit_with_marker_statement(
+        spec: &'static HandlerSpec,
+        key: &MessageKey,
+        layout: Layout,
+        values: MarkerValues<'_>,
+    ) -> Option<String> {
+        let keeps = Keeps {
+            result: values.result.is_some(),
+            fingerprint: values.fingerprint.is_some(),
+        };
+        Some(marker::PgMarker::of(&spec.schema, layout, keeps).commit(spec, key, values))
     }
 
     /// After a duplicate or a failed claim the transaction is aborted, and it is rolled

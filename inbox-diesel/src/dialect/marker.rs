@@ -505,12 +505,51 @@ pub(crate) fn push_table<DB: diesel::backend::Backend>(
 pub(crate) struct PgMarker {
     name: String,
     /// The parameters' types, for `PREPARE`.
-    types: &'static str,
+    types: String,
     statement: String,
     key_text: bool,
     /// The transaction sets the session's messages to English for itself
     /// ([`Layout::english`](super::layout::Layout)).
     english: bool,
+    /// What the marker keeps beside the key: where it keeps anything, it is written at the
+    /// commit ([`commit`](Self::commit)), and the transaction's start takes the key's lock
+    /// and looks for the marker instead ([`seen`](Self::seen)).
+    keeps: Keeps,
+    /// The look for the marker, prepared with the insert where the marker keeps anything.
+    seen: Option<String>,
+}
+
+/// What a marker keeps beside its key, written in the same row: the handler's stored result
+/// (`store_result`) and the request's fingerprint.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Keeps {
+    pub(crate) result: bool,
+    pub(crate) fingerprint: bool,
+}
+
+impl Keeps {
+    /// Whether the marker keeps anything beside its key.
+    pub(crate) fn any(self) -> bool {
+        self.result || self.fingerprint
+    }
+}
+
+/// What a marker written at the commit keeps ([`PgMarker::commit`]): the stored result's
+/// JSON text, the fingerprint's bytes — each where its handler keeps it.
+pub struct MarkerValues<'a> {
+    pub(crate) result: Option<&'a str>,
+    pub(crate) fingerprint: Option<&'a [u8]>,
+}
+
+/// What the look for a marker ([`PgMarker::seen`]) fails with where the marker exists, quoted
+/// in the server's error whatever its language.
+pub(crate) const MARKER_SEEN: &str = "inbox: the marker exists for ";
+
+/// Whether `error` is [`MARKER_SEEN`]'s: the key's marker committed before this transaction
+/// took the key's lock — a duplicate.
+pub(crate) fn marker_seen(error: &diesel::result::Error) -> bool {
+    crate::classify::with_server_error(error, |server| server.message.contains(MARKER_SEEN))
+        .unwrap_or(false)
 }
 
 /// All that the marker's statement is written from: the handler's table (as checked) and what
@@ -523,16 +562,18 @@ struct PgMarkerOf {
     key_text: bool,
     english: bool,
     mark: Option<Mark>,
+    keeps: Keeps,
 }
 
 #[cfg(feature = "postgres")]
 impl PgMarkerOf {
-    fn new(schema: &InboxSchema, layout: super::layout::Layout) -> Self {
+    fn new(schema: &InboxSchema, layout: super::layout::Layout, keeps: Keeps) -> Self {
         PgMarkerOf {
             table: schema.table(),
             key_text: layout.key_text,
             english: layout.english,
             mark: layout.mark(),
+            keeps,
         }
     }
 }
@@ -548,14 +589,18 @@ impl PgMarker {
     /// text — and handlers on one table share it. A thread keeps a few: its handlers' tables
     /// by the layouts checked on its connections (a database mark per database, tenants'
     /// included); past 64 it starts again.
-    pub(crate) fn of(schema: &InboxSchema, layout: super::layout::Layout) -> Rc<Self> {
+    pub(crate) fn of(
+        schema: &InboxSchema,
+        layout: super::layout::Layout,
+        keeps: Keeps,
+    ) -> Rc<Self> {
         /// Markers a thread keeps.
         const KEPT: usize = 64;
         thread_local! {
             static MARKERS: RefCell<Vec<(PgMarkerOf, Rc<PgMarker>)>> =
                 const { RefCell::new(Vec::new()) };
         }
-        let of = PgMarkerOf::new(schema, layout);
+        let of = PgMarkerOf::new(schema, layout, keeps);
         MARKERS.with(|markers| {
             if let Some((_, marker)) = markers.borrow().iter().find(|(kept, _)| *kept == of) {
                 return Rc::clone(marker);
@@ -572,13 +617,30 @@ impl PgMarker {
 
     /// The marker built afresh ([`of`](Self::of) keeps it).
     fn new(of: PgMarkerOf) -> Self {
+        use std::fmt::Write as _;
         let table = quoted_table(of.table, '"');
-        let (types, columns, text) = match of.key_text {
-            true => ("uuid, text, text", "message_id, consumer, key_text", ", $3"),
-            false => ("uuid, text", "message_id, consumer", ""),
-        };
+        let (mut columns, mut values) = (String::from("message_id, consumer"), String::new());
         let (before, after) = of.mark.map(|mark| mark.guard()).unwrap_or_default();
-        let values = format!("$1, {before}$2{after}{text}");
+        let _ = write!(values, "$1, {before}$2{after}");
+        let mut types = vec!["uuid", "text"];
+        let mut column = |name: &str, kind: &'static str, cast: Option<&str>| {
+            types.push(kind);
+            let n = types.len();
+            let _ = write!(columns, ", {name}");
+            let _ = match cast {
+                Some(to) => write!(values, ", CAST(${n} AS {to})"),
+                None => write!(values, ", ${n}"),
+            };
+        };
+        if of.key_text {
+            column("key_text", "text", None);
+        }
+        if of.keeps.result {
+            column("result", "text", Some("jsonb"));
+        }
+        if of.keeps.fingerprint {
+            column("fingerprint", "bytea", None);
+        }
         let statement = format!(
             "WITH marker AS (INSERT INTO {table} ({columns}, received_at, processed_at) \
              VALUES ({values}, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP) RETURNING 1), \
@@ -587,14 +649,33 @@ impl PgMarker {
              SELECT CASE count(*) WHEN 1 THEN 1 ELSE CAST('{SWALLOWED}' || count(*) || ' rows' \
              AS integer) END FROM marker"
         );
-        let digest = uuid::Uuid::new_v5(&inbox_core::MessageKey::NAMESPACE, statement.as_bytes());
+        // A column's value, never a constant: PostgreSQL folds a constant `CAST` while it
+        // plans, failing the statement whether or not a row exists.
+        let seen = of.keeps.any().then(|| {
+            format!(
+                "SELECT CAST('{MARKER_SEEN}' || consumer AS integer) FROM {table} \
+                 WHERE message_id = $1 AND consumer = $2"
+            )
+        });
+        let mut named = statement.clone();
+        if let Some(seen) = &seen {
+            named.push_str(seen);
+        }
+        let digest = uuid::Uuid::new_v5(&inbox_core::MessageKey::NAMESPACE, named.as_bytes());
         Self {
             name: format!("inbox_marker_{}", digest.simple()),
-            types,
+            types: types.join(", "),
             statement,
             key_text: of.key_text,
             english: of.english,
+            keeps: of.keeps,
+            seen,
         }
+    }
+
+    /// Whether the marker keeps anything beside its key, and so is written at the commit.
+    pub(crate) fn deferred(&self) -> bool {
+        self.keeps.any()
     }
 
     /// The handler's transaction start ([`HandlerSpec::postgres_begin_sql`]), then the
@@ -604,28 +685,86 @@ impl PgMarker {
     /// whatever `standard_conforming_strings` says).
     ///
     /// [`HandlerSpec::postgres_begin_sql`]: crate::spec::HandlerSpec::postgres_begin_sql
+    ///
+    /// A marker that keeps anything is written at the commit ([`commit`](Self::commit)):
+    /// the start takes the key's lock instead (`pg_advisory_xact_lock`, held to the end of
+    /// the transaction) and then looks for the marker, failing with [`MARKER_SEEN`] where it
+    /// exists. Two statements, so that the look, at READ COMMITTED, sees what committed
+    /// while the lock was waited for.
     pub(crate) fn begin(
         &self,
         spec: &crate::spec::HandlerSpec,
         key: &inbox_core::MessageKey,
     ) -> String {
-        let mut sql = format!(
-            "{}; {}EXECUTE {}('{}', {}",
-            spec.postgres_begin_sql(),
-            match self.english {
-                true => SET_LOCAL_ENGLISH,
-                false => "",
-            },
-            self.name,
-            key.stored_id(),
-            hex_text(spec.consumer.as_str())
-        );
+        let english = match self.english {
+            true => SET_LOCAL_ENGLISH,
+            false => "",
+        };
+        let begin = spec.postgres_begin_sql();
+        let id = key.stored_id();
+        let consumer = hex_text(spec.consumer.as_str());
+        if self.deferred() {
+            let lock = super::keys::lock_hash(&format!(
+                "inbox marker\0{}\0{id}",
+                spec.consumer.as_str()
+            ));
+            return format!(
+                "{begin}; {english}SELECT pg_advisory_xact_lock({lock}); \
+                 EXECUTE {}('{id}', {consumer})",
+                self.seen_name()
+            );
+        }
+        let mut sql = format!("{begin}; {english}EXECUTE {}('{id}', {consumer}", self.name);
         if self.key_text {
             sql.push_str(", ");
             sql.push_str(&hex_text(&super::layout::key_text(key)));
         }
         sql.push(')');
         sql
+    }
+
+    /// For a marker that keeps anything ([`begin`](Self::begin)): the marker's insert for
+    /// `key` with what it keeps, then `COMMIT`, after the check that the transaction is
+    /// still the handler's ([`HandlerSpec::POSTGRES_STILL_OURS`]) — one string, one round
+    /// trip, one version of the marker's row. The values are literals, as `begin`'s.
+    ///
+    /// [`HandlerSpec::POSTGRES_STILL_OURS`]: crate::spec::HandlerSpec::POSTGRES_STILL_OURS
+    pub(crate) fn commit(
+        &self,
+        spec: &crate::spec::HandlerSpec,
+        key: &inbox_core::MessageKey,
+        kept: MarkerValues<'_>,
+    ) -> String {
+        let mut sql = format!(
+            "{}; EXECUTE {}('{}', {}",
+            crate::spec::HandlerSpec::POSTGRES_STILL_OURS,
+            self.name,
+            key.stored_id(),
+            hex_text(spec.consumer.as_str())
+        );
+        let mut value = |literal: String| {
+            sql.push_str(", ");
+            sql.push_str(&literal);
+        };
+        if self.key_text {
+            value(hex_text(&super::layout::key_text(key)));
+        }
+        if self.keeps.result {
+            value(kept.result.map_or_else(|| "NULL".to_owned(), hex_text));
+        }
+        if self.keeps.fingerprint {
+            value(kept.fingerprint.map_or_else(
+                || "NULL".to_owned(),
+                |bytes| hex_literal("decode('", bytes, "', 'hex')"),
+            ));
+        }
+        sql.push_str("); COMMIT");
+        sql
+    }
+
+    /// The name of the look for the marker ([`begin`](Self::begin)).
+    fn seen_name(&self) -> String {
+        self.name.replacen("inbox_marker_", "inbox_seen_", 1)
     }
 
     /// After an `EXECUTE` that found no such statement on the session (a new session, one
@@ -636,17 +775,24 @@ impl PgMarker {
     /// that a pooler runs all of it on one server session. A server session the startup
     /// check never saw (a connection taken for a checked one, a pooler's other session)
     /// speaks English from its first marker on, as a checked one does.
+    /// A marker that keeps anything prepares its look ([`begin`](Self::begin)) with it.
     pub(crate) fn prepared_and(&self, begin: &str) -> String {
+        let seen = match &self.seen {
+            Some(seen) => format!("PREPARE {} (uuid, text) AS {seen}; ", self.seen_name()),
+            None => String::new(),
+        };
         format!(
-            "ROLLBACK; {ENGLISH_WHERE_ALLOWED}; COMMIT; PREPARE {} ({}) AS {}; {begin}",
+            "ROLLBACK; {ENGLISH_WHERE_ALLOWED}; COMMIT; PREPARE {} ({}) AS {}; {seen}{begin}",
             self.name, self.types, self.statement
         )
     }
 
-    /// Whether `error` is the session's lack of this statement: the error names it (26000,
-    /// in whatever language the server speaks; nothing else the string runs names it).
+    /// Whether `error` is the session's lack of this statement (or of its look): the error
+    /// names it (26000, in whatever language the server speaks; nothing else the string
+    /// runs names it). The two share the digest their names end with.
     pub(crate) fn missing(&self, error: &diesel::result::Error) -> bool {
-        crate::classify::with_server_error(error, |server| server.message.contains(&self.name))
+        let digest = self.name.trim_start_matches("inbox_marker_");
+        crate::classify::with_server_error(error, |server| server.message.contains(digest))
             .unwrap_or(false)
     }
 }

@@ -7,6 +7,7 @@ use inbox_core::{BatchOutcome, ErrorClass, MessageKey};
 use crate::classify;
 use crate::dialect::claim::{ClaimAnswer, ClaimState, ClaimStep};
 use crate::dialect::layout::{Layout, key_text};
+use crate::dialect::marker::Keeps;
 use crate::runtime::evidence::{confirm_duplicates, evidence};
 use crate::runtime::steps::{Steps, roll_back};
 use crate::spec::HandlerSpec;
@@ -43,19 +44,31 @@ pub(crate) trait Claims {
     /// Opens the transaction and claims in it: one round trip where the connection sends
     /// both together ([`Steps::begin_with_claim`], one message's marker). The outer error is
     /// the transaction's start failing, before any claim.
+    ///
+    /// `keeps`: what one message's marker keeps beside its key. Where the connection writes
+    /// such a marker at the commit ([`Steps::defers_marker`]), the answer's second part is
+    /// `true`: the claim was the key's lock and the look for the marker, `Ok(true)` says that
+    /// none exists, and the marker is for the commit to write
+    /// ([`Steps::commit_with_marker`]).
     async fn begin_and_claim<S: Steps>(
         &self,
         steps: &mut S,
         spec: &'static HandlerSpec,
         layout: Layout,
-    ) -> QueryResult<QueryResult<bool>> {
-        if let Some(key) = self.key()
-            && let Some(claimed) = steps.begin_with_claim(spec, key, layout).await
-        {
-            return Ok(claimed_with_begin(steps, spec, key, claimed).await);
+        keeps: Keeps,
+    ) -> QueryResult<(QueryResult<bool>, bool)> {
+        if let Some(key) = self.key() {
+            let keeps = match steps.defers_marker(spec, keeps) {
+                true => keeps,
+                false => Keeps::default(),
+            };
+            if let Some(claimed) = steps.begin_with_claim(spec, key, layout, keeps).await {
+                let claimed = claimed_with_begin(steps, spec, key, claimed).await;
+                return Ok((claimed, keeps.any()));
+            }
         }
         steps.begin(spec, layout).await?;
-        Ok(self.claim(steps, spec, layout).await)
+        Ok((self.claim(steps, spec, layout).await, false))
     }
 
     /// The origin of the messages the body publishes to the outbox: the keys and the
@@ -134,7 +147,7 @@ impl Claims for MessageKey {
 /// redefined under that name since the check (`UNIQUE (message_id)`, say, on a live MariaDB)
 /// refuses a new message of another consumer with the same error, and MariaDB names no table
 /// beside the index. A duplicate costs that one read.
-async fn claimed_with_begin<S: Steps>(
+pub(crate) async fn claimed_with_begin<S: Steps>(
     steps: &mut S,
     spec: &'static HandlerSpec,
     key: &MessageKey,

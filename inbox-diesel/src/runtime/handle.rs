@@ -16,6 +16,7 @@ use crate::backends::Session;
 use crate::dialect::catalog::Catalogs;
 use crate::dialect::claim::{ClaimAnswer, ClaimStep};
 use crate::dialect::layout::Layout;
+use crate::dialect::marker::{Keeps, MarkerValues};
 use crate::io::Io;
 use crate::runtime::found::{Kept, Presence};
 use crate::runtime::steps::Steps;
@@ -148,11 +149,30 @@ impl<H: Handle> Steps for H {
         spec: &'static HandlerSpec,
         key: &MessageKey,
         layout: Layout,
+        keeps: Keeps,
     ) -> Option<QueryResult<bool>> {
         let armed = self.arm();
-        let claimed = H::Backend::begin_with_claim(self, spec, key, layout).await;
+        let claimed = H::Backend::begin_with_claim(self, spec, key, layout, keeps).await;
         armed.disarm();
         claimed
+    }
+
+    fn defers_marker(&mut self, spec: &'static HandlerSpec, keeps: Keeps) -> bool {
+        H::Backend::defers_marker(spec, keeps)
+    }
+
+    /// Armed: the insert waits for a marker another transaction holds uncommitted.
+    async fn commit_with_marker(
+        &mut self,
+        spec: &'static HandlerSpec,
+        key: &MessageKey,
+        layout: Layout,
+        values: MarkerValues<'_>,
+    ) -> QueryResult<()> {
+        let armed = self.arm();
+        let committed = H::Backend::commit_with_marker(self, spec, key, layout, values).await;
+        armed.disarm();
+        committed
     }
 
     async fn end(&mut self, spec: &'static HandlerSpec, layout: Layout) -> QueryResult<()> {

@@ -14,6 +14,7 @@ use inbox_core::MessageKey;
 
 use crate::dialect::claim::{ClaimAnswer, ClaimStep};
 use crate::dialect::layout::Layout;
+use crate::dialect::marker::{Keeps, MarkerValues};
 use crate::error::Error;
 use crate::runtime::found::Kept;
 use crate::runtime::found::Presence;
@@ -91,13 +92,38 @@ pub(crate) trait Steps {
     /// where the connection can; `None` where it cannot (then [`begin`](Self::begin) and
     /// [`claim`](Self::claim)). `Ok(false)`: a duplicate proven by the inbox's own index,
     /// the transaction aborted, to be rolled back.
+    ///
+    /// `keeps`: what the marker keeps, where the connection [defers](Self::defers_marker)
+    /// it (nothing otherwise): the claim is then the key's lock and the look for the marker.
     async fn begin_with_claim(
         &mut self,
         _spec: &'static HandlerSpec,
         _key: &MessageKey,
         _layout: Layout,
+        _keeps: Keeps,
     ) -> Option<QueryResult<bool>> {
         None
+    }
+
+    /// Whether a marker that keeps `keeps` beside its key is written at the commit, with
+    /// what it keeps ([`Session::defers_marker`](crate::io::Session::defers_marker)).
+    fn defers_marker(&mut self, _spec: &'static HandlerSpec, _keeps: Keeps) -> bool {
+        false
+    }
+
+    /// Inserts the marker [deferred](Self::defers_marker) with `values`, and commits: what
+    /// [`commit`](Self::commit) does otherwise. The inbox's unique index refusing the marker
+    /// is returned as the error it is.
+    async fn commit_with_marker(
+        &mut self,
+        _spec: &'static HandlerSpec,
+        _key: &MessageKey,
+        _layout: Layout,
+        _values: MarkerValues<'_>,
+    ) -> QueryResult<()> {
+        Err(diesel::result::Error::QueryBuilderError(
+            "the connection writes no marker at the commit".into(),
+        ))
     }
 
     /// Puts back what `begin` set for the session, once the transaction ended.

@@ -14,8 +14,9 @@ use inbox_core::{ErrorClass, HandlerOutcome, MessageKey, RetryDecision};
 
 use crate::classify;
 use crate::dialect::layout::Layout;
+use crate::dialect::marker::{Keeps, MarkerValues};
 use crate::error::Error;
-use crate::runtime::batch::Claims;
+use crate::runtime::batch::{Claims, claimed_with_begin};
 use crate::runtime::checked::{
     forget_check, needs_recheck, rechecked_layout, schema_checked, stop_caching,
 };
@@ -569,8 +570,13 @@ where
     K: Claims,
     B: Body<S::Conn, Result<T, E>>,
 {
-    let claimed = claims
-        .begin_and_claim(steps, spec, layout)
+    let keeps = Keeps {
+        result: remembered.store.is_some(),
+        fingerprint: remembered.fingerprint.is_some(),
+    };
+    // `deferred`: the marker is written at the commit, with what it keeps.
+    let (claimed, deferred) = claims
+        .begin_and_claim(steps, spec, layout, keeps)
         .await
         .map_err(Failure::Database)?;
     if spec.in_flight_when_locked {
@@ -592,8 +598,8 @@ where
             // The request's fingerprint, with the marker: a delivery that meets the marker
             // sees it once this transaction commits, and then with it. A handler that stores
             // its result writes both in one statement after the body.
-            if let (Some(fingerprint), Some(key), None) =
-                (remembered.fingerprint, claims.key(), &remembered.store)
+            if let (Some(fingerprint), Some(key), None, false) =
+                (remembered.fingerprint, claims.key(), &remembered.store, deferred)
                 && let Err(e) = steps.write_fingerprint(spec, key, fingerprint).await
             {
                 roll_back(steps).await;
@@ -647,9 +653,19 @@ where
             std::panic::resume_unwind(payload)
         }
     };
-    // The result, stored with the marker in this transaction.
-    if let Some(key) = claims.key()
-        && let Err(e) = store_result(steps, spec, key, &result, remembered, layout).await
+    // The result, stored with the marker in this transaction: a deferred marker is
+    // written with it at the commit, else the marker is updated now.
+    let text = match stored_text(&result, remembered, layout) {
+        Ok(text) => text,
+        Err(e) => {
+            roll_back(steps).await;
+            return Err(Failure::Database(e));
+        }
+    };
+    if let (Some(key), Some(text), false) = (claims.key(), &text, deferred)
+        && let Err(e) = steps
+            .store_result(spec, key, text.clone(), remembered.fingerprint, None)
+            .await
     {
         roll_back(steps).await;
         return Err(Failure::Database(e));
@@ -658,24 +674,19 @@ where
         crash_point!(BeforeCommit);
     }
     match result {
-        Ok(value) => match steps.commit(spec, layout).await {
-            Ok(()) => {
-                crash_point!(AfterCommit);
-                Ok(Decided::Processed(value))
-            }
-            Err(e) => {
-                // A failed COMMIT may or may not have ended the transaction.
-                roll_back(steps).await;
-                if crate::dialect::ended_in_body(&e) {
-                    steps.discard_foreign().await;
-                    return Err(ended_in_body());
+        Ok(value) => {
+            let committed = match claims.key().filter(|_| deferred) {
+                Some(key) => {
+                    let values = MarkerValues {
+                        result: text.as_deref(),
+                        fingerprint: remembered.fingerprint.as_ref().map(|f| &f.as_bytes()[..]),
+                    };
+                    steps.commit_with_marker(spec, key, layout, values).await
                 }
-                match classify(&e, &spec.schema) {
-                    ErrorClass::TransactionAborted => Err(Failure::Aborted),
-                    _ => Err(Failure::Database(e)),
-                }
-            }
-        },
+                None => steps.commit(spec, layout).await,
+            };
+            committed_or_not(steps, spec, claims.key(), deferred, committed, value).await
+        }
         Err(e) => {
             let ended = layout.mariadb && steps.ended_by_server().await;
             let ended_in_body = !layout.mariadb && steps.ended_in_body().await;
@@ -685,6 +696,49 @@ where
                 return Err(self::ended_in_body());
             }
             Err(Failure::Body(Err(e), ended))
+        }
+    }
+}
+
+/// What the handler's commit answered decides: processed, or — a deferred marker
+/// refused by a marker committed without the key's lock — the duplicate it is, the body's
+/// work rolled back; or the failure, after a rollback.
+async fn committed_or_not<S: Steps, T, E, W>(
+    steps: &mut S,
+    spec: &'static HandlerSpec,
+    key: Option<&MessageKey>,
+    deferred: bool,
+    committed: QueryResult<()>,
+    value: T,
+) -> Result<Decided<T, W>, Failure<T, E>> {
+    match committed {
+        Ok(()) => {
+            crash_point!(AfterCommit);
+            Ok(Decided::Processed(value))
+        }
+        Err(e) => {
+            let e = match key.filter(|_| deferred) {
+                Some(key) => match refused_by_marker(e, spec) {
+                    Ok(claimed) => {
+                        return match claimed_with_begin(steps, spec, key, claimed).await {
+                            Ok(_) => Ok(Decided::Duplicate(None)),
+                            Err(e) => Err(Failure::Database(e)),
+                        };
+                    }
+                    Err(e) => e,
+                },
+                None => e,
+            };
+            // A failed COMMIT may or may not have ended the transaction.
+            roll_back(steps).await;
+            if crate::dialect::ended_in_body(&e) {
+                steps.discard_foreign().await;
+                return Err(ended_in_body());
+            }
+            match classify(&e, &spec.schema) {
+                ErrorClass::TransactionAborted => Err(Failure::Aborted),
+                _ => Err(Failure::Database(e)),
+            }
         }
     }
 }
@@ -700,14 +754,41 @@ async fn store_result<S: Steps, T, E>(
     remembered: Remembered<T>,
     layout: Layout,
 ) -> QueryResult<()> {
-    let (Ok(value), Some(store)) = (result, remembered.store) else {
+    let Some(text) = stored_text(result, remembered, layout)? else {
         return Ok(());
     };
-    let text = store
-        .encode(value, layout)
-        .map_err(|problem| DieselError::QueryBuilderError(Box::new(problem)))?;
     steps
         .store_result(spec, key, text, remembered.fingerprint, None)
         .await
         .map(drop)
+}
+
+/// The body's value as it is stored, for a handler that stores its result (`remembered`),
+/// after a body that succeeded; `None` otherwise.
+fn stored_text<T, E>(
+    result: &Result<T, E>,
+    remembered: Remembered<T>,
+    layout: Layout,
+) -> QueryResult<Option<String>> {
+    let (Ok(value), Some(store)) = (result, remembered.store) else {
+        return Ok(None);
+    };
+    store
+        .encode(value, layout)
+        .map(Some)
+        .map_err(|problem| DieselError::QueryBuilderError(Box::new(problem)))
+}
+
+/// A deferred marker's insert refused by a unique index, as [`claimed_with_begin`] reads
+/// the start's claim: the inbox's own index is a duplicate's `Ok(false)`, another's (a
+/// partition's) the error, for it to tell. Any other failure is handed back.
+fn refused_by_marker(
+    error: DieselError,
+    spec: &'static HandlerSpec,
+) -> Result<QueryResult<bool>, DieselError> {
+    match classify(&error, &spec.schema) {
+        ErrorClass::InboxDuplicate => Ok(Ok(false)),
+        ErrorClass::UniqueViolation { .. } => Ok(Err(error)),
+        _ => Err(error),
+    }
 }

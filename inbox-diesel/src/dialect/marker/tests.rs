@@ -144,7 +144,7 @@ fn postgres_marker_statements() {
         ..Layout::default()
     };
     let sent = [Layout::default(), marked].map(|layout| {
-        let marker = super::PgMarker::of(&SPEC.schema, layout);
+        let marker = super::PgMarker::of(&SPEC.schema, layout, super::Keeps::default());
         let begin = marker.begin(&SPEC, &key);
         let prepared = marker.prepared_and("…");
         let prepared = prepared
@@ -193,6 +193,73 @@ fn postgres_marker_statements() {
     );
 }
 
+/// PostgreSQL: a marker that keeps a result and a fingerprint — its look and its insert as
+/// prepared, what the start sends (the key's lock, then the look) and what the commit sends.
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_deferred_marker_statements() {
+    use crate::dialect::layout::Layout;
+    static SPEC: crate::spec::HandlerSpec = crate::spec::HandlerSpec {
+        consumer: inbox_core::Consumer::from_validated("credit"),
+        schema: InboxSchema::new_unchecked("inbox", "ux_inbox"),
+        retry: inbox_core::RetryPolicy::new(3),
+        isolation: inbox_core::Isolation::ServerDefault,
+        sqlite_busy_timeout_ms: crate::spec::HandlerSpec::SQLITE_BUSY_TIMEOUT_MS,
+        precheck: false,
+        idle_in_transaction_ms: 0,
+        in_flight_when_locked: false,
+    };
+    let key = inbox_core::MessageKey::uuid(Uuid::nil());
+    let keeps = super::Keeps {
+        result: true,
+        fingerprint: true,
+    };
+    let marker = super::PgMarker::of(&SPEC.schema, Layout::default(), keeps);
+    let begin = marker.begin(&SPEC, &key);
+    let prepared = marker.prepared_and("…");
+    let commit = marker.commit(
+        &SPEC,
+        &key,
+        super::MarkerValues {
+            result: Some("{}"),
+            fingerprint: Some(&[0xab, 0x01]),
+        },
+    );
+    let prepared = prepared
+        .strip_prefix(&format!("ROLLBACK; {}; COMMIT; ", super::ENGLISH_WHERE_ALLOWED))
+        .unwrap();
+    let begin = begin.strip_prefix(&*SPEC.postgres_begin_sql()).unwrap();
+    let name = "cb84ef1eadbd594cbc9cfab5bc5fa74e";
+    assert_eq!(
+        [prepared, begin, &commit],
+        [
+            &*format!(
+                "PREPARE inbox_marker_{name} (uuid, text, text, bytea) AS WITH marker AS (INSERT \
+                 INTO \"inbox\" (message_id, consumer, result, fingerprint, received_at, \
+                 processed_at) VALUES ($1, $2, CAST($3 AS jsonb), $4, CURRENT_TIMESTAMP, \
+                 CURRENT_TIMESTAMP) RETURNING 1), arbiter AS (INSERT INTO \"inbox\" (message_id, \
+                 consumer) SELECT message_id, consumer FROM \"inbox\" WHERE false ON CONFLICT \
+                 (message_id, consumer) DO NOTHING) SELECT CASE count(*) WHEN 1 THEN 1 ELSE \
+                 CAST('inbox: the marker insert wrote ' || count(*) || ' rows' AS integer) END \
+                 FROM marker; PREPARE inbox_seen_{name} (uuid, text) AS SELECT CAST('inbox: the \
+                 marker exists for ' || consumer AS integer) FROM \"inbox\" WHERE message_id = $1 \
+                 AND consumer = $2; …"
+            ),
+            &*format!(
+                "; SELECT pg_advisory_xact_lock(5936502609724057868); EXECUTE \
+                 inbox_seen_{name}('00000000-0000-0000-0000-000000000000', \
+                 convert_from(decode('637265646974', 'hex'), 'UTF8'))"
+            ),
+            &*format!(
+                "{}; EXECUTE inbox_marker_{name}('00000000-0000-0000-0000-000000000000', \
+                 convert_from(decode('637265646974', 'hex'), 'UTF8'), \
+                 convert_from(decode('7b7d', 'hex'), 'UTF8'), decode('ab01', 'hex')); COMMIT",
+                crate::spec::HandlerSpec::POSTGRES_STILL_OURS
+            ),
+        ]
+    );
+}
+
 /// PostgreSQL: a thread keeps each marker, by the table and all of the layout its statement is
 /// written from, and hands out the one written afresh. That the key holds all the statement
 /// is written from is the compiler's part (`PgMarker::new` reads nothing but a `PgMarkerOf`);
@@ -200,7 +267,7 @@ fn postgres_marker_statements() {
 #[cfg(feature = "postgres")]
 #[test]
 fn postgres_markers_are_kept() {
-    use super::{PgMarker, PgMarkerOf};
+    use super::{Keeps, PgMarker, PgMarkerOf};
     use crate::dialect::layout::{DatabaseMark, Layout};
     use std::rc::Rc;
     let billing = InboxSchema::new_unchecked("billing.kept", "ux_billing");
@@ -226,33 +293,43 @@ fn postgres_markers_are_kept() {
         marked,
         other_database,
     ];
+    let nothing = Keeps::default();
     let mut names = Vec::new();
     for schema in [&billing, &orders] {
         for layout in layouts {
-            let kept = PgMarker::of(schema, layout);
+            let kept = PgMarker::of(schema, layout, nothing);
             // The same inputs: the same marker, not another one.
-            assert!(Rc::ptr_eq(&kept, &PgMarker::of(schema, layout)));
+            assert!(Rc::ptr_eq(&kept, &PgMarker::of(schema, layout, nothing)));
             // What is kept is what would be written afresh.
-            let fresh = PgMarker::new(PgMarkerOf::new(schema, layout));
+            let fresh = PgMarker::new(PgMarkerOf::new(schema, layout, nothing));
             assert_eq!(
                 (
                     &kept.name,
-                    kept.types,
+                    &kept.types,
                     &kept.statement,
                     kept.key_text,
-                    kept.english
+                    kept.english,
+                    &kept.seen
                 ),
                 (
                     &fresh.name,
-                    fresh.types,
+                    &fresh.types,
                     &fresh.statement,
                     fresh.key_text,
-                    fresh.english
+                    fresh.english,
+                    &fresh.seen
                 )
             );
             names.push(kept.name.clone());
         }
     }
+    // What the marker keeps is part of its statement and its name.
+    let keeps = [(true, false), (false, true), (true, true)].map(|(result, fingerprint)| {
+        PgMarker::of(&billing, Layout::default(), Keeps { result, fingerprint })
+            .name
+            .clone()
+    });
+    assert!(!keeps.contains(&names[0]) && keeps[0] != keeps[1] && keeps[1] != keeps[2]);
     // Parts of the layout the statement does not depend on share the marker.
     let claimable = Layout {
         result: true,
@@ -261,8 +338,8 @@ fn postgres_markers_are_kept() {
         ..Layout::default()
     };
     assert!(Rc::ptr_eq(
-        &PgMarker::of(&billing, Layout::default()),
-        &PgMarker::of(&billing, claimable)
+        &PgMarker::of(&billing, Layout::default(), nothing),
+        &PgMarker::of(&billing, claimable, nothing)
     ));
     // `english` changes what each message sends, not the statement.
     assert_eq!(names[0], names[2]);
