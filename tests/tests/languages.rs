@@ -32,7 +32,9 @@ const DEADLOCK: ErrorClass = ErrorClass::Transient(TransientKind::Deadlock);
 mod postgres {
     use diesel::connection::SimpleConnection;
     use diesel::{Connection, PgConnection};
-    use inbox_diesel::{Action, ErrorClass, InboxSchema, TransientKind, idempotent, schema};
+    use inbox_diesel::{
+        Action, ErrorClass, InboxSchema, Outcome, TransientKind, idempotent, schema,
+    };
     use inbox_tests::private::PrivatePostgres;
     use inbox_tests::server::count;
 
@@ -599,6 +601,57 @@ mod postgres {
             ),
             3
         );
+    }
+
+    /// Credits account 1 and keeps the new balance, with the request's fingerprint: the
+    /// marker is written at the commit, and the start looks for it.
+    #[idempotent(consumer = "kept", key = id, store_result = true, fingerprint = id)]
+    fn credit_kept(conn: &mut PgConnection, id: &str) -> Result<i64, inbox_diesel::Error> {
+        use diesel::prelude::*;
+        diesel::sql_query("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
+            .execute(conn)?;
+        #[derive(QueryableByName)]
+        struct Balance {
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            balance: i64,
+        }
+        let read = diesel::sql_query("SELECT balance FROM accounts WHERE id = 1");
+        Ok(read.get_result::<Balance>(conn)?.balance)
+    }
+
+    /// A handler that keeps its result, on databases in German, French and Spanish (the
+    /// role may set its messages, and each transaction sets them to English for itself):
+    /// the look for a committed marker is read as the duplicate it is, and the stored
+    /// balance replayed.
+    #[test]
+    fn a_kept_result_is_replayed_in_every_language() {
+        let server = server();
+        for (database, language, _) in LANGUAGES {
+            let mut admin = connect(&server.url("postgres", database));
+            let (backend, schema) = (schema::Backend::Postgres, InboxSchema::DEFAULT);
+            admin
+                .batch_execute(&format!(
+                    "{}; {}",
+                    backend.add_result_sql(&schema),
+                    backend.add_fingerprint_sql(&schema)
+                ))
+                .unwrap();
+            let mut conn = connect(&server.url("app_granted", database));
+            let first = credit_kept(&mut conn, "k-1").unwrap();
+            let Outcome::Processed(balance) = first else {
+                panic!("{language}: {first:?}")
+            };
+            let again = credit_kept(&mut conn, "k-1").unwrap();
+            assert!(
+                matches!(again, Outcome::Duplicate { stored: Some(b), .. } if b == balance),
+                "{language}: {again:?}"
+            );
+            assert_eq!(
+                count(&mut admin, "SELECT balance AS n FROM accounts WHERE id = 1"),
+                1,
+                "{language}"
+            );
+        }
     }
 }
 

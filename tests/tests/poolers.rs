@@ -25,9 +25,10 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use diesel::connection::{CacheSize, Connection};
+use diesel::connection::{CacheSize, Connection, SimpleConnection};
 use diesel::prelude::*;
-use inbox_diesel::{Action, idempotent};
+use inbox_diesel::schema::Backend;
+use inbox_diesel::{Action, InboxSchema, idempotent};
 use inbox_tests::accounts;
 use inbox_tests::postgres::PgDb;
 use inbox_tests::private::PrivatePgbouncer;
@@ -47,6 +48,25 @@ fn credit(conn: &mut PgConnection, id: &str, account: i32) -> Result<(), inbox_d
         .first(conn)?;
     let _ = id;
     Ok(())
+}
+
+/// `credit`, keeping its result and the request's fingerprint with the marker: the marker
+/// is written at the commit, after the key's lock and a look for it at the start — two
+/// prepared statements of the runtime's on whichever server connection the transaction
+/// lands on.
+#[idempotent(consumer = "pooled", key = id, store_result = true, fingerprint = id)]
+fn credit_kept(
+    conn: &mut PgConnection,
+    id: &str,
+    account: i32,
+) -> Result<i64, inbox_diesel::Error> {
+    diesel::update(accounts::table.find(account))
+        .set(accounts::balance.eq(accounts::balance + 1))
+        .execute(conn)?;
+    Ok(accounts::table
+        .find(account)
+        .select(accounts::balance)
+        .first(conn)?)
 }
 
 #[idempotent(consumer = "pooled", key = id)]
@@ -83,7 +103,7 @@ fn deliveries(consumer: usize) -> Vec<usize> {
 }
 
 /// Runs the consumers; the failures seen, by class, with an example each.
-fn run_sync(url: &str, cache: bool) -> BTreeMap<String, (usize, String)> {
+fn run_sync(url: &str, cache: bool, kept: bool) -> BTreeMap<String, (usize, String)> {
     let seen = Mutex::new(BTreeMap::new());
     std::thread::scope(|scope| {
         for consumer in 0..CONSUMERS {
@@ -100,7 +120,12 @@ fn run_sync(url: &str, cache: bool) -> BTreeMap<String, (usize, String)> {
                 for m in deliveries(consumer) {
                     let mut tries = 0;
                     loop {
-                        match credit(&mut conn, &format!("m-{m}"), 1 + (m % 2) as i32) {
+                        let (id, account) = (&format!("m-{m}"), 1 + (m % 2) as i32);
+                        let handled = match kept {
+                            true => credit_kept(&mut conn, id, account).map(drop),
+                            false => credit(&mut conn, id, account).map(drop),
+                        };
+                        match handled {
                             Ok(_) => break,
                             Err(e) => {
                                 record(seen, &e);
@@ -269,16 +294,31 @@ fn behind_pgbouncer() {
     );
     for (name, bouncer, driver) in [
         ("transaction mode, sync", &transactions, "sync"),
+        ("transaction mode, sync, result kept", &transactions, "kept"),
         ("session mode, async", &sessions, "async"),
     ] {
         let db = PgDb::new(&format!("bouncer_{driver}"));
+        if driver == "kept" {
+            let (backend, schema) = (Backend::Postgres, InboxSchema::DEFAULT);
+            let columns = [
+                backend.add_result_sql(&schema),
+                backend.add_fingerprint_sql(&schema),
+            ];
+            db.connect().batch_execute(&columns.join("; ")).unwrap();
+        }
         let url = bouncer.url(upstream.username(), db.name());
         let seen = match driver {
-            "sync" => run_sync(&url, false),
+            "sync" => run_sync(&url, false, false),
+            "kept" => run_sync(&url, false, true),
             _ => run_async(&url, true),
         };
         assert!(seen.is_empty(), "{name}: failures: {seen:#?}");
         applied_once(&db, name);
+        if driver == "kept" {
+            let kept = "SELECT count(*) AS n FROM inbox \
+                        WHERE result IS NOT NULL AND fingerprint IS NOT NULL";
+            assert_eq!(count(&mut db.connect(), kept), MESSAGES as i64, "{name}");
+        }
     }
     // Claim mode, whose statements each commit on their own, outside any transaction.
     let db = PgDb::new("bouncer_claim");

@@ -96,7 +96,10 @@ mod stored {
     fn until_one_waits(db: &Db) {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         while db.waiting_for_a_lock() == 0 {
-            assert!(std::time::Instant::now() < deadline, "no session waits for a lock");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no session waits for a lock"
+            );
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
     }
@@ -190,8 +193,16 @@ mod stored {
             matches!(&outcome, Ok(Outcome::Duplicate { .. })),
             "{outcome:?}"
         );
-        assert_eq!(ran.load(Ordering::SeqCst), 1, "the body ran before the commit");
-        assert_eq!(credits_of(&mut db.connect(), &msg), 0, "the body's work rolled back");
+        assert_eq!(
+            ran.load(Ordering::SeqCst),
+            1,
+            "the body ran before the commit"
+        );
+        assert_eq!(
+            credits_of(&mut db.connect(), &msg),
+            0,
+            "the body's work rolled back"
+        );
         assert_eq!(markers(&mut db.connect()), 1);
     }
 }

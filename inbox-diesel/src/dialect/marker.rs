@@ -704,10 +704,8 @@ impl PgMarker {
         let id = key.stored_id();
         let consumer = hex_text(spec.consumer.as_str());
         if self.deferred() {
-            let lock = super::keys::lock_hash(&format!(
-                "inbox marker\0{}\0{id}",
-                spec.consumer.as_str()
-            ));
+            let lock =
+                super::keys::lock_hash(&format!("inbox marker\0{}\0{id}", spec.consumer.as_str()));
             return format!(
                 "{begin}; {english}SELECT pg_advisory_xact_lock({lock}); \
                  EXECUTE {}('{id}', {consumer})",

@@ -598,9 +598,12 @@ where
             // The request's fingerprint, with the marker: a delivery that meets the marker
             // sees it once this transaction commits, and then with it. A handler that stores
             // its result writes both in one statement after the body.
-            if let (Some(fingerprint), Some(key), None, false) =
-                (remembered.fingerprint, claims.key(), &remembered.store, deferred)
-                && let Err(e) = steps.write_fingerprint(spec, key, fingerprint).await
+            if let (Some(fingerprint), Some(key), None, false) = (
+                remembered.fingerprint,
+                claims.key(),
+                &remembered.store,
+                deferred,
+            ) && let Err(e) = steps.write_fingerprint(spec, key, fingerprint).await
             {
                 roll_back(steps).await;
                 return Err(Failure::Database(e));

@@ -226,7 +226,10 @@ fn postgres_deferred_marker_statements() {
         },
     );
     let prepared = prepared
-        .strip_prefix(&format!("ROLLBACK; {}; COMMIT; ", super::ENGLISH_WHERE_ALLOWED))
+        .strip_prefix(&format!(
+            "ROLLBACK; {}; COMMIT; ",
+            super::ENGLISH_WHERE_ALLOWED
+        ))
         .unwrap();
     let begin = begin.strip_prefix(&*SPEC.postgres_begin_sql()).unwrap();
     let name = "cb84ef1eadbd594cbc9cfab5bc5fa74e";
@@ -325,9 +328,16 @@ fn postgres_markers_are_kept() {
     }
     // What the marker keeps is part of its statement and its name.
     let keeps = [(true, false), (false, true), (true, true)].map(|(result, fingerprint)| {
-        PgMarker::of(&billing, Layout::default(), Keeps { result, fingerprint })
-            .name
-            .clone()
+        PgMarker::of(
+            &billing,
+            Layout::default(),
+            Keeps {
+                result,
+                fingerprint,
+            },
+        )
+        .name
+        .clone()
     });
     assert!(!keeps.contains(&names[0]) && keeps[0] != keeps[1] && keeps[1] != keeps[2]);
     // Parts of the layout the statement does not depend on share the marker.
