@@ -182,7 +182,9 @@ pub(crate) async fn read<S: Io>(
 /// Writes `fingerprint` on `key`'s marker, in the handler's transaction, just after the
 /// marker's insert: another delivery of the key sees the marker only once it committed, and
 /// then with its fingerprint. (A handler that stores its result writes the fingerprint with
-/// it instead, in [`write`]'s one statement: the same commit, one round trip fewer.)
+/// it instead, in [`write`]'s one statement: the same commit, one round trip fewer; where
+/// the backend writes the marker at the commit, both travel in its insert —
+/// [`Session::defers_marker`](crate::io::Session::defers_marker).)
 pub(crate) async fn write_fingerprint<S: Io>(
     io: &mut S,
     schema: &InboxSchema,
