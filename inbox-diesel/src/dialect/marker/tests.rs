@@ -120,22 +120,25 @@ fn marker_inserts_sql() {
     }
 }
 
+/// A PostgreSQL handler's settings, on the table `billing.inbox`.
+#[cfg(feature = "postgres")]
+static SPEC: crate::spec::HandlerSpec = crate::spec::HandlerSpec {
+    consumer: inbox_core::Consumer::from_validated("credit"),
+    schema: InboxSchema::new_unchecked("billing.inbox", "ux_billing"),
+    retry: inbox_core::RetryPolicy::new(3),
+    isolation: inbox_core::Isolation::ServerDefault,
+    sqlite_busy_timeout_ms: crate::spec::HandlerSpec::SQLITE_BUSY_TIMEOUT_MS,
+    precheck: false,
+    idle_in_transaction_ms: 0,
+    in_flight_when_locked: false,
+};
+
 /// PostgreSQL: the marker's prepared statement, its name and what each message sends, for a
 /// table with and without `key_text`, with and without the check's mark and English.
 #[cfg(feature = "postgres")]
 #[test]
 fn postgres_marker_statements() {
     use crate::dialect::layout::{DatabaseMark, Layout};
-    static SPEC: crate::spec::HandlerSpec = crate::spec::HandlerSpec {
-        consumer: inbox_core::Consumer::from_validated("credit"),
-        schema: InboxSchema::new_unchecked("billing.inbox", "ux_billing"),
-        retry: inbox_core::RetryPolicy::new(3),
-        isolation: inbox_core::Isolation::ServerDefault,
-        sqlite_busy_timeout_ms: crate::spec::HandlerSpec::SQLITE_BUSY_TIMEOUT_MS,
-        precheck: false,
-        idle_in_transaction_ms: 0,
-        in_flight_when_locked: false,
-    };
     let key = inbox_core::MessageKey::uuid(Uuid::nil());
     let marked = Layout {
         key_text: true,
@@ -199,16 +202,6 @@ fn postgres_marker_statements() {
 #[test]
 fn postgres_deferred_marker_statements() {
     use crate::dialect::layout::Layout;
-    static SPEC: crate::spec::HandlerSpec = crate::spec::HandlerSpec {
-        consumer: inbox_core::Consumer::from_validated("credit"),
-        schema: InboxSchema::new_unchecked("inbox", "ux_inbox"),
-        retry: inbox_core::RetryPolicy::new(3),
-        isolation: inbox_core::Isolation::ServerDefault,
-        sqlite_busy_timeout_ms: crate::spec::HandlerSpec::SQLITE_BUSY_TIMEOUT_MS,
-        precheck: false,
-        idle_in_transaction_ms: 0,
-        in_flight_when_locked: false,
-    };
     let key = inbox_core::MessageKey::uuid(Uuid::nil());
     let keeps = super::Keeps {
         result: true,
@@ -232,20 +225,20 @@ fn postgres_deferred_marker_statements() {
         ))
         .unwrap();
     let begin = begin.strip_prefix(&*SPEC.postgres_begin_sql()).unwrap();
-    let name = "cb84ef1eadbd594cbc9cfab5bc5fa74e";
+    let name = "1b89ad173cdb5ae9b85c0aa1b6d08ac6";
     assert_eq!(
         [prepared, begin, &commit],
         [
             &*format!(
                 "PREPARE inbox_marker_{name} (uuid, text, text, bytea) AS WITH marker AS (INSERT \
-                 INTO \"inbox\" (message_id, consumer, result, fingerprint, received_at, \
+                 INTO \"billing\".\"inbox\" (message_id, consumer, result, fingerprint, received_at, \
                  processed_at) VALUES ($1, $2, CAST($3 AS jsonb), $4, CURRENT_TIMESTAMP, \
-                 CURRENT_TIMESTAMP) RETURNING 1), arbiter AS (INSERT INTO \"inbox\" (message_id, \
-                 consumer) SELECT message_id, consumer FROM \"inbox\" WHERE false ON CONFLICT \
+                 CURRENT_TIMESTAMP) RETURNING 1), arbiter AS (INSERT INTO \"billing\".\"inbox\" (message_id, \
+                 consumer) SELECT message_id, consumer FROM \"billing\".\"inbox\" WHERE false ON CONFLICT \
                  (message_id, consumer) DO NOTHING) SELECT CASE count(*) WHEN 1 THEN 1 ELSE \
                  CAST('inbox: the marker insert wrote ' || count(*) || ' rows' AS integer) END \
                  FROM marker; PREPARE inbox_seen_{name} (uuid, text) AS SELECT CAST('inbox: the \
-                 marker exists for ' || consumer AS integer) FROM \"inbox\" WHERE message_id = $1 \
+                 marker exists for ' || consumer AS integer) FROM \"billing\".\"inbox\" WHERE message_id = $1 \
                  AND consumer = $2; …"
             ),
             &*format!(
