@@ -20,6 +20,12 @@
 //! `--section body` runs only the realistic body — a read of the worker's account, an update
 //! of it and an insert into a ledger — with and without the inbox, sync and on diesel-async.
 //!
+//! `--section http` runs only the HTTP section (issue #43): an axum route that extracts
+//! `inbox_axum::Idempotent` and runs the realistic body through it, its reply stored with the
+//! key and the request's fingerprint, against the same route with axum's `Json` and a
+//! transaction of its own — one server in process, 1 and 8 reqwest clients over real HTTP, a
+//! fresh `Idempotency-Key` per request (`http.rs`).
+//!
 //! `--section stored` runs only the stored-result section: `#[idempotent]` with
 //! `store_result = true` (and with a `fingerprint`) against the marker alone, and the bytes
 //! per row of each.
@@ -55,11 +61,12 @@
 //! on PostgreSQL the raw-SQL floor: the same statements run by `pgbench` (`floor.rs`).
 
 // `measure.rs` times the workers and reports ratios; `variants.rs` holds the handlers
-// compared, one module per backend; `designs.rs` the table-design section; this file sets
-// the databases up and runs the sections.
+// compared, one module per backend; `designs.rs` the table-design section; `http.rs` the
+// HTTP section, server and clients; this file sets the databases up and runs the sections.
 mod designs;
 #[cfg(feature = "postgres")]
 mod floor;
+mod http;
 mod measure;
 mod variants;
 
@@ -159,9 +166,14 @@ fn accounts_sql(backend: inbox_diesel::schema::Backend) -> Vec<String> {
     statements
 }
 
+/// The SQLite database file of a run in `dir`.
+fn sqlite_file(dir: &std::path::Path) -> std::path::PathBuf {
+    dir.join("bench.sqlite")
+}
+
 /// A SQLite database file in `dir` with the inbox and the accounts; how to connect to it.
 fn sqlite_database(dir: &std::path::Path) -> impl Fn() -> diesel::SqliteConnection + Sync {
-    let url = dir.join("bench.sqlite").display().to_string();
+    let url = sqlite_file(dir).display().to_string();
     let connect = move || {
         let mut conn = diesel::SqliteConnection::establish(&url).unwrap();
         conn.batch_execute(
@@ -246,6 +258,9 @@ fn bench_sqlite(seconds: f64) {
     if ONLY_BODY.load(Ordering::Relaxed) {
         return sqlite::body(&label, seconds, &connect);
     }
+    if ONLY_HTTP.load(Ordering::Relaxed) {
+        return http::sqlite(&label, seconds, &sqlite_file(dir.path()));
+    }
     if ONLY_BATCHES.load(Ordering::Relaxed) {
         println!("\n### {label}: batches");
         sqlite::batches(seconds, &connect, 0);
@@ -265,6 +280,7 @@ fn bench_sqlite(seconds: f64) {
     }
     stored();
     sqlite::body(&label, seconds, &connect);
+    http::sqlite(&label, seconds, &sqlite_file(dir.path()));
     let list = designs_of(
         inbox_diesel::schema::Backend::Sqlite,
         "no surrogate key (`WITHOUT ROWID`)",
@@ -374,6 +390,10 @@ fn bench_postgres(seconds: f64) {
     if ONLY_BODY.load(Ordering::Relaxed) {
         return body();
     }
+    let http = || http::postgres(&format!("PostgreSQL {version}"), seconds, &url);
+    if ONLY_HTTP.load(Ordering::Relaxed) {
+        return http();
+    }
     if ONLY_BATCHES.load(Ordering::Relaxed) {
         println!("\n### PostgreSQL {version}: batches");
         postgres::batches(seconds, &connect, 0);
@@ -403,6 +423,7 @@ fn bench_postgres(seconds: f64) {
     }
     stored();
     body();
+    http();
     let list = designs_of(
         inbox_diesel::schema::Backend::Postgres,
         "no surrogate key (primary key on the pair)",
@@ -516,6 +537,10 @@ fn bench_mysql(seconds: f64) {
     if ONLY_BODY.load(Ordering::Relaxed) {
         return body();
     }
+    let http = || http::mysql(&format!("MariaDB/MySQL {version}"), seconds, &url);
+    if ONLY_HTTP.load(Ordering::Relaxed) {
+        return http();
+    }
     if ONLY_BATCHES.load(Ordering::Relaxed) {
         println!("\n### MariaDB/MySQL {version}: batches");
         mysql::batches(seconds, &connect, 0);
@@ -550,6 +575,7 @@ fn bench_mysql(seconds: f64) {
     }
     stored();
     body();
+    http();
     let list = designs_of(
         inbox_diesel::schema::Backend::Mysql,
         "no surrogate key (clustered on the pair)",
@@ -632,8 +658,10 @@ fn main() {
                 Some("floor") => ONLY_FLOOR.store(true, Ordering::Relaxed),
                 Some("main") => ONLY_MAIN.store(true, Ordering::Relaxed),
                 Some("body") => ONLY_BODY.store(true, Ordering::Relaxed),
+                Some("http") => ONLY_HTTP.store(true, Ordering::Relaxed),
                 other => panic!(
-                    "--section takes `main`, `stored`, `batches`, `body` or `floor`, not {other:?}"
+                    "--section takes `main`, `stored`, `batches`, `body`, `http` or `floor`, \
+                     not {other:?}"
                 ),
             },
             "--schema" => match args.next().as_deref() {

@@ -180,6 +180,10 @@ pub(crate) static ONLY_BATCHES: AtomicBool = AtomicBool::new(false);
 /// diesel-async, with and without the inbox.
 pub(crate) static ONLY_BODY: AtomicBool = AtomicBool::new(false);
 
+/// `--section http`: only the HTTP section, an `inbox-axum` route against the same route
+/// without it (`http.rs`).
+pub(crate) static ONLY_HTTP: AtomicBool = AtomicBool::new(false);
+
 /// The median of `rates`.
 pub(crate) fn median<const N: usize>(mut rates: [f64; N]) -> f64 {
     rates.sort_by(f64::total_cmp);
