@@ -92,27 +92,39 @@ impl HandlerSpec {
     /// operator's tighter `idle_in_transaction_session_timeout` stays), for the transaction
     /// only.
     pub fn postgres_begin_sql(&self) -> std::borrow::Cow<'static, str> {
-        let mut sql: std::borrow::Cow<'static, str> = format!(
-            "{}; {}; {}",
-            begin_sql(self.isolation),
-            Self::POSTGRES_NONE_OPEN,
-            Self::POSTGRES_OURS
-        )
-        .into();
-        if self.idle_in_transaction_ms > 0 {
-            let ms = self.idle_in_transaction_ms;
-            sql = format!(
-                "{sql}; SELECT set_config('idle_in_transaction_session_timeout', \
+        self.postgres_begin_with(&Self::postgres_begin_checks(self.idle_in_transaction_ms))
+            .into()
+    }
+
+    /// [`postgres_begin_sql`](Self::postgres_begin_sql) with `checks` run after `BEGIN`:
+    /// [`postgres_begin_checks`](Self::postgres_begin_checks)' statement, or the
+    /// `EXECUTE` of it prepared on the session.
+    pub(crate) fn postgres_begin_with(&self, checks: &str) -> String {
+        let begin = begin_sql(self.isolation);
+        match self.in_flight_when_locked {
+            true => format!("{begin}; {checks}; {}", Self::POSTGRES_SHORT_LOCK_WAIT),
+            false => format!("{begin}; {checks}"),
+        }
+    }
+
+    /// What the handler's transaction runs after its `BEGIN`, as one `SELECT`: the check that
+    /// it began the transaction ([`POSTGRES_NONE_OPEN`](Self::POSTGRES_NONE_OPEN)'s), the
+    /// transaction named the handler's and its commit durable
+    /// ([`POSTGRES_OURS`](Self::POSTGRES_OURS)'s), and the idle bound of `idle_ms` (none for
+    /// 0). One statement, which the marker's start prepares on the session with the marker's
+    /// insert: parsed and planned once per session instead of once per message.
+    pub(crate) fn postgres_begin_checks(idle_ms: u32) -> String {
+        let none_open = Self::POSTGRES_NONE_OPEN.trim_start_matches("SELECT ");
+        let ours = Self::POSTGRES_OURS.trim_start_matches("SELECT ");
+        match idle_ms {
+            0 => format!("SELECT {none_open}, {ours}"),
+            ms => format!(
+                "SELECT {none_open}, {ours}, set_config('idle_in_transaction_session_timeout', \
                  LEAST(NULLIF((EXTRACT(EPOCH FROM \
                  current_setting('idle_in_transaction_session_timeout')::interval) * 1000)::bigint, \
                  0), {ms})::text, true)"
-            )
-            .into();
+            ),
         }
-        if self.in_flight_when_locked {
-            sql = format!("{sql}; {}", Self::POSTGRES_SHORT_LOCK_WAIT).into();
-        }
-        sql
     }
 
     /// PostgreSQL, `on_locked = "in_flight"`: the marker's insert waits for no lock; the

@@ -374,7 +374,7 @@ impl Session for Pg {
         layout: Layout,
         keeps: Keeps,
     ) -> Option<String> {
-        Some(marker::PgMarker::of(&spec.schema, layout, keeps).begin(spec, key))
+        Some(marker::PgMarker::of(spec, layout, keeps).begin(spec, key))
     }
 
     /// The first time on a session, the insert (and a deferred marker's look) is prepared
@@ -386,7 +386,7 @@ impl Session for Pg {
         begun: &str,
         error: &diesel::result::Error,
     ) -> Option<String> {
-        let marker = marker::PgMarker::of(&spec.schema, layout, keeps);
+        let marker = marker::PgMarker::of(spec, layout, keeps);
         marker.missing(error).then(|| marker.prepared_and(begun))
     }
 
@@ -413,7 +413,7 @@ impl Session for Pg {
             result: values.result.is_some(),
             fingerprint: values.fingerprint.is_some(),
         };
-        Some(marker::PgMarker::of(&spec.schema, layout, keeps).commit(spec, key, values))
+        Some(marker::PgMarker::of(spec, layout, keeps).commit(spec, key, values))
     }
 
     /// After a duplicate or a failed claim the transaction is aborted, and it is rolled

@@ -473,9 +473,14 @@ pub(crate) fn push_table<DB: diesel::backend::Backend>(
 
 /// PostgreSQL: the marker's insert as a statement prepared on the session (`PREPARE`), so
 /// that the transaction's start can run it in the same simple-protocol string
-/// ([`PgMarker::begin`]) without parsing and planning it on every message.
+/// ([`PgMarker::begin`]) without parsing and planning it on every message — and with it the
+/// checks the transaction runs after its `BEGIN`
+/// ([`HandlerSpec::postgres_begin_checks`](crate::spec::HandlerSpec::postgres_begin_checks)),
+/// one `SELECT`, parsed and planned once per session instead of three statements parsed on
+/// every message (BENCHMARKS.md measures what that saves the server).
 ///
 /// ```sql
+/// PREPARE inbox_begin_<digest> AS SELECT <the transaction is the handler's>, <its settings>;
 /// PREPARE inbox_marker_<digest> (uuid, text) AS
 ///     WITH marker AS (INSERT INTO <table> (message_id, consumer, received_at, processed_at)
 ///                     VALUES ($1, CASE WHEN <the check's database and table> THEN $2 END,
@@ -517,6 +522,10 @@ pub(crate) struct PgMarker {
     keeps: Keeps,
     /// The look for the marker, prepared with the insert where the marker keeps anything.
     seen: Option<String>,
+    /// What the transaction runs after its `BEGIN`
+    /// ([`HandlerSpec::postgres_begin_checks`](crate::spec::HandlerSpec::postgres_begin_checks)),
+    /// prepared with the insert.
+    checks: String,
 }
 
 /// What a marker keeps beside its key, written in the same row: the handler's stored result
@@ -563,17 +572,20 @@ struct PgMarkerOf {
     english: bool,
     mark: Option<Mark>,
     keeps: Keeps,
+    /// The handler's idle bound, in the checks after `BEGIN`.
+    idle_ms: u32,
 }
 
 #[cfg(feature = "postgres")]
 impl PgMarkerOf {
-    fn new(schema: &InboxSchema, layout: super::layout::Layout, keeps: Keeps) -> Self {
+    fn new(spec: &crate::spec::HandlerSpec, layout: super::layout::Layout, keeps: Keeps) -> Self {
         PgMarkerOf {
-            table: schema.table(),
+            table: spec.schema.table(),
             key_text: layout.key_text,
             english: layout.english,
             mark: layout.mark(),
             keeps,
+            idle_ms: spec.idle_in_transaction_ms,
         }
     }
 }
@@ -590,7 +602,7 @@ impl PgMarker {
     /// by the layouts checked on its connections (a database mark per database, tenants'
     /// included); past 64 it starts again.
     pub(crate) fn of(
-        schema: &InboxSchema,
+        spec: &crate::spec::HandlerSpec,
         layout: super::layout::Layout,
         keeps: Keeps,
     ) -> Rc<Self> {
@@ -600,7 +612,7 @@ impl PgMarker {
             static MARKERS: RefCell<Vec<(PgMarkerOf, Rc<PgMarker>)>> =
                 const { RefCell::new(Vec::new()) };
         }
-        let of = PgMarkerOf::new(schema, layout, keeps);
+        let of = PgMarkerOf::new(spec, layout, keeps);
         MARKERS.with(|markers| {
             if let Some((_, marker)) = markers.borrow().iter().find(|(kept, _)| *kept == of) {
                 return Rc::clone(marker);
@@ -657,10 +669,12 @@ impl PgMarker {
                  WHERE message_id = $1 AND consumer = $2"
             )
         });
+        let checks = crate::spec::HandlerSpec::postgres_begin_checks(of.idle_ms);
         let mut named = statement.clone();
         if let Some(seen) = &seen {
             named.push_str(seen);
         }
+        named.push_str(&checks);
         let digest = uuid::Uuid::new_v5(&inbox_core::MessageKey::NAMESPACE, named.as_bytes());
         Self {
             name: format!("inbox_marker_{}", digest.simple()),
@@ -670,6 +684,7 @@ impl PgMarker {
             english: of.english,
             keeps: of.keeps,
             seen,
+            checks,
         }
     }
 
@@ -700,7 +715,7 @@ impl PgMarker {
             true => SET_LOCAL_ENGLISH,
             false => "",
         };
-        let begin = spec.postgres_begin_sql();
+        let begin = spec.postgres_begin_with(&format!("EXECUTE {}", self.checks_name()));
         let id = key.stored_id();
         let consumer = hex_text(spec.consumer.as_str());
         if self.deferred() {
@@ -765,6 +780,11 @@ impl PgMarker {
         self.name.replacen("inbox_marker_", "inbox_seen_", 1)
     }
 
+    /// The name of the checks after `BEGIN` ([`begin`](Self::begin)).
+    fn checks_name(&self) -> String {
+        self.name.replacen("inbox_marker_", "inbox_begin_", 1)
+    }
+
     /// After an `EXECUTE` that found no such statement on the session (a new session, one
     /// reset by `DISCARD ALL`, or another server session behind a transaction-mode pooler):
     /// the rollback of that transaction, the session's messages set to English where the
@@ -780,8 +800,13 @@ impl PgMarker {
             None => String::new(),
         };
         format!(
-            "ROLLBACK; {ENGLISH_WHERE_ALLOWED}; COMMIT; PREPARE {} ({}) AS {}; {seen}{begin}",
-            self.name, self.types, self.statement
+            "ROLLBACK; {ENGLISH_WHERE_ALLOWED}; COMMIT; PREPARE {} AS {}; PREPARE {} ({}) AS {}; \
+             {seen}{begin}",
+            self.checks_name(),
+            self.checks,
+            self.name,
+            self.types,
+            self.statement
         )
     }
 

@@ -133,6 +133,33 @@ static SPEC: crate::spec::HandlerSpec = crate::spec::HandlerSpec {
     in_flight_when_locked: false,
 };
 
+/// What `prepared` (a new session's preparation) and `begin` (each message's start) send
+/// after what every marker sends alike: the rollback, English where allowed and the checks
+/// after `BEGIN` prepared; `BEGIN` and the checks' `EXECUTE`.
+#[cfg(feature = "postgres")]
+fn started<'s>(marker: &super::PgMarker, prepared: &'s str, begin: &'s str) -> (&'s str, &'s str) {
+    let checks = crate::spec::HandlerSpec::postgres_begin_checks(SPEC.idle_in_transaction_ms);
+    assert_eq!(
+        checks,
+        format!(
+            "{}, {}",
+            crate::spec::HandlerSpec::POSTGRES_NONE_OPEN,
+            crate::spec::HandlerSpec::POSTGRES_OURS.trim_start_matches("SELECT ")
+        )
+    );
+    let name = marker.checks_name();
+    let prepared = prepared
+        .strip_prefix(&format!(
+            "ROLLBACK; {}; COMMIT; PREPARE {name} AS {checks}; ",
+            super::ENGLISH_WHERE_ALLOWED
+        ))
+        .unwrap();
+    let begin = begin
+        .strip_prefix(&format!("BEGIN; EXECUTE {name}"))
+        .unwrap();
+    (prepared, begin)
+}
+
 /// PostgreSQL: the marker's prepared statement, its name and what each message sends, for a
 /// table with and without `key_text`, with and without the check's mark and English.
 #[cfg(feature = "postgres")]
@@ -147,23 +174,17 @@ fn postgres_marker_statements() {
         ..Layout::default()
     };
     let sent = [Layout::default(), marked].map(|layout| {
-        let marker = super::PgMarker::of(&SPEC.schema, layout, super::Keeps::default());
+        let marker = super::PgMarker::of(&SPEC, layout, super::Keeps::default());
         let begin = marker.begin(&SPEC, &key);
         let prepared = marker.prepared_and("…");
-        let prepared = prepared
-            .strip_prefix(&format!(
-                "ROLLBACK; {}; COMMIT; ",
-                super::ENGLISH_WHERE_ALLOWED
-            ))
-            .unwrap();
-        let begin = begin.strip_prefix(&*SPEC.postgres_begin_sql()).unwrap();
+        let (prepared, begin) = started(&marker, &prepared, &begin);
         [prepared.to_owned(), begin.to_owned()]
     });
     assert_eq!(
         sent,
         [
             [
-                "PREPARE inbox_marker_6006f7e509125817bd2f22422a56ca87 (uuid, text) AS WITH marker \
+                "PREPARE inbox_marker_e1b480ac10a5537c9b7780fd1a57cdc9 (uuid, text) AS WITH marker \
                  AS (INSERT INTO \"billing\".\"inbox\" (message_id, consumer, received_at, \
                  processed_at) VALUES ($1, $2, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP) RETURNING 1), \
                  arbiter AS (INSERT INTO \"billing\".\"inbox\" (message_id, consumer) SELECT \
@@ -172,11 +193,11 @@ fn postgres_marker_statements() {
                  CAST('inbox: the marker insert wrote ' || count(*) || ' rows' AS integer) END FROM \
                  marker; …",
                 "; EXECUTE \
-                 inbox_marker_6006f7e509125817bd2f22422a56ca87('00000000-0000-0000-0000-000000000000', \
+                 inbox_marker_e1b480ac10a5537c9b7780fd1a57cdc9('00000000-0000-0000-0000-000000000000', \
                  convert_from(decode('637265646974', 'hex'), 'UTF8'))",
             ],
             [
-                "PREPARE inbox_marker_b62f4d713bab53e28f200689c577682e (uuid, text, text) AS WITH \
+                "PREPARE inbox_marker_d0757d7b56a554a0a3c046f230a88068 (uuid, text, text) AS WITH \
                  marker AS (INSERT INTO \"billing\".\"inbox\" (message_id, consumer, key_text, \
                  received_at, processed_at) VALUES ($1, CASE WHEN \
                  to_regclass('\"billing\".\"inbox\"') = CAST(16384 AS oid) AND (SELECT oid FROM \
@@ -187,7 +208,7 @@ fn postgres_marker_statements() {
                  SELECT CASE count(*) WHEN 1 THEN 1 ELSE CAST('inbox: the marker insert wrote ' || \
                  count(*) || ' rows' AS integer) END FROM marker; …",
                 "; SET LOCAL lc_messages = 'C'; EXECUTE \
-                 inbox_marker_b62f4d713bab53e28f200689c577682e('00000000-0000-0000-0000-000000000000', \
+                 inbox_marker_d0757d7b56a554a0a3c046f230a88068('00000000-0000-0000-0000-000000000000', \
                  convert_from(decode('637265646974', 'hex'), 'UTF8'), \
                  convert_from(decode('30303030303030302d303030302d303030302d303030302d303030303030303030303030', \
                  'hex'), 'UTF8'))",
@@ -207,7 +228,7 @@ fn postgres_deferred_marker_statements() {
         result: true,
         fingerprint: true,
     };
-    let marker = super::PgMarker::of(&SPEC.schema, Layout::default(), keeps);
+    let marker = super::PgMarker::of(&SPEC, Layout::default(), keeps);
     let begin = marker.begin(&SPEC, &key);
     let prepared = marker.prepared_and("…");
     let commit = marker.commit(
@@ -218,14 +239,8 @@ fn postgres_deferred_marker_statements() {
             fingerprint: Some(&[0xab, 0x01]),
         },
     );
-    let prepared = prepared
-        .strip_prefix(&format!(
-            "ROLLBACK; {}; COMMIT; ",
-            super::ENGLISH_WHERE_ALLOWED
-        ))
-        .unwrap();
-    let begin = begin.strip_prefix(&*SPEC.postgres_begin_sql()).unwrap();
-    let name = "1b89ad173cdb5ae9b85c0aa1b6d08ac6";
+    let (prepared, begin) = started(&marker, &prepared, &begin);
+    let name = "a4b490152e925de1b2f2cba31871d8f8";
     assert_eq!(
         [prepared, begin, &commit],
         [
@@ -266,8 +281,14 @@ fn postgres_markers_are_kept() {
     use super::{Keeps, PgMarker, PgMarkerOf};
     use crate::dialect::layout::{DatabaseMark, Layout};
     use std::rc::Rc;
-    let billing = InboxSchema::new_unchecked("billing.kept", "ux_billing");
-    let orders = InboxSchema::new_unchecked("orders.kept", "ux_orders");
+    let on = |table, index| crate::spec::HandlerSpec {
+        schema: InboxSchema::new_unchecked(table, index),
+        ..SPEC.clone()
+    };
+    let (billing, orders) = (
+        on("billing.kept", "ux_billing"),
+        on("orders.kept", "ux_orders"),
+    );
     let marked = Layout {
         database_mark: DatabaseMark::postgres("5 16384", "billing.kept"),
         ..Layout::default()
@@ -305,7 +326,8 @@ fn postgres_markers_are_kept() {
                     &kept.statement,
                     kept.key_text,
                     kept.english,
-                    &kept.seen
+                    &kept.seen,
+                    &kept.checks
                 ),
                 (
                     &fresh.name,
@@ -313,7 +335,8 @@ fn postgres_markers_are_kept() {
                     &fresh.statement,
                     fresh.key_text,
                     fresh.english,
-                    &fresh.seen
+                    &fresh.seen,
+                    &fresh.checks
                 )
             );
             names.push(kept.name.clone());
