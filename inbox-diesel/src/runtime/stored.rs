@@ -140,7 +140,8 @@ pub(crate) async fn write<S: Io>(
 ) -> QueryResult<usize> {
     let table = S::Backend::BACKEND.quote_table(schema.table());
     let sql = S::Backend::store_result(&table, fingerprint.is_some(), attempt.is_some());
-    let mut sql = Sql::new(sql).bind_text(text);
+    // One of a few texts per table: prepared once per connection.
+    let mut sql = Sql::new(sql).cached().bind_text(text);
     if let Some(fingerprint) = fingerprint {
         sql = sql.bind_bytes(fingerprint.as_bytes().to_vec());
     }
@@ -166,7 +167,7 @@ pub(crate) async fn read<S: Io>(
     if latest {
         sql.push_str(S::Backend::LATEST_READ);
     }
-    let sql = Sql::new(sql);
+    let sql = Sql::new(sql).cached();
     let sql = S::Backend::bind_message_id(sql, &key.stored_id()).bind_text(consumer);
     let rows: Vec<MarkerRow> = io.load(&sql).await?;
     Ok(rows
@@ -193,8 +194,9 @@ pub(crate) async fn write_fingerprint<S: Io>(
     fingerprint: Fingerprint,
 ) -> QueryResult<usize> {
     let table = S::Backend::BACKEND.quote_table(schema.table());
-    let sql =
-        Sql::new(S::Backend::store_fingerprint(&table)).bind_bytes(fingerprint.as_bytes().to_vec());
+    let sql = Sql::new(S::Backend::store_fingerprint(&table))
+        .cached()
+        .bind_bytes(fingerprint.as_bytes().to_vec());
     let sql = S::Backend::bind_message_id(sql, &key.stored_id()).bind_text(consumer);
     io.execute(&sql).await
 }
