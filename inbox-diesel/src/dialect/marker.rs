@@ -544,7 +544,9 @@ impl Keeps {
 }
 
 /// What a marker written at the commit keeps ([`PgMarker::commit`]): the stored result's
-/// JSON text, the fingerprint's bytes — each where its handler keeps it.
+/// JSON text, the fingerprint's bytes — each where its handler keeps it. Only PostgreSQL
+/// writes a marker at the commit: elsewhere nothing reads them.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub struct MarkerValues<'a> {
     pub(crate) result: Option<&'a str>,
     pub(crate) fingerprint: Option<&'a [u8]>,
