@@ -96,33 +96,38 @@ impl HandlerSpec {
             .into()
     }
 
-    /// [`postgres_begin_sql`](Self::postgres_begin_sql) with `checks` run after `BEGIN`:
-    /// [`postgres_begin_checks`](Self::postgres_begin_checks)' statement, or the
-    /// `EXECUTE` of it prepared on the session.
+    /// [`postgres_begin_sql`](Self::postgres_begin_sql) with `checks` run after `BEGIN` and
+    /// the check that it began the transaction: [`postgres_begin_checks`](Self::postgres_begin_checks)'
+    /// statement, or the `EXECUTE` of it prepared on the session. The check stays a
+    /// statement of its own, first: on a session that lacks the prepared checks, a
+    /// transaction the caller opened as SQL is refused before anything else fails (the
+    /// preparation that follows a missing statement rolls back what is open).
     pub(crate) fn postgres_begin_with(&self, checks: &str) -> String {
         let begin = begin_sql(self.isolation);
+        let none_open = Self::POSTGRES_NONE_OPEN;
         match self.in_flight_when_locked {
-            true => format!("{begin}; {checks}; {}", Self::POSTGRES_SHORT_LOCK_WAIT),
-            false => format!("{begin}; {checks}"),
+            true => format!(
+                "{begin}; {none_open}; {checks}; {}",
+                Self::POSTGRES_SHORT_LOCK_WAIT
+            ),
+            false => format!("{begin}; {none_open}; {checks}"),
         }
     }
 
-    /// What the handler's transaction runs after its `BEGIN`, as one `SELECT`: the check that
-    /// it began the transaction ([`POSTGRES_NONE_OPEN`](Self::POSTGRES_NONE_OPEN)'s), the
-    /// transaction named the handler's and its commit durable
-    /// ([`POSTGRES_OURS`](Self::POSTGRES_OURS)'s), and the idle bound of `idle_ms` (none for
-    /// 0). One statement, which the marker's start prepares on the session with the marker's
-    /// insert: parsed and planned once per session instead of once per message.
+    /// What the handler's transaction runs after its `BEGIN` and the check that it began
+    /// it, as one `SELECT`: the transaction named the handler's and its commit durable
+    /// ([`POSTGRES_OURS`](Self::POSTGRES_OURS)'s), and the idle bound of `idle_ms` (none
+    /// for 0). One statement, which the marker's start prepares on the session with the
+    /// marker's insert: parsed and planned once per session instead of once per message.
     pub(crate) fn postgres_begin_checks(idle_ms: u32) -> String {
-        let none_open = Self::POSTGRES_NONE_OPEN.trim_start_matches("SELECT ");
-        let ours = Self::POSTGRES_OURS.trim_start_matches("SELECT ");
         match idle_ms {
-            0 => format!("SELECT {none_open}, {ours}"),
+            0 => Self::POSTGRES_OURS.to_owned(),
             ms => format!(
-                "SELECT {none_open}, {ours}, set_config('idle_in_transaction_session_timeout', \
+                "{}, set_config('idle_in_transaction_session_timeout', \
                  LEAST(NULLIF((EXTRACT(EPOCH FROM \
                  current_setting('idle_in_transaction_session_timeout')::interval) * 1000)::bigint, \
-                 0), {ms})::text, true)"
+                 0), {ms})::text, true)",
+                Self::POSTGRES_OURS
             ),
         }
     }

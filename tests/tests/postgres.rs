@@ -104,6 +104,62 @@ mod stored {
         }
     }
 
+    /// A transaction the caller opened as SQL, met by a handler whose statements this
+    /// session has not prepared yet (another handler ran on it first): refused before
+    /// anything runs — the preparation that follows a missing statement rolls back what is
+    /// open, so the refusal must come first — and nothing of the handler's committed.
+    #[test]
+    fn a_callers_transaction_is_refused_before_the_statements_are_prepared() {
+        let db = with_result("stored_cold_caller");
+        let mut conn = db.connect();
+        let ran = AtomicUsize::new(0);
+        // The startup check and `pay`'s statements; `pay_checked`'s are others.
+        assert!(
+            pay(&mut conn, &Credit::new(1), &ran)
+                .unwrap()
+                .is_processed()
+        );
+        conn.batch_execute("BEGIN; UPDATE accounts SET balance = balance + 100 WHERE id = 2")
+            .unwrap();
+        let msg = Credit::new(2);
+        let refused = pay_checked(&mut conn, &msg, &ran);
+        assert!(refused.is_err(), "{refused:?}");
+        conn.batch_execute("ROLLBACK").unwrap();
+        assert_eq!(ran.load(Ordering::SeqCst), 1, "the body never ran");
+        assert_eq!(credits_of(&mut conn, &msg), 0);
+        assert_eq!(markers(&mut conn), 1, "only the first message's");
+        // The caller's transaction ended, the connection goes on.
+        assert!(pay_checked(&mut conn, &msg, &ran).unwrap().is_processed());
+    }
+
+    /// A preparation cut off half-way — the table locked by a migration past the session's
+    /// `lock_timeout`, after the checks (which read no table) were prepared — leaves nothing
+    /// behind that the next preparation fails on: once the lock is gone, the handler
+    /// processes on the same connection.
+    #[test]
+    fn a_preparation_cut_off_half_way_is_done_again() {
+        let db = with_result("stored_cut_preparation");
+        let mut conn = db.connect();
+        let ran = AtomicUsize::new(0);
+        assert!(
+            pay(&mut conn, &Credit::new(1), &ran)
+                .unwrap()
+                .is_processed()
+        );
+        conn.batch_execute("SET lock_timeout = '300ms'").unwrap();
+        let mut migration = db.connect();
+        migration
+            .batch_execute("BEGIN; LOCK TABLE inbox IN ACCESS EXCLUSIVE MODE")
+            .unwrap();
+        let msg = Credit::new(2);
+        let cut = pay_checked(&mut conn, &msg, &ran);
+        assert!(cut.is_err(), "{cut:?}");
+        migration.batch_execute("ROLLBACK").unwrap();
+        let again = pay_checked(&mut conn, &msg, &ran);
+        assert!(matches!(again, Ok(Outcome::Processed(_))), "{again:?}");
+        assert_eq!(credits_of(&mut conn, &msg), 1);
+    }
+
     /// The marker of a handler that keeps its result and fingerprint is written once, with
     /// both, at the commit: one version of its row (an insert then an update in the same
     /// transaction would leave the row at its second place in the page).

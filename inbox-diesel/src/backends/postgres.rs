@@ -390,11 +390,12 @@ impl Session for Pg {
         marker.missing(error).then(|| marker.prepared_and(begun))
     }
 
-    /// At READ COMMITTED (the server's default unless configured), where the look after
-    /// the lock sees a marker that committed while the lock was waited for. Above it the
-    /// transaction's snapshot is taken before the lock is granted, and a concurrent
-    /// delivery would run its body only to be refused at the commit: the marker is
-    /// inserted first there.
+    /// At READ COMMITTED, where the look after the lock sees a marker that committed while
+    /// the lock was waited for; and at the server's default, which is READ COMMITTED unless
+    /// an operator changed it (not read here: on a server whose default is above it, the
+    /// snapshot is taken before the lock is granted, and a concurrent duplicate runs its
+    /// body only to be refused at the commit and rolled back — the README says so). A
+    /// handler that asks for REPEATABLE READ or SERIALIZABLE inserts its marker first.
     fn defers_marker(spec: &'static HandlerSpec, keeps: Keeps) -> bool {
         keeps.any()
             && matches!(

@@ -695,8 +695,8 @@ impl PgMarker {
         self.keeps.any()
     }
 
-    /// The handler's transaction start ([`HandlerSpec::postgres_begin_sql`]), then the
-    /// marker's insert for `key`, as one string. The simple protocol takes no bind
+    /// The handler's transaction start (as [`HandlerSpec::postgres_begin_sql`]'s, its checks
+    /// the `EXECUTE` of them prepared), then the marker's insert for `key`, as one string. The simple protocol takes no bind
     /// parameters, so the values are literals that cannot carry SQL: the id is a UUID's
     /// canonical text, the consumer and the key's text travel as hex (decoded by the server,
     /// whatever `standard_conforming_strings` says).
@@ -721,8 +721,10 @@ impl PgMarker {
         let id = key.stored_id();
         let consumer = hex_text(spec.consumer.as_str());
         if self.deferred() {
-            let lock =
-                super::keys::lock_hash(&format!("inbox marker\0{}\0{id}", spec.consumer.as_str()));
+            // The table is in the lock's key: tenants' tables in one database, sharing a
+            // consumer and a key, do not wait for each other.
+            let (table, name) = (spec.schema.table(), spec.consumer.as_str());
+            let lock = super::keys::lock_hash(&format!("inbox marker\0{table}\0{name}\0{id}"));
             return format!(
                 "{begin}; {english}SELECT pg_advisory_xact_lock({lock}); \
                  EXECUTE {}('{id}', {consumer})",
@@ -797,13 +799,26 @@ impl PgMarker {
     /// speaks English from its first marker on, as a checked one does.
     /// A marker that keeps anything prepares its look ([`begin`](Self::begin)) with it.
     pub(crate) fn prepared_and(&self, begin: &str) -> String {
+        use std::fmt::Write as _;
         let seen = match &self.seen {
             Some(seen) => format!("PREPARE {} (uuid, text) AS {seen}; ", self.seen_name()),
             None => String::new(),
         };
+        // A preparation cut off half-way (a lock timeout on the table, a cancel) leaves the
+        // statements prepared before the failure on the session: each is dropped where it
+        // exists, so that the next preparation does not fail on it for ever.
+        let mut drop = String::from("DO $inbox$ BEGIN ");
+        for name in [self.checks_name(), self.name.clone(), self.seen_name()] {
+            let _ = write!(
+                drop,
+                "BEGIN EXECUTE 'DEALLOCATE {name}'; \
+                 EXCEPTION WHEN invalid_sql_statement_name THEN NULL; END; "
+            );
+        }
+        drop.push_str("END $inbox$");
         format!(
-            "ROLLBACK; {ENGLISH_WHERE_ALLOWED}; COMMIT; PREPARE {} AS {}; PREPARE {} ({}) AS {}; \
-             {seen}{begin}",
+            "ROLLBACK; {ENGLISH_WHERE_ALLOWED}; COMMIT; {drop}; PREPARE {} AS {}; \
+             PREPARE {} ({}) AS {}; {seen}{begin}",
             self.checks_name(),
             self.checks,
             self.name,
@@ -814,7 +829,7 @@ impl PgMarker {
 
     /// Whether `error` is the session's lack of this statement (or of its look): the error
     /// names it (26000, in whatever language the server speaks; nothing else the string
-    /// runs names it). The two share the digest their names end with.
+    /// runs names it). The statements share the digest their names end with.
     pub(crate) fn missing(&self, error: &diesel::result::Error) -> bool {
         let digest = self.name.trim_start_matches("inbox_marker_");
         crate::classify::with_server_error(error, |server| server.message.contains(digest))

@@ -139,23 +139,26 @@ static SPEC: crate::spec::HandlerSpec = crate::spec::HandlerSpec {
 #[cfg(feature = "postgres")]
 fn started<'s>(marker: &super::PgMarker, prepared: &'s str, begin: &'s str) -> (&'s str, &'s str) {
     let checks = crate::spec::HandlerSpec::postgres_begin_checks(SPEC.idle_in_transaction_ms);
-    assert_eq!(
-        checks,
-        format!(
-            "{}, {}",
-            crate::spec::HandlerSpec::POSTGRES_NONE_OPEN,
-            crate::spec::HandlerSpec::POSTGRES_OURS.trim_start_matches("SELECT ")
-        )
-    );
+    assert_eq!(checks, crate::spec::HandlerSpec::POSTGRES_OURS);
     let name = marker.checks_name();
+    let dropped = |name: &str| {
+        format!(
+            "BEGIN EXECUTE 'DEALLOCATE {name}'; EXCEPTION WHEN invalid_sql_statement_name THEN \
+             NULL; END; "
+        )
+    };
     let prepared = prepared
         .strip_prefix(&format!(
-            "ROLLBACK; {}; COMMIT; PREPARE {name} AS {checks}; ",
-            super::ENGLISH_WHERE_ALLOWED
+            "ROLLBACK; {}; COMMIT; DO $inbox$ BEGIN {}{}{}END $inbox$; PREPARE {name} AS {checks}; ",
+            super::ENGLISH_WHERE_ALLOWED,
+            dropped(&name),
+            dropped(&marker.name),
+            dropped(&marker.seen_name()),
         ))
         .unwrap();
+    let none_open = crate::spec::HandlerSpec::POSTGRES_NONE_OPEN;
     let begin = begin
-        .strip_prefix(&format!("BEGIN; EXECUTE {name}"))
+        .strip_prefix(&format!("BEGIN; {none_open}; EXECUTE {name}"))
         .unwrap();
     (prepared, begin)
 }
@@ -184,7 +187,7 @@ fn postgres_marker_statements() {
         sent,
         [
             [
-                "PREPARE inbox_marker_e1b480ac10a5537c9b7780fd1a57cdc9 (uuid, text) AS WITH marker \
+                "PREPARE inbox_marker_f44f46b3547d52e3824a3d371c3903e9 (uuid, text) AS WITH marker \
                  AS (INSERT INTO \"billing\".\"inbox\" (message_id, consumer, received_at, \
                  processed_at) VALUES ($1, $2, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP) RETURNING 1), \
                  arbiter AS (INSERT INTO \"billing\".\"inbox\" (message_id, consumer) SELECT \
@@ -193,11 +196,11 @@ fn postgres_marker_statements() {
                  CAST('inbox: the marker insert wrote ' || count(*) || ' rows' AS integer) END FROM \
                  marker; …",
                 "; EXECUTE \
-                 inbox_marker_e1b480ac10a5537c9b7780fd1a57cdc9('00000000-0000-0000-0000-000000000000', \
+                 inbox_marker_f44f46b3547d52e3824a3d371c3903e9('00000000-0000-0000-0000-000000000000', \
                  convert_from(decode('637265646974', 'hex'), 'UTF8'))",
             ],
             [
-                "PREPARE inbox_marker_d0757d7b56a554a0a3c046f230a88068 (uuid, text, text) AS WITH \
+                "PREPARE inbox_marker_855bb4d07f8a50a7ad95ad731978c6cb (uuid, text, text) AS WITH \
                  marker AS (INSERT INTO \"billing\".\"inbox\" (message_id, consumer, key_text, \
                  received_at, processed_at) VALUES ($1, CASE WHEN \
                  to_regclass('\"billing\".\"inbox\"') = CAST(16384 AS oid) AND (SELECT oid FROM \
@@ -208,7 +211,7 @@ fn postgres_marker_statements() {
                  SELECT CASE count(*) WHEN 1 THEN 1 ELSE CAST('inbox: the marker insert wrote ' || \
                  count(*) || ' rows' AS integer) END FROM marker; …",
                 "; SET LOCAL lc_messages = 'C'; EXECUTE \
-                 inbox_marker_d0757d7b56a554a0a3c046f230a88068('00000000-0000-0000-0000-000000000000', \
+                 inbox_marker_855bb4d07f8a50a7ad95ad731978c6cb('00000000-0000-0000-0000-000000000000', \
                  convert_from(decode('637265646974', 'hex'), 'UTF8'), \
                  convert_from(decode('30303030303030302d303030302d303030302d303030302d303030303030303030303030', \
                  'hex'), 'UTF8'))",
@@ -240,7 +243,7 @@ fn postgres_deferred_marker_statements() {
         },
     );
     let (prepared, begin) = started(&marker, &prepared, &begin);
-    let name = "a4b490152e925de1b2f2cba31871d8f8";
+    let name = "d162468db568531d90baf0ec8b32f117";
     assert_eq!(
         [prepared, begin, &commit],
         [
@@ -257,7 +260,7 @@ fn postgres_deferred_marker_statements() {
                  AND consumer = $2; …"
             ),
             &*format!(
-                "; SELECT pg_advisory_xact_lock(5936502609724057868); EXECUTE \
+                "; SELECT pg_advisory_xact_lock(1537477763832577989); EXECUTE \
                  inbox_seen_{name}('00000000-0000-0000-0000-000000000000', \
                  convert_from(decode('637265646974', 'hex'), 'UTF8'))"
             ),
