@@ -104,6 +104,15 @@ mod stored {
         }
     }
 
+    /// A connection that ran the startup check and `pay` (whose statements are prepared on
+    /// it; `pay_checked`'s are others), and its count of bodies run.
+    fn warmed(db: &Db) -> (DbConnection, AtomicUsize) {
+        let (mut conn, ran) = (db.connect(), AtomicUsize::new(0));
+        let first = pay(&mut conn, &Credit::new(1), &ran).unwrap();
+        assert!(first.is_processed(), "{first:?}");
+        (conn, ran)
+    }
+
     /// A transaction the caller opened as SQL, met by a handler whose statements this
     /// session has not prepared yet (another handler ran on it first): refused before
     /// anything runs — the preparation that follows a missing statement rolls back what is
@@ -111,14 +120,7 @@ mod stored {
     #[test]
     fn a_callers_transaction_is_refused_before_the_statements_are_prepared() {
         let db = with_result("stored_cold_caller");
-        let mut conn = db.connect();
-        let ran = AtomicUsize::new(0);
-        // The startup check and `pay`'s statements; `pay_checked`'s are others.
-        assert!(
-            pay(&mut conn, &Credit::new(1), &ran)
-                .unwrap()
-                .is_processed()
-        );
+        let (mut conn, ran) = warmed(&db);
         conn.batch_execute("BEGIN; UPDATE accounts SET balance = balance + 100 WHERE id = 2")
             .unwrap();
         let msg = Credit::new(2);
@@ -139,13 +141,7 @@ mod stored {
     #[test]
     fn a_preparation_cut_off_half_way_is_done_again() {
         let db = with_result("stored_cut_preparation");
-        let mut conn = db.connect();
-        let ran = AtomicUsize::new(0);
-        assert!(
-            pay(&mut conn, &Credit::new(1), &ran)
-                .unwrap()
-                .is_processed()
-        );
+        let (mut conn, ran) = warmed(&db);
         conn.batch_execute("SET lock_timeout = '300ms'").unwrap();
         let mut migration = db.connect();
         migration
